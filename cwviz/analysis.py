@@ -1,0 +1,335 @@
+"""``analyze``: one recorded forward pass, and the :class:`Analysis` that computes measures from it.
+
+What an :class:`Analysis` keeps grows linearly with the number of tokens T: per layer the queries,
+keys and values ([heads or kv_heads, T, d_head]) and per token the log-probability of the next token.
+T x T maps are computed when asked for, one layer at a time (the two most recent layers are kept).
+
+The token limit is ``CWVIZ_MAX_TOKENS`` (default 4096), and never more than the model's
+``max_position_embeddings``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from . import architectures
+from .capture import LayerRecord, attention_probabilities, forward_pass
+from .errors import InputError, SelectionError
+from .measures import MEASURES, LayerMeasures, expand_kv, head_weights, layer_measures
+from .models import Bundle
+from .tokens import display_tokens
+
+DEFAULT_MAX_TOKENS = 4096
+JSON_SCHEMA_VERSION = 1
+
+
+def max_tokens(bundle: Bundle | None = None) -> int:
+    """The prompt length limit: ``$CWVIZ_MAX_TOKENS`` (default 4096), capped by the model's positions."""
+    raw = os.environ.get("CWVIZ_MAX_TOKENS", str(DEFAULT_MAX_TOKENS))
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise InputError(f"CWVIZ_MAX_TOKENS must be a whole number, not {raw!r}") from None
+    if limit < 1:
+        raise InputError(f"CWVIZ_MAX_TOKENS must be at least 1, not {limit}")
+    if bundle is not None and bundle.info.max_positions:
+        limit = min(limit, int(bundle.info.max_positions))
+    return limit
+
+
+def tokenize(bundle: Bundle, text: str) -> list[int]:
+    """Token ids for ``text`` (with the tokenizer's own special tokens), checked against the limit."""
+    if not isinstance(text, str):
+        raise InputError(f"the prompt must be text, not {type(text).__name__}")
+    if not text.strip():
+        raise InputError("the prompt is empty; type some text to analyse")
+    ids = bundle.tokenizer(text, add_special_tokens=True)["input_ids"]
+    return check_length(bundle, ids)
+
+
+def check_length(bundle: Bundle, ids: list[int]) -> list[int]:
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise InputError("the prompt gives no tokens; type some text to analyse")
+    limit = max_tokens(bundle)
+    if len(ids) > limit:
+        source = "the model's maximum" if bundle.info.max_positions == limit else "set CWVIZ_MAX_TOKENS to change it"
+        raise InputError(f"prompt has {len(ids):,} tokens; the limit is {limit:,} ({source})")
+    vocab = getattr(bundle.model.config, "vocab_size", None)
+    if vocab is not None and any(i < 0 or i >= vocab for i in ids):
+        raise InputError(f"token ids must lie in 0..{vocab - 1} for this model")
+    return ids
+
+
+def _input_device(bundle: Bundle) -> torch.device:
+    return bundle.model.get_input_embeddings().weight.device
+
+
+def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | None = None) -> "Analysis":
+    """Run the model once on ``text`` (or on ``input_ids``) and record every attention layer.
+
+    Raises :class:`~cwviz.errors.InputError` for an empty or over-long prompt.
+    """
+    if input_ids is None:
+        ids = tokenize(bundle, text if text is not None else "")
+    else:
+        ids = check_length(bundle, list(input_ids))
+        if text is None:
+            text = bundle.tokenizer.decode(ids)
+    batch = torch.tensor([ids], device=_input_device(bundle))
+    with torch.inference_mode(), forward_pass(bundle.attention_modules) as records:
+        logits = bundle.model(input_ids=batch, use_cache=False).logits[0]  # (T, vocab)
+    if len(records) != bundle.info.layers:
+        raise RuntimeError(f"recorded {len(records)} of {bundle.info.layers} layers; is the model's attention routed through cwviz?")
+    if bundle.arch.causal:
+        # log p(token_{t+1} | ..t) for t = 0..T-2, for perplexity.
+        logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
+        next_logprobs = logprobs.gather(1, batch[0, 1:, None].to(logprobs.device))[:, 0].cpu().numpy()
+    else:
+        next_logprobs = np.zeros(0, dtype=np.float32)
+    return Analysis(
+        bundle=bundle,
+        text=text or "",
+        input_ids=ids,
+        records=tuple(records[layer] for layer in range(bundle.info.layers)),
+        next_token_logprobs=next_logprobs,
+    )
+
+
+class Analysis:
+    """The result of :func:`analyze`: tokens, and every measure on demand.
+
+    Read-only after construction and safe to share between threads. Arrays returned are numpy float32:
+
+    | method                           | shape                  |
+    |----------------------------------|------------------------|
+    | ``attention(layer)``             | [head, query, key]     |
+    | ``contributions(layer, kind)``   | [head, query, key]     |
+    | ``measure(layer, name)``         | [head, query, key]     |
+    | ``layer_scores(layer, name)``    | [query, key]           |
+    | ``output_norms(layer)``          | [head, query], [query] |
+    """
+
+    _KEEP_LAYERS = 2
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        text: str,
+        input_ids: list[int],
+        records: tuple[LayerRecord, ...],
+        next_token_logprobs: np.ndarray,
+    ) -> None:
+        self.bundle = bundle
+        self.text = text
+        self.input_ids = list(input_ids)
+        self.tokens = display_tokens(bundle.tokenizer, self.input_ids)
+        self.records = records
+        self.next_token_logprobs = next_token_logprobs
+        self._layers: OrderedDict[int, LayerMeasures] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- sizes and selection checks ---------------------------------------------------------------
+    @property
+    def info(self):
+        return self.bundle.info
+
+    @property
+    def num_layers(self) -> int:
+        return self.bundle.info.layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.bundle.info.heads
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def perplexity(self) -> float:
+        """exp of the mean next-token negative log-likelihood over the prompt (nan for encoders or T = 1)."""
+        if len(self.next_token_logprobs) == 0:
+            return math.nan
+        return float(np.exp(-self.next_token_logprobs.mean()))
+
+    def check_layer(self, layer: int) -> int:
+        if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:
+            raise SelectionError(f"layer {layer} is out of range; this model has layers 0..{self.num_layers - 1}")
+        return int(layer)
+
+    def check_head(self, head: int) -> int:
+        if not isinstance(head, (int, np.integer)) or not 0 <= head < self.num_heads:
+            raise SelectionError(f"head {head} is out of range; this model has heads 0..{self.num_heads - 1}")
+        return int(head)
+
+    def check_token(self, position: int) -> int:
+        if not isinstance(position, (int, np.integer)) or not 0 <= position < self.num_tokens:
+            raise SelectionError(f"token {position} is out of range; the prompt has tokens 0..{self.num_tokens - 1}")
+        return int(position)
+
+    # -- measures ---------------------------------------------------------------------------------
+    def w_heads(self, layer: int) -> torch.Tensor:
+        """W_O of ``layer`` split per head, float32 [head, d_model, d_head], on the layer's device."""
+        proj = architectures.out_projections(self.bundle.model, self.bundle.arch)[layer]
+        w_o = architectures.out_proj_weight(proj, self.bundle.arch)
+        return head_weights(w_o, self.num_heads).to(self.records[layer].value.device)
+
+    def attention_tensor(self, layer: int) -> torch.Tensor:
+        """α for ``layer``, float32 torch [head, query, key]."""
+        rec = self.records[self.check_layer(layer)]
+        return attention_probabilities(rec.query.float(), rec.key.float(), rec.scaling, rec.mask, rec.causal)
+
+    def layer(self, layer: int) -> LayerMeasures:
+        """Every measure of one layer as float32 torch tensors (the last two layers asked for are kept)."""
+        layer = self.check_layer(layer)
+        with self._lock:
+            if layer in self._layers:
+                self._layers.move_to_end(layer)
+                return self._layers[layer]
+        rec = self.records[layer]
+        with torch.inference_mode():
+            measures = layer_measures(
+                self.attention_tensor(layer), expand_kv(rec.value.float(), self.num_heads), self.w_heads(layer)
+            )
+        with self._lock:
+            self._layers[layer] = measures
+            while len(self._layers) > self._KEEP_LAYERS:
+                self._layers.popitem(last=False)
+        return measures
+
+    def attention(self, layer: int) -> np.ndarray:
+        """Raw attention α, [head, query, key]."""
+        return _np(self.layer(layer).attention)
+
+    def contributions(self, layer: int, kind: str = "inter") -> np.ndarray:
+        """Contribution weights, intra-head c (each head sums to 1) or inter-head C (heads sum to 1)."""
+        if kind not in ("inter", "intra"):
+            raise ValueError(f"kind must be 'inter' or 'intra', not {kind!r}")
+        return _np(self.layer(layer).contribution(kind))
+
+    def measure(self, layer: int, name: str) -> np.ndarray:
+        """One of :data:`cwviz.measures.MEASURES` per head, [head, query, key]."""
+        if name not in MEASURES:
+            raise ValueError(f"unknown measure {name!r}; choose one of: {', '.join(MEASURES)}")
+        return _np(self.layer(layer).per_head(name))
+
+    def layer_scores(self, layer: int, name: str) -> np.ndarray:
+        """The layer-level (all heads) score of METHOD.md, [query, key]."""
+        if name not in MEASURES:
+            raise ValueError(f"unknown measure {name!r}; choose one of: {', '.join(MEASURES)}")
+        return _np(self.layer(layer).layer_level(name))
+
+    def output_norms(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """(‖o_i^h‖ [head, query], ‖o_i‖ [query])."""
+        m = self.layer(layer)
+        return _np(m.head_output_norm), _np(m.output_norm)
+
+    def decomposition(self, layer: int, query: int, head: int | None = None, kind: str = "inter") -> pd.DataFrame:
+        """The factors of each key's contribution to ``query``: one row per head and key.
+
+        contribution = attention x norm_ratio x cosine, where norm_ratio = value_norm / output_norm and
+        output_norm is ‖o_i‖ (``kind="inter"``) or ‖o_i^h‖ (``kind="intra"``). Keys the query cannot
+        see (the future, in causal models) are left out.
+        """
+        if kind not in ("inter", "intra"):
+            raise ValueError(f"kind must be 'inter' or 'intra', not {kind!r}")
+        query = self.check_token(query)
+        m = self.layer(layer)
+        heads = range(self.num_heads) if head is None else [self.check_head(head)]
+        keys = np.arange(query + 1 if self.bundle.arch.causal else self.num_tokens)
+        ratio = _np(m.norm_ratio(kind)[:, query])
+        cosine = _np(m.cosine(kind)[:, query])
+        contribution = _np(m.contribution(kind)[:, query])
+        attention = _np(m.attention[:, query])
+        value_norm = _np(m.value_norm)
+        if kind == "inter":
+            output_norm = np.full(self.num_heads, float(m.output_norm[query]))
+        else:
+            output_norm = _np(m.head_output_norm[:, query])
+        frames = [
+            pd.DataFrame(
+                {
+                    "layer": layer,
+                    "head": h,
+                    "query": query,
+                    "key": keys,
+                    "token": [self.tokens[k] for k in keys],
+                    "attention": attention[h, keys],
+                    "value_norm": value_norm[h, keys],
+                    "output_norm": output_norm[h],
+                    "norm_ratio": ratio[h, keys],
+                    "cosine": cosine[h, keys],
+                    "contribution": contribution[h, keys],
+                }
+            )
+            for h in heads
+        ]
+        return pd.concat(frames, ignore_index=True)
+
+    # -- export -----------------------------------------------------------------------------------
+    def to_dict(self, layers: list[int] | None = None, heads: list[int] | None = None, digits: int = 6) -> dict:
+        """The JSON export (schema in the README): tokens, and per layer and head the attention and
+        inter-head contribution rows and the output norms. Causal rows keep only keys 0..i."""
+        layers = [self.check_layer(l) for l in (range(self.num_layers) if layers is None else layers)]
+        heads = [self.check_head(h) for h in (range(self.num_heads) if heads is None else heads)]
+        causal = self.bundle.arch.causal
+
+        def rows(matrix: np.ndarray) -> list[list[float]]:
+            return [_round(matrix[i, : i + 1] if causal else matrix[i], digits) for i in range(matrix.shape[0])]
+
+        out_layers = []
+        for layer in layers:
+            attention = self.attention(layer)
+            contribution = self.contributions(layer, "inter")
+            head_norm, layer_norm = self.output_norms(layer)
+            out_layers.append(
+                {
+                    "layer": layer,
+                    "output_norm": _round(layer_norm, digits),
+                    "heads": [
+                        {
+                            "head": h,
+                            "attention": rows(attention[h]),
+                            "contribution_inter": rows(contribution[h]),
+                            "output_norm": _round(head_norm[h], digits),
+                        }
+                        for h in heads
+                    ],
+                }
+            )
+        return {
+            "schema": "cwviz.analysis",
+            "version": JSON_SCHEMA_VERSION,
+            "model": vars(self.info).copy(),
+            "text": self.text,
+            "tokens": self.tokens,
+            "input_ids": self.input_ids,
+            "causal": causal,
+            "perplexity": None if math.isnan(self.perplexity) else self.perplexity,
+            "layers": out_layers,
+        }
+
+    def to_json(self, path: str | Path, layers: list[int] | None = None, heads: list[int] | None = None) -> Path:
+        """Write :meth:`to_dict` as UTF-8 JSON; returns the path."""
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(layers, heads), ensure_ascii=False), encoding="utf-8")
+        return path
+
+
+def _np(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().float().cpu().numpy()
+
+
+def _round(values: np.ndarray, digits: int) -> list[float | None]:
+    """Round to ``digits`` significant digits; non-finite values become None (JSON null)."""
+    return [float(f"{v:.{digits}g}") if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64).ravel()]

@@ -1,0 +1,201 @@
+"""Capture one forward pass through transformers' supported attention seam.
+
+cwviz registers an attention function named ``"cwviz"`` in transformers' ``AttentionInterface`` (and
+the matching mask function in ``AttentionMaskInterface``) and loads models with it. Outside a
+:func:`forward_pass` it simply delegates to PyTorch's SDPA, so the model behaves exactly as with
+``attn_implementation="sdpa"``. Inside a pass, the per-thread :class:`_Pass` stored in a
+``ContextVar`` tells it to record each layer's queries, keys and values, and optionally to intervene.
+
+Why this seam rather than hooks: the function receives the post-RoPE queries and keys, the values with
+their bias, the mask and the scaling the model really uses, for every supported architecture alike.
+And because the active pass lives in a ``ContextVar``, several threads can run the one shared model at
+once, each with its own records; nothing is registered on the model, so nothing can be left behind
+when an analysis raises.
+
+What is kept per layer grows linearly with the number of tokens T: queries [heads, T, d_head],
+keys and values [kv_heads, T, d_head]. Attention maps are recomputed from them on demand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .errors import UnsupportedModelError
+
+ATTN_IMPLEMENTATION = "cwviz"
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """What one attention layer saw in one forward pass (batch of one).
+
+    | field   | shape                        | note                                              |
+    |---------|------------------------------|---------------------------------------------------|
+    | query   | [head, query_pos, d_head]    | after rotary embedding, before scaling            |
+    | key     | [kv_head, key_pos, d_head]   | after rotary embedding                            |
+    | value   | [kv_head, key_pos, d_head]   | v_j = x_j W_V + b_V                               |
+    | mask    | None or [query_pos, key_pos] | bool (True = may attend) or additive float        |
+
+    ``causal`` applies when ``mask`` is None. Tensors stay on the layer's device in the model's dtype;
+    measures upcast them to float32.
+    """
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    mask: torch.Tensor | None
+    scaling: float
+    causal: bool
+
+
+class Intervention(Protocol):
+    """Changes one forward pass from inside the attention function.
+
+    ``values`` may return modified values (a new tensor, [batch, kv_head, key_pos, d_head]).
+    ``keep`` may return a weight on each attention probability, broadcastable to
+    [batch, head, query_pos, key_pos] (1 keeps a key's write, 0 removes it; probabilities are not
+    renormalised), or None for no change in that layer.
+    """
+
+    def values(self, layer: int, value: torch.Tensor) -> torch.Tensor: ...
+
+    def keep(self, layer: int, num_queries: int, num_keys: int) -> torch.Tensor | None: ...
+
+
+@dataclass
+class _Pass:
+    layer_of: dict[int, int]
+    record: bool
+    intervention: Intervention | None
+    records: dict[int, LayerRecord] = field(default_factory=dict)
+
+
+_ACTIVE: contextvars.ContextVar[_Pass | None] = contextvars.ContextVar("cwviz_pass", default=None)
+
+
+def _is_causal(module: torch.nn.Module, kwargs: dict, num_queries: int) -> bool:
+    flag = kwargs.get("is_causal")
+    if flag is None:
+        flag = getattr(module, "is_causal", True)
+    return bool(flag) and num_queries > 1
+
+
+def attention_probabilities(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    scaling: float,
+    mask: torch.Tensor | None,
+    causal: bool,
+) -> torch.Tensor:
+    """Softmax attention exactly as SDPA computes it, in the dtype of ``query``.
+
+    | arg    | shape                              |
+    |--------|------------------------------------|
+    | query  | [..., head, query_pos, d_head]     |
+    | key    | [..., kv_head, key_pos, d_head]    |
+    | mask   | broadcastable to [..., head, query_pos, key_pos], bool (True = attend) or additive |
+    | return | [..., head, query_pos, key_pos]    |
+
+    Grouped-query keys are shared by ``head // (heads / kv_heads)``.
+    """
+    groups = query.shape[-3] // key.shape[-3]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=-3)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (..., H, Q, K)
+    num_queries, num_keys = scores.shape[-2:]
+    if mask is None and causal:
+        # SDPA's is_causal aligns the mask top-left.
+        mask = torch.ones(num_queries, num_keys, dtype=torch.bool, device=scores.device).tril()
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.to(scores.dtype)
+    return torch.softmax(scores, dim=-1)
+
+
+def _cwviz_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    active = _ACTIVE.get()
+    layer = active.layer_of.get(id(module)) if active is not None else None
+    if layer is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        raise UnsupportedModelError("attention logit soft-capping and learned sinks are not supported by cwviz")
+    # query (B, H, Q, d); key, value (B, H_kv, K, d); attention_mask None or (B, 1, Q, K)
+    scaling = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
+    causal = _is_causal(module, kwargs, query.shape[-2])
+    keep = None
+    if active.intervention is not None:
+        value = active.intervention.values(layer, value)
+        keep = active.intervention.keep(layer, query.shape[-2], key.shape[-2])
+    if keep is None:
+        out, _ = sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    else:
+        # Masked keys: z_i^h = sum_j alpha_ij^h keep_ij v_j^h, alpha from the unchanged scores.
+        alpha = attention_probabilities(query.float(), key.float(), scaling, attention_mask, causal)
+        groups = query.shape[1] // value.shape[1]
+        v = value.float().repeat_interleave(groups, dim=1) if groups > 1 else value.float()
+        out = torch.matmul(alpha * keep.to(alpha.device, alpha.dtype), v).to(query.dtype)  # (B, H, Q, d)
+        out = out.transpose(1, 2).contiguous()  # (B, Q, H, d), as every attention function returns
+    if active.record:
+        if query.shape[0] != 1:
+            raise ValueError("cwviz records one sequence at a time (batch of one)")
+        mask = attention_mask[0, 0] if attention_mask is not None else None
+        active.records[layer] = LayerRecord(
+            query=query[0].detach(),
+            key=key[0].detach(),
+            value=value[0].detach(),
+            mask=mask,
+            scaling=scaling,
+            causal=causal,
+        )
+    return out, None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, _cwviz_attention)
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+
+
+@contextlib.contextmanager
+def forward_pass(
+    attention_modules: list[torch.nn.Module],
+    record: bool = True,
+    intervention: Intervention | None = None,
+) -> Iterator[dict[int, LayerRecord]]:
+    """Within this block, forward passes of the model record and/or intervene.
+
+    ``attention_modules[l]`` is layer l's attention module. Yields the dict that fills with one
+    :class:`LayerRecord` per layer. Only the calling thread (and context) is affected.
+    """
+    active = _Pass({id(m): i for i, m in enumerate(attention_modules)}, record, intervention)
+    token = _ACTIVE.set(active)
+    try:
+        yield active.records
+    finally:
+        _ACTIVE.reset(token)
+
+
+def uses_cwviz_attention(model: torch.nn.Module) -> bool:
+    return getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+

@@ -1,0 +1,46 @@
+"""The command line: ``python -m cwviz <command> ...``.
+
+Each command lives in :mod:`cwviz.commands` as a module with ``register(subparsers)``, which adds its
+parser and sets ``func``. Errors a user can fix (:class:`~cwviz.errors.CwvizError`, unreadable files)
+end the program with one ``error: ...`` line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .commands import COMMANDS
+from .errors import CwvizError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m cwviz", description="Contribution weights for attention layers.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    if not args.verbose:
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+    try:
+        return int(args.func(args) or 0)
+    except CwvizError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (OSError, UnicodeDecodeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

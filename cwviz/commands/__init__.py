@@ -1,0 +1,5 @@
+"""CLI commands; each module has ``register(subparsers)``. Add a command by listing its module here."""
+
+from . import analyze
+
+COMMANDS = [analyze]

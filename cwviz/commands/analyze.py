@@ -1,0 +1,74 @@
+"""``python -m cwviz analyze``: a human summary of one prompt, and the JSON export."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from .common import add_model_args, add_text_args, load, read_text
+
+TOP = 5
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("analyze", help="analyse one prompt: summary for the last token, JSON export")
+    add_text_args(parser)
+    add_model_args(parser)
+    parser.add_argument("--layer", type=int, help="restrict the summary and the JSON to one layer")
+    parser.add_argument("--head", type=int, help="restrict the summary and the JSON to one head")
+    parser.add_argument("--json", dest="json_path", help="write tokens and per layer and head matrices here")
+    parser.set_defaults(func=run)
+
+
+def last_token_scores(analysis, layer: int | None, head: int | None) -> tuple[np.ndarray, np.ndarray, str]:
+    """(attention, contribution) of the last query over its keys, and a description of the scope.
+
+    Layer-level: attention averaged over heads, inter-head contributions summed over heads (METHOD.md).
+    One head: its attention and its intra-head contributions (both sum to 1 over keys).
+    Several layers: averaged over them.
+    """
+    layers = range(analysis.num_layers) if layer is None else [analysis.check_layer(layer)]
+    if head is not None:
+        analysis.check_head(head)
+    query = analysis.num_tokens - 1
+    attention, contribution = [], []
+    for l in layers:
+        if head is None:
+            attention.append(analysis.layer_scores(l, "raw")[query])
+            contribution.append(analysis.layer_scores(l, "contribution_inter")[query])
+        else:
+            attention.append(analysis.attention(l)[head, query])
+            contribution.append(analysis.contributions(l, "intra")[head, query])
+    where = "all layers (mean)" if layer is None else f"layer {layer}"
+    who = "all heads (attention: mean; contribution: inter-head sum)" if head is None else f"head {head} (contribution: intra-head)"
+    return np.mean(attention, axis=0), np.mean(contribution, axis=0), f"{where}, {who}"
+
+
+def _top(scores: np.ndarray, tokens: list[str]) -> list[str]:
+    order = np.argsort(-scores, kind="stable")[:TOP]
+    return [f"#{k:<4} {tokens[k][:16]!r:20} {scores[k]:+.4f}" for k in order]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analysis import analyze
+
+    text = read_text(args)
+    bundle = load(args)
+    analysis = analyze(bundle, text)
+    attention, contribution, scope = last_token_scores(analysis, args.layer, args.head)
+    info = bundle.info
+    tokens = analysis.tokens
+    print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
+    print(f"tokens: {analysis.num_tokens}; perplexity: {analysis.perplexity:.3f}")
+    print(f"last token #{analysis.num_tokens - 1} {tokens[-1]!r}; {scope}")
+    print(f"  {'top keys by attention':42} top keys by contribution")
+    for left, right in zip(_top(attention, tokens), _top(contribution, tokens)):
+        print(f"  {left:42} {right}")
+    print(f"first token's share: attention {attention[0]:.4f}, contribution {contribution[0]:+.4f}")
+    if args.json_path:
+        layers = None if args.layer is None else [args.layer]
+        heads = None if args.head is None else [args.head]
+        path = analysis.to_json(args.json_path, layers=layers, heads=heads)
+        print(f"wrote {path}")
+    return 0

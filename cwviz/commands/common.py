@@ -1,0 +1,44 @@
+"""Arguments and input reading shared by the CLI commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import InputError
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="embedded", help="embedded (default), a hub id, a local folder or a .gguf file")
+    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on cuda, float32 elsewhere), float32, bfloat16, float16")
+    parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a hub model (off by default)")
+
+
+def add_text_args(parser: argparse.ArgumentParser, required: bool = True) -> argparse._MutuallyExclusiveGroup:
+    group = parser.add_mutually_exclusive_group(required=required)
+    group.add_argument("--text", help="the prompt; '-' reads standard input")
+    group.add_argument("--file", type=Path, help="a UTF-8 text file holding the prompt")
+    return group
+
+
+def read_text(args: argparse.Namespace) -> str:
+    """The prompt from --text, --text - (stdin) or --file."""
+    if getattr(args, "file", None) is not None:
+        path: Path = args.file
+        if not path.is_file():
+            raise InputError(f"no file at {path}")
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    if args.text == "-":
+        return sys.stdin.read()
+    return args.text
+
+
+def load(args: argparse.Namespace):
+    from ..models import load_model
+
+    return load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)

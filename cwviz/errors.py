@@ -1,0 +1,31 @@
+"""Exceptions cwviz raises for bad input. Each message names the fix.
+
+All derive from :class:`CwvizError` (a ``ValueError``), so callers can catch one type; the CLI prints
+``error: <message>`` and exits non-zero, the app shows the message in an error box.
+"""
+
+from __future__ import annotations
+
+
+class CwvizError(ValueError):
+    """Base class: a problem with what the user asked for, not a bug in cwviz."""
+
+
+class InputError(CwvizError):
+    """The prompt or input file cannot be analysed (empty, too long, malformed)."""
+
+
+class ModelLoadError(CwvizError):
+    """The model could not be found or loaded (unknown id, no model at a path, hub unreachable)."""
+
+
+class UnsupportedModelError(CwvizError):
+    """The model loaded but its architecture has no entry in :data:`cwviz.architectures.ARCHITECTURES`."""
+
+
+class SelectionError(CwvizError, IndexError):
+    """A layer, head or token index out of range."""
+
+
+class ResourceError(CwvizError):
+    """The request would not fit in memory (estimate given in the message)."""

@@ -1,0 +1,84 @@
+"""Forward passes with interventions inside the attention function, and their perplexity.
+
+Both interventions act through cwviz's registered attention function (:mod:`cwviz.capture`), only for
+the calling thread and only inside the call; the shared model is never modified, so its logits are
+the clean ones afterwards (tested).
+
+* :class:`ScaleValues`: v_p ← λ v_p at chosen key positions in chosen layers (attention kept).
+  Since ṽ_p^h = W_O^h v_p^{g(h)}, λ = 0 removes the sink's projected value in every head.
+* :class:`KeepKeys`: multiply each attention probability by a keep weight (0 removes key j's write
+  to query i in every head, METHOD.md section 3); probabilities are not renormalised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .capture import forward_pass
+from .models import Bundle
+
+
+@dataclass(frozen=True)
+class ScaleValues:
+    """Scale the values of ``positions`` by ``factor`` in ``layers`` (None = every layer)."""
+
+    positions: tuple[int, ...] = (0,)
+    factor: float = 0.0
+    layers: frozenset[int] | None = None
+
+    def values(self, layer: int, value: torch.Tensor) -> torch.Tensor:
+        if self.factor == 1.0 or (self.layers is not None and layer not in self.layers):
+            return value
+        value = value.clone()
+        value[..., list(self.positions), :] *= self.factor  # (B, H_kv, K, d)
+        return value
+
+    def keep(self, layer: int, num_queries: int, num_keys: int) -> torch.Tensor | None:
+        return None
+
+
+@dataclass(frozen=True)
+class KeepKeys:
+    """Keep weights per layer: ``masks[layer]`` broadcastable to [batch, head, query, key].
+
+    A layer missing from ``masks`` runs unchanged; ``default`` applies to every other layer.
+    """
+
+    masks: dict[int, torch.Tensor]
+    default: torch.Tensor | None = None
+
+    def values(self, layer: int, value: torch.Tensor) -> torch.Tensor:
+        return value
+
+    def keep(self, layer: int, num_queries: int, num_keys: int) -> torch.Tensor | None:
+        return self.masks.get(layer, self.default)
+
+
+def logits(bundle: Bundle, input_ids: torch.Tensor, intervention=None) -> torch.Tensor:
+    """Logits [batch, pos, vocab] of ``input_ids`` [batch, pos] under ``intervention`` (None = clean)."""
+    device = bundle.model.get_input_embeddings().weight.device
+    with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
+        return bundle.model(input_ids=input_ids.to(device), use_cache=False).logits
+
+
+def sequence_nll(logits_: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Mean next-token negative log-likelihood per sequence, [batch] (float32)."""
+    logprobs = torch.log_softmax(logits_[:, :-1].float(), dim=-1)
+    target = input_ids[:, 1:].to(logprobs.device)
+    return -logprobs.gather(2, target[..., None])[..., 0].mean(dim=1)
+
+
+def perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray:
+    """Perplexity of each sequence, [batch], under ``intervention`` (None = clean).
+
+    ``input_ids``: a list of ids (one sequence) or a [batch, pos] tensor of equal-length sequences.
+    """
+    ids = torch.as_tensor(input_ids)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.shape[1] < 2:
+        raise ValueError("perplexity needs at least two tokens")
+    return torch.exp(sequence_nll(logits(bundle, ids, intervention), ids)).cpu().numpy()

