@@ -1,0 +1,5 @@
+"""faithfulness page (being built)."""
+
+import streamlit as st
+
+st.title("Faithfulness")

@@ -1,0 +1,5 @@
+"""sinks page (being built)."""
+
+import streamlit as st
+
+st.title("Sinks")
