@@ -58,7 +58,7 @@ def make_tiny(arch: str, seed: int = 0) -> cwviz.Bundle:
     with torch.no_grad():  # random biases, so bias handling is exercised (from_config zero-initialises them)
         for name, param in model.named_parameters():
             if name.endswith("bias"):
-                param.normal_(0, 0.5)
+                param.normal_(0, 0.1)
     return cwviz.bundle_from_model(model, CharTokenizer(config.vocab_size), model_id=f"tiny-{arch}")
 
 

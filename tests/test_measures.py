@@ -1,0 +1,113 @@
+"""METHOD.md identities on tensors: the cheap computation against brute force and hand-made cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cwviz.capture import attention_probabilities
+from cwviz.measures import LAYER_AGGREGATION, MEASURES, expand_kv, head_weights, layer_measures
+
+
+def random_layer(heads=3, kv_heads=3, tokens=7, d_head=5, d_model=11, seed=0, causal=True):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(heads, tokens, d_head, generator=g)
+    k = torch.randn(kv_heads, tokens, d_head, generator=g)
+    v = torch.randn(kv_heads, tokens, d_head, generator=g) + 0.3
+    w_o = torch.randn(d_model, heads * d_head, generator=g)
+    alpha = attention_probabilities(q, k, d_head**-0.5, None, causal)
+    return alpha, expand_kv(v, heads), head_weights(w_o, heads)
+
+
+def brute_force(alpha, v, w):
+    """Materialise every projected value ṽ_j^h = W_O^h v_j^h and compute the measures directly."""
+    v_tilde = torch.einsum("hmd,hkd->hkm", w, v)  # (H, K, D)
+    per_pair = alpha[..., None] * v_tilde[:, None]  # (H, Q, K, D): fine at tiny sizes
+    head_out = per_pair.sum(2)  # (H, Q, D)
+    out = head_out.sum(0)  # (Q, D)
+    intra = (per_pair * head_out[:, :, None]).sum(-1) / (head_out.norm(dim=-1) ** 2)[..., None]
+    inter = (per_pair * out[None, :, None]).sum(-1) / (out.norm(dim=-1) ** 2)[None, :, None]
+    cos_inter = torch.einsum("hkm,qm->hqk", v_tilde, out) / (v_tilde.norm(dim=-1)[:, None] * out.norm(dim=-1)[None, :, None])
+    return dict(v_norm=v_tilde.norm(dim=-1), head_norm=head_out.norm(dim=-1), out_norm=out.norm(dim=-1), intra=intra, inter=inter, cos_inter=cos_inter)
+
+
+@pytest.mark.parametrize("heads,kv_heads,causal", [(3, 3, True), (4, 2, True), (4, 1, False)])
+def test_cheap_computation_equals_brute_force(heads, kv_heads, causal):
+    alpha, v, w = random_layer(heads=heads, kv_heads=kv_heads, causal=causal, seed=heads + kv_heads)
+    m = layer_measures(alpha, v, w)
+    ref = brute_force(alpha, v, w)
+    torch.testing.assert_close(m.value_norm, ref["v_norm"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m.head_output_norm, ref["head_norm"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m.output_norm, ref["out_norm"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m.contribution("intra"), ref["intra"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(m.contribution("inter"), ref["inter"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(m.cosine("inter"), ref["cos_inter"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_contributions_sum_to_one(seed):
+    alpha, v, w = random_layer(heads=4, kv_heads=2, tokens=9, seed=seed)
+    m = layer_measures(alpha, v, w)
+    ones = torch.ones(4, 9)
+    torch.testing.assert_close(m.contribution("intra").sum(-1), ones, rtol=0, atol=1e-5)  # each head, each query
+    torch.testing.assert_close(m.contribution("inter").sum((0, 2)), ones[0], rtol=0, atol=1e-5)  # over heads and keys
+    torch.testing.assert_close(m.layer_level("contribution_inter").sum(-1), ones[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(m.layer_level("contribution_intra").sum(-1), ones[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(m.layer_level("raw").sum(-1), ones[0], rtol=0, atol=1e-5)
+
+
+def test_factorisation_attention_times_norm_ratio_times_cosine():
+    alpha, v, w = random_layer(heads=2, kv_heads=1, seed=3)
+    m = layer_measures(alpha, v, w)
+    for kind in ("intra", "inter"):
+        product = m.attention * m.norm_ratio(kind) * m.cosine(kind)
+        torch.testing.assert_close(product, m.contribution(kind), rtol=1e-4, atol=1e-6)
+
+
+def test_hand_computed_destructive_interference():
+    # One head, identity W_O (d_model = d_head = 2), query 1 sees key 0 and key 1 with α = (0.25, 0.75).
+    # ṽ_0 = (-1, 0) points against ṽ_1 = (2, 0): o_1 = 0.25*(-1,0) + 0.75*(2,0) = (1.25, 0).
+    alpha = torch.tensor([[[1.0, 0.0], [0.25, 0.75]]])
+    v = torch.tensor([[[-1.0, 0.0], [2.0, 0.0]]])
+    w = torch.eye(2)[None]
+    m = layer_measures(alpha, v, w)
+    c = m.contribution("intra")[0, 1]
+    # c_10 = <o, α ṽ_0>/|o|^2 = (1.25 * -0.25) / 1.5625 = -0.2 ; c_11 = (1.25 * 1.5) / 1.5625 = 1.2
+    torch.testing.assert_close(c, torch.tensor([-0.2, 1.2]))
+    assert m.cosine("intra")[0, 1, 0].item() == pytest.approx(-1.0)
+    assert m.norm_ratio("intra")[0, 1, 1].item() == pytest.approx(2 / 1.25)
+
+
+def test_layer_level_aggregation_follows_method():
+    alpha, v, w = random_layer(heads=3, kv_heads=3, seed=7)
+    m = layer_measures(alpha, v, w)
+    assert set(LAYER_AGGREGATION) == set(MEASURES)
+    torch.testing.assert_close(m.layer_level("raw"), m.attention.mean(0))
+    torch.testing.assert_close(m.layer_level("value_weighted"), m.value_weighted().sum(0))
+    torch.testing.assert_close(m.layer_level("contribution_inter"), m.contribution("inter").sum(0))
+    torch.testing.assert_close(m.layer_level("contribution_intra"), m.contribution("intra").mean(0))
+    vw_on = m.layer_level("value_weighted_output_normalized")
+    torch.testing.assert_close(vw_on, m.value_weighted().sum(0) / m.output_norm[:, None])
+
+
+def test_attention_probabilities_respects_masks():
+    q = torch.randn(2, 4, 3)
+    k = torch.randn(2, 4, 3)
+    causal = attention_probabilities(q, k, 1.0, None, causal=True)
+    assert torch.all(causal.triu(1) == 0)
+    torch.testing.assert_close(causal.sum(-1), torch.ones(2, 4))
+    window = torch.ones(4, 4, dtype=torch.bool).tril() & ~torch.ones(4, 4, dtype=torch.bool).tril(-2)
+    sliding = attention_probabilities(q, k, 1.0, window, causal=True)
+    assert torch.all(sliding[:, 3, :2] == 0) and torch.all(sliding[:, 3, 2:] > 0)
+    additive = torch.zeros(4, 4).masked_fill(~window, -math.inf)
+    torch.testing.assert_close(attention_probabilities(q, k, 1.0, additive, causal=True), sliding)
+    full = attention_probabilities(q, k, 1.0, None, causal=False)
+    assert torch.all(full > 0)
+
+
+def test_unknown_measure_is_rejected():
+    alpha, v, w = random_layer()
+    with pytest.raises(ValueError, match="choose one of"):
+        layer_measures(alpha, v, w).per_head("attention_rollout")
