@@ -1,0 +1,148 @@
+"""Heatmap chart builders: tidy tables from :mod:`cwviz.tables` in, ``alt.Chart`` out. Pure.
+
+Cells are placed by position (``query``/``key`` as ordinal indices) and labelled with tokens through
+the axis ``labelExpr``, because tokens repeat. Token text reaches the browser only as Vega text
+(axis labels, tooltips), which is drawn as text, never parsed as HTML.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Sequence
+
+import altair as alt
+import pandas as pd
+
+from ..tables import FAMILIES, HeatmapCells, is_signed
+
+#: Diverging scale for signed measures: red positive, blue negative, white at zero.
+DIVERGING = "redblue"
+SEQUENTIAL = "blues"
+SIDE = 380  # px, each heatmap
+
+
+def label_expr(labels: Sequence[str]) -> str:
+    """A Vega expression mapping an ordinal position (``datum.value``) to its token label."""
+    return f"{json.dumps([str(label) for label in labels])}[datum.value]"
+
+
+def measure_label(measure: str) -> str:
+    """Human name of a :data:`cwviz.MEASURES` name."""
+    for label, inter, intra in FAMILIES.values():
+        if measure == inter == intra:
+            return label
+        if measure == inter:
+            return f"{label} (inter-head)"
+        if measure == intra:
+            return f"{label} (intra-head)"
+    return measure
+
+
+def signed_scale(values: pd.Series) -> alt.Scale:
+    """Diverging colour scale, symmetric around zero so that white means exactly 0."""
+    bound = float(values.abs().max()) if len(values) else 1.0
+    bound = bound if math.isfinite(bound) and bound > 0 else 1.0
+    return alt.Scale(scheme=DIVERGING, reverse=True, domain=[-bound, bound], domainMid=0)
+
+
+def sequential_scale(values: pd.Series) -> alt.Scale:
+    top = float(values.max()) if len(values) else 1.0
+    top = top if math.isfinite(top) and top > 0 else 1.0
+    return alt.Scale(scheme=SEQUENTIAL, domain=[0, top])
+
+
+def _tooltips(frame: pd.DataFrame, value_title: str, show_value: bool) -> list[alt.Tooltip]:
+    tips = [
+        alt.Tooltip("query:O", title="query"),
+        alt.Tooltip("query_token:N", title="query token"),
+        alt.Tooltip("key:O", title="key"),
+        alt.Tooltip("key_token:N", title="key token"),
+        alt.Tooltip("attention:Q", title="attention", format=".4f"),
+    ]
+    for name, title in (("norm_ratio", "norm ratio ‖ṽ‖/‖o‖"), ("cosine", "cosine")):
+        if name in frame and frame[name].notna().any():
+            tips.append(alt.Tooltip(f"{name}:Q", title=title, format="+.4f"))
+    tips.append(alt.Tooltip("contribution:Q", title="contribution", format="+.4f"))
+    if show_value:
+        tips.append(alt.Tooltip("value:Q", title=value_title, format="+.4g"))
+    return tips
+
+
+def heatmap_pair(cells: HeatmapCells) -> alt.HConcatChart:
+    """Attention (sequential scale) beside the picked measure (diverging at zero when it can be negative).
+
+    One dataset of ``len(cells.frame)`` rows feeds both views. The masked upper triangle has no rows,
+    so it stays empty.
+    """
+    frame = cells.frame
+    value_title = measure_label(cells.measure)
+    show_value = cells.measure != f"contribution_{cells.kind}"
+    tooltips = _tooltips(frame, value_title, show_value)
+    axis_args = dict(labelExpr=label_expr(cells.labels), labelLimit=90, labelOverlap=True)
+    position = "bin" if cells.binned else "position"
+    base = alt.Chart(frame).mark_rect().encode(
+        x=alt.X("key:O", title=f"key ({position})", axis=alt.Axis(labelAngle=-60, **axis_args)),
+        y=alt.Y("query:O", title=f"query ({position})", axis=alt.Axis(**axis_args)),
+        tooltip=tooltips,
+    ).properties(width=SIDE, height=SIDE)
+    attention = base.encode(
+        color=alt.Color("attention:Q", title="attention", scale=sequential_scale(frame["attention"]))
+    ).properties(title="Attention weights")
+    scale = signed_scale(frame["value"]) if is_signed(cells.measure) else sequential_scale(frame["value"])
+    measure = base.encode(
+        color=alt.Color("value:Q", title=value_title.split(" (")[0], scale=scale)
+    ).properties(title=value_title[:1].upper() + value_title[1:])
+    return (
+        alt.hconcat(attention, measure, data=frame)
+        .resolve_scale(color="independent")
+        .properties(title=alt.TitleParams(cells.note, anchor="start", fontSize=13))
+    )
+
+
+#: The per-head summaries the overview can colour by.
+OVERVIEW_METRICS: dict[str, str] = {
+    "divergence": "divergence of attention and contribution rows (½ Σ|α − c|)",
+    "sink_attention": "sink share under attention",
+    "sink_contribution": "sink share under contribution (intra-head)",
+}
+
+
+def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int | None = None, head: int | None = None) -> alt.LayerChart:
+    """Every layer × head, coloured by one per-head summary; click a cell to pick that head.
+
+    The click selection is the parameter ``pick`` (fields layer and head). The selected head, if any,
+    is outlined.
+    """
+    if metric not in OVERVIEW_METRICS:
+        raise ValueError(f"metric must be one of {', '.join(OVERVIEW_METRICS)}, not {metric!r}")
+    pick = alt.selection_point(name="pick", fields=["layer", "head"], on="click", clear=False)
+    signed = metric == "sink_contribution" and bool((summary[metric] < 0).any())
+    scale = signed_scale(summary[metric]) if signed else alt.Scale(scheme="viridis", reverse=metric == "divergence")
+    layers = int(summary["layer"].max()) + 1 if len(summary) else 1
+    heads = int(summary["head"].max()) + 1 if len(summary) else 1
+    cell = max(10, min(22, 520 // max(layers, 1)))
+    grid = alt.Chart(summary).mark_rect().encode(
+        x=alt.X("head:O", title="head"),
+        y=alt.Y("layer:O", title="layer"),
+        color=alt.Color(f"{metric}:Q", title=metric.replace("_", " "), scale=scale),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.85)),
+        tooltip=[
+            alt.Tooltip("layer:O"),
+            alt.Tooltip("head:O"),
+            alt.Tooltip("sink_attention:Q", title="sink share, attention", format=".3f"),
+            alt.Tooltip("sink_contribution:Q", title="sink share, contribution", format="+.3f"),
+            alt.Tooltip("divergence:Q", title="divergence", format=".3f"),
+            alt.Tooltip("rank:Q", title="rank by divergence"),
+        ],
+    ).add_params(pick)
+    layers_out = [grid]
+    if layer is not None and head is not None:
+        mark = pd.DataFrame({"layer": [layer], "head": [head]})
+        layers_out.append(
+            alt.Chart(mark).mark_rect(fill=None, stroke="black", strokeWidth=2).encode(x="head:O", y="layer:O")
+        )
+    return alt.layer(*layers_out).properties(
+        width=max(160, cell * heads), height=cell * layers,
+        title=alt.TitleParams(f"All heads: {OVERVIEW_METRICS[metric]} (click a cell to pick the head)", anchor="start", fontSize=13),
+    )

@@ -1,0 +1,89 @@
+"""Token-page chart builders: the factors of one query's contributions, and its top keys across layers. Pure."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from ..tables import TokenFactors
+from .heatmaps import label_expr, signed_scale
+
+FACTOR_TITLES = {
+    "attention": "attention α",
+    "norm_ratio": "norm ratio ‖ṽ_k‖ / ‖o_q‖",
+    "cosine": "cosine cos(o_q, ṽ_k)",
+    "contribution": "contribution = product",
+}
+SINK_COLOUR = "#e45756"
+KEY_COLOUR = "#4c78a8"
+
+
+def _labels(keys: pd.Series, tokens: pd.Series) -> list[str]:
+    """Labels indexed by position (positions not shown get an empty label)."""
+    labels = [""] * (int(keys.max()) + 1 if len(keys) else 1)
+    for key, token in zip(keys, tokens):
+        labels[int(key)] = f"{token} ({int(key)})"
+    return labels
+
+
+def factor_bars(factors: TokenFactors) -> alt.HConcatChart:
+    """One panel of horizontal bars per factor, keys sorted by contribution (largest on top), the sink in red.
+
+    The panels share one dataset (``factors.frame``, one row per key and factor).
+    """
+    frame = factors.frame
+    order = factors.wide["key"].astype(int).tolist()
+    labels = _labels(factors.wide["key"], factors.wide["token"])
+    height = max(120, 18 * len(order))
+    colour = alt.condition("datum.is_sink", alt.value(SINK_COLOUR), alt.value(KEY_COLOUR))
+    tooltip = [
+        alt.Tooltip("key:O", title="key"),
+        alt.Tooltip("token:N", title="key token"),
+        alt.Tooltip("factor:N"),
+        alt.Tooltip("value:Q", format="+.4f"),
+        alt.Tooltip("is_sink:N", title="sink (first token)"),
+    ]
+    panels = []
+    for i, name in enumerate(factors.factors):
+        axis = alt.Axis(labelExpr=label_expr(labels), labelLimit=140) if i == 0 else None
+        panels.append(
+            alt.Chart(frame)
+            .transform_filter(alt.datum.factor == name)
+            .mark_bar()
+            .encode(
+                y=alt.Y("key:O", sort=order, title="key" if i == 0 else None, axis=axis),
+                x=alt.X("value:Q", title=FACTOR_TITLES.get(name, name)),
+                color=colour,
+                tooltip=tooltip,
+            )
+            .properties(width=170, height=height, title=FACTOR_TITLES.get(name, name))
+        )
+    return alt.hconcat(*panels, data=frame, spacing=8).properties(
+        title=alt.TitleParams(factors.note + "; the sink (first token) in red", anchor="start", fontSize=13)
+    )
+
+
+def top_keys_chart(frame: pd.DataFrame, note: str) -> alt.LayerChart:
+    """Layers (x) against the keys that rank in the query's top k anywhere (y), coloured by contribution,
+    each cell marked with its rank in that layer."""
+    labels = _labels(frame["key"], frame["token"])
+    y = alt.Y("key:O", title="key", sort="ascending", axis=alt.Axis(labelExpr=label_expr(labels), labelLimit=140))
+    base = alt.Chart(frame).encode(
+        x=alt.X("layer:O", title="layer"),
+        y=y,
+        tooltip=[
+            alt.Tooltip("layer:O"),
+            alt.Tooltip("rank:O"),
+            alt.Tooltip("key:O"),
+            alt.Tooltip("token:N", title="key token"),
+            alt.Tooltip("contribution:Q", format="+.4f"),
+            alt.Tooltip("attention:Q", format=".4f"),
+        ],
+    )
+    rects = base.mark_rect().encode(color=alt.Color("contribution:Q", scale=signed_scale(frame["contribution"])))
+    ranks = base.mark_text(fontSize=9).encode(text="rank:O")
+    keys = frame["key"].nunique() if len(frame) else 1
+    return alt.layer(rects, ranks, data=frame).properties(
+        width=alt.Step(20), height=max(120, 18 * keys),
+        title=alt.TitleParams(note, anchor="start", fontSize=13),
+    )

@@ -1,0 +1,41 @@
+"""Greedy continuation of a prompt, so the dashboard can show what the model attended to while writing."""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import InputError
+from .models import Bundle
+
+MAX_NEW_TOKENS = 256
+
+
+def greedy_continuation(bundle: Bundle, prompt_ids: list[int], new_tokens: int) -> list[int]:
+    """``prompt_ids`` followed by up to ``new_tokens`` greedily chosen tokens (stops early at EOS).
+
+    Runs outside any cwviz recording, so the model uses its ordinary (SDPA) attention. Encoder models
+    cannot generate.
+    """
+    if not 0 <= new_tokens <= MAX_NEW_TOKENS:
+        raise InputError(f"tokens to generate must lie in 0..{MAX_NEW_TOKENS}, not {new_tokens}")
+    if new_tokens == 0:
+        return list(prompt_ids)
+    if not bundle.arch.causal:
+        raise InputError(f"{bundle.info.id} is an encoder ({bundle.info.architecture}) and cannot generate; set tokens to generate to 0")
+    device = bundle.model.get_input_embeddings().weight.device
+    ids = torch.tensor([list(prompt_ids)], device=device)
+    eos = getattr(bundle.model.generation_config, "eos_token_id", None) if hasattr(bundle.model, "generation_config") else None
+    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+    out = list(prompt_ids)
+    past = None
+    with torch.inference_mode():
+        step = ids
+        for _ in range(new_tokens):
+            result = bundle.model(input_ids=step, past_key_values=past, use_cache=True)
+            past = result.past_key_values
+            next_id = int(result.logits[0, -1].argmax())
+            out.append(next_id)
+            if next_id in eos_ids:
+                break
+            step = torch.tensor([[next_id]], device=device)
+    return out

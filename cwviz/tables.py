@@ -1,0 +1,342 @@
+"""Tidy pandas tables from an :class:`~cwviz.Analysis`: one row per observation, dimension vocabulary
+(``layer, head, query, key``) in the column names. Pure: no Streamlit, no charts.
+
+Every table stays small enough to chart (well under Altair's 5000-row limit): a heatmap of a long
+prompt is windowed around the selected query or aggregated into bins, and says which in ``note``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .analysis import Analysis
+from .measures import LAYER_AGGREGATION
+
+#: Most cells one heatmap may have (Altair refuses more than 5000 rows per dataset).
+MAX_CELLS = 2500
+#: Keys shown per query on the token page (plus the sink).
+TOP_KEYS = 24
+#: The sink is the first position (METHOD.md section 4).
+SINK = 0
+
+#: The measure picker: family -> (label, METHOD.md name for inter, name for intra).
+FAMILIES: dict[str, tuple[str, str, str]] = {
+    "contribution": ("contribution weight", "contribution_inter", "contribution_intra"),
+    "output_normalized": (
+        "value-weighted, output-normalised",
+        "value_weighted_output_normalized",
+        "value_weighted_output_normalized_intra",
+    ),
+    "value_weighted": ("value-weighted attention", "value_weighted", "value_weighted"),
+    "raw": ("raw attention", "raw", "raw"),
+}
+KINDS = ("inter", "intra")
+VIEWS = ("window", "binned")
+
+
+def measure_name(family: str, kind: str) -> str:
+    """The :data:`cwviz.MEASURES` name for a picker family and an intra/inter switch."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown measure family {family!r}; choose one of: {', '.join(FAMILIES)}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be 'inter' or 'intra', not {kind!r}")
+    return FAMILIES[family][1 if kind == "inter" else 2]
+
+
+def is_signed(measure: str) -> bool:
+    """Whether a measure can be negative (contribution weights: destructive interference)."""
+    return measure.startswith("contribution")
+
+
+@dataclass(frozen=True)
+class HeatmapCells:
+    """One layer's heatmap: ``frame`` has one row per visible (query, key) cell.
+
+    Columns: layer, head (-1 = all heads), query, key (positions, or bin numbers when binned),
+    query_token, key_token, attention, value (the picked measure), contribution (of ``kind``),
+    norm_ratio and cosine (one head, unbinned only; else NaN). ``labels[i]`` is the axis label of
+    position (or bin) i; ``note`` says what is shown (window, bins, aggregation over heads).
+    """
+
+    frame: pd.DataFrame
+    labels: tuple[str, ...]
+    measure: str
+    kind: str
+    note: str
+    binned: bool
+
+
+def _causal_cells(num_queries: int, num_keys: int, causal: bool) -> int:
+    return num_queries * (num_queries + 1) // 2 if causal else num_queries * num_keys
+
+
+def _layer_matrices(analysis: Analysis, layer: int, head: int | None, measure: str, kind: str) -> dict[str, np.ndarray]:
+    """[query, key] matrices for one head or aggregated over heads (METHOD.md layer-level rules)."""
+    contribution_name = f"contribution_{kind}"
+    if head is None:
+        return {
+            "attention": analysis.layer_scores(layer, "raw"),
+            "value": analysis.layer_scores(layer, measure),
+            "contribution": analysis.layer_scores(layer, contribution_name),
+        }
+    m = analysis.layer(layer)
+    return {
+        "attention": analysis.attention(layer)[head],
+        "value": analysis.measure(layer, measure)[head],
+        "contribution": analysis.contributions(layer, kind)[head],
+        "norm_ratio": m.norm_ratio(kind)[head].detach().float().cpu().numpy(),
+        "cosine": m.cosine(kind)[head].detach().float().cpu().numpy(),
+    }
+
+
+def heads_note(head: int | None, measure: str, kind: str) -> str:
+    if head is not None:
+        return f"head {head}"
+    how = LAYER_AGGREGATION[measure]
+    contribution = LAYER_AGGREGATION[f"contribution_{kind}"]
+    return f"all heads (attention: mean; this measure: {how}; contribution: {contribution} over heads)"
+
+
+def window_bounds(num_tokens: int, query: int, size: int) -> tuple[int, int]:
+    """First and last position of a window of ``size`` positions around ``query``, inside the prompt."""
+    size = min(size, num_tokens)
+    lo = max(0, min(query - size // 2, num_tokens - size))
+    return lo, lo + size - 1
+
+
+def heatmap_cells(
+    analysis: Analysis,
+    layer: int,
+    head: int | None,
+    measure: str,
+    kind: str = "inter",
+    query: int | None = None,
+    view: str = "window",
+    max_cells: int = MAX_CELLS,
+) -> HeatmapCells:
+    """The cells of one layer's attention / measure heatmaps.
+
+    ``head=None`` aggregates over heads. When the prompt has more cells than ``max_cells``,
+    ``view="window"`` keeps the queries (and keys) in a window around ``query`` plus the first key
+    (the sink), and ``view="binned"`` averages groups of consecutive queries and sums groups of
+    consecutive keys (so attention rows still sum to 1). Causal models show only keys <= query: the
+    masked upper triangle has no rows at all, so it is drawn empty, not as zero.
+    """
+    layer = analysis.check_layer(layer)
+    if head is not None:
+        head = analysis.check_head(head)
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {VIEWS}, not {view!r}")
+    t = analysis.num_tokens
+    query = t - 1 if query is None else analysis.check_token(query)
+    causal = analysis.bundle.arch.causal
+    mats = _layer_matrices(analysis, layer, head, measure, kind)
+    tokens = analysis.tokens
+    who = heads_note(head, measure, kind)
+
+    if _causal_cells(t, t, causal) <= max_cells:
+        positions = np.arange(t)
+        frame = _cells(mats, positions, positions, causal, tokens, tokens)
+        labels, binned, note = tuple(tokens), False, f"layer {layer}, {who}; all {t} tokens"
+    elif view == "window":
+        size = 1
+        while _causal_cells(size + 1, size + 1, causal) + size + 1 <= max_cells:
+            size += 1
+        lo, hi = window_bounds(t, query, size)
+        rows = np.arange(lo, hi + 1)
+        keys = np.concatenate([[SINK], rows]) if lo > SINK else rows
+        frame = _cells(mats, rows, keys, causal, tokens, tokens)
+        labels, binned = tuple(tokens), False
+        note = (
+            f"layer {layer}, {who}; window: queries and keys {lo}–{hi} of {t} tokens"
+            f"{' plus the first token' if lo > SINK else ''}, around query {query}"
+        )
+    else:
+        bins = 1
+        while _causal_cells(bins + 1, bins + 1, causal) <= max_cells:
+            bins += 1
+        width = math.ceil(t / bins)
+        edges = np.arange(0, t, width)
+        binned_mats = {name: _bin(matrix, edges, t) for name, matrix in mats.items() if name in ("attention", "value", "contribution")}
+        labels = tuple(f"{s}–{min(s + width, t) - 1}" for s in edges)
+        positions = np.arange(len(edges))
+        frame = _cells(binned_mats, positions, positions, causal, labels, labels)
+        binned = True
+        note = f"layer {layer}, {who}; all {t} tokens in bins of {width} (mean over queries, sum over keys)"
+    frame.insert(0, "head", -1 if head is None else head)
+    frame.insert(0, "layer", layer)
+    return HeatmapCells(frame=frame, labels=labels, measure=measure, kind=kind, note=note, binned=binned)
+
+
+def _bin(matrix: np.ndarray, edges: np.ndarray, t: int) -> np.ndarray:
+    """[query, key] -> [query_bin, key_bin]: mean over the queries of a bin, sum over the keys of a bin."""
+    key_sums = np.add.reduceat(matrix, edges, axis=1)  # (Q, KB)
+    counts = np.diff(np.append(edges, t))  # queries per bin
+    return np.add.reduceat(key_sums, edges, axis=0) / counts[:, None]
+
+
+def _cells(
+    mats: dict[str, np.ndarray],
+    rows: np.ndarray,
+    keys: np.ndarray,
+    causal: bool,
+    row_labels,
+    key_labels,
+) -> pd.DataFrame:
+    """Long table of the (row, key) cells, without the masked (key > query) ones when causal."""
+    q, k = np.meshgrid(rows, keys, indexing="ij")
+    keep = (k <= q) if causal else np.ones_like(q, dtype=bool)
+    q, k = q[keep], k[keep]
+    data = {
+        "query": q.astype(int),
+        "key": k.astype(int),
+        "query_token": [row_labels[i] for i in q],
+        "key_token": [key_labels[j] for j in k],
+    }
+    for name in ("attention", "value", "contribution", "norm_ratio", "cosine"):
+        data[name] = mats[name][q, k].astype(float) if name in mats else np.full(len(q), np.nan)
+    return pd.DataFrame(data)
+
+
+def _queries_after_first(analysis: Analysis) -> slice:
+    """Queries used for per-head summaries: all but the first, which can only attend to itself."""
+    return slice(1, None) if analysis.num_tokens > 1 else slice(0, None)
+
+
+def head_summary(analysis: Analysis) -> pd.DataFrame:
+    """One row per (layer, head), averaged over queries 1..T-1 (query 0 sees only itself):
+
+    * ``sink_attention``: mean attention on the first token (the sink ratio of METHOD.md section 4);
+    * ``sink_contribution``: mean intra-head contribution weight of the first token;
+    * ``divergence``: mean over queries of ½ Σ_j |α_ij − c_ij|, how differently attention and
+      intra-head contribution weights distribute the query's row (0 when they agree; both rows sum
+      to 1, so it is at least the share that moves).
+
+    Intra-head contributions are used because, like attention, they sum to 1 in every head.
+    """
+    rows = []
+    queries = _queries_after_first(analysis)
+    for layer in range(analysis.num_layers):
+        attention = analysis.attention(layer)[:, queries]  # (H, Q', K)
+        contribution = analysis.contributions(layer, "intra")[:, queries]
+        divergence = 0.5 * np.abs(attention - contribution).sum(-1).mean(-1)  # (H,)
+        for head in range(analysis.num_heads):
+            rows.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "sink_attention": float(attention[head, :, SINK].mean()),
+                    "sink_contribution": float(contribution[head, :, SINK].mean()),
+                    "divergence": float(divergence[head]),
+                }
+            )
+    frame = pd.DataFrame(rows)
+    frame["rank"] = frame["divergence"].rank(ascending=False, method="first").astype(int)
+    return frame
+
+
+def head_ranking(summary: pd.DataFrame, top: int | None = None) -> pd.DataFrame:
+    """Heads sorted by divergence, largest first."""
+    ranked = summary.sort_values("divergence", ascending=False, kind="stable").reset_index(drop=True)
+    return ranked if top is None else ranked.head(top)
+
+
+@dataclass(frozen=True)
+class TokenFactors:
+    """The factors of the contributions to one query.
+
+    ``wide``: one row per shown key (key, token, attention, norm_ratio, cosine, contribution, is_sink,
+    order), sorted by contribution, largest first. ``frame``: the same in long form, one row per
+    (key, factor), with ``factor`` in :attr:`factors` (the chart data). ``note`` says which keys are shown.
+    """
+
+    frame: pd.DataFrame
+    wide: pd.DataFrame
+    factors: tuple[str, ...]
+    note: str
+
+
+def visible_keys(analysis: Analysis, query: int) -> np.ndarray:
+    """Keys the query can see: 0..query in causal models, every position otherwise."""
+    return np.arange(query + 1 if analysis.bundle.arch.causal else analysis.num_tokens)
+
+
+def token_factors(
+    analysis: Analysis, layer: int, query: int, head: int | None, kind: str = "inter", top: int = TOP_KEYS
+) -> TokenFactors:
+    """contribution = attention × norm_ratio × cosine for each key of ``query`` (one head).
+
+    With ``head=None`` the factorisation does not exist (it is per head): the table has attention
+    (mean over heads) and the layer-level contribution only. Only the ``top`` keys by |contribution|
+    and the sink are kept.
+    """
+    layer = analysis.check_layer(layer)
+    query = analysis.check_token(query)
+    if head is None:
+        per_head = analysis.decomposition(layer, query, None, kind)
+        how = LAYER_AGGREGATION[f"contribution_{kind}"]
+        wide = per_head.groupby(["key", "token"], as_index=False, sort=True).agg(
+            attention=("attention", "mean"), contribution=("contribution", how)
+        )
+        factors = ("attention", "contribution")
+        who = f"all heads (attention: mean, contribution: {how})"
+    else:
+        wide = analysis.decomposition(layer, query, analysis.check_head(head), kind)
+        wide = wide[["key", "token", "attention", "norm_ratio", "cosine", "contribution"]]
+        factors = ("attention", "norm_ratio", "cosine", "contribution")
+        who = f"head {head}"
+    n = len(wide)
+    magnitude = wide["contribution"].abs().to_numpy()
+    keep = set(np.argsort(-magnitude, kind="stable")[:top].tolist()) | {SINK}
+    wide = wide.iloc[sorted(keep)].sort_values("contribution", ascending=False, kind="stable").reset_index(drop=True)
+    wide["is_sink"] = wide["key"] == SINK
+    wide["order"] = np.arange(len(wide))
+    wide.insert(0, "query", query)
+    wide.insert(0, "head", -1 if head is None else head)
+    wide.insert(0, "layer", layer)
+    frame = wide.melt(
+        id_vars=["layer", "head", "query", "key", "token", "is_sink", "order"],
+        value_vars=list(factors),
+        var_name="factor",
+        value_name="value",
+    )
+    shown = f"all {n} keys" if n <= top else f"top {top} of {n} keys by |contribution| plus the first token"
+    note = f"layer {layer}, {who}, query {query} {analysis.tokens[query]!r}, {kind}-head; {shown}"
+    return TokenFactors(frame=frame, wide=wide, factors=factors, note=note)
+
+
+def top_keys_across_layers(analysis: Analysis, query: int, head: int | None, kind: str = "inter", k: int = 5) -> pd.DataFrame:
+    """For every layer, the ``k`` keys with the largest contribution to ``query``.
+
+    Columns: layer, rank (1 = largest), key, token, contribution, attention. ``head=None`` uses the
+    layer-level scores (METHOD.md), one head its own contributions.
+    """
+    query = analysis.check_token(query)
+    if head is not None:
+        head = analysis.check_head(head)
+    keys = visible_keys(analysis, query)
+    rows = []
+    for layer in range(analysis.num_layers):
+        if head is None:
+            contribution = analysis.layer_scores(layer, f"contribution_{kind}")[query, keys]
+            attention = analysis.layer_scores(layer, "raw")[query, keys]
+        else:
+            contribution = analysis.contributions(layer, kind)[head, query, keys]
+            attention = analysis.attention(layer)[head, query, keys]
+        order = np.argsort(-contribution, kind="stable")[:k]
+        for rank, j in enumerate(order, start=1):
+            rows.append(
+                {
+                    "layer": layer,
+                    "rank": rank,
+                    "key": int(keys[j]),
+                    "token": analysis.tokens[int(keys[j])],
+                    "contribution": float(contribution[j]),
+                    "attention": float(attention[j]),
+                }
+            )
+    return pd.DataFrame(rows)

@@ -1,0 +1,28 @@
+"""bertviz: head view and model view of attention or contribution weights."""
+
+import streamlit as st
+
+from cwviz import bertviz_html, services, ui
+
+sel = ui.sidebar()
+st.title("bertviz views")
+st.markdown(
+    "bertviz draws each weight as the opacity of a line. Opacity cannot be negative, so for contribution "
+    "weights this page draws **intra-head contributions clipped at zero**: negative contributions are not "
+    "drawn at all (see their sign on the Heatmaps page). Intra-head contributions sum to 1 in every head, "
+    "like attention, so the two views are comparable."
+)
+st.caption(
+    "bertviz loads its scripts (require.js, d3, jQuery) from cdnjs.cloudflare.com: without network access the "
+    "view below says so instead of drawing. Nothing else in cwviz needs the network."
+)
+if not sel.ok:
+    st.stop()
+
+left, right = st.columns(2)
+view = left.radio("View", bertviz_html.VIEWS, horizontal=True, key="bertviz_view", format_func=lambda v: f"{v} view")
+weights = right.radio("Weights", bertviz_html.WEIGHTS, horizontal=True, key="bertviz_weights")
+where = bertviz_html.scope(sel.analysis, view, sel.layer)
+st.caption(f"Showing {where.note}.")
+html = services.bertviz_html(sel.request, view, weights, sel.layer)
+st.iframe(html, height=900 if view == "model" else 620)
