@@ -1,0 +1,176 @@
+"""Charts of METHOD.md section 4 (attention sinks): tidy tables from :mod:`cwviz.sinks` in, ``alt.Chart`` out.
+
+Colour convention of the dashboard: diverging scales are centred at zero, red positive, blue negative.
+"""
+
+from __future__ import annotations
+
+import math
+
+import altair as alt
+import pandas as pd
+
+#: Most points drawn in the ratio/norm scatter (Altair's limit is 5000 rows); beyond it an even sample.
+MAX_POINTS = 4000
+
+
+def _symmetric(values: pd.Series) -> list[float]:
+    """A colour domain centred at zero that covers ``values`` (at least ±0.05)."""
+    bound = float(values.abs().max()) if values.notna().any() else 0.0
+    bound = max(bound, 0.05)
+    return [-bound, bound]
+
+
+def ratio_norm_chart(
+    points: pd.DataFrame, curve: pd.DataFrame, minimiser: float, title: str = "", width: int = 460, height: int = 320
+) -> alt.LayerChart:
+    """(a) Sink ratio against head-output norm for one head, with the analytic curve and its minimum.
+
+    ``points``: rows of :func:`cwviz.sinks.sink_table` for one layer and head (optionally with a
+    ``prompt`` column, for pooled prompts); ``curve``: ``sink_ratio, output_norm`` of the typical curve
+    (:meth:`cwviz.sinks.SinkCurve.table`); ``minimiser``: the ratio where it is smallest.
+    """
+    data = points.dropna(subset=["sink_ratio", "output_norm"])
+    if len(data) > MAX_POINTS:
+        data = data.iloc[:: math.ceil(len(data) / MAX_POINTS)]
+    pooled = "prompt" in data.columns and data["prompt"].nunique() > 1
+    tooltip = [
+        alt.Tooltip("query:Q", title="query"),
+        alt.Tooltip("token:N", title="token"),
+        alt.Tooltip("sink_ratio:Q", title="sink ratio s", format=".3f"),
+        alt.Tooltip("output_norm:Q", title="‖o‖", format=".3f"),
+        alt.Tooltip("rest_norm:Q", title="‖m‖", format=".3f"),
+        alt.Tooltip("cos_sink_rest:Q", title="cos(ṽ_sink, m)", format=".3f"),
+    ]
+    if pooled:
+        tooltip.insert(0, alt.Tooltip("prompt:N", title="prompt"))
+    x = alt.X("sink_ratio:Q", title="sink ratio s (attention on the sink)", scale=alt.Scale(domain=[0, 1]))
+    y = alt.Y("output_norm:Q", title="head output norm ‖o‖")
+    dots = (
+        alt.Chart(data)
+        .mark_circle(size=36, opacity=0.6)
+        .encode(
+            x=x,
+            y=y,
+            color=alt.Color("prompt:N", title="prompt") if pooled else alt.value("#4c78a8"),
+            tooltip=tooltip,
+        )
+    )
+    line = (
+        alt.Chart(curve.assign(label="‖s ṽ_sink + (1 − s) m‖, typical m"))
+        .mark_line(color="#e45756", strokeWidth=2)
+        .encode(x=x, y=y, tooltip=[alt.Tooltip("label:N", title="curve"), alt.Tooltip("sink_ratio:Q", format=".2f"), alt.Tooltip("output_norm:Q", format=".3f")])
+    )
+    layers = [dots, line]
+    if math.isfinite(minimiser):
+        marker = pd.DataFrame({"sink_ratio": [minimiser], "label": [f"min at s* = {minimiser:.2f}"]})
+        rule = alt.Chart(marker).mark_rule(color="#e45756", strokeDash=[4, 3]).encode(x="sink_ratio:Q", tooltip=["label:N"])
+        text = (
+            alt.Chart(marker)
+            .mark_text(align="left", dx=4, dy=-6, color="#e45756")
+            .encode(x="sink_ratio:Q", y=alt.value(8), text="label:N")
+        )
+        layers += [rule, text]
+    return alt.layer(*layers).properties(title=title, width=width, height=height)
+
+
+def anti_alignment_map(
+    heads: pd.DataFrame, layer: int | None = None, head: int | None = None, width: int = 300, height: int = 420
+) -> alt.LayerChart:
+    """(b) Layers x heads map of the mean cos(ṽ_sink, m), diverging at zero (blue: anti-aligned).
+
+    ``heads``: :func:`cwviz.sinks.head_summary`. The selected layer (and head) is outlined.
+    """
+    color = alt.Color(
+        "cos_sink_rest:Q",
+        title="cos(ṽ_sink, m)",
+        scale=alt.Scale(scheme="redblue", reverse=True, domain=_symmetric(heads["cos_sink_rest"]), domainMid=0),
+    )
+    base = alt.Chart(heads).encode(x=alt.X("head:O", title="head"), y=alt.Y("layer:O", title="layer"))
+    cells = base.mark_rect().encode(
+        color=color,
+        tooltip=[
+            alt.Tooltip("layer:O"),
+            alt.Tooltip("head:O"),
+            alt.Tooltip("cos_sink_rest:Q", title="mean cos(ṽ_sink, m)", format=".3f"),
+            alt.Tooltip("sink_ratio:Q", title="mean sink ratio", format=".3f"),
+            alt.Tooltip("minimising_ratio:Q", title="ratio minimising ‖o‖", format=".2f"),
+        ],
+    )
+    layers = [cells]
+    if layer is not None:
+        chosen = heads[(heads["layer"] == layer) & ((heads["head"] == head) if head is not None else True)]
+        layers.append(
+            alt.Chart(chosen).mark_rect(fill=None, stroke="black", strokeWidth=2).encode(x="head:O", y="layer:O")
+        )
+    return alt.layer(*layers).properties(title="Anti-alignment of the sink's value with the rest", width=width, height=height)
+
+
+def share_chart(layers: pd.DataFrame, layer: int | None = None, width: int = 460, height: int = 260) -> alt.LayerChart:
+    """(c) Per layer, the sink's share under attention against its share under contribution weights.
+
+    ``layers``: :func:`cwviz.sinks.layer_summary` (attention averaged over heads, contribution the
+    inter-head share summed over heads). The gap is how far attention overstates the sink.
+    """
+    long = layers.melt(
+        id_vars=["layer"],
+        value_vars=["sink_attention_share", "sink_contribution_share"],
+        var_name="measure",
+        value_name="share",
+    )
+    long["measure"] = long["measure"].map(
+        {"sink_attention_share": "attention", "sink_contribution_share": "contribution weight"}
+    )
+    lines = (
+        alt.Chart(long)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("layer:Q", title="layer", axis=alt.Axis(tickMinStep=1)),
+            y=alt.Y("share:Q", title="the sink's share of the layer output"),
+            color=alt.Color("measure:N", title="share under", scale=alt.Scale(range=["#4c78a8", "#e45756"])),
+            tooltip=[alt.Tooltip("layer:Q"), alt.Tooltip("measure:N"), alt.Tooltip("share:Q", format=".3f")],
+        )
+    )
+    charts = [lines]
+    if layer is not None:
+        charts.append(alt.Chart(pd.DataFrame({"layer": [layer]})).mark_rule(color="gray", strokeDash=[4, 3]).encode(x="layer:Q"))
+    return alt.layer(*charts).properties(title="How far attention overstates the sink", width=width, height=height)
+
+
+def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200) -> alt.VConcatChart:
+    """The effect of scaling the sink's value, per layer: change in mean head-output norm, and the
+    semantic cone (mean pairwise cosine of head outputs) before and after.
+
+    ``table``: :attr:`cwviz.sinks.SinkIntervention.table`.
+    """
+    x = alt.X("layer:Q", title="layer", axis=alt.Axis(tickMinStep=1))
+    norm = (
+        alt.Chart(table)
+        .mark_bar()
+        .encode(
+            x=x,
+            y=alt.Y("output_norm_change:Q", title="Δ mean ‖o^h‖"),
+            color=alt.Color("intervened:N", title="intervened", scale=alt.Scale(domain=[True, False], range=["#e45756", "#bab0ac"])),
+            tooltip=[
+                alt.Tooltip("layer:Q"),
+                alt.Tooltip("output_norm_before:Q", title="before", format=".3f"),
+                alt.Tooltip("output_norm_after:Q", title="after", format=".3f"),
+                alt.Tooltip("output_norm_change:Q", title="change", format="+.3f"),
+            ],
+        )
+        .properties(title="Change in head-output norm", width=width, height=height)
+    )
+    long = table.melt(id_vars=["layer"], value_vars=["cone_before", "cone_after"], var_name="pass", value_name="cone")
+    long["pass"] = long["pass"].map({"cone_before": "clean", "cone_after": "intervened"})
+    cone = (
+        alt.Chart(long)
+        .mark_line(point=True)
+        .encode(
+            x=x,
+            y=alt.Y("cone:Q", title="mean pairwise cos of head outputs"),
+            color=alt.Color("pass:N", title="pass", scale=alt.Scale(domain=["clean", "intervened"], range=["#4c78a8", "#e45756"])),
+            tooltip=[alt.Tooltip("layer:Q"), alt.Tooltip("pass:N"), alt.Tooltip("cone:Q", format=".3f")],
+        )
+        .properties(title="Semantic cone (higher: outputs collapse into a narrower cone)", width=width, height=height)
+    )
+    return alt.vconcat(norm, cone).resolve_scale(color="independent")

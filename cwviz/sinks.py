@@ -1,0 +1,508 @@
+"""Attention sinks as active suppressors (METHOD.md section 4): pure analyses on an :class:`Analysis`.
+
+Notation. For a sink position σ (the first token by default), head h and query i:
+
+* s = α_iσ^h, the **sink ratio**;
+* ṽ_σ^h = W_O^h v_σ^h, the sink's projected value [d_model];
+* m_i^h = Σ_{j≠σ} α_ij^h ṽ_j^h / (1 − s), the attention-weighted mean of the other keys' projected values;
+
+so that o_i^h = s ṽ_σ + (1 − s) m_i and
+
+    ‖o_i^h‖² = s²‖ṽ_σ‖² + 2s(1 − s)⟨ṽ_σ, m_i⟩ + (1 − s)²‖m_i‖²,
+
+a convex function of s (:class:`SinkCurve`). m_i is undefined (NaN) where the query sees no key but the
+sink (query 0 when the sink is token 0); it is computed from Σ_{j≠σ} α_ij v_j directly, not as
+(o − s ṽ_σ)/(1 − s), so it stays accurate when s is close to 1.
+
+Choices (also in the README):
+
+* Queries that cannot see the sink (before it, in causal models) have no row in :func:`sink_table`.
+* Summaries average over the rows whose query sees at least one key besides the sink (``other_keys > 0``).
+* Layer-level shares follow METHOD.md's layer-level scores: attention is averaged over heads, the
+  contribution is the inter-head C summed over heads; both then averaged over queries.
+* Interventions scale the sink's value v_σ (so ṽ_σ^h in every head) by λ in chosen layers, attention kept,
+  through :class:`cwviz.interventions.ScaleValues`; the shared model is never modified.
+* The semantic cone of a head is the mean pairwise cosine between its outputs o_i^h over the positions
+  i that see the sink and another key.
+
+Nothing here builds a [query, key, d_model] tensor: the largest is [head, query, d_model].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .analysis import Analysis
+from .capture import LayerRecord, attention_probabilities, forward_pass
+from .errors import InputError, SelectionError
+from .interventions import ScaleValues
+from .measures import expand_kv
+
+AUTO = "auto"
+
+#: Columns of :func:`sink_table`, in order.
+TABLE_COLUMNS: tuple[str, ...] = (
+    "layer",
+    "head",
+    "query",
+    "token",
+    "sink",
+    "sink_ratio",
+    "output_norm",
+    "sink_value_norm",
+    "rest_norm",
+    "cos_sink_rest",
+    "sink_attention_share",
+    "sink_contribution_share",
+    "sink_contribution_inter",
+    "other_keys",
+)
+
+
+# -- sink choice ------------------------------------------------------------------------------------
+def visible_keys(record: LayerRecord, num_queries: int, num_keys: int) -> torch.Tensor:
+    """Which keys each query may attend to in one layer, bool [query, key] (the model's own mask)."""
+    if record.mask is None:
+        full = torch.ones(num_queries, num_keys, dtype=torch.bool)
+        return full.tril() if record.causal else full
+    mask = torch.broadcast_to(record.mask.cpu(), (num_queries, num_keys))
+    if mask.dtype == torch.bool:
+        return mask
+    # Additive masks hold -inf or the dtype's most negative number where a key is hidden.
+    return mask > torch.finfo(mask.dtype).min / 2
+
+
+def detect_sink(analysis: Analysis) -> int:
+    """The key with the largest mean attention received, averaged over layers, heads and the queries
+    that can see it."""
+    received = torch.zeros(analysis.num_tokens, dtype=torch.float64)
+    seen_by = torch.zeros(analysis.num_tokens, dtype=torch.float64)
+    with torch.inference_mode():
+        for layer in range(analysis.num_layers):
+            alpha = analysis.attention_tensor(layer)  # (H, Q, K)
+            visible = visible_keys(analysis.records[layer], *alpha.shape[1:])
+            received += alpha.sum(dim=(0, 1)).double().cpu()
+            seen_by += visible.sum(dim=0).double() * alpha.shape[0]
+    mean = torch.where(seen_by > 0, received / seen_by.clamp_min(1), torch.zeros_like(received))
+    return int(torch.argmax(mean))
+
+
+def resolve_sink(analysis: Analysis, sink: int | str = 0) -> int:
+    """The sink position: an int (or its digits) as given, ``"auto"`` for :func:`detect_sink`."""
+    if isinstance(sink, str):
+        if sink.strip().lower() == AUTO:
+            return detect_sink(analysis)
+        try:
+            sink = int(sink)
+        except ValueError:
+            raise InputError(f"the sink must be a token position (0, 1, ...) or 'auto', not {sink!r}") from None
+    if isinstance(sink, (int, np.integer)) and not isinstance(sink, bool) and sink < 0:
+        sink = analysis.num_tokens + int(sink)  # -1 is the last token, as in Python
+    return analysis.check_token(sink)
+
+
+# -- the split o = s ṽ_σ + (1 − s) m ----------------------------------------------------------------
+@dataclass(frozen=True)
+class SinkSplit:
+    """One layer's head outputs split into the sink's part and the rest, float32 (on the layer's device).
+
+    | field        | shape                     | meaning                                            |
+    |--------------|---------------------------|----------------------------------------------------|
+    | sink         | int                       | σ                                                  |
+    | sink_ratio   | [head, query]             | s = α_iσ^h (0 where the query cannot see σ)        |
+    | sink_value   | [head, d_model]           | ṽ_σ^h                                              |
+    | rest_mean    | [head, query, d_model]    | m_i^h (NaN where the query sees no other key)      |
+    | head_output  | [head, query, d_model]    | o_i^h                                              |
+    | other_keys   | [query]                   | number of keys besides σ the query can see         |
+    | sees_sink    | [query]                   | bool: the query can see σ                          |
+    """
+
+    sink: int
+    sink_ratio: torch.Tensor
+    sink_value: torch.Tensor
+    rest_mean: torch.Tensor
+    head_output: torch.Tensor
+    other_keys: torch.Tensor
+    sees_sink: torch.Tensor
+
+
+def sink_split(analysis: Analysis, layer: int, sink: int = 0) -> SinkSplit:
+    """Split every head output of ``layer`` at the sink ``sink`` (a position; see :func:`resolve_sink`)."""
+    layer = analysis.check_layer(layer)
+    sink = analysis.check_token(sink)
+    record = analysis.records[layer]
+    with torch.inference_mode():
+        alpha = analysis.layer(layer).attention  # (H, Q, K)
+        value = expand_kv(record.value.float(), analysis.num_heads)  # (H, K, d_head)
+        w = analysis.w_heads(layer)  # (H, D, d_head)
+        visible = visible_keys(record, *alpha.shape[1:])  # (Q, K)
+        rest_alpha = alpha.clone()
+        rest_alpha[:, :, sink] = 0
+        rest_mass = rest_alpha.sum(-1)  # (H, Q)  1 − s, summed directly
+        rest_z = rest_alpha @ value  # (H, Q, d_head)
+        z = alpha @ value  # (H, Q, d_head)
+        head_output = torch.einsum("hqd,hmd->hqm", z, w)  # (H, Q, D)
+        rest_sum = torch.einsum("hqd,hmd->hqm", rest_z, w)  # (H, Q, D)  (1 − s) m
+        other_keys = visible.sum(-1) - visible[:, sink].long()  # (Q,)
+        defined = (other_keys > 0).to(alpha.device)[None, :] & (rest_mass > 0)  # (H, Q)
+        rest_mean = torch.where(defined[..., None], rest_sum / rest_mass.clamp_min(1e-38)[..., None], torch.nan)
+        return SinkSplit(
+            sink=sink,
+            sink_ratio=alpha[:, :, sink],
+            sink_value=torch.einsum("hmd,hd->hm", w, value[:, sink]),
+            rest_mean=rest_mean,
+            head_output=head_output,
+            other_keys=other_keys,
+            sees_sink=visible[:, sink],
+        )
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine along the last axis; NaN where either vector is zero or NaN."""
+    norms = a.norm(dim=-1) * b.norm(dim=-1)
+    return torch.where(norms > 0, (a * b).sum(-1) / norms.clamp_min(1e-38), torch.nan)
+
+
+# -- the table --------------------------------------------------------------------------------------
+def sink_table(analysis: Analysis, sink: int | str = 0, layers: Iterable[int] | None = None) -> pd.DataFrame:
+    """One row per layer, head and query that sees the sink (columns :data:`TABLE_COLUMNS`).
+
+    | column                  | meaning                                                              |
+    |-------------------------|----------------------------------------------------------------------|
+    | sink_ratio              | s = α_iσ^h                                                           |
+    | output_norm             | ‖o_i^h‖ (the head's output)                                          |
+    | sink_value_norm         | ‖ṽ_σ^h‖                                                              |
+    | rest_norm               | ‖m_i^h‖ (NaN where the query sees no other key)                      |
+    | cos_sink_rest           | cos(ṽ_σ^h, m_i^h); < 0: the sink subtracts the semantic direction    |
+    | sink_attention_share    | α_iσ^h, the sink's share under attention (= sink_ratio, named for the comparison) |
+    | sink_contribution_share | c_iσ^h, its intra-head contribution weight (sums to 1 with the other keys) |
+    | sink_contribution_inter | C_iσ^h, its inter-head contribution (summed over heads: the layer-level share) |
+    | other_keys              | keys besides the sink that the query can see                         |
+    """
+    sink = resolve_sink(analysis, sink)
+    layers = range(analysis.num_layers) if layers is None else [analysis.check_layer(l) for l in layers]
+    frames = []
+    for layer in layers:
+        split = sink_split(analysis, layer, sink)
+        measures = analysis.layer(layer)
+        with torch.inference_mode():
+            columns = {
+                "sink_ratio": split.sink_ratio,
+                "output_norm": split.head_output.norm(dim=-1),
+                "sink_value_norm": split.sink_value.norm(dim=-1)[:, None].expand_as(split.sink_ratio),
+                "rest_norm": split.rest_mean.norm(dim=-1),
+                "cos_sink_rest": _cosine(split.sink_value[:, None, :], split.rest_mean),
+                "sink_attention_share": split.sink_ratio,
+                "sink_contribution_share": measures.contribution("intra")[:, :, sink],
+                "sink_contribution_inter": measures.contribution("inter")[:, :, sink],
+            }
+            queries = torch.nonzero(split.sees_sink).flatten().numpy()
+            columns = {name: values.float().cpu().numpy()[:, queries] for name, values in columns.items()}
+        heads, query_grid = np.meshgrid(np.arange(analysis.num_heads), queries, indexing="ij")  # (H, Q')
+        frame = pd.DataFrame(
+            {
+                "layer": layer,
+                "head": heads.ravel(),
+                "query": query_grid.ravel(),
+                "token": np.asarray(analysis.tokens, dtype=object)[query_grid.ravel()],
+                "sink": sink,
+                **{name: values.ravel() for name, values in columns.items()},
+                "other_keys": split.other_keys.numpy()[query_grid.ravel()],
+            }
+        )
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)[list(TABLE_COLUMNS)]
+
+
+def pooled_sink_table(analyses: Sequence[Analysis], sink: int | str = 0) -> pd.DataFrame:
+    """:func:`sink_table` of several prompts, with a ``prompt`` column (its index); ``"auto"`` picks
+    each prompt's own sink."""
+    if not analyses:
+        raise InputError("no prompts to pool; give at least one")
+    frames = [sink_table(a, sink).assign(prompt=i) for i, a in enumerate(analyses)]
+    table = pd.concat(frames, ignore_index=True)
+    return table[["prompt", *TABLE_COLUMNS]]
+
+
+def _defined(table: pd.DataFrame) -> pd.DataFrame:
+    return table[table["other_keys"] > 0]
+
+
+def _by_prompt(table: pd.DataFrame) -> list[str]:
+    return ["prompt"] if "prompt" in table.columns else []
+
+
+def layer_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per layer from :func:`sink_table` (or :func:`pooled_sink_table`, rows pooled).
+
+    Means over heads and the queries that see another key besides the sink. ``sink_attention_share``
+    is the head-averaged attention on the sink, ``sink_contribution_share`` the layer-level contribution
+    Σ_h C_iσ^h, both averaged over queries; ``negative_cos_share`` is the share of (head, query) rows
+    with cos(ṽ_σ, m) < 0.
+    """
+    rows = _defined(table)
+    keys = _by_prompt(table)
+    per_query = rows.groupby([*keys, "layer", "query"], sort=False)["sink_contribution_inter"].sum()
+    contribution = per_query.groupby(level="layer").mean()
+    summary = rows.groupby("layer").agg(
+        sink_ratio=("sink_ratio", "mean"),
+        output_norm=("output_norm", "mean"),
+        sink_value_norm=("sink_value_norm", "mean"),
+        rest_norm=("rest_norm", "mean"),
+        cos_sink_rest=("cos_sink_rest", "mean"),
+        sink_attention_share=("sink_attention_share", "mean"),
+    )
+    summary["sink_contribution_share"] = contribution
+    summary["negative_cos_share"] = rows.assign(neg=rows["cos_sink_rest"] < 0).groupby("layer")["neg"].mean()
+    return summary.reset_index()
+
+
+def head_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per layer and head: means over the queries that see another key besides the sink, and
+    the sink ratio minimising the head's typical output norm (:func:`head_curve`)."""
+    rows = _defined(table)
+    summary = rows.groupby(["layer", "head"]).agg(
+        sink_ratio=("sink_ratio", "mean"),
+        output_norm=("output_norm", "mean"),
+        sink_value_norm=("sink_value_norm", "mean"),
+        rest_norm=("rest_norm", "mean"),
+        cos_sink_rest=("cos_sink_rest", "mean"),
+        sink_contribution_share=("sink_contribution_share", "mean"),
+    )
+    medians = rows.groupby(["layer", "head"])[["sink_value_norm", "rest_norm", "cos_sink_rest"]].median()
+    summary["minimising_ratio"] = [
+        SinkCurve(a, b, c).minimiser for a, b, c in medians.itertuples(index=False, name=None)
+    ]
+    return summary.reset_index()
+
+
+# -- the convex relation ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SinkCurve:
+    """‖s ṽ_σ + (1 − s) m‖ as a function of s, for ‖ṽ_σ‖ = ``sink_value_norm``, ‖m‖ = ``rest_norm``
+    and cos(ṽ_σ, m) = ``cos``."""
+
+    sink_value_norm: float
+    rest_norm: float
+    cos: float
+
+    def norm(self, ratio: np.ndarray | float) -> np.ndarray:
+        """The head-output norm at sink ratio(s) ``ratio``."""
+        s = np.asarray(ratio, dtype=np.float64)
+        a, b, c = self.sink_value_norm, self.rest_norm, self.cos
+        squared = s**2 * a**2 + 2 * s * (1 - s) * a * b * c + (1 - s) ** 2 * b**2
+        return np.sqrt(np.clip(squared, 0, None))
+
+    @property
+    def minimiser(self) -> float:
+        """The sink ratio in [0, 1] with the smallest norm: s* = b(b − ac) / ‖ṽ_σ − m‖², clipped.
+
+        Inside (0, 1) exactly when b > ac and a > bc (e.g. whenever cos < 0). NaN if undefined.
+        """
+        a, b, c = self.sink_value_norm, self.rest_norm, self.cos
+        if not all(math.isfinite(x) for x in (a, b, c)):
+            return math.nan
+        distance2 = a * a - 2 * a * b * c + b * b  # ‖ṽ_σ − m‖²
+        if distance2 <= 1e-12 * max(a * a + b * b, 1e-30):
+            return 0.0  # ṽ_σ = m: the norm does not depend on s
+        return float(np.clip(b * (b - a * c) / distance2, 0.0, 1.0))
+
+    @property
+    def minimum(self) -> float:
+        """The smallest norm over s in [0, 1]."""
+        return float(self.norm(self.minimiser))
+
+    def table(self, points: int = 101) -> pd.DataFrame:
+        """The curve sampled at ``points`` ratios in [0, 1]: columns ``sink_ratio, output_norm``."""
+        s = np.linspace(0.0, 1.0, points)
+        return pd.DataFrame({"sink_ratio": s, "output_norm": self.norm(s)})
+
+
+def head_curve(table: pd.DataFrame, layer: int, head: int) -> SinkCurve:
+    """The typical curve of one head: medians of ‖ṽ_σ‖, ‖m‖ and cos over its queries (and prompts)."""
+    rows = _defined(table)
+    rows = rows[(rows["layer"] == layer) & (rows["head"] == head)].dropna(subset=["rest_norm", "cos_sink_rest"])
+    if rows.empty:
+        raise SelectionError(f"layer {layer}, head {head} has no query that sees a key besides the sink; pick another head or a longer prompt")
+    return SinkCurve(
+        float(rows["sink_value_norm"].median()), float(rows["rest_norm"].median()), float(rows["cos_sink_rest"].median())
+    )
+
+
+# -- interventions ----------------------------------------------------------------------------------
+def semantic_cone(head_output: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Mean pairwise cosine between one head's outputs at ``positions`` (i ≠ j), per head: [head].
+
+    head_output [head, query, d_model]; positions bool [query]. Zero outputs are left out. Computed as
+    (‖Σ u_i‖² − n) / (n(n − 1)) with u_i = o_i / ‖o_i‖, linear in the number of positions.
+    """
+    out = head_output[:, positions.to(head_output.device)].float()  # (H, P, D)
+    norms = out.norm(dim=-1, keepdim=True)  # (H, P, 1)
+    nonzero = norms > 0
+    unit = torch.where(nonzero, out / norms.clamp_min(1e-38), 0.0)
+    n = nonzero[..., 0].sum(-1).double()  # (H,)
+    total = unit.double().sum(1).pow(2).sum(-1)  # ‖Σ u‖², (H,)
+    return torch.where(n > 1, (total - n) / (n * (n - 1)).clamp_min(1), torch.nan).float()
+
+
+@dataclass(frozen=True)
+class SinkIntervention:
+    """The effect of scaling the sink's projected value by ``factor`` in ``layers``.
+
+    ``table``: one row per layer (every layer, intervened or not, since later layers feel earlier
+    changes) with ``intervened, output_norm_before, output_norm_after, output_norm_change,
+    cone_before, cone_after, cone_change``; output norms are ‖o_i^h‖ averaged over heads and the
+    queries that see the sink and another key, cones are :func:`semantic_cone` averaged over heads.
+    """
+
+    sink: int
+    factor: float
+    layers: tuple[int, ...]
+    table: pd.DataFrame
+    perplexity_clean: float
+    perplexity: float
+
+    @property
+    def delta_ppl(self) -> float:
+        """PPL(intervened) − PPL(clean) of the prompt (NaN for encoders)."""
+        return self.perplexity - self.perplexity_clean
+
+
+def _layers(analysis: Analysis, layers: Iterable[int] | None) -> tuple[int, ...]:
+    if layers is None:
+        return tuple(range(analysis.num_layers))
+    chosen = tuple(sorted({analysis.check_layer(int(l)) for l in layers}))
+    if not chosen:
+        raise SelectionError("no layer chosen for the intervention; pick at least one layer")
+    return chosen
+
+
+def _input_ids(analysis: Analysis, batch: int = 1) -> torch.Tensor:
+    device = analysis.bundle.model.get_input_embeddings().weight.device
+    return torch.tensor([analysis.input_ids] * batch, device=device)
+
+
+def _next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log p(token_{t+1} | ..t), [batch, pos − 1] float32."""
+    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return logprobs.gather(2, ids[:, 1:, None].to(logprobs.device))[..., 0]
+
+
+def _head_outputs(analysis: Analysis, layer: int) -> torch.Tensor:
+    """o_i^h of ``layer``, [head, query, d_model], from the records (whatever values they hold)."""
+    rec = analysis.records[layer]
+    alpha = attention_probabilities(rec.query.float(), rec.key.float(), rec.scaling, rec.mask, rec.causal)
+    z = alpha @ expand_kv(rec.value.float(), analysis.num_heads)  # (H, Q, d_head)
+    return torch.einsum("hqd,hmd->hqm", z, analysis.w_heads(layer))
+
+
+def intervene_on_sink(
+    analysis: Analysis, sink: int | str = 0, factor: float = 0.0, layers: Iterable[int] | None = None
+) -> SinkIntervention:
+    """Scale the sink's value by ``factor`` (λ; 0 removes ṽ_σ, attention kept) in ``layers`` (None = all)
+    and compare head outputs and perplexity with the clean pass. One recorded forward pass."""
+    if not math.isfinite(factor):
+        raise InputError(f"the sink value factor must be a finite number, not {factor}")
+    sink = resolve_sink(analysis, sink)
+    chosen = _layers(analysis, layers)
+    intervention = ScaleValues(positions=(sink,), factor=float(factor), layers=frozenset(chosen))
+    ids = _input_ids(analysis)
+    bundle = analysis.bundle
+    with torch.inference_mode(), forward_pass(bundle.attention_modules, record=True, intervention=intervention) as records:
+        logits = bundle.model(input_ids=ids, use_cache=False).logits  # (1, T, vocab)
+    causal = bundle.arch.causal
+    logprobs = _next_token_logprobs(logits, ids)[0].cpu().numpy() if causal else np.zeros(0, np.float32)
+    after = Analysis(bundle, analysis.text, analysis.input_ids, tuple(records[l] for l in range(analysis.num_layers)), logprobs)
+    rows = []
+    with torch.inference_mode():
+        for layer in range(analysis.num_layers):
+            visible = visible_keys(analysis.records[layer], analysis.num_tokens, analysis.num_tokens)
+            positions = visible[:, sink] & (visible.sum(-1) > 1)  # (Q,)
+            before_out, after_out = _head_outputs(analysis, layer), _head_outputs(after, layer)
+            norm_before = before_out.norm(dim=-1)[:, positions.to(before_out.device)].mean()
+            norm_after = after_out.norm(dim=-1)[:, positions.to(after_out.device)].mean()
+            cone_before = semantic_cone(before_out, positions).nanmean()
+            cone_after = semantic_cone(after_out, positions).nanmean()
+            rows.append(
+                {
+                    "layer": layer,
+                    "intervened": layer in chosen,
+                    "output_norm_before": float(norm_before),
+                    "output_norm_after": float(norm_after),
+                    "output_norm_change": float(norm_after - norm_before),
+                    "cone_before": float(cone_before),
+                    "cone_after": float(cone_after),
+                    "cone_change": float(cone_after - cone_before),
+                }
+            )
+    return SinkIntervention(
+        sink=sink,
+        factor=float(factor),
+        layers=chosen,
+        table=pd.DataFrame(rows),
+        perplexity_clean=analysis.perplexity,
+        perplexity=after.perplexity,
+    )
+
+
+@dataclass(frozen=True)
+class ScaleValuesPerItem:
+    """Like :class:`~cwviz.interventions.ScaleValues`, but batch item b is changed only in
+    ``layers[b]`` (None = every layer), so one batched pass runs many interventions."""
+
+    positions: tuple[int, ...]
+    factor: float
+    layers: tuple[frozenset[int] | None, ...]
+
+    def values(self, layer: int, value: torch.Tensor) -> torch.Tensor:
+        # value (B, H_kv, K, d)
+        rows = [b for b, chosen in enumerate(self.layers) if chosen is None or layer in chosen]
+        if not rows or self.factor == 1.0:
+            return value
+        scale = torch.ones(value.shape[0], 1, value.shape[2], 1, dtype=value.dtype, device=value.device)
+        scale[torch.tensor(rows)[:, None], 0, torch.tensor(self.positions)[None, :], 0] = self.factor
+        return value * scale
+
+    def keep(self, layer: int, num_queries: int, num_keys: int) -> torch.Tensor | None:
+        return None
+
+
+def removal_perplexity(
+    analysis: Analysis,
+    layer_sets: Sequence[Iterable[int] | None],
+    sink: int | str = 0,
+    factor: float = 0.0,
+    max_batch_tokens: int = 8192,
+) -> np.ndarray:
+    """The prompt's perplexity with the sink's value scaled by ``factor`` in each of ``layer_sets``
+    (None = all layers), [len(layer_sets)]; batched, at most ``max_batch_tokens`` tokens a pass."""
+    if not analysis.bundle.arch.causal:
+        return np.full(len(layer_sets), np.nan)
+    if analysis.num_tokens < 2:
+        raise InputError("perplexity needs at least two tokens; give a longer prompt")
+    sink = resolve_sink(analysis, sink)
+    sets = [None if s is None else frozenset(_layers(analysis, s)) for s in layer_sets]
+    batch = max(1, max_batch_tokens // analysis.num_tokens)
+    bundle = analysis.bundle
+    out = []
+    for start in range(0, len(sets), batch):
+        chunk = tuple(sets[start : start + batch])
+        ids = _input_ids(analysis, len(chunk))
+        intervention = ScaleValuesPerItem(positions=(sink,), factor=float(factor), layers=chunk)
+        with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
+            logits = bundle.model(input_ids=ids, use_cache=False).logits  # (b, T, vocab)
+        out.append(torch.exp(-_next_token_logprobs(logits, ids).mean(1)).cpu().numpy())
+    return np.concatenate(out).astype(np.float64)
+
+
+def layerwise_removal(analysis: Analysis, sink: int | str = 0, factor: float = 0.0) -> pd.DataFrame:
+    """ΔPPL of the prompt when the sink's value is scaled by ``factor`` in one layer at a time:
+    columns ``layer, perplexity, delta_ppl``."""
+    ppl = removal_perplexity(analysis, [[l] for l in range(analysis.num_layers)], sink, factor)
+    return pd.DataFrame({"layer": np.arange(analysis.num_layers), "perplexity": ppl, "delta_ppl": ppl - analysis.perplexity})
