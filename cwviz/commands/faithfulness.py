@@ -1,0 +1,174 @@
+"""``python -m cwviz faithfulness``: comprehensiveness and sufficiency curves (METHOD.md section 3).
+
+The summary CSV (``--out``) is rewritten after every example (to a temporary file, then renamed), so
+an interrupted run leaves a complete CSV of the examples it finished (its ``n`` column says how many).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import InputError
+from .common import add_model_args, load, read_text
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "faithfulness",
+        help="mask the keys each measure ranks first/last and report ΔPPL curves",
+        description="Rank keys by each measure, mask the top (comprehensiveness) or bottom (sufficiency) share "
+        "of each query's keys, and report the mean ΔPPL = PPL(masked) - PPL(clean) with a 95%% bootstrap interval.",
+    )
+    data = parser.add_mutually_exclusive_group(required=True)
+    data.add_argument("--jsonl", type=Path, help="JSON Lines: a 'text' field per line, or GSM8K's question and answer")
+    data.add_argument("--file", type=Path, help="a UTF-8 text file; each paragraph (blank-line separated) is one example")
+    data.add_argument("--text", help="one example given on the command line ('-' reads standard input)")
+    data.add_argument("--dataset", help="a Hugging Face dataset NAME or NAME:CONFIG (needs `datasets` and network)")
+    parser.add_argument("--field", help="the JSONL/dataset field holding the text (default: text, or question+answer)")
+    parser.add_argument("--split", default="test", help="the dataset split (default: test)")
+    parser.add_argument("--n", type=int, default=20, help="number of examples (default 20)")
+    parser.add_argument("--rates", default="1,5,10,20,30,50", help="removal rates in %% of each query's keys (default 1,5,10,20,30,50)")
+    parser.add_argument("--measures", default="default", help="comma-separated measures, or default: raw, value_weighted, "
+                        "value_weighted_output_normalized, contribution_inter, contribution_intra, random "
+                        "(also: value_weighted_output_normalized_intra; all = every one)")
+    parser.add_argument("--layers", default="all", help="all (default: mask in every layer at once) or one layer index")
+    parser.add_argument("--per-head", action="store_true", help="rank keys per head (default: layer-level scores)")
+    parser.add_argument("--rank-by", choices=["signed", "absolute"], default="signed", help="rank by the signed score (default) or its magnitude")
+    parser.add_argument("--max-tokens", type=int, default=256, help="token cap per example: longer ones are cut (default 256)")
+    parser.add_argument("--batch-size", type=int, default=8, help="masked runs per forward pass (default 8)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random ranking and the bootstrap (default 0)")
+    parser.add_argument("--out", type=Path, help="summary CSV, rewritten after every example")
+    add_model_args(parser)
+    parser.set_defaults(func=run)
+
+
+def parse_rates(value: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise InputError(f"--rates takes comma-separated percentages such as 10,50, not {value!r}") from None
+
+
+def parse_layer(value: str) -> int | None:
+    if value.strip().lower() == "all":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"--layers takes all or one layer index, not {value!r}") from None
+
+
+def parse_measures(value: str) -> tuple[str, ...]:
+    from ..faithfulness import ALL_MEASURES, RANKED_MEASURES
+
+    if value.strip().lower() == "default":
+        return RANKED_MEASURES
+    if value.strip().lower() == "all":
+        return ALL_MEASURES
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def read_examples(args: argparse.Namespace) -> list[str]:
+    """The examples from --jsonl, --file, --text or --dataset (at most --n)."""
+    from ..faithfulness import dataset_texts, split_paragraphs
+    from ..jsonl import read_texts
+
+    if args.n < 1:
+        raise InputError(f"--n must be at least 1, not {args.n}")
+    if args.jsonl is not None:
+        return read_texts(args.jsonl, n=args.n, field=args.field)
+    if args.dataset is not None:
+        return dataset_texts(args.dataset, split=args.split, n=args.n, field=args.field)
+    text = read_text(args)
+    texts = split_paragraphs(text) if args.file is not None else [text] if text.strip() else []
+    if not texts:
+        raise InputError("the input holds no text; give a prompt or a file with text")
+    return texts[: args.n]
+
+
+def write_csv(summary: pd.DataFrame, path: Path) -> None:
+    """Replace ``path`` atomically, so a reader (or an interrupted run) never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    summary.to_csv(tmp, index=False, float_format="%.6g")
+    os.replace(tmp, path)
+
+
+def format_table(summary: pd.DataFrame) -> str:
+    """Mean ΔPPL per measure and rate, one block per curve, with the area under each curve."""
+    from ..faithfulness import curve_areas
+
+    areas = curve_areas(summary).set_index(["curve", "measure"])["area"]
+    n = int(summary["n"].max()) if len(summary) else 0
+    rates = sorted(summary["rate"].unique())
+    lines = []
+    for curve, group in summary.groupby("curve", sort=False):
+        lines.append(f"{curve}: mean ΔPPL over {n} example(s) (95% bootstrap intervals in the CSV); area over rate 0..1")
+        header = f"  {'measure':34}" + "".join(f"{f'{r:g}%':>10}" for r in rates) + f"{'area':>10}"
+        lines.append(header)
+        for measure, rows in group.groupby("measure", sort=False):
+            by_rate = dict(zip(rows["rate"], rows["delta_ppl"]))
+            cells = "".join(f"{by_rate.get(r, float('nan')):>10.3g}" for r in rates)
+            lines.append(f"  {measure:34}{cells}{areas[curve, measure]:>10.4g}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def format_order(summary: pd.DataFrame) -> str:
+    from ..faithfulness import PAPER_ORDER, curve_areas, order_check
+
+    checks = order_check(curve_areas(summary))
+    if checks.empty:
+        return ""
+    lines = ["paper's order " + " < ".join(PAPER_ORDER) + " (by area; sufficiency reversed):"]
+    for curve, group in checks.groupby("curve", sort=False):
+        pairs = ", ".join(f"{a} -> {b}: {'holds' if h else 'FAILS'}" for a, b, h in group[["lower", "higher", "holds"]].itertuples(index=False))
+        lines.append(f"  {curve}: {pairs}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .. import faithfulness
+
+    protocol = faithfulness.Protocol(
+        rates=parse_rates(args.rates),
+        measures=parse_measures(args.measures),
+        layer=parse_layer(args.layers),
+        per_head=args.per_head,
+        rank_by=args.rank_by,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+    )
+    texts = read_examples(args)
+    if args.out is not None and not args.out.parent.is_dir():
+        raise InputError(f"no folder {args.out.parent} for --out; create it first")
+    bundle = load(args)
+    tables: list[pd.DataFrame] = []
+    summary = pd.DataFrame(columns=faithfulness.SUMMARY_COLUMNS)
+    with tqdm(total=len(texts), desc="faithfulness", unit="example", file=sys.stderr) as bar:
+        for _, table in faithfulness.iter_examples(bundle, texts, protocol):
+            bar.update(1)
+            if table is None:
+                continue
+            tables.append(table)
+            summary = faithfulness.summarize(pd.concat(tables, ignore_index=True), seed=args.seed)
+            if args.out is not None:
+                write_csv(summary, args.out)
+    if not tables:
+        raise InputError("no example had two or more tokens; nothing to measure")
+    print(f"model: {bundle.info.id}; {len(tables)} example(s), at most {protocol.max_tokens} tokens each; "
+          f"layers: {'all at once' if protocol.layer is None else protocol.layer}; "
+          f"scores: {'per head' if protocol.per_head else 'layer-level'}, ranked by {protocol.rank_by} value")
+    print(format_table(summary))
+    print(format_order(summary))
+    if args.out is not None:
+        print(f"wrote {args.out}")
+    return 0
+

@@ -1,0 +1,399 @@
+"""Faithfulness by causal intervention (METHOD.md section 3): mask what a measure ranks first (or last)
+and see how much the model's perplexity suffers.
+
+For each example, one clean forward pass (:func:`cwviz.analysis.analyze`) records every layer; every
+measure's ranking of the keys of every query comes from that pass. Then each masked run (one measure,
+one curve, one removal rate) is one forward pass of the same tokens through
+:class:`cwviz.interventions.KeepKeys`, the runs of one example batched along the batch dimension.
+
+Protocol (our defaults; the paper's exact protocol is not public):
+
+* **Scores**: layer-level (all heads, aggregated as :data:`cwviz.measures.LAYER_AGGREGATION` says:
+  raw attention averaged, value-weighted and inter-head measures summed, intra-head contributions
+  averaged), or per head with ``per_head=True`` (each head masks its own top keys).
+* **Ranking**: by the signed score (``rank_by="signed"``: a negative contribution ranks below every
+  positive one) or by its magnitude (``rank_by="absolute"``). Ties keep key order (stable sort).
+  ``random`` draws uniform scores from a generator seeded by ``(seed, example index)``.
+* **Share**: for query i with n_i visible keys (keys 0..i in a causal model; fewer under a sliding
+  window) a removal rate r% masks k_i = ceil(r/100 · n_i) keys, at least one (so query 0 always
+  loses its only key); rate 0 masks nothing.
+* **Comprehensiveness** masks the k_i highest-ranked keys; **sufficiency** the k_i lowest-ranked.
+* **Where**: rankings from the clean pass of each layer, the masks applied in every layer at once in
+  one forward pass (``layer=L``: only in layer L). Masking key j for query i removes
+  α_ij^h ṽ_j^h from the layer output in every head; attention is not renormalised.
+* **ΔPPL** = PPL(masked) − PPL(clean), perplexity of the example's own next tokens (all positions).
+* **Summary**: mean ΔPPL over examples with a seeded percentile-bootstrap 95 % interval; the area under
+  each curve by the trapezoid rule over the rate as a fraction (0..1).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .analysis import Analysis, analyze, check_length
+from .capture import LayerRecord
+from .errors import InputError, UnsupportedModelError
+from .interventions import KeepKeys, logits, sequence_nll
+from .models import Bundle
+
+log = logging.getLogger(__name__)
+
+#: The measures ranked, in the paper's expected order of faithfulness, then the control.
+RANKED_MEASURES: tuple[str, ...] = (
+    "raw",
+    "value_weighted",
+    "value_weighted_output_normalized",
+    "contribution_inter",
+    "contribution_intra",
+    "random",
+)
+#: Every measure that can be ranked: the defaults and the intra-head output-normalised variant.
+ALL_MEASURES: tuple[str, ...] = RANKED_MEASURES[:3] + ("value_weighted_output_normalized_intra",) + RANKED_MEASURES[3:]
+CURVES: tuple[str, ...] = ("comprehensiveness", "sufficiency")
+DEFAULT_RATES: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)  # percent of each query's keys
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_BATCH_SIZE = 8
+RANK_BY = ("signed", "absolute")
+#: Columns of :func:`summarize` (and of the CLI's CSV).
+SUMMARY_COLUMNS = ["measure", "curve", "rate", "delta_ppl", "ci_low", "ci_high", "n"]
+#: Columns of the per-example table :func:`run_example` returns.
+EXAMPLE_COLUMNS = ["example", "measure", "curve", "rate", "tokens", "ppl_clean", "ppl_masked", "delta_ppl"]
+#: The order the paper reports for comprehensiveness (least to most faithful).
+PAPER_ORDER: tuple[str, ...] = ("raw", "value_weighted", "value_weighted_output_normalized", "contribution_inter")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a faithfulness sweep runs (see the module docstring for each choice)."""
+
+    rates: tuple[float, ...] = DEFAULT_RATES
+    measures: tuple[str, ...] = RANKED_MEASURES
+    layer: int | None = None  # None: mask in every layer at once
+    per_head: bool = False
+    rank_by: str = "signed"
+    seed: int = 0
+    batch_size: int = DEFAULT_BATCH_SIZE
+    max_tokens: int = DEFAULT_MAX_TOKENS
+
+    def __post_init__(self) -> None:
+        if not self.rates:
+            raise InputError("give at least one removal rate, e.g. --rates 10,50")
+        for rate in self.rates:
+            if not 0 <= rate <= 100:
+                raise InputError(f"removal rates are percentages in 0..100, not {rate:g}")
+        object.__setattr__(self, "rates", tuple(sorted({float(r) for r in self.rates})))
+        unknown = [m for m in self.measures if m not in ALL_MEASURES]
+        if unknown or not self.measures:
+            raise InputError(f"unknown measure(s) {', '.join(unknown) or '(none given)'}; choose from: {', '.join(ALL_MEASURES)}")
+        object.__setattr__(self, "measures", tuple(dict.fromkeys(self.measures)))
+        if self.rank_by not in RANK_BY:
+            raise InputError(f"rank_by must be one of {', '.join(RANK_BY)}, not {self.rank_by!r}")
+        if self.batch_size < 1:
+            raise InputError(f"the batch size must be at least 1, not {self.batch_size}")
+        if self.max_tokens < 2:
+            raise InputError(f"the token cap must be at least 2 (perplexity needs a next token), not {self.max_tokens}")
+
+    def runs(self) -> list[tuple[str, str, float]]:
+        """Every masked run of one example: (measure, curve, rate)."""
+        return [(m, c, r) for m in self.measures for c in CURVES for r in self.rates]
+
+
+# -- masks: pure tensor functions ----------------------------------------------------------------------
+def visible_keys(record: LayerRecord) -> torch.Tensor:
+    """Which keys each query may attend to, bool [query, key] (causal: keys 0..i; also sliding windows)."""
+    num_queries, num_keys = record.query.shape[-2], record.key.shape[-2]
+    device = record.query.device
+    if record.mask is None:
+        visible = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device)
+        return visible.tril() if record.causal else visible
+    if record.mask.dtype == torch.bool:
+        return record.mask.to(device)
+    # Additive masks hold 0 where allowed and -inf (or the dtype's minimum) elsewhere.
+    return record.mask.to(device) > torch.finfo(record.mask.dtype).min / 2
+
+
+def masked_counts(num_visible: torch.Tensor, rate: float) -> torch.Tensor:
+    """Keys to mask per query: k_i = ceil(rate/100 · n_i), at least 1, at most n_i; rate 0 masks none.
+
+    ``num_visible`` [query] (n_i); returns [query] long. Rounding to 9 digits first keeps 30 % of 10
+    keys at 3 (float products such as 0.3 · 10 = 3.0000000000000004 would otherwise round up).
+    """
+    n = num_visible.to(torch.float64)
+    if rate <= 0:
+        return torch.zeros_like(num_visible, dtype=torch.long)
+    k = torch.ceil(torch.round(n * (rate / 100.0), decimals=9))
+    return torch.minimum(k.clamp_min(1), n).to(torch.long)
+
+
+def rank_keys(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Rank of each key among the visible keys of its query, 0 = highest score.
+
+    | arg     | shape                        |
+    |---------|------------------------------|
+    | scores  | [..., query, key]            |
+    | visible | broadcastable to ``scores``, bool |
+    | return  | [..., query, key] int16 (int32 beyond 32 767 keys) |
+
+    Invisible keys rank after every visible one. Ties keep key order; NaN ranks last among visible keys.
+    """
+    s = scores.float()
+    visible = visible.expand_as(s)
+    s = torch.where(torch.isnan(s), torch.full_like(s, -torch.finfo(torch.float32).max), s)
+    s = s.masked_fill(~visible, float("-inf"))
+    order = torch.argsort(s, dim=-1, descending=True, stable=True)  # (..., Q, K) key indices, best first
+    positions = torch.arange(s.shape[-1], device=s.device).expand_as(order)
+    ranks = torch.empty_like(order).scatter_(-1, order, positions)
+    return ranks.to(torch.int16 if s.shape[-1] <= torch.iinfo(torch.int16).max else torch.int32)
+
+
+def keep_mask(ranks: torch.Tensor, counts: torch.Tensor, num_visible: torch.Tensor, curve: str) -> torch.Tensor:
+    """Keep weights (True = keep) for one curve, bool [..., query, key].
+
+    ``ranks`` [..., query, key] from :func:`rank_keys`; ``counts`` (k_i) and ``num_visible`` (n_i) [query].
+    Comprehensiveness masks ranks 0..k_i-1 (the most important keys), sufficiency ranks n_i-k_i..n_i-1
+    (the least important). Invisible keys are always kept (their attention is 0 anyway).
+    """
+    ranks = ranks.long()
+    if curve == "comprehensiveness":
+        return ranks >= counts[:, None]
+    if curve == "sufficiency":
+        return (ranks < (num_visible - counts)[:, None]) | (ranks >= num_visible[:, None])
+    raise ValueError(f"curve must be one of {', '.join(CURVES)}, not {curve!r}")
+
+
+# -- one example ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rankings:
+    """Every measure's key ranks in the masked layers of one example.
+
+    ``ranks[measure][layer]``: [1 or head, query, key] (1 = layer-level scores);
+    ``num_visible[layer]``: [query] (n_i).
+    """
+
+    ranks: dict[str, dict[int, torch.Tensor]]
+    num_visible: dict[int, torch.Tensor]
+
+
+def rankings(analysis: Analysis, protocol: Protocol, example: int = 0) -> Rankings:
+    """The rankings of :class:`Protocol`'s measures from the clean pass of ``analysis``."""
+    layers = masked_layers(analysis.num_layers, protocol.layer)
+    rng = np.random.default_rng([protocol.seed, example])
+    ranks: dict[str, dict[int, torch.Tensor]] = {m: {} for m in protocol.measures}
+    num_visible: dict[int, torch.Tensor] = {}
+    for layer in layers:
+        visible = visible_keys(analysis.records[layer])  # (Q, K)
+        num_visible[layer] = visible.sum(-1)
+        measures = analysis.layer(layer)
+        heads = analysis.num_heads if protocol.per_head else 1
+        for name in protocol.measures:
+            if name == "random":
+                shape = (heads, *visible.shape)
+                scores = torch.from_numpy(rng.random(shape, dtype=np.float32)).to(visible.device)
+            else:
+                scores = measures.per_head(name) if protocol.per_head else measures.layer_level(name)[None]
+                if protocol.rank_by == "absolute":
+                    scores = scores.abs()
+            ranks[name][layer] = rank_keys(scores, visible)
+    return Rankings(ranks, num_visible)
+
+
+def masked_layers(num_layers: int, layer: int | None) -> list[int]:
+    """Every layer, or the one chosen (checked)."""
+    if layer is None:
+        return list(range(num_layers))
+    if not 0 <= layer < num_layers:
+        raise InputError(f"layer {layer} is out of range; this model has layers 0..{num_layers - 1} (or use all)")
+    return [layer]
+
+
+def check_causal(bundle: Bundle) -> None:
+    if not bundle.info.causal:
+        raise UnsupportedModelError(
+            f"faithfulness measures next-token perplexity, so it needs a causal language model; "
+            f"{bundle.info.id} ({bundle.info.architecture}) is an encoder"
+        )
+
+
+def example_ids(bundle: Bundle, text: str, max_tokens: int) -> list[int] | None:
+    """Token ids of one example, cut to ``max_tokens``; None when fewer than two tokens remain."""
+    ids = list(bundle.tokenizer(text, add_special_tokens=True)["input_ids"])[:max_tokens]
+    if len(ids) < 2:
+        return None
+    return check_length(bundle, ids)
+
+
+def run_example(bundle: Bundle, input_ids: Sequence[int], protocol: Protocol = Protocol(), example: int = 0) -> pd.DataFrame:
+    """Every masked run of one example: a table with :data:`EXAMPLE_COLUMNS`, one row per run.
+
+    One clean pass gives the rankings and PPL(clean); each distinct masked run is one forward pass,
+    ``batch_size`` runs at a time. Runs whose masks are identical are run once: measures that rank
+    every query's keys alike (at the layer level, output normalisation by ‖o_i‖ divides a whole row by
+    one number, so ``value_weighted_output_normalized`` ranks exactly as ``value_weighted``), and rates
+    that give the same k_i everywhere (short texts).
+    """
+    check_causal(bundle)
+    analysis = analyze(bundle, input_ids=list(input_ids))
+    ranked = rankings(analysis, protocol, example)
+    layers = list(ranked.num_visible)
+    counts = {rate: {l: masked_counts(ranked.num_visible[l], rate) for l in layers} for rate in protocol.rates}
+    same_measure = _first_equal(protocol.measures, lambda a, b: all(torch.equal(ranked.ranks[a][l], ranked.ranks[b][l]) for l in layers))
+    same_rate = _first_equal(protocol.rates, lambda a, b: all(torch.equal(counts[a][l], counts[b][l]) for l in layers))
+    runs = protocol.runs()
+    distinct = list(dict.fromkeys((same_measure[m], c, same_rate[r]) for m, c, r in runs))
+    ids = torch.tensor([analysis.input_ids])  # (1, T)
+    ppl: dict[tuple[str, str, float], float] = {}
+    for start in range(0, len(distinct), protocol.batch_size):
+        chunk = distinct[start : start + protocol.batch_size]
+        masks = {
+            l: torch.stack([keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c) for m, c, r in chunk])
+            for l in layers
+        }  # layer -> (B, 1 or head, Q, K)
+        batch = ids.expand(len(chunk), -1)
+        nll = sequence_nll(logits(bundle, batch, KeepKeys(masks)), batch)
+        ppl.update(zip(chunk, torch.exp(nll).cpu().tolist()))
+    ppl_masked = np.array([ppl[same_measure[m], c, same_rate[r]] for m, c, r in runs])
+    clean = analysis.perplexity
+    return pd.DataFrame(
+        {
+            "example": example,
+            "measure": [m for m, _, _ in runs],
+            "curve": [c for _, c, _ in runs],
+            "rate": [r for _, _, r in runs],
+            "tokens": analysis.num_tokens,
+            "ppl_clean": clean,
+            "ppl_masked": ppl_masked,
+            "delta_ppl": ppl_masked - clean,
+        },
+        columns=EXAMPLE_COLUMNS,
+    )
+
+
+def _first_equal(items: Sequence, equal: Callable) -> dict:
+    """Map each item to the first item equal to it (itself when none is)."""
+    first: dict = {}
+    for i, item in enumerate(items):
+        first[item] = next((other for other in items[:i] if first[other] == other and equal(other, item)), item)
+    return first
+
+
+def iter_examples(
+    bundle: Bundle, texts: Iterable[str], protocol: Protocol = Protocol()
+) -> Iterator[tuple[int, pd.DataFrame | None]]:
+    """:func:`run_example` for each text in turn (cut to ``protocol.max_tokens``): yields
+    ``(index, table)``, one pair per text, so a caller can save, report progress or stop between examples.
+
+    A text with fewer than two tokens yields ``(index, None)`` (and is logged).
+    """
+    check_causal(bundle)
+    masked_layers(bundle.info.layers, protocol.layer)
+    for index, text in enumerate(texts):
+        ids = example_ids(bundle, text, protocol.max_tokens)
+        if ids is None:
+            log.warning("example %d has fewer than two tokens; skipped", index)
+            yield index, None
+            continue
+        yield index, run_example(bundle, ids, protocol, example=index)
+
+
+# -- summaries -----------------------------------------------------------------------------------------
+def bootstrap_ci(values: np.ndarray, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (seeded; one value gives a zero-width one)."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) == 0:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def summarize(per_example: pd.DataFrame, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Mean ΔPPL over examples per (measure, curve, rate) with its bootstrap interval: :data:`SUMMARY_COLUMNS`."""
+    rows = []
+    for (measure, curve, rate), group in per_example.groupby(["measure", "curve", "rate"], sort=False):
+        low, high = bootstrap_ci(group["delta_ppl"].to_numpy(), level, resamples, seed)
+        rows.append((measure, curve, rate, float(group["delta_ppl"].mean()), low, high, len(group)))
+    summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    return _ordered(summary)
+
+
+def curve_areas(summary: pd.DataFrame) -> pd.DataFrame:
+    """Area under each (measure, curve) of mean ΔPPL, trapezoid rule over the rate as a fraction (0..1).
+
+    One rate gives area 0. Returns columns ``measure, curve, area``.
+    """
+    rows = [
+        (measure, curve, float(np.trapezoid(group["delta_ppl"], group["rate"] / 100.0)))
+        for (measure, curve), group in summary.sort_values("rate").groupby(["measure", "curve"], sort=False)
+    ]
+    return _ordered(pd.DataFrame(rows, columns=["measure", "curve", "area"]))
+
+
+def order_check(areas: pd.DataFrame, order: Sequence[str] = PAPER_ORDER) -> pd.DataFrame:
+    """Does each adjacent pair of ``order`` keep the paper's order? One row per curve and pair.
+
+    Comprehensiveness: the later measure should have the larger area; sufficiency: the smaller.
+    Columns ``curve, lower, higher, holds`` (pairs with a missing measure are left out).
+    """
+    rows = []
+    for curve, group in areas.groupby("curve", sort=False):
+        area = dict(zip(group["measure"], group["area"]))
+        for first, second in zip(order, order[1:]):
+            if first in area and second in area:
+                holds = area[first] < area[second] if curve == "comprehensiveness" else area[first] > area[second]
+                rows.append((curve, first, second, bool(holds)))
+    return pd.DataFrame(rows, columns=["curve", "lower", "higher", "holds"])
+
+
+def _ordered(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows by curve, then measure in :data:`ALL_MEASURES` order, then rate."""
+    keys = {"_curve": frame["curve"].map(CURVES.index), "_measure": frame["measure"].map(ALL_MEASURES.index)}
+    by = list(keys) + (["rate"] if "rate" in frame else [])
+    return frame.assign(**keys).sort_values(by, kind="stable").drop(columns=list(keys)).reset_index(drop=True)
+
+
+# -- data ----------------------------------------------------------------------------------------------
+def split_paragraphs(text: str) -> list[str]:
+    """The examples of a plain-text file: paragraphs separated by blank lines (non-empty ones)."""
+    return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def dataset_texts(name: str, split: str = "test", n: int | None = None, field: str | None = None) -> list[str]:
+    """Examples from a Hugging Face dataset ``NAME`` or ``NAME:CONFIG`` (needs ``datasets`` and network).
+
+    Fields are read as for JSONL files (:func:`cwviz.jsonl.text_of`): ``field``, ``text``, or GSM8K's
+    question and answer.
+    """
+    from .jsonl import text_of
+
+    try:
+        import datasets
+    except ImportError:
+        raise InputError(
+            f"reading the Hugging Face dataset {name!r} needs the `datasets` package (pip install datasets) "
+            "and network access; offline, pass a local file instead (--jsonl PATH or --file PATH)"
+        ) from None
+    path, _, config = name.partition(":")
+    try:
+        rows = datasets.load_dataset(path, config or None, split=split, streaming=True)
+        texts = []
+        for index, row in enumerate(rows, start=1):
+            texts.append(text_of(row, index, f"{name}[{split}]", field))
+            if n is not None and len(texts) >= n:
+                break
+    except InputError:
+        raise
+    except Exception as err:  # the hub is unreachable, the name or split is unknown, ...
+        raise InputError(f"could not read the Hugging Face dataset {name!r} (split {split!r}): {err}; offline, pass --jsonl PATH") from None
+    if not texts:
+        raise InputError(f"the Hugging Face dataset {name!r} (split {split!r}) has no rows")
+    return texts
