@@ -1,5 +1,5 @@
 """CLI commands; each module has ``register(subparsers)``. Add a command by listing its module here."""
 
-from . import analyze
+from . import analyze, faithfulness, sinks
 
-COMMANDS = [analyze]
+COMMANDS = [analyze, faithfulness, sinks]
