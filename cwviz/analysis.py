@@ -197,9 +197,15 @@ class Analysis:
                 self._layers.move_to_end(layer)
                 return self._layers[layer]
         rec = self.records[layer]
+        # The model's own z = α v is reused when it is float32; in lower precision it is recomputed in
+        # float32 so that the identities hold to float32 rounding.
+        head_output = rec.output if rec.output.dtype == torch.float32 else None
         with torch.inference_mode():
             measures = layer_measures(
-                self.attention_tensor(layer), expand_kv(rec.value.float(), self.num_heads), self.w_heads(layer)
+                self.attention_tensor(layer),
+                expand_kv(rec.value.float(), self.num_heads),
+                self.w_heads(layer),
+                head_output=head_output,
             )
         with self._lock:
             self._layers[layer] = measures

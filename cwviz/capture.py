@@ -43,6 +43,7 @@ class LayerRecord:
     | key     | [kv_head, key_pos, d_head]   | after rotary embedding                            |
     | value   | [kv_head, key_pos, d_head]   | v_j = x_j W_V + b_V                               |
     | mask    | None or [query_pos, key_pos] | bool (True = may attend) or additive float        |
+    | output  | [head, query_pos, d_head]    | z_i^h, what the attention function returned       |
 
     ``causal`` applies when ``mask`` is None. Tensors stay on the layer's device in the model's dtype;
     measures upcast them to float32.
@@ -54,6 +55,7 @@ class LayerRecord:
     mask: torch.Tensor | None
     scaling: float
     causal: bool
+    output: torch.Tensor
 
 
 class Intervention(Protocol):
@@ -109,16 +111,19 @@ def attention_probabilities(
     groups = query.shape[-3] // key.shape[-3]
     if groups > 1:
         key = key.repeat_interleave(groups, dim=-3)
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (..., H, Q, K)
-    num_queries, num_keys = scores.shape[-2:]
+    num_queries, num_keys = query.shape[-2], key.shape[-2]
     if mask is None and causal:
         # SDPA's is_causal aligns the mask top-left.
-        mask = torch.ones(num_queries, num_keys, dtype=torch.bool, device=scores.device).tril()
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask.to(scores.dtype)
+        mask = torch.ones(num_queries, num_keys, dtype=torch.bool, device=query.device).tril()
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
+    key_t = key.transpose(-1, -2)
+    if mask is None:
+        scores = torch.matmul(query, key_t) * scaling  # (..., H, Q, K)
+    elif query.dim() == 3 and mask.dim() <= 3:
+        scores = torch.baddbmm(mask.to(query.dtype), query, key_t, alpha=scaling)  # scale, product, mask in one
+    else:
+        scores = torch.matmul(query, key_t).mul_(scaling).add_(mask.to(query.dtype))
     return torch.softmax(scores, dim=-1)
 
 
@@ -169,6 +174,7 @@ def _cwviz_attention(
             mask=mask,
             scaling=scaling,
             causal=causal,
+            output=out[0].transpose(0, 1).detach(),
         )
     return out, None
 

@@ -58,24 +58,28 @@ def expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 class LayerMeasures:
     """Every quantity of one layer, float32.
 
-    | field            | shape               | meaning                 |
-    |------------------|---------------------|-------------------------|
-    | attention        | [head, query, key]  | α_ij^h                  |
-    | value_norm       | [head, key]         | ‖ṽ_j^h‖                 |
-    | head_output_norm | [head, query]       | ‖o_i^h‖                 |
-    | output_norm      | [query]             | ‖o_i‖                   |
-    | dot_intra        | [head, query, key]  | ⟨o_i^h, ṽ_j^h⟩          |
-    | dot_inter        | [head, query, key]  | ⟨o_i, ṽ_j^h⟩            |
-    | head_output      | [head, query, d_head] | z_i^h (o_proj input)  |
+    | field            | shape                 | meaning                                   |
+    |------------------|-----------------------|-------------------------------------------|
+    | attention        | [head, query, key]    | α_ij^h                                    |
+    | value            | [head, key, d_head]   | v_j^h (grouped-query values expanded)     |
+    | value_norm       | [head, key]           | ‖ṽ_j^h‖                                   |
+    | head_output      | [head, query, d_head] | z_i^h = Σ_j α_ij^h v_j^h (o_proj input)   |
+    | head_output_norm | [head, query]         | ‖o_i^h‖                                   |
+    | output_norm      | [query]               | ‖o_i‖                                     |
+    | contributions    | [2, head, query, key] | c_ij^h (intra) and C_ij^h (inter)         |
+    | pulled           | [2, head, query, d_head] | G^h z_i^h and (W_O^h)ᵀ o_i: ⟨·, v_j^h⟩ gives the dot products |
+
+    Dot products and cosines are computed when asked for (one more product per kind).
     """
 
     attention: torch.Tensor
+    value: torch.Tensor
     value_norm: torch.Tensor
+    head_output: torch.Tensor
     head_output_norm: torch.Tensor
     output_norm: torch.Tensor
-    dot_intra: torch.Tensor
-    dot_inter: torch.Tensor
-    head_output: torch.Tensor
+    contributions: torch.Tensor
+    pulled: torch.Tensor
 
     def _reference_norm(self, kind: str) -> torch.Tensor:
         """‖o_i^h‖ [head, query, 1] for intra, ‖o_i‖ [1, query, 1] for inter."""
@@ -85,10 +89,25 @@ class LayerMeasures:
             return self.output_norm[None, :, None]
         raise ValueError(f"kind must be 'intra' or 'inter', not {kind!r}")
 
+    def _kind_index(self, kind: str) -> int:
+        self._reference_norm(kind)  # validates
+        return 0 if kind == "intra" else 1
+
     def contribution(self, kind: str = "inter") -> torch.Tensor:
         """c_ij^h (intra) or C_ij^h (inter), [head, query, key]."""
-        dot = self.dot_intra if kind == "intra" else self.dot_inter
-        return self.attention * dot / self._reference_norm(kind) ** 2
+        return self.contributions[self._kind_index(kind)]
+
+    def dot(self, kind: str = "inter") -> torch.Tensor:
+        """⟨o_i^h, ṽ_j^h⟩ (intra) or ⟨o_i, ṽ_j^h⟩ (inter), [head, query, key]."""
+        return self.pulled[self._kind_index(kind)] @ self.value.transpose(1, 2)
+
+    @property
+    def dot_intra(self) -> torch.Tensor:
+        return self.dot("intra")
+
+    @property
+    def dot_inter(self) -> torch.Tensor:
+        return self.dot("inter")
 
     def value_weighted(self) -> torch.Tensor:
         """α_ij^h ‖ṽ_j^h‖, [head, query, key]."""
@@ -100,8 +119,7 @@ class LayerMeasures:
 
     def cosine(self, kind: str = "inter") -> torch.Tensor:
         """cos(o_i, ṽ_j^h) (inter) or cos(o_i^h, ṽ_j^h) (intra), [head, query, key]."""
-        dot = self.dot_intra if kind == "intra" else self.dot_inter
-        return dot / (self.value_norm[:, None, :] * self._reference_norm(kind))
+        return self.dot(kind) / (self.value_norm[:, None, :] * self._reference_norm(kind))
 
     def per_head(self, name: str) -> torch.Tensor:
         """One of :data:`MEASURES` per head, [head, query, key]."""
@@ -125,35 +143,47 @@ class LayerMeasures:
         return scores.sum(0) if LAYER_AGGREGATION[name] == "sum" else scores.mean(0)
 
 
-def layer_measures(attention: torch.Tensor, value: torch.Tensor, w_heads: torch.Tensor) -> LayerMeasures:
+def layer_measures(
+    attention: torch.Tensor,
+    value: torch.Tensor,
+    w_heads: torch.Tensor,
+    head_output: torch.Tensor | None = None,
+) -> LayerMeasures:
     """Compute one layer's measures without materialising projected values per pair.
 
-    | arg       | shape                       |
-    |-----------|-----------------------------|
-    | attention | [head, query, key]          |
-    | value     | [head, key, d_head] (expand grouped-query values with :func:`expand_kv` first) |
-    | w_heads   | [head, d_model, d_head]     |
+    | arg         | shape                       |
+    |-------------|-----------------------------|
+    | attention   | [head, query, key]          |
+    | value       | [head, key, d_head] (expand grouped-query values with :func:`expand_kv` first) |
+    | w_heads     | [head, d_model, d_head]     |
+    | head_output | optional [head, query, d_head]: z = α v when the caller already has it in float32 |
 
-    All inputs are upcast to float32.
+    All inputs are upcast to float32. The contributions of both kinds come from one batched product:
+    the pulled-back outputs are divided by ‖o‖² first, so C = α ⊙ (pulled / ‖o‖²) vᵀ in place.
     """
     alpha = attention.float()
     v = value.float()
     w = w_heads.float()
     gram = w.transpose(1, 2) @ w  # (H, d, d)  G^h = W_O^hᵀ W_O^h
-    z = alpha @ v  # (H, Q, d)  o_proj input of each head
+    z = alpha @ v if head_output is None else head_output.float()  # (H, Q, d)
     z_gram = z @ gram  # (H, Q, d)
     head_output_norm = (z_gram * z).sum(-1).clamp_min(0).sqrt()  # (H, Q)  ‖o_i^h‖ = sqrt(zᵀ G z)
     value_norm = ((v @ gram) * v).sum(-1).clamp_min(0).sqrt()  # (H, K)
     output = torch.einsum("hqd,hmd->qm", z, w)  # (Q, D)  o_i = Σ_h W_O^h z_i^h
-    pulled = torch.einsum("qm,hmd->hqd", output, w)  # (H, Q, d)  (W_O^h)ᵀ o_i
-    num_queries = z.shape[1]
-    dots = torch.cat([z_gram, pulled], dim=1) @ v.transpose(1, 2)  # (H, 2Q, K): one product for both
+    output_norm = output.norm(dim=-1)  # (Q,)
+    pulled = torch.stack([z_gram, torch.einsum("qm,hmd->hqd", output, w)])  # (2, H, Q, d)
+    scaled = pulled / torch.stack([head_output_norm, output_norm.expand_as(head_output_norm)])[..., None] ** 2
+    heads, queries, _ = z.shape
+    # (2, H, Q, K) = (2H*Q... as one (H, 2Q, d) x (H, d, K) product), then ⊙ α in place.
+    contributions = (scaled.transpose(0, 1).reshape(heads, 2 * queries, -1) @ v.transpose(1, 2))
+    contributions = contributions.view(heads, 2, queries, -1).mul_(alpha[:, None]).transpose(0, 1)
     return LayerMeasures(
         attention=alpha,
+        value=v,
         value_norm=value_norm,
-        head_output_norm=head_output_norm,
-        output_norm=output.norm(dim=-1),
-        dot_intra=dots[:, :num_queries],
-        dot_inter=dots[:, num_queries:],
         head_output=z,
+        head_output_norm=head_output_norm,
+        output_norm=output_norm,
+        contributions=contributions,
+        pulled=pulled,
     )

@@ -9,6 +9,7 @@ import torch
 import cwviz
 from cwviz import architectures
 from cwviz.errors import UnsupportedModelError
+from cwviz.measures import expand_kv
 from cwviz.interventions import KeepKeys, ScaleValues, logits
 
 from .conftest import TEXT
@@ -44,11 +45,14 @@ def test_identities_on_every_architecture(tiny):
     heads, tokens = analysis.num_heads, analysis.num_tokens
     for layer in range(analysis.num_layers):
         m = analysis.layer(layer)
-        # Σ_j α_ij^h v_j^h is the model's own per-head write (o_proj input) ...
-        z = m.head_output.permute(1, 0, 2).reshape(tokens, -1)
+        # Σ_j α_ij^h v_j^h, from cwviz's attention and recorded values, is the model's own per-head
+        # write (o_proj input) ...
+        alpha_v = analysis.attention_tensor(layer) @ expand_kv(analysis.records[layer].value.float(), heads)
+        z = alpha_v.permute(1, 0, 2).reshape(tokens, -1)
         torch.testing.assert_close(z, seen[layer]["z"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(m.head_output, alpha_v, rtol=1e-5, atol=1e-5)
         # ... and Σ_h W_O^h z^h the o_proj output without its bias.
-        output = torch.einsum("hqd,hmd->qm", m.head_output, analysis.w_heads(layer))
+        output = torch.einsum("hqd,hmd->qm", alpha_v, analysis.w_heads(layer))
         torch.testing.assert_close(output, seen[layer]["out"], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(m.output_norm, seen[layer]["out"].norm(dim=-1), rtol=1e-5, atol=1e-5)
         # Contribution weights sum to one: per head (intra), over heads and keys (inter).

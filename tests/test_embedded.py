@@ -8,6 +8,7 @@ import torch
 
 import cwviz
 from cwviz import models
+from cwviz.measures import expand_kv
 
 PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
 
@@ -51,7 +52,8 @@ def test_real_prompt_matches_the_model_write(embedded):
             embedded.model(input_ids=torch.tensor([analysis.input_ids]))
     finally:
         handle.remove()
-    z = analysis.layer(layer).head_output.permute(1, 0, 2).reshape(analysis.num_tokens, -1)
+    alpha_v = analysis.attention_tensor(layer) @ expand_kv(analysis.records[layer].value.float(), analysis.num_heads)
+    z = alpha_v.permute(1, 0, 2).reshape(analysis.num_tokens, -1)
     torch.testing.assert_close(z, seen["z"], rtol=1e-5, atol=1e-5)
 
 
