@@ -1,0 +1,138 @@
+"""``python -m cwviz sinks``: attention sinks per layer (METHOD.md section 4), for one prompt or a JSONL file."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import CwvizError, InputError
+from .common import add_model_args, add_text_args, load, read_text
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "sinks",
+        help="attention sinks per layer: sink ratio, anti-alignment, attention vs contribution share, ΔPPL",
+        description=(
+            "Per layer: the mean sink ratio (attention on the sink), the mean cos(ṽ_sink, m) between the "
+            "sink's projected value and the mean of the other keys' (negative: the sink subtracts the "
+            "semantic direction), the sink's share under attention and under contribution weights, and the "
+            "change in perplexity when the sink's value is scaled by --factor (0 removes it) in that layer only."
+        ),
+    )
+    group = add_text_args(parser)
+    group.add_argument("--jsonl", type=Path, help="a JSON Lines file: one prompt a line ('text', or GSM8K's 'question' + 'answer')")
+    parser.add_argument("--n", type=int, help="with --jsonl: only the first N prompts")
+    parser.add_argument("--field", help="with --jsonl: read the prompt from this field")
+    parser.add_argument("--sink", default="0", help="the sink: a token position (default 0, the first token) or 'auto' (the key with the largest mean attention)")
+    parser.add_argument("--factor", type=float, default=0.0, help="λ for the ΔPPL runs: the sink's value is multiplied by it (default 0: removed)")
+    parser.add_argument("--no-ppl", action="store_true", help="skip the ΔPPL runs (one forward pass per layer and prompt, batched)")
+    parser.add_argument("--csv", type=Path, help="write the full table (one row per prompt, layer, head and query) here")
+    add_model_args(parser)
+    parser.set_defaults(func=run)
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    """The prompts: one from --text/--file, or the JSONL file's (first --n)."""
+    from ..jsonl import read_texts
+
+    if args.jsonl is None:
+        if args.n is not None or args.field is not None:
+            raise InputError("--n and --field apply to --jsonl only; give the prompts with --jsonl FILE")
+        return [read_text(args)]
+    return read_texts(args.jsonl, n=args.n, field=args.field)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import sinks
+    from ..analysis import analyze
+
+    if not math.isfinite(args.factor):
+        raise InputError(f"--factor must be a finite number, not {args.factor}")
+    texts = read_prompts(args)
+    bundle = load(args)
+    info = bundle.info
+    tables, removal, positions, tokens, clean = [], [], [], [], []
+    for index, text in enumerate(texts):
+        try:
+            analysis = analyze(bundle, text)
+            sink = sinks.resolve_sink(analysis, args.sink)
+        except CwvizError as err:
+            where = f"prompt {index + 1} of {args.jsonl}: " if args.jsonl is not None else ""
+            raise type(err)(f"{where}{err}") from None
+        log.info("prompt %d/%d: %d tokens, sink %d", index + 1, len(texts), analysis.num_tokens, sink)
+        tables.append(sinks.sink_table(analysis, sink).assign(prompt=index))
+        positions.append((sink, analysis.tokens[sink]))
+        tokens.append(analysis.num_tokens)
+        if not args.no_ppl and bundle.arch.causal:
+            layer_sets = [[layer] for layer in range(analysis.num_layers)] + [None]
+            removal.append(sinks.removal_perplexity(analysis, layer_sets, sink, args.factor))
+            clean.append(analysis.perplexity)
+        del analysis
+    table = pd.concat(tables, ignore_index=True)[["prompt", *sinks.TABLE_COLUMNS]]
+    summary = sinks.layer_summary(table)
+
+    print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
+    print(f"prompts: {len(texts)} ({sum(tokens):,} tokens); sink: {_describe_sinks(positions, args.sink)}")
+    print("means over heads and the queries that see another key; attention share: mean over heads, "
+          "contribution share: inter-head, summed over heads")
+    ppl = None
+    if removal:
+        ppl = np.stack(removal)  # (prompt, layer + 1): per layer, then all layers
+        summary["delta_ppl"] = (ppl[:, :-1] - np.array(clean)[:, None]).mean(0)
+        print(f"dPPL: sink value x{args.factor:g} in that layer only, mean over prompts")
+    print(_format(summary))
+    if ppl is not None:
+        clean_all, removed_all = np.array(clean), ppl[:, -1]
+        raised = int((removed_all > clean_all).sum())
+        print(
+            f"all layers, sink value x{args.factor:g}: PPL {clean_all.mean():.3f} -> {removed_all.mean():.3f} "
+            f"(dPPL {np.mean(removed_all - clean_all):+.3f}, mean over prompts); raised PPL on {raised} of {len(clean)} prompt(s)"
+        )
+    elif not bundle.arch.causal:
+        print("no dPPL: perplexity is defined for causal language models only")
+    if args.csv is not None:
+        table.to_csv(args.csv, index=False)
+        print(f"wrote {args.csv} ({len(table):,} rows)")
+    return 0
+
+
+def _describe_sinks(positions: list[tuple[int, str]], asked: str) -> str:
+    chosen = sorted({p for p, _ in positions})
+    if len(chosen) == 1:
+        token = positions[0][1] if len(positions) == 1 else None
+        where = f"position {chosen[0]}" + (f" {token!r}" if token is not None else "")
+    else:
+        counts = pd.Series([p for p, _ in positions]).value_counts()
+        where = "positions " + ", ".join(f"{p} ({n} prompts)" for p, n in counts.items())
+    return f"{where} ({'detected: largest mean attention received' if str(asked).strip().lower() == 'auto' else 'chosen'})"
+
+
+def _format(summary: pd.DataFrame) -> str:
+    columns = {
+        "layer": ("layer", "{:d}"),
+        "sink_ratio": ("sink_ratio", "{:.3f}"),
+        "cos_sink_rest": ("cos(v_sink,m)", "{:+.3f}"),
+        "negative_cos_share": ("cos<0", "{:.2f}"),
+        "sink_attention_share": ("attn_share", "{:.3f}"),
+        "sink_contribution_share": ("contrib_share", "{:+.3f}"),
+        "delta_ppl": ("dPPL", "{:+.3f}"),
+    }
+    shown = [c for c in columns if c in summary.columns]
+    header = "  ".join(f"{columns[c][0]:>13}" if c != "layer" else f"{'layer':>5}" for c in shown)
+    lines = [header]
+    for row in summary.itertuples(index=False):
+        cells = []
+        for c in shown:
+            value = getattr(row, c)
+            text = columns[c][1].format(int(value) if c == "layer" else value)
+            cells.append(f"{text:>5}" if c == "layer" else f"{text:>13}")
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
