@@ -2,13 +2,13 @@
 
 import streamlit as st
 
-st.set_page_config(page_title="cwviz — contribution weights", page_icon="🔎", layout="wide")
+st.set_page_config(page_title="cwviz — contribution weights", layout="wide")
 
 pages = [
-    st.Page("pages/heatmaps.py", title="Heatmaps", icon="🟥", default=True),
-    st.Page("pages/token.py", title="Token", icon="🔤"),
-    st.Page("pages/bertviz_view.py", title="bertviz", icon="🕸️"),
-    st.Page("pages/sinks.py", title="Sinks", icon="⚓"),
-    st.Page("pages/faithfulness.py", title="Faithfulness", icon="✂️"),
+    st.Page("pages/heatmaps.py", title="Heatmaps", default=True),
+    st.Page("pages/token.py", title="Token"),
+    st.Page("pages/bertviz_view.py", title="bertviz"),
+    st.Page("pages/sinks.py", title="Sinks"),
+    st.Page("pages/faithfulness.py", title="Faithfulness"),
 ]
 st.navigation(pages).run()

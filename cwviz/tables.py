@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from .analysis import Analysis
-from .measures import LAYER_AGGREGATION
+from .capture import attention_probabilities
+from .measures import LAYER_AGGREGATION, LayerMeasures, expand_kv, layer_measures
 
 #: Most cells one heatmap may have (Altair refuses more than 5000 rows per dataset).
 MAX_CELLS = 2500
@@ -309,6 +310,35 @@ def token_factors(
     return TokenFactors(frame=frame, wide=wide, factors=factors, note=note)
 
 
+def query_measures(analysis: Analysis, layer: int, query: int) -> LayerMeasures:
+    """Every measure of one layer for a single query (tensors with a query axis of length 1).
+
+    Exact, because every measure of query i depends only on its own attention row: the core
+    functions run on that row alone, about T times cheaper than the whole layer.
+    """
+    import torch
+
+    rec = analysis.records[analysis.check_layer(layer)]
+    query = analysis.check_token(query)
+    num_keys = rec.key.shape[-2]
+    if rec.mask is not None:
+        mask = rec.mask[query : query + 1]  # (1, K)
+    elif rec.causal:
+        mask = (torch.arange(num_keys, device=rec.key.device) <= query)[None]  # (1, K)
+    else:
+        mask = None
+    with torch.inference_mode():
+        alpha = attention_probabilities(rec.query[:, query : query + 1].float(), rec.key.float(), rec.scaling, mask, False)
+        return layer_measures(alpha, expand_kv(rec.value.float(), analysis.num_heads), analysis.w_heads(layer))
+
+
+def _row(measures: LayerMeasures, name: str, head: int | None) -> np.ndarray:
+    """[key] scores of the single query in ``measures``: one head, or the layer-level score."""
+    scores = measures.per_head(name)[:, 0] if head is not None else measures.layer_level(name)[0]
+    scores = scores[head] if head is not None else scores
+    return scores.detach().float().cpu().numpy()
+
+
 def top_keys_across_layers(analysis: Analysis, query: int, head: int | None, kind: str = "inter", k: int = 5) -> pd.DataFrame:
     """For every layer, the ``k`` keys with the largest contribution to ``query``.
 
@@ -321,12 +351,9 @@ def top_keys_across_layers(analysis: Analysis, query: int, head: int | None, kin
     keys = visible_keys(analysis, query)
     rows = []
     for layer in range(analysis.num_layers):
-        if head is None:
-            contribution = analysis.layer_scores(layer, f"contribution_{kind}")[query, keys]
-            attention = analysis.layer_scores(layer, "raw")[query, keys]
-        else:
-            contribution = analysis.contributions(layer, kind)[head, query, keys]
-            attention = analysis.attention(layer)[head, query, keys]
+        measures = query_measures(analysis, layer, query)
+        contribution = _row(measures, f"contribution_{kind}", head)[keys]
+        attention = _row(measures, "raw", head)[keys]
         order = np.argsort(-contribution, kind="stable")[:k]
         for rank, j in enumerate(order, start=1):
             rows.append(

@@ -43,20 +43,23 @@ def factor_bars(factors: TokenFactors) -> alt.HConcatChart:
         alt.Tooltip("value:Q", format="+.4f"),
         alt.Tooltip("is_sink:N", title="sink (first token)"),
     ]
+    titles = dict(FACTOR_TITLES)
+    if "norm_ratio" not in factors.factors:
+        titles["contribution"] = "contribution (all heads)"
     panels = []
     for i, name in enumerate(factors.factors):
-        axis = alt.Axis(labelExpr=label_expr(labels), labelLimit=140) if i == 0 else None
+        axis = alt.Axis(labelExpr=label_expr(labels), labelLimit=140, labelOverlap=False) if i == 0 else None
         panels.append(
             alt.Chart(frame)
             .transform_filter(alt.datum.factor == name)
             .mark_bar()
             .encode(
                 y=alt.Y("key:O", sort=order, title="key" if i == 0 else None, axis=axis),
-                x=alt.X("value:Q", title=FACTOR_TITLES.get(name, name)),
+                x=alt.X("value:Q", title=titles.get(name, name)),
                 color=colour,
                 tooltip=tooltip,
             )
-            .properties(width=170, height=height, title=FACTOR_TITLES.get(name, name))
+            .properties(width=170, height=height, title=titles.get(name, name))
         )
     return alt.hconcat(*panels, data=frame, spacing=8).properties(
         title=alt.TitleParams(factors.note + "; the sink (first token) in red", anchor="start", fontSize=13)
@@ -67,7 +70,7 @@ def top_keys_chart(frame: pd.DataFrame, note: str) -> alt.LayerChart:
     """Layers (x) against the keys that rank in the query's top k anywhere (y), coloured by contribution,
     each cell marked with its rank in that layer."""
     labels = _labels(frame["key"], frame["token"])
-    y = alt.Y("key:O", title="key", sort="ascending", axis=alt.Axis(labelExpr=label_expr(labels), labelLimit=140))
+    y = alt.Y("key:O", title="key", sort="ascending", axis=alt.Axis(labelExpr=label_expr(labels), labelLimit=140, labelOverlap=False))
     base = alt.Chart(frame).encode(
         x=alt.X("layer:O", title="layer"),
         y=y,

@@ -1,0 +1,176 @@
+"""Chart builders are pure: checked on their ``to_dict()`` output, their row counts, and rendered SVG."""
+
+from __future__ import annotations
+
+import json
+
+import altair as alt
+import pytest
+import transformers
+
+import cwviz
+from cwviz import bertviz_html, tables
+from cwviz.charts import export, heatmaps, token
+from tests.conftest import TEXT, CharTokenizer, make_tiny
+
+XSS = "<img src=x onerror=alert(1)>"
+
+
+class XssTokenizer(CharTokenizer):
+    """Every 'x' decodes to an HTML payload, so token labels carry markup."""
+
+    def decode(self, ids, **_):
+        return "".join(XSS if int(i) == ord("x") % self.vocab_size else chr(97 + int(i) % 26) for i in ids)
+
+
+@pytest.fixture(scope="module")
+def analysis():
+    return cwviz.analyze(make_tiny("llama"), TEXT[:40])
+
+
+@pytest.fixture(scope="module")
+def xss_analysis():
+    bundle = make_tiny("llama")
+    bundle = cwviz.bundle_from_model(bundle.model, XssTokenizer(100), model_id="tiny-xss")
+    return cwviz.analyze(bundle, "a fox x")
+
+
+@pytest.fixture(scope="module")
+def long_analysis():
+    config = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024,
+    )
+    bundle = cwviz.bundle_from_model(transformers.AutoModelForCausalLM.from_config(config), CharTokenizer(100))
+    return cwviz.analyze(bundle, ("Fields and rivers. " * 30)[:512])
+
+
+def _views(spec: dict) -> list[dict]:
+    return spec.get("hconcat") or spec.get("layer") or [spec]
+
+
+def _rows(spec: dict) -> int:
+    """Rows in the chart's inline datasets."""
+    return sum(len(values) for values in spec.get("datasets", {}).values())
+
+
+def test_heatmap_pair_encodes_positions_with_token_labels_and_both_scales(analysis):
+    cells = tables.heatmap_cells(analysis, 1, 0, "contribution_inter", "inter")
+    spec = heatmaps.heatmap_pair(cells).to_dict()
+    left, right = spec["hconcat"]
+    assert _rows(spec) == len(cells.frame)  # one shared dataset
+    for view in (left, right):
+        assert view["encoding"]["x"]["field"] == "key" and view["encoding"]["x"]["type"] == "ordinal"
+        assert view["encoding"]["y"]["field"] == "query" and view["encoding"]["y"]["type"] == "ordinal"
+        assert json.dumps(analysis.tokens[0]) in view["encoding"]["x"]["axis"]["labelExpr"]
+        tips = {t["field"] for t in view["encoding"]["tooltip"]}
+        assert {"query_token", "key_token", "attention", "norm_ratio", "cosine", "contribution"} <= tips
+    attention_scale = left["encoding"]["color"]["scale"]
+    assert attention_scale["scheme"] == heatmaps.SEQUENTIAL and attention_scale["domain"][0] == 0
+    contribution_scale = right["encoding"]["color"]["scale"]
+    assert contribution_scale["scheme"] == heatmaps.DIVERGING and contribution_scale["domainMid"] == 0
+    low, high = contribution_scale["domain"]
+    assert low == -high and high >= cells.frame["value"].abs().max() - 1e-9
+    assert spec["resolve"]["scale"]["color"] == "independent"
+    assert cells.note in json.dumps(spec["title"])
+
+
+def test_unsigned_measures_get_a_sequential_scale(analysis):
+    cells = tables.heatmap_cells(analysis, 0, None, "value_weighted", "inter")
+    right = heatmaps.heatmap_pair(cells).to_dict()["hconcat"][1]
+    assert right["encoding"]["color"]["scale"]["scheme"] == heatmaps.SEQUENTIAL
+    assert "value" in {t["field"] for t in right["encoding"]["tooltip"]}
+
+
+@pytest.mark.parametrize("view", tables.VIEWS)
+def test_512_token_heatmaps_stay_under_the_altair_row_limit(long_analysis, view):
+    assert long_analysis.num_tokens == 512
+    cells = tables.heatmap_cells(long_analysis, 0, None, "contribution_inter", "inter", query=400, view=view)
+    spec = heatmaps.heatmap_pair(cells).to_dict()  # raises MaxRowsError above 5000 rows
+    assert _rows(spec) == len(cells.frame) < 5000
+    assert ("window" if view == "window" else "bins") in json.dumps(spec["title"])
+
+
+def test_chart_text_stays_text(xss_analysis):
+    assert XSS in xss_analysis.tokens
+    cells = tables.heatmap_cells(xss_analysis, 0, 0, "contribution_inter", "inter")
+    svg = export.to_svg(heatmaps.heatmap_pair(cells)).decode()
+    assert "<img" not in svg
+    assert "&lt;img src=x onerror=alert(1)&gt;" in svg
+
+
+def test_head_overview_has_a_pick_selection_and_one_cell_per_head(analysis):
+    summary = tables.head_summary(analysis)
+    spec = heatmaps.head_overview(summary, "divergence", layer=1, head=2).to_dict()
+    grid = spec["layer"][0]
+    params = grid.get("params") or spec.get("params")
+    pick = next(p for p in params if p["name"] == "pick")
+    assert pick["select"]["fields"] == ["layer", "head"]
+    assert len(spec["layer"]) == 2  # the selected head is outlined
+    assert _rows(spec) == len(summary) + 1
+    with pytest.raises(ValueError, match="metric"):
+        heatmaps.head_overview(summary, "nonsense")
+
+
+def test_factor_bars_sort_keys_by_contribution_and_mark_the_sink(analysis):
+    factors = tables.token_factors(analysis, 1, analysis.num_tokens - 1, 3, "inter", top=8)
+    spec = token.factor_bars(factors).to_dict()
+    panels = spec["hconcat"]
+    assert len(panels) == 4
+    order = panels[0]["encoding"]["y"]["sort"]
+    assert order == factors.wide["key"].tolist()
+    assert "is_sink" in json.dumps(panels[0]["encoding"]["color"])
+    assert _rows(spec) == len(factors.frame)
+    filters = [p["transform"][0]["filter"] for p in panels]
+    assert all(name in json.dumps(f) for name, f in zip(factors.factors, filters))
+
+
+def test_top_keys_chart_rows_and_diverging_colour(analysis):
+    top = tables.top_keys_across_layers(analysis, 10, 1, "intra", k=4)
+    spec = token.top_keys_chart(top, "note").to_dict()
+    assert _rows(spec) == len(top) == analysis.num_layers * 4
+    assert spec["layer"][0]["encoding"]["color"]["scale"]["domainMid"] == 0
+
+
+def test_exports_are_png_svg_and_csv(analysis):
+    cells = tables.heatmap_cells(analysis, 0, 0, "raw", "inter")
+    chart = heatmaps.heatmap_pair(cells)
+    assert export.to_png(chart, scale=1).startswith(b"\x89PNG")
+    assert export.to_svg(chart).lstrip().startswith(b"<svg")
+    csv = export.to_csv(cells.frame).decode().splitlines()
+    assert csv[0].startswith("layer,head,query,key") and len(csv) == len(cells.frame) + 1
+    with pytest.raises(ValueError):
+        export.render_spec(chart.to_dict(), "gif")
+
+
+def test_bertviz_html_escapes_tokens_and_explains_a_missing_cdn(xss_analysis):
+    for view in bertviz_html.VIEWS:
+        for weights in bertviz_html.WEIGHTS:
+            html = bertviz_html.render(xss_analysis, view=view, weights=weights, layer=0)
+            assert "<img" not in html
+            assert "\\u003cimg src=x onerror=alert(1)\\u003e" in html
+            assert bertviz_html.FALLBACK_ID in html and "cdnjs" in html
+            assert "__cwviz_token_" not in html
+
+
+def test_bertviz_contributions_are_clipped_at_zero(analysis):
+    weights = bertviz_html.weights(analysis, 1, "contribution", analysis.num_tokens)
+    assert (weights >= 0).all()
+    assert (analysis.contributions(1, "intra") < 0).any()  # so clipping matters on this model
+
+
+def test_bertviz_scope_caps_tokens_and_layers(long_analysis):
+    head = bertviz_html.scope(long_analysis, "head", 1)
+    model = bertviz_html.scope(long_analysis, "model", 1)
+    assert head.tokens == bertviz_html.MAX_TOKENS and head.layers == (1,)
+    assert model.tokens == bertviz_html.MODEL_VIEW_TOKENS and len(model.layers) <= bertviz_html.MODEL_VIEW_LAYERS
+    assert "first" in head.note
+
+
+def test_label_expression_is_valid_for_awkward_tokens():
+    labels = ['"', "\\", "</script>", "é", "\u202e"]
+    chart = alt.Chart(alt.Data(values=[{"k": i} for i in range(5)])).mark_point().encode(
+        x=alt.X("k:O", axis=alt.Axis(labelExpr=heatmaps.label_expr(labels)))
+    )
+    svg = export.to_svg(chart).decode()
+    assert "&lt;/script&gt;" in svg and "é" in svg

@@ -1,0 +1,164 @@
+"""Tidy tables behind the dashboard: shapes users rely on, the METHOD.md identities surviving the
+tables, and long prompts staying within the chart row limit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import transformers
+
+import cwviz
+from cwviz import tables
+from tests.conftest import TEXT, CharTokenizer, make_tiny
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return cwviz.analyze(make_tiny("llama"), TEXT)
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return cwviz.analyze(make_tiny("bert"), TEXT[:30])
+
+
+@pytest.fixture(scope="module")
+def long_analysis():
+    """512 tokens on a tiny llama that allows them."""
+    config = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024,
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    bundle = cwviz.bundle_from_model(model, CharTokenizer(100), model_id="tiny-long")
+    text = ("The river bends below the mill. " * 20)[:512]
+    return cwviz.analyze(bundle, text)
+
+
+def _row_sums(frame, column):
+    return frame.groupby("query")[column].sum().to_numpy()
+
+
+def test_full_heatmap_of_one_head_has_the_lower_triangle_and_rows_that_sum_to_one(llama):
+    t = llama.num_tokens
+    cells = tables.heatmap_cells(llama, layer=1, head=2, measure="contribution_intra", kind="intra", query=3)
+    frame = cells.frame
+    assert len(frame) == t * (t + 1) // 2
+    assert (frame["key"] <= frame["query"]).all()  # the masked future has no rows: drawn empty, not 0
+    np.testing.assert_allclose(_row_sums(frame, "attention"), 1, atol=1e-5)
+    np.testing.assert_allclose(_row_sums(frame, "contribution"), 1, atol=1e-4)
+    product = frame["attention"] * frame["norm_ratio"] * frame["cosine"]
+    np.testing.assert_allclose(product, frame["contribution"], atol=1e-5)
+    assert frame["query_token"].tolist() == [llama.tokens[q] for q in frame["query"]]
+    assert frame["key_token"].tolist() == [llama.tokens[k] for k in frame["key"]]
+    assert cells.labels == tuple(llama.tokens) and not cells.binned
+
+
+def test_all_heads_uses_the_layer_level_scores(llama):
+    cells = tables.heatmap_cells(llama, 0, None, "contribution_inter", "inter")
+    np.testing.assert_allclose(_row_sums(cells.frame, "contribution"), 1, atol=1e-4)  # Σ_h Σ_j C = 1
+    np.testing.assert_allclose(_row_sums(cells.frame, "attention"), 1, atol=1e-5)  # mean over heads
+    assert cells.frame["norm_ratio"].isna().all()  # per-head factors do not exist for all heads
+    assert (cells.frame["head"] == -1).all()
+    assert "all heads" in cells.note and "sum" in cells.note
+
+
+def test_encoder_heatmap_has_every_pair(bert):
+    cells = tables.heatmap_cells(bert, 0, 1, "raw", "inter")
+    assert len(cells.frame) == bert.num_tokens**2
+    windowed = tables.heatmap_cells(bert, 0, 1, "raw", "inter", query=0, max_cells=100)
+    assert len(windowed.frame) <= 100 and (windowed.frame["key"] > windowed.frame["query"]).any()
+
+
+@pytest.mark.parametrize("query", [0, 17, 300, 511])
+def test_long_prompt_window_keeps_the_query_and_the_sink_under_the_limit(long_analysis, query):
+    assert long_analysis.num_tokens == 512
+    cells = tables.heatmap_cells(long_analysis, 1, 0, "contribution_inter", "inter", query=query, view="window")
+    frame = cells.frame
+    assert len(frame) <= tables.MAX_CELLS < 5000
+    assert query in set(frame["query"])
+    assert 0 in set(frame["key"])
+    assert (frame["key"] <= frame["query"]).all()
+    assert "window" in cells.note
+
+
+def test_long_prompt_bins_keep_attention_rows_summing_to_one(long_analysis):
+    cells = tables.heatmap_cells(long_analysis, 0, None, "contribution_inter", "inter", view="binned")
+    frame = cells.frame
+    assert len(frame) <= tables.MAX_CELLS
+    assert cells.binned and "bins" in cells.note
+    np.testing.assert_allclose(_row_sums(frame, "attention"), 1, atol=1e-4)
+    np.testing.assert_allclose(_row_sums(frame, "contribution"), 1, atol=1e-3)
+    assert len(cells.labels) == frame["query"].max() + 1
+
+
+def test_bad_selections_raise_selection_errors(llama):
+    with pytest.raises(cwviz.SelectionError):
+        tables.heatmap_cells(llama, 99, None, "raw")
+    with pytest.raises(cwviz.SelectionError):
+        tables.heatmap_cells(llama, 0, 9, "raw")
+    with pytest.raises(cwviz.SelectionError):
+        tables.token_factors(llama, 0, llama.num_tokens, 0)
+
+
+def test_measure_names_cover_every_measure():
+    names = {tables.measure_name(f, k) for f in tables.FAMILIES for k in tables.KINDS}
+    assert names == set(cwviz.MEASURES)
+
+
+def test_head_summary_matches_its_definition(llama):
+    summary = tables.head_summary(llama)
+    assert len(summary) == llama.num_layers * llama.num_heads
+    assert sorted(summary["rank"]) == list(range(1, len(summary) + 1))
+    row = summary[(summary["layer"] == 1) & (summary["head"] == 3)].iloc[0]
+    attention = llama.attention(1)[3, 1:]
+    contribution = llama.contributions(1, "intra")[3, 1:]
+    assert row.sink_attention == pytest.approx(attention[:, 0].mean(), abs=1e-6)
+    assert row.sink_contribution == pytest.approx(contribution[:, 0].mean(), abs=1e-6)
+    assert row.divergence == pytest.approx(0.5 * np.abs(attention - contribution).sum(-1).mean(), abs=1e-6)
+    ranking = tables.head_ranking(summary, top=5)
+    assert len(ranking) == 5 and ranking["divergence"].is_monotonic_decreasing
+
+
+def test_token_factors_multiply_to_the_contribution_sorted_with_the_sink(llama):
+    query = llama.num_tokens - 1
+    factors = tables.token_factors(llama, 1, query, 2, "inter", top=6)
+    wide = factors.wide
+    assert 0 in set(wide["key"]) and wide.loc[wide.key == 0, "is_sink"].all()
+    assert len(wide) <= 7
+    assert wide["contribution"].is_monotonic_decreasing
+    np.testing.assert_allclose(wide["attention"] * wide["norm_ratio"] * wide["cosine"], wide["contribution"], atol=1e-5)
+    assert len(factors.frame) == len(wide) * 4
+    assert set(factors.frame["factor"]) == {"attention", "norm_ratio", "cosine", "contribution"}
+    # the kept keys are the largest by magnitude
+    full = llama.contributions(1, "inter")[2, query, : query + 1]
+    kept = set(np.argsort(-np.abs(full), kind="stable")[:6])
+    assert kept <= set(wide["key"])
+
+
+def test_token_factors_for_all_heads_have_no_per_head_factors(llama):
+    factors = tables.token_factors(llama, 0, 5, None, "inter")
+    assert factors.factors == ("attention", "contribution")
+    np.testing.assert_allclose(factors.wide["contribution"].sum(), 1, atol=1e-4)  # every key kept: 6 < top
+
+
+def test_top_keys_across_layers_agree_with_the_full_layer(llama):
+    query = 9
+    top = tables.top_keys_across_layers(llama, query, None, "inter", k=3)
+    assert len(top) == llama.num_layers * 3
+    for layer, group in top.groupby("layer"):
+        scores = llama.layer_scores(layer, "contribution_inter")[query, : query + 1]
+        assert group.sort_values("rank")["key"].tolist() == np.argsort(-scores, kind="stable")[:3].tolist()
+        np.testing.assert_allclose(group.sort_values("rank")["contribution"], np.sort(scores)[::-1][:3], atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "bert", "mistral"])
+def test_query_measures_equal_the_full_layer_row(arch):
+    analysis = cwviz.analyze(make_tiny(arch), TEXT)
+    for layer in range(analysis.num_layers):
+        for query in (0, 7, analysis.num_tokens - 1):
+            row = tables.query_measures(analysis, layer, query)
+            for name in cwviz.MEASURES:
+                np.testing.assert_allclose(
+                    row.per_head(name)[:, 0].numpy(), analysis.measure(layer, name)[:, query], atol=1e-5, rtol=1e-4
+                )
