@@ -22,13 +22,20 @@ def _symmetric(values: pd.Series) -> list[float]:
 
 
 def ratio_norm_chart(
-    points: pd.DataFrame, curve: pd.DataFrame, minimiser: float, title: str = "", width: int = 460, height: int = 320
+    points: pd.DataFrame,
+    curve: pd.DataFrame,
+    minimiser: float,
+    title: str = "",
+    query: int | None = None,
+    width: int = 460,
+    height: int = 320,
 ) -> alt.LayerChart:
     """(a) Sink ratio against head-output norm for one head, with the analytic curve and its minimum.
 
     ``points``: rows of :func:`cwviz.sinks.sink_table` for one layer and head (optionally with a
     ``prompt`` column, for pooled prompts); ``curve``: ``sink_ratio, output_norm`` of the typical curve
-    (:meth:`cwviz.sinks.SinkCurve.table`); ``minimiser``: the ratio where it is smallest.
+    (:meth:`cwviz.sinks.SinkCurve.table`); ``minimiser``: the ratio where it is smallest; ``query``: a
+    query position to ring (of prompt 0 when pooled).
     """
     data = points.dropna(subset=["sink_ratio", "output_norm"])
     if len(data) > MAX_POINTS:
@@ -71,6 +78,15 @@ def ratio_norm_chart(
             .encode(x="sink_ratio:Q", y=alt.value(8), text="label:N")
         )
         layers += [rule, text]
+    if query is not None:
+        ringed = data[data["query"] == query]
+        if "prompt" in ringed.columns:
+            ringed = ringed[ringed["prompt"] == ringed["prompt"].min()]
+        if not ringed.empty:
+            layers.append(
+                alt.Chart(ringed).mark_point(size=160, shape="circle", filled=False, color="black", strokeWidth=2)
+                .encode(x=x, y=y, tooltip=tooltip)
+            )
     return alt.layer(*layers).properties(title=title, width=width, height=height)
 
 
@@ -79,8 +95,10 @@ def anti_alignment_map(
 ) -> alt.LayerChart:
     """(b) Layers x heads map of the mean cos(ṽ_sink, m), diverging at zero (blue: anti-aligned).
 
-    ``heads``: :func:`cwviz.sinks.head_summary`. The selected layer (and head) is outlined.
+    ``heads``: :func:`cwviz.sinks.head_summary`. The selected layer (and head) is outlined. A click on a
+    cell sets the selection parameter ``pick`` (fields layer and head).
     """
+    pick = alt.selection_point(name="pick", fields=["layer", "head"], on="click", clear=False)
     color = alt.Color(
         "cos_sink_rest:Q",
         title="cos(ṽ_sink, m)",
@@ -96,14 +114,16 @@ def anti_alignment_map(
             alt.Tooltip("sink_ratio:Q", title="mean sink ratio", format=".3f"),
             alt.Tooltip("minimising_ratio:Q", title="ratio minimising ‖o‖", format=".2f"),
         ],
-    )
+    ).add_params(pick)
     layers = [cells]
     if layer is not None:
         chosen = heads[(heads["layer"] == layer) & ((heads["head"] == head) if head is not None else True)]
         layers.append(
             alt.Chart(chosen).mark_rect(fill=None, stroke="black", strokeWidth=2).encode(x="head:O", y="layer:O")
         )
-    return alt.layer(*layers).properties(title="Anti-alignment of the sink's value with the rest", width=width, height=height)
+    return alt.layer(*layers).properties(
+        title="Anti-alignment: mean cos(ṽ_sink, m) per head (click a cell to pick the head)", width=width, height=height
+    )
 
 
 def share_chart(layers: pd.DataFrame, layer: int | None = None, width: int = 460, height: int = 260) -> alt.LayerChart:

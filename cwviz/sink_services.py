@@ -1,0 +1,93 @@
+"""Streamlit caching for the sinks page: small cached wrappers around :mod:`cwviz.sinks`.
+
+The analysis itself comes from :func:`cwviz.services.get_analysis` (shared with every page); what is
+cached here are the small pandas results per (request, sink, ...), so moving the layer, head or query
+never recomputes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import streamlit as st
+
+from . import services, sinks
+from .analysis import analyze, tokenize
+from .jsonl import read_texts
+
+#: Most extra prompts the page pools (each costs a forward pass and a table).
+MAX_POOLED = 16
+
+
+@dataclass(frozen=True)
+class SinkTables:
+    """The sink table of the sidebar prompt (``prompt`` 0), plus any pooled prompts, and its summaries."""
+
+    sink: int  # the sidebar prompt's sink position
+    sink_token: str
+    prompts: int
+    table: pd.DataFrame  # :func:`cwviz.sinks.pooled_sink_table` columns
+    layers: pd.DataFrame  # :func:`cwviz.sinks.layer_summary`
+    heads: pd.DataFrame  # :func:`cwviz.sinks.head_summary`
+
+
+@dataclass(frozen=True)
+class HeadView:
+    """What chart (a) needs for one head: its points, the typical curve and where it is smallest."""
+
+    layer: int
+    head: int
+    points: pd.DataFrame
+    curve: pd.DataFrame
+    minimiser: float
+    cos: float
+
+
+@st.cache_data(max_entries=8, show_spinner="Splitting every head output at the sink…")
+def sink_tables(request: services.Request, sink: str, pool_path: str = "", pool_n: int = 0) -> SinkTables:
+    """Sink table and summaries; with ``pool_path``, also the first ``pool_n`` prompts of that JSONL file."""
+    analysis = services.get_analysis(request).analysis
+    position = sinks.resolve_sink(analysis, sink)
+    frames = [sinks.sink_table(analysis, position).assign(prompt=0)]
+    if pool_path.strip() and pool_n > 0:
+        bundle = services.get_bundle(request.model, request.device, request.dtype)
+        for index, text in enumerate(read_texts(pool_path.strip(), n=min(pool_n, MAX_POOLED)), start=1):
+            services.check_dashboard_length(bundle, len(tokenize(bundle, text)), 0)
+            frames.append(sinks.sink_table(analyze(bundle, text), sink).assign(prompt=index))
+    table = pd.concat(frames, ignore_index=True)[["prompt", *sinks.TABLE_COLUMNS]]
+    return SinkTables(
+        sink=position,
+        sink_token=analysis.tokens[position],
+        prompts=len(frames),
+        table=table,
+        layers=sinks.layer_summary(table),
+        heads=sinks.head_summary(table),
+    )
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def head_view(
+    request: services.Request, sink: str, pool_path: str, pool_n: int, layer: int, head: int | None
+) -> HeadView:
+    """Chart (a)'s data for ``head`` of ``layer`` (arguments as :func:`sink_tables`); for all heads
+    (None), the layer's most anti-aligned head."""
+    tables = sink_tables(request, sink, pool_path, pool_n)
+    heads = tables.heads[tables.heads["layer"] == layer]
+    if head is None:
+        head = int(heads.loc[heads["cos_sink_rest"].idxmin(), "head"]) if heads["cos_sink_rest"].notna().any() else 0
+    curve = sinks.head_curve(tables.table, layer, head)
+    points = tables.table[(tables.table["layer"] == layer) & (tables.table["head"] == head)]
+    return HeadView(layer, head, points, curve.table(), curve.minimiser, curve.cos)
+
+
+@st.cache_data(max_entries=16, show_spinner="Running the model with the sink's value scaled…")
+def intervention(request: services.Request, sink: int, factor: float, layers: tuple[int, ...] | None) -> sinks.SinkIntervention:
+    """:func:`cwviz.sinks.intervene_on_sink` on the sidebar prompt."""
+    return sinks.intervene_on_sink(services.get_analysis(request).analysis, sink, factor, layers)
+
+
+@st.cache_data(max_entries=8, show_spinner="One forward pass per layer (batched)…")
+def layerwise(request: services.Request, sink: int, factor: float) -> pd.DataFrame:
+    """:func:`cwviz.sinks.layerwise_removal` on the sidebar prompt."""
+    return sinks.layerwise_removal(services.get_analysis(request).analysis, sink, factor)
