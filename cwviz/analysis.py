@@ -74,6 +74,20 @@ def _input_device(bundle: Bundle) -> torch.device:
     return bundle.model.get_input_embeddings().weight.device
 
 
+def next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """log p(token_{t+1} | tokens ..t) for t = 0..T-2, float32 [T - 1].
+
+    ``logits`` [T, vocab]. Computed in chunks of rows so that no second [T, vocab] float32 tensor is made.
+    """
+    ids = ids.to(logits.device)
+    out = []
+    for start in range(0, logits.shape[0] - 1, chunk):
+        rows = logits[start : min(start + chunk, logits.shape[0] - 1)].float()
+        target = ids[start + 1 : start + 1 + rows.shape[0], None]
+        out.append(rows.gather(1, target)[:, 0] - torch.logsumexp(rows, dim=-1))
+    return torch.cat(out) if out else torch.zeros(0)
+
+
 def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | None = None) -> "Analysis":
     """Run the model once on ``text`` (or on ``input_ids``) and record every attention layer.
 
@@ -91,9 +105,7 @@ def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | N
     if len(records) != bundle.info.layers:
         raise RuntimeError(f"recorded {len(records)} of {bundle.info.layers} layers; is the model's attention routed through cwviz?")
     if bundle.arch.causal:
-        # log p(token_{t+1} | ..t) for t = 0..T-2, for perplexity.
-        logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
-        next_logprobs = logprobs.gather(1, batch[0, 1:, None].to(logprobs.device))[:, 0].cpu().numpy()
+        next_logprobs = next_token_logprobs(logits, batch[0]).cpu().numpy()
     else:
         next_logprobs = np.zeros(0, dtype=np.float32)
     return Analysis(

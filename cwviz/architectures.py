@@ -99,8 +99,18 @@ def out_projections(model: nn.Module, arch: Architecture) -> list[nn.Module]:
 
 
 def out_proj_weight(proj: nn.Module, arch: Architecture) -> torch.Tensor:
-    """W_O as a [d_model, heads * d_head] matrix, whatever the module stores."""
+    """W_O as a [d_model, heads * d_head] matrix, whatever the module stores.
+
+    A layer offloaded by accelerate (``device_map`` with "cpu" or "disk" parts) keeps its weight on the
+    meta device between forward passes; the real one is read from the offload hook's weights map.
+    """
     weight = proj.weight
+    if weight.device.type == "meta":
+        hook = getattr(proj, "_hf_hook", None)
+        weights_map = getattr(hook, "weights_map", None)
+        if weights_map is None:
+            raise RuntimeError("the output projection's weight is on the meta device and no offload hook holds it")
+        weight = weights_map["weight"].to(getattr(hook, "execution_device", None) or "cpu")
     return weight.t() if arch.conv1d else weight
 
 

@@ -288,7 +288,7 @@ def bundle_from_model(model: nn.Module, tokenizer, model_id: str | None = None) 
     w_o = architectures.out_proj_weight(architectures.out_projections(model, arch)[0], arch)
     heads = config.num_attention_heads
     d_model, width = w_o.shape
-    param = next(model.parameters())
+    param = next(p for p in model.parameters() if p.device.type != "meta")
     max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     info = ModelInfo(
         id=model_id or getattr(config, "name_or_path", "") or config.model_type,

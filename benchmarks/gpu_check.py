@@ -1,0 +1,149 @@
+"""GPU check, one run of at most 5 minutes on a CUDA machine:
+
+    python -m benchmarks.gpu_check                  # on a GPU machine
+    python -m benchmarks.gpu_check --smoke          # tiny sizes, any device (used by the tests on CPU)
+
+For the embedded model and for a Llama-3-8B-shaped model with random weights built from a config (no
+download), in bfloat16 and float32, it checks the METHOD.md identities (contributions sum to 1; Σ_j α ṽ_j
+equals the model's own o_proj input) and measures the overhead ratio of a full analysis against a plain
+forward pass with output_attentions=True at T = 2048. It prints one JSON line per check and exits
+non-zero if an identity fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import transformers
+
+import cwviz
+from cwviz.measures import expand_kv
+
+# Llama-3.1-8B's shape: 32 layers, 32 heads, 8 kv heads, d_model 4096, d_head 128.
+LLAMA_8B = dict(
+    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
+)
+SMOKE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512)
+
+# Tolerances of the identities by dtype: the measures are float32, but the model's own write (the
+# reference) is computed in the model's dtype.
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class IdTokenizer:
+    """Random-weight models have no tokenizer; tokens are shown as their ids."""
+
+    def decode(self, ids, **_):
+        return " ".join(str(int(i)) for i in ids)
+
+    def convert_ids_to_tokens(self, token_id):
+        return str(int(token_id))
+
+
+def random_llama(shape: dict, dtype: torch.dtype, device: torch.device) -> cwviz.Bundle:
+    config = transformers.LlamaConfig(**shape)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return cwviz.bundle_from_model(model, IdTokenizer(), model_id="random Llama-8B shape" if shape is LLAMA_8B else "random tiny Llama")
+
+
+def check_identities(bundle: cwviz.Bundle, ids: list[int], layers: list[int]) -> dict:
+    seen = {}
+    handles = [
+        bundle.out_projections[l].register_forward_pre_hook(lambda m, a, l=l: seen.__setitem__(l, a[0][0].float()))
+        for l in layers
+    ]
+    try:
+        analysis = cwviz.analyze(bundle, input_ids=ids)
+    finally:
+        for h in handles:
+            h.remove()
+    worst = {"intra_sum": 0.0, "inter_sum": 0.0, "write_rel": 0.0}
+    for l in layers:
+        m = analysis.layer(l)
+        worst["intra_sum"] = max(worst["intra_sum"], (m.contribution("intra").sum(-1) - 1).abs().max().item())
+        worst["inter_sum"] = max(worst["inter_sum"], (m.contribution("inter").sum((0, 2)) - 1).abs().max().item())
+        alpha_v = analysis.attention_tensor(l) @ expand_kv(analysis.records[l].value.float(), analysis.num_heads)
+        z = alpha_v.permute(1, 0, 2).reshape(len(ids), -1)
+        rel = ((z - seen[l]).norm() / seen[l].norm()).item()
+        worst["write_rel"] = max(worst["write_rel"], rel)
+    return worst
+
+
+def overhead(bundle: cwviz.Bundle, ids: list[int], device: torch.device, repeats: int = 3) -> dict:
+    def plain():
+        bundle.model.set_attn_implementation("eager")
+        try:
+            with torch.inference_mode():
+                bundle.model(input_ids=torch.tensor([ids], device=device), output_attentions=True, use_cache=False)
+        finally:
+            bundle.model.set_attn_implementation("cwviz")
+        sync(device)
+
+    def full():
+        analysis = cwviz.analyze(bundle, input_ids=ids)
+        for l in range(analysis.num_layers):
+            m = analysis.layer(l)
+            m.contribution("inter"), m.contribution("intra")
+        sync(device)
+
+    plain(), full()
+    a, b = [], []
+    for _ in range(repeats):
+        for fn, out in ((plain, b), (full, a)):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return {"plain_s": statistics.median(b), "full_s": statistics.median(a), "ratio": statistics.median(a) / statistics.median(b)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny model and T = 64, on whatever device there is")
+    parser.add_argument("--tokens", type=int, default=2048)
+    args = parser.parse_args(argv)
+    transformers.utils.logging.disable_progress_bar()
+    device = cwviz.models.resolve_device("auto")
+    tokens = 64 if args.smoke else args.tokens
+    failed = False
+    targets = [("random tiny Llama", SMOKE)] if args.smoke else [("embedded", None), ("random Llama-8B shape", LLAMA_8B)]
+    for name, shape in targets:
+        for dtype in (torch.bfloat16, torch.float32):
+            start = time.perf_counter()
+            if shape is None:
+                bundle = cwviz.load_model("embedded", device=str(device), dtype=dtype)
+            else:
+                bundle = random_llama(shape, dtype, device)
+            vocab = bundle.model.config.vocab_size
+            ids = torch.randint(0, vocab, (tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+            layers = sorted({0, bundle.info.layers // 2, bundle.info.layers - 1})
+            worst = check_identities(bundle, ids, layers)
+            ok = all(v <= TOLERANCE[dtype] for v in worst.values())
+            failed |= not ok
+            result = {"model": name, "dtype": str(dtype), "device": str(device), "tokens": tokens, "identities_ok": ok, **worst}
+            result.update(overhead(bundle, ids, device, repeats=1 if args.smoke else 3))
+            if device.type == "cuda":
+                result["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+                torch.cuda.reset_peak_memory_stats(device)
+            result["seconds"] = time.perf_counter() - start
+            print(json.dumps(result), flush=True)
+            del bundle
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

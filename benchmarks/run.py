@@ -1,0 +1,273 @@
+"""cwviz benchmarks: every figure a ratio against a baseline measured side by side.
+
+    .venv/bin/python -m benchmarks.run                 # everything, writes BENCHMARKS.md
+    .venv/bin/python -m benchmarks.run --only overhead --lengths 128,512
+
+Timings: the candidate and its baseline run interleaved in this one process, each repeated, and the
+median is kept. Peak memory: a process's peak resident size cannot be reset, so each memory figure comes
+from a fresh child process (``benchmarks.memory_probe``) that loads the model, records its resident size,
+runs one thing and reports its peak; we report the peak increase over the loaded model and its ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+def long_ids(bundle, tokens: int) -> list[int]:
+    """``tokens`` token ids of real text (GSM8K questions and answers, concatenated)."""
+    from cwviz.jsonl import read_texts
+
+    texts = read_texts(GSM8K, n=400) if GSM8K.exists() else ["The quick brown fox jumps over the lazy dog. "] * 400
+    ids = bundle.tokenizer("\n\n".join(texts))["input_ids"]
+    if len(ids) < tokens:
+        ids = (ids * (tokens // len(ids) + 1))
+    return ids[:tokens]
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def interleaved(candidate, baseline, repeats: int) -> tuple[float, float]:
+    """Median seconds of each, run alternately so that machine load affects both alike."""
+    candidate(), baseline()
+    c, b = [], []
+    for _ in range(repeats):
+        for fn, out in ((baseline, b), (candidate, c)):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return statistics.median(c), statistics.median(b)
+
+
+# -- what is measured --------------------------------------------------------------------------------
+
+
+def plain_forward(bundle, ids):
+    """The baseline: one forward pass with eager attention and output_attentions=True."""
+    bundle.model.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode():
+            return bundle.model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False).attentions
+    finally:
+        bundle.model.set_attn_implementation("cwviz")
+
+
+def full_analysis(bundle, ids):
+    """Capture plus every layer's attention and inter- and intra-head contributions."""
+    from cwviz import analyze
+
+    analysis = analyze(bundle, input_ids=ids)
+    for layer in range(analysis.num_layers):
+        m = analysis.layer(layer)
+        m.attention, m.contribution("inter"), m.contribution("intra")
+    return analysis
+
+
+def naive_contributions(bundle, ids):
+    """What the LLM Transparency Tool does: materialise every per-pair vector α_ij^h ṽ_j^h, per layer."""
+    from cwviz import analyze
+    from cwviz.measures import expand_kv
+
+    analysis = analyze(bundle, input_ids=ids)
+    for layer in range(analysis.num_layers):
+        alpha = analysis.attention_tensor(layer)  # (H, Q, K)
+        v = expand_kv(analysis.records[layer].value.float(), analysis.num_heads)
+        v_tilde = torch.einsum("hmd,hkd->hkm", analysis.w_heads(layer), v)  # (H, K, D)
+        per_pair = alpha[..., None] * v_tilde[:, None]  # (H, Q, K, D)
+        head_out = per_pair.sum(2)  # (H, Q, D)
+        out = head_out.sum(0)  # (Q, D)
+        (per_pair * out[None, :, None]).sum(-1) / (out.norm(dim=-1) ** 2)[None, :, None]
+        (per_pair * head_out[:, :, None]).sum(-1) / (head_out.norm(dim=-1) ** 2)[..., None]
+        del per_pair
+    return analysis
+
+
+def value_zeroing(bundle, ids, layer: int):
+    """Value zeroing (Mohebbi et al. 2023) for one layer: one forward pass per token j with v_j = 0,
+    score = cosine distance between the clean and the zeroed layer output of each query."""
+    from cwviz import analyze
+    from cwviz.capture import forward_pass
+    from cwviz.interventions import ScaleValues
+
+    clean = analyze(bundle, input_ids=ids).records[layer].output  # (H, Q, d)
+    w = torch.tensor(0.0)
+    for j in range(len(ids)):
+        with torch.inference_mode(), forward_pass(bundle.attention_modules, intervention=ScaleValues((j,), 0.0, frozenset({layer}))) as records:
+            bundle.model(input_ids=torch.tensor([ids]), use_cache=False)
+        zeroed = records[layer].output
+        w = w + torch.nn.functional.cosine_similarity(clean.flatten(0), zeroed.flatten(0), dim=0)
+    return w
+
+
+def one_layer_analysis(bundle, ids, layer: int):
+    from cwviz import analyze
+
+    return analyze(bundle, input_ids=ids).contributions(layer, "inter")
+
+
+# -- sections ----------------------------------------------------------------------------------------
+
+
+def bench_overhead(bundle, lengths, repeats) -> list[str]:
+    rows = ["| T | plain forward, output_attentions (s) | full analysis (s) | ratio | target |", "|---|---|---|---|---|"]
+    targets = {512: "≤ 1.25", 2048: "≤ 1.5"}
+    for tokens in lengths:
+        ids = long_ids(bundle, tokens)
+        reps = repeats if tokens <= 512 else max(1, repeats // 2)
+        cand, base = interleaved(lambda: full_analysis(bundle, ids), lambda: plain_forward(bundle, ids), reps)
+        rows.append(f"| {tokens} | {base:.3f} | {cand:.3f} | **{cand / base:.2f}** | {targets.get(tokens, '')} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def bench_naive(bundle, tokens, repeats) -> list[str]:
+    ids = long_ids(bundle, tokens)
+    cand, base = interleaved(lambda: full_analysis(bundle, ids), lambda: naive_contributions(bundle, ids), repeats)
+    mem = {what: memory_probe(what, tokens) for what in ("full", "naive")}
+    rows = [
+        f"| T = {tokens} | naive per-pair (baseline) | cwviz | ratio cwviz / naive |",
+        "|---|---|---|---|",
+        f"| time (s) | {base:.3f} | {cand:.3f} | **{cand / base:.3f}** |",
+        f"| peak memory above the loaded model (MiB) | {mem['naive']:.0f} | {mem['full']:.0f} | **{mem['full'] / mem['naive']:.3f}** |",
+    ]
+    print("\n".join(rows), flush=True)
+    return rows
+
+
+def bench_value_zeroing(bundle, tokens, layer) -> list[str]:
+    ids = long_ids(bundle, tokens)
+    base = median_time(lambda: value_zeroing(bundle, ids, layer), 1)
+    cand = median_time(lambda: one_layer_analysis(bundle, ids, layer), 3)
+    rows = [
+        f"| T = {tokens}, layer {layer} | value zeroing (baseline, {tokens} forward passes) | cwviz (one pass) | ratio |",
+        "|---|---|---|---|",
+        f"| time (s) | {base:.2f} | {cand:.3f} | **{cand / base:.4f}** |",
+    ]
+    print("\n".join(rows), flush=True)
+    return rows
+
+
+def memory_probe(what: str, tokens: int) -> float:
+    """Peak resident-size increase (MiB) of ``what`` in a fresh child process."""
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.memory_probe", what, str(tokens)],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])["peak_increase_mib"]
+
+
+def bench_memory(lengths) -> list[str]:
+    rows = ["| T | plain forward, output_attentions (MiB) | full analysis (MiB) | ratio | target |", "|---|---|---|---|---|"]
+    for tokens in lengths:
+        base, cand = memory_probe("plain", tokens), memory_probe("full", tokens)
+        rows.append(f"| {tokens} | {base:.0f} | {cand:.0f} | **{cand / base:.2f}** | ≤ 1.3 |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def bench_cold_start() -> list[str]:
+    code = "import cwviz; b = cwviz.load_model('embedded', device='cpu'); cwviz.analyze(b, 'The capital of France is')"
+
+    def run(env) -> float:
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True, capture_output=True)
+        return time.perf_counter() - start
+
+    python_only = median_time(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), 3)
+    cached = median_time(lambda: run(dict(os.environ)), 3)
+    with tempfile.TemporaryDirectory() as empty:
+        first = run(dict(os.environ, CWVIZ_CACHE=empty))
+    rows = [
+        "| cold start: process start to first finished analysis | seconds | target |",
+        "|---|---|---|",
+        f"| embedded model cached (median of 3) | {cached:.1f} | ≤ 10 |",
+        f"| first use (GGUF conversion into an empty CWVIZ_CACHE) | {first:.1f} | |",
+        f"| bare Python start, for scale | {python_only:.2f} | |",
+    ]
+    print("\n".join(rows), flush=True)
+    return rows
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    return f"{os.cpu_count()} CPU cores ({cpu}), torch {torch.__version__}, {torch.get_num_threads()} threads, Python {platform.python_version()}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=["overhead", "memory", "naive", "zeroing", "cold", "dashboard"], action="append")
+    parser.add_argument("--lengths", default="128,512,1024,2048")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="write the report here ('-' for none)")
+    args = parser.parse_args(argv)
+    lengths = [int(t) for t in args.lengths.split(",")]
+    only = set(args.only or ["overhead", "memory", "naive", "zeroing", "cold", "dashboard"])
+
+    import transformers
+
+    import cwviz
+
+    transformers.utils.logging.disable_progress_bar()
+    bundle = cwviz.load_model("embedded", device="cpu")
+    sections = []
+    if "overhead" in only:
+        sections.append(("Full analysis against a plain forward pass (time)", bench_overhead(bundle, lengths, args.repeats)))
+    if "memory" in only:
+        sections.append(("Full analysis against a plain forward pass (peak memory)", bench_memory(lengths)))
+    if "naive" in only:
+        sections.append(("Against materialising every per-pair vector (LLM Transparency Tool style)", bench_naive(bundle, 256, args.repeats)))
+    if "zeroing" in only:
+        sections.append(("Against value zeroing (one forward pass per token)", bench_value_zeroing(bundle, 128, 15)))
+    if "cold" in only:
+        sections.append(("Cold start", bench_cold_start()))
+    if "dashboard" in only:
+        from benchmarks import dashboard
+
+        sections.append(("Dashboard interaction (T = 512)", dashboard.bench(repeats=args.repeats)))
+    if args.out != "-":
+        command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
+        write_report(Path(args.out), sections, command.strip())
+    return 0
+
+
+def write_report(path: Path, sections, command: str) -> None:
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Command: `{command}` (or `make bench`). Machine: {machine()}. Date: {dt.date.today().isoformat()}.",
+        "Model: the embedded SmolLM2-135M-Instruct (30 layers, 9 heads, float32, CPU). Prompts: GSM8K test text.",
+        "Each ratio is measured side by side in one run (times interleaved in one process, medians; memory in",
+        "fresh child processes, peak resident size above the loaded model). See `benchmarks/run.py`.",
+        "",
+    ]
+    for title, rows in sections:
+        lines += [f"## {title}", "", *rows, ""]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
