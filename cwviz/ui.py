@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -88,8 +89,13 @@ class Selection:
         return self.analysis is not None
 
     def token_label(self, position: int) -> str:
-        """``12 'fox'``: a position with its token, for captions."""
-        return f"{position} {self.analysis.tokens[position]!r}" if self.ok else str(position)
+        """``12 'fox'``: a position with its token, escaped for Markdown."""
+        return escape_markdown(f"{position} {self.analysis.tokens[position]!r}") if self.ok else str(position)
+
+
+def escape_markdown(text: str) -> str:
+    """Backslash-escape Markdown and HTML punctuation so user text shows literally in ``st.markdown``."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~$&])", r"\\\1", text)
 
 
 # -- state ------------------------------------------------------------------------------------------

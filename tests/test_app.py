@@ -1,0 +1,296 @@
+"""Every dashboard page through ``streamlit.testing.v1.AppTest``: default load, changing selections,
+bad inputs, a model that fails to load. The embedded model is loaded once per process (services cache).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import transformers
+from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
+from streamlit.testing.v1 import AppTest
+
+import cwviz
+from cwviz import services, ui
+from tests.conftest import CharTokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "app.py")
+OWN_PAGES = ["pages/heatmaps.py", "pages/token.py", "pages/bertviz_view.py"]
+TIMEOUT = 180
+
+
+def run_app(page: str | None = None, params: dict | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in (params or {}).items():
+        at.query_params[key] = value
+    at.run()
+    if page is not None:
+        at.switch_page(page).run()
+    return at
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def charts(at: AppTest) -> list[dict]:
+    """The Vega-Lite specs on the page, with the row count of their datasets."""
+    out = []
+    for element in at.get("vega_lite_chart"):
+        spec = json.loads(element.proto.spec)
+        spec["_rows"] = sum(len(convert_arrow_bytes_to_pandas_df(d.data.data)) for d in element.proto.datasets)
+        out.append(spec)
+    return out
+
+
+def title(spec: dict) -> str:
+    return json.dumps(spec.get("title"))
+
+
+def widget(at: AppTest, kind: str, label: str):
+    return next(w for w in getattr(at.sidebar, kind) if w.label == label)
+
+
+@pytest.fixture
+def count_forward_passes(monkeypatch):
+    calls = []
+    real = services.analyze
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "analyze", counted)
+    return calls
+
+
+def test_default_load_shows_the_example_analysed(count_forward_passes):
+    at = run_app()
+    assert_clean(at)
+    assert at.title[0].value == "Contribution weights vs attention"
+    assert "Contribution weights" in at.markdown[0].value and "negative" in at.markdown[0].value
+    specs = charts(at)
+    assert len(specs) == 2  # heatmap pair, all-heads overview
+    heatmap, overview = specs
+    assert len(heatmap["hconcat"]) == 2 and "layer 14" in title(heatmap) and "all heads" in title(heatmap)
+    assert overview["_rows"] == 30 * 9 + 0  # one cell per head (no head picked: no outline)
+    assert all(spec["_rows"] < 5000 for spec in specs)
+    assert {b.label for b in at.get("download_button")} >= {"PNG", "SVG", "CSV", "Analysis as JSON (all layers)"}
+    assert len(at.dataframe) == 1  # the ranking of heads
+    params = at.query_params
+    assert params["model"] == "embedded" and params["prompt"] == ui.examples()[0].text
+    assert params["layer"] == "14" and params["head"] == "all" and params["token"] == "29"
+
+
+def test_changing_the_selection_redraws_without_rerunning_the_model(count_forward_passes):
+    at = run_app()
+    before = len(count_forward_passes)
+    widget(at, "slider", "Layer").set_value(3).run()
+    widget(at, "selectbox", "Head").set_value(2).run()
+    widget(at, "selectbox", "Query token").set_value(5).run()
+    assert_clean(at)
+    heatmap = charts(at)[0]
+    assert "layer 3, head 2" in title(heatmap)
+    assert len(charts(at)[1]["layer"]) == 2  # the picked head is outlined in the overview
+    assert at.query_params["layer"] == "3" and at.query_params["head"] == "2" and at.query_params["token"] == "5"
+    at.radio(key="heatmaps_measure").set_value("raw").run()
+    at.radio(key="heatmaps_kind").set_value("intra").run()
+    assert_clean(at)
+    right = charts(at)[0]["hconcat"][1]
+    assert right["title"] == "Raw attention"
+    assert len(count_forward_passes) == before
+
+
+def test_a_link_reproduces_the_view():
+    text = ui.examples()[1].text
+    at = run_app(params={"prompt": text, "layer": "3", "head": "2", "token": "4"})
+    assert_clean(at)
+    assert widget(at, "slider", "Layer").value == 3
+    assert widget(at, "selectbox", "Head").value == 2
+    assert widget(at, "selectbox", "Query token").value == 4
+    assert widget(at, "text_area", "Prompt").value == text
+    assert "layer 3, head 2" in title(charts(at)[0])
+
+
+def test_malformed_link_values_are_clamped_and_explained():
+    at = run_app(params={"layer": "999", "head": "-1", "token": "abc", "dtype": "float8"})
+    assert not at.exception and not at.error
+    warnings = " ".join(w.value for w in at.warning)
+    assert "layer=999" in warnings and "0..29" in warnings
+    assert "head=-1" in warnings and "all heads" in warnings
+    assert "token='abc'" in warnings and "dtype='float8'" in warnings
+    assert widget(at, "slider", "Layer").value == 29
+    assert widget(at, "selectbox", "Head").value == "all"
+    assert widget(at, "selectbox", "Query token").value == 29
+    widget(at, "slider", "Layer").set_value(4).run()
+    assert not at.warning  # the explanation goes once the user changes the selection
+
+
+def test_an_empty_prompt_shows_an_error_on_every_page():
+    at = run_app()
+    widget(at, "text_area", "Prompt").input("   ")
+    at.sidebar.button(key="_cwviz_analyze").click().run()
+    for page in OWN_PAGES:
+        at.switch_page(page).run()
+        assert not at.exception
+        assert any("empty" in e.value for e in at.error)
+        assert not charts(at)
+
+
+def test_a_model_that_fails_to_load_shows_the_reason_on_every_page(tmp_path):
+    missing = str(tmp_path / "no-such-model")
+    at = run_app()
+    widget(at, "text_input", "Model").input(missing)
+    at.sidebar.button(key="_cwviz_analyze").click().run()
+    for page in OWN_PAGES:
+        at.switch_page(page).run()
+        assert not at.exception
+        errors = " ".join(e.value for e in at.error)
+        assert "could not be loaded" in errors and "no-such-model" in errors
+        assert not charts(at)
+    widget(at, "text_input", "Model").input("embedded")
+    at.sidebar.button(key="_cwviz_analyze").click().run()
+    at.switch_page("pages/heatmaps.py").run()
+    assert_clean(at)
+    assert charts(at)
+
+
+def test_prompts_over_the_limit_get_a_clear_message(monkeypatch):
+    monkeypatch.setenv("CWVIZ_APP_MAX_TOKENS", "20")
+    at = run_app()
+    widget(at, "text_area", "Prompt").input("A fresh prompt that is clearly longer than twenty tokens, " * 2)
+    at.sidebar.button(key="_cwviz_analyze").click().run()
+    assert not at.exception
+    message = " ".join(e.value for e in at.error)
+    assert "limit is 20" in message and "CWVIZ_APP_MAX_TOKENS" in message
+
+
+def test_the_selection_persists_across_pages():
+    at = run_app()
+    widget(at, "slider", "Layer").set_value(7).run()
+    widget(at, "selectbox", "Head").set_value(1).run()
+    at.switch_page("pages/token.py").run()
+    assert_clean(at)
+    assert widget(at, "slider", "Layer").value == 7 and widget(at, "selectbox", "Head").value == 1
+    factors, across = charts(at)
+    assert len(factors["hconcat"]) == 4 and "layer 7, head 1" in title(factors)
+    assert across["_rows"] == 30 * 5
+    at.switch_page("pages/heatmaps.py").run()
+    assert "layer 7, head 1" in title(charts(at)[0])
+
+
+def test_token_page_default_and_changes():
+    at = run_app(page="pages/token.py")
+    assert not at.exception
+    assert at.title[0].value == "One query token"
+    assert any("per head" in i.value for i in at.info)  # all heads: no factorisation
+    factors, across = charts(at)
+    assert len(factors["hconcat"]) == 2
+    widget(at, "selectbox", "Query token").set_value(3).run()
+    at.slider(key="token_top_k").set_value(2).run()
+    at.radio(key="token_kind").set_value("intra").run()
+    assert_clean(at)
+    factors, across = charts(at)
+    assert "query 3" in title(factors) and across["_rows"] == 30 * 2
+
+
+def test_bertviz_page_renders_both_views_and_says_how_negatives_are_shown():
+    at = run_app(page="pages/bertviz_view.py")
+    assert_clean(at)
+    text = " ".join(m.value for m in at.markdown)
+    assert "negative contributions are not drawn" in text.replace("**", "")
+    for view in ("head", "model"):
+        for weights in ("attention", "contribution"):
+            at.radio(key="bertviz_view").set_value(view).run()
+            at.radio(key="bertviz_weights").set_value(weights).run()
+            assert_clean(at)
+            frame = at.get("iframe")[0].proto
+            html = frame.srcdoc or frame.src
+            assert "cwviz-bertviz-offline" in html and "could not load its scripts" in html
+
+
+def test_generated_tokens_are_analysed_with_the_prompt():
+    at = run_app()
+    widget(at, "number_input", "Tokens to generate").set_value(3)
+    at.sidebar.button(key="_cwviz_analyze").click().run()
+    assert_clean(at)
+    assert any("(3 generated)" in c.value for c in at.sidebar.caption)
+    assert widget(at, "selectbox", "Query token").value == 32  # the last generated token
+    assert at.query_params["gen"] == "3"
+
+
+def test_picking_an_example_analyses_it():
+    at = run_app()
+    example = ui.examples()[2]
+    widget(at, "selectbox", "Example prompt").set_value(example.name).run()
+    assert_clean(at)
+    assert widget(at, "text_area", "Prompt").value == example.text
+    assert at.query_params["prompt"] == example.text
+
+
+def test_markup_in_the_prompt_stays_text():
+    at = run_app()
+    widget(at, "text_area", "Prompt").input("Hello <img src=x onerror=alert(1)> **bold** [link](javascript:alert(1))")
+    at.sidebar.button(key="_cwviz_analyze").click().run()
+    assert_clean(at)
+    at.switch_page("pages/token.py").run()
+    labels = widget(at, "selectbox", "Query token").options
+    position = next(i for i, label in enumerate(labels) if "<" in label)
+    widget(at, "selectbox", "Query token").set_value(position).run()
+    assert_clean(at)
+    page_text = " ".join(m.value for m in at.markdown)
+    assert "\\<" in page_text  # the query token, escaped
+    assert "<img" not in page_text and "](javascript" not in page_text
+
+
+@pytest.fixture
+def tiny_long_model(monkeypatch):
+    """``tiny-long``: a 2-layer llama allowing 1024 positions, one token per character."""
+    config = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024,
+    )
+    bundle = cwviz.bundle_from_model(transformers.AutoModelForCausalLM.from_config(config), CharTokenizer(100), model_id="tiny-long")
+    real = services.load_model
+    monkeypatch.setattr(services, "load_model", lambda name, **kw: bundle if name == "tiny-long" else real(name, **kw))
+    return bundle
+
+
+def test_a_512_token_prompt_stays_usable(tiny_long_model):
+    text = ("The mill wheel turns slowly. " * 20)[:512]
+    at = run_app(params={"model": "tiny-long", "prompt": text, "token": "400"})
+    assert_clean(at)
+    heatmap = charts(at)[0]
+    assert "window" in title(heatmap) and heatmap["_rows"] < 5000
+    at.radio(key="heatmaps_view").set_value("binned").run()
+    assert_clean(at)
+    heatmap = charts(at)[0]
+    assert "bins" in title(heatmap) and heatmap["_rows"] < 5000
+    for page in ("pages/token.py", "pages/bertviz_view.py"):
+        at.switch_page(page).run()
+        assert_clean(at)
+        assert all(spec["_rows"] < 5000 for spec in charts(at))
+
+
+def test_pages_and_app_do_not_import_torch_or_transformers():
+    for path in [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            assert not any(n.split(".")[0] in ("torch", "transformers") for n in names), f"{path.name} imports {names}"
+
+
+def test_navigation_lists_every_page():
+    source = (ROOT / "app.py").read_text(encoding="utf-8")
+    for page, name in [("heatmaps", "Heatmaps"), ("token", "Token"), ("bertviz_view", "bertviz"), ("sinks", "Sinks"), ("faithfulness", "Faithfulness")]:
+        assert f'"pages/{page}.py", title="{name}"' in source
