@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import architectures
+from . import architectures, memory
 from .capture import LayerRecord, attention_probabilities, forward_pass
 from .errors import InputError, SelectionError
 from .measures import MEASURES, LayerMeasures, expand_kv, head_weights, layer_measures
@@ -91,7 +91,8 @@ def next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 25
 def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | None = None) -> "Analysis":
     """Run the model once on ``text`` (or on ``input_ids``) and record every attention layer.
 
-    Raises :class:`~cwviz.errors.InputError` for an empty or over-long prompt.
+    Raises :class:`~cwviz.errors.InputError` for an empty or over-long prompt and
+    :class:`~cwviz.errors.ResourceError` when the estimate of :mod:`cwviz.memory` exceeds what is free.
     """
     if input_ids is None:
         ids = tokenize(bundle, text if text is not None else "")
@@ -99,8 +100,10 @@ def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | N
         ids = check_length(bundle, list(input_ids))
         if text is None:
             text = bundle.tokenizer.decode(ids)
-    batch = torch.tensor([ids], device=_input_device(bundle))
-    with torch.inference_mode(), forward_pass(bundle.attention_modules) as records:
+    device = _input_device(bundle)
+    memory.check(bundle.model.config, bundle.info, len(ids), device)
+    batch = torch.tensor([ids], device=device)
+    with memory.guard(device), torch.inference_mode(), forward_pass(bundle.attention_modules) as records:
         logits = bundle.model(input_ids=batch, use_cache=False).logits[0]  # (T, vocab)
     if len(records) != bundle.info.layers:
         raise RuntimeError(f"recorded {len(records)} of {bundle.info.layers} layers; is the model's attention routed through cwviz?")
@@ -212,7 +215,7 @@ class Analysis:
         # The model's own z = α v is reused when it is float32; in lower precision it is recomputed in
         # float32 so that the identities hold to float32 rounding.
         head_output = rec.output if rec.output.dtype == torch.float32 else None
-        with torch.inference_mode():
+        with memory.guard(rec.value.device), torch.inference_mode():
             measures = layer_measures(
                 self.attention_tensor(layer),
                 expand_kv(rec.value.float(), self.num_heads),

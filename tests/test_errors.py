@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import cwviz
 from cwviz.cli import main
@@ -132,3 +133,35 @@ def test_cli_analyze_end_to_end(tmp_path):
     assert [l["layer"] for l in data["layers"]] == [5]
     assert len(data["layers"][0]["heads"]) == 9
     assert data["tokens"][0] == "The"
+
+
+def test_prompt_that_would_not_fit_is_refused_with_the_estimate(llama, monkeypatch):
+    from cwviz.errors import ResourceError
+
+    monkeypatch.setenv("CWVIZ_MEMORY_BYTES", "200000")  # 0.2 MB "available"
+    with pytest.raises(ResourceError, match=r"needs about .* GB .* only 0\.0 GB is available"):
+        cwviz.analyze(llama, "a" * 200)
+    monkeypatch.setenv("CWVIZ_MEMORY_BYTES", str(10**10))
+    assert cwviz.analyze(llama, "a" * 200).num_tokens == 200
+
+
+def test_memory_estimate_grows_with_the_square_of_the_prompt(llama):
+    from cwviz.memory import estimate
+
+    small, large = estimate(llama.model.config, llama.info, 100), estimate(llama.model.config, llama.info, 200)
+    assert large["maps"] == 4 * small["maps"]
+    assert large["recorded"] == 2 * small["recorded"]
+
+
+def test_out_of_memory_during_analysis_becomes_a_clear_error(llama, monkeypatch):
+    from cwviz.errors import ResourceError
+
+    def boom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    analysis = cwviz.analyze(llama, "hello world")
+    monkeypatch.setattr("cwviz.analysis.layer_measures", boom)
+    with pytest.raises(ResourceError, match="ran out of memory"):
+        analysis.layer(0)
+    monkeypatch.undo()
+    assert analysis.layer(0).attention.shape[0] == 4  # still usable afterwards
