@@ -230,6 +230,10 @@ def pooled_sink_table(analyses: Sequence[Analysis], sink: int | str = 0) -> pd.D
     return table[["prompt", *TABLE_COLUMNS]]
 
 
+#: Columns the summaries average.
+_MEANS = ["sink_ratio", "output_norm", "sink_value_norm", "rest_norm", "cos_sink_rest"]
+
+
 def _defined(table: pd.DataFrame) -> pd.DataFrame:
     return table[table["other_keys"] > 0]
 
@@ -250,14 +254,7 @@ def layer_summary(table: pd.DataFrame) -> pd.DataFrame:
     keys = _by_prompt(table)
     per_query = rows.groupby([*keys, "layer", "query"], sort=False)["sink_contribution_inter"].sum()
     contribution = per_query.groupby(level="layer").mean()
-    summary = rows.groupby("layer").agg(
-        sink_ratio=("sink_ratio", "mean"),
-        output_norm=("output_norm", "mean"),
-        sink_value_norm=("sink_value_norm", "mean"),
-        rest_norm=("rest_norm", "mean"),
-        cos_sink_rest=("cos_sink_rest", "mean"),
-        sink_attention_share=("sink_attention_share", "mean"),
-    )
+    summary = rows.groupby("layer")[[*_MEANS, "sink_attention_share"]].mean()
     summary["sink_contribution_share"] = contribution
     summary["negative_cos_share"] = rows.assign(neg=rows["cos_sink_rest"] < 0).groupby("layer")["neg"].mean()
     return summary.reset_index()
@@ -267,14 +264,7 @@ def head_summary(table: pd.DataFrame) -> pd.DataFrame:
     """One row per layer and head: means over the queries that see another key besides the sink, and
     the sink ratio minimising the head's typical output norm (:func:`head_curve`)."""
     rows = _defined(table)
-    summary = rows.groupby(["layer", "head"]).agg(
-        sink_ratio=("sink_ratio", "mean"),
-        output_norm=("output_norm", "mean"),
-        sink_value_norm=("sink_value_norm", "mean"),
-        rest_norm=("rest_norm", "mean"),
-        cos_sink_rest=("cos_sink_rest", "mean"),
-        sink_contribution_share=("sink_contribution_share", "mean"),
-    )
+    summary = rows.groupby(["layer", "head"])[[*_MEANS, "sink_contribution_share"]].mean()
     medians = rows.groupby(["layer", "head"])[["sink_value_norm", "rest_norm", "cos_sink_rest"]].median()
     summary["minimising_ratio"] = [
         SinkCurve(a, b, c).minimiser for a, b, c in medians.itertuples(index=False, name=None)
