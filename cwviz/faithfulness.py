@@ -32,6 +32,8 @@ import logging
 import math
 import re
 from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -365,6 +367,30 @@ def _ordered(frame: pd.DataFrame) -> pd.DataFrame:
 def split_paragraphs(text: str) -> list[str]:
     """The examples of a plain-text file: paragraphs separated by blank lines (non-empty ones)."""
     return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
+def read_examples(path: str | PathLike, n: int | None = None, field: str | None = None) -> list[str]:
+    """The first ``n`` examples of a file: JSON Lines (``.jsonl``, ``.json``, ``.ndjson``; read by
+    :func:`cwviz.jsonl.read_texts`) or UTF-8 text, one example per paragraph."""
+    from .jsonl import read_texts
+
+    path = Path(path)
+    if path.suffix.lower() in JSONL_SUFFIXES:
+        return read_texts(path, n=n, field=field)
+    if n is not None and n < 1:
+        raise InputError(f"the number of examples must be at least 1, not {n}")
+    if not path.is_file():
+        raise InputError(f"no file at {path}")
+    try:
+        texts = split_paragraphs(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    if not texts:
+        raise InputError(f"{path} holds no text")
+    return texts[:n]
 
 
 def dataset_texts(name: str, split: str = "test", n: int | None = None, field: str | None = None) -> list[str]:

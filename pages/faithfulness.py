@@ -1,5 +1,161 @@
-"""faithfulness page (being built)."""
+"""Faithfulness by causal intervention: mask what each measure ranks first (or last), watch ΔPPL.
 
+A run goes example by example inside the script; every finished example is kept in session state, so
+Stop (which reruns the page) keeps what was done, and so does any other widget change.
+"""
+
+import tempfile
+from pathlib import Path
+
+import pandas as pd
 import streamlit as st
 
-st.title("Faithfulness")
+from cwviz import faithfulness as F
+from cwviz import services, ui
+from cwviz.charts import faithfulness as charts
+from cwviz.errors import CwvizError
+
+STATE = "_faithfulness_run"
+SOURCES = {
+    "prompt": "the sidebar prompt",
+    "upload": "an uploaded file (.txt or .jsonl)",
+    "path": "a file on this machine",
+    "dataset": "a Hugging Face dataset (online)",
+}
+RATE_CHOICES = [1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 75.0, 100.0]
+
+sel = ui.sidebar()
+st.title("Faithfulness by causal intervention")
+st.markdown(
+    "Each measure ranks the keys of every query. **Comprehensiveness** removes the top share of each "
+    "query's keys, **sufficiency** the bottom share, and the change in perplexity "
+    "ΔPPL = PPL(masked) − PPL(clean) says how much the model needed them: a faithful measure gives a large "
+    "ΔPPL when its top keys go and a small one when its bottom keys go. Removing key *j* for query *i* "
+    "takes its write α·ṽ out of the layer output in every head (attention is not renormalised). Default "
+    "protocol: layer-level scores from the clean pass, masks in every layer at once, at least one key per "
+    "query; `random` is the control."
+)
+
+
+def read_texts(source: str, n: int, field: str | None, upload, path: str, dataset: str, split: str) -> list[str]:
+    """The examples the user chose (raises CwvizError with a message naming the fix)."""
+    if source == "prompt":
+        if not sel.text.strip():
+            raise CwvizError("the sidebar prompt is empty; type some text there")
+        return [sel.text]
+    if source == "upload":
+        if upload is None:
+            raise CwvizError("upload a .txt file (one example per paragraph) or a .jsonl file first")
+        with tempfile.TemporaryDirectory() as folder:
+            local = Path(folder) / Path(upload.name).name
+            local.write_bytes(upload.getvalue())
+            return F.read_examples(local, n=n, field=field)
+    if source == "path":
+        if not path.strip():
+            raise CwvizError("type the path of a .txt or .jsonl file on this machine")
+        return F.read_examples(path.strip(), n=n, field=field)
+    return F.dataset_texts(dataset.strip(), split=split, n=n, field=field)
+
+
+def start() -> None:
+    """The Run button: read the examples and queue them; errors are shown instead of a run.
+
+    Reads the widgets' values from session state (a callback sees the values of the click's rerun).
+    """
+    value = st.session_state.get
+    layer = value("faith_layer", "all")
+    try:
+        texts = read_texts(
+            value("faith_source", "prompt"), int(value("faith_n", 5)), value("faith_field") or None,
+            value("faith_upload"), value("faith_path", ""), value("faith_dataset", ""), value("faith_split", "test"),
+        )
+        protocol = F.Protocol(
+            rates=tuple(value("faith_rates", F.DEFAULT_RATES)), measures=tuple(value("faith_measures", F.RANKED_MEASURES)),
+            layer=None if layer == "all" else int(layer), per_head=bool(value("faith_per_head", False)),
+            rank_by=value("faith_rank_by", "signed"), seed=int(value("faith_seed", 0)),
+            max_tokens=int(value("faith_cap", F.DEFAULT_MAX_TOKENS)),
+        )
+    except CwvizError as err:
+        st.session_state[STATE] = {"error": str(err), "tables": [], "texts": [], "running": False}
+        return
+    st.session_state[STATE] = {
+        "error": None, "texts": texts, "protocol": protocol, "tables": [], "next": 0, "running": True,
+        "model": (sel.model, sel.device, sel.dtype),
+    }
+
+
+def stop() -> None:
+    st.session_state[STATE]["running"] = False
+
+
+with st.expander("Data and protocol", expanded=True):
+    left, right = st.columns(2)
+    source = left.radio("Examples from", list(SOURCES), format_func=SOURCES.get, key="faith_source")
+    if source == "upload":
+        left.file_uploader("File", type=["txt", "jsonl", "json"], key="faith_upload")
+    elif source == "path":
+        left.text_input("Path", placeholder="/path/to/test.jsonl", key="faith_path")
+    elif source == "dataset":
+        left.text_input("Dataset NAME or NAME:CONFIG", value="openai/gsm8k:main", key="faith_dataset")
+        left.text_input("Split", value="test", key="faith_split")
+        left.caption("Needs the `datasets` package and network access; offline, use a local file.")
+    left.text_input("JSONL field (blank: text, or GSM8K question + answer)", key="faith_field")
+    left.number_input("Examples (N)", min_value=1, max_value=10_000, value=5, key="faith_n", disabled=source == "prompt")
+    left.number_input("Token cap per example", min_value=2, max_value=4096, value=F.DEFAULT_MAX_TOKENS, key="faith_cap")
+    right.multiselect("Removal rates (% of each query's keys)", RATE_CHOICES, default=list(F.DEFAULT_RATES), key="faith_rates")
+    right.multiselect("Measures", list(F.ALL_MEASURES), default=list(F.RANKED_MEASURES), key="faith_measures")
+    right.selectbox(
+        "Mask in", ["all", *range(sel.analysis.num_layers if sel.ok else 0)], key="faith_layer",
+        format_func=lambda v: "every layer at once" if v == "all" else f"layer {v} only",
+    )
+    right.checkbox("Rank per head (default: layer-level scores)", key="faith_per_head")
+    right.radio("Rank by", F.RANK_BY, horizontal=True, key="faith_rank_by",
+                help="signed: negative contributions rank lowest; absolute: by magnitude")
+    right.number_input("Seed (random control, bootstrap)", min_value=0, value=0, key="faith_seed")
+
+run = st.session_state.get(STATE)
+running = bool(run and run["running"])
+st.button("Run", type="primary", on_click=start, key="faith_run", disabled=running)
+
+if run and run["error"]:
+    st.error(run["error"])
+if run and run["running"]:
+    st.button("Stop", on_click=stop, key="faith_stop", help="Stops after the example in progress; finished examples are kept.")
+    try:
+        bundle = services.get_bundle(*run["model"])
+    except CwvizError as err:
+        run.update(running=False, error=str(err))
+        st.error(str(err))
+        st.stop()
+    total = len(run["texts"])
+    progress = st.progress(run["next"] / total, text=f"{run['next']} of {total} examples")
+    for index in range(run["next"], total):
+        try:
+            ids = F.example_ids(bundle, run["texts"][index], run["protocol"].max_tokens)
+            if ids is not None:
+                run["tables"].append(F.run_example(bundle, ids, run["protocol"], example=index))
+        except CwvizError as err:
+            run.update(running=False, error=str(err))
+            st.error(str(err))
+            break
+        run["next"] = index + 1
+        progress.progress(run["next"] / total, text=f"{run['next']} of {total} examples")
+    run["running"] = False
+    st.rerun()
+
+if run and run["tables"]:
+    per_example = pd.concat(run["tables"], ignore_index=True)
+    summary = F.summarize(per_example, seed=run["protocol"].seed)
+    done, total = len(run["tables"]), len(run["texts"])
+    st.caption(f"{done} of {total} examples" + ("" if run["next"] >= total else " (stopped early)") + "; bands: 95 % bootstrap intervals of the mean ΔPPL.")
+    scale = st.radio("ΔPPL axis", charts.SCALES, horizontal=True, key="faith_scale",
+                     format_func=lambda s: "linear" if s == "linear" else "symmetric log (keeps 0 and negatives)")
+    for curve in F.CURVES:
+        ui.chart(charts.curve_chart(summary, curve, scale), summary[summary.curve == curve], f"cwviz-{curve}", key=f"faith_{curve}")
+    areas = F.curve_areas(summary).pivot(index="measure", columns="curve", values="area")
+    st.markdown("**Mean ΔPPL per rate**, and the area under each curve (trapezoids over the rate as a fraction 0..1)")
+    table = summary.pivot(index="measure", columns=["curve", "rate"], values="delta_ppl")
+    table.columns = [f"{curve[:4]}. {rate:g}%" for curve, rate in table.columns]
+    table = table.join(areas.add_prefix("area "))
+    st.dataframe(table.loc[[m for m in F.ALL_MEASURES if m in table.index]], column_config={c: st.column_config.NumberColumn(format="%.4g") for c in table.columns})
+    st.download_button("Results CSV", data=summary.to_csv(index=False).encode("utf-8"), file_name="cwviz-faithfulness.csv", mime="text/csv", key="faith_csv")

@@ -270,3 +270,18 @@ def test_removing_the_top_half_of_keys_hurts_the_embedded_model(embedded):
     table = F.run_example(embedded, ids, F.Protocol(rates=(50,), measures=("contribution_inter", "random")))
     comp = table[table.curve == "comprehensiveness"].set_index("measure")["delta_ppl"]
     assert (comp > 0).all()
+
+
+def test_curve_chart_draws_a_line_and_a_band_per_measure_in_summary_order():
+    from cwviz.charts.faithfulness import curve_chart
+
+    table = _table({(m, c, r): [1.0, 2.0] for m in ("raw", "random") for c in F.CURVES for r in (10.0, 50.0)})
+    summary = F.summarize(table)
+    spec = curve_chart(summary, "sufficiency", scale="symlog").to_dict()
+    band, line = spec["layer"]
+    assert band["mark"]["type"] == "area" and band["encoding"]["y2"]["field"] == "ci_high"
+    assert line["encoding"]["y"]["field"] == "delta_ppl" and line["encoding"]["y"]["scale"]["type"] == "symlog"
+    assert line["encoding"]["color"]["sort"] == ["raw", "random"]
+    assert len(next(iter(spec["datasets"].values()))) == 4  # this curve's rows only
+    with pytest.raises(ValueError, match="scale"):
+        curve_chart(summary, "sufficiency", scale="log")

@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     data = parser.add_mutually_exclusive_group(required=True)
     data.add_argument("--jsonl", type=Path, help="JSON Lines: a 'text' field per line, or GSM8K's question and answer")
-    data.add_argument("--file", type=Path, help="a UTF-8 text file; each paragraph (blank-line separated) is one example")
+    data.add_argument("--file", type=Path, help="a UTF-8 text file, each paragraph (blank-line separated) one example; .jsonl/.json files are read as JSONL")
     data.add_argument("--text", help="one example given on the command line ('-' reads standard input)")
     data.add_argument("--dataset", help="a Hugging Face dataset NAME or NAME:CONFIG (needs `datasets` and network)")
     parser.add_argument("--field", help="the JSONL/dataset field holding the text (default: text, or question+answer)")
@@ -75,20 +75,21 @@ def parse_measures(value: str) -> tuple[str, ...]:
 
 def read_examples(args: argparse.Namespace) -> list[str]:
     """The examples from --jsonl, --file, --text or --dataset (at most --n)."""
-    from ..faithfulness import dataset_texts, split_paragraphs
+    from ..faithfulness import dataset_texts, read_examples as read_file
     from ..jsonl import read_texts
 
     if args.n < 1:
         raise InputError(f"--n must be at least 1, not {args.n}")
     if args.jsonl is not None:
         return read_texts(args.jsonl, n=args.n, field=args.field)
+    if args.file is not None:
+        return read_file(args.file, n=args.n, field=args.field)
     if args.dataset is not None:
         return dataset_texts(args.dataset, split=args.split, n=args.n, field=args.field)
     text = read_text(args)
-    texts = split_paragraphs(text) if args.file is not None else [text] if text.strip() else []
-    if not texts:
-        raise InputError("the input holds no text; give a prompt or a file with text")
-    return texts[: args.n]
+    if not text.strip():
+        raise InputError("the prompt is empty; give some text")
+    return [text]
 
 
 def write_csv(summary: pd.DataFrame, path: Path) -> None:

@@ -1,0 +1,48 @@
+"""Faithfulness curves: the summary of :func:`cwviz.faithfulness.summarize` in, ``alt.Chart`` out. Pure.
+
+One chart per curve: mean ΔPPL against the removal rate, a line per measure, the 95 % bootstrap
+interval as a band of the same colour. ΔPPL often spans orders of magnitude between low and high rates
+and can be negative (masking can help), so ``scale="symlog"`` offers a log-like axis that keeps zero
+and negative values.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+CURVE_TITLES = {
+    "comprehensiveness": "Comprehensiveness: most important keys removed (higher = more faithful)",
+    "sufficiency": "Sufficiency: least important keys removed (lower = more faithful)",
+}
+SCALES = ("linear", "symlog")
+WIDTH, HEIGHT = 520, 320
+
+
+def curve_chart(summary: pd.DataFrame, curve: str, scale: str = "linear") -> alt.LayerChart:
+    """ΔPPL against removal rate for one curve (columns of ``cwviz.faithfulness.SUMMARY_COLUMNS``).
+
+    Measures keep the order of the rows (the summary lists them raw first, random last).
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {', '.join(SCALES)}, not {scale!r}")
+    data = summary[summary["curve"] == curve]
+    order = list(dict.fromkeys(data["measure"]))
+    color = alt.Color("measure:N", sort=order, title="measure", legend=alt.Legend(orient="bottom", columns=2))
+    x = alt.X("rate:Q", title="keys removed per query (%)", scale=alt.Scale(zero=True))
+    y_scale = alt.Scale(type=scale)
+    base = alt.Chart(data).encode(x=x, color=color)
+    band = base.mark_area(opacity=0.15).encode(
+        y=alt.Y("ci_low:Q", title="ΔPPL = PPL(masked) − PPL(clean)", scale=y_scale),
+        y2="ci_high:Q",
+    )
+    tooltip = [
+        alt.Tooltip("measure:N"),
+        alt.Tooltip("rate:Q", title="rate (%)"),
+        alt.Tooltip("delta_ppl:Q", title="mean ΔPPL", format=".4g"),
+        alt.Tooltip("ci_low:Q", title="95% CI low", format=".4g"),
+        alt.Tooltip("ci_high:Q", title="95% CI high", format=".4g"),
+        alt.Tooltip("n:Q", title="examples"),
+    ]
+    line = base.mark_line(point=True).encode(y=alt.Y("delta_ppl:Q", scale=y_scale), tooltip=tooltip)
+    return alt.layer(band, line).properties(title=CURVE_TITLES.get(curve, curve), width=WIDTH, height=HEIGHT)

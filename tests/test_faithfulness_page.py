@@ -1,0 +1,67 @@
+"""The faithfulness page: it loads, a tiny run draws both curves and the table, bad input shows an error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "faithfulness.py")
+TIMEOUT = 180
+
+
+@pytest.fixture
+def app() -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
+    at.run()
+    return at
+
+
+def tiny_run(at: AppTest) -> AppTest:
+    at.number_input(key="faith_cap").set_value(12)
+    at.multiselect(key="faith_rates").set_value([50.0])
+    at.multiselect(key="faith_measures").set_value(["raw", "random"])
+    at.button(key="faith_run").click()
+    return at.run()
+
+
+def test_default_load_shows_the_settings_and_no_results(app):
+    assert not app.exception
+    assert not app.error
+    assert app.button(key="faith_run").label == "Run"
+    assert app.multiselect(key="faith_measures").value == [
+        "raw", "value_weighted", "value_weighted_output_normalized", "contribution_inter", "contribution_intra", "random",
+    ]
+    assert not app.get("vega_lite_chart")
+
+
+def test_a_tiny_run_on_the_sidebar_prompt_draws_both_curves_and_the_table(app):
+    at = tiny_run(app)
+    assert not at.exception
+    assert not at.error
+    assert len(at.get("vega_lite_chart")) == 2
+    table = at.dataframe[0].value
+    assert set(table.index) == {"raw", "random"}
+    assert {"area comprehensiveness", "area sufficiency"} <= set(table.columns)
+    assert any("1 of 1 examples" in caption.value for caption in at.caption)
+
+
+def test_two_examples_from_a_jsonl_path_and_a_malformed_file(app, tmp_path):
+    good = tmp_path / "items.jsonl"
+    good.write_text("\n".join(json.dumps({"question": f"What is {i} + {i}?", "answer": f"{2 * i}"}) for i in range(3)))
+    app.radio(key="faith_source").set_value("path").run()
+    app.text_input(key="faith_path").set_value(str(good))
+    app.number_input(key="faith_n").set_value(2)
+    at = tiny_run(app)
+    assert not at.exception and not at.error
+    assert any("2 of 2 examples" in caption.value for caption in at.caption)
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": \n')
+    at.text_input(key="faith_path").set_value(str(bad))
+    at.button(key="faith_run").click()
+    at.run()
+    assert not at.exception
+    assert "line 2" in at.error[0].value
