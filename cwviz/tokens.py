@@ -17,9 +17,16 @@ _VISIBLE = {"\n": "↵", "\t": "⇥", "\r": "␍"}
 
 @functools.lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
-    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-
-    return {char: byte for byte, char in bytes_to_unicode().items()}
+    """The inverse of GPT-2's byte-level alphabet: printable bytes stand for themselves, the other
+    bytes for the code points from 256 up, in order (the table every byte-level BPE tokenizer uses)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {byte: chr(byte) for byte in printable}
+    extra = 0
+    for byte in range(256):
+        if byte not in chars:
+            chars[byte] = chr(256 + extra)
+            extra += 1
+    return {char: byte for byte, char in chars.items()}
 
 
 def _visible(piece: str) -> str:
