@@ -45,11 +45,14 @@ def _visible(piece: str) -> str:
 
 
 def _raw_bytes(raw: str) -> str | None:
-    """A byte-level BPE token (GPT-2 alphabet) as ``\\xNN`` escapes; None if it is not one."""
+    """A byte-level BPE token (GPT-2 alphabet) as ``\\xNN`` escapes (printable ASCII but the backslash
+    as itself); None if it is not one."""
     decoder = _byte_decoder()
     if not raw or any(char not in decoder for char in raw):
         return None
-    return "".join(f"\\x{decoder[char]:02x}" for char in raw)
+    return "".join(
+        chr(b) if 0x20 <= b < 0x7F and b != 0x5C else f"\\x{b:02x}" for b in (decoder[char] for char in raw)
+    )
 
 
 def display_token(tokenizer, token_id: int) -> str:
