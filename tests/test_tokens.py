@@ -7,7 +7,7 @@ from cwviz.tokens import display_tokens
 
 def test_split_emoji_shows_its_bytes(embedded):
     tokens = display_tokens(embedded.tokenizer, embedded.tokenizer("pizza 🍕")["input_ids"])
-    pieces = "".join(tokens[1:])
+    pieces = "".join(tokens[2:])  # "p", "izza", then the space and the emoji
     # The escapes spell out exactly the UTF-8 bytes of " 🍕".
     assert pieces.encode("latin-1").decode("unicode_escape").encode("latin-1") == " 🍕".encode("utf-8")
 
