@@ -128,6 +128,7 @@ def _page(body: str) -> str:
     var box = document.getElementById("{FALLBACK_ID}");
     box.textContent = {message};
     box.style.display = "block";
+    document.querySelectorAll('[id^="bertviz-"]').forEach(function (el) {{ el.style.display = "none"; }});
   }}
 </script>
 {body}

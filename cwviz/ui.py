@@ -324,11 +324,11 @@ def sidebar() -> Selection:
                 format_func=lambda h: "all heads" if h == "all" else f"head {h}", after=_clear_notes,
                 to_widget=lambda h: "all" if h is None else h, from_widget=lambda h: None if h == "all" else int(h),
             )
-            tokens = analysis.tokens
+            tokens, prompt_tokens = analysis.tokens, analyzed.prompt_tokens
             _bound(
                 st.selectbox, "query", "Query token", options=list(range(analysis.num_tokens)),
-                format_func=lambda i: f"{i}: {tokens[i]}", after=_clear_notes,
-                help="The token whose attention row is examined (position: token).",
+                format_func=lambda i: f"{i}: {tokens[i]}" + (" (generated)" if i >= prompt_tokens else ""),
+                after=_clear_notes, help="The token whose attention row is examined (position: token).",
             )
             info = analysis.info
             generated = analysis.num_tokens - analyzed.prompt_tokens

@@ -9,13 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
-import transformers
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
-import cwviz
 from cwviz import services, ui
-from tests.conftest import CharTokenizer
+from tests.test_services import count_forward_passes  # noqa: F401  (a fixture)
+from tests.test_tables import LONG_TEXT, tiny_long_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
@@ -54,19 +53,6 @@ def title(spec: dict) -> str:
 
 def widget(at: AppTest, kind: str, label: str):
     return next(w for w in getattr(at.sidebar, kind) if w.label == label)
-
-
-@pytest.fixture
-def count_forward_passes(monkeypatch):
-    calls = []
-    real = services.analyze
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(services, "analyze", counted)
-    return calls
 
 
 def test_default_load_shows_the_example_analysed(count_forward_passes):
@@ -250,20 +236,14 @@ def test_markup_in_the_prompt_stays_text():
 
 @pytest.fixture
 def tiny_long_model(monkeypatch):
-    """``tiny-long``: a 2-layer llama allowing 1024 positions, one token per character."""
-    config = transformers.LlamaConfig(
-        vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024,
-    )
-    bundle = cwviz.bundle_from_model(transformers.AutoModelForCausalLM.from_config(config), CharTokenizer(100), model_id="tiny-long")
+    bundle = tiny_long_bundle()
     real = services.load_model
     monkeypatch.setattr(services, "load_model", lambda name, **kw: bundle if name == "tiny-long" else real(name, **kw))
     return bundle
 
 
 def test_a_512_token_prompt_stays_usable(tiny_long_model):
-    text = ("The mill wheel turns slowly. " * 20)[:512]
-    at = run_app(params={"model": "tiny-long", "prompt": text, "token": "400"})
+    at = run_app(params={"model": "tiny-long", "prompt": LONG_TEXT, "token": "400"})
     assert_clean(at)
     heatmap = charts(at)[0]
     assert "window" in title(heatmap) and heatmap["_rows"] < 5000

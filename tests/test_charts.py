@@ -6,12 +6,12 @@ import json
 
 import altair as alt
 import pytest
-import transformers
 
 import cwviz
 from cwviz import bertviz_html, tables
 from cwviz.charts import export, heatmaps, token
 from tests.conftest import TEXT, CharTokenizer, make_tiny
+from tests.test_tables import LONG_TEXT, tiny_long_bundle
 
 XSS = "<img src=x onerror=alert(1)>"
 
@@ -37,12 +37,7 @@ def xss_analysis():
 
 @pytest.fixture(scope="module")
 def long_analysis():
-    config = transformers.LlamaConfig(
-        vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024,
-    )
-    bundle = cwviz.bundle_from_model(transformers.AutoModelForCausalLM.from_config(config), CharTokenizer(100))
-    return cwviz.analyze(bundle, ("Fields and rivers. " * 30)[:512])
+    return cwviz.analyze(tiny_long_bundle(), LONG_TEXT)
 
 
 def _views(spec: dict) -> list[dict]:

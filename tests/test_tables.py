@@ -22,17 +22,24 @@ def bert():
     return cwviz.analyze(make_tiny("bert"), TEXT[:30])
 
 
-@pytest.fixture(scope="module")
-def long_analysis():
-    """512 tokens on a tiny llama that allows them."""
+def tiny_long_bundle() -> cwviz.Bundle:
+    """``tiny-long``: a 2-layer llama allowing 1024 positions, one token per character (shared by the
+    dashboard tests for 512-token prompts)."""
     config = transformers.LlamaConfig(
         vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=1024,
     )
     model = transformers.AutoModelForCausalLM.from_config(config)
-    bundle = cwviz.bundle_from_model(model, CharTokenizer(100), model_id="tiny-long")
-    text = ("The river bends below the mill. " * 20)[:512]
-    return cwviz.analyze(bundle, text)
+    return cwviz.bundle_from_model(model, CharTokenizer(100), model_id="tiny-long")
+
+
+LONG_TEXT = ("The river bends below the mill. " * 20)[:512]
+
+
+@pytest.fixture(scope="module")
+def long_analysis():
+    """512 tokens on a tiny llama that allows them."""
+    return cwviz.analyze(tiny_long_bundle(), LONG_TEXT)
 
 
 def _row_sums(frame, column):

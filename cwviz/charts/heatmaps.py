@@ -19,7 +19,7 @@ from ..tables import FAMILIES, HeatmapCells, is_signed
 #: Diverging scale for signed measures: red positive, blue negative, white at zero.
 DIVERGING = "redblue"
 SEQUENTIAL = "blues"
-SIDE = 380  # px, each heatmap
+SIDE = 330  # px, each heatmap (two side by side fit a 1400 px wide window)
 
 
 def label_expr(labels: Sequence[str]) -> str:
