@@ -22,6 +22,7 @@ from typing import Any, Callable
 import streamlit as st
 
 from . import services
+from .analysis import Analysis
 from .errors import CwvizError, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class Selection:
     layer: int
     head: int | None
     query: int
-    analysis: Any = None
+    analysis: Analysis | None = None
     error: str | None = None
     prompt_tokens: int = 0
     notes: tuple[str, ...] = field(default=())
