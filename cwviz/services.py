@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
-from . import tables
+from . import hosting, tables
 from .analysis import Analysis, analyze, max_tokens, tokenize
 from .errors import InputError
 from .generate import greedy_continuation
@@ -56,7 +56,9 @@ class Analyzed:
 
 def app_max_tokens(bundle: Bundle | None = None) -> int:
     """``$CWVIZ_APP_MAX_TOKENS`` (default 1024), never more than the core limit :func:`cwviz.max_tokens`."""
-    raw = os.environ.get("CWVIZ_APP_MAX_TOKENS", str(DEFAULT_APP_MAX_TOKENS))
+    policy = hosting.policy_from_env()
+    default = policy.max_tokens if policy.hosted else DEFAULT_APP_MAX_TOKENS
+    raw = os.environ.get("CWVIZ_APP_MAX_TOKENS", str(default))
     try:
         limit = int(raw)
     except ValueError:
@@ -66,7 +68,11 @@ def app_max_tokens(bundle: Bundle | None = None) -> int:
 
 @st.cache_resource(show_spinner="Loading the model (once per model, device and dtype)…", max_entries=3)
 def get_bundle(model: str, device: str = "auto", dtype: str = "auto") -> Bundle:
-    """The loaded model, shared by all sessions. Raises ModelLoadError with a message naming the fix."""
+    """The loaded model, shared by all sessions. Raises ModelLoadError with a message naming the fix.
+
+    In hosting mode (:mod:`cwviz.hosting`) only allow-listed models load; trust_remote_code is never on.
+    """
+    hosting.policy_from_env().check_model(model)
     return load_model(model, device=device, dtype=dtype)
 
 
@@ -84,7 +90,15 @@ def check_dashboard_length(bundle: Bundle, prompt_tokens: int, generate: int) ->
 
 @st.cache_resource(show_spinner="Analysing the prompt…", max_entries=6, ttl=3600)
 def get_analysis(request: Request) -> Analyzed:
-    """Run the model once on the request's prompt (plus ``generate`` greedy tokens) and keep the result."""
+    """Run the model once on the request's prompt (plus ``generate`` greedy tokens) and keep the result.
+
+    At most ``CWVIZ_MAX_CONCURRENT`` analyses run at once (:func:`cwviz.hosting.analysis_slot`).
+    """
+    with hosting.analysis_slot(hosting.policy_from_env()):
+        return _analyse(request)
+
+
+def _analyse(request: Request) -> Analyzed:
     bundle = get_bundle(request.model, request.device, request.dtype)
     prompt_ids = tokenize(bundle, request.text)
     check_dashboard_length(bundle, len(prompt_ids), request.generate)

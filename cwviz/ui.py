@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from . import services
+from . import hosting, services
 from .analysis import Analysis
 from .errors import CwvizError, ModelLoadError
 
@@ -300,7 +300,14 @@ def sidebar() -> Selection:
             placeholder="your own text", after=_pick_example,
             help="Picking an example analyses it at once.",
         )
-        _bound(st.text_input, "draft_model", "Model", help="embedded (ships with cwviz, works offline), a Hugging Face hub id, or a local folder / .gguf file")
+        policy = hosting.policy_from_env()
+        if policy.hosted:
+            allowed = list(policy.allowed_models)
+            if cur["draft_model"] not in allowed:
+                cur["draft_model"] = allowed[0]
+            _bound(st.selectbox, "draft_model", "Model", options=allowed, help="the models this server offers")
+        else:
+            _bound(st.text_input, "draft_model", "Model", help="embedded (ships with cwviz, works offline), a Hugging Face hub id, or a local folder / .gguf file")
         left, right = st.columns(2)
         with left:
             _bound(st.selectbox, "draft_device", "Device", options=DEVICES)

@@ -74,3 +74,55 @@ def test_at_most_n_analyses_at_once_and_the_rest_are_refused_after_waiting():
     assert len(refused) == 2 and "the server is busy" in refused[0]
     with analysis_slot(policy):  # slots are released afterwards
         pass
+
+
+def test_eight_sessions_through_the_services_get_the_sequential_numbers(embedded):
+    """Eight threads, eight prompts, the service functions the app uses, one shared model."""
+    import numpy as np
+
+    import cwviz
+    from cwviz import services
+
+    services.get_analysis.clear()
+    prompts = [f"Session {i} asks: what is {i} times {i + 3}? The answer is {i * (i + 3)}." for i in range(8)]
+    expected = [cwviz.analyze(embedded, p) for p in prompts]
+    barrier = threading.Barrier(8)
+    results, errors = {}, []
+
+    def session(i):
+        try:
+            barrier.wait()
+            results[i] = services.get_analysis(services.Request("embedded", "cpu", "auto", prompts[i])).analysis
+        except Exception as err:  # surfaced below
+            errors.append(err)
+
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(8):
+        assert results[i].text == prompts[i]
+        for layer in (5, 25):
+            np.testing.assert_allclose(results[i].contributions(layer), expected[i].contributions(layer), rtol=1e-5, atol=1e-6)
+    model = services.get_bundle("embedded", "cpu", "auto").model
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_hosted_app_offers_only_the_allowed_models_and_refuses_others(monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("CWVIZ_HOSTED", "1")
+    monkeypatch.setenv("CWVIZ_ALLOWED_MODELS", "embedded")
+    at = AppTest.from_file("../app.py", default_timeout=180)
+    at.query_params["model"] = "/etc"
+    at.run()
+    assert not at.exception
+    assert any("not available on this server" in e.value for e in at.error)
+    model = next(w for w in at.sidebar.selectbox if w.label == "Model")
+    assert list(model.options) == ["embedded"]
+    model.set_value("embedded")
+    at.sidebar.button[0].click().run()
+    assert not at.exception and not at.error
+    assert at.get("vega_lite_chart")
