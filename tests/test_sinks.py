@@ -7,7 +7,6 @@ import json
 import math
 from pathlib import Path
 
-import altair as alt
 import numpy as np
 import pytest
 import torch
