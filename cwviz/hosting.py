@@ -9,7 +9,8 @@ Turned on with ``CWVIZ_HOSTED=1``; then, from the environment:
 | ``CWVIZ_MAX_CONCURRENT`` | analyses running at once; others wait, then are refused  | 2              |
 | ``CWVIZ_QUEUE_SECONDS``  | how long a request waits for a free slot                 | 30             |
 
-In hosting mode local paths and ``.gguf`` files are refused, and ``trust_remote_code`` is never on
+In hosting mode local paths and ``.gguf`` files are refused as models, pages do not read files by a
+path on the server (uploads still work), and ``trust_remote_code`` is never on
 (cwviz turns it on nowhere unless a library caller asks). Outside hosting mode nothing is restricted
 except that ``CWVIZ_MAX_CONCURRENT`` still applies when set.
 """
@@ -67,6 +68,16 @@ class Policy:
     @property
     def trust_remote_code(self) -> bool:
         return False
+
+    @property
+    def server_files(self) -> bool:
+        """Whether pages may read files by a path on the server (off in hosting mode; uploads still work)."""
+        return not self.hosted
+
+    def check_server_file(self, path: str) -> None:
+        """Raise InputError if reading ``path`` on the server is not allowed here."""
+        if not self.server_files:
+            raise InputError(f"this server does not read files by path ({path!r}); upload the file instead")
 
 
 def policy_from_env() -> Policy:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
-from . import services, sinks
+from . import hosting, services, sinks
 from .analysis import analyze, tokenize
 from .jsonl import read_texts
 
@@ -44,6 +44,11 @@ class HeadView:
     cos: float
 
 
+def server_files_allowed() -> bool:
+    """Whether the page may offer reading a file by its path on the server (not in hosting mode)."""
+    return hosting.policy_from_env().server_files
+
+
 @st.cache_data(max_entries=8, show_spinner="Splitting every head output at the sink…")
 def sink_tables(request: services.Request, sink: str, pool_path: str = "", pool_n: int = 0) -> SinkTables:
     """Sink table and summaries; with ``pool_path``, also the first ``pool_n`` prompts of that JSONL file."""
@@ -51,6 +56,7 @@ def sink_tables(request: services.Request, sink: str, pool_path: str = "", pool_
     position = sinks.resolve_sink(analysis, sink)
     frames = [sinks.sink_table(analysis, position).assign(prompt=0)]
     if pool_path.strip() and pool_n > 0:
+        hosting.policy_from_env().check_server_file(pool_path)
         bundle = services.get_bundle(request.model, request.device, request.dtype)
         for index, text in enumerate(read_texts(pool_path.strip(), n=min(pool_n, MAX_POOLED)), start=1):
             services.check_dashboard_length(bundle, len(tokenize(bundle, text)), 0)

@@ -33,10 +33,12 @@ position = middle.number_input(
     "Sink position", min_value=0, max_value=sel.analysis.num_tokens - 1, value=0, step=1, key="sinks_position",
     disabled=choice != "position",
 )
-with right.expander("Pool prompts from a JSONL file"):
-    pool_path = st.text_input("Path", placeholder="/path/to/test.jsonl", key="sinks_pool_path",
-                              help="One prompt a line: a 'text' field, or GSM8K's 'question' and 'answer'.")
-    pool_n = st.number_input("First N prompts", min_value=0, max_value=services.MAX_POOLED, value=0, key="sinks_pool_n")
+pool_path, pool_n = "", 0
+if services.server_files_allowed():  # off in hosting mode: the server's files are not the users'
+    with right.expander("Pool prompts from a JSONL file"):
+        pool_path = st.text_input("Path", placeholder="/path/to/test.jsonl", key="sinks_pool_path",
+                                  help="One prompt a line: a 'text' field, or GSM8K's 'question' and 'answer'.")
+        pool_n = st.number_input("First N prompts", min_value=0, max_value=services.MAX_POOLED, value=0, key="sinks_pool_n")
 sink = {"first": "0", "auto": "auto", "position": str(position)}[choice]
 
 try:

@@ -126,3 +126,17 @@ def test_hosted_app_offers_only_the_allowed_models_and_refuses_others(monkeypatc
     at.sidebar.button[0].click().run()
     assert not at.exception and not at.error
     assert at.get("vega_lite_chart")
+
+
+def test_hosted_pages_do_not_read_server_files(monkeypatch, tmp_path):
+    from cwviz import services, sink_services
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"text": "a secret on the server"}\n', encoding="utf-8")
+    monkeypatch.delenv("CWVIZ_HOSTED", raising=False)
+    assert sink_services.server_files_allowed()
+    monkeypatch.setenv("CWVIZ_HOSTED", "1")
+    assert not sink_services.server_files_allowed()
+    request = services.Request("embedded", "cpu", "auto", "A short prompt to pool with.")
+    with pytest.raises(InputError, match="does not read files by path"):
+        sink_services.sink_tables(request, "0", str(path), 1)
