@@ -340,20 +340,25 @@ def curve_areas(summary: pd.DataFrame) -> pd.DataFrame:
     return _ordered(pd.DataFrame(rows, columns=["measure", "curve", "area"]))
 
 
-def order_check(areas: pd.DataFrame, order: Sequence[str] = PAPER_ORDER) -> pd.DataFrame:
-    """Does each adjacent pair of ``order`` keep the paper's order? One row per curve and pair.
+def order_check(table: pd.DataFrame, order: Sequence[str] = PAPER_ORDER, value: str = "area") -> pd.DataFrame:
+    """Does each adjacent pair of ``order`` keep the paper's order? One row per curve (and rate) and pair.
 
-    Comprehensiveness: the later measure should have the larger area; sufficiency: the smaller.
-    Columns ``curve, lower, higher, holds`` (pairs with a missing measure are left out).
+    ``table``: :func:`curve_areas` (``value="area"``) or :func:`summarize` (``value="delta_ppl"``, one
+    check per rate). Comprehensiveness: the later measure should score higher; sufficiency: lower.
+    Columns ``curve, [rate,] lower, higher, relation`` with relation ``holds``, ``fails`` or ``equal``
+    (equal values, e.g. measures that rank alike); pairs with a missing measure are left out.
     """
+    by = ["curve"] + (["rate"] if "rate" in table else [])
     rows = []
-    for curve, group in areas.groupby("curve", sort=False):
-        area = dict(zip(group["measure"], group["area"]))
+    for keys, group in table.groupby(by, sort=False):
+        scores = dict(zip(group["measure"], group[value]))
         for first, second in zip(order, order[1:]):
-            if first in area and second in area:
-                holds = area[first] < area[second] if curve == "comprehensiveness" else area[first] > area[second]
-                rows.append((curve, first, second, bool(holds)))
-    return pd.DataFrame(rows, columns=["curve", "lower", "higher", "holds"])
+            if first in scores and second in scores:
+                a, b = scores[first], scores[second]
+                better = a < b if group["curve"].iloc[0] == "comprehensiveness" else a > b
+                relation = "equal" if a == b else "holds" if better else "fails"
+                rows.append((*keys, first, second, relation))
+    return pd.DataFrame(rows, columns=[*by, "lower", "higher", "relation"])
 
 
 def _ordered(frame: pd.DataFrame) -> pd.DataFrame:

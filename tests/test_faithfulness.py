@@ -238,16 +238,18 @@ def test_bootstrap_interval_of_one_value_has_zero_width():
     assert low < 10 < high and high - low < 0.5
 
 
-def test_order_check_reads_sufficiency_in_reverse():
+def test_order_check_reads_sufficiency_in_reverse_and_names_ties():
     areas = pd.DataFrame(
         {
-            "measure": ["raw", "value_weighted", "raw", "value_weighted"],
-            "curve": ["comprehensiveness", "comprehensiveness", "sufficiency", "sufficiency"],
-            "area": [1.0, 2.0, 1.0, 2.0],
+            "measure": ["raw", "value_weighted", "value_weighted_output_normalized"] * 2,
+            "curve": ["comprehensiveness"] * 3 + ["sufficiency"] * 3,
+            "area": [1.0, 2.0, 2.0, 1.0, 2.0, 0.5],
         }
     )
     checks = F.order_check(areas)
-    assert checks.holds.tolist() == [True, False]
+    assert checks.relation.tolist() == ["holds", "equal", "fails", "holds"]
+    per_rate = F.order_check(areas.assign(rate=10.0), value="area")
+    assert per_rate.rate.tolist() == [10.0] * 4
 
 
 def test_text_files_split_into_paragraphs():

@@ -120,15 +120,22 @@ def format_table(summary: pd.DataFrame) -> str:
 
 
 def format_order(summary: pd.DataFrame) -> str:
+    """Whether the paper's order holds, by area and at each rate (pairs that fail or tie are named)."""
     from ..faithfulness import PAPER_ORDER, curve_areas, order_check
 
-    checks = order_check(curve_areas(summary))
-    if checks.empty:
+    by_area, by_rate = order_check(curve_areas(summary)), order_check(summary, value="delta_ppl")
+    if by_area.empty:
         return ""
-    lines = ["paper's order " + " < ".join(PAPER_ORDER) + " (by area; sufficiency reversed):"]
-    for curve, group in checks.groupby("curve", sort=False):
-        pairs = ", ".join(f"{a} -> {b}: {'holds' if h else 'FAILS'}" for a, b, h in group[["lower", "higher", "holds"]].itertuples(index=False))
-        lines.append(f"  {curve}: {pairs}")
+    lines = ["paper's order " + " < ".join(PAPER_ORDER) + " (comprehensiveness; sufficiency reversed):"]
+
+    def verdict(rows: pd.DataFrame) -> str:
+        odd = [f"{a}/{b} {r}" for a, b, r in rows[["lower", "higher", "relation"]].itertuples(index=False) if r != "holds"]
+        return "holds" if not odd else "; ".join(odd)
+
+    for curve, group in by_area.groupby("curve", sort=False):
+        lines.append(f"  {curve}, by area: {verdict(group)}")
+        for rate, rows in by_rate[by_rate.curve == curve].groupby("rate", sort=False):
+            lines.append(f"    at {rate:g}%: {verdict(rows)}")
     return "\n".join(lines)
 
 
