@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -26,6 +25,7 @@ from .capture import LayerRecord, attention_probabilities, forward_pass
 from .errors import InputError, SelectionError
 from .measures import MEASURES, LayerMeasures, expand_kv, head_weights, layer_measures
 from .models import Bundle
+from .settings import env_int
 from .tokens import display_tokens
 
 DEFAULT_MAX_TOKENS = 4096
@@ -34,13 +34,7 @@ JSON_SCHEMA_VERSION = 1
 
 def max_tokens(bundle: Bundle | None = None) -> int:
     """The prompt length limit: ``$CWVIZ_MAX_TOKENS`` (default 4096), capped by the model's positions."""
-    raw = os.environ.get("CWVIZ_MAX_TOKENS", str(DEFAULT_MAX_TOKENS))
-    try:
-        limit = int(raw)
-    except ValueError:
-        raise InputError(f"CWVIZ_MAX_TOKENS must be a whole number, not {raw!r}") from None
-    if limit < 1:
-        raise InputError(f"CWVIZ_MAX_TOKENS must be at least 1, not {limit}")
+    limit = env_int("CWVIZ_MAX_TOKENS", DEFAULT_MAX_TOKENS)
     if bundle is not None and bundle.info.max_positions:
         limit = min(limit, int(bundle.info.max_positions))
     return limit

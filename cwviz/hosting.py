@@ -25,25 +25,13 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from .errors import InputError, ModelLoadError
+from .settings import env_int
 
 HOSTED_MAX_TOKENS = 512
 
 
 def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InputError(f"{name} must be a whole number, not {raw!r}") from None
-    if value < 1:
-        raise InputError(f"{name} must be at least 1, not {value}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -82,8 +70,8 @@ class Policy:
 
 def policy_from_env() -> Policy:
     """The policy the environment asks for (read at each call, so tests and restarts see changes)."""
-    concurrent = _int("CWVIZ_MAX_CONCURRENT", 0) if os.environ.get("CWVIZ_MAX_CONCURRENT") else None
-    queue = float(_int("CWVIZ_QUEUE_SECONDS", 30))
+    concurrent = env_int("CWVIZ_MAX_CONCURRENT", 0) or None  # 0: unset
+    queue = float(env_int("CWVIZ_QUEUE_SECONDS", 30))
     if not _flag("CWVIZ_HOSTED"):
         return Policy(max_concurrent=concurrent, queue_seconds=queue)
     raw = os.environ.get("CWVIZ_ALLOWED_MODELS", "embedded")
@@ -94,7 +82,7 @@ def policy_from_env() -> Policy:
     return Policy(
         hosted=True,
         allowed_models=allowed,
-        max_tokens=_int("CWVIZ_APP_MAX_TOKENS", HOSTED_MAX_TOKENS),
+        max_tokens=env_int("CWVIZ_APP_MAX_TOKENS", HOSTED_MAX_TOKENS),
         max_concurrent=concurrent or 2,
         queue_seconds=queue,
     )

@@ -17,7 +17,6 @@ Failed loads and analyses raise :class:`~cwviz.errors.CwvizError` and are not ca
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 
 import pandas as pd
@@ -28,6 +27,7 @@ from .analysis import Analysis, analyze, max_tokens, tokenize
 from .errors import InputError
 from .generate import greedy_continuation
 from .models import Bundle, load_model
+from .settings import env_int
 
 #: Longest input (prompt plus generated tokens) the dashboard analyses; the CLI and API allow more.
 DEFAULT_APP_MAX_TOKENS = 1024
@@ -58,12 +58,7 @@ def app_max_tokens(bundle: Bundle | None = None) -> int:
     """``$CWVIZ_APP_MAX_TOKENS`` (default 1024), never more than the core limit :func:`cwviz.max_tokens`."""
     policy = hosting.policy_from_env()
     default = policy.max_tokens if policy.hosted else DEFAULT_APP_MAX_TOKENS
-    raw = os.environ.get("CWVIZ_APP_MAX_TOKENS", str(default))
-    try:
-        limit = int(raw)
-    except ValueError:
-        raise InputError(f"CWVIZ_APP_MAX_TOKENS must be a whole number, not {raw!r}") from None
-    return max(1, min(limit, max_tokens(bundle)))
+    return min(env_int("CWVIZ_APP_MAX_TOKENS", default), max_tokens(bundle))
 
 
 @st.cache_resource(show_spinner="Loading the model (once per model, device and dtype)…", max_entries=3)
