@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from cwviz import faithfulness as F
-from cwviz import services, ui
+from cwviz import hosting, services, ui
 from cwviz.charts import faithfulness as charts
 from cwviz.errors import CwvizError
 
@@ -23,6 +23,11 @@ SOURCES = {
     "dataset": "a Hugging Face dataset (online)",
 }
 RATE_CHOICES = [1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 75.0, 100.0]
+
+policy = hosting.policy_from_env()
+if not policy.server_files:  # hosting mode: the server's files are not the users'
+    SOURCES.pop("path")
+MAX_CAP = services.app_max_tokens()
 
 sel = ui.sidebar()
 st.title("Faithfulness by causal intervention")
@@ -53,6 +58,7 @@ def read_texts(source: str, n: int, field: str | None, upload, path: str, datase
     if source == "path":
         if not path.strip():
             raise CwvizError("type the path of a .txt or .jsonl file on this machine")
+        policy.check_server_file(path)
         return F.read_examples(path.strip(), n=n, field=field)
     return F.dataset_texts(dataset.strip(), split=split, n=n, field=field)
 
@@ -101,7 +107,8 @@ with st.expander("Data and protocol", expanded=True):
         left.caption("Needs the `datasets` package and network access; offline, use a local file.")
     left.text_input("JSONL field (blank: text, or GSM8K question + answer)", key="faith_field")
     left.number_input("Examples (N)", min_value=1, max_value=10_000, value=5, key="faith_n", disabled=source == "prompt")
-    left.number_input("Token cap per example", min_value=2, max_value=4096, value=F.DEFAULT_MAX_TOKENS, key="faith_cap")
+    left.number_input("Token cap per example", min_value=2, max_value=MAX_CAP, value=min(F.DEFAULT_MAX_TOKENS, MAX_CAP), key="faith_cap",
+                      help="Longer examples are cut to this many tokens.")
     right.multiselect("Removal rates (% of each query's keys)", RATE_CHOICES, default=list(F.DEFAULT_RATES), key="faith_rates")
     right.multiselect("Measures", list(F.ALL_MEASURES), default=list(F.RANKED_MEASURES), key="faith_measures")
     right.selectbox(
@@ -133,7 +140,8 @@ if run and run["running"]:
         try:
             ids = F.example_ids(bundle, run["texts"][index], run["protocol"].max_tokens)
             if ids is not None:
-                run["tables"].append(F.run_example(bundle, ids, run["protocol"], example=index))
+                with hosting.analysis_slot(policy):  # a shared server runs at most CWVIZ_MAX_CONCURRENT at once
+                    run["tables"].append(F.run_example(bundle, ids, run["protocol"], example=index))
         except CwvizError as err:
             run.update(running=False, error=str(err))
             st.error(str(err))

@@ -31,6 +31,7 @@ def test_default_load_shows_the_settings_and_no_results(app):
     assert not app.exception
     assert not app.error
     assert app.button(key="faith_run").label == "Run"
+    assert "a file on this machine" in app.radio(key="faith_source").options
     assert app.multiselect(key="faith_measures").value == [
         "raw", "value_weighted", "value_weighted_output_normalized", "contribution_inter", "contribution_intra", "random",
     ]
@@ -65,3 +66,13 @@ def test_two_examples_from_a_jsonl_path_and_a_malformed_file(app, tmp_path):
     at.run()
     assert not at.exception
     assert "line 2" in at.error[0].value
+
+
+def test_hosting_mode_offers_no_server_paths(monkeypatch):
+    monkeypatch.setenv("CWVIZ_HOSTED", "1")
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception
+    options = at.radio(key="faith_source").options
+    assert "a file on this machine" not in options
+    assert "an uploaded file (.txt or .jsonl)" in options
