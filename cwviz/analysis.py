@@ -23,7 +23,7 @@ import torch
 from . import architectures, memory
 from .capture import LayerRecord, attention_probabilities, forward_pass
 from .errors import InputError, SelectionError
-from .measures import MEASURES, LayerMeasures, expand_kv, head_weights, layer_measures
+from .measures import MEASURES, LayerMeasures, head_weights, layer_measures
 from .models import Bundle
 from .settings import env_int
 from .tokens import display_tokens
@@ -212,9 +212,9 @@ class Analysis:
         with memory.guard(rec.value.device), torch.inference_mode():
             measures = layer_measures(
                 self.attention_tensor(layer),
-                expand_kv(rec.value.float(), self.num_heads),
-                self.w_heads(layer),
+                rec.value,
                 head_output=head_output,
+                gram=self.bundle.gram(layer).to(rec.value.device),
             )
         with self._lock:
             self._layers[layer] = measures

@@ -108,22 +108,30 @@ def attention_probabilities(
 
     Grouped-query keys are shared by ``head // (heads / kv_heads)``.
     """
-    groups = query.shape[-3] // key.shape[-3]
-    if groups > 1:
-        key = key.repeat_interleave(groups, dim=-3)
-    num_queries, num_keys = query.shape[-2], key.shape[-2]
+    heads, num_queries, d_head = query.shape[-3:]
+    groups = heads // key.shape[-3]
+    num_keys = key.shape[-2]
     if mask is None and causal:
         # SDPA's is_causal aligns the mask top-left.
         mask = torch.ones(num_queries, num_keys, dtype=torch.bool, device=query.device).tril()
     if mask is not None and mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
-    key_t = key.transpose(-1, -2)
-    if mask is None:
-        scores = torch.matmul(query, key_t) * scaling  # (..., H, Q, K)
-    elif query.dim() == 3 and mask.dim() <= 3:
-        scores = torch.baddbmm(mask.to(query.dtype), query, key_t, alpha=scaling)  # scale, product, mask in one
+    if query.dim() == 3 and (mask is None or mask.dim() == 2):
+        # One layer of one sequence: the heads of a group share their key, so stack their queries
+        # (H_kv, groups * Q, d) instead of copying the key per head; scale, product and mask in one call.
+        stacked = query.reshape(key.shape[0], groups * num_queries, d_head)
+        if mask is None:
+            scores = torch.bmm(stacked, key.transpose(1, 2)).mul_(scaling)
+        else:
+            bias = mask.to(query.dtype).repeat(groups, 1) if groups > 1 else mask.to(query.dtype)
+            scores = torch.baddbmm(bias, stacked, key.transpose(1, 2), alpha=scaling)
+        scores = scores.view(heads, num_queries, num_keys)
     else:
-        scores = torch.matmul(query, key_t).mul_(scaling).add_(mask.to(query.dtype))
+        if groups > 1:
+            key = key.repeat_interleave(groups, dim=-3)
+        scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)  # (..., H, Q, K)
+        if mask is not None:
+            scores = scores.add_(mask.to(query.dtype))
     return torch.softmax(scores, dim=-1)
 
 

@@ -48,26 +48,43 @@ def head_weights(w_o: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w_o.float().reshape(d_model, num_heads, width // num_heads).permute(1, 0, 2)
 
 
+def full_gram(w_o: torch.Tensor) -> torch.Tensor:
+    """G = W_Oᵀ W_O, float32 [head * d_head, head * d_head]; block (h, h) is G^h = (W_O^h)ᵀ W_O^h."""
+    w = w_o.float()
+    return w.t() @ w
+
+
 def expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """[kv_head, pos, d_head] -> [head, pos, d_head]: head h reads kv head h // (heads / kv_heads)."""
     groups = num_heads // x.shape[0]
     return x.repeat_interleave(groups, dim=0) if groups > 1 else x
 
 
+def grouped_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """[head, m, n] @ [kv_head, n, p] -> [head, m, p], head h using kv head h // (heads / kv_heads).
+
+    The heads of a group are stacked along m, so the shared kv tensor is never copied per head.
+    """
+    heads, m, _ = x.shape
+    kv_heads = y.shape[0]
+    out = x.reshape(kv_heads, (heads // kv_heads) * m, x.shape[-1]) @ y  # (H_kv, groups * m, p)
+    return out.view(heads, m, y.shape[-1])
+
+
 @dataclass(frozen=True)
 class LayerMeasures:
     """Every quantity of one layer, float32.
 
-    | field            | shape                 | meaning                                   |
-    |------------------|-----------------------|-------------------------------------------|
-    | attention        | [head, query, key]    | α_ij^h                                    |
-    | value            | [head, key, d_head]   | v_j^h (grouped-query values expanded)     |
-    | value_norm       | [head, key]           | ‖ṽ_j^h‖                                   |
-    | head_output      | [head, query, d_head] | z_i^h = Σ_j α_ij^h v_j^h (o_proj input)   |
-    | head_output_norm | [head, query]         | ‖o_i^h‖                                   |
-    | output_norm      | [query]               | ‖o_i‖                                     |
-    | contributions    | [2, head, query, key] | c_ij^h (intra) and C_ij^h (inter)         |
-    | pulled           | [2, head, query, d_head] | G^h z_i^h and (W_O^h)ᵀ o_i: ⟨·, v_j^h⟩ gives the dot products |
+    | field            | shape                    | meaning                                   |
+    |------------------|--------------------------|-------------------------------------------|
+    | attention        | [head, query, key]       | α_ij^h                                    |
+    | value            | [kv_head, key, d_head]   | v_j (shared by the heads of a group)      |
+    | value_norm       | [head, key]              | ‖ṽ_j^h‖                                   |
+    | head_output      | [head, query, d_head]    | z_i^h = Σ_j α_ij^h v_j^h (o_proj input)   |
+    | head_output_norm | [head, query]            | ‖o_i^h‖                                   |
+    | output_norm      | [query]                  | ‖o_i‖                                     |
+    | contributions    | [2, head, query, key]    | c_ij^h (intra) and C_ij^h (inter)         |
+    | pulled           | [head, 2, query, d_head] | G^h z_i^h and (W_O^h)ᵀ o_i: ⟨·, v_j^h⟩ gives the dot products |
 
     Dot products and cosines are computed when asked for (one more product per kind).
     """
@@ -99,8 +116,7 @@ class LayerMeasures:
 
     def dot(self, kind: str = "inter") -> torch.Tensor:
         """⟨o_i^h, ṽ_j^h⟩ (intra) or ⟨o_i, ṽ_j^h⟩ (inter), [head, query, key]."""
-        return self.pulled[self._kind_index(kind)] @ self.value.transpose(1, 2)
-
+        return grouped_matmul(self.pulled[:, self._kind_index(kind)], self.value.transpose(1, 2))
     @property
     def dot_intra(self) -> torch.Tensor:
         return self.dot("intra")
@@ -146,37 +162,47 @@ class LayerMeasures:
 def layer_measures(
     attention: torch.Tensor,
     value: torch.Tensor,
-    w_heads: torch.Tensor,
+    w_heads: torch.Tensor | None = None,
     head_output: torch.Tensor | None = None,
+    gram: torch.Tensor | None = None,
 ) -> LayerMeasures:
     """Compute one layer's measures without materialising projected values per pair.
 
-    | arg         | shape                       |
-    |-------------|-----------------------------|
-    | attention   | [head, query, key]          |
-    | value       | [head, key, d_head] (expand grouped-query values with :func:`expand_kv` first) |
-    | w_heads     | [head, d_model, d_head]     |
+    | arg         | shape                                                          |
+    |-------------|----------------------------------------------------------------|
+    | attention   | [head, query, key]                                             |
+    | value       | [kv_head, key, d_head] (or already expanded, [head, key, d_head]) |
+    | w_heads     | [head, d_model, d_head], used only when ``gram`` is not given  |
     | head_output | optional [head, query, d_head]: z = α v when the caller already has it in float32 |
+    | gram        | optional [head * d_head, head * d_head]: W_Oᵀ W_O (:func:`full_gram`), cacheable per model |
 
-    All inputs are upcast to float32. The contributions of both kinds come from one batched product:
-    the pulled-back outputs are divided by ‖o‖² first, so C = α ⊙ (pulled / ‖o‖²) vᵀ in place.
+    All inputs are upcast to float32. With the Gram matrix G = W_Oᵀ W_O nothing of width d_model is
+    formed: ‖o_i‖² = z_iᵀ G z_i, (W_O^h)ᵀ o_i = (G z_i)_h, and G^h is G's diagonal block. Both
+    contribution kinds come from one grouped product: the pulled-back outputs are divided by ‖o‖² first,
+    so C = α ⊙ (pulled / ‖o‖²) vᵀ, scaled in place.
     """
     alpha = attention.float()
-    v = value.float()
-    w = w_heads.float()
-    gram = w.transpose(1, 2) @ w  # (H, d, d)  G^h = W_O^hᵀ W_O^h
-    z = alpha @ v if head_output is None else head_output.float()  # (H, Q, d)
-    z_gram = z @ gram  # (H, Q, d)
-    head_output_norm = (z_gram * z).sum(-1).clamp_min(0).sqrt()  # (H, Q)  ‖o_i^h‖ = sqrt(zᵀ G z)
-    value_norm = ((v @ gram) * v).sum(-1).clamp_min(0).sqrt()  # (H, K)
-    output = torch.einsum("hqd,hmd->qm", z, w)  # (Q, D)  o_i = Σ_h W_O^h z_i^h
-    output_norm = output.norm(dim=-1)  # (Q,)
-    pulled = torch.stack([z_gram, torch.einsum("qm,hmd->hqd", output, w)])  # (2, H, Q, d)
-    scaled = pulled / torch.stack([head_output_norm, output_norm.expand_as(head_output_norm)])[..., None] ** 2
-    heads, queries, _ = z.shape
-    # (2, H, Q, K) = (2H*Q... as one (H, 2Q, d) x (H, d, K) product), then ⊙ α in place.
-    contributions = (scaled.transpose(0, 1).reshape(heads, 2 * queries, -1) @ v.transpose(1, 2))
-    contributions = contributions.view(heads, 2, queries, -1).mul_(alpha[:, None]).transpose(0, 1)
+    heads, queries, keys = alpha.shape
+    v = value.float()  # (H_kv, K, d)
+    kv_heads, _, d_head = v.shape
+    if gram is None:
+        gram = full_gram(w_heads.float().permute(1, 0, 2).reshape(w_heads.shape[1], heads * d_head))
+    gram = gram.float()
+    blocks = gram.view(heads, d_head, heads, d_head).diagonal(dim1=0, dim2=2).permute(2, 0, 1)  # (H, d, d)  G^h
+    z = grouped_matmul(alpha, v) if head_output is None else head_output.float()  # (H, Q, d)
+    z_flat = z.transpose(0, 1).reshape(queries, heads * d_head)  # (Q, H*d)  o_proj input
+    pulled_inter = z_flat @ gram  # (Q, H*d)  W_Oᵀ o_i, every head's slice
+    output_norm = (z_flat * pulled_inter).sum(-1).clamp_min(0).sqrt()  # (Q,)  ‖o_i‖ = sqrt(zᵀ G z)
+    z_gram = z @ blocks  # (H, Q, d)  G^h z_i^h
+    head_output_norm = (z_gram * z).sum(-1).clamp_min(0).sqrt()  # (H, Q)  ‖o_i^h‖
+    groups = heads // kv_heads
+    v_gram = v[:, None] @ blocks.reshape(kv_heads, groups, d_head, d_head)  # (H_kv, groups, K, d)
+    value_norm = (v_gram * v[:, None]).sum(-1).clamp_min(0).sqrt().reshape(heads, keys)  # (H, K)  ‖ṽ_j^h‖
+    pulled = torch.stack([z_gram, pulled_inter.view(queries, heads, d_head).transpose(0, 1)], dim=1)  # (H, 2, Q, d)
+    norms = torch.stack([head_output_norm, output_norm.expand(heads, queries)], dim=1)  # (H, 2, Q)
+    scaled = pulled / (norms**2)[..., None]
+    contributions = grouped_matmul(scaled.reshape(heads, 2 * queries, d_head), v.transpose(1, 2))  # (H, 2Q, K)
+    contributions = contributions.view(heads, 2, queries, keys).mul_(alpha[:, None]).transpose(0, 1)
     return LayerMeasures(
         attention=alpha,
         value=v,

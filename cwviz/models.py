@@ -21,7 +21,8 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -68,6 +69,26 @@ class Bundle:
     tokenizer: object
     info: ModelInfo
     arch: Architecture
+    _grams: dict = field(default_factory=dict, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def gram(self, layer: int) -> torch.Tensor:
+        """W_Oᵀ W_O of ``layer``, float32 [heads * d_head, heads * d_head], computed once per model.
+
+        Cached because the weights never change: (heads * d_head)² floats per layer (SmolLM2: 40 MB in
+        all; a Llama-8B shape: 2.1 GB), in exchange for two d_model-wide products per analysed layer.
+        """
+        with self._lock:
+            cached = self._grams.get(layer)
+        if cached is None:
+            from .measures import full_gram
+
+            proj = self.out_projections[layer]
+            with torch.inference_mode():
+                cached = full_gram(architectures.out_proj_weight(proj, self.arch))
+            with self._lock:
+                cached = self._grams.setdefault(layer, cached)
+        return cached
 
     @property
     def attention_modules(self) -> list[nn.Module]:

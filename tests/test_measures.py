@@ -111,3 +111,23 @@ def test_unknown_measure_is_rejected():
     alpha, v, w = random_layer()
     with pytest.raises(ValueError, match="choose one of"):
         layer_measures(alpha, v, w).per_head("attention_rollout")
+
+
+def test_grouped_values_and_cached_gram_give_the_same_measures():
+    from cwviz.measures import full_gram
+
+    g = torch.Generator().manual_seed(11)
+    heads, kv_heads, tokens, d_head, d_model = 6, 2, 8, 4, 10
+    q = torch.randn(heads, tokens, d_head, generator=g)
+    k = torch.randn(kv_heads, tokens, d_head, generator=g)
+    v = torch.randn(kv_heads, tokens, d_head, generator=g)
+    w_o = torch.randn(d_model, heads * d_head, generator=g)
+    alpha = attention_probabilities(q, k, 0.5, None, True)
+    # The grouped attention equals the one with keys copied per head.
+    torch.testing.assert_close(alpha, attention_probabilities(q, expand_kv(k, heads), 0.5, None, True))
+    expanded = layer_measures(alpha, expand_kv(v, heads), head_weights(w_o, heads))
+    grouped = layer_measures(alpha, v, gram=full_gram(w_o))
+    for name in MEASURES:
+        torch.testing.assert_close(grouped.per_head(name), expanded.per_head(name), rtol=1e-5, atol=1e-6)
+    for kind in ("intra", "inter"):
+        torch.testing.assert_close(grouped.cosine(kind), expanded.cosine(kind), rtol=1e-5, atol=1e-6)
