@@ -213,7 +213,11 @@ def bench_cold_start() -> list[str]:
 
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
-    return f"{os.cpu_count()} CPU cores ({cpu}), torch {torch.__version__}, {torch.get_num_threads()} threads, Python {platform.python_version()}"
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"{os.cpu_count()} CPU cores ({cpu}), torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
+        f"Python {platform.python_version()}, load average at the end {load}"
+    )
 
 
 def main(argv=None) -> int:
@@ -222,7 +226,10 @@ def main(argv=None) -> int:
     parser.add_argument("--lengths", default="128,512,1024,2048")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="write the report here ('-' for none)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     lengths = [int(t) for t in args.lengths.split(",")]
     only = set(args.only or ["overhead", "memory", "naive", "zeroing", "cold", "dashboard"])
 
