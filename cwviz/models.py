@@ -272,7 +272,7 @@ def load_model(
     name = name.strip()
     source, extra = _source(name)
     torch_device = resolve_device(device) if device_map is None else None
-    torch_dtype = resolve_dtype(dtype, torch_device or torch.device("cpu"))
+    torch_dtype = resolve_dtype(dtype, torch_device or resolve_device("auto"))
     config = _fetch_config(source, name, trust_remote_code, extra)
     arch = architectures.architecture_for(getattr(config, "model_type", "?"))
     auto_class = getattr(transformers, arch.auto_class)
