@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
@@ -83,30 +82,19 @@ def check_identities(bundle: cwviz.Bundle, ids: list[int], layers: list[int]) ->
 
 
 def overhead(bundle: cwviz.Bundle, ids: list[int], device: torch.device, repeats: int = 3) -> dict:
+    """The benchmark's full analysis against its plain forward pass, synchronised, interleaved."""
+    from benchmarks.run import full_analysis, interleaved, plain_forward
+
     def plain():
-        bundle.model.set_attn_implementation("eager")
-        try:
-            with torch.inference_mode():
-                bundle.model(input_ids=torch.tensor([ids], device=device), output_attentions=True, use_cache=False)
-        finally:
-            bundle.model.set_attn_implementation("cwviz")
+        plain_forward(bundle, ids)
         sync(device)
 
     def full():
-        analysis = cwviz.analyze(bundle, input_ids=ids)
-        for l in range(analysis.num_layers):
-            m = analysis.layer(l)
-            m.contribution("inter"), m.contribution("intra")
+        full_analysis(bundle, ids)
         sync(device)
 
-    plain(), full()
-    a, b = [], []
-    for _ in range(repeats):
-        for fn, out in ((plain, b), (full, a)):
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-    return {"plain_s": statistics.median(b), "full_s": statistics.median(a), "ratio": statistics.median(a) / statistics.median(b)}
+    full_s, plain_s = interleaved(full, plain, repeats)
+    return {"plain_s": plain_s, "full_s": full_s, "ratio": full_s / plain_s}
 
 
 def main(argv=None) -> int:

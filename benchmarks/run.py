@@ -70,7 +70,8 @@ def plain_forward(bundle, ids):
     bundle.model.set_attn_implementation("eager")
     try:
         with torch.inference_mode():
-            return bundle.model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False).attentions
+            device = bundle.model.get_input_embeddings().weight.device
+            return bundle.model(input_ids=torch.tensor([ids], device=device), output_attentions=True, use_cache=False).attentions
     finally:
         bundle.model.set_attn_implementation("cwviz")
 
