@@ -70,7 +70,7 @@ def plain_forward(bundle, ids):
     bundle.model.set_attn_implementation("eager")
     try:
         with torch.inference_mode():
-            device = bundle.model.get_input_embeddings().weight.device
+            device = bundle.input_device
             return bundle.model(input_ids=torch.tensor([ids], device=device), output_attentions=True, use_cache=False).attentions
     finally:
         bundle.model.set_attn_implementation("cwviz")

@@ -64,10 +64,6 @@ def check_length(bundle: Bundle, ids: list[int]) -> list[int]:
     return ids
 
 
-def _input_device(bundle: Bundle) -> torch.device:
-    return bundle.model.get_input_embeddings().weight.device
-
-
 def next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     """log p(token_{t+1} | tokens ..t) for t = 0..T-2, float32 [T - 1].
 
@@ -94,7 +90,7 @@ def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | N
         ids = check_length(bundle, list(input_ids))
         if text is None:
             text = bundle.tokenizer.decode(ids)
-    device = _input_device(bundle)
+    device = bundle.input_device
     memory.check(bundle.model.config, bundle.info, len(ids), device)
     batch = torch.tensor([ids], device=device)
     with memory.guard(device), torch.inference_mode(), forward_pass(bundle.attention_modules) as records:

@@ -22,7 +22,7 @@ def greedy_continuation(bundle: Bundle, prompt_ids: list[int], new_tokens: int) 
         return list(prompt_ids)
     if not bundle.arch.causal:
         raise InputError(f"{bundle.info.id} is an encoder ({bundle.info.architecture}) and cannot generate; set tokens to generate to 0")
-    device = bundle.model.get_input_embeddings().weight.device
+    device = bundle.input_device
     ids = torch.tensor([list(prompt_ids)], device=device)
     eos = getattr(bundle.model.generation_config, "eos_token_id", None) if hasattr(bundle.model, "generation_config") else None
     eos_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])

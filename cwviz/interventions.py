@@ -59,7 +59,7 @@ class KeepKeys:
 
 def logits(bundle: Bundle, input_ids: torch.Tensor, intervention=None) -> torch.Tensor:
     """Logits [batch, pos, vocab] of ``input_ids`` [batch, pos] under ``intervention`` (None = clean)."""
-    device = bundle.model.get_input_embeddings().weight.device
+    device = bundle.input_device
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
         return bundle.model(input_ids=input_ids.to(device), use_cache=False).logits
 

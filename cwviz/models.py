@@ -91,6 +91,11 @@ class Bundle:
         return cached
 
     @property
+    def input_device(self) -> torch.device:
+        """Where token ids go: the device of the input embeddings (the first part of a split model)."""
+        return self.model.get_input_embeddings().weight.device
+
+    @property
     def attention_modules(self) -> list[nn.Module]:
         return architectures.attention_modules(self.model, self.arch)
 

@@ -374,7 +374,7 @@ def _layers(analysis: Analysis, layers: Iterable[int] | None) -> tuple[int, ...]
 
 
 def _input_ids(analysis: Analysis, batch: int = 1) -> torch.Tensor:
-    device = analysis.bundle.model.get_input_embeddings().weight.device
+    device = analysis.bundle.input_device
     return torch.tensor([analysis.input_ids] * batch, device=device)
 
 
