@@ -1,7 +1,8 @@
 """``analyze``: one recorded forward pass, and the :class:`Analysis` that computes measures from it.
 
 What an :class:`Analysis` keeps grows linearly with the number of tokens T: per layer the queries,
-keys and values ([heads or kv_heads, T, d_head]) and per token the log-probability of the next token.
+keys and values ([heads or kv_heads, T, d_head]) and the final hidden states, from which the
+log-probability of each next token is computed when first asked for.
 T x T maps are computed when asked for, one layer at a time (the two most recent layers are kept).
 
 The token limit is ``CWVIZ_MAX_TOKENS`` (default 4096), and never more than the model's
@@ -64,18 +65,23 @@ def check_length(bundle: Bundle, ids: list[int]) -> list[int]:
     return ids
 
 
-def next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+def next_token_logprobs(
+    logits: torch.Tensor | None, ids: torch.Tensor, chunk: int = 256, *, hidden: torch.Tensor | None = None, head=None
+) -> torch.Tensor:
     """log p(token_{t+1} | tokens ..t) for t = 0..T-2, float32 [T - 1].
 
-    ``logits`` [T, vocab]. Computed in chunks of rows so that no second [T, vocab] float32 tensor is made.
+    From ``logits`` [T, vocab], or from the final hidden states ``hidden`` [T, d_model] and the model's
+    output layer ``head`` (``model.get_output_embeddings()``), which then runs on ``chunk`` rows at a
+    time. Either way no [T, vocab] float32 tensor is made.
     """
-    ids = ids.to(logits.device)
+    rows_total = (logits if logits is not None else hidden).shape[0]
     out = []
-    for start in range(0, logits.shape[0] - 1, chunk):
-        rows = logits[start : min(start + chunk, logits.shape[0] - 1)].float()
-        target = ids[start + 1 : start + 1 + rows.shape[0], None]
+    for start in range(0, rows_total - 1, chunk):
+        end = min(start + chunk, rows_total - 1)
+        rows = (logits[start:end] if logits is not None else head(hidden[start:end])).float()
+        target = ids[start + 1 : end + 1, None].to(rows.device)
         out.append(rows.gather(1, target)[:, 0] - torch.logsumexp(rows, dim=-1))
-    return torch.cat(out) if out else torch.zeros(0)
+    return torch.cat(out).cpu() if out else torch.zeros(0)
 
 
 def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | None = None) -> "Analysis":
@@ -93,20 +99,18 @@ def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | N
     device = bundle.input_device
     memory.check(bundle.model.config, bundle.info, len(ids), device)
     batch = torch.tensor([ids], device=device)
+    # The base model only: the output layer (T x vocab logits, the largest product for a small model and
+    # a long prompt) runs when the log-probabilities are first asked for, in chunks of rows.
     with memory.guard(device), torch.inference_mode(), forward_pass(bundle.attention_modules) as records:
-        logits = bundle.model(input_ids=batch, use_cache=False).logits[0]  # (T, vocab)
+        hidden = bundle.model.base_model(input_ids=batch, use_cache=False).last_hidden_state[0]  # (T, d_model)
     if len(records) != bundle.info.layers:
         raise RuntimeError(f"recorded {len(records)} of {bundle.info.layers} layers; is the model's attention routed through cwviz?")
-    if bundle.arch.causal:
-        next_logprobs = next_token_logprobs(logits, batch[0]).cpu().numpy()
-    else:
-        next_logprobs = np.zeros(0, dtype=np.float32)
     return Analysis(
         bundle=bundle,
         text=text or "",
         input_ids=ids,
         records=tuple(records[layer] for layer in range(bundle.info.layers)),
-        next_token_logprobs=next_logprobs,
+        final_hidden=hidden if bundle.arch.causal else None,
     )
 
 
@@ -132,14 +136,18 @@ class Analysis:
         text: str,
         input_ids: list[int],
         records: tuple[LayerRecord, ...],
-        next_token_logprobs: np.ndarray,
+        next_token_logprobs: np.ndarray | None = None,
+        final_hidden: torch.Tensor | None = None,
     ) -> None:
+        """Give ``next_token_logprobs`` [T - 1], or the final hidden states ``final_hidden``
+        [T, d_model] to compute them from on first use; with neither there are none (encoders)."""
         self.bundle = bundle
         self.text = text
         self.input_ids = list(input_ids)
         self.tokens = display_tokens(bundle.tokenizer, self.input_ids)
         self.records = records
-        self.next_token_logprobs = next_token_logprobs
+        self._logprobs = next_token_logprobs
+        self._final_hidden = final_hidden
         self._layers: OrderedDict[int, LayerMeasures] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -159,6 +167,26 @@ class Analysis:
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
+
+    @property
+    def next_token_logprobs(self) -> np.ndarray:
+        """log p(token_{t+1} | tokens ..t), float32 [T - 1]; empty for encoders.
+
+        Computed on first use from the final hidden states and the model's output layer (a row chunk at a
+        time), then kept.
+        """
+        with self._lock:
+            if self._logprobs is None:
+                head = self.bundle.model.get_output_embeddings() if self._final_hidden is not None else None
+                if head is None:
+                    self._logprobs = np.zeros(0, dtype=np.float32)
+                else:
+                    ids = torch.tensor(self.input_ids)
+                    with memory.guard(self._final_hidden.device), torch.inference_mode():
+                        logprobs = next_token_logprobs(None, ids, hidden=self._final_hidden, head=head)
+                    self._logprobs = logprobs.numpy()
+                    self._final_hidden = None
+            return self._logprobs
 
     @property
     def perplexity(self) -> float:
@@ -211,6 +239,7 @@ class Analysis:
                 rec.value,
                 head_output=head_output,
                 gram=self.bundle.gram(layer).to(rec.value.device),
+                causal=rec.causal and rec.mask is None,
             )
         with self._lock:
             self._layers[layer] = measures

@@ -29,6 +29,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .errors import UnsupportedModelError
+from .measures import causal_row_blocks, expand_kv
 
 ATTN_IMPLEMENTATION = "cwviz"
 
@@ -111,6 +112,8 @@ def attention_probabilities(
     heads, num_queries, d_head = query.shape[-3:]
     groups = heads // key.shape[-3]
     num_keys = key.shape[-2]
+    if query.dim() == 3 and mask is None and causal and num_queries == num_keys:
+        return _causal_probabilities(query, key, scaling)
     if mask is None and causal:
         # SDPA's is_causal aligns the mask top-left.
         mask = torch.ones(num_queries, num_keys, dtype=torch.bool, device=query.device).tril()
@@ -133,6 +136,26 @@ def attention_probabilities(
         if mask is not None:
             scores = scores.add_(mask.to(query.dtype))
     return torch.softmax(scores, dim=-1)
+
+
+def _causal_probabilities(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
+    """The causal case of :func:`attention_probabilities` for one sequence, [head, T, T].
+
+    Only the blocks of rows on and below the diagonal are computed (about half the products and
+    exponentials): for the query rows [s, e) the scores against keys 0..e-1 go straight into the output,
+    the diagonal block is masked and the softmax is taken over those keys; keys at e and after get
+    exactly 0, as the softmax of -inf gives. The arithmetic per entry is the one of the dense path.
+    """
+    heads, num_tokens, _ = query.shape
+    keys_t = expand_kv(key, heads).transpose(1, 2)  # (H, d, T); copying the keys per head is O(T d)
+    future = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=query.device).triu_(1)
+    out = torch.empty(heads, num_tokens, num_tokens, dtype=query.dtype, device=query.device)
+    for start, end in causal_row_blocks(num_tokens):
+        scores = torch.bmm(query[:, start:end], keys_t[:, :, :end]).mul_(scaling)
+        scores[:, :, start:].masked_fill_(future[start:end, start:end], float("-inf"))
+        torch.softmax(scores, dim=-1, out=out[:, start:end, :end])
+        out[:, start:end, end:].zero_()
+    return out
 
 
 def _cwviz_attention(

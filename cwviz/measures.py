@@ -60,6 +60,40 @@ def expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     return x.repeat_interleave(groups, dim=0) if groups > 1 else x
 
 
+#: Rows per block when only the causal (lower) triangle of a T x T product is computed.
+CAUSAL_BLOCK_ROWS = 64
+
+
+def causal_row_blocks(num_tokens: int, rows: int | None = None) -> list[tuple[int, int]]:
+    """[start, end) row blocks of a causal T x T map: rows start..end-1 need keys 0..end-1 only.
+
+    Computing each block against its keys only costs (1 + rows / T) / 2 of the dense product.
+    """
+    rows = rows or CAUSAL_BLOCK_ROWS
+    return [(start, min(start + rows, num_tokens)) for start in range(0, num_tokens, rows)]
+
+
+def causal_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out = weight ⊙ (x @ y)`` for a causal ``weight`` (zero above the diagonal), lower triangle only.
+
+    | arg    | shape                        |
+    |--------|------------------------------|
+    | x      | [kind * head, T, n]          |
+    | y      | [kind * head, n, T]          |
+    | weight | [head, T, T], broadcast over kinds |
+    | out    | [kind, head, T, T]           |
+
+    Per row block, one batched product against the keys the block can see, multiplied by the weight
+    straight into ``out``; keys after the block get exactly 0.
+    """
+    kinds, heads, num_tokens, _ = out.shape
+    for start, end in causal_row_blocks(num_tokens):
+        block = torch.bmm(x[:, start:end], y[:, :, :end]).view(kinds, heads, end - start, end)
+        torch.mul(block, weight[:, start:end, :end], out=out[:, :, start:end, :end])
+        out[:, :, start:end, end:].zero_()
+    return out
+
+
 def grouped_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """[head, m, n] @ [kv_head, n, p] -> [head, m, p], head h using kv head h // (heads / kv_heads).
 
@@ -165,6 +199,7 @@ def layer_measures(
     w_heads: torch.Tensor | None = None,
     head_output: torch.Tensor | None = None,
     gram: torch.Tensor | None = None,
+    causal: bool = False,
 ) -> LayerMeasures:
     """Compute one layer's measures without materialising projected values per pair.
 
@@ -175,6 +210,7 @@ def layer_measures(
     | w_heads     | [head, d_model, d_head], used only when ``gram`` is not given  |
     | head_output | optional [head, query, d_head]: z = α v when the caller already has it in float32 |
     | gram        | optional [head * d_head, head * d_head]: W_Oᵀ W_O (:func:`full_gram`), cacheable per model |
+    | causal      | ``attention`` is zero above the diagonal: only the lower triangle of the products is computed |
 
     All inputs are upcast to float32. With the Gram matrix G = W_Oᵀ W_O nothing of width d_model is
     formed: ‖o_i‖² = z_iᵀ G z_i, (W_O^h)ᵀ o_i = (G z_i)_h, and G^h is G's diagonal block. Both
@@ -201,8 +237,17 @@ def layer_measures(
     pulled = torch.stack([z_gram, pulled_inter.view(queries, heads, d_head).transpose(0, 1)], dim=1)  # (H, 2, Q, d)
     norms = torch.stack([head_output_norm, output_norm.expand(heads, queries)], dim=1)  # (H, 2, Q)
     scaled = pulled / (norms**2)[..., None]
-    contributions = grouped_matmul(scaled.reshape(heads, 2 * queries, d_head), v.transpose(1, 2))  # (H, 2Q, K)
-    contributions = contributions.view(heads, 2, queries, keys).mul_(alpha[:, None]).transpose(0, 1)
+    if causal and queries == keys:
+        # Only the lower triangle (in row blocks): (2 * H, Q, d) @ (2 * H, d, K), kinds outermost.
+        # Only the lower triangle, per row block: (2H, Q, d) @ (2H, d, K), kinds outermost. One batch
+        # entry per head is faster on CPU than stacking the heads of a group (measured).
+        scaled = scaled.transpose(0, 1).reshape(2 * heads, queries, d_head)
+        values_t = expand_kv(v, heads).transpose(1, 2).repeat(2, 1, 1)  # (2H, d, K), O(K d) copies
+        contributions = torch.empty(2, heads, queries, keys, dtype=alpha.dtype, device=alpha.device)
+        causal_product(scaled, values_t, alpha, contributions)
+    else:
+        contributions = grouped_matmul(scaled.reshape(heads, 2 * queries, d_head), v.transpose(1, 2))  # (H, 2Q, K)
+        contributions = contributions.view(heads, 2, queries, keys).mul_(alpha[:, None]).transpose(0, 1)
     return LayerMeasures(
         attention=alpha,
         value=v,

@@ -408,7 +408,7 @@ def intervene_on_sink(
         logits = bundle.model(input_ids=ids, use_cache=False).logits  # (1, T, vocab)
     causal = bundle.arch.causal
     logprobs = _next_token_logprobs(logits, ids)[0].cpu().numpy() if causal else np.zeros(0, np.float32)
-    after = Analysis(bundle, analysis.text, analysis.input_ids, tuple(records[l] for l in range(analysis.num_layers)), logprobs)
+    after = Analysis(bundle, analysis.text, analysis.input_ids, tuple(records[l] for l in range(analysis.num_layers)), next_token_logprobs=logprobs)
     rows = []
     with torch.inference_mode():
         for layer in range(analysis.num_layers):

@@ -8,6 +8,7 @@ import torch
 
 import cwviz
 from cwviz import architectures
+from cwviz.analysis import next_token_logprobs
 from cwviz.errors import UnsupportedModelError
 from cwviz.measures import expand_kv
 from cwviz.interventions import KeepKeys, ScaleValues, logits
@@ -78,6 +79,11 @@ def test_capture_leaves_logits_unchanged(tiny):
     if tiny.arch.causal:
         logprobs = torch.log_softmax(eager[0, :-1], -1).gather(1, ids[0, 1:, None])[:, 0]
         np.testing.assert_allclose(captured.next_token_logprobs, logprobs.numpy(), rtol=1e-5, atol=1e-5)
+        # Deferred output layer, a few rows at a time, gives the logits' log-probabilities.
+        with torch.inference_mode():
+            hidden = tiny.model.base_model(input_ids=ids).last_hidden_state[0]
+            chunked = next_token_logprobs(None, ids[0], chunk=2, hidden=hidden, head=tiny.model.get_output_embeddings())
+        np.testing.assert_allclose(chunked.numpy(), logprobs.numpy(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(plain_cwviz, eager, rtol=1e-5, atol=1e-5)
     # The intervention path with nothing changed gives the clean logits too.
     keep_all = KeepKeys({}, default=torch.ones(1))

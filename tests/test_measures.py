@@ -131,3 +131,28 @@ def test_grouped_values_and_cached_gram_give_the_same_measures():
         torch.testing.assert_close(grouped.per_head(name), expanded.per_head(name), rtol=1e-5, atol=1e-6)
     for kind in ("intra", "inter"):
         torch.testing.assert_close(grouped.cosine(kind), expanded.cosine(kind), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("tokens", [1, 63, 64, 65, 200])
+def test_causal_blocks_equal_the_dense_computation(tokens):
+    """The causal fast paths (lower-triangle row blocks, CAUSAL_BLOCK_ROWS = 64) give the dense results
+    for lengths below, at and across block boundaries, with grouped-query heads."""
+    from cwviz.measures import full_gram
+
+    g = torch.Generator().manual_seed(tokens)
+    heads, kv_heads, d_head, d_model = 6, 2, 8, 20
+    q = torch.randn(heads, tokens, d_head, generator=g)
+    k = torch.randn(kv_heads, tokens, d_head, generator=g)
+    v = torch.randn(kv_heads, tokens, d_head, generator=g) + 0.2
+    gram = full_gram(torch.randn(d_model, heads * d_head, generator=g))
+    tril = torch.ones(tokens, tokens, dtype=torch.bool).tril()
+    fast = attention_probabilities(q, k, 0.3, None, causal=True)
+    dense = attention_probabilities(q, k, 0.3, tril, causal=True)  # an explicit mask takes the dense path
+    torch.testing.assert_close(fast, dense, rtol=1e-6, atol=1e-7)
+    assert torch.all(fast.triu(1) == 0)
+    blocked = layer_measures(fast, v, gram=gram, causal=True)
+    reference = layer_measures(dense, v, gram=gram, causal=False)
+    for kind in ("intra", "inter"):
+        torch.testing.assert_close(blocked.contribution(kind), reference.contribution(kind), rtol=1e-5, atol=1e-6)
+        assert torch.all(blocked.contribution(kind).triu(1) == 0)
+    torch.testing.assert_close(blocked.contribution("inter").sum((0, 2)), torch.ones(tokens))
