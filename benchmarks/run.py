@@ -50,16 +50,19 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def interleaved(candidate, baseline, repeats: int) -> tuple[float, float]:
-    """Median seconds of each, run alternately so that machine load affects both alike."""
-    candidate(), baseline()
-    c, b = [], []
+def interleaved(candidate, baseline, repeats: int, *others) -> tuple[float, ...]:
+    """Median seconds of each (candidate, baseline, then ``others``), run alternately so that machine
+    load affects all alike."""
+    fns = (candidate, baseline, *others)
+    for fn in fns:
+        fn()  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, out in ((baseline, b), (candidate, c)):
+        for fn, out in zip(fns, times):
             start = time.perf_counter()
             fn()
             out.append(time.perf_counter() - start)
-    return statistics.median(c), statistics.median(b)
+    return tuple(statistics.median(t) for t in times)
 
 
 # -- what is measured --------------------------------------------------------------------------------
@@ -76,14 +79,17 @@ def plain_forward(bundle, ids):
         bundle.model.set_attn_implementation("cwviz")
 
 
-def full_analysis(bundle, ids):
-    """Capture plus every layer's attention and inter- and intra-head contributions."""
+def full_analysis(bundle, ids, logprobs: bool = False):
+    """Capture plus every layer's attention and inter- and intra-head contributions (and, with
+    ``logprobs``, the next-token log-probabilities, which run the output layer)."""
     from cwviz import analyze
 
     analysis = analyze(bundle, input_ids=ids)
     for layer in range(analysis.num_layers):
         m = analysis.layer(layer)
         m.attention, m.contribution("inter"), m.contribution("intra")
+    if logprobs:
+        analysis.next_token_logprobs
     return analysis
 
 
@@ -133,13 +139,22 @@ def one_layer_analysis(bundle, ids, layer: int):
 
 
 def bench_overhead(bundle, lengths, repeats) -> list[str]:
-    rows = ["| T | plain forward, output_attentions (s) | full analysis (s) | ratio | target |", "|---|---|---|---|---|"]
+    rows = [
+        "| T | plain forward, output_attentions (s) | full analysis (s) | ratio | target | full analysis + next-token log-probs (s) | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
     targets = {512: "≤ 1.25", 2048: "≤ 1.5"}
     for tokens in lengths:
         ids = long_ids(bundle, tokens)
         reps = repeats if tokens <= 512 else max(1, repeats // 2)
-        cand, base = interleaved(lambda: full_analysis(bundle, ids), lambda: plain_forward(bundle, ids), reps)
-        rows.append(f"| {tokens} | {base:.3f} | {cand:.3f} | **{cand / base:.2f}** | {targets.get(tokens, '')} |")
+        cand, base, with_logprobs = interleaved(
+            lambda: full_analysis(bundle, ids), lambda: plain_forward(bundle, ids), reps,
+            lambda: full_analysis(bundle, ids, logprobs=True),
+        )
+        rows.append(
+            f"| {tokens} | {base:.3f} | {cand:.3f} | **{cand / base:.2f}** | {targets.get(tokens, '')} "
+            f"| {with_logprobs:.3f} | {with_logprobs / base:.2f} |"
+        )
         print(rows[-1], flush=True)
     return rows
 

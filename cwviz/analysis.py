@@ -16,9 +16,9 @@ import math
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import torch
 
 from . import architectures, memory
@@ -28,6 +28,9 @@ from .measures import MEASURES, LayerMeasures, head_weights, layer_measures
 from .models import Bundle
 from .settings import env_int
 from .tokens import display_tokens
+
+if TYPE_CHECKING:  # pandas is imported on first use: it is not needed to load a model and analyse
+    import pandas as pd
 
 DEFAULT_MAX_TOKENS = 4096
 JSON_SCHEMA_VERSION = 1
@@ -281,6 +284,8 @@ class Analysis:
         output_norm is ‖o_i‖ (``kind="inter"``) or ‖o_i^h‖ (``kind="intra"``). Keys the query cannot
         see (the future, in causal models) are left out.
         """
+        import pandas as pd
+
         if kind not in ("inter", "intra"):
             raise ValueError(f"kind must be 'inter' or 'intra', not {kind!r}")
         query = self.check_token(query)

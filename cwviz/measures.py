@@ -60,16 +60,19 @@ def expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     return x.repeat_interleave(groups, dim=0) if groups > 1 else x
 
 
-#: Rows per block when only the causal (lower) triangle of a T x T product is computed.
+#: Rows per block when only the causal (lower) triangle of a T x T map is computed, and the most
+#: blocks: each block is a few kernel calls, so long prompts get taller blocks (fewer calls on a GPU).
 CAUSAL_BLOCK_ROWS = 64
+CAUSAL_MAX_BLOCKS = 16
 
 
 def causal_row_blocks(num_tokens: int, rows: int | None = None) -> list[tuple[int, int]]:
     """[start, end) row blocks of a causal T x T map: rows start..end-1 need keys 0..end-1 only.
 
-    Computing each block against its keys only costs (1 + rows / T) / 2 of the dense product.
+    Computing each block against its keys only costs (1 + rows / T) / 2 of the dense product. Blocks
+    are ``CAUSAL_BLOCK_ROWS`` tall, or taller so that there are at most ``CAUSAL_MAX_BLOCKS``.
     """
-    rows = rows or CAUSAL_BLOCK_ROWS
+    rows = rows or max(CAUSAL_BLOCK_ROWS, -(-num_tokens // CAUSAL_MAX_BLOCKS))
     return [(start, min(start + rows, num_tokens)) for start in range(0, num_tokens, rows)]
 
 

@@ -133,10 +133,10 @@ def test_grouped_values_and_cached_gram_give_the_same_measures():
         torch.testing.assert_close(grouped.cosine(kind), expanded.cosine(kind), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("tokens", [1, 63, 64, 65, 200])
+@pytest.mark.parametrize("tokens", [1, 63, 64, 65, 200, 1100])
 def test_causal_blocks_equal_the_dense_computation(tokens):
-    """The causal fast paths (lower-triangle row blocks, CAUSAL_BLOCK_ROWS = 64) give the dense results
-    for lengths below, at and across block boundaries, with grouped-query heads."""
+    """The causal fast paths (lower-triangle row blocks, 64 rows, taller past 16 blocks) give the dense
+    results for lengths below, at and across block boundaries, with grouped-query heads."""
     from cwviz.measures import full_gram
 
     g = torch.Generator().manual_seed(tokens)
@@ -156,3 +156,14 @@ def test_causal_blocks_equal_the_dense_computation(tokens):
         torch.testing.assert_close(blocked.contribution(kind), reference.contribution(kind), rtol=1e-5, atol=1e-6)
         assert torch.all(blocked.contribution(kind).triu(1) == 0)
     torch.testing.assert_close(blocked.contribution("inter").sum((0, 2)), torch.ones(tokens))
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 65, 1024, 1025, 4096])
+def test_causal_row_blocks_tile_every_row_once(tokens):
+    from cwviz.measures import CAUSAL_MAX_BLOCKS, causal_row_blocks
+
+    blocks = causal_row_blocks(tokens)
+    assert blocks[0][0] == 0 and blocks[-1][1] == tokens
+    assert all(end == next_start for (_, end), (next_start, _) in zip(blocks, blocks[1:]))
+    assert all(end > start for start, end in blocks)
+    assert len(blocks) <= CAUSAL_MAX_BLOCKS
