@@ -68,22 +68,20 @@ def check_length(bundle: Bundle, ids: list[int]) -> list[int]:
     return ids
 
 
-def next_token_logprobs(
-    logits: torch.Tensor | None, ids: torch.Tensor, chunk: int = 256, *, hidden: torch.Tensor | None = None, head=None
-) -> torch.Tensor:
-    """log p(token_{t+1} | tokens ..t) for t = 0..T-2, float32 [T - 1].
+def next_token_logprobs(hidden: torch.Tensor, head: torch.nn.Module, ids: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """log p(token_{t+1} | tokens ..t) for t = 0..T-2, float32 [T - 1] on the CPU.
 
-    From ``logits`` [T, vocab], or from the final hidden states ``hidden`` [T, d_model] and the model's
-    output layer ``head`` (``model.get_output_embeddings()``), which then runs on ``chunk`` rows at a
-    time. Either way no [T, vocab] float32 tensor is made.
+    From the final hidden states ``hidden`` [T, d_model] and the model's output layer ``head``
+    (``model.get_output_embeddings()``), run on ``chunk`` rows at a time, each chunk's logits turned into
+    a log-sum-exp in place: no [T, vocab] tensor is made.
     """
-    rows_total = (logits if logits is not None else hidden).shape[0]
     out = []
-    for start in range(0, rows_total - 1, chunk):
-        end = min(start + chunk, rows_total - 1)
-        rows = (logits[start:end] if logits is not None else head(hidden[start:end])).float()
-        target = ids[start + 1 : end + 1, None].to(rows.device)
-        out.append(rows.gather(1, target)[:, 0] - torch.logsumexp(rows, dim=-1))
+    for start in range(0, hidden.shape[0] - 1, chunk):
+        end = min(start + chunk, hidden.shape[0] - 1)
+        logits = head(hidden[start:end]).float()  # (rows, vocab), a fresh tensor
+        target = logits.gather(1, ids[start + 1 : end + 1, None].to(logits.device))[:, 0]
+        peak = logits.amax(dim=-1, keepdim=True)
+        out.append(target - logits.sub_(peak).exp_().sum(-1).log_() - peak[:, 0])
     return torch.cat(out).cpu() if out else torch.zeros(0)
 
 
@@ -186,7 +184,7 @@ class Analysis:
                 else:
                     ids = torch.tensor(self.input_ids)
                     with memory.guard(self._final_hidden.device), torch.inference_mode():
-                        logprobs = next_token_logprobs(None, ids, hidden=self._final_hidden, head=head)
+                        logprobs = next_token_logprobs(self._final_hidden, head, ids)
                     self._logprobs = logprobs.numpy()
                     self._final_hidden = None
             return self._logprobs

@@ -144,15 +144,17 @@ def _causal_probabilities(query: torch.Tensor, key: torch.Tensor, scaling: float
     Only the blocks of rows on and below the diagonal are computed (about half the products and
     exponentials): for the query rows [s, e) the scores against keys 0..e-1 go straight into the output,
     the diagonal block is masked and the softmax is taken over those keys; keys at e and after get
-    exactly 0, as the softmax of -inf gives. The arithmetic per entry is the one of the dense path.
+    exactly 0, as the softmax of -inf gives. Same scores, scaling and softmax as the dense path.
     """
     heads, num_tokens, _ = query.shape
     keys_t = expand_kv(key, heads).transpose(1, 2)  # (H, d, T); copying the keys per head is O(T d)
-    future = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=query.device).triu_(1)
+    blocks = causal_row_blocks(num_tokens)
+    rows = blocks[0][1] if blocks else 0
+    future = torch.ones(rows, rows, dtype=torch.bool, device=query.device).triu_(1)  # the diagonal block's mask
     out = torch.empty(heads, num_tokens, num_tokens, dtype=query.dtype, device=query.device)
-    for start, end in causal_row_blocks(num_tokens):
+    for start, end in blocks:
         scores = torch.bmm(query[:, start:end], keys_t[:, :, :end]).mul_(scaling)
-        scores[:, :, start:].masked_fill_(future[start:end, start:end], float("-inf"))
+        scores[:, :, start:].masked_fill_(future[: end - start, : end - start], float("-inf"))
         torch.softmax(scores, dim=-1, out=out[:, start:end, :end])
         out[:, start:end, end:].zero_()
     return out
