@@ -85,6 +85,12 @@ def next_token_logprobs(hidden: torch.Tensor, head: torch.nn.Module, ids: torch.
     return torch.cat(out).cpu() if out else torch.zeros(0)
 
 
+def perplexity(logprobs: np.ndarray | torch.Tensor) -> float:
+    """exp of the mean negative log-probability (mean taken in float64); nan when there are none."""
+    logprobs = np.asarray(logprobs, dtype=np.float64)
+    return math.exp(-logprobs.mean()) if logprobs.size else math.nan
+
+
 def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | None = None) -> "Analysis":
     """Run the model once on ``text`` (or on ``input_ids``) and record every attention layer.
 
@@ -192,9 +198,7 @@ class Analysis:
     @property
     def perplexity(self) -> float:
         """exp of the mean next-token negative log-likelihood over the prompt (nan for encoders or T = 1)."""
-        if len(self.next_token_logprobs) == 0:
-            return math.nan
-        return float(np.exp(-self.next_token_logprobs.mean()))
+        return perplexity(self.next_token_logprobs)
 
     def check_layer(self, layer: int) -> int:
         if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:

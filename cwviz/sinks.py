@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .analysis import Analysis
+from .analysis import Analysis, next_token_logprobs, perplexity
 from .capture import LayerRecord, attention_probabilities, forward_pass
 from .errors import InputError, SelectionError
 from .interventions import ScaleValues
@@ -378,10 +378,11 @@ def _input_ids(analysis: Analysis, batch: int = 1) -> torch.Tensor:
     return torch.tensor([analysis.input_ids] * batch, device=device)
 
 
-def _next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """log p(token_{t+1} | ..t), [batch, pos − 1] float32."""
-    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logprobs.gather(2, ids[:, 1:, None].to(logprobs.device))[..., 0]
+def _perplexities(bundle, hidden: torch.Tensor, ids: torch.Tensor) -> np.ndarray:
+    """exp(mean next-token NLL) of each sequence, from final hidden states [batch, T, d_model], computed
+    as :class:`~cwviz.analysis.Analysis` does (the output layer a chunk of rows at a time)."""
+    head = bundle.model.get_output_embeddings()
+    return np.array([perplexity(next_token_logprobs(h, head, ids[0]).numpy()) for h in hidden])
 
 
 def _head_outputs(analysis: Analysis, layer: int) -> torch.Tensor:
@@ -405,10 +406,12 @@ def intervene_on_sink(
     ids = _input_ids(analysis)
     bundle = analysis.bundle
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=True, intervention=intervention) as records:
-        logits = bundle.model(input_ids=ids, use_cache=False).logits  # (1, T, vocab)
-    causal = bundle.arch.causal
-    logprobs = _next_token_logprobs(logits, ids)[0].cpu().numpy() if causal else np.zeros(0, np.float32)
-    after = Analysis(bundle, analysis.text, analysis.input_ids, tuple(records[l] for l in range(analysis.num_layers)), next_token_logprobs=logprobs)
+        hidden = bundle.model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0]  # (T, d_model)
+    # Log-probabilities the way the clean analysis computes them, so that λ = 1 gives exactly its perplexity.
+    after = Analysis(
+        bundle, analysis.text, analysis.input_ids, tuple(records[l] for l in range(analysis.num_layers)),
+        final_hidden=hidden if bundle.arch.causal else None,
+    )
     rows = []
     with torch.inference_mode():
         for layer in range(analysis.num_layers):
@@ -486,8 +489,8 @@ def removal_perplexity(
         ids = _input_ids(analysis, len(chunk))
         intervention = ScaleValuesPerItem(positions=(sink,), factor=float(factor), layers=chunk)
         with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
-            logits = bundle.model(input_ids=ids, use_cache=False).logits  # (b, T, vocab)
-        out.append(torch.exp(-_next_token_logprobs(logits, ids).mean(1)).cpu().numpy())
+            hidden = bundle.model.base_model(input_ids=ids, use_cache=False).last_hidden_state  # (b, T, d_model)
+            out.append(_perplexities(bundle, hidden, ids))
     return np.concatenate(out).astype(np.float64)
 
 
