@@ -43,7 +43,7 @@ import torch
 from .analysis import Analysis, analyze, check_length
 from .capture import LayerRecord
 from .errors import InputError, UnsupportedModelError
-from .interventions import KeepKeys, logits, sequence_nll
+from .interventions import KeepKeys, perplexity
 from .models import Bundle
 
 log = logging.getLogger(__name__)
@@ -259,8 +259,7 @@ def run_example(bundle: Bundle, input_ids: Sequence[int], protocol: Protocol = P
             for l in layers
         }  # layer -> (B, 1 or head, Q, K)
         batch = ids.expand(len(chunk), -1)
-        nll = sequence_nll(logits(bundle, batch, KeepKeys(masks)), batch)
-        ppl.update(zip(chunk, torch.exp(nll).cpu().tolist()))
+        ppl.update(zip(chunk, perplexity(bundle, batch, KeepKeys(masks)).tolist()))
     ppl_masked = np.array([ppl[same_measure[m], c, same_rate[r]] for m, c, r in runs])
     clean = analysis.perplexity
     return pd.DataFrame(

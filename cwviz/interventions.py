@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .analysis import next_token_logprobs
+from .analysis import perplexity as sequence_perplexity
 from .capture import forward_pass
 from .models import Bundle
 
@@ -64,21 +66,19 @@ def logits(bundle: Bundle, input_ids: torch.Tensor, intervention=None) -> torch.
         return bundle.model(input_ids=input_ids.to(device), use_cache=False).logits
 
 
-def sequence_nll(logits_: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Mean next-token negative log-likelihood per sequence, [batch] (float32)."""
-    logprobs = torch.log_softmax(logits_[:, :-1].float(), dim=-1)
-    target = input_ids[:, 1:].to(logprobs.device)
-    return -logprobs.gather(2, target[..., None])[..., 0].mean(dim=1)
-
-
 def perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray:
-    """Perplexity of each sequence, [batch], under ``intervention`` (None = clean).
+    """Perplexity of each sequence, [batch] float64, under ``intervention`` (None = clean).
 
     ``input_ids``: a list of ids (one sequence) or a [batch, pos] tensor of equal-length sequences.
+    Computed as :attr:`cwviz.analysis.Analysis.perplexity` is: the base model's final hidden states,
+    then the output layer a chunk of rows at a time (no [batch, pos, vocab] logits are kept).
     """
     ids = torch.as_tensor(input_ids)
     if ids.dim() == 1:
         ids = ids[None]
     if ids.shape[1] < 2:
         raise ValueError("perplexity needs at least two tokens")
-    return torch.exp(sequence_nll(logits(bundle, ids, intervention), ids)).cpu().numpy()
+    head = bundle.model.get_output_embeddings()
+    with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
+        hidden = bundle.model.base_model(input_ids=ids.to(bundle.input_device), use_cache=False).last_hidden_state
+        return np.array([sequence_perplexity(next_token_logprobs(h, head, row)) for h, row in zip(hidden, ids)])

@@ -38,10 +38,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .analysis import Analysis, next_token_logprobs, perplexity
+from .analysis import Analysis
 from .capture import LayerRecord, attention_probabilities, forward_pass
 from .errors import InputError, SelectionError
-from .interventions import ScaleValues
+from .interventions import ScaleValues, perplexity
 from .measures import expand_kv
 
 AUTO = "auto"
@@ -378,13 +378,6 @@ def _input_ids(analysis: Analysis, batch: int = 1) -> torch.Tensor:
     return torch.tensor([analysis.input_ids] * batch, device=device)
 
 
-def _perplexities(bundle, hidden: torch.Tensor, ids: torch.Tensor) -> np.ndarray:
-    """exp(mean next-token NLL) of each sequence, from final hidden states [batch, T, d_model], computed
-    as :class:`~cwviz.analysis.Analysis` does (the output layer a chunk of rows at a time)."""
-    head = bundle.model.get_output_embeddings()
-    return np.array([perplexity(next_token_logprobs(h, head, ids[0]).numpy()) for h in hidden])
-
-
 def _head_outputs(analysis: Analysis, layer: int) -> torch.Tensor:
     """o_i^h of ``layer``, [head, query, d_model], from the records (whatever values they hold)."""
     rec = analysis.records[layer]
@@ -488,9 +481,7 @@ def removal_perplexity(
         chunk = tuple(sets[start : start + batch])
         ids = _input_ids(analysis, len(chunk))
         intervention = ScaleValuesPerItem(positions=(sink,), factor=float(factor), layers=chunk)
-        with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
-            hidden = bundle.model.base_model(input_ids=ids, use_cache=False).last_hidden_state  # (b, T, d_model)
-            out.append(_perplexities(bundle, hidden, ids))
+        out.append(perplexity(bundle, ids, intervention))
     return np.concatenate(out).astype(np.float64)
 
 
