@@ -2,7 +2,8 @@
 
 It waits for the heatmaps (main page) and the bars (token page) to render on the embedded model,
 checks that no error text and no page errors appear, that nothing but bertviz reaches beyond
-localhost, and that the bertviz page explains a missing CDN. Screenshots go to ``tests/artifacts/``
+localhost, and that the bertviz page explains a missing CDN. A second test clicks a cell of the all-heads
+chart and checks that the link and the outline follow the picked layer and head. Screenshots go to ``tests/artifacts/``
 (git-ignored); ``CWVIZ_UPDATE_SCREENSHOT=1`` also refreshes the README's ``assets/screenshot.png``.
 
 Skips when playwright or ``/usr/bin/chromium`` is missing, unless ``CWVIZ_REQUIRE_BROWSER=1``
@@ -148,3 +149,31 @@ def test_dashboard_renders_in_chromium(server):
     assert not page_errors, page_errors
     assert not before_bertviz, f"only bertviz may use the network: {before_bertviz}"
     assert all(urlparse(u).hostname == BERTVIZ_CDN for u in outside), outside
+
+
+
+def test_clicking_a_head_in_the_overview_selects_it(server):
+    """A click on a cell of the all-heads chart selects that layer and head: the link and the heatmap
+    follow. Vega labels each SVG cell (aria-label "head: H; layer: L; …"), which finds the cell."""
+    sync_playwright = _require_browser()
+    layer, head = 17, 5
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.goto(f"{server}/?layer=0&head=0")
+            _wait_for_charts(page, 2, timeout_ms=240_000)
+            page.get_by_text("Every head").wait_for()
+            cell = page.locator(CHART).nth(1).locator(f'path[aria-label^="head: {head}; layer: {layer};"]')
+            assert cell.count() == 1, f"no single cell for layer {layer}, head {head} in the all-heads chart"
+            cell.click()
+            page.wait_for_url(lambda url: f"layer={layer}" in url and f"head={head}" in url, timeout=60_000)
+            _wait_for_charts(page, 2, timeout_ms=60_000)
+            time.sleep(1.0)
+            _assert_no_error_text(page)
+            # The selected cell is outlined: the outline mark sits on the picked head.
+            outline = page.locator(CHART).nth(1).locator(f'path[aria-label="head: {head}; layer: {layer}"]')
+            assert outline.count() == 1
+            page.screenshot(path=str(ARTIFACTS / "picked_head.png"))
+        finally:
+            browser.close()
