@@ -156,7 +156,8 @@ class Analysis:
         self._logprobs = next_token_logprobs
         self._final_hidden = final_hidden
         self._layers: OrderedDict[int, LayerMeasures] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the kept layers
+        self._logprobs_lock = threading.Lock()
 
     # -- sizes and selection checks ---------------------------------------------------------------
     @property
@@ -182,7 +183,7 @@ class Analysis:
         Computed on first use from the final hidden states and the model's output layer (a row chunk at a
         time), then kept.
         """
-        with self._lock:
+        with self._logprobs_lock:
             if self._logprobs is None:
                 head = self.bundle.model.get_output_embeddings() if self._final_hidden is not None else None
                 if head is None:

@@ -241,7 +241,6 @@ def layer_measures(
     norms = torch.stack([head_output_norm, output_norm.expand(heads, queries)], dim=1)  # (H, 2, Q)
     scaled = pulled / (norms**2)[..., None]
     if causal and queries == keys:
-        # Only the lower triangle (in row blocks): (2 * H, Q, d) @ (2 * H, d, K), kinds outermost.
         # Only the lower triangle, per row block: (2H, Q, d) @ (2H, d, K), kinds outermost. One batch
         # entry per head is faster on CPU than stacking the heads of a group (measured).
         scaled = scaled.transpose(0, 1).reshape(2 * heads, queries, d_head)
