@@ -9,9 +9,15 @@ into the same error, after freeing the cache, so that the app keeps working.
 The estimate (float32 measures, model dtype for what the forward pass keeps):
 
 * recorded per layer: queries and head outputs [heads, T, d_head], keys and values [kv_heads, T, d_head];
-* forward pass: logits [T, vocab] plus the widest activation, [T, intermediate] x 3;
-* per-layer maps: attention and both contributions for the two layers kept, and the scores and the
-  product being formed for the layer being computed: 8 x heads x T² float32.
+* forward pass: the widest activation, [T, intermediate] x 3, and one chunk of logits when the
+  log-probabilities are computed ([256, vocab], in the model's dtype and in float32);
+* per-layer maps: attention and both contributions of the two layers kept and of the layer being
+  computed, and two more for a dot product or cosine asked for: 11 x heads x T² float32.
+
+Against the peaks measured by ``python -m benchmarks.run --only memory`` on the embedded model (peak
+resident size above the loaded model, which also holds allocator slack; BENCHMARKS.md) the estimate is
+1.68x (T = 128), 1.15x (512), 1.01x (1024) and 1.02x (2048) what was measured; ``HEADROOM`` keeps a
+fifth of what is available in reserve on top.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import torch
 
 from .errors import ResourceError
 
+#: Rows of logits made at a time (:func:`cwviz.analysis.next_token_logprobs`).
+LOGIT_CHUNK = 256
 #: Share of the available memory an analysis may plan to use (the rest is for everything else).
 HEADROOM = 0.8
 
@@ -36,8 +44,8 @@ def estimate(config, info, tokens: int) -> dict[str, int]:
     recorded = info.layers * tokens * width * item
     vocab = getattr(config, "vocab_size", 0) or 0
     intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * info.d_model
-    forward = tokens * vocab * item + 3 * tokens * intermediate * 4
-    maps = 8 * info.heads * tokens * tokens * 4
+    forward = min(tokens, LOGIT_CHUNK) * vocab * (item + 4) + 3 * tokens * intermediate * 4
+    maps = 11 * info.heads * tokens * tokens * 4
     return {"recorded": recorded, "forward": forward, "maps": maps, "total": recorded + forward + maps}
 
 
