@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import torch
 
 from .analysis import Analysis
 from .capture import attention_probabilities
@@ -219,23 +220,20 @@ def head_summary(analysis: Analysis) -> pd.DataFrame:
 
     Intra-head contributions are used because, like attention, they sum to 1 in every head.
     """
-    rows = []
     queries = _queries_after_first(analysis)
-    for layer in range(analysis.num_layers):
-        attention = analysis.attention(layer)[:, queries]  # (H, Q', K)
-        contribution = analysis.contributions(layer, "intra")[:, queries]
-        divergence = 0.5 * np.abs(attention - contribution).sum(-1).mean(-1)  # (H,)
-        for head in range(analysis.num_heads):
-            rows.append(
-                {
-                    "layer": layer,
-                    "head": head,
-                    "sink_attention": float(attention[head, :, SINK].mean()),
-                    "sink_contribution": float(contribution[head, :, SINK].mean()),
-                    "divergence": float(divergence[head]),
-                }
-            )
-    frame = pd.DataFrame(rows)
+    columns: dict[str, list] = {"layer": [], "head": [], "sink_attention": [], "sink_contribution": [], "divergence": []}
+    with torch.inference_mode():
+        for layer in range(analysis.num_layers):
+            m = analysis.layer(layer)
+            attention = m.attention[:, queries]  # (H, Q', K), views of the layer's float32 tensors
+            contribution = m.contribution("intra")[:, queries]
+            divergence = (attention - contribution).abs_().sum(-1).mean(-1).mul_(0.5)  # (H,)
+            columns["layer"] += [layer] * analysis.num_heads
+            columns["head"] += list(range(analysis.num_heads))
+            columns["sink_attention"] += attention[:, :, SINK].mean(-1).tolist()
+            columns["sink_contribution"] += contribution[:, :, SINK].mean(-1).tolist()
+            columns["divergence"] += divergence.tolist()
+    frame = pd.DataFrame(columns)
     frame["rank"] = frame["divergence"].rank(ascending=False, method="first").astype(int)
     return frame
 
