@@ -53,3 +53,21 @@ def test_auto_dtype_rules():
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
     with pytest.raises(cwviz.ModelLoadError, match="unknown dtype"):
         resolve_dtype("float8", torch.device("cpu"))
+
+
+def test_device_selection_prefers_cuda_and_explains_a_missing_one(monkeypatch):
+    """``auto`` picks CUDA where torch sees a GPU (mocked here), and bfloat16 with it; asking for CUDA
+    without one is a clear error, not a crash deep in the model."""
+    from cwviz.models import resolve_device, resolve_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert resolve_dtype("auto", resolve_device("auto")) == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(cwviz.ModelLoadError, match="no CUDA GPU is available"):
+        resolve_device("cuda")
+    with pytest.raises(cwviz.ModelLoadError, match="unknown device"):
+        resolve_device("tpu:0")
