@@ -99,12 +99,12 @@ def overhead(bundle: cwviz.Bundle, ids: list[int], device: torch.device, repeats
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="tiny model and T = 64, on whatever device there is")
+    parser.add_argument("--smoke", action="store_true", help="tiny model and T = 150, on whatever device there is")
     parser.add_argument("--tokens", type=int, default=2048)
     args = parser.parse_args(argv)
     transformers.utils.logging.disable_progress_bar()
     device = cwviz.models.resolve_device("auto")
-    tokens = 64 if args.smoke else args.tokens
+    tokens = 150 if args.smoke else args.tokens  # 150: more than one causal row block
     failed = False
     targets = [("random tiny Llama", SMOKE)] if args.smoke else [("embedded", None), ("random Llama-8B shape", LLAMA_8B)]
     for name, shape in targets:
