@@ -84,3 +84,26 @@ def test_json_export_schema(embedded, tmp_path):
     np.testing.assert_allclose(head["contribution_inter"][-1], analysis.contributions(3)[2, -1], atol=1e-6)
     total = sum(sum(h["contribution_inter"][-1]) for h in cwviz.analyze(embedded, "The capital of France is").to_dict(layers=[3])["layers"][0]["heads"])
     assert total == pytest.approx(1, abs=1e-4)
+
+
+def test_long_prompt_matches_eager_attention_and_the_model_write(embedded):
+    """Past one causal row block (about 300 tokens: five blocks of 64 rows), attention equals the eager
+    implementation's, Σ_j α ṽ_j equals what o_proj receives, and both contribution kinds sum to one."""
+    ids = embedded.tokenizer(" ".join([PROMPT] * 12))["input_ids"]
+    assert len(ids) > 256
+    analysis = cwviz.analyze(embedded, input_ids=ids)
+    layer = 9
+    seen = {}
+    handle = embedded.out_projections[layer].register_forward_pre_hook(lambda m, args: seen.setdefault("z", args[0][0].clone()))
+    embedded.model.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode():
+            eager = embedded.model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False).attentions[layer][0]
+    finally:
+        embedded.model.set_attn_implementation("cwviz")
+        handle.remove()
+    torch.testing.assert_close(analysis.attention_tensor(layer), eager.float(), rtol=1e-5, atol=1e-6)
+    alpha_v = analysis.attention_tensor(layer) @ expand_kv(analysis.records[layer].value.float(), analysis.num_heads)
+    torch.testing.assert_close(alpha_v.permute(1, 0, 2).reshape(len(ids), -1), seen["z"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(analysis.contributions(layer, "intra").sum(-1), 1, atol=1e-4)
+    np.testing.assert_allclose(analysis.contributions(layer, "inter").sum((0, 2)), 1, atol=1e-4)
