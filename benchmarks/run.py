@@ -89,7 +89,7 @@ def full_analysis(bundle, ids, logprobs: bool = False):
         m = analysis.layer(layer)
         m.attention, m.contribution("inter"), m.contribution("intra")
     if logprobs:
-        analysis.next_token_logprobs
+        _ = analysis.next_token_logprobs  # computed on first access
     return analysis
 
 
