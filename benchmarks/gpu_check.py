@@ -93,8 +93,15 @@ def overhead(bundle: cwviz.Bundle, ids: list[int], device: torch.device, repeats
         full_analysis(bundle, ids)
         sync(device)
 
-    full_s, plain_s = interleaved(full, plain, repeats)
-    return {"plain_s": plain_s, "full_s": full_s, "ratio": full_s / plain_s}
+    def full_with_logprobs():
+        full_analysis(bundle, ids, logprobs=True)
+        sync(device)
+
+    full_s, plain_s, logprobs_s = interleaved(full, plain, repeats, full_with_logprobs)
+    return {
+        "plain_s": plain_s, "full_s": full_s, "ratio": full_s / plain_s,
+        "with_logprobs_s": logprobs_s, "ratio_with_logprobs": logprobs_s / plain_s,
+    }
 
 
 def main(argv=None) -> int:
