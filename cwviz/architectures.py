@@ -8,6 +8,11 @@ Everything cwviz needs from a model is reached through two seams:
 
 An :class:`Architecture` says where those live, relative to ``model.base_model``. Adding a family that
 uses transformers' attention interface is one more row in :data:`ARCHITECTURES`.
+
+A third assumption, for causal models: the logits are the output layer (``get_output_embeddings()``)
+applied as it is to the base model's final hidden states, with no logit scaling or soft-capping; cwviz
+computes next-token log-probabilities that way (:func:`cwviz.analysis.next_token_logprobs`). Every row
+is checked against the model's own logits in ``tests/test_architectures.py``.
 """
 
 from __future__ import annotations
