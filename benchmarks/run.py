@@ -123,7 +123,7 @@ def value_zeroing(bundle, ids, layer: int):
     w = torch.tensor(0.0)
     for j in range(len(ids)):
         with torch.inference_mode(), forward_pass(bundle.attention_modules, intervention=ScaleValues((j,), 0.0, frozenset({layer}))) as records:
-            bundle.model.base_model(input_ids=torch.tensor([ids]), use_cache=False)  # no output layer, as in analyze
+            bundle.final_hidden(torch.tensor([ids]))  # no output layer, as in analyze
         zeroed = records[layer].output
         w = w + torch.nn.functional.cosine_similarity(clean.flatten(0), zeroed.flatten(0), dim=0)
     return w

@@ -68,7 +68,9 @@ def check_length(bundle: Bundle, ids: list[int]) -> list[int]:
     return ids
 
 
-def next_token_logprobs(hidden: torch.Tensor, head: torch.nn.Module, ids: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+def next_token_logprobs(
+    hidden: torch.Tensor, head: torch.nn.Module, ids: torch.Tensor, chunk: int = memory.LOGIT_CHUNK
+) -> torch.Tensor:
     """log p(token_{t+1} | tokens ..t) for t = 0..T-2, float32 [T - 1] on the CPU.
 
     From the final hidden states ``hidden`` [T, d_model] and the model's output layer ``head``
@@ -109,7 +111,7 @@ def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | N
     # The base model only: the output layer (T x vocab logits, the largest product for a small model and
     # a long prompt) runs when the log-probabilities are first asked for, in chunks of rows.
     with memory.guard(device), torch.inference_mode(), forward_pass(bundle.attention_modules) as records:
-        hidden = bundle.model.base_model(input_ids=batch, use_cache=False).last_hidden_state[0]  # (T, d_model)
+        hidden = bundle.final_hidden(batch)[0]  # (T, d_model)
     if len(records) != bundle.info.layers:
         raise RuntimeError(f"recorded {len(records)} of {bundle.info.layers} layers; is the model's attention routed through cwviz?")
     return Analysis(

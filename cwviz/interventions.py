@@ -80,5 +80,5 @@ def perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray:
         raise ValueError("perplexity needs at least two tokens")
     head = bundle.model.get_output_embeddings()
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
-        hidden = bundle.model.base_model(input_ids=ids.to(bundle.input_device), use_cache=False).last_hidden_state
+        hidden = bundle.final_hidden(ids)
         return np.array([sequence_perplexity(next_token_logprobs(h, head, row)) for h, row in zip(hidden, ids)])

@@ -10,7 +10,7 @@ The estimate (float32 measures, model dtype for what the forward pass keeps):
 
 * recorded per layer: queries and head outputs [heads, T, d_head], keys and values [kv_heads, T, d_head];
 * forward pass: the widest activation, [T, intermediate] x 3, and one chunk of logits when the
-  log-probabilities are computed ([256, vocab], in the model's dtype and in float32);
+  log-probabilities are computed ([LOGIT_CHUNK, vocab], in the model's dtype and in float32);
 * per-layer maps: attention and both contributions of the two layers kept and of the layer being
   computed, and two more for a dot product or cosine asked for: 11 x heads x T² float32.
 
@@ -31,7 +31,7 @@ import torch
 
 from .errors import ResourceError
 
-#: Rows of logits made at a time (:func:`cwviz.analysis.next_token_logprobs`).
+#: Rows of logits made at a time (the default chunk of :func:`cwviz.analysis.next_token_logprobs`).
 LOGIT_CHUNK = 256
 #: Share of the available memory an analysis may plan to use (the rest is for everything else).
 HEADROOM = 0.8

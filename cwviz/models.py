@@ -90,6 +90,15 @@ class Bundle:
                 cached = self._grams.setdefault(layer, cached)
         return cached
 
+    def final_hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The base model's final hidden states [batch, T, d_model] for ``input_ids`` [batch, T].
+
+        The output layer is not run: log-probabilities come from these states a chunk of rows at a time
+        (:func:`cwviz.analysis.next_token_logprobs`). Call inside ``torch.inference_mode()``, and inside
+        a :func:`cwviz.capture.forward_pass` to record or intervene.
+        """
+        return self.model.base_model(input_ids=input_ids.to(self.input_device), use_cache=False).last_hidden_state
+
     @property
     def input_device(self) -> torch.device:
         """Where token ids go: the device of the input embeddings (the first part of a split model)."""

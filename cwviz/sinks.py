@@ -399,7 +399,7 @@ def intervene_on_sink(
     ids = _input_ids(analysis)
     bundle = analysis.bundle
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=True, intervention=intervention) as records:
-        hidden = bundle.model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0]  # (T, d_model)
+        hidden = bundle.final_hidden(ids)[0]  # (T, d_model)
     # Log-probabilities the way the clean analysis computes them, so that λ = 1 gives exactly its perplexity.
     after = Analysis(
         bundle, analysis.text, analysis.input_ids, tuple(records[l] for l in range(analysis.num_layers)),

@@ -81,7 +81,7 @@ def test_capture_leaves_logits_unchanged(tiny):
         np.testing.assert_allclose(captured.next_token_logprobs, logprobs.numpy(), rtol=1e-5, atol=1e-5)
         # Deferred output layer, a few rows at a time, gives the logits' log-probabilities.
         with torch.inference_mode():
-            hidden = tiny.model.base_model(input_ids=ids).last_hidden_state[0]
+            hidden = tiny.final_hidden(ids)[0]
             chunked = next_token_logprobs(hidden, tiny.model.get_output_embeddings(), ids[0], chunk=2)
         np.testing.assert_allclose(chunked.numpy(), logprobs.numpy(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(plain_cwviz, eager, rtol=1e-5, atol=1e-5)
