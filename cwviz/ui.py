@@ -377,6 +377,21 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
     return event
 
 
+def head_grid(chart_obj, data, name: str, key: str) -> None:
+    """Show a layer x head grid (:func:`chart`) whose clicked cell selects that layer and head.
+
+    Streamlit keeps returning the last pick on later reruns, so a pick is acted on once: when it differs
+    from the one remembered under this chart's key.
+    """
+    from .charts.heatmaps import PICK
+
+    event = chart(chart_obj, data, name, key, on_select="rerun", selection_mode=PICK)
+    picked = (event.selection.get(PICK) or [None])[0] if event is not None else None
+    if picked and picked != st.session_state.get(f"_{key}_last_pick"):
+        st.session_state[f"_{key}_last_pick"] = picked
+        select(layer=picked["layer"], head=picked["head"])
+
+
 def analysis_download(sel: Selection, key: str = "json") -> None:
     """Download the whole analysis as JSON (the CLI's schema); the selected layer only when it would be huge."""
     if not sel.ok:

@@ -36,14 +36,7 @@ metric = st.radio(
     horizontal=True, key="heatmaps_overview_metric",
 )
 summary = services.head_summary(sel.request)
-event = ui.chart(
-    charts.head_overview(summary, metric, sel.layer, sel.head), summary, "cwviz-heads", key="overview",
-    on_select="rerun", selection_mode="pick",
-)
-picked = (event.selection.get("pick") or [None])[0] if event is not None else None
-if picked and picked != st.session_state.get("_heatmaps_last_pick"):
-    st.session_state["_heatmaps_last_pick"] = picked
-    ui.select(layer=picked["layer"], head=picked["head"])
+ui.head_grid(charts.head_overview(summary, metric, sel.layer, sel.head), summary, "cwviz-heads", key="overview")
 
 st.markdown("**Heads ranked by divergence** between attention and intra-head contribution rows (select a row to show it)")
 ranking = tables.head_ranking(summary, top=15)

@@ -67,14 +67,10 @@ ui.chart(
 left, right = st.columns(2)
 with left:
     st.subheader("(b) Anti-alignment")
-    event = ui.chart(
+    ui.head_grid(
         charts.anti_alignment_map(tables.heads, sel.layer, sel.head), tables.heads, "cwviz-sink-anti-alignment",
-        key="sinks_map", on_select="rerun", selection_mode="pick",
+        key="sinks_map",
     )
-    picked = (event.selection.get("pick") or [None])[0] if event is not None else None
-    if picked and picked != st.session_state.get("_sinks_last_pick"):
-        st.session_state["_sinks_last_pick"] = picked
-        ui.select(layer=picked["layer"], head=picked["head"])
 with right:
     st.subheader("(c) Attention vs contribution share")
     st.caption("Attention averaged over heads; contribution: the layer-level (inter-head) weight, summed over heads.")

@@ -20,6 +20,8 @@ from ..tables import FAMILIES, HeatmapCells, is_signed
 DIVERGING = "redblue"
 SEQUENTIAL = "blues"
 SIDE = 330  # px, each heatmap (two side by side fit a 1400 px wide window)
+#: The click selection of every layer x head grid; pages pass it to Streamlit as ``selection_mode``.
+PICK = "pick"
 
 
 def label_expr(labels: Sequence[str]) -> str:
@@ -108,6 +110,16 @@ OVERVIEW_METRICS: dict[str, str] = {
 }
 
 
+def head_pick() -> alt.Parameter:
+    """Clicking a cell of a layer x head grid selects its layer and head (the parameter :data:`PICK`)."""
+    return alt.selection_point(name=PICK, fields=["layer", "head"], on="click", clear=False)
+
+
+def outline(cells: pd.DataFrame) -> alt.Chart:
+    """A black outline on the (layer, head) cells of ``cells``, to layer over a layer x head grid."""
+    return alt.Chart(cells).mark_rect(fill=None, stroke="black", strokeWidth=2).encode(x="head:O", y="layer:O")
+
+
 def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int | None = None, head: int | None = None) -> alt.LayerChart:
     """Every layer × head, coloured by one per-head summary; click a cell to pick that head.
 
@@ -116,7 +128,7 @@ def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int 
     """
     if metric not in OVERVIEW_METRICS:
         raise ValueError(f"metric must be one of {', '.join(OVERVIEW_METRICS)}, not {metric!r}")
-    pick = alt.selection_point(name="pick", fields=["layer", "head"], on="click", clear=False)
+    pick = head_pick()
     signed = metric == "sink_contribution" and bool((summary[metric] < 0).any())
     scale = signed_scale(summary[metric]) if signed else alt.Scale(scheme="viridis", reverse=metric == "divergence")
     layers = int(summary["layer"].max()) + 1 if len(summary) else 1
@@ -138,10 +150,7 @@ def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int 
     ).add_params(pick)
     layers_out = [grid]
     if layer is not None and head is not None:
-        mark = pd.DataFrame({"layer": [layer], "head": [head]})
-        layers_out.append(
-            alt.Chart(mark).mark_rect(fill=None, stroke="black", strokeWidth=2).encode(x="head:O", y="layer:O")
-        )
+        layers_out.append(outline(pd.DataFrame({"layer": [layer], "head": [head]})))
     return alt.layer(*layers_out).properties(
         width=max(160, cell * heads), height=cell * layers,
         title=alt.TitleParams(f"All heads: {OVERVIEW_METRICS[metric]} (click a cell to pick the head)", anchor="start", fontSize=13),

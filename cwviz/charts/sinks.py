@@ -10,6 +10,8 @@ import math
 import altair as alt
 import pandas as pd
 
+from .heatmaps import head_pick, outline
+
 #: Most points drawn in the ratio/norm scatter (Altair's limit is 5000 rows); beyond it an even sample.
 MAX_POINTS = 4000
 
@@ -96,9 +98,9 @@ def anti_alignment_map(
     """(b) Layers x heads map of the mean cos(ṽ_sink, m), diverging at zero (blue: anti-aligned).
 
     ``heads``: :func:`cwviz.sinks.head_summary`. The selected layer (and head) is outlined. A click on a
-    cell sets the selection parameter ``pick`` (fields layer and head).
+    cell sets the selection parameter ``pick`` (:func:`cwviz.charts.heatmaps.head_pick`).
     """
-    pick = alt.selection_point(name="pick", fields=["layer", "head"], on="click", clear=False)
+    pick = head_pick()
     color = alt.Color(
         "cos_sink_rest:Q",
         title="cos(ṽ_sink, m)",
@@ -118,9 +120,7 @@ def anti_alignment_map(
     layers = [cells]
     if layer is not None:
         chosen = heads[(heads["layer"] == layer) & ((heads["head"] == head) if head is not None else True)]
-        layers.append(
-            alt.Chart(chosen).mark_rect(fill=None, stroke="black", strokeWidth=2).encode(x="head:O", y="layer:O")
-        )
+        layers.append(outline(chosen))
     return alt.layer(*layers).properties(
         title="Anti-alignment: mean cos(ṽ_sink, m) per head (click a cell to pick the head)", width=width, height=height
     )
