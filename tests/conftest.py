@@ -3,6 +3,8 @@ embedded SmolLM2 for integration tests."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import transformers
@@ -75,3 +77,31 @@ def embedded() -> cwviz.Bundle:
 
 
 TEXT = "The quick brown fox jumps over the lazy dog, and the dog sleeps."
+
+
+def run_together(work, jobs) -> tuple[dict, list]:
+    """Call ``work(job)`` for every job, each in its own thread, all released at once by a barrier.
+
+    Returns the results by job and the exceptions raised (for the caller to assert there are none).
+    """
+    barrier = threading.Barrier(len(jobs))
+    results, errors = {}, []
+
+    def run(job):
+        try:
+            barrier.wait()
+            results[job] = work(job)
+        except Exception as err:  # surfaced by the caller
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(job,)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results, errors
+
+
+def no_hooks(model) -> bool:
+    """Nothing is registered on any module of ``model`` (cwviz never registers hooks)."""
+    return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,6 +10,8 @@ from hypothesis import strategies as st
 import cwviz
 from cwviz.cli import main
 from cwviz.tokens import display_token, display_tokens
+
+from .conftest import no_hooks, run_together
 
 ODD_PROMPTS = {
     "emoji": "I love pizza 🍕🔥 and 👩‍👩‍👧 families",
@@ -86,32 +86,11 @@ def test_display_of_any_token_id_is_visible_text(embedded, token_id):
     assert visible(display_token(embedded.tokenizer, token_id))
 
 
-def no_hooks(model) -> bool:
-    return all(
-        not m._forward_hooks and not m._forward_pre_hooks for m in model.modules()
-    )
-
-
 def test_eight_threads_get_their_own_numbers(embedded):
     """One shared model, eight threads, eight prompts: exactly the sequential results, and no hooks left."""
     prompts = [f"Prompt number {i}: {'ab ' * i}the answer is {i * 7}." for i in range(8)]
     sequential = [cwviz.analyze(embedded, p) for p in prompts]
-    results: dict[int, cwviz.Analysis] = {}
-    errors = []
-    barrier = threading.Barrier(8)
-
-    def work(i):
-        try:
-            barrier.wait()
-            results[i] = cwviz.analyze(embedded, prompts[i])
-        except Exception as err:  # pragma: no cover - reported below
-            errors.append(err)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results, errors = run_together(lambda i: cwviz.analyze(embedded, prompts[i]), range(8))
     assert not errors
     for i, expected in enumerate(sequential):
         got = results[i]

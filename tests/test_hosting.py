@@ -10,6 +10,8 @@ import pytest
 from cwviz.errors import InputError, ModelLoadError
 from cwviz.hosting import Policy, analysis_slot, policy_from_env
 
+from .conftest import no_hooks, run_together
+
 
 def test_off_by_default(monkeypatch):
     for name in ("CWVIZ_HOSTED", "CWVIZ_MAX_CONCURRENT", "CWVIZ_ALLOWED_MODELS"):
@@ -86,28 +88,16 @@ def test_eight_sessions_through_the_services_get_the_sequential_numbers(embedded
     services.get_analysis.clear()
     prompts = [f"Session {i} asks: what is {i} times {i + 3}? The answer is {i * (i + 3)}." for i in range(8)]
     expected = [cwviz.analyze(embedded, p) for p in prompts]
-    barrier = threading.Barrier(8)
-    results, errors = {}, []
-
-    def session(i):
-        try:
-            barrier.wait()
-            results[i] = services.get_analysis(services.Request("embedded", "cpu", "auto", prompts[i])).analysis
-        except Exception as err:  # surfaced below
-            errors.append(err)
-
-    threads = [threading.Thread(target=session, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results, errors = run_together(
+        lambda i: services.get_analysis(services.Request("embedded", "cpu", "auto", prompts[i])).analysis, range(8)
+    )
     assert not errors, errors
     for i in range(8):
         assert results[i].text == prompts[i]
         for layer in (5, 25):
             np.testing.assert_allclose(results[i].contributions(layer), expected[i].contributions(layer), rtol=1e-5, atol=1e-6)
     model = services.get_bundle("embedded", "cpu", "auto").model
-    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert no_hooks(model)
 
 
 def test_hosted_app_offers_only_the_allowed_models_and_refuses_others(monkeypatch):

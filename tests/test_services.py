@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ import torch
 
 import cwviz
 from cwviz import services
-from tests.conftest import TEXT, make_tiny
+from tests.conftest import TEXT, make_tiny, run_together
 
 
 @pytest.fixture
@@ -120,22 +119,13 @@ def test_concurrent_sessions_get_their_own_numbers(embedded):
     expected = {t: cwviz.analyze(embedded, t).contributions(20, "inter") for t in texts}
     services.get_bundle.clear()
     bundle = services.get_bundle("embedded", "cpu", "auto")
-    barrier = threading.Barrier(len(texts) * 2)
-    results, errors = {}, []
 
-    def session(i: int, text: str) -> None:
-        try:
-            barrier.wait()
-            analysis = cwviz.analyze(bundle, text) if i % 2 else services.get_analysis(services.Request("embedded", "cpu", "auto", text)).analysis
-            results[(i, text)] = analysis.contributions(20, "inter")
-        except Exception as err:  # surfaced below
-            errors.append(err)
+    def session(job: tuple[int, str]):
+        i, text = job
+        analysis = cwviz.analyze(bundle, text) if i % 2 else services.get_analysis(services.Request("embedded", "cpu", "auto", text)).analysis
+        return analysis.contributions(20, "inter")
 
-    threads = [threading.Thread(target=session, args=(i, t)) for i in range(2) for t in texts]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results, errors = run_together(session, [(i, t) for i in range(2) for t in texts])
     assert not errors
     for (_, text), got in results.items():
         np.testing.assert_allclose(got, expected[text], atol=1e-5)
