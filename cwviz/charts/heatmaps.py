@@ -41,10 +41,14 @@ def measure_label(measure: str) -> str:
     return measure
 
 
-def signed_scale(values: pd.Series) -> alt.Scale:
-    """Diverging colour scale, symmetric around zero so that white means exactly 0."""
-    bound = float(values.abs().max()) if len(values) else 1.0
-    bound = bound if math.isfinite(bound) and bound > 0 else 1.0
+def signed_scale(values: pd.Series, least: float = 0.0) -> alt.Scale:
+    """Diverging colour scale, symmetric around zero so that white means exactly 0.
+
+    The domain covers ``values`` and at least ±``least``; ±1 when that leaves nothing to cover.
+    """
+    bound = float(values.abs().max()) if len(values) else math.nan
+    bound = max(bound if math.isfinite(bound) else 0.0, least)
+    bound = bound if bound > 0 else 1.0
     return alt.Scale(scheme=DIVERGING, reverse=True, domain=[-bound, bound], domainMid=0)
 
 

@@ -10,17 +10,10 @@ import math
 import altair as alt
 import pandas as pd
 
-from .heatmaps import head_pick, outline
+from .heatmaps import head_pick, outline, signed_scale
 
 #: Most points drawn in the ratio/norm scatter (Altair's limit is 5000 rows); beyond it an even sample.
 MAX_POINTS = 4000
-
-
-def _symmetric(values: pd.Series) -> list[float]:
-    """A colour domain centred at zero that covers ``values`` (at least ±0.05)."""
-    bound = float(values.abs().max()) if values.notna().any() else 0.0
-    bound = max(bound, 0.05)
-    return [-bound, bound]
 
 
 def ratio_norm_chart(
@@ -104,7 +97,7 @@ def anti_alignment_map(
     color = alt.Color(
         "cos_sink_rest:Q",
         title="cos(ṽ_sink, m)",
-        scale=alt.Scale(scheme="redblue", reverse=True, domain=_symmetric(heads["cos_sink_rest"]), domainMid=0),
+        scale=signed_scale(heads["cos_sink_rest"], least=0.05),
     )
     base = alt.Chart(heads).encode(x=alt.X("head:O", title="head"), y=alt.Y("layer:O", title="layer"))
     cells = base.mark_rect().encode(
