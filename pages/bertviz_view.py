@@ -2,7 +2,9 @@
 
 import streamlit as st
 
-from cwviz import bertviz_html, services, ui
+from cwviz.analyses import bertviz as bertviz_html
+
+from cwviz.app import services, ui
 
 sel = ui.sidebar()
 st.title("bertviz views")

@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from cwviz import faithfulness as F
-from cwviz import hosting, services, ui
+from cwviz.analyses import faithfulness as F
+from cwviz.app import hosting, services, ui
 from cwviz.charts import faithfulness as charts
-from cwviz.errors import CwvizError
+from cwviz.core.errors import CwvizError
 
 STATE = "_faithfulness_run"
 SOURCES = {

@@ -3,10 +3,10 @@ and what happens when the sink's value is scaled."""
 
 import streamlit as st
 
-from cwviz import sink_services as services
-from cwviz import ui
+from cwviz.app import sink_services as services
+from cwviz.app import ui
 from cwviz.charts import sinks as charts
-from cwviz.errors import CwvizError
+from cwviz.core.errors import CwvizError
 
 SINK_CHOICES = {"first": "first token", "auto": "detected (most attention received)", "position": "a position"}
 

@@ -2,7 +2,9 @@
 
 import streamlit as st
 
-from cwviz import services, tables, ui
+from cwviz.app import services, ui
+
+from cwviz.analyses import tables
 from cwviz.charts import token as charts
 
 sel = ui.sidebar()

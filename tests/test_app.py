@@ -12,7 +12,7 @@ import pytest
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
-from cwviz import services, ui
+from cwviz.app import services, ui
 from tests.test_services import count_forward_passes  # noqa: F401  (a fixture)
 from tests.test_tables import LONG_TEXT, tiny_long_bundle
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import cwviz
-from cwviz import architectures
-from cwviz.analysis import next_token_logprobs
-from cwviz.errors import UnsupportedModelError
-from cwviz.measures import expand_kv
-from cwviz.interventions import KeepKeys, ScaleValues, logits
+from cwviz.core import architectures
+from cwviz.core.analysis import next_token_logprobs
+from cwviz.core.errors import UnsupportedModelError
+from cwviz.core.measures import expand_kv
+from cwviz.core.interventions import KeepKeys, ScaleValues, logits
 
 from .conftest import TEXT
 

@@ -8,7 +8,7 @@ import altair as alt
 import pytest
 
 import cwviz
-from cwviz import bertviz_html, tables
+from cwviz.analyses import bertviz as bertviz_html, tables
 from cwviz.charts import export, heatmaps, token
 from tests.conftest import TEXT, CharTokenizer, make_tiny
 from tests.test_tables import LONG_TEXT, tiny_long_bundle

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cwviz
-from cwviz import faithfulness as F
-from cwviz.errors import InputError, UnsupportedModelError
-from cwviz.interventions import KeepKeys, logits
+from cwviz.analyses import faithfulness as F
+from cwviz.core.errors import InputError, UnsupportedModelError
+from cwviz.core.interventions import KeepKeys, logits
 
 from .conftest import make_tiny
 

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from cwviz import cli
-from cwviz import faithfulness as F
-from cwviz.commands import faithfulness as command
+from cwviz.analyses import faithfulness as F
+from cwviz.cli import faithfulness as command
 
 from .conftest import make_tiny
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import cwviz
 from cwviz.cli import main
-from cwviz.tokens import display_token, display_tokens
+from cwviz.core.tokens import display_token, display_tokens
 
 from .conftest import no_hooks, run_together
 
@@ -101,7 +101,7 @@ def test_eight_threads_get_their_own_numbers(embedded):
 
 
 def test_nothing_stays_on_the_model_after_an_analysis_that_raised(embedded, monkeypatch):
-    from cwviz.capture import _ACTIVE
+    from cwviz.core.capture import _ACTIVE
 
     def broken_forward(*args, **kwargs):
         raise RuntimeError("boom")

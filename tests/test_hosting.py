@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from cwviz.errors import InputError, ModelLoadError
-from cwviz.hosting import Policy, analysis_slot, policy_from_env
+from cwviz.core.errors import InputError, ModelLoadError
+from cwviz.app.hosting import Policy, analysis_slot, policy_from_env
 
 from .conftest import no_hooks, run_together
 
@@ -83,7 +83,7 @@ def test_eight_sessions_through_the_services_get_the_sequential_numbers(embedded
     import numpy as np
 
     import cwviz
-    from cwviz import services
+    from cwviz.app import services
 
     services.get_analysis.clear()
     prompts = [f"Session {i} asks: what is {i} times {i + 3}? The answer is {i * (i + 3)}." for i in range(8)]
@@ -119,7 +119,7 @@ def test_hosted_app_offers_only_the_allowed_models_and_refuses_others(monkeypatc
 
 
 def test_hosted_pages_do_not_read_server_files(monkeypatch, tmp_path):
-    from cwviz import services, sink_services
+    from cwviz.app import services, sink_services
 
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"text": "a secret on the server"}\n', encoding="utf-8")

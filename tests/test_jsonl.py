@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cwviz.errors import InputError
-from cwviz.jsonl import GSM8K_JOIN, read_texts
+from cwviz.core.errors import InputError
+from cwviz.core.texts import GSM8K_JOIN, read_texts
 
 GSM8K = Path("/work/shared/data/gsm8k/test.jsonl")
 

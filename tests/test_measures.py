@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from cwviz.capture import attention_probabilities
-from cwviz.measures import LAYER_AGGREGATION, MEASURES, expand_kv, head_weights, layer_measures
+from cwviz.core.capture import attention_probabilities
+from cwviz.core.measures import LAYER_AGGREGATION, MEASURES, expand_kv, head_weights, layer_measures
 
 
 def random_layer(heads=3, kv_heads=3, tokens=7, d_head=5, d_model=11, seed=0, causal=True):
@@ -114,7 +114,7 @@ def test_unknown_measure_is_rejected():
 
 
 def test_grouped_values_and_cached_gram_give_the_same_measures():
-    from cwviz.measures import full_gram
+    from cwviz.core.measures import full_gram
 
     g = torch.Generator().manual_seed(11)
     heads, kv_heads, tokens, d_head, d_model = 6, 2, 8, 4, 10
@@ -137,7 +137,7 @@ def test_grouped_values_and_cached_gram_give_the_same_measures():
 def test_causal_blocks_equal_the_dense_computation(tokens):
     """The causal fast paths (lower-triangle row blocks, 64 rows, taller past 16 blocks) give the dense
     results for lengths below, at and across block boundaries, with grouped-query heads."""
-    from cwviz.measures import full_gram
+    from cwviz.core.measures import full_gram
 
     g = torch.Generator().manual_seed(tokens)
     heads, kv_heads, d_head, d_model = 6, 2, 8, 20
@@ -160,7 +160,7 @@ def test_causal_blocks_equal_the_dense_computation(tokens):
 
 @pytest.mark.parametrize("tokens", [1, 64, 65, 1024, 1025, 4096])
 def test_causal_row_blocks_tile_every_row_once(tokens):
-    from cwviz.measures import CAUSAL_MAX_BLOCKS, causal_row_blocks
+    from cwviz.core.measures import CAUSAL_MAX_BLOCKS, causal_row_blocks
 
     blocks = causal_row_blocks(tokens)
     assert blocks[0][0] == 0 and blocks[-1][1] == tokens

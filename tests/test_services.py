@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import cwviz
-from cwviz import services
+from cwviz.app import services
 from tests.conftest import TEXT, make_tiny, run_together
 
 

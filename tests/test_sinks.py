@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from cwviz import analyze
 from cwviz.charts import sinks as charts
-from cwviz.errors import InputError, SelectionError
-from cwviz.interventions import KeepKeys, logits, perplexity
-from cwviz.jsonl import read_texts
-from cwviz.measures import expand_kv
-from cwviz import sinks
+from cwviz.core.errors import InputError, SelectionError
+from cwviz.core.interventions import KeepKeys, logits, perplexity
+from cwviz.core.texts import read_texts
+from cwviz.core.measures import expand_kv
+from cwviz.analyses import sinks
 
 from .conftest import TEXT, make_tiny
 
@@ -243,7 +243,7 @@ def test_factor_zero_equals_explicit_removal_of_the_sinks_write(llama):
     assert result.perplexity == pytest.approx(float(perplexity(bundle, ids, explicit)[0]), rel=1e-5)
     assert result.perplexity_clean == pytest.approx(analysis.perplexity, rel=1e-6)
 
-    from cwviz.capture import attention_probabilities, forward_pass
+    from cwviz.core.capture import attention_probabilities, forward_pass
 
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=True, intervention=explicit) as records:
         bundle.model(input_ids=ids, use_cache=False)

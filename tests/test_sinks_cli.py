@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from cwviz import sinks
+from cwviz.analyses import sinks
 from cwviz.cli import main
 
 PROMPT = "Tom has 3 apples and buys 4 more. How many apples does he have now?"

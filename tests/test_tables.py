@@ -8,7 +8,7 @@ import pytest
 import transformers
 
 import cwviz
-from cwviz import tables
+from cwviz.analyses import tables
 from tests.conftest import TEXT, CharTokenizer, make_tiny
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cwviz import ui
+from cwviz.app import ui
 
 values = st.one_of(
     st.text(max_size=12),

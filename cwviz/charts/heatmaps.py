@@ -1,4 +1,4 @@
-"""Heatmap chart builders: tidy tables from :mod:`cwviz.tables` in, ``alt.Chart`` out. Pure.
+"""Heatmap chart builders: tidy tables from :mod:`cwviz.analyses.tables` in, ``alt.Chart`` out. Pure.
 
 Cells are placed by position (``query``/``key`` as ordinal indices) and labelled with tokens through
 the axis ``labelExpr``, because tokens repeat. Token text reaches the browser only as Vega text
@@ -14,7 +14,7 @@ from typing import Sequence
 import altair as alt
 import pandas as pd
 
-from ..tables import FAMILIES, HeatmapCells, is_signed
+from ..analyses.schema import FAMILIES, HeatmapCells, is_signed
 
 #: Diverging scale for signed measures: red positive, blue negative, white at zero.
 DIVERGING = "redblue"

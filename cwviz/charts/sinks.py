@@ -1,4 +1,4 @@
-"""Charts of METHOD.md section 4 (attention sinks): tidy tables from :mod:`cwviz.sinks` in, ``alt.Chart`` out.
+"""Charts of METHOD.md section 4 (attention sinks): tidy tables from :mod:`cwviz.analyses.sinks` in, ``alt.Chart`` out.
 
 Colour convention of the dashboard: diverging scales are centred at zero, red positive, blue negative.
 """
@@ -27,9 +27,9 @@ def ratio_norm_chart(
 ) -> alt.LayerChart:
     """(a) Sink ratio against head-output norm for one head, with the analytic curve and its minimum.
 
-    ``points``: rows of :func:`cwviz.sinks.sink_table` for one layer and head (optionally with a
+    ``points``: rows of :func:`cwviz.analyses.sinks.sink_table` for one layer and head (optionally with a
     ``prompt`` column, for pooled prompts); ``curve``: ``sink_ratio, output_norm`` of the typical curve
-    (:meth:`cwviz.sinks.SinkCurve.table`); ``minimiser``: the ratio where it is smallest; ``query``: a
+    (:meth:`cwviz.analyses.sinks.SinkCurve.table`); ``minimiser``: the ratio where it is smallest; ``query``: a
     query position to ring (of prompt 0 when pooled).
     """
     data = points.dropna(subset=["sink_ratio", "output_norm"])
@@ -90,7 +90,7 @@ def anti_alignment_map(
 ) -> alt.LayerChart:
     """(b) Layers x heads map of the mean cos(ṽ_sink, m), diverging at zero (blue: anti-aligned).
 
-    ``heads``: :func:`cwviz.sinks.head_summary`. The selected layer (and head) is outlined. A click on a
+    ``heads``: :func:`cwviz.analyses.sinks.head_summary`. The selected layer (and head) is outlined. A click on a
     cell sets the selection parameter ``pick`` (:func:`cwviz.charts.heatmaps.head_pick`).
     """
     pick = head_pick()
@@ -122,7 +122,7 @@ def anti_alignment_map(
 def share_chart(layers: pd.DataFrame, layer: int | None = None, width: int = 460, height: int = 260) -> alt.LayerChart:
     """(c) Per layer, the sink's share under attention against its share under contribution weights.
 
-    ``layers``: :func:`cwviz.sinks.layer_summary` (attention averaged over heads, contribution the
+    ``layers``: :func:`cwviz.analyses.sinks.layer_summary` (attention averaged over heads, contribution the
     inter-head share summed over heads). The gap is how far attention overstates the sink.
     """
     long = layers.melt(
@@ -154,7 +154,7 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
     """The effect of scaling the sink's value, per layer: change in mean head-output norm, and the
     semantic cone (mean pairwise cosine of head outputs) before and after.
 
-    ``table``: :attr:`cwviz.sinks.SinkIntervention.table`.
+    ``table``: :attr:`cwviz.analyses.sinks.SinkIntervention.table`.
     """
     x = alt.X("layer:Q", title="layer", axis=alt.Axis(tickMinStep=1))
     norm = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ..tables import TokenFactors
+from ..analyses.schema import TokenFactors
 from .heatmaps import label_expr, signed_scale
 
 FACTOR_TITLES = {

@@ -11,7 +11,7 @@ Choices (also in the README):
   elsewhere. Measures are always computed in float32.
 * ``trust_remote_code`` is off unless the caller passes ``trust_remote_code=True``.
 * Every model is loaded with cwviz's attention function (``attn_implementation="cwviz"``, which runs
-  PyTorch SDPA unless an analysis is recording; see :mod:`cwviz.capture`).
+  PyTorch SDPA unless an analysis is recording; see :mod:`cwviz.core.capture`).
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ class Bundle:
         """The base model's final hidden states [batch, T, d_model] for ``input_ids`` [batch, T].
 
         The output layer is not run: log-probabilities come from these states a chunk of rows at a time
-        (:func:`cwviz.analysis.next_token_logprobs`). Call inside ``torch.inference_mode()``, and inside
-        a :func:`cwviz.capture.forward_pass` to record or intervene.
+        (:func:`cwviz.core.analysis.next_token_logprobs`). Call inside ``torch.inference_mode()``, and inside
+        a :func:`cwviz.core.capture.forward_pass` to record or intervene.
         """
         return self.model.base_model(input_ids=input_ids.to(self.input_device), use_cache=False).last_hidden_state
 

@@ -4,14 +4,14 @@ Three levels, so that changing layer, head or token never reruns the model:
 
 * :func:`get_bundle` — ``st.cache_resource``: one model per (model, device, dtype), shared by every
   session. A :class:`~cwviz.Bundle` is immutable, and cwviz records a forward pass per thread
-  (:mod:`cwviz.capture`), so two sessions analysing different prompts at once each get their own numbers.
+  (:mod:`cwviz.core.capture`), so two sessions analysing different prompts at once each get their own numbers.
 * :func:`get_analysis` — ``st.cache_resource`` with ``max_entries``: the immutable
   :class:`~cwviz.Analysis` of one :class:`Request` (model, device, dtype, prompt, generated tokens),
   shared read-only between sessions.
 * ``st.cache_data`` functions returning small pandas tables per (request, layer, head, ...), computed by
-  :mod:`cwviz.tables`.
+  :mod:`cwviz.analyses.tables`.
 
-Failed loads and analyses raise :class:`~cwviz.errors.CwvizError` and are not cached.
+Failed loads and analyses raise :class:`~cwviz.core.errors.CwvizError` and are not cached.
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
-from . import hosting, tables
-from .analysis import Analysis, analyze, max_tokens, tokenize
-from .errors import InputError
-from .generate import greedy_continuation
-from .models import Bundle, load_model
-from .settings import env_int
+from . import hosting
+
+from ..analyses import tables
+from ..core.analysis import Analysis, analyze, max_tokens, tokenize
+from ..core.errors import InputError
+from ..core.generate import greedy_continuation
+from ..core.models import Bundle, load_model
+from ..core.settings import env_int
 
 #: Longest input (prompt plus generated tokens) the dashboard analyses; the CLI and API allow more.
 DEFAULT_APP_MAX_TOKENS = 1024
@@ -65,7 +67,7 @@ def app_max_tokens(bundle: Bundle | None = None) -> int:
 def get_bundle(model: str, device: str = "auto", dtype: str = "auto") -> Bundle:
     """The loaded model, shared by all sessions. Raises ModelLoadError with a message naming the fix.
 
-    In hosting mode (:mod:`cwviz.hosting`) only allow-listed models load; trust_remote_code is never on.
+    In hosting mode (:mod:`cwviz.app.hosting`) only allow-listed models load; trust_remote_code is never on.
     """
     hosting.policy_from_env().check_model(model)
     return load_model(model, device=device, dtype=dtype)
@@ -87,7 +89,7 @@ def check_dashboard_length(bundle: Bundle, prompt_tokens: int, generate: int) ->
 def get_analysis(request: Request) -> Analyzed:
     """Run the model once on the request's prompt (plus ``generate`` greedy tokens) and keep the result.
 
-    At most ``CWVIZ_MAX_CONCURRENT`` analyses run at once (:func:`cwviz.hosting.analysis_slot`).
+    At most ``CWVIZ_MAX_CONCURRENT`` analyses run at once (:func:`cwviz.app.hosting.analysis_slot`).
     """
     with hosting.analysis_slot(hosting.policy_from_env()):
         return _analyse(request)
@@ -108,7 +110,7 @@ def _analyse(request: Request) -> Analyzed:
 def heatmap_cells(
     request: Request, layer: int, head: int | None, measure: str, kind: str, query: int, view: str
 ) -> tables.HeatmapCells:
-    """Tidy heatmap cells of one layer (see :func:`cwviz.tables.heatmap_cells`)."""
+    """Tidy heatmap cells of one layer (see :func:`cwviz.analyses.tables.heatmap_cells`)."""
     return tables.heatmap_cells(get_analysis(request).analysis, layer, head, measure, kind, query, view)
 
 
@@ -120,20 +122,20 @@ def head_summary(request: Request) -> pd.DataFrame:
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def token_factors(request: Request, layer: int, query: int, head: int | None, kind: str) -> tables.TokenFactors:
-    """The factors of each key's contribution to one query (see :func:`cwviz.tables.token_factors`)."""
+    """The factors of each key's contribution to one query (see :func:`cwviz.analyses.tables.token_factors`)."""
     return tables.token_factors(get_analysis(request).analysis, layer, query, head, kind)
 
 
 @st.cache_data(max_entries=64, show_spinner="Ranking keys in every layer…")
 def top_keys(request: Request, query: int, head: int | None, kind: str, k: int = 5) -> pd.DataFrame:
-    """The query's top keys in every layer (see :func:`cwviz.tables.top_keys_across_layers`)."""
+    """The query's top keys in every layer (see :func:`cwviz.analyses.tables.top_keys_across_layers`)."""
     return tables.top_keys_across_layers(get_analysis(request).analysis, query, head, kind, k)
 
 
 @st.cache_data(max_entries=16, show_spinner="Rendering bertviz…")
 def bertviz_html(request: Request, view: str, weights: str, layer: int) -> str:
     """bertviz HTML (head or model view) for attention or contribution weights."""
-    from .bertviz_html import render
+    from ..analyses.bertviz import render
 
     return render(get_analysis(request).analysis, view=view, weights=weights, layer=layer)
 

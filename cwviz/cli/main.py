@@ -1,7 +1,7 @@
-"""The command line: ``python -m cwviz <command> ...``.
+"""The command line: ``cwviz <command> ...`` (the same as ``python -m cwviz <command> ...``).
 
-Each command lives in :mod:`cwviz.commands` as a module with ``register(subparsers)``, which adds its
-parser and sets ``func``. Errors a user can fix (:class:`~cwviz.errors.CwvizError`, unreadable files)
+Each command lives in :mod:`cwviz.cli` as a module with ``register(subparsers)``, which adds its
+parser and sets ``func``. Errors a user can fix (:class:`~cwviz.core.errors.CwvizError`, unreadable files)
 end the program with one ``error: ...`` line on stderr and exit status 2, never a traceback.
 """
 
@@ -11,12 +11,15 @@ import argparse
 import logging
 import sys
 
-from .commands import COMMANDS
-from .errors import CwvizError
+from . import analyze, app, faithfulness, sinks
+from ..core.errors import CwvizError
+
+#: Each command is a module with ``register(subparsers)``; add a command by listing its module here.
+COMMANDS = (analyze, sinks, faithfulness, app)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m cwviz", description="Contribution weights for attention layers.")
+    parser = argparse.ArgumentParser(prog="cwviz", description="Contribution weights for attention layers.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:

@@ -55,7 +55,7 @@ def text_of(record: object, line: int, path: str | PathLike, field: str | None =
 def read_texts(path: str | PathLike, n: int | None = None, field: str | None = None) -> list[str]:
     """The prompts of a JSONL file, in file order; with ``n``, only the first ``n`` (later lines are not read).
 
-    Raises :class:`~cwviz.errors.InputError` for a missing or non-UTF-8 file, a malformed line (naming
+    Raises :class:`~cwviz.core.errors.InputError` for a missing or non-UTF-8 file, a malformed line (naming
     its line number), ``n < 1``, or a file without prompts.
     """
     if n is not None and n < 1:

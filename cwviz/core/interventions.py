@@ -1,6 +1,6 @@
 """Forward passes with interventions inside the attention function, and their perplexity.
 
-Both interventions act through cwviz's registered attention function (:mod:`cwviz.capture`), only for
+Both interventions act through cwviz's registered attention function (:mod:`cwviz.core.capture`), only for
 the calling thread and only inside the call; the shared model is never modified, so its logits are
 the clean ones afterwards (tested).
 
@@ -70,7 +70,7 @@ def perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray:
     """Perplexity of each sequence, [batch] float64, under ``intervention`` (None = clean).
 
     ``input_ids``: a list of ids (one sequence) or a [batch, pos] tensor of equal-length sequences.
-    Computed as :attr:`cwviz.analysis.Analysis.perplexity` is: the base model's final hidden states,
+    Computed as :attr:`cwviz.core.analysis.Analysis.perplexity` is: the base model's final hidden states,
     then the output layer a chunk of rows at a time (no [batch, pos, vocab] logits are kept).
     """
     ids = torch.as_tensor(input_ids)

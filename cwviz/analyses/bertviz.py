@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .analysis import Analysis
+from ..core.analysis import Analysis
 
 MAX_TOKENS = 96
 MODEL_VIEW_TOKENS = 40

@@ -20,7 +20,7 @@ class ModelLoadError(CwvizError):
 
 
 class UnsupportedModelError(CwvizError):
-    """The model loaded but its architecture has no entry in :data:`cwviz.architectures.ARCHITECTURES`."""
+    """The model loaded but its architecture has no entry in :data:`cwviz.core.architectures.ARCHITECTURES`."""
 
 
 class SelectionError(CwvizError, IndexError):

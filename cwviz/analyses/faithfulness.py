@@ -1,14 +1,14 @@
 """Faithfulness by causal intervention (METHOD.md section 3): mask what a measure ranks first (or last)
 and see how much the model's perplexity suffers.
 
-For each example, one clean forward pass (:func:`cwviz.analysis.analyze`) records every layer; every
+For each example, one clean forward pass (:func:`cwviz.core.analysis.analyze`) records every layer; every
 measure's ranking of the keys of every query comes from that pass. Then each masked run (one measure,
 one curve, one removal rate) is one forward pass of the same tokens through
-:class:`cwviz.interventions.KeepKeys`, the runs of one example batched along the batch dimension.
+:class:`cwviz.core.interventions.KeepKeys`, the runs of one example batched along the batch dimension.
 
 Protocol (our defaults; the paper's exact protocol is not public):
 
-* **Scores**: layer-level (all heads, aggregated as :data:`cwviz.measures.LAYER_AGGREGATION` says:
+* **Scores**: layer-level (all heads, aggregated as :data:`cwviz.core.measures.LAYER_AGGREGATION` says:
   raw attention averaged, value-weighted and inter-head measures summed, intra-head contributions
   averaged), or per head with ``per_head=True`` (each head masks its own top keys).
 * **Ranking**: by the signed score (``rank_by="signed"``: a negative contribution ranks below every
@@ -40,11 +40,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .analysis import Analysis, analyze, check_length
-from .capture import LayerRecord
-from .errors import InputError, UnsupportedModelError
-from .interventions import KeepKeys, perplexity
-from .models import Bundle
+from ..core.analysis import Analysis, analyze, check_length
+from ..core.capture import LayerRecord
+from ..core.errors import InputError, UnsupportedModelError
+from ..core.interventions import KeepKeys, perplexity
+from ..core.models import Bundle
 
 log = logging.getLogger(__name__)
 
@@ -378,8 +378,8 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 def read_examples(path: str | PathLike, n: int | None = None, field: str | None = None) -> list[str]:
     """The first ``n`` examples of a file: JSON Lines (``.jsonl``, ``.json``, ``.ndjson``; read by
-    :func:`cwviz.jsonl.read_texts`) or UTF-8 text, one example per paragraph."""
-    from .jsonl import read_texts
+    :func:`cwviz.core.texts.read_texts`) or UTF-8 text, one example per paragraph."""
+    from ..core.texts import read_texts
 
     path = Path(path)
     if path.suffix.lower() in JSONL_SUFFIXES:
@@ -400,10 +400,10 @@ def read_examples(path: str | PathLike, n: int | None = None, field: str | None 
 def dataset_texts(name: str, split: str = "test", n: int | None = None, field: str | None = None) -> list[str]:
     """Examples from a Hugging Face dataset ``NAME`` or ``NAME:CONFIG`` (needs ``datasets`` and network).
 
-    Fields are read as for JSONL files (:func:`cwviz.jsonl.text_of`): ``field``, ``text``, or GSM8K's
+    Fields are read as for JSONL files (:func:`cwviz.core.texts.text_of`): ``field``, ``text``, or GSM8K's
     question and answer.
     """
-    from .jsonl import text_of
+    from ..core.texts import text_of
 
     try:
         import datasets

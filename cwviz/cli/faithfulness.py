@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import InputError
+from ..core.errors import InputError
 from .common import add_model_args, load, read_text
 
 
@@ -64,7 +64,7 @@ def parse_layer(value: str) -> int | None:
 
 
 def parse_measures(value: str) -> tuple[str, ...]:
-    from ..faithfulness import ALL_MEASURES, RANKED_MEASURES
+    from ..analyses.faithfulness import ALL_MEASURES, RANKED_MEASURES
 
     if value.strip().lower() == "default":
         return RANKED_MEASURES
@@ -75,8 +75,8 @@ def parse_measures(value: str) -> tuple[str, ...]:
 
 def read_examples(args: argparse.Namespace) -> list[str]:
     """The examples from --jsonl, --file, --text or --dataset (at most --n)."""
-    from ..faithfulness import dataset_texts, read_examples as read_file
-    from ..jsonl import read_texts
+    from ..analyses.faithfulness import dataset_texts, read_examples as read_file
+    from ..core.texts import read_texts
 
     if args.n < 1:
         raise InputError(f"--n must be at least 1, not {args.n}")
@@ -101,7 +101,7 @@ def write_csv(summary: pd.DataFrame, path: Path) -> None:
 
 def format_table(summary: pd.DataFrame) -> str:
     """Mean ΔPPL per measure and rate, one block per curve, with the area under each curve."""
-    from ..faithfulness import curve_areas
+    from ..analyses.faithfulness import curve_areas
 
     areas = curve_areas(summary).set_index(["curve", "measure"])["area"]
     n = int(summary["n"].max()) if len(summary) else 0
@@ -121,7 +121,7 @@ def format_table(summary: pd.DataFrame) -> str:
 
 def format_order(summary: pd.DataFrame) -> str:
     """Whether the paper's order holds, by area and at each rate (pairs that fail or tie are named)."""
-    from ..faithfulness import PAPER_ORDER, curve_areas, order_check
+    from ..analyses.faithfulness import PAPER_ORDER, curve_areas, order_check
 
     by_area, by_rate = order_check(curve_areas(summary)), order_check(summary, value="delta_ppl")
     if by_area.empty:
@@ -142,7 +142,7 @@ def format_order(summary: pd.DataFrame) -> str:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .. import faithfulness
+    from ..analyses import faithfulness
 
     protocol = faithfulness.Protocol(
         rates=parse_rates(args.rates),

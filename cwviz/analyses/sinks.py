@@ -21,7 +21,7 @@ Choices (also in the README):
 * Layer-level shares follow METHOD.md's layer-level scores: attention is averaged over heads, the
   contribution is the inter-head C summed over heads; both then averaged over queries.
 * Interventions scale the sink's value v_σ (so ṽ_σ^h in every head) by λ in chosen layers, attention kept,
-  through :class:`cwviz.interventions.ScaleValues`; the shared model is never modified.
+  through :class:`cwviz.core.interventions.ScaleValues`; the shared model is never modified.
 * The semantic cone of a head is the mean pairwise cosine between its outputs o_i^h over the positions
   i that see the sink and another key.
 
@@ -38,11 +38,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .analysis import Analysis
-from .capture import LayerRecord, attention_probabilities, forward_pass
-from .errors import InputError, SelectionError
-from .interventions import ScaleValues, perplexity
-from .measures import expand_kv
+from ..core.analysis import Analysis
+from ..core.capture import LayerRecord, attention_probabilities, forward_pass
+from ..core.errors import InputError, SelectionError
+from ..core.interventions import ScaleValues, perplexity
+from ..core.measures import expand_kv
 
 AUTO = "auto"
 
@@ -439,7 +439,7 @@ def intervene_on_sink(
 
 @dataclass(frozen=True)
 class ScaleValuesPerItem:
-    """Like :class:`~cwviz.interventions.ScaleValues`, but batch item b is changed only in
+    """Like :class:`~cwviz.core.interventions.ScaleValues`, but batch item b is changed only in
     ``layers[b]`` (None = every layer), so one batched pass runs many interventions."""
 
     positions: tuple[int, ...]

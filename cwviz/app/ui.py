@@ -1,7 +1,7 @@
 """The sidebar every page shares, and small widgets pages reuse (chart + downloads).
 
 :func:`sidebar` draws the inputs (model, device, dtype, prompt, tokens to generate, Analyze) and the
-selection (layer, head or all heads, query token), runs the analysis through :mod:`cwviz.services`
+selection (layer, head or all heads, query token), runs the analysis through :mod:`cwviz.app.services`
 and returns a frozen :class:`Selection`.
 
 State: the committed inputs and the selection live in one dict in ``st.session_state`` (so they
@@ -22,12 +22,12 @@ from typing import Any, Callable
 import streamlit as st
 
 from . import hosting, services
-from .analysis import Analysis
-from .errors import CwvizError, ModelLoadError
+from ..core.analysis import Analysis
+from ..core.errors import CwvizError, ModelLoadError
 
 log = logging.getLogger(__name__)
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+EXAMPLES = Path(__file__).resolve().parent / "examples.json"
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAX_GENERATE = 64
@@ -54,8 +54,8 @@ class Example:
 
 
 def examples() -> tuple[Example, ...]:
-    """Example prompts shipped in ``assets/examples.json`` (our own texts)."""
-    data = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
+    """Example prompts shipped in ``cwviz/app/examples.json`` (our own texts; package data)."""
+    data = json.loads(EXAMPLES.read_text(encoding="utf-8"))
     return tuple(Example(item["name"], item["text"]) for item in data)
 
 
@@ -366,7 +366,7 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
 
     Returns the selection state when ``on_select`` is given.
     """
-    from .charts.export import to_csv, to_png, to_svg
+    from ..charts.export import to_csv, to_png, to_svg
 
     kwargs = {} if on_select is None else {"on_select": on_select, "selection_mode": selection_mode}
     event = st.altair_chart(chart_obj, key=key, **kwargs)
@@ -383,7 +383,7 @@ def head_grid(chart_obj, data, name: str, key: str) -> None:
     Streamlit keeps returning the last pick on later reruns, so a pick is acted on once: when it differs
     from the one remembered under this chart's key.
     """
-    from .charts.heatmaps import PICK
+    from ..charts.heatmaps import PICK
 
     event = chart(chart_obj, data, name, key, on_select="rerun", selection_mode=PICK)
     picked = (event.selection.get(PICK) or [None])[0] if event is not None else None

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +39,6 @@ def read_text(args: argparse.Namespace) -> str:
 
 
 def load(args: argparse.Namespace):
-    from ..models import load_model
+    from ..core.models import load_model
 
     return load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)

@@ -3,7 +3,7 @@
 :func:`estimate` gives the bytes an analysis of T tokens needs at its peak; :func:`check` compares it
 with what the device has available (``MemAvailable`` of ``/proc/meminfo`` on Linux CPUs,
 ``torch.cuda.mem_get_info`` on CUDA; elsewhere nothing is checked) and raises
-:class:`~cwviz.errors.ResourceError` with both figures. :func:`guard` turns a CUDA out-of-memory error
+:class:`~cwviz.core.errors.ResourceError` with both figures. :func:`guard` turns a CUDA out-of-memory error
 into the same error, after freeing the cache, so that the app keeps working.
 
 The estimate (float32 measures, model dtype for what the forward pass keeps):
@@ -31,7 +31,7 @@ import torch
 
 from .errors import ResourceError
 
-#: Rows of logits made at a time (the default chunk of :func:`cwviz.analysis.next_token_logprobs`).
+#: Rows of logits made at a time (the default chunk of :func:`cwviz.core.analysis.next_token_logprobs`).
 LOGIT_CHUNK = 256
 #: Share of the available memory an analysis may plan to use (the rest is for everything else).
 HEADROOM = 0.8

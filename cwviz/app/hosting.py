@@ -24,8 +24,8 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator
 
-from .errors import InputError, ModelLoadError
-from .settings import env_int
+from ..core.errors import InputError, ModelLoadError
+from ..core.settings import env_int
 
 HOSTED_MAX_TOKENS = 512
 

@@ -1,6 +1,6 @@
-"""Streamlit caching for the sinks page: small cached wrappers around :mod:`cwviz.sinks`.
+"""Streamlit caching for the sinks page: small cached wrappers around :mod:`cwviz.analyses.sinks`.
 
-The analysis itself comes from :func:`cwviz.services.get_analysis` (shared with every page); what is
+The analysis itself comes from :func:`cwviz.app.services.get_analysis` (shared with every page); what is
 cached here are the small pandas results per (request, sink, ...), so moving the layer, head or query
 never recomputes them.
 """
@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
-from . import hosting, services, sinks
-from .analysis import analyze, tokenize
-from .jsonl import read_texts
+from . import hosting, services
+
+from ..analyses import sinks
+from ..core.analysis import analyze, tokenize
+from ..core.texts import read_texts
 
 #: Most extra prompts the page pools (each costs a forward pass and a table).
 MAX_POOLED = 16
@@ -27,9 +29,9 @@ class SinkTables:
     sink: int  # the sidebar prompt's sink position
     sink_token: str
     prompts: int
-    table: pd.DataFrame  # :func:`cwviz.sinks.pooled_sink_table` columns
-    layers: pd.DataFrame  # :func:`cwviz.sinks.layer_summary`
-    heads: pd.DataFrame  # :func:`cwviz.sinks.head_summary`
+    table: pd.DataFrame  # :func:`cwviz.analyses.sinks.pooled_sink_table` columns
+    layers: pd.DataFrame  # :func:`cwviz.analyses.sinks.layer_summary`
+    heads: pd.DataFrame  # :func:`cwviz.analyses.sinks.head_summary`
 
 
 @dataclass(frozen=True)
@@ -89,11 +91,11 @@ def head_view(
 
 @st.cache_data(max_entries=16, show_spinner="Running the model with the sink's value scaled…")
 def intervention(request: services.Request, sink: int, factor: float, layers: tuple[int, ...] | None) -> sinks.SinkIntervention:
-    """:func:`cwviz.sinks.intervene_on_sink` on the sidebar prompt."""
+    """:func:`cwviz.analyses.sinks.intervene_on_sink` on the sidebar prompt."""
     return sinks.intervene_on_sink(services.get_analysis(request).analysis, sink, factor, layers)
 
 
 @st.cache_data(max_entries=8, show_spinner="One forward pass per layer (batched)…")
 def layerwise(request: services.Request, sink: int, factor: float) -> pd.DataFrame:
-    """:func:`cwviz.sinks.layerwise_removal` on the sidebar prompt."""
+    """:func:`cwviz.analyses.sinks.layerwise_removal` on the sidebar prompt."""
     return sinks.layerwise_removal(services.get_analysis(request).analysis, sink, factor)

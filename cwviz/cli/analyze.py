@@ -51,7 +51,7 @@ def _top(scores: np.ndarray, tokens: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis import analyze
+    from ..core.analysis import analyze
 
     text = read_text(args)
     bundle = load(args)

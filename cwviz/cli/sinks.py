@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import CwvizError, InputError
+from ..core.errors import CwvizError, InputError
 from .common import add_model_args, add_text_args, load, read_text
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
     """The prompts: one from --text/--file, or the JSONL file's (first --n)."""
-    from ..jsonl import read_texts
+    from ..core.texts import read_texts
 
     if args.jsonl is None:
         if args.n is not None or args.field is not None:
@@ -51,8 +51,8 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import sinks
-    from ..analysis import analyze
+    from ..analyses import sinks
+    from ..core.analysis import analyze
 
     if not math.isfinite(args.factor):
         raise InputError(f"--factor must be a finite number, not {args.factor}")

@@ -14,9 +14,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .analysis import Analysis
-from .capture import attention_probabilities
-from .measures import LAYER_AGGREGATION, LayerMeasures, expand_kv, layer_measures
+from ..core.analysis import Analysis
+from ..core.capture import attention_probabilities
+from ..core.measures import LAYER_AGGREGATION, LayerMeasures, expand_kv, layer_measures
+from .schema import FAMILIES, KINDS, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name
 
 #: Most cells one heatmap may have (Altair refuses more than 5000 rows per dataset).
 MAX_CELLS = 2500
@@ -24,53 +25,6 @@ MAX_CELLS = 2500
 TOP_KEYS = 24
 #: The sink is the first position (METHOD.md section 4).
 SINK = 0
-
-#: The measure picker: family -> (label, METHOD.md name for inter, name for intra).
-FAMILIES: dict[str, tuple[str, str, str]] = {
-    "contribution": ("contribution weight", "contribution_inter", "contribution_intra"),
-    "output_normalized": (
-        "value-weighted, output-normalised",
-        "value_weighted_output_normalized",
-        "value_weighted_output_normalized_intra",
-    ),
-    "value_weighted": ("value-weighted attention", "value_weighted", "value_weighted"),
-    "raw": ("raw attention", "raw", "raw"),
-}
-KINDS = ("inter", "intra")
-VIEWS = ("window", "binned")
-
-
-def measure_name(family: str, kind: str) -> str:
-    """The :data:`cwviz.MEASURES` name for a picker family and an intra/inter switch."""
-    if family not in FAMILIES:
-        raise ValueError(f"unknown measure family {family!r}; choose one of: {', '.join(FAMILIES)}")
-    if kind not in KINDS:
-        raise ValueError(f"kind must be 'inter' or 'intra', not {kind!r}")
-    return FAMILIES[family][1 if kind == "inter" else 2]
-
-
-def is_signed(measure: str) -> bool:
-    """Whether a measure can be negative (contribution weights: destructive interference)."""
-    return measure.startswith("contribution")
-
-
-@dataclass(frozen=True)
-class HeatmapCells:
-    """One layer's heatmap: ``frame`` has one row per visible (query, key) cell.
-
-    Columns: layer, head (-1 = all heads), query, key (positions, or bin numbers when binned),
-    query_token, key_token, attention, value (the picked measure), contribution (of ``kind``),
-    norm_ratio and cosine (one head, unbinned only; else NaN). ``labels[i]`` is the axis label of
-    position (or bin) i; ``note`` says what is shown (window, bins, aggregation over heads).
-    """
-
-    frame: pd.DataFrame
-    labels: tuple[str, ...]
-    measure: str
-    kind: str
-    note: str
-    binned: bool
-
 
 def _causal_cells(num_queries: int, num_keys: int, causal: bool) -> int:
     return num_queries * (num_queries + 1) // 2 if causal else num_queries * num_keys
@@ -242,21 +196,6 @@ def head_ranking(summary: pd.DataFrame, top: int | None = None) -> pd.DataFrame:
     """Heads sorted by divergence, largest first."""
     ranked = summary.sort_values("divergence", ascending=False, kind="stable").reset_index(drop=True)
     return ranked if top is None else ranked.head(top)
-
-
-@dataclass(frozen=True)
-class TokenFactors:
-    """The factors of the contributions to one query.
-
-    ``wide``: one row per shown key (key, token, attention, norm_ratio, cosine, contribution, is_sink,
-    order), sorted by contribution, largest first. ``frame``: the same in long form, one row per
-    (key, factor), with ``factor`` in :attr:`factors` (the chart data). ``note`` says which keys are shown.
-    """
-
-    frame: pd.DataFrame
-    wide: pd.DataFrame
-    factors: tuple[str, ...]
-    note: str
 
 
 def visible_keys(analysis: Analysis, query: int) -> np.ndarray:

@@ -96,8 +96,8 @@ def perplexity(logprobs: np.ndarray | torch.Tensor) -> float:
 def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | None = None) -> "Analysis":
     """Run the model once on ``text`` (or on ``input_ids``) and record every attention layer.
 
-    Raises :class:`~cwviz.errors.InputError` for an empty or over-long prompt and
-    :class:`~cwviz.errors.ResourceError` when the estimate of :mod:`cwviz.memory` exceeds what is free.
+    Raises :class:`~cwviz.core.errors.InputError` for an empty or over-long prompt and
+    :class:`~cwviz.core.errors.ResourceError` when the estimate of :mod:`cwviz.core.memory` exceeds what is free.
     """
     if input_ids is None:
         ids = tokenize(bundle, text if text is not None else "")
@@ -266,7 +266,7 @@ class Analysis:
         return _np(self.layer(layer).contribution(kind))
 
     def measure(self, layer: int, name: str) -> np.ndarray:
-        """One of :data:`cwviz.measures.MEASURES` per head, [head, query, key]."""
+        """One of :data:`cwviz.core.measures.MEASURES` per head, [head, query, key]."""
         if name not in MEASURES:
             raise ValueError(f"unknown measure {name!r}; choose one of: {', '.join(MEASURES)}")
         return _np(self.layer(layer).per_head(name))
@@ -358,7 +358,7 @@ class Analysis:
                 }
             )
         return {
-            "schema": "cwviz.analysis",
+            "schema": "cwviz.core.analysis",
             "version": JSON_SCHEMA_VERSION,
             "model": vars(self.info).copy(),
             "text": self.text,

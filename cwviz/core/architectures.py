@@ -2,7 +2,7 @@
 
 Everything cwviz needs from a model is reached through two seams:
 
-* the attention function (a registered ``AttentionInterface`` entry, see :mod:`cwviz.capture`), which
+* the attention function (a registered ``AttentionInterface`` entry, see :mod:`cwviz.core.capture`), which
   receives post-RoPE queries, keys and values (bias included) of every attention module, and
 * the output projection ``W_O`` of each layer, whose weight gives the per-head slices ``W_O^h``.
 
@@ -11,7 +11,7 @@ uses transformers' attention interface is one more row in :data:`ARCHITECTURES`.
 
 A third assumption, for causal models: the logits are the output layer (``get_output_embeddings()``)
 applied as it is to the base model's final hidden states, with no logit scaling or soft-capping; cwviz
-computes next-token log-probabilities that way (:func:`cwviz.analysis.next_token_logprobs`). Every row
+computes next-token log-probabilities that way (:func:`cwviz.core.analysis.next_token_logprobs`). Every row
 is checked against the model's own logits in ``tests/test_architectures.py``.
 """
 
