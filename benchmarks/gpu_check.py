@@ -25,11 +25,24 @@ from cwviz.core.measures import expand_kv
 
 # Llama-3.1-8B's shape: 32 layers, 32 heads, 8 kv heads, d_model 4096, d_head 128.
 LLAMA_8B = dict(
-    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=8192,
+    rope_theta=500000.0,
 )
-SMOKE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=512)
+SMOKE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
 
 # Tolerances of the identities by dtype: the measures are float32, but the model's own write (the
 # reference) is computed in the model's dtype.
@@ -60,10 +73,7 @@ def random_llama(shape: dict, dtype: torch.dtype, device: torch.device) -> cwviz
 
 def check_identities(bundle: cwviz.Bundle, ids: list[int], layers: list[int]) -> dict:
     seen = {}
-    handles = [
-        bundle.out_projections[l].register_forward_pre_hook(lambda m, a, l=l: seen.__setitem__(l, a[0][0].float()))
-        for l in layers
-    ]
+    handles = [bundle.out_projections[l].register_forward_pre_hook(lambda m, a, l=l: seen.__setitem__(l, a[0][0].float())) for l in layers]
     try:
         analysis = cwviz.analyze(bundle, input_ids=ids)
     finally:
@@ -99,8 +109,11 @@ def overhead(bundle: cwviz.Bundle, ids: list[int], device: torch.device, repeats
 
     full_s, plain_s, logprobs_s = interleaved(full, plain, repeats, full_with_logprobs)
     return {
-        "plain_s": plain_s, "full_s": full_s, "ratio": full_s / plain_s,
-        "with_logprobs_s": logprobs_s, "ratio_with_logprobs": logprobs_s / plain_s,
+        "plain_s": plain_s,
+        "full_s": full_s,
+        "ratio": full_s / plain_s,
+        "with_logprobs_s": logprobs_s,
+        "ratio_with_logprobs": logprobs_s / plain_s,
     }
 
 

@@ -36,7 +36,7 @@ def long_ids(bundle, tokens: int) -> list[int]:
     texts = read_texts(GSM8K, n=400) if GSM8K.exists() else ["The quick brown fox jumps over the lazy dog. "] * 400
     ids = bundle.tokenizer("\n\n".join(texts))["input_ids"]
     if len(ids) < tokens:
-        ids = (ids * (tokens // len(ids) + 1))
+        ids = ids * (tokens // len(ids) + 1)
     return ids[:tokens]
 
 
@@ -122,7 +122,10 @@ def value_zeroing(bundle, ids, layer: int):
     clean = analyze(bundle, input_ids=ids).records[layer].output  # (H, Q, d)
     w = torch.tensor(0.0)
     for j in range(len(ids)):
-        with torch.inference_mode(), forward_pass(bundle.attention_modules, intervention=ScaleValues((j,), 0.0, frozenset({layer}))) as records:
+        with (
+            torch.inference_mode(),
+            forward_pass(bundle.attention_modules, intervention=ScaleValues((j,), 0.0, frozenset({layer}))) as records,
+        ):
             bundle.final_hidden(torch.tensor([ids]))  # no output layer, as in analyze
         zeroed = records[layer].output
         w = w + torch.nn.functional.cosine_similarity(clean.flatten(0), zeroed.flatten(0), dim=0)
@@ -148,7 +151,9 @@ def bench_overhead(bundle, lengths, repeats) -> list[str]:
         ids = long_ids(bundle, tokens)
         reps = repeats if tokens <= 512 else max(1, repeats // 2)
         cand, base, with_logprobs = interleaved(
-            lambda: full_analysis(bundle, ids), lambda: plain_forward(bundle, ids), reps,
+            lambda: full_analysis(bundle, ids),
+            lambda: plain_forward(bundle, ids),
+            reps,
             lambda: full_analysis(bundle, ids, logprobs=True),
         )
         rows.append(
@@ -190,7 +195,10 @@ def memory_probe(what: str, tokens: int) -> float:
     """Peak resident-size increase (MiB) of ``what`` in a fresh child process."""
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.memory_probe", what, str(tokens)],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_increase_mib"]
 
@@ -261,7 +269,9 @@ def main(argv=None) -> int:
     if "memory" in only:
         sections.append(("Full analysis against a plain forward pass (peak memory)", bench_memory(lengths)))
     if "naive" in only:
-        sections.append(("Against materialising every per-pair vector (LLM Transparency Tool style)", bench_naive(bundle, 256, args.repeats)))
+        sections.append(
+            ("Against materialising every per-pair vector (LLM Transparency Tool style)", bench_naive(bundle, 256, args.repeats))
+        )
     if "zeroing" in only:
         sections.append(("Against value zeroing (one forward pass per token)", bench_value_zeroing(bundle, 128, 15)))
     if "cold" in only:

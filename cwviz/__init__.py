@@ -37,7 +37,25 @@ _NAMES = {
 }
 _MODULES = {"sinks": "cwviz.analyses.sinks", "faithfulness": "cwviz.analyses.faithfulness", "plot": "cwviz.plot"}
 
-__all__ = sorted([*_NAMES, *_MODULES])
+__all__ = [
+    "Analysis",
+    "Bundle",
+    "CwvizError",
+    "InputError",
+    "MEASURES",
+    "ModelInfo",
+    "ModelLoadError",
+    "ResourceError",
+    "SelectionError",
+    "UnsupportedModelError",
+    "analyze",
+    "bundle_from_model",
+    "faithfulness",
+    "load_model",
+    "max_tokens",
+    "plot",
+    "sinks",
+]
 
 if TYPE_CHECKING:
     from .analyses import faithfulness, sinks

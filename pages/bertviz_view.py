@@ -3,7 +3,6 @@
 import streamlit as st
 
 from cwviz.analyses import bertviz as bertviz_html
-
 from cwviz.app import services, ui
 
 sel = ui.sidebar()

@@ -72,20 +72,33 @@ def start() -> None:
     layer = value("faith_layer", "all")
     try:
         texts = read_texts(
-            value("faith_source", "prompt"), int(value("faith_n", 5)), value("faith_field") or None,
-            value("faith_upload"), value("faith_path", ""), value("faith_dataset", ""), value("faith_split", "test"),
+            value("faith_source", "prompt"),
+            int(value("faith_n", 5)),
+            value("faith_field") or None,
+            value("faith_upload"),
+            value("faith_path", ""),
+            value("faith_dataset", ""),
+            value("faith_split", "test"),
         )
         protocol = F.Protocol(
-            rates=tuple(value("faith_rates", F.DEFAULT_RATES)), measures=tuple(value("faith_measures", F.RANKED_MEASURES)),
-            layer=None if layer == "all" else int(layer), per_head=bool(value("faith_per_head", False)),
-            rank_by=value("faith_rank_by", "signed"), seed=int(value("faith_seed", 0)),
+            rates=tuple(value("faith_rates", F.DEFAULT_RATES)),
+            measures=tuple(value("faith_measures", F.RANKED_MEASURES)),
+            layer=None if layer == "all" else int(layer),
+            per_head=bool(value("faith_per_head", False)),
+            rank_by=value("faith_rank_by", "signed"),
+            seed=int(value("faith_seed", 0)),
             max_tokens=int(value("faith_cap", F.DEFAULT_MAX_TOKENS)),
         )
     except CwvizError as err:
         st.session_state[STATE] = {"error": str(err), "tables": [], "texts": [], "running": False}
         return
     st.session_state[STATE] = {
-        "error": None, "texts": texts, "protocol": protocol, "tables": [], "next": 0, "running": True,
+        "error": None,
+        "texts": texts,
+        "protocol": protocol,
+        "tables": [],
+        "next": 0,
+        "running": True,
         "model": (sel.model, sel.device, sel.dtype),
     }
 
@@ -107,17 +120,30 @@ with st.expander("Data and protocol", expanded=True):
         left.caption("Needs the `datasets` package and network access; offline, use a local file.")
     left.text_input("JSONL field (blank: text, or GSM8K question + answer)", key="faith_field")
     left.number_input("Examples (N)", min_value=1, max_value=10_000, value=5, key="faith_n", disabled=source == "prompt")
-    left.number_input("Token cap per example", min_value=2, max_value=MAX_CAP, value=min(F.DEFAULT_MAX_TOKENS, MAX_CAP), key="faith_cap",
-                      help="Longer examples are cut to this many tokens.")
+    left.number_input(
+        "Token cap per example",
+        min_value=2,
+        max_value=MAX_CAP,
+        value=min(F.DEFAULT_MAX_TOKENS, MAX_CAP),
+        key="faith_cap",
+        help="Longer examples are cut to this many tokens.",
+    )
     right.multiselect("Removal rates (% of each query's keys)", RATE_CHOICES, default=list(F.DEFAULT_RATES), key="faith_rates")
     right.multiselect("Measures", list(F.ALL_MEASURES), default=list(F.RANKED_MEASURES), key="faith_measures")
     right.selectbox(
-        "Mask in", ["all", *range(sel.analysis.num_layers if sel.ok else 0)], key="faith_layer",
+        "Mask in",
+        ["all", *range(sel.analysis.num_layers if sel.ok else 0)],
+        key="faith_layer",
         format_func=lambda v: "every layer at once" if v == "all" else f"layer {v} only",
     )
     right.checkbox("Rank per head (default: layer-level scores)", key="faith_per_head")
-    right.radio("Rank by", F.RANK_BY, horizontal=True, key="faith_rank_by",
-                help="signed: negative contributions rank lowest; absolute: by magnitude")
+    right.radio(
+        "Rank by",
+        F.RANK_BY,
+        horizontal=True,
+        key="faith_rank_by",
+        help="signed: negative contributions rank lowest; absolute: by magnitude",
+    )
     right.number_input("Seed (random control, bootstrap)", min_value=0, value=0, key="faith_seed")
 
 run = st.session_state.get(STATE)
@@ -155,9 +181,18 @@ if run and run["tables"]:
     per_example = pd.concat(run["tables"], ignore_index=True)
     summary = F.summarize(per_example, seed=run["protocol"].seed)
     done, total = len(run["tables"]), len(run["texts"])
-    st.caption(f"{done} of {total} examples" + ("" if run["next"] >= total else " (stopped early)") + "; bands: 95 % bootstrap intervals of the mean ΔPPL.")
-    scale = st.radio("ΔPPL axis", charts.SCALES, horizontal=True, key="faith_scale",
-                     format_func=lambda s: "linear" if s == "linear" else "symmetric log (keeps 0 and negatives)")
+    st.caption(
+        f"{done} of {total} examples"
+        + ("" if run["next"] >= total else " (stopped early)")
+        + "; bands: 95 % bootstrap intervals of the mean ΔPPL."
+    )
+    scale = st.radio(
+        "ΔPPL axis",
+        charts.SCALES,
+        horizontal=True,
+        key="faith_scale",
+        format_func=lambda s: "linear" if s == "linear" else "symmetric log (keeps 0 and negatives)",
+    )
     for curve in F.CURVES:
         ui.chart(charts.curve_chart(summary, curve, scale), summary[summary.curve == curve], f"cwviz-{curve}", key=f"faith_{curve}")
     areas = F.curve_areas(summary).pivot(index="measure", columns="curve", values="area")
@@ -165,5 +200,14 @@ if run and run["tables"]:
     table = summary.pivot(index="measure", columns=["curve", "rate"], values="delta_ppl")
     table.columns = [f"{curve[:4]}. {rate:g}%" for curve, rate in table.columns]
     table = table.join(areas.add_prefix("area "))
-    st.dataframe(table.loc[[m for m in F.ALL_MEASURES if m in table.index]], column_config={c: st.column_config.NumberColumn(format="%.4g") for c in table.columns})
-    st.download_button("Results CSV", data=summary.to_csv(index=False).encode("utf-8"), file_name="cwviz-faithfulness.csv", mime="text/csv", key="faith_csv")
+    st.dataframe(
+        table.loc[[m for m in F.ALL_MEASURES if m in table.index]],
+        column_config={c: st.column_config.NumberColumn(format="%.4g") for c in table.columns},
+    )
+    st.download_button(
+        "Results CSV",
+        data=summary.to_csv(index=False).encode("utf-8"),
+        file_name="cwviz-faithfulness.csv",
+        mime="text/csv",
+        key="faith_csv",
+    )

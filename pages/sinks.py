@@ -30,14 +30,23 @@ if not sel.ok:
 left, middle, right = st.columns([3, 2, 3])
 choice = left.radio("Sink", list(SINK_CHOICES), format_func=SINK_CHOICES.get, horizontal=True, key="sinks_choice")
 position = middle.number_input(
-    "Sink position", min_value=0, max_value=sel.analysis.num_tokens - 1, value=0, step=1, key="sinks_position",
+    "Sink position",
+    min_value=0,
+    max_value=sel.analysis.num_tokens - 1,
+    value=0,
+    step=1,
+    key="sinks_position",
     disabled=choice != "position",
 )
 pool_path, pool_n = "", 0
 if services.server_files_allowed():  # off in hosting mode: the server's files are not the users'
     with right.expander("Pool prompts from a JSONL file"):
-        pool_path = st.text_input("Path", placeholder="/path/to/test.jsonl", key="sinks_pool_path",
-                                  help="One prompt a line: a 'text' field, or GSM8K's 'question' and 'answer'.")
+        pool_path = st.text_input(
+            "Path",
+            placeholder="/path/to/test.jsonl",
+            key="sinks_pool_path",
+            help="One prompt a line: a 'text' field, or GSM8K's 'question' and 'answer'.",
+        )
         pool_n = st.number_input("First N prompts", min_value=0, max_value=services.MAX_POOLED, value=0, key="sinks_pool_n")
 sink = {"first": "0", "auto": "auto", "position": str(position)}[choice]
 
@@ -48,27 +57,32 @@ except CwvizError as err:
     st.error(str(err))
     st.stop()
 pooled = f" pooled over {tables.prompts} prompts (the sidebar prompt and {tables.prompts - 1} from the file)" if tables.prompts > 1 else ""
-st.caption(
-    f"Sink: position {tables.sink} {tables.sink_token!r}{pooled}. Means over heads and the queries that see "
-    "a key besides the sink."
-)
+st.caption(f"Sink: position {tables.sink} {tables.sink_token!r}{pooled}. Means over heads and the queries that see a key besides the sink.")
 
 st.subheader("(a) Sink ratio against head output norm")
-which = f"head {view.head}" if sel.head is not None else f"head {view.head}, the most anti-aligned of layer {view.layer} (pick a head in the sidebar)"
+which = (
+    f"head {view.head}"
+    if sel.head is not None
+    else f"head {view.head}, the most anti-aligned of layer {view.layer} (pick a head in the sidebar)"
+)
 st.caption(
     f"Layer {view.layer}, {which}. Points: queries. Curve: ‖s·ṽ_sink + (1 − s)·m‖ with the head's median ‖ṽ_sink‖, "
     f"‖m‖ and cos (= {view.cos:+.2f}); dashed: the ratio where it is smallest."
 )
 ui.chart(
     charts.ratio_norm_chart(view.points, view.curve, view.minimiser, query=sel.query),
-    view.points, f"cwviz-sink-ratio-layer{view.layer}-head{view.head}", key="sinks_ratio",
+    view.points,
+    f"cwviz-sink-ratio-layer{view.layer}-head{view.head}",
+    key="sinks_ratio",
 )
 
 left, right = st.columns(2)
 with left:
     st.subheader("(b) Anti-alignment")
     ui.head_grid(
-        charts.anti_alignment_map(tables.heads, sel.layer, sel.head), tables.heads, "cwviz-sink-anti-alignment",
+        charts.anti_alignment_map(tables.heads, sel.layer, sel.head),
+        tables.heads,
+        "cwviz-sink-anti-alignment",
         key="sinks_map",
     )
 with right:
@@ -83,8 +97,13 @@ st.caption(
 )
 left, right = st.columns(2)
 factor = left.slider("λ", min_value=0.0, max_value=2.0, value=0.0, step=0.05, key="sinks_factor")
-scope = right.radio("In", ["all", "selected", "chosen"], horizontal=True, key="sinks_scope",
-                    format_func={"all": "every layer", "selected": f"layer {sel.layer} (sidebar)", "chosen": "chosen layers"}.get)
+scope = right.radio(
+    "In",
+    ["all", "selected", "chosen"],
+    horizontal=True,
+    key="sinks_scope",
+    format_func={"all": "every layer", "selected": f"layer {sel.layer} (sidebar)", "chosen": "chosen layers"}.get,
+)
 layers = None
 if scope == "selected":
     layers = (sel.layer,)
@@ -98,18 +117,39 @@ except CwvizError as err:
 a, b, c = st.columns(3)
 a.metric("PPL clean", f"{result.perplexity_clean:.3f}")
 b.metric("PPL intervened", f"{result.perplexity:.3f}", delta=f"{result.delta_ppl:+.3f}", delta_color="inverse")
-c.metric("Semantic cone, mean change", f"{result.table['cone_change'].mean():+.4f}",
-         help="Mean pairwise cosine of each head's outputs across positions, after minus before, averaged over layers and heads.")
+c.metric(
+    "Semantic cone, mean change",
+    f"{result.table['cone_change'].mean():+.4f}",
+    help="Mean pairwise cosine of each head's outputs across positions, after minus before, averaged over layers and heads.",
+)
 ui.chart(charts.intervention_chart(result.table), result.table, "cwviz-sink-intervention", key="sinks_intervention")
 
-if st.toggle("ΔPPL with the sink's value scaled by λ in one layer at a time", key="sinks_layerwise",
-             help="One forward pass per layer (batched): slow on a CPU."):
+if st.toggle(
+    "ΔPPL with the sink's value scaled by λ in one layer at a time",
+    key="sinks_layerwise",
+    help="One forward pass per layer (batched): slow on a CPU.",
+):
     per_layer = services.layerwise(sel.request, tables.sink, float(factor))
-    st.dataframe(per_layer, hide_index=True, column_config={
-        "perplexity": st.column_config.NumberColumn(format="%.3f"), "delta_ppl": st.column_config.NumberColumn("ΔPPL", format="%+.3f"),
-    })
+    st.dataframe(
+        per_layer,
+        hide_index=True,
+        column_config={
+            "perplexity": st.column_config.NumberColumn(format="%.3f"),
+            "delta_ppl": st.column_config.NumberColumn("ΔPPL", format="%+.3f"),
+        },
+    )
 
 with st.expander("Per-layer table"):
-    st.dataframe(tables.layers, hide_index=True, column_config={c: st.column_config.NumberColumn(format="%.3f") for c in tables.layers.columns if c != "layer"})
-    st.download_button("Full table (CSV)", data=lambda: tables.table.to_csv(index=False).encode("utf-8"),
-                       file_name="cwviz-sinks.csv", mime="text/csv", key="sinks_csv", on_click="ignore")
+    st.dataframe(
+        tables.layers,
+        hide_index=True,
+        column_config={c: st.column_config.NumberColumn(format="%.3f") for c in tables.layers.columns if c != "layer"},
+    )
+    st.download_button(
+        "Full table (CSV)",
+        data=lambda: tables.table.to_csv(index=False).encode("utf-8"),
+        file_name="cwviz-sinks.csv",
+        mime="text/csv",
+        key="sinks_csv",
+        on_click="ignore",
+    )

@@ -2,9 +2,8 @@
 
 import streamlit as st
 
-from cwviz.app import services, ui
-
 from cwviz.analyses import tables
+from cwviz.app import services, ui
 from cwviz.charts import token as charts
 
 sel = ui.sidebar()
@@ -18,12 +17,17 @@ st.markdown(
     "little (short or orthogonal value), or contribute negatively (value pointing against the output)."
 )
 kind = st.radio(
-    "Normalise by", tables.KINDS, horizontal=True, key="token_kind",
+    "Normalise by",
+    tables.KINDS,
+    horizontal=True,
+    key="token_kind",
     format_func=lambda k: "layer output ‖o_q‖ (inter)" if k == "inter" else "head output ‖o_q^h‖ (intra)",
 )
 if sel.head is None:
-    st.info("The factorisation is per head: pick a head in the sidebar to see norm ratio and cosine. "
-            "With all heads, attention is the mean over heads and contribution the layer-level score.")
+    st.info(
+        "The factorisation is per head: pick a head in the sidebar to see norm ratio and cosine. "
+        "With all heads, attention is the mean over heads and contribution the layer-level score."
+    )
 factors = services.token_factors(sel.request, sel.layer, sel.query, sel.head, kind)
 ui.chart(charts.factor_bars(factors), factors.wide, f"cwviz-token{sel.query}-layer{sel.layer}", key="factors")
 

@@ -34,16 +34,22 @@ def tiny_config(arch: str):
     if arch == "llama":
         return transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, **common)
     if arch == "mistral":
-        return transformers.MistralConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=1, sliding_window=8, **common)
+        return transformers.MistralConfig(
+            hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=1, sliding_window=8, **common
+        )
     if arch == "qwen2":
         # Qwen2 has biases on q, k and v.
         return transformers.Qwen2Config(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, **common)
     if arch == "qwen3":
-        return transformers.Qwen3Config(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=24, **common)
+        return transformers.Qwen3Config(
+            hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=24, **common
+        )
     if arch == "gpt2":
         return transformers.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=0, eos_token_id=0)
     if arch == "gpt_neox":
-        return transformers.GPTNeoXConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, rotary_pct=0.25, attention_bias=True, **common)
+        return transformers.GPTNeoXConfig(
+            hidden_size=64, intermediate_size=96, num_attention_heads=4, rotary_pct=0.25, attention_bias=True, **common
+        )
     if arch == "bert":
         return transformers.BertConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, **common)
     raise ValueError(arch)

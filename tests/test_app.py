@@ -272,5 +272,11 @@ def test_pages_and_app_do_not_import_torch_or_transformers():
 
 def test_navigation_lists_every_page():
     source = (ROOT / "app.py").read_text(encoding="utf-8")
-    for page, name in [("heatmaps", "Heatmaps"), ("token", "Token"), ("bertviz_view", "bertviz"), ("sinks", "Sinks"), ("faithfulness", "Faithfulness")]:
+    for page, name in [
+        ("heatmaps", "Heatmaps"),
+        ("token", "Token"),
+        ("bertviz_view", "bertviz"),
+        ("sinks", "Sinks"),
+        ("faithfulness", "Faithfulness"),
+    ]:
         assert f'"pages/{page}.py", title="{name}"' in source

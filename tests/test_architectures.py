@@ -10,8 +10,8 @@ import cwviz
 from cwviz.core import architectures
 from cwviz.core.analysis import next_token_logprobs
 from cwviz.core.errors import UnsupportedModelError
-from cwviz.core.measures import expand_kv
 from cwviz.core.interventions import KeepKeys, ScaleValues, logits
+from cwviz.core.measures import expand_kv
 
 from .conftest import TEXT
 
@@ -24,6 +24,7 @@ def model_writes(bundle, text):
     seen = {}
     handles = []
     for layer, proj in enumerate(bundle.out_projections):
+
         def pre(module, args, layer=layer):
             seen.setdefault(layer, {})["z"] = args[0][0].detach().clone()
 

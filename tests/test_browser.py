@@ -28,8 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 LOCAL_HOSTS = {"localhost", "127.0.0.1"}
 BERTVIZ_CDN = "cdnjs.cloudflare.com"
@@ -66,11 +72,18 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server():
     port = _free_port()
-    log = (ARTIFACTS / "server.log")
+    log = ARTIFACTS / "server.log"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     command = [
-        sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless=true", f"--server.port={port}",
-        "--server.address=127.0.0.1", "--server.fileWatcherType=none",  # the rest from .streamlit/config.toml
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        "app.py",
+        "--server.headless=true",
+        f"--server.port={port}",
+        "--server.address=127.0.0.1",
+        "--server.fileWatcherType=none",  # the rest from .streamlit/config.toml
     ]
     with log.open("w") as out:
         process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -97,9 +110,7 @@ def server():
 
 
 def _wait_for_charts(page, count: int, timeout_ms: int) -> None:
-    page.wait_for_function(
-        "([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[RENDERED, count], timeout=timeout_ms
-    )
+    page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[RENDERED, count], timeout=timeout_ms)
 
 
 def _assert_no_error_text(page) -> None:
@@ -149,7 +160,6 @@ def test_dashboard_renders_in_chromium(server):
     assert not page_errors, page_errors
     assert not before_bertviz, f"only bertviz may use the network: {before_bertviz}"
     assert all(urlparse(u).hostname == BERTVIZ_CDN for u in outside), outside
-
 
 
 def test_clicking_a_head_in_the_overview_selects_it(server):

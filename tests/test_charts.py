@@ -8,7 +8,8 @@ import altair as alt
 import pytest
 
 import cwviz
-from cwviz.analyses import bertviz as bertviz_html, tables
+from cwviz.analyses import bertviz as bertviz_html
+from cwviz.analyses import tables
 from cwviz.charts import export, heatmaps, token
 from tests.conftest import TEXT, CharTokenizer, make_tiny
 from tests.test_tables import LONG_TEXT, tiny_long_bundle
@@ -164,8 +165,10 @@ def test_bertviz_scope_caps_tokens_and_layers(long_analysis):
 
 def test_label_expression_is_valid_for_awkward_tokens():
     labels = ['"', "\\", "</script>", "é", "\u202e"]
-    chart = alt.Chart(alt.Data(values=[{"k": i} for i in range(5)])).mark_point().encode(
-        x=alt.X("k:O", axis=alt.Axis(labelExpr=heatmaps.label_expr(labels)))
+    chart = (
+        alt.Chart(alt.Data(values=[{"k": i} for i in range(5)]))
+        .mark_point()
+        .encode(x=alt.X("k:O", axis=alt.Axis(labelExpr=heatmaps.label_expr(labels))))
     )
     svg = export.to_svg(chart).decode()
     assert "&lt;/script&gt;" in svg and "é" in svg

@@ -33,8 +33,14 @@ def test_model_split_by_an_explicit_device_map(tmp_path):
 
     reference = make_tiny("llama")
     reference.model.save_pretrained(tmp_path)
-    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk", "model.norm": "cpu",
-                  "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    device_map = {
+        "model.embed_tokens": "cpu",
+        "model.layers.0": "cpu",
+        "model.layers.1": "disk",
+        "model.norm": "cpu",
+        "model.rotary_emb": "cpu",
+        "lm_head": "cpu",
+    }
     model = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, device_map=device_map, offload_folder=str(tmp_path / "offload"), attn_implementation="cwviz"
     )

@@ -61,7 +61,17 @@ def test_decomposition_multiplies_out(embedded):
     analysis = cwviz.analyze(embedded, PROMPT)
     table = analysis.decomposition(12, query=10)
     assert list(table.columns) == [
-        "layer", "head", "query", "key", "token", "attention", "value_norm", "output_norm", "norm_ratio", "cosine", "contribution",
+        "layer",
+        "head",
+        "query",
+        "key",
+        "token",
+        "attention",
+        "value_norm",
+        "output_norm",
+        "norm_ratio",
+        "cosine",
+        "contribution",
     ]
     assert len(table) == analysis.num_heads * 11  # keys 0..10 for every head
     np.testing.assert_allclose(table.attention * table.norm_ratio * table.cosine, table.contribution, rtol=1e-4, atol=1e-7)
@@ -82,7 +92,10 @@ def test_json_export_schema(embedded, tmp_path):
     assert [len(row) for row in head["attention"]] == list(range(1, analysis.num_tokens + 1))
     np.testing.assert_allclose(head["attention"][-1], analysis.attention(3)[2, -1], atol=1e-6)
     np.testing.assert_allclose(head["contribution_inter"][-1], analysis.contributions(3)[2, -1], atol=1e-6)
-    total = sum(sum(h["contribution_inter"][-1]) for h in cwviz.analyze(embedded, "The capital of France is").to_dict(layers=[3])["layers"][0]["heads"])
+    total = sum(
+        sum(h["contribution_inter"][-1])
+        for h in cwviz.analyze(embedded, "The capital of France is").to_dict(layers=[3])["layers"][0]["heads"]
+    )
     assert total == pytest.approx(1, abs=1e-4)
 
 

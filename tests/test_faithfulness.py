@@ -204,9 +204,7 @@ def test_iter_examples_yields_one_pair_per_text_and_skips_too_short_ones(llama):
 # -- summaries on hand-made tables ---------------------------------------------------------------------------
 def _table(values: dict[tuple[str, str, float], list[float]]) -> pd.DataFrame:
     rows = [
-        {"example": i, "measure": m, "curve": c, "rate": r, "delta_ppl": v}
-        for (m, c, r), vs in values.items()
-        for i, v in enumerate(vs)
+        {"example": i, "measure": m, "curve": c, "rate": r, "delta_ppl": v} for (m, c, r), vs in values.items() for i, v in enumerate(vs)
     ]
     return pd.DataFrame(rows)
 

@@ -35,8 +35,22 @@ def test_two_items_of_a_small_jsonl_with_the_embedded_model(tmp_path):
         ],
     )
     out = tmp_path / "results.csv"
-    args = ["--jsonl", str(data), "--n", "2", "--rates", "10,50", "--measures", "raw,value_weighted,random",
-            "--max-tokens", "16", "--out", str(out), "--device", "cpu"]
+    args = [
+        "--jsonl",
+        str(data),
+        "--n",
+        "2",
+        "--rates",
+        "10,50",
+        "--measures",
+        "raw,value_weighted,random",
+        "--max-tokens",
+        "16",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+    ]
     done = subprocess.run([sys.executable, "-m", "cwviz", "faithfulness", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(out)

@@ -33,7 +33,12 @@ def test_default_load_shows_the_settings_and_no_results(app):
     assert app.button(key="faith_run").label == "Run"
     assert "a file on this machine" in app.radio(key="faith_source").options
     assert app.multiselect(key="faith_measures").value == [
-        "raw", "value_weighted", "value_weighted_output_normalized", "contribution_inter", "contribution_intra", "random",
+        "raw",
+        "value_weighted",
+        "value_weighted_output_normalized",
+        "contribution_inter",
+        "contribution_intra",
+        "random",
     ]
     assert not app.get("vega_lite_chart")
 

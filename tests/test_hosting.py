@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from cwviz.core.errors import InputError, ModelLoadError
 from cwviz.app.hosting import Policy, analysis_slot, policy_from_env
+from cwviz.core.errors import InputError, ModelLoadError
 
 from .conftest import no_hooks, run_together
 

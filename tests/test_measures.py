@@ -30,7 +30,14 @@ def brute_force(alpha, v, w):
     intra = (per_pair * head_out[:, :, None]).sum(-1) / (head_out.norm(dim=-1) ** 2)[..., None]
     inter = (per_pair * out[None, :, None]).sum(-1) / (out.norm(dim=-1) ** 2)[None, :, None]
     cos_inter = torch.einsum("hkm,qm->hqk", v_tilde, out) / (v_tilde.norm(dim=-1)[:, None] * out.norm(dim=-1)[None, :, None])
-    return dict(v_norm=v_tilde.norm(dim=-1), head_norm=head_out.norm(dim=-1), out_norm=out.norm(dim=-1), intra=intra, inter=inter, cos_inter=cos_inter)
+    return dict(
+        v_norm=v_tilde.norm(dim=-1),
+        head_norm=head_out.norm(dim=-1),
+        out_norm=out.norm(dim=-1),
+        intra=intra,
+        inter=inter,
+        cos_inter=cos_inter,
+    )
 
 
 @pytest.mark.parametrize("heads,kv_heads,causal", [(3, 3, True), (4, 2, True), (4, 1, False)])

@@ -122,7 +122,9 @@ def test_concurrent_sessions_get_their_own_numbers(embedded):
 
     def session(job: tuple[int, str]):
         i, text = job
-        analysis = cwviz.analyze(bundle, text) if i % 2 else services.get_analysis(services.Request("embedded", "cpu", "auto", text)).analysis
+        analysis = (
+            cwviz.analyze(bundle, text) if i % 2 else services.get_analysis(services.Request("embedded", "cpu", "auto", text)).analysis
+        )
         return analysis.contributions(20, "inter")
 
     results, errors = run_together(session, [(i, t) for i in range(2) for t in texts])

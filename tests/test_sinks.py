@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cwviz import analyze
+from cwviz.analyses import sinks
 from cwviz.charts import sinks as charts
 from cwviz.core.errors import InputError, SelectionError
 from cwviz.core.interventions import KeepKeys, logits, perplexity
-from cwviz.core.texts import read_texts
 from cwviz.core.measures import expand_kv
-from cwviz.analyses import sinks
+from cwviz.core.texts import read_texts
 
 from .conftest import TEXT, make_tiny
 
@@ -37,9 +37,11 @@ def _o_proj_io(bundle, text):
     seen = {}
     handles = []
     for layer, proj in enumerate(bundle.out_projections):
+
         def hook(module, args, output, layer=layer):
             bias = getattr(module, "bias", None)
             seen[layer] = (output[0] - (bias if bias is not None else 0)).detach().float()  # (T, D)
+
         handles.append(proj.register_forward_hook(hook))
     try:
         ids = torch.tensor([bundle.tokenizer(text)["input_ids"]])
@@ -317,8 +319,16 @@ def test_embedded_gsm8k_item_table_charts_and_intervention(embedded):
     table = sinks.sink_table(analysis, sink="auto")
     assert len(table) == analysis.num_layers * analysis.num_heads * analysis.num_tokens
     defined = table[table.other_keys > 0]
-    numeric = ["sink_ratio", "output_norm", "sink_value_norm", "rest_norm", "cos_sink_rest",
-               "sink_attention_share", "sink_contribution_share", "sink_contribution_inter"]
+    numeric = [
+        "sink_ratio",
+        "output_norm",
+        "sink_value_norm",
+        "rest_norm",
+        "cos_sink_rest",
+        "sink_attention_share",
+        "sink_contribution_share",
+        "sink_contribution_inter",
+    ]
     assert np.isfinite(defined[numeric].to_numpy()).all()
     layers = sinks.layer_summary(table)
     heads = sinks.head_summary(table)

@@ -26,8 +26,13 @@ def tiny_long_bundle() -> cwviz.Bundle:
     """``tiny-long``: a 2-layer llama allowing 1024 positions, one token per character (shared by the
     dashboard tests for 512-token prompts)."""
     config = transformers.LlamaConfig(
-        vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024,
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
     )
     model = transformers.AutoModelForCausalLM.from_config(config)
     return cwviz.bundle_from_model(model, CharTokenizer(100), model_id="tiny-long")
@@ -166,6 +171,4 @@ def test_query_measures_equal_the_full_layer_row(arch):
         for query in (0, 7, analysis.num_tokens - 1):
             row = tables.query_measures(analysis, layer, query)
             for name in cwviz.MEASURES:
-                np.testing.assert_allclose(
-                    row.per_head(name)[:, 0].numpy(), analysis.measure(layer, name)[:, query], atol=1e-5, rtol=1e-4
-                )
+                np.testing.assert_allclose(row.per_head(name)[:, 0].numpy(), analysis.measure(layer, name)[:, query], atol=1e-5, rtol=1e-4)

@@ -11,7 +11,7 @@ from cwviz.app import ui
 
 values = st.one_of(
     st.text(max_size=12),
-    st.integers(min_value=-10**6, max_value=10**6).map(str),
+    st.integers(min_value=-(10**6), max_value=10**6).map(str),
     st.sampled_from(["all", "", " 3 ", "1e3", "0x10", "٣", "9" * 5000, "-0", "NaN", "<script>"]),
 )
 params = st.dictionaries(st.sampled_from(list(ui._URL_KEYS)), values, max_size=len(ui._URL_KEYS))

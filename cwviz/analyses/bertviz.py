@@ -93,7 +93,9 @@ def render(analysis: Analysis, view: str = "head", weights: str = "attention", l
     per_layer = [tensors.get(l, first) for l in range(analysis.num_layers)]  # bertviz indexes by layer
     placeholders = [_placeholder(i) for i in range(n)]
     if view == "head":
-        html = head_view(per_layer, placeholders, prettify_tokens=False, layer=where.layers[0], include_layers=list(where.layers), html_action="return").data
+        html = head_view(
+            per_layer, placeholders, prettify_tokens=False, layer=where.layers[0], include_layers=list(where.layers), html_action="return"
+        ).data
     else:
         html = model_view(per_layer, placeholders, prettify_tokens=False, include_layers=list(where.layers), html_action="return").data
     for i in reversed(range(n)):  # reversed: token_1 must not match inside token_10

@@ -31,10 +31,10 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -255,8 +255,7 @@ def run_example(bundle: Bundle, input_ids: Sequence[int], protocol: Protocol = P
     for start in range(0, len(distinct), protocol.batch_size):
         chunk = distinct[start : start + protocol.batch_size]
         masks = {
-            l: torch.stack([keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c) for m, c, r in chunk])
-            for l in layers
+            l: torch.stack([keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c) for m, c, r in chunk]) for l in layers
         }  # layer -> (B, 1 or head, Q, K)
         batch = ids.expand(len(chunk), -1)
         ppl.update(zip(chunk, perplexity(bundle, batch, KeepKeys(masks)).tolist()))
@@ -285,9 +284,7 @@ def _first_equal(items: Sequence, equal: Callable) -> dict:
     return first
 
 
-def iter_examples(
-    bundle: Bundle, texts: Iterable[str], protocol: Protocol = Protocol()
-) -> Iterator[tuple[int, pd.DataFrame | None]]:
+def iter_examples(bundle: Bundle, texts: Iterable[str], protocol: Protocol = Protocol()) -> Iterator[tuple[int, pd.DataFrame | None]]:
     """:func:`run_example` for each text in turn (cut to ``protocol.max_tokens``): yields
     ``(index, table)``, one pair per text, so a caller can save, report progress or stop between examples.
 

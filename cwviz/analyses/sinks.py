@@ -31,8 +31,8 @@ Nothing here builds a [query, key, d_model] tensor: the largest is [head, query,
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -266,9 +266,7 @@ def head_summary(table: pd.DataFrame) -> pd.DataFrame:
     rows = _defined(table)
     summary = rows.groupby(["layer", "head"])[[*_MEANS, "sink_contribution_share"]].mean()
     medians = rows.groupby(["layer", "head"])[["sink_value_norm", "rest_norm", "cos_sink_rest"]].median()
-    summary["minimising_ratio"] = [
-        SinkCurve(a, b, c).minimiser for a, b, c in medians.itertuples(index=False, name=None)
-    ]
+    summary["minimising_ratio"] = [SinkCurve(a, b, c).minimiser for a, b, c in medians.itertuples(index=False, name=None)]
     return summary.reset_index()
 
 
@@ -319,10 +317,10 @@ def head_curve(table: pd.DataFrame, layer: int, head: int) -> SinkCurve:
     rows = _defined(table)
     rows = rows[(rows["layer"] == layer) & (rows["head"] == head)].dropna(subset=["rest_norm", "cos_sink_rest"])
     if rows.empty:
-        raise SelectionError(f"layer {layer}, head {head} has no query that sees a key besides the sink; pick another head or a longer prompt")
-    return SinkCurve(
-        float(rows["sink_value_norm"].median()), float(rows["rest_norm"].median()), float(rows["cos_sink_rest"].median())
-    )
+        raise SelectionError(
+            f"layer {layer}, head {head} has no query that sees a key besides the sink; pick another head or a longer prompt"
+        )
+    return SinkCurve(float(rows["sink_value_norm"].median()), float(rows["rest_norm"].median()), float(rows["cos_sink_rest"].median()))
 
 
 # -- interventions ----------------------------------------------------------------------------------
@@ -402,7 +400,10 @@ def intervene_on_sink(
         hidden = bundle.final_hidden(ids)[0]  # (T, d_model)
     # Log-probabilities the way the clean analysis computes them, so that λ = 1 gives exactly its perplexity.
     after = Analysis(
-        bundle, analysis.text, analysis.input_ids, tuple(records[l] for l in range(analysis.num_layers)),
+        bundle,
+        analysis.text,
+        analysis.input_ids,
+        tuple(records[l] for l in range(analysis.num_layers)),
         final_hidden=hidden if bundle.arch.causal else None,
     )
     rows = []

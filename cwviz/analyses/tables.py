@@ -8,7 +8,6 @@ prompt is windowed around the selected query or aggregated into bins, and says w
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -17,7 +16,9 @@ import torch
 from ..core.analysis import Analysis
 from ..core.capture import attention_probabilities
 from ..core.measures import LAYER_AGGREGATION, LayerMeasures, expand_kv, layer_measures
-from .schema import FAMILIES, KINDS, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name
+
+# The picker vocabulary and table types are part of this module's interface too (pages use tables.FAMILIES).
+from .schema import FAMILIES, KINDS, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name  # noqa: F401
 
 #: Most cells one heatmap may have (Altair refuses more than 5000 rows per dataset).
 MAX_CELLS = 2500
@@ -25,6 +26,7 @@ MAX_CELLS = 2500
 TOP_KEYS = 24
 #: The sink is the first position (METHOD.md section 4).
 SINK = 0
+
 
 def _causal_cells(num_queries: int, num_keys: int, causal: bool) -> int:
     return num_queries * (num_queries + 1) // 2 if causal else num_queries * num_keys
@@ -203,9 +205,7 @@ def visible_keys(analysis: Analysis, query: int) -> np.ndarray:
     return np.arange(query + 1 if analysis.bundle.arch.causal else analysis.num_tokens)
 
 
-def token_factors(
-    analysis: Analysis, layer: int, query: int, head: int | None, kind: str = "inter", top: int = TOP_KEYS
-) -> TokenFactors:
+def token_factors(analysis: Analysis, layer: int, query: int, head: int | None, kind: str = "inter", top: int = TOP_KEYS) -> TokenFactors:
     """contribution = attention × norm_ratio × cosine for each key of ``query`` (one head).
 
     With ``head=None`` the factorisation does not exist (it is per head): the table has attention

@@ -21,8 +21,8 @@ import contextlib
 import functools
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from ..core.errors import InputError, ModelLoadError
 from ..core.settings import env_int
@@ -49,9 +49,7 @@ class Policy:
         if not self.hosted:
             return
         if self.allowed_models is not None and name not in self.allowed_models:
-            raise ModelLoadError(
-                f"model {name!r} is not available on this server; choose one of: {', '.join(self.allowed_models)}"
-            )
+            raise ModelLoadError(f"model {name!r} is not available on this server; choose one of: {', '.join(self.allowed_models)}")
 
     @property
     def trust_remote_code(self) -> bool:
@@ -88,7 +86,7 @@ def policy_from_env() -> Policy:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _semaphore(limit: int) -> threading.BoundedSemaphore:
     return threading.BoundedSemaphore(limit)
 
@@ -104,10 +102,7 @@ def analysis_slot(policy: Policy) -> Iterator[None]:
         return
     slots = _semaphore(policy.max_concurrent)
     if not slots.acquire(timeout=policy.queue_seconds):
-        raise InputError(
-            f"the server is busy: {policy.max_concurrent} analyses are running (CWVIZ_MAX_CONCURRENT); "
-            "try again in a moment"
-        )
+        raise InputError(f"the server is busy: {policy.max_concurrent} analyses are running (CWVIZ_MAX_CONCURRENT); try again in a moment")
     try:
         yield
     finally:

@@ -48,13 +48,21 @@ def config_flags(config: Path) -> list[str]:
 def command(extra: list[str] | None = None) -> list[str]:
     """The ``python -m streamlit run .../app.py --...`` command line ``cwviz app`` runs."""
     folder = dashboard_dir()
-    return [sys.executable, "-m", "streamlit", "run", str(folder / "app.py"), *config_flags(folder / ".streamlit" / "config.toml"), *(extra or [])]
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(folder / "app.py"),
+        *config_flags(folder / ".streamlit" / "config.toml"),
+        *(extra or []),
+    ]
 
 
 def run(extra: list[str] | None = None) -> int:
     """Start the dashboard and wait for it (Ctrl-C stops it); the exit status is Streamlit's."""
     if importlib.util.find_spec("streamlit") is None:
-        raise CwvizError("the dashboard needs the app extra: pip install \"cwviz[app]\"")
+        raise CwvizError('the dashboard needs the app extra: pip install "cwviz[app]"')
     try:
         return subprocess.call(command(extra))
     except KeyboardInterrupt:

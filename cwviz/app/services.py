@@ -22,14 +22,13 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
-from . import hosting
-
 from ..analyses import tables
 from ..core.analysis import Analysis, analyze, max_tokens, tokenize
 from ..core.errors import InputError
 from ..core.generate import greedy_continuation
 from ..core.models import Bundle, load_model
 from ..core.settings import env_int
+from . import hosting
 
 #: Longest input (prompt plus generated tokens) the dashboard analyses; the CLI and API allow more.
 DEFAULT_APP_MAX_TOKENS = 1024
@@ -101,15 +100,13 @@ def _analyse(request: Request) -> Analyzed:
     check_dashboard_length(bundle, len(prompt_ids), request.generate)
     if request.generate > 0:
         ids = greedy_continuation(bundle, prompt_ids, request.generate)
-        text = request.text + bundle.tokenizer.decode(ids[len(prompt_ids):])
+        text = request.text + bundle.tokenizer.decode(ids[len(prompt_ids) :])
         return Analyzed(analyze(bundle, text, input_ids=ids), len(prompt_ids))
     return Analyzed(analyze(bundle, request.text), len(prompt_ids))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def heatmap_cells(
-    request: Request, layer: int, head: int | None, measure: str, kind: str, query: int, view: str
-) -> tables.HeatmapCells:
+def heatmap_cells(request: Request, layer: int, head: int | None, measure: str, kind: str, query: int, view: str) -> tables.HeatmapCells:
     """Tidy heatmap cells of one layer (see :func:`cwviz.analyses.tables.heatmap_cells`)."""
     return tables.heatmap_cells(get_analysis(request).analysis, layer, head, measure, kind, query, view)
 

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
-from . import hosting, services
-
 from ..analyses import sinks
 from ..core.analysis import analyze, tokenize
 from ..core.texts import read_texts
+from . import hosting, services
 
 #: Most extra prompts the page pools (each costs a forward pass and a table).
 MAX_POOLED = 16
@@ -75,9 +74,7 @@ def sink_tables(request: services.Request, sink: str, pool_path: str = "", pool_
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def head_view(
-    request: services.Request, sink: str, pool_path: str, pool_n: int, layer: int, head: int | None
-) -> HeadView:
+def head_view(request: services.Request, sink: str, pool_path: str, pool_n: int, layer: int, head: int | None) -> HeadView:
     """Chart (a)'s data for ``head`` of ``layer`` (arguments as :func:`sink_tables`); for all heads
     (None), the layer's most anti-aligned head."""
     tables = sink_tables(request, sink, pool_path, pool_n)

@@ -15,15 +15,16 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import streamlit as st
 
-from . import hosting, services
 from ..core.analysis import Analysis
 from ..core.errors import CwvizError, ModelLoadError
+from . import hosting, services
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +106,23 @@ def escape_markdown(text: str) -> str:
 def _defaults() -> dict:
     text = examples()[0].text
     return {
-        "model": "embedded", "device": "auto", "dtype": "auto", "text": text, "generate": 0,
-        "draft_model": "embedded", "draft_device": "auto", "draft_dtype": "auto", "draft_text": text,
-        "draft_generate": 0, "example": examples()[0].name,
-        "layer": None, "head": None, "query": None, "notes": [], "failed": None, "from_url": {},
+        "model": "embedded",
+        "device": "auto",
+        "dtype": "auto",
+        "text": text,
+        "generate": 0,
+        "draft_model": "embedded",
+        "draft_device": "auto",
+        "draft_dtype": "auto",
+        "draft_text": text,
+        "draft_generate": 0,
+        "example": examples()[0].name,
+        "layer": None,
+        "head": None,
+        "query": None,
+        "notes": [],
+        "failed": None,
+        "from_url": {},
     }
 
 
@@ -240,7 +254,9 @@ def _clamp(cur: dict, analysis) -> None:
     elif not 0 <= cur["layer"] <= last_layer:
         clamped = min(max(cur["layer"], 0), last_layer)
         if "layer" in from_url:
-            notes.append(f"layer={from_url.pop('layer')} in the link is out of range (this model has layers 0..{last_layer}); showing layer {clamped}")
+            notes.append(
+                f"layer={from_url.pop('layer')} in the link is out of range (this model has layers 0..{last_layer}); showing layer {clamped}"
+            )
         cur["layer"] = clamped
     if cur["head"] is not None and not 0 <= cur["head"] <= last_head:
         if "head" in from_url:
@@ -250,13 +266,18 @@ def _clamp(cur: dict, analysis) -> None:
         cur["query"] = last_token
     elif not 0 <= cur["query"] <= last_token:
         if "token" in from_url:
-            notes.append(f"token={from_url.pop('token')} in the link is out of range (the input has tokens 0..{last_token}); showing the last token")
+            notes.append(
+                f"token={from_url.pop('token')} in the link is out of range (the input has tokens 0..{last_token}); showing the last token"
+            )
         cur["query"] = last_token
 
 
 def _write_url(cur: dict) -> None:
     wanted = {
-        "model": cur["model"], "device": cur["device"], "dtype": cur["dtype"], "gen": str(cur["generate"]),
+        "model": cur["model"],
+        "device": cur["device"],
+        "dtype": cur["dtype"],
+        "gen": str(cur["generate"]),
         "layer": "" if cur["layer"] is None else str(cur["layer"]),
         "head": "all" if cur["head"] is None else str(cur["head"]),
         "token": "" if cur["query"] is None else str(cur["query"]),
@@ -296,8 +317,13 @@ def sidebar() -> Selection:
         if cur["example"] not in names:
             cur["example"] = None
         _bound(
-            st.selectbox, "example", "Example prompt", options=names, index=None,
-            placeholder="your own text", after=_pick_example,
+            st.selectbox,
+            "example",
+            "Example prompt",
+            options=names,
+            index=None,
+            placeholder="your own text",
+            after=_pick_example,
             help="Picking an example analyses it at once.",
         )
         policy = hosting.policy_from_env()
@@ -307,7 +333,12 @@ def sidebar() -> Selection:
                 cur["draft_model"] = allowed[0]
             _bound(st.selectbox, "draft_model", "Model", options=allowed, help="the models this server offers")
         else:
-            _bound(st.text_input, "draft_model", "Model", help="embedded (ships with cwviz, works offline), a Hugging Face hub id, or a local folder / .gguf file")
+            _bound(
+                st.text_input,
+                "draft_model",
+                "Model",
+                help="embedded (ships with cwviz, works offline), a Hugging Face hub id, or a local folder / .gguf file",
+            )
         left, right = st.columns(2)
         with left:
             _bound(st.selectbox, "draft_device", "Device", options=DEVICES)
@@ -315,7 +346,12 @@ def sidebar() -> Selection:
             _bound(st.selectbox, "draft_dtype", "Dtype", options=DTYPES)
         _bound(st.text_area, "draft_text", "Prompt", height=140)
         _bound(
-            st.number_input, "draft_generate", "Tokens to generate", min_value=0, max_value=MAX_GENERATE, step=1,
+            st.number_input,
+            "draft_generate",
+            "Tokens to generate",
+            min_value=0,
+            max_value=MAX_GENERATE,
+            step=1,
             help="Greedily generate this many tokens after the prompt and analyse prompt plus continuation.",
         )
         st.button("Analyze", type="primary", on_click=_commit, key="_cwviz_analyze", width="stretch")
@@ -328,15 +364,24 @@ def sidebar() -> Selection:
             st.header("Selection")
             _bound(st.slider, "layer", "Layer", min_value=0, max_value=analysis.num_layers - 1, after=_clear_notes)
             _bound(
-                st.selectbox, "head", "Head", options=["all", *range(analysis.num_heads)],
-                format_func=lambda h: "all heads" if h == "all" else f"head {h}", after=_clear_notes,
-                to_widget=lambda h: "all" if h is None else h, from_widget=lambda h: None if h == "all" else int(h),
+                st.selectbox,
+                "head",
+                "Head",
+                options=["all", *range(analysis.num_heads)],
+                format_func=lambda h: "all heads" if h == "all" else f"head {h}",
+                after=_clear_notes,
+                to_widget=lambda h: "all" if h is None else h,
+                from_widget=lambda h: None if h == "all" else int(h),
             )
             tokens, prompt_tokens = analysis.tokens, analyzed.prompt_tokens
             _bound(
-                st.selectbox, "query", "Query token", options=list(range(analysis.num_tokens)),
+                st.selectbox,
+                "query",
+                "Query token",
+                options=list(range(analysis.num_tokens)),
                 format_func=lambda i: f"{i}: {tokens[i]}" + (" (generated)" if i >= prompt_tokens else ""),
-                after=_clear_notes, help="The token whose attention row is examined (position: token).",
+                after=_clear_notes,
+                help="The token whose attention row is examined (position: token).",
             )
             info = analysis.info
             generated = analysis.num_tokens - analyzed.prompt_tokens
@@ -352,9 +397,18 @@ def sidebar() -> Selection:
     layer = cur["layer"] if cur["layer"] is not None else 0
     query = cur["query"] if cur["query"] is not None else 0
     return Selection(
-        model=cur["model"], device=cur["device"], dtype=cur["dtype"], text=cur["text"], generate=int(cur["generate"]),
-        layer=int(layer), head=cur["head"], query=int(query), analysis=analysis, error=error,
-        prompt_tokens=analyzed.prompt_tokens if analyzed is not None else 0, notes=tuple(cur["notes"]),
+        model=cur["model"],
+        device=cur["device"],
+        dtype=cur["dtype"],
+        text=cur["text"],
+        generate=int(cur["generate"]),
+        layer=int(layer),
+        head=cur["head"],
+        query=int(query),
+        analysis=analysis,
+        error=error,
+        prompt_tokens=analyzed.prompt_tokens if analyzed is not None else 0,
+        notes=tuple(cur["notes"]),
     )
 
 
@@ -371,8 +425,12 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
     kwargs = {} if on_select is None else {"on_select": on_select, "selection_mode": selection_mode}
     event = st.altair_chart(chart_obj, key=key, **kwargs)
     cols = st.columns([1, 1, 1, 5])
-    cols[0].download_button("PNG", data=lambda: to_png(chart_obj), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore")
-    cols[1].download_button("SVG", data=lambda: to_svg(chart_obj), file_name=f"{name}.svg", mime="image/svg+xml", key=f"{key}_svg", on_click="ignore")
+    cols[0].download_button(
+        "PNG", data=lambda: to_png(chart_obj), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore"
+    )
+    cols[1].download_button(
+        "SVG", data=lambda: to_svg(chart_obj), file_name=f"{name}.svg", mime="image/svg+xml", key=f"{key}_svg", on_click="ignore"
+    )
     cols[2].download_button("CSV", data=lambda: to_csv(data), file_name=f"{name}.csv", mime="text/csv", key=f"{key}_csv", on_click="ignore")
     return event
 
@@ -400,8 +458,17 @@ def analysis_download(sel: Selection, key: str = "json") -> None:
     if services.json_export_size(sel.analysis) <= services.JSON_EXPORT_LIMIT:
         layers, label, name = None, "Analysis as JSON (all layers)", "cwviz-analysis.json"
     else:
-        layers, label, name = (sel.layer,), f"Analysis as JSON (layer {sel.layer}; all layers would be too large)", f"cwviz-analysis-layer{sel.layer}.json"
+        layers, label, name = (
+            (sel.layer,),
+            f"Analysis as JSON (layer {sel.layer}; all layers would be too large)",
+            f"cwviz-analysis-layer{sel.layer}.json",
+        )
     st.download_button(
-        label, data=lambda: services.analysis_json(request, layers), file_name=name, mime="application/json",
-        key=key, on_click="ignore", help="The same schema as `python -m cwviz analyze --json` (Analysis.to_dict).",
+        label,
+        data=lambda: services.analysis_json(request, layers),
+        file_name=name,
+        mime="application/json",
+        key=key,
+        on_click="ignore",
+        help="The same schema as `python -m cwviz analyze --json` (Analysis.to_dict).",
     )

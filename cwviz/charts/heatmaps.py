@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import altair as alt
 import pandas as pd
@@ -87,18 +87,23 @@ def heatmap_pair(cells: HeatmapCells) -> alt.HConcatChart:
     tooltips = _tooltips(frame, value_title, show_value)
     axis_args = dict(labelExpr=label_expr(cells.labels), labelLimit=90, labelOverlap=True)
     position = "bin" if cells.binned else "position"
-    base = alt.Chart(frame).mark_rect().encode(
-        x=alt.X("key:O", title=f"key ({position})", axis=alt.Axis(labelAngle=-60, **axis_args)),
-        y=alt.Y("query:O", title=f"query ({position})", axis=alt.Axis(**axis_args)),
-        tooltip=tooltips,
-    ).properties(width=SIDE, height=SIDE)
-    attention = base.encode(
-        color=alt.Color("attention:Q", title="attention", scale=sequential_scale(frame["attention"]))
-    ).properties(title="Attention weights")
+    base = (
+        alt.Chart(frame)
+        .mark_rect()
+        .encode(
+            x=alt.X("key:O", title=f"key ({position})", axis=alt.Axis(labelAngle=-60, **axis_args)),
+            y=alt.Y("query:O", title=f"query ({position})", axis=alt.Axis(**axis_args)),
+            tooltip=tooltips,
+        )
+        .properties(width=SIDE, height=SIDE)
+    )
+    attention = base.encode(color=alt.Color("attention:Q", title="attention", scale=sequential_scale(frame["attention"]))).properties(
+        title="Attention weights"
+    )
     scale = signed_scale(frame["value"]) if is_signed(cells.measure) else sequential_scale(frame["value"])
-    measure = base.encode(
-        color=alt.Color("value:Q", title=value_title.split(" (")[0], scale=scale)
-    ).properties(title=value_title[:1].upper() + value_title[1:])
+    measure = base.encode(color=alt.Color("value:Q", title=value_title.split(" (")[0], scale=scale)).properties(
+        title=value_title[:1].upper() + value_title[1:]
+    )
     return (
         alt.hconcat(attention, measure, data=frame)
         .resolve_scale(color="independent")
@@ -138,24 +143,30 @@ def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int 
     layers = int(summary["layer"].max()) + 1 if len(summary) else 1
     heads = int(summary["head"].max()) + 1 if len(summary) else 1
     cell = max(10, min(22, 520 // max(layers, 1)))
-    grid = alt.Chart(summary).mark_rect().encode(
-        x=alt.X("head:O", title="head"),
-        y=alt.Y("layer:O", title="layer"),
-        color=alt.Color(f"{metric}:Q", title=metric.replace("_", " "), scale=scale),
-        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.85)),
-        tooltip=[
-            alt.Tooltip("layer:O"),
-            alt.Tooltip("head:O"),
-            alt.Tooltip("sink_attention:Q", title="sink share, attention", format=".3f"),
-            alt.Tooltip("sink_contribution:Q", title="sink share, contribution", format="+.3f"),
-            alt.Tooltip("divergence:Q", title="divergence", format=".3f"),
-            alt.Tooltip("rank:Q", title="rank by divergence"),
-        ],
-    ).add_params(pick)
+    grid = (
+        alt.Chart(summary)
+        .mark_rect()
+        .encode(
+            x=alt.X("head:O", title="head"),
+            y=alt.Y("layer:O", title="layer"),
+            color=alt.Color(f"{metric}:Q", title=metric.replace("_", " "), scale=scale),
+            opacity=alt.condition(pick, alt.value(1.0), alt.value(0.85)),
+            tooltip=[
+                alt.Tooltip("layer:O"),
+                alt.Tooltip("head:O"),
+                alt.Tooltip("sink_attention:Q", title="sink share, attention", format=".3f"),
+                alt.Tooltip("sink_contribution:Q", title="sink share, contribution", format="+.3f"),
+                alt.Tooltip("divergence:Q", title="divergence", format=".3f"),
+                alt.Tooltip("rank:Q", title="rank by divergence"),
+            ],
+        )
+        .add_params(pick)
+    )
     layers_out = [grid]
     if layer is not None and head is not None:
         layers_out.append(outline(pd.DataFrame({"layer": [layer], "head": [head]})))
     return alt.layer(*layers_out).properties(
-        width=max(160, cell * heads), height=cell * layers,
+        width=max(160, cell * heads),
+        height=cell * layers,
         title=alt.TitleParams(f"All heads: {OVERVIEW_METRICS[metric]} (click a cell to pick the head)", anchor="start", fontSize=13),
     )

@@ -61,16 +61,22 @@ def ratio_norm_chart(
     line = (
         alt.Chart(curve.assign(label="‖s ṽ_sink + (1 − s) m‖, typical m"))
         .mark_line(color="#e45756", strokeWidth=2)
-        .encode(x=x, y=y, tooltip=[alt.Tooltip("label:N", title="curve"), alt.Tooltip("sink_ratio:Q", format=".2f"), alt.Tooltip("output_norm:Q", format=".3f")])
+        .encode(
+            x=x,
+            y=y,
+            tooltip=[
+                alt.Tooltip("label:N", title="curve"),
+                alt.Tooltip("sink_ratio:Q", format=".2f"),
+                alt.Tooltip("output_norm:Q", format=".3f"),
+            ],
+        )
     )
     layers = [dots, line]
     if math.isfinite(minimiser):
         marker = pd.DataFrame({"sink_ratio": [minimiser], "label": [f"min at s* = {minimiser:.2f}"]})
         rule = alt.Chart(marker).mark_rule(color="#e45756", strokeDash=[4, 3]).encode(x="sink_ratio:Q", tooltip=["label:N"])
         text = (
-            alt.Chart(marker)
-            .mark_text(align="left", dx=4, dy=-6, color="#e45756")
-            .encode(x="sink_ratio:Q", y=alt.value(8), text="label:N")
+            alt.Chart(marker).mark_text(align="left", dx=4, dy=-6, color="#e45756").encode(x="sink_ratio:Q", y=alt.value(8), text="label:N")
         )
         layers += [rule, text]
     if query is not None:
@@ -79,7 +85,8 @@ def ratio_norm_chart(
             ringed = ringed[ringed["prompt"] == ringed["prompt"].min()]
         if not ringed.empty:
             layers.append(
-                alt.Chart(ringed).mark_point(size=160, shape="circle", filled=False, color="black", strokeWidth=2)
+                alt.Chart(ringed)
+                .mark_point(size=160, shape="circle", filled=False, color="black", strokeWidth=2)
                 .encode(x=x, y=y, tooltip=tooltip)
             )
     return alt.layer(*layers).properties(title=title, width=width, height=height)
@@ -100,16 +107,20 @@ def anti_alignment_map(
         scale=signed_scale(heads["cos_sink_rest"], least=0.05),
     )
     base = alt.Chart(heads).encode(x=alt.X("head:O", title="head"), y=alt.Y("layer:O", title="layer"))
-    cells = base.mark_rect().encode(
-        color=color,
-        tooltip=[
-            alt.Tooltip("layer:O"),
-            alt.Tooltip("head:O"),
-            alt.Tooltip("cos_sink_rest:Q", title="mean cos(ṽ_sink, m)", format=".3f"),
-            alt.Tooltip("sink_ratio:Q", title="mean sink ratio", format=".3f"),
-            alt.Tooltip("minimising_ratio:Q", title="ratio minimising ‖o‖", format=".2f"),
-        ],
-    ).add_params(pick)
+    cells = (
+        base.mark_rect()
+        .encode(
+            color=color,
+            tooltip=[
+                alt.Tooltip("layer:O"),
+                alt.Tooltip("head:O"),
+                alt.Tooltip("cos_sink_rest:Q", title="mean cos(ṽ_sink, m)", format=".3f"),
+                alt.Tooltip("sink_ratio:Q", title="mean sink ratio", format=".3f"),
+                alt.Tooltip("minimising_ratio:Q", title="ratio minimising ‖o‖", format=".2f"),
+            ],
+        )
+        .add_params(pick)
+    )
     layers = [cells]
     if layer is not None:
         chosen = heads[(heads["layer"] == layer) & ((heads["head"] == head) if head is not None else True)]
@@ -131,9 +142,7 @@ def share_chart(layers: pd.DataFrame, layer: int | None = None, width: int = 460
         var_name="measure",
         value_name="share",
     )
-    long["measure"] = long["measure"].map(
-        {"sink_attention_share": "attention", "sink_contribution_share": "contribution weight"}
-    )
+    long["measure"] = long["measure"].map({"sink_attention_share": "attention", "sink_contribution_share": "contribution weight"})
     lines = (
         alt.Chart(long)
         .mark_line(point=True)

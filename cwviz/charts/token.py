@@ -87,6 +87,7 @@ def top_keys_chart(frame: pd.DataFrame, note: str) -> alt.LayerChart:
     ranks = base.mark_text(fontSize=9).encode(text="rank:O")
     keys = frame["key"].nunique() if len(frame) else 1
     return alt.layer(rects, ranks, data=frame).properties(
-        width=alt.Step(20), height=max(120, 18 * keys),
+        width=alt.Step(20),
+        height=max(120, 18 * keys),
         title=alt.TitleParams(note, anchor="start", fontSize=13),
     )

@@ -7,7 +7,8 @@ import argparse
 
 def register(sub) -> None:
     parser = sub.add_parser(
-        "app", help="start the dashboard in the browser",
+        "app",
+        help="start the dashboard in the browser",
         description="Start the Streamlit dashboard. Options after the command go to `streamlit run`, "
         "e.g. `cwviz app --server.port 8502 --server.headless true`.",
     )

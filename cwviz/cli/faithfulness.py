@@ -26,19 +26,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     data = parser.add_mutually_exclusive_group(required=True)
     data.add_argument("--jsonl", type=Path, help="JSON Lines: a 'text' field per line, or GSM8K's question and answer")
-    data.add_argument("--file", type=Path, help="a UTF-8 text file, each paragraph (blank-line separated) one example; .jsonl/.json files are read as JSONL")
+    data.add_argument(
+        "--file",
+        type=Path,
+        help="a UTF-8 text file, each paragraph (blank-line separated) one example; .jsonl/.json files are read as JSONL",
+    )
     data.add_argument("--text", help="one example given on the command line ('-' reads standard input)")
     data.add_argument("--dataset", help="a Hugging Face dataset NAME or NAME:CONFIG (needs `datasets` and network)")
     parser.add_argument("--field", help="the JSONL/dataset field holding the text (default: text, or question+answer)")
     parser.add_argument("--split", default="test", help="the dataset split (default: test)")
     parser.add_argument("--n", type=int, default=20, help="number of examples (default 20)")
     parser.add_argument("--rates", default="1,5,10,20,30,50", help="removal rates in %% of each query's keys (default 1,5,10,20,30,50)")
-    parser.add_argument("--measures", default="default", help="comma-separated measures, or default: raw, value_weighted, "
-                        "value_weighted_output_normalized, contribution_inter, contribution_intra, random "
-                        "(also: value_weighted_output_normalized_intra; all = every one)")
+    parser.add_argument(
+        "--measures",
+        default="default",
+        help="comma-separated measures, or default: raw, value_weighted, "
+        "value_weighted_output_normalized, contribution_inter, contribution_intra, random "
+        "(also: value_weighted_output_normalized_intra; all = every one)",
+    )
     parser.add_argument("--layers", default="all", help="all (default: mask in every layer at once) or one layer index")
     parser.add_argument("--per-head", action="store_true", help="rank keys per head (default: layer-level scores)")
-    parser.add_argument("--rank-by", choices=["signed", "absolute"], default="signed", help="rank by the signed score (default) or its magnitude")
+    parser.add_argument(
+        "--rank-by", choices=["signed", "absolute"], default="signed", help="rank by the signed score (default) or its magnitude"
+    )
     parser.add_argument("--max-tokens", type=int, default=256, help="token cap per example: longer ones are cut (default 256)")
     parser.add_argument("--batch-size", type=int, default=8, help="masked runs per forward pass (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random ranking and the bootstrap (default 0)")
@@ -75,7 +85,8 @@ def parse_measures(value: str) -> tuple[str, ...]:
 
 def read_examples(args: argparse.Namespace) -> list[str]:
     """The examples from --jsonl, --file, --text or --dataset (at most --n)."""
-    from ..analyses.faithfulness import dataset_texts, read_examples as read_file
+    from ..analyses.faithfulness import dataset_texts
+    from ..analyses.faithfulness import read_examples as read_file
     from ..core.texts import read_texts
 
     if args.n < 1:
@@ -171,12 +182,13 @@ def run(args: argparse.Namespace) -> int:
                 write_csv(summary, args.out)
     if not tables:
         raise InputError("no example had two or more tokens; nothing to measure")
-    print(f"model: {bundle.info.id}; {len(tables)} example(s), at most {protocol.max_tokens} tokens each; "
-          f"layers: {'all at once' if protocol.layer is None else protocol.layer}; "
-          f"scores: {'per head' if protocol.per_head else 'layer-level'}, ranked by {protocol.rank_by} value")
+    print(
+        f"model: {bundle.info.id}; {len(tables)} example(s), at most {protocol.max_tokens} tokens each; "
+        f"layers: {'all at once' if protocol.layer is None else protocol.layer}; "
+        f"scores: {'per head' if protocol.per_head else 'layer-level'}, ranked by {protocol.rank_by} value"
+    )
     print(format_table(summary))
     print(format_order(summary))
     if args.out is not None:
         print(f"wrote {args.out}")
     return 0
-

@@ -11,8 +11,8 @@ import argparse
 import logging
 import sys
 
-from . import analyze, app, faithfulness, sinks
 from ..core.errors import CwvizError
+from . import analyze, app, faithfulness, sinks
 
 #: Each command is a module with ``register(subparsers)``; add a command by listing its module here.
 COMMANDS = (analyze, sinks, faithfulness, app)

@@ -31,8 +31,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     group.add_argument("--jsonl", type=Path, help="a JSON Lines file: one prompt a line ('text', or GSM8K's 'question' + 'answer')")
     parser.add_argument("--n", type=int, help="with --jsonl: only the first N prompts")
     parser.add_argument("--field", help="with --jsonl: read the prompt from this field")
-    parser.add_argument("--sink", default="0", help="the sink: a token position (default 0, the first token) or 'auto' (the key with the largest mean attention)")
-    parser.add_argument("--factor", type=float, default=0.0, help="λ for the ΔPPL runs: the sink's value is multiplied by it (default 0: removed)")
+    parser.add_argument(
+        "--sink",
+        default="0",
+        help="the sink: a token position (default 0, the first token) or 'auto' (the key with the largest mean attention)",
+    )
+    parser.add_argument(
+        "--factor", type=float, default=0.0, help="λ for the ΔPPL runs: the sink's value is multiplied by it (default 0: removed)"
+    )
     parser.add_argument("--no-ppl", action="store_true", help="skip the ΔPPL runs (one forward pass per layer and prompt, batched)")
     parser.add_argument("--csv", type=Path, help="write the full table (one row per prompt, layer, head and query) here")
     add_model_args(parser)
@@ -81,8 +87,10 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
     print(f"prompts: {len(texts)} ({sum(tokens):,} tokens); sink: {_describe_sinks(positions, args.sink)}")
-    print("means over heads and the queries that see another key; attention share: mean over heads, "
-          "contribution share: inter-head, summed over heads")
+    print(
+        "means over heads and the queries that see another key; attention share: mean over heads, "
+        "contribution share: inter-head, summed over heads"
+    )
     ppl = None
     if removal:
         ppl = np.stack(removal)  # (prompt, layer + 1): per layer, then all layers

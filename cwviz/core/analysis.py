@@ -68,9 +68,7 @@ def check_length(bundle: Bundle, ids: list[int]) -> list[int]:
     return ids
 
 
-def next_token_logprobs(
-    hidden: torch.Tensor, head: torch.nn.Module, ids: torch.Tensor, chunk: int = memory.LOGIT_CHUNK
-) -> torch.Tensor:
+def next_token_logprobs(hidden: torch.Tensor, head: torch.nn.Module, ids: torch.Tensor, chunk: int = memory.LOGIT_CHUNK) -> torch.Tensor:
     """log p(token_{t+1} | tokens ..t) for t = 0..T-2, float32 [T - 1] on the CPU.
 
     From the final hidden states ``hidden`` [T, d_model] and the model's output layer ``head``
@@ -93,7 +91,7 @@ def perplexity(logprobs: np.ndarray | torch.Tensor) -> float:
     return math.exp(-logprobs.mean()) if logprobs.size else math.nan
 
 
-def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | None = None) -> "Analysis":
+def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | None = None) -> Analysis:
     """Run the model once on ``text`` (or on ``input_ids``) and record every attention layer.
 
     Raises :class:`~cwviz.core.errors.InputError` for an empty or over-long prompt and

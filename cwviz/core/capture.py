@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import torch
 from transformers import AttentionInterface
@@ -173,9 +174,7 @@ def _cwviz_attention(
     active = _ACTIVE.get()
     layer = active.layer_of.get(id(module)) if active is not None else None
     if layer is None:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
         raise UnsupportedModelError("attention logit soft-capping and learned sinks are not supported by cwviz")
     # query (B, H, Q, d); key, value (B, H_kv, K, d); attention_mask None or (B, 1, Q, K)
@@ -186,9 +185,7 @@ def _cwviz_attention(
         value = active.intervention.values(layer, value)
         keep = active.intervention.keep(layer, query.shape[-2], key.shape[-2])
     if keep is None:
-        out, _ = sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     else:
         # Masked keys: z_i^h = sum_j alpha_ij^h keep_ij v_j^h, alpha from the unchanged scores.
         alpha = attention_probabilities(query.float(), key.float(), scaling, attention_mask, causal)
@@ -237,4 +234,3 @@ def forward_pass(
 
 def uses_cwviz_attention(model: torch.nn.Module) -> bool:
     return getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
-

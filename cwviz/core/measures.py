@@ -154,6 +154,7 @@ class LayerMeasures:
     def dot(self, kind: str = "inter") -> torch.Tensor:
         """⟨o_i^h, ṽ_j^h⟩ (intra) or ⟨o_i, ṽ_j^h⟩ (inter), [head, query, key]."""
         return grouped_matmul(self.pulled[:, self._kind_index(kind)], self.value.transpose(1, 2))
+
     @property
     def dot_intra(self) -> torch.Tensor:
         return self.dot("intra")

@@ -26,7 +26,7 @@ def text_of(record: object, line: int, path: str | PathLike, field: str | None =
     """The prompt held by one decoded JSONL record (see the module docstring for the fields read)."""
     where = f"line {line} of {path}"
     if not isinstance(record, dict):
-        raise InputError(f"{where} is a JSON {type(record).__name__}, not an object; each line must be an object such as {{\"text\": \"...\"}}")
+        raise InputError(f'{where} is a JSON {type(record).__name__}, not an object; each line must be an object such as {{"text": "..."}}')
     if field is not None:
         if field not in record:
             raise InputError(f"{where} has no field {field!r} (fields: {', '.join(map(repr, record)) or 'none'}); choose another field")

@@ -50,9 +50,7 @@ def _raw_bytes(raw: str) -> str | None:
     decoder = _byte_decoder()
     if not raw or any(char not in decoder for char in raw):
         return None
-    return "".join(
-        chr(b) if 0x20 <= b < 0x7F and b != 0x5C else f"\\x{b:02x}" for b in (decoder[char] for char in raw)
-    )
+    return "".join(chr(b) if 0x20 <= b < 0x7F and b != 0x5C else f"\\x{b:02x}" for b in (decoder[char] for char in raw))
 
 
 def display_token(tokenizer, token_id: int) -> str:
