@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from cwviz.core.errors import InputError
-from cwviz.core.texts import GSM8K_JOIN, read_texts
+from cwviz.core.texts import GSM8K_JOIN, gsm8k_path, read_texts
 
-GSM8K = Path("/work/shared/data/gsm8k/test.jsonl")
+GSM8K = Path(__file__).resolve().parent.parent / "data" / "gsm8k" / "sample.jsonl"  # shipped with cwviz
 
 
 def write(tmp_path: Path, lines: list[str]) -> Path:
@@ -86,9 +86,20 @@ def test_file_level_errors(tmp_path):
         read_texts(bad)
 
 
-@pytest.mark.skipif(not GSM8K.is_file(), reason="GSM8K test split not present")
-def test_reads_the_shared_gsm8k_split():
+def test_reads_the_shipped_gsm8k_sample():
     texts = read_texts(GSM8K, n=3)
     assert len(texts) == 3
     first = json.loads(GSM8K.open(encoding="utf-8").readline())
     assert texts[0] == first["question"] + GSM8K_JOIN + first["answer"]
+
+
+def test_gsm8k_path_is_the_shipped_sample_unless_cwviz_gsm8k_says_otherwise(tmp_path, monkeypatch):
+    monkeypatch.delenv("CWVIZ_GSM8K", raising=False)
+    assert gsm8k_path().resolve() == GSM8K.resolve()
+    assert len(read_texts(gsm8k_path())) == 40
+    full = write(tmp_path, [json.dumps({"question": "Q", "answer": "A"})])
+    monkeypatch.setenv("CWVIZ_GSM8K", str(full))
+    assert gsm8k_path() == full
+    monkeypatch.setenv("CWVIZ_GSM8K", str(tmp_path / "missing.jsonl"))
+    with pytest.raises(InputError, match="CWVIZ_GSM8K"):
+        gsm8k_path()

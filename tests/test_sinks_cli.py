@@ -69,3 +69,15 @@ def test_malformed_jsonl_names_the_line(capsys, tmp_path):
     path.write_text(json.dumps({"text": "ok"}) + "\n{oops\n", encoding="utf-8")
     assert main(["sinks", "--jsonl", str(path), "--no-ppl"]) == 2
     assert "line 2" in capsys.readouterr().err
+
+
+def test_gsm8k_reads_the_shipped_sample(embedded, capsys, monkeypatch):
+    from cwviz.core.analysis import tokenize
+    from cwviz.core.texts import gsm8k_path, read_texts
+
+    monkeypatch.delenv("CWVIZ_GSM8K", raising=False)
+    assert main(["sinks", "--gsm8k", "--n", "2", "--no-ppl"]) == 0
+    out = capsys.readouterr().out
+    tokens = sum(len(tokenize(embedded, text)) for text in read_texts(gsm8k_path(), n=2))
+    assert f"prompts: 2 ({tokens} tokens)" in out
+    assert [int(r[0]) for r in _layer_rows(out)] == list(range(30))

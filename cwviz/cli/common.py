@@ -42,3 +42,22 @@ def load(args: argparse.Namespace):
     from ..core.models import load_model
 
     return load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+
+
+def add_jsonl_args(group: argparse._MutuallyExclusiveGroup, help: str) -> None:
+    """``--jsonl PATH`` and ``--gsm8k`` (the shipped GSM8K sample, or ``$CWVIZ_GSM8K``) in one exclusive group."""
+    group.add_argument("--jsonl", type=Path, help=help)
+    group.add_argument(
+        "--gsm8k",
+        action="store_true",
+        help="the GSM8K sample that ships with cwviz (40 test items), or the file $CWVIZ_GSM8K names (e.g. the full test split)",
+    )
+
+
+def jsonl_path(args: argparse.Namespace) -> Path | None:
+    """The JSON Lines file --jsonl or --gsm8k asked for, None when neither was given."""
+    if getattr(args, "gsm8k", False):
+        from ..core.texts import gsm8k_path
+
+        return gsm8k_path()
+    return args.jsonl

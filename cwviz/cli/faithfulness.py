@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import InputError
-from .common import add_model_args, load, read_text
+from .common import add_jsonl_args, add_model_args, jsonl_path, load, read_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "of each query's keys, and report the mean ΔPPL = PPL(masked) - PPL(clean) with a 95%% bootstrap interval.",
     )
     data = parser.add_mutually_exclusive_group(required=True)
-    data.add_argument("--jsonl", type=Path, help="JSON Lines: a 'text' field per line, or GSM8K's question and answer")
+    add_jsonl_args(data, "JSON Lines: a 'text' field per line, or GSM8K's question and answer")
     data.add_argument(
         "--file",
         type=Path,
@@ -84,15 +84,15 @@ def parse_measures(value: str) -> tuple[str, ...]:
 
 
 def read_examples(args: argparse.Namespace) -> list[str]:
-    """The examples from --jsonl, --file, --text or --dataset (at most --n)."""
+    """The examples from --jsonl/--gsm8k, --file, --text or --dataset (at most --n)."""
     from ..analyses.faithfulness import dataset_texts
     from ..analyses.faithfulness import read_examples as read_file
     from ..core.texts import read_texts
 
     if args.n < 1:
         raise InputError(f"--n must be at least 1, not {args.n}")
-    if args.jsonl is not None:
-        return read_texts(args.jsonl, n=args.n, field=args.field)
+    if jsonl_path(args) is not None:
+        return read_texts(jsonl_path(args), n=args.n, field=args.field)
     if args.file is not None:
         return read_file(args.file, n=args.n, field=args.field)
     if args.dataset is not None:

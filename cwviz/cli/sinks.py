@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import CwvizError, InputError
-from .common import add_model_args, add_text_args, load, read_text
+from .common import add_jsonl_args, add_model_args, add_text_args, jsonl_path, load, read_text
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     group = add_text_args(parser)
-    group.add_argument("--jsonl", type=Path, help="a JSON Lines file: one prompt a line ('text', or GSM8K's 'question' + 'answer')")
+    add_jsonl_args(group, "a JSON Lines file: one prompt a line ('text', or GSM8K's 'question' + 'answer')")
     parser.add_argument("--n", type=int, help="with --jsonl: only the first N prompts")
     parser.add_argument("--field", help="with --jsonl: read the prompt from this field")
     parser.add_argument(
@@ -49,11 +49,13 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
     """The prompts: one from --text/--file, or the JSONL file's (first --n)."""
     from ..core.texts import read_texts
 
-    if args.jsonl is None:
+    path = jsonl_path(args)
+    if path is None:
         if args.n is not None or args.field is not None:
-            raise InputError("--n and --field apply to --jsonl only; give the prompts with --jsonl FILE")
+            raise InputError("--n and --field apply to --jsonl only; give the prompts with --jsonl FILE or --gsm8k")
         return [read_text(args)]
-    return read_texts(args.jsonl, n=args.n, field=args.field)
+    args.jsonl = path  # named in per-prompt messages
+    return read_texts(path, n=args.n, field=args.field)
 
 
 def run(args: argparse.Namespace) -> int:

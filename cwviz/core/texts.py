@@ -13,6 +13,7 @@ file at the line that failed.
 from __future__ import annotations
 
 import json
+import os
 from os import PathLike
 from pathlib import Path
 
@@ -20,6 +21,25 @@ from .errors import InputError
 
 GSM8K_JOIN = "\n"
 """What sits between a GSM8K question and its answer in the prompt."""
+
+#: The shipped sample: the first 40 GSM8K test items (MIT licence, beside it). In a checkout it is
+#: ``data/gsm8k/sample.jsonl``; a wheel carries it as ``cwviz/_data/gsm8k/sample.jsonl``.
+_PACKAGE = Path(__file__).resolve().parent.parent
+GSM8K_SAMPLES = (_PACKAGE / "_data" / "gsm8k" / "sample.jsonl", _PACKAGE.parent / "data" / "gsm8k" / "sample.jsonl")
+
+
+def gsm8k_path() -> Path:
+    """The GSM8K file ``--gsm8k`` reads: ``$CWVIZ_GSM8K`` (e.g. the full test split) when set, else the shipped sample."""
+    chosen = os.environ.get("CWVIZ_GSM8K", "").strip()
+    if chosen:
+        path = Path(chosen).expanduser()
+        if not path.is_file():
+            raise InputError(f"CWVIZ_GSM8K={chosen!r} is not a file; point it at a GSM8K test.jsonl or unset it to use the shipped sample")
+        return path
+    for path in GSM8K_SAMPLES:
+        if path.is_file():
+            return path
+    raise InputError("the GSM8K sample that ships with cwviz is missing; reinstall cwviz, or set CWVIZ_GSM8K to a GSM8K test.jsonl")
 
 
 def text_of(record: object, line: int, path: str | PathLike, field: str | None = None) -> str:
