@@ -111,3 +111,19 @@ def run_together(work, jobs) -> tuple[dict, list]:
 def no_hooks(model) -> bool:
     """Nothing is registered on any module of ``model`` (cwviz never registers hooks)."""
     return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+# -- the slow marker ---------------------------------------------------------------------------------
+#: Modules that serve the app or drive the browser in every test (AppTest modules are found by name).
+SLOW_MODULES = {"test_browser", "test_packaging"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``slow`` every test that loads the embedded model, runs the app (AppTest) or drives the
+    browser, so that ``make test-fast`` (``pytest -m "not slow"``) skips them without anyone having
+    to remember the marker: derived from the fixtures a test uses and the module it lives in."""
+    for item in items:
+        module = getattr(item, "module", None)
+        name = module.__name__.rsplit(".", 1)[-1] if module is not None else ""
+        if "embedded" in getattr(item, "fixturenames", ()) or name in SLOW_MODULES or hasattr(module, "AppTest"):
+            item.add_marker(pytest.mark.slow)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from .errors import InputError
@@ -27,12 +29,15 @@ def greedy_continuation(bundle: Bundle, prompt_ids: list[int], new_tokens: int) 
     eos = getattr(bundle.model.generation_config, "eos_token_id", None) if hasattr(bundle.model, "generation_config") else None
     eos_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
     out = list(prompt_ids)
+    # transformers 5.24 renamed past_key_values to cache (the old name warns until 5.40); use the
+    # model's own name so no deprecation warning is raised and older 5.x releases keep working.
+    name = "cache" if "cache" in inspect.signature(bundle.model.forward).parameters else "past_key_values"
     past = None
     with torch.inference_mode():
         step = ids
         for _ in range(new_tokens):
-            result = bundle.model(input_ids=step, past_key_values=past, use_cache=True)
-            past = result.past_key_values
+            result = bundle.model(input_ids=step, use_cache=True, **{name: past})
+            past = getattr(result, name)
             next_id = int(result.logits[0, -1].argmax())
             out.append(next_id)
             if next_id in eos_ids:
