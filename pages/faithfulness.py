@@ -87,7 +87,7 @@ def start() -> None:
             per_head=bool(value("faith_per_head", False)),
             rank_by=value("faith_rank_by", "signed"),
             seed=int(value("faith_seed", 0)),
-            max_tokens=int(value("faith_cap", F.DEFAULT_MAX_TOKENS)),
+            max_tokens=int(value("faith_cap", F.EXAMPLE_MAX_TOKENS)),
         )
     except CwvizError as err:
         st.session_state[STATE] = {"error": str(err), "tables": [], "texts": [], "running": False}
@@ -124,7 +124,7 @@ with st.expander("Data and protocol", expanded=True):
         "Token cap per example",
         min_value=2,
         max_value=MAX_CAP,
-        value=min(F.DEFAULT_MAX_TOKENS, MAX_CAP),
+        value=min(F.EXAMPLE_MAX_TOKENS, MAX_CAP),
         key="faith_cap",
         help="Longer examples are cut to this many tokens.",
     )

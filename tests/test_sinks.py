@@ -17,7 +17,7 @@ from cwviz import analyze
 from cwviz.analyses import sinks
 from cwviz.charts import sinks as charts
 from cwviz.core.errors import InputError, SelectionError
-from cwviz.core.interventions import KeepKeys, logits, perplexity
+from cwviz.core.interventions import KeepKeys, batch_perplexity, logits
 from cwviz.core.measures import expand_kv
 from cwviz.core.texts import read_texts
 
@@ -107,7 +107,7 @@ def test_table_norms_follow_the_convex_identity(llama):
 def test_layer_summary_shares_equal_the_layer_level_scores(llama):
     """Attention share = head-averaged attention on the sink; contribution share = Σ_h C_iσ^h."""
     _, analysis = llama
-    summary = sinks.layer_summary(sinks.sink_table(analysis)).set_index("layer")
+    summary = sinks.sink_layer_summary(sinks.sink_table(analysis)).set_index("layer")
     for layer in range(analysis.num_layers):
         raw = analysis.layer_scores(layer, "raw")[1:, 0]  # query 0 sees only the sink: left out
         contribution = analysis.layer_scores(layer, "contribution_inter")[1:, 0]
@@ -120,9 +120,9 @@ def test_pooled_table_and_summaries(llama):
     other = analyze(bundle, "A second, shorter prompt.")
     pooled = sinks.pooled_sink_table([analysis, other])
     assert pooled["prompt"].tolist().count(1) == len(sinks.sink_table(other))
-    summary = sinks.layer_summary(pooled)
+    summary = sinks.sink_layer_summary(pooled)
     assert len(summary) == analysis.num_layers
-    heads = sinks.head_summary(pooled)
+    heads = sinks.sink_head_summary(pooled)
     assert len(heads) == analysis.num_layers * analysis.num_heads
     assert heads["minimising_ratio"].between(0, 1).all()
     with pytest.raises(InputError):
@@ -242,7 +242,7 @@ def test_factor_zero_equals_explicit_removal_of_the_sinks_write(llama):
     keep[..., sink] = 0
     explicit = KeepKeys({0: keep})
     ids = torch.tensor([analysis.input_ids])
-    assert result.perplexity == pytest.approx(float(perplexity(bundle, ids, explicit)[0]), rel=1e-5)
+    assert result.perplexity == pytest.approx(float(batch_perplexity(bundle, ids, explicit)[0]), rel=1e-5)
     assert result.perplexity_clean == pytest.approx(analysis.perplexity, rel=1e-6)
 
     from cwviz.core.capture import attention_probabilities, forward_pass
@@ -302,8 +302,8 @@ def test_charts_build_valid_specs(llama):
     points = table[(table["layer"] == 1) & (table["head"] == 0)]
     built = [
         charts.ratio_norm_chart(points, curve.table(), curve.minimiser, "layer 1, head 0"),
-        charts.anti_alignment_map(sinks.head_summary(table), layer=1, head=0),
-        charts.share_chart(sinks.layer_summary(table), layer=1),
+        charts.anti_alignment_map(sinks.sink_head_summary(table), layer=1, head=0),
+        charts.share_chart(sinks.sink_layer_summary(table), layer=1),
         charts.intervention_chart(sinks.intervene_on_sink(analysis).table),
     ]
     for chart in built:
@@ -329,8 +329,8 @@ def test_embedded_gsm8k_item_table_charts_and_intervention(embedded):
         "sink_contribution_inter",
     ]
     assert np.isfinite(defined[numeric].to_numpy()).all()
-    layers = sinks.layer_summary(table)
-    heads = sinks.head_summary(table)
+    layers = sinks.sink_layer_summary(table)
+    heads = sinks.sink_head_summary(table)
     assert np.isfinite(layers.drop(columns="layer").to_numpy()).all()
     curve = sinks.head_curve(table, 15, 0)
     points = table[(table["layer"] == 15) & (table["head"] == 0)]

@@ -33,7 +33,7 @@ def test_text_prints_one_row_per_layer_with_dppl_and_writes_the_full_table(capsy
     table = pd.read_csv(csv)
     assert {"prompt", *sinks.TABLE_COLUMNS} <= set(table.columns)
     assert table[["layer", "head"]].drop_duplicates().shape[0] == 30 * 9
-    summary = sinks.layer_summary(table)
+    summary = sinks.sink_layer_summary(table)
     shown = [float(r[1]) for r in rows]
     assert shown == pytest.approx(summary["sink_ratio"].round(3).tolist(), abs=1e-3)
 

@@ -22,7 +22,7 @@ params = st.dictionaries(st.sampled_from(list(ui._URL_KEYS)), values, max_size=l
 def test_any_link_gives_an_in_range_selection(params, layers, heads, tokens):
     cur = ui._defaults()
     ui._parse_url(params, cur)
-    assert cur["device"] in ui.DEVICES and cur["dtype"] in ui.DTYPES
+    assert cur["device"] in ui.DEVICE_CHOICES and cur["dtype"] in ui.DTYPE_CHOICES
     assert 0 <= cur["generate"] <= ui.MAX_GENERATE
     assert isinstance(cur["text"], str) and isinstance(cur["model"], str) and cur["model"]
     ui._clamp(cur, SimpleNamespace(num_layers=layers, num_heads=heads, num_tokens=tokens))

@@ -41,9 +41,8 @@ import pandas as pd
 import torch
 
 from ..core.analysis import Analysis, analyze, check_length
-from ..core.capture import LayerRecord
 from ..core.errors import InputError, UnsupportedModelError
-from ..core.interventions import KeepKeys, perplexity
+from ..core.interventions import KeepKeys, batch_perplexity
 from ..core.models import Bundle
 
 log = logging.getLogger(__name__)
@@ -61,7 +60,7 @@ RANKED_MEASURES: tuple[str, ...] = (
 ALL_MEASURES: tuple[str, ...] = RANKED_MEASURES[:3] + ("value_weighted_output_normalized_intra",) + RANKED_MEASURES[3:]
 CURVES: tuple[str, ...] = ("comprehensiveness", "sufficiency")
 DEFAULT_RATES: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)  # percent of each query's keys
-DEFAULT_MAX_TOKENS = 256
+EXAMPLE_MAX_TOKENS = 256
 DEFAULT_BATCH_SIZE = 8
 RANK_BY = ("signed", "absolute")
 #: Columns of :func:`summarize` (and of the CLI's CSV).
@@ -83,7 +82,7 @@ class Protocol:
     rank_by: str = "signed"
     seed: int = 0
     batch_size: int = DEFAULT_BATCH_SIZE
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_tokens: int = EXAMPLE_MAX_TOKENS
 
     def __post_init__(self) -> None:
         if not self.rates:
@@ -109,19 +108,6 @@ class Protocol:
 
 
 # -- masks: pure tensor functions ----------------------------------------------------------------------
-def visible_keys(record: LayerRecord) -> torch.Tensor:
-    """Which keys each query may attend to, bool [query, key] (causal: keys 0..i; also sliding windows)."""
-    num_queries, num_keys = record.query.shape[-2], record.key.shape[-2]
-    device = record.query.device
-    if record.mask is None:
-        visible = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device)
-        return visible.tril() if record.causal else visible
-    if record.mask.dtype == torch.bool:
-        return record.mask.to(device)
-    # Additive masks hold 0 where allowed and -inf (or the dtype's minimum) elsewhere.
-    return record.mask.to(device) > torch.finfo(record.mask.dtype).min / 2
-
-
 def masked_counts(num_visible: torch.Tensor, rate: float) -> torch.Tensor:
     """Keys to mask per query: k_i = ceil(rate/100 · n_i), at least 1, at most n_i; rate 0 masks none.
 
@@ -191,7 +177,7 @@ def rankings(analysis: Analysis, protocol: Protocol, example: int = 0) -> Rankin
     ranks: dict[str, dict[int, torch.Tensor]] = {m: {} for m in protocol.measures}
     num_visible: dict[int, torch.Tensor] = {}
     for layer in layers:
-        visible = visible_keys(analysis.records[layer])  # (Q, K)
+        visible = analysis.records[layer].key_mask()  # (Q, K)
         num_visible[layer] = visible.sum(-1)
         measures = analysis.layer(layer)
         heads = analysis.num_heads if protocol.per_head else 1
@@ -258,7 +244,7 @@ def run_example(bundle: Bundle, input_ids: Sequence[int], protocol: Protocol = P
             l: torch.stack([keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c) for m, c, r in chunk]) for l in layers
         }  # layer -> (B, 1 or head, Q, K)
         batch = ids.expand(len(chunk), -1)
-        ppl.update(zip(chunk, perplexity(bundle, batch, KeepKeys(masks)).tolist()))
+        ppl.update(zip(chunk, batch_perplexity(bundle, batch, KeepKeys(masks)).tolist()))
     ppl_masked = np.array([ppl[same_measure[m], c, same_rate[r]] for m, c, r in runs])
     clean = analysis.perplexity
     return pd.DataFrame(

@@ -39,9 +39,9 @@ import pandas as pd
 import torch
 
 from ..core.analysis import Analysis
-from ..core.capture import LayerRecord, attention_probabilities, forward_pass
+from ..core.capture import attention_probabilities, forward_pass
 from ..core.errors import InputError, SelectionError
-from ..core.interventions import ScaleValues, perplexity
+from ..core.interventions import ScaleValues, batch_perplexity
 from ..core.measures import expand_kv
 
 AUTO = "auto"
@@ -66,18 +66,6 @@ TABLE_COLUMNS: tuple[str, ...] = (
 
 
 # -- sink choice ------------------------------------------------------------------------------------
-def visible_keys(record: LayerRecord, num_queries: int, num_keys: int) -> torch.Tensor:
-    """Which keys each query may attend to in one layer, bool [query, key] (the model's own mask)."""
-    if record.mask is None:
-        full = torch.ones(num_queries, num_keys, dtype=torch.bool)
-        return full.tril() if record.causal else full
-    mask = torch.broadcast_to(record.mask.cpu(), (num_queries, num_keys))
-    if mask.dtype == torch.bool:
-        return mask
-    # Additive masks hold -inf or the dtype's most negative number where a key is hidden.
-    return mask > torch.finfo(mask.dtype).min / 2
-
-
 def detect_sink(analysis: Analysis) -> int:
     """The key with the largest mean attention received, averaged over layers, heads and the queries
     that can see it."""
@@ -86,7 +74,7 @@ def detect_sink(analysis: Analysis) -> int:
     with torch.inference_mode():
         for layer in range(analysis.num_layers):
             alpha = analysis.attention_tensor(layer)  # (H, Q, K)
-            visible = visible_keys(analysis.records[layer], *alpha.shape[1:])
+            visible = analysis.records[layer].key_mask().cpu()
             received += alpha.sum(dim=(0, 1)).double().cpu()
             seen_by += visible.sum(dim=0).double() * alpha.shape[0]
     mean = torch.where(seen_by > 0, received / seen_by.clamp_min(1), torch.zeros_like(received))
@@ -141,7 +129,7 @@ def sink_split(analysis: Analysis, layer: int, sink: int = 0) -> SinkSplit:
         alpha = analysis.layer(layer).attention  # (H, Q, K)
         value = expand_kv(record.value.float(), analysis.num_heads)  # (H, K, d_head)
         w = analysis.w_heads(layer)  # (H, D, d_head)
-        visible = visible_keys(record, *alpha.shape[1:])  # (Q, K)
+        visible = record.key_mask().cpu()  # (Q, K)
         rest_alpha = alpha.clone()
         rest_alpha[:, :, sink] = 0
         rest_mass = rest_alpha.sum(-1)  # (H, Q)  1 − s, summed directly
@@ -242,7 +230,7 @@ def _by_prompt(table: pd.DataFrame) -> list[str]:
     return ["prompt"] if "prompt" in table.columns else []
 
 
-def layer_summary(table: pd.DataFrame) -> pd.DataFrame:
+def sink_layer_summary(table: pd.DataFrame) -> pd.DataFrame:
     """One row per layer from :func:`sink_table` (or :func:`pooled_sink_table`, rows pooled).
 
     Means over heads and the queries that see another key besides the sink. ``sink_attention_share``
@@ -260,7 +248,7 @@ def layer_summary(table: pd.DataFrame) -> pd.DataFrame:
     return summary.reset_index()
 
 
-def head_summary(table: pd.DataFrame) -> pd.DataFrame:
+def sink_head_summary(table: pd.DataFrame) -> pd.DataFrame:
     """One row per layer and head: means over the queries that see another key besides the sink, and
     the sink ratio minimising the head's typical output norm (:func:`head_curve`)."""
     rows = _defined(table)
@@ -409,7 +397,7 @@ def intervene_on_sink(
     rows = []
     with torch.inference_mode():
         for layer in range(analysis.num_layers):
-            visible = visible_keys(analysis.records[layer], analysis.num_tokens, analysis.num_tokens)
+            visible = analysis.records[layer].key_mask().cpu()
             positions = visible[:, sink] & (visible.sum(-1) > 1)  # (Q,)
             before_out, after_out = _head_outputs(analysis, layer), _head_outputs(after, layer)
             norm_before = before_out.norm(dim=-1)[:, positions.to(before_out.device)].mean()
@@ -482,7 +470,7 @@ def removal_perplexity(
         chunk = tuple(sets[start : start + batch])
         ids = _input_ids(analysis, len(chunk))
         intervention = ScaleValuesPerItem(positions=(sink,), factor=float(factor), layers=chunk)
-        out.append(perplexity(bundle, ids, intervention))
+        out.append(batch_perplexity(bundle, ids, intervention))
     return np.concatenate(out).astype(np.float64)
 
 

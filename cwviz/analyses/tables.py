@@ -200,7 +200,7 @@ def head_ranking(summary: pd.DataFrame, top: int | None = None) -> pd.DataFrame:
     return ranked if top is None else ranked.head(top)
 
 
-def visible_keys(analysis: Analysis, query: int) -> np.ndarray:
+def keys_seen_by(analysis: Analysis, query: int) -> np.ndarray:
     """Keys the query can see: 0..query in causal models, every position otherwise."""
     return np.arange(query + 1 if analysis.bundle.arch.causal else analysis.num_tokens)
 
@@ -285,7 +285,7 @@ def top_keys_across_layers(analysis: Analysis, query: int, head: int | None, kin
     query = analysis.check_token(query)
     if head is not None:
         head = analysis.check_head(head)
-    keys = visible_keys(analysis, query)
+    keys = keys_seen_by(analysis, query)
     rows = []
     for layer in range(analysis.num_layers):
         measures = query_measures(analysis, layer, query)

@@ -29,8 +29,8 @@ class SinkTables:
     sink_token: str
     prompts: int
     table: pd.DataFrame  # :func:`cwviz.analyses.sinks.pooled_sink_table` columns
-    layers: pd.DataFrame  # :func:`cwviz.analyses.sinks.layer_summary`
-    heads: pd.DataFrame  # :func:`cwviz.analyses.sinks.head_summary`
+    layers: pd.DataFrame  # :func:`cwviz.analyses.sinks.sink_layer_summary`
+    heads: pd.DataFrame  # :func:`cwviz.analyses.sinks.sink_head_summary`
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,8 @@ def sink_tables(request: services.Request, sink: str, pool_path: str = "", pool_
         sink_token=analysis.tokens[position],
         prompts=len(frames),
         table=table,
-        layers=sinks.layer_summary(table),
-        heads=sinks.head_summary(table),
+        layers=sinks.sink_layer_summary(table),
+        heads=sinks.sink_head_summary(table),
     )
 
 

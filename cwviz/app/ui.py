@@ -29,8 +29,8 @@ from . import hosting, services
 log = logging.getLogger(__name__)
 
 EXAMPLES = Path(__file__).resolve().parent / "examples.json"
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 MAX_GENERATE = 64
 _STATE = "_cwviz_state"
 _URL_KEYS = ("model", "device", "dtype", "gen", "layer", "head", "token", "prompt")
@@ -131,7 +131,7 @@ def _parse_url(params: dict[str, str], cur: dict) -> None:
     notes = cur["notes"]
     if "model" in params and params["model"].strip():
         cur["model"] = params["model"].strip()
-    for name, allowed in (("device", DEVICES), ("dtype", DTYPES)):
+    for name, allowed in (("device", DEVICE_CHOICES), ("dtype", DTYPE_CHOICES)):
         if name in params:
             if params[name] in allowed:
                 cur[name] = params[name]
@@ -341,9 +341,9 @@ def sidebar() -> Selection:
             )
         left, right = st.columns(2)
         with left:
-            _bound(st.selectbox, "draft_device", "Device", options=DEVICES)
+            _bound(st.selectbox, "draft_device", "Device", options=DEVICE_CHOICES)
         with right:
-            _bound(st.selectbox, "draft_dtype", "Dtype", options=DTYPES)
+            _bound(st.selectbox, "draft_dtype", "Dtype", options=DTYPE_CHOICES)
         _bound(st.text_area, "draft_text", "Prompt", height=140)
         _bound(
             st.number_input,

@@ -97,7 +97,7 @@ def anti_alignment_map(
 ) -> alt.LayerChart:
     """(b) Layers x heads map of the mean cos(ṽ_sink, m), diverging at zero (blue: anti-aligned).
 
-    ``heads``: :func:`cwviz.analyses.sinks.head_summary`. The selected layer (and head) is outlined. A click on a
+    ``heads``: :func:`cwviz.analyses.sinks.sink_head_summary`. The selected layer (and head) is outlined. A click on a
     cell sets the selection parameter ``pick`` (:func:`cwviz.charts.heatmaps.head_pick`).
     """
     pick = head_pick()
@@ -133,7 +133,7 @@ def anti_alignment_map(
 def share_chart(layers: pd.DataFrame, layer: int | None = None, width: int = 460, height: int = 260) -> alt.LayerChart:
     """(c) Per layer, the sink's share under attention against its share under contribution weights.
 
-    ``layers``: :func:`cwviz.analyses.sinks.layer_summary` (attention averaged over heads, contribution the
+    ``layers``: :func:`cwviz.analyses.sinks.sink_layer_summary` (attention averaged over heads, contribution the
     inter-head share summed over heads). The gap is how far attention overstates the sink.
     """
     long = layers.melt(

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             clean.append(analysis.perplexity)
         del analysis
     table = pd.concat(tables, ignore_index=True)[["prompt", *sinks.TABLE_COLUMNS]]
-    summary = sinks.layer_summary(table)
+    summary = sinks.sink_layer_summary(table)
 
     print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
     print(f"prompts: {len(texts)} ({sum(tokens):,} tokens); sink: {_describe_sinks(positions, args.sink)}")

@@ -32,13 +32,13 @@ from .tokens import display_tokens
 if TYPE_CHECKING:  # pandas is imported on first use: it is not needed to load a model and analyse
     import pandas as pd
 
-DEFAULT_MAX_TOKENS = 4096
+MAX_TOKENS = 4096
 JSON_SCHEMA_VERSION = 1
 
 
 def max_tokens(bundle: Bundle | None = None) -> int:
     """The prompt length limit: ``$CWVIZ_MAX_TOKENS`` (default 4096), capped by the model's positions."""
-    limit = env_int("CWVIZ_MAX_TOKENS", DEFAULT_MAX_TOKENS)
+    limit = env_int("CWVIZ_MAX_TOKENS", MAX_TOKENS)
     if bundle is not None and bundle.info.max_positions:
         limit = min(limit, int(bundle.info.max_positions))
     return limit

@@ -41,11 +41,11 @@ class LayerRecord:
 
     | field   | shape                        | note                                              |
     |---------|------------------------------|---------------------------------------------------|
-    | query   | [head, query_pos, d_head]    | after rotary embedding, before scaling            |
-    | key     | [kv_head, key_pos, d_head]   | after rotary embedding                            |
-    | value   | [kv_head, key_pos, d_head]   | v_j = x_j W_V + b_V                               |
-    | mask    | None or [query_pos, key_pos] | bool (True = may attend) or additive float        |
-    | output  | [head, query_pos, d_head]    | z_i^h, what the attention function returned       |
+    | query   | [head, query, d_head]        | after rotary embedding, before scaling            |
+    | key     | [kv_head, key, d_head]       | after rotary embedding                            |
+    | value   | [kv_head, key, d_head]       | v_j = x_j W_V + b_V                               |
+    | mask    | None or [query, key]         | bool (True = may attend) or additive float        |
+    | output  | [head, query, d_head]        | z_i^h, what the attention function returned       |
 
     ``causal`` applies when ``mask`` is None. Tensors stay on the layer's device in the model's dtype;
     measures upcast them to float32.
@@ -58,6 +58,20 @@ class LayerRecord:
     scaling: float
     causal: bool
     output: torch.Tensor
+
+    def key_mask(self) -> torch.Tensor:
+        """Which keys each query may attend to, bool [query, key] on the record's device: the model's own
+        mask (causal: keys 0..i; sliding windows, padding), True where a key is visible."""
+        num_queries, num_keys = self.query.shape[-2], self.key.shape[-2]
+        device = self.query.device
+        if self.mask is None:
+            visible = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device)
+            return visible.tril() if self.causal else visible
+        mask = torch.broadcast_to(self.mask.to(device), (num_queries, num_keys))
+        if mask.dtype == torch.bool:
+            return mask
+        # Additive masks hold 0 where allowed and -inf (or the dtype's minimum) where a key is hidden.
+        return mask > torch.finfo(mask.dtype).min / 2
 
 
 class Intervention(Protocol):

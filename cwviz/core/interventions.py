@@ -66,7 +66,7 @@ def logits(bundle: Bundle, input_ids: torch.Tensor, intervention=None) -> torch.
         return bundle.model(input_ids=input_ids.to(device), use_cache=False).logits
 
 
-def perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray:
+def batch_perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray:
     """Perplexity of each sequence, [batch] float64, under ``intervention`` (None = clean).
 
     ``input_ids``: a list of ids (one sequence) or a [batch, pos] tensor of equal-length sequences.

