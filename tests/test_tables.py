@@ -71,7 +71,7 @@ def test_all_heads_uses_the_layer_level_scores(llama):
     np.testing.assert_allclose(_row_sums(cells.frame, "contribution"), 1, atol=1e-4)  # Σ_h Σ_j C = 1
     np.testing.assert_allclose(_row_sums(cells.frame, "attention"), 1, atol=1e-5)  # mean over heads
     assert cells.frame["norm_ratio"].isna().all()  # per-head factors do not exist for all heads
-    assert (cells.frame["head"] == -1).all()
+    assert (cells.frame["head"] == "all heads").all()
     assert "all heads" in cells.note and "sum" in cells.note
 
 

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+#: How tables and files (DataFrames, CSV, JSON) name the layer-level rows; in code "all heads" is None.
+ALL_HEADS = "all heads"
+
 #: The measure picker: family -> (label, METHOD.md name for inter, name for intra).
 FAMILIES: dict[str, tuple[str, str, str]] = {
     "contribution": ("contribution weight", "contribution_inter", "contribution_intra"),
@@ -43,7 +46,7 @@ def is_signed(measure: str) -> bool:
 class HeatmapCells:
     """One layer's heatmap: ``frame`` has one row per visible (query, key) cell.
 
-    Columns: layer, head (-1 = all heads), query, key (positions, or bin numbers when binned),
+    Columns: layer, head (:data:`ALL_HEADS` for the layer-level score), query, key (positions, or bin numbers when binned),
     query_token, key_token, attention, value (the picked measure), contribution (of ``kind``),
     norm_ratio and cosine (one head, unbinned only; else NaN). ``labels[i]`` is the axis label of
     position (or bin) i; ``note`` says what is shown (window, bins, aggregation over heads).

@@ -18,7 +18,7 @@ from ..core.capture import attention_probabilities
 from ..core.measures import LAYER_AGGREGATION, LayerMeasures, expand_kv, layer_measures
 
 # The picker vocabulary and table types are part of this module's interface too (pages use tables.FAMILIES).
-from .schema import FAMILIES, KINDS, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name  # noqa: F401
+from .schema import ALL_HEADS, FAMILIES, KINDS, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name  # noqa: F401
 
 #: Most cells one heatmap may have (Altair refuses more than 5000 rows per dataset).
 MAX_CELLS = 2500
@@ -125,7 +125,7 @@ def heatmap_cells(
         frame = _cells(binned_mats, positions, positions, causal, labels, labels)
         binned = True
         note = f"layer {layer}, {who}; all {t} tokens in bins of {width} (mean over queries, sum over keys)"
-    frame.insert(0, "head", -1 if head is None else head)
+    frame.insert(0, "head", ALL_HEADS if head is None else head)
     frame.insert(0, "layer", layer)
     return HeatmapCells(frame=frame, labels=labels, measure=measure, kind=kind, note=note, binned=binned)
 
@@ -234,7 +234,7 @@ def token_factors(analysis: Analysis, layer: int, query: int, head: int | None, 
     wide["is_sink"] = wide["key"] == SINK
     wide["order"] = np.arange(len(wide))
     wide.insert(0, "query", query)
-    wide.insert(0, "head", -1 if head is None else head)
+    wide.insert(0, "head", ALL_HEADS if head is None else head)
     wide.insert(0, "layer", layer)
     frame = wide.melt(
         id_vars=["layer", "head", "query", "key", "token", "is_sink", "order"],
