@@ -62,6 +62,8 @@ CURVES: tuple[str, ...] = ("comprehensiveness", "sufficiency")
 DEFAULT_RATES: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)  # percent of each query's keys
 EXAMPLE_MAX_TOKENS = 256
 DEFAULT_BATCH_SIZE = 8
+#: Examples a sweep reads by default (the CLI's --n).
+DEFAULT_EXAMPLES = 20
 RANK_BY = ("signed", "absolute")
 #: Columns of :func:`summarize` (and of the CLI's CSV).
 SUMMARY_COLUMNS = ["measure", "curve", "rate", "delta_ppl", "ci_low", "ci_high", "n"]

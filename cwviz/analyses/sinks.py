@@ -45,6 +45,10 @@ from ..core.interventions import ScaleValues, batch_perplexity
 from ..core.measures import expand_kv
 
 AUTO = "auto"
+#: The sink unless the user picks one: the first position (docs/METHOD.md section 4).
+DEFAULT_SINK = 0
+#: λ, the factor on the sink's value in interventions unless given: 0 removes its write.
+DEFAULT_FACTOR = 0.0
 
 #: Columns of :func:`sink_table`, in order.
 TABLE_COLUMNS: tuple[str, ...] = (
@@ -81,7 +85,7 @@ def detect_sink(analysis: Analysis) -> int:
     return int(torch.argmax(mean))
 
 
-def resolve_sink(analysis: Analysis, sink: int | str = 0) -> int:
+def resolve_sink(analysis: Analysis, sink: int | str = DEFAULT_SINK) -> int:
     """The sink position: an int (or its digits) as given, ``"auto"`` for :func:`detect_sink`."""
     if isinstance(sink, str):
         if sink.strip().lower() == AUTO:
@@ -120,7 +124,7 @@ class SinkSplit:
     sees_sink: torch.Tensor
 
 
-def sink_split(analysis: Analysis, layer: int, sink: int = 0) -> SinkSplit:
+def sink_split(analysis: Analysis, layer: int, sink: int = DEFAULT_SINK) -> SinkSplit:
     """Split every head output of ``layer`` at the sink ``sink`` (a position; see :func:`resolve_sink`)."""
     layer = analysis.check_layer(layer)
     sink = analysis.check_token(sink)
@@ -158,7 +162,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 # -- the table --------------------------------------------------------------------------------------
-def sink_table(analysis: Analysis, sink: int | str = 0, layers: Iterable[int] | None = None) -> pd.DataFrame:
+def sink_table(analysis: Analysis, sink: int | str = DEFAULT_SINK, layers: Iterable[int] | None = None) -> pd.DataFrame:
     """One row per layer, head and query that sees the sink (columns :data:`TABLE_COLUMNS`).
 
     | column                  | meaning                                                              |
@@ -208,14 +212,21 @@ def sink_table(analysis: Analysis, sink: int | str = 0, layers: Iterable[int] | 
     return pd.concat(frames, ignore_index=True)[list(TABLE_COLUMNS)]
 
 
-def pooled_sink_table(analyses: Sequence[Analysis], sink: int | str = 0) -> pd.DataFrame:
+def pool_tables(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    r"""Several prompts' :func:`sink_table`\ s as one table with a leading ``prompt`` column (their index).
+
+    The one place a pooled table is built (the CLI, the sinks page and :func:`pooled_sink_table`), so
+    callers can make each prompt's table and drop its analysis before the next one is run."""
+    if not tables:
+        raise InputError("no prompts to pool; give at least one")
+    table = pd.concat([t.assign(prompt=i) for i, t in enumerate(tables)], ignore_index=True)
+    return table[["prompt", *TABLE_COLUMNS]]
+
+
+def pooled_sink_table(analyses: Sequence[Analysis], sink: int | str = DEFAULT_SINK) -> pd.DataFrame:
     """:func:`sink_table` of several prompts, with a ``prompt`` column (its index); ``"auto"`` picks
     each prompt's own sink."""
-    if not analyses:
-        raise InputError("no prompts to pool; give at least one")
-    frames = [sink_table(a, sink).assign(prompt=i) for i, a in enumerate(analyses)]
-    table = pd.concat(frames, ignore_index=True)
-    return table[["prompt", *TABLE_COLUMNS]]
+    return pool_tables([sink_table(a, sink) for a in analyses])
 
 
 #: Columns the summaries average.
@@ -373,7 +384,7 @@ def _head_outputs(analysis: Analysis, layer: int) -> torch.Tensor:
 
 
 def intervene_on_sink(
-    analysis: Analysis, sink: int | str = 0, factor: float = 0.0, layers: Iterable[int] | None = None
+    analysis: Analysis, sink: int | str = DEFAULT_SINK, factor: float = DEFAULT_FACTOR, layers: Iterable[int] | None = None
 ) -> SinkIntervention:
     """Scale the sink's value by ``factor`` (λ; 0 removes ṽ_σ, attention kept) in ``layers`` (None = all)
     and compare head outputs and perplexity with the clean pass. One recorded forward pass."""
@@ -451,8 +462,8 @@ class ScaleValuesPerItem:
 def removal_perplexity(
     analysis: Analysis,
     layer_sets: Sequence[Iterable[int] | None],
-    sink: int | str = 0,
-    factor: float = 0.0,
+    sink: int | str = DEFAULT_SINK,
+    factor: float = DEFAULT_FACTOR,
     max_batch_tokens: int = 8192,
 ) -> np.ndarray:
     """The prompt's perplexity with the sink's value scaled by ``factor`` in each of ``layer_sets``
@@ -474,7 +485,7 @@ def removal_perplexity(
     return np.concatenate(out).astype(np.float64)
 
 
-def layerwise_removal(analysis: Analysis, sink: int | str = 0, factor: float = 0.0) -> pd.DataFrame:
+def layerwise_removal(analysis: Analysis, sink: int | str = DEFAULT_SINK, factor: float = DEFAULT_FACTOR) -> pd.DataFrame:
     """ΔPPL of the prompt when the sink's value is scaled by ``factor`` in one layer at a time:
     columns ``layer, perplexity, delta_ppl``."""
     ppl = removal_perplexity(analysis, [[l] for l in range(analysis.num_layers)], sink, factor)

@@ -55,14 +55,14 @@ def sink_tables(request: services.Request, sink: str, pool_path: str = "", pool_
     """Sink table and summaries; with ``pool_path``, also the first ``pool_n`` prompts of that JSONL file."""
     analysis = services.get_analysis(request).analysis
     position = sinks.resolve_sink(analysis, sink)
-    frames = [sinks.sink_table(analysis, position).assign(prompt=0)]
+    frames = [sinks.sink_table(analysis, position)]
     if pool_path.strip() and pool_n > 0:
         hosting.policy_from_env().check_server_file(pool_path)
         bundle = services.get_bundle(request.model, request.device, request.dtype)
-        for index, text in enumerate(read_texts(pool_path.strip(), n=min(pool_n, MAX_POOLED)), start=1):
+        for text in read_texts(pool_path.strip(), n=min(pool_n, MAX_POOLED)):
             services.check_dashboard_length(bundle, len(tokenize(bundle, text)), 0)
-            frames.append(sinks.sink_table(analyze(bundle, text), sink).assign(prompt=index))
-    table = pd.concat(frames, ignore_index=True)[["prompt", *sinks.TABLE_COLUMNS]]
+            frames.append(sinks.sink_table(analyze(bundle, text), sink))
+    table = sinks.pool_tables(frames)
     return SinkTables(
         sink=position,
         sink_token=analysis.tokens[position],

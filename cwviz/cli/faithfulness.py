@@ -18,6 +18,9 @@ from .common import add_jsonl_args, add_model_args, jsonl_path, load, read_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from ..analyses import faithfulness as F
+
+    rates = ",".join(f"{r:g}" for r in F.DEFAULT_RATES)
     parser = sub.add_parser(
         "faithfulness",
         help="mask the keys each measure ranks first/last and report ΔPPL curves",
@@ -35,22 +38,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--dataset", help="a Hugging Face dataset NAME or NAME:CONFIG (needs `datasets` and network)")
     parser.add_argument("--field", help="the JSONL/dataset field holding the text (default: text, or question+answer)")
     parser.add_argument("--split", default="test", help="the dataset split (default: test)")
-    parser.add_argument("--n", type=int, default=20, help="number of examples (default 20)")
-    parser.add_argument("--rates", default="1,5,10,20,30,50", help="removal rates in %% of each query's keys (default 1,5,10,20,30,50)")
+    parser.add_argument("--n", type=int, default=F.DEFAULT_EXAMPLES, help=f"number of examples (default {F.DEFAULT_EXAMPLES})")
+    parser.add_argument("--rates", default=rates, help=f"removal rates in %% of each query's keys (default {rates})")
     parser.add_argument(
         "--measures",
         default="default",
-        help="comma-separated measures, or default: raw, value_weighted, "
-        "value_weighted_output_normalized, contribution_inter, contribution_intra, random "
-        "(also: value_weighted_output_normalized_intra; all = every one)",
+        help=f"comma-separated measures, or default: {', '.join(F.RANKED_MEASURES)} "
+        f"(also: {', '.join(m for m in F.ALL_MEASURES if m not in F.RANKED_MEASURES)}; all = every one)",
     )
     parser.add_argument("--layers", default="all", help="all (default: mask in every layer at once) or one layer index")
     parser.add_argument("--per-head", action="store_true", help="rank keys per head (default: layer-level scores)")
+    parser.add_argument("--rank-by", choices=F.RANK_BY, default=F.RANK_BY[0], help="rank by the signed score (default) or its magnitude")
     parser.add_argument(
-        "--rank-by", choices=["signed", "absolute"], default="signed", help="rank by the signed score (default) or its magnitude"
+        "--max-tokens",
+        type=int,
+        default=F.EXAMPLE_MAX_TOKENS,
+        help=f"token cap per example: longer ones are cut (default {F.EXAMPLE_MAX_TOKENS})",
     )
-    parser.add_argument("--max-tokens", type=int, default=256, help="token cap per example: longer ones are cut (default 256)")
-    parser.add_argument("--batch-size", type=int, default=8, help="masked runs per forward pass (default 8)")
+    parser.add_argument(
+        "--batch-size", type=int, default=F.DEFAULT_BATCH_SIZE, help=f"masked runs per forward pass (default {F.DEFAULT_BATCH_SIZE})"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random ranking and the bootstrap (default 0)")
     parser.add_argument("--out", type=Path, help="summary CSV, rewritten after every example")
     add_model_args(parser)

@@ -17,6 +17,8 @@ log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from ..analyses import sinks as S
+
     parser = sub.add_parser(
         "sinks",
         help="attention sinks per layer: sink ratio, anti-alignment, attention vs contribution share, ΔPPL",
@@ -33,11 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--field", help="with --jsonl: read the prompt from this field")
     parser.add_argument(
         "--sink",
-        default="0",
-        help="the sink: a token position (default 0, the first token) or 'auto' (the key with the largest mean attention)",
+        default=str(S.DEFAULT_SINK),
+        help=f"the sink: a token position (default {S.DEFAULT_SINK}, the first token) or '{S.AUTO}' (the key with the largest mean attention)",
     )
     parser.add_argument(
-        "--factor", type=float, default=0.0, help="λ for the ΔPPL runs: the sink's value is multiplied by it (default 0: removed)"
+        "--factor",
+        type=float,
+        default=S.DEFAULT_FACTOR,
+        help=f"λ for the ΔPPL runs: the sink's value is multiplied by it (default {S.DEFAULT_FACTOR:g}: removed)",
     )
     parser.add_argument("--no-ppl", action="store_true", help="skip the ΔPPL runs (one forward pass per layer and prompt, batched)")
     parser.add_argument("--csv", type=Path, help="write the full table (one row per prompt, layer, head and query) here")
@@ -76,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             where = f"prompt {index + 1} of {args.jsonl}: " if args.jsonl is not None else ""
             raise type(err)(f"{where}{err}") from None
         log.info("prompt %d/%d: %d tokens, sink %d", index + 1, len(texts), analysis.num_tokens, sink)
-        tables.append(sinks.sink_table(analysis, sink).assign(prompt=index))
+        tables.append(sinks.sink_table(analysis, sink))
         positions.append((sink, analysis.tokens[sink]))
         tokens.append(analysis.num_tokens)
         if not args.no_ppl and bundle.arch.causal:
@@ -84,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             removal.append(sinks.removal_perplexity(analysis, layer_sets, sink, args.factor))
             clean.append(analysis.perplexity)
         del analysis
-    table = pd.concat(tables, ignore_index=True)[["prompt", *sinks.TABLE_COLUMNS]]
+    table = sinks.pool_tables(tables)
     summary = sinks.sink_layer_summary(table)
 
     print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
