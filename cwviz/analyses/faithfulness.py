@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.analysis import Analysis, analyze, check_length
+from ..core.analysis import Analysis, analyze, check_layer, check_length
 from ..core.errors import InputError, UnsupportedModelError
 from ..core.interventions import KeepKeys, batch_perplexity
 from ..core.models import Bundle
@@ -199,9 +199,7 @@ def masked_layers(num_layers: int, layer: int | None) -> list[int]:
     """Every layer, or the one chosen (checked)."""
     if layer is None:
         return list(range(num_layers))
-    if not 0 <= layer < num_layers:
-        raise InputError(f"layer {layer} is out of range; this model has layers 0..{num_layers - 1} (or use all)")
-    return [layer]
+    return [check_layer(layer, num_layers, hint="or use all")]
 
 
 def check_causal(bundle: Bundle) -> None:

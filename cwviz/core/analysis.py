@@ -91,6 +91,14 @@ def perplexity(logprobs: np.ndarray | torch.Tensor) -> float:
     return math.exp(-logprobs.mean()) if logprobs.size else math.nan
 
 
+def check_layer(layer: int, num_layers: int, hint: str = "") -> int:
+    """``layer`` as an int, or SelectionError naming the model's layers: the one layer check of cwviz
+    (analyses, sinks, faithfulness, CLI). ``hint`` is added to the message (e.g. "or use all")."""
+    if not isinstance(layer, (int, np.integer)) or not 0 <= layer < num_layers:
+        raise SelectionError(f"layer {layer} is out of range; this model has layers 0..{num_layers - 1}" + (f" ({hint})" if hint else ""))
+    return int(layer)
+
+
 def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | None = None) -> Analysis:
     """Run the model once on ``text`` (or on ``input_ids``) and record every attention layer.
 
@@ -202,9 +210,7 @@ class Analysis:
         return perplexity(self.next_token_logprobs)
 
     def check_layer(self, layer: int) -> int:
-        if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:
-            raise SelectionError(f"layer {layer} is out of range; this model has layers 0..{self.num_layers - 1}")
-        return int(layer)
+        return check_layer(layer, self.num_layers)
 
     def check_head(self, head: int) -> int:
         if not isinstance(head, (int, np.integer)) or not 0 <= head < self.num_heads:

@@ -23,8 +23,8 @@ class UnsupportedModelError(CwvizError):
     """The model loaded but its architecture has no entry in :data:`cwviz.core.architectures.ARCHITECTURES`."""
 
 
-class SelectionError(CwvizError, IndexError):
-    """A layer, head or token index out of range."""
+class SelectionError(InputError, IndexError):
+    """A layer, head or token index out of range (a kind of bad input, so ``except InputError`` catches it)."""
 
 
 class ResourceError(CwvizError):
