@@ -162,18 +162,22 @@ if run and run["running"]:
         st.stop()
     total = len(run["texts"])
     progress = st.progress(run["next"] / total, text=f"{run['next']} of {total} examples")
-    for index in range(run["next"], total):
-        try:
-            ids = F.example_ids(bundle, run["texts"][index], run["protocol"].max_tokens)
-            if ids is not None:
-                with hosting.analysis_slot(policy):  # a shared server runs at most CWVIZ_MAX_CONCURRENT at once
-                    run["tables"].append(F.run_example(bundle, ids, run["protocol"], example=index))
-        except CwvizError as err:
-            run.update(running=False, error=str(err))
-            st.error(str(err))
-            break
-        run["next"] = index + 1
-        progress.progress(run["next"] / total, text=f"{run['next']} of {total} examples")
+    examples = F.iter_examples(
+        bundle,
+        run["texts"][run["next"] :],
+        run["protocol"],
+        start=run["next"],
+        guard=lambda: hosting.analysis_slot(policy),  # a shared server runs at most CWVIZ_MAX_CONCURRENT at once
+    )
+    try:
+        for index, table in examples:
+            if table is not None:
+                run["tables"].append(table)
+            run["next"] = index + 1
+            progress.progress(run["next"] / total, text=f"{run['next']} of {total} examples")
+    except CwvizError as err:
+        run.update(running=False, error=str(err))
+        st.error(str(err))
     run["running"] = False
     st.rerun()
 

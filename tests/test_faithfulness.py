@@ -285,3 +285,20 @@ def test_curve_chart_draws_a_line_and_a_band_per_measure_in_summary_order():
     assert len(next(iter(spec["datasets"].values()))) == 4  # this curve's rows only
     with pytest.raises(ValueError, match="scale"):
         curve_chart(summary, "sufficiency", scale="log")
+
+
+def test_iter_examples_resumes_at_start_and_enters_the_guard_around_each_example(llama):
+    import contextlib
+
+    entered = []
+
+    @contextlib.contextmanager
+    def guard():
+        entered.append(len(entered))
+        yield
+
+    protocol = F.Protocol(rates=(50,), measures=("raw",))
+    out = list(F.iter_examples(llama, ["abcdef", "a", "ghijkl"], protocol, start=3, guard=guard))
+    assert [index for index, _ in out] == [3, 4, 5]
+    assert entered == [0, 1]  # the too-short text runs nothing
+    assert set(out[0][1]["example"]) == {3} and set(out[2][1]["example"]) == {5}

@@ -32,6 +32,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -270,21 +271,33 @@ def _first_equal(items: Sequence, equal: Callable) -> dict:
     return first
 
 
-def iter_examples(bundle: Bundle, texts: Iterable[str], protocol: Protocol = Protocol()) -> Iterator[tuple[int, pd.DataFrame | None]]:
+def iter_examples(
+    bundle: Bundle,
+    texts: Iterable[str],
+    protocol: Protocol = Protocol(),
+    *,
+    start: int = 0,
+    guard: Callable[[], AbstractContextManager] | None = None,
+) -> Iterator[tuple[int, pd.DataFrame | None]]:
     """:func:`run_example` for each text in turn (cut to ``protocol.max_tokens``): yields
     ``(index, table)``, one pair per text, so a caller can save, report progress or stop between examples.
 
-    A text with fewer than two tokens yields ``(index, None)`` (and is logged).
+    The one example loop of cwviz: the CLI and the dashboard's faithfulness page both use it.
+    ``start`` numbers the first text (a resumed run); ``guard``, when given, makes a context entered
+    around each example's forward passes (the dashboard's shared-server slot). A text with fewer than
+    two tokens yields ``(index, None)`` (and is logged).
     """
     check_causal(bundle)
     masked_layers(bundle.info.layers, protocol.layer)
-    for index, text in enumerate(texts):
+    for index, text in enumerate(texts, start=start):
         ids = example_ids(bundle, text, protocol.max_tokens)
         if ids is None:
             log.warning("example %d has fewer than two tokens; skipped", index)
             yield index, None
             continue
-        yield index, run_example(bundle, ids, protocol, example=index)
+        with guard() if guard is not None else nullcontext():
+            table = run_example(bundle, ids, protocol, example=index)
+        yield index, table
 
 
 # -- summaries -----------------------------------------------------------------------------------------
