@@ -77,9 +77,9 @@ class LayerRecord:
 class Intervention(Protocol):
     """Changes one forward pass from inside the attention function.
 
-    ``values`` may return modified values (a new tensor, [batch, kv_head, key_pos, d_head]).
+    ``values`` may return modified values (a new tensor, [batch, kv_head, key, d_head]).
     ``keep`` may return a weight on each attention probability, broadcastable to
-    [batch, head, query_pos, key_pos] (1 keeps a key's write, 0 removes it; probabilities are not
+    [batch, head, query, key] (1 keeps a key's write, 0 removes it; probabilities are not
     renormalised), or None for no change in that layer.
     """
 
@@ -117,10 +117,10 @@ def attention_probabilities(
 
     | arg    | shape                              |
     |--------|------------------------------------|
-    | query  | [..., head, query_pos, d_head]     |
-    | key    | [..., kv_head, key_pos, d_head]    |
-    | mask   | broadcastable to [..., head, query_pos, key_pos], bool (True = attend) or additive |
-    | return | [..., head, query_pos, key_pos]    |
+    | query  | [..., head, query, d_head]     |
+    | key    | [..., kv_head, key, d_head]    |
+    | mask   | broadcastable to [..., head, query, key], bool (True = attend) or additive |
+    | return | [..., head, query, key]    |
 
     Grouped-query keys are shared by ``head // (heads / kv_heads)``.
     """
