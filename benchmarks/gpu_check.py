@@ -4,7 +4,7 @@
     python -m benchmarks.gpu_check --smoke          # tiny sizes, any device (used by the tests on CPU)
 
 For the embedded model and for a Llama-3-8B-shaped model with random weights built from a config (no
-download), in bfloat16 and float32, it checks the METHOD.md identities (contributions sum to 1; Σ_j α ṽ_j
+download), in bfloat16 and float32, it checks the docs/METHOD.md identities (contributions sum to 1; Σ_j α ṽ_j
 equals the model's own o_proj input) and measures the overhead ratio of a full analysis against a plain
 forward pass with output_attentions=True at T = 2048. It prints one JSON line per check and exits
 non-zero if an identity fails.

@@ -1,4 +1,4 @@
-"""Attention sinks as active suppressors (METHOD.md section 4): the sink ratio, anti-alignment, shares,
+"""Attention sinks as active suppressors (docs/METHOD.md section 4): the sink ratio, anti-alignment, shares,
 and what happens when the sink's value is scaled."""
 
 import streamlit as st

@@ -1,4 +1,4 @@
-"""METHOD.md identities on tensors: the cheap computation against brute force and hand-made cases."""
+"""docs/METHOD.md identities on tensors: the cheap computation against brute force and hand-made cases."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Attention sinks (METHOD.md section 4): the split o = s ṽ_σ + (1 − s) m, the table and its summaries,
+"""Attention sinks (docs/METHOD.md section 4): the split o = s ṽ_σ + (1 − s) m, the table and its summaries,
 the analytic curve, and interventions that leave the model clean."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tidy tables behind the dashboard: shapes users rely on, the METHOD.md identities surviving the
+"""Tidy tables behind the dashboard: shapes users rely on, the docs/METHOD.md identities surviving the
 tables, and long prompts staying within the chart row limit."""
 
 from __future__ import annotations

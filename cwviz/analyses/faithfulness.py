@@ -1,4 +1,4 @@
-"""Faithfulness by causal intervention (METHOD.md section 3): mask what a measure ranks first (or last)
+"""Faithfulness by causal intervention (docs/METHOD.md section 3): mask what a measure ranks first (or last)
 and see how much the model's perplexity suffers.
 
 For each example, one clean forward pass (:func:`cwviz.core.analysis.analyze`) records every layer; every

@@ -13,7 +13,7 @@ import pandas as pd
 #: How tables and files (DataFrames, CSV, JSON) name the layer-level rows; in code "all heads" is None.
 ALL_HEADS = "all heads"
 
-#: The measure picker: family -> (label, METHOD.md name for inter, name for intra).
+#: The measure picker: family -> (label, docs/METHOD.md name for inter, name for intra).
 FAMILIES: dict[str, tuple[str, str, str]] = {
     "contribution": ("contribution weight", "contribution_inter", "contribution_intra"),
     "output_normalized": (

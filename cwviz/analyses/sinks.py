@@ -1,4 +1,4 @@
-"""Attention sinks as active suppressors (METHOD.md section 4): pure analyses on an :class:`Analysis`.
+"""Attention sinks as active suppressors (docs/METHOD.md section 4): pure analyses on an :class:`Analysis`.
 
 Notation. For a sink position σ (the first token by default), head h and query i:
 
@@ -18,7 +18,7 @@ Choices (also in the README):
 
 * Queries that cannot see the sink (before it, in causal models) have no row in :func:`sink_table`.
 * Summaries average over the rows whose query sees at least one key besides the sink (``other_keys > 0``).
-* Layer-level shares follow METHOD.md's layer-level scores: attention is averaged over heads, the
+* Layer-level shares follow docs/METHOD.md's layer-level scores: attention is averaged over heads, the
   contribution is the inter-head C summed over heads; both then averaged over queries.
 * Interventions scale the sink's value v_σ (so ṽ_σ^h in every head) by λ in chosen layers, attention kept,
   through :class:`cwviz.core.interventions.ScaleValues`; the shared model is never modified.

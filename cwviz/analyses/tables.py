@@ -24,7 +24,7 @@ from .schema import ALL_HEADS, FAMILIES, KINDS, VIEWS, HeatmapCells, TokenFactor
 MAX_CELLS = 2500
 #: Keys shown per query on the token page (plus the sink).
 TOP_KEYS = 24
-#: The sink is the first position (METHOD.md section 4).
+#: The sink is the first position (docs/METHOD.md section 4).
 SINK = 0
 
 
@@ -33,7 +33,7 @@ def _causal_cells(num_queries: int, num_keys: int, causal: bool) -> int:
 
 
 def _layer_matrices(analysis: Analysis, layer: int, head: int | None, measure: str, kind: str) -> dict[str, np.ndarray]:
-    """[query, key] matrices for one head or aggregated over heads (METHOD.md layer-level rules)."""
+    """[query, key] matrices for one head or aggregated over heads (docs/METHOD.md layer-level rules)."""
     contribution_name = f"contribution_{kind}"
     if head is None:
         return {
@@ -168,7 +168,7 @@ def _queries_after_first(analysis: Analysis) -> slice:
 def head_summary(analysis: Analysis) -> pd.DataFrame:
     """One row per (layer, head), averaged over queries 1..T-1 (query 0 sees only itself):
 
-    * ``sink_attention``: mean attention on the first token (the sink ratio of METHOD.md section 4);
+    * ``sink_attention``: mean attention on the first token (the sink ratio of docs/METHOD.md section 4);
     * ``sink_contribution``: mean intra-head contribution weight of the first token;
     * ``divergence``: mean over queries of ½ Σ_j |α_ij − c_ij|, how differently attention and
       intra-head contribution weights distribute the query's row (0 when they agree; both rows sum
@@ -280,7 +280,7 @@ def top_keys_across_layers(analysis: Analysis, query: int, head: int | None, kin
     """For every layer, the ``k`` keys with the largest contribution to ``query``.
 
     Columns: layer, rank (1 = largest), key, token, contribution, attention. ``head=None`` uses the
-    layer-level scores (METHOD.md), one head its own contributions.
+    layer-level scores (docs/METHOD.md), one head its own contributions.
     """
     query = analysis.check_token(query)
     if head is not None:

@@ -1,4 +1,4 @@
-"""Charts of METHOD.md section 4 (attention sinks): tidy tables from :mod:`cwviz.analyses.sinks` in, ``alt.Chart`` out.
+"""Charts of docs/METHOD.md section 4 (attention sinks): tidy tables from :mod:`cwviz.analyses.sinks` in, ``alt.Chart`` out.
 
 Colour convention of the dashboard: diverging scales are centred at zero, red positive, blue negative.
 """

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def last_token_scores(analysis, layer: int | None, head: int | None) -> tuple[np.ndarray, np.ndarray, str]:
     """(attention, contribution) of the last query over its keys, and a description of the scope.
 
-    Layer-level: attention averaged over heads, inter-head contributions summed over heads (METHOD.md).
+    Layer-level: attention averaged over heads, inter-head contributions summed over heads (docs/METHOD.md).
     One head: its attention and its intra-head contributions (both sum to 1 over keys).
     Several layers: averaged over them.
     """

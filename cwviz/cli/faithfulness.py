@@ -1,4 +1,4 @@
-"""``python -m cwviz faithfulness``: comprehensiveness and sufficiency curves (METHOD.md section 3).
+"""``python -m cwviz faithfulness``: comprehensiveness and sufficiency curves (docs/METHOD.md section 3).
 
 The summary CSV (``--out``) is rewritten after every example (to a temporary file, then renamed), so
 an interrupted run leaves a complete CSV of the examples it finished (its ``n`` column says how many).

@@ -1,4 +1,4 @@
-"""``python -m cwviz sinks``: attention sinks per layer (METHOD.md section 4), for one prompt or a JSONL file."""
+"""``python -m cwviz sinks``: attention sinks per layer (docs/METHOD.md section 4), for one prompt or a JSONL file."""
 
 from __future__ import annotations
 

@@ -276,7 +276,7 @@ class Analysis:
         return _np(self.layer(layer).per_head(name))
 
     def layer_scores(self, layer: int, name: str) -> np.ndarray:
-        """The layer-level (all heads) score of METHOD.md, [query, key]."""
+        """The layer-level (all heads) score of docs/METHOD.md, [query, key]."""
         if name not in MEASURES:
             raise ValueError(f"unknown measure {name!r}; choose one of: {', '.join(MEASURES)}")
         return _np(self.layer(layer).layer_level(name))

@@ -120,5 +120,5 @@ def out_proj_weight(proj: nn.Module, arch: Architecture) -> torch.Tensor:
 
 
 def out_proj_bias(proj: nn.Module) -> torch.Tensor | None:
-    """b_O, or None: reported separately, it is not any token's contribution (METHOD.md section 1)."""
+    """b_O, or None: reported separately, it is not any token's contribution (docs/METHOD.md section 1)."""
     return getattr(proj, "bias", None)

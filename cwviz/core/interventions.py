@@ -7,7 +7,7 @@ the clean ones afterwards (tested).
 * :class:`ScaleValues`: v_p ← λ v_p at chosen key positions in chosen layers (attention kept).
   Since ṽ_p^h = W_O^h v_p^{g(h)}, λ = 0 removes the sink's projected value in every head.
 * :class:`KeepKeys`: multiply each attention probability by a keep weight (0 removes key j's write
-  to query i in every head, METHOD.md section 3); probabilities are not renormalised.
+  to query i in every head, docs/METHOD.md section 3); probabilities are not renormalised.
 """
 
 from __future__ import annotations

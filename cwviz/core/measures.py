@@ -1,6 +1,6 @@
-"""The measures of METHOD.md section 2: pure tensor math, float32, one layer at a time.
+"""The measures of docs/METHOD.md section 2: pure tensor math, float32, one layer at a time.
 
-Notation (METHOD.md): α attention, v_j^h = x_j W_V + b_V the value of key j for head h,
+Notation (docs/METHOD.md): α attention, v_j^h = x_j W_V + b_V the value of key j for head h,
 ṽ_j^h = W_O^h v_j^h its projected value, o_i^h = Σ_j α_ij^h ṽ_j^h the head output and
 o_i = Σ_h o_i^h the layer output (without b_O).
 
@@ -31,7 +31,7 @@ MEASURES: tuple[str, ...] = (
     "contribution_inter",
 )
 
-#: How each measure is aggregated over heads for the layer-level score (METHOD.md section 2).
+#: How each measure is aggregated over heads for the layer-level score (docs/METHOD.md section 2).
 LAYER_AGGREGATION: dict[str, str] = {
     "raw": "mean",
     "value_weighted": "sum",
@@ -192,7 +192,7 @@ class LayerMeasures:
         raise ValueError(f"unknown measure {name!r}; choose one of: {', '.join(MEASURES)}")
 
     def layer_level(self, name: str) -> torch.Tensor:
-        """The all-heads score of METHOD.md, [query, key] (see :data:`LAYER_AGGREGATION`)."""
+        """The all-heads score of docs/METHOD.md, [query, key] (see :data:`LAYER_AGGREGATION`)."""
         scores = self.per_head(name)
         return scores.sum(0) if LAYER_AGGREGATION[name] == "sum" else scores.mean(0)
 
