@@ -9,7 +9,7 @@
 Each function calls the same table function of :mod:`cwviz.analyses` and the same chart builder of
 :mod:`cwviz.charts` as the dashboard page that draws the chart, so a notebook shows exactly what the
 page shows (without the page's caching and widgets). Jupyter draws a returned chart; ``chart.save("x.svg")``
-or :mod:`cwviz.charts.export` writes it to a file. The table behind a chart is its ``data``.
+or :mod:`cwviz.charts.export` writes it to a file.
 
 Arguments follow the library's vocabulary: ``layer``, ``head`` (``None``: all heads, the layer-level
 scores of docs/METHOD.md section 2), ``query`` (a token position; ``None``: the last token). Out-of-range
@@ -195,12 +195,16 @@ def sink_ratio(
         heads = sinks.sink_head_summary(table)
         heads = heads[heads["layer"] == layer]
         head = int(heads.loc[heads["cos_sink_rest"].idxmin(), "head"]) if heads["cos_sink_rest"].notna().any() else 0
-        who = f"head {head}, the most anti-aligned of layer {layer}"
+        who = f"head {head} (the layer's most anti-aligned)"
     else:
         who = f"head {head}"
     curve = sinks.head_curve(table, layer, head)
     points = table[(table["layer"] == layer) & (table["head"] == head)]
-    title = f"Layer {layer}, {who}: sink ratio against head output norm (curve: median ‖ṽ_sink‖, ‖m‖, cos = {curve.cos:+.2f})"
+    # Two title lines, so that the title is no wider than the plot (the page says the same in a caption).
+    title = [
+        f"Layer {layer}, {who}: sink ratio against ‖o‖",
+        f"curve: the head's median ‖ṽ_sink‖, ‖m‖ and cos ({curve.cos:+.2f}); dashed: its minimum",
+    ]
     return sink_charts.ratio_norm_chart(points, curve.table(), curve.minimiser, title=title, query=query)
 
 
