@@ -34,9 +34,9 @@ def _timed(fn) -> float:
 def bench(repeats: int = 3) -> list[str]:
     from streamlit.testing.v1 import AppTest
 
-    from cwviz.app import ui
+    from cwviz.app import state
 
-    text = next(e.text for e in ui.examples() if e.name == LONG_EXAMPLE)
+    text = next(e.text for e in state.examples() if e.name == LONG_EXAMPLE)
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
     at.query_params["prompt"] = text
     first = _timed(at.run)

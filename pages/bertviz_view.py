@@ -3,9 +3,11 @@
 import streamlit as st
 
 from cwviz.analyses import bertviz as bertviz_html
-from cwviz.app import services, ui
+from cwviz.app import services
+from cwviz.app.sidebar import sidebar
+from cwviz.app.state import url_widget
 
-sel = ui.sidebar()
+sel = sidebar()
 st.title("bertviz views")
 st.markdown(
     "bertviz draws each weight as the opacity of a line. Opacity cannot be negative, so for contribution "
@@ -21,8 +23,27 @@ if not sel.ok:
     st.stop()
 
 left, right = st.columns(2)
-view = left.radio("View", bertviz_html.VIEWS, horizontal=True, key="bertviz_view", format_func=lambda v: f"{v} view")
-weights = right.radio("Weights", bertviz_html.WEIGHTS, horizontal=True, key="bertviz_weights")
+with left:
+    view = url_widget(
+        st.radio,
+        "bv_view",
+        "View",
+        bertviz_html.VIEWS[0],
+        options=list(bertviz_html.VIEWS),
+        horizontal=True,
+        format_func=lambda v: f"{v} view",
+        key="bertviz_view",
+    )
+with right:
+    weights = url_widget(
+        st.radio,
+        "bv_weights",
+        "Weights",
+        bertviz_html.WEIGHTS[0],
+        options=list(bertviz_html.WEIGHTS),
+        horizontal=True,
+        key="bertviz_weights",
+    )
 where = bertviz_html.scope(sel.analysis, view, sel.layer)
 st.caption(f"Showing {where.note}.")
 html = services.bertviz_html(sel.request, view, weights, sel.layer)

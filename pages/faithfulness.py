@@ -11,8 +11,11 @@ import pandas as pd
 import streamlit as st
 
 from cwviz.analyses import faithfulness as F
-from cwviz.app import hosting, services, ui
+from cwviz.app import hosting, services, widgets
+from cwviz.app.sidebar import sidebar
+from cwviz.app.state import url_widget
 from cwviz.charts import faithfulness as charts
+from cwviz.charts.export import to_csv
 from cwviz.core.errors import CwvizError
 
 STATE = "_faithfulness_run"
@@ -29,7 +32,7 @@ if not policy.server_files:  # hosting mode: the server's files are not the user
     SOURCES.pop("path")
 MAX_CAP = services.app_max_tokens()
 
-sel = ui.sidebar()
+sel = sidebar()
 st.title("Faithfulness by causal intervention")
 st.markdown(
     "Each measure ranks the keys of every query. **Comprehensiveness** removes the top share of each "
@@ -190,15 +193,18 @@ if run and run["tables"]:
         + ("" if run["next"] >= total else " (stopped early)")
         + "; bands: 95 % bootstrap intervals of the mean ΔPPL."
     )
-    scale = st.radio(
+    scale = url_widget(
+        st.radio,
+        "scale",
         "ΔPPL axis",
-        charts.SCALES,
+        charts.SCALES[0],
+        options=list(charts.SCALES),
         horizontal=True,
         key="faith_scale",
         format_func=lambda s: "linear" if s == "linear" else "symmetric log (keeps 0 and negatives)",
     )
     for curve in F.CURVES:
-        ui.chart(charts.curve_chart(summary, curve, scale), summary[summary.curve == curve], f"cwviz-{curve}", key=f"faith_{curve}")
+        widgets.chart(charts.curve_chart(summary, curve, scale), summary[summary.curve == curve], f"cwviz-{curve}", key=f"faith_{curve}")
     areas = F.curve_areas(summary).pivot(index="measure", columns="curve", values="area")
     st.markdown("**Mean ΔPPL per rate**, and the area under each curve (trapezoids over the rate as a fraction 0..1)")
     table = summary.pivot(index="measure", columns=["curve", "rate"], values="delta_ppl")
@@ -210,7 +216,7 @@ if run and run["tables"]:
     )
     st.download_button(
         "Results CSV",
-        data=summary.to_csv(index=False).encode("utf-8"),
+        data=to_csv(summary),
         file_name="cwviz-faithfulness.csv",
         mime="text/csv",
         key="faith_csv",

@@ -3,53 +3,82 @@
 import streamlit as st
 
 from cwviz.analyses import tables
-from cwviz.app import services, ui
+from cwviz.app import services, widgets
+from cwviz.app.sidebar import sidebar
+from cwviz.app.state import select, url_widget
 from cwviz.charts import heatmaps as charts
 
-sel = ui.sidebar()
+INTRO = (
+    "**Contribution weights** measure how much each earlier token *k* (key) adds to what an attention "
+    "layer writes for token *q* (query). Attention weights only say how strongly a key is selected; a "
+    "contribution weight also accounts for the size of the key's projected value vector and for its "
+    "direction relative to the layer's output: contribution = attention × (‖ṽ_k‖ / ‖o_q‖) × cos(o_q, ṽ_k). "
+    "Each row sums to 1, but single contributions can be **negative**, when a value points against the "
+    "output (destructive interference). Read each heatmap row by row: the row is the query token, the "
+    "columns are the keys it can see. Attention uses a sequential scale (darker = more attention); "
+    "contributions use a diverging scale centred at zero: **red is positive, blue is negative, white is "
+    "zero**, and the empty upper triangle is the future, which a causal model cannot see."
+)
+
+sel = sidebar()
 st.title("Contribution weights vs attention")
-st.markdown(ui.INTRO)
+st.markdown(INTRO)
 if not sel.ok:
     st.stop()
 
 left, middle, right = st.columns([3, 2, 3])
-family = left.radio(
-    "Measure (right heatmap)",
-    list(tables.FAMILIES),
-    format_func=lambda f: tables.FAMILIES[f][0],
-    horizontal=True,
-    key="heatmaps_measure",
-)
-kind = middle.radio(
-    "Normalise by",
-    tables.KINDS,
-    horizontal=True,
-    key="heatmaps_kind",
-    format_func=lambda k: "layer output ‖o_i‖ (inter)" if k == "inter" else "head output ‖o_i^h‖ (intra)",
-    help="inter: shares of the whole layer output (heads together sum to 1); intra: shares of each head's own output.",
-)
-view = right.radio(
-    "Long prompts",
-    tables.VIEWS,
-    horizontal=True,
-    key="heatmaps_view",
-    format_func=lambda v: "window around the query" if v == "window" else "whole prompt in bins",
-    help=f"Used when a layer has more than {tables.MAX_CELLS:,} cells.",
-)
+with left:
+    family = url_widget(
+        st.radio,
+        "measure",
+        "Measure (right heatmap)",
+        "contribution",
+        options=list(tables.FAMILIES),
+        format_func=lambda f: tables.FAMILIES[f][0],
+        horizontal=True,
+        key="heatmaps_measure",
+    )
+with middle:
+    kind = url_widget(
+        st.radio,
+        "kind",
+        "Normalise by",
+        tables.KINDS[0],
+        options=list(tables.KINDS),
+        horizontal=True,
+        format_func=lambda k: "layer output ‖o_i‖ (inter)" if k == "inter" else "head output ‖o_i^h‖ (intra)",
+        help="inter: shares of the whole layer output (heads together sum to 1); intra: shares of each head's own output.",
+        key="heatmaps_kind",
+    )
+with right:
+    view = url_widget(
+        st.radio,
+        "view",
+        "Long prompts",
+        tables.VIEWS[0],
+        options=list(tables.VIEWS),
+        horizontal=True,
+        format_func=lambda v: "window around the query" if v == "window" else "whole prompt in bins",
+        help=f"Used when a layer has more than {tables.MAX_CELLS:,} cells.",
+        key="heatmaps_view",
+    )
 measure = tables.measure_name(family, kind)
 cells = services.heatmap_cells(sel.request, sel.layer, sel.head, measure, kind, sel.query, view)
-ui.chart(charts.heatmap_pair(cells), cells.frame, f"cwviz-heatmap-layer{sel.layer}", key="heatmaps")
+widgets.query_heatmaps(charts.heatmap_pair(cells, query=sel.query), cells, f"cwviz-heatmap-layer{sel.layer}", key="heatmaps")
 
 st.subheader("Every head")
-metric = st.radio(
+metric = url_widget(
+    st.radio,
+    "colour",
     "Colour by",
-    list(charts.OVERVIEW_METRICS),
+    next(iter(charts.OVERVIEW_METRICS)),
+    options=list(charts.OVERVIEW_METRICS),
     format_func=lambda m: charts.OVERVIEW_METRICS[m],
     horizontal=True,
     key="heatmaps_overview_metric",
 )
 summary = services.head_summary(sel.request)
-ui.head_grid(charts.head_overview(summary, metric, sel.layer, sel.head), summary, "cwviz-heads", key="overview")
+widgets.head_grid(charts.head_overview(summary, metric, sel.layer, sel.head), summary, "cwviz-heads", key="overview")
 
 st.markdown("**Heads ranked by divergence** between attention and intra-head contribution rows (select a row to show it)")
 ranking = tables.head_ranking(summary, top=15)
@@ -65,6 +94,6 @@ chosen = rows.selection.rows if rows is not None else []
 if chosen and chosen != st.session_state.get("_heatmaps_last_row"):
     st.session_state["_heatmaps_last_row"] = chosen
     row = ranking.iloc[chosen[0]]
-    ui.select(layer=int(row["layer"]), head=int(row["head"]))
+    select(layer=int(row["layer"]), head=int(row["head"]))
 
-ui.analysis_download(sel)
+widgets.analysis_download(sel)

@@ -4,13 +4,16 @@ and what happens when the sink's value is scaled."""
 import streamlit as st
 
 from cwviz.app import sink_services as services
-from cwviz.app import ui
+from cwviz.app import widgets
+from cwviz.app.sidebar import sidebar
+from cwviz.app.state import parse_bool, show_bool, url_widget
 from cwviz.charts import sinks as charts
+from cwviz.charts.export import to_csv
 from cwviz.core.errors import CwvizError
 
 SINK_CHOICES = {"first": "first token", "auto": "detected (most attention received)", "position": "a position"}
 
-sel = ui.sidebar()
+sel = sidebar()
 st.title("Attention sinks as active suppressors")
 st.markdown(
     "Each head's output splits into the sink's part and the rest, o = s·ṽ_sink + (1 − s)·m, where s is the "
@@ -28,16 +31,25 @@ if not sel.ok:
     st.stop()
 
 left, middle, right = st.columns([3, 2, 3])
-choice = left.radio("Sink", list(SINK_CHOICES), format_func=SINK_CHOICES.get, horizontal=True, key="sinks_choice")
-position = middle.number_input(
-    "Sink position",
-    min_value=0,
-    max_value=sel.analysis.num_tokens - 1,
-    value=0,
-    step=1,
-    key="sinks_position",
-    disabled=choice != "position",
-)
+last = sel.analysis.num_tokens - 1
+with left:
+    choice = url_widget(
+        st.radio, "sink", "Sink", "first", options=list(SINK_CHOICES), format_func=SINK_CHOICES.get, horizontal=True, key="sinks_choice"
+    )
+with middle:
+    position = url_widget(
+        st.number_input,
+        "sink_pos",
+        "Sink position",
+        0,
+        parse=int,
+        valid=lambda v: 0 <= v <= last,
+        min_value=0,
+        max_value=last,
+        step=1,
+        disabled=choice != "position",
+        key="sinks_position",
+    )
 pool_path, pool_n = "", 0
 if services.server_files_allowed():  # off in hosting mode: the server's files are not the users'
     with right.expander("Pool prompts from a JSONL file"):
@@ -69,7 +81,7 @@ st.caption(
     f"Layer {view.layer}, {which}. Points: queries. Curve: ‖s·ṽ_sink + (1 − s)·m‖ with the head's median ‖ṽ_sink‖, "
     f"‖m‖ and cos (= {view.cos:+.2f}); dashed: the ratio where it is smallest."
 )
-ui.chart(
+widgets.chart(
     charts.ratio_norm_chart(view.points, view.curve, view.minimiser, query=sel.query),
     view.points,
     f"cwviz-sink-ratio-layer{view.layer}-head{view.head}",
@@ -79,7 +91,7 @@ ui.chart(
 left, right = st.columns(2)
 with left:
     st.subheader("(b) Anti-alignment")
-    ui.head_grid(
+    widgets.head_grid(
         charts.anti_alignment_map(tables.heads, sel.layer, sel.head),
         tables.heads,
         "cwviz-sink-anti-alignment",
@@ -88,7 +100,7 @@ with left:
 with right:
     st.subheader("(c) Attention vs contribution share")
     st.caption("Attention averaged over heads; contribution: the layer-level (inter-head) weight, summed over heads.")
-    ui.chart(charts.share_chart(tables.layers, sel.layer), tables.layers, "cwviz-sink-shares", key="sinks_shares")
+    widgets.chart(charts.share_chart(tables.layers, sel.layer), tables.layers, "cwviz-sink-shares", key="sinks_shares")
 
 st.subheader("Intervention: scale the sink's value")
 st.caption(
@@ -96,19 +108,41 @@ st.caption(
     "forward pass is changed: the shared model is untouched."
 )
 left, right = st.columns(2)
-factor = left.slider("λ", min_value=0.0, max_value=2.0, value=0.0, step=0.05, key="sinks_factor")
-scope = right.radio(
-    "In",
-    ["all", "selected", "chosen"],
-    horizontal=True,
-    key="sinks_scope",
-    format_func={"all": "every layer", "selected": f"layer {sel.layer} (sidebar)", "chosen": "chosen layers"}.get,
-)
+with left:
+    factor = url_widget(
+        st.slider,
+        "lambda",
+        "λ",
+        0.0,
+        parse=float,
+        show=lambda v: f"{v:g}",
+        valid=lambda v: 0.0 <= v <= 2.0,
+        min_value=0.0,
+        max_value=2.0,
+        step=0.05,
+        key="sinks_factor",
+    )
+with right:
+    scope = url_widget(
+        st.radio,
+        "scope",
+        "In",
+        "all",
+        options=["all", "selected", "chosen"],
+        horizontal=True,
+        format_func={"all": "every layer", "selected": f"layer {sel.layer} (sidebar)", "chosen": "chosen layers"}.get,
+        key="sinks_scope",
+    )
 layers = None
 if scope == "selected":
     layers = (sel.layer,)
 elif scope == "chosen":
-    layers = tuple(right.multiselect("Layers", list(range(sel.analysis.num_layers)), default=[sel.layer], key="sinks_layers"))
+    with right:
+        layers = tuple(
+            url_widget(
+                st.multiselect, "layers", "Layers", [sel.layer], parse=int, options=list(range(sel.analysis.num_layers)), key="sinks_layers"
+            )
+        )
 try:
     result = services.intervention(sel.request, tables.sink, float(factor), layers)
 except CwvizError as err:
@@ -122,12 +156,17 @@ c.metric(
     f"{result.table['cone_change'].mean():+.4f}",
     help="Mean pairwise cosine of each head's outputs across positions, after minus before, averaged over layers and heads.",
 )
-ui.chart(charts.intervention_chart(result.table), result.table, "cwviz-sink-intervention", key="sinks_intervention")
+widgets.chart(charts.intervention_chart(result.table), result.table, "cwviz-sink-intervention", key="sinks_intervention")
 
-if st.toggle(
+if url_widget(
+    st.toggle,
+    "layerwise",
     "ΔPPL with the sink's value scaled by λ in one layer at a time",
-    key="sinks_layerwise",
+    False,
+    parse=parse_bool,
+    show=show_bool,
     help="One forward pass per layer (batched): slow on a CPU.",
+    key="sinks_layerwise",
 ):
     per_layer = services.layerwise(sel.request, tables.sink, float(factor))
     st.dataframe(
@@ -147,7 +186,7 @@ with st.expander("Per-layer table"):
     )
     st.download_button(
         "Full table (CSV)",
-        data=lambda: tables.table.to_csv(index=False).encode("utf-8"),
+        data=lambda: to_csv(tables.table),
         file_name="cwviz-sinks.csv",
         mime="text/csv",
         key="sinks_csv",

@@ -3,10 +3,12 @@
 import streamlit as st
 
 from cwviz.analyses import tables
-from cwviz.app import services, ui
+from cwviz.app import services, widgets
+from cwviz.app.sidebar import sidebar
+from cwviz.app.state import url_widget
 from cwviz.charts import token as charts
 
-sel = ui.sidebar()
+sel = sidebar()
 st.title("One query token")
 if not sel.ok:
     st.stop()
@@ -16,12 +18,15 @@ st.markdown(
     "attention × norm ratio ‖ṽ_k‖/‖o_q‖ × cosine(o_q, ṽ_k): a key can be strongly attended and still contribute "
     "little (short or orthogonal value), or contribute negatively (value pointing against the output)."
 )
-kind = st.radio(
+kind = url_widget(
+    st.radio,
+    "token_kind",
     "Normalise by",
-    tables.KINDS,
+    tables.KINDS[0],
+    options=list(tables.KINDS),
     horizontal=True,
-    key="token_kind",
     format_func=lambda k: "layer output ‖o_q‖ (inter)" if k == "inter" else "head output ‖o_q^h‖ (intra)",
+    key="token_kind",
 )
 if sel.head is None:
     st.info(
@@ -29,11 +34,13 @@ if sel.head is None:
         "With all heads, attention is the mean over heads and contribution the layer-level score."
     )
 factors = services.token_factors(sel.request, sel.layer, sel.query, sel.head, kind)
-ui.chart(charts.factor_bars(factors), factors.wide, f"cwviz-token{sel.query}-layer{sel.layer}", key="factors")
+widgets.chart(charts.factor_bars(factors), factors.wide, f"cwviz-token{sel.query}-layer{sel.layer}", key="factors")
 
 st.subheader("Across layers")
-k = st.slider("Top keys per layer", 1, 10, 5, key="token_top_k")
+k = url_widget(
+    st.slider, "top_k", "Top keys per layer", 5, parse=int, min_value=1, max_value=10, valid=lambda v: 1 <= v <= 10, key="token_top_k"
+)
 top = services.top_keys(sel.request, sel.query, sel.head, kind, k)
 who = "all heads" if sel.head is None else f"head {sel.head}"
 note = f"Query {sel.token_label(sel.query)}: its top {k} keys by {kind}-head contribution in every layer ({who}); numbers are ranks"
-ui.chart(charts.top_keys_chart(top, note), top, f"cwviz-token{sel.query}-layers", key="top_keys")
+widgets.chart(charts.top_keys_chart(top, note), top, f"cwviz-token{sel.query}-layers", key="top_keys")

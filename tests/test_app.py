@@ -12,7 +12,7 @@ import pytest
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
-from cwviz.app import services, ui
+from cwviz.app import services, state
 from tests.test_services import count_forward_passes  # noqa: F401  (a fixture)
 from tests.test_tables import LONG_TEXT, tiny_long_bundle
 
@@ -69,7 +69,7 @@ def test_default_load_shows_the_example_analysed(count_forward_passes):
     assert {b.label for b in at.get("download_button")} >= {"PNG", "SVG", "CSV", "Analysis as JSON (all layers)"}
     assert len(at.dataframe) == 1  # the ranking of heads
     params = at.query_params
-    assert params["model"] == "embedded" and params["prompt"] == ui.examples()[0].text
+    assert params["model"] == "embedded" and params["prompt"] == state.examples()[0].text
     assert params["layer"] == "14" and params["head"] == "all" and params["token"] == "29"
 
 
@@ -93,7 +93,7 @@ def test_changing_the_selection_redraws_without_rerunning_the_model(count_forwar
 
 
 def test_a_link_reproduces_the_view():
-    text = ui.examples()[1].text
+    text = state.examples()[1].text
     at = run_app(params={"prompt": text, "layer": "3", "head": "2", "token": "4"})
     assert_clean(at)
     assert widget(at, "slider", "Layer").value == 3
@@ -212,7 +212,7 @@ def test_generated_tokens_are_analysed_with_the_prompt():
 
 def test_picking_an_example_analyses_it():
     at = run_app()
-    example = ui.examples()[2]
+    example = state.examples()[2]
     widget(at, "selectbox", "Example prompt").set_value(example.name).run()
     assert_clean(at)
     assert widget(at, "text_area", "Prompt").value == example.text

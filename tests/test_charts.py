@@ -172,3 +172,22 @@ def test_label_expression_is_valid_for_awkward_tokens():
     )
     svg = export.to_svg(chart).decode()
     assert "&lt;/script&gt;" in svg and "é" in svg
+
+
+def test_csv_cells_that_look_like_formulas_are_neutralised_and_numbers_stay_numbers():
+    import csv
+    import io
+
+    import pandas as pd
+
+    from cwviz.charts.export import to_csv
+
+    frame = pd.DataFrame(
+        {"token": ["=1+1", "+x", "-x", "@x", "\tx", "\rx", "plain", "a=b"], "value": [-0.5, 1.0, -2.0, 0.0, 3.5, -1e-9, 2.0, 4.0]}
+    )
+    frame["head"] = "all heads"
+    header, *rows = csv.reader(io.StringIO(to_csv(frame).decode("utf-8"), newline=""))
+    assert header == ["token", "value", "head"]
+    assert [r[0] for r in rows] == ["'=1+1", "'+x", "'-x", "'@x", "'\tx", "'\rx", "plain", "a=b"]
+    assert [float(r[1]) for r in rows] == frame["value"].tolist()  # negative numbers stay numbers, unquoted
+    assert rows[0][1] == "-0.5" and {r[2] for r in rows} == {"all heads"}

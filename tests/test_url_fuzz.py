@@ -7,25 +7,25 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cwviz.app import ui
+from cwviz.app import state
 
 values = st.one_of(
     st.text(max_size=12),
     st.integers(min_value=-(10**6), max_value=10**6).map(str),
     st.sampled_from(["all", "", " 3 ", "1e3", "0x10", "٣", "9" * 5000, "-0", "NaN", "<script>"]),
 )
-params = st.dictionaries(st.sampled_from(list(ui._URL_KEYS)), values, max_size=len(ui._URL_KEYS))
+params = st.dictionaries(st.sampled_from(list(state.URL_KEYS)), values, max_size=len(state.URL_KEYS))
 
 
 @settings(max_examples=300, deadline=None)
 @given(params=params, layers=st.integers(1, 40), heads=st.integers(1, 32), tokens=st.integers(1, 600))
 def test_any_link_gives_an_in_range_selection(params, layers, heads, tokens):
-    cur = ui._defaults()
-    ui._parse_url(params, cur)
-    assert cur["device"] in ui.DEVICE_CHOICES and cur["dtype"] in ui.DTYPE_CHOICES
-    assert 0 <= cur["generate"] <= ui.MAX_GENERATE
+    cur = state.defaults()
+    state.parse_url(params, cur)
+    assert cur["device"] in state.DEVICE_CHOICES and cur["dtype"] in state.DTYPE_CHOICES
+    assert 0 <= cur["generate"] <= state.MAX_GENERATE
     assert isinstance(cur["text"], str) and isinstance(cur["model"], str) and cur["model"]
-    ui._clamp(cur, SimpleNamespace(num_layers=layers, num_heads=heads, num_tokens=tokens))
+    state.clamp(cur, SimpleNamespace(num_layers=layers, num_heads=heads, num_tokens=tokens))
     assert 0 <= cur["layer"] < layers
     assert cur["head"] is None or 0 <= cur["head"] < heads
     assert 0 <= cur["query"] < tokens
@@ -33,7 +33,7 @@ def test_any_link_gives_an_in_range_selection(params, layers, heads, tokens):
         assert "in the link" in note
     # Every value that was given but could not be used as given is explained.
     for name in ("layer", "token"):
-        if name in params and ui._int(params[name]) is None:
+        if name in params and state.parse_int(params[name]) is None:
             assert any(note.startswith(f"{name}=") for note in cur["notes"])
 
 

@@ -48,7 +48,8 @@ class HeatmapCells:
 
     Columns: layer, head (:data:`ALL_HEADS` for the layer-level score), query, key (positions, or bin numbers when binned),
     query_token, key_token, attention, value (the picked measure), contribution (of ``kind``),
-    norm_ratio and cosine (one head, unbinned only; else NaN). ``labels[i]`` is the axis label of
+    norm_ratio and cosine (one head, unbinned only; else NaN), query_position (the token
+    position a click on the cell selects: the query, or a bin's last position). ``labels[i]`` is the axis label of
     position (or bin) i; ``note`` says what is shown (window, bins, aggregation over heads).
     """
 
@@ -58,6 +59,7 @@ class HeatmapCells:
     kind: str
     note: str
     binned: bool
+    query: int | None = None  # the row (position, or bin when binned) of the selected query
 
 
 @dataclass(frozen=True)

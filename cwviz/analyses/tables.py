@@ -99,7 +99,7 @@ def heatmap_cells(
     if _causal_cells(t, t, causal) <= max_cells:
         positions = np.arange(t)
         frame = _cells(mats, positions, positions, causal, tokens, tokens)
-        labels, binned, note = tuple(tokens), False, f"layer {layer}, {who}; all {t} tokens"
+        labels, binned, note = position_labels(tokens), False, f"layer {layer}, {who}; all {t} tokens"
     elif view == "window":
         size = 1
         while _causal_cells(size + 1, size + 1, causal) + size + 1 <= max_cells:
@@ -108,7 +108,7 @@ def heatmap_cells(
         rows = np.arange(lo, hi + 1)
         keys = np.concatenate([[SINK], rows]) if lo > SINK else rows
         frame = _cells(mats, rows, keys, causal, tokens, tokens)
-        labels, binned = tuple(tokens), False
+        labels, binned = position_labels(tokens), False
         note = (
             f"layer {layer}, {who}; window: queries and keys {lo}–{hi} of {t} tokens"
             f"{' plus the first token' if lo > SINK else ''}, around query {query}"
@@ -123,11 +123,21 @@ def heatmap_cells(
         labels = tuple(f"{s}–{min(s + width, t) - 1}" for s in edges)
         positions = np.arange(len(edges))
         frame = _cells(binned_mats, positions, positions, causal, labels, labels)
+        last = np.minimum(edges + width, t) - 1  # the position a click on a bin selects: its last one
+        frame["query_position"] = last[frame["query"].to_numpy()]
         binned = True
         note = f"layer {layer}, {who}; all {t} tokens in bins of {width} (mean over queries, sum over keys)"
+    if not binned:
+        frame["query_position"] = frame["query"]
     frame.insert(0, "head", ALL_HEADS if head is None else head)
     frame.insert(0, "layer", layer)
-    return HeatmapCells(frame=frame, labels=labels, measure=measure, kind=kind, note=note, binned=binned)
+    selected = int(np.searchsorted(edges, query, side="right") - 1) if binned else query
+    return HeatmapCells(frame=frame, labels=labels, measure=measure, kind=kind, note=note, binned=binned, query=selected)
+
+
+def position_labels(tokens) -> tuple[str, ...]:
+    """Axis labels ``"12 the"``: the position first, so repeated tokens stay apart."""
+    return tuple(f"{i} {token}" for i, token in enumerate(tokens))
 
 
 def _bin(matrix: np.ndarray, edges: np.ndarray, t: int) -> np.ndarray:

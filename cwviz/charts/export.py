@@ -27,5 +27,27 @@ def to_svg(chart: alt.TopLevelMixin) -> bytes:
     return render_spec(chart.to_dict(), "svg")
 
 
+#: What makes a spreadsheet read a cell as a formula (OWASP, "CSV Injection").
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralise(value: object) -> object:
+    """A text cell that starts like a formula, with a leading ``'`` so spreadsheets show it as text.
+
+    The OWASP rule: a cell beginning with ``=``, ``+``, ``-``, ``@``, tab or carriage return is prefixed
+    with a single quote. Only text is changed: numbers (negative ones too) stay numbers.
+    """
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def to_csv(frame: pd.DataFrame) -> bytes:
-    return frame.to_csv(index=False).encode("utf-8")
+    """UTF-8 CSV of ``frame`` (no index) with every text cell and column name passed through :func:`neutralise`:
+    tokens are user text, and a token like ``=cmd|...`` must not run as a formula when the file is opened."""
+    safe = frame.rename(columns=lambda c: neutralise(str(c)))
+    text_columns = [c for c in safe.columns if safe[c].dtype == object or pd.api.types.is_string_dtype(safe[c])]
+    safe[text_columns] = safe[text_columns].map(neutralise) if text_columns else safe[text_columns]
+    # CRLF line ends (RFC 4180): with pandas' default "\n" a carriage return inside a token is left
+    # unquoted and splits the row; with "\r\n" both characters make the cell quoted.
+    return safe.to_csv(index=False, lineterminator="\r\n").encode("utf-8")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Sequence
 
 import altair as alt
@@ -19,9 +20,15 @@ from ..analyses.schema import FAMILIES, HeatmapCells, is_signed
 #: Diverging scale for signed measures: red positive, blue negative, white at zero.
 DIVERGING = "redblue"
 SEQUENTIAL = "blues"
-SIDE = 330  # px, each heatmap (two side by side fit a 1400 px wide window)
+SIDE = 330  # px, the least a heatmap axis gets
+CELL = 13  # px per position: a 10 px label per row or column without overlap
+#: Most keys for which the two heatmaps stand side by side (2 x (40 x 13 px + labels) fit the main area
+#: of a 1600 px wide window); wider pairs are stacked.
+SIDE_BY_SIDE = 40
 #: The click selection of every layer x head grid; pages pass it to Streamlit as ``selection_mode``.
 PICK = "pick"
+#: The click selection of the heatmap pair: a cell's ``query_position``.
+QUERY_PICK = "query_pick"
 
 
 def label_expr(labels: Sequence[str]) -> str:
@@ -75,40 +82,68 @@ def _tooltips(frame: pd.DataFrame, value_title: str, show_value: bool) -> list[a
     return tips
 
 
-def heatmap_pair(cells: HeatmapCells) -> alt.HConcatChart:
+def _extent(count: int) -> int:
+    """Pixels of a heatmap axis with ``count`` positions: :data:`CELL` each, never under :data:`SIDE`."""
+    return max(SIDE, CELL * count)
+
+
+def query_outline(row: int) -> alt.Chart:
+    """A black frame around one query row, layered over a heatmap (it spans every key column)."""
+    return alt.Chart(pd.DataFrame({"query": [row]})).mark_rect(fill=None, stroke="black", strokeWidth=2).encode(y="query:O")
+
+
+def query_pick() -> alt.Parameter:
+    """Clicking a heatmap cell selects its query (the parameter :data:`QUERY_PICK`, field ``query_position``)."""
+    return alt.selection_point(name=QUERY_PICK, fields=["query_position"], on="click", clear=False)
+
+
+def heatmap_pair(cells: HeatmapCells, query: int | None = None) -> alt.HConcatChart | alt.VConcatChart:
     """Attention (sequential scale) beside the picked measure (diverging at zero when it can be negative).
 
     One dataset of ``len(cells.frame)`` rows feeds both views. The masked upper triangle has no rows,
-    so it stays empty.
+    so it stays empty. Every row and column is labelled ``"12 the"`` (position and token; a heatmap has
+    at most about 70 positions per axis, :data:`cwviz.analyses.tables.MAX_CELLS`), at :data:`CELL` px
+    per position so no label overlaps its neighbour. Up to :data:`SIDE_BY_SIDE` keys the two heatmaps
+    stand side by side; wider ones are stacked so each keeps its full width. The selected query's row
+    (``cells.query``, or ``query`` when given) is outlined on both; a click on a cell selects its query
+    (:data:`QUERY_PICK`).
     """
     frame = cells.frame
+    row = cells.query if query is None or cells.binned else query
     value_title = measure_label(cells.measure)
     show_value = cells.measure != f"contribution_{cells.kind}"
     tooltips = _tooltips(frame, value_title, show_value)
-    axis_args = dict(labelExpr=label_expr(cells.labels), labelLimit=90, labelOverlap=True)
-    position = "bin" if cells.binned else "position"
+    axis_args = dict(labelExpr=label_expr(cells.labels), labelLimit=120, labelOverlap=False, labelFontSize=10)
+    keys, queries = frame["key"].nunique(), frame["query"].nunique()
+    what = "bin of positions" if cells.binned else "position token"
+    pick = query_pick()
     base = (
         alt.Chart(frame)
         .mark_rect()
         .encode(
-            x=alt.X("key:O", title=f"key ({position})", axis=alt.Axis(labelAngle=-60, **axis_args)),
-            y=alt.Y("query:O", title=f"query ({position})", axis=alt.Axis(**axis_args)),
+            x=alt.X("key:O", title=f"key ({what})", axis=alt.Axis(labelAngle=-90, **axis_args)),
+            y=alt.Y("query:O", title=f"query ({what})", axis=alt.Axis(**axis_args)),
             tooltip=tooltips,
         )
-        .properties(width=SIDE, height=SIDE)
+        .properties(width=_extent(keys), height=_extent(queries))
     )
-    attention = base.encode(color=alt.Color("attention:Q", title="attention", scale=sequential_scale(frame["attention"]))).properties(
-        title="Attention weights"
-    )
+    attention = base.encode(color=alt.Color("attention:Q", title="attention", scale=sequential_scale(frame["attention"])))
     scale = signed_scale(frame["value"]) if is_signed(cells.measure) else sequential_scale(frame["value"])
-    measure = base.encode(color=alt.Color("value:Q", title=value_title.split(" (")[0], scale=scale)).properties(
-        title=value_title[:1].upper() + value_title[1:]
-    )
-    return (
-        alt.hconcat(attention, measure, data=frame)
-        .resolve_scale(color="independent")
-        .properties(title=alt.TitleParams(cells.note, anchor="start", fontSize=13))
-    )
+    measure = base.encode(color=alt.Color("value:Q", title=value_title.split(" (")[0], scale=scale))
+    views = []
+    for name, chart, title in (
+        ("attention", attention, "Attention weights"),
+        ("measure", measure, value_title[:1].upper() + value_title[1:]),
+    ):
+        layers = [chart.properties(name=f"heatmap_{name}")] + ([query_outline(row)] if row is not None else [])
+        views.append(alt.layer(*layers).properties(title=title))
+    concat = alt.hconcat if keys <= SIDE_BY_SIDE else alt.vconcat
+    pair = concat(*views, data=frame).resolve_scale(color="independent")
+    with warnings.catch_warnings():
+        # One parameter for both views is what we want: Altair gives it to each unit chart and says so.
+        warnings.filterwarnings("ignore", message="Automatically deduplicated selection parameter", category=UserWarning)
+        pair = pair.add_params(pick)
+    return pair.properties(title=alt.TitleParams(cells.note + " · click a cell to select its query", anchor="start", fontSize=13))
 
 
 #: The per-head summaries the overview can colour by.

@@ -1,0 +1,192 @@
+"""The sidebar every page shares: inputs (model, device, dtype, prompt, tokens to generate, Analyze) and
+the selection (layer, head or all heads, query token). :func:`sidebar` runs the analysis through
+:mod:`cwviz.app.services` and returns a frozen :class:`Selection`; the state behind it is :mod:`cwviz.app.state`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+import streamlit as st
+
+from ..core.analysis import Analysis
+from ..core.errors import CwvizError, ModelLoadError
+from . import hosting, services
+from .state import (
+    DEVICE_CHOICES,
+    DTYPE_CHOICES,
+    MAX_GENERATE,
+    bound,
+    clamp,
+    clear_notes,
+    commit,
+    current,
+    examples,
+    pick_example,
+    write_url,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the user asked for and the analysis it gave.
+
+    ``head`` is None for all heads. ``analysis`` is None (and ``error`` says why) when the model or the
+    prompt could not be analysed; layer, head and query are then the last requested values.
+    ``prompt_tokens`` counts the prompt; later positions were generated greedily.
+    """
+
+    model: str
+    device: str
+    dtype: str
+    text: str
+    generate: int
+    layer: int
+    head: int | None
+    query: int
+    analysis: Analysis | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def request(self) -> services.Request:
+        return services.Request(self.model, self.device, self.dtype, self.text, self.generate)
+
+    @property
+    def ok(self) -> bool:
+        return self.analysis is not None
+
+    def token_label(self, position: int) -> str:
+        """``12 'fox'``: a position with its token, escaped for Markdown."""
+        return escape_markdown(f"{position} {self.analysis.tokens[position]!r}") if self.ok else str(position)
+
+
+def escape_markdown(text: str) -> str:
+    """Backslash-escape Markdown and HTML punctuation so user text shows literally in ``st.markdown``."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~$&])", r"\\\1", text)
+
+
+def analyse(cur: dict) -> tuple[services.Analyzed | None, str | None]:
+    request = services.Request(cur["model"], cur["device"], cur["dtype"], cur["text"], int(cur["generate"]))
+    if cur["failed"] is not None and cur["failed"][0] == request:
+        return None, cur["failed"][1]  # do not retry a failed load on every rerun; Analyze retries
+    try:
+        return services.get_analysis(request), None
+    except ModelLoadError as err:
+        error = f"The model {cur['model']!r} could not be loaded: {err}"
+    except CwvizError as err:
+        error = str(err)
+    except Exception as err:  # a model transformers cannot run: show it instead of a traceback
+        log.exception("analysis failed")
+        error = f"Could not analyse with {cur['model']!r}: {type(err).__name__}: {err}"
+    cur["failed"] = (request, error)
+    return None, error
+
+
+def sidebar() -> Selection:
+    """Draw the shared sidebar and return the current :class:`Selection` (call once, at the top of a page)."""
+    cur = current()
+    names = [e.name for e in examples()]
+    with st.sidebar:
+        st.header("Input")
+        if cur["example"] not in names:
+            cur["example"] = None
+        bound(
+            st.selectbox,
+            "example",
+            "Example prompt",
+            options=names,
+            index=None,
+            placeholder="your own text",
+            after=pick_example,
+            help="Picking an example analyses it at once.",
+        )
+        policy = hosting.policy_from_env()
+        if policy.hosted:
+            allowed = list(policy.allowed_models)
+            if cur["draft_model"] not in allowed:
+                cur["draft_model"] = allowed[0]
+            bound(st.selectbox, "draft_model", "Model", options=allowed, help="the models this server offers")
+        else:
+            bound(
+                st.text_input,
+                "draft_model",
+                "Model",
+                help="embedded (ships with cwviz, works offline), a Hugging Face hub id, or a local folder / .gguf file",
+            )
+        left, right = st.columns(2)
+        with left:
+            bound(st.selectbox, "draft_device", "Device", options=DEVICE_CHOICES)
+        with right:
+            bound(st.selectbox, "draft_dtype", "Dtype", options=DTYPE_CHOICES)
+        bound(st.text_area, "draft_text", "Prompt", height=140)
+        bound(
+            st.number_input,
+            "draft_generate",
+            "Tokens to generate",
+            min_value=0,
+            max_value=MAX_GENERATE,
+            step=1,
+            help="Greedily generate this many tokens after the prompt and analyse prompt plus continuation.",
+        )
+        st.button("Analyze", type="primary", on_click=commit, key="_cwviz_analyze", width="stretch")
+
+    analyzed, error = analyse(cur)
+    analysis = analyzed.analysis if analyzed is not None else None
+    if analysis is not None:
+        clamp(cur, analysis)
+        with st.sidebar:
+            st.header("Selection")
+            bound(st.slider, "layer", "Layer", min_value=0, max_value=analysis.num_layers - 1, after=clear_notes)
+            bound(
+                st.selectbox,
+                "head",
+                "Head",
+                options=["all", *range(analysis.num_heads)],
+                format_func=lambda h: "all heads" if h == "all" else f"head {h}",
+                after=clear_notes,
+                to_widget=lambda h: "all" if h is None else h,
+                from_widget=lambda h: None if h == "all" else int(h),
+            )
+            tokens, prompt_tokens = analysis.tokens, analyzed.prompt_tokens
+            bound(
+                st.selectbox,
+                "query",
+                "Query token",
+                options=list(range(analysis.num_tokens)),
+                format_func=lambda i: f"{i}: {tokens[i]}" + (" (generated)" if i >= prompt_tokens else ""),
+                after=clear_notes,
+                help="The token whose attention row is examined (position: token).",
+            )
+            info = analysis.info
+            generated = analysis.num_tokens - analyzed.prompt_tokens
+            st.caption(
+                f"{info.id} · {info.layers} layers × {info.heads} heads ({info.kv_heads} kv) · {info.device} {info.dtype} · "
+                f"{analysis.num_tokens} tokens" + (f" ({generated} generated)" if generated else "")
+            )
+    for note in cur["notes"]:
+        st.warning(note)
+    if error:
+        st.error(error)
+    write_url(cur)
+    layer = cur["layer"] if cur["layer"] is not None else 0
+    query = cur["query"] if cur["query"] is not None else 0
+    return Selection(
+        model=cur["model"],
+        device=cur["device"],
+        dtype=cur["dtype"],
+        text=cur["text"],
+        generate=int(cur["generate"]),
+        layer=int(layer),
+        head=cur["head"],
+        query=int(query),
+        analysis=analysis,
+        error=error,
+        prompt_tokens=analyzed.prompt_tokens if analyzed is not None else 0,
+        notes=tuple(cur["notes"]),
+    )

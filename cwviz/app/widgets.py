@@ -1,0 +1,83 @@
+"""Small widgets pages reuse: a chart with its downloads, the click-to-pick layer x head grid, the JSON export."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from . import services
+from .sidebar import Selection
+from .state import select
+
+
+def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, selection_mode=None):
+    """Show an Altair chart with PNG, SVG and CSV downloads (rendered only when clicked).
+
+    Returns the selection state when ``on_select`` is given.
+    """
+    from ..charts.export import to_csv, to_png, to_svg
+
+    kwargs = {} if on_select is None else {"on_select": on_select, "selection_mode": selection_mode}
+    event = st.altair_chart(chart_obj, key=key, **kwargs)
+    cols = st.columns([1, 1, 1, 5])
+    cols[0].download_button(
+        "PNG", data=lambda: to_png(chart_obj), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore"
+    )
+    cols[1].download_button(
+        "SVG", data=lambda: to_svg(chart_obj), file_name=f"{name}.svg", mime="image/svg+xml", key=f"{key}_svg", on_click="ignore"
+    )
+    cols[2].download_button("CSV", data=lambda: to_csv(data), file_name=f"{name}.csv", mime="text/csv", key=f"{key}_csv", on_click="ignore")
+    return event
+
+
+def _picked(chart_obj, data, name: str, key: str, param: str) -> dict | None:
+    """Show ``chart_obj`` (:func:`chart`) with the click selection ``param``; the point clicked since the last
+    rerun, or None. Streamlit keeps returning the last pick on later reruns, so a pick is returned once:
+    when it differs from the one remembered under this chart's key."""
+    event = chart(chart_obj, data, name, key, on_select="rerun", selection_mode=param)
+    picked = (event.selection.get(param) or [None])[0] if event is not None else None
+    if picked and picked != st.session_state.get(f"_{key}_last_pick"):
+        st.session_state[f"_{key}_last_pick"] = picked
+        return picked
+    return None
+
+
+def head_grid(chart_obj, data, name: str, key: str) -> None:
+    """Show a layer x head grid whose clicked cell selects that layer and head."""
+    from ..charts.heatmaps import PICK
+
+    picked = _picked(chart_obj, data, name, key, PICK)
+    if picked:
+        select(layer=picked["layer"], head=picked["head"])
+
+
+def query_heatmaps(chart_obj, cells, name: str, key: str) -> None:
+    """Show the heatmap pair; a clicked cell selects its query (the sidebar's query picker and the link follow)."""
+    from ..charts.heatmaps import QUERY_PICK
+
+    picked = _picked(chart_obj, cells.frame, name, key, QUERY_PICK)
+    if picked and "query_position" in picked:
+        select(query=int(picked["query_position"]))
+
+
+def analysis_download(sel: Selection, key: str = "json") -> None:
+    """Download the whole analysis as JSON (the CLI's schema); the selected layer only when it would be huge."""
+    if not sel.ok:
+        return
+    request = sel.request
+    if services.json_export_size(sel.analysis) <= services.JSON_EXPORT_LIMIT:
+        layers, label, name = None, "Analysis as JSON (all layers)", "cwviz-analysis.json"
+    else:
+        layers, label, name = (
+            (sel.layer,),
+            f"Analysis as JSON (layer {sel.layer}; all layers would be too large)",
+            f"cwviz-analysis-layer{sel.layer}.json",
+        )
+    st.download_button(
+        label,
+        data=lambda: services.analysis_json(request, layers),
+        file_name=name,
+        mime="application/json",
+        key=key,
+        on_click="ignore",
+        help="The same schema as `python -m cwviz analyze --json` (Analysis.to_dict).",
+    )
