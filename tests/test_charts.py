@@ -53,12 +53,12 @@ def _rows(spec: dict) -> int:
 def test_heatmap_pair_encodes_positions_with_token_labels_and_both_scales(analysis):
     cells = tables.heatmap_cells(analysis, 1, 0, "contribution_inter", "inter")
     spec = heatmaps.heatmap_pair(cells).to_dict()
-    left, right = spec["hconcat"]
+    left, right = (view["layer"][0] for view in spec["hconcat"])  # each heatmap, under its query outline
     assert _rows(spec) == len(cells.frame)  # one shared dataset
     for view in (left, right):
         assert view["encoding"]["x"]["field"] == "key" and view["encoding"]["x"]["type"] == "ordinal"
         assert view["encoding"]["y"]["field"] == "query" and view["encoding"]["y"]["type"] == "ordinal"
-        assert json.dumps(analysis.tokens[0]) in view["encoding"]["x"]["axis"]["labelExpr"]
+        assert json.dumps(f"0 {analysis.tokens[0]}") in view["encoding"]["x"]["axis"]["labelExpr"]  # position and token
         tips = {t["field"] for t in view["encoding"]["tooltip"]}
         assert {"query_token", "key_token", "attention", "norm_ratio", "cosine", "contribution"} <= tips
     attention_scale = left["encoding"]["color"]["scale"]
@@ -69,11 +69,17 @@ def test_heatmap_pair_encodes_positions_with_token_labels_and_both_scales(analys
     assert low == -high and high >= cells.frame["value"].abs().max() - 1e-9
     assert spec["resolve"]["scale"]["color"] == "independent"
     assert cells.note in json.dumps(spec["title"])
+    # The selected query (the last token by default) is outlined on both heatmaps; a click selects a query.
+    for view in spec["hconcat"]:
+        frame = view["layer"][1]
+        assert frame["mark"]["stroke"] == "black" and {"filter": "(datum.query === 39)"} in frame["transform"]
+    assert spec["params"][0]["name"] == heatmaps.QUERY_PICK and spec["params"][0]["select"]["fields"] == ["query_position"]
+    assert len(spec["params"][0]["views"]) == 2
 
 
 def test_unsigned_measures_get_a_sequential_scale(analysis):
     cells = tables.heatmap_cells(analysis, 0, None, "value_weighted", "inter")
-    right = heatmaps.heatmap_pair(cells).to_dict()["hconcat"][1]
+    right = heatmaps.heatmap_pair(cells).to_dict()["hconcat"][1]["layer"][0]
     assert right["encoding"]["color"]["scale"]["scheme"] == heatmaps.SEQUENTIAL
     assert "value" in {t["field"] for t in right["encoding"]["tooltip"]}
 

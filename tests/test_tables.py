@@ -63,7 +63,7 @@ def test_full_heatmap_of_one_head_has_the_lower_triangle_and_rows_that_sum_to_on
     np.testing.assert_allclose(product, frame["contribution"], atol=1e-5)
     assert frame["query_token"].tolist() == [llama.tokens[q] for q in frame["query"]]
     assert frame["key_token"].tolist() == [llama.tokens[k] for k in frame["key"]]
-    assert cells.labels == tuple(llama.tokens) and not cells.binned
+    assert cells.labels == tuple(f"{i} {t}" for i, t in enumerate(llama.tokens)) and not cells.binned  # "12 the"
 
 
 def test_all_heads_uses_the_layer_level_scores(llama):

@@ -12,12 +12,15 @@ from .state import select
 def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, selection_mode=None):
     """Show an Altair chart with PNG, SVG and CSV downloads (rendered only when clicked).
 
-    Returns the selection state when ``on_select`` is given.
+    Every chart is shown at its own size (``width="content"``): cwviz's chart builders size their plot
+    areas themselves, and Streamlit's "stretch" turns on Vega's "fit" autosize, which does not apply to
+    layered and concatenated charts (a console warning) and let a title and legend eat a fixed plot
+    height. Returns the selection state when ``on_select`` is given.
     """
     from ..charts.export import to_csv, to_png, to_svg
 
     kwargs = {} if on_select is None else {"on_select": on_select, "selection_mode": selection_mode}
-    event = st.altair_chart(chart_obj, key=key, **kwargs)
+    event = st.altair_chart(chart_obj, key=key, width="content", **kwargs)
     cols = st.columns([1, 1, 1, 5])
     cols[0].download_button(
         "PNG", data=lambda: to_png(chart_obj), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore"

@@ -28,11 +28,15 @@ def curve_chart(summary: pd.DataFrame, curve: str, scale: str = "linear") -> alt
         raise ValueError(f"scale must be one of {', '.join(SCALES)}, not {scale!r}")
     data = summary[summary["curve"] == curve]
     order = list(dict.fromkeys(data["measure"]))
-    color = alt.Color("measure:N", sort=order, title="measure", legend=alt.Legend(orient="bottom", columns=2))
+    # The legend stands to the right (a bottom legend takes its rows from the plot's height) and belongs
+    # to the lines alone, so its swatches are opaque, not the bands' 15 %.
+    legend = alt.Legend(orient="right", symbolOpacity=1, symbolStrokeWidth=3, labelLimit=260)
+    color = alt.Color("measure:N", sort=order, title="measure", legend=legend)
     x = alt.X("rate:Q", title="keys removed per query (%)", scale=alt.Scale(zero=True))
     y_scale = alt.Scale(type=scale)
     base = alt.Chart(data).encode(x=x, color=color)
     band = base.mark_area(opacity=0.15).encode(
+        color=alt.Color("measure:N", sort=order, legend=None),
         y=alt.Y("ci_low:Q", title="ΔPPL = PPL(masked) − PPL(clean)", scale=y_scale),
         y2="ci_high:Q",
     )
@@ -45,4 +49,9 @@ def curve_chart(summary: pd.DataFrame, curve: str, scale: str = "linear") -> alt
         alt.Tooltip("n:Q", title="examples"),
     ]
     line = base.mark_line(point=True).encode(y=alt.Y("delta_ppl:Q", scale=y_scale), tooltip=tooltip)
-    return alt.layer(band, line).properties(title=CURVE_TITLES.get(curve, curve), width=WIDTH, height=HEIGHT)
+    # Independent legends: the band's is off, so the merged legend comes from the (opaque) lines only.
+    return (
+        alt.layer(band, line)
+        .resolve_legend(color="independent")
+        .properties(title=CURVE_TITLES.get(curve, curve), width=WIDTH, height=HEIGHT)
+    )

@@ -88,8 +88,15 @@ def _extent(count: int) -> int:
 
 
 def query_outline(row: int) -> alt.Chart:
-    """A black frame around one query row, layered over a heatmap (it spans every key column)."""
-    return alt.Chart(pd.DataFrame({"query": [row]})).mark_rect(fill=None, stroke="black", strokeWidth=2).encode(y="query:O")
+    """A black frame around one query row, layered over a heatmap: it reads the heatmap's own data
+    (no extra dataset), keeps that row's cells and aggregates them to one mark that spans every key."""
+    return (
+        alt.Chart()
+        .transform_filter(alt.datum.query == row)
+        .transform_aggregate(cells="count()", groupby=["query"])
+        .mark_rect(fill=None, stroke="black", strokeWidth=2)
+        .encode(y="query:O")
+    )
 
 
 def query_pick() -> alt.Parameter:
@@ -200,6 +207,10 @@ def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int 
     layers_out = [grid]
     if layer is not None and head is not None:
         layers_out.append(outline(pd.DataFrame({"layer": [layer], "head": [head]})))
+    elif layer is not None:  # all heads: the whole layer row
+        layers_out.append(
+            alt.Chart(pd.DataFrame({"layer": [layer]})).mark_rect(fill=None, stroke="black", strokeWidth=2).encode(y="layer:O")
+        )
     return alt.layer(*layers_out).properties(
         width=max(160, cell * heads),
         height=cell * layers,

@@ -142,12 +142,13 @@ def share_chart(layers: pd.DataFrame, layer: int | None = None, width: int = 460
         var_name="measure",
         value_name="share",
     )
+    span = [int(layers["layer"].min()), int(layers["layer"].max())] if len(layers) else [0, 1]  # exactly the model's layers
     long["measure"] = long["measure"].map({"sink_attention_share": "attention", "sink_contribution_share": "contribution weight"})
     lines = (
         alt.Chart(long)
         .mark_line(point=True)
         .encode(
-            x=alt.X("layer:Q", title="layer", axis=alt.Axis(tickMinStep=1)),
+            x=alt.X("layer:Q", title="layer", axis=alt.Axis(tickMinStep=1), scale=alt.Scale(domain=span, nice=False, zero=False)),
             y=alt.Y("share:Q", title="the sink's share of the layer output"),
             color=alt.Color("measure:N", title="share under", scale=alt.Scale(range=["#4c78a8", "#e45756"])),
             tooltip=[alt.Tooltip("layer:Q"), alt.Tooltip("measure:N"), alt.Tooltip("share:Q", format=".3f")],
@@ -165,7 +166,8 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
 
     ``table``: :attr:`cwviz.analyses.sinks.SinkIntervention.table`.
     """
-    x = alt.X("layer:Q", title="layer", axis=alt.Axis(tickMinStep=1))
+    # Ordinal layers: the axis holds exactly the model's layers 0..L-1 (a quantitative one padded it to -4).
+    x = alt.X("layer:O", title="layer", axis=alt.Axis(labelAngle=0))
     norm = (
         alt.Chart(table)
         .mark_bar()
@@ -174,7 +176,7 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
             y=alt.Y("output_norm_change:Q", title="Δ mean ‖o^h‖"),
             color=alt.Color("intervened:N", title="intervened", scale=alt.Scale(domain=[True, False], range=["#e45756", "#bab0ac"])),
             tooltip=[
-                alt.Tooltip("layer:Q"),
+                alt.Tooltip("layer:O"),
                 alt.Tooltip("output_norm_before:Q", title="before", format=".3f"),
                 alt.Tooltip("output_norm_after:Q", title="after", format=".3f"),
                 alt.Tooltip("output_norm_change:Q", title="change", format="+.3f"),
@@ -191,7 +193,7 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
             x=x,
             y=alt.Y("cone:Q", title="mean pairwise cos of head outputs"),
             color=alt.Color("pass:N", title="pass", scale=alt.Scale(domain=["clean", "intervened"], range=["#4c78a8", "#e45756"])),
-            tooltip=[alt.Tooltip("layer:Q"), alt.Tooltip("pass:N"), alt.Tooltip("cone:Q", format=".3f")],
+            tooltip=[alt.Tooltip("layer:O"), alt.Tooltip("pass:N"), alt.Tooltip("cone:Q", format=".3f")],
         )
         .properties(title="Semantic cone (higher: outputs collapse into a narrower cone)", width=width, height=height)
     )

@@ -84,10 +84,10 @@ def top_keys_chart(frame: pd.DataFrame, note: str) -> alt.LayerChart:
         ],
     )
     rects = base.mark_rect().encode(color=alt.Color("contribution:Q", scale=signed_scale(frame["contribution"])))
-    ranks = base.mark_text(fontSize=9).encode(text="rank:O")
-    keys = frame["key"].nunique() if len(frame) else 1
+    ranks = base.mark_text(fontSize=11).encode(text="rank:O")
+    # A step per row and column (not a total height): every key row is 24 px, however few there are.
     return alt.layer(rects, ranks, data=frame).properties(
-        width=alt.Step(20),
-        height=max(120, 18 * keys),
+        width=alt.Step(24),
+        height=alt.Step(24),
         title=alt.TitleParams(note, anchor="start", fontSize=13),
     )
