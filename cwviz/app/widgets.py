@@ -9,7 +9,7 @@ from .sidebar import Selection
 from .state import select
 
 
-def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, selection_mode=None):
+def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, selection_mode=None, width: str = "content"):
     """Show an Altair chart with PNG, SVG and CSV downloads (rendered only when clicked).
 
     Every chart is shown at its own size (``width="content"``): cwviz's chart builders size their plot
@@ -20,7 +20,7 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
     from ..charts.export import to_csv, to_png, to_svg
 
     kwargs = {} if on_select is None else {"on_select": on_select, "selection_mode": selection_mode}
-    event = st.altair_chart(chart_obj, key=key, width="content", **kwargs)
+    event = st.altair_chart(chart_obj, key=key, width=width, **kwargs)
     cols = st.columns([1, 1, 1, 5])
     cols[0].download_button(
         "PNG", data=lambda: to_png(chart_obj), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore"
@@ -32,11 +32,16 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
     return event
 
 
+from ..charts.heatmaps import PICK  # noqa: E402  (torch-free)
+
+
 def _picked(chart_obj, data, name: str, key: str, param: str) -> dict | None:
     """Show ``chart_obj`` (:func:`chart`) with the click selection ``param``; the point clicked since the last
     rerun, or None. Streamlit keeps returning the last pick on later reruns, so a pick is returned once:
     when it differs from the one remembered under this chart's key."""
-    event = chart(chart_obj, data, name, key, on_select="rerun", selection_mode=param)
+    # "stretch": Streamlit sizes the small layer x head grid to the column; at its content size its
+    # cells were drawn a fraction of a pixel wide in Chromium and could not be clicked.
+    event = chart(chart_obj, data, name, key, on_select="rerun", selection_mode=param, width="stretch" if param == PICK else "content")
     picked = (event.selection.get(param) or [None])[0] if event is not None else None
     if picked and picked != st.session_state.get(f"_{key}_last_pick"):
         st.session_state[f"_{key}_last_pick"] = picked
