@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from ..charts.heatmaps import PICK, QUERY_PICK
 from . import services
 from .sidebar import Selection
 from .state import select
@@ -32,9 +33,6 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
     return event
 
 
-from ..charts.heatmaps import PICK  # noqa: E402  (torch-free)
-
-
 def _picked(chart_obj, data, name: str, key: str, param: str) -> dict | None:
     """Show ``chart_obj`` (:func:`chart`) with the click selection ``param``; the point clicked since the last
     rerun, or None. Streamlit keeps returning the last pick on later reruns, so a pick is returned once:
@@ -51,8 +49,6 @@ def _picked(chart_obj, data, name: str, key: str, param: str) -> dict | None:
 
 def head_grid(chart_obj, data, name: str, key: str) -> None:
     """Show a layer x head grid whose clicked cell selects that layer and head."""
-    from ..charts.heatmaps import PICK
-
     picked = _picked(chart_obj, data, name, key, PICK)
     if picked:
         select(layer=picked["layer"], head=picked["head"])
@@ -60,8 +56,6 @@ def head_grid(chart_obj, data, name: str, key: str) -> None:
 
 def query_heatmaps(chart_obj, cells, name: str, key: str) -> None:
     """Show the heatmap pair; a clicked cell selects its query (the sidebar's query picker and the link follow)."""
-    from ..charts.heatmaps import QUERY_PICK
-
     picked = _picked(chart_obj, cells.frame, name, key, QUERY_PICK)
     if picked and "query_position" in picked:
         select(query=int(picked["query_position"]))
