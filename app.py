@@ -1,4 +1,4 @@
-"""cwviz dashboard: ``make run`` (= ``streamlit run app.py``). Pages share the sidebar in cwviz.app.ui."""
+"""cwviz dashboard: ``make run`` (= ``cwviz app`` = ``streamlit run app.py``). Pages share the sidebar in cwviz.app.sidebar."""
 
 import streamlit as st
 
