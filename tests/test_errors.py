@@ -165,3 +165,13 @@ def test_out_of_memory_during_analysis_becomes_a_clear_error(llama, monkeypatch)
         analysis.layer(0)
     monkeypatch.undo()
     assert analysis.layer(0).attention.shape[0] == 4  # still usable afterwards
+
+
+def test_model_load_advice_names_models_not_command_line_flags(monkeypatch):
+    """The dashboard shows these messages too: a user there can type a model name, not pass a flag."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError) as err:
+        cwviz.load_model("no-such-org/no-such-model-cwviz")
+    message = str(err.value)
+    assert "'embedded'" in message and "local folder" in message and ".gguf" in message
+    assert "--" not in message and "HF_HUB_OFFLINE" not in message

@@ -136,7 +136,7 @@ def resolve_device(device: str = "auto") -> torch.device:
     except RuntimeError as err:
         raise ModelLoadError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from err
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("device 'cuda' was asked for but no CUDA GPU is available; use --device cpu or auto")
+        raise ModelLoadError("device 'cuda' was asked for but no CUDA GPU is available; choose device cpu or auto")
     return resolved
 
 
@@ -219,9 +219,10 @@ def _source(name: str) -> tuple[str, dict]:
 
 def _hub_error(name: str, err: Exception) -> ModelLoadError:
     text = f"{type(err).__name__}: {err}"
+    # Read in the dashboard (the Model field) and the CLI (--model) alike: name models, not flags.
     offline = (
-        "offline options: --model embedded (ships with cwviz), a local folder written by save_pretrained, "
-        "or a model already in the Hugging Face cache with HF_HUB_OFFLINE=1"
+        "offline, use the model 'embedded' (ships with cwviz), a local folder written by save_pretrained, "
+        "a .gguf file, or a model already in the local Hugging Face cache"
     )
     if "RepositoryNotFound" in text or "is not a local folder and is not a valid model identifier" in text:
         return ModelLoadError(f"no model named {name!r} on the Hugging Face Hub or on disk; {offline}")
