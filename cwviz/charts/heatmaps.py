@@ -207,9 +207,13 @@ def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int 
     layers_out = [grid]
     if layer is not None and head is not None:
         layers_out.append(outline(pd.DataFrame({"layer": [layer], "head": [head]})))
-    elif layer is not None:  # all heads: the whole layer row
+    elif layer is not None:  # all heads: the whole layer row, aggregated from the grid's own data (no new dataset)
         layers_out.append(
-            alt.Chart(pd.DataFrame({"layer": [layer]})).mark_rect(fill=None, stroke="black", strokeWidth=2).encode(y="layer:O")
+            alt.Chart(summary)
+            .transform_filter(alt.datum.layer == layer)
+            .transform_aggregate(heads="count()", groupby=["layer"])
+            .mark_rect(fill=None, stroke="black", strokeWidth=2)
+            .encode(y="layer:O")
         )
     return alt.layer(*layers_out).properties(
         width=max(160, cell * heads),
