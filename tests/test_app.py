@@ -280,3 +280,29 @@ def test_navigation_lists_every_page():
         ("faithfulness", "Faithfulness"),
     ]:
         assert f'"pages/{page}.py", title="{name}"' in source
+
+
+def test_long_steps_show_their_progress_and_leave_no_bar_behind(tiny_long_model, monkeypatch):
+    """With the bar's delay at 0, every long step draws "…: k of n layers" and removes it when done;
+    a rerun replays the cached steps (Streamlit replays their elements) without error or stale bar."""
+    from streamlit.delta_generator import DeltaGenerator
+
+    texts: list[str] = []
+    real = DeltaGenerator.progress
+    monkeypatch.setattr(DeltaGenerator, "progress", lambda self, value, text=None: (texts.append(text), real(self, value, text))[1])
+    monkeypatch.setattr(services, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(services, "PROGRESS_EVERY_S", 0.0)
+    at = run_app(params={"model": "tiny-long", "prompt": LONG_TEXT + " progress", "token": "40"})
+    assert_clean(at)
+    layers = tiny_long_model.info.layers
+    assert f"Analysing the prompt: {layers} of {layers} layers" in texts
+    assert f"Summarising every head: {layers} of {layers} layers" in texts
+    at.switch_page("pages/token.py").run()
+    assert f"Ranking keys in every layer: {layers} of {layers} layers" in texts
+    at.switch_page("pages/sinks.py").run()
+    assert_clean(at)
+    assert f"Splitting every head output at the sink: {layers} of {layers} layers" in texts
+    for page in ("pages/sinks.py", "pages/token.py", "pages/heatmaps.py"):
+        at.switch_page(page).run()  # cache hits: the recorded bars are replayed and end empty
+        assert_clean(at)
+        assert not at.get("progress")

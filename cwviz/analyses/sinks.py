@@ -43,6 +43,7 @@ from ..core.capture import attention_probabilities, forward_pass
 from ..core.errors import InputError, SelectionError
 from ..core.interventions import ScaleValues, batch_perplexity
 from ..core.measures import expand_kv
+from ..core.progress import Progress, counted, phase
 
 AUTO = "auto"
 #: The sink unless the user picks one: the first position (docs/METHOD.md section 4).
@@ -162,7 +163,9 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 # -- the table --------------------------------------------------------------------------------------
-def sink_table(analysis: Analysis, sink: int | str = DEFAULT_SINK, layers: Iterable[int] | None = None) -> pd.DataFrame:
+def sink_table(
+    analysis: Analysis, sink: int | str = DEFAULT_SINK, layers: Iterable[int] | None = None, progress: Progress | None = None
+) -> pd.DataFrame:
     """One row per layer, head and query that sees the sink (columns :data:`TABLE_COLUMNS`).
 
     | column                  | meaning                                                              |
@@ -176,11 +179,13 @@ def sink_table(analysis: Analysis, sink: int | str = DEFAULT_SINK, layers: Itera
     | sink_contribution_share | c_iσ^h, its intra-head contribution weight (sums to 1 with the other keys) |
     | sink_contribution_inter | C_iσ^h, its inter-head contribution (summed over heads: the layer-level share) |
     | other_keys              | keys besides the sink that the query can see                         |
+
+    ``progress(done, len(layers))`` (:mod:`cwviz.core.progress`) is called after each layer.
     """
     sink = resolve_sink(analysis, sink)
     layers = range(analysis.num_layers) if layers is None else [analysis.check_layer(l) for l in layers]
     frames = []
-    for layer in layers:
+    for layer in counted(layers, len(layers), progress):
         split = sink_split(analysis, layer, sink)
         measures = analysis.layer(layer)
         with torch.inference_mode():
@@ -384,10 +389,17 @@ def _head_outputs(analysis: Analysis, layer: int) -> torch.Tensor:
 
 
 def intervene_on_sink(
-    analysis: Analysis, sink: int | str = DEFAULT_SINK, factor: float = DEFAULT_FACTOR, layers: Iterable[int] | None = None
+    analysis: Analysis,
+    sink: int | str = DEFAULT_SINK,
+    factor: float = DEFAULT_FACTOR,
+    layers: Iterable[int] | None = None,
+    progress: Progress | None = None,
 ) -> SinkIntervention:
     """Scale the sink's value by ``factor`` (λ; 0 removes ṽ_σ, attention kept) in ``layers`` (None = all)
-    and compare head outputs and perplexity with the clean pass. One recorded forward pass."""
+    and compare head outputs and perplexity with the clean pass. One recorded forward pass.
+
+    ``progress(done, 2 L)`` (:mod:`cwviz.core.progress`): 1..L as the pass runs each layer, L+1..2L as
+    each layer's outputs are compared."""
     if not math.isfinite(factor):
         raise InputError(f"the sink value factor must be a finite number, not {factor}")
     sink = resolve_sink(analysis, sink)
@@ -395,7 +407,12 @@ def intervene_on_sink(
     intervention = ScaleValues(positions=(sink,), factor=float(factor), layers=frozenset(chosen))
     ids = _input_ids(analysis)
     bundle = analysis.bundle
-    with torch.inference_mode(), forward_pass(bundle.attention_modules, record=True, intervention=intervention) as records:
+    steps = 2 * analysis.num_layers
+    passing = phase(progress, 0, steps)
+    with (
+        torch.inference_mode(),
+        forward_pass(bundle.attention_modules, record=True, intervention=intervention, progress=passing) as records,
+    ):
         hidden = bundle.final_hidden(ids)[0]  # (T, d_model)
     # Log-probabilities the way the clean analysis computes them, so that λ = 1 gives exactly its perplexity.
     after = Analysis(
@@ -415,6 +432,8 @@ def intervene_on_sink(
             norm_after = after_out.norm(dim=-1)[:, positions.to(after_out.device)].mean()
             cone_before = semantic_cone(before_out, positions).nanmean()
             cone_after = semantic_cone(after_out, positions).nanmean()
+            if progress is not None:
+                progress(analysis.num_layers + layer + 1, steps)
             rows.append(
                 {
                     "layer": layer,
@@ -465,9 +484,11 @@ def removal_perplexity(
     sink: int | str = DEFAULT_SINK,
     factor: float = DEFAULT_FACTOR,
     max_batch_tokens: int = 8192,
+    progress: Progress | None = None,
 ) -> np.ndarray:
     """The prompt's perplexity with the sink's value scaled by ``factor`` in each of ``layer_sets``
-    (None = all layers), [len(layer_sets)]; batched, at most ``max_batch_tokens`` tokens a pass."""
+    (None = all layers), [len(layer_sets)]; batched, at most ``max_batch_tokens`` tokens a pass.
+    ``progress(done, len(layer_sets))`` is called after each batched pass."""
     if not analysis.bundle.arch.causal:
         return np.full(len(layer_sets), np.nan)
     if analysis.num_tokens < 2:
@@ -482,11 +503,15 @@ def removal_perplexity(
         ids = _input_ids(analysis, len(chunk))
         intervention = ScaleValuesPerItem(positions=(sink,), factor=float(factor), layers=chunk)
         out.append(batch_perplexity(bundle, ids, intervention))
+        if progress is not None:
+            progress(start + len(chunk), len(sets))
     return np.concatenate(out).astype(np.float64)
 
 
-def layerwise_removal(analysis: Analysis, sink: int | str = DEFAULT_SINK, factor: float = DEFAULT_FACTOR) -> pd.DataFrame:
+def layerwise_removal(
+    analysis: Analysis, sink: int | str = DEFAULT_SINK, factor: float = DEFAULT_FACTOR, progress: Progress | None = None
+) -> pd.DataFrame:
     """ΔPPL of the prompt when the sink's value is scaled by ``factor`` in one layer at a time:
-    columns ``layer, perplexity, delta_ppl``."""
-    ppl = removal_perplexity(analysis, [[l] for l in range(analysis.num_layers)], sink, factor)
+    columns ``layer, perplexity, delta_ppl``. ``progress(done, L)``: layers whose pass has run."""
+    ppl = removal_perplexity(analysis, [[l] for l in range(analysis.num_layers)], sink, factor, progress=progress)
     return pd.DataFrame({"layer": np.arange(analysis.num_layers), "perplexity": ppl, "delta_ppl": ppl - analysis.perplexity})

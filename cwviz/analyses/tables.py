@@ -16,6 +16,7 @@ import torch
 from ..core.analysis import Analysis
 from ..core.capture import attention_probabilities
 from ..core.measures import LAYER_AGGREGATION, LayerMeasures, expand_kv, layer_measures
+from ..core.progress import Progress, counted
 
 # The picker vocabulary and table types are part of this module's interface too (pages use tables.FAMILIES).
 from .schema import ALL_HEADS, FAMILIES, KINDS, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name  # noqa: F401
@@ -175,7 +176,7 @@ def _queries_after_first(analysis: Analysis) -> slice:
     return slice(1, None) if analysis.num_tokens > 1 else slice(0, None)
 
 
-def head_summary(analysis: Analysis) -> pd.DataFrame:
+def head_summary(analysis: Analysis, progress: Progress | None = None) -> pd.DataFrame:
     """One row per (layer, head), averaged over queries 1..T-1 (query 0 sees only itself):
 
     * ``sink_attention``: mean attention on the first token (the sink ratio of docs/METHOD.md section 4);
@@ -185,11 +186,12 @@ def head_summary(analysis: Analysis) -> pd.DataFrame:
       to 1, so it is at least the share that moves).
 
     Intra-head contributions are used because, like attention, they sum to 1 in every head.
+    ``progress(done, layers)`` (:mod:`cwviz.core.progress`) is called after each layer.
     """
     queries = _queries_after_first(analysis)
     columns: dict[str, list] = {"layer": [], "head": [], "sink_attention": [], "sink_contribution": [], "divergence": []}
     with torch.inference_mode():
-        for layer in range(analysis.num_layers):
+        for layer in counted(range(analysis.num_layers), analysis.num_layers, progress):
             m = analysis.layer(layer)
             attention = m.attention[:, queries]  # (H, Q', K), views of the layer's float32 tensors
             contribution = m.contribution("intra")[:, queries]
@@ -286,18 +288,20 @@ def _row(measures: LayerMeasures, name: str, head: int | None) -> np.ndarray:
     return scores.detach().float().cpu().numpy()
 
 
-def top_keys_across_layers(analysis: Analysis, query: int, head: int | None, kind: str = "inter", k: int = 5) -> pd.DataFrame:
+def top_keys_across_layers(
+    analysis: Analysis, query: int, head: int | None, kind: str = "inter", k: int = 5, progress: Progress | None = None
+) -> pd.DataFrame:
     """For every layer, the ``k`` keys with the largest contribution to ``query``.
 
     Columns: layer, rank (1 = largest), key, token, contribution, attention. ``head=None`` uses the
-    layer-level scores (docs/METHOD.md), one head its own contributions.
+    layer-level scores (docs/METHOD.md), one head its own contributions. ``progress`` as :func:`head_summary`.
     """
     query = analysis.check_token(query)
     if head is not None:
         head = analysis.check_head(head)
     keys = keys_seen_by(analysis, query)
     rows = []
-    for layer in range(analysis.num_layers):
+    for layer in counted(range(analysis.num_layers), analysis.num_layers, progress):
         measures = query_measures(analysis, layer, query)
         contribution = _row(measures, f"contribution_{kind}", head)[keys]
         attention = _row(measures, "raw", head)[keys]

@@ -12,11 +12,19 @@ Three levels, so that changing layer, head or token never reruns the model:
   :mod:`cwviz.analyses.tables`.
 
 Failed loads and analyses raise :class:`~cwviz.core.errors.CwvizError` and are not cached.
+
+Long steps show ``st.progress`` with the layers done (:func:`progress_bar`). The bar is drawn by the cached
+function itself, where the chart it precedes will go, and removed when the step ends: Streamlit replays
+a cached function's elements on every cache hit, so what it replays is a bar that ends empty, never a
+stale one, and the bar takes the place of the previous prompt's chart while a new prompt is analysed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pandas as pd
@@ -27,6 +35,7 @@ from ..core.analysis import Analysis, analyze, max_tokens, tokenize
 from ..core.errors import InputError
 from ..core.generate import greedy_continuation
 from ..core.models import Bundle, load_model
+from ..core.progress import Progress
 from ..core.settings import env_int
 from . import hosting
 
@@ -60,6 +69,37 @@ def app_max_tokens(bundle: Bundle | None = None) -> int:
     policy = hosting.policy_from_env()
     default = policy.max_tokens if policy.hosted else DEFAULT_APP_MAX_TOKENS
     return min(env_int("CWVIZ_APP_MAX_TOKENS", default), max_tokens(bundle))
+
+
+#: A step shows its bar only once it has run this long, and redraws it at most this often (seconds).
+PROGRESS_AFTER_S = 0.5
+PROGRESS_EVERY_S = 0.25
+
+
+@contextlib.contextmanager
+def progress_bar(label: str, unit: str = "layers") -> Iterator[Progress]:
+    """A :data:`~cwviz.core.progress.Progress` callback that shows ``st.progress`` ("label: 12 of 30 layers").
+
+    Steps that end within :data:`PROGRESS_AFTER_S` draw nothing; the bar is removed when the block ends
+    (also when the step raises).
+    """
+    start = time.monotonic()
+    shown: dict = {"bar": None, "at": 0.0}
+
+    def update(done: int, total: int) -> None:
+        now = time.monotonic()
+        if total <= 0 or now - start < PROGRESS_AFTER_S or (now - shown["at"] < PROGRESS_EVERY_S and done < total):
+            return
+        if shown["bar"] is None:
+            shown["bar"] = st.empty()
+        shown["bar"].progress(min(done / total, 1.0), text=f"{label}: {done} of {total} {unit}")
+        shown["at"] = now
+
+    try:
+        yield update
+    finally:
+        if shown["bar"] is not None:
+            shown["bar"].empty()
 
 
 @st.cache_resource(show_spinner="Loading the model (once per model, device and dtype)…", max_entries=3)
@@ -98,11 +138,13 @@ def _analyse(request: Request) -> Analyzed:
     bundle = get_bundle(request.model, request.device, request.dtype)
     prompt_ids = tokenize(bundle, request.text)
     check_dashboard_length(bundle, len(prompt_ids), request.generate)
+    ids, text = prompt_ids, request.text
     if request.generate > 0:
-        ids = greedy_continuation(bundle, prompt_ids, request.generate)
+        with progress_bar("Generating", "tokens") as progress:
+            ids = greedy_continuation(bundle, prompt_ids, request.generate, progress=progress)
         text = request.text + bundle.tokenizer.decode(ids[len(prompt_ids) :])
-        return Analyzed(analyze(bundle, text, input_ids=ids), len(prompt_ids))
-    return Analyzed(analyze(bundle, request.text), len(prompt_ids))
+    with progress_bar("Analysing the prompt") as progress:
+        return Analyzed(analyze(bundle, text, input_ids=ids, progress=progress), len(prompt_ids))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -114,7 +156,9 @@ def heatmap_cells(request: Request, layer: int, head: int | None, measure: str, 
 @st.cache_data(max_entries=16, show_spinner="Summarising every head…")
 def head_summary(request: Request) -> pd.DataFrame:
     """One row per (layer, head): sink shares and attention/contribution divergence."""
-    return tables.head_summary(get_analysis(request).analysis)
+    analysis = get_analysis(request).analysis
+    with progress_bar("Summarising every head") as progress:
+        return tables.head_summary(analysis, progress=progress)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -126,7 +170,9 @@ def token_factors(request: Request, layer: int, query: int, head: int | None, ki
 @st.cache_data(max_entries=64, show_spinner="Ranking keys in every layer…")
 def top_keys(request: Request, query: int, head: int | None, kind: str, k: int = 5) -> pd.DataFrame:
     """The query's top keys in every layer (see :func:`cwviz.analyses.tables.top_keys_across_layers`)."""
-    return tables.top_keys_across_layers(get_analysis(request).analysis, query, head, kind, k)
+    analysis = get_analysis(request).analysis
+    with progress_bar("Ranking keys in every layer") as progress:
+        return tables.top_keys_across_layers(analysis, query, head, kind, k, progress=progress)
 
 
 @st.cache_data(max_entries=16, show_spinner="Rendering bertviz…")

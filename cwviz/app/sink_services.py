@@ -14,6 +14,7 @@ import streamlit as st
 
 from ..analyses import sinks
 from ..core.analysis import analyze, tokenize
+from ..core.progress import phase
 from ..core.texts import read_texts
 from . import hosting, services
 
@@ -55,13 +56,18 @@ def sink_tables(request: services.Request, sink: str, pool_path: str = "", pool_
     """Sink table and summaries; with ``pool_path``, also the first ``pool_n`` prompts of that JSONL file."""
     analysis = services.get_analysis(request).analysis
     position = sinks.resolve_sink(analysis, sink)
-    frames = [sinks.sink_table(analysis, position)]
+    with services.progress_bar("Splitting every head output at the sink") as progress:
+        frames = [sinks.sink_table(analysis, position, progress=progress)]
     if pool_path.strip() and pool_n > 0:
         hosting.policy_from_env().check_server_file(pool_path)
         bundle = services.get_bundle(request.model, request.device, request.dtype)
-        for text in read_texts(pool_path.strip(), n=min(pool_n, MAX_POOLED)):
+        texts = read_texts(pool_path.strip(), n=min(pool_n, MAX_POOLED))
+        for number, text in enumerate(texts, start=1):
             services.check_dashboard_length(bundle, len(tokenize(bundle, text)), 0)
-            frames.append(sinks.sink_table(analyze(bundle, text), sink))
+            steps = 2 * bundle.info.layers  # the forward pass, then the table
+            with services.progress_bar(f"Pooled prompt {number} of {len(texts)}", "layer steps") as progress:
+                pooled = analyze(bundle, text, progress=phase(progress, 0, steps))
+                frames.append(sinks.sink_table(pooled, sink, progress=phase(progress, steps // 2, steps)))
     table = sinks.pool_tables(frames)
     return SinkTables(
         sink=position,
@@ -89,10 +95,14 @@ def head_view(request: services.Request, sink: str, pool_path: str, pool_n: int,
 @st.cache_data(max_entries=16, show_spinner="Running the model with the sink's value scaled…")
 def intervention(request: services.Request, sink: int, factor: float, layers: tuple[int, ...] | None) -> sinks.SinkIntervention:
     """:func:`cwviz.analyses.sinks.intervene_on_sink` on the sidebar prompt."""
-    return sinks.intervene_on_sink(services.get_analysis(request).analysis, sink, factor, layers)
+    analysis = services.get_analysis(request).analysis
+    with services.progress_bar("Running with the sink's value scaled, then comparing", "layer steps") as progress:
+        return sinks.intervene_on_sink(analysis, sink, factor, layers, progress=progress)
 
 
 @st.cache_data(max_entries=8, show_spinner="One forward pass per layer (batched)…")
 def layerwise(request: services.Request, sink: int, factor: float) -> pd.DataFrame:
     """:func:`cwviz.analyses.sinks.layerwise_removal` on the sidebar prompt."""
-    return sinks.layerwise_removal(services.get_analysis(request).analysis, sink, factor)
+    analysis = services.get_analysis(request).analysis
+    with services.progress_bar("Removing the sink's value one layer at a time") as progress:
+        return sinks.layerwise_removal(analysis, sink, factor, progress=progress)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 
@@ -52,10 +53,12 @@ def _top(scores: np.ndarray, tokens: list[str]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..core.analysis import analyze
+    from ..core.progress import cli_bar
 
     text = read_text(args)
     bundle = load(args)
-    analysis = analyze(bundle, text)
+    with cli_bar("analysing", enabled=sys.stderr.isatty()) as progress:
+        analysis = analyze(bundle, text, progress=progress)
     attention, contribution, scope = last_token_scores(analysis, args.layer, args.head)
     info = bundle.info
     tokens = analysis.tokens

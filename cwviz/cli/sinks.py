@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,7 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from ..analyses import sinks
     from ..core.analysis import analyze
+    from ..core.progress import cli_bar
 
     if not math.isfinite(args.factor):
         raise InputError(f"--factor must be a finite number, not {args.factor}")
@@ -75,18 +77,21 @@ def run(args: argparse.Namespace) -> int:
     tables, removal, positions, tokens, clean = [], [], [], [], []
     for index, text in enumerate(texts):
         try:
-            analysis = analyze(bundle, text)
+            with cli_bar(f"prompt {index + 1} of {len(texts)}", enabled=sys.stderr.isatty()) as progress:
+                analysis = analyze(bundle, text, progress=progress)
             sink = sinks.resolve_sink(analysis, args.sink)
         except CwvizError as err:
             where = f"prompt {index + 1} of {args.jsonl}: " if args.jsonl is not None else ""
             raise type(err)(f"{where}{err}") from None
         log.info("prompt %d/%d: %d tokens, sink %d", index + 1, len(texts), analysis.num_tokens, sink)
-        tables.append(sinks.sink_table(analysis, sink))
+        with cli_bar("sink table", enabled=sys.stderr.isatty()) as progress:
+            tables.append(sinks.sink_table(analysis, sink, progress=progress))
         positions.append((sink, analysis.tokens[sink]))
         tokens.append(analysis.num_tokens)
         if not args.no_ppl and bundle.arch.causal:
             layer_sets = [[layer] for layer in range(analysis.num_layers)] + [None]
-            removal.append(sinks.removal_perplexity(analysis, layer_sets, sink, args.factor))
+            with cli_bar("sink removal", unit="pass", enabled=sys.stderr.isatty()) as progress:
+                removal.append(sinks.removal_perplexity(analysis, layer_sets, sink, args.factor, progress=progress))
             clean.append(analysis.perplexity)
         del analysis
     table = sinks.pool_tables(tables)

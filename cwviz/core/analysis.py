@@ -26,6 +26,7 @@ from .capture import LayerRecord, attention_probabilities, forward_pass
 from .errors import InputError, SelectionError
 from .measures import MEASURES, LayerMeasures, head_weights, layer_measures
 from .models import Bundle
+from .progress import Progress
 from .settings import env_int
 from .tokens import display_tokens
 
@@ -99,8 +100,10 @@ def check_layer(layer: int, num_layers: int, hint: str = "") -> int:
     return int(layer)
 
 
-def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | None = None) -> Analysis:
+def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | None = None, progress: Progress | None = None) -> Analysis:
     """Run the model once on ``text`` (or on ``input_ids``) and record every attention layer.
+
+    ``progress(done, layers)`` (:mod:`cwviz.core.progress`) is called as each attention layer has run.
 
     Raises :class:`~cwviz.core.errors.InputError` for an empty or over-long prompt and
     :class:`~cwviz.core.errors.ResourceError` when the estimate of :mod:`cwviz.core.memory` exceeds what is free.
@@ -116,7 +119,7 @@ def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | N
     batch = torch.tensor([ids], device=device)
     # The base model only: the output layer (T x vocab logits, the largest product for a small model and
     # a long prompt) runs when the log-probabilities are first asked for, in chunks of rows.
-    with memory.guard(device), torch.inference_mode(), forward_pass(bundle.attention_modules) as records:
+    with memory.guard(device), torch.inference_mode(), forward_pass(bundle.attention_modules, progress=progress) as records:
         hidden = bundle.final_hidden(batch)[0]  # (T, d_model)
     if len(records) != bundle.info.layers:
         raise RuntimeError(f"recorded {len(records)} of {bundle.info.layers} layers; is the model's attention routed through cwviz?")

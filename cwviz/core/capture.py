@@ -31,6 +31,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .errors import UnsupportedModelError
 from .measures import causal_row_blocks, expand_kv
+from .progress import Progress
 
 ATTN_IMPLEMENTATION = "cwviz"
 
@@ -94,6 +95,8 @@ class _Pass:
     record: bool
     intervention: Intervention | None
     records: dict[int, LayerRecord] = field(default_factory=dict)
+    progress: Progress | None = None
+    layers_done: int = 0
 
 
 _ACTIVE: contextvars.ContextVar[_Pass | None] = contextvars.ContextVar("cwviz_pass", default=None)
@@ -220,6 +223,9 @@ def _cwviz_attention(
             causal=causal,
             output=out[0].transpose(0, 1).detach(),
         )
+    if active.progress is not None:
+        active.layers_done += 1
+        active.progress(active.layers_done, len(active.layer_of))
     return out, None
 
 
@@ -232,13 +238,15 @@ def forward_pass(
     attention_modules: list[torch.nn.Module],
     record: bool = True,
     intervention: Intervention | None = None,
+    progress: Progress | None = None,
 ) -> Iterator[dict[int, LayerRecord]]:
     """Within this block, forward passes of the model record and/or intervene.
 
     ``attention_modules[l]`` is layer l's attention module. Yields the dict that fills with one
-    :class:`LayerRecord` per layer. Only the calling thread (and context) is affected.
+    :class:`LayerRecord` per layer. Only the calling thread (and context) is affected. ``progress``
+    (:mod:`cwviz.core.progress`) is told after each attention layer has run (one pass: done 1..L).
     """
-    active = _Pass({id(m): i for i, m in enumerate(attention_modules)}, record, intervention)
+    active = _Pass({id(m): i for i, m in enumerate(attention_modules)}, record, intervention, progress=progress)
     token = _ACTIVE.set(active)
     try:
         yield active.records

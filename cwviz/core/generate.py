@@ -8,12 +8,14 @@ import torch
 
 from .errors import InputError
 from .models import Bundle
+from .progress import Progress
 
 MAX_NEW_TOKENS = 256
 
 
-def greedy_continuation(bundle: Bundle, prompt_ids: list[int], new_tokens: int) -> list[int]:
+def greedy_continuation(bundle: Bundle, prompt_ids: list[int], new_tokens: int, progress: Progress | None = None) -> list[int]:
     """``prompt_ids`` followed by up to ``new_tokens`` greedily chosen tokens (stops early at EOS).
+    ``progress(done, new_tokens)`` (:mod:`cwviz.core.progress`) is called after each token.
 
     Runs outside any cwviz recording, so the model uses its ordinary (SDPA) attention. Encoder models
     cannot generate.
@@ -35,11 +37,13 @@ def greedy_continuation(bundle: Bundle, prompt_ids: list[int], new_tokens: int) 
     past = None
     with torch.inference_mode():
         step = ids
-        for _ in range(new_tokens):
+        for done in range(1, new_tokens + 1):
             result = bundle.model(input_ids=step, use_cache=True, **{name: past})
             past = getattr(result, name)
             next_id = int(result.logits[0, -1].argmax())
             out.append(next_id)
+            if progress is not None:
+                progress(new_tokens if next_id in eos_ids else done, new_tokens)
             if next_id in eos_ids:
                 break
             step = torch.tensor([[next_id]], device=device)

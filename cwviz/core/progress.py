@@ -1,0 +1,54 @@
+"""Progress callbacks for the long steps: ``progress(done, total)`` after each unit of work (a layer).
+
+Every library function that loops over layers (:func:`cwviz.analyze`, the head summary, the top keys across
+layers, the sink table, the sink intervention) takes ``progress=None`` or such a callable. It is called
+with ``done`` from 1 to ``total`` (always ending with ``done == total``) on the calling thread; it must
+not raise. The dashboard shows it as ``st.progress`` (:func:`cwviz.app.services.progress_bar`), the CLI as a
+tqdm bar (:func:`cli_bar`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
+
+Progress = Callable[[int, int], None]
+T = TypeVar("T")
+
+
+def counted(items: Iterable[T], total: int, progress: Progress | None) -> Iterator[T]:
+    """Yield ``items`` and report ``progress(k, total)`` after the k-th has been processed."""
+    for done, item in enumerate(items, start=1):
+        yield item
+        if progress is not None:
+            progress(done, total)
+
+
+def phase(progress: Progress | None, offset: int, total: int) -> Progress | None:
+    """One phase of a longer step: ``done`` of the phase is reported as ``offset + done`` of ``total``."""
+    if progress is None:
+        return None
+    return lambda done, _phase_total: progress(offset + done, total)
+
+
+@contextlib.contextmanager
+def cli_bar(description: str, unit: str = "layer", enabled: bool = True) -> Iterator[Progress | None]:
+    """A tqdm bar on stderr as a :data:`Progress` callback (None when ``enabled`` is false).
+
+    tqdm shows nothing for steps under half a second (``delay``), so short runs stay quiet.
+    """
+    if not enabled:
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(desc=description, unit=unit, file=sys.stderr, delay=0.5, leave=False) as bar:
+
+        def update(done: int, total: int) -> None:
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+
+        yield update
