@@ -13,7 +13,7 @@ import streamlit as st
 from cwviz.analyses import faithfulness as F
 from cwviz.app import hosting, services, widgets
 from cwviz.app.sidebar import sidebar
-from cwviz.app.state import url_widget
+from cwviz.app.state import parse_bool, show_bool, url_widget
 from cwviz.charts import faithfulness as charts
 from cwviz.charts.export import to_csv
 from cwviz.core.errors import CwvizError
@@ -110,44 +110,100 @@ def stop() -> None:
     st.session_state[STATE]["running"] = False
 
 
+def _rate(raw: str) -> float:
+    return float(raw)
+
+
+def _mask_layer(raw: str):
+    return raw if raw == "all" else int(raw)
+
+
+# Every picker is in the link (url_widget), so a link reproduces the protocol; an upload must be chosen again.
 with st.expander("Data and protocol", expanded=True):
     left, right = st.columns(2)
-    source = left.radio("Examples from", list(SOURCES), format_func=SOURCES.get, key="faith_source")
-    if source == "upload":
-        left.file_uploader("File", type=["txt", "jsonl", "json"], key="faith_upload")
-    elif source == "path":
-        left.text_input("Path", placeholder="/path/to/test.jsonl", key="faith_path")
-    elif source == "dataset":
-        left.text_input("Dataset NAME or NAME:CONFIG", value="openai/gsm8k:main", key="faith_dataset")
-        left.text_input("Split", value="test", key="faith_split")
-        left.caption("Needs the `datasets` package and network access; offline, use a local file.")
-    left.text_input("JSONL field (blank: text, or GSM8K question + answer)", key="faith_field")
-    left.number_input("Examples (N)", min_value=1, max_value=10_000, value=5, key="faith_n", disabled=source == "prompt")
-    left.number_input(
-        "Token cap per example",
-        min_value=2,
-        max_value=MAX_CAP,
-        value=min(F.EXAMPLE_MAX_TOKENS, MAX_CAP),
-        key="faith_cap",
-        help="Longer examples are cut to this many tokens.",
-    )
-    right.multiselect("Removal rates (% of each query's keys)", RATE_CHOICES, default=list(F.DEFAULT_RATES), key="faith_rates")
-    right.multiselect("Measures", list(F.ALL_MEASURES), default=list(F.RANKED_MEASURES), key="faith_measures")
-    right.selectbox(
-        "Mask in",
-        ["all", *range(sel.analysis.num_layers if sel.ok else 0)],
-        key="faith_layer",
-        format_func=lambda v: "every layer at once" if v == "all" else f"layer {v} only",
-    )
-    right.checkbox("Rank per head (default: layer-level scores)", key="faith_per_head")
-    right.radio(
-        "Rank by",
-        F.RANK_BY,
-        horizontal=True,
-        key="faith_rank_by",
-        help="signed: negative contributions rank lowest; absolute: by magnitude",
-    )
-    right.number_input("Seed (random control, bootstrap)", min_value=0, value=0, key="faith_seed")
+    with left:
+        source = url_widget(
+            st.radio, "source", "Examples from", "prompt", options=list(SOURCES), format_func=SOURCES.get, key="faith_source"
+        )
+        if source == "upload":
+            st.file_uploader("File", type=["txt", "jsonl", "json"], key="faith_upload")
+        elif source == "path":
+            url_widget(st.text_input, "path", "Path", "", placeholder="/path/to/test.jsonl", key="faith_path")
+        elif source == "dataset":
+            url_widget(st.text_input, "dataset", "Dataset NAME or NAME:CONFIG", "openai/gsm8k:main", key="faith_dataset")
+            url_widget(st.text_input, "split", "Split", "test", key="faith_split")
+            st.caption("Needs the `datasets` package and network access; offline, use a local file.")
+        if source == "prompt":
+            st.caption("One example: the sidebar prompt.")
+        else:
+            url_widget(st.text_input, "field", "JSONL field (blank: text, or GSM8K question + answer)", "", key="faith_field")
+            url_widget(
+                st.number_input,
+                "n",
+                "Examples (N)",
+                5,
+                parse=int,
+                valid=lambda v: 1 <= v <= 10_000,
+                min_value=1,
+                max_value=10_000,
+                key="faith_n",
+            )
+        url_widget(
+            st.number_input,
+            "cap",
+            "Token cap per example",
+            min(F.EXAMPLE_MAX_TOKENS, MAX_CAP),
+            parse=int,
+            valid=lambda v: 2 <= v <= MAX_CAP,
+            min_value=2,
+            max_value=MAX_CAP,
+            key="faith_cap",
+            help="Longer examples are cut to this many tokens.",
+        )
+    with right:
+        url_widget(
+            st.multiselect,
+            "rates",
+            "Removal rates (% of each query's keys)",
+            list(F.DEFAULT_RATES),
+            parse=_rate,
+            show=lambda r: f"{r:g}",
+            options=RATE_CHOICES,
+            key="faith_rates",
+        )
+        url_widget(st.multiselect, "measures", "Measures", list(F.RANKED_MEASURES), options=list(F.ALL_MEASURES), key="faith_measures")
+        url_widget(
+            st.selectbox,
+            "mask_layer",
+            "Mask in",
+            "all",
+            parse=_mask_layer,
+            options=["all", *range(sel.analysis.num_layers if sel.ok else 0)],
+            key="faith_layer",
+            format_func=lambda v: "every layer at once" if v == "all" else f"layer {v} only",
+        )
+        url_widget(
+            st.checkbox,
+            "per_head",
+            "Rank per head (default: layer-level scores)",
+            False,
+            parse=parse_bool,
+            show=show_bool,
+            key="faith_per_head",
+        )
+        url_widget(
+            st.radio,
+            "rank_by",
+            "Rank by",
+            F.RANK_BY[0],
+            options=list(F.RANK_BY),
+            horizontal=True,
+            key="faith_rank_by",
+            help="signed: negative contributions rank lowest; absolute: by magnitude",
+        )
+        url_widget(
+            st.number_input, "seed", "Seed (random control, bootstrap)", 0, parse=int, valid=lambda v: v >= 0, min_value=0, key="faith_seed"
+        )
 
 run = st.session_state.get(STATE)
 running = bool(run and run["running"])

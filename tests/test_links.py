@@ -1,0 +1,103 @@
+"""A link restores every picker: for each page, a URL with every parameter set to a value other than its
+default opens with each widget showing that value, the sidebar included, and the URL keeps them.
+
+The browser test (tests/test_browser.py) checks the same in Chromium for a fresh browser context.
+"""
+
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from cwviz.app import state
+from tests.test_app import APP, TIMEOUT, assert_clean, widget
+
+TEXT = state.examples()[1].text
+SIDEBAR = {"prompt": TEXT, "layer": "3", "head": "2", "token": "4", "gen": "0", "dtype": "float32", "device": "cpu"}
+
+# page: (its parameters, {widget key: the value the widget must show})
+PAGES = {
+    "pages/heatmaps.py": (
+        {"measure": "value_weighted", "kind": "intra", "view": "binned", "colour": "sink_contribution"},
+        {
+            "heatmaps_measure": "value_weighted",
+            "heatmaps_kind": "intra",
+            "heatmaps_view": "binned",
+            "heatmaps_overview_metric": "sink_contribution",
+        },
+    ),
+    "pages/token.py": ({"token_kind": "intra", "top_k": "7"}, {"token_kind": "intra", "token_top_k": 7}),
+    "pages/bertviz_view.py": (
+        {"bv_view": "model", "bv_weights": "contribution"},
+        {"bertviz_view": "model", "bertviz_weights": "contribution"},
+    ),
+    "pages/sinks.py": (
+        {"sink": "position", "sink_pos": "1", "lambda": "0.5", "scope": "chosen", "layers": "1,3", "layerwise": "true"},
+        {
+            "sinks_choice": "position",
+            "sinks_position": 1,
+            "sinks_factor": 0.5,
+            "sinks_scope": "chosen",
+            "sinks_layers": [1, 3],
+            "sinks_layerwise": True,
+        },
+    ),
+    "pages/faithfulness.py": (
+        {
+            "source": "path",
+            "path": "/data/examples.jsonl",
+            "field": "question",
+            "n": "3",
+            "cap": "64",
+            "rates": "10,50",
+            "measures": "raw,random",
+            "mask_layer": "2",
+            "per_head": "true",
+            "rank_by": "absolute",
+            "seed": "7",
+        },
+        {
+            "faith_source": "path",
+            "faith_path": "/data/examples.jsonl",
+            "faith_field": "question",
+            "faith_n": 3,
+            "faith_cap": 64,
+            "faith_rates": [10.0, 50.0],
+            "faith_measures": ["raw", "random"],
+            "faith_layer": 2,
+            "faith_per_head": True,
+            "faith_rank_by": "absolute",
+            "faith_seed": 7,
+        },
+    ),
+}
+
+
+def _value(at: AppTest, key: str):
+    for kind in ("radio", "selectbox", "multiselect", "slider", "number_input", "text_input", "checkbox", "toggle"):
+        found = [w for w in at.get(kind) if getattr(w, "key", None) == key]
+        if found:
+            return found[0].value
+    raise AssertionError(f"no widget with key {key!r} on the page")
+
+
+@pytest.mark.parametrize("page", list(PAGES))
+def test_a_link_with_every_parameter_restores_every_picker(page):
+    params, expected = PAGES[page]
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for name, value in {**SIDEBAR, **params}.items():
+        at.query_params[name] = value
+    at.switch_page(page)
+    at.run()
+    assert_clean(at)
+    assert not at.warning, [w.value for w in at.warning]
+    assert widget(at, "slider", "Layer").value == 3
+    assert widget(at, "selectbox", "Head").value == 2
+    assert widget(at, "selectbox", "Query token").value == 4
+    assert widget(at, "text_area", "Prompt").value == TEXT
+    assert widget(at, "selectbox", "Dtype").value == "float32"
+    assert widget(at, "selectbox", "Device").value == "cpu"
+    shown = {key: _value(at, key) for key in expected}
+    assert shown == expected
+    for name, value in params.items():  # the URL keeps them (a rerun rewrites it from the widgets)
+        assert at.query_params[name] == [value] or at.query_params[name] == value, name
