@@ -169,9 +169,9 @@ with st.expander("Data and protocol", expanded=True):
             parse=_rate,
             show=lambda r: f"{r:g}",
             options=RATE_CHOICES,
+            format_func=lambda r: f"{r:g} %",
             key="faith_rates",
         )
-        url_widget(st.multiselect, "measures", "Measures", list(F.RANKED_MEASURES), options=list(F.ALL_MEASURES), key="faith_measures")
         url_widget(
             st.selectbox,
             "mask_layer",
@@ -204,6 +204,16 @@ with st.expander("Data and protocol", expanded=True):
         url_widget(
             st.number_input, "seed", "Seed (random control, bootstrap)", 0, parse=int, valid=lambda v: v >= 0, min_value=0, key="faith_seed"
         )
+    # The whole width: in a column, a multiselect (and pills) cut the long measure names off at the edge.
+    url_widget(
+        st.pills,
+        "measures",
+        "Measures (the names of the results table and CSV)",
+        list(F.RANKED_MEASURES),
+        options=list(F.ALL_MEASURES),
+        selection_mode="multi",
+        key="faith_measures",
+    )
 
 run = st.session_state.get(STATE)
 running = bool(run and run["running"])
@@ -268,7 +278,8 @@ if run and run["tables"]:
     table = table.join(areas.add_prefix("area "))
     st.dataframe(
         table.loc[[m for m in F.ALL_MEASURES if m in table.index]],
-        column_config={c: st.column_config.NumberColumn(format="%.4g") for c in table.columns},
+        column_config={"_index": st.column_config.TextColumn("measure", width="medium")}
+        | {c: st.column_config.NumberColumn(format="%.4g") for c in table.columns},
     )
     st.download_button(
         "Results CSV",

@@ -42,5 +42,5 @@ k = url_widget(
 )
 top = services.top_keys(sel.request, sel.query, sel.head, kind, k)
 who = "all heads" if sel.head is None else f"head {sel.head}"
-note = f"Query {sel.token_label(sel.query)}: its top {k} keys by {kind}-head contribution in every layer ({who}); numbers are ranks"
+note = f"Query {sel.token_label(sel.query, markdown=False)}: its top {k} keys by {kind}-head contribution in every layer ({who}); numbers are ranks"
 widgets.chart(charts.top_keys_chart(top, note), top, f"cwviz-token{sel.query}-layers", key="top_keys")

@@ -183,6 +183,9 @@ def test_token_page_default_and_changes():
     assert_clean(at)
     factors, across = charts(at)
     assert "query 3" in title(factors) and across["_rows"] == 30 * 2
+    # Chart text is drawn literally: the last token ('.') is not Markdown-escaped there.
+    widget(at, "selectbox", "Query token").set_value(29).run()
+    assert "Query 29 '.'" in title(charts(at)[1]) and "\\" not in title(charts(at)[1])
 
 
 def test_bertviz_page_renders_both_views_and_says_how_negatives_are_shown():

@@ -26,7 +26,7 @@ class XssTokenizer(CharTokenizer):
 
 @pytest.fixture(scope="module")
 def analysis():
-    return cwviz.analyze(make_tiny("llama"), TEXT[:40])
+    return cwviz.analyze(make_tiny("llama"), TEXT[: heatmaps.SIDE_BY_SIDE])  # the widest pair drawn side by side
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_heatmap_pair_encodes_positions_with_token_labels_and_both_scales(analys
     # The selected query (the last token by default) is outlined on both heatmaps; a click selects a query.
     for view in spec["hconcat"]:
         frame = view["layer"][1]
-        assert frame["mark"]["stroke"] == "black" and {"filter": "(datum.query === 39)"} in frame["transform"]
+        assert frame["mark"]["stroke"] == "black" and {"filter": f"(datum.query === {analysis.num_tokens - 1})"} in frame["transform"]
     assert spec["params"][0]["name"] == heatmaps.QUERY_PICK and spec["params"][0]["select"]["fields"] == ["query_position"]
     assert len(spec["params"][0]["views"]) == 2
 
@@ -197,3 +197,12 @@ def test_csv_cells_that_look_like_formulas_are_neutralised_and_numbers_stay_numb
     assert [r[0] for r in rows] == ["'=1+1", "'+x", "'-x", "'@x", "'\tx", "'\rx", "plain", "a=b"]
     assert [float(r[1]) for r in rows] == frame["value"].tolist()  # negative numbers stay numbers, unquoted
     assert rows[0][1] == "-0.5" and {r[2] for r in rows} == {"all heads"}
+
+
+def test_pairs_wider_than_side_by_side_are_stacked_and_every_position_keeps_its_label():
+    analysis = cwviz.analyze(make_tiny("llama"), TEXT[: heatmaps.SIDE_BY_SIDE + 1])
+    spec = heatmaps.heatmap_pair(tables.heatmap_cells(analysis, 0, None, "contribution_inter", "inter")).to_dict()
+    assert "vconcat" in spec and "hconcat" not in spec
+    for view in spec["vconcat"]:
+        assert view["width"] == view["height"] == heatmaps.CELL * analysis.num_tokens
+        assert view["layer"][0]["encoding"]["x"]["axis"]["labelOverlap"] is False

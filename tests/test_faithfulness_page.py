@@ -22,7 +22,7 @@ def app() -> AppTest:
 def tiny_run(at: AppTest) -> AppTest:
     at.number_input(key="faith_cap").set_value(12)
     at.multiselect(key="faith_rates").set_value([50.0])
-    at.multiselect(key="faith_measures").set_value(["raw", "random"])
+    at.button_group(key="faith_measures").set_value(["raw", "random"])
     at.button(key="faith_run").click()
     return at.run()
 
@@ -32,7 +32,7 @@ def test_default_load_shows_the_settings_and_no_results(app):
     assert not app.error
     assert app.button(key="faith_run").label == "Run"
     assert "a file on this machine" in app.radio(key="faith_source").options
-    assert app.multiselect(key="faith_measures").value == [
+    assert app.button_group(key="faith_measures").value == [
         "raw",
         "value_weighted",
         "value_weighted_output_normalized",

@@ -74,7 +74,7 @@ PAGES = {
 
 
 def _value(at: AppTest, key: str):
-    for kind in ("radio", "selectbox", "multiselect", "slider", "number_input", "text_input", "checkbox", "toggle"):
+    for kind in ("radio", "selectbox", "multiselect", "button_group", "slider", "number_input", "text_input", "checkbox", "toggle"):
         found = [w for w in at.get(kind) if getattr(w, "key", None) == key]
         if found:
             return found[0].value

@@ -61,9 +61,13 @@ class Selection:
     def ok(self) -> bool:
         return self.analysis is not None
 
-    def token_label(self, position: int) -> str:
-        """``12 'fox'``: a position with its token, escaped for Markdown."""
-        return escape_markdown(f"{position} {self.analysis.tokens[position]!r}") if self.ok else str(position)
+    def token_label(self, position: int, markdown: bool = True) -> str:
+        """``12 'fox'``: a position with its token, escaped for Markdown (``markdown=False``: as it is, for
+        chart text, which Vega draws literally)."""
+        if not self.ok:
+            return str(position)
+        label = f"{position} {self.analysis.tokens[position]!r}"
+        return escape_markdown(label) if markdown else label
 
 
 def escape_markdown(text: str) -> str:

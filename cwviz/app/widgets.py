@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import altair as alt
 import streamlit as st
 
 from ..charts.heatmaps import PICK, QUERY_PICK
@@ -20,6 +21,9 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
     """
     from ..charts.export import to_csv, to_png, to_svg
 
+    if width == "content" and isinstance(chart_obj, alt.TopLevelMixin):
+        # Streamlit adds autosize "fit" to any spec without one; "pad" keeps the chart's own size.
+        chart_obj = chart_obj.properties(autosize=alt.AutoSizeParams(type="pad", contains="padding"))
     kwargs = {} if on_select is None else {"on_select": on_select, "selection_mode": selection_mode}
     event = st.altair_chart(chart_obj, key=key, width=width, **kwargs)
     cols = st.columns([1, 1, 1, 5])

@@ -22,9 +22,9 @@ DIVERGING = "redblue"
 SEQUENTIAL = "blues"
 SIDE = 330  # px, the least a heatmap axis gets
 CELL = 13  # px per position: a 10 px label per row or column without overlap
-#: Most keys for which the two heatmaps stand side by side (2 x (40 x 13 px + labels) fit the main area
-#: of a 1600 px wide window); wider pairs are stacked.
-SIDE_BY_SIDE = 40
+#: Most keys for which the two heatmaps stand side by side: 2 x (32 x 13 px + ~85 px of labels + ~45 px of
+#: legend) fit the dashboard's main area in a 1600 px wide window (seen in Chromium); wider pairs are stacked.
+SIDE_BY_SIDE = 32
 #: The click selection of every layer x head grid; pages pass it to Streamlit as ``selection_mode``.
 PICK = "pick"
 #: The click selection of the heatmap pair: a cell's ``query_position``.
@@ -134,9 +134,10 @@ def heatmap_pair(cells: HeatmapCells, query: int | None = None) -> alt.HConcatCh
         )
         .properties(width=_extent(keys), height=_extent(queries))
     )
-    attention = base.encode(color=alt.Color("attention:Q", title="attention", scale=sequential_scale(frame["attention"])))
+    # The legends carry no title (each view's title names its measure), so the pair stays narrow.
+    attention = base.encode(color=alt.Color("attention:Q", title=None, scale=sequential_scale(frame["attention"])))
     scale = signed_scale(frame["value"]) if is_signed(cells.measure) else sequential_scale(frame["value"])
-    measure = base.encode(color=alt.Color("value:Q", title=value_title.split(" (")[0], scale=scale))
+    measure = base.encode(color=alt.Color("value:Q", title=None, scale=scale))
     views = []
     for name, chart, title in (
         ("attention", attention, "Attention weights"),

@@ -150,7 +150,10 @@ def share_chart(layers: pd.DataFrame, layer: int | None = None, width: int = 460
         .encode(
             x=alt.X("layer:Q", title="layer", axis=alt.Axis(tickMinStep=1), scale=alt.Scale(domain=span, nice=False, zero=False)),
             y=alt.Y("share:Q", title="the sink's share of the layer output"),
-            color=alt.Color("measure:N", title="share under", scale=alt.Scale(range=["#4c78a8", "#e45756"])),
+            # Legend below the plot: the chart shares the page's width with chart (b).
+            color=alt.Color(
+                "measure:N", title="share under", scale=alt.Scale(range=["#4c78a8", "#e45756"]), legend=alt.Legend(orient="bottom")
+            ),
             tooltip=[alt.Tooltip("layer:Q"), alt.Tooltip("measure:N"), alt.Tooltip("share:Q", format=".3f")],
         )
     )
