@@ -110,6 +110,7 @@ HEATMAP_LABELS_JS = """
   const svg = document.querySelector('[data-testid="stVegaLiteChart"] svg.marks');
   return [...svg.querySelectorAll('g.mark-group.role-scope')].filter(g => g.querySelector('g.role-axis')).map(g => {
     const axes = [...g.querySelectorAll('g.role-axis')].map(a => ({
+      along: (a.getAttribute('aria-label') || '').startsWith('Y') ? 'y' : 'x',
       labels: [...a.querySelectorAll('g.role-axis-label text')].map(t => ({text: t.textContent, box: t.getBoundingClientRect().toJSON()})),
     }));
     const outline = [...g.querySelectorAll('g.role-mark path[stroke="black"]')].map(p => p.getBoundingClientRect().toJSON());
@@ -246,7 +247,11 @@ def _url(server: str, page: str, params: dict | None = None) -> str:
 
 def _settle(page, charts: int, timeout_ms: int = 240_000) -> None:
     """Wait until ``charts`` charts are drawn and the script has stopped running for a second."""
-    page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[RENDERED, charts], timeout=timeout_ms)
+    try:
+        page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[RENDERED, charts], timeout=timeout_ms)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "timeout.png"))  # what the page showed instead
+        raise
     deadline = time.monotonic() + timeout_ms / 1000
     quiet_since = None
     while time.monotonic() < deadline:
@@ -288,18 +293,29 @@ def _drawn_rows(image, box) -> tuple[float, float]:
     return share, span
 
 
+def _tall(page) -> None:
+    """Make the viewport as tall as the main area's content, so nothing is scrolled away (Streamlit scrolls
+    its main area itself, and a screenshot shows only what is in the viewport)."""
+    height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+    page.set_viewport_size({"width": VIEWPORT["width"], "height": min(max(height, VIEWPORT["height"]), 8000)})
+    time.sleep(1.0)
+
+
 def _check_charts(page, where: str) -> int:
     """Every plot area of every chart on the page: tall enough, spanned by its marks, drawn, inside the page."""
     from PIL import Image
 
-    charts = page.evaluate(PLOTS_JS)
+    _tall(page)
+    try:
+        charts = page.evaluate(PLOTS_JS)
+        image = Image.open(io.BytesIO(page.screenshot()))
+    finally:
+        page.set_viewport_size(VIEWPORT)
     assert charts, f"{where}: no chart"
     for chart in charts:
         label = f"{where}, chart {chart['index']}"
         assert chart["plots"], f"{label}: no plot area with marks"
         assert chart["box"]["x"] + chart["box"]["w"] <= chart["mainRight"] + 1, f"{label}: drawn past the right edge: {chart['box']}"
-        element = page.locator(CHART).nth(chart["index"])
-        image = Image.open(io.BytesIO(element.screenshot()))
         for plot in chart["plots"]:
             box, marks = plot["box"], plot["marks"]
             assert box["h"] >= MIN_PLOT_PX, f"{label} ({plot['name']}): plot area {box['h']:.0f} px tall"
@@ -307,9 +323,7 @@ def _check_charts(page, where: str) -> int:
             assert marks["w"] >= MIN_SPAN_WIDTH * box["w"], (
                 f"{label} ({plot['name']}): marks span {marks['w']:.0f} of {box['w']:.0f} px wide"
             )
-            # The element's screenshot starts at the SVG's corner (the two boxes coincide), wherever it scrolled.
-            relative = {"x": box["x"] - chart["box"]["x"], "y": box["y"] - chart["box"]["y"], "w": box["w"], "h": box["h"]}
-            share, span = _drawn_rows(image, relative)
+            share, span = _drawn_rows(image, box)
             assert share > 0.002, f"{label} ({plot['name']}): nothing visible drawn in the plot area ({share:.4f})"
             assert span >= MIN_SPAN_HEIGHT, f"{label} ({plot['name']}): visible marks span {span:.0%} of the plot height"
     return len(charts)
@@ -318,13 +332,11 @@ def _check_charts(page, where: str) -> int:
 def _screenshot(page, name: str) -> None:
     """The whole page (the viewport is made as tall as the main area's content) to tests/artifacts/<name>.png,
     and with CWVIZ_UPDATE_SCREENSHOT=1 to assets/<name>.png."""
-    height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
-    page.set_viewport_size({"width": VIEWPORT["width"], "height": min(max(height, VIEWPORT["height"]), 6000)})
-    time.sleep(1.0)
+    _tall(page)
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path))
     page.set_viewport_size(VIEWPORT)
-    if os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1":
+    if os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1" and name in PAGE_PATHS:  # one a page in the README
         from PIL import Image
 
         ASSETS.mkdir(exist_ok=True)
@@ -396,7 +408,7 @@ def test_heatmaps_label_every_token_outline_the_query_and_pick_it_on_click(serve
                 boxes = [t["box"] for t in axis["labels"]]
                 assert all(b["width"] > 0 and b["height"] > 0 for b in boxes), "a label is not drawn"
             # The outline frames the query's row: its vertical centre is that row label's.
-            y_axis = next(a for a in view["axes"] if len({round(t["box"]["x"] + t["box"]["width"]) for t in a["labels"]}) <= 2)
+            y_axis = next(a for a in view["axes"] if a["along"] == "y")
             row = next(t["box"] for t in y_axis["labels"] if t["text"] == default_labels[query])
             assert len(view["outline"]) == 1, view["outline"]
             frame = view["outline"][0]
@@ -409,7 +421,7 @@ def test_heatmaps_label_every_token_outline_the_query_and_pick_it_on_click(serve
         page.wait_for_url(lambda url: parse_qs(urlparse(url).query).get("token") == [str(clicked)], timeout=60_000)
         _settle(page, 2)
         for view in page.evaluate(HEATMAP_LABELS_JS):
-            y_axis = next(a for a in view["axes"] if len({round(t["box"]["x"] + t["box"]["width"]) for t in a["labels"]}) <= 2)
+            y_axis = next(a for a in view["axes"] if a["along"] == "y")
             row = next(t["box"] for t in y_axis["labels"] if t["text"] == default_labels[clicked])
             frame = view["outline"][0]
             assert abs((frame["y"] + frame["height"] / 2) - (row["y"] + row["height"] / 2)) < 4
@@ -475,3 +487,45 @@ def test_clicking_a_head_in_the_overview_selects_it(server, browser):
         page.screenshot(path=str(ARTIFACTS / "picked_head.png"))
     finally:
         page.close()
+
+
+def _overlapping(labels: list[dict], along: str) -> list[tuple[str, str]]:
+    """Neighbouring labels of one axis whose boxes overlap along the axis (``along``: "x" or "y") by more
+    than 2 px (a text box holds the font's whole line height, about 3 px more than the glyphs of a 10 px font)."""
+    size = "width" if along == "x" else "height"
+    ordered = sorted(labels, key=lambda t: t["box"][along])
+    return [(a["text"], b["text"]) for a, b in zip(ordered, ordered[1:]) if a["box"][along] + a["box"][size] > b["box"][along] + 2]
+
+
+@pytest.mark.parametrize("view", ["window", "binned"])
+def test_a_long_prompt_keeps_readable_labels_with_the_query_and_the_first_token(server, browser, view):
+    """The long example (about 500 tokens): the window view labels every position it shows, the selected query
+    on both axes and the first token (the sink) among the keys; the binned view labels its bins. No two
+    labels overlap."""
+    from cwviz.app import state
+
+    text = next(e.text for e in state.examples() if e.name.startswith("Long"))
+    query = 300
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "heatmaps", {"prompt": text, "token": str(query), "view": view}))
+        _settle(page, 2)
+        _assert_no_error_text(page)
+        _check_charts(page, f"Heatmaps, long prompt, {view}")
+        views = page.evaluate(HEATMAP_LABELS_JS)
+        assert len(views) == 2
+        for heatmap in views:
+            for axis in heatmap["axes"]:
+                texts = [t["text"] for t in axis["labels"]]
+                assert len(texts) >= 20, f"only {len(texts)} labels"
+                assert not _overlapping(axis["labels"], axis["along"]), _overlapping(axis["labels"], axis["along"])[:3]
+                if view == "window":  # the query on both axes; the first token (the sink) among the keys
+                    starts = {t.split(" ", 1)[0] for t in texts}
+                    wanted = {"0", str(query)} if axis["along"] == "x" else {str(query)}
+                    assert wanted <= starts, sorted(starts, key=int)[:5]
+            assert len(heatmap["outline"]) == 1, "the query's row (or its bin) is outlined"
+        _screenshot(page, f"heatmaps-long-{view}")
+    finally:
+        page.close()
+    watch.check()
