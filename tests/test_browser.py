@@ -21,6 +21,7 @@ where it fails instead.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
@@ -145,10 +146,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
+@contextlib.contextmanager
+def _serve(log_name: str = "server.log"):
+    """``streamlit run app.py`` on a free port, until the block ends; yields its URL."""
     port = _free_port()
-    log = ARTIFACTS / "server.log"
+    log = ARTIFACTS / log_name
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
@@ -183,6 +185,12 @@ def server():
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@pytest.fixture(scope="module")
+def server():
+    with _serve() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -529,3 +537,25 @@ def test_a_long_prompt_keeps_readable_labels_with_the_query_and_the_first_token(
     finally:
         page.close()
     watch.check()
+
+
+def test_a_page_link_opened_first_on_a_fresh_server_runs_through_the_navigation(browser):
+    """Streamlit runs ``pages/<page>.py`` on its own (file names as navigation, no wide layout) when the first
+    session of a server opens a page's link; the sidebar turns that off (cwviz.app.sidebar.ensure_navigation)."""
+    with _serve("fresh-server.log") as url:
+        page = browser.new_page(viewport=VIEWPORT)
+        watch = Watch(page)
+        try:
+            page.goto(f"{url}/sinks?lambda=0.5&layer=3")
+            _settle(page, 3)
+            _assert_no_error_text(page)
+            assert page.locator("h1").first.inner_text() == "Attention sinks as active suppressors"
+            nav = page.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
+            assert [n.strip() for n in nav] == ["Heatmaps", "Token", "bertviz", "Sinks", "Faithfulness"]
+            main = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
+            assert main["width"] > 1000, f"not the wide layout of app.py: {main['width']:.0f} px"
+            query = parse_qs(urlparse(page.url).query)
+            assert query["lambda"] == ["0.5"] and query["layer"] == ["3"]
+        finally:
+            page.close()
+        watch.check()

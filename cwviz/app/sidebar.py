@@ -92,8 +92,27 @@ def analyse(cur: dict) -> tuple[services.Analyzed | None, str | None]:
     return None, error
 
 
+def ensure_navigation() -> None:
+    """Run the page through ``app.py``'s ``st.navigation``, also when a session opens a page's link first.
+
+    Streamlit remembers, per server process, whether the app has a ``pages/`` folder of the old multipage
+    kind, and forgets it only once ``st.navigation`` has run. Until someone opens the main page, a link to
+    ``/token`` (say) runs ``pages/token.py`` on its own: the navigation lists file names and the page config
+    of ``app.py`` (wide layout) is not applied. This turns that mode off and reruns, so ``app.py`` runs and
+    picks the linked page (the link's parameters are kept).
+    """
+    try:
+        from streamlit.runtime.pages_manager import PagesManager
+    except ImportError:  # a Streamlit without the old mode
+        return
+    if getattr(PagesManager, "uses_pages_directory", None):
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
 def sidebar() -> Selection:
     """Draw the shared sidebar and return the current :class:`Selection` (call once, at the top of a page)."""
+    ensure_navigation()
     cur = current()
     names = [e.name for e in examples()]
     with st.sidebar:
