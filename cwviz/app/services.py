@@ -124,7 +124,7 @@ def check_dashboard_length(bundle: Bundle, prompt_tokens: int, generate: int) ->
         )
 
 
-@st.cache_resource(show_spinner="Analysing the prompt…", max_entries=6, ttl=3600)
+@st.cache_resource(show_spinner=False, max_entries=6, ttl=3600)
 def get_analysis(request: Request) -> Analyzed:
     """Run the model once on the request's prompt (plus ``generate`` greedy tokens) and keep the result.
 
@@ -153,7 +153,7 @@ def heatmap_cells(request: Request, layer: int, head: int | None, measure: str, 
     return tables.heatmap_cells(get_analysis(request).analysis, layer, head, measure, kind, query, view)
 
 
-@st.cache_data(max_entries=16, show_spinner="Summarising every head…")
+@st.cache_data(max_entries=16, show_spinner=False)
 def head_summary(request: Request) -> pd.DataFrame:
     """One row per (layer, head): sink shares and attention/contribution divergence."""
     analysis = get_analysis(request).analysis
@@ -167,7 +167,7 @@ def token_factors(request: Request, layer: int, query: int, head: int | None, ki
     return tables.token_factors(get_analysis(request).analysis, layer, query, head, kind)
 
 
-@st.cache_data(max_entries=64, show_spinner="Ranking keys in every layer…")
+@st.cache_data(max_entries=64, show_spinner=False)
 def top_keys(request: Request, query: int, head: int | None, kind: str, k: int = 5) -> pd.DataFrame:
     """The query's top keys in every layer (see :func:`cwviz.analyses.tables.top_keys_across_layers`)."""
     analysis = get_analysis(request).analysis

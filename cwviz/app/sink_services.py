@@ -51,7 +51,7 @@ def server_files_allowed() -> bool:
     return hosting.policy_from_env().server_files
 
 
-@st.cache_data(max_entries=8, show_spinner="Splitting every head output at the sink…")
+@st.cache_data(max_entries=8, show_spinner=False)
 def sink_tables(request: services.Request, sink: str, pool_path: str = "", pool_n: int = 0) -> SinkTables:
     """Sink table and summaries; with ``pool_path``, also the first ``pool_n`` prompts of that JSONL file."""
     analysis = services.get_analysis(request).analysis
@@ -92,7 +92,7 @@ def head_view(request: services.Request, sink: str, pool_path: str, pool_n: int,
     return HeadView(layer, head, points, curve.table(), curve.minimiser, curve.cos)
 
 
-@st.cache_data(max_entries=16, show_spinner="Running the model with the sink's value scaled…")
+@st.cache_data(max_entries=16, show_spinner=False)
 def intervention(request: services.Request, sink: int, factor: float, layers: tuple[int, ...] | None) -> sinks.SinkIntervention:
     """:func:`cwviz.analyses.sinks.intervene_on_sink` on the sidebar prompt."""
     analysis = services.get_analysis(request).analysis
@@ -100,7 +100,7 @@ def intervention(request: services.Request, sink: int, factor: float, layers: tu
         return sinks.intervene_on_sink(analysis, sink, factor, layers, progress=progress)
 
 
-@st.cache_data(max_entries=8, show_spinner="One forward pass per layer (batched)…")
+@st.cache_data(max_entries=8, show_spinner=False)
 def layerwise(request: services.Request, sink: int, factor: float) -> pd.DataFrame:
     """:func:`cwviz.analyses.sinks.layerwise_removal` on the sidebar prompt."""
     analysis = services.get_analysis(request).analysis
