@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.analysis import Analysis
+from ..core.analysis import Analysis, integer_index
 from ..core.capture import attention_probabilities, forward_pass
 from ..core.errors import InputError, SelectionError
 from ..core.interventions import ScaleValues, batch_perplexity
@@ -86,17 +86,27 @@ def detect_sink(analysis: Analysis) -> int:
     return int(torch.argmax(mean))
 
 
+def check_factor(factor) -> float:
+    """λ as a float: a finite real number (not a bool, not text), else InputError."""
+    if isinstance(factor, (bool, np.bool_)) or not isinstance(factor, (int, float, np.integer, np.floating)):
+        raise InputError(f"the sink value factor λ must be a number, not {factor!r} ({type(factor).__name__})")
+    if not math.isfinite(factor):
+        raise InputError(f"the sink value factor λ must be a finite number, not {factor}")
+    return float(factor)
+
+
 def resolve_sink(analysis: Analysis, sink: int | str = DEFAULT_SINK) -> int:
     """The sink position: an int (or its digits) as given, ``"auto"`` for :func:`detect_sink`."""
     if isinstance(sink, str):
         if sink.strip().lower() == AUTO:
             return detect_sink(analysis)
         try:
-            sink = int(sink)
+            sink = int(sink.strip())
         except ValueError:
             raise InputError(f"the sink must be a token position (0, 1, ...) or 'auto', not {sink!r}") from None
-    if isinstance(sink, (int, np.integer)) and not isinstance(sink, bool) and sink < 0:
-        sink = analysis.num_tokens + int(sink)  # -1 is the last token, as in Python
+    sink = integer_index(sink, "the sink (a token position or 'auto')")
+    if sink < 0:
+        sink = analysis.num_tokens + sink  # -1 is the last token, as in Python
     return analysis.check_token(sink)
 
 
@@ -318,6 +328,12 @@ class SinkCurve:
 
 def head_curve(table: pd.DataFrame, layer: int, head: int) -> SinkCurve:
     """The typical curve of one head: medians of ‖ṽ_σ‖, ‖m‖ and cos over its queries (and prompts)."""
+    layer, head = integer_index(layer, "a layer"), integer_index(head, "a head")
+    for name, value in (("layer", layer), ("head", head)):
+        present = sorted(int(v) for v in table[name].unique())
+        if value not in present:
+            span = f"{present[0]}..{present[-1]}" if present else "none"
+            raise SelectionError(f"{name} {value} is out of range; the table has {name}s {span}")
     rows = _defined(table)
     rows = rows[(rows["layer"] == layer) & (rows["head"] == head)].dropna(subset=["rest_norm", "cos_sink_rest"])
     if rows.empty:
@@ -369,7 +385,7 @@ class SinkIntervention:
 def _layers(analysis: Analysis, layers: Iterable[int] | None) -> tuple[int, ...]:
     if layers is None:
         return tuple(range(analysis.num_layers))
-    chosen = tuple(sorted({analysis.check_layer(int(l)) for l in layers}))
+    chosen = tuple(sorted({analysis.check_layer(l) for l in layers}))
     if not chosen:
         raise SelectionError("no layer chosen for the intervention; pick at least one layer")
     return chosen
@@ -400,8 +416,7 @@ def intervene_on_sink(
 
     ``progress(done, 2 L)`` (:mod:`cwviz.core.progress`): 1..L as the pass runs each layer, L+1..2L as
     each layer's outputs are compared."""
-    if not math.isfinite(factor):
-        raise InputError(f"the sink value factor must be a finite number, not {factor}")
+    factor = check_factor(factor)
     sink = resolve_sink(analysis, sink)
     chosen = _layers(analysis, layers)
     intervention = ScaleValues(positions=(sink,), factor=float(factor), layers=frozenset(chosen))
@@ -493,6 +508,7 @@ def removal_perplexity(
         return np.full(len(layer_sets), np.nan)
     if analysis.num_tokens < 2:
         raise InputError("perplexity needs at least two tokens; give a longer prompt")
+    factor = check_factor(factor)
     sink = resolve_sink(analysis, sink)
     sets = [None if s is None else frozenset(_layers(analysis, s)) for s in layer_sets]
     batch = max(1, max_batch_tokens // analysis.num_tokens)

@@ -212,8 +212,12 @@ def head_ranking(summary: pd.DataFrame, top: int | None = None) -> pd.DataFrame:
     return ranked if top is None else ranked.head(top)
 
 
-def keys_seen_by(analysis: Analysis, query: int) -> np.ndarray:
-    """Keys the query can see: 0..query in causal models, every position otherwise."""
+def keys_seen_by(analysis: Analysis, query: int, layer: int | None = None) -> np.ndarray:
+    """Keys the query can see: in ``layer``, those its mask lets through (a sliding window hides the far
+    ones); with no layer, 0..query in causal models and every position otherwise."""
+    if layer is not None:
+        mask = analysis.records[analysis.check_layer(layer)].key_mask()[analysis.check_token(query)]
+        return torch.nonzero(mask).flatten().cpu().numpy()
     return np.arange(query + 1 if analysis.bundle.arch.causal else analysis.num_tokens)
 
 
@@ -299,9 +303,9 @@ def top_keys_across_layers(
     query = analysis.check_token(query)
     if head is not None:
         head = analysis.check_head(head)
-    keys = keys_seen_by(analysis, query)
     rows = []
     for layer in counted(range(analysis.num_layers), analysis.num_layers, progress):
+        keys = keys_seen_by(analysis, query, layer)
         measures = query_measures(analysis, layer, query)
         contribution = _row(measures, f"contribution_{kind}", head)[keys]
         attention = _row(measures, "raw", head)[keys]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -55,8 +56,30 @@ def tokenize(bundle: Bundle, text: str) -> list[int]:
     return check_length(bundle, ids)
 
 
-def check_length(bundle: Bundle, ids: list[int]) -> list[int]:
-    ids = [int(i) for i in ids]
+def token_ids(value) -> list[int]:
+    """Token ids as a list of ints from a 1-D sequence of integers: a list or tuple of ints (numpy integers
+    included), or a 1-D integer numpy array or torch tensor. Anything else (text, a number, nested lists,
+    None, floats, bools, 2-D arrays) raises InputError: cwviz never truncates a float or reads a digit."""
+    kind = type(value).__name__
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            raise InputError(f"input_ids must be a 1-D integer tensor, not {value.dim()}-D {value.dtype}")
+        return [int(i) for i in value.tolist()]
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1 or not np.issubdtype(value.dtype, np.integer):
+            raise InputError(f"input_ids must be a 1-D integer array, not {value.ndim}-D {value.dtype}")
+        return [int(i) for i in value.tolist()]
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"input_ids must be a 1-D sequence of token ids (a list, tuple, numpy or torch 1-D array), not {kind}")
+    for k, item in enumerate(value):
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
+            raise InputError(f"input_ids[{k}] is {item!r} ({type(item).__name__}); token ids must be integers")
+    return [int(i) for i in value]
+
+
+def check_length(bundle: Bundle, ids) -> list[int]:
+    """``ids`` (:func:`token_ids`) checked against the length limit and the model's vocabulary."""
+    ids = token_ids(ids)
     if not ids:
         raise InputError("the prompt gives no tokens; type some text to analyse")
     limit = max_tokens(bundle)
@@ -92,12 +115,26 @@ def perplexity(logprobs: np.ndarray | torch.Tensor) -> float:
     return math.exp(-logprobs.mean()) if logprobs.size else math.nan
 
 
+def integer_index(value, what: str) -> int:
+    """``value`` as a Python int when it is an integer: an int, a numpy integer or a one-element integer
+    tensor (anything with ``__index__``), never a bool. Anything else (``"1"``, ``1.0``, ``True``) raises
+    SelectionError saying that ``what`` must be an integer: cwviz does not guess what a float or text meant."""
+    dtype = str(getattr(value, "dtype", ""))
+    if isinstance(value, (bool, np.bool_)) or dtype in ("bool", "torch.bool"):
+        raise SelectionError(f"{what} must be an integer, not the bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise SelectionError(f"{what} must be an integer, not {value!r} ({type(value).__name__})") from None
+
+
 def check_layer(layer: int, num_layers: int, hint: str = "") -> int:
     """``layer`` as an int, or SelectionError naming the model's layers: the one layer check of cwviz
     (analyses, sinks, faithfulness, CLI). ``hint`` is added to the message (e.g. "or use all")."""
-    if not isinstance(layer, (int, np.integer)) or not 0 <= layer < num_layers:
+    layer = integer_index(layer, "a layer")
+    if not 0 <= layer < num_layers:
         raise SelectionError(f"layer {layer} is out of range; this model has layers 0..{num_layers - 1}" + (f" ({hint})" if hint else ""))
-    return int(layer)
+    return layer
 
 
 def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | None = None, progress: Progress | None = None) -> Analysis:
@@ -111,7 +148,7 @@ def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | N
     if input_ids is None:
         ids = tokenize(bundle, text if text is not None else "")
     else:
-        ids = check_length(bundle, list(input_ids))
+        ids = check_length(bundle, input_ids)
         if text is None:
             text = bundle.tokenizer.decode(ids)
     device = bundle.input_device
@@ -216,14 +253,16 @@ class Analysis:
         return check_layer(layer, self.num_layers)
 
     def check_head(self, head: int) -> int:
-        if not isinstance(head, (int, np.integer)) or not 0 <= head < self.num_heads:
+        head = integer_index(head, "a head")
+        if not 0 <= head < self.num_heads:
             raise SelectionError(f"head {head} is out of range; this model has heads 0..{self.num_heads - 1}")
-        return int(head)
+        return head
 
     def check_token(self, position: int) -> int:
-        if not isinstance(position, (int, np.integer)) or not 0 <= position < self.num_tokens:
+        position = integer_index(position, "a token position")
+        if not 0 <= position < self.num_tokens:
             raise SelectionError(f"token {position} is out of range; the prompt has tokens 0..{self.num_tokens - 1}")
-        return int(position)
+        return position
 
     # -- measures ---------------------------------------------------------------------------------
     def w_heads(self, layer: int) -> torch.Tensor:
@@ -294,7 +333,8 @@ class Analysis:
 
         contribution = attention x norm_ratio x cosine, where norm_ratio = value_norm / output_norm and
         output_norm is ‖o_i‖ (``kind="inter"``) or ‖o_i^h‖ (``kind="intra"``). Keys the query cannot
-        see (the future, in causal models) are left out.
+        see in this layer (the model's own mask: the future in causal models, keys outside a sliding
+        window) are left out.
         """
         import pandas as pd
 
@@ -303,7 +343,7 @@ class Analysis:
         query = self.check_token(query)
         m = self.layer(layer)
         heads = range(self.num_heads) if head is None else [self.check_head(head)]
-        keys = np.arange(query + 1 if self.bundle.arch.causal else self.num_tokens)
+        keys = torch.nonzero(self.records[self.check_layer(layer)].key_mask()[query]).flatten().cpu().numpy()
         ratio = _np(m.norm_ratio(kind)[:, query])
         cosine = _np(m.cosine(kind)[:, query])
         contribution = _np(m.contribution(kind)[:, query])
@@ -377,9 +417,16 @@ class Analysis:
         }
 
     def to_json(self, path: str | Path, layers: list[int] | None = None, heads: list[int] | None = None) -> Path:
-        """Write :meth:`to_dict` as UTF-8 JSON; returns the path."""
+        """Write :meth:`to_dict` as UTF-8 JSON; returns the path. InputError when the file cannot be written."""
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(layers, heads), ensure_ascii=False), encoding="utf-8")
+        text = json.dumps(self.to_dict(layers, heads), ensure_ascii=False)
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as err:
+            reason = err.strerror or type(err).__name__
+            raise InputError(
+                f"cannot write {str(path)!r}: {reason}; choose a file in a folder that exists and that you can write to"
+            ) from None
         return path
 
 

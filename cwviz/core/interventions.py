@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .analysis import next_token_logprobs
+from .analysis import next_token_logprobs, token_ids
 from .analysis import perplexity as sequence_perplexity
 from .capture import forward_pass
+from .errors import InputError
 from .models import Bundle
 
 
@@ -73,11 +74,16 @@ def batch_perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray
     Computed as :attr:`cwviz.core.analysis.Analysis.perplexity` is: the base model's final hidden states,
     then the output layer a chunk of rows at a time (no [batch, pos, vocab] logits are kept).
     """
-    ids = torch.as_tensor(input_ids)
+    ids = torch.as_tensor(input_ids) if isinstance(input_ids, torch.Tensor) else torch.tensor(token_ids(input_ids))
     if ids.dim() == 1:
         ids = ids[None]
+    if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise InputError(f"input_ids must be a list of ids or a [batch, pos] integer tensor, not {ids.dim()}-D {ids.dtype}")
     if ids.shape[1] < 2:
-        raise ValueError("perplexity needs at least two tokens")
+        raise InputError("perplexity needs at least two tokens; give a longer text")
+    vocab = getattr(bundle.model.config, "vocab_size", None)
+    if vocab is not None and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise InputError(f"token ids must lie in 0..{vocab - 1} for this model")
     head = bundle.model.get_output_embeddings()
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
         hidden = bundle.final_hidden(ids)
