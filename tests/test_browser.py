@@ -559,3 +559,32 @@ def test_a_page_link_opened_first_on_a_fresh_server_runs_through_the_navigation(
         finally:
             page.close()
         watch.check()
+
+
+def test_a_binary_upload_gets_a_message_and_the_server_keeps_serving(server, browser, tmp_path):
+    """A PNG uploaded as examples on the Faithfulness page: the page says what is wrong, and the server still
+    answers its health check and serves the next page."""
+    from tests.test_hostile import PNG
+
+    upload = tmp_path / "examples.txt"
+    upload.write_bytes(PNG)
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "faithfulness", {"source": "upload"}))
+        page.get_by_text("Faithfulness by causal intervention").wait_for(timeout=240_000)
+        _settle(page, 0)
+        page.locator('[data-testid="stFileUploader"] input[type="file"]').set_input_files(str(upload))
+        _settle(page, 0)
+        page.get_by_role("button", name="Run").click()
+        error = page.locator('[data-testid="stAlertContentError"]')
+        error.wait_for(timeout=60_000)
+        assert "binary" in error.inner_text()
+        with urllib.request.urlopen(f"{server}/_stcore/health", timeout=5) as response:
+            assert response.read().strip() == b"ok"
+        page.get_by_role("link", name="Heatmaps").click()
+        _settle(page, 2)
+        assert page.locator(ERROR_SELECTORS).count() == 0
+    finally:
+        page.close()
+    watch.check()

@@ -375,19 +375,14 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 def read_examples(path: str | PathLike, n: int | None = None, field: str | None = None) -> list[str]:
     """The first ``n`` examples of a file: JSON Lines (``.jsonl``, ``.json``, ``.ndjson``; read by
     :func:`cwviz.core.texts.read_texts`) or UTF-8 text, one example per paragraph."""
-    from ..core.texts import read_texts
+    from ..core.texts import read_text_file, read_texts
 
     path = Path(path)
     if path.suffix.lower() in JSONL_SUFFIXES:
         return read_texts(path, n=n, field=field)
     if n is not None and n < 1:
         raise InputError(f"the number of examples must be at least 1, not {n}")
-    if not path.is_file():
-        raise InputError(f"no file at {path}")
-    try:
-        texts = split_paragraphs(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise InputError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    texts = split_paragraphs(read_text_file(path))
     if not texts:
         raise InputError(f"{path} holds no text")
     return texts[:n]

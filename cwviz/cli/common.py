@@ -24,18 +24,22 @@ def add_text_args(parser: argparse.ArgumentParser, required: bool = True) -> arg
 
 
 def read_text(args: argparse.Namespace) -> str:
-    """The prompt from --text, --text - (stdin) or --file."""
+    """The prompt from --text, --text - (stdin) or --file; InputError when it is empty (before any model loads)."""
+    from ..core.texts import decode_text, max_file_bytes, read_text_file
+
     if getattr(args, "file", None) is not None:
-        path: Path = args.file
-        if not path.is_file():
-            raise InputError(f"no file at {path}")
-        try:
-            return path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            raise InputError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
-    if args.text == "-":
-        return sys.stdin.read()
-    return args.text
+        text, source = read_text_file(args.file), f" ({args.file} holds no text)"
+    elif args.text == "-":
+        limit = max_file_bytes()
+        data = sys.stdin.buffer.read(limit + 1)
+        if len(data) > limit:
+            raise InputError(f"standard input is over {limit // 1_000_000} MB; set CWVIZ_MAX_FILE_MB to raise the limit")
+        text, source = decode_text(data, "standard input"), " (standard input held no text)"
+    else:
+        text, source = args.text, ""
+    if not text.strip():
+        raise InputError(f"the prompt is empty{source}; give some text to analyse")
+    return text
 
 
 def load(args: argparse.Namespace):

@@ -1,4 +1,13 @@
-"""Prompts from a JSON Lines file: one JSON object a line.
+"""Prompts from files: plain UTF-8 text read whole (:func:`read_text_file`), and JSON Lines, one JSON object
+a line (:func:`read_texts`).
+
+Hostile files get an InputError that names the file and the fix, never a raw exception: a file that is not
+UTF-8 (or holds NUL bytes, as binary files do), an empty one, one over ``$CWVIZ_MAX_FILE_MB`` (default
+:data:`DEFAULT_MAX_FILE_MB`) read whole, a JSONL line over the same size (the file itself is streamed, so
+it may be of any length), a line that is not a JSON object, a field that is not a string. A UTF-8 byte
+order mark is accepted.
+
+JSONL prompts:
 
 Each object gives one prompt, taken from (in this order)
 
@@ -18,6 +27,10 @@ from os import PathLike
 from pathlib import Path
 
 from .errors import InputError
+from .settings import env_int
+
+#: Most megabytes read whole from a prompt file (and most in one JSONL line): ``$CWVIZ_MAX_FILE_MB``.
+DEFAULT_MAX_FILE_MB = 16
 
 GSM8K_JOIN = "\n"
 """What sits between a GSM8K question and its answer in the prompt."""
@@ -72,6 +85,45 @@ def text_of(record: object, line: int, path: str | PathLike, field: str | None =
     return text
 
 
+def max_file_bytes() -> int:
+    """``$CWVIZ_MAX_FILE_MB`` (default :data:`DEFAULT_MAX_FILE_MB`) in bytes."""
+    return env_int("CWVIZ_MAX_FILE_MB", DEFAULT_MAX_FILE_MB) * 1_000_000
+
+
+def _too_large(what: str, limit: int) -> InputError:
+    return InputError(
+        f"{what}; cwviz reads at most {limit // 1_000_000} MB there (a prompt is a few thousand tokens); "
+        "split the file, or set CWVIZ_MAX_FILE_MB to raise the limit"
+    )
+
+
+def decode_text(data: bytes, path: str | PathLike, where: str = "") -> str:
+    """``data`` as UTF-8 text (a byte order mark dropped); InputError for binary data or another encoding."""
+    where = where or str(path)
+    if b"\x00" in data:
+        raise InputError(f"{where} looks binary (it holds NUL bytes); give a UTF-8 text file")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{where} is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8") from None
+
+
+def read_text_file(path: str | PathLike) -> str:
+    """A whole UTF-8 text file (``--file``, a ``.txt`` of examples, an upload), at most :func:`max_file_bytes`."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"no file at {path}")
+    limit = max_file_bytes()
+    size = path.stat().st_size
+    if size > limit:
+        raise _too_large(f"{path} is {size / 1e6:,.1f} MB", limit)
+    with path.open("rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:  # it grew while we looked
+        raise _too_large(f"{path} is over {limit // 1_000_000} MB", limit)
+    return decode_text(data, path)
+
+
 def read_texts(path: str | PathLike, n: int | None = None, field: str | None = None) -> list[str]:
     """The prompts of a JSONL file, in file order; with ``n``, only the first ``n`` (later lines are not read).
 
@@ -84,20 +136,24 @@ def read_texts(path: str | PathLike, n: int | None = None, field: str | None = N
     if not path.is_file():
         raise InputError(f"no file at {path}")
     texts: list[str] = []
-    try:
-        with path.open(encoding="utf-8") as handle:
-            for line_number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise InputError(f"line {line_number} of {path} is not valid JSON ({err.msg} at column {err.colno})") from None
-                texts.append(text_of(record, line_number, path, field))
-                if n is not None and len(texts) == n:
-                    break
-    except UnicodeDecodeError as err:
-        raise InputError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    limit = max_file_bytes()
+    with path.open("rb") as handle:
+        line_number = 0
+        while n is None or len(texts) < n:
+            raw = handle.readline(limit + 1)  # bounded: one enormous line is never read whole
+            if not raw:
+                break
+            line_number += 1
+            if len(raw) > limit:
+                raise _too_large(f"line {line_number} of {path} is longer than {limit // 1_000_000} MB", limit)
+            line = decode_text(raw, path, where=f"line {line_number} of {path}")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InputError(f"line {line_number} of {path} is not valid JSON ({err.msg} at column {err.colno})") from None
+            texts.append(text_of(record, line_number, path, field))
     if not texts:
         raise InputError(f"{path} holds no prompts (every line is blank)")
     return texts
