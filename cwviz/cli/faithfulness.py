@@ -178,16 +178,23 @@ def run(args: argparse.Namespace) -> int:
     bundle = load(args)
     tables: list[pd.DataFrame] = []
     summary = pd.DataFrame(columns=faithfulness.SUMMARY_COLUMNS)
-    with tqdm(total=len(texts), desc="faithfulness", unit="example", file=sys.stderr) as bar:
-        for _, table in faithfulness.iter_examples(bundle, texts, protocol):
-            bar.update(1)
-            if table is None:
-                continue
-            tables.append(table)
-            summary = faithfulness.summarize(pd.concat(tables, ignore_index=True), seed=args.seed)
-            if args.out is not None:
-                write_csv(summary, args.out)
+    interrupted = False
+    try:
+        with tqdm(total=len(texts), desc="faithfulness", unit="example", file=sys.stderr) as bar:
+            for _, table in faithfulness.iter_examples(bundle, texts, protocol):
+                bar.update(1)
+                if table is None:
+                    continue
+                tables.append(table)
+                summary = faithfulness.summarize(pd.concat(tables, ignore_index=True), seed=args.seed)
+                if args.out is not None:
+                    write_csv(summary, args.out)  # after every example: an interrupted run keeps them all
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cwviz.cli.main): keep what is finished
+        interrupted = True
     if not tables:
+        if interrupted:
+            print("interrupted: no example had finished; nothing kept", file=sys.stderr)
+            return 130
         raise InputError("no example had two or more tokens; nothing to measure")
     print(
         f"model: {bundle.info.id}; {len(tables)} example(s), at most {protocol.max_tokens} tokens each; "
@@ -198,4 +205,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_order(summary))
     if args.out is not None:
         print(f"wrote {args.out}")
+    if interrupted:
+        where = f" (in {args.out})" if args.out is not None else ""
+        print(f"interrupted: kept the {len(tables)} finished example(s) of {len(texts)}{where}", file=sys.stderr)
+        return 130
     return 0

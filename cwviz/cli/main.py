@@ -3,13 +3,18 @@
 Each command lives in :mod:`cwviz.cli` as a module with ``register(subparsers)``, which adds its
 parser and sets ``func``. Errors a user can fix (:class:`~cwviz.core.errors.CwvizError`, unreadable files)
 end the program with one ``error: ...`` line on stderr and exit status 2, never a traceback.
+
+SIGTERM is handled as Ctrl-C (SIGINT): the long commands (``faithfulness``, ``sinks``) keep every finished
+example, print their results, and end with one ``interrupted: kept ...`` line on stderr and status 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 
 from ..core.errors import CwvizError
 from . import analyze, app, faithfulness, sinks
@@ -36,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
         transformers.utils.logging.disable_progress_bar()
         transformers.utils.logging.set_verbosity_error()
+    previous = _sigterm_as_interrupt()
     try:
         return int(args.func(args) or 0)
     except CwvizError as err:
@@ -47,3 +53,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _sigterm_as_interrupt():
+    """Make SIGTERM raise KeyboardInterrupt (as SIGINT does); returns the handler it replaced, or None off
+    the main thread (where signals cannot be handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)

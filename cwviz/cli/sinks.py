@@ -75,30 +75,43 @@ def run(args: argparse.Namespace) -> int:
     bundle = load(args)
     info = bundle.info
     tables, removal, positions, tokens, clean = [], [], [], [], []
-    for index, text in enumerate(texts):
-        try:
-            with cli_bar(f"prompt {index + 1} of {len(texts)}", enabled=sys.stderr.isatty()) as progress:
-                analysis = analyze(bundle, text, progress=progress)
-            sink = sinks.resolve_sink(analysis, args.sink)
-        except CwvizError as err:
-            where = f"prompt {index + 1} of {args.jsonl}: " if args.jsonl is not None else ""
-            raise type(err)(f"{where}{err}") from None
-        log.info("prompt %d/%d: %d tokens, sink %d", index + 1, len(texts), analysis.num_tokens, sink)
-        with cli_bar("sink table", enabled=sys.stderr.isatty()) as progress:
-            tables.append(sinks.sink_table(analysis, sink, progress=progress))
-        positions.append((sink, analysis.tokens[sink]))
-        tokens.append(analysis.num_tokens)
-        if not args.no_ppl and bundle.arch.causal:
-            layer_sets = [[layer] for layer in range(analysis.num_layers)] + [None]
-            with cli_bar("sink removal", unit="pass", enabled=sys.stderr.isatty()) as progress:
-                removal.append(sinks.removal_perplexity(analysis, layer_sets, sink, args.factor, progress=progress))
-            clean.append(analysis.perplexity)
-        del analysis
+    interrupted = False
+    try:
+        for index, text in enumerate(texts):
+            try:
+                with cli_bar(f"prompt {index + 1} of {len(texts)}", enabled=sys.stderr.isatty()) as progress:
+                    analysis = analyze(bundle, text, progress=progress)
+                sink = sinks.resolve_sink(analysis, args.sink)
+            except CwvizError as err:
+                where = f"prompt {index + 1} of {args.jsonl}: " if args.jsonl is not None else ""
+                raise type(err)(f"{where}{err}") from None
+            log.info("prompt %d/%d: %d tokens, sink %d", index + 1, len(texts), analysis.num_tokens, sink)
+            with cli_bar("sink table", enabled=sys.stderr.isatty()) as progress:
+                table = sinks.sink_table(analysis, sink, progress=progress)
+            ppl = None
+            if not args.no_ppl and bundle.arch.causal:
+                layer_sets = [[layer] for layer in range(analysis.num_layers)] + [None]
+                with cli_bar("sink removal", unit="pass", enabled=sys.stderr.isatty()) as progress:
+                    ppl = sinks.removal_perplexity(analysis, layer_sets, sink, args.factor, progress=progress)
+            # A prompt counts once all of its results are in: an interrupt never leaves half of one.
+            tables.append(table)
+            positions.append((sink, analysis.tokens[sink]))
+            tokens.append(analysis.num_tokens)
+            if ppl is not None:
+                removal.append(ppl)
+                clean.append(analysis.perplexity)
+            del analysis
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cwviz.cli.main): report the finished prompts
+        interrupted = True
+        if not tables:
+            print("interrupted: no prompt had finished; nothing kept", file=sys.stderr)
+            return 130
+    finished = len(tables)
     table = sinks.pool_tables(tables)
     summary = sinks.sink_layer_summary(table)
 
     print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
-    print(f"prompts: {len(texts)} ({sum(tokens):,} tokens); sink: {_describe_sinks(positions, args.sink)}")
+    print(f"prompts: {finished} ({sum(tokens):,} tokens); sink: {_describe_sinks(positions, args.sink)}")
     print(
         "means over heads and the queries that see another key; attention share: mean over heads, "
         "contribution share: inter-head, summed over heads"
@@ -121,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
     if args.csv is not None:
         table.to_csv(args.csv, index=False)
         print(f"wrote {args.csv} ({len(table):,} rows)")
+    if interrupted:
+        where = f" (in {args.csv})" if args.csv is not None else ""
+        print(f"interrupted: kept the {finished} finished prompt(s) of {len(texts)}{where}", file=sys.stderr)
+        return 130
     return 0
 
 
