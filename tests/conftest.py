@@ -115,7 +115,7 @@ def no_hooks(model) -> bool:
 
 # -- the slow marker ---------------------------------------------------------------------------------
 #: Modules that serve the app or drive the browser in every test (AppTest modules are found by name).
-SLOW_MODULES = {"test_browser", "test_packaging", "test_interrupts"}
+SLOW_MODULES = {"test_browser", "test_packaging", "test_interrupts", "test_load"}
 
 
 def pytest_collection_modifyitems(config, items):

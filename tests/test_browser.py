@@ -147,24 +147,22 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _serve(log_name: str = "server.log"):
-    """``streamlit run app.py`` on a free port, until the block ends; yields its URL."""
+def _serve(log_name: str = "server.log", env: dict | None = None, via_cli: bool = False, processes: list | None = None):
+    """``streamlit run app.py`` (or, with ``via_cli``, ``cwviz app`` as the README starts it) on a free port,
+    until the block ends; yields its URL. ``env`` is added to the environment; ``processes`` receives the
+    server's Popen."""
     port = _free_port()
     log = ARTIFACTS / log_name
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        "app.py",
-        "--server.headless=true",
-        f"--server.port={port}",
-        "--server.address=127.0.0.1",
-        "--server.fileWatcherType=none",  # the rest from .streamlit/config.toml
-    ]
+    server_flags = ["--server.headless=true", f"--server.port={port}", "--server.address=127.0.0.1"]
+    if via_cli:
+        command = [sys.executable, "-m", "cwviz", "app", *server_flags]
+    else:  # the rest from .streamlit/config.toml
+        command = [sys.executable, "-m", "streamlit", "run", "app.py", *server_flags, "--server.fileWatcherType=none"]
     with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    if processes is not None:
+        processes.append(process)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90

@@ -134,3 +134,18 @@ def test_cwviz_app_without_streamlit_says_which_extra_to_install(monkeypatch, ca
     assert main(["app"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "cwviz[app]" in err[0]
+
+
+def test_cwviz_app_hands_every_option_to_streamlit(monkeypatch):
+    """`cwviz app --server.port 8502 --server.headless true` (options first, as the help says) reach
+    `streamlit run` in order; `cwviz app -h` is cwviz's own help."""
+    from cwviz.cli.main import main
+
+    seen = []
+    monkeypatch.setattr(launch, "run", lambda extra=None: seen.append(extra) or 0)
+    assert main(["app", "--server.port", "8502", "--server.headless", "true"]) == 0
+    assert main(["-v", "app", "--server.port=8503"]) == 0
+    assert seen == [["--server.port", "8502", "--server.headless", "true"], ["--server.port=8503"]]
+    with pytest.raises(SystemExit) as exit_:
+        main(["app", "-h"])
+    assert exit_.value.code == 0

@@ -60,10 +60,17 @@ def command(extra: list[str] | None = None) -> list[str]:
 
 
 def run(extra: list[str] | None = None) -> int:
-    """Start the dashboard and wait for it (Ctrl-C stops it); the exit status is Streamlit's."""
+    """Start the dashboard and wait for it (Ctrl-C or SIGTERM stops it, and the server with it); the exit
+    status is Streamlit's."""
     if importlib.util.find_spec("streamlit") is None:
         raise CwvizError('the dashboard needs the app extra: pip install "cwviz[app]"')
+    server = subprocess.Popen(command(extra))
     try:
-        return subprocess.call(command(extra))
-    except KeyboardInterrupt:
+        return server.wait()
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cwviz.cli.main): stop the server too, not only this process
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
         return 130

@@ -34,7 +34,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # `cwviz app ...` hands everything after `app` to `streamlit run` as it is: argparse's REMAINDER does
+    # not take options that come first (`cwviz app --server.port 8502` was refused).
+    start = 0
+    while start < len(argv) and argv[start] in ("-v", "--verbose"):
+        start += 1
+    rest = argv[start + 1 :]
+    if start < len(argv) and argv[start] == "app" and rest not in (["-h"], ["--help"]):
+        args = parser.parse_args(argv[: start + 1])
+        args.streamlit_args = rest
+    else:
+        args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     if not args.verbose:
         import transformers
