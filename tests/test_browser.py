@@ -350,6 +350,16 @@ def _screenshot(page, name: str) -> None:
             image.crop((0, 0, image.width, min(image.height, 1400))).save(ASSETS / f"{name}.png", optimize=True)
 
 
+def _walk_to(page, link: str, title: str, charts: int) -> None:
+    """Follow the navigation link to a page, wait for its ``charts`` charts, check them, take its screenshot."""
+    page.get_by_role("link", name=link).click()
+    page.get_by_text(title).wait_for(timeout=60_000)
+    _settle(page, charts)
+    _assert_no_error_text(page)
+    assert _check_charts(page, link) == charts
+    _screenshot(page, link.lower())
+
+
 def test_every_chart_on_every_page_is_drawn(server, browser):
     page = browser.new_page(viewport=VIEWPORT)
     watch = Watch(page)
@@ -361,19 +371,8 @@ def test_every_chart_on_every_page_is_drawn(server, browser):
         assert _check_charts(page, "Heatmaps") == 2
         _screenshot(page, "heatmaps")
 
-        page.get_by_role("link", name="Token").click()
-        page.get_by_text("One query token").wait_for(timeout=60_000)
-        _settle(page, 2)
-        _assert_no_error_text(page)
-        assert _check_charts(page, "Token") == 2
-        _screenshot(page, "token")
-
-        page.get_by_role("link", name="Sinks").click()
-        page.get_by_text("Attention sinks as active suppressors").wait_for(timeout=60_000)
-        _settle(page, 4)
-        _assert_no_error_text(page)
-        assert _check_charts(page, "Sinks") >= 4
-        _screenshot(page, "sinks")
+        _walk_to(page, "Token", "One query token", charts=2)
+        _walk_to(page, "Sinks", "Attention sinks as active suppressors", charts=4)
 
         # A small run (two rates) on the sidebar prompt, as a user would start it.
         page.goto(_url(server, "faithfulness", {"rates": "10,50"}))

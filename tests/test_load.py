@@ -24,7 +24,16 @@ from urllib.parse import urlencode
 import psutil
 import pytest
 
-from tests.test_browser import ARTIFACTS, CHART, ERROR_SELECTORS, HEATMAP_LABELS_JS, RENDERED, VIEWPORT, _serve
+from tests.test_browser import (
+    ARTIFACTS,
+    CHART,
+    ERROR_SELECTORS,
+    HEATMAP_LABELS_JS,
+    RENDERED,
+    VIEWPORT,
+    _serve,
+    browser,  # noqa: F401  (the fixture)
+)
 
 SESSIONS = 16
 LAYER = 14
@@ -78,19 +87,6 @@ class Health:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from tests.test_browser import ARGS, CHROMIUM, _require_browser
-
-    sync_playwright = _require_browser()
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 @pytest.fixture(scope="module")

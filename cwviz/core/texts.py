@@ -2,7 +2,7 @@
 a line (:func:`read_texts`).
 
 Hostile files get an InputError that names the file and the fix, never a raw exception: a file that is not
-UTF-8 (or holds NUL bytes, as binary files do), an empty one, one over ``$CWVIZ_MAX_FILE_MB`` (default
+UTF-8 or looks binary (:data:`BINARY_CONTROL_SHARE`), an empty one, one over ``$CWVIZ_MAX_FILE_MB`` (default
 :data:`DEFAULT_MAX_FILE_MB`) read whole, a JSONL line over the same size (the file itself is streamed, so
 it may be of any length), a line that is not a JSON object, a field that is not a string. A UTF-8 byte
 order mark is accepted.
@@ -97,15 +97,25 @@ def _too_large(what: str, limit: int) -> InputError:
     )
 
 
+#: Text whose first 64 k characters are more than a tenth control characters (C0, besides tab, newlines,
+#: form feed) is taken for binary data; a prompt with a stray NUL or bell in it is still text.
+BINARY_CONTROL_SHARE = 0.1
+
+
 def decode_text(data: bytes, path: str | PathLike, where: str = "") -> str:
     """``data`` as UTF-8 text (a byte order mark dropped); InputError for binary data or another encoding."""
     where = where or str(path)
-    if b"\x00" in data:
-        raise InputError(f"{where} looks binary (it holds NUL bytes); give a UTF-8 text file")
     try:
-        return data.decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
+        if b"\x00" in data:
+            raise InputError(f"{where} looks binary (it is not UTF-8 and holds NUL bytes); give a UTF-8 text file") from None
         raise InputError(f"{where} is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8") from None
+    sample = text[:65536]
+    controls = sum(1 for c in sample if ord(c) < 32 and c not in "\t\n\r\f\v")
+    if controls > BINARY_CONTROL_SHARE * len(sample):
+        raise InputError(f"{where} looks binary ({controls / len(sample):.0%} control characters); give a UTF-8 text file")
+    return text
 
 
 def read_text_file(path: str | PathLike) -> str:
