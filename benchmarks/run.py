@@ -26,14 +26,14 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
 def long_ids(bundle, tokens: int) -> list[int]:
-    """``tokens`` token ids of real text (GSM8K questions and answers, concatenated)."""
-    from cwviz.core.texts import read_texts
+    """``tokens`` token ids of real text: GSM8K questions and answers, concatenated (``$CWVIZ_GSM8K``, e.g. the
+    full test split, or the 40-item sample that ships with cwviz, repeated as needed)."""
+    from cwviz.core.texts import gsm8k_path, read_texts
 
-    texts = read_texts(GSM8K, n=400) if GSM8K.exists() else ["The quick brown fox jumps over the lazy dog. "] * 400
+    texts = read_texts(gsm8k_path(), n=400)
     ids = bundle.tokenizer("\n\n".join(texts))["input_ids"]
     if len(ids) < tokens:
         ids = ids * (tokens // len(ids) + 1)
@@ -164,6 +164,40 @@ def bench_overhead(bundle, lengths, repeats) -> list[str]:
     return rows
 
 
+def bench_window(bundle, lengths, repeats) -> list[str]:
+    """A windowed heatmap (all heads, the dashboard's default view of a long prompt) and the token page's
+    decomposition, computing only their rows, against computing the whole layer's maps as before."""
+    from cwviz import analyze
+    from cwviz.analyses import tables
+
+    rows = [
+        "| T | whole layer's maps (s, baseline) | windowed heatmap (s) | ratio | one query's decomposition (s) | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    layer = 14
+    for tokens in lengths:
+        analysis = analyze(bundle, input_ids=long_ids(bundle, tokens))
+
+        def fresh(fn):
+            def run():
+                analysis._layers.clear()  # no cached layer: each run computes what it needs
+                return fn()
+
+            return run
+
+        window, whole, decomposition = interleaved(
+            fresh(lambda: tables.heatmap_cells(analysis, layer, None, "contribution_inter", "inter", tokens // 2, "window")),
+            fresh(lambda: analysis.layer(layer).layer_level("contribution_inter")),
+            max(1, repeats if tokens <= 1024 else repeats // 2),
+            fresh(lambda: analysis.decomposition(layer, tokens // 2, 3)),
+        )
+        rows.append(
+            f"| {tokens} | {whole:.3f} | {window:.3f} | **{window / whole:.3f}** | {decomposition:.4f} | {decomposition / whole:.4f} |"
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
 def bench_naive(bundle, tokens, repeats) -> list[str]:
     ids = long_ids(bundle, tokens)
     cand, base = interleaved(lambda: full_analysis(bundle, ids), lambda: naive_contributions(bundle, ids), repeats)
@@ -246,7 +280,7 @@ def machine() -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["overhead", "memory", "naive", "zeroing", "cold", "dashboard"], action="append")
+    parser.add_argument("--only", choices=["overhead", "memory", "naive", "zeroing", "cold", "dashboard", "window"], action="append")
     parser.add_argument("--lengths", default="128,512,1024,2048")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="write the report here ('-' for none)")
@@ -255,7 +289,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     lengths = [int(t) for t in args.lengths.split(",")]
-    only = set(args.only or ["overhead", "memory", "naive", "zeroing", "cold", "dashboard"])
+    only = set(args.only or ["overhead", "memory", "naive", "zeroing", "cold", "dashboard", "window"])
 
     import transformers
 
@@ -268,6 +302,13 @@ def main(argv=None) -> int:
         sections.append(("Full analysis against a plain forward pass (time)", bench_overhead(bundle, lengths, args.repeats)))
     if "memory" in only:
         sections.append(("Full analysis against a plain forward pass (peak memory)", bench_memory(lengths)))
+    if "window" in only:
+        sections.append(
+            (
+                "Only the rows shown: windowed heatmaps and the token page",
+                bench_window(bundle, [t for t in lengths if t >= 512], args.repeats),
+            )
+        )
     if "naive" in only:
         sections.append(
             ("Against materialising every per-pair vector (LLM Transparency Tool style)", bench_naive(bundle, 256, args.repeats))

@@ -172,3 +172,67 @@ def test_query_measures_equal_the_full_layer_row(arch):
             row = tables.query_measures(analysis, layer, query)
             for name in cwviz.MEASURES:
                 np.testing.assert_allclose(row.per_head(name)[:, 0].numpy(), analysis.measure(layer, name)[:, query], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "bert", "mistral"])
+def test_row_blocks_equal_the_whole_layer_across_block_edges(arch):
+    """Analysis.rows (what windowed heatmaps and the token page compute) equals the whole layer's rows, for
+    every measure, the norms and both aggregations; mistral's sliding window and bert's bidirectional mask
+    included. Blocks start and end on either side of the whole layer's own row blocks."""
+    from cwviz.core.measures import causal_row_blocks
+
+    analysis = cwviz.analyze(make_tiny(arch), LONG_TEXT[:90])
+    t = analysis.num_tokens
+    edges = sorted({e for _, e in causal_row_blocks(t)} | {1, t // 3, t - 1})
+    spans = [(0, t), (0, 1), (t - 1, t)] + [(max(0, e - 3), min(t, e + 4)) for e in edges]
+    for layer in range(analysis.num_layers):
+        whole = analysis.layer(layer)
+        for start, stop in spans:
+            rows = analysis.rows(layer, start, stop)
+            for name in cwviz.MEASURES:
+                np.testing.assert_allclose(rows.per_head(name).numpy(), whole.per_head(name)[:, start:stop].numpy(), atol=1e-5, rtol=1e-4)
+                np.testing.assert_allclose(
+                    rows.layer_level(name).numpy(), whole.layer_level(name)[start:stop].numpy(), atol=1e-5, rtol=1e-4
+                )
+            np.testing.assert_allclose(rows.output_norm.numpy(), whole.output_norm[start:stop].numpy(), rtol=1e-5)
+            np.testing.assert_allclose(rows.cosine("intra").numpy(), whole.cosine("intra")[:, start:stop].numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("head", [None, 1])
+def test_a_windowed_heatmap_equals_the_whole_map_cut_to_the_window(long_analysis, head):
+    """The window view computes only its rows; its cells equal the whole layer's at the same positions."""
+    query = 300
+    cells = tables.heatmap_cells(long_analysis, 1, head, "value_weighted_output_normalized_intra", "intra", query, "window")
+    frame = cells.frame
+    q, k = frame["query"].to_numpy(), frame["key"].to_numpy()
+    if head is None:
+        expected = {
+            "attention": long_analysis.layer_scores(1, "raw"),
+            "value": long_analysis.layer_scores(1, "value_weighted_output_normalized_intra"),
+            "contribution": long_analysis.layer_scores(1, "contribution_intra"),
+        }
+    else:
+        expected = {
+            "attention": long_analysis.attention(1)[head],
+            "value": long_analysis.measure(1, "value_weighted_output_normalized_intra")[head],
+            "contribution": long_analysis.contributions(1, "intra")[head],
+        }
+    assert query in set(q) and 0 in set(k)
+    for name, matrix in expected.items():
+        np.testing.assert_allclose(frame[name].to_numpy(), matrix[q, k], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("block_cells", [512 * 7, 512 * 64, 1 << 18])
+def test_the_streamed_head_summary_equals_the_whole_map_definition(long_analysis, monkeypatch, block_cells):
+    """Row blocks of 7, 64 and all 511 queries give the same summary as the whole layers' maps."""
+    monkeypatch.setattr(tables, "SUMMARY_BLOCK_CELLS", block_cells)
+    summary = tables.head_summary(long_analysis).set_index(["layer", "head"])
+    for layer in range(long_analysis.num_layers):
+        attention = long_analysis.attention(layer)[:, 1:]
+        contribution = long_analysis.contributions(layer, "intra")[:, 1:]
+        for head in range(long_analysis.num_heads):
+            row = summary.loc[(layer, head)]
+            assert row.sink_attention == pytest.approx(attention[head, :, 0].mean(), abs=1e-6)
+            assert row.sink_contribution == pytest.approx(contribution[head, :, 0].mean(), abs=1e-6)
+            divergence = 0.5 * np.abs(attention[head] - contribution[head]).sum(-1).mean()
+            assert row.divergence == pytest.approx(divergence, abs=1e-5)

@@ -14,8 +14,7 @@ import pandas as pd
 import torch
 
 from ..core.analysis import Analysis
-from ..core.capture import attention_probabilities
-from ..core.measures import LAYER_AGGREGATION, LayerMeasures, expand_kv, layer_measures
+from ..core.measures import LAYER_AGGREGATION, MEASURES, LayerMeasures
 from ..core.progress import Progress, counted
 
 # The picker vocabulary and table types are part of this module's interface too (pages use tables.FAMILIES).
@@ -27,28 +26,32 @@ MAX_CELLS = 2500
 TOP_KEYS = 24
 #: The sink is the first position (docs/METHOD.md section 4).
 SINK = 0
+#: Cells a head's row block holds while the head summary streams a layer ([head, rows, T] at a time).
+SUMMARY_BLOCK_CELLS = 1 << 18
 
 
 def _causal_cells(num_queries: int, num_keys: int, causal: bool) -> int:
     return num_queries * (num_queries + 1) // 2 if causal else num_queries * num_keys
 
 
-def _layer_matrices(analysis: Analysis, layer: int, head: int | None, measure: str, kind: str) -> dict[str, np.ndarray]:
-    """[query, key] matrices for one head or aggregated over heads (docs/METHOD.md layer-level rules)."""
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().float().cpu().numpy()
+
+
+def _layer_matrices(m: LayerMeasures, head: int | None, measure: str, kind: str) -> dict[str, np.ndarray]:
+    """[query, key] matrices of ``m`` (a whole layer, or some of its rows: :meth:`cwviz.Analysis.rows`) for
+    one head or aggregated over heads (docs/METHOD.md layer-level rules)."""
+    if measure not in MEASURES:
+        raise ValueError(f"unknown measure {measure!r}; choose one of: {', '.join(MEASURES)}")
     contribution_name = f"contribution_{kind}"
     if head is None:
-        return {
-            "attention": analysis.layer_scores(layer, "raw"),
-            "value": analysis.layer_scores(layer, measure),
-            "contribution": analysis.layer_scores(layer, contribution_name),
-        }
-    m = analysis.layer(layer)
+        return {name: _numpy(m.layer_level(source)) for name, source in (("attention", "raw"), ("value", measure), ("contribution", contribution_name))}
     return {
-        "attention": analysis.attention(layer)[head],
-        "value": analysis.measure(layer, measure)[head],
-        "contribution": analysis.contributions(layer, kind)[head],
-        "norm_ratio": m.norm_ratio(kind)[head].detach().float().cpu().numpy(),
-        "cosine": m.cosine(kind)[head].detach().float().cpu().numpy(),
+        "attention": _numpy(m.attention[head]),
+        "value": _numpy(m.per_head(measure)[head]),
+        "contribution": _numpy(m.contribution(kind)[head]),
+        "norm_ratio": _numpy(m.norm_ratio(kind)[head]),
+        "cosine": _numpy(m.cosine(kind)[head]),
     }
 
 
@@ -93,11 +96,11 @@ def heatmap_cells(
     t = analysis.num_tokens
     query = t - 1 if query is None else analysis.check_token(query)
     causal = analysis.bundle.arch.causal
-    mats = _layer_matrices(analysis, layer, head, measure, kind)
     tokens = analysis.tokens
     who = heads_note(head, measure, kind)
 
     if _causal_cells(t, t, causal) <= max_cells:
+        mats = _layer_matrices(analysis.layer(layer), head, measure, kind)
         positions = np.arange(t)
         frame = _cells(mats, positions, positions, causal, tokens, tokens)
         labels, binned, note = position_labels(tokens), False, f"layer {layer}, {who}; all {t} tokens"
@@ -108,7 +111,9 @@ def heatmap_cells(
         lo, hi = window_bounds(t, query, size)
         rows = np.arange(lo, hi + 1)
         keys = np.concatenate([[SINK], rows]) if lo > SINK else rows
-        frame = _cells(mats, rows, keys, causal, tokens, tokens)
+        # Only the window's query rows are computed: W x T per head, not T x T.
+        mats = _layer_matrices(analysis.rows(layer, lo, hi + 1), head, measure, kind)
+        frame = _cells(mats, rows, keys, causal, tokens, tokens, row_offset=lo)
         labels, binned = position_labels(tokens), False
         note = (
             f"layer {layer}, {who}; window: queries and keys {lo}–{hi} of {t} tokens"
@@ -120,6 +125,7 @@ def heatmap_cells(
             bins += 1
         width = math.ceil(t / bins)
         edges = np.arange(0, t, width)
+        mats = _layer_matrices(analysis.layer(layer), head, measure, kind)
         binned_mats = {name: _bin(matrix, edges, t) for name, matrix in mats.items() if name in ("attention", "value", "contribution")}
         labels = tuple(f"{s}–{min(s + width, t) - 1}" for s in edges)
         positions = np.arange(len(edges))
@@ -155,8 +161,10 @@ def _cells(
     causal: bool,
     row_labels,
     key_labels,
+    row_offset: int = 0,
 ) -> pd.DataFrame:
-    """Long table of the (row, key) cells, without the masked (key > query) ones when causal."""
+    """Long table of the (row, key) cells, without the masked (key > query) ones when causal. The matrices'
+    row r holds query ``r + row_offset`` (they may hold only some rows of the layer)."""
     q, k = np.meshgrid(rows, keys, indexing="ij")
     keep = (k <= q) if causal else np.ones_like(q, dtype=bool)
     q, k = q[keep], k[keep]
@@ -167,7 +175,7 @@ def _cells(
         "key_token": [key_labels[j] for j in k],
     }
     for name in ("attention", "value", "contribution", "norm_ratio", "cosine"):
-        data[name] = mats[name][q, k].astype(float) if name in mats else np.full(len(q), np.nan)
+        data[name] = mats[name][q - row_offset, k].astype(float) if name in mats else np.full(len(q), np.nan)
     return pd.DataFrame(data)
 
 
@@ -186,21 +194,30 @@ def head_summary(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
       to 1, so it is at least the share that moves).
 
     Intra-head contributions are used because, like attention, they sum to 1 in every head.
-    ``progress(done, layers)`` (:mod:`cwviz.core.progress`) is called after each layer.
+    ``progress(done, layers)`` (:mod:`cwviz.core.progress`) is called after each layer. Each layer is read
+    in blocks of query rows (:meth:`cwviz.Analysis.rows`, about :data:`SUMMARY_BLOCK_CELLS` cells a head)
+    that are reduced as they go, so the working memory is O(block x T), not the layer's T x T maps.
     """
-    queries = _queries_after_first(analysis)
+    t, heads = analysis.num_tokens, analysis.num_heads
+    first = 1 if t > 1 else 0  # the queries summarised: 1..T-1 (see _queries_after_first)
+    block = max(1, SUMMARY_BLOCK_CELLS // t)
     columns: dict[str, list] = {"layer": [], "head": [], "sink_attention": [], "sink_contribution": [], "divergence": []}
     with torch.inference_mode():
         for layer in counted(range(analysis.num_layers), analysis.num_layers, progress):
-            m = analysis.layer(layer)
-            attention = m.attention[:, queries]  # (H, Q', K), views of the layer's float32 tensors
-            contribution = m.contribution("intra")[:, queries]
-            divergence = (attention - contribution).abs_().sum(-1).mean(-1).mul_(0.5)  # (H,)
-            columns["layer"] += [layer] * analysis.num_heads
-            columns["head"] += list(range(analysis.num_heads))
-            columns["sink_attention"] += attention[:, :, SINK].mean(-1).tolist()
-            columns["sink_contribution"] += contribution[:, :, SINK].mean(-1).tolist()
-            columns["divergence"] += divergence.tolist()
+            # Row blocks, reduced as they go: [head, block, T] at a time, never the whole [head, T, T].
+            sink_attention, sink_contribution, divergence = torch.zeros(heads), torch.zeros(heads), torch.zeros(heads)
+            for start in range(first, t, block):
+                m = analysis.rows(layer, start, min(t, start + block))
+                attention, contribution = m.attention, m.contribution("intra")  # (H, rows, K)
+                divergence += (attention - contribution).abs_().sum(-1).sum(-1).cpu()
+                sink_attention += attention[:, :, SINK].sum(-1).cpu()
+                sink_contribution += contribution[:, :, SINK].sum(-1).cpu()
+            count = t - first
+            columns["layer"] += [layer] * heads
+            columns["head"] += list(range(heads))
+            columns["sink_attention"] += (sink_attention / count).tolist()
+            columns["sink_contribution"] += (sink_contribution / count).tolist()
+            columns["divergence"] += (divergence * 0.5 / count).tolist()
     frame = pd.DataFrame(columns)
     frame["rank"] = frame["divergence"].rank(ascending=False, method="first").astype(int)
     return frame
@@ -264,25 +281,10 @@ def token_factors(analysis: Analysis, layer: int, query: int, head: int | None, 
 
 
 def query_measures(analysis: Analysis, layer: int, query: int) -> LayerMeasures:
-    """Every measure of one layer for a single query (tensors with a query axis of length 1).
-
-    Exact, because every measure of query i depends only on its own attention row: the core
-    functions run on that row alone, about T times cheaper than the whole layer.
-    """
-    import torch
-
-    rec = analysis.records[analysis.check_layer(layer)]
+    """Every measure of one layer for a single query (tensors with a query axis of length 1):
+    :meth:`cwviz.Analysis.rows` of that one row, about T times cheaper than the whole layer."""
     query = analysis.check_token(query)
-    num_keys = rec.key.shape[-2]
-    if rec.mask is not None:
-        mask = rec.mask[query : query + 1]  # (1, K)
-    elif rec.causal:
-        mask = (torch.arange(num_keys, device=rec.key.device) <= query)[None]  # (1, K)
-    else:
-        mask = None
-    with torch.inference_mode():
-        alpha = attention_probabilities(rec.query[:, query : query + 1].float(), rec.key.float(), rec.scaling, mask, False)
-        return layer_measures(alpha, expand_kv(rec.value.float(), analysis.num_heads), analysis.w_heads(layer))
+    return analysis.rows(layer, query, query + 1)
 
 
 def _row(measures: LayerMeasures, name: str, head: int | None) -> np.ndarray:

@@ -301,6 +301,30 @@ class Analysis:
                 self._layers.popitem(last=False)
         return measures
 
+    def rows(self, layer: int, start: int, stop: int) -> LayerMeasures:
+        """Every measure of one layer for the query rows ``start..stop-1`` only (not cached).
+
+        Exact, because every measure of query i depends only on its own attention row (docs/METHOD.md):
+        the measures of a window of W queries cost W / T of the whole layer's, in time and memory. The
+        rows' tensors have a query axis of length ``stop - start``; keys are all T positions.
+        """
+        layer = self.check_layer(layer)
+        start, stop = integer_index(start, "a first row"), integer_index(stop, "a row end")
+        if not 0 <= start < stop <= self.num_tokens:
+            raise SelectionError(f"rows {start}..{stop - 1} are out of range; the prompt has tokens 0..{self.num_tokens - 1}")
+        rec = self.records[layer]
+        num_keys = rec.key.shape[-2]
+        if rec.mask is not None:
+            mask = torch.broadcast_to(rec.mask, (rec.query.shape[-2], num_keys))[start:stop]  # (W, K)
+        elif rec.causal:
+            device = rec.key.device
+            mask = torch.arange(num_keys, device=device)[None, :] <= torch.arange(start, stop, device=device)[:, None]  # (W, K)
+        else:
+            mask = None
+        with memory.guard(rec.value.device), torch.inference_mode():
+            alpha = attention_probabilities(rec.query[:, start:stop].float(), rec.key.float(), rec.scaling, mask, False)
+            return layer_measures(alpha, rec.value, gram=self.bundle.gram(layer).to(rec.value.device))
+
     def attention(self, layer: int) -> np.ndarray:
         """Raw attention α, [head, query, key]."""
         return _np(self.layer(layer).attention)
@@ -341,18 +365,18 @@ class Analysis:
         if kind not in ("inter", "intra"):
             raise ValueError(f"kind must be 'inter' or 'intra', not {kind!r}")
         query = self.check_token(query)
-        m = self.layer(layer)
+        m = self.rows(layer, query, query + 1)  # the query's row alone (exact, T times cheaper than the layer)
         heads = range(self.num_heads) if head is None else [self.check_head(head)]
         keys = torch.nonzero(self.records[self.check_layer(layer)].key_mask()[query]).flatten().cpu().numpy()
-        ratio = _np(m.norm_ratio(kind)[:, query])
-        cosine = _np(m.cosine(kind)[:, query])
-        contribution = _np(m.contribution(kind)[:, query])
-        attention = _np(m.attention[:, query])
+        ratio = _np(m.norm_ratio(kind)[:, 0])
+        cosine = _np(m.cosine(kind)[:, 0])
+        contribution = _np(m.contribution(kind)[:, 0])
+        attention = _np(m.attention[:, 0])
         value_norm = _np(m.value_norm)
         if kind == "inter":
-            output_norm = np.full(self.num_heads, float(m.output_norm[query]))
+            output_norm = np.full(self.num_heads, float(m.output_norm[0]))
         else:
-            output_norm = _np(m.head_output_norm[:, query])
+            output_norm = _np(m.head_output_norm[:, 0])
         frames = [
             pd.DataFrame(
                 {
