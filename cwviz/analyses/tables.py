@@ -45,7 +45,10 @@ def _layer_matrices(m: LayerMeasures, head: int | None, measure: str, kind: str)
         raise ValueError(f"unknown measure {measure!r}; choose one of: {', '.join(MEASURES)}")
     contribution_name = f"contribution_{kind}"
     if head is None:
-        return {name: _numpy(m.layer_level(source)) for name, source in (("attention", "raw"), ("value", measure), ("contribution", contribution_name))}
+        return {
+            name: _numpy(m.layer_level(source))
+            for name, source in (("attention", "raw"), ("value", measure), ("contribution", contribution_name))
+        }
     return {
         "attention": _numpy(m.attention[head]),
         "value": _numpy(m.per_head(measure)[head]),
