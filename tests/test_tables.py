@@ -236,3 +236,29 @@ def test_the_streamed_head_summary_equals_the_whole_map_definition(long_analysis
             assert row.sink_contribution == pytest.approx(contribution[head, :, 0].mean(), abs=1e-6)
             divergence = 0.5 * np.abs(attention[head] - contribution[head]).sum(-1).mean()
             assert row.divergence == pytest.approx(divergence, abs=1e-5)
+
+
+@pytest.mark.parametrize("block_cells", [512 * 8 * 3, 1 << 18])
+@pytest.mark.parametrize("head", [None, 2])
+def test_the_streamed_binned_view_equals_binning_the_whole_map(long_analysis, monkeypatch, block_cells, head):
+    """Bins read a few query bins at a time equal the whole layer's maps binned: mean over a bin's queries
+    of the sum over a bin's keys."""
+    monkeypatch.setattr(tables, "SUMMARY_BLOCK_CELLS", block_cells)
+    cells = tables.heatmap_cells(long_analysis, 1, head, "contribution_intra", "intra", 300, "binned")
+    t = long_analysis.num_tokens
+    width = int(cells.labels[0].split("–")[1]) + 1
+    edges = np.arange(0, t, width)
+
+    def binned(matrix):
+        key_sums = np.add.reduceat(matrix, edges, axis=1)
+        return np.add.reduceat(key_sums, edges, axis=0) / np.diff(np.append(edges, t))[:, None]
+
+    whole = {
+        "attention": long_analysis.layer_scores(1, "raw") if head is None else long_analysis.attention(1)[head],
+        "contribution": long_analysis.layer_scores(1, "contribution_intra")
+        if head is None
+        else long_analysis.contributions(1, "intra")[head],
+    }
+    q, k = cells.frame["query"].to_numpy(), cells.frame["key"].to_numpy()
+    for name, matrix in whole.items():
+        np.testing.assert_allclose(cells.frame[name].to_numpy(), binned(matrix.astype(np.float64))[q, k], atol=1e-5)

@@ -128,8 +128,7 @@ def heatmap_cells(
             bins += 1
         width = math.ceil(t / bins)
         edges = np.arange(0, t, width)
-        mats = _layer_matrices(analysis.layer(layer), head, measure, kind)
-        binned_mats = {name: _bin(matrix, edges, t) for name, matrix in mats.items() if name in ("attention", "value", "contribution")}
+        binned_mats = _binned_matrices(analysis, layer, head, measure, kind, edges)
         labels = tuple(f"{s}–{min(s + width, t) - 1}" for s in edges)
         positions = np.arange(len(edges))
         frame = _cells(binned_mats, positions, positions, causal, labels, labels)
@@ -150,11 +149,25 @@ def position_labels(tokens) -> tuple[str, ...]:
     return tuple(f"{i} {token}" for i, token in enumerate(tokens))
 
 
-def _bin(matrix: np.ndarray, edges: np.ndarray, t: int) -> np.ndarray:
-    """[query, key] -> [query_bin, key_bin]: mean over the queries of a bin, sum over the keys of a bin."""
-    key_sums = np.add.reduceat(matrix, edges, axis=1)  # (Q, KB)
-    counts = np.diff(np.append(edges, t))  # queries per bin
-    return np.add.reduceat(key_sums, edges, axis=0) / counts[:, None]
+def _binned_matrices(analysis: Analysis, layer: int, head: int | None, measure: str, kind: str, edges: np.ndarray) -> dict[str, np.ndarray]:
+    """[query_bin, key_bin] attention, measure and contribution: the mean over a bin's queries of the sum over
+    a bin's keys (attention rows still sum to 1), read in blocks of whole
+    query bins (about :data:`SUMMARY_BLOCK_CELLS` cells a head) that are reduced as they go: the layer's
+    T x T maps are never held."""
+    t, count = analysis.num_tokens, len(edges)
+    width = int(edges[1] - edges[0]) if count > 1 else t
+    out = {name: np.zeros((count, count)) for name in ("attention", "value", "contribution")}
+    step = max(1, SUMMARY_BLOCK_CELLS // max(1, t * width))  # query bins a block
+    for first in range(0, count, step):
+        last = min(count, first + step)
+        start = int(edges[first])
+        stop = int(edges[last]) if last < count else t
+        mats = _layer_matrices(analysis.rows(layer, start, stop), head, measure, kind)
+        for name in out:
+            key_sums = np.add.reduceat(mats[name].astype(np.float64), edges, axis=1)  # (rows, key bins)
+            out[name][first:last] = np.add.reduceat(key_sums, edges[first:last] - start, axis=0)
+    queries = np.diff(np.append(edges, t))  # queries a bin
+    return {name: (matrix / queries[:, None]).astype(np.float32) for name, matrix in out.items()}
 
 
 def _cells(
