@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import given, settings
@@ -344,3 +345,16 @@ def test_embedded_gsm8k_item_table_charts_and_intervention(embedded):
     assert math.isfinite(result.delta_ppl)
     assert np.isfinite(result.table.drop(columns=["layer", "intervened"]).to_numpy()).all()
     charts.intervention_chart(result.table).to_dict()
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "bert"])
+def test_the_table_read_in_row_blocks_equals_the_whole_layer_table(arch, monkeypatch):
+    """Blocks of 5 query rows (across the causal row blocks, a sliding window, an encoder) give the table
+    that one block of every row gives."""
+    from tests.test_tables import LONG_TEXT
+
+    analysis = analyze(make_tiny(arch), LONG_TEXT[:60])
+    whole = sinks.sink_table(analysis, 0)
+    monkeypatch.setattr(sinks, "SINK_BLOCK_CELLS", 5 * analysis.num_tokens)
+    blocked = sinks.sink_table(analysis, 0)
+    pd.testing.assert_frame_equal(blocked, whole, check_exact=False, atol=1e-5, rtol=1e-4)

@@ -135,16 +135,26 @@ class SinkSplit:
     sees_sink: torch.Tensor
 
 
-def sink_split(analysis: Analysis, layer: int, sink: int = DEFAULT_SINK) -> SinkSplit:
-    """Split every head output of ``layer`` at the sink ``sink`` (a position; see :func:`resolve_sink`)."""
+def sink_split(
+    analysis: Analysis, layer: int, sink: int = DEFAULT_SINK, start: int = 0, stop: int | None = None, alpha: torch.Tensor | None = None
+) -> SinkSplit:
+    """Split every head output of ``layer`` at the sink ``sink`` (a position; see :func:`resolve_sink`), for
+    the query rows ``start..stop-1`` (default: all; the fields' query axis then has ``stop - start`` rows).
+    ``alpha``: those rows' attention [head, rows, key] when the caller has it (:meth:`cwviz.Analysis.rows`)."""
     layer = analysis.check_layer(layer)
     sink = analysis.check_token(sink)
     record = analysis.records[layer]
+    stop = analysis.num_tokens if stop is None else stop
     with torch.inference_mode():
-        alpha = analysis.layer(layer).attention  # (H, Q, K)
+        if alpha is None:
+            alpha = (
+                analysis.layer(layer).attention[:, start:stop]
+                if (start, stop) == (0, analysis.num_tokens)
+                else analysis.rows(layer, start, stop).attention
+            )
         value = expand_kv(record.value.float(), analysis.num_heads)  # (H, K, d_head)
         w = analysis.w_heads(layer)  # (H, D, d_head)
-        visible = record.key_mask().cpu()  # (Q, K)
+        visible = record.key_mask().cpu()[start:stop]  # (rows, K)
         rest_alpha = alpha.clone()
         rest_alpha[:, :, sink] = 0
         rest_mass = rest_alpha.sum(-1)  # (H, Q)  1 − s, summed directly
@@ -173,6 +183,10 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 # -- the table --------------------------------------------------------------------------------------
+#: Cells a head's block of query rows holds while :func:`sink_table` reads a layer.
+SINK_BLOCK_CELLS = 1 << 18
+
+
 def sink_table(
     analysis: Analysis, sink: int | str = DEFAULT_SINK, layers: Iterable[int] | None = None, progress: Progress | None = None
 ) -> pd.DataFrame:
@@ -190,40 +204,53 @@ def sink_table(
     | sink_contribution_inter | C_iσ^h, its inter-head contribution (summed over heads: the layer-level share) |
     | other_keys              | keys besides the sink that the query can see                         |
 
-    ``progress(done, len(layers))`` (:mod:`cwviz.core.progress`) is called after each layer.
+    ``progress(done, len(layers))`` (:mod:`cwviz.core.progress`) is called after each layer. Each layer is
+    read in blocks of query rows (:data:`SINK_BLOCK_CELLS` cells a head), so the working memory is
+    O(block x T) beside the head outputs' O(T x d_model).
     """
     sink = resolve_sink(analysis, sink)
     layers = range(analysis.num_layers) if layers is None else [analysis.check_layer(l) for l in layers]
+    t = analysis.num_tokens
+    block = max(1, SINK_BLOCK_CELLS // t)  # query rows a block: [head, block, T] maps at a time, never T x T
     frames = []
     for layer in counted(layers, len(layers), progress):
-        split = sink_split(analysis, layer, sink)
-        measures = analysis.layer(layer)
-        with torch.inference_mode():
-            columns = {
-                "sink_ratio": split.sink_ratio,
-                "output_norm": split.head_output.norm(dim=-1),
-                "sink_value_norm": split.sink_value.norm(dim=-1)[:, None].expand_as(split.sink_ratio),
-                "rest_norm": split.rest_mean.norm(dim=-1),
-                "cos_sink_rest": _cosine(split.sink_value[:, None, :], split.rest_mean),
-                "sink_attention_share": split.sink_ratio,
-                "sink_contribution_share": measures.contribution("intra")[:, :, sink],
-                "sink_contribution_inter": measures.contribution("inter")[:, :, sink],
-            }
-            queries = torch.nonzero(split.sees_sink).flatten().numpy()
-            columns = {name: values.float().cpu().numpy()[:, queries] for name, values in columns.items()}
-        heads, query_grid = np.meshgrid(np.arange(analysis.num_heads), queries, indexing="ij")  # (H, Q')
-        frame = pd.DataFrame(
-            {
-                "layer": layer,
-                "head": heads.ravel(),
-                "query": query_grid.ravel(),
-                "token": np.asarray(analysis.tokens, dtype=object)[query_grid.ravel()],
-                "sink": sink,
-                **{name: values.ravel() for name, values in columns.items()},
-                "other_keys": split.other_keys.numpy()[query_grid.ravel()],
-            }
-        )
-        frames.append(frame)
+        parts = []
+        for start in range(0, t, block):
+            stop = min(t, start + block)
+            measures = analysis.rows(layer, start, stop)
+            split = sink_split(analysis, layer, sink, start, stop, alpha=measures.attention)
+            with torch.inference_mode():
+                columns = {
+                    "sink_ratio": split.sink_ratio,
+                    "output_norm": split.head_output.norm(dim=-1),
+                    "sink_value_norm": split.sink_value.norm(dim=-1)[:, None].expand_as(split.sink_ratio),
+                    "rest_norm": split.rest_mean.norm(dim=-1),
+                    "cos_sink_rest": _cosine(split.sink_value[:, None, :], split.rest_mean),
+                    "sink_attention_share": split.sink_ratio,
+                    "sink_contribution_share": measures.contribution("intra")[:, :, sink],
+                    "sink_contribution_inter": measures.contribution("inter")[:, :, sink],
+                }
+                rows = torch.nonzero(split.sees_sink).flatten().numpy()  # within the block
+                columns = {name: values.float().cpu().numpy()[:, rows] for name, values in columns.items()}
+            heads, row_grid = np.meshgrid(np.arange(analysis.num_heads), rows, indexing="ij")  # (H, rows')
+            query_grid = row_grid + start
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "layer": layer,
+                        "head": heads.ravel(),
+                        "query": query_grid.ravel(),
+                        "token": np.asarray(analysis.tokens, dtype=object)[query_grid.ravel()],
+                        "sink": sink,
+                        **{name: values.ravel() for name, values in columns.items()},
+                        "other_keys": split.other_keys.numpy()[row_grid.ravel()],
+                    }
+                )
+            )
+        # Rows ordered head by head, then query, as one whole-layer block gives them; blocks whose queries
+        # do not see the sink (outside a sliding window) add nothing.
+        parts = [part for part in parts if len(part)] or parts[-1:]
+        frames.append(pd.concat(parts, ignore_index=True).sort_values(["head", "query"], kind="stable"))
     return pd.concat(frames, ignore_index=True)[list(TABLE_COLUMNS)]
 
 
