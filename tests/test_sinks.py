@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from cwviz import analyze
 from cwviz.analyses import sinks
 from cwviz.charts import sinks as charts
+from cwviz.core import analysis as core_analysis
 from cwviz.core.errors import InputError, SelectionError
 from cwviz.core.interventions import KeepKeys, batch_perplexity, logits
 from cwviz.core.measures import expand_kv
@@ -355,6 +356,6 @@ def test_the_table_read_in_row_blocks_equals_the_whole_layer_table(arch, monkeyp
 
     analysis = analyze(make_tiny(arch), LONG_TEXT[:60])
     whole = sinks.sink_table(analysis, 0)
-    monkeypatch.setattr(sinks, "SINK_BLOCK_CELLS", 5 * analysis.num_tokens)
+    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", 5 * analysis.num_tokens)
     blocked = sinks.sink_table(analysis, 0)
     pd.testing.assert_frame_equal(blocked, whole, check_exact=False, atol=1e-5, rtol=1e-4)

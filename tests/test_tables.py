@@ -9,6 +9,7 @@ import transformers
 
 import cwviz
 from cwviz.analyses import tables
+from cwviz.core import analysis as core_analysis
 from tests.conftest import TEXT, CharTokenizer, make_tiny
 
 
@@ -225,7 +226,7 @@ def test_a_windowed_heatmap_equals_the_whole_map_cut_to_the_window(long_analysis
 @pytest.mark.parametrize("block_cells", [512 * 7, 512 * 64, 1 << 18])
 def test_the_streamed_head_summary_equals_the_whole_map_definition(long_analysis, monkeypatch, block_cells):
     """Row blocks of 7, 64 and all 511 queries give the same summary as the whole layers' maps."""
-    monkeypatch.setattr(tables, "SUMMARY_BLOCK_CELLS", block_cells)
+    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", block_cells)
     summary = tables.head_summary(long_analysis).set_index(["layer", "head"])
     for layer in range(long_analysis.num_layers):
         attention = long_analysis.attention(layer)[:, 1:]
@@ -243,7 +244,7 @@ def test_the_streamed_head_summary_equals_the_whole_map_definition(long_analysis
 def test_the_streamed_binned_view_equals_binning_the_whole_map(long_analysis, monkeypatch, block_cells, head):
     """Bins read a few query bins at a time equal the whole layer's maps binned: mean over a bin's queries
     of the sum over a bin's keys."""
-    monkeypatch.setattr(tables, "SUMMARY_BLOCK_CELLS", block_cells)
+    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", block_cells)
     cells = tables.heatmap_cells(long_analysis, 1, head, "contribution_intra", "intra", 300, "binned")
     t = long_analysis.num_tokens
     width = int(cells.labels[0].split("–")[1]) + 1

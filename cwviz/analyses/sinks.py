@@ -136,11 +136,21 @@ class SinkSplit:
 
 
 def sink_split(
-    analysis: Analysis, layer: int, sink: int = DEFAULT_SINK, start: int = 0, stop: int | None = None, alpha: torch.Tensor | None = None
+    analysis: Analysis,
+    layer: int,
+    sink: int = DEFAULT_SINK,
+    start: int = 0,
+    stop: int | None = None,
+    alpha: torch.Tensor | None = None,
+    *,
+    value: torch.Tensor | None = None,
+    w: torch.Tensor | None = None,
 ) -> SinkSplit:
     """Split every head output of ``layer`` at the sink ``sink`` (a position; see :func:`resolve_sink`), for
     the query rows ``start..stop-1`` (default: all; the fields' query axis then has ``stop - start`` rows).
-    ``alpha``: those rows' attention [head, rows, key] when the caller has it (:meth:`cwviz.Analysis.rows`)."""
+    ``alpha``: those rows' attention [head, rows, key] when the caller has it (:meth:`cwviz.Analysis.rows`);
+    ``value`` (expanded per head, float32) and ``w`` (:meth:`cwviz.Analysis.w_heads`): the layer's, when a
+    caller reading the layer block by block has made them once."""
     layer = analysis.check_layer(layer)
     sink = analysis.check_token(sink)
     record = analysis.records[layer]
@@ -152,9 +162,9 @@ def sink_split(
                 if (start, stop) == (0, analysis.num_tokens)
                 else analysis.rows(layer, start, stop).attention
             )
-        value = expand_kv(record.value.float(), analysis.num_heads)  # (H, K, d_head)
-        w = analysis.w_heads(layer)  # (H, D, d_head)
-        visible = record.key_mask().cpu()[start:stop]  # (rows, K)
+        value = expand_kv(record.value.float(), analysis.num_heads) if value is None else value  # (H, K, d_head)
+        w = analysis.w_heads(layer) if w is None else w  # (H, D, d_head)
+        visible = record.key_mask(start, stop).cpu()  # (rows, K)
         rest_alpha = alpha.clone()
         rest_alpha[:, :, sink] = 0
         rest_mass = rest_alpha.sum(-1)  # (H, Q)  1 − s, summed directly
@@ -183,8 +193,6 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 # -- the table --------------------------------------------------------------------------------------
-#: Cells a head's block of query rows holds while :func:`sink_table` reads a layer.
-SINK_BLOCK_CELLS = 1 << 18
 
 
 def sink_table(
@@ -205,20 +213,18 @@ def sink_table(
     | other_keys              | keys besides the sink that the query can see                         |
 
     ``progress(done, len(layers))`` (:mod:`cwviz.core.progress`) is called after each layer. Each layer is
-    read in blocks of query rows (:data:`SINK_BLOCK_CELLS` cells a head), so the working memory is
-    O(block x T) beside the head outputs' O(T x d_model).
+    read in blocks of query rows (:meth:`cwviz.Analysis.row_blocks`), so the working memory is O(block x T)
+    beside the head outputs' O(T x d_model).
     """
     sink = resolve_sink(analysis, sink)
     layers = range(analysis.num_layers) if layers is None else [analysis.check_layer(l) for l in layers]
-    t = analysis.num_tokens
-    block = max(1, SINK_BLOCK_CELLS // t)  # query rows a block: [head, block, T] maps at a time, never T x T
     frames = []
     for layer in counted(layers, len(layers), progress):
         parts = []
-        for start in range(0, t, block):
-            stop = min(t, start + block)
-            measures = analysis.rows(layer, start, stop)
-            split = sink_split(analysis, layer, sink, start, stop, alpha=measures.attention)
+        with torch.inference_mode():  # made once a layer, shared by its blocks
+            value, w = expand_kv(analysis.records[layer].value.float(), analysis.num_heads), analysis.w_heads(layer)
+        for start, stop, measures in analysis.row_blocks(layer):  # [head, block, T] maps at a time, never T x T
+            split = sink_split(analysis, layer, sink, start, stop, alpha=measures.attention, value=value, w=w)
             with torch.inference_mode():
                 columns = {
                     "sink_ratio": split.sink_ratio,

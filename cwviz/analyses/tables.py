@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core import analysis as core_analysis
 from ..core.analysis import Analysis
 from ..core.measures import LAYER_AGGREGATION, MEASURES, LayerMeasures
 from ..core.progress import Progress, counted
@@ -26,8 +27,6 @@ MAX_CELLS = 2500
 TOP_KEYS = 24
 #: The sink is the first position (docs/METHOD.md section 4).
 SINK = 0
-#: Cells a head's row block holds while the head summary streams a layer ([head, rows, T] at a time).
-SUMMARY_BLOCK_CELLS = 1 << 18
 
 
 def _causal_cells(num_queries: int, num_keys: int, causal: bool) -> int:
@@ -152,12 +151,12 @@ def position_labels(tokens) -> tuple[str, ...]:
 def _binned_matrices(analysis: Analysis, layer: int, head: int | None, measure: str, kind: str, edges: np.ndarray) -> dict[str, np.ndarray]:
     """[query_bin, key_bin] attention, measure and contribution: the mean over a bin's queries of the sum over
     a bin's keys (attention rows still sum to 1), read in blocks of whole
-    query bins (about :data:`SUMMARY_BLOCK_CELLS` cells a head) that are reduced as they go: the layer's
-    T x T maps are never held."""
+    query bins (about :data:`cwviz.core.analysis.ROW_BLOCK_CELLS` cells a head) that are reduced as they
+    go: the layer's T x T maps are never held."""
     t, count = analysis.num_tokens, len(edges)
     width = int(edges[1] - edges[0]) if count > 1 else t
     out = {name: np.zeros((count, count)) for name in ("attention", "value", "contribution")}
-    step = max(1, SUMMARY_BLOCK_CELLS // max(1, t * width))  # query bins a block
+    step = max(1, core_analysis.ROW_BLOCK_CELLS // max(1, t * width))  # query bins a block
     for first in range(0, count, step):
         last = min(count, first + step)
         start = int(edges[first])
@@ -211,24 +210,21 @@ def head_summary(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
 
     Intra-head contributions are used because, like attention, they sum to 1 in every head.
     ``progress(done, layers)`` (:mod:`cwviz.core.progress`) is called after each layer. Each layer is read
-    in blocks of query rows (:meth:`cwviz.Analysis.rows`, about :data:`SUMMARY_BLOCK_CELLS` cells a head)
-    that are reduced as they go, so the working memory is O(block x T), not the layer's T x T maps.
+    in blocks of query rows (:meth:`cwviz.Analysis.row_blocks`) that are reduced as they go, so the working memory is O(block x T), not the layer's T x T maps.
     """
-    t, heads = analysis.num_tokens, analysis.num_heads
-    first = 1 if t > 1 else 0  # the queries summarised: 1..T-1 (see _queries_after_first)
-    block = max(1, SUMMARY_BLOCK_CELLS // t)
+    heads = analysis.num_heads
+    first = _queries_after_first(analysis).start
+    count = analysis.num_tokens - first
     columns: dict[str, list] = {"layer": [], "head": [], "sink_attention": [], "sink_contribution": [], "divergence": []}
     with torch.inference_mode():
         for layer in counted(range(analysis.num_layers), analysis.num_layers, progress):
             # Row blocks, reduced as they go: [head, block, T] at a time, never the whole [head, T, T].
             sink_attention, sink_contribution, divergence = torch.zeros(heads), torch.zeros(heads), torch.zeros(heads)
-            for start in range(first, t, block):
-                m = analysis.rows(layer, start, min(t, start + block))
+            for _, _, m in analysis.row_blocks(layer, first):
                 attention, contribution = m.attention, m.contribution("intra")  # (H, rows, K)
                 divergence += (attention - contribution).abs_().sum(-1).sum(-1).cpu()
                 sink_attention += attention[:, :, SINK].sum(-1).cpu()
                 sink_contribution += contribution[:, :, SINK].sum(-1).cpu()
-            count = t - first
             columns["layer"] += [layer] * heads
             columns["head"] += list(range(heads))
             columns["sink_attention"] += (sink_attention / count).tolist()
@@ -249,7 +245,8 @@ def keys_seen_by(analysis: Analysis, query: int, layer: int | None = None) -> np
     """Keys the query can see: in ``layer``, those its mask lets through (a sliding window hides the far
     ones); with no layer, 0..query in causal models and every position otherwise."""
     if layer is not None:
-        mask = analysis.records[analysis.check_layer(layer)].key_mask()[analysis.check_token(query)]
+        query = analysis.check_token(query)
+        mask = analysis.records[analysis.check_layer(layer)].key_mask(query, query + 1)[0]
         return torch.nonzero(mask).flatten().cpu().numpy()
     return np.arange(query + 1 if analysis.bundle.arch.causal else analysis.num_tokens)
 

@@ -16,6 +16,7 @@ import math
 import operator
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,9 @@ if TYPE_CHECKING:  # pandas is imported on first use: it is not needed to load a
     import pandas as pd
 
 MAX_TOKENS = 4096
+#: Cells a head's block of query rows holds when a layer is read in blocks (:meth:`Analysis.row_blocks`,
+#: the binned heatmap view): [head, rows, T] at a time, never the layer's T x T maps.
+ROW_BLOCK_CELLS = 1 << 18
 JSON_SCHEMA_VERSION = 1
 
 
@@ -313,17 +317,19 @@ class Analysis:
         if not 0 <= start < stop <= self.num_tokens:
             raise SelectionError(f"rows {start}..{stop - 1} are out of range; the prompt has tokens 0..{self.num_tokens - 1}")
         rec = self.records[layer]
-        num_keys = rec.key.shape[-2]
-        if rec.mask is not None:
-            mask = torch.broadcast_to(rec.mask, (rec.query.shape[-2], num_keys))[start:stop]  # (W, K)
-        elif rec.causal:
-            device = rec.key.device
-            mask = torch.arange(num_keys, device=device)[None, :] <= torch.arange(start, stop, device=device)[:, None]  # (W, K)
-        else:
-            mask = None
+        mask = rec.key_mask(start, stop) if rec.mask is not None or rec.causal else None  # (W, K)
         with memory.guard(rec.value.device), torch.inference_mode():
             alpha = attention_probabilities(rec.query[:, start:stop].float(), rec.key.float(), rec.scaling, mask, False)
             return layer_measures(alpha, rec.value, gram=self.bundle.gram(layer).to(rec.value.device))
+
+    def row_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, LayerMeasures]]:
+        """``(first, stop, rows(layer, first, stop))`` for consecutive blocks of query rows from ``start`` to
+        the last, each of about :data:`ROW_BLOCK_CELLS` cells a head: the streamed reductions (head summary,
+        sink table) read a layer this way, in O(block x T) working memory."""
+        block = max(1, ROW_BLOCK_CELLS // self.num_tokens)
+        for first in range(start, self.num_tokens, block):
+            stop = min(self.num_tokens, first + block)
+            yield first, stop, self.rows(layer, first, stop)
 
     def attention(self, layer: int) -> np.ndarray:
         """Raw attention α, [head, query, key]."""
@@ -367,7 +373,7 @@ class Analysis:
         query = self.check_token(query)
         m = self.rows(layer, query, query + 1)  # the query's row alone (exact, T times cheaper than the layer)
         heads = range(self.num_heads) if head is None else [self.check_head(head)]
-        keys = torch.nonzero(self.records[self.check_layer(layer)].key_mask()[query]).flatten().cpu().numpy()
+        keys = torch.nonzero(self.records[self.check_layer(layer)].key_mask(query, query + 1)[0]).flatten().cpu().numpy()
         ratio = _np(m.norm_ratio(kind)[:, 0])
         cosine = _np(m.cosine(kind)[:, 0])
         contribution = _np(m.contribution(kind)[:, 0])

@@ -60,15 +60,18 @@ class LayerRecord:
     causal: bool
     output: torch.Tensor
 
-    def key_mask(self) -> torch.Tensor:
+    def key_mask(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Which keys each query may attend to, bool [query, key] on the record's device: the model's own
-        mask (causal: keys 0..i; sliding windows, padding), True where a key is visible."""
+        mask (causal: keys 0..i; sliding windows, padding), True where a key is visible. With ``start`` and
+        ``stop``, only those query rows are made ([stop - start, key]), never the whole T x T."""
         num_queries, num_keys = self.query.shape[-2], self.key.shape[-2]
+        stop = num_queries if stop is None else stop
         device = self.query.device
         if self.mask is None:
-            visible = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device)
-            return visible.tril() if self.causal else visible
-        mask = torch.broadcast_to(self.mask.to(device), (num_queries, num_keys))
+            if not self.causal:
+                return torch.ones(stop - start, num_keys, dtype=torch.bool, device=device)
+            return torch.arange(num_keys, device=device)[None, :] <= torch.arange(start, stop, device=device)[:, None]
+        mask = torch.broadcast_to(self.mask.to(device), (num_queries, num_keys))[start:stop]
         if mask.dtype == torch.bool:
             return mask
         # Additive masks hold 0 where allowed and -inf (or the dtype's minimum) where a key is hidden.
