@@ -25,16 +25,12 @@ def add_text_args(parser: argparse.ArgumentParser, required: bool = True) -> arg
 
 def read_text(args: argparse.Namespace) -> str:
     """The prompt from --text, --text - (stdin) or --file; InputError when it is empty (before any model loads)."""
-    from ..core.texts import decode_text, max_file_bytes, read_text_file
+    from ..core.texts import read_text_file, read_text_stream
 
     if getattr(args, "file", None) is not None:
         text, source = read_text_file(args.file), f" ({args.file} holds no text)"
     elif args.text == "-":
-        limit = max_file_bytes()
-        data = sys.stdin.buffer.read(limit + 1)
-        if len(data) > limit:
-            raise InputError(f"standard input is over {limit // 1_000_000} MB; set CWVIZ_MAX_FILE_MB to raise the limit")
-        text, source = decode_text(data, "standard input"), " (standard input held no text)"
+        text, source = read_text_stream(sys.stdin.buffer, "standard input"), " (standard input held no text)"
     else:
         text, source = args.text, ""
     if not text.strip():
@@ -65,3 +61,14 @@ def jsonl_path(args: argparse.Namespace) -> Path | None:
 
         return gsm8k_path()
     return args.jsonl
+
+
+def report_interrupt(kept: int, total: int, noun: str, written: Path | None = None) -> int:
+    """The last line of a long command stopped by Ctrl-C or SIGTERM (:mod:`cwviz.cli.main`): what it kept
+    (``noun``: "example", "prompt") and where it wrote it. Returns the exit status, 130."""
+    if kept == 0:
+        print(f"interrupted: no {noun} had finished; nothing kept", file=sys.stderr)
+    else:
+        where = f" (in {written})" if written is not None else ""
+        print(f"interrupted: kept the {kept} finished {noun}(s) of {total}{where}", file=sys.stderr)
+    return 130

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import InputError
-from .common import add_jsonl_args, add_model_args, jsonl_path, load, read_text
+from .common import add_jsonl_args, add_model_args, jsonl_path, load, read_text, report_interrupt
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -193,8 +193,7 @@ def run(args: argparse.Namespace) -> int:
         interrupted = True
     if not tables:
         if interrupted:
-            print("interrupted: no example had finished; nothing kept", file=sys.stderr)
-            return 130
+            return report_interrupt(0, len(texts), "example")
         raise InputError("no example had two or more tokens; nothing to measure")
     print(
         f"model: {bundle.info.id}; {len(tables)} example(s), at most {protocol.max_tokens} tokens each; "
@@ -206,7 +205,5 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         print(f"wrote {args.out}")
     if interrupted:
-        where = f" (in {args.out})" if args.out is not None else ""
-        print(f"interrupted: kept the {len(tables)} finished example(s) of {len(texts)}{where}", file=sys.stderr)
-        return 130
+        return report_interrupt(len(tables), len(texts), "example", args.out)
     return 0

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import CwvizError, InputError
-from .common import add_jsonl_args, add_model_args, add_text_args, jsonl_path, load, read_text
+from .common import add_jsonl_args, add_model_args, add_text_args, jsonl_path, load, read_text, report_interrupt
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cwviz.cli.main): report the finished prompts
         interrupted = True
         if not tables:
-            print("interrupted: no prompt had finished; nothing kept", file=sys.stderr)
-            return 130
+            return report_interrupt(0, len(texts), "prompt")
     finished = len(tables)
     table = sinks.pool_tables(tables)
     summary = sinks.sink_layer_summary(table)
@@ -135,9 +134,7 @@ def run(args: argparse.Namespace) -> int:
         table.to_csv(args.csv, index=False)
         print(f"wrote {args.csv} ({len(table):,} rows)")
     if interrupted:
-        where = f" (in {args.csv})" if args.csv is not None else ""
-        print(f"interrupted: kept the {finished} finished prompt(s) of {len(texts)}{where}", file=sys.stderr)
-        return 130
+        return report_interrupt(finished, len(texts), "prompt", args.csv)
     return 0
 
 

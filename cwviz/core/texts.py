@@ -25,6 +25,7 @@ import json
 import os
 from os import PathLike
 from pathlib import Path
+from typing import BinaryIO
 
 from .errors import InputError
 from .settings import env_int
@@ -102,9 +103,9 @@ def _too_large(what: str, limit: int) -> InputError:
 BINARY_CONTROL_SHARE = 0.1
 
 
-def decode_text(data: bytes, path: str | PathLike, where: str = "") -> str:
-    """``data`` as UTF-8 text (a byte order mark dropped); InputError for binary data or another encoding."""
-    where = where or str(path)
+def decode_text(data: bytes, where: str | PathLike) -> str:
+    """``data`` as UTF-8 text (a byte order mark dropped); InputError naming ``where`` (a file, a line of one,
+    standard input) for binary data or another encoding."""
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -118,6 +119,15 @@ def decode_text(data: bytes, path: str | PathLike, where: str = "") -> str:
     return text
 
 
+def read_text_stream(stream: BinaryIO, where: str | PathLike) -> str:
+    """All of a binary stream (a file, standard input) as UTF-8 text, reading at most :func:`max_file_bytes`."""
+    limit = max_file_bytes()
+    data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise _too_large(f"{where} is over {limit // 1_000_000} MB", limit)
+    return decode_text(data, where)
+
+
 def read_text_file(path: str | PathLike) -> str:
     """A whole UTF-8 text file (``--file``, a ``.txt`` of examples, an upload), at most :func:`max_file_bytes`."""
     path = Path(path)
@@ -125,13 +135,10 @@ def read_text_file(path: str | PathLike) -> str:
         raise InputError(f"no file at {path}")
     limit = max_file_bytes()
     size = path.stat().st_size
-    if size > limit:
+    if size > limit:  # refused before anything is read
         raise _too_large(f"{path} is {size / 1e6:,.1f} MB", limit)
     with path.open("rb") as handle:
-        data = handle.read(limit + 1)
-    if len(data) > limit:  # it grew while we looked
-        raise _too_large(f"{path} is over {limit // 1_000_000} MB", limit)
-    return decode_text(data, path)
+        return read_text_stream(handle, path)  # bounded again: the file may grow while it is read
 
 
 def read_texts(path: str | PathLike, n: int | None = None, field: str | None = None) -> list[str]:
@@ -156,7 +163,7 @@ def read_texts(path: str | PathLike, n: int | None = None, field: str | None = N
             line_number += 1
             if len(raw) > limit:
                 raise _too_large(f"line {line_number} of {path} is longer than {limit // 1_000_000} MB", limit)
-            line = decode_text(raw, path, where=f"line {line_number} of {path}")
+            line = decode_text(raw, f"line {line_number} of {path}")
             if not line.strip():
                 continue
             try:
