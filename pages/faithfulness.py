@@ -110,10 +110,6 @@ def stop() -> None:
     st.session_state[STATE]["running"] = False
 
 
-def _rate(raw: str) -> float:
-    return float(raw)
-
-
 def _mask_layer(raw: str):
     return raw if raw == "all" else int(raw)
 
@@ -166,7 +162,7 @@ with st.expander("Data and protocol", expanded=True):
             "rates",
             "Removal rates (% of each query's keys)",
             list(F.DEFAULT_RATES),
-            parse=_rate,
+            parse=float,
             show=lambda r: f"{r:g}",
             options=RATE_CHOICES,
             format_func=lambda r: f"{r:g} %",
