@@ -25,13 +25,14 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
         # SVG always: Streamlit switches to canvas above 2,000 rows a dataset, which drops every mark from
         # the page (no aria labels for screen readers, nothing a browser test can read). cwviz's charts hold
         # at most ~5,000 marks (tables.MAX_CELLS), which SVG draws without delay.
-        chart_obj = chart_obj.properties(usermeta={"embedOptions": {"renderer": "svg"}})
-        # Streamlit's theme sets labelFlush, which moves the first and last label of a discrete axis inwards,
-        # off their rows (onto their neighbours' on a heatmap); a token axis keeps each label on its row.
-        chart_obj = chart_obj.configure_axisDiscrete(labelFlush=False)
+        top = {"usermeta": {"embedOptions": {"renderer": "svg"}}}
         if width == "content":
             # Streamlit adds autosize "fit" to any spec without one; "pad" keeps the chart's own size.
-            chart_obj = chart_obj.properties(autosize=alt.AutoSizeParams(type="pad", contains="padding"))
+            top["autosize"] = alt.AutoSizeParams(type="pad", contains="padding")
+        # Streamlit's theme sets labelFlush, which moves the first and last label of a discrete axis inwards,
+        # off their rows (onto their neighbours' on a heatmap); a token axis keeps each label on its row.
+        # One copy of the chart for the top-level properties, one for the config (each copies the chart).
+        chart_obj = chart_obj.properties(**top).configure_axisDiscrete(labelFlush=False)
     kwargs = {} if on_select is None else {"on_select": on_select, "selection_mode": selection_mode}
     event = st.altair_chart(chart_obj, key=key, width=width, **kwargs)
     cols = st.columns([1, 1, 1, 5])
