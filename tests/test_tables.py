@@ -199,6 +199,35 @@ def test_row_blocks_equal_the_whole_layer_across_block_edges(arch):
             np.testing.assert_allclose(rows.cosine("intra").numpy(), whole.cosine("intra")[:, start:stop].numpy(), atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "bert", "mistral"])
+@pytest.mark.parametrize("cells", [7 * 90, 1 << 18])
+def test_row_blocks_cover_every_row_and_every_visible_key(arch, cells, monkeypatch):
+    """Analysis.row_blocks (what the head summary, the sink table and detect_sink stream) tiles the rows
+    from ``start`` with no gap or overlap; a causal block holds keys 0..stop-1 (every key its rows can see:
+    the whole layer's later keys are exactly 0), an encoder's all T; on those keys every measure equals the
+    whole layer's. attention_blocks gives the same attention, head_outputs the whole layer's z."""
+    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", cells)
+    analysis = cwviz.analyze(make_tiny(arch), LONG_TEXT[:90])
+    t, causal = analysis.num_tokens, analysis.bundle.arch.causal
+    for layer in range(analysis.num_layers):
+        whole = analysis.layer(layer)
+        for start in (0, 1, t // 2):
+            blocks = list(analysis.row_blocks(layer, start))
+            assert [b[0] for b in blocks] == [start] + [b[1] for b in blocks[:-1]] and blocks[-1][1] == t
+            assert len(blocks) >= (2 if causal and start == 0 else 1)
+            for (first, stop, m), (a_first, a_stop, alpha) in zip(blocks, analysis.attention_blocks(layer, start), strict=True):
+                keys = m.attention.shape[-1]
+                assert keys == (stop if causal else t) and (a_first, a_stop, alpha.shape[-1]) == (first, stop, keys)
+                np.testing.assert_array_equal(whole.attention[:, first:stop, keys:].numpy(), 0)
+                np.testing.assert_array_equal(whole.contributions[:, :, first:stop, keys:].numpy(), 0)
+                np.testing.assert_allclose(alpha.numpy(), m.attention.numpy(), atol=1e-7)
+                for name in cwviz.MEASURES:
+                    expected = whole.per_head(name)[:, first:stop, :keys].numpy()
+                    np.testing.assert_allclose(m.per_head(name).numpy(), expected, atol=1e-5, rtol=1e-4)
+                np.testing.assert_allclose(m.value_norm.numpy(), whole.value_norm[:, :keys].numpy(), rtol=1e-5)
+        np.testing.assert_allclose(analysis.head_outputs(layer).numpy(), whole.head_output.numpy(), atol=1e-5)
+
+
 @pytest.mark.parametrize("head", [None, 1])
 def test_a_windowed_heatmap_equals_the_whole_map_cut_to_the_window(long_analysis, head):
     """The window view computes only its rows; its cells equal the whole layer's at the same positions."""

@@ -39,7 +39,7 @@ import pandas as pd
 import torch
 
 from ..core.analysis import Analysis, integer_index
-from ..core.capture import attention_probabilities, forward_pass
+from ..core.capture import forward_pass
 from ..core.errors import InputError, SelectionError
 from ..core.interventions import ScaleValues, batch_perplexity
 from ..core.measures import expand_kv
@@ -78,10 +78,11 @@ def detect_sink(analysis: Analysis) -> int:
     seen_by = torch.zeros(analysis.num_tokens, dtype=torch.float64)
     with torch.inference_mode():
         for layer in range(analysis.num_layers):
-            alpha = analysis.attention_tensor(layer)  # (H, Q, K)
-            visible = analysis.records[layer].key_mask().cpu()
-            received += alpha.sum(dim=(0, 1)).double().cpu()
-            seen_by += visible.sum(dim=0).double() * alpha.shape[0]
+            for start, stop, alpha in analysis.attention_blocks(layer):  # (H, rows, keys), never T x T
+                keys = alpha.shape[-1]
+                visible = analysis.records[layer].key_mask(start, stop)[:, :keys].cpu()
+                received[:keys] += alpha.sum(dim=(0, 1)).double().cpu()
+                seen_by[:keys] += visible.sum(dim=0).double() * alpha.shape[0]
     mean = torch.where(seen_by > 0, received / seen_by.clamp_min(1), torch.zeros_like(received))
     return int(torch.argmax(mean))
 
@@ -148,7 +149,8 @@ def sink_split(
 ) -> SinkSplit:
     """Split every head output of ``layer`` at the sink ``sink`` (a position; see :func:`resolve_sink`), for
     the query rows ``start..stop-1`` (default: all; the fields' query axis then has ``stop - start`` rows).
-    ``alpha``: those rows' attention [head, rows, key] when the caller has it (:meth:`cwviz.Analysis.rows`);
+    ``alpha``: those rows' attention [head, rows, key] when the caller has it (:meth:`cwviz.Analysis.rows`; a
+    causal block of :meth:`cwviz.Analysis.row_blocks` holds only the keys its rows can see, 0..stop-1);
     ``value`` (expanded per head, float32) and ``w`` (:meth:`cwviz.Analysis.w_heads`): the layer's, when a
     caller reading the layer block by block has made them once."""
     layer = analysis.check_layer(layer)
@@ -157,14 +159,12 @@ def sink_split(
     stop = analysis.num_tokens if stop is None else stop
     with torch.inference_mode():
         if alpha is None:
-            alpha = (
-                analysis.layer(layer).attention[:, start:stop]
-                if (start, stop) == (0, analysis.num_tokens)
-                else analysis.rows(layer, start, stop).attention
-            )
+            alpha = analysis.rows(layer, start, stop).attention
+        keys = alpha.shape[-1]  # a causal row block holds keys 0..stop-1 only (Analysis.row_blocks)
         value = expand_kv(record.value.float(), analysis.num_heads) if value is None else value  # (H, K, d_head)
+        value = value[:, :keys]
         w = analysis.w_heads(layer) if w is None else w  # (H, D, d_head)
-        visible = record.key_mask(start, stop).cpu()  # (rows, K)
+        visible = record.key_mask(start, stop)[:, :keys].cpu()  # (rows, K)
         rest_alpha = alpha.clone()
         rest_alpha[:, :, sink] = 0
         rest_mass = rest_alpha.sum(-1)  # (H, Q)  1 − s, summed directly
@@ -224,6 +224,8 @@ def sink_table(
         with torch.inference_mode():  # made once a layer, shared by its blocks
             value, w = expand_kv(analysis.records[layer].value.float(), analysis.num_heads), analysis.w_heads(layer)
         for start, stop, measures in analysis.row_blocks(layer):  # [head, block, T] maps at a time, never T x T
+            if sink >= measures.attention.shape[-1]:
+                continue  # a causal block before the sink: none of its rows sees it (the last block always does)
             split = sink_split(analysis, layer, sink, start, stop, alpha=measures.attention, value=value, w=w)
             with torch.inference_mode():
                 columns = {
@@ -431,10 +433,7 @@ def _input_ids(analysis: Analysis, batch: int = 1) -> torch.Tensor:
 
 def _head_outputs(analysis: Analysis, layer: int) -> torch.Tensor:
     """o_i^h of ``layer``, [head, query, d_model], from the records (whatever values they hold)."""
-    rec = analysis.records[layer]
-    alpha = attention_probabilities(rec.query.float(), rec.key.float(), rec.scaling, rec.mask, rec.causal)
-    z = alpha @ expand_kv(rec.value.float(), analysis.num_heads)  # (H, Q, d_head)
-    return torch.einsum("hqd,hmd->hqm", z, analysis.w_heads(layer))
+    return torch.einsum("hqd,hmd->hqm", analysis.head_outputs(layer), analysis.w_heads(layer))
 
 
 def intervene_on_sink(

@@ -26,7 +26,7 @@ import torch
 from . import architectures, memory
 from .capture import LayerRecord, attention_probabilities, forward_pass
 from .errors import InputError, SelectionError
-from .measures import MEASURES, LayerMeasures, head_weights, layer_measures
+from .measures import MEASURES, LayerMeasures, grouped_matmul, head_weights, layer_measures, value_norms
 from .models import Bundle
 from .progress import Progress
 from .settings import env_int
@@ -39,6 +39,10 @@ MAX_TOKENS = 4096
 #: Cells a head's block of query rows holds when a layer is read in blocks (:meth:`Analysis.row_blocks`,
 #: the binned heatmap view): [head, rows, T] at a time, never the layer's T x T maps.
 ROW_BLOCK_CELLS = 1 << 18
+#: A causal layer is read in at least this many row blocks (each ``CAUSAL_BLOCK_ROWS`` rows or more): block b
+#: needs keys up to its last row only, so the whole layer costs about (1 + 1 / blocks) / 2 of the dense maps.
+CAUSAL_MIN_BLOCKS = 8
+CAUSAL_BLOCK_ROWS = 32
 JSON_SCHEMA_VERSION = 1
 
 
@@ -208,6 +212,7 @@ class Analysis:
         self._logprobs = next_token_logprobs
         self._final_hidden = final_hidden
         self._layers: OrderedDict[int, LayerMeasures] = OrderedDict()
+        self._value_norms: dict[int, torch.Tensor] = {}
         self._lock = threading.Lock()  # the kept layers
         self._logprobs_lock = threading.Lock()
 
@@ -305,6 +310,18 @@ class Analysis:
                 self._layers.popitem(last=False)
         return measures
 
+    def value_norms(self, layer: int) -> torch.Tensor:
+        """‖ṽ_j^h‖ of ``layer``, float32 [head, key] on the layer's device: computed once per layer and kept
+        (H x T floats), so that reading a layer in row blocks does not redo the Gram products per block."""
+        layer = self.check_layer(layer)
+        cached = self._value_norms.get(layer)
+        if cached is None:
+            rec = self.records[layer]
+            with torch.inference_mode():
+                cached = value_norms(rec.value, self.bundle.gram(layer).to(rec.value.device), self.num_heads)
+            self._value_norms[layer] = cached  # a race computes the same tensor twice, never a wrong one
+        return cached
+
     def rows(self, layer: int, start: int, stop: int) -> LayerMeasures:
         """Every measure of one layer for the query rows ``start..stop-1`` only (not cached).
 
@@ -316,20 +333,67 @@ class Analysis:
         start, stop = integer_index(start, "a first row"), integer_index(stop, "a row end")
         if not 0 <= start < stop <= self.num_tokens:
             raise SelectionError(f"rows {start}..{stop - 1} are out of range; the prompt has tokens 0..{self.num_tokens - 1}")
-        rec = self.records[layer]
-        mask = rec.key_mask(start, stop) if rec.mask is not None or rec.causal else None  # (W, K)
-        with memory.guard(rec.value.device), torch.inference_mode():
-            alpha = attention_probabilities(rec.query[:, start:stop].float(), rec.key.float(), rec.scaling, mask, False)
-            return layer_measures(alpha, rec.value, gram=self.bundle.gram(layer).to(rec.value.device))
+        return self._rows(layer, start, stop, self.num_tokens)
 
-    def row_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, LayerMeasures]]:
-        """``(first, stop, rows(layer, first, stop))`` for consecutive blocks of query rows from ``start`` to
-        the last, each of about :data:`ROW_BLOCK_CELLS` cells a head: the streamed reductions (head summary,
-        sink table) read a layer this way, in O(block x T) working memory."""
+    def _rows(self, layer: int, start: int, stop: int, keys: int) -> LayerMeasures:
+        """:meth:`rows` against the keys ``0..keys-1`` only (the caller knows the rows see no later key)."""
+        rec = self.records[layer]
+        with memory.guard(rec.value.device), torch.inference_mode():
+            alpha = self._attention_rows(layer, start, stop, keys)
+            gram = self.bundle.gram(layer).to(rec.value.device)
+            # As in layer(): the model's own z = α v when it is float32 (a quarter of the rows' products).
+            head_output = rec.output[:, start:stop] if rec.output.dtype == torch.float32 else None
+            value_norm = self.value_norms(layer)[:, :keys]
+            return layer_measures(alpha, rec.value[:, :keys], head_output=head_output, gram=gram, value_norm=value_norm)
+
+    def _attention_rows(self, layer: int, start: int, stop: int, keys: int) -> torch.Tensor:
+        """α of the query rows ``start..stop-1`` over the keys ``0..keys-1``, float32 [head, rows, keys]."""
+        rec = self.records[layer]
+        mask = rec.key_mask(start, stop)[:, :keys] if rec.mask is not None or rec.causal else None  # (W, K)
+        with torch.inference_mode():
+            return attention_probabilities(rec.query[:, start:stop].float(), rec.key[:, :keys].float(), rec.scaling, mask, False)
+
+    def _blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, int]]:
+        """``(first, stop, keys)`` of the row blocks of :meth:`row_blocks`."""
+        rec = self.records[layer]
         block = max(1, ROW_BLOCK_CELLS // self.num_tokens)
+        if rec.causal:  # at least CAUSAL_MIN_BLOCKS blocks, so that the keys left out add up to about half
+            block = min(block, max(CAUSAL_BLOCK_ROWS, -(-self.num_tokens // CAUSAL_MIN_BLOCKS)))
         for first in range(start, self.num_tokens, block):
             stop = min(self.num_tokens, first + block)
-            yield first, stop, self.rows(layer, first, stop)
+            keys = self.num_tokens
+            if rec.causal and (rec.mask is None or not rec.key_mask(first, stop)[:, stop:].any()):
+                keys = stop
+            yield first, stop, keys
+
+    def row_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, LayerMeasures]]:
+        """``(first, stop, measures)`` for consecutive blocks of query rows ``first..stop-1`` from ``start`` to
+        the last, each of about :data:`ROW_BLOCK_CELLS` cells a head: the streamed reductions (head summary,
+        sink table) read a layer this way, in O(block x T) working memory.
+
+        ``measures`` equals :meth:`rows` ``(layer, first, stop)`` on the keys it holds. In a causal layer those
+        are keys ``0..stop-1`` only: the rows cannot see a later key (its attention and contributions are
+        exactly 0), and leaving them out halves the work of reading the whole layer. Elsewhere they are all T.
+        """
+        layer = self.check_layer(layer)
+        for first, stop, keys in self._blocks(layer, start):
+            yield first, stop, self._rows(layer, first, stop, keys)
+
+    def attention_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """``(first, stop, α)`` in the blocks of :meth:`row_blocks`, attention only (float32 [head, rows, keys])."""
+        layer = self.check_layer(layer)
+        for first, stop, keys in self._blocks(layer, start):
+            yield first, stop, self._attention_rows(layer, first, stop, keys)
+
+    def head_outputs(self, layer: int) -> torch.Tensor:
+        """z_i^h = Σ_j α_ij^h v_j^h recomputed in float32 from the records, [head, query, d_head] (the output
+        projection's input per head), in row blocks: O(block x T) working memory, never the T x T attention."""
+        layer = self.check_layer(layer)
+        value = self.records[layer].value
+        with torch.inference_mode():
+            return torch.cat(
+                [grouped_matmul(alpha, value[:, : alpha.shape[-1]].float()) for _, _, alpha in self.attention_blocks(layer)], dim=1
+            )
 
     def attention(self, layer: int) -> np.ndarray:
         """Raw attention α, [head, query, key]."""

@@ -197,6 +197,21 @@ class LayerMeasures:
         return scores.sum(0) if LAYER_AGGREGATION[name] == "sum" else scores.mean(0)
 
 
+def _gram_blocks(gram: torch.Tensor, heads: int) -> torch.Tensor:
+    """G^h, the diagonal blocks of G = W_Oᵀ W_O, float32 [head, d_head, d_head]."""
+    d_head = gram.shape[0] // heads
+    return gram.float().view(heads, d_head, heads, d_head).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+
+
+def value_norms(value: torch.Tensor, gram: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """‖ṽ_j^h‖ = sqrt(v_jᵀ G^h v_j), float32 [head, key], from values [kv_head, key, d_head] and G (:func:`full_gram`)."""
+    v = value.float()
+    kv_heads, keys, d_head = v.shape
+    blocks = _gram_blocks(gram, num_heads).reshape(kv_heads, num_heads // kv_heads, d_head, d_head)
+    v_gram = v[:, None] @ blocks  # (H_kv, groups, K, d)
+    return (v_gram * v[:, None]).sum(-1).clamp_min(0).sqrt().reshape(num_heads, keys)
+
+
 def layer_measures(
     attention: torch.Tensor,
     value: torch.Tensor,
@@ -204,6 +219,7 @@ def layer_measures(
     head_output: torch.Tensor | None = None,
     gram: torch.Tensor | None = None,
     causal: bool = False,
+    value_norm: torch.Tensor | None = None,
 ) -> LayerMeasures:
     """Compute one layer's measures without materialising projected values per pair.
 
@@ -215,6 +231,7 @@ def layer_measures(
     | head_output | optional [head, query, d_head]: z = α v when the caller already has it in float32 |
     | gram        | optional [head * d_head, head * d_head]: W_Oᵀ W_O (:func:`full_gram`), cacheable per model |
     | causal      | ``attention`` is zero above the diagonal: only the lower triangle of the products is computed |
+    | value_norm  | optional [head, key]: ‖ṽ_j^h‖ (:func:`value_norms`) when the caller keeps it per layer |
 
     All inputs are upcast to float32. With the Gram matrix G = W_Oᵀ W_O nothing of width d_model is
     formed: ‖o_i‖² = z_iᵀ G z_i, (W_O^h)ᵀ o_i = (G z_i)_h, and G^h is G's diagonal block. Both
@@ -228,16 +245,14 @@ def layer_measures(
     if gram is None:
         gram = full_gram(w_heads.float().permute(1, 0, 2).reshape(w_heads.shape[1], heads * d_head))
     gram = gram.float()
-    blocks = gram.view(heads, d_head, heads, d_head).diagonal(dim1=0, dim2=2).permute(2, 0, 1)  # (H, d, d)  G^h
+    blocks = _gram_blocks(gram, heads)  # (H, d, d)  G^h
     z = grouped_matmul(alpha, v) if head_output is None else head_output.float()  # (H, Q, d)
     z_flat = z.transpose(0, 1).reshape(queries, heads * d_head)  # (Q, H*d)  o_proj input
     pulled_inter = z_flat @ gram  # (Q, H*d)  W_Oᵀ o_i, every head's slice
     output_norm = (z_flat * pulled_inter).sum(-1).clamp_min(0).sqrt()  # (Q,)  ‖o_i‖ = sqrt(zᵀ G z)
     z_gram = z @ blocks  # (H, Q, d)  G^h z_i^h
     head_output_norm = (z_gram * z).sum(-1).clamp_min(0).sqrt()  # (H, Q)  ‖o_i^h‖
-    groups = heads // kv_heads
-    v_gram = v[:, None] @ blocks.reshape(kv_heads, groups, d_head, d_head)  # (H_kv, groups, K, d)
-    value_norm = (v_gram * v[:, None]).sum(-1).clamp_min(0).sqrt().reshape(heads, keys)  # (H, K)  ‖ṽ_j^h‖
+    value_norm = value_norms(v, gram, heads) if value_norm is None else value_norm.float()  # (H, K)  ‖ṽ_j^h‖
     pulled = torch.stack([z_gram, pulled_inter.view(queries, heads, d_head).transpose(0, 1)], dim=1)  # (H, 2, Q, d)
     norms = torch.stack([head_output_norm, output_norm.expand(heads, queries)], dim=1)  # (H, 2, Q)
     scaled = pulled / (norms**2)[..., None]
