@@ -1,4 +1,5 @@
-"""Dashboard interaction at about 512 tokens: server time of a selection change, and chart payloads.
+"""Dashboard interaction at about 512 tokens: server time of a selection change, and chart payloads; and on a
+long prompt (8,192 tokens, :func:`bench_long`) against a plain SDPA forward pass of the same prompt.
 
 Runs the real app through ``streamlit.testing.v1.AppTest`` (the script runs as on the server, without
 a browser) on the embedded model with the shipped ~500-token example. The baseline is the first load
@@ -74,3 +75,72 @@ def bench(repeats: int = 3) -> list[str]:
 
 if __name__ == "__main__":
     print(json.dumps(bench(), indent=1))
+
+
+def dashboard_steps(bundle, ids, layer: int = 0):
+    """What the heatmaps page computes for a new prompt, in its order, with its default picks (layer 0, all
+    heads, the first measure family, inter, the last token as query, the window view): the recorded forward
+    pass, the heatmap pair and its chart, then the head overview and its chart. Returns the seconds at which
+    the first heatmap and the head overview were ready."""
+    from cwviz import analyze
+    from cwviz.analyses import tables
+    from cwviz.charts import heatmaps
+
+    start = time.perf_counter()
+    analysis = analyze(bundle, input_ids=ids)
+    measure = tables.measure_name(tables.FAMILIES[0], "inter")
+    cells = tables.heatmap_cells(analysis, layer, None, measure, "inter", analysis.num_tokens - 1, "window")
+    heatmaps.heatmap_pair(cells, query=analysis.num_tokens - 1).to_dict()
+    first = time.perf_counter() - start
+    summary = tables.head_summary(analysis)
+    heatmaps.head_overview(summary, next(iter(heatmaps.OVERVIEW_METRICS)), layer, None).to_dict()
+    return first, time.perf_counter() - start
+
+
+def bench_long(bundle, tokens: int = 8192, repeats: int = 3) -> list[str]:
+    """The heatmaps page on a ``tokens``-token prompt (GSM8K text) on the embedded model: when the first heatmap
+    and the head overview are ready (library steps as the page runs them), a layer, head or query change (the
+    real page through AppTest, caches warm), and the peak resident size above the loaded model (fresh child
+    processes), each against a plain SDPA forward pass of the same prompt."""
+    from streamlit.testing.v1 import AppTest
+
+    from benchmarks.run import long_ids, memory_probe, sdpa_forward
+
+    ids = long_ids(bundle, tokens)
+    base = _timed(lambda: sdpa_forward(bundle, ids))
+    first, overview = dashboard_steps(bundle, ids)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=1800)
+    at.query_params["prompt"] = bundle.tokenizer.decode(ids)
+    load = _timed(at.run)
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    shown = len(next(w for w in at.sidebar.selectbox if w.label == "Query token").options)
+
+    def change(label: str, kind: str, values) -> float:
+        times = []
+        for value in values[:repeats]:
+            widget = next(w for w in getattr(at.sidebar, kind) if w.label == label)
+            times.append(_timed(lambda: widget.set_value(value).run()))
+            assert not at.exception, [e.value for e in at.exception]
+        return statistics.median(times)
+
+    layer_s = change("Layer", "slider", [3, 20, 9, 27])
+    head_s = change("Head", "selectbox", [2, 5, "all", 7])
+    token_s = change("Query token", "selectbox", [shown // 2, shown // 3, shown - 5, 100])
+    mem_base, mem_dash = memory_probe("sdpa", tokens), memory_probe("dashboard", tokens)
+    rows = [
+        f"| {shown} tokens, heatmaps page | seconds | ratio to the plain SDPA forward | target |",
+        "|---|---|---|---|",
+        f"| plain SDPA forward pass of the prompt (baseline) | {base:.1f} | 1 | |",
+        f"| first heatmap ready (recorded forward, window cells, chart) | {first:.1f} | **{first / base:.2f}** | ≤ 2 |",
+        f"| head overview ready (then every head's summary, streamed) | {overview:.1f} | **{overview / base:.2f}** | ≤ 3 |",
+        f"| the whole page through AppTest, first run | {load:.1f} | {load / base:.2f} | |",
+        f"| layer change (median of {repeats}) | {layer_s:.3f} | | ≤ 0.5 s |",
+        f"| head change | {head_s:.3f} | | ≤ 0.5 s |",
+        f"| query token change | {token_s:.3f} | | ≤ 0.5 s |",
+        "",
+        "| peak resident size above the loaded model (MiB) | plain SDPA forward | the page's steps | ratio | target |",
+        "|---|---|---|---|---|",
+        f"| {tokens} tokens | {mem_base:.0f} | {mem_dash:.0f} | **{mem_dash / mem_base:.2f}** | ≤ 1.5 |",
+    ]
+    print("\n".join(rows), flush=True)
+    return rows

@@ -1,7 +1,7 @@
 """Child process for one peak-memory figure: ``python -m benchmarks.memory_probe WHAT TOKENS``.
 
 Loads the embedded model, runs WHAT on 8 tokens (weights are memory-mapped: this pages them in), resets the kernel's peak-RSS mark (``/proc/self/clear_refs``, Linux), runs
-WHAT once (plain | full | naive) and prints JSON with the peak increase in MiB.
+WHAT once (sdpa | plain | full | naive | dashboard) and prints JSON with the peak increase in MiB.
 """
 
 from __future__ import annotations
@@ -24,12 +24,15 @@ def main() -> int:
     import transformers
 
     import cwviz
-    from benchmarks.run import full_analysis, long_ids, naive_contributions, plain_forward
+    from benchmarks.dashboard import dashboard_steps
+    from benchmarks.run import full_analysis, long_ids, naive_contributions, plain_forward, sdpa_forward
 
     transformers.utils.logging.disable_progress_bar()
     bundle = cwviz.load_model("embedded", device="cpu")
     ids = long_ids(bundle, tokens)
-    fn = {"plain": plain_forward, "full": full_analysis, "naive": naive_contributions}[what]
+    fn = {"sdpa": sdpa_forward, "plain": plain_forward, "full": full_analysis, "naive": naive_contributions, "dashboard": dashboard_steps}[
+        what
+    ]
     fn(bundle, ids[:8])  # page in the memory-mapped weights, so that only the run itself is measured
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS

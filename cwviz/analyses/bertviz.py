@@ -65,13 +65,11 @@ def scope(analysis: Analysis, view: str, layer: int) -> BertvizScope:
 
 def weights(analysis: Analysis, layer: int, kind: str, n: int) -> np.ndarray:
     """[head, query, key] weights for bertviz: attention, or intra-head contributions clipped at 0."""
-    if kind == "attention":
-        w = analysis.attention(layer)
-    elif kind == "contribution":
-        w = np.clip(analysis.contributions(layer, "intra"), 0.0, None)
-    else:
+    if kind not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, not {kind!r}")
-    return w[:, :n, :n]
+    rows = analysis.rows(layer, 0, n)  # the first n query rows only, never the layer's T x T maps
+    w = rows.attention if kind == "attention" else rows.contribution("intra").clamp_min(0.0)
+    return w[:, :, :n].float().cpu().numpy()
 
 
 def _placeholder(i: int) -> str:

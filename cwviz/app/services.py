@@ -39,8 +39,10 @@ from ..core.progress import Progress
 from ..core.settings import env_int
 from . import hosting
 
-#: Longest input (prompt plus generated tokens) the dashboard analyses; the CLI and API allow more.
-DEFAULT_APP_MAX_TOKENS = 1024
+#: Longest input (prompt plus generated tokens) the dashboard analyses by default, on a CPU (the embedded model's
+#: context) and on a GPU; never more than the model's positions (:func:`cwviz.max_tokens`) and the memory check.
+DEFAULT_APP_MAX_TOKENS = 8192
+DEFAULT_APP_MAX_TOKENS_GPU = 32_768
 #: Largest JSON export offered for the whole analysis; beyond it the export covers the selected layer.
 JSON_EXPORT_LIMIT = 40_000_000
 
@@ -65,9 +67,11 @@ class Analyzed:
 
 
 def app_max_tokens(bundle: Bundle | None = None) -> int:
-    """``$CWVIZ_APP_MAX_TOKENS`` (default 1024), never more than the core limit :func:`cwviz.max_tokens`."""
+    """``$CWVIZ_APP_MAX_TOKENS`` (default :data:`DEFAULT_APP_MAX_TOKENS`, or :data:`DEFAULT_APP_MAX_TOKENS_GPU` for
+    a model on a GPU; hosting mode's own default when hosted), never more than the core limit :func:`cwviz.max_tokens`."""
     policy = hosting.policy_from_env()
-    default = policy.max_tokens if policy.hosted else DEFAULT_APP_MAX_TOKENS
+    on_gpu = bundle is not None and bundle.input_device.type != "cpu"
+    default = policy.max_tokens if policy.hosted else DEFAULT_APP_MAX_TOKENS_GPU if on_gpu else DEFAULT_APP_MAX_TOKENS
     return min(env_int("CWVIZ_APP_MAX_TOKENS", default), max_tokens(bundle))
 
 

@@ -35,12 +35,13 @@ def last_token_scores(analysis, layer: int | None, head: int | None) -> tuple[np
     query = analysis.num_tokens - 1
     attention, contribution = [], []
     for l in layers:
+        row = analysis.rows(l, query, query + 1)  # the last query's row only, never the layer's T x T maps
         if head is None:
-            attention.append(analysis.layer_scores(l, "raw")[query])
-            contribution.append(analysis.layer_scores(l, "contribution_inter")[query])
+            attention.append(row.layer_level("raw")[0].cpu().numpy())
+            contribution.append(row.layer_level("contribution_inter")[0].cpu().numpy())
         else:
-            attention.append(analysis.attention(l)[head, query])
-            contribution.append(analysis.contributions(l, "intra")[head, query])
+            attention.append(row.attention[head, 0].cpu().numpy())
+            contribution.append(row.contribution("intra")[head, 0].cpu().numpy())
     where = "all layers (mean)" if layer is None else f"layer {layer}"
     who = "all heads (attention: mean; contribution: inter-head sum)" if head is None else f"head {head} (contribution: intra-head)"
     return np.mean(attention, axis=0), np.mean(contribution, axis=0), f"{where}, {who}"

@@ -5,8 +5,9 @@ keys and values ([heads or kv_heads, T, d_head]) and the final hidden states, fr
 log-probability of each next token is computed when first asked for.
 T x T maps are computed when asked for, one layer at a time (the two most recent layers are kept).
 
-The token limit is ``CWVIZ_MAX_TOKENS`` (default 4096), and never more than the model's
-``max_position_embeddings``.
+The token limit is the model's positions (``max_position_embeddings``, or GPT-2's ``n_positions``;
+:data:`MAX_TOKENS` for a config that names none); ``CWVIZ_MAX_TOKENS`` lowers it. Beyond that the memory check
+(:mod:`cwviz.core.memory`) refuses a prompt whose working set would not fit.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from .tokens import display_tokens
 if TYPE_CHECKING:  # pandas is imported on first use: it is not needed to load a model and analyse
     import pandas as pd
 
-MAX_TOKENS = 4096
+#: The limit for a model whose config gives no positions (``CWVIZ_MAX_TOKENS`` to change it).
+MAX_TOKENS = 32_768
 #: Cells a head's block of query rows holds when a layer is read in blocks (:meth:`Analysis.row_blocks`,
 #: the binned heatmap view): [head, rows, T] at a time, never the layer's T x T maps.
 ROW_BLOCK_CELLS = 1 << 18
@@ -44,14 +46,16 @@ ROW_BLOCK_CELLS = 1 << 18
 CAUSAL_MIN_BLOCKS = 8
 CAUSAL_BLOCK_ROWS = 32
 JSON_SCHEMA_VERSION = 1
+#: Bytes a value of :meth:`Analysis.to_dict` costs at its peak: a Python float and its list slot, then its JSON text.
+JSON_BYTES_PER_VALUE = 48
 
 
 def max_tokens(bundle: Bundle | None = None) -> int:
-    """The prompt length limit: ``$CWVIZ_MAX_TOKENS`` (default 4096), capped by the model's positions."""
-    limit = env_int("CWVIZ_MAX_TOKENS", MAX_TOKENS)
-    if bundle is not None and bundle.info.max_positions:
-        limit = min(limit, int(bundle.info.max_positions))
-    return limit
+    """The prompt length limit: the model's positions (:data:`MAX_TOKENS` when its config names none),
+    or ``$CWVIZ_MAX_TOKENS`` when that is lower (or the model is unknown)."""
+    positions = int(bundle.info.max_positions) if bundle is not None and bundle.info.max_positions else None
+    limit = env_int("CWVIZ_MAX_TOKENS", positions or MAX_TOKENS)
+    return min(limit, positions) if positions else limit
 
 
 def tokenize(bundle: Bundle, text: str) -> list[int]:
@@ -293,6 +297,7 @@ class Analysis:
                 self._layers.move_to_end(layer)
                 return self._layers[layer]
         rec = self.records[layer]
+        memory.check_layer_maps(self.info, self.num_tokens, rec.value.device)
         # The model's own z = α v is reused when it is float32; in lower precision it is recomputed in
         # float32 so that the identities hold to float32 rounding.
         head_output = rec.output if rec.output.dtype == torch.float32 else None
@@ -470,19 +475,38 @@ class Analysis:
     # -- export -----------------------------------------------------------------------------------
     def to_dict(self, layers: list[int] | None = None, heads: list[int] | None = None, digits: int = 6) -> dict:
         """The JSON export (schema in the README): tokens, and per layer and head the attention and
-        inter-head contribution rows and the output norms. Causal rows keep only keys 0..i."""
+        inter-head contribution rows and the output norms. Causal rows keep only keys 0..i.
+
+        Layers are read in row blocks (:meth:`row_blocks`); what the dict itself holds grows with the
+        square of the prompt (about :data:`JSON_BYTES_PER_VALUE` bytes a value as Python floats and then
+        as JSON text), so an export that would not fit raises ResourceError naming the choice to narrow."""
         layers = [self.check_layer(l) for l in (range(self.num_layers) if layers is None else layers)]
         heads = [self.check_head(h) for h in (range(self.num_heads) if heads is None else heads)]
         causal = self.bundle.arch.causal
-
-        def rows(matrix: np.ndarray) -> list[list[float]]:
-            return [_round(matrix[i, : i + 1] if causal else matrix[i], digits) for i in range(matrix.shape[0])]
+        t = self.num_tokens
+        values = 2 * len(layers) * len(heads) * (t * (t + 1) // 2 if causal else t * t)
+        memory.check_fits(
+            values * JSON_BYTES_PER_VALUE,
+            torch.device("cpu"),
+            f"the JSON of {len(layers)} layer(s) x {len(heads)} head(s) at {t:,} tokens ({values:,} values)",
+            "choose one layer and one head (--layer, --head; Analysis.to_dict(layers=[...], heads=[...])) or a shorter prompt",
+        )
 
         out_layers = []
         for layer in layers:
-            attention = self.attention(layer)
-            contribution = self.contributions(layer, "inter")
-            head_norm, layer_norm = self.output_norms(layer)
+            attention: dict[int, list] = {h: [] for h in heads}
+            contribution: dict[int, list] = {h: [] for h in heads}
+            head_norms, layer_norms = [], []
+            for first, _, m in self.row_blocks(layer):
+                a, c = _np(m.attention), _np(m.contribution("inter"))  # (H, rows, keys)
+                for h in heads:
+                    for r in range(a.shape[1]):
+                        end = first + r + 1 if causal else a.shape[2]
+                        attention[h].append(_round(a[h, r, :end], digits))
+                        contribution[h].append(_round(c[h, r, :end], digits))
+                head_norms.append(_np(m.head_output_norm))
+                layer_norms.append(_np(m.output_norm))
+            head_norm, layer_norm = np.concatenate(head_norms, axis=1), np.concatenate(layer_norms)
             out_layers.append(
                 {
                     "layer": layer,
@@ -490,8 +514,8 @@ class Analysis:
                     "heads": [
                         {
                             "head": h,
-                            "attention": rows(attention[h]),
-                            "contribution_inter": rows(contribution[h]),
+                            "attention": attention[h],
+                            "contribution_inter": contribution[h],
                             "output_norm": _round(head_norm[h], digits),
                         }
                         for h in heads

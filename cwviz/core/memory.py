@@ -6,18 +6,23 @@ with what the device has available (``MemAvailable`` of ``/proc/meminfo`` on Lin
 :class:`~cwviz.core.errors.ResourceError` with both figures. :func:`guard` turns a CUDA out-of-memory error
 into the same error, after freeing the cache, so that the app keeps working.
 
-The estimate (float32 measures, model dtype for what the forward pass keeps):
+The estimate of :func:`estimate` (float32 measures, model dtype for what the forward pass keeps) is the
+working set of the dashboard and the CLI, which read every T x T quantity in blocks of query rows
+(:meth:`cwviz.Analysis.row_blocks`, :meth:`cwviz.Analysis.rows`) and never hold a layer's maps:
 
-* recorded per layer: queries and head outputs [heads, T, d_head], keys and values [kv_heads, T, d_head];
+* recorded per layer: queries and head outputs [heads, T, d_head], keys and values [kv_heads, T, d_head],
+  and the value norms [heads, T] (float32);
 * forward pass: the widest activation, [T, intermediate] x 3, and one chunk of logits when the
   log-probabilities are computed ([LOGIT_CHUNK, vocab], in the model's dtype and in float32);
-* per-layer maps: attention and both contributions of the two layers kept and of the layer being
-  computed, and two more for a dot product or cosine asked for: 11 x heads x T² float32.
+* maps: :data:`BLOCK_MAPS` float32 maps of one row block, [heads, cells] with cells = the block's rows x T
+  (about ``ROW_BLOCK_CELLS``; the whole T x T for prompts shorter than a block).
 
-Against the peaks measured by ``python -m benchmarks.run --only memory`` on the embedded model (peak
-resident size above the loaded model, which also holds allocator slack; BENCHMARKS.md) the estimate is
-1.68x (T = 128), 1.15x (512), 1.01x (1024) and 1.02x (2048) what was measured; ``HEADROOM`` keeps a
-fifth of what is available in reserve on top.
+The whole-layer maps of the API (:meth:`cwviz.Analysis.layer` and the methods on it, e.g. ``attention``)
+are checked when they are asked for (:func:`check_layer_maps`): :data:`LAYER_MAPS` x heads x T² float32.
+
+The figures measured on the embedded model are in BENCHMARKS.md (``python -m benchmarks.run --only memory``)
+and tests/test_long.py checks an 8,192-token prompt through the dashboard's services against this estimate;
+``HEADROOM`` keeps a fifth of what is available in reserve on top.
 """
 
 from __future__ import annotations
@@ -35,18 +40,40 @@ from .errors import ResourceError
 LOGIT_CHUNK = 256
 #: Share of the available memory an analysis may plan to use (the rest is for everything else).
 HEADROOM = 0.8
+#: Float32 maps of one row block alive at once: attention and its scores, both contribution kinds, a measure's
+#: products (cosine, norm ratio) and the copies the charts and reductions make of them.
+BLOCK_MAPS = 11
+#: Float32 [heads, T, T] maps one whole layer makes (attention, both contributions, a measure's products),
+#: for the API's whole-layer methods.
+LAYER_MAPS = 5
+
+
+def _item(info) -> int:
+    return torch.finfo(getattr(torch, info.dtype)).bits // 8 if hasattr(torch, info.dtype) else 4
+
+
+def block_cells(tokens: int) -> int:
+    """Cells a head's row block holds (:meth:`cwviz.Analysis.row_blocks`): its rows x the T keys."""
+    from .analysis import ROW_BLOCK_CELLS
+
+    return tokens * min(tokens, max(1, ROW_BLOCK_CELLS // tokens))
 
 
 def estimate(config, info, tokens: int) -> dict[str, int]:
-    """Bytes needed to analyse ``tokens`` tokens with a model of this config and ModelInfo."""
-    item = torch.finfo(getattr(torch, info.dtype)).bits // 8 if hasattr(torch, info.dtype) else 4
+    """Bytes needed to analyse ``tokens`` tokens with a model of this config and ModelInfo, read in row blocks."""
+    item = _item(info)
     width = info.d_head * (2 * info.heads + 2 * info.kv_heads)
-    recorded = info.layers * tokens * width * item
+    recorded = info.layers * tokens * (width * item + 4 * info.heads)
     vocab = getattr(config, "vocab_size", 0) or 0
     intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * info.d_model
     forward = min(tokens, LOGIT_CHUNK) * vocab * (item + 4) + 3 * tokens * intermediate * 4
-    maps = 11 * info.heads * tokens * tokens * 4
+    maps = BLOCK_MAPS * info.heads * block_cells(tokens) * 4
     return {"recorded": recorded, "forward": forward, "maps": maps, "total": recorded + forward + maps}
+
+
+def _have(device: torch.device) -> int | None:
+    override = os.environ.get("CWVIZ_MEMORY_BYTES")
+    return int(float(override)) if override else available(device)
 
 
 def available(device: torch.device) -> int | None:
@@ -71,8 +98,7 @@ def check(config, info, tokens: int, device: torch.device) -> None:
     """Raise ResourceError when the estimate exceeds the available memory (``CWVIZ_MEMORY_BYTES``
     overrides what is available, for hosting and tests)."""
     need = estimate(config, info, tokens)
-    override = os.environ.get("CWVIZ_MEMORY_BYTES")
-    have = int(float(override)) if override else available(device)
+    have = _have(device)
     if have is None:
         return
     if need["total"] > HEADROOM * have:
@@ -81,6 +107,24 @@ def check(config, info, tokens: int, device: torch.device) -> None:
             f"recorded layers {_gb(need['recorded'])}, per-layer maps {_gb(need['maps'])}) but only "
             f"{_gb(have)} is available on {device.type}; use a shorter prompt or a smaller model"
         )
+
+
+def check_fits(need: int, device: torch.device, what: str, advice: str) -> None:
+    """Raise ResourceError "``what`` needs about N GB but only M GB is available on DEVICE; ``advice``" when
+    ``need`` bytes exceed the share of the available memory an analysis may use."""
+    have = _have(device)
+    if have is not None and need > HEADROOM * have:
+        raise ResourceError(f"{what} needs about {_gb(need)} but only {_gb(have)} is available on {device.type}; {advice}")
+
+
+def check_layer_maps(info, tokens: int, device: torch.device) -> None:
+    """Raise ResourceError when one layer's whole [heads, T, T] maps would not fit (the API's whole-layer methods)."""
+    check_fits(
+        LAYER_MAPS * info.heads * tokens * tokens * 4,
+        device,
+        f"a whole layer's maps of a {tokens:,}-token prompt",
+        "read the layer in blocks of query rows instead (Analysis.rows(layer, start, stop) or Analysis.row_blocks(layer))",
+    )
 
 
 @contextlib.contextmanager
