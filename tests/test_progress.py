@@ -132,3 +132,19 @@ def test_the_dashboard_bar_shows_layers_done_and_is_removed(monkeypatch):
         progress(1, 3)
         raise RuntimeError("the step failed")
     assert fake.log[-1] == ("empty",) and fake.log[1][2] == "Analysing: 1 of 3 tokens"
+
+
+def test_the_binned_heatmap_reports_its_row_blocks_and_keeps_its_cells(case, monkeypatch):
+    """The binned view reads the whole layer (2-3 s at 8k tokens on a CPU), so it reports the blocks it has
+    reduced; the cells are the same with and without a callback."""
+    from cwviz.core import analysis as core_analysis
+
+    _, analysis = case
+    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", 2)  # one query row a block
+    calls = Calls()
+    cells = tables.heatmap_cells(analysis, 0, None, "contribution_inter", "inter", 2, "binned", max_cells=6, progress=calls)
+    assert cells.binned
+    _assert_counts(calls, analysis.num_tokens)
+    pd.testing.assert_frame_equal(
+        cells.frame, tables.heatmap_cells(analysis, 0, None, "contribution_inter", "inter", 2, "binned", max_cells=6).frame
+    )

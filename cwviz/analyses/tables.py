@@ -81,6 +81,7 @@ def heatmap_cells(
     query: int | None = None,
     view: str = "window",
     max_cells: int = MAX_CELLS,
+    progress: Progress | None = None,
 ) -> HeatmapCells:
     """The cells of one layer's attention / measure heatmaps.
 
@@ -88,7 +89,8 @@ def heatmap_cells(
     ``view="window"`` keeps the queries (and keys) in a window around ``query`` plus the first key
     (the sink), and ``view="binned"`` averages groups of consecutive queries and sums groups of
     consecutive keys (so attention rows still sum to 1). Causal models show only keys <= query: the
-    masked upper triangle has no rows at all, so it is drawn empty, not as zero.
+    masked upper triangle has no rows at all, so it is drawn empty, not as zero. ``progress`` is told the
+    row blocks done by the binned view (the one view that reads the whole layer).
     """
     layer = analysis.check_layer(layer)
     if head is not None:
@@ -127,7 +129,7 @@ def heatmap_cells(
             bins += 1
         width = math.ceil(t / bins)
         edges = np.arange(0, t, width)
-        binned_mats = _binned_matrices(analysis, layer, head, measure, kind, edges)
+        binned_mats = _binned_matrices(analysis, layer, head, measure, kind, edges, progress)
         labels = tuple(f"{s}–{min(s + width, t) - 1}" for s in edges)
         positions = np.arange(len(edges))
         frame = _cells(binned_mats, positions, positions, causal, labels, labels)
@@ -148,23 +150,26 @@ def position_labels(tokens) -> tuple[str, ...]:
     return tuple(f"{i} {token}" for i, token in enumerate(tokens))
 
 
-def _binned_matrices(analysis: Analysis, layer: int, head: int | None, measure: str, kind: str, edges: np.ndarray) -> dict[str, np.ndarray]:
+def _binned_matrices(
+    analysis: Analysis, layer: int, head: int | None, measure: str, kind: str, edges: np.ndarray, progress: Progress | None = None
+) -> dict[str, np.ndarray]:
     """[query_bin, key_bin] attention, measure and contribution: the mean over a bin's queries of the sum over
-    a bin's keys (attention rows still sum to 1), read in blocks of whole
-    query bins (about :data:`cwviz.core.analysis.ROW_BLOCK_CELLS` cells a head) that are reduced as they
-    go: the layer's T x T maps are never held."""
+    a bin's keys (attention rows still sum to 1), read in blocks of query rows of about
+    :func:`cwviz.core.analysis.row_block_cells` cells a head (a bin may span several blocks) that are reduced
+    as they go: the layer's T x T maps are never held."""
     t, count = analysis.num_tokens, len(edges)
-    width = int(edges[1] - edges[0]) if count > 1 else t
     out = {name: np.zeros((count, count)) for name in ("attention", "value", "contribution")}
-    step = max(1, core_analysis.ROW_BLOCK_CELLS // max(1, t * width))  # query bins a block
-    for first in range(0, count, step):
-        last = min(count, first + step)
-        start = int(edges[first])
-        stop = int(edges[last]) if last < count else t
+    rows = max(1, core_analysis.row_block_cells(analysis.records[layer].query.device) // t)  # query rows a block
+    bin_of_row = np.searchsorted(edges, np.arange(t), side="right") - 1
+    blocks = math.ceil(t / rows)
+    for number, start in enumerate(range(0, t, rows), start=1):
+        stop = min(t, start + rows)
         mats = _layer_matrices(analysis.rows(layer, start, stop), head, measure, kind)
         for name in out:
             key_sums = np.add.reduceat(mats[name].astype(np.float64), edges, axis=1)  # (rows, key bins)
-            out[name][first:last] = np.add.reduceat(key_sums, edges[first:last] - start, axis=0)
+            np.add.at(out[name], bin_of_row[start:stop], key_sums)
+        if progress is not None:
+            progress(number, blocks)
     queries = np.diff(np.append(edges, t))  # queries a bin
     return {name: (matrix / queries[:, None]).astype(np.float32) for name, matrix in out.items()}
 

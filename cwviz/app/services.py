@@ -154,7 +154,9 @@ def _analyse(request: Request) -> Analyzed:
 @st.cache_data(max_entries=64, show_spinner=False)
 def heatmap_cells(request: Request, layer: int, head: int | None, measure: str, kind: str, query: int, view: str) -> tables.HeatmapCells:
     """Tidy heatmap cells of one layer (see :func:`cwviz.analyses.tables.heatmap_cells`)."""
-    return tables.heatmap_cells(get_analysis(request).analysis, layer, head, measure, kind, query, view)
+    analysis = get_analysis(request).analysis
+    with progress_bar(f"Binning layer {layer}", "row blocks") as progress:
+        return tables.heatmap_cells(analysis, layer, head, measure, kind, query, view, progress=progress)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)

@@ -41,11 +41,21 @@ MAX_TOKENS = 32_768
 #: Cells a head's block of query rows holds when a layer is read in blocks (:meth:`Analysis.row_blocks`,
 #: the binned heatmap view): [head, rows, T] at a time, never the layer's T x T maps.
 ROW_BLOCK_CELLS = 1 << 18
+#: The same on a CUDA device, where a block is a handful of kernel launches and a larger one keeps the device
+#: busy: 128 rows a block at 32k tokens (a 32-head block's maps about 6 GB), 2^18 cells would be 8.
+ROW_BLOCK_CELLS_GPU = 1 << 22
 #: A causal layer is read in at least this many row blocks (each ``CAUSAL_BLOCK_ROWS`` rows or more): block b
 #: needs keys up to its last row only, so the whole layer costs about (1 + 1 / blocks) / 2 of the dense maps.
 CAUSAL_MIN_BLOCKS = 8
 CAUSAL_BLOCK_ROWS = 32
 JSON_SCHEMA_VERSION = 1
+
+
+def row_block_cells(device: torch.device | str) -> int:
+    """Cells a head's row block holds on ``device``: :data:`ROW_BLOCK_CELLS_GPU` on CUDA, else :data:`ROW_BLOCK_CELLS`."""
+    return ROW_BLOCK_CELLS_GPU if torch.device(device).type == "cuda" else ROW_BLOCK_CELLS
+
+
 #: Bytes a value of :meth:`Analysis.to_dict` costs at its peak: a Python float and its list slot, then its JSON text.
 JSON_BYTES_PER_VALUE = 48
 
@@ -168,7 +178,12 @@ def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | N
     batch = torch.tensor([ids], device=device)
     # The base model only: the output layer (T x vocab logits, the largest product for a small model and
     # a long prompt) runs when the log-probabilities are first asked for, in chunks of rows.
-    with memory.guard(device), torch.inference_mode(), forward_pass(bundle.attention_modules, progress=progress) as records:
+    with (
+        memory.guard(device),
+        memory.compact_heap(),
+        torch.inference_mode(),
+        forward_pass(bundle.attention_modules, progress=progress) as records,
+    ):
         hidden = bundle.final_hidden(batch)[0]  # (T, d_model)
     if len(records) != bundle.info.layers:
         raise RuntimeError(f"recorded {len(records)} of {bundle.info.layers} layers; is the model's attention routed through cwviz?")
@@ -361,7 +376,7 @@ class Analysis:
     def _blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, int]]:
         """``(first, stop, keys)`` of the row blocks of :meth:`row_blocks`."""
         rec = self.records[layer]
-        block = max(1, ROW_BLOCK_CELLS // self.num_tokens)
+        block = max(1, row_block_cells(rec.query.device) // self.num_tokens)
         if rec.causal:  # at least CAUSAL_MIN_BLOCKS blocks, so that the keys left out add up to about half
             block = min(block, max(CAUSAL_BLOCK_ROWS, -(-self.num_tokens // CAUSAL_MIN_BLOCKS)))
         for first in range(start, self.num_tokens, block):
