@@ -147,7 +147,7 @@ def cwviz_command(model: Path, data: Path, results: Path) -> list[str]:
         "faithfulness",
         "--jsonl",
         str(data),
-        "--n",
+        "--examples",
         "200",
         "--rates",
         "10,50",

@@ -38,7 +38,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--dataset", help="a Hugging Face dataset NAME or NAME:CONFIG (needs `datasets` and network)")
     parser.add_argument("--field", help="the JSONL/dataset field holding the text (default: text, or question+answer)")
     parser.add_argument("--split", default="test", help="the dataset split (default: test)")
-    parser.add_argument("--n", type=int, default=F.DEFAULT_EXAMPLES, help=f"number of examples (default {F.DEFAULT_EXAMPLES})")
+    parser.add_argument(
+        "--n",
+        "--examples",
+        dest="n",
+        type=int,
+        default=F.DEFAULT_EXAMPLES,
+        help=f"number of examples (default {F.DEFAULT_EXAMPLES}); under torchrun or accelerate launch write --examples, "
+        "since their own option parsers take --n for one of theirs",
+    )
     parser.add_argument("--rates", default=rates, help=f"removal rates in %% of each query's keys (default {rates})")
     parser.add_argument(
         "--measures",
