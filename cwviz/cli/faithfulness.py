@@ -38,7 +38,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--dataset", help="a Hugging Face dataset NAME or NAME:CONFIG (needs `datasets` and network)")
     parser.add_argument("--field", help="the JSONL/dataset field holding the text (default: text, or question+answer)")
     parser.add_argument("--split", default="test", help="the dataset split (default: test)")
-    parser.add_argument("--n", type=int, default=F.DEFAULT_EXAMPLES, help=f"number of examples (default {F.DEFAULT_EXAMPLES})")
+    parser.add_argument(
+        "--n",
+        "--examples",
+        dest="n",
+        type=int,
+        default=F.DEFAULT_EXAMPLES,
+        help=f"number of examples (default {F.DEFAULT_EXAMPLES}); under torchrun or accelerate launch write --examples, "
+        "since their own option parsers take --n for one of theirs",
+    )
     parser.add_argument("--rates", default=rates, help=f"removal rates in %% of each query's keys (default {rates})")
     parser.add_argument(
         "--measures",
@@ -60,6 +68,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random ranking and the bootstrap (default 0)")
     parser.add_argument("--out", type=Path, help="summary CSV, rewritten after every example")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="results folder: per-example records (JSON Lines, one file per process, fsynced after each example), "
+        "manifest.json and summary.csv; needed for data-parallel runs (accelerate launch / torchrun)",
+    )
+    parser.add_argument("--resume", action="store_true", help="with --results: skip the examples already recorded there")
     add_model_args(parser)
     parser.set_defaults(func=run)
 
@@ -157,12 +172,10 @@ def format_order(summary: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
+def protocol_of(args: argparse.Namespace):
     from ..analyses import faithfulness
 
-    protocol = faithfulness.Protocol(
+    return faithfulness.Protocol(
         rates=parse_rates(args.rates),
         measures=parse_measures(args.measures),
         layer=parse_layer(args.layers),
@@ -172,9 +185,40 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..core.parallel import processes
+
+    protocol = protocol_of(args)
+    if args.resume and args.results is None:
+        raise InputError("--resume continues a run in a results folder; give it with --results DIR")
     texts = read_examples(args)
     if args.out is not None and not args.out.parent.is_dir():
         raise InputError(f"no folder {args.out.parent} for --out; create it first")
+    procs = processes(args.device)
+    if args.results is not None:
+        return run_sweep(args, protocol, texts, procs)
+    if procs.count > 1:
+        raise InputError(f"this run has {procs.count} processes: each writes its records to --results DIR; give the folder")
+    return run_single(args, protocol, texts)
+
+
+def print_summary(bundle_id: str, examples: int, protocol, summary: pd.DataFrame) -> None:
+    print(
+        f"model: {bundle_id}; {examples} example(s), at most {protocol.max_tokens} tokens each; "
+        f"layers: {'all at once' if protocol.layer is None else protocol.layer}; "
+        f"scores: {'per head' if protocol.per_head else 'layer-level'}, ranked by {protocol.rank_by} value"
+    )
+    print(format_table(summary))
+    print(format_order(summary))
+
+
+def run_single(args: argparse.Namespace, protocol, texts: list[str]) -> int:
+    from tqdm import tqdm
+
+    from ..analyses import faithfulness
+
     bundle = load(args)
     tables: list[pd.DataFrame] = []
     summary = pd.DataFrame(columns=faithfulness.SUMMARY_COLUMNS)
@@ -195,15 +239,125 @@ def run(args: argparse.Namespace) -> int:
         if interrupted:
             return report_interrupt(0, len(texts), "example")
         raise InputError("no example had two or more tokens; nothing to measure")
-    print(
-        f"model: {bundle.info.id}; {len(tables)} example(s), at most {protocol.max_tokens} tokens each; "
-        f"layers: {'all at once' if protocol.layer is None else protocol.layer}; "
-        f"scores: {'per head' if protocol.per_head else 'layer-level'}, ranked by {protocol.rank_by} value"
-    )
-    print(format_table(summary))
-    print(format_order(summary))
+    print_summary(bundle.info.id, len(tables), protocol, summary)
     if args.out is not None:
         print(f"wrote {args.out}")
     if interrupted:
         return report_interrupt(len(tables), len(texts), "example", args.out)
     return 0
+
+
+def sweep_settings(protocol, provenance: dict, task: str) -> dict:
+    """What decides a record's numbers: a resumed run must match them (the batch size and device do not)."""
+    from dataclasses import asdict
+
+    model = {k: provenance[k] for k in ("id", "architecture", "revision", "weights_sha256", "dtype")}
+    return {"protocol": {k: v for k, v in asdict(protocol).items() if k != "batch_size"}, "model": model, "task": task}
+
+
+def run_sweep(args: argparse.Namespace, protocol, texts: list[str], procs) -> int:
+    """The resumable, data-parallel sweep: each process runs its share of the unfinished examples and
+    appends their records to its own file; the main process then merges every record into the summary."""
+    from tqdm import tqdm
+
+    from ..analyses import faithfulness
+    from ..analyses import records as R
+    from ..core.parallel import model_provenance, shard
+
+    folder: Path = args.results
+    if not folder.parent.is_dir():
+        raise InputError(f"no folder {folder.parent} for --results; create it first")
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--results {folder} is a file; give a folder")
+    if procs.device is not None:
+        args.device = procs.device  # one model copy per process, each on its own device
+    bundle = load(args)
+    provenance = model_provenance(bundle)
+    task = "text"
+    key = R.fingerprint(sweep_settings(protocol, provenance, task))
+    hashes = [R.text_hash(t) for t in texts]
+    if procs.is_main:
+        folder.mkdir(exist_ok=True)
+    procs.barrier()
+    existing = R.read_records(folder)
+    if existing and not args.resume:
+        raise InputError(f"{folder} already holds {len(existing)} record(s); add --resume to continue that run, or give a fresh folder")
+    done = R.check_resumable(existing, key, hashes, folder)
+    procs.barrier()  # every process has read the records before any appends
+    pending = [i for i in range(len(texts)) if i not in done]
+    mine = shard(pending, procs.index, procs.count)
+    if procs.is_main:
+        R.write_manifest(folder, manifest(args, protocol, provenance, task, len(texts), procs.count, key))
+    interrupted = False
+    try:
+        with R.RecordWriter(R.records_path(folder, procs.index)) as writer:
+            bar = tqdm(total=len(mine), desc=f"faithfulness [{procs.index}]", unit="example", file=sys.stderr, disable=not procs.is_main)
+            with bar:
+                for index in mine:
+                    for _, table in faithfulness.iter_examples(bundle, [texts[index]], protocol, start=index):
+                        writer.write(R.example_record(index, texts[index], key, task, table))
+                    bar.update(1)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the records written so far are kept
+        interrupted = True
+    if not interrupted:
+        procs.barrier()
+    if not procs.is_main:
+        return 130 if interrupted else 0
+    records = R.read_records(folder)
+    table = R.records_table(records)
+    finished = sum(1 for r in records if not r["skipped"])
+    summary = faithfulness.summarize(table, seed=args.seed) if len(table) else pd.DataFrame(columns=faithfulness.SUMMARY_COLUMNS)
+    write_csv(summary, folder / R.SUMMARY)
+    if args.out is not None:
+        write_csv(summary, args.out)
+    if interrupted:
+        return report_interrupt(len(records), len(texts), "example", folder)
+    if not finished:
+        raise InputError("no example had two or more tokens; nothing to measure")
+    print_summary(bundle.info.id, finished, protocol, summary)
+    print(f"wrote {folder / R.SUMMARY} ({len(records)} record(s) from {len(list(folder.glob(R.RECORD_GLOB)))} file(s))")
+    return 0
+
+
+def manifest(args: argparse.Namespace, protocol, provenance: dict, task: str, examples: int, count: int, key: str) -> dict:
+    """How this run was made and how to rerun it (``manifest.json``; the report shows it)."""
+    import datetime as dt
+    import platform
+    import shlex
+
+    import torch
+    import transformers
+
+    from .. import __version__
+
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    command = "cwviz " + shlex.join(argv)
+    if count > 1:
+        command = f"accelerate launch --multi_gpu --num_processes {count} -m {command}"
+    data = {"jsonl": str(jsonl_path(args)) if jsonl_path(args) else None, "file": args.file, "dataset": args.dataset, "split": args.split}
+    return {
+        "schema": "cwviz.faithfulness.manifest",
+        "fingerprint": key,
+        "model": provenance,
+        "seed": protocol.seed,
+        "rates": list(protocol.rates),
+        "measures": list(protocol.measures),
+        "protocol": {
+            "layer": protocol.layer,
+            "per_head": protocol.per_head,
+            "rank_by": protocol.rank_by,
+            "max_tokens": protocol.max_tokens,
+        },
+        "batch_size": protocol.batch_size,
+        "task": task,
+        "data": {k: v for k, v in data.items() if v} | {"examples": examples},
+        "processes": count,
+        "versions": {
+            "cwviz": __version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
+        "command": command,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }

@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
         transformers.utils.logging.disable_progress_bar()
         transformers.utils.logging.set_verbosity_error()
+    args.argv = argv  # the manifest of a sweep records the command
     previous = _sigterm_as_interrupt()
     try:
         return int(args.func(args) or 0)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from os import PathLike
 from pathlib import Path
 from typing import BinaryIO
@@ -141,22 +142,20 @@ def read_text_file(path: str | PathLike) -> str:
         return read_text_stream(handle, path)  # bounded again: the file may grow while it is read
 
 
-def read_texts(path: str | PathLike, n: int | None = None, field: str | None = None) -> list[str]:
-    """The prompts of a JSONL file, in file order; with ``n``, only the first ``n`` (later lines are not read).
-
-    Raises :class:`~cwviz.core.errors.InputError` for a missing or non-UTF-8 file, a malformed line (naming
-    its line number), ``n < 1``, or a file without prompts.
-    """
+def iter_jsonl(path: str | PathLike, n: int | None = None) -> Iterator[tuple[int, object]]:
+    """``(line number, decoded JSON value)`` for each non-blank line of a JSONL file, streamed; with ``n``,
+    the first ``n`` only (later lines are not read). Raises InputError naming the line for one that is not
+    JSON, not UTF-8 or too long, and for a missing file."""
     if n is not None and n < 1:
         raise InputError(f"--n must be at least 1, not {n}")
     path = Path(path)
     if not path.is_file():
         raise InputError(f"no file at {path}")
-    texts: list[str] = []
     limit = max_file_bytes()
+    yielded = 0
     with path.open("rb") as handle:
         line_number = 0
-        while n is None or len(texts) < n:
+        while n is None or yielded < n:
             raw = handle.readline(limit + 1)  # bounded: one enormous line is never read whole
             if not raw:
                 break
@@ -170,7 +169,17 @@ def read_texts(path: str | PathLike, n: int | None = None, field: str | None = N
                 record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise InputError(f"line {line_number} of {path} is not valid JSON ({err.msg} at column {err.colno})") from None
-            texts.append(text_of(record, line_number, path, field))
+            yielded += 1
+            yield line_number, record
+
+
+def read_texts(path: str | PathLike, n: int | None = None, field: str | None = None) -> list[str]:
+    """The prompts of a JSONL file, in file order; with ``n``, only the first ``n`` (later lines are not read).
+
+    Raises :class:`~cwviz.core.errors.InputError` for a missing or non-UTF-8 file, a malformed line (naming
+    its line number), ``n < 1``, or a file without prompts.
+    """
+    texts = [text_of(record, line, path, field) for line, record in iter_jsonl(path, n)]
     if not texts:
-        raise InputError(f"{path} holds no prompts (every line is blank)")
+        raise InputError(f"{Path(path)} holds no prompts (every line is blank)")
     return texts

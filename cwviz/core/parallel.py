@@ -1,0 +1,76 @@
+"""Data-parallel runs through accelerate's process state: one model copy per process, examples sharded.
+
+``accelerate launch --multi_gpu --num_processes N -m cwviz ...`` or ``torchrun --nproc_per_node N -m cwviz ...``
+start N processes with the usual environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``);
+:func:`processes` reads it through :class:`accelerate.PartialState`, which sets up the process group (NCCL on
+GPUs, gloo on the CPU). Without a launcher it is one process, as before. On a machine without CUDA the state
+is made with ``cpu=True``: accelerate only forms a CPU (gloo) group when asked to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Processes:
+    """This process's place in a data-parallel run: ``index`` of ``count``; ``device`` its own device."""
+
+    index: int = 0
+    count: int = 1
+    device: str | None = None  # None: the caller's choice (single process)
+
+    @property
+    def is_main(self) -> bool:
+        return self.index == 0
+
+    def barrier(self) -> None:
+        """Wait for every process (nothing to wait for in a single process)."""
+        if self.count > 1:
+            from accelerate import PartialState
+
+            PartialState().wait_for_everyone()
+
+
+def processes(device: str = "auto") -> Processes:
+    """The process state of this run; under a launcher, each process gets its own device (``cuda:LOCAL_RANK``)."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Processes()
+    from accelerate import PartialState
+
+    cpu = device == "cpu" or not torch.cuda.is_available()
+    state = PartialState(cpu=cpu)
+    return Processes(state.process_index, state.num_processes, "cpu" if cpu else str(state.device))
+
+
+def shard(items: Sequence, index: int, count: int) -> list:
+    """Process ``index``'s share of ``items`` (round robin, so long and short examples spread evenly)."""
+    return list(items[index::count])
+
+
+def model_provenance(bundle) -> dict:
+    """What identifies the model's numbers: id, hub revision (when known), a hash of its weights, dtype, device.
+
+    The weight hash covers every parameter's name, shape, dtype and first 4096 values (fast on a 7B model;
+    two checkpoints of one architecture differ there).
+    """
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, param in bundle.model.named_parameters():
+            digest.update(f"{name}{tuple(param.shape)}{param.dtype}".encode())
+            digest.update(param.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+    info = bundle.info
+    return {
+        "id": info.id,
+        "architecture": info.architecture,
+        "revision": getattr(bundle.model.config, "_commit_hash", None),
+        "weights_sha256": digest.hexdigest(),
+        "dtype": info.dtype,
+        "device": info.device,
+    }

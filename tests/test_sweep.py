@@ -1,0 +1,211 @@
+"""Resumable, data-parallel faithfulness sweeps (``cwviz faithfulness --results DIR``): records, resume,
+sharding, and the refusals; tiny random models only (saved to disk for the subprocess runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cwviz import cli
+from cwviz.analyses import records as R
+from cwviz.cli import faithfulness as command
+from cwviz.core.parallel import shard
+
+from .conftest import make_tiny
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXTS = [f"Example {i}: the {'quick ' * (i % 4)}brown fox jumps over dog {i}." for i in range(6)] + ["a"]
+
+
+def write_jsonl(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    return path
+
+
+def sweep(tmp_path, monkeypatch, results: Path, *extra: str) -> int:
+    monkeypatch.setattr(command, "load", lambda _args: make_tiny("llama"))
+    data = write_jsonl(tmp_path / "items.jsonl", TEXTS)
+    args = ["faithfulness", "--jsonl", str(data), "--n", "10", "--rates", "10,50", "--measures", "raw,random", "--results", str(results)]
+    return cli.main([*args, *extra])
+
+
+def lines(folder: Path) -> list[dict]:
+    return [json.loads(line) for path in sorted(folder.glob(R.RECORD_GLOB)) for line in path.read_text().splitlines()]
+
+
+def test_a_sweep_writes_one_record_per_example_and_the_summary_from_them(tmp_path, monkeypatch, capsys):
+    results = tmp_path / "run"
+    assert sweep(tmp_path, monkeypatch, results) == 0
+    records = lines(results)
+    assert [r["example"] for r in records] == list(range(len(TEXTS)))
+    assert records[-1]["skipped"] and not records[0]["skipped"]  # "a" has one token: recorded as skipped
+    assert {r["text_sha256"] for r in records} == {R.text_hash(t) for t in TEXTS}
+    assert len(records[0]["runs"]) == 2 * 2 * 2
+    summary = pd.read_csv(results / R.SUMMARY)
+    assert set(summary.n) == {len(TEXTS) - 1}
+    manifest = json.loads((results / R.MANIFEST).read_text())
+    assert manifest["model"]["id"] == "tiny-llama" and manifest["rates"] == [10.0, 50.0] and manifest["processes"] == 1
+    assert manifest["command"].startswith("cwviz faithfulness --jsonl") and manifest["versions"]["torch"]
+    # a second run into the same folder without --resume is refused, with the fix
+    assert sweep(tmp_path, monkeypatch, results) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_resume_after_a_partial_run_and_a_truncated_line_gives_the_uninterrupted_summary(tmp_path, monkeypatch):
+    whole = tmp_path / "whole"
+    assert sweep(tmp_path, monkeypatch, whole) == 0
+    part = tmp_path / "part"
+    part.mkdir()
+    records = (whole / "records-00000.jsonl").read_text().splitlines(keepends=True)
+    # three finished examples, then the fourth cut off mid-write
+    (part / "records-00000.jsonl").write_text("".join(records[:3]) + records[3][: len(records[3]) // 2])
+    assert sweep(tmp_path, monkeypatch, part, "--resume") == 0
+    assert [r["example"] for r in lines(part)] == list(range(len(TEXTS)))  # nothing lost, nothing twice
+    assert (part / R.SUMMARY).read_text() == (whole / R.SUMMARY).read_text()
+
+
+def test_resume_refuses_other_settings_and_other_texts(tmp_path, monkeypatch, capsys):
+    results = tmp_path / "run"
+    assert sweep(tmp_path, monkeypatch, results) == 0
+    assert sweep(tmp_path, monkeypatch, results, "--resume", "--seed", "3") == 2
+    assert "other settings" in capsys.readouterr().err
+    TEXTS_BEFORE = list(TEXTS)
+    try:
+        TEXTS[2] = "a different second text"
+        assert sweep(tmp_path, monkeypatch, results, "--resume") == 2
+        assert "example 2" in capsys.readouterr().err
+    finally:
+        TEXTS[:] = TEXTS_BEFORE
+
+
+def test_malformed_records_are_named_by_file_and_line(tmp_path, monkeypatch, capsys):
+    results = tmp_path / "run"
+    assert sweep(tmp_path, monkeypatch, results) == 0
+    path = results / "records-00000.jsonl"
+    text = path.read_text().splitlines(keepends=True)
+    path.write_text(text[0] + "{not json\n" + "".join(text[1:]))
+    capsys.readouterr()
+    assert sweep(tmp_path, monkeypatch, results, "--resume") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: line 2 of") and len(err.strip().splitlines()) == 1
+    with pytest.raises(Exception, match="no results folder"):
+        R.read_records(tmp_path / "missing")
+
+
+def test_processes_share_the_pending_examples_without_overlap():
+    pending = [0, 2, 3, 5, 8, 9, 11]
+    shares = [shard(pending, i, 3) for i in range(3)]
+    assert sorted(sum(shares, [])) == pending
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_two_shards_written_apart_merge_into_the_single_process_records(tmp_path, monkeypatch):
+    single = tmp_path / "single"
+    assert sweep(tmp_path, monkeypatch, single) == 0
+    split = tmp_path / "split"
+    split.mkdir()
+    records = lines(single)
+    for index in range(2):  # what two processes would write, each its own file
+        (split / f"records-{index:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shard(records, index, 2)))
+    assert R.read_records(split) == R.read_records(single)
+
+
+# -- subprocesses: a tiny model saved to disk ---------------------------------------------------------
+def save_tiny_model(folder: Path) -> Path:
+    import torch
+    import transformers
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0} | {chr(i): i - 31 for i in range(32, 127)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
+    config = transformers.LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+def cwviz_command(model: Path, data: Path, results: Path) -> list[str]:
+    return [
+        "faithfulness",
+        "--jsonl",
+        str(data),
+        "--examples",
+        "200",
+        "--rates",
+        "10,50",
+        "--model",
+        str(model),
+        "--device",
+        "cpu",
+        "--results",
+        str(results),
+    ]
+
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+
+
+@pytest.mark.slow
+def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tmp_path):
+    model = save_tiny_model(tmp_path / "model")
+    data = write_jsonl(tmp_path / "items.jsonl", TEXTS * 2)
+    single, double = tmp_path / "single", tmp_path / "double"
+    done = subprocess.run(
+        [sys.executable, "-m", "cwviz", *cwviz_command(model, data, single)], env=ENV, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "cwviz"]
+    done = subprocess.run([*torchrun, *cwviz_command(model, data, double)], env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in double.glob(R.RECORD_GLOB)) == ["records-00000.jsonl", "records-00001.jsonl"]
+    assert all(p.stat().st_size > 0 for p in double.glob(R.RECORD_GLOB))  # both processes did work
+    assert R.read_records(double) == R.read_records(single)
+    assert (double / R.SUMMARY).read_text() == (single / R.SUMMARY).read_text()
+    assert json.loads((double / R.MANIFEST).read_text())["processes"] == 2
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_loses_nothing_and_duplicates_nothing(tmp_path):
+    model = save_tiny_model(tmp_path / "model")
+    texts = [f"Item {i}: " + "the river flows past the old mill " * (1 + i % 3) for i in range(200)]
+    data = write_jsonl(tmp_path / "items.jsonl", texts)
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    run = [sys.executable, "-m", "cwviz", *cwviz_command(model, data, killed)]
+    proc = subprocess.Popen(run, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    path = R.records_path(killed, 0)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and (not path.exists() or path.read_text().count("\n") < 5):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    kept = path.read_text().count("\n")
+    assert 5 <= kept < len(texts)  # killed mid-run
+    with path.open("a") as handle:
+        handle.write('{"schema": "cwviz.faithfulness.record", "exam')  # as if killed mid-write
+    done = subprocess.run([*run, "--resume"], env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    examples = [json.loads(line)["example"] for line in path.read_text().splitlines()]
+    assert sorted(examples) == list(range(len(texts)))  # each example exactly once
+    done = subprocess.run(
+        [sys.executable, "-m", "cwviz", *cwviz_command(model, data, whole)], env=ENV, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (killed / R.SUMMARY).read_text() == (whole / R.SUMMARY).read_text()
