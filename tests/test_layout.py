@@ -41,6 +41,7 @@ ROOMS: dict[str, set[str]] = {
 #: Imports outside the rules, each with its reason.
 EXCEPTIONS = {
     ("cwviz.cli.main", "transformers"): "quiets transformers' progress bars and logging before a command prints",
+    ("cwviz.core.parallel", "__version__"): "a results manifest records the package's version",
 }
 TRACKED = ("torch", "transformers", "streamlit", "altair")
 

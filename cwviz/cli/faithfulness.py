@@ -322,13 +322,9 @@ def run_sweep(args: argparse.Namespace, protocol, texts: list[str], procs) -> in
 def manifest(args: argparse.Namespace, protocol, provenance: dict, task: str, examples: int, count: int, key: str) -> dict:
     """How this run was made and how to rerun it (``manifest.json``; the report shows it)."""
     import datetime as dt
-    import platform
     import shlex
 
-    import torch
-    import transformers
-
-    from .. import __version__
+    from ..core.parallel import versions
 
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     command = "cwviz " + shlex.join(argv)
@@ -352,12 +348,7 @@ def manifest(args: argparse.Namespace, protocol, provenance: dict, task: str, ex
         "task": task,
         "data": {k: v for k, v in data.items() if v} | {"examples": examples},
         "processes": count,
-        "versions": {
-            "cwviz": __version__,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-        },
+        "versions": versions(),
         "command": command,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }

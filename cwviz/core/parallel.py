@@ -74,3 +74,14 @@ def model_provenance(bundle) -> dict:
         "dtype": info.dtype,
         "device": info.device,
     }
+
+
+def versions() -> dict[str, str]:
+    """The versions a run's manifest records: cwviz, torch, transformers, Python."""
+    import platform
+
+    import transformers
+
+    from .. import __version__
+
+    return {"cwviz": __version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
