@@ -32,6 +32,24 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def _sidebar_changes(at, repeats: int, tokens: int) -> tuple[float, float, float]:
+    """Median seconds of a layer, a head and a query-token change in the sidebar (``repeats`` of each)."""
+
+    def change(label: str, kind: str, values) -> float:
+        times = []
+        for value in values[:repeats]:
+            widget = next(w for w in getattr(at.sidebar, kind) if w.label == label)
+            times.append(_timed(lambda: widget.set_value(value).run()))
+            assert not at.exception, [e.value for e in at.exception]
+        return statistics.median(times)
+
+    return (
+        change("Layer", "slider", [3, 20, 9, 27]),
+        change("Head", "selectbox", [2, 5, "all", 7]),
+        change("Query token", "selectbox", [tokens // 2, tokens // 3, tokens - 5, 100]),
+    )
+
+
 def bench(repeats: int = 3) -> list[str]:
     from streamlit.testing.v1 import AppTest
 
@@ -46,17 +64,7 @@ def bench(repeats: int = 3) -> list[str]:
     layer = next(w for w in sidebar.slider if w.label == "Layer")
     tokens = len(next(w for w in sidebar.selectbox if w.label == "Query token").options)
 
-    def change(label: str, kind: str, values) -> float:
-        times = []
-        for value in values[:repeats]:
-            widget = next(w for w in getattr(at.sidebar, kind) if w.label == label)
-            times.append(_timed(lambda: widget.set_value(value).run()))
-            assert not at.exception, [e.value for e in at.exception]
-        return statistics.median(times)
-
-    layer_s = change("Layer", "slider", [3, 20, 9, 27])
-    head_s = change("Head", "selectbox", [2, 5, "all", 7])
-    token_s = change("Query token", "selectbox", [tokens // 2, tokens // 3, tokens - 5, 100])
+    layer_s, head_s, token_s = _sidebar_changes(at, repeats, tokens)
     payload = _payload_bytes(at)
     del layer
     rows = [
@@ -115,17 +123,7 @@ def bench_long(bundle, tokens: int = 8192, repeats: int = 3) -> list[str]:
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     shown = len(next(w for w in at.sidebar.selectbox if w.label == "Query token").options)
 
-    def change(label: str, kind: str, values) -> float:
-        times = []
-        for value in values[:repeats]:
-            widget = next(w for w in getattr(at.sidebar, kind) if w.label == label)
-            times.append(_timed(lambda: widget.set_value(value).run()))
-            assert not at.exception, [e.value for e in at.exception]
-        return statistics.median(times)
-
-    layer_s = change("Layer", "slider", [3, 20, 9, 27])
-    head_s = change("Head", "selectbox", [2, 5, "all", 7])
-    token_s = change("Query token", "selectbox", [shown // 2, shown // 3, shown - 5, 100])
+    layer_s, head_s, token_s = _sidebar_changes(at, repeats, shown)
     mem_base, mem_dash = memory_probe("sdpa", tokens), memory_probe("dashboard", tokens)
     rows = [
         f"| {shown} tokens, heatmaps page | seconds | ratio to the plain SDPA forward | target |",

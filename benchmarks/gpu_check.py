@@ -80,14 +80,19 @@ def random_llama(shape: dict, dtype: torch.dtype, device: torch.device) -> cwviz
     return cwviz.bundle_from_model(model, IdTokenizer(), model_id="random Llama-8B shape" if shape is LLAMA_8B else "random tiny Llama")
 
 
-def check_identities(bundle: cwviz.Bundle, ids: list[int], layers: list[int]) -> dict:
+def analyze_seen(bundle: cwviz.Bundle, ids: list[int], layers: list[int]) -> tuple[cwviz.Analysis, dict]:
+    """The analysis, and what the model's own output projections received in ``layers`` (float32 [T, H d])."""
     seen = {}
     handles = [bundle.out_projections[l].register_forward_pre_hook(lambda m, a, l=l: seen.__setitem__(l, a[0][0].float())) for l in layers]
     try:
-        analysis = cwviz.analyze(bundle, input_ids=ids)
+        return cwviz.analyze(bundle, input_ids=ids), seen
     finally:
         for h in handles:
             h.remove()
+
+
+def check_identities(bundle: cwviz.Bundle, ids: list[int], layers: list[int]) -> dict:
+    analysis, seen = analyze_seen(bundle, ids, layers)
     worst = {"intra_sum": 0.0, "inter_sum": 0.0, "write_rel": 0.0}
     for l in layers:
         m = analysis.layer(l)
@@ -102,13 +107,7 @@ def check_identities(bundle: cwviz.Bundle, ids: list[int], layers: list[int]) ->
 
 def check_streamed(bundle: cwviz.Bundle, ids: list[int], layers: list[int]) -> dict:
     """:func:`check_identities` in row blocks: the sums of every block, and Σ_j α ṽ_j from ``head_outputs``."""
-    seen = {}
-    handles = [bundle.out_projections[l].register_forward_pre_hook(lambda m, a, l=l: seen.__setitem__(l, a[0][0].float())) for l in layers]
-    try:
-        analysis = cwviz.analyze(bundle, input_ids=ids)
-    finally:
-        for h in handles:
-            h.remove()
+    analysis, seen = analyze_seen(bundle, ids, layers)
     worst = {"intra_sum": 0.0, "inter_sum": 0.0, "write_rel": 0.0}
     for l in layers:
         for _, _, m in analysis.row_blocks(l):
