@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from . import architectures, memory
-from .capture import LayerRecord, attention_probabilities, forward_pass
+from .capture import LayerRecord, attention_probabilities, causal_rows, forward_pass
 from .errors import InputError, SelectionError
-from .measures import MEASURES, LayerMeasures, grouped_matmul, head_weights, layer_measures, value_norms
+from .measures import MEASURES, LayerMeasures, QuerySide, grouped_matmul, head_weights, layer_measures, query_side, value_norms
 from .models import Bundle
 from .progress import Progress
 from .settings import env_int
@@ -355,23 +355,37 @@ class Analysis:
             raise SelectionError(f"rows {start}..{stop - 1} are out of range; the prompt has tokens 0..{self.num_tokens - 1}")
         return self._rows(layer, start, stop, self.num_tokens)
 
-    def _rows(self, layer: int, start: int, stop: int, keys: int) -> LayerMeasures:
-        """:meth:`rows` against the keys ``0..keys-1`` only (the caller knows the rows see no later key)."""
+    def _rows(self, layer: int, start: int, stop: int, keys: int, query: QuerySide | None = None) -> LayerMeasures:
+        """:meth:`rows` against the keys ``0..keys-1`` only (the caller knows the rows see no later key); ``query``
+        the rows' :class:`~cwviz.core.measures.QuerySide` when the caller has it for the whole layer."""
         rec = self.records[layer]
         with memory.guard(rec.value.device), torch.inference_mode():
             alpha = self._attention_rows(layer, start, stop, keys)
             gram = self.bundle.gram(layer).to(rec.value.device)
-            # As in layer(): the model's own z = α v when it is float32 (a quarter of the rows' products).
-            head_output = rec.output[:, start:stop] if rec.output.dtype == torch.float32 else None
+            if query is None and rec.output.dtype == torch.float32:
+                # As in layer(): the model's own z = α v when it is float32 (a quarter of the rows' products).
+                query = query_side(rec.output[:, start:stop], gram)
             value_norm = self.value_norms(layer)[:, :keys]
-            return layer_measures(alpha, rec.value[:, :keys], head_output=head_output, gram=gram, value_norm=value_norm)
+            return layer_measures(alpha, rec.value[:, :keys], gram=gram, value_norm=value_norm, query=query)
+
+    def _query_side(self, layer: int) -> QuerySide | None:
+        """The whole layer's :class:`~cwviz.core.measures.QuerySide` from the model's own z when it is float32
+        (2 x heads x T x d_head floats), else None (z is then recomputed in float32 from each block's α)."""
+        rec = self.records[layer]
+        if rec.output.dtype != torch.float32:
+            return None
+        with memory.guard(rec.value.device), torch.inference_mode():
+            return query_side(rec.output, self.bundle.gram(layer).to(rec.value.device))
 
     def _attention_rows(self, layer: int, start: int, stop: int, keys: int) -> torch.Tensor:
         """α of the query rows ``start..stop-1`` over the keys ``0..keys-1``, float32 [head, rows, keys]."""
         rec = self.records[layer]
-        mask = rec.key_mask(start, stop)[:, :keys] if rec.mask is not None or rec.causal else None  # (W, K)
         with torch.inference_mode():
-            return attention_probabilities(rec.query[:, start:stop].float(), rec.key[:, :keys].float(), rec.scaling, mask, False)
+            query, key = rec.query[:, start:stop].float(), rec.key[:, :keys].float()
+            if rec.mask is None and rec.causal:
+                return causal_rows(query, key, rec.scaling, start)
+            mask = rec.key_mask(start, stop)[:, :keys] if rec.mask is not None else None  # (W, K)
+            return attention_probabilities(query, key, rec.scaling, mask, False)
 
     def _blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, int]]:
         """``(first, stop, keys)`` of the row blocks of :meth:`row_blocks`."""
@@ -396,8 +410,9 @@ class Analysis:
         exactly 0), and leaving them out halves the work of reading the whole layer. Elsewhere they are all T.
         """
         layer = self.check_layer(layer)
+        query = self._query_side(layer)  # one product for the layer, sliced per block
         for first, stop, keys in self._blocks(layer, start):
-            yield first, stop, self._rows(layer, first, stop, keys)
+            yield first, stop, self._rows(layer, first, stop, keys, None if query is None else query.rows(first, stop))
 
     def attention_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, torch.Tensor]]:
         """``(first, stop, α)`` in the blocks of :meth:`row_blocks`, attention only (float32 [head, rows, keys])."""

@@ -159,6 +159,34 @@ def attention_probabilities(
     return torch.softmax(scores, dim=-1)
 
 
+def causal_rows(query: torch.Tensor, key: torch.Tensor, scaling: float, start: int) -> torch.Tensor:
+    """α of the query rows ``start..start+R-1`` of a causal layer (no explicit mask) against the keys ``0..K-1``.
+
+    | arg    | shape                   |
+    |--------|-------------------------|
+    | query  | [head, R, d_head]       |
+    | key    | [kv_head, K, d_head]    |
+    | return | [head, R, K]            |
+
+    Row ``start + r`` sees keys ``0..start+r``; later keys get exactly 0, as the softmax of -inf gives. The
+    same scores, scaling and softmax as :func:`attention_probabilities`, in fewer passes over the block: the
+    heads of a group are stacked against their shared key, the scaling is the product's own factor, and
+    only the keys from ``start + 1`` on (the block's diagonal part) are masked.
+    """
+    heads, rows, d_head = query.shape
+    kv_heads, keys, _ = key.shape
+    stacked = query.reshape(kv_heads, (heads // kv_heads) * rows, d_head)  # (H_kv, groups * R, d)
+    scores = torch.empty(kv_heads, stacked.shape[1], keys, dtype=query.dtype, device=query.device)
+    scores.baddbmm_(stacked, key.transpose(1, 2), beta=0.0, alpha=scaling)
+    scores = scores.view(heads, rows, keys)
+    if start + 1 < keys:
+        later = (
+            torch.arange(start + 1, keys, device=query.device)[None, :] > torch.arange(start, start + rows, device=query.device)[:, None]
+        )
+        scores[:, :, start + 1 :].masked_fill_(later, float("-inf"))  # (R, K - start - 1), broadcast over heads
+    return torch.softmax(scores, dim=-1)
+
+
 def _causal_probabilities(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
     """The causal case of :func:`attention_probabilities` for one sequence, [head, T, T].
 

@@ -212,6 +212,50 @@ def value_norms(value: torch.Tensor, gram: torch.Tensor, num_heads: int) -> torc
     return (v_gram * v[:, None]).sum(-1).clamp_min(0).sqrt().reshape(num_heads, keys)
 
 
+@dataclass(frozen=True)
+class QuerySide:
+    """What the measures need of the queries alone, whatever the keys (float32).
+
+    | field            | shape                    | meaning                                        |
+    |------------------|--------------------------|------------------------------------------------|
+    | head_output      | [head, query, d_head]    | z_i^h (the o_proj input per head)              |
+    | head_output_norm | [head, query]            | ‖o_i^h‖ = sqrt(z_i^hᵀ G^h z_i^h)               |
+    | output_norm      | [query]                  | ‖o_i‖ = sqrt(z_iᵀ G z_i)                        |
+    | pulled           | [head, 2, query, d_head] | G^h z_i^h and (W_O^h)ᵀ o_i = (G z_i)_h         |
+
+    :meth:`cwviz.Analysis.row_blocks` makes it once for a whole layer (one [T, H d] x [H d, H d] product
+    instead of one per block) and slices it per block with :meth:`rows`.
+    """
+
+    head_output: torch.Tensor
+    head_output_norm: torch.Tensor
+    output_norm: torch.Tensor
+    pulled: torch.Tensor
+
+    def rows(self, start: int, stop: int) -> QuerySide:
+        """The query rows ``start..stop-1`` (views)."""
+        return QuerySide(
+            self.head_output[:, start:stop],
+            self.head_output_norm[:, start:stop],
+            self.output_norm[start:stop],
+            self.pulled[:, :, start:stop],
+        )
+
+
+def query_side(head_output: torch.Tensor, gram: torch.Tensor) -> QuerySide:
+    """The :class:`QuerySide` of z [head, query, d_head] and G = W_Oᵀ W_O [H d, H d] (:func:`full_gram`)."""
+    z = head_output.float()
+    heads, queries, d_head = z.shape
+    gram = gram.float()
+    z_flat = z.transpose(0, 1).reshape(queries, heads * d_head)  # (Q, H*d)  o_proj input
+    pulled_inter = z_flat @ gram  # (Q, H*d)  W_Oᵀ o_i, every head's slice
+    output_norm = (z_flat * pulled_inter).sum(-1).clamp_min(0).sqrt()  # (Q,)  ‖o_i‖ = sqrt(zᵀ G z)
+    z_gram = z @ _gram_blocks(gram, heads)  # (H, Q, d)  G^h z_i^h
+    head_output_norm = (z_gram * z).sum(-1).clamp_min(0).sqrt()  # (H, Q)  ‖o_i^h‖
+    pulled = torch.stack([z_gram, pulled_inter.view(queries, heads, d_head).transpose(0, 1)], dim=1)  # (H, 2, Q, d)
+    return QuerySide(z, head_output_norm, output_norm, pulled)
+
+
 def layer_measures(
     attention: torch.Tensor,
     value: torch.Tensor,
@@ -220,6 +264,7 @@ def layer_measures(
     gram: torch.Tensor | None = None,
     causal: bool = False,
     value_norm: torch.Tensor | None = None,
+    query: QuerySide | None = None,
 ) -> LayerMeasures:
     """Compute one layer's measures without materialising projected values per pair.
 
@@ -232,6 +277,7 @@ def layer_measures(
     | gram        | optional [head * d_head, head * d_head]: W_Oᵀ W_O (:func:`full_gram`), cacheable per model |
     | causal      | ``attention`` is zero above the diagonal: only the lower triangle of the products is computed |
     | value_norm  | optional [head, key]: ‖ṽ_j^h‖ (:func:`value_norms`) when the caller keeps it per layer |
+    | query       | optional :class:`QuerySide` of these query rows (then ``head_output`` is not used) |
 
     All inputs are upcast to float32. With the Gram matrix G = W_Oᵀ W_O nothing of width d_model is
     formed: ‖o_i‖² = z_iᵀ G z_i, (W_O^h)ᵀ o_i = (G z_i)_h, and G^h is G's diagonal block. Both
@@ -242,19 +288,16 @@ def layer_measures(
     heads, queries, keys = alpha.shape
     v = value.float()  # (H_kv, K, d)
     kv_heads, _, d_head = v.shape
-    if gram is None:
-        gram = full_gram(w_heads.float().permute(1, 0, 2).reshape(w_heads.shape[1], heads * d_head))
-    gram = gram.float()
-    blocks = _gram_blocks(gram, heads)  # (H, d, d)  G^h
-    z = grouped_matmul(alpha, v) if head_output is None else head_output.float()  # (H, Q, d)
-    z_flat = z.transpose(0, 1).reshape(queries, heads * d_head)  # (Q, H*d)  o_proj input
-    pulled_inter = z_flat @ gram  # (Q, H*d)  W_Oᵀ o_i, every head's slice
-    output_norm = (z_flat * pulled_inter).sum(-1).clamp_min(0).sqrt()  # (Q,)  ‖o_i‖ = sqrt(zᵀ G z)
-    z_gram = z @ blocks  # (H, Q, d)  G^h z_i^h
-    head_output_norm = (z_gram * z).sum(-1).clamp_min(0).sqrt()  # (H, Q)  ‖o_i^h‖
+    if query is None or value_norm is None:
+        if gram is None:
+            gram = full_gram(w_heads.float().permute(1, 0, 2).reshape(w_heads.shape[1], heads * d_head))
+        gram = gram.float()
+    if query is None:
+        z = grouped_matmul(alpha, v) if head_output is None else head_output  # (H, Q, d)
+        query = query_side(z, gram)
     value_norm = value_norms(v, gram, heads) if value_norm is None else value_norm.float()  # (H, K)  ‖ṽ_j^h‖
-    pulled = torch.stack([z_gram, pulled_inter.view(queries, heads, d_head).transpose(0, 1)], dim=1)  # (H, 2, Q, d)
-    norms = torch.stack([head_output_norm, output_norm.expand(heads, queries)], dim=1)  # (H, 2, Q)
+    pulled = query.pulled  # (H, 2, Q, d)
+    norms = torch.stack([query.head_output_norm, query.output_norm.expand(heads, queries)], dim=1)  # (H, 2, Q)
     scaled = pulled / (norms**2)[..., None]
     if causal and queries == keys:
         # Only the lower triangle, per row block: (2H, Q, d) @ (2H, d, K), kinds outermost. One batch
@@ -270,9 +313,9 @@ def layer_measures(
         attention=alpha,
         value=v,
         value_norm=value_norm,
-        head_output=z,
-        head_output_norm=head_output_norm,
-        output_norm=output_norm,
+        head_output=query.head_output,
+        head_output_norm=query.head_output_norm,
+        output_norm=query.output_norm,
         contributions=contributions,
         pulled=pulled,
     )
