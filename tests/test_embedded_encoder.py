@@ -187,3 +187,13 @@ def test_faithfulness_and_generation_say_they_need_a_causal_model():
     at.sidebar.button(key="_cwviz_analyze").click().run()
     assert_clean(at)
     assert "faith_run" in [b.key for b in at.button]
+
+
+def test_a_hosted_server_may_offer_both_embedded_models(monkeypatch):
+    monkeypatch.setenv("CWVIZ_HOSTED", "1")
+    monkeypatch.setenv("CWVIZ_ALLOWED_MODELS", "embedded,embedded-encoder")
+    at = run_encoder_app()
+    assert_clean(at)
+    model = widget(at, "selectbox", "Model")
+    assert model.options == ["embedded", "embedded-encoder"] and model.value == ENCODER
+    assert "all-MiniLM-L6-v2" in " ".join(c.value for c in at.sidebar.caption)
