@@ -59,6 +59,27 @@ def test_a_missing_package_names_the_pip_command(tmp_path, monkeypatch):
         cwviz.load_model(ENCODER, device="cpu")
 
 
+@pytest.mark.parametrize("head", [False, True])
+def test_an_encoder_saved_without_a_head_is_loaded_without_one(tmp_path, head):
+    """Any BERT folder: a bare ``BertModel`` (as sentence-transformers saves them) loads as one; a checkpoint
+    with its masked-LM head keeps the table's class."""
+    import transformers
+
+    from .conftest import tiny_config
+
+    config = tiny_config("bert")
+    model = (transformers.BertForMaskedLM if head else transformers.BertModel)(config)
+    model.save_pretrained(tmp_path)
+    transformers.BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b"])}).save_pretrained(
+        tmp_path
+    )
+    bundle = cwviz.load_model(str(tmp_path), device="cpu")
+    assert type(bundle.model).__name__ == ("BertForMaskedLM" if head else "BertModel")
+    torch.testing.assert_close(
+        bundle.attention_modules[0].query.weight, (model.bert if head else model).encoder.layer[0].attention.self.query.weight
+    )
+
+
 # -- the identities on real text ---------------------------------------------------------------------
 def test_real_text_satisfies_the_identities(embedded_encoder):
     from transformers import AutoModel
