@@ -132,6 +132,14 @@ def test_cls_is_the_detected_sink(embedded_encoder):
     assert np.isnan(result.perplexity) and np.isfinite(result.table["cone_change"]).all()
 
 
+def test_bertviz_says_an_encoders_rows_weigh_tokens_it_leaves_out(embedded_encoder):
+    from cwviz.analyses import bertviz
+
+    analysis = cwviz.analyze(embedded_encoder, "word " * 120)  # [CLS] + 120 + [SEP]
+    assert bertviz.scope(analysis, "head", 1).note.endswith("these rows also weigh the 26 later tokens, which are not drawn")
+    assert "later" not in bertviz.scope(cwviz.analyze(embedded_encoder, PROMPT), "head", 1).note  # all tokens drawn
+
+
 # -- the CLI -----------------------------------------------------------------------------------------
 def test_cli_analyze_and_faithfulness(tmp_path, capsys):
     out = tmp_path / "a.json"
