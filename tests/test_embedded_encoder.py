@@ -141,7 +141,7 @@ def test_bertviz_says_an_encoders_rows_weigh_tokens_it_leaves_out(embedded_encod
 
 
 # -- the CLI -----------------------------------------------------------------------------------------
-def test_cli_analyze_and_faithfulness(tmp_path, capsys):
+def test_cli_analyze_sinks_and_faithfulness(tmp_path, capsys):
     out = tmp_path / "a.json"
     assert cli.main(["analyze", "--model", ENCODER, "--device", "cpu", "--text", PROMPT, "--layer", "3", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -149,6 +149,10 @@ def test_cli_analyze_and_faithfulness(tmp_path, capsys):
     assert "perplexity: none (an encoder" in printed and "nan" not in printed
     data = json.loads(out.read_text(encoding="utf-8"))
     assert data["causal"] is False and data["tokens"][0] == "[CLS]"
+
+    assert cli.main(["sinks", "--model", ENCODER, "--device", "cpu", "--text", PROMPT, "--sink", "-1"]) == 0
+    printed = capsys.readouterr().out
+    assert "'[SEP]' (chosen)" in printed and "no dPPL: perplexity is defined for causal language models only" in printed
 
     assert cli.main(["faithfulness", "--model", ENCODER, "--device", "cpu", "--text", PROMPT]) == 2
     err = capsys.readouterr().err.strip().splitlines()
