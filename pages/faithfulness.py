@@ -43,6 +43,14 @@ st.markdown(
     "protocol: layer-level scores from the clean pass, masks in every layer at once, at least one key per "
     "query; `random` is the control."
 )
+if sel.ok and not sel.analysis.info.causal:
+    info = sel.analysis.info
+    st.info(
+        f"Faithfulness needs a causal language model: it measures how well the model predicts each next token "
+        f"(perplexity), and {info.id} is an encoder ({info.architecture}), which predicts none. Pick a causal model in "
+        "the sidebar, such as 'embedded'."
+    )
+    st.stop()
 
 
 def read_texts(source: str, n: int, field: str | None, upload, path: str, dataset: str, split: str) -> list[str]:

@@ -25,6 +25,11 @@ st.title("Contribution weights vs attention")
 st.markdown(INTRO)
 if not sel.ok:
     st.stop()
+if not sel.analysis.info.causal:
+    st.info(
+        f"{sel.analysis.info.id} is an encoder: attention is bidirectional, every query sees every key (earlier and "
+        "later), so the heatmaps are square and full, with no empty triangle."
+    )
 
 left, middle, right = st.columns([3, 2, 3])
 with left:

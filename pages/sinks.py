@@ -30,11 +30,25 @@ st.caption(
 if not sel.ok:
     st.stop()
 
-left, middle, right = st.columns([3, 2, 3])
+causal = sel.analysis.info.causal
 last = sel.analysis.num_tokens - 1
+choices = dict(SINK_CHOICES)
+if not causal:  # an encoder: every query sees every key, and its special tokens at both ends are the usual sinks
+    tokens = sel.analysis.tokens
+    ends = {"first": f"first token ({tokens[0]})", "last": f"last token ({tokens[last]})"}
+    choices = ends | {k: v for k, v in choices.items() if k not in ends}
+    st.info(
+        f"{sel.analysis.info.id} is an encoder: every query attends to every key, and the special tokens "
+        f"{tokens[0]!r} (first) and {tokens[last]!r} (last) are where sinks usually form; pick either as the sink. "
+        "Perplexity needs a causal language model, so the intervention below reports head outputs only."
+    )
+if st.session_state.get("sinks_choice", "first") not in choices:  # "last" left by an encoder, now a causal model
+    st.session_state["sinks_choice"] = "first"
+
+left, middle, right = st.columns([3, 2, 3])
 with left:
     choice = url_widget(
-        st.radio, "sink", "Sink", "first", options=list(SINK_CHOICES), format_func=SINK_CHOICES.get, horizontal=True, key="sinks_choice"
+        st.radio, "sink", "Sink", "first", options=list(choices), format_func=choices.get, horizontal=True, key="sinks_choice"
     )
 with middle:
     position = url_widget(
@@ -60,7 +74,7 @@ if services.server_files_allowed():  # off in hosting mode: the server's files a
             help="One prompt a line: a 'text' field, or GSM8K's 'question' and 'answer'.",
         )
         pool_n = st.number_input("First N prompts", min_value=0, max_value=services.MAX_POOLED, value=0, key="sinks_pool_n")
-sink = {"first": "0", "auto": "auto", "position": str(position)}[choice]
+sink = {"first": "0", "last": str(last), "auto": "auto", "position": str(position)}[choice]
 
 try:
     tables = services.sink_tables(sel.request, sink, pool_path, int(pool_n))
@@ -149,8 +163,11 @@ except CwvizError as err:
     st.error(str(err))
     st.stop()
 a, b, c = st.columns(3)
-a.metric("PPL clean", f"{result.perplexity_clean:.3f}")
-b.metric("PPL intervened", f"{result.perplexity:.3f}", delta=f"{result.delta_ppl:+.3f}", delta_color="inverse")
+if causal:
+    a.metric("PPL clean", f"{result.perplexity_clean:.3f}")
+    b.metric("PPL intervened", f"{result.perplexity:.3f}", delta=f"{result.delta_ppl:+.3f}", delta_color="inverse")
+else:
+    a.metric("PPL", "n/a", help="Perplexity measures next-token prediction: it needs a causal language model, not an encoder.")
 c.metric(
     "Semantic cone, mean change",
     f"{result.table['cone_change'].mean():+.4f}",
@@ -158,7 +175,7 @@ c.metric(
 )
 widgets.chart(charts.intervention_chart(result.table), result.table, "cwviz-sink-intervention", key="sinks_intervention")
 
-if url_widget(
+if causal and url_widget(
     st.toggle,
     "layerwise",
     "ΔPPL with the sink's value scaled by λ in one layer at a time",

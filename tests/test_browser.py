@@ -471,6 +471,35 @@ def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser,
     watch.check()
 
 
+def test_the_embedded_encoder_draws_square_heatmaps_and_its_sinks(server, browser):
+    """all-MiniLM-L6-v2 (``model=embedded-encoder``): both heatmaps label every token on both axes, [CLS] first
+    and [SEP] last (every query sees every key), and the Sinks page draws its four charts with no perplexity."""
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "heatmaps", {"model": "embedded-encoder"}))
+        _settle(page, 2)
+        _assert_no_error_text(page)
+        assert page.get_by_text("is an encoder: attention is bidirectional").count() == 1
+        assert _check_charts(page, "Heatmaps (encoder)") == 2
+        views = page.evaluate(HEATMAP_LABELS_JS)
+        assert len(views) == 2
+        for view in views:
+            x, y = ([t["text"] for t in axis["labels"]] for axis in sorted(view["axes"], key=lambda a: a["along"]))
+            assert sorted(x) == sorted(y) and len(x) > 20 and "0 [CLS]" in x and any(t.endswith(" [SEP]") for t in x)
+        _screenshot(page, "encoder-heatmaps")
+        page.get_by_role("link", name="Sinks").click()  # not _walk_to: its screenshot would be the README's
+        page.get_by_text("Attention sinks as active suppressors").wait_for(timeout=60_000)
+        _settle(page, 4)
+        _assert_no_error_text(page)
+        assert _check_charts(page, "Sinks (encoder)") == 4
+        assert page.get_by_text("last token ([SEP])").count() == 1
+        _screenshot(page, "encoder-sinks")
+    finally:
+        page.close()
+    watch.check()
+
+
 def test_clicking_a_head_in_the_overview_selects_it(server, browser):
     """A click on a cell of the all-heads chart selects that layer and head: the link and the heatmap
     follow. Vega labels each SVG cell (aria-label "head: H; layer: L; …"), which finds the cell."""

@@ -110,6 +110,7 @@ def test_head_overview_has_a_pick_selection_and_one_cell_per_head(analysis):
     assert pick["select"]["fields"] == ["layer", "head"]
     assert len(spec["layer"]) == 2  # the selected head is outlined
     assert _rows(spec) == len(summary) + 1
+    assert spec["height"] >= heatmaps.OVERVIEW_MIN_HEIGHT  # two layers still get a readable grid
     with pytest.raises(ValueError, match="metric"):
         heatmaps.head_overview(summary, "nonsense")
 

@@ -10,7 +10,7 @@ Choices, stated on the page:
 * Size: the head view shows the selected layer, the model view at most :data:`MODEL_VIEW_LAYERS`
   layers around it; both at most :data:`MAX_TOKENS` (head) / :data:`MODEL_VIEW_TOKENS` (model) tokens,
   the first ones. For causal models the leading block of the matrix is exact: rows of the first n
-  queries only involve the first n keys.
+  queries only involve the first n keys; an encoder's rows also weigh the later keys, and the note says so.
 * Tokens enter bertviz's JSON as placeholders that are replaced with JSON strings in which ``<``, ``>``
   and ``&`` are escaped, so a token such as ``</script>`` cannot end the script. bertviz draws tokens
   with d3's ``.text()``, as text.
@@ -60,6 +60,8 @@ def scope(analysis: Analysis, view: str, layer: int) -> BertvizScope:
     n = min(t, cap)
     where = f"layer {layer}" if view == "head" else f"layers {layers[0]}–{layers[-1]}"
     note = f"{where}, all {t} tokens" if n == t else f"{where}, the first {n} of {t} tokens (bertviz slows down beyond {cap})"
+    if n < t and not analysis.info.causal:  # an encoder's rows also weigh the later keys, which are not drawn
+        note += f"; these rows also weigh the {t - n} later tokens, which are not drawn"
     return BertvizScope(layers, n, note)
 
 

@@ -140,7 +140,10 @@ def sidebar() -> Selection:
                 st.text_input,
                 "draft_model",
                 "Model",
-                help="embedded (ships with cwviz, works offline), a Hugging Face hub id, or a local folder / .gguf file",
+                help=(
+                    "embedded (SmolLM2-135M, a causal language model) or embedded-encoder (all-MiniLM-L6-v2, a BERT "
+                    "encoder): both ship with cwviz and work offline; or a Hugging Face hub id, or a local folder / .gguf file"
+                ),
             )
         left, right = st.columns(2)
         with left:
@@ -155,7 +158,7 @@ def sidebar() -> Selection:
             min_value=0,
             max_value=MAX_GENERATE,
             step=1,
-            help="Greedily generate this many tokens after the prompt and analyse prompt plus continuation.",
+            help="Greedily generate this many tokens after the prompt and analyse prompt plus continuation (causal language models only).",
         )
         st.button("Analyze", type="primary", on_click=commit, key="_cwviz_analyze", width="stretch")
 

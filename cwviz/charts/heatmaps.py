@@ -27,6 +27,10 @@ CELL = 13  # px per position: a 10 px label per row or column without overlap
 SIDE_BY_SIDE = 32
 #: The click selection of every layer x head grid; pages pass it to Streamlit as ``selection_mode``.
 PICK = "pick"
+#: The least height of the layer x head overview, title and head axis included: the dashboard draws it at the
+#: column's width with Vega's "fit" autosize, where that height holds everything, so a model with few layers
+#: (a 6-layer encoder: 6 x 22 px) would leave its grid a few pixels tall.
+OVERVIEW_MIN_HEIGHT = 300
 #: The click selection of the heatmap pair: a cell's ``query_position``.
 QUERY_PICK = "query_pick"
 
@@ -218,6 +222,6 @@ def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int 
         )
     return alt.layer(*layers_out).properties(
         width=max(160, cell * heads),
-        height=cell * layers,
+        height=max(cell * layers, OVERVIEW_MIN_HEIGHT),
         title=alt.TitleParams(f"All heads: {OVERVIEW_METRICS[metric]} (click a cell to pick the head)", anchor="start", fontSize=13),
     )

@@ -194,7 +194,8 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
         .mark_line(point=True)
         .encode(
             x=x,
-            y=alt.Y("cone:Q", title="mean pairwise cos of head outputs"),
+            # Not from zero: a cosine has no zero baseline, and the lines (the difference is what counts) fill the plot.
+            y=alt.Y("cone:Q", title="mean pairwise cos of head outputs", scale=alt.Scale(zero=False)),
             color=alt.Color("pass:N", title="pass", scale=alt.Scale(domain=["clean", "intervened"], range=["#4c78a8", "#e45756"])),
             tooltip=[alt.Tooltip("layer:O"), alt.Tooltip("pass:N"), alt.Tooltip("cone:Q", format=".3f")],
         )

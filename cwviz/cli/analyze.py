@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     info = bundle.info
     tokens = analysis.tokens
     print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
-    print(f"tokens: {analysis.num_tokens}; perplexity: {analysis.perplexity:.3f}")
+    ppl = f"{analysis.perplexity:.3f}" if info.causal else "none (an encoder does not predict next tokens)"
+    print(f"tokens: {analysis.num_tokens}; perplexity: {ppl}")
     print(f"last token #{analysis.num_tokens - 1} {tokens[-1]!r}; {scope}")
     print(f"  {'top keys by attention':42} top keys by contribution")
     for left, right in zip(_top(attention, tokens), _top(contribution, tokens)):

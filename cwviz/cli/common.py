@@ -10,7 +10,11 @@ from ..core.errors import InputError
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="embedded", help="embedded (default), a hub id, a local folder or a .gguf file")
+    parser.add_argument(
+        "--model",
+        default="embedded",
+        help="embedded (default; SmolLM2, a causal LM), embedded-encoder (all-MiniLM-L6-v2, a BERT encoder), a hub id, a local folder or a .gguf file",
+    )
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
     parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on cuda, float32 elsewhere), float32, bfloat16, float16")
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a hub model (off by default)")

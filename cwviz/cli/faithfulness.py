@@ -220,6 +220,7 @@ def run_single(args: argparse.Namespace, protocol, texts: list[str]) -> int:
     from ..analyses import faithfulness
 
     bundle = load(args)
+    faithfulness.check_causal(bundle)  # before the progress bar: an encoder gets one error line
     tables: list[pd.DataFrame] = []
     summary = pd.DataFrame(columns=faithfulness.SUMMARY_COLUMNS)
     interrupted = False
@@ -272,6 +273,7 @@ def run_sweep(args: argparse.Namespace, protocol, texts: list[str], procs) -> in
     if procs.device is not None:
         args.device = procs.device  # one model copy per process, each on its own device
     bundle = load(args)
+    faithfulness.check_causal(bundle)
     provenance = model_provenance(bundle)
     task = "text"
     key = R.fingerprint(sweep_settings(protocol, provenance, task))

@@ -37,7 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--sink",
         default=str(S.DEFAULT_SINK),
-        help=f"the sink: a token position (default {S.DEFAULT_SINK}, the first token) or '{S.AUTO}' (the key with the largest mean attention)",
+        help=(
+            f"the sink: a token position (default {S.DEFAULT_SINK}, the first token; negative counts from the end, so -1 is "
+            f"the last, BERT's [SEP]) or '{S.AUTO}' (the key with the largest mean attention)"
+        ),
     )
     parser.add_argument(
         "--factor",

@@ -25,7 +25,10 @@ def greedy_continuation(bundle: Bundle, prompt_ids: list[int], new_tokens: int, 
     if new_tokens == 0:
         return list(prompt_ids)
     if not bundle.arch.causal:
-        raise InputError(f"{bundle.info.id} is an encoder ({bundle.info.architecture}) and cannot generate; set tokens to generate to 0")
+        raise InputError(
+            f"{bundle.info.id} is an encoder ({bundle.info.architecture}) and cannot generate: generating text needs a "
+            "causal language model (such as 'embedded'); set tokens to generate to 0"
+        )
     device = bundle.input_device
     ids = torch.tensor([list(prompt_ids)], device=device)
     eos = getattr(bundle.model.generation_config, "eos_token_id", None) if hasattr(bundle.model, "generation_config") else None
