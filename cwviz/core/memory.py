@@ -140,11 +140,10 @@ def check_layer_maps(info, tokens: int, device: torch.device) -> None:
     )
 
 
-#: glibc's mallopt parameters (malloc.h) and the thresholds cwviz sets: during a recording forward pass every
-#: buffer of 1 MiB or more is its own mapping, returned to the system when freed; afterwards the row blocks'
-#: maps (about 10 MB each, reused block after block) stay in the heap, and the heap is not trimmed below 512 MiB.
+#: glibc's mallopt parameters (malloc.h) and the thresholds cwviz sets after a recording forward pass: the row
+#: blocks' maps (about 10 MB each, reused block after block) and the next pass's activations stay in the heap,
+#: and the heap is not trimmed below 512 MiB.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-FORWARD_MMAP_THRESHOLD = 1 << 20
 BLOCKS_MMAP_THRESHOLD = 32 << 20
 BLOCKS_TRIM_THRESHOLD = 512 << 20
 _HEAP_LOCK = threading.Lock()
@@ -162,29 +161,26 @@ def _libc():
 
 @contextlib.contextmanager
 def compact_heap() -> Iterator[None]:
-    """Keep freed activations from piling up in the heap during a recording forward pass (glibc on Linux).
+    """Give back what a recording forward pass freed, and keep large buffers in the heap afterwards (glibc on Linux).
 
-    glibc's malloc raises its mmap threshold as large buffers are freed, so the forward pass's activations
-    (1-50 MB each at 8k tokens) end up in the heap between the records that outlive them and stay in the
-    process's resident size: measured on the embedded model at 4096 tokens, 1.2-1.5 GB at the peak instead
-    of 0.85 GB, 0.4-0.6 GB of it still held afterwards. Within this block buffers of 1 MiB or more are
-    mapped on their own; on leaving, the freed memory is trimmed and the thresholds are set for the row
-    blocks (:data:`BLOCKS_MMAP_THRESHOLD`: their maps are reused from the heap). Elsewhere, or with
-    ``CWVIZ_MALLOC_TUNING=0``, nothing changes. The setting is the process's; concurrent passes share it.
+    The records of the pass live in a buffer of their own (:meth:`cwviz.core.capture._Pass.kept`), so when
+    the pass ends every activation it made is free; on leaving this block the freed memory is returned to the
+    system (``malloc_trim``) and the thresholds are set so that the row blocks' maps and the next pass's
+    activations are reused from the heap (:data:`BLOCKS_MMAP_THRESHOLD`) instead of being mapped afresh,
+    page by page, each time (an earlier version mapped every buffer of 1 MiB or more on its own during the
+    pass: as compact, but the page faults made the pass 1.35-1.45x the plain forward in CPU time at 512
+    tokens). Elsewhere, or with ``CWVIZ_MALLOC_TUNING=0``, nothing changes. The setting is the process's;
+    concurrent passes share it.
     """
     libc = _libc()
-    if libc is None:
-        yield
-        return
-    with _HEAP_LOCK:
-        libc.mallopt(_M_MMAP_THRESHOLD, FORWARD_MMAP_THRESHOLD)
     try:
         yield
     finally:
-        with _HEAP_LOCK:
-            libc.malloc_trim(0)
-            libc.mallopt(_M_MMAP_THRESHOLD, BLOCKS_MMAP_THRESHOLD)
-            libc.mallopt(_M_TRIM_THRESHOLD, BLOCKS_TRIM_THRESHOLD)
+        if libc is not None:
+            with _HEAP_LOCK:
+                libc.malloc_trim(0)
+                libc.mallopt(_M_MMAP_THRESHOLD, BLOCKS_MMAP_THRESHOLD)
+                libc.mallopt(_M_TRIM_THRESHOLD, BLOCKS_TRIM_THRESHOLD)
 
 
 @contextlib.contextmanager
