@@ -1,6 +1,13 @@
-"""Invariants on tiny random models of every supported architecture (built from configs, no downloads)."""
+"""Invariants on tiny random models of every supported architecture (built from configs, no downloads).
+
+Every family of the table and a few that run through a derived row (tests/conftest.py FAMILY_CONFIGS) is
+checked against transformers' own eager attention and logits; soft-capping, learned sinks and alternating
+windows are also checked against a hand computation.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -10,10 +17,10 @@ import cwviz
 from cwviz.core import architectures
 from cwviz.core.analysis import next_token_logprobs
 from cwviz.core.errors import UnsupportedModelError
-from cwviz.core.interventions import KeepKeys, ScaleValues, logits
+from cwviz.core.interventions import KeepKeys, ScaleValues, batch_perplexity, logits
 from cwviz.core.measures import expand_kv
 
-from .conftest import TEXT
+from .conftest import DERIVED_FAMILIES, FAMILY_CONFIGS, TEXT, CharTokenizer, family_model
 
 
 def model_writes(bundle, text):
@@ -42,8 +49,67 @@ def model_writes(bundle, text):
     return analysis, seen
 
 
-def test_identities_on_every_architecture(tiny):
-    analysis, seen = model_writes(tiny, TEXT)
+@dataclass(frozen=True)
+class Run:
+    """One tiny model of a family, analysed once, with what transformers' eager attention gives."""
+
+    bundle: cwviz.Bundle
+    analysis: cwviz.Analysis
+    seen: dict  # per layer: the output projection's input and output (minus b_O)
+    ids: torch.Tensor  # (1, T)
+    eager_attention: tuple  # per layer (1, H, T, T)
+    eager_logits: torch.Tensor  # (1, T, vocab) or the encoder's output
+    plain_logits: torch.Tensor  # the same through cwviz's attention outside an analysis
+
+
+def _outputs(model, ids, **kwargs):
+    out = model(input_ids=ids, **kwargs)
+    return out.logits if hasattr(out, "logits") else out[0]
+
+
+@pytest.fixture(scope="module", params=list(FAMILY_CONFIGS))
+def run(request) -> Run:
+    """Each family's tiny model (:data:`tests.conftest.FAMILY_CONFIGS`), built and analysed once for the module."""
+    model = family_model(request.param)
+    bundle = cwviz.bundle_from_model(model, CharTokenizer(100), model_id=f"tiny-{request.param}")
+    analysis, seen = model_writes(bundle, TEXT)
+    ids = torch.tensor([analysis.input_ids])
+    with torch.inference_mode():
+        plain = _outputs(model, ids)
+        model.set_attn_implementation("eager")
+        try:
+            eager = model(input_ids=ids, output_attentions=True)
+        finally:
+            model.set_attn_implementation("cwviz")
+    logits = eager.logits if hasattr(eager, "logits") else eager[0]
+    return Run(bundle, analysis, seen, ids, tuple(eager.attentions), logits, plain)
+
+
+def test_attention_equals_transformers_eager_attention(run):
+    analysis = run.analysis
+    assert len(run.eager_attention) == analysis.num_layers
+    for layer in range(analysis.num_layers):
+        np.testing.assert_allclose(analysis.attention(layer), run.eager_attention[layer][0].numpy(), rtol=1e-5, atol=1e-6)
+        if run.bundle.arch.causal:
+            assert np.all(np.triu(analysis.attention(layer), 1) == 0)
+
+
+def test_contributions_sum_to_one(run):
+    analysis = run.analysis
+    for layer in range(analysis.num_layers):
+        np.testing.assert_allclose(analysis.contributions(layer, "intra").sum(-1), 1, atol=1e-5)
+        np.testing.assert_allclose(analysis.contributions(layer, "inter").sum((0, 2)), 1, atol=1e-5)
+        attention = analysis.attention(layer).sum(-1)
+        if run.bundle.model.config.model_type == "gpt_oss":  # learned sinks take the rest of every row
+            assert np.all(attention < 1 - 1e-4)
+            np.testing.assert_allclose(attention + analysis.learned_sink_attention(layer), 1, atol=1e-5)
+        else:
+            np.testing.assert_allclose(attention, 1, atol=1e-5)
+            assert np.all(analysis.learned_sink_attention(layer) == 0)
+
+
+def test_weighted_values_are_the_output_projection_input(run):
+    analysis, seen = run.analysis, run.seen
     heads, tokens = analysis.num_heads, analysis.num_tokens
     for layer in range(analysis.num_layers):
         m = analysis.layer(layer)
@@ -53,54 +119,47 @@ def test_identities_on_every_architecture(tiny):
         z = alpha_v.permute(1, 0, 2).reshape(tokens, -1)
         torch.testing.assert_close(z, seen[layer]["z"], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(m.head_output, alpha_v, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(analysis.head_outputs(layer), alpha_v, rtol=1e-5, atol=1e-5)
         # ... and Σ_h W_O^h z^h the o_proj output without its bias.
         output = torch.einsum("hqd,hmd->qm", alpha_v, analysis.w_heads(layer))
         torch.testing.assert_close(output, seen[layer]["out"], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(m.output_norm, seen[layer]["out"].norm(dim=-1), rtol=1e-5, atol=1e-5)
-        # Contribution weights sum to one: per head (intra), over heads and keys (inter).
-        np.testing.assert_allclose(analysis.contributions(layer, "intra").sum(-1), 1, atol=1e-5)
-        np.testing.assert_allclose(analysis.contributions(layer, "inter").sum((0, 2)), 1, atol=1e-5)
-        attention = analysis.attention(layer)
-        np.testing.assert_allclose(attention.sum(-1), 1, atol=1e-5)
-        if tiny.arch.causal:
-            assert np.all(np.triu(attention, 1) == 0)
-        assert attention.shape == (heads, tokens, tokens)
 
 
-def test_capture_leaves_logits_unchanged(tiny):
-    ids = torch.tensor([tiny.tokenizer(TEXT)["input_ids"]])
+def test_capture_leaves_logits_unchanged(run):
+    bundle, ids, eager = run.bundle, run.ids, run.eager_logits
+    torch.testing.assert_close(run.plain_logits, eager, rtol=1e-5, atol=1e-5)
     with torch.inference_mode():
-        captured = cwviz.analyze(tiny, TEXT)
-        plain_cwviz = tiny.model(input_ids=ids).logits
-        tiny.model.set_attn_implementation("eager")
-        try:
-            eager = tiny.model(input_ids=ids).logits
-        finally:
-            tiny.model.set_attn_implementation("cwviz")
-    if tiny.arch.causal:
-        logprobs = torch.log_softmax(eager[0, :-1], -1).gather(1, ids[0, 1:, None])[:, 0]
-        np.testing.assert_allclose(captured.next_token_logprobs, logprobs.numpy(), rtol=1e-5, atol=1e-5)
-        # Deferred output layer, a few rows at a time, gives the logits' log-probabilities.
-        with torch.inference_mode():
-            hidden = tiny.final_hidden(ids)[0]
-            chunked = next_token_logprobs(hidden, tiny.model.get_output_embeddings(), ids[0], chunk=2)
-        np.testing.assert_allclose(chunked.numpy(), logprobs.numpy(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(plain_cwviz, eager, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(_outputs(bundle.model, ids), eager, rtol=1e-5, atol=1e-5)  # clean after analyses
+    if not bundle.arch.causal:
+        return
     # The intervention path with nothing changed gives the clean logits too.
     keep_all = KeepKeys({}, default=torch.ones(1))
-    torch.testing.assert_close(logits(tiny, ids, keep_all), eager, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(logits(tiny, ids, ScaleValues((0,), 1.0)), eager, rtol=1e-5, atol=1e-5)
-    # And the model is clean afterwards.
-    torch.testing.assert_close(logits(tiny, ids), eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits(bundle, ids, keep_all), eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits(bundle, ids, ScaleValues((0,), 1.0)), eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits(bundle, ids), eager, rtol=1e-5, atol=1e-5)
 
 
-def test_unsupported_architecture_lists_the_supported_ones():
-    import transformers
+def test_logprobs_are_the_logits_log_softmax(run):
+    bundle, ids = run.bundle, run.ids
+    if not bundle.arch.causal:
+        assert run.analysis.next_token_logprobs.size == 0 and not bundle.has_logits
+        return
+    expected = torch.log_softmax(run.eager_logits[0, :-1], -1).gather(1, ids[0, 1:, None])[:, 0]
+    np.testing.assert_allclose(run.analysis.next_token_logprobs, expected.numpy(), rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        hidden = bundle.final_hidden(ids)[0]
+        torch.testing.assert_close(bundle.output_logits(hidden), run.eager_logits[0], rtol=1e-5, atol=1e-5)
+        # Deferred output layer, a few rows at a time, gives the logits' log-probabilities.
+        chunked = next_token_logprobs(hidden, bundle.output_logits, ids[0], chunk=2)
+    np.testing.assert_allclose(chunked.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(batch_perplexity(bundle, ids[0].tolist()), [run.analysis.perplexity], rtol=1e-5)
 
-    config = transformers.MambaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, state_size=4)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    with pytest.raises(UnsupportedModelError, match="mamba.*llama"):
-        cwviz.bundle_from_model(model, None)
+
+def test_rows_are_derived_only_for_model_types_not_in_the_table(run):
+    model_type = run.bundle.model.config.model_type
+    assert run.bundle.arch.derived == (model_type in DERIVED_FAMILIES)
+    assert (model_type in architectures.ARCHITECTURES) != (model_type in DERIVED_FAMILIES)
 
 
 def test_model_info_reports_geometry(tiny):

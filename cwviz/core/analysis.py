@@ -440,8 +440,8 @@ class Analysis:
         if self.records[layer].sinks is None:
             return np.zeros((self.num_heads, self.num_tokens), dtype=np.float32)
         with torch.inference_mode():
-            share = torch.cat([1 - alpha.sum(-1) for _, _, alpha in self.attention_blocks(layer)], dim=1)
-        return _np(share.clamp_(min=0))
+            share = torch.cat([1 - alpha.sum(-1) for _, _, alpha in self.attention_blocks(layer)], dim=1).clamp_(min=0)
+        return _np(share)
 
     def head_outputs(self, layer: int) -> torch.Tensor:
         """z_i^h = Σ_j α_ij^h v_j^h recomputed in float32 from the records, [head, query, d_head] (the output
