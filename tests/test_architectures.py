@@ -16,7 +16,6 @@ import torch
 import cwviz
 from cwviz.core import architectures
 from cwviz.core.analysis import next_token_logprobs
-from cwviz.core.errors import UnsupportedModelError
 from cwviz.core.interventions import KeepKeys, ScaleValues, batch_perplexity, logits
 from cwviz.core.measures import expand_kv
 
