@@ -76,7 +76,13 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "gemma": dict(_DECODER, head_dim=16),
     # soft-capping strong enough to matter, alternating sliding (4) and global layers, final logit soft-capping
     "gemma2": dict(
-        _DECODER, head_dim=16, query_pre_attn_scalar=20, attn_logit_softcapping=1.5, final_logit_softcapping=2.0, sliding_window=4
+        _DECODER,
+        head_dim=16,
+        query_pre_attn_scalar=20,
+        attn_logit_softcapping=1.5,
+        final_logit_softcapping=2.0,
+        sliding_window=4,
+        initializer_range=0.3,
     ),
     "gemma3_text": dict(
         _DECODER, head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"], final_logit_softcapping=3.0

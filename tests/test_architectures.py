@@ -14,8 +14,10 @@ import pytest
 import torch
 
 import cwviz
+from cwviz.analyses import sinks as sinks_analyses
 from cwviz.core import architectures
 from cwviz.core.analysis import next_token_logprobs
+from cwviz.core.errors import UnsupportedModelError
 from cwviz.core.interventions import KeepKeys, ScaleValues, batch_perplexity, logits
 from cwviz.core.measures import expand_kv
 
@@ -167,3 +169,142 @@ def test_model_info_reports_geometry(tiny):
     assert info.kv_heads == tiny.model.config.to_dict().get("num_key_value_heads", 4)
     assert info.d_model == 64
     assert info.d_head * info.heads == architectures.out_proj_weight(tiny.out_projections[0], tiny.arch).shape[1]
+
+
+# -- refusals and derived rows -------------------------------------------------------------------------
+def test_state_space_and_encoder_decoder_models_are_refused_with_the_reason():
+    import transformers
+
+    mamba = transformers.AutoModelForCausalLM.from_config(
+        transformers.MambaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, state_size=4)
+    )
+    with pytest.raises(UnsupportedModelError, match="'mamba'.*state-space.*no attention.*llama"):
+        cwviz.bundle_from_model(mamba, None)
+    t5 = transformers.AutoModelForSeq2SeqLM.from_config(
+        transformers.T5Config(vocab_size=50, d_model=16, d_kv=4, d_ff=16, num_layers=1, num_heads=2)
+    )
+    with pytest.raises(UnsupportedModelError, match="'t5'.*encoder-decoder.*cross-attention"):
+        cwviz.bundle_from_model(t5, None)
+
+
+def test_a_refused_model_is_refused_before_its_weights_load(tmp_path):
+    import transformers
+
+    transformers.MambaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, state_size=4).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match="state-space"):
+        cwviz.load_model(str(tmp_path), device="cpu")  # the folder has no weights: refused from the config alone
+
+
+def test_a_derived_row_whose_probe_fails_is_refused():
+    model = family_model("phi")
+    # Something between the heads and W_O (here: doubling the projection's input in layer 1) means the layer's
+    # write is no longer the heads' weighted values; the load-time probe sees it.
+    handle = model.model.layers[1].self_attn.dense.register_forward_pre_hook(lambda module, args: (args[0] * 2,))
+    try:
+        with pytest.raises(UnsupportedModelError, match="'phi'.*probe failed.*layer 1.*self_attn.dense"):
+            cwviz.bundle_from_model(model, CharTokenizer(100))
+    finally:
+        handle.remove()
+    assert cwviz.bundle_from_model(model, CharTokenizer(100)).arch.derived
+
+
+def test_a_model_type_without_a_named_output_projection_is_refused(monkeypatch):
+    from cwviz.core import derive
+
+    monkeypatch.setattr(derive, "PROJECTION_NAMES", ("no_such_projection",))
+    with pytest.raises(UnsupportedModelError, match="'opt'.*no output projection named no_such_projection"):
+        cwviz.bundle_from_model(family_model("opt"), CharTokenizer(100))
+
+
+# -- soft-capping, learned sinks and per-layer windows against a hand computation ---------------------
+def window(tokens: int, size: int | None = None, causal: bool = True) -> np.ndarray:
+    """Which keys each query sees, bool [query, key]: causal (j <= i) and, with ``size``, the last ``size`` keys
+    (i - j < size, transformers' sliding window); not causal: |i - j| <= size // 2 (ModernBERT's local layers)."""
+    i, j = np.arange(tokens)[:, None], np.arange(tokens)[None, :]
+    if not causal:
+        return np.ones((tokens, tokens), bool) if size is None else np.abs(i - j) <= size // 2
+    return (j <= i) & (True if size is None else i - j < size)
+
+
+def by_hand(record, visible: np.ndarray, softcap: float | None = None, sinks: np.ndarray | None = None):
+    """α [head, query, key] and the learned sink's share [head, query], in float64 from the recorded q and k."""
+    query = record.query.double().numpy()
+    key = expand_kv(record.key.double(), query.shape[0]).numpy()
+    scores = query @ key.transpose(0, 2, 1) * record.scaling  # (H, Q, K)
+    if softcap is not None:
+        scores = softcap * np.tanh(scores / softcap)
+    scores = np.where(visible, scores, -np.inf)
+    sink = np.full(scores.shape[:2], -np.inf) if sinks is None else np.broadcast_to(sinks[:, None], scores.shape[:2])
+    peak = np.maximum(scores.max(-1), sink)
+    weights, sink_weight = np.exp(scores - peak[..., None]), np.exp(sink - peak)
+    total = weights.sum(-1) + sink_weight
+    return weights / total[..., None], sink_weight / total
+
+
+def test_soft_capping_is_the_softmax_of_the_capped_scores():
+    bundle = cwviz.bundle_from_model(family_model("gemma2"), CharTokenizer(100))
+    analysis = cwviz.analyze(bundle, TEXT[:14])
+    config, t = bundle.model.config, analysis.num_tokens
+    for layer, size in ((0, config.sliding_window), (1, None)):  # Gemma 2 alternates sliding and global layers
+        record = analysis.records[layer]
+        assert record.softcap == config.attn_logit_softcapping and record.scaling == pytest.approx(config.query_pre_attn_scalar**-0.5)
+        expected, _ = by_hand(record, window(t, size), softcap=record.softcap)
+        np.testing.assert_allclose(analysis.attention(layer), expected, atol=1e-6)
+        uncapped, _ = by_hand(record, window(t, size))
+        assert np.abs(uncapped - expected).max() > 1e-2  # the cap matters in this model
+        np.testing.assert_allclose(analysis.contributions(layer, "intra").sum(-1), 1, atol=1e-5)
+
+
+def test_learned_sinks_take_their_share_and_write_nothing():
+    bundle = cwviz.bundle_from_model(family_model("gpt_oss"), CharTokenizer(100))
+    analysis = cwviz.analyze(bundle, TEXT[:14])
+    t = analysis.num_tokens
+    assert analysis.has_learned_sinks
+    for layer, size in ((0, bundle.model.config.sliding_window), (1, None)):  # sliding and global layers
+        sinks = bundle.model.model.layers[layer].self_attn.sinks.detach().double().numpy()
+        expected, share = by_hand(analysis.records[layer], window(t, size), sinks=sinks)
+        np.testing.assert_allclose(analysis.attention(layer), expected, atol=1e-6)
+        np.testing.assert_allclose(analysis.learned_sink_attention(layer), share, atol=1e-6)
+        assert np.all(analysis.attention(layer).sum(-1) < 1) and share.min() > 1e-3
+        # The learned sink writes nothing: the real keys' contributions sum to 1.
+        np.testing.assert_allclose(analysis.contributions(layer, "intra").sum(-1), 1, atol=1e-5)
+        np.testing.assert_allclose(analysis.contributions(layer, "inter").sum((0, 2)), 1, atol=1e-5)
+    table = sinks_analyses.sink_table(analysis)
+    for layer in range(analysis.num_layers):
+        rows = table[table["layer"] == layer]
+        share = analysis.learned_sink_attention(layer)[rows["head"].to_numpy(), rows["query"].to_numpy()]
+        np.testing.assert_allclose(rows["learned_sink_share"], share, atol=1e-6)
+    summary = sinks_analyses.sink_layer_summary(table)
+    assert (summary["learned_sink_share"] > 0).all()
+    plain = cwviz.analyze(cwviz.bundle_from_model(family_model("llama"), CharTokenizer(100)), TEXT[:14])
+    assert not plain.has_learned_sinks and (sinks_analyses.sink_table(plain)["learned_sink_share"] == 0).all()
+
+
+@pytest.mark.parametrize(
+    ("model_type", "windows"),
+    [
+        ("gemma3_text", (4, None)),  # layer_types: sliding, full
+        ("gpt_oss", (4, None)),
+        ("mistral", (8, 8)),
+        ("modernbert", (None, 4)),  # global every 2 layers from layer 0; local: 2 keys each side
+    ],
+)
+def test_each_layer_attends_within_its_own_window(model_type, windows):
+    bundle = cwviz.bundle_from_model(family_model(model_type), CharTokenizer(100))
+    analysis = cwviz.analyze(bundle, TEXT[:20])
+    t, causal = analysis.num_tokens, bundle.arch.causal
+    for layer, size in enumerate(windows):
+        record = analysis.records[layer]
+        visible = window(t, size, causal)
+        np.testing.assert_array_equal(record.key_mask().numpy(), visible)
+        expected, _ = by_hand(record, visible, sinks=None if record.sinks is None else record.sinks.double().numpy())
+        np.testing.assert_allclose(analysis.attention(layer), expected, atol=1e-6)
+        assert np.all(analysis.attention(layer)[:, ~visible] == 0)
+        keys = set(analysis.decomposition(layer, t - 1)["key"])
+        assert keys == set(np.flatnonzero(visible[t - 1]))
+
+
+def test_scaled_attention_is_the_models_own_scaling():
+    granite = cwviz.bundle_from_model(family_model("granite"), CharTokenizer(100))
+    analysis = cwviz.analyze(granite, TEXT[:10])
+    assert [r.scaling for r in analysis.records] == pytest.approx([granite.model.config.attention_multiplier] * analysis.num_layers)
