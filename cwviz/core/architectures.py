@@ -128,12 +128,31 @@ _CROSS = (
     "an encoder-decoder model: its decoder's cross-attention reads the encoder's states, not the tokens' own values, "
     "so contributions over one sequence's tokens are not defined for it"
 )
-_HYBRID = "a hybrid of attention and state-space (or recurrent) layers: the non-attention layers mix tokens with no per-head value path"
+_HYBRID = "a hybrid of attention and state-space, linear-attention or recurrent layers: the non-attention layers mix tokens with no per-head value path"
 #: Model types cwviz refuses, with the reason its error gives.
 REFUSED: dict[str, str] = {
     **{t: _STATE_SPACE for t in ("mamba", "mamba2", "falcon_mamba")},
-    "rwkv": "a recurrent model (RWKV): it has no softmax attention over the tokens",
-    **{t: _HYBRID for t in ("jamba", "zamba", "zamba2", "falcon_h1", "bamba", "granitemoehybrid", "recurrent_gemma", "lfm2")},
+    **{t: "a recurrent model: it has no softmax attention over the tokens" for t in ("rwkv", "xlstm")},
+    **{
+        t: _HYBRID
+        for t in (
+            "jamba",
+            "zamba",
+            "zamba2",
+            "falcon_h1",
+            "bamba",
+            "granitemoehybrid",
+            "nemotron_h",
+            "recurrent_gemma",
+            "lfm2",
+            "lfm2_moe",
+            "qwen3_next",
+            "kimi_linear",
+            "olmo_hybrid",
+            "bailing_hybrid",
+            "minimax",
+        )
+    },
     **{t: _CROSS for t in ("t5", "mt5", "umt5", "bart", "mbart", "marian", "pegasus", "whisper", "led", "blenderbot", "encoder-decoder")},
 }
 
