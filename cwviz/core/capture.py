@@ -249,6 +249,50 @@ def _capped_or_sunk(
     return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
 
+#: Attention cells (batch x heads x rows x keys) computed at once by :func:`_weighted_values`: its float32
+#: working set stays near 64 MB a block whatever the prompt's length.
+WEIGHTED_BLOCK_CELLS = 1 << 24
+
+
+def _weighted_values(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scaling: float,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+    keep: torch.Tensor | None,
+) -> torch.Tensor:
+    """z_i^h = Σ_j α_ij^h keep_ij v_j^h in float32, returned in the query's dtype as (B, Q, H, d), as every
+    attention function returns: the path for interventions (α from the unchanged scores, not renormalised)
+    and for soft-capped or learned-sink layers. Computed a block of query rows at a time
+    (:data:`WEIGHTED_BLOCK_CELLS`), so no [B, H, T, T] map is made for a long prompt.
+
+    query (B, H, Q, d); key, value (B, H_kv, K, d); mask None or (B, 1, Q, K); keep broadcastable to (B, H, Q, K).
+    """
+    batch, heads, num_queries, _ = query.shape
+    num_keys = key.shape[-2]
+    key, value = key.float(), _per_head(value.float(), heads)
+    rows = max(1, WEIGHTED_BLOCK_CELLS // max(1, batch * heads * num_keys))
+    out = torch.empty(batch, heads, num_queries, value.shape[-1], dtype=torch.float32, device=query.device)
+    for start in range(0, num_queries, rows):
+        stop = min(num_queries, start + rows)
+        if mask is not None:
+            block_mask = mask[..., start:stop, :]
+        elif causal:  # SDPA's is_causal aligns the mask top-left: query i sees keys 0..i
+            block_mask = torch.arange(num_keys, device=query.device)[None, :] <= torch.arange(start, stop, device=query.device)[:, None]
+        else:
+            block_mask = None
+        alpha = attention_probabilities(query[..., start:stop, :].float(), key, scaling, block_mask, False, softcap=softcap, sinks=sinks)
+        if keep is not None:
+            block_keep = keep[..., start:stop, :] if keep.dim() >= 2 and keep.shape[-2] == num_queries else keep
+            alpha = alpha * block_keep.to(alpha.device, alpha.dtype)
+        out[:, :, start:stop] = torch.matmul(alpha, value)  # (B, H, rows, d)
+    return out.to(query.dtype).transpose(1, 2).contiguous()
+
+
 def causal_rows(query: torch.Tensor, key: torch.Tensor, scaling: float, start: int) -> torch.Tensor:
     """α of the query rows ``start..start+R-1`` of a causal layer (no explicit mask) against the keys ``0..K-1``.
 
@@ -331,12 +375,7 @@ def _cwviz_attention(
     if keep is None and plain:
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     else:
-        # z_i^h = sum_j alpha_ij^h keep_ij v_j^h (masked keys: alpha from the unchanged scores, not renormalised).
-        alpha = attention_probabilities(query.float(), key.float(), scaling, attention_mask, causal, softcap=softcap, sinks=sinks)
-        if keep is not None:
-            alpha = alpha * keep.to(alpha.device, alpha.dtype)
-        out = torch.matmul(alpha, _per_head(value.float(), query.shape[-3])).to(query.dtype)  # (B, H, Q, d)
-        out = out.transpose(1, 2).contiguous()  # (B, Q, H, d), as every attention function returns
+        out = _weighted_values(query, key, value, attention_mask, causal, scaling, softcap, sinks, keep)
     if layer is None:
         return out, None
     if active.record:
