@@ -114,22 +114,24 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "phi": dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, partial_rotary_factor=0.5),
     "opt": dict(hidden_size=64, ffn_dim=96, num_attention_heads=4, word_embed_proj_dim=64, max_position_embeddings=64),
     "gpt_bigcode": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, multi_query=True),
+    "persimmon": dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, partial_rotary_factor=0.5, qk_layernorm=True),
+    "camembert": dict(_ENCODER, pad_token_id=1),  # an encoder (RoBERTa layout) through a derived row
 }
 #: Model types above that have no row of their own.
-DERIVED_FAMILIES = ("phi", "opt", "gpt_bigcode")
+DERIVED_FAMILIES = ("phi", "opt", "gpt_bigcode", "persimmon", "camembert")
 
 
 def family_model(model_type: str, seed: int = 0):
     """A tiny random transformers model of ``model_type`` (:data:`FAMILY_CONFIGS`), float32, biases random."""
     from cwviz.core import architectures
+    from cwviz.core.models import auto_class_name
 
     torch.manual_seed(seed)
     kwargs = dict(vocab_size=100, num_hidden_layers=2, max_position_embeddings=64)
     if model_type in ("gpt2", "gpt_bigcode", "distilbert"):
         kwargs = dict(vocab_size=100)
     config = transformers.AutoConfig.for_model(model_type, **{**kwargs, **FAMILY_CONFIGS[model_type]})
-    row = architectures.ARCHITECTURES.get(model_type)
-    auto = getattr(transformers, row.auto_class if row is not None else "AutoModelForCausalLM")
+    auto = getattr(transformers, auto_class_name(config, architectures.ARCHITECTURES.get(model_type)))
     model = auto.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # random biases and norm weights, so their handling is exercised
         for name, param in model.named_parameters():

@@ -161,6 +161,8 @@ def test_rows_are_derived_only_for_model_types_not_in_the_table(run):
     model_type = run.bundle.model.config.model_type
     assert run.bundle.arch.derived == (model_type in DERIVED_FAMILIES)
     assert (model_type in architectures.ARCHITECTURES) != (model_type in DERIVED_FAMILIES)
+    record, info = run.analysis.records[0], run.bundle.info
+    assert (info.heads, info.kv_heads, info.d_head) == (record.query.shape[0], record.key.shape[0], record.value.shape[-1])
 
 
 def test_model_info_reports_geometry(tiny):
@@ -324,3 +326,19 @@ def test_weighted_values_in_row_blocks_are_the_whole_computation(model_type, mon
     for a, b in zip(whole, blocked):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(whole[0], whole[1])  # the mask changed something
+
+
+def test_a_model_type_without_a_row_loads_with_the_head_its_checkpoint_names():
+    import transformers
+
+    from cwviz.core.models import auto_class_name
+
+    def config(model_type, **kwargs):
+        return transformers.AutoConfig.for_model(model_type, **kwargs)
+
+    assert auto_class_name(config("phi"), None) == "AutoModelForCausalLM"
+    assert auto_class_name(config("camembert"), None) == "AutoModelForMaskedLM"  # an encoder with a decoder variant
+    assert auto_class_name(config("camembert", is_decoder=True), None) == "AutoModelForCausalLM"
+    assert auto_class_name(config("camembert", architectures=["CamembertForCausalLM"]), None) == "AutoModelForCausalLM"
+    assert auto_class_name(config("llama"), architectures.ARCHITECTURES["llama"]) == "AutoModelForCausalLM"
+    assert auto_class_name(config("bert"), architectures.ARCHITECTURES["bert"]) == "AutoModelForMaskedLM"

@@ -121,6 +121,7 @@ def derive_architecture(model: nn.Module) -> Architecture:
         raise _refuse(model_type, f"{len(records)} of {len(layers)} layers called the attention function in one pass")
     first = records[0]
     heads, d_head = first.query.shape[0], first.query.shape[-1]
+    d_head = first.value.shape[-1]  # the values' width (multi-head latent attention: not the queries')
     out_path, conv1d = _projection(layers[0], attention_path, heads * d_head)
     if not out_path:
         raise _refuse(model_type, f"no output projection named {'/'.join(PROJECTION_NAMES)} takes its {heads} x {d_head} head outputs")
@@ -130,6 +131,7 @@ def derive_architecture(model: nn.Module) -> Architecture:
         attention=attention_path,
         out_proj=out_path,
         conv1d=conv1d,
+        auto_class="AutoModelForCausalLM" if first.causal else "AutoModelForMaskedLM",
         causal=bool(first.causal),
         derived=True,
     )

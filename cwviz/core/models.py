@@ -404,20 +404,24 @@ def headless_encoder(config, arch: Architecture | None) -> bool:
 
 
 def auto_class_name(config, arch: Architecture | None) -> str:
-    """The transformers auto class to load ``config`` with: the row's, or for a model type with no row the causal
-    LM class when transformers has one for it, else the masked LM class, else the bare model."""
+    """The transformers auto class to load ``config`` with: the row's; for a model type with no row, the kind of
+    head its checkpoint names (``architectures``: ``…ForCausalLM`` or ``…ForMaskedLM``), else the causal LM class
+    when transformers has one (the masked LM class first for an encoder that has both, as RoBERTa-like types
+    do), else the masked LM class, else the bare model."""
     if arch is not None:
         return arch.auto_class
     from transformers.models.auto import modeling_auto
 
+    names = getattr(config, "architectures", None) or []
+    for suffix, auto in (("ForCausalLM", "AutoModelForCausalLM"), ("ForMaskedLM", "AutoModelForMaskedLM")):
+        if any(name.endswith(suffix) for name in names):
+            return auto
     model_type = getattr(config, "model_type", "?")
-    for name, mapping in (
-        ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
-        ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
-    ):
-        if model_type in getattr(modeling_auto, mapping, {}):
-            return name
-    return "AutoModel"
+    causal = model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    masked = model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    if masked and not (causal and getattr(config, "is_decoder", False)):
+        return "AutoModelForMaskedLM"
+    return "AutoModelForCausalLM" if causal else "AutoModel"
 
 
 def bundle_from_model(model: nn.Module, tokenizer, model_id: str | None = None) -> Bundle:
@@ -454,7 +458,7 @@ def bundle_from_model(model: nn.Module, tokenizer, model_id: str | None = None) 
         architecture=config.model_type,
         layers=len(attention),
         heads=heads,
-        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or (1 if getattr(config, "multi_query", False) else heads),
         d_head=width // heads,
         d_model=d_model,
         device=str(param.device),
