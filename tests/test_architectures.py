@@ -342,3 +342,11 @@ def test_a_model_type_without_a_row_loads_with_the_head_its_checkpoint_names():
     assert auto_class_name(config("camembert", architectures=["CamembertForCausalLM"]), None) == "AutoModelForCausalLM"
     assert auto_class_name(config("llama"), architectures.ARCHITECTURES["llama"]) == "AutoModelForCausalLM"
     assert auto_class_name(config("bert"), architectures.ARCHITECTURES["bert"]) == "AutoModelForMaskedLM"
+
+
+def test_a_model_type_whose_attention_bypasses_the_interface_is_refused():
+    import transformers
+
+    config = transformers.AutoConfig.for_model("bloom", vocab_size=100, hidden_size=32, n_head=4, n_layer=2)
+    with pytest.raises(UnsupportedModelError, match="'bloom'.*no module of the base model calls transformers' AttentionInterface"):
+        cwviz.bundle_from_model(transformers.AutoModelForCausalLM.from_config(config), CharTokenizer(100))
