@@ -89,7 +89,7 @@ FAMILY_CONFIGS: dict[str, dict] = {
     ),
     "phi3": dict(_DECODER, partial_rotary_factor=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2),  # fused qkv_proj, partial rotary
     "granite": dict(_DECODER, attention_multiplier=0.3, logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5),
-    "stablelm": dict(_DECODER, partial_rotary_factor=0.25, use_qkv_bias=True, qk_layernorm=True),
+    "stablelm": dict(_DECODER, partial_rotary_factor=0.25, use_qkv_bias=True, qk_layernorm=True, use_parallel_residual=True),
     "starcoder2": dict(_DECODER, sliding_window=6, use_bias=True),
     "cohere": dict(_DECODER, logit_scale=0.5, use_qk_norm=True),
     "gpt_oss": dict(_DECODER, head_dim=16, num_local_experts=4, sliding_window=4, **_MOE),  # learned sinks
