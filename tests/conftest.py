@@ -121,8 +121,9 @@ FAMILY_CONFIGS: dict[str, dict] = {
 DERIVED_FAMILIES = ("phi", "opt", "gpt_bigcode", "persimmon", "camembert")
 
 
-def family_model(model_type: str, seed: int = 0):
-    """A tiny random transformers model of ``model_type`` (:data:`FAMILY_CONFIGS`), float32, biases random."""
+def family_model(model_type: str, seed: int = 0, **overrides):
+    """A tiny random transformers model of ``model_type`` (:data:`FAMILY_CONFIGS`, with ``overrides``), float32,
+    biases random."""
     from cwviz.core import architectures
     from cwviz.core.models import auto_class_name
 
@@ -130,7 +131,7 @@ def family_model(model_type: str, seed: int = 0):
     kwargs = dict(vocab_size=100, num_hidden_layers=2, max_position_embeddings=64)
     if model_type in ("gpt2", "gpt_bigcode", "distilbert"):
         kwargs = dict(vocab_size=100)
-    config = transformers.AutoConfig.for_model(model_type, **{**kwargs, **FAMILY_CONFIGS[model_type]})
+    config = transformers.AutoConfig.for_model(model_type, **{**kwargs, **FAMILY_CONFIGS[model_type], **overrides})
     auto = getattr(transformers, auto_class_name(config, architectures.ARCHITECTURES.get(model_type)))
     model = auto.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # random biases and norm weights, so their handling is exercised

@@ -283,16 +283,17 @@ def test_learned_sinks_take_their_share_and_write_nothing():
 
 
 @pytest.mark.parametrize(
-    ("model_type", "windows"),
+    ("model_type", "windows", "overrides"),
     [
-        ("gemma3_text", (4, None)),  # layer_types: sliding, full
-        ("gpt_oss", (4, None)),
-        ("mistral", (8, 8)),
-        ("modernbert", (None, 4)),  # global every 2 layers from layer 0; local: 2 keys each side
+        ("gemma3_text", (4, None), {}),  # layer_types: sliding, full
+        ("gpt_oss", (4, None), {}),
+        ("mistral", (8, 8), {}),
+        ("qwen2", (None, 5), dict(use_sliding_window=True, sliding_window=5, max_window_layers=1)),  # windows from layer 1 on
+        ("modernbert", (None, 4), {}),  # global every 2 layers from layer 0; local: 2 keys each side
     ],
 )
-def test_each_layer_attends_within_its_own_window(model_type, windows):
-    bundle = cwviz.bundle_from_model(family_model(model_type), CharTokenizer(100))
+def test_each_layer_attends_within_its_own_window(model_type, windows, overrides):
+    bundle = cwviz.bundle_from_model(family_model(model_type, **overrides), CharTokenizer(100))
     analysis = cwviz.analyze(bundle, TEXT[:20])
     t, causal = analysis.num_tokens, bundle.arch.causal
     for layer, size in enumerate(windows):
