@@ -351,3 +351,26 @@ def test_a_model_type_whose_attention_bypasses_the_interface_is_refused():
     config = transformers.AutoConfig.for_model("bloom", vocab_size=100, hidden_size=32, n_head=4, n_layer=2)
     with pytest.raises(UnsupportedModelError, match="'bloom'.*no module of the base model calls transformers' AttentionInterface"):
         cwviz.bundle_from_model(transformers.AutoModelForCausalLM.from_config(config), CharTokenizer(100))
+
+
+@pytest.mark.parametrize("model_type", ["granite", "cohere", "gemma2", "gpt_oss"])
+def test_a_derived_row_equals_the_table_row(model_type, monkeypatch):
+    """Without its row, a family's derived row finds the same layout and the logit scaling its config names."""
+    row = architectures.ARCHITECTURES[model_type]
+    monkeypatch.delitem(architectures.ARCHITECTURES, model_type)
+    bundle = cwviz.bundle_from_model(family_model(model_type), CharTokenizer(100))
+    assert bundle.arch.derived
+    fields = ("layers", "attention", "out_proj", "conv1d", "causal", "logit_scale", "logit_divisor", "logit_softcap")
+    assert [getattr(bundle.arch, f) for f in fields] == [getattr(row, f) for f in fields]
+    analysis = cwviz.analyze(bundle, TEXT[:16])
+    ids = torch.tensor([analysis.input_ids])
+    with torch.inference_mode():
+        expected = torch.log_softmax(bundle.model(input_ids=ids).logits[0, :-1], -1).gather(1, ids[0, 1:, None])[:, 0]
+    np.testing.assert_allclose(analysis.next_token_logprobs, expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_derived_row_whose_logits_are_not_its_output_layers_is_refused():
+    model = family_model("phi")
+    model.config.logit_scale = 3.0  # a scaling the config names and the model does not apply
+    with pytest.raises(UnsupportedModelError, match="'phi'.*logits are not its output layer"):
+        cwviz.bundle_from_model(model, CharTokenizer(100))

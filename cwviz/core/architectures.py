@@ -225,6 +225,27 @@ def out_proj_weight(proj: nn.Module, arch: Architecture) -> torch.Tensor:
     return weight.t() if arch.conv1d else weight
 
 
+def output_logits(model: nn.Module, arch: Architecture, hidden: torch.Tensor) -> torch.Tensor:
+    """The model's own logits [..., vocab] from final hidden states [..., d_model]: the output layer (tied
+    embeddings or not), then the row's logit scaling and soft-capping, in the order a causal LM applies them."""
+    logits = model.get_output_embeddings()(hidden)
+    config = model.config
+    scale, divisor, softcap = (
+        getattr(config, name, None) if name else None for name in (arch.logit_scale, arch.logit_divisor, arch.logit_softcap)
+    )
+    if scale is not None:
+        logits = logits * scale
+    if divisor is not None:
+        logits = logits / divisor
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
+#: Config attributes that, when set, change a causal LM's logits after its output layer (the row fields they fill).
+LOGIT_ATTRIBUTES = {"logit_scale": "logit_scale", "logit_divisor": "logits_scaling", "logit_softcap": "final_logit_softcapping"}
+
+
 def out_proj_bias(proj: nn.Module) -> torch.Tensor | None:
     """b_O, or None: reported separately, it is not any token's contribution (docs/METHOD.md section 1)."""
     return getattr(proj, "bias", None)

@@ -7,19 +7,22 @@ says by running: the modules that call the attention function are the attention 
 
 The row is then checked, once, at load time by a short probe (:data:`PROBE_TOKENS` tokens): for every layer,
 Σ_j α_ij^h v_j^h computed from the records (the α cwviz computes, the values the model gave) must equal the
-input the model itself gives that output projection, to float32 rounding. A model that fails is refused with
-an error saying so: cwviz never shows numbers from a layout it could not check.
+input the model itself gives that output projection, to float32 rounding; and, for a causal LM, the output
+layer applied to the final hidden states (with the logit scaling or soft-capping its config names) must give
+the model's own logits. A model that fails is refused with an error saying so: cwviz never shows numbers from a
+layout it could not check.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 
 import torch
 from torch import nn
 
-from .architectures import SUPPORTED, Architecture, _get, out_proj_weight
+from .architectures import LOGIT_ATTRIBUTES, SUPPORTED, Architecture, _get, out_proj_weight, output_logits
 from .capture import attention_callers, forward_pass
 from .errors import UnsupportedModelError
 
@@ -95,6 +98,29 @@ def _projection(layer: nn.Module, attention: str, width: int) -> tuple[str, bool
     return path, conv1d
 
 
+def _check_logits(model: nn.Module, arch: Architecture, ids: torch.Tensor) -> Architecture:
+    """``arch`` with the logit scaling and soft-capping its config names (:data:`LOGIT_ATTRIBUTES`), checked: for
+    a causal LM the output layer applied to the final hidden states, then those, must give the model's own logits
+    (what cwviz's log-probabilities and perplexities use); otherwise the model is refused."""
+    config = model.config
+    arch = replace(arch, **{field: name for field, name in LOGIT_ATTRIBUTES.items() if getattr(config, name, None) is not None})
+    if not arch.causal or model.get_output_embeddings() is None:
+        return arch
+    with torch.inference_mode():
+        expected = model(input_ids=ids, use_cache=False).logits[0].float()  # (T, vocab)
+        hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0]
+        got = output_logits(model, arch, hidden).float()
+    tolerance = PROBE_TOLERANCE.get(hidden.dtype, PROBE_TOLERANCE_LOW) * max(1.0, float(expected.abs().max()))
+    error = float((got - expected).abs().max()) if got.shape == expected.shape else float("inf")
+    if not error <= tolerance:
+        raise _refuse(
+            config.model_type,
+            f"its logits are not its output layer applied to the final hidden states (differ by {error:.3g}, tolerance "
+            f"{tolerance:.3g}), so cwviz's log-probabilities would not be the model's",
+        )
+    return arch
+
+
 def derive_architecture(model: nn.Module) -> Architecture:
     """A checked :class:`~cwviz.core.architectures.Architecture` for a model with no row, or UnsupportedModelError.
 
@@ -164,6 +190,7 @@ def derive_architecture(model: nn.Module) -> Architecture:
                 f"the probe failed: in layer {layer}, Σ_j α_ij v_j from the recorded attention differs from the input of "
                 f"{out_path} by {error:.3g} (tolerance {tolerance:.3g}), so its layer output is not the heads' weighted values",
             )
+    arch = _check_logits(model, arch, ids)
     log.info(
         "derived the layout of %r (%s.N.%s, W_O %s) and checked it on %d tokens",
         model_type,

@@ -123,19 +123,7 @@ class Bundle:
         """The model's own logits [..., vocab] from final hidden states [..., d_model]: the output layer (tied
         embeddings or not), then the family's logit scaling and soft-capping (the row's ``logit_scale``,
         ``logit_divisor``, ``logit_softcap``), as its causal LM's forward applies them."""
-        logits = self.model.get_output_embeddings()(hidden)
-        config = self.model.config
-        scale, divisor, softcap = (
-            getattr(config, name, None) if name else None
-            for name in (self.arch.logit_scale, self.arch.logit_divisor, self.arch.logit_softcap)
-        )
-        if scale is not None:
-            logits = logits * scale
-        if divisor is not None:
-            logits = logits / divisor
-        if softcap is not None:
-            logits = torch.tanh(logits / softcap) * softcap
-        return logits
+        return architectures.output_logits(self.model, self.arch, hidden)
 
     @property
     def input_device(self) -> torch.device:
