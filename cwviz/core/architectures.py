@@ -187,7 +187,8 @@ def architecture_for(model_type: str) -> Architecture | None:
     return ARCHITECTURES.get(model_type)
 
 
-def _get(root: nn.Module, path: str) -> nn.Module:
+def submodule(root: nn.Module, path: str) -> nn.Module:
+    """The module at the dotted ``path`` under ``root`` (``"encoder.layer"``, ``"self_attn.o_proj"``)."""
     module = root
     for part in path.split("."):
         module = getattr(module, part)
@@ -196,17 +197,17 @@ def _get(root: nn.Module, path: str) -> nn.Module:
 
 def layer_modules(model: nn.Module, arch: Architecture) -> list[nn.Module]:
     """The model's transformer blocks, in order."""
-    return list(_get(model.base_model, arch.layers))
+    return list(submodule(model.base_model, arch.layers))
 
 
 def attention_modules(model: nn.Module, arch: Architecture) -> list[nn.Module]:
     """The module of each layer that calls the attention function (index = layer)."""
-    return [_get(layer, arch.attention) for layer in layer_modules(model, arch)]
+    return [submodule(layer, arch.attention) for layer in layer_modules(model, arch)]
 
 
 def out_projections(model: nn.Module, arch: Architecture) -> list[nn.Module]:
     """W_O of each layer (an ``nn.Linear``, or GPT-2's ``Conv1D``)."""
-    return [_get(layer, arch.out_proj) for layer in layer_modules(model, arch)]
+    return [submodule(layer, arch.out_proj) for layer in layer_modules(model, arch)]
 
 
 def out_proj_weight(proj: nn.Module, arch: Architecture) -> torch.Tensor:

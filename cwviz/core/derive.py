@@ -22,9 +22,10 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from .architectures import LOGIT_ATTRIBUTES, SUPPORTED, Architecture, _get, out_proj_weight, output_logits
+from .architectures import LOGIT_ATTRIBUTES, SUPPORTED, Architecture, out_proj_weight, output_logits, submodule
 from .capture import attention_callers, forward_pass
 from .errors import UnsupportedModelError
+from .measures import expand_kv
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +126,9 @@ def derive_architecture(model: nn.Module) -> Architecture:
     """A checked :class:`~cwviz.core.architectures.Architecture` for a model with no row, or UnsupportedModelError.
 
     The model must already use cwviz's attention function (:func:`cwviz.core.models.bundle_from_model` sets it).
-    Two short forward passes: one finds the modules that call the attention function, one records them while
-    test-only pre-hooks (removed before returning) read what each output projection receives.
+    A few forward passes of :data:`PROBE_TOKENS` tokens: one finds the modules that call the attention function,
+    one records them to learn the heads' width, one records them again while pre-hooks (removed before returning)
+    read what each output projection receives, and, for a causal LM, two compare the logits.
     """
     config = model.config
     model_type = getattr(config, "model_type", "?")
@@ -137,8 +139,8 @@ def derive_architecture(model: nn.Module) -> Architecture:
     except Exception as err:  # a forward pass that needs more than input_ids
         raise _refuse(model_type, f"a probe forward pass failed ({type(err).__name__}: {err})") from err
     layers_path, attention_path = _layout(model, callers)
-    layers = list(_get(model.base_model, layers_path))
-    attention = [_get(layer, attention_path) for layer in layers]
+    layers = list(submodule(model.base_model, layers_path))
+    attention = [submodule(layer, attention_path) for layer in layers]
 
     seen: dict[int, torch.Tensor] = {}
     with torch.inference_mode(), forward_pass(attention) as records:
@@ -146,8 +148,7 @@ def derive_architecture(model: nn.Module) -> Architecture:
     if len(records) != len(layers):
         raise _refuse(model_type, f"{len(records)} of {len(layers)} layers called the attention function in one pass")
     first = records[0]
-    heads, d_head = first.query.shape[0], first.query.shape[-1]
-    d_head = first.value.shape[-1]  # the values' width (multi-head latent attention: not the queries')
+    heads, d_head = first.query.shape[0], first.value.shape[-1]  # the values' width (latent attention: not the queries')
     out_path, conv1d = _projection(layers[0], attention_path, heads * d_head)
     if not out_path:
         raise _refuse(model_type, f"no output projection named {'/'.join(PROJECTION_NAMES)} takes its {heads} x {d_head} head outputs")
@@ -161,7 +162,7 @@ def derive_architecture(model: nn.Module) -> Architecture:
         causal=bool(first.causal),
         derived=True,
     )
-    projections = [_get(layer, out_path) for layer in layers]
+    projections = [submodule(layer, out_path) for layer in layers]
     handles = [
         proj.register_forward_pre_hook(lambda module, args, layer=layer: seen.__setitem__(layer, args[0][0].detach().float()))
         for layer, proj in enumerate(projections)
@@ -179,7 +180,7 @@ def derive_architecture(model: nn.Module) -> Architecture:
         if out_proj_weight(proj, arch).shape[1] != heads * d_head:
             raise _refuse(model_type, f"layer {layer}'s {out_path} does not take {heads} x {d_head} head outputs")
         alpha = rec.probabilities(rec.query.float(), rec.key.float(), rec.mask, rec.causal)  # (H, T, T)
-        value = rec.value.float().repeat_interleave(heads // rec.value.shape[0], dim=0)  # (H, T, d)
+        value = expand_kv(rec.value.float(), heads)  # (H, T, d)
         z = (alpha @ value).transpose(0, 1).reshape(alpha.shape[1], -1)  # (T, H * d), the projection's input
         given = seen[layer]
         tolerance = PROBE_TOLERANCE.get(rec.value.dtype, PROBE_TOLERANCE_LOW) * max(1.0, float(given.abs().max()))
