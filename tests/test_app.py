@@ -281,6 +281,7 @@ def test_navigation_lists_every_page():
         ("bertviz_view", "bertviz"),
         ("sinks", "Sinks"),
         ("faithfulness", "Faithfulness"),
+        ("compare", "Compare"),
     ]:
         assert f'"pages/{page}.py", title="{name}"' in source
 

@@ -14,11 +14,17 @@ import pandas as pd
 from ..analyses.schema import COMPARE_MAPS, HEAD_METRICS, CompareCells
 from .heatmaps import CELL, OVERVIEW_MIN_HEIGHT, head_pick, label_expr, outline, query_outline, query_pick, sequential_scale, signed_scale
 
-#: Most aligned keys for which A, B and B − A stand in one row (3 x (20 x 13 px + labels + legend) fit the
-#: dashboard's main area at 1600 px); up to :data:`TWO_UP` keys A and B share a row above the difference.
-THREE_UP = 20
+#: Most aligned keys for which A, B and B − A stand in one row: 3 x (16 x 13 px + ~125 px of labels) and two
+#: legends fit the dashboard's main area (about 1,200 px in a 1600 px window, seen in Chromium); up to
+#: :data:`TWO_UP` keys A and B share a row above the difference; wider ones are stacked.
+THREE_UP = 16
 TWO_UP = 32
-SIDE = 260  # px, the least a compared map's axis gets
+SIDE = 220  # px, the least a compared map's axis gets
+#: Characters a title line holds: about 700 px at 13 px, narrower than the narrowest grid of maps.
+TITLE_CHARS = 100
+LABEL_LIMIT = 110  # px, the longest axis label ("12 lighthouse / 12 keeper" is cut with an ellipsis)
+#: Bar colours of a change: the ends of the diverging scale (red: larger in B, blue: smaller).
+POSITIVE, NEGATIVE = "#b2182b", "#2166ac"
 
 
 def _extent(count: int) -> int:
@@ -38,7 +44,7 @@ def compare_maps(cells: CompareCells, what: str = "contribution", query: int | N
     frame = cells.frame
     row = cells.query if query is None else query
     keys, queries = frame["key"].nunique(), frame["query"].nunique()
-    axis_args = dict(labelExpr=label_expr(cells.labels), labelLimit=140, labelOverlap=False, labelFontSize=10)
+    axis_args = dict(labelExpr=label_expr(cells.labels), labelLimit=LABEL_LIMIT, labelOverlap=False, labelFontSize=10)
     tooltips = [
         alt.Tooltip("query_token:N", title="query (A / B)"),
         alt.Tooltip("key_token:N", title="key (A / B)"),
@@ -71,7 +77,7 @@ def compare_maps(cells: CompareCells, what: str = "contribution", query: int | N
     if keys <= THREE_UP:
         grid = alt.hconcat(*views, data=frame)
     elif keys <= TWO_UP:
-        grid = alt.vconcat(alt.hconcat(*views[:2]), views[2], data=frame)
+        grid = alt.vconcat(alt.hconcat(*views[:2]).resolve_scale(color="independent"), views[2], data=frame)
     else:
         grid = alt.vconcat(*views, data=frame)
     grid = grid.resolve_scale(color="independent")
@@ -79,7 +85,20 @@ def compare_maps(cells: CompareCells, what: str = "contribution", query: int | N
         # One click parameter for every view: Altair gives it to each unit chart and says so.
         warnings.filterwarnings("ignore", message="Automatically deduplicated selection parameter", category=UserWarning)
         grid = grid.add_params(query_pick())
-    return grid.properties(title=alt.TitleParams(cells.note + " · click a cell to select its query", anchor="start", fontSize=13))
+    lines = wrap(cells.note + "; click a cell to select its query")
+    return grid.properties(title=alt.TitleParams(lines, anchor="start", fontSize=13))
+
+
+def wrap(note: str, width: int = TITLE_CHARS) -> list[str]:
+    """A note's ``"; "``-separated parts on lines of at most about ``width`` characters (a title wider than the
+    maps would widen the chart past the page)."""
+    lines: list[str] = []
+    for part in note.split("; "):
+        if lines and len(lines[-1]) + len(part) + 2 <= width:
+            lines[-1] += "; " + part
+        else:
+            lines.append(part)
+    return lines
 
 
 def head_change_grid(
@@ -121,13 +140,15 @@ def head_change_grid(
 
 
 def logprob_change_chart(changes: pd.DataFrame, query: int | None = None) -> alt.LayerChart:
-    """One bar per aligned position: log p_B − log p_A of its token given the tokens before it (diverging
-    colour at zero); the selected query's pair ringed. Positions nothing predicts (the first) are left out."""
+    """One bar per aligned position: log p_B − log p_A of its token given the tokens before it (red: more
+    likely in B, blue: less); the selected query's pair ringed. Positions nothing predicts (the first) are left out."""
     frame = changes.dropna(subset=["change"])
     labels = tuple(changes["label"]) if len(changes) else ()
     width = max(400, 16 * len(changes))
     x = alt.X(
-        "pair:O", title="aligned position", axis=alt.Axis(labelExpr=label_expr(labels), labelAngle=-90, labelLimit=140, labelFontSize=10)
+        "pair:O",
+        title="aligned position",
+        axis=alt.Axis(labelExpr=label_expr(labels), labelAngle=-90, labelLimit=LABEL_LIMIT, labelFontSize=10),
     )
     bars = (
         alt.Chart(frame)
@@ -135,7 +156,8 @@ def logprob_change_chart(changes: pd.DataFrame, query: int | None = None) -> alt
         .encode(
             x=x,
             y=alt.Y("change:Q", title="log p_B − log p_A (nats)"),
-            color=alt.Color("change:Q", scale=signed_scale(frame["change"]), legend=None),
+            # By sign, not a continuous scale: a small change stays visible (a pale bar would vanish).
+            color=alt.condition(alt.datum.change > 0, alt.value(POSITIVE), alt.value(NEGATIVE)),
             tooltip=[
                 alt.Tooltip("label:N", title="position (A / B)"),
                 alt.Tooltip("logprob_a:Q", title="log p, A", format=".3f"),
