@@ -190,3 +190,16 @@ def test_the_cli_refuses_two_models_with_different_tokenizers(embedded, capsys):
     assert status == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "tokenizers of embedded and embedded-encoder differ" in err[0]
+
+
+def test_the_notebook_api_draws_the_pages_charts(llama):
+    from cwviz import plot
+    from tests.test_plot import assert_drawn_from
+
+    a, b = cwviz.analyze(llama, A_TEXT), cwviz.analyze(llama, B_TEXT)
+    cmp = compare.compare(a, b)
+    assert_drawn_from(plot.compare_maps(a, b, 1, head=2, what="attention"), compare.map_cells(cmp, 1, 2).frame)
+    assert_drawn_from(plot.compare_heads(a, b, "output_norm", layer=1, head=0), compare.head_changes(cmp))
+    assert_drawn_from(plot.compare_logprobs(a, b), compare.logprob_changes(cmp).dropna(subset=["change"]))
+    with pytest.raises(InputError):
+        plot.compare_maps(a, b, 1, what="value")
