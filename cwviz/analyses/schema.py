@@ -105,3 +105,14 @@ class CompareCells:
     kind: str
     note: str
     query: int | None = None
+
+
+#: The per-head statistics an atlas pools over prompts (:mod:`cwviz.analyses.atlas`): column -> label.
+ATLAS_METRICS: dict[str, str] = {
+    "sink_attention": "sink share under attention",
+    "sink_contribution": "sink share under contribution (intra-head)",
+    "cos_sink_rest": "cos(ṽ_sink, m): sink value against the rest",
+    "divergence": "divergence of attention and contribution rows (½ Σ|α − c|)",
+    "negative_share": "share of negative contribution mass",
+    "output_norm": "head output norm ‖o^h‖",
+}
