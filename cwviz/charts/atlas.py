@@ -47,7 +47,7 @@ def atlas_map(pooled: pd.DataFrame, metric: str = "sink_attention", layer: int |
         width=max(160, cell * heads),
         height=max(cell * layers, OVERVIEW_MIN_HEIGHT),
         title=alt.TitleParams(
-            f"{ATLAS_METRICS[metric][:1].upper()}{ATLAS_METRICS[metric][1:]}: mean over {prompts} prompt(s) (click a cell to pick the head)",
+            f"Mean over {prompts} prompt(s) of the {ATLAS_METRICS[metric]} (click a cell to pick the head)",
             anchor="start",
             fontSize=13,
         ),
