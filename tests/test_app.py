@@ -282,6 +282,7 @@ def test_navigation_lists_every_page():
         ("sinks", "Sinks"),
         ("faithfulness", "Faithfulness"),
         ("compare", "Compare"),
+        ("atlas", "Atlas"),
     ]:
         assert f'"pages/{page}.py", title="{name}"' in source
 

@@ -68,6 +68,7 @@ PAGE_PATHS = {
     "sinks": "sinks",
     "faithfulness": "faithfulness",
     "compare": "compare",
+    "atlas": "atlas",
 }
 
 # The plot areas of every chart on the page, from Vega's SVG scenegraph: a plot area is a group (the root
@@ -443,7 +444,7 @@ def test_heatmaps_label_every_token_outline_the_query_and_pick_it_on_click(serve
     watch.check()
 
 
-@pytest.mark.parametrize("name", ["heatmaps", "token", "bertviz", "sinks", "faithfulness", "compare"])
+@pytest.mark.parametrize("name", ["heatmaps", "token", "bertviz", "sinks", "faithfulness", "compare", "atlas"])
 def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser, name):
     """The link's parameters survive the page's first run: every widget writes its value back to the URL,
     so a picker that had lost its value would show the default in the URL. The visible widgets say the same."""
@@ -454,7 +455,7 @@ def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser,
     watch = Watch(page)
     try:
         page.goto(_url(server, name, link))
-        _settle(page, 0 if name in ("bertviz", "faithfulness") else 2)
+        _settle(page, 0 if name in ("bertviz", "faithfulness", "atlas") else 2)
         _assert_no_error_text(page)
         assert page.locator('[data-testid="stAlertContentWarning"]').count() == 0, page.locator(
             '[data-testid="stAlertContentWarning"]'
@@ -564,6 +565,39 @@ def test_compare_draws_a_b_and_their_difference_and_picks_a_head(server, browser
         assert page.locator('[data-testid="stDataFrame"]').first.is_visible()
         assert _check_charts(page, "Compare, sequence-aligned") == 3
         _screenshot(page, "compare-sequence")
+    finally:
+        page.close()
+    watch.check()
+
+
+def test_atlas_runs_draws_its_map_and_links_a_prompt_to_its_heatmaps(server, browser):
+    """The Atlas page on two prompts of the GSM8K sample: Run shows its progress, then the layer x head map (drawn,
+    spanning its plot) and the picked head's prompts; the link a prompt's row holds opens the Heatmaps page
+    on that prompt with the head selected."""
+    from cwviz.app import atlas_services, services
+    from cwviz.core.texts import gsm8k_path, read_texts
+
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "atlas", {"atlas_n": "2", "layer": "19", "head": "3"}))
+        page.get_by_text("Atlas of heads").wait_for(timeout=60_000)
+        _settle(page, 0)
+        page.get_by_role("button", name="Run").click()
+        _settle(page, 1)
+        _assert_no_error_text(page)
+        assert page.get_by_text("2 prompt(s) on").count() == 1
+        assert _check_charts(page, "Atlas") == 1
+        assert page.get_by_text("Layer 19, head 3: the prompts with the lowest").count() == 1
+        assert page.locator('[data-testid="stDataFrame"]').first.is_visible()
+        _screenshot(page, "atlas")
+
+        text = read_texts(gsm8k_path(), n=1)[0]
+        link = atlas_services.heatmaps_link(services.Request(device="auto", dtype="auto"), text, 19, 3)
+        page.goto(server + link)
+        _settle(page, 2)
+        _assert_no_error_text(page)
+        assert page.locator(CHART).first.locator('text:has-text("layer 19, head 3")').count() >= 1
     finally:
         page.close()
     watch.check()

@@ -52,6 +52,10 @@ PAGES = {
             "compare_metric": "sink_attention",
         },
     ),
+    "pages/atlas.py": (
+        {"atlas_source": "path", "atlas_path": "/data/prompts.jsonl", "atlas_n": "3", "atlas_out": "/tmp/cwviz-atlas-link"},
+        {"atlas_source": "path", "atlas_path": "/data/prompts.jsonl", "atlas_n": 3, "atlas_out": "/tmp/cwviz-atlas-link"},
+    ),
     "pages/faithfulness.py": (
         {
             "source": "path",
