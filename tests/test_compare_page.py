@@ -108,3 +108,13 @@ def test_a_prompt_b_that_cannot_be_compared_gets_a_clear_message(tiny_models, mo
     errors = [e.value for e in at.error]
     assert len(errors) == 1 and errors[0].startswith(message), errors
     assert not charts(at)
+
+
+def test_an_encoder_is_compared_without_log_probabilities():
+    at = open_page({"model": "embedded-encoder", "prompt": "the cat sat on the mat", "prompt_b": "the big dog sat on a mat"})
+    assert_clean(at)
+    assert any("predicts no next token" in i.value for i in at.info)
+    maps, grid = charts(at)
+    assert "sequence alignment" in title(maps) and "Change B" in title(grid)
+    aligned = 7  # [CLS] the ... mat [SEP] against [CLS] the big dog ...: the paired tokens
+    assert maps["_rows"] == aligned * aligned  # an encoder's maps are full squares
