@@ -84,7 +84,6 @@ def batch_perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray
     vocab = getattr(bundle.model.config, "vocab_size", None)
     if vocab is not None and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
         raise InputError(f"token ids must lie in 0..{vocab - 1} for this model")
-    head = bundle.model.get_output_embeddings()
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
         hidden = bundle.final_hidden(ids)
-        return np.array([sequence_perplexity(next_token_logprobs(h, head, row)) for h, row in zip(hidden, ids)])
+        return np.array([sequence_perplexity(next_token_logprobs(h, bundle.output_logits, row)) for h, row in zip(hidden, ids)])
