@@ -46,7 +46,8 @@ st.subheader("Alignment")
 st.caption(f"A: {sel.analysis.info.id}; B: {request_b.model}. Tokens {described}.")
 with st.expander(
     "Alignment table (one row a step: equal, replace, delete = only in A, insert = only in B)",
-    expanded=alignment["op"].ne("equal").any() and len(alignment) <= 80,
+    # Open when tokens were inserted or deleted (a sequence alignment); a same-length pair says it in the caption.
+    expanded=alignment["op"].isin(["insert", "delete"]).any() and len(alignment) <= 80,
 ):
     st.dataframe(alignment[alignment["op"] != "equal"] if len(alignment) > 80 else alignment, hide_index=True, key="compare_alignment")
 
