@@ -86,3 +86,21 @@ def test_hosting_mode_offers_only_the_shipped_sample(tiny_model, monkeypatch):
     at = open_page({"atlas_source": "path", "atlas_path": "/etc/passwd"})
     assert at.radio(key="atlas_source").options == ["GSM8K sample (ships with cwviz)"]
     assert not [w for w in at.text_input if w.key in ("atlas_path", "atlas_out", "atlas_dir")]
+
+
+def test_a_run_shows_its_progress_and_leaves_no_bar_behind(tiny_model, tmp_path, monkeypatch):
+    from streamlit.delta_generator import DeltaGenerator
+
+    texts: list[str] = []
+    real = DeltaGenerator.progress
+    monkeypatch.setattr(DeltaGenerator, "progress", lambda self, value, text=None: (texts.append(text), real(self, value, text))[1])
+    monkeypatch.setattr(services, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(services, "PROGRESS_EVERY_S", 0.0)
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("\n".join(json.dumps({"text": t + " progress"}) for t in PROMPTS), encoding="utf-8")
+    at = open_page({"atlas_source": "path", "atlas_path": str(source), "atlas_n": "2"})
+    at.button(key="atlas_run").click().run()
+    assert_clean(at)
+    steps = 2 * 2 * tiny_model.info.layers  # two prompts: a forward pass and a reduction a layer
+    assert f"Atlas of 2 prompts: {steps} of {steps} layer steps" in texts
+    assert not at.get("progress")
