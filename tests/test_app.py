@@ -289,6 +289,8 @@ def test_navigation_lists_every_page():
         ("bertviz_view", "bertviz"),
         ("sinks", "Sinks"),
         ("faithfulness", "Faithfulness"),
+        ("compare", "Compare"),
+        ("atlas", "Atlas"),
     ]:
         assert f'"pages/{page}.py", title="{name}"' in source
 
