@@ -657,7 +657,7 @@ def test_a_page_link_opened_first_on_a_fresh_server_runs_through_the_navigation(
             _assert_no_error_text(page)
             assert page.locator("h1").first.inner_text() == "Attention sinks as active suppressors"
             nav = page.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
-            assert [n.strip() for n in nav] == ["Heatmaps", "Token", "bertviz", "Sinks", "Faithfulness"]
+            assert [n.strip() for n in nav] == ["Heatmaps", "Token", "bertviz", "Sinks", "Faithfulness", "Compare", "Atlas"]
             main = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
             assert main["width"] > 1000, f"not the wide layout of app.py: {main['width']:.0f} px"
             query = parse_qs(urlparse(page.url).query)
