@@ -30,7 +30,7 @@ format: setup
 	$(VENV)/bin/ruff format .
 
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
