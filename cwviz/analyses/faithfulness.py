@@ -42,8 +42,9 @@ import pandas as pd
 import torch
 
 from ..core.analysis import Analysis, analyze, check_layer, check_length
+from ..core.analysis import perplexity as sequence_perplexity
 from ..core.errors import InputError, UnsupportedModelError
-from ..core.interventions import KeepKeys, batch_perplexity
+from ..core.interventions import KeepKeys, batch_logprobs
 from ..core.models import Bundle
 
 log = logging.getLogger(__name__)
@@ -219,34 +220,47 @@ def example_ids(bundle: Bundle, text: str, max_tokens: int) -> list[int] | None:
     return check_length(bundle, ids)
 
 
-def run_example(bundle: Bundle, input_ids: Sequence[int], protocol: Protocol = Protocol(), example: int = 0) -> pd.DataFrame:
-    """Every masked run of one example: a table with :data:`EXAMPLE_COLUMNS`, one row per run.
+def masked_logprobs(bundle: Bundle, analysis: Analysis, protocol: Protocol, example: int = 0) -> dict[tuple[str, str, float], np.ndarray]:
+    """Next-token log-probabilities [T - 1] of every masked run of one example (the keys of
+    :meth:`Protocol.runs`), the rankings taken from the clean pass ``analysis``.
 
-    One clean pass gives the rankings and PPL(clean); each distinct masked run is one forward pass,
-    ``batch_size`` runs at a time. Runs whose masks are identical are run once: measures that rank
-    every query's keys alike (at the layer level, output normalisation by ‖o_i‖ divides a whole row by
-    one number, so ``value_weighted_output_normalized`` ranks exactly as ``value_weighted``), and rates
-    that give the same k_i everywhere (short texts).
+    Each distinct masked run is one forward pass, ``batch_size`` runs at a time. Runs whose masks are
+    identical are run once: measures that rank every query's keys alike (at the layer level, output
+    normalisation by ‖o_i‖ divides a whole row by one number, so ``value_weighted_output_normalized`` ranks
+    exactly as ``value_weighted``), and rates that give the same k_i everywhere (short texts). Rate 0
+    masks nothing, so its runs are the clean pass itself (not a masked pass that masks nothing, which would
+    differ from it by float rounding): with nothing masked, every score equals the clean one exactly.
     """
-    check_causal(bundle)
-    analysis = analyze(bundle, input_ids=list(input_ids))
     ranked = rankings(analysis, protocol, example)
     layers = list(ranked.num_visible)
     counts = {rate: {l: masked_counts(ranked.num_visible[l], rate) for l in layers} for rate in protocol.rates}
     same_measure = _first_equal(protocol.measures, lambda a, b: all(torch.equal(ranked.ranks[a][l], ranked.ranks[b][l]) for l in layers))
     same_rate = _first_equal(protocol.rates, lambda a, b: all(torch.equal(counts[a][l], counts[b][l]) for l in layers))
     runs = protocol.runs()
-    distinct = list(dict.fromkeys((same_measure[m], c, same_rate[r]) for m, c, r in runs))
+    distinct = list(dict.fromkeys((same_measure[m], c, same_rate[r]) for m, c, r in runs if r > 0))
     ids = torch.tensor([analysis.input_ids])  # (1, T)
-    ppl: dict[tuple[str, str, float], float] = {}
+    out: dict[tuple[str, str, float], np.ndarray] = {}
     for start in range(0, len(distinct), protocol.batch_size):
         chunk = distinct[start : start + protocol.batch_size]
         masks = {
             l: torch.stack([keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c) for m, c, r in chunk]) for l in layers
         }  # layer -> (B, 1 or head, Q, K)
         batch = ids.expand(len(chunk), -1)
-        ppl.update(zip(chunk, batch_perplexity(bundle, batch, KeepKeys(masks)).tolist()))
-    ppl_masked = np.array([ppl[same_measure[m], c, same_rate[r]] for m, c, r in runs])
+        out.update(zip(chunk, batch_logprobs(bundle, batch, KeepKeys(masks)).numpy()))
+    clean = analysis.next_token_logprobs
+    return {(m, c, r): clean if r <= 0 else out[same_measure[m], c, same_rate[r]] for m, c, r in runs}
+
+
+def run_example(bundle: Bundle, input_ids: Sequence[int], protocol: Protocol = Protocol(), example: int = 0) -> pd.DataFrame:
+    """Every masked run of one example: a table with :data:`EXAMPLE_COLUMNS`, one row per run.
+
+    One clean pass gives the rankings and PPL(clean); the masked runs are :func:`masked_logprobs`.
+    """
+    check_causal(bundle)
+    analysis = analyze(bundle, input_ids=list(input_ids))
+    logprobs = masked_logprobs(bundle, analysis, protocol, example)
+    runs = protocol.runs()
+    ppl_masked = np.array([sequence_perplexity(logprobs[run]) for run in runs])
     clean = analysis.perplexity
     return pd.DataFrame(
         {
