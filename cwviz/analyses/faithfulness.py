@@ -69,6 +69,8 @@ DEFAULT_EXAMPLES = 20
 RANK_BY = ("signed", "absolute")
 #: Columns of :func:`summarize` (and of the CLI's CSV).
 SUMMARY_COLUMNS = ["measure", "curve", "rate", "delta_ppl", "ci_low", "ci_high", "n"]
+#: Columns :func:`summarize` adds for a multiple-choice task (accuracies as fractions of the examples).
+ACCURACY_COLUMNS = ["accuracy_clean", "accuracy_masked", "delta_accuracy", "accuracy_ci_low", "accuracy_ci_high"]
 #: Columns of the per-example table :func:`run_example` returns.
 EXAMPLE_COLUMNS = ["example", "measure", "curve", "rate", "tokens", "ppl_clean", "ppl_masked", "delta_ppl"]
 #: The order the paper reports for comprehensiveness (least to most faithful).
@@ -328,12 +330,22 @@ def bootstrap_ci(values: np.ndarray, level: float = 0.95, resamples: int = 2000,
 
 
 def summarize(per_example: pd.DataFrame, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Mean ΔPPL over examples per (measure, curve, rate) with its bootstrap interval: :data:`SUMMARY_COLUMNS`."""
+    """Mean ΔPPL over examples per (measure, curve, rate) with its bootstrap interval: :data:`SUMMARY_COLUMNS`.
+
+    For a multiple-choice task (``per_example`` has ``correct_clean`` and ``correct_masked``), also
+    :data:`ACCURACY_COLUMNS`: clean and masked accuracy, their difference and its paired bootstrap interval
+    (the examples are resampled, each keeping its clean and masked answer together).
+    """
+    accuracy = "correct_masked" in per_example and per_example["correct_masked"].notna().all()
     rows = []
     for (measure, curve, rate), group in per_example.groupby(["measure", "curve", "rate"], sort=False):
         low, high = bootstrap_ci(group["delta_ppl"].to_numpy(), level, resamples, seed)
-        rows.append((measure, curve, rate, float(group["delta_ppl"].mean()), low, high, len(group)))
-    summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+        row = (measure, curve, rate, float(group["delta_ppl"].mean()), low, high, len(group))
+        if accuracy:
+            clean, masked = group["correct_clean"].to_numpy(float), group["correct_masked"].to_numpy(float)
+            row += (clean.mean(), masked.mean(), (masked - clean).mean(), *bootstrap_ci(masked - clean, level, resamples, seed))
+        rows.append(row)
+    summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS + (ACCURACY_COLUMNS if accuracy else []))
     return _ordered(summary)
 
 
@@ -402,14 +414,9 @@ def read_examples(path: str | PathLike, n: int | None = None, field: str | None 
     return texts[:n]
 
 
-def dataset_texts(name: str, split: str = "test", n: int | None = None, field: str | None = None) -> list[str]:
-    """Examples from a Hugging Face dataset ``NAME`` or ``NAME:CONFIG`` (needs ``datasets`` and network).
-
-    Fields are read as for JSONL files (:func:`cwviz.core.texts.text_of`): ``field``, ``text``, or GSM8K's
-    question and answer.
-    """
-    from ..core.texts import text_of
-
+def dataset_rows(name: str, split: str = "test", n: int | None = None) -> Iterator[tuple[int, dict]]:
+    """``(row number, row)`` of a Hugging Face dataset ``NAME`` or ``NAME:CONFIG``, streamed (needs the
+    ``datasets`` package and network); with ``n``, the first ``n``. InputError with the offline fix otherwise."""
     try:
         import datasets
     except ImportError:
@@ -420,15 +427,25 @@ def dataset_texts(name: str, split: str = "test", n: int | None = None, field: s
     path, _, config = name.partition(":")
     try:
         rows = datasets.load_dataset(path, config or None, split=split, streaming=True)
-        texts = []
         for index, row in enumerate(rows, start=1):
-            texts.append(text_of(row, index, f"{name}[{split}]", field))
-            if n is not None and len(texts) >= n:
+            yield index, row
+            if n is not None and index >= n:
                 break
     except InputError:
         raise
     except Exception as err:  # the hub is unreachable, the name or split is unknown, ...
         raise InputError(f"could not read the Hugging Face dataset {name!r} (split {split!r}): {err}; offline, pass --jsonl PATH") from None
+
+
+def dataset_texts(name: str, split: str = "test", n: int | None = None, field: str | None = None) -> list[str]:
+    """Examples from a Hugging Face dataset ``NAME`` or ``NAME:CONFIG`` (needs ``datasets`` and network).
+
+    Fields are read as for JSONL files (:func:`cwviz.core.texts.text_of`): ``field``, ``text``, or GSM8K's
+    question and answer.
+    """
+    from ..core.texts import text_of
+
+    texts = [text_of(row, index, f"{name}[{split}]", field) for index, row in dataset_rows(name, split, n)]
     if not texts:
         raise InputError(f"the Hugging Face dataset {name!r} (split {split!r}) has no rows")
     return texts
