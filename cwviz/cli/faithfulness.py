@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import InputError
-from .common import add_jsonl_args, add_model_args, jsonl_path, load, read_text, report_interrupt
+from .common import add_jsonl_args, add_model_args, how_run, jsonl_path, load, read_text, report_interrupt
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -376,15 +376,9 @@ def run_sweep(args: argparse.Namespace, protocol, texts: list[str], procs) -> in
 
 def manifest(args: argparse.Namespace, protocol, provenance: dict, task: str, examples: int, count: int, key: str) -> dict:
     """How this run was made and how to rerun it (``manifest.json``; the report shows it)."""
-    import datetime as dt
-    import shlex
-
-    from ..core.parallel import versions
-
-    argv = list(getattr(args, "argv", None) or sys.argv[1:])
-    command = "cwviz " + shlex.join(argv)
+    made = how_run(args)
     if count > 1:
-        command = f"accelerate launch --multi_gpu --num_processes {count} -m {command}"
+        made["command"] = f"accelerate launch --multi_gpu --num_processes {count} -m {made['command']}"
     split = split_of(args) if args.dataset else None
     data = {"jsonl": str(jsonl_path(args)) if jsonl_path(args) else None, "file": args.file, "dataset": args.dataset, "split": split}
     return {
@@ -404,7 +398,5 @@ def manifest(args: argparse.Namespace, protocol, provenance: dict, task: str, ex
         "task": task,
         "data": {k: v for k, v in data.items() if v} | {"examples": examples},
         "processes": count,
-        "versions": versions(),
-        "command": command,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **made,
     }
