@@ -64,6 +64,10 @@ CURVES: tuple[str, ...] = ("comprehensiveness", "sufficiency")
 DEFAULT_RATES: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)  # percent of each query's keys
 EXAMPLE_MAX_TOKENS = 256
 DEFAULT_BATCH_SIZE = 8
+#: ``Protocol.batch_size`` for as many masked runs per forward pass as memory allows (``--batch-size auto``):
+#: every distinct run of an example on a GPU, at most :data:`DEFAULT_BATCH_SIZE` on a CPU (where a larger batch
+#: is no faster), fewer where :func:`masked_run_bytes` says they would not fit.
+AUTO_BATCH = 0
 #: Examples a sweep reads by default (the CLI's --n).
 DEFAULT_EXAMPLES = 20
 RANK_BY = ("signed", "absolute")
@@ -103,8 +107,8 @@ class Protocol:
         object.__setattr__(self, "measures", tuple(dict.fromkeys(self.measures)))
         if self.rank_by not in RANK_BY:
             raise InputError(f"rank_by must be one of {', '.join(RANK_BY)}, not {self.rank_by!r}")
-        if self.batch_size < 1:
-            raise InputError(f"the batch size must be at least 1, not {self.batch_size}")
+        if self.batch_size < 0:
+            raise InputError(f"the batch size must be at least 1 (or {AUTO_BATCH}: auto), not {self.batch_size}")
         if self.max_tokens < 2:
             raise InputError(f"the token cap must be at least 2 (perplexity needs a next token), not {self.max_tokens}")
 
@@ -242,8 +246,9 @@ def masked_logprobs(bundle: Bundle, analysis: Analysis, protocol: Protocol, exam
     distinct = list(dict.fromkeys((same_measure[m], c, same_rate[r]) for m, c, r in runs if r > 0))
     ids = torch.tensor([analysis.input_ids])  # (1, T)
     out: dict[tuple[str, str, float], np.ndarray] = {}
-    for start in range(0, len(distinct), protocol.batch_size):
-        chunk = distinct[start : start + protocol.batch_size]
+    size = batch_size_for(bundle, analysis.num_tokens, protocol, len(distinct))
+    for start in range(0, len(distinct), size):
+        chunk = distinct[start : start + size]
         masks = {
             l: torch.stack([keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c) for m, c, r in chunk]) for l in layers
         }  # layer -> (B, 1 or head, Q, K)
@@ -251,6 +256,36 @@ def masked_logprobs(bundle: Bundle, analysis: Analysis, protocol: Protocol, exam
         out.update(zip(chunk, batch_logprobs(bundle, batch, KeepKeys(masks)).numpy()))
     clean = analysis.next_token_logprobs
     return {(m, c, r): clean if r <= 0 else out[same_measure[m], c, same_rate[r]] for m, c, r in runs}
+
+
+def masked_run_bytes(bundle: Bundle, tokens: int, per_head: bool = False) -> int:
+    """Bytes one more masked run adds to a batched forward pass of ``tokens`` tokens: its keep masks in every
+    layer (bool, held for the whole pass), one layer's float32 scores, probabilities and masked product
+    [head, T, T], and its activations (the MLP's three [T, intermediate] and a few [T, d_model])."""
+    info, config = bundle.info, bundle.model.config
+    item = torch.finfo(getattr(torch, info.dtype)).bits // 8 if hasattr(torch, info.dtype) else 4
+    masks = info.layers * (info.heads if per_head else 1) * tokens * tokens
+    maps = 3 * info.heads * tokens * tokens * 4
+    intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * info.d_model
+    return masks + maps + tokens * (3 * intermediate + 8 * info.d_model) * item
+
+
+def batch_size_for(bundle: Bundle, tokens: int, protocol: Protocol, runs: int) -> int:
+    """The masked runs per forward pass: ``protocol.batch_size``, or with :data:`AUTO_BATCH` as many as fit in
+    :data:`cwviz.core.memory.HEADROOM` of the free memory (less one chunk of logits), at most ``runs`` on a GPU
+    and :data:`DEFAULT_BATCH_SIZE` elsewhere."""
+    from ..core import memory
+
+    if protocol.batch_size != AUTO_BATCH:
+        return protocol.batch_size
+    device = bundle.input_device
+    cap = max(1, runs if device.type == "cuda" else min(runs, DEFAULT_BATCH_SIZE))
+    have = memory.available(device)
+    if have is None:
+        return min(cap, DEFAULT_BATCH_SIZE)
+    vocab = getattr(bundle.model.config, "vocab_size", 0) or 0
+    spare = memory.HEADROOM * have - memory.LOGIT_CHUNK * vocab * 8
+    return max(1, min(cap, int(spare // masked_run_bytes(bundle, tokens, protocol.per_head))))
 
 
 def run_example(bundle: Bundle, input_ids: Sequence[int], protocol: Protocol = Protocol(), example: int = 0) -> pd.DataFrame:

@@ -73,7 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"token cap per example: longer ones are cut (default {F.EXAMPLE_MAX_TOKENS})",
     )
     parser.add_argument(
-        "--batch-size", type=int, default=F.DEFAULT_BATCH_SIZE, help=f"masked runs per forward pass (default {F.DEFAULT_BATCH_SIZE})"
+        "--batch-size",
+        type=parse_batch_size,
+        default=F.DEFAULT_BATCH_SIZE,
+        help=f"masked runs per forward pass (default {F.DEFAULT_BATCH_SIZE}), or auto: as many as memory allows "
+        f"(every distinct run of an example on a GPU, at most {F.DEFAULT_BATCH_SIZE} on a CPU)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random ranking and the bootstrap (default 0)")
     parser.add_argument("--out", type=Path, help="summary CSV, rewritten after every example")
@@ -86,6 +90,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--resume", action="store_true", help="with --results: skip the examples already recorded there")
     add_model_args(parser)
     parser.set_defaults(func=run)
+
+
+def parse_batch_size(value: str) -> int:
+    """A positive integer, or auto (:data:`cwviz.analyses.faithfulness.AUTO_BATCH`)."""
+    from ..analyses.faithfulness import AUTO_BATCH
+
+    if value.strip().lower() == "auto":
+        return AUTO_BATCH
+    try:
+        size = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a positive integer or auto, not {value!r}") from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"takes a positive integer or auto, not {value!r}")
+    return size
 
 
 def parse_rates(value: str) -> tuple[float, ...]:
@@ -394,7 +413,7 @@ def manifest(args: argparse.Namespace, protocol, provenance: dict, task: str, ex
             "rank_by": protocol.rank_by,
             "max_tokens": protocol.max_tokens,
         },
-        "batch_size": protocol.batch_size,
+        "batch_size": protocol.batch_size or "auto",
         "task": task,
         "data": {k: v for k, v in data.items() if v} | {"examples": examples},
         "processes": count,

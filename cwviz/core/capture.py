@@ -265,10 +265,13 @@ def _cwviz_attention(
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     else:
         # Masked keys: z_i^h = sum_j alpha_ij^h keep_ij v_j^h, alpha from the unchanged scores.
+        # alpha is a fresh tensor, so the keep weights apply in place (bool or float, cast on the fly); the heads
+        # of a group share their value: (B, H_kv, groups * Q, K) @ (B, H_kv, K, d), no per-head copy of v.
         alpha = attention_probabilities(query.float(), key.float(), scaling, attention_mask, causal)
-        groups = query.shape[1] // value.shape[1]
-        v = value.float().repeat_interleave(groups, dim=1) if groups > 1 else value.float()
-        out = torch.matmul(alpha * keep.to(alpha.device, alpha.dtype), v).to(query.dtype)  # (B, H, Q, d)
+        alpha.mul_(keep.to(alpha.device))  # (B, H, Q, K)
+        batch, heads, num_queries, num_keys = alpha.shape
+        grouped = alpha.view(batch, value.shape[1], -1, num_keys)
+        out = torch.matmul(grouped, value.float()).view(batch, heads, num_queries, -1).to(query.dtype)  # (B, H, Q, d)
         out = out.transpose(1, 2).contiguous()  # (B, Q, H, d), as every attention function returns
     if active.record:
         if query.shape[0] != 1:
