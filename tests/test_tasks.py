@@ -100,6 +100,13 @@ def test_malformed_lines_are_named_by_number(tmp_path, task, bad, message):
         T.read_items(path, task)
 
 
+def test_an_item_checks_its_choices_and_answer():
+    with pytest.raises(InputError, match="two or more choices"):
+        T.Item(("a",), (" b",), 0)
+    with pytest.raises(InputError, match="index 0..1"):
+        T.Item(("a", "a"), (" b", " c"), 2)
+
+
 def test_datasets_offline_is_a_clear_error():
     with pytest.raises(InputError, match="--jsonl PATH"):
         T.dataset_items("boolq", "google/boolq", n=2)

@@ -58,6 +58,14 @@ class Item:
     continuations: tuple[str, ...]
     answer: int
 
+    def __post_init__(self) -> None:
+        if len(self.contexts) != len(self.continuations) or len(self.contexts) < 2:
+            raise InputError(
+                f"an item needs two or more choices, a context and a continuation each; got {len(self.contexts)} and {len(self.continuations)}"
+            )
+        if isinstance(self.answer, bool) or not isinstance(self.answer, int) or not 0 <= self.answer < len(self.contexts):
+            raise InputError(f"an item's answer is a choice's index 0..{len(self.contexts) - 1}, not {self.answer!r}")
+
     @property
     def text(self) -> str:
         """The item as one string (what a sweep's record hashes to recognise it on resume)."""
