@@ -195,3 +195,14 @@ def test_cli_task_needs_a_jsonl_file_or_a_dataset(tmp_path, monkeypatch, capsys)
     assert cli.main(["faithfulness", "--task", "winogrande", "--dataset", "allenai/winogrande:winogrande_xl"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "offline" in err
+
+
+def test_embedded_model_answers_mmlu_items_clean_and_masked(embedded, tmp_path):
+    items = T.read_items(write_jsonl(tmp_path / "mmlu.jsonl", MMLU), "mmlu")
+    protocol = F.Protocol(rates=(0, 100), measures=("contribution_inter", "random"))
+    table = pd.concat([t for _, t in T.iter_items(embedded, items, protocol)], ignore_index=True)
+    zero, full = table[table.rate == 0], table[table.rate == 100]
+    assert (zero.correct_masked == zero.correct_clean).all() and (zero.delta_ppl == 0).all()
+    assert (full.delta_ppl > 0).all()  # every key of every query removed: the model is lost
+    summary = F.summarize(table)
+    assert summary.accuracy_clean.between(0, 1).all() and summary.n.eq(len(MMLU)).all()
