@@ -10,5 +10,7 @@ pages = [
     st.Page("pages/bertviz_view.py", title="bertviz"),
     st.Page("pages/sinks.py", title="Sinks"),
     st.Page("pages/faithfulness.py", title="Faithfulness"),
+    st.Page("pages/compare.py", title="Compare"),
+    st.Page("pages/atlas.py", title="Atlas"),
 ]
 st.navigation(pages).run()

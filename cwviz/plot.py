@@ -40,8 +40,10 @@ from numbers import Integral
 import altair as alt
 import pandas as pd
 
+from .analyses import compare as compare_analyses
 from .analyses import faithfulness as F
 from .analyses import sinks, tables
+from .charts import compare as compare_charts
 from .charts import faithfulness as faithfulness_charts
 from .charts import heatmaps as heatmap_charts
 from .charts import sinks as sink_charts
@@ -52,6 +54,9 @@ from .core.measures import MEASURES
 
 __all__ = [
     "anti_alignment",
+    "compare_heads",
+    "compare_logprobs",
+    "compare_maps",
     "faithfulness_curves",
     "head_overview",
     "heatmaps",
@@ -114,6 +119,35 @@ def head_overview(analysis: Analysis, metric: str = "divergence", layer: int | N
         layer = analysis.check_layer(layer)
     head = _head(analysis, head)
     return heatmap_charts.head_overview(tables.head_summary(analysis), metric, layer=layer, head=head)
+
+
+# -- the Compare page ----------------------------------------------------------------------------------
+def compare_maps(
+    a: Analysis, b: Analysis, layer: int, head: int | None = None, what: str = "contribution", kind: str = "inter", query: int | None = None
+) -> alt.ConcatChart:
+    """A, B and B − A of one map (``what``: ``"contribution"`` or ``"attention"``) on the aligned tokens:
+    :func:`cwviz.analyses.compare.map_cells` drawn by :func:`cwviz.charts.compare.compare_maps`."""
+    if what not in compare_charts.COMPARE_MAPS:
+        raise InputError(f"what must be one of {', '.join(compare_charts.COMPARE_MAPS)}, not {what!r}")
+    cells = compare_analyses.map_cells(compare_analyses.compare(a, b), layer, _head(a, head), _kind(kind), query)
+    return compare_charts.compare_maps(cells, what)
+
+
+def compare_heads(
+    a: Analysis, b: Analysis, metric: str = "divergence", layer: int | None = None, head: int | None = None
+) -> alt.LayerChart:
+    """Every layer x head coloured by the change B − A of ``metric``
+    (:func:`cwviz.analyses.compare.head_changes`, :func:`cwviz.charts.compare.head_change_grid`)."""
+    if metric not in compare_charts.HEAD_METRICS:
+        raise InputError(f"metric must be one of {', '.join(compare_charts.HEAD_METRICS)}, not {metric!r}")
+    changes = compare_analyses.head_changes(compare_analyses.compare(a, b))
+    return compare_charts.head_change_grid(changes, metric, None if layer is None else a.check_layer(layer), _head(a, head))
+
+
+def compare_logprobs(a: Analysis, b: Analysis) -> alt.LayerChart:
+    """log p_B − log p_A of each aligned token given the tokens before it
+    (:func:`cwviz.analyses.compare.logprob_changes`, :func:`cwviz.charts.compare.logprob_change_chart`)."""
+    return compare_charts.logprob_change_chart(compare_analyses.logprob_changes(compare_analyses.compare(a, b)))
 
 
 # -- the Token page ------------------------------------------------------------------------------------

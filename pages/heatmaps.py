@@ -93,7 +93,9 @@ rows = st.dataframe(
     on_select="rerun",
     selection_mode="single-row",
     key="heatmaps_ranking",
-    column_config={name: st.column_config.NumberColumn(format="%.3f") for name in ("sink_attention", "sink_contribution", "divergence")},
+    column_config={
+        name: st.column_config.NumberColumn(format="%.3f") for name in ("sink_attention", "sink_contribution", "divergence", "output_norm")
+    },
 )
 chosen = rows.selection.rows if rows is not None else []
 if chosen and chosen != st.session_state.get("_heatmaps_last_row"):

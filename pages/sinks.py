@@ -84,6 +84,15 @@ except CwvizError as err:
     st.stop()
 pooled = f" pooled over {tables.prompts} prompts (the sidebar prompt and {tables.prompts - 1} from the file)" if tables.prompts > 1 else ""
 st.caption(f"Sink: position {tables.sink} {tables.sink_token!r}{pooled}. Means over heads and the queries that see a key besides the sink.")
+learned = tables.layers["learned_sink_share"] if "learned_sink_share" in tables.layers else None
+if learned is not None and (learned > 0).any():
+    here = tables.layers.loc[tables.layers["layer"] == sel.layer, "learned_sink_share"]
+    st.info(
+        f"This model has learned attention sinks (one logit per head that joins the softmax and writes nothing): "
+        f"the learned sink takes {learned.mean():.1%} of the attention on average"
+        + (f", {here.iloc[0]:.1%} in layer {sel.layer}" if len(here) else "")
+        + ". Attention on the real keys sums to less than 1; their contributions still sum to 1."
+    )
 
 st.subheader("(a) Sink ratio against head output norm")
 which = (

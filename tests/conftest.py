@@ -57,6 +57,89 @@ def tiny_config(arch: str):
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox", "bert"]
 
+#: Every row of cwviz's architecture table, and a few model types that run through a derived row, as tiny
+#: configs with the feature that matters for each (AutoConfig.for_model keyword arguments; 2 layers, width 64).
+_DECODER = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
+_ENCODER = dict(
+    hidden_size=64, intermediate_size=96, num_attention_heads=4, num_hidden_layers=2, vocab_size=100, max_position_embeddings=64
+)
+_MOE = dict(num_experts_per_tok=2)
+FAMILY_CONFIGS: dict[str, dict] = {
+    "llama": _DECODER,
+    "mistral": dict(_DECODER, num_key_value_heads=1, sliding_window=8),
+    "qwen2": _DECODER,  # q/k/v biases
+    "qwen3": dict(_DECODER, head_dim=24),  # q/k norms, a head width that is not hidden / heads
+    "olmo2": _DECODER,  # q/k norms over all heads
+    "mixtral": dict(_DECODER, num_local_experts=4, sliding_window=None, **_MOE),
+    "qwen2_moe": dict(_DECODER, num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=32, **_MOE),
+    "qwen3_moe": dict(_DECODER, num_experts=4, moe_intermediate_size=32, head_dim=16, **_MOE),
+    "gemma": dict(_DECODER, head_dim=16),
+    # soft-capping strong enough to matter, alternating sliding (4) and global layers, final logit soft-capping
+    "gemma2": dict(
+        _DECODER,
+        head_dim=16,
+        query_pre_attn_scalar=20,
+        attn_logit_softcapping=1.5,
+        final_logit_softcapping=2.0,
+        sliding_window=4,
+        initializer_range=0.3,
+    ),
+    "gemma3_text": dict(
+        _DECODER, head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"], final_logit_softcapping=3.0
+    ),
+    "phi3": dict(_DECODER, partial_rotary_factor=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2),  # fused qkv_proj, partial rotary
+    "granite": dict(_DECODER, attention_multiplier=0.3, logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5),
+    "stablelm": dict(_DECODER, partial_rotary_factor=0.25, use_qkv_bias=True, qk_layernorm=True, use_parallel_residual=True),
+    "starcoder2": dict(_DECODER, sliding_window=6, use_bias=True),
+    "cohere": dict(_DECODER, logit_scale=0.5, use_qk_norm=True),
+    "gpt_oss": dict(_DECODER, head_dim=16, num_local_experts=4, sliding_window=4, **_MOE),  # learned sinks
+    "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64),
+    "gpt_neox": dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, rotary_pct=0.25, attention_bias=True),
+    "bert": _ENCODER,
+    "roberta": dict(_ENCODER, pad_token_id=1),
+    "xlm-roberta": dict(_ENCODER, pad_token_id=1),
+    "electra": dict(_ENCODER, embedding_size=32),
+    "distilbert": dict(dim=64, hidden_dim=96, n_heads=4, n_layers=2, vocab_size=100, max_position_embeddings=64),
+    "modernbert": dict(
+        _ENCODER,
+        global_attn_every_n_layers=2,
+        local_attention=4,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+    ),
+    # no row in the table: derived at load time
+    "phi": dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, partial_rotary_factor=0.5),
+    "opt": dict(hidden_size=64, ffn_dim=96, num_attention_heads=4, word_embed_proj_dim=64, max_position_embeddings=64),
+    "gpt_bigcode": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, multi_query=True),
+    "persimmon": dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, partial_rotary_factor=0.5, qk_layernorm=True),
+    "camembert": dict(_ENCODER, pad_token_id=1),  # an encoder (RoBERTa layout) through a derived row
+}
+#: Model types above that have no row of their own.
+DERIVED_FAMILIES = ("phi", "opt", "gpt_bigcode", "persimmon", "camembert")
+
+
+def family_model(model_type: str, seed: int = 0, **overrides):
+    """A tiny random transformers model of ``model_type`` (:data:`FAMILY_CONFIGS`, with ``overrides``), float32,
+    biases random."""
+    from cwviz.core import architectures
+    from cwviz.core.models import auto_class_name
+
+    torch.manual_seed(seed)
+    kwargs = dict(vocab_size=100, num_hidden_layers=2, max_position_embeddings=64)
+    if model_type in ("gpt2", "gpt_bigcode", "distilbert"):
+        kwargs = dict(vocab_size=100)
+    config = transformers.AutoConfig.for_model(model_type, **{**kwargs, **FAMILY_CONFIGS[model_type], **overrides})
+    auto = getattr(transformers, auto_class_name(config, architectures.ARCHITECTURES.get(model_type)))
+    model = auto.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # random biases and norm weights, so their handling is exercised
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "sinks" in name:
+                param.normal_(0, 0.5 if "sinks" in name else 0.1)
+    return model
+
 
 def make_tiny(arch: str, seed: int = 0) -> cwviz.Bundle:
     torch.manual_seed(seed)

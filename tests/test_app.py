@@ -128,18 +128,26 @@ def test_an_empty_prompt_shows_an_error_on_every_page():
         assert not charts(at)
 
 
+def test_the_model_picker_offers_both_embedded_models_and_keeps_a_typed_name(tmp_path):
+    at = run_app()
+    picker = widget(at, "selectbox", "Model")
+    assert picker.options[:2] == ["embedded · SmolLM2", "embedded-encoder · MiniLM"]
+    assert picker.value == "embedded"
+    typed = str(tmp_path / "my-model")  # a name typed into the picker (or given in a link) is one of its options
+    at = run_app(params={"model": typed})
+    assert widget(at, "selectbox", "Model").value == typed and typed in widget(at, "selectbox", "Model").options
+
+
 def test_a_model_that_fails_to_load_shows_the_reason_on_every_page(tmp_path):
     missing = str(tmp_path / "no-such-model")
-    at = run_app()
-    widget(at, "text_input", "Model").input(missing)
-    at.sidebar.button(key="_cwviz_analyze").click().run()
+    at = run_app(params={"model": missing})
     for page in OWN_PAGES:
         at.switch_page(page).run()
         assert not at.exception
         errors = " ".join(e.value for e in at.error)
         assert "could not be loaded" in errors and "no-such-model" in errors
         assert not charts(at)
-    widget(at, "text_input", "Model").input("embedded")
+    widget(at, "selectbox", "Model").select("embedded")
     at.sidebar.button(key="_cwviz_analyze").click().run()
     at.switch_page("pages/heatmaps.py").run()
     assert_clean(at)
@@ -281,6 +289,8 @@ def test_navigation_lists_every_page():
         ("bertviz_view", "bertviz"),
         ("sinks", "Sinks"),
         ("faithfulness", "Faithfulness"),
+        ("compare", "Compare"),
+        ("atlas", "Atlas"),
     ]:
         assert f'"pages/{page}.py", title="{name}"' in source
 

@@ -61,7 +61,15 @@ MIN_PLOT_PX = 150
 #: Marks must cover at least this share of their plot area's height, and of its width.
 MIN_SPAN_HEIGHT, MIN_SPAN_WIDTH = 0.5, 0.25
 #: Each page's URL path and the charts it draws.
-PAGE_PATHS = {"heatmaps": "", "token": "token", "bertviz": "bertviz_view", "sinks": "sinks", "faithfulness": "faithfulness"}
+PAGE_PATHS = {
+    "heatmaps": "",
+    "token": "token",
+    "bertviz": "bertviz_view",
+    "sinks": "sinks",
+    "faithfulness": "faithfulness",
+    "compare": "compare",
+    "atlas": "atlas",
+}
 
 # The plot areas of every chart on the page, from Vega's SVG scenegraph: a plot area is a group (the root
 # frame or a view's scope) with a non-empty background that is not a legend, axis, title or line-series
@@ -436,7 +444,7 @@ def test_heatmaps_label_every_token_outline_the_query_and_pick_it_on_click(serve
     watch.check()
 
 
-@pytest.mark.parametrize("name", ["heatmaps", "token", "bertviz", "sinks", "faithfulness"])
+@pytest.mark.parametrize("name", ["heatmaps", "token", "bertviz", "sinks", "faithfulness", "compare", "atlas"])
 def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser, name):
     """The link's parameters survive the page's first run: every widget writes its value back to the URL,
     so a picker that had lost its value would show the default in the URL. The visible widgets say the same."""
@@ -447,7 +455,7 @@ def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser,
     watch = Watch(page)
     try:
         page.goto(_url(server, name, link))
-        _settle(page, 0 if name in ("bertviz", "faithfulness") else 2)
+        _settle(page, 0 if name in ("bertviz", "faithfulness", "atlas") else 2)
         _assert_no_error_text(page)
         assert page.locator('[data-testid="stAlertContentWarning"]').count() == 0, page.locator(
             '[data-testid="stAlertContentWarning"]'
@@ -521,6 +529,78 @@ def test_clicking_a_head_in_the_overview_selects_it(server, browser):
         page.screenshot(path=str(ARTIFACTS / "picked_head.png"))
     finally:
         page.close()
+
+
+def test_compare_draws_a_b_and_their_difference_and_picks_a_head(server, browser):
+    """The Compare page on its default minimal pair: three charts drawn (the maps A, B and B − A, the change
+    in every head, the log-probability changes), each view's marks spanning its plot; a sequence-aligned pair
+    shows its alignment; a click on a head of the change grid selects it (the maps' title and the link follow)."""
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "compare", {"layer": "3", "head": "all"}))
+        _settle(page, 3)
+        _assert_no_error_text(page)
+        assert page.get_by_text("Compare two inputs").count() == 1
+        assert _check_charts(page, "Compare") == 3
+        maps = page.evaluate(PLOTS_JS)[0]
+        assert len(maps["plots"]) == 3, maps["plots"]  # A, B and B − A, each with its cells
+        _screenshot(page, "compare")
+
+        layer, head = 20, 4
+        cell = page.locator(CHART).nth(1).locator(f'path[aria-label^="head: {head}; layer: {layer};"]')
+        assert cell.count() == 1, f"no single cell for layer {layer}, head {head} in the change grid"
+        cell.click()
+        page.wait_for_url(lambda url: f"layer={layer}" in url and f"head={head}" in url, timeout=60_000)
+        _settle(page, 3)
+        _assert_no_error_text(page)
+        assert page.locator(CHART).first.locator(f'text:has-text("layer {layer}, head {head}")').count() >= 1
+
+        # Two prompts of different lengths: aligned by sequence, the alignment table shown, the maps still drawn.
+        longer = "The old lighthouse keeper slowly climbed the long spiral stairs every evening."
+        page.goto(_url(server, "compare", {"prompt_b": longer}))
+        _settle(page, 3)
+        _assert_no_error_text(page)
+        assert page.get_by_text("aligned by a sequence alignment").count() >= 1
+        assert page.locator('[data-testid="stDataFrame"]').first.is_visible()
+        assert _check_charts(page, "Compare, sequence-aligned") == 3
+        _screenshot(page, "compare-sequence")
+    finally:
+        page.close()
+    watch.check()
+
+
+def test_atlas_runs_draws_its_map_and_links_a_prompt_to_its_heatmaps(server, browser):
+    """The Atlas page on two prompts of the GSM8K sample: Run shows its progress, then the layer x head map (drawn,
+    spanning its plot) and the picked head's prompts; the link a prompt's row holds opens the Heatmaps page
+    on that prompt with the head selected."""
+    from cwviz.app import atlas_services, services
+    from cwviz.core.texts import gsm8k_path, read_texts
+
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "atlas", {"atlas_n": "2", "layer": "19", "head": "3"}))
+        page.get_by_text("Atlas of heads").wait_for(timeout=60_000)
+        _settle(page, 0)
+        page.get_by_role("button", name="Run").click()
+        _settle(page, 1)
+        _assert_no_error_text(page)
+        assert page.get_by_text("2 prompt(s) on").count() == 1
+        assert _check_charts(page, "Atlas") == 1
+        assert page.get_by_text("Layer 19, head 3: the prompts with the lowest").count() == 1
+        assert page.locator('[data-testid="stDataFrame"]').first.is_visible()
+        _screenshot(page, "atlas")
+
+        text = read_texts(gsm8k_path(), n=1)[0]
+        link = atlas_services.heatmaps_link(services.Request(device="auto", dtype="auto"), text, 19, 3)
+        page.goto(server + link)
+        _settle(page, 2)
+        _assert_no_error_text(page)
+        assert page.locator(CHART).first.locator('text:has-text("layer 19, head 3")').count() >= 1
+    finally:
+        page.close()
+    watch.check()
 
 
 def _overlapping(labels: list[dict], along: str) -> list[tuple[str, str]]:

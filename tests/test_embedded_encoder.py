@@ -216,7 +216,7 @@ def test_faithfulness_and_generation_say_they_need_a_causal_model():
     assert any("cannot generate" in e.value and "causal language model" in e.value for e in at.error)
     # Back to the causal model: the faithfulness page is there again.
     widget(at, "number_input", "Tokens to generate").set_value(0)
-    widget(at, "text_input", "Model").input("embedded")
+    widget(at, "selectbox", "Model").select("embedded")
     at.sidebar.button(key="_cwviz_analyze").click().run()
     assert_clean(at)
     assert "faith_run" in [b.key for b in at.button]

@@ -42,6 +42,20 @@ PAGES = {
             "sinks_layerwise": True,
         },
     ),
+    "pages/compare.py": (
+        {"prompt_b": TEXT + " Twice.", "model_b": "embedded", "cmp_map": "attention", "cmp_kind": "intra", "cmp_metric": "sink_attention"},
+        {
+            "compare_prompt_b": TEXT + " Twice.",
+            "compare_model_b": "embedded",
+            "compare_map": "attention",
+            "compare_kind": "intra",
+            "compare_metric": "sink_attention",
+        },
+    ),
+    "pages/atlas.py": (
+        {"atlas_source": "path", "atlas_path": "/data/prompts.jsonl", "atlas_n": "3", "atlas_out": "/tmp/cwviz-atlas-link"},
+        {"atlas_source": "path", "atlas_path": "/data/prompts.jsonl", "atlas_n": 3, "atlas_out": "/tmp/cwviz-atlas-link"},
+    ),
     "pages/faithfulness.py": (
         {
             "source": "path",
@@ -74,7 +88,18 @@ PAGES = {
 
 
 def _value(at: AppTest, key: str):
-    for kind in ("radio", "selectbox", "multiselect", "button_group", "slider", "number_input", "text_input", "checkbox", "toggle"):
+    for kind in (
+        "radio",
+        "selectbox",
+        "multiselect",
+        "button_group",
+        "slider",
+        "number_input",
+        "text_input",
+        "text_area",
+        "checkbox",
+        "toggle",
+    ):
         found = [w for w in at.get(kind) if getattr(w, "key", None) == key]
         if found:
             return found[0].value

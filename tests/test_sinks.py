@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import cwviz
 from cwviz import analyze
 from cwviz.analyses import sinks
 from cwviz.charts import sinks as charts
@@ -359,3 +360,22 @@ def test_the_table_read_in_row_blocks_equals_the_whole_layer_table(arch, monkeyp
     monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", 5 * analysis.num_tokens)
     blocked = sinks.sink_table(analysis, 0)
     pd.testing.assert_frame_equal(blocked, whole, check_exact=False, atol=1e-5, rtol=1e-4)
+
+
+def test_cli_shows_the_learned_sink_share_for_a_model_with_learned_sinks(monkeypatch, capsys):
+    from cwviz.cli import main
+    from cwviz.cli import sinks as command
+
+    from .conftest import CharTokenizer, family_model
+
+    for model_type, shown in (("gpt_oss", True), ("llama", False)):
+        bundle = cwviz.bundle_from_model(family_model(model_type), CharTokenizer(100), model_id=f"tiny-{model_type}")
+        monkeypatch.setattr(command, "load", lambda _args, bundle=bundle: bundle)
+        assert main(["sinks", "--text", "The quick brown fox jumps.", "--no-ppl"]) == 0
+        out = capsys.readouterr().out
+        assert ("learned_sink" in out) == shown
+        if shown:
+            header = next(line.split() for line in out.splitlines() if line.split()[:1] == ["layer"])
+            rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["1"])]
+            column = header.index("learned_sink")
+            assert all(0 < float(row[column]) < 1 for row in rows)

@@ -67,3 +67,22 @@ def test_pooling_from_jsonl_and_a_malformed_file(app, tmp_path):
     app.text_input(key="sinks_pool_path").set_value(str(bad)).run()
     assert not app.exception
     assert "line 2" in app.error[0].value
+
+
+def test_a_model_with_learned_sinks_reports_their_share(monkeypatch):
+    import cwviz
+    from cwviz.app import services
+
+    from .conftest import CharTokenizer, family_model
+
+    bundle = cwviz.bundle_from_model(family_model("gpt_oss"), CharTokenizer(100), model_id="tiny-gpt-oss")
+    real = services.load_model
+    monkeypatch.setattr(services, "load_model", lambda name, **kw: bundle if name == "tiny-gpt-oss" else real(name, **kw))
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
+    at.query_params["model"] = "tiny-gpt-oss"
+    at.query_params["prompt"] = "The quick brown fox jumps."
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    (line,) = [i.value for i in at.info if "learned attention sinks" in i.value]
+    assert "% of the attention on average" in line and "in layer 0" in line
+    assert "contributions still sum to 1" in line

@@ -129,6 +129,7 @@ def test_head_summary_matches_its_definition(llama):
     assert row.sink_attention == pytest.approx(attention[:, 0].mean(), abs=1e-6)
     assert row.sink_contribution == pytest.approx(contribution[:, 0].mean(), abs=1e-6)
     assert row.divergence == pytest.approx(0.5 * np.abs(attention - contribution).sum(-1).mean(), abs=1e-6)
+    assert row.output_norm == pytest.approx(llama.output_norms(1)[0][3, 1:].mean(), rel=1e-5)
     ranking = tables.head_ranking(summary, top=5)
     assert len(ranking) == 5 and ranking["divergence"].is_monotonic_decreasing
 

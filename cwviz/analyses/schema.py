@@ -75,3 +75,44 @@ class TokenFactors:
     wide: pd.DataFrame
     factors: tuple[str, ...]
     note: str
+
+
+#: The maps a comparison draws: picker value -> (label, the columns' stem in :class:`CompareCells`).
+COMPARE_MAPS: dict[str, str] = {"contribution": "contribution weights", "attention": "attention weights"}
+#: The per-head summaries whose change a comparison ranks (columns of :func:`cwviz.analyses.tables.head_summary`).
+HEAD_METRICS: dict[str, str] = {
+    "divergence": "divergence of attention and contribution rows (½ Σ|α − c|)",
+    "sink_attention": "sink share under attention",
+    "sink_contribution": "sink share under contribution (intra-head)",
+    "output_norm": "head output norm ‖o^h‖",
+}
+
+
+@dataclass(frozen=True)
+class CompareCells:
+    """One layer's maps for two aligned inputs A and B, and their difference B − A.
+
+    ``frame`` has one row per visible (query, key) cell of the aligned grid: ``query`` and ``key`` are
+    indices of aligned pairs (``labels[i]`` labels pair i), ``query_a``/``key_a`` and ``query_b``/``key_b``
+    their positions in each input, ``query_token``/``key_token`` the pair labels, then ``attention_a``,
+    ``attention_b``, ``attention_diff`` and the same for ``contribution`` (of ``kind``), and
+    ``query_position`` (A's position, what a click on the cell selects). Causal models show keys <= query
+    only. ``note`` says what is shown (window, heads, alignment); ``query`` is the selected query's pair.
+    """
+
+    frame: pd.DataFrame
+    labels: tuple[str, ...]
+    kind: str
+    note: str
+    query: int | None = None
+
+
+#: The per-head statistics an atlas pools over prompts (:mod:`cwviz.analyses.atlas`): column -> label.
+ATLAS_METRICS: dict[str, str] = {
+    "sink_attention": "sink share under attention",
+    "sink_contribution": "sink share under contribution (intra-head)",
+    "cos_sink_rest": "cos(ṽ_sink, m): sink value against the rest",
+    "divergence": "divergence of attention and contribution rows (½ Σ|α − c|)",
+    "negative_share": "share of negative contribution mass",
+    "output_norm": "head output norm ‖o^h‖",
+}

@@ -66,6 +66,7 @@ TABLE_COLUMNS: tuple[str, ...] = (
     "sink_attention_share",
     "sink_contribution_share",
     "sink_contribution_inter",
+    "learned_sink_share",
     "other_keys",
 )
 
@@ -210,6 +211,7 @@ def sink_table(
     | sink_attention_share    | α_iσ^h, the sink's share under attention (= sink_ratio, named for the comparison) |
     | sink_contribution_share | c_iσ^h, its intra-head contribution weight (sums to 1 with the other keys) |
     | sink_contribution_inter | C_iσ^h, its inter-head contribution (summed over heads: the layer-level share) |
+    | learned_sink_share      | the model's learned sink (gpt-oss): 1 − Σ_j α_ij^h, attention that writes nothing; 0 elsewhere |
     | other_keys              | keys besides the sink that the query can see                         |
 
     ``progress(done, len(layers))`` (:mod:`cwviz.core.progress`) is called after each layer. Each layer is
@@ -228,6 +230,10 @@ def sink_table(
                 continue  # a causal block before the sink: none of its rows sees it (the last block always does)
             split = sink_split(analysis, layer, sink, start, stop, alpha=measures.attention, value=value, w=w)
             with torch.inference_mode():
+                if analysis.records[layer].sinks is None:
+                    learned = torch.zeros_like(split.sink_ratio)
+                else:  # the learned sink's column of the softmax, dropped by the model: what the real keys' α leave
+                    learned = (1 - measures.attention.sum(-1)).clamp_(min=0)
                 columns = {
                     "sink_ratio": split.sink_ratio,
                     "output_norm": split.head_output.norm(dim=-1),
@@ -237,6 +243,7 @@ def sink_table(
                     "sink_attention_share": split.sink_ratio,
                     "sink_contribution_share": measures.contribution("intra")[:, :, sink],
                     "sink_contribution_inter": measures.contribution("inter")[:, :, sink],
+                    "learned_sink_share": learned,
                 }
                 rows = torch.nonzero(split.sees_sink).flatten().numpy()  # within the block
                 columns = {name: values.float().cpu().numpy()[:, rows] for name, values in columns.items()}
@@ -287,6 +294,11 @@ def _defined(table: pd.DataFrame) -> pd.DataFrame:
     return table[table["other_keys"] > 0]
 
 
+def _learned(table: pd.DataFrame) -> list[str]:
+    """``["learned_sink_share"]`` when the table has it (a table saved before it existed has not)."""
+    return ["learned_sink_share"] if "learned_sink_share" in table.columns else []
+
+
 def _by_prompt(table: pd.DataFrame) -> list[str]:
     return ["prompt"] if "prompt" in table.columns else []
 
@@ -297,13 +309,14 @@ def sink_layer_summary(table: pd.DataFrame) -> pd.DataFrame:
     Means over heads and the queries that see another key besides the sink. ``sink_attention_share``
     is the head-averaged attention on the sink, ``sink_contribution_share`` the layer-level contribution
     Σ_h C_iσ^h, both averaged over queries; ``negative_cos_share`` is the share of (head, query) rows
-    with cos(ṽ_σ, m) < 0.
+    with cos(ṽ_σ, m) < 0; ``learned_sink_share`` the head-averaged share of the model's learned sink (0 for a
+    model without one).
     """
     rows = _defined(table)
     keys = _by_prompt(table)
     per_query = rows.groupby([*keys, "layer", "query"], sort=False)["sink_contribution_inter"].sum()
     contribution = per_query.groupby(level="layer").mean()
-    summary = rows.groupby("layer")[[*_MEANS, "sink_attention_share"]].mean()
+    summary = rows.groupby("layer")[[*_MEANS, "sink_attention_share", *_learned(rows)]].mean()
     summary["sink_contribution_share"] = contribution
     summary["negative_cos_share"] = rows.assign(neg=rows["cos_sink_rest"] < 0).groupby("layer")["neg"].mean()
     return summary.reset_index()
@@ -313,7 +326,7 @@ def sink_head_summary(table: pd.DataFrame) -> pd.DataFrame:
     """One row per layer and head: means over the queries that see another key besides the sink, and
     the sink ratio minimising the head's typical output norm (:func:`head_curve`)."""
     rows = _defined(table)
-    summary = rows.groupby(["layer", "head"])[[*_MEANS, "sink_contribution_share"]].mean()
+    summary = rows.groupby(["layer", "head"])[[*_MEANS, "sink_contribution_share", *_learned(rows)]].mean()
     medians = rows.groupby(["layer", "head"])[["sink_value_norm", "rest_norm", "cos_sink_rest"]].median()
     summary["minimising_ratio"] = [SinkCurve(a, b, c).minimiser for a, b, c in medians.itertuples(index=False, name=None)]
     return summary.reset_index()

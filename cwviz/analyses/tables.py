@@ -211,7 +211,8 @@ def head_summary(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
     * ``sink_contribution``: mean intra-head contribution weight of the first token;
     * ``divergence``: mean over queries of ½ Σ_j |α_ij − c_ij|, how differently attention and
       intra-head contribution weights distribute the query's row (0 when they agree; both rows sum
-      to 1, so it is at least the share that moves).
+      to 1, so it is at least the share that moves);
+    * ``output_norm``: mean head output norm ‖o_i^h‖ (the head's write, before the output-projection bias).
 
     Intra-head contributions are used because, like attention, they sum to 1 in every head.
     ``progress(done, layers)`` (:mod:`cwviz.core.progress`) is called after each layer. Each layer is read
@@ -220,21 +221,24 @@ def head_summary(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
     heads = analysis.num_heads
     first = _queries_after_first(analysis).start
     count = analysis.num_tokens - first
-    columns: dict[str, list] = {"layer": [], "head": [], "sink_attention": [], "sink_contribution": [], "divergence": []}
+    columns: dict[str, list] = {"layer": [], "head": [], "sink_attention": [], "sink_contribution": [], "divergence": [], "output_norm": []}
     with torch.inference_mode():
         for layer in counted(range(analysis.num_layers), analysis.num_layers, progress):
             # Row blocks, reduced as they go: [head, block, T] at a time, never the whole [head, T, T].
             sink_attention, sink_contribution, divergence = torch.zeros(heads), torch.zeros(heads), torch.zeros(heads)
+            output_norm = torch.zeros(heads)
             for _, _, m in analysis.row_blocks(layer, first):
                 attention, contribution = m.attention, m.contribution("intra")  # (H, rows, K)
                 divergence += (attention - contribution).abs_().sum(-1).sum(-1).cpu()
                 sink_attention += attention[:, :, SINK].sum(-1).cpu()
                 sink_contribution += contribution[:, :, SINK].sum(-1).cpu()
+                output_norm += m.head_output_norm.sum(-1).cpu()
             columns["layer"] += [layer] * heads
             columns["head"] += list(range(heads))
             columns["sink_attention"] += (sink_attention / count).tolist()
             columns["sink_contribution"] += (sink_contribution / count).tolist()
             columns["divergence"] += (divergence * 0.5 / count).tolist()
+            columns["output_norm"] += (output_norm / count).tolist()
     frame = pd.DataFrame(columns)
     frame["rank"] = frame["divergence"].rank(ascending=False, method="first").astype(int)
     return frame

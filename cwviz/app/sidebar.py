@@ -13,6 +13,7 @@ import streamlit as st
 
 from ..core.analysis import Analysis
 from ..core.errors import CwvizError, ModelLoadError
+from ..core.models import EMBEDDED, EMBEDDED_ENCODER, EMBEDDED_IDS
 from . import hosting, services
 from .state import (
     DEVICE_CHOICES,
@@ -110,6 +111,14 @@ def ensure_navigation() -> None:
         st.rerun()
 
 
+def model_label(name: str) -> str:
+    """How the model picker shows a name: the embedded models with what they are."""
+    return {
+        EMBEDDED: f"{EMBEDDED} · SmolLM2",
+        EMBEDDED_ENCODER: f"{EMBEDDED_ENCODER} · MiniLM",
+    }.get(name, name)
+
+
 def sidebar() -> Selection:
     """Draw the shared sidebar and return the current :class:`Selection` (call once, at the top of a page)."""
     ensure_navigation()
@@ -136,13 +145,22 @@ def sidebar() -> Selection:
                 cur["draft_model"] = allowed[0]
             bound(st.selectbox, "draft_model", "Model", options=allowed, help="the models this server offers")
         else:
+            # A picker of the embedded models that also takes a typed name (accept_new_options): a teacher finds
+            # both offline models without knowing their names, a researcher types a hub id or a path.
+            offered = list(EMBEDDED_IDS)
+            if cur["draft_model"] and cur["draft_model"] not in offered:
+                offered.append(cur["draft_model"])
             bound(
-                st.text_input,
+                st.selectbox,
                 "draft_model",
                 "Model",
+                options=offered,
+                accept_new_options=True,
+                format_func=model_label,
                 help=(
-                    "embedded (SmolLM2-135M, a causal language model) or embedded-encoder (all-MiniLM-L6-v2, a BERT "
-                    "encoder): both ship with cwviz and work offline; or a Hugging Face hub id, or a local folder / .gguf file"
+                    "Two models ship with cwviz and work offline: embedded (SmolLM2-135M-Instruct, a causal language "
+                    "model) and embedded-encoder (all-MiniLM-L6-v2, a BERT encoder). Or type a Hugging Face hub id, a "
+                    "local folder or a .gguf file, press Enter, then Analyze."
                 ),
             )
         left, right = st.columns(2)

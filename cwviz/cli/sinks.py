@@ -125,6 +125,11 @@ def run(args: argparse.Namespace) -> int:
     print(
         "means over heads and the queries that see another key; attention share: mean over heads, "
         "contribution share: inter-head, summed over heads"
+        + (
+            "; learned_sink: the model's learned sink's share of attention (it writes nothing), mean over heads"
+            if (summary.get("learned_sink_share", pd.Series(dtype=float)) > 0).any()
+            else ""
+        )
     )
     ppl = None
     if removal:
@@ -208,9 +213,11 @@ def _format(summary: pd.DataFrame) -> str:
         "negative_cos_share": ("cos<0", "{:.2f}"),
         "sink_attention_share": ("attn_share", "{:.3f}"),
         "sink_contribution_share": ("contrib_share", "{:+.3f}"),
+        "learned_sink_share": ("learned_sink", "{:.3f}"),
         "delta_ppl": ("dPPL", "{:+.3f}"),
     }
-    shown = [c for c in columns if c in summary.columns]
+    # The learned sink's column only for a model that has one (gpt-oss): everywhere else it is 0.
+    shown = [c for c in columns if c in summary.columns and (c != "learned_sink_share" or (summary[c] > 0).any())]
     header = "  ".join(f"{columns[c][0]:>13}" if c != "layer" else f"{'layer':>5}" for c in shown)
     lines = [header]
     for row in summary.itertuples(index=False):

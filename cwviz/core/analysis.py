@@ -17,7 +17,7 @@ import math
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from . import architectures, memory
-from .capture import LayerRecord, attention_probabilities, causal_rows, forward_pass
+from .capture import LayerRecord, causal_rows, forward_pass
 from .errors import InputError, SelectionError
 from .measures import MEASURES, LayerMeasures, QuerySide, grouped_matmul, head_weights, layer_measures, query_side, value_norms
 from .models import Bundle
@@ -114,12 +114,15 @@ def check_length(bundle: Bundle, ids) -> list[int]:
     return ids
 
 
-def next_token_logprobs(hidden: torch.Tensor, head: torch.nn.Module, ids: torch.Tensor, chunk: int = memory.LOGIT_CHUNK) -> torch.Tensor:
+def next_token_logprobs(
+    hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor, chunk: int = memory.LOGIT_CHUNK
+) -> torch.Tensor:
     """log p(token_{t+1} | tokens ..t) for t = 0..T-2, float32 [T - 1] on the CPU.
 
-    From the final hidden states ``hidden`` [T, d_model] and the model's output layer ``head``
-    (``model.get_output_embeddings()``), run on ``chunk`` rows at a time, each chunk's logits turned into
-    a log-sum-exp in place: no [T, vocab] tensor is made.
+    From the final hidden states ``hidden`` [T, d_model] and the model's logits function ``head``
+    (:meth:`cwviz.core.models.Bundle.output_logits`: the output layer with the family's logit scaling or
+    soft-capping), run on ``chunk`` rows at a time, each chunk's logits turned into a log-sum-exp in place:
+    no [T, vocab] tensor is made.
     """
     out = []
     for start in range(0, hidden.shape[0] - 1, chunk):
@@ -261,7 +264,7 @@ class Analysis:
         """
         with self._logprobs_lock:
             if self._logprobs is None:
-                head = self.bundle.model.get_output_embeddings() if self._final_hidden is not None else None
+                head = self.bundle.output_logits if self._final_hidden is not None and self.bundle.has_logits else None
                 if head is None:
                     self._logprobs = np.zeros(0, dtype=np.float32)
                 else:
@@ -302,7 +305,7 @@ class Analysis:
     def attention_tensor(self, layer: int) -> torch.Tensor:
         """α for ``layer``, float32 torch [head, query, key]."""
         rec = self.records[self.check_layer(layer)]
-        return attention_probabilities(rec.query.float(), rec.key.float(), rec.scaling, rec.mask, rec.causal)
+        return rec.probabilities(rec.query.float(), rec.key.float(), rec.mask, rec.causal)
 
     def layer(self, layer: int) -> LayerMeasures:
         """Every measure of one layer as float32 torch tensors (the last two layers asked for are kept)."""
@@ -382,10 +385,11 @@ class Analysis:
         rec = self.records[layer]
         with torch.inference_mode():
             query, key = rec.query[:, start:stop].float(), rec.key[:, :keys].float()
-            if rec.mask is None and rec.causal:
+            if rec.mask is None and rec.causal and rec.plain:
                 return causal_rows(query, key, rec.scaling, start)
-            mask = rec.key_mask(start, stop)[:, :keys] if rec.mask is not None else None  # (W, K)
-            return attention_probabilities(query, key, rec.scaling, mask, False)
+            # The general path: the rows' own mask (causal, sliding window or the model's), soft-capping, learned sinks.
+            mask = rec.key_mask(start, stop)[:, :keys] if rec.mask is not None or rec.causal else None  # (W, K)
+            return rec.probabilities(query, key, mask, False)
 
     def _blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, int]]:
         """``(first, stop, keys)`` of the row blocks of :meth:`row_blocks`."""
@@ -419,6 +423,25 @@ class Analysis:
         layer = self.check_layer(layer)
         for first, stop, keys in self._blocks(layer, start):
             yield first, stop, self._attention_rows(layer, first, stop, keys)
+
+    @property
+    def has_learned_sinks(self) -> bool:
+        """Whether any layer has learned sink logits (gpt-oss): there α over the real keys sums to less than 1."""
+        return any(rec.sinks is not None for rec in self.records)
+
+    def learned_sink_attention(self, layer: int) -> np.ndarray:
+        """The learned sink's share of each query's softmax, 1 − Σ_j α_ij^h, numpy float32 [head, query].
+
+        The learned sink (gpt-oss ``s_aux``) is a logit per head that joins the softmax and writes nothing: its
+        share is attention that goes nowhere, so the contributions of the real keys still sum to 1. Zeros in a
+        layer without learned sinks. Read in row blocks (never the T x T maps).
+        """
+        layer = self.check_layer(layer)
+        if self.records[layer].sinks is None:
+            return np.zeros((self.num_heads, self.num_tokens), dtype=np.float32)
+        with torch.inference_mode():
+            share = torch.cat([1 - alpha.sum(-1) for _, _, alpha in self.attention_blocks(layer)], dim=1).clamp_(min=0)
+        return _np(share)
 
     def head_outputs(self, layer: int) -> torch.Tensor:
         """z_i^h = Σ_j α_ij^h v_j^h recomputed in float32 from the records, [head, query, d_head] (the output

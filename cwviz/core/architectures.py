@@ -9,10 +9,19 @@ Everything cwviz needs from a model is reached through two seams:
 An :class:`Architecture` says where those live, relative to ``model.base_model``. Adding a family that
 uses transformers' attention interface is one more row in :data:`ARCHITECTURES`.
 
-A third assumption, for causal models: the logits are the output layer (``get_output_embeddings()``)
-applied as it is to the base model's final hidden states, with no logit scaling or soft-capping; cwviz
-computes next-token log-probabilities that way (:func:`cwviz.core.analysis.next_token_logprobs`). Every row
-is checked against the model's own logits in ``tests/test_architectures.py``.
+A third piece, for causal models: the logits are the output layer (``get_output_embeddings()``) applied to
+the base model's final hidden states, then the family's own logit scaling or soft-capping, named by the row
+(``logit_scale``, ``logit_divisor``, ``logit_softcap``: config attributes); cwviz computes next-token
+log-probabilities that way (:meth:`cwviz.core.models.Bundle.output_logits`). Every row is checked against
+the model's own attention and logits in ``tests/test_architectures.py``.
+
+What the attention function receives covers the families' differences without a row saying so: post-RoPE
+queries and keys (partial rotary, q/k norms, fused qkv, biases all happen before the call), the scaling the
+model really uses (Granite's attention multiplier, Gemma's ``query_pre_attn_scalar``, OPT's pre-scaled
+queries), each layer's own mask (sliding and global layers), soft-capping and learned sinks.
+
+A model type that is not in the table gets a row derived from the model itself and checked by a probe at
+load time (:mod:`cwviz.core.derive`); :data:`REFUSED` lists the families that cannot have one, and why.
 """
 
 from __future__ import annotations
@@ -33,6 +42,10 @@ class Architecture:
     (the module that calls the attention function) and ``out_proj`` (W_O) are relative to one layer.
     ``conv1d``: GPT-2's ``Conv1D`` stores its weight as [in, out], the transpose of ``nn.Linear``.
     ``auto_class``: the transformers auto class that gives a head with vocabulary logits.
+    ``logit_scale``, ``logit_divisor``, ``logit_softcap``: config attributes the causal LM applies to the output
+    layer's result, in that order (Cohere's ``logit_scale`` multiplies, Granite's ``logits_scaling`` divides,
+    Gemma 2/3's ``final_logit_softcapping`` c gives c tanh(logits / c)); None or a missing value: not applied.
+    ``derived``: the row was derived from the model and checked by a probe (:mod:`cwviz.core.derive`).
     """
 
     family: str
@@ -42,46 +55,140 @@ class Architecture:
     conv1d: bool = False
     auto_class: str = "AutoModelForCausalLM"
     causal: bool = True
+    logit_scale: str | None = None
+    logit_divisor: str | None = None
+    logit_softcap: str | None = None
+    derived: bool = False
 
 
 _LLAMA_LIKE = dict(layers="layers", attention="self_attn", out_proj="self_attn.o_proj")
+_BERT_LIKE = dict(
+    layers="encoder.layer",
+    attention="attention.self",
+    out_proj="attention.output.dense",
+    auto_class="AutoModelForMaskedLM",
+    causal=False,
+)
 
 ARCHITECTURES: dict[str, Architecture] = {
     # Llama family: Llama 2/3, SmolLM2, DeepSeek's Llama-architecture models; grouped-query attention.
     "llama": Architecture("llama", **_LLAMA_LIKE),
+    # Sliding-window attention (a mask per layer; Qwen2 from max_window_layers on).
     "mistral": Architecture("mistral", **_LLAMA_LIKE),
     "qwen2": Architecture("qwen2", **_LLAMA_LIKE),
+    # q/k norms before rotary.
     "qwen3": Architecture("qwen3", **_LLAMA_LIKE),
+    "olmo2": Architecture("olmo2", **_LLAMA_LIKE),
+    # Mixtures of experts: the experts are in the MLP; attention is Llama's (Qwen2-MoE with q/k/v biases).
+    "mixtral": Architecture("mixtral", **_LLAMA_LIKE),
+    "qwen2_moe": Architecture("qwen2_moe", **_LLAMA_LIKE),
+    "qwen3_moe": Architecture("qwen3_moe", **_LLAMA_LIKE),
+    # Gemma: scaled embeddings; Gemma 2: attention logit soft-capping, alternating sliding/global layers and
+    # final logit soft-capping; Gemma 3: q/k norms, sliding/global layers by layer_types.
+    "gemma": Architecture("gemma", **_LLAMA_LIKE),
+    "gemma2": Architecture("gemma2", **_LLAMA_LIKE, logit_softcap="final_logit_softcapping"),
+    "gemma3_text": Architecture("gemma3_text", **_LLAMA_LIKE, logit_softcap="final_logit_softcapping"),
+    # Phi-3: fused qkv_proj, partial rotary.
+    "phi3": Architecture("phi3", **_LLAMA_LIKE),
+    # Granite: the attention multiplier is the scaling; the logits are divided by logits_scaling.
+    "granite": Architecture("granite", **_LLAMA_LIKE, logit_divisor="logits_scaling"),
+    # StableLM: partial rotary, optional qkv biases and per-head q/k norms, parallel residual.
+    "stablelm": Architecture("stablelm", **_LLAMA_LIKE),
+    # StarCoder2: biases everywhere, sliding window.
+    "starcoder2": Architecture("starcoder2", **_LLAMA_LIKE),
+    # Cohere (Command-R): parallel block, optional q/k norms, logits multiplied by logit_scale.
+    "cohere": Architecture("cohere", **_LLAMA_LIKE, logit_scale="logit_scale"),
+    # gpt-oss: learned attention sinks (s_aux), alternating sliding/global layers, biases, mixture of experts.
+    "gpt_oss": Architecture("gpt_oss", **_LLAMA_LIKE),
     # GPT-2: fused c_attn, Conv1D layout, biases on values and on the output projection.
     "gpt2": Architecture("gpt2", layers="h", attention="attn", out_proj="attn.c_proj", conv1d=True),
     # GPT-NeoX / Pythia: fused per-head query_key_value, partial rotary.
     "gpt_neox": Architecture("gpt_neox", layers="layers", attention="attention", out_proj="attention.dense"),
-    # BERT: an encoder; bidirectional attention, W_O is BertSelfOutput.dense.
-    "bert": Architecture(
-        "bert",
-        layers="encoder.layer",
-        attention="attention.self",
-        out_proj="attention.output.dense",
+    # Encoders: bidirectional attention; in the BERT layout W_O is the attention's output.dense.
+    "bert": Architecture("bert", **_BERT_LIKE),
+    "roberta": Architecture("roberta", **_BERT_LIKE),
+    "xlm-roberta": Architecture("xlm-roberta", **_BERT_LIKE),
+    "electra": Architecture("electra", **_BERT_LIKE),
+    "distilbert": Architecture(
+        "distilbert",
+        layers="transformer.layer",
+        attention="attention",
+        out_proj="attention.out_lin",
         auto_class="AutoModelForMaskedLM",
         causal=False,
     ),
+    # ModernBERT: fused Wqkv, rotary, alternating local (sliding, both sides) and global layers.
+    "modernbert": Architecture(
+        "modernbert", layers="layers", attention="attn", out_proj="attn.Wo", auto_class="AutoModelForMaskedLM", causal=False
+    ),
+}
+
+_STATE_SPACE = "a state-space model: it has no attention, so no attention weights or per-head value path"
+_CROSS = (
+    "an encoder-decoder model: its decoder's cross-attention reads the encoder's states, not the tokens' own values, "
+    "so contributions over one sequence's tokens are not defined for it"
+)
+_HYBRID = "a hybrid of attention and state-space, linear-attention or recurrent layers: the non-attention layers mix tokens with no per-head value path"
+#: Model types cwviz refuses, with the reason its error gives.
+REFUSED: dict[str, str] = {
+    **{t: _STATE_SPACE for t in ("mamba", "mamba2", "falcon_mamba")},
+    **{t: "a recurrent model: it has no softmax attention over the tokens" for t in ("rwkv", "xlstm")},
+    **{
+        t: _HYBRID
+        for t in (
+            "jamba",
+            "zamba",
+            "zamba2",
+            "falcon_h1",
+            "bamba",
+            "granitemoehybrid",
+            "nemotron_h",
+            "recurrent_gemma",
+            "lfm2",
+            "lfm2_moe",
+            "qwen3_next",
+            "kimi_linear",
+            "olmo_hybrid",
+            "bailing_hybrid",
+            "minimax",
+        )
+    },
+    **{t: _CROSS for t in ("t5", "mt5", "umt5", "bart", "mbart", "marian", "pegasus", "whisper", "led", "blenderbot", "encoder-decoder")},
 }
 
 SUPPORTED = ", ".join(sorted(ARCHITECTURES))
 
 
-def architecture_for(model_type: str) -> Architecture:
-    """The table row for a config's ``model_type``; a clear error listing the supported ones otherwise."""
-    try:
-        return ARCHITECTURES[model_type]
-    except KeyError:
+def refusal(config) -> str | None:
+    """Why cwviz cannot analyse a model with this config (None when it may try): a family of :data:`REFUSED`,
+    or any encoder-decoder (cross-attention)."""
+    model_type = getattr(config, "model_type", "?")
+    if model_type in REFUSED:
+        return REFUSED[model_type]
+    if getattr(config, "is_encoder_decoder", False) or getattr(config, "add_cross_attention", False):
+        return _CROSS
+    return None
+
+
+def check_supported(config) -> None:
+    """Raise UnsupportedModelError, saying why, for a config cwviz refuses (:func:`refusal`)."""
+    reason = refusal(config)
+    if reason is not None:
+        model_type = getattr(config, "model_type", "?")
         raise UnsupportedModelError(
-            f"architecture {model_type!r} is not supported; cwviz supports: {SUPPORTED} "
-            "(models whose attention goes through transformers' AttentionInterface)"
-        ) from None
+            f"architecture {model_type!r} is not supported: it is {reason}. cwviz analyses models whose attention goes "
+            f"through transformers' AttentionInterface; checked families: {SUPPORTED}"
+        )
 
 
-def _get(root: nn.Module, path: str) -> nn.Module:
+def architecture_for(model_type: str) -> Architecture | None:
+    """The table row for a config's ``model_type``, or None: such a model gets a derived row
+    (:func:`cwviz.core.derive.derive_architecture`) unless :func:`refusal` refuses it."""
+    return ARCHITECTURES.get(model_type)
+
+
+def submodule(root: nn.Module, path: str) -> nn.Module:
+    """The module at the dotted ``path`` under ``root`` (``"encoder.layer"``, ``"self_attn.o_proj"``)."""
     module = root
     for part in path.split("."):
         module = getattr(module, part)
@@ -90,17 +197,17 @@ def _get(root: nn.Module, path: str) -> nn.Module:
 
 def layer_modules(model: nn.Module, arch: Architecture) -> list[nn.Module]:
     """The model's transformer blocks, in order."""
-    return list(_get(model.base_model, arch.layers))
+    return list(submodule(model.base_model, arch.layers))
 
 
 def attention_modules(model: nn.Module, arch: Architecture) -> list[nn.Module]:
     """The module of each layer that calls the attention function (index = layer)."""
-    return [_get(layer, arch.attention) for layer in layer_modules(model, arch)]
+    return [submodule(layer, arch.attention) for layer in layer_modules(model, arch)]
 
 
 def out_projections(model: nn.Module, arch: Architecture) -> list[nn.Module]:
     """W_O of each layer (an ``nn.Linear``, or GPT-2's ``Conv1D``)."""
-    return [_get(layer, arch.out_proj) for layer in layer_modules(model, arch)]
+    return [submodule(layer, arch.out_proj) for layer in layer_modules(model, arch)]
 
 
 def out_proj_weight(proj: nn.Module, arch: Architecture) -> torch.Tensor:
@@ -117,6 +224,27 @@ def out_proj_weight(proj: nn.Module, arch: Architecture) -> torch.Tensor:
             raise RuntimeError("the output projection's weight is on the meta device and no offload hook holds it")
         weight = weights_map["weight"].to(getattr(hook, "execution_device", None) or "cpu")
     return weight.t() if arch.conv1d else weight
+
+
+def output_logits(model: nn.Module, arch: Architecture, hidden: torch.Tensor) -> torch.Tensor:
+    """The model's own logits [..., vocab] from final hidden states [..., d_model]: the output layer (tied
+    embeddings or not), then the row's logit scaling and soft-capping, in the order a causal LM applies them."""
+    logits = model.get_output_embeddings()(hidden)
+    config = model.config
+    scale, divisor, softcap = (
+        getattr(config, name, None) if name else None for name in (arch.logit_scale, arch.logit_divisor, arch.logit_softcap)
+    )
+    if scale is not None:
+        logits = logits * scale
+    if divisor is not None:
+        logits = logits / divisor
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
+#: Config attributes that, when set, change a causal LM's logits after its output layer (the row fields they fill).
+LOGIT_ATTRIBUTES = {"logit_scale": "logit_scale", "logit_divisor": "logits_scaling", "logit_softcap": "final_logit_softcapping"}
 
 
 def out_proj_bias(proj: nn.Module) -> torch.Tensor | None:

@@ -29,7 +29,6 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .errors import UnsupportedModelError
 from .measures import causal_row_blocks, expand_kv
 from .progress import Progress
 
@@ -47,8 +46,13 @@ class LayerRecord:
     | value   | [kv_head, key, d_head]       | v_j = x_j W_V + b_V                               |
     | mask    | None or [query, key]         | bool (True = may attend) or additive float        |
     | output  | [head, query, d_head]        | z_i^h, what the attention function returned       |
+    | sinks   | None or [head]               | learned sink logits (gpt-oss ``s_aux``), float32  |
 
-    ``causal`` applies when ``mask`` is None. Tensors stay on the layer's device in the model's dtype;
+    ``causal`` applies when ``mask`` is None. ``mask`` is this layer's own: a model with sliding and global
+    layers (Gemma 2/3, gpt-oss, ModernBERT) gives each layer the mask of its kind. ``softcap``: the layer's
+    attention logit soft-capping (Gemma 2), scores ← c tanh(scores / c) before the mask. ``sinks``: one learned
+    logit per head that joins every row's softmax and is then dropped, so α over the real keys sums to less
+    than 1 (the learned sink writes nothing). Tensors stay on the layer's device in the model's dtype;
     measures upcast them to float32.
     """
 
@@ -59,6 +63,17 @@ class LayerRecord:
     scaling: float
     causal: bool
     output: torch.Tensor
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Whether α is the plain softmax of the scaled scores (no soft-capping, no learned sinks)."""
+        return self.softcap is None and self.sinks is None
+
+    def probabilities(self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+        """:func:`attention_probabilities` with this layer's scaling, soft-capping and learned sinks."""
+        return attention_probabilities(query, key, self.scaling, mask, causal, softcap=self.softcap, sinks=self.sinks)
 
     def key_mask(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Which keys each query may attend to, bool [query, key] on the record's device: the model's own
@@ -101,6 +116,7 @@ class _Pass:
     progress: Progress | None = None
     layers_done: int = 0
     arena: torch.Tensor | None = None  # (layers, per-layer elements): the records of a pass on the CPU
+    seen: list | None = None  # the modules that called the attention function, in order (:func:`attention_callers`)
 
     def kept(self, layer: int, parts: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         """What a record keeps of ``parts``: on a CPU, contiguous copies side by side in one buffer for the
@@ -147,21 +163,29 @@ def attention_probabilities(
     scaling: float,
     mask: torch.Tensor | None,
     causal: bool,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Softmax attention exactly as SDPA computes it, in the dtype of ``query``.
+    """Softmax attention exactly as SDPA computes it (or, with ``softcap`` or ``sinks``, as the model's own
+    eager attention does), in the dtype of ``query``.
 
     | arg    | shape                              |
     |--------|------------------------------------|
     | query  | [..., head, query, d_head]     |
     | key    | [..., kv_head, key, d_head]    |
     | mask   | broadcastable to [..., head, query, key], bool (True = attend) or additive |
+    | sinks  | [head], learned sink logits       |
     | return | [..., head, query, key]    |
 
-    Grouped-query keys are shared by ``head // (heads / kv_heads)``.
+    Grouped-query keys are shared by ``head // (heads / kv_heads)``. ``softcap`` c (Gemma 2): the scaled scores
+    become c tanh(scores / c) before the mask is added. ``sinks`` (gpt-oss): each head's learned logit joins
+    every row's softmax as one more column, which is then dropped: the row sums to 1 minus the sink's share.
     """
     heads, num_queries, d_head = query.shape[-3:]
     groups = heads // key.shape[-3]
     num_keys = key.shape[-2]
+    if softcap is not None or sinks is not None:
+        return _capped_or_sunk(query, key, scaling, mask, causal, softcap, sinks)
     if query.dim() == 3 and mask is None and causal and num_queries == num_keys:
         return _causal_probabilities(query, key, scaling)
     if mask is None and causal:
@@ -186,6 +210,87 @@ def attention_probabilities(
         if mask is not None:
             scores = scores.add_(mask.to(query.dtype))
     return torch.softmax(scores, dim=-1)
+
+
+def _per_head(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[..., kv_head, pos, d_head] -> [..., head, pos, d_head] (grouped-query keys and values, per query head)."""
+    groups = heads // x.shape[-3]
+    return x.repeat_interleave(groups, dim=-3) if groups > 1 else x
+
+
+def _capped_or_sunk(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    scaling: float,
+    mask: torch.Tensor | None,
+    causal: bool,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`attention_probabilities` with soft-capping and/or learned sinks, in the order of the models' own
+    eager attention (Gemma 2: scale, cap, add the mask, softmax; gpt-oss: scale, add the mask, append the sink
+    logit, softmax, drop the sink's column)."""
+    heads, num_queries, _ = query.shape[-3:]
+    num_keys = key.shape[-2]
+    scores = torch.matmul(query, _per_head(key, heads).transpose(-1, -2)) * scaling  # (..., H, Q, K)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask is None and causal:
+        mask = torch.ones(num_queries, num_keys, dtype=torch.bool, device=query.device).tril()
+    if mask is not None:
+        mask = mask.to(query.device)
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.to(scores.dtype)
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.to(scores.device, scores.dtype).view(heads, 1, 1).expand(*scores.shape[:-1], 1)  # (..., H, Q, 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+
+
+#: Attention cells (batch x heads x rows x keys) computed at once by :func:`_weighted_values`: its float32
+#: working set stays near 64 MB a block whatever the prompt's length.
+WEIGHTED_BLOCK_CELLS = 1 << 24
+
+
+def _weighted_values(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scaling: float,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+    keep: torch.Tensor | None,
+) -> torch.Tensor:
+    """z_i^h = Σ_j α_ij^h keep_ij v_j^h in float32, returned in the query's dtype as (B, Q, H, d), as every
+    attention function returns: the path for interventions (α from the unchanged scores, not renormalised)
+    and for soft-capped or learned-sink layers. Computed a block of query rows at a time
+    (:data:`WEIGHTED_BLOCK_CELLS`), so no [B, H, T, T] map is made for a long prompt.
+
+    query (B, H, Q, d); key, value (B, H_kv, K, d); mask None or (B, 1, Q, K); keep broadcastable to (B, H, Q, K).
+    """
+    batch, heads, num_queries, _ = query.shape
+    num_keys = key.shape[-2]
+    key, value = key.float(), _per_head(value.float(), heads)
+    rows = max(1, WEIGHTED_BLOCK_CELLS // max(1, batch * heads * num_keys))
+    out = torch.empty(batch, heads, num_queries, value.shape[-1], dtype=torch.float32, device=query.device)
+    for start in range(0, num_queries, rows):
+        stop = min(num_queries, start + rows)
+        if mask is not None:
+            block_mask = mask[..., start:stop, :]
+        elif causal:  # SDPA's is_causal aligns the mask top-left: query i sees keys 0..i
+            block_mask = torch.arange(num_keys, device=query.device)[None, :] <= torch.arange(start, stop, device=query.device)[:, None]
+        else:
+            block_mask = None
+        alpha = attention_probabilities(query[..., start:stop, :].float(), key, scaling, block_mask, False, softcap=softcap, sinks=sinks)
+        if keep is not None:
+            block_keep = keep[..., start:stop, :] if keep.dim() >= 2 and keep.shape[-2] == num_queries else keep
+            alpha.mul_(block_keep.to(alpha.device))  # alpha is fresh: masked in place, bool weights cast on the fly
+        out[:, :, start:stop] = torch.matmul(alpha, value)  # (B, H, rows, d)
+    return out.to(query.dtype).transpose(1, 2).contiguous()
 
 
 def causal_rows(query: torch.Tensor, key: torch.Tensor, scaling: float, start: int) -> torch.Tensor:
@@ -248,38 +353,46 @@ def _cwviz_attention(
     scaling: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
+    # Soft-capping (Gemma 2) and learned sinks (gpt-oss, ``s_aux``) are outside SDPA: such a layer is computed
+    # as the model's eager attention computes it, in a pass or not (SDPA would refuse the cap, ignore the sinks).
+    softcap = kwargs.pop("softcap", None)
+    s_aux = kwargs.pop("s_aux", None)
+    sinks = s_aux.detach().float() if s_aux is not None else None
     active = _ACTIVE.get()
     layer = active.layer_of.get(id(module)) if active is not None else None
-    if layer is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
-        raise UnsupportedModelError("attention logit soft-capping and learned sinks are not supported by cwviz")
+    if active is not None and active.seen is not None:
+        active.seen.append(module)
     # query (B, H, Q, d); key, value (B, H_kv, K, d); attention_mask None or (B, 1, Q, K)
+    plain = softcap is None and sinks is None
+    if layer is None and plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     scaling = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
     causal = _is_causal(module, kwargs, query.shape[-2])
     keep = None
-    if active.intervention is not None:
+    if layer is not None and active.intervention is not None:
         value = active.intervention.values(layer, value)
         keep = active.intervention.keep(layer, query.shape[-2], key.shape[-2])
-    if keep is None:
+    if keep is None and plain:
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     else:
-        # Masked keys: z_i^h = sum_j alpha_ij^h keep_ij v_j^h, alpha from the unchanged scores.
-        # alpha is a fresh tensor, so the keep weights apply in place (bool or float, cast on the fly); the heads
-        # of a group share their value: (B, H_kv, groups * Q, K) @ (B, H_kv, K, d), no per-head copy of v.
-        alpha = attention_probabilities(query.float(), key.float(), scaling, attention_mask, causal)
-        alpha.mul_(keep.to(alpha.device))  # (B, H, Q, K)
-        batch, heads, num_queries, num_keys = alpha.shape
-        grouped = alpha.view(batch, value.shape[1], -1, num_keys)
-        out = torch.matmul(grouped, value.float()).view(batch, heads, num_queries, -1).to(query.dtype)  # (B, H, Q, d)
-        out = out.transpose(1, 2).contiguous()  # (B, Q, H, d), as every attention function returns
+        out = _weighted_values(query, key, value, attention_mask, causal, scaling, softcap, sinks, keep)
+    if layer is None:
+        return out, None
     if active.record:
         if query.shape[0] != 1:
             raise ValueError("cwviz records one sequence at a time (batch of one)")
         mask = attention_mask[0, 0] if attention_mask is not None else None
         q, k, v, z = active.kept(layer, (query[0], key[0], value[0], out[0].transpose(0, 1)))
         active.records[layer] = LayerRecord(
-            query=q.detach(), key=k.detach(), value=v.detach(), mask=mask, scaling=scaling, causal=causal, output=z.detach()
+            query=q.detach(),
+            key=k.detach(),
+            value=v.detach(),
+            mask=mask,
+            scaling=scaling,
+            causal=causal,
+            output=z.detach(),
+            softcap=None if softcap is None else float(softcap),
+            sinks=sinks,
         )
     if active.progress is not None:
         active.layers_done += 1
@@ -308,6 +421,19 @@ def forward_pass(
     token = _ACTIVE.set(active)
     try:
         yield active.records
+    finally:
+        _ACTIVE.reset(token)
+
+
+@contextlib.contextmanager
+def attention_callers() -> Iterator[list[torch.nn.Module]]:
+    """Within this block, forward passes append every module that calls cwviz's attention function to the
+    yielded list, in call order; nothing is recorded or changed (how :mod:`cwviz.core.derive` finds a model's
+    attention modules: those that really call the interface)."""
+    active = _Pass({}, record=False, intervention=None, seen=[])
+    token = _ACTIVE.set(active)
+    try:
+        yield active.seen
     finally:
         _ACTIVE.reset(token)
 

@@ -85,10 +85,9 @@ def batch_logprobs(bundle: Bundle, input_ids, intervention=None) -> torch.Tensor
     vocab = getattr(bundle.model.config, "vocab_size", None)
     if vocab is not None and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
         raise InputError(f"token ids must lie in 0..{vocab - 1} for this model")
-    head = bundle.model.get_output_embeddings()
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
         hidden = bundle.final_hidden(ids)
-        return torch.stack([next_token_logprobs(h, head, row) for h, row in zip(hidden, ids)])
+        return torch.stack([next_token_logprobs(h, bundle.output_logits, row) for h, row in zip(hidden, ids)])
 
 
 def batch_perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray:

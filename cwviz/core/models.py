@@ -115,6 +115,17 @@ class Bundle:
         return self.model.base_model(input_ids=input_ids.to(self.input_device), use_cache=False).last_hidden_state
 
     @property
+    def has_logits(self) -> bool:
+        """Whether the model predicts next tokens: a causal model with an output layer."""
+        return self.arch.causal and self.model.get_output_embeddings() is not None
+
+    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's own logits [..., vocab] from final hidden states [..., d_model]: the output layer (tied
+        embeddings or not), then the family's logit scaling and soft-capping (the row's ``logit_scale``,
+        ``logit_divisor``, ``logit_softcap``), as its causal LM's forward applies them."""
+        return architectures.output_logits(self.model, self.arch, hidden)
+
+    @property
     def input_device(self) -> torch.device:
         """Where token ids go: the device of the input embeddings (the first part of a split model)."""
         return self.model.get_input_embeddings().weight.device
@@ -351,8 +362,9 @@ def load_model(
     torch_device = resolve_device(device) if device_map is None else None
     torch_dtype = resolve_dtype(dtype, torch_device or resolve_device("auto"))
     config = _fetch_config(source, name, trust_remote_code, extra)
+    architectures.check_supported(config)
     arch = architectures.architecture_for(getattr(config, "model_type", "?"))
-    auto_class = getattr(transformers, "AutoModel" if headless_encoder(config, arch) else arch.auto_class)
+    auto_class = getattr(transformers, "AutoModel" if headless_encoder(config, arch) else auto_class_name(config, arch))
     try:
         model = auto_class.from_pretrained(
             source,
@@ -370,12 +382,34 @@ def load_model(
     return bundle_from_model(model, tokenizer, model_id=EMBEDDED_IDS.get(name, name))
 
 
-def headless_encoder(config, arch: Architecture) -> bool:
+def headless_encoder(config, arch: Architecture | None) -> bool:
     """Whether ``config`` is an encoder checkpoint saved without a head (``architectures: ["BertModel"]``, as
     sentence-transformers saves them). It is loaded as the bare model: loading it into the table's masked-LM
-    class would add a randomly initialised head. cwviz never asks an encoder for logits (no perplexity)."""
+    class would add a randomly initialised head. cwviz never asks an encoder for logits (no perplexity).
+    A model type with no row (``arch`` None) saved without a head is loaded bare too."""
     names = getattr(config, "architectures", None) or []
-    return not arch.causal and bool(names) and all("For" not in n for n in names)
+    return (arch is None or not arch.causal) and bool(names) and all("For" not in n for n in names)
+
+
+def auto_class_name(config, arch: Architecture | None) -> str:
+    """The transformers auto class to load ``config`` with: the row's; for a model type with no row, the kind of
+    head its checkpoint names (``architectures``: ``…ForCausalLM`` or ``…ForMaskedLM``), else the causal LM class
+    when transformers has one (the masked LM class first for an encoder that has both, as RoBERTa-like types
+    do), else the masked LM class, else the bare model."""
+    if arch is not None:
+        return arch.auto_class
+    from transformers.models.auto import modeling_auto
+
+    names = getattr(config, "architectures", None) or []
+    for suffix, auto in (("ForCausalLM", "AutoModelForCausalLM"), ("ForMaskedLM", "AutoModelForMaskedLM")):
+        if any(name.endswith(suffix) for name in names):
+            return auto
+    model_type = getattr(config, "model_type", "?")
+    causal = model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    masked = model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    if masked and not (causal and getattr(config, "is_decoder", False)):
+        return "AutoModelForMaskedLM"
+    return "AutoModelForCausalLM" if causal else "AutoModel"
 
 
 def bundle_from_model(model: nn.Module, tokenizer, model_id: str | None = None) -> Bundle:
@@ -384,10 +418,21 @@ def bundle_from_model(model: nn.Module, tokenizer, model_id: str | None = None) 
     The model is switched to cwviz's attention function, which behaves as SDPA outside an analysis.
     """
     config = model.config
+    architectures.check_supported(config)
     arch = architectures.architecture_for(getattr(config, "model_type", "?"))
     if config._attn_implementation != ATTN_IMPLEMENTATION:
-        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        try:
+            model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        except ValueError as err:
+            raise UnsupportedModelError(
+                f"architecture {config.model_type!r} is not supported: its attention does not go through transformers' "
+                f"AttentionInterface ({err}); checked families: {architectures.SUPPORTED}"
+            ) from None
     model.eval()
+    if arch is None:
+        from .derive import derive_architecture
+
+        arch = derive_architecture(model)
     attention = architectures.attention_modules(model, arch)
     if not attention:
         raise UnsupportedModelError("the model has no attention layers")
@@ -401,7 +446,7 @@ def bundle_from_model(model: nn.Module, tokenizer, model_id: str | None = None) 
         architecture=config.model_type,
         layers=len(attention),
         heads=heads,
-        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or (1 if getattr(config, "multi_query", False) else heads),
         d_head=width // heads,
         d_model=d_model,
         device=str(param.device),

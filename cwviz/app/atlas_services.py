@@ -1,0 +1,76 @@
+"""Streamlit caching for the Atlas page: an atlas run (:func:`cwviz.analyses.atlas.iter_prompt_stats` over the
+prompts of a file, one forward pass each, a progress bar with the layer steps done) and a saved one reloaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pandas as pd
+import streamlit as st
+
+from ..analyses import atlas
+from ..core.analysis import tokenize
+from ..core.errors import InputError
+from ..core.texts import gsm8k_path, read_texts
+from . import hosting, services
+
+#: Most prompts the page pools (each costs a forward pass); the CLI has no limit.
+MAX_PROMPTS = 64
+SOURCES = {"gsm8k": "GSM8K sample (ships with cwviz)", "path": "a JSONL file on the server", "saved": "saved results (a folder)"}
+
+
+def server_files_allowed() -> bool:
+    """Whether the page may read or write files by their path on the server (not in hosting mode)."""
+    return hosting.policy_from_env().server_files
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def run_atlas(model: str, device: str, dtype: str, source: str, path: str, n: int, out: str = "") -> atlas.Atlas:
+    """The atlas of the first ``n`` prompts of ``source`` (``"gsm8k"`` or ``"path"``) on the model; saved into
+    ``out`` when given (:func:`cwviz.analyses.atlas.save`)."""
+    policy = hosting.policy_from_env()
+    if source == "gsm8k":
+        file = gsm8k_path()
+    elif source == "path":
+        if not path.strip():
+            raise InputError("give the path of a JSONL file (one prompt a line: 'text', or GSM8K's 'question' and 'answer')")
+        policy.check_server_file(path)
+        file = Path(path.strip())
+    else:
+        raise InputError(f"unknown source {source!r}; choose one of: {', '.join(SOURCES)}")
+    if out.strip():
+        policy.check_server_file(out)
+    texts = read_texts(file, n=min(max(int(n), 1), MAX_PROMPTS))
+    bundle = services.get_bundle(model, device, dtype)
+    for number, text in enumerate(texts, start=1):
+        try:
+            services.check_dashboard_length(bundle, len(tokenize(bundle, text)), 0)
+        except InputError as err:
+            raise InputError(f"prompt {number}: {err}") from None
+    with services.progress_bar(f"Atlas of {len(texts)} prompts", "layer steps") as progress:
+        frames = list(atlas.iter_prompt_stats(bundle, texts, progress=progress))
+    result = atlas.build(pd.concat(frames, ignore_index=True), texts, bundle.info.id)
+    if out.strip():
+        atlas.save(result, out.strip())
+    return result
+
+
+@st.cache_data(max_entries=4, show_spinner="Loading the saved atlas…")
+def load_atlas(folder: str, stamp: float) -> atlas.Atlas:
+    """The atlas saved in ``folder`` (``stamp``: its manifest's modification time, so a rewritten folder is read again)."""
+    hosting.policy_from_env().check_server_file(folder)
+    return atlas.load(folder)
+
+
+def stamp(folder: str) -> float:
+    """The modification time of ``folder``'s manifest, 0 when there is none (:func:`load_atlas` then says what is missing)."""
+    manifest = Path(folder.strip()) / atlas.FILES["manifest"]
+    return manifest.stat().st_mtime if manifest.is_file() else 0.0
+
+
+def heatmaps_link(request: services.Request, text: str, layer: int, head: int) -> str:
+    """A link that opens the Heatmaps page on ``text`` with ``layer`` and ``head`` selected (a fresh session
+    reads the link: :mod:`cwviz.app.state`)."""
+    params = {"model": request.model, "device": request.device, "dtype": request.dtype, "prompt": text, "layer": layer, "head": head}
+    return "/?" + urlencode(params)

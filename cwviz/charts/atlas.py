@@ -1,0 +1,54 @@
+"""Atlas chart builders: the pooled per-head statistics of :mod:`cwviz.analyses.atlas` as layer × head maps. Pure."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from ..analyses.schema import ATLAS_METRICS
+from .heatmaps import OVERVIEW_MIN_HEIGHT, head_pick, outline, signed_scale
+
+#: Statistics that can be negative, drawn on the diverging scale centred at zero.
+SIGNED = ("cos_sink_rest", "sink_contribution")
+
+
+def atlas_map(pooled: pd.DataFrame, metric: str = "sink_attention", layer: int | None = None, head: int | None = None) -> alt.LayerChart:
+    """Every layer × head coloured by the pooled mean of ``metric``; the tooltip gives its bootstrap interval.
+    Click a cell to pick the head (:data:`~cwviz.charts.heatmaps.PICK`); the selected head is outlined."""
+    if metric not in ATLAS_METRICS:
+        raise ValueError(f"metric must be one of {', '.join(ATLAS_METRICS)}, not {metric!r}")
+    layers = int(pooled["layer"].max()) + 1 if len(pooled) else 1
+    heads = int(pooled["head"].max()) + 1 if len(pooled) else 1
+    cell = max(10, min(22, 520 // max(layers, 1)))
+    signed = metric in SIGNED and bool((pooled[metric] < 0).any())
+    scale = signed_scale(pooled[metric]) if signed else alt.Scale(scheme="viridis")
+    prompts = int(pooled["prompts"].iloc[0]) if "prompts" in pooled and len(pooled) else 0
+    grid = (
+        alt.Chart(pooled)
+        .mark_rect()
+        .encode(
+            x=alt.X("head:O", title="head"),
+            y=alt.Y("layer:O", title="layer"),
+            color=alt.Color(f"{metric}:Q", title=metric.replace("_", " "), scale=scale),
+            tooltip=[
+                alt.Tooltip("layer:O"),
+                alt.Tooltip("head:O"),
+                alt.Tooltip(f"{metric}:Q", title=f"{metric.replace('_', ' ')} (mean over prompts)", format="+.4f"),
+                alt.Tooltip(f"{metric}_low:Q", title="interval, low", format="+.4f"),
+                alt.Tooltip(f"{metric}_high:Q", title="interval, high", format="+.4f"),
+            ],
+        )
+        .add_params(head_pick())
+    )
+    drawn = [grid]
+    if layer is not None and head is not None:
+        drawn.append(outline(pd.DataFrame({"layer": [layer], "head": [head]})))
+    return alt.layer(*drawn).properties(
+        width=max(160, cell * heads),
+        height=max(cell * layers, OVERVIEW_MIN_HEIGHT),
+        title=alt.TitleParams(
+            f"Mean over {prompts} prompt(s) of the {ATLAS_METRICS[metric]} (click a cell to pick the head)",
+            anchor="start",
+            fontSize=13,
+        ),
+    )

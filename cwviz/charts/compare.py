@@ -1,0 +1,181 @@
+"""Compare chart builders: two inputs' maps and their difference, per-head changes, log-probability changes.
+
+Pure: tables from :mod:`cwviz.analyses.compare` in, Altair out. Differences use the diverging scale of the
+heatmaps, centred at zero (red: B larger, blue: B smaller, white: no change).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import altair as alt
+import pandas as pd
+
+from ..analyses.schema import COMPARE_MAPS, HEAD_METRICS, CompareCells
+from .heatmaps import CELL, OVERVIEW_MIN_HEIGHT, head_pick, label_expr, outline, query_outline, query_pick, sequential_scale, signed_scale
+
+#: Most aligned keys for which A, B and B − A stand in one row: 3 x (16 x 13 px + ~125 px of labels) and two
+#: legends fit the dashboard's main area (about 1,200 px in a 1600 px window, seen in Chromium); up to
+#: :data:`TWO_UP` keys A and B share a row above the difference; wider ones are stacked.
+THREE_UP = 16
+TWO_UP = 32
+SIDE = 220  # px, the least a compared map's axis gets
+#: Characters a title line holds: about 700 px at 13 px, narrower than the narrowest grid of maps.
+TITLE_CHARS = 100
+LABEL_LIMIT = 110  # px, the longest axis label ("12 lighthouse / 12 keeper" is cut with an ellipsis)
+#: Bar colours of a change: the ends of the diverging scale (red: larger in B, blue: smaller).
+POSITIVE, NEGATIVE = "#b2182b", "#2166ac"
+
+
+def _extent(count: int) -> int:
+    return max(SIDE, CELL * count)
+
+
+def compare_maps(cells: CompareCells, what: str = "contribution", query: int | None = None) -> alt.ConcatChart:
+    """A, B and B − A of one map (``what``: ``"contribution"`` or ``"attention"``) on the aligned grid.
+
+    A and B share one colour scale (sequential for attention, diverging at zero for contributions); the
+    difference has its own, diverging at zero. The selected query's pair (``cells.query``) is outlined on each
+    view; a click on a cell selects its query in A (:data:`~cwviz.charts.heatmaps.QUERY_PICK`, field
+    ``query_position``).
+    """
+    if what not in COMPARE_MAPS:
+        raise ValueError(f"what must be one of {', '.join(COMPARE_MAPS)}, not {what!r}")
+    frame = cells.frame
+    row = cells.query if query is None else query
+    keys, queries = frame["key"].nunique(), frame["query"].nunique()
+    axis_args = dict(labelExpr=label_expr(cells.labels), labelLimit=LABEL_LIMIT, labelOverlap=False, labelFontSize=10)
+    tooltips = [
+        alt.Tooltip("query_token:N", title="query (A / B)"),
+        alt.Tooltip("key_token:N", title="key (A / B)"),
+        alt.Tooltip(f"{what}_a:Q", title=f"{what}, A", format="+.4f"),
+        alt.Tooltip(f"{what}_b:Q", title=f"{what}, B", format="+.4f"),
+        alt.Tooltip(f"{what}_diff:Q", title=f"{what}, B − A", format="+.4f"),
+    ]
+    base = (
+        alt.Chart(frame)
+        .mark_rect()
+        .encode(
+            x=alt.X("key:O", title="key (aligned position)", axis=alt.Axis(labelAngle=-90, **axis_args)),
+            y=alt.Y("query:O", title="query (aligned position)", axis=alt.Axis(**axis_args)),
+            tooltip=tooltips,
+        )
+        .properties(width=_extent(keys), height=_extent(queries))
+    )
+    both = pd.concat([frame[f"{what}_a"], frame[f"{what}_b"]])
+    shared = signed_scale(both) if what == "contribution" else sequential_scale(both)
+    label = COMPARE_MAPS[what]
+    views = []
+    for field, title, scale, legend in (
+        (f"{what}_a", f"A: {label}", shared, None),
+        (f"{what}_b", f"B: {label}", shared, alt.Legend(title=None)),
+        (f"{what}_diff", f"B − A: {label} (red: larger in B)", signed_scale(frame[f"{what}_diff"]), alt.Legend(title=None)),
+    ):
+        chart = base.encode(color=alt.Color(f"{field}:Q", scale=scale, legend=legend)).properties(name=f"compare_{field}")
+        layers = [chart] + ([query_outline(row)] if row is not None else [])
+        views.append(alt.layer(*layers).properties(title=title))
+    if keys <= THREE_UP:
+        grid = alt.hconcat(*views, data=frame)
+    elif keys <= TWO_UP:
+        grid = alt.vconcat(alt.hconcat(*views[:2]).resolve_scale(color="independent"), views[2], data=frame)
+    else:
+        grid = alt.vconcat(*views, data=frame)
+    grid = grid.resolve_scale(color="independent")
+    with warnings.catch_warnings():
+        # One click parameter for every view: Altair gives it to each unit chart and says so.
+        warnings.filterwarnings("ignore", message="Automatically deduplicated selection parameter", category=UserWarning)
+        grid = grid.add_params(query_pick())
+    lines = wrap(cells.note + "; click a cell to select its query")
+    return grid.properties(title=alt.TitleParams(lines, anchor="start", fontSize=13))
+
+
+def wrap(note: str, width: int = TITLE_CHARS) -> list[str]:
+    """A note's ``"; "``-separated parts on lines of at most about ``width`` characters (a title wider than the
+    maps would widen the chart past the page)."""
+    lines: list[str] = []
+    for part in note.split("; "):
+        if lines and len(lines[-1]) + len(part) + 2 <= width:
+            lines[-1] += "; " + part
+        else:
+            lines.append(part)
+    return lines
+
+
+def head_change_grid(
+    changes: pd.DataFrame, metric: str = "divergence", layer: int | None = None, head: int | None = None
+) -> alt.LayerChart:
+    """Every layer × head coloured by the change B − A of one per-head summary (diverging at zero); click a
+    cell to pick that head (:data:`~cwviz.charts.heatmaps.PICK`); the selected head is outlined."""
+    if metric not in HEAD_METRICS:
+        raise ValueError(f"metric must be one of {', '.join(HEAD_METRICS)}, not {metric!r}")
+    column = f"{metric}_change"
+    layers = int(changes["layer"].max()) + 1 if len(changes) else 1
+    heads = int(changes["head"].max()) + 1 if len(changes) else 1
+    cell = max(10, min(22, 520 // max(layers, 1)))
+    grid = (
+        alt.Chart(changes)
+        .mark_rect()
+        .encode(
+            x=alt.X("head:O", title="head"),
+            y=alt.Y("layer:O", title="layer"),
+            color=alt.Color(f"{column}:Q", title=f"Δ {metric.replace('_', ' ')}", scale=signed_scale(changes[column])),
+            tooltip=[
+                alt.Tooltip("layer:O"),
+                alt.Tooltip("head:O"),
+                alt.Tooltip(f"{metric}_a:Q", title=f"{metric.replace('_', ' ')}, A", format=".4f"),
+                alt.Tooltip(f"{metric}_b:Q", title=f"{metric.replace('_', ' ')}, B", format=".4f"),
+                alt.Tooltip(f"{column}:Q", title="B − A", format="+.4f"),
+            ],
+        )
+        .add_params(head_pick())
+    )
+    drawn = [grid]
+    if layer is not None and head is not None:
+        drawn.append(outline(pd.DataFrame({"layer": [layer], "head": [head]})))
+    return alt.layer(*drawn).properties(
+        width=max(160, cell * heads),
+        height=max(cell * layers, OVERVIEW_MIN_HEIGHT),
+        title=alt.TitleParams(f"Change B − A in {HEAD_METRICS[metric]} (click a cell to pick the head)", anchor="start", fontSize=13),
+    )
+
+
+def logprob_change_chart(changes: pd.DataFrame, query: int | None = None) -> alt.LayerChart:
+    """One bar per aligned position: log p_B − log p_A of its token given the tokens before it (red: more
+    likely in B, blue: less); the selected query's pair ringed. Positions nothing predicts (the first) are left out."""
+    frame = changes.dropna(subset=["change"])
+    labels = tuple(changes["label"]) if len(changes) else ()
+    width = max(400, 16 * len(changes))
+    x = alt.X(
+        "pair:O",
+        title="aligned position",
+        axis=alt.Axis(labelExpr=label_expr(labels), labelAngle=-90, labelLimit=LABEL_LIMIT, labelFontSize=10),
+    )
+    bars = (
+        alt.Chart(frame)
+        .mark_bar()
+        .encode(
+            x=x,
+            y=alt.Y("change:Q", title="log p_B − log p_A (nats)"),
+            # By sign, not a continuous scale: a small change stays visible (a pale bar would vanish).
+            color=alt.condition(alt.datum.change > 0, alt.value(POSITIVE), alt.value(NEGATIVE)),
+            tooltip=[
+                alt.Tooltip("label:N", title="position (A / B)"),
+                alt.Tooltip("logprob_a:Q", title="log p, A", format=".3f"),
+                alt.Tooltip("logprob_b:Q", title="log p, B", format=".3f"),
+                alt.Tooltip("change:Q", title="B − A", format="+.3f"),
+            ],
+        )
+    )
+    drawn = [bars, alt.Chart(pd.DataFrame({"y": [0.0]})).mark_rule(color="grey").encode(y="y:Q")]
+    if query is not None and query in set(frame["pair"]):
+        picked = frame[frame["pair"] == query]
+        drawn.append(alt.Chart(picked).mark_bar(fill=None, stroke="black", strokeWidth=2).encode(x=x, y="change:Q"))
+    return alt.layer(*drawn).properties(
+        width=width,
+        height=260,
+        title=alt.TitleParams(
+            "Next-token log-probability: log p(token | the tokens before it) in B minus in A, at each aligned position",
+            anchor="start",
+            fontSize=13,
+        ),
+    )

@@ -1,0 +1,179 @@
+"""``cwviz compare``: two prompts on one model (``--text A --text B``), or one prompt on two models that share a
+tokenizer (``--text A --model M --model-b N``), head by head (:mod:`cwviz.analyses.compare`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..analyses.schema import HEAD_METRICS, KINDS
+from ..core.errors import CwvizError, InputError
+from .common import add_model_args
+
+#: Heads listed by default, and the map cells with the largest change.
+TOP = 10
+TOP_CELLS = 5
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "compare",
+        help="compare two prompts (or one prompt on two models): alignment, maps' differences, per-head changes, log-probabilities",
+        description=(
+            "Input A is the first prompt on --model; input B the second prompt (or the same one) on --model-b (default: "
+            "--model). Tokens are paired by position when both inputs have as many, else by a sequence alignment "
+            "of the token ids. Prints the alignment, the heads ranked by the change B - A of a per-head summary, "
+            "the largest changes in the selected layer's maps and the change in each aligned token's log-probability."
+        ),
+    )
+    parser.add_argument(
+        "--text",
+        dest="inputs",
+        action="append",
+        type=lambda v: ("text", v),
+        help="a prompt ('-': standard input); give two, or one with --model-b",
+    )
+    parser.add_argument(
+        "--file",
+        dest="inputs",
+        action="append",
+        type=lambda v: ("file", Path(v)),
+        help="a UTF-8 file holding a prompt (mixes with --text, in order)",
+    )
+    add_model_args(parser)
+    parser.add_argument("--model-b", help="input B's model (default: --model); it must share --model's tokenizer")
+    parser.add_argument("--layer", type=int, help="the layer whose maps are compared (default: the middle one)")
+    parser.add_argument("--head", type=int, help="one head (default: all heads, the layer-level scores)")
+    parser.add_argument(
+        "--kind",
+        choices=KINDS,
+        default="inter",
+        help="contribution weights normalised by the layer output (inter, default) or the head's (intra)",
+    )
+    parser.add_argument(
+        "--rank-by",
+        choices=list(HEAD_METRICS),
+        default="divergence",
+        help="the per-head summary whose change ranks the heads (default divergence)",
+    )
+    parser.add_argument("--top", type=int, default=TOP, help=f"heads listed (default {TOP})")
+    parser.add_argument("--out", type=Path, help="a folder: write alignment.csv, heads.csv, logprobs.csv and maps.csv there")
+    parser.set_defaults(func=run)
+
+
+def read_inputs(args: argparse.Namespace) -> list[str]:
+    """The prompts, in the order given; InputError (before any model loads) when there are not two inputs to
+    compare or one is empty."""
+    from ..core.texts import read_text_file, read_text_stream
+
+    given = args.inputs or []
+    if not (len(given) == 2 or (len(given) == 1 and args.model_b)):
+        raise InputError(
+            f"compare needs two prompts (--text A --text B, or --file) or one prompt and --model-b; got {len(given)} prompt(s)"
+        )
+    if sum(1 for how, value in given if how == "text" and value == "-") > 1:
+        raise InputError("standard input can hold one prompt only; give the other with --text or --file")
+    texts = []
+    for name, (how, value) in zip("AB", given):
+        if how == "file":
+            text, where = read_text_file(value), f" ({value} holds no text)"
+        elif value == "-":
+            text, where = read_text_stream(sys.stdin.buffer, "standard input"), " (standard input held no text)"
+        else:
+            text, where = value, ""
+        if not text.strip():
+            raise InputError(f"prompt {name} is empty{where}; give some text to compare")
+        texts.append(text)
+    return texts
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analyses import compare
+    from ..core.analysis import analyze
+    from ..core.models import load_model
+    from ..core.progress import cli_bar
+
+    if args.top < 1:
+        raise InputError(f"--top must be at least 1, not {args.top}")
+    texts = read_inputs(args)
+    text_a, text_b = texts[0], texts[-1]
+    bundle_a = load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    bundle_b = bundle_a
+    if args.model_b and args.model_b != args.model:
+        bundle_b = load_model(args.model_b, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+        if not compare.same_tokenizer(bundle_a.tokenizer, bundle_b.tokenizer):
+            raise InputError(
+                f"the tokenizers of {args.model} and {args.model_b} differ; one prompt on two models needs one tokenizer "
+                "(pick two models of one family, e.g. a base model and its fine-tune), or compare two prompts on one model"
+            )
+    analyses = []
+    for name, bundle, text in (("A", bundle_a, text_a), ("B", bundle_b, text_b)):
+        try:
+            with cli_bar(f"analysing {name}", enabled=sys.stderr.isatty()) as progress:
+                analyses.append(analyze(bundle, text, progress=progress))
+        except CwvizError as err:
+            raise type(err)(f"input {name}: {err}") from None
+    cmp = compare.compare(*analyses)
+    a, b = cmp.a, cmp.b
+    layer = a.num_layers // 2 if args.layer is None else a.check_layer(args.layer)
+    head = None if args.head is None else a.check_head(args.head)
+
+    print(f"A: {a.info.id}, {a.num_tokens} tokens; B: {b.info.id}, {b.num_tokens} tokens")
+    print(f"tokens {cmp.alignment.describe(a.num_tokens, b.num_tokens)}")
+    differing = cmp.alignment.table[cmp.alignment.table["op"] != "equal"]
+    for row in differing.head(40).itertuples(index=False):
+        left = f"A {row.position_a} {row.token_a!r}" if row.token_a or row.op != "insert" else ""
+        right = f"B {row.position_b} {row.token_b!r}" if row.op != "delete" else ""
+        print(f"  {row.op:8} {left:28} {right}")
+    if len(differing) > 40:
+        print(f"  ... and {len(differing) - 40} more (--out writes the whole alignment)")
+
+    with cli_bar("summarising heads", enabled=sys.stderr.isatty()) as progress:
+        changes = compare.head_changes(cmp, progress=progress)
+    ranked = compare.rank_changes(changes, args.rank_by, top=args.top)
+    print(f"\nheads by |change B - A| in {HEAD_METRICS[args.rank_by]} (top {len(ranked)}):")
+    print(f"  {'layer':>5} {'head':>4} " + " ".join(f"{'d ' + m:>20}" for m in HEAD_METRICS))
+    for row in ranked.itertuples(index=False):
+        print(f"  {row.layer:>5} {row.head:>4} " + " ".join(f"{getattr(row, m + '_change'):>+20.4f}" for m in HEAD_METRICS))
+
+    cells = compare.map_cells(cmp, layer, head, args.kind)
+    frame = cells.frame
+    print(f"\nmaps: {cells.note}")
+    for what in ("attention", "contribution"):
+        diff = frame[f"{what}_diff"].abs()
+        print(f"  max |B - A| {what}: {diff.max():.4f}, mean {diff.mean():.4f}")
+    top = frame.loc[frame["contribution_diff"].abs().sort_values(ascending=False, kind="stable").index[:TOP_CELLS]]
+    for row in top.itertuples(index=False):
+        print(
+            f"    query {row.query_token!r:24} key {row.key_token!r:24} contribution {row.contribution_a:+.4f} -> {row.contribution_b:+.4f}"
+        )
+
+    logprobs = None
+    if a.info.causal:
+        logprobs = compare.logprob_changes(cmp)
+        shown = logprobs.dropna(subset=["change"])
+        order = shown["change"].abs().sort_values(ascending=False, kind="stable").index[:TOP]
+        total = np.nansum(shown["change"])
+        print(f"\nnext-token log-probability, B - A, at the aligned positions (sum {total:+.3f} nats); largest changes:")
+        for row in shown.loc[order].itertuples(index=False):
+            print(f"  {row.label!r:28} {row.logprob_a:8.3f} -> {row.logprob_b:8.3f}  ({row.change:+.3f})")
+    else:
+        print("\nno log-probabilities: an encoder predicts no next token")
+
+    if args.out is not None:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise InputError(f"cannot create {str(args.out)!r}: {err.strerror or err}; choose a folder you can write to") from None
+        cmp.alignment.table.to_csv(args.out / "alignment.csv", index=False)
+        changes.to_csv(args.out / "heads.csv", index=False)
+        frame.to_csv(args.out / "maps.csv", index=False)
+        written = ["alignment.csv", "heads.csv", "maps.csv"]
+        if logprobs is not None:
+            logprobs.to_csv(args.out / "logprobs.csv", index=False)
+            written.append("logprobs.csv")
+        print(f"\nwrote {', '.join(written)} in {args.out}")
+    return 0

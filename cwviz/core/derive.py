@@ -1,0 +1,203 @@
+"""Derived rows: the layout of a model type that is not in :data:`cwviz.core.architectures.ARCHITECTURES`.
+
+A model whose attention goes through transformers' ``AttentionInterface`` tells cwviz most of what a row
+says by running: the modules that call the attention function are the attention modules, and their paths
+(``<layers>.<i>.<attention>``) give the layers. The output projection W_O is found by name in a layer
+(:data:`PROJECTION_NAMES`, inside the attention module first), with the width the recorded heads give.
+
+The row is then checked, once, at load time by a short probe (:data:`PROBE_TOKENS` tokens): for every layer,
+Σ_j α_ij^h v_j^h computed from the records (the α cwviz computes, the values the model gave) must equal the
+input the model itself gives that output projection, to float32 rounding; and, for a causal LM, the output
+layer applied to the final hidden states (with the logit scaling or soft-capping its config names) must give
+the model's own logits. A model that fails is refused with an error saying so: cwviz never shows numbers from a
+layout it could not check.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from .architectures import LOGIT_ATTRIBUTES, SUPPORTED, Architecture, out_proj_weight, output_logits, submodule
+from .capture import attention_callers, forward_pass
+from .errors import UnsupportedModelError
+from .measures import expand_kv
+
+log = logging.getLogger(__name__)
+
+#: Names an output projection goes by (Llama o_proj, OPT/BART out_proj, BERT/Phi dense, GPT-2 c_proj,
+#: DistilBERT out_lin, ModernBERT Wo, T5 o), tried in this order within a layer.
+PROJECTION_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "out_lin", "Wo", "wo", "o")
+#: Tokens of the load-time probe.
+PROBE_TOKENS = 12
+#: Largest |difference| the probe allows, relative to the largest |entry| of the projection's input (or 1).
+PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
+PROBE_TOLERANCE_LOW = 3e-2  # bfloat16, float16
+
+_LAYER_PATH = re.compile(r"^(?P<layers>.+)\.(?P<index>\d+)\.(?P<attention>.+)$")
+
+
+def _refuse(model_type: str, why: str) -> UnsupportedModelError:
+    return UnsupportedModelError(
+        f"architecture {model_type!r} has no row in cwviz's table and none could be derived: {why}. "
+        f"Checked families: {SUPPORTED}; to add a row see docs/ARCHITECTURE.md ('How to add an architecture')"
+    )
+
+
+def _probe_ids(model: nn.Module) -> torch.Tensor:
+    vocab = int(getattr(model.config, "vocab_size", 0) or 100)
+    device = model.get_input_embeddings().weight.device
+    return (torch.arange(PROBE_TOKENS, device=device)[None] * 7 + 3) % vocab  # (1, T)
+
+
+def _run(model: nn.Module, ids: torch.Tensor) -> None:
+    model.base_model(input_ids=ids, use_cache=False)
+
+
+def _layout(model: nn.Module, callers: list[nn.Module]) -> tuple[str, str]:
+    """``(layers, attention)`` paths from the modules that called the attention function, in call order."""
+    model_type = model.config.model_type
+    names = {id(m): n for n, m in model.base_model.named_modules()}
+    unique = list({id(m): m for m in callers}.values())
+    paths = [names.get(id(m)) for m in unique]
+    if not paths or any(p is None for p in paths):
+        raise _refuse(model_type, "no module of the base model calls transformers' AttentionInterface")
+    matches = [_LAYER_PATH.match(p) for p in paths]
+    if any(m is None for m in matches):
+        raise _refuse(model_type, f"its attention modules are not in one list of layers ({', '.join(paths)})")
+    layers = {m["layers"] for m in matches}
+    attention = {m["attention"] for m in matches}
+    indices = [int(m["index"]) for m in matches]
+    if len(layers) != 1 or len(attention) != 1 or indices != list(range(len(indices))):
+        raise _refuse(model_type, f"its attention modules do not form one module per layer, in order ({', '.join(paths)})")
+    return layers.pop(), attention.pop()
+
+
+def _projection(layer: nn.Module, attention: str, width: int) -> tuple[str, bool]:
+    """``(path relative to the layer, is Conv1D)`` of the output projection: a Linear (or GPT-2 Conv1D) named as
+    in :data:`PROJECTION_NAMES` that takes ``width`` (heads x d_head) inputs; inside the attention module first,
+    then under the attention module's parent, then anywhere in the layer."""
+    found = []
+    for path, module in layer.named_modules():
+        name = path.rsplit(".", 1)[-1]
+        conv1d = type(module).__name__ == "Conv1D"
+        if name not in PROJECTION_NAMES or not (isinstance(module, nn.Linear) or conv1d):
+            continue
+        inputs = module.weight.shape[0] if conv1d else module.weight.shape[1]
+        if inputs != width:
+            continue
+        parent = attention.rsplit(".", 1)[0] + "." if "." in attention else ""
+        where = 0 if path.startswith(attention + ".") else 1 if parent and path.startswith(parent) else 2
+        found.append((where, PROJECTION_NAMES.index(name), path, conv1d))
+    if not found:
+        return "", False
+    _, _, path, conv1d = min(found)
+    return path, conv1d
+
+
+def _check_logits(model: nn.Module, arch: Architecture, ids: torch.Tensor) -> Architecture:
+    """``arch`` with the logit scaling and soft-capping its config names (:data:`LOGIT_ATTRIBUTES`), checked: for
+    a causal LM the output layer applied to the final hidden states, then those, must give the model's own logits
+    (what cwviz's log-probabilities and perplexities use); otherwise the model is refused."""
+    config = model.config
+    arch = replace(arch, **{field: name for field, name in LOGIT_ATTRIBUTES.items() if getattr(config, name, None) is not None})
+    if not arch.causal or model.get_output_embeddings() is None:
+        return arch
+    with torch.inference_mode():
+        expected = model(input_ids=ids, use_cache=False).logits[0].float()  # (T, vocab)
+        hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0]
+        got = output_logits(model, arch, hidden).float()
+    tolerance = PROBE_TOLERANCE.get(hidden.dtype, PROBE_TOLERANCE_LOW) * max(1.0, float(expected.abs().max()))
+    error = float((got - expected).abs().max()) if got.shape == expected.shape else float("inf")
+    if not error <= tolerance:
+        raise _refuse(
+            config.model_type,
+            f"its logits are not its output layer applied to the final hidden states (differ by {error:.3g}, tolerance "
+            f"{tolerance:.3g}), so cwviz's log-probabilities would not be the model's",
+        )
+    return arch
+
+
+def derive_architecture(model: nn.Module) -> Architecture:
+    """A checked :class:`~cwviz.core.architectures.Architecture` for a model with no row, or UnsupportedModelError.
+
+    The model must already use cwviz's attention function (:func:`cwviz.core.models.bundle_from_model` sets it).
+    A few forward passes of :data:`PROBE_TOKENS` tokens: one finds the modules that call the attention function,
+    one records them to learn the heads' width, one records them again while pre-hooks (removed before returning)
+    read what each output projection receives, and, for a causal LM, two compare the logits.
+    """
+    config = model.config
+    model_type = getattr(config, "model_type", "?")
+    ids = _probe_ids(model)
+    try:
+        with torch.inference_mode(), attention_callers() as callers:
+            _run(model, ids)
+    except Exception as err:  # a forward pass that needs more than input_ids
+        raise _refuse(model_type, f"a probe forward pass failed ({type(err).__name__}: {err})") from err
+    layers_path, attention_path = _layout(model, callers)
+    layers = list(submodule(model.base_model, layers_path))
+    attention = [submodule(layer, attention_path) for layer in layers]
+
+    seen: dict[int, torch.Tensor] = {}
+    with torch.inference_mode(), forward_pass(attention) as records:
+        _run(model, ids)
+    if len(records) != len(layers):
+        raise _refuse(model_type, f"{len(records)} of {len(layers)} layers called the attention function in one pass")
+    first = records[0]
+    heads, d_head = first.query.shape[0], first.value.shape[-1]  # the values' width (latent attention: not the queries')
+    out_path, conv1d = _projection(layers[0], attention_path, heads * d_head)
+    if not out_path:
+        raise _refuse(model_type, f"no output projection named {'/'.join(PROJECTION_NAMES)} takes its {heads} x {d_head} head outputs")
+    arch = Architecture(
+        family=model_type,
+        layers=layers_path,
+        attention=attention_path,
+        out_proj=out_path,
+        conv1d=conv1d,
+        auto_class="AutoModelForCausalLM" if first.causal else "AutoModelForMaskedLM",
+        causal=bool(first.causal),
+        derived=True,
+    )
+    projections = [submodule(layer, out_path) for layer in layers]
+    handles = [
+        proj.register_forward_pre_hook(lambda module, args, layer=layer: seen.__setitem__(layer, args[0][0].detach().float()))
+        for layer, proj in enumerate(projections)
+    ]
+    try:
+        with torch.inference_mode(), forward_pass(attention) as records:
+            _run(model, ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for layer, proj in enumerate(projections):
+        rec = records.get(layer)
+        if rec is None or layer not in seen:
+            raise _refuse(model_type, f"layer {layer}'s output projection {out_path} did not run in the probe")
+        if out_proj_weight(proj, arch).shape[1] != heads * d_head:
+            raise _refuse(model_type, f"layer {layer}'s {out_path} does not take {heads} x {d_head} head outputs")
+        alpha = rec.probabilities(rec.query.float(), rec.key.float(), rec.mask, rec.causal)  # (H, T, T)
+        value = expand_kv(rec.value.float(), heads)  # (H, T, d)
+        z = (alpha @ value).transpose(0, 1).reshape(alpha.shape[1], -1)  # (T, H * d), the projection's input
+        given = seen[layer]
+        tolerance = PROBE_TOLERANCE.get(rec.value.dtype, PROBE_TOLERANCE_LOW) * max(1.0, float(given.abs().max()))
+        error = float((z - given.to(z.device)).abs().max()) if z.shape == given.shape else float("inf")
+        if not error <= tolerance:
+            raise _refuse(
+                model_type,
+                f"the probe failed: in layer {layer}, Σ_j α_ij v_j from the recorded attention differs from the input of "
+                f"{out_path} by {error:.3g} (tolerance {tolerance:.3g}), so its layer output is not the heads' weighted values",
+            )
+    arch = _check_logits(model, arch, ids)
+    log.info(
+        "derived the layout of %r (%s.N.%s, W_O %s) and checked it on %d tokens",
+        model_type,
+        layers_path,
+        attention_path,
+        out_path,
+        PROBE_TOKENS,
+    )
+    return arch
