@@ -167,6 +167,60 @@ def one_layer_analysis(bundle, ids, layer: int):
     return analyze(bundle, input_ids=ids).contributions(layer, "inter")
 
 
+def masked_batch(bundle, tokens: int, batch: int):
+    """The ids [batch, T] and the keep masks of ``batch`` distinct masked runs of one GSM8K example, as a
+    faithfulness sweep makes them (the default measures, both curves, rates 10 and 50 %)."""
+    from cwviz import analyze
+    from cwviz.analyses import faithfulness as F
+
+    ids = long_ids(bundle, tokens)
+    protocol = F.Protocol(rates=(10.0, 50.0))
+    analysis = analyze(bundle, input_ids=ids)
+    ranked = F.rankings(analysis, protocol)
+    runs = [run for run in protocol.runs() if run[0] != "value_weighted_output_normalized"][:batch]
+    masks = {}
+    for layer, visible in ranked.num_visible.items():
+        parts = [F.keep_mask(ranked.ranks[m][layer], F.masked_counts(visible, r), visible, c) for m, c, r in runs]
+        masks[layer] = torch.stack(parts)  # (B, 1, Q, K)
+    return torch.tensor([ids] * len(runs)), masks
+
+
+def base_forward(bundle, ids, intervention=None):
+    """The base model's forward pass of a batch (no output layer), under ``intervention``."""
+    from cwviz.core.capture import forward_pass
+
+    with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
+        return bundle.final_hidden(ids)
+
+
+def bench_masked(bundle, lengths, batch: int, repeats: int) -> list[str]:
+    """Masked passes (:class:`cwviz.core.interventions.KeepKeys`, every layer masked) against plain forward
+    passes of the same batch: the whole pass with the next-token log-probabilities (what a sweep runs), and
+    the base model alone (no output layer, so the attention's share is larger)."""
+    from cwviz.core.interventions import KeepKeys, batch_logprobs
+
+    rows = [
+        "| T | batch | plain pass + log-probs (s, baseline) | masked (s) | ratio | target | plain base model (s) | masked | ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for tokens in lengths:
+        ids, masks = masked_batch(bundle, tokens, batch)
+        keep = KeepKeys(masks)
+        masked, plain, masked_base, plain_base = interleaved(
+            lambda: batch_logprobs(bundle, ids, keep),
+            lambda: batch_logprobs(bundle, ids),
+            repeats,
+            lambda: base_forward(bundle, ids, keep),
+            lambda: base_forward(bundle, ids),
+        )
+        rows.append(
+            f"| {tokens} | {len(ids)} | {plain:.3f} | {masked:.3f} | **{masked / plain:.2f}** | ≤ 1.3 "
+            f"| {plain_base:.3f} | {masked_base:.3f} | **{masked_base / plain_base:.2f}** |"
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
 # -- sections ----------------------------------------------------------------------------------------
 
 
@@ -323,7 +377,7 @@ def machine() -> str:
     )
 
 
-SECTIONS = ["overhead", "memory", "naive", "zeroing", "cold", "dashboard", "dashboard-long", "window"]
+SECTIONS = ["overhead", "memory", "naive", "zeroing", "cold", "dashboard", "dashboard-long", "window", "masked"]
 
 
 def main(argv=None) -> int:
@@ -333,6 +387,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="write the report here ('-' for none)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--batch", type=int, default=8, help="masked runs per forward pass in the masked section (default 8)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -374,6 +429,14 @@ def main(argv=None) -> int:
 
         tokens = max(lengths)
         sections.append((f"Dashboard on a long prompt (T = {tokens})", dashboard.bench_long(bundle, tokens, repeats=args.repeats)))
+    if "masked" in only:
+        masked_lengths = [t for t in lengths if t <= 1024] or [256]
+        sections.append(
+            (
+                "Masked passes (faithfulness) against plain passes of the same batch",
+                bench_masked(bundle, masked_lengths, args.batch, args.repeats),
+            )
+        )
     if args.out != "-":
         command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
         write_report(Path(args.out), sections, command.strip())

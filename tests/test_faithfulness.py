@@ -302,3 +302,23 @@ def test_iter_examples_resumes_at_start_and_enters_the_guard_around_each_example
     assert [index for index, _ in out] == [3, 4, 5]
     assert entered == [0, 1]  # the too-short text runs nothing
     assert set(out[0][1]["example"]) == {3} and set(out[2][1]["example"]) == {5}
+
+
+def test_batch_size_auto_fits_memory_and_gives_the_same_numbers(llama, monkeypatch):
+    protocol = dict(rates=(10, 50), measures=("raw", "random"))
+    auto = F.Protocol(batch_size=F.AUTO_BATCH, **protocol)
+    assert F.batch_size_for(llama, len(IDS), auto, runs=20) == F.DEFAULT_BATCH_SIZE  # a CPU: at most the default
+    assert F.batch_size_for(llama, len(IDS), auto, runs=3) == 3
+    assert F.batch_size_for(llama, len(IDS), F.Protocol(batch_size=2, **protocol), runs=20) == 2
+    one_run = F.masked_run_bytes(llama, len(IDS))
+    logits = 256 * llama.model.config.vocab_size * 8  # the chunk of logits the estimate keeps aside
+    monkeypatch.setattr("cwviz.core.memory.available", lambda device: int((logits + 2.5 * one_run) / 0.8))
+    assert F.batch_size_for(llama, len(IDS), auto, runs=20) == 2  # room for two and a half runs
+    np.testing.assert_allclose(
+        F.run_example(llama, IDS, auto).ppl_masked, F.run_example(llama, IDS, F.Protocol(batch_size=1, **protocol)).ppl_masked, rtol=1e-4
+    )
+    from cwviz.cli.faithfulness import parse_batch_size
+
+    assert parse_batch_size("auto") == F.AUTO_BATCH and parse_batch_size("4") == 4
+    with pytest.raises(Exception, match="positive integer or auto"):
+        parse_batch_size("0")

@@ -35,7 +35,7 @@ ROOMS: dict[str, set[str]] = {
     "analyses": {"core", "analyses", "torch"},
     "charts": {"charts", "analyses.schema", "altair"},
     "app": {"core", "analyses", "charts", "app", "torch", "streamlit", "altair"},
-    "cli": {"core", "analyses", "cli", "app.launch", "torch"},
+    "cli": {"core", "analyses", "charts", "cli", "app.launch", "torch"},
     "plot": {"core", "analyses", "charts", "torch", "altair"},
 }
 #: Imports outside the rules, each with its reason.

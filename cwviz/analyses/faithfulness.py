@@ -42,8 +42,9 @@ import pandas as pd
 import torch
 
 from ..core.analysis import Analysis, analyze, check_layer, check_length
+from ..core.analysis import perplexity as sequence_perplexity
 from ..core.errors import InputError, UnsupportedModelError
-from ..core.interventions import KeepKeys, batch_perplexity
+from ..core.interventions import KeepKeys, batch_logprobs
 from ..core.models import Bundle
 
 log = logging.getLogger(__name__)
@@ -63,11 +64,17 @@ CURVES: tuple[str, ...] = ("comprehensiveness", "sufficiency")
 DEFAULT_RATES: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)  # percent of each query's keys
 EXAMPLE_MAX_TOKENS = 256
 DEFAULT_BATCH_SIZE = 8
+#: ``Protocol.batch_size`` for as many masked runs per forward pass as memory allows (``--batch-size auto``):
+#: every distinct run of an example on a GPU, at most :data:`DEFAULT_BATCH_SIZE` on a CPU (where a larger batch
+#: is no faster), fewer where :func:`masked_run_bytes` says they would not fit.
+AUTO_BATCH = 0
 #: Examples a sweep reads by default (the CLI's --n).
 DEFAULT_EXAMPLES = 20
 RANK_BY = ("signed", "absolute")
 #: Columns of :func:`summarize` (and of the CLI's CSV).
 SUMMARY_COLUMNS = ["measure", "curve", "rate", "delta_ppl", "ci_low", "ci_high", "n"]
+#: Columns :func:`summarize` adds for a multiple-choice task (accuracies as fractions of the examples).
+ACCURACY_COLUMNS = ["accuracy_clean", "accuracy_masked", "delta_accuracy", "accuracy_ci_low", "accuracy_ci_high"]
 #: Columns of the per-example table :func:`run_example` returns.
 EXAMPLE_COLUMNS = ["example", "measure", "curve", "rate", "tokens", "ppl_clean", "ppl_masked", "delta_ppl"]
 #: The order the paper reports for comprehensiveness (least to most faithful).
@@ -100,8 +107,8 @@ class Protocol:
         object.__setattr__(self, "measures", tuple(dict.fromkeys(self.measures)))
         if self.rank_by not in RANK_BY:
             raise InputError(f"rank_by must be one of {', '.join(RANK_BY)}, not {self.rank_by!r}")
-        if self.batch_size < 1:
-            raise InputError(f"the batch size must be at least 1, not {self.batch_size}")
+        if self.batch_size < 0:
+            raise InputError(f"the batch size must be at least 1 (or {AUTO_BATCH}: auto), not {self.batch_size}")
         if self.max_tokens < 2:
             raise InputError(f"the token cap must be at least 2 (perplexity needs a next token), not {self.max_tokens}")
 
@@ -219,34 +226,78 @@ def example_ids(bundle: Bundle, text: str, max_tokens: int) -> list[int] | None:
     return check_length(bundle, ids)
 
 
-def run_example(bundle: Bundle, input_ids: Sequence[int], protocol: Protocol = Protocol(), example: int = 0) -> pd.DataFrame:
-    """Every masked run of one example: a table with :data:`EXAMPLE_COLUMNS`, one row per run.
+def masked_logprobs(bundle: Bundle, analysis: Analysis, protocol: Protocol, example: int = 0) -> dict[tuple[str, str, float], np.ndarray]:
+    """Next-token log-probabilities [T - 1] of every masked run of one example (the keys of
+    :meth:`Protocol.runs`), the rankings taken from the clean pass ``analysis``.
 
-    One clean pass gives the rankings and PPL(clean); each distinct masked run is one forward pass,
-    ``batch_size`` runs at a time. Runs whose masks are identical are run once: measures that rank
-    every query's keys alike (at the layer level, output normalisation by ‖o_i‖ divides a whole row by
-    one number, so ``value_weighted_output_normalized`` ranks exactly as ``value_weighted``), and rates
-    that give the same k_i everywhere (short texts).
+    Each distinct masked run is one forward pass, ``batch_size`` runs at a time. Runs whose masks are
+    identical are run once: measures that rank every query's keys alike (at the layer level, output
+    normalisation by ‖o_i‖ divides a whole row by one number, so ``value_weighted_output_normalized`` ranks
+    exactly as ``value_weighted``), and rates that give the same k_i everywhere (short texts). Rate 0
+    masks nothing, so its runs are the clean pass itself (not a masked pass that masks nothing, which would
+    differ from it by float rounding): with nothing masked, every score equals the clean one exactly.
     """
-    check_causal(bundle)
-    analysis = analyze(bundle, input_ids=list(input_ids))
     ranked = rankings(analysis, protocol, example)
     layers = list(ranked.num_visible)
     counts = {rate: {l: masked_counts(ranked.num_visible[l], rate) for l in layers} for rate in protocol.rates}
     same_measure = _first_equal(protocol.measures, lambda a, b: all(torch.equal(ranked.ranks[a][l], ranked.ranks[b][l]) for l in layers))
     same_rate = _first_equal(protocol.rates, lambda a, b: all(torch.equal(counts[a][l], counts[b][l]) for l in layers))
     runs = protocol.runs()
-    distinct = list(dict.fromkeys((same_measure[m], c, same_rate[r]) for m, c, r in runs))
+    distinct = list(dict.fromkeys((same_measure[m], c, same_rate[r]) for m, c, r in runs if r > 0))
     ids = torch.tensor([analysis.input_ids])  # (1, T)
-    ppl: dict[tuple[str, str, float], float] = {}
-    for start in range(0, len(distinct), protocol.batch_size):
-        chunk = distinct[start : start + protocol.batch_size]
+    out: dict[tuple[str, str, float], np.ndarray] = {}
+    size = batch_size_for(bundle, analysis.num_tokens, protocol, len(distinct))
+    for start in range(0, len(distinct), size):
+        chunk = distinct[start : start + size]
         masks = {
             l: torch.stack([keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c) for m, c, r in chunk]) for l in layers
         }  # layer -> (B, 1 or head, Q, K)
         batch = ids.expand(len(chunk), -1)
-        ppl.update(zip(chunk, batch_perplexity(bundle, batch, KeepKeys(masks)).tolist()))
-    ppl_masked = np.array([ppl[same_measure[m], c, same_rate[r]] for m, c, r in runs])
+        out.update(zip(chunk, batch_logprobs(bundle, batch, KeepKeys(masks)).numpy()))
+    clean = analysis.next_token_logprobs
+    return {(m, c, r): clean if r <= 0 else out[same_measure[m], c, same_rate[r]] for m, c, r in runs}
+
+
+def masked_run_bytes(bundle: Bundle, tokens: int, per_head: bool = False) -> int:
+    """Bytes one more masked run adds to a batched forward pass of ``tokens`` tokens: its keep masks in every
+    layer (bool, held for the whole pass), one layer's float32 scores, probabilities and masked product
+    [head, T, T], and its activations (the MLP's three [T, intermediate] and a few [T, d_model])."""
+    info, config = bundle.info, bundle.model.config
+    item = torch.finfo(getattr(torch, info.dtype)).bits // 8 if hasattr(torch, info.dtype) else 4
+    masks = info.layers * (info.heads if per_head else 1) * tokens * tokens
+    maps = 3 * info.heads * tokens * tokens * 4
+    intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * info.d_model
+    return masks + maps + tokens * (3 * intermediate + 8 * info.d_model) * item
+
+
+def batch_size_for(bundle: Bundle, tokens: int, protocol: Protocol, runs: int) -> int:
+    """The masked runs per forward pass: ``protocol.batch_size``, or with :data:`AUTO_BATCH` as many as fit in
+    :data:`cwviz.core.memory.HEADROOM` of the free memory (less one chunk of logits), at most ``runs`` on a GPU
+    and :data:`DEFAULT_BATCH_SIZE` elsewhere."""
+    from ..core import memory
+
+    if protocol.batch_size != AUTO_BATCH:
+        return protocol.batch_size
+    device = bundle.input_device
+    cap = max(1, runs if device.type == "cuda" else min(runs, DEFAULT_BATCH_SIZE))
+    have = memory.available(device)
+    if have is None:
+        return min(cap, DEFAULT_BATCH_SIZE)
+    vocab = getattr(bundle.model.config, "vocab_size", 0) or 0
+    spare = memory.HEADROOM * have - memory.LOGIT_CHUNK * vocab * 8
+    return max(1, min(cap, int(spare // masked_run_bytes(bundle, tokens, protocol.per_head))))
+
+
+def run_example(bundle: Bundle, input_ids: Sequence[int], protocol: Protocol = Protocol(), example: int = 0) -> pd.DataFrame:
+    """Every masked run of one example: a table with :data:`EXAMPLE_COLUMNS`, one row per run.
+
+    One clean pass gives the rankings and PPL(clean); the masked runs are :func:`masked_logprobs`.
+    """
+    check_causal(bundle)
+    analysis = analyze(bundle, input_ids=list(input_ids))
+    logprobs = masked_logprobs(bundle, analysis, protocol, example)
+    runs = protocol.runs()
+    ppl_masked = np.array([sequence_perplexity(logprobs[run]) for run in runs])
     clean = analysis.perplexity
     return pd.DataFrame(
         {
@@ -314,12 +365,22 @@ def bootstrap_ci(values: np.ndarray, level: float = 0.95, resamples: int = 2000,
 
 
 def summarize(per_example: pd.DataFrame, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Mean ΔPPL over examples per (measure, curve, rate) with its bootstrap interval: :data:`SUMMARY_COLUMNS`."""
+    """Mean ΔPPL over examples per (measure, curve, rate) with its bootstrap interval: :data:`SUMMARY_COLUMNS`.
+
+    For a multiple-choice task (``per_example`` has ``correct_clean`` and ``correct_masked``), also
+    :data:`ACCURACY_COLUMNS`: clean and masked accuracy, their difference and its paired bootstrap interval
+    (the examples are resampled, each keeping its clean and masked answer together).
+    """
+    accuracy = "correct_masked" in per_example and per_example["correct_masked"].notna().all()
     rows = []
     for (measure, curve, rate), group in per_example.groupby(["measure", "curve", "rate"], sort=False):
         low, high = bootstrap_ci(group["delta_ppl"].to_numpy(), level, resamples, seed)
-        rows.append((measure, curve, rate, float(group["delta_ppl"].mean()), low, high, len(group)))
-    summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+        row = (measure, curve, rate, float(group["delta_ppl"].mean()), low, high, len(group))
+        if accuracy:
+            clean, masked = group["correct_clean"].to_numpy(float), group["correct_masked"].to_numpy(float)
+            row += (clean.mean(), masked.mean(), (masked - clean).mean(), *bootstrap_ci(masked - clean, level, resamples, seed))
+        rows.append(row)
+    summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS + (ACCURACY_COLUMNS if accuracy else []))
     return _ordered(summary)
 
 
@@ -388,14 +449,9 @@ def read_examples(path: str | PathLike, n: int | None = None, field: str | None 
     return texts[:n]
 
 
-def dataset_texts(name: str, split: str = "test", n: int | None = None, field: str | None = None) -> list[str]:
-    """Examples from a Hugging Face dataset ``NAME`` or ``NAME:CONFIG`` (needs ``datasets`` and network).
-
-    Fields are read as for JSONL files (:func:`cwviz.core.texts.text_of`): ``field``, ``text``, or GSM8K's
-    question and answer.
-    """
-    from ..core.texts import text_of
-
+def dataset_rows(name: str, split: str = "test", n: int | None = None) -> Iterator[tuple[int, dict]]:
+    """``(row number, row)`` of a Hugging Face dataset ``NAME`` or ``NAME:CONFIG``, streamed (needs the
+    ``datasets`` package and network); with ``n``, the first ``n``. InputError with the offline fix otherwise."""
     try:
         import datasets
     except ImportError:
@@ -406,15 +462,25 @@ def dataset_texts(name: str, split: str = "test", n: int | None = None, field: s
     path, _, config = name.partition(":")
     try:
         rows = datasets.load_dataset(path, config or None, split=split, streaming=True)
-        texts = []
         for index, row in enumerate(rows, start=1):
-            texts.append(text_of(row, index, f"{name}[{split}]", field))
-            if n is not None and len(texts) >= n:
+            yield index, row
+            if n is not None and index >= n:
                 break
     except InputError:
         raise
     except Exception as err:  # the hub is unreachable, the name or split is unknown, ...
         raise InputError(f"could not read the Hugging Face dataset {name!r} (split {split!r}): {err}; offline, pass --jsonl PATH") from None
+
+
+def dataset_texts(name: str, split: str = "test", n: int | None = None, field: str | None = None) -> list[str]:
+    """Examples from a Hugging Face dataset ``NAME`` or ``NAME:CONFIG`` (needs ``datasets`` and network).
+
+    Fields are read as for JSONL files (:func:`cwviz.core.texts.text_of`): ``field``, ``text``, or GSM8K's
+    question and answer.
+    """
+    from ..core.texts import text_of
+
+    texts = [text_of(row, index, f"{name}[{split}]", field) for index, row in dataset_rows(name, split, n)]
     if not texts:
         raise InputError(f"the Hugging Face dataset {name!r} (split {split!r}) has no rows")
     return texts

@@ -55,3 +55,34 @@ def curve_chart(summary: pd.DataFrame, curve: str, scale: str = "linear") -> alt
         .resolve_legend(color="independent")
         .properties(title=CURVE_TITLES.get(curve, curve), width=WIDTH, height=HEIGHT)
     )
+
+
+def accuracy_chart(summary: pd.DataFrame, curve: str) -> alt.LayerChart:
+    """Accuracy change (masked − clean, in points) against removal rate for one curve of a multiple-choice
+    task: a line per measure and its paired bootstrap band (the accuracy columns of ``summarize``)."""
+    data = summary[summary["curve"] == curve].assign(
+        delta_points=lambda d: 100 * d["delta_accuracy"],
+        low_points=lambda d: 100 * d["accuracy_ci_low"],
+        high_points=lambda d: 100 * d["accuracy_ci_high"],
+    )
+    order = list(dict.fromkeys(data["measure"]))
+    legend = alt.Legend(orient="right", symbolOpacity=1, symbolStrokeWidth=3, labelLimit=260)
+    x = alt.X("rate:Q", title="keys removed per query (%)", scale=alt.Scale(zero=True))
+    base = alt.Chart(data).encode(x=x)
+    band = base.mark_area(opacity=0.15).encode(
+        color=alt.Color("measure:N", sort=order, legend=None),
+        y=alt.Y("low_points:Q", title="Δaccuracy (points) = masked − clean"),
+        y2="high_points:Q",
+    )
+    tooltip = [
+        alt.Tooltip("measure:N"),
+        alt.Tooltip("rate:Q", title="rate (%)"),
+        alt.Tooltip("delta_points:Q", title="Δaccuracy (points)", format="+.1f"),
+        alt.Tooltip("accuracy_masked:Q", title="masked accuracy", format=".1%"),
+        alt.Tooltip("n:Q", title="items"),
+    ]
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("delta_points:Q"), color=alt.Color("measure:N", sort=order, title="measure", legend=legend), tooltip=tooltip
+    )
+    title = {"comprehensiveness": "Accuracy, most important keys removed", "sufficiency": "Accuracy, least important keys removed"}
+    return alt.layer(band, line).resolve_legend(color="independent").properties(title=title.get(curve, curve), width=WIDTH, height=HEIGHT)

@@ -76,3 +76,18 @@ def report_interrupt(kept: int, total: int, noun: str, written: Path | None = No
         where = f" (in {written})" if written is not None else ""
         print(f"interrupted: kept the {kept} finished {noun}(s) of {total}{where}", file=sys.stderr)
     return 130
+
+
+def how_run(args: argparse.Namespace) -> dict:
+    """What a results manifest records of any command: the versions, the command line as typed and the date."""
+    import datetime as dt
+    import shlex
+
+    from ..core.parallel import versions
+
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    return {
+        "versions": versions(),
+        "command": "cwviz " + shlex.join(argv),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }

@@ -14,11 +14,12 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import InputError
-from .common import add_jsonl_args, add_model_args, jsonl_path, load, read_text, report_interrupt
+from .common import add_jsonl_args, add_model_args, how_run, jsonl_path, load, read_text, report_interrupt
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ..analyses import faithfulness as F
+    from ..analyses import tasks as T
 
     rates = ",".join(f"{r:g}" for r in F.DEFAULT_RATES)
     parser = sub.add_parser(
@@ -36,8 +37,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     data.add_argument("--text", help="one example given on the command line ('-' reads standard input)")
     data.add_argument("--dataset", help="a Hugging Face dataset NAME or NAME:CONFIG (needs `datasets` and network)")
+    parser.add_argument(
+        "--task",
+        choices=("text", *T.TASKS),
+        default="text",
+        help="text (default: ΔPPL of each example's own tokens) or a multiple-choice task read from --jsonl or --dataset "
+        "in its standard fields (mmlu: question, choices, answer index; boolq: passage, question, answer true/false; "
+        "winogrande: sentence with _, option1, option2, answer 1/2): accuracy under masking beside ΔPPL",
+    )
     parser.add_argument("--field", help="the JSONL/dataset field holding the text (default: text, or question+answer)")
-    parser.add_argument("--split", default="test", help="the dataset split (default: test)")
+    parser.add_argument("--split", help="the dataset split (default: test; validation for boolq and winogrande)")
     parser.add_argument(
         "--n",
         "--examples",
@@ -64,7 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"token cap per example: longer ones are cut (default {F.EXAMPLE_MAX_TOKENS})",
     )
     parser.add_argument(
-        "--batch-size", type=int, default=F.DEFAULT_BATCH_SIZE, help=f"masked runs per forward pass (default {F.DEFAULT_BATCH_SIZE})"
+        "--batch-size",
+        type=parse_batch_size,
+        default=F.DEFAULT_BATCH_SIZE,
+        help=f"masked runs per forward pass (default {F.DEFAULT_BATCH_SIZE}), or auto: as many as memory allows "
+        f"(every distinct run of an example on a GPU, at most {F.DEFAULT_BATCH_SIZE} on a CPU)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random ranking and the bootstrap (default 0)")
     parser.add_argument("--out", type=Path, help="summary CSV, rewritten after every example")
@@ -77,6 +90,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--resume", action="store_true", help="with --results: skip the examples already recorded there")
     add_model_args(parser)
     parser.set_defaults(func=run)
+
+
+def parse_batch_size(value: str) -> int:
+    """A positive integer, or auto (:data:`cwviz.analyses.faithfulness.AUTO_BATCH`)."""
+    from ..analyses.faithfulness import AUTO_BATCH
+
+    if value.strip().lower() == "auto":
+        return AUTO_BATCH
+    try:
+        size = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a positive integer or auto, not {value!r}") from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"takes a positive integer or auto, not {value!r}")
+    return size
 
 
 def parse_rates(value: str) -> tuple[float, ...]:
@@ -105,20 +133,33 @@ def parse_measures(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
-def read_examples(args: argparse.Namespace) -> list[str]:
-    """The examples from --jsonl/--gsm8k, --file, --text or --dataset (at most --n)."""
+def split_of(args: argparse.Namespace) -> str:
+    return args.split or ("validation" if args.task in ("boolq", "winogrande") else "test")
+
+
+def read_examples(args: argparse.Namespace) -> list:
+    """The examples from --jsonl/--gsm8k, --file, --text or --dataset (at most --n): texts, or with
+    --task the items of a multiple-choice task (:class:`cwviz.analyses.tasks.Item`)."""
     from ..analyses.faithfulness import dataset_texts
     from ..analyses.faithfulness import read_examples as read_file
     from ..core.texts import read_texts
 
     if args.n < 1:
         raise InputError(f"--n must be at least 1, not {args.n}")
+    if args.task != "text":
+        from ..analyses import tasks
+
+        if args.dataset is not None:
+            return tasks.dataset_items(args.task, args.dataset, split=split_of(args), n=args.n)
+        if args.jsonl is None:
+            raise InputError(f"--task {args.task} reads a JSON Lines file (--jsonl PATH) or a dataset (--dataset NAME)")
+        return tasks.read_items(args.jsonl, args.task, n=args.n)
     if jsonl_path(args) is not None:
         return read_texts(jsonl_path(args), n=args.n, field=args.field)
     if args.file is not None:
         return read_file(args.file, n=args.n, field=args.field)
     if args.dataset is not None:
-        return dataset_texts(args.dataset, split=args.split, n=args.n, field=args.field)
+        return dataset_texts(args.dataset, split=split_of(args), n=args.n, field=args.field)
     text = read_text(args)
     if not text.strip():
         raise InputError("the prompt is empty; give some text")
@@ -150,6 +191,35 @@ def format_table(summary: pd.DataFrame) -> str:
             lines.append(f"  {measure:34}{cells}{areas[curve, measure]:>10.4g}")
         lines.append("")
     return "\n".join(lines)
+
+
+def format_accuracy(summary: pd.DataFrame) -> str:
+    """Accuracy under masking per measure and rate, one block per curve (a multiple-choice task)."""
+    clean = summary["accuracy_clean"].iloc[0]
+    n = int(summary["n"].max())
+    rates = sorted(summary["rate"].unique())
+    lines = [f"accuracy: clean {clean:.1%} over {n} item(s); Δaccuracy (masked − clean) in points, paired bootstrap 95% CI in the CSV"]
+    for curve, group in summary.groupby("curve", sort=False):
+        lines.append(f"{curve}:")
+        lines.append(f"  {'measure':34}" + "".join(f"{f'{r:g}%':>10}" for r in rates))
+        for measure, rows in group.groupby("measure", sort=False):
+            by_rate = dict(zip(rows["rate"], rows["delta_accuracy"]))
+            lines.append(f"  {measure:34}" + "".join(f"{100 * by_rate.get(r, float('nan')):>+10.1f}" for r in rates))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def examples_loop(task: str):
+    """The example loop of ``task``: :func:`cwviz.analyses.faithfulness.iter_examples` for text,
+    :func:`cwviz.analyses.tasks.iter_items` for a multiple-choice task."""
+    from ..analyses import faithfulness, tasks
+
+    return faithfulness.iter_examples if task == "text" else tasks.iter_items
+
+
+def text_of(example) -> str:
+    """What a record hashes: the text, or a multiple-choice item as one string."""
+    return example if isinstance(example, str) else example.text
 
 
 def format_order(summary: pd.DataFrame) -> str:
@@ -211,6 +281,8 @@ def print_summary(bundle_id: str, examples: int, protocol, summary: pd.DataFrame
         f"scores: {'per head' if protocol.per_head else 'layer-level'}, ranked by {protocol.rank_by} value"
     )
     print(format_table(summary))
+    if "delta_accuracy" in summary:
+        print(format_accuracy(summary))
     print(format_order(summary))
 
 
@@ -226,7 +298,7 @@ def run_single(args: argparse.Namespace, protocol, texts: list[str]) -> int:
     interrupted = False
     try:
         with tqdm(total=len(texts), desc="faithfulness", unit="example", file=sys.stderr) as bar:
-            for _, table in faithfulness.iter_examples(bundle, texts, protocol):
+            for _, table in examples_loop(args.task)(bundle, texts, protocol):
                 bar.update(1)
                 if table is None:
                     continue
@@ -275,9 +347,9 @@ def run_sweep(args: argparse.Namespace, protocol, texts: list[str], procs) -> in
     bundle = load(args)
     faithfulness.check_causal(bundle)
     provenance = model_provenance(bundle)
-    task = "text"
+    task = args.task
     key = R.fingerprint(sweep_settings(protocol, provenance, task))
-    hashes = [R.text_hash(t) for t in texts]
+    hashes = [R.text_hash(text_of(t)) for t in texts]
     if procs.is_main:
         folder.mkdir(exist_ok=True)
     procs.barrier()
@@ -296,8 +368,8 @@ def run_sweep(args: argparse.Namespace, protocol, texts: list[str], procs) -> in
             bar = tqdm(total=len(mine), desc=f"faithfulness [{procs.index}]", unit="example", file=sys.stderr, disable=not procs.is_main)
             with bar:
                 for index in mine:
-                    for _, table in faithfulness.iter_examples(bundle, [texts[index]], protocol, start=index):
-                        writer.write(R.example_record(index, texts[index], key, task, table))
+                    for _, table in examples_loop(task)(bundle, [texts[index]], protocol, start=index):
+                        writer.write(R.example_record(index, text_of(texts[index]), key, task, table))
                     bar.update(1)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the records written so far are kept
         interrupted = True
@@ -323,16 +395,11 @@ def run_sweep(args: argparse.Namespace, protocol, texts: list[str], procs) -> in
 
 def manifest(args: argparse.Namespace, protocol, provenance: dict, task: str, examples: int, count: int, key: str) -> dict:
     """How this run was made and how to rerun it (``manifest.json``; the report shows it)."""
-    import datetime as dt
-    import shlex
-
-    from ..core.parallel import versions
-
-    argv = list(getattr(args, "argv", None) or sys.argv[1:])
-    command = "cwviz " + shlex.join(argv)
+    made = how_run(args)
     if count > 1:
-        command = f"accelerate launch --multi_gpu --num_processes {count} -m {command}"
-    data = {"jsonl": str(jsonl_path(args)) if jsonl_path(args) else None, "file": args.file, "dataset": args.dataset, "split": args.split}
+        made["command"] = f"accelerate launch --multi_gpu --num_processes {count} -m {made['command']}"
+    split = split_of(args) if args.dataset else None
+    data = {"jsonl": str(jsonl_path(args)) if jsonl_path(args) else None, "file": args.file, "dataset": args.dataset, "split": split}
     return {
         "schema": "cwviz.faithfulness.manifest",
         "fingerprint": key,
@@ -346,11 +413,9 @@ def manifest(args: argparse.Namespace, protocol, provenance: dict, task: str, ex
             "rank_by": protocol.rank_by,
             "max_tokens": protocol.max_tokens,
         },
-        "batch_size": protocol.batch_size,
+        "batch_size": protocol.batch_size or "auto",
         "task": task,
         "data": {k: v for k, v in data.items() if v} | {"examples": examples},
         "processes": count,
-        "versions": versions(),
-        "command": command,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **made,
     }

@@ -17,10 +17,10 @@ import sys
 import threading
 
 from ..core.errors import CwvizError
-from . import analyze, app, atlas, compare, faithfulness, sinks
+from . import analyze, app, atlas, compare, faithfulness, report, sinks
 
 #: Each command is a module with ``register(subparsers)``; add a command by listing its module here.
-COMMANDS = (analyze, sinks, faithfulness, compare, atlas, app)
+COMMANDS = (analyze, sinks, faithfulness, report, compare, atlas, app)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,6 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-ppl", action="store_true", help="skip the ΔPPL runs (one forward pass per layer and prompt, batched)")
     parser.add_argument("--csv", type=Path, help="write the full table (one row per prompt, layer, head and query) here")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="a results folder (e.g. a faithfulness sweep's): writes sinks/layers.csv, sinks/heads.csv and sinks/manifest.json "
+        "there, which `cwviz report --results DIR` adds to the report",
+    )
     add_model_args(parser)
     parser.set_defaults(func=run)
 
@@ -75,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     if not math.isfinite(args.factor):
         raise InputError(f"--factor must be a finite number, not {args.factor}")
     texts = read_prompts(args)
+    if args.results is not None and not args.results.parent.is_dir():
+        raise InputError(f"no folder {args.results.parent} for --results; create it first")
     bundle = load(args)
     info = bundle.info
     tables, removal, positions, tokens, clean = [], [], [], [], []
@@ -141,9 +149,49 @@ def run(args: argparse.Namespace) -> int:
     if args.csv is not None:
         table.to_csv(args.csv, index=False)
         print(f"wrote {args.csv} ({len(table):,} rows)")
+    if args.results is not None:
+        folder = write_results(args, bundle, table, summary, _describe_sinks(positions, args.sink), finished)
+        print(f"wrote {folder} (add it to a report: cwviz report --results {args.results})")
     if interrupted:
         return report_interrupt(finished, len(texts), "prompt", args.csv)
     return 0
+
+
+#: Where ``--results DIR`` puts the sinks tables: ``DIR/sinks/``.
+RESULTS_FOLDER = "sinks"
+
+
+def write_results(args: argparse.Namespace, bundle, table: pd.DataFrame, layers: pd.DataFrame, sink: str, prompts: int) -> Path:
+    """The per-layer and per-head tables and a manifest in ``DIR/sinks`` (each file replaced whole)."""
+    import json
+    import os
+
+    from ..analyses import sinks
+    from ..core.parallel import model_provenance
+    from .common import how_run
+
+    folder = args.results / RESULTS_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    data = {"jsonl": str(args.jsonl) if args.jsonl else None, "file": str(args.file) if args.file else None, "n": args.n}
+    manifest = {
+        "schema": "cwviz.sinks.manifest",
+        "model": model_provenance(bundle),
+        "sink": sink,
+        "factor": args.factor,
+        "prompts": prompts,
+        "data": {k: v for k, v in data.items() if v is not None},
+        **how_run(args),
+    }
+    files = {
+        "layers.csv": layers.to_csv(index=False, float_format="%.6g"),
+        "heads.csv": sinks.sink_head_summary(table).to_csv(index=False, float_format="%.6g"),
+        "manifest.json": json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n",
+    }
+    for name, text in files.items():
+        tmp = folder / f"{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, folder / name)
+    return folder
 
 
 def _describe_sinks(positions: list[tuple[int, str]], asked: str) -> str:

@@ -288,7 +288,7 @@ def _weighted_values(
         alpha = attention_probabilities(query[..., start:stop, :].float(), key, scaling, block_mask, False, softcap=softcap, sinks=sinks)
         if keep is not None:
             block_keep = keep[..., start:stop, :] if keep.dim() >= 2 and keep.shape[-2] == num_queries else keep
-            alpha = alpha * block_keep.to(alpha.device, alpha.dtype)
+            alpha.mul_(block_keep.to(alpha.device))  # alpha is fresh: masked in place, bool weights cast on the fly
         out[:, :, start:stop] = torch.matmul(alpha, value)  # (B, H, rows, d)
     return out.to(query.dtype).transpose(1, 2).contiguous()
 

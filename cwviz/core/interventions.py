@@ -67,12 +67,13 @@ def logits(bundle: Bundle, input_ids: torch.Tensor, intervention=None) -> torch.
         return bundle.model(input_ids=input_ids.to(device), use_cache=False).logits
 
 
-def batch_perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray:
-    """Perplexity of each sequence, [batch] float64, under ``intervention`` (None = clean).
+def batch_logprobs(bundle: Bundle, input_ids, intervention=None) -> torch.Tensor:
+    """log p(token_{t+1} | tokens ..t) of each sequence, [batch, pos - 1] float32 on the CPU, under
+    ``intervention`` (None = clean).
 
     ``input_ids``: a list of ids (one sequence) or a [batch, pos] tensor of equal-length sequences.
-    Computed as :attr:`cwviz.core.analysis.Analysis.perplexity` is: the base model's final hidden states,
-    then the output layer a chunk of rows at a time (no [batch, pos, vocab] logits are kept).
+    Computed as :attr:`cwviz.core.analysis.Analysis.next_token_logprobs` is: the base model's final hidden
+    states, then the output layer a chunk of rows at a time (no [batch, pos, vocab] logits are kept).
     """
     ids = torch.as_tensor(input_ids) if isinstance(input_ids, torch.Tensor) else torch.tensor(token_ids(input_ids))
     if ids.dim() == 1:
@@ -86,4 +87,10 @@ def batch_perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray
         raise InputError(f"token ids must lie in 0..{vocab - 1} for this model")
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
         hidden = bundle.final_hidden(ids)
-        return np.array([sequence_perplexity(next_token_logprobs(h, bundle.output_logits, row)) for h, row in zip(hidden, ids)])
+        return torch.stack([next_token_logprobs(h, bundle.output_logits, row) for h, row in zip(hidden, ids)])
+
+
+def batch_perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray:
+    """Perplexity of each sequence, [batch] float64, under ``intervention`` (None = clean): of
+    :func:`batch_logprobs`, as :attr:`cwviz.core.analysis.Analysis.perplexity` is computed."""
+    return np.array([sequence_perplexity(row) for row in batch_logprobs(bundle, input_ids, intervention)])

@@ -1,0 +1,95 @@
+"""``cwviz report --results DIR --out report.html``: one self-contained, offline HTML report of a results folder.
+
+It reads what ``cwviz faithfulness --results DIR`` and ``cwviz sinks --results DIR`` wrote there (the manifest,
+the per-example records, ``sinks/``), recomputes the summary from the records, and writes the curves, tables,
+order check, accuracy (multiple-choice tasks), sinks and the manifest with how to rerun the run
+(:mod:`cwviz.charts.report`). Nothing is run on a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from ..core.errors import InputError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "report",
+        help="one offline HTML file of a results folder: curves, tables, order check, sinks, manifest",
+        description="Write one self-contained HTML file (figures inlined as SVG, nothing loaded from the network) "
+        "from a results folder written by `cwviz faithfulness --results DIR` and/or `cwviz sinks --results DIR`.",
+    )
+    parser.add_argument("--results", type=Path, required=True, help="the results folder")
+    parser.add_argument("--out", type=Path, required=True, help="the HTML file to write (e.g. report.html)")
+    parser.add_argument("--title", default="cwviz report", help="the report's title")
+    parser.set_defaults(func=run)
+
+
+def faithfulness_sections(folder: Path) -> list:
+    """The run's manifest, the faithfulness curves and, for a multiple-choice task, accuracy; [] without records."""
+    from ..analyses import faithfulness as F
+    from ..analyses import records as R
+    from ..charts import report
+
+    if not any(folder.glob(R.RECORD_GLOB)):
+        return []
+    manifest = R.read_manifest(folder) or {}
+    table = R.records_table(R.read_records(folder))
+    if not len(table):
+        raise InputError(f"the records in {folder} hold no finished example; run the sweep (with --resume) first")
+    summary = F.summarize(table, seed=int(manifest.get("seed", 0)))
+    areas = F.curve_areas(summary)
+    sections = [report.manifest_section(manifest)] if manifest else []
+    sections.append(report.faithfulness_section(summary, areas, F.order_check(areas), F.order_check(summary, value="delta_ppl")))
+    if "delta_accuracy" in summary:
+        sections.append(report.accuracy_section(summary))
+    return sections
+
+
+def sinks_section(folder: Path):
+    """The sinks tables of ``DIR/sinks`` (``cwviz sinks --results DIR``), or None."""
+    from ..charts import report
+    from .sinks import RESULTS_FOLDER
+
+    where = folder / RESULTS_FOLDER
+    if not (where / "layers.csv").is_file():
+        return None
+    try:
+        manifest = json.loads((where / "manifest.json").read_text(encoding="utf-8")) if (where / "manifest.json").is_file() else {}
+    except json.JSONDecodeError as err:
+        raise InputError(f"{where / 'manifest.json'} is not valid JSON ({err.msg}); rerun cwviz sinks --results") from None
+    heads = pd.read_csv(where / "heads.csv") if (where / "heads.csv").is_file() else None
+    return report.sinks_section(manifest, pd.read_csv(where / "layers.csv"), heads)
+
+
+def run(args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from ..charts import report
+
+    folder: Path = args.results
+    if not folder.is_dir():
+        raise InputError(f"no results folder at {folder}; give the folder a sweep wrote with --results")
+    if not args.out.parent.is_dir():
+        raise InputError(f"no folder {args.out.parent} for --out; create it first")
+    sections = faithfulness_sections(folder)
+    sinks = sinks_section(folder)
+    if sinks is not None:
+        sections.append(sinks)
+    if not sections:
+        raise InputError(
+            f"{folder} holds no results: run `cwviz faithfulness --results {folder}` or `cwviz sinks --results {folder}` first"
+        )
+    generated = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    text = report.page(sections, title=args.title, generated=generated)
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out} ({len(text) / 1024:,.0f} KiB; sections: {', '.join(s.title for s in sections)})")
+    return 0
