@@ -96,7 +96,7 @@ def dashboard_steps(bundle, ids, layer: int = 0):
 
     start = time.perf_counter()
     analysis = analyze(bundle, input_ids=ids)
-    measure = tables.measure_name(tables.FAMILIES[0], "inter")
+    measure = tables.measure_name(next(iter(tables.FAMILIES)), "inter")
     cells = tables.heatmap_cells(analysis, layer, None, measure, "inter", analysis.num_tokens - 1, "window")
     heatmaps.heatmap_pair(cells, query=analysis.num_tokens - 1).to_dict()
     first = time.perf_counter() - start

@@ -176,3 +176,16 @@ def test_an_8192_token_prompt_through_the_dashboard_services_stays_within_the_es
     assert float(row.contribution("inter")[:, 0].sum()) == pytest.approx(1, abs=1e-4)  # Σ_h Σ_j C = 1 at 8k
     assert len(summary) == analysis.num_layers * analysis.num_heads and summary["sink_attention"].between(0, 1).all()
     assert factors.frame["query"].eq(query).all() and "bins" in binned.note
+
+
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_the_long_dashboard_benchmark_runs_the_pages_steps(arch):
+    """``make bench``'s dashboard-long section times benchmarks.dashboard.dashboard_steps: the page's defaults
+    (the first measure family, the window view, the head overview) must be ones the page accepts, on a causal
+    model and an encoder, and the overview comes after the first heatmap."""
+    from benchmarks.dashboard import dashboard_steps
+
+    bundle = make_tiny(arch)
+    ids = bundle.tokenizer(TEXT)["input_ids"][:80]
+    first, overview = dashboard_steps(bundle, ids)
+    assert 0 < first <= overview
