@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 
 from ..analyses.schema import ATLAS_METRICS
-from .heatmaps import OVERVIEW_MIN_HEIGHT, head_pick, outline, signed_scale
+from .heatmaps import head_pick, outlined_grid, signed_scale
 
 #: Statistics that can be negative, drawn on the diverging scale centred at zero.
 SIGNED = ("cos_sink_rest", "sink_contribution")
@@ -40,15 +40,12 @@ def atlas_map(pooled: pd.DataFrame, metric: str = "sink_attention", layer: int |
         )
         .add_params(head_pick())
     )
-    drawn = [grid]
-    if layer is not None and head is not None:
-        drawn.append(outline(pd.DataFrame({"layer": [layer], "head": [head]})))
-    return alt.layer(*drawn).properties(
-        width=max(160, cell * heads),
-        height=max(cell * layers, OVERVIEW_MIN_HEIGHT),
-        title=alt.TitleParams(
-            f"Mean over {prompts} prompt(s) of the {ATLAS_METRICS[metric]} (click a cell to pick the head)",
-            anchor="start",
-            fontSize=13,
-        ),
+    return outlined_grid(
+        grid,
+        layer,
+        head,
+        layers,
+        heads,
+        cell,
+        f"Mean over {prompts} prompt(s) of the {ATLAS_METRICS[metric]} (click a cell to pick the head)",
     )

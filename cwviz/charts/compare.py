@@ -12,7 +12,7 @@ import altair as alt
 import pandas as pd
 
 from ..analyses.schema import COMPARE_MAPS, HEAD_METRICS, CompareCells
-from .heatmaps import CELL, OVERVIEW_MIN_HEIGHT, head_pick, label_expr, outline, query_outline, query_pick, sequential_scale, signed_scale
+from .heatmaps import CELL, head_pick, label_expr, outlined_grid, query_outline, query_pick, sequential_scale, signed_scale
 
 #: Most aligned keys for which A, B and B − A stand in one row: 3 x (16 x 13 px + ~125 px of labels) and two
 #: legends fit the dashboard's main area (about 1,200 px in a 1600 px window, seen in Chromium); up to
@@ -129,14 +129,7 @@ def head_change_grid(
         )
         .add_params(head_pick())
     )
-    drawn = [grid]
-    if layer is not None and head is not None:
-        drawn.append(outline(pd.DataFrame({"layer": [layer], "head": [head]})))
-    return alt.layer(*drawn).properties(
-        width=max(160, cell * heads),
-        height=max(cell * layers, OVERVIEW_MIN_HEIGHT),
-        title=alt.TitleParams(f"Change B − A in {HEAD_METRICS[metric]} (click a cell to pick the head)", anchor="start", fontSize=13),
-    )
+    return outlined_grid(grid, layer, head, layers, heads, cell, f"Change B − A in {HEAD_METRICS[metric]} (click a cell to pick the head)")
 
 
 def logprob_change_chart(changes: pd.DataFrame, query: int | None = None) -> alt.LayerChart:

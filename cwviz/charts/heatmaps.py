@@ -176,6 +176,18 @@ def outline(cells: pd.DataFrame) -> alt.Chart:
     return alt.Chart(cells).mark_rect(fill=None, stroke="black", strokeWidth=2).encode(x="head:O", y="layer:O")
 
 
+def outlined_grid(grid: alt.Chart, layer: int | None, head: int | None, layers: int, heads: int, cell: int, title: str) -> alt.LayerChart:
+    """A layer x head grid (``cell`` pixels a cell) with the selected head outlined, sized like the overview."""
+    drawn = [grid]
+    if layer is not None and head is not None:
+        drawn.append(outline(pd.DataFrame({"layer": [layer], "head": [head]})))
+    return alt.layer(*drawn).properties(
+        width=max(160, cell * heads),
+        height=max(cell * layers, OVERVIEW_MIN_HEIGHT),
+        title=alt.TitleParams(title, anchor="start", fontSize=13),
+    )
+
+
 def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int | None = None, head: int | None = None) -> alt.LayerChart:
     """Every layer × head, coloured by one per-head summary; click a cell to pick that head.
 
