@@ -387,9 +387,11 @@ def test_every_chart_on_every_page_is_drawn(server, browser):
         page.get_by_text("Faithfulness by causal intervention").wait_for(timeout=60_000)
         _settle(page, 0)
         page.get_by_role("button", name="Run").click()
-        page.get_by_text("1 of 1 examples").wait_for(timeout=240_000)
+        # The results' caption (the progress bar says "1 of 1 examples" too while the run ends).
+        page.get_by_text("1 of 1 examples; bands").wait_for(timeout=240_000)
         _settle(page, 2)
         _assert_no_error_text(page)
+        assert page.get_by_test_id("stProgress").count() == 0  # no bar left once the run is drawn
         assert _check_charts(page, "Faithfulness") == 2
         _screenshot(page, "faithfulness")
 
