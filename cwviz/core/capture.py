@@ -212,12 +212,6 @@ def attention_probabilities(
     return torch.softmax(scores, dim=-1)
 
 
-def _per_head(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """[..., kv_head, pos, d_head] -> [..., head, pos, d_head] (grouped-query keys and values, per query head)."""
-    groups = heads // x.shape[-3]
-    return x.repeat_interleave(groups, dim=-3) if groups > 1 else x
-
-
 def _capped_or_sunk(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -232,7 +226,7 @@ def _capped_or_sunk(
     logit, softmax, drop the sink's column)."""
     heads, num_queries, _ = query.shape[-3:]
     num_keys = key.shape[-2]
-    scores = torch.matmul(query, _per_head(key, heads).transpose(-1, -2)) * scaling  # (..., H, Q, K)
+    scores = torch.matmul(query, expand_kv(key, heads).transpose(-1, -2)) * scaling  # (..., H, Q, K)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if mask is None and causal:
@@ -274,7 +268,7 @@ def _weighted_values(
     """
     batch, heads, num_queries, _ = query.shape
     num_keys = key.shape[-2]
-    key, value = key.float(), _per_head(value.float(), heads)
+    key, value = key.float(), expand_kv(value.float(), heads)
     rows = max(1, WEIGHTED_BLOCK_CELLS // max(1, batch * heads * num_keys))
     out = torch.empty(batch, heads, num_queries, value.shape[-1], dtype=torch.float32, device=query.device)
     for start in range(0, num_queries, rows):

@@ -55,9 +55,9 @@ def full_gram(w_o: torch.Tensor) -> torch.Tensor:
 
 
 def expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[kv_head, pos, d_head] -> [head, pos, d_head]: head h reads kv head h // (heads / kv_heads)."""
-    groups = num_heads // x.shape[0]
-    return x.repeat_interleave(groups, dim=0) if groups > 1 else x
+    """[..., kv_head, pos, d_head] -> [..., head, pos, d_head]: head h reads kv head h // (heads / kv_heads)."""
+    groups = num_heads // x.shape[-3]
+    return x.repeat_interleave(groups, dim=-3) if groups > 1 else x
 
 
 #: Rows per block when only the causal (lower) triangle of a T x T map is computed, and the most
