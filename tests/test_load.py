@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import re
 import threading
 import time
@@ -208,14 +209,58 @@ def test_two_hundred_prompts_one_after_another_stay_under_the_cache_bound():
     assert max(rss[100:]) <= max(rss[:100]) + 6 * per_analysis + 50_000_000, report
 
 
-def test_hosting_mode_refuses_with_the_busy_message_and_serves_the_rest(browser):
+# Put on the hosted server's PYTHONPATH: each analysis holds its slot CWVIZ_TEST_SLOT_HOLD seconds longer, so
+# whether a session must wait does not depend on how fast this machine analyses (a fast one finished every
+# prompt within the one-second queue, and no session waited).
+SLOW_SLOTS = '''
+import contextlib
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import time
+
+HOLD = float(os.environ["CWVIZ_TEST_SLOT_HOLD"])
+
+
+class _SlowSlots(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "cwviz.app.hosting":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run_module = spec.loader.exec_module
+
+        def exec_module(module):
+            run_module(module)
+            slot = module.analysis_slot
+
+            @contextlib.contextmanager
+            def held(policy):
+                with slot(policy):
+                    time.sleep(HOLD)
+                    yield
+
+            module.analysis_slot = held
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _SlowSlots())
+'''
+
+
+def test_hosting_mode_refuses_with_the_busy_message_and_serves_the_rest(browser, tmp_path):
     """Eight sessions with long prompts at once on a server that runs two analyses at a time and lets a
-    request wait one second: those that wait longer see the busy message; none shows a traceback."""
+    request wait one second, each analysis holding its slot four seconds: those that wait longer see the
+    busy message; none shows a traceback; the rest are drawn."""
     from cwviz.app import state
 
     long_text = next(e.text for e in state.examples() if e.name.startswith("Long"))
     prompts = [f"Session {k}. {long_text[:1500]}" for k in range(8)]  # about 300 tokens: under the hosted limit of 512
-    env = {"CWVIZ_HOSTED": "1", "CWVIZ_MAX_CONCURRENT": "2", "CWVIZ_QUEUE_SECONDS": "1"}
+    (tmp_path / "sitecustomize.py").write_text(SLOW_SLOTS)
+    pythonpath = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = {"CWVIZ_HOSTED": "1", "CWVIZ_MAX_CONCURRENT": "2", "CWVIZ_QUEUE_SECONDS": "1", "CWVIZ_TEST_SLOT_HOLD": "4", "PYTHONPATH": pythonpath}
     with _serve("hosted-load-server.log", env=env, via_cli=True) as url, Health(url) as health:
         warm = browser.new_page(viewport=VIEWPORT)
         warm.goto(url)
