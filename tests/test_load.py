@@ -212,7 +212,7 @@ def test_two_hundred_prompts_one_after_another_stay_under_the_cache_bound():
 # Put on the hosted server's PYTHONPATH: each analysis holds its slot CWVIZ_TEST_SLOT_HOLD seconds longer, so
 # whether a session must wait does not depend on how fast this machine analyses (a fast one finished every
 # prompt within the one-second queue, and no session waited).
-SLOW_SLOTS = '''
+SLOW_SLOTS = """
 import contextlib
 import importlib.abc
 import importlib.machinery
@@ -247,7 +247,7 @@ class _SlowSlots(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _SlowSlots())
-'''
+"""
 
 
 def test_hosting_mode_refuses_with_the_busy_message_and_serves_the_rest(browser, tmp_path):
@@ -260,7 +260,13 @@ def test_hosting_mode_refuses_with_the_busy_message_and_serves_the_rest(browser,
     prompts = [f"Session {k}. {long_text[:1500]}" for k in range(8)]  # about 300 tokens: under the hosted limit of 512
     (tmp_path / "sitecustomize.py").write_text(SLOW_SLOTS)
     pythonpath = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    env = {"CWVIZ_HOSTED": "1", "CWVIZ_MAX_CONCURRENT": "2", "CWVIZ_QUEUE_SECONDS": "1", "CWVIZ_TEST_SLOT_HOLD": "4", "PYTHONPATH": pythonpath}
+    env = {
+        "CWVIZ_HOSTED": "1",
+        "CWVIZ_MAX_CONCURRENT": "2",
+        "CWVIZ_QUEUE_SECONDS": "1",
+        "CWVIZ_TEST_SLOT_HOLD": "4",
+        "PYTHONPATH": pythonpath,
+    }
     with _serve("hosted-load-server.log", env=env, via_cli=True) as url, Health(url) as health:
         warm = browser.new_page(viewport=VIEWPORT)
         warm.goto(url)

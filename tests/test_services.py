@@ -25,10 +25,10 @@ def tiny_models(monkeypatch):
         return real(name, device=device, dtype=dtype)
 
     monkeypatch.setattr(services, "load_model", load)
-    services.get_bundle.clear()
+    services._bundle.clear()
     services.get_analysis.clear()
     yield built
-    services.get_bundle.clear()
+    services._bundle.clear()
     services.get_analysis.clear()
 
 
@@ -65,6 +65,8 @@ def test_bundle_is_loaded_once_per_model_device_dtype(tiny_models):
     a = services.get_bundle("tiny-llama", "cpu", "auto")
     assert services.get_bundle("tiny-llama", "cpu", "auto") is a
     assert services.get_bundle("tiny-gpt2", "cpu", "auto") is not a
+    b = services.get_bundle("tiny-gpt2")  # the defaults spelled out or not: one model, loaded once
+    assert services.get_bundle("tiny-gpt2", "auto", "auto") is b and services.get_bundle("tiny-gpt2", dtype="auto") is b
 
 
 def test_a_model_that_fails_to_load_raises_a_message_and_is_not_cached(tmp_path):
@@ -117,7 +119,7 @@ def test_concurrent_sessions_get_their_own_numbers(embedded):
     services.get_analysis.clear()
     texts = ["The cat sat on the warm mat by the door.", "Seven ships sailed north across the grey and stormy sea today."]
     expected = {t: cwviz.analyze(embedded, t).contributions(20, "inter") for t in texts}
-    services.get_bundle.clear()
+    services._bundle.clear()
     bundle = services.get_bundle("embedded", "cpu", "auto")
 
     def session(job: tuple[int, str]):

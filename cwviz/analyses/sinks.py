@@ -38,12 +38,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.analysis import Analysis, integer_index
+from ..core import memory
+from ..core.analysis import Analysis, integer_index, layer_records
 from ..core.capture import forward_pass
 from ..core.errors import InputError, SelectionError
 from ..core.interventions import ScaleValues, batch_perplexity
 from ..core.measures import expand_kv
 from ..core.progress import Progress, counted, phase
+from ..core.spill import spill_for
 
 AUTO = "auto"
 #: The sink unless the user picks one: the first position (docs/METHOD.md section 4).
@@ -469,9 +471,10 @@ def intervene_on_sink(
     bundle = analysis.bundle
     steps = 2 * analysis.num_layers
     passing = phase(progress, 0, steps)
+    spill = spill_for(memory.records_bytes(bundle.info, analysis.num_tokens), bundle.input_device)  # as analyze() does
     with (
         torch.inference_mode(),
-        forward_pass(bundle.attention_modules, record=True, intervention=intervention, progress=passing) as records,
+        forward_pass(bundle.attention_modules, record=True, intervention=intervention, progress=passing, spill=spill) as records,
     ):
         hidden = bundle.final_hidden(ids)[0]  # (T, d_model)
     # Log-probabilities the way the clean analysis computes them, so that λ = 1 gives exactly its perplexity.
@@ -479,7 +482,7 @@ def intervene_on_sink(
         bundle,
         analysis.text,
         analysis.input_ids,
-        tuple(records[l] for l in range(analysis.num_layers)),
+        layer_records(records, analysis.num_layers),
         final_hidden=hidden if bundle.arch.causal else None,
     )
     rows = []

@@ -17,7 +17,7 @@ import math
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +31,7 @@ from .measures import MEASURES, LayerMeasures, QuerySide, grouped_matmul, head_w
 from .models import Bundle
 from .progress import Progress
 from .settings import env_int
+from .spill import SpilledRecords, spill_for
 from .tokens import display_tokens
 
 if TYPE_CHECKING:  # pandas is imported on first use: it is not needed to load a model and analyse
@@ -177,7 +178,8 @@ def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | N
         if text is None:
             text = bundle.tokenizer.decode(ids)
     device = bundle.input_device
-    memory.check(bundle.model.config, bundle.info, len(ids), device)
+    spill = spill_for(memory.records_bytes(bundle.info, len(ids)), device)
+    memory.check(bundle.model.config, bundle.info, len(ids), device, spilled=spill is not None)
     batch = torch.tensor([ids], device=device)
     # The base model only: the output layer (T x vocab logits, the largest product for a small model and
     # a long prompt) runs when the log-probabilities are first asked for, in chunks of rows.
@@ -185,7 +187,7 @@ def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | N
         memory.guard(device),
         memory.compact_heap(),
         torch.inference_mode(),
-        forward_pass(bundle.attention_modules, progress=progress) as records,
+        forward_pass(bundle.attention_modules, progress=progress, spill=spill) as records,
     ):
         hidden = bundle.final_hidden(batch)[0]  # (T, d_model)
     if len(records) != bundle.info.layers:
@@ -194,13 +196,22 @@ def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | N
         bundle=bundle,
         text=text or "",
         input_ids=ids,
-        records=tuple(records[layer] for layer in range(bundle.info.layers)),
+        records=layer_records(records, bundle.info.layers),
         final_hidden=hidden if bundle.arch.causal else None,
     )
 
 
+def layer_records(records: dict[int, LayerRecord] | SpilledRecords, layers: int) -> Sequence[LayerRecord]:
+    """A recording pass's records (:func:`cwviz.core.capture.forward_pass`) as a sequence by layer: on disk as they
+    are, else a tuple."""
+    return records if isinstance(records, SpilledRecords) else tuple(records[layer] for layer in range(layers))
+
+
 class Analysis:
     """The result of :func:`analyze`: tokens, and every measure on demand.
+
+    The records of a long prompt on the CPU are on disk (:mod:`cwviz.core.spill`): a layer is read back when
+    one of its measures is asked for, bit for bit as recorded. ``spilled`` says whether they are.
 
     Read-only after construction and safe to share between threads. Arrays returned are numpy float32:
 
@@ -220,7 +231,7 @@ class Analysis:
         bundle: Bundle,
         text: str,
         input_ids: list[int],
-        records: tuple[LayerRecord, ...],
+        records: Sequence[LayerRecord],
         next_token_logprobs: np.ndarray | None = None,
         final_hidden: torch.Tensor | None = None,
     ) -> None:
@@ -427,7 +438,13 @@ class Analysis:
     @property
     def has_learned_sinks(self) -> bool:
         """Whether any layer has learned sink logits (gpt-oss): there α over the real keys sums to less than 1."""
-        return any(rec.sinks is not None for rec in self.records)
+        shell = self.records.shell if self.spilled else self.records.__getitem__  # reads no spilled layer
+        return any(shell(layer).sinks is not None for layer in range(self.num_layers))
+
+    @property
+    def spilled(self) -> bool:
+        """Whether the records are on disk (:mod:`cwviz.core.spill`) rather than in memory."""
+        return isinstance(self.records, SpilledRecords)
 
     def learned_sink_attention(self, layer: int) -> np.ndarray:
         """The learned sink's share of each query's softmax, 1 − Σ_j α_ij^h, numpy float32 [head, query].

@@ -31,6 +31,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .measures import causal_row_blocks, expand_kv
 from .progress import Progress
+from .spill import SpilledRecords
 
 ATTN_IMPLEMENTATION = "cwviz"
 
@@ -112,7 +113,7 @@ class _Pass:
     layer_of: dict[int, int]
     record: bool
     intervention: Intervention | None
-    records: dict[int, LayerRecord] = field(default_factory=dict)
+    records: dict[int, LayerRecord] | SpilledRecords = field(default_factory=dict)
     progress: Progress | None = None
     layers_done: int = 0
     arena: torch.Tensor | None = None  # (layers, per-layer elements): the records of a pass on the CPU
@@ -128,10 +129,11 @@ class _Pass:
         block (glibc): at 4,096 tokens on the embedded model the pass peaked 1.6 GB above the model instead of
         1.0 GB. With the records in their own buffer every activation is freed and reused layer after layer.
         The copies cost one pass over what is recorded (about 6 KB a token a layer for the embedded model). A
-        layer whose parts differ in size or dtype from the first layer's keeps its own tensors.
+        layer whose parts differ in size or dtype from the first layer's keeps its own tensors. A pass whose
+        records go to disk (:mod:`cwviz.core.spill`) keeps no buffer: each layer is written as it runs.
         """
         first = parts[0]
-        if first.device.type != "cpu" or any(p.dtype != first.dtype for p in parts):
+        if isinstance(self.records, SpilledRecords) or first.device.type != "cpu" or any(p.dtype != first.dtype for p in parts):
             return parts
         sizes = [p.numel() for p in parts]
         if self.arena is None:
@@ -404,14 +406,18 @@ def forward_pass(
     record: bool = True,
     intervention: Intervention | None = None,
     progress: Progress | None = None,
-) -> Iterator[dict[int, LayerRecord]]:
+    spill: SpilledRecords | None = None,
+) -> Iterator[dict[int, LayerRecord] | SpilledRecords]:
     """Within this block, forward passes of the model record and/or intervene.
 
     ``attention_modules[l]`` is layer l's attention module. Yields the dict that fills with one
-    :class:`LayerRecord` per layer. Only the calling thread (and context) is affected. ``progress``
+    :class:`LayerRecord` per layer, or ``spill`` (:func:`cwviz.core.spill.spill_for`), which writes each layer
+    to disk as it runs. Only the calling thread (and context) is affected. ``progress``
     (:mod:`cwviz.core.progress`) is told after each attention layer has run (one pass: done 1..L).
     """
     active = _Pass({id(m): i for i, m in enumerate(attention_modules)}, record, intervention, progress=progress)
+    if spill is not None:
+        active.records = spill
     token = _ACTIVE.set(active)
     try:
         yield active.records

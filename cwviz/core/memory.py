@@ -11,16 +11,18 @@ working set of the dashboard and the CLI, which read every T x T quantity in blo
 (:meth:`cwviz.Analysis.row_blocks`, :meth:`cwviz.Analysis.rows`) and never hold a layer's maps:
 
 * recorded per layer: queries and head outputs [heads, T, d_head], keys and values [kv_heads, T, d_head],
-  and the value norms [heads, T] (float32);
+  and the value norms [heads, T] (float32); when the records go to disk (:mod:`cwviz.core.spill`, long prompts
+  on the CPU), only the layers read back and the one being written, beside every layer's value norms;
 * forward pass: the widest activation, [T, intermediate] x 3, and one chunk of logits when the
   log-probabilities are computed ([LOGIT_CHUNK, vocab], in the model's dtype and in float32);
 * maps: :data:`BLOCK_MAPS` float32 maps of one row block, [heads, cells] with cells = the block's rows x T
   (about ``ROW_BLOCK_CELLS``, ``ROW_BLOCK_CELLS_GPU`` on CUDA; the whole T x T for prompts shorter than a block);
 * slack: :data:`SLACK` of the three above, for what no formula counts (the allocator's fragmentation, the
-  tokenizer's encodings, pandas frames of the charts). At 8,152 tokens on the embedded model the three terms
-  come to 1.87 GB; tests/test_long.py measured peaks of 1.81, 1.87, 2.20 and 2.35 GB (the last two on a
-  machine running many busy processes on its two cores: the peak grows with contention), so the three terms
-  are a central estimate, not a bound; the slack makes the total one (2.52 GB there).
+  tokenizer's encodings, pandas frames of the charts). At 8,152 tokens on the embedded model, with the records
+  in memory, the three terms came to 1.87 GB and tests/test_long.py measured peaks of 1.81, 1.87, 2.20 and
+  2.35 GB (the last two on a machine running many busy processes on its two cores: the peak grows with
+  contention), so the three terms are a central estimate, not a bound; the slack makes the total one. With
+  the records on disk (the default there) the estimate is 0.69 GB and the measured peak 0.54 GB.
 
 The whole-layer maps of the API (:meth:`cwviz.Analysis.layer` and the methods on it, e.g. ``attention``)
 are checked when they are asked for (:func:`check_layer_maps`): :data:`LAYER_MAPS` x heads x T² float32.
@@ -35,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
 import threading
@@ -70,18 +73,28 @@ def block_cells(tokens: int, device: torch.device | str = "cpu") -> int:
     return tokens * min(tokens, max(1, row_block_cells(device) // tokens))
 
 
-def estimate(config, info, tokens: int, device: torch.device | str = "cpu") -> dict[str, int]:
+def records_bytes(info, tokens: int) -> int:
+    """Bytes of one pass's records: every layer's queries, keys, values and head outputs of ``tokens`` tokens."""
+    return info.layers * tokens * info.d_head * (2 * info.heads + 2 * info.kv_heads) * _item(info)
+
+
+def estimate(config, info, tokens: int, device: torch.device | str = "cpu", spilled: bool = False) -> dict[str, int]:
     """Bytes needed to analyse ``tokens`` tokens with a model of this config and ModelInfo on ``device``, read
-    in row blocks."""
+    in row blocks. ``spilled``: the records go to disk (:mod:`cwviz.core.spill`), so memory holds the layers read
+    back and the one being written, and ``disk`` counts the file."""
+    from .spill import LOADED
+
     item = _item(info)
-    width = info.d_head * (2 * info.heads + 2 * info.kv_heads)
-    recorded = info.layers * tokens * (width * item + 4 * info.heads)
+    whole = records_bytes(info, tokens)
+    kept = whole * min(info.layers, LOADED + 1) // info.layers if spilled else whole
+    recorded = kept + info.layers * tokens * 4 * info.heads  # + the value norms, float32 [head, T] a layer
     vocab = getattr(config, "vocab_size", 0) or 0
     intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * info.d_model
     forward = min(tokens, LOGIT_CHUNK) * vocab * (item + 4) + 3 * tokens * intermediate * 4
     maps = BLOCK_MAPS * info.heads * block_cells(tokens, device) * 4
     slack = int(SLACK * (recorded + forward + maps))
-    return {"recorded": recorded, "forward": forward, "maps": maps, "slack": slack, "total": recorded + forward + maps + slack}
+    total = recorded + forward + maps + slack
+    return {"recorded": recorded, "forward": forward, "maps": maps, "slack": slack, "total": total, "disk": whole if spilled else 0}
 
 
 def _have(device: torch.device) -> int | None:
@@ -107,10 +120,10 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.1f} GB"
 
 
-def check(config, info, tokens: int, device: torch.device) -> None:
+def check(config, info, tokens: int, device: torch.device, spilled: bool = False) -> None:
     """Raise ResourceError when the estimate exceeds the available memory (``CWVIZ_MEMORY_BYTES``
     overrides what is available, for hosting and tests)."""
-    need = estimate(config, info, tokens, device)
+    need = estimate(config, info, tokens, device, spilled)
     have = _have(device)
     if have is None:
         return
@@ -149,6 +162,7 @@ BLOCKS_TRIM_THRESHOLD = 512 << 20
 _HEAP_LOCK = threading.Lock()
 
 
+@functools.cache
 def _libc():
     if not sys.platform.startswith("linux") or os.environ.get("CWVIZ_MALLOC_TUNING", "1") == "0":
         return None
@@ -157,6 +171,16 @@ def _libc():
         return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
     except OSError:
         return None
+
+
+def trim() -> None:
+    """Return the heap's free pages to the system now (glibc ``malloc_trim``; elsewhere, or with
+    ``CWVIZ_MALLOC_TUNING=0``, nothing): what a spilled layer's reading freed, before the next layer is read
+    (:mod:`cwviz.core.spill`), so that the blocks of one layer do not leave the heap larger for the next."""
+    libc = _libc()
+    if libc is not None:
+        with _HEAP_LOCK:
+            libc.malloc_trim(0)
 
 
 @contextlib.contextmanager
