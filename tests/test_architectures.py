@@ -7,6 +7,7 @@ windows are also checked against a hand computation.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -278,8 +279,15 @@ def test_learned_sinks_take_their_share_and_write_nothing():
         np.testing.assert_allclose(rows["learned_sink_share"], share, atol=1e-6)
     summary = sinks_analyses.sink_layer_summary(table)
     assert (summary["learned_sink_share"] > 0).all()
+    # The JSON export carries the share beside the attention rows: together they sum to 1.
+    for entry in json.loads(json.dumps(analysis.to_dict()))["layers"]:
+        for head in entry["heads"]:
+            shown = np.array(head["learned_sink_attention"])
+            np.testing.assert_allclose(shown, analysis.learned_sink_attention(entry["layer"])[head["head"]], rtol=1e-5)
+            np.testing.assert_allclose([sum(row) for row in head["attention"]] + shown, 1, atol=1e-5)
     plain = cwviz.analyze(cwviz.bundle_from_model(family_model("llama"), CharTokenizer(100)), TEXT[:14])
     assert not plain.has_learned_sinks and (sinks_analyses.sink_table(plain)["learned_sink_share"] == 0).all()
+    assert all("learned_sink_attention" not in head for entry in plain.to_dict()["layers"] for head in entry["heads"])
 
 
 @pytest.mark.parametrize(

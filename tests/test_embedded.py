@@ -86,7 +86,7 @@ def test_json_export_schema(embedded, tmp_path):
     analysis = cwviz.analyze(embedded, "The capital of France is")
     path = analysis.to_json(tmp_path / "a.json", layers=[0, 3])
     data = json.loads(path.read_text(encoding="utf-8"))
-    assert data["schema"] == "cwviz.core.analysis" and data["tokens"] == analysis.tokens
+    assert data["schema"] == "cwviz.analysis" and data["tokens"] == analysis.tokens
     assert [l["layer"] for l in data["layers"]] == [0, 3]
     head = data["layers"][1]["heads"][2]
     assert [len(row) for row in head["attention"]] == list(range(1, analysis.num_tokens + 1))

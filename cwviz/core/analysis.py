@@ -438,8 +438,11 @@ class Analysis:
     @property
     def has_learned_sinks(self) -> bool:
         """Whether any layer has learned sink logits (gpt-oss): there α over the real keys sums to less than 1."""
-        shell = self.records.shell if self.spilled else self.records.__getitem__  # reads no spilled layer
-        return any(shell(layer).sinks is not None for layer in range(self.num_layers))
+        return any(self._shell(layer).sinks is not None for layer in range(self.num_layers))
+
+    def _shell(self, layer: int) -> LayerRecord:
+        """Layer ``layer``'s record for its metadata (mask, scaling, learned sinks): a spilled layer is not read."""
+        return self.records.shell(layer) if self.spilled else self.records[layer]
 
     @property
     def spilled(self) -> bool:
@@ -577,6 +580,8 @@ class Analysis:
                 head_norms.append(_np(m.head_output_norm))
                 layer_norms.append(_np(m.output_norm))
             head_norm, layer_norm = np.concatenate(head_norms, axis=1), np.concatenate(layer_norms)
+            # A layer with learned sinks (gpt-oss): each query's share of attention that went to the sink.
+            sunk = self.learned_sink_attention(layer) if self._shell(layer).sinks is not None else None
             out_layers.append(
                 {
                     "layer": layer,
@@ -587,13 +592,14 @@ class Analysis:
                             "attention": attention[h],
                             "contribution_inter": contribution[h],
                             "output_norm": _round(head_norm[h], digits),
+                            **({} if sunk is None else {"learned_sink_attention": _round(sunk[h], digits)}),
                         }
                         for h in heads
                     ],
                 }
             )
         return {
-            "schema": "cwviz.core.analysis",
+            "schema": "cwviz.analysis",  # the id of version 1, whatever the module is called
             "version": JSON_SCHEMA_VERSION,
             "model": vars(self.info).copy(),
             "text": self.text,

@@ -173,16 +173,6 @@ def _libc():
         return None
 
 
-def trim() -> None:
-    """Return the heap's free pages to the system now (glibc ``malloc_trim``; elsewhere, or with
-    ``CWVIZ_MALLOC_TUNING=0``, nothing): what a spilled layer's reading freed, before the next layer is read
-    (:mod:`cwviz.core.spill`), so that the blocks of one layer do not leave the heap larger for the next."""
-    libc = _libc()
-    if libc is not None:
-        with _HEAP_LOCK:
-            libc.malloc_trim(0)
-
-
 @contextlib.contextmanager
 def compact_heap() -> Iterator[None]:
     """Give back what a recording forward pass freed, and keep large buffers in the heap afterwards (glibc on Linux).

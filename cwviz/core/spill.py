@@ -33,13 +33,12 @@ from pathlib import Path
 
 import torch
 
-from . import memory
 from .settings import env_int
 
 #: Records of a pass (MiB) above which they go to disk (``CWVIZ_SPILL_MB`` overrides).
 SPILL_MB = 512
-#: Layers read back and kept in memory at once: a page reads one layer at a time, and a streamed reduction
-#: reads the layers one after another.
+#: Layers read back and kept in memory at once (50 MB each at 8,192 tokens on the embedded model): the layer a
+#: page shows and the one before it, so going back and forth between two layers reads nothing.
 LOADED = 2
 _FIELDS = ("query", "key", "value", "output")
 
@@ -134,7 +133,6 @@ class SpilledRecords(Sequence):
             place = self._places[layer]
             while len(self._loaded) >= LOADED:  # before the new buffer is made: at most LOADED layers at once
                 self._loaded.popitem(last=False)
-            memory.trim()
             buffer = torch.empty(place.nbytes, dtype=torch.uint8)
             _read(self._file.fileno(), buffer, place.start)
             tensors = {}
