@@ -43,7 +43,8 @@ except CwvizError as err:
     st.stop()
 
 st.subheader("Alignment")
-st.caption(f"A: {sel.analysis.info.id}; B: {request_b.model}. Tokens {described}.")
+model_b_id = sel.analysis.info.id if request_b.model == sel.request.model else request_b.model  # B on A's model: one name
+st.caption(f"A: {sel.analysis.info.id}; B: {model_b_id}. Tokens {described}.")
 with st.expander(
     "Alignment table (one row a step: equal, replace, delete = only in A, insert = only in B)",
     # Open when tokens were inserted or deleted (a sequence alignment); a same-length pair says it in the caption.

@@ -343,6 +343,10 @@ def _check_charts(page, where: str) -> int:
     return len(charts)
 
 
+#: How much of a page's top the README's screenshot shows (px), where 1,400 would cut what the page is about.
+README_CROP = {"compare": 2150}
+
+
 def _screenshot(page, name: str) -> None:
     """The whole page (the viewport is made as tall as the main area's content) to tests/artifacts/<name>.png,
     and with CWVIZ_UPDATE_SCREENSHOT=1 to assets/<name>.png."""
@@ -354,8 +358,9 @@ def _screenshot(page, name: str) -> None:
         from PIL import Image
 
         ASSETS.mkdir(exist_ok=True)
-        with Image.open(path) as image:  # the README shows the top of each page
-            image.crop((0, 0, image.width, min(image.height, 1400))).save(ASSETS / f"{name}.png", optimize=True)
+        with Image.open(path) as image:  # the README shows the top of each page (compare: down to its B − A map)
+            height = README_CROP.get(name, 1400)
+            image.crop((0, 0, image.width, min(image.height, height))).save(ASSETS / f"{name}.png", optimize=True)
 
 
 def _walk_to(page, link: str, title: str, charts: int) -> None:

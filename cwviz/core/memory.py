@@ -21,8 +21,12 @@ working set of the dashboard and the CLI, which read every T x T quantity in blo
   tokenizer's encodings, pandas frames of the charts). At 8,152 tokens on the embedded model, with the records
   in memory, the three terms came to 1.87 GB and tests/test_long.py measured peaks of 1.81, 1.87, 2.20 and
   2.35 GB (the last two on a machine running many busy processes on its two cores: the peak grows with
-  contention), so the three terms are a central estimate, not a bound; the slack makes the total one. With
-  the records on disk (the default there) the estimate is 0.69 GB and the measured peak 0.54 GB.
+  contention), so the three terms are a central estimate, not a bound; the slack makes the total one;
+* heap, with the records on disk only (:mod:`cwviz.core.spill`): :data:`HEAP_ALLOWANCE`. The counted terms
+  are then small (0.51 GB at 8,152 tokens) and what dominates the rest is the heap the row blocks of the head
+  overview leave behind (their maps are freed and made again block after block, and glibc keeps freed memory,
+  :func:`compact_heap`); it varies from run to run: peaks of 0.54, 0.82, 0.96 and 1.06 GB were measured through
+  the dashboard's services at 8,152 tokens (tests/test_long.py), against an estimate of 1.50 GB.
 
 The whole-layer maps of the API (:meth:`cwviz.Analysis.layer` and the methods on it, e.g. ``attention``)
 are checked when they are asked for (:func:`check_layer_maps`): :data:`LAYER_MAPS` x heads x T² float32.
@@ -60,6 +64,8 @@ BLOCK_MAPS = 11
 LAYER_MAPS = 5
 #: Share added to the estimate's counted terms for what they do not count (see the module docstring).
 SLACK = 0.35
+#: Bytes added for the heap the row blocks leave when the records are on disk (see the module docstring).
+HEAP_ALLOWANCE = 768 << 20
 
 
 def _item(info) -> int:
@@ -93,8 +99,17 @@ def estimate(config, info, tokens: int, device: torch.device | str = "cpu", spil
     forward = min(tokens, LOGIT_CHUNK) * vocab * (item + 4) + 3 * tokens * intermediate * 4
     maps = BLOCK_MAPS * info.heads * block_cells(tokens, device) * 4
     slack = int(SLACK * (recorded + forward + maps))
-    total = recorded + forward + maps + slack
-    return {"recorded": recorded, "forward": forward, "maps": maps, "slack": slack, "total": total, "disk": whole if spilled else 0}
+    heap = HEAP_ALLOWANCE if spilled else 0  # see the module docstring: the heap the row blocks leave
+    total = recorded + forward + maps + slack + heap
+    return {
+        "recorded": recorded,
+        "forward": forward,
+        "maps": maps,
+        "slack": slack,
+        "heap": heap,
+        "total": total,
+        "disk": whole if spilled else 0,
+    }
 
 
 def _have(device: torch.device) -> int | None:
