@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import functools
 import os
 import sys
 import threading
@@ -177,7 +176,6 @@ BLOCKS_TRIM_THRESHOLD = 512 << 20
 _HEAP_LOCK = threading.Lock()
 
 
-@functools.cache
 def _libc():
     if not sys.platform.startswith("linux") or os.environ.get("CWVIZ_MALLOC_TUNING", "1") == "0":
         return None

@@ -155,9 +155,6 @@ class SpilledRecords(Sequence):
         """Bytes written to the file."""
         return self._end
 
-    def close(self) -> None:
-        self._file.close()
-
 
 def _write(fd: int, data: torch.Tensor, offset: int) -> None:
     view = memoryview(data.numpy())
