@@ -140,6 +140,34 @@ def test_grouped_values_and_cached_gram_give_the_same_measures():
         torch.testing.assert_close(grouped.cosine(kind), expanded.cosine(kind), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("kinds", [("intra",), ("inter",), ("inter", "intra")])
+def test_one_kind_gives_the_same_contributions(kinds, causal):
+    """A reader of one contribution kind (the head overview: intra) gets the same weights as both kinds give,
+    and as brute force; the kind it did not ask for is refused, not
+    silently the other one; its dot products and cosines still cover both kinds."""
+    from cwviz.core.measures import full_gram
+
+    g = torch.Generator().manual_seed(5)
+    heads, kv_heads, tokens, d_head, d_model = 6, 2, 9, 4, 10
+    q, k = torch.randn(heads, tokens, d_head, generator=g), torch.randn(kv_heads, tokens, d_head, generator=g)
+    v, w_o = torch.randn(kv_heads, tokens, d_head, generator=g), torch.randn(d_model, heads * d_head, generator=g)
+    alpha = attention_probabilities(q, k, 0.5, None, causal)
+    expected = brute_force(alpha, expand_kv(v, heads), head_weights(w_o, heads))
+    both = layer_measures(alpha, v, gram=full_gram(w_o))
+    some = layer_measures(alpha, v, gram=full_gram(w_o), kinds=kinds)
+    assert some.kinds == kinds and some.contributions.shape[0] == len(kinds)
+    for kind in kinds:
+        torch.testing.assert_close(some.contribution(kind), expected[kind], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(some.contribution(kind), both.contribution(kind), rtol=1e-5, atol=1e-7)
+    for kind in {"intra", "inter"} - set(kinds):
+        with pytest.raises(ValueError, match="contributions only"):
+            some.contribution(kind)
+    torch.testing.assert_close(some.cosine("inter"), expected["cos_inter"], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="kinds must be"):
+        layer_measures(alpha, v, gram=full_gram(w_o), kinds=("intra", "intra"))
+
+
 @pytest.mark.parametrize("tokens", [1, 63, 64, 65, 200, 1100])
 def test_causal_blocks_equal_the_dense_computation(tokens):
     """The causal fast paths (lower-triangle row blocks, 64 rows, taller past 16 blocks) give the dense

@@ -226,6 +226,10 @@ def test_row_blocks_cover_every_row_and_every_visible_key(arch, cells, monkeypat
                     expected = whole.per_head(name)[:, first:stop, :keys].numpy()
                     np.testing.assert_allclose(m.per_head(name).numpy(), expected, atol=1e-5, rtol=1e-4)
                 np.testing.assert_allclose(m.value_norm.numpy(), whole.value_norm[:, :keys].numpy(), rtol=1e-5)
+            for kind in ("intra", "inter"):  # one kind's blocks (the head overview reads intra only)
+                for (first, stop, m), (*edges, one) in zip(blocks, analysis.row_blocks(layer, start, kinds=(kind,)), strict=True):
+                    assert edges == [first, stop]
+                    np.testing.assert_allclose(one.contribution(kind).numpy(), m.contribution(kind).numpy(), atol=1e-7, rtol=1e-6)
         np.testing.assert_allclose(analysis.head_outputs(layer).numpy(), whole.head_output.numpy(), atol=1e-5)
 
 

@@ -65,7 +65,7 @@ def prompt_stats(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
         cos_count = torch.zeros(heads, dtype=torch.float64)
         with torch.inference_mode():
             value, w = expand_kv(analysis.records[layer].value.float(), heads), analysis.w_heads(layer)
-            for start, stop, m in analysis.row_blocks(layer, first):  # [head, block, keys] at a time
+            for start, stop, m in analysis.row_blocks(layer, first, kinds=("intra",)):  # [head, block, keys] at a time
                 alpha, c = m.attention, m.contribution("intra")
                 sums["sink_attention"] += alpha[:, :, SINK].sum(-1).double().cpu()
                 sums["sink_contribution"] += c[:, :, SINK].sum(-1).double().cpu()

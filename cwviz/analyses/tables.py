@@ -227,12 +227,13 @@ def head_summary(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
             # Row blocks, reduced as they go: [head, block, T] at a time, never the whole [head, T, T].
             sink_attention, sink_contribution, divergence = torch.zeros(heads), torch.zeros(heads), torch.zeros(heads)
             output_norm = torch.zeros(heads)
-            for _, _, m in analysis.row_blocks(layer, first):
+            for _, _, m in analysis.row_blocks(layer, first, kinds=("intra",)):
                 attention, contribution = m.attention, m.contribution("intra")  # (H, rows, K)
-                divergence += (attention - contribution).abs_().sum(-1).sum(-1).cpu()
                 sink_attention += attention[:, :, SINK].sum(-1).cpu()
                 sink_contribution += contribution[:, :, SINK].sum(-1).cpu()
                 output_norm += m.head_output_norm.sum(-1).cpu()
+                # |α − c| in the block's own contribution map (the block is this loop's): no map more per block
+                divergence += contribution.sub_(attention).abs_().sum(-1).sum(-1).cpu()
             columns["layer"] += [layer] * heads
             columns["head"] += list(range(heads))
             columns["sink_attention"] += (sink_attention / count).tolist()

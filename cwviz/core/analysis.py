@@ -27,7 +27,7 @@ import torch
 from . import architectures, memory
 from .capture import LayerRecord, causal_rows, forward_pass
 from .errors import InputError, SelectionError
-from .measures import MEASURES, LayerMeasures, QuerySide, grouped_matmul, head_weights, layer_measures, query_side, value_norms
+from .measures import KINDS, MEASURES, LayerMeasures, QuerySide, grouped_matmul, head_weights, layer_measures, query_side, value_norms
 from .models import Bundle
 from .progress import Progress
 from .settings import env_int
@@ -369,9 +369,18 @@ class Analysis:
             raise SelectionError(f"rows {start}..{stop - 1} are out of range; the prompt has tokens 0..{self.num_tokens - 1}")
         return self._rows(layer, start, stop, self.num_tokens)
 
-    def _rows(self, layer: int, start: int, stop: int, keys: int, query: QuerySide | None = None) -> LayerMeasures:
+    def _rows(
+        self,
+        layer: int,
+        start: int,
+        stop: int,
+        keys: int,
+        query: QuerySide | None = None,
+        kinds: tuple[str, ...] = KINDS,
+    ) -> LayerMeasures:
         """:meth:`rows` against the keys ``0..keys-1`` only (the caller knows the rows see no later key); ``query``
-        the rows' :class:`~cwviz.core.measures.QuerySide` when the caller has it for the whole layer."""
+        the rows' :class:`~cwviz.core.measures.QuerySide` when the caller has it for the whole layer; ``kinds``
+        the contribution kinds to compute."""
         rec = self.records[layer]
         with memory.guard(rec.value.device), torch.inference_mode():
             alpha = self._attention_rows(layer, start, stop, keys)
@@ -380,7 +389,7 @@ class Analysis:
                 # As in layer(): the model's own z = α v when it is float32 (a quarter of the rows' products).
                 query = query_side(rec.output[:, start:stop], gram)
             value_norm = self.value_norms(layer)[:, :keys]
-            return layer_measures(alpha, rec.value[:, :keys], gram=gram, value_norm=value_norm, query=query)
+            return layer_measures(alpha, rec.value[:, :keys], gram=gram, value_norm=value_norm, query=query, kinds=kinds)
 
     def _query_side(self, layer: int) -> QuerySide | None:
         """The whole layer's :class:`~cwviz.core.measures.QuerySide` from the model's own z when it is float32
@@ -415,7 +424,7 @@ class Analysis:
                 keys = stop
             yield first, stop, keys
 
-    def row_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, LayerMeasures]]:
+    def row_blocks(self, layer: int, start: int = 0, kinds: tuple[str, ...] = KINDS) -> Iterator[tuple[int, int, LayerMeasures]]:
         """``(first, stop, measures)`` for consecutive blocks of query rows ``first..stop-1`` from ``start`` to
         the last, each of about :data:`ROW_BLOCK_CELLS` cells a head: the streamed reductions (head summary,
         sink table) read a layer this way, in O(block x T) working memory.
@@ -423,11 +432,13 @@ class Analysis:
         ``measures`` equals :meth:`rows` ``(layer, first, stop)`` on the keys it holds. In a causal layer those
         are keys ``0..stop-1`` only: the rows cannot see a later key (its attention and contributions are
         exactly 0), and leaving them out halves the work of reading the whole layer. Elsewhere they are all T.
+        ``kinds``: the contribution kinds the blocks hold (``("intra",)`` or ``("inter",)`` saves a third of
+        the work, for a reader that needs one kind).
         """
         layer = self.check_layer(layer)
         query = self._query_side(layer)  # one product for the layer, sliced per block
         for first, stop, keys in self._blocks(layer, start):
-            yield first, stop, self._rows(layer, first, stop, keys, None if query is None else query.rows(first, stop))
+            yield first, stop, self._rows(layer, first, stop, keys, None if query is None else query.rows(first, stop), kinds)
 
     def attention_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, torch.Tensor]]:
         """``(first, stop, α)`` in the blocks of :meth:`row_blocks`, attention only (float32 [head, rows, keys])."""

@@ -31,6 +31,9 @@ MEASURES: tuple[str, ...] = (
     "contribution_inter",
 )
 
+#: The two contribution kinds, in the order of :attr:`LayerMeasures.contributions` and :attr:`QuerySide.pulled`.
+KINDS: tuple[str, ...] = ("intra", "inter")
+
 #: How each measure is aggregated over heads for the layer-level score (docs/METHOD.md section 2).
 LAYER_AGGREGATION: dict[str, str] = {
     "raw": "mean",
@@ -120,10 +123,11 @@ class LayerMeasures:
     | head_output      | [head, query, d_head]    | z_i^h = Σ_j α_ij^h v_j^h (o_proj input)   |
     | head_output_norm | [head, query]            | ‖o_i^h‖                                   |
     | output_norm      | [query]                  | ‖o_i‖                                     |
-    | contributions    | [2, head, query, key]    | c_ij^h (intra) and C_ij^h (inter)         |
+    | contributions    | [kind, head, query, key] | c_ij^h (intra) and C_ij^h (inter), the ``kinds`` computed |
     | pulled           | [head, 2, query, d_head] | G^h z_i^h and (W_O^h)ᵀ o_i: ⟨·, v_j^h⟩ gives the dot products |
+    | kinds            |                          | the contribution kinds held, a subset of :data:`KINDS` |
 
-    Dot products and cosines are computed when asked for (one more product per kind).
+    Dot products and cosines are computed when asked for (one more product per kind), for either kind.
     """
 
     attention: torch.Tensor
@@ -134,6 +138,7 @@ class LayerMeasures:
     output_norm: torch.Tensor
     contributions: torch.Tensor
     pulled: torch.Tensor
+    kinds: tuple[str, ...] = KINDS
 
     def _reference_norm(self, kind: str) -> torch.Tensor:
         """‖o_i^h‖ [head, query, 1] for intra, ‖o_i‖ [1, query, 1] for inter."""
@@ -143,17 +148,17 @@ class LayerMeasures:
             return self.output_norm[None, :, None]
         raise ValueError(f"kind must be 'intra' or 'inter', not {kind!r}")
 
-    def _kind_index(self, kind: str) -> int:
-        self._reference_norm(kind)  # validates
-        return 0 if kind == "intra" else 1
-
     def contribution(self, kind: str = "inter") -> torch.Tensor:
         """c_ij^h (intra) or C_ij^h (inter), [head, query, key]."""
-        return self.contributions[self._kind_index(kind)]
+        self._reference_norm(kind)  # validates
+        if kind not in self.kinds:
+            raise ValueError(f"these measures hold the {' and '.join(self.kinds)} contributions only, not {kind!r}")
+        return self.contributions[self.kinds.index(kind)]
 
     def dot(self, kind: str = "inter") -> torch.Tensor:
         """⟨o_i^h, ṽ_j^h⟩ (intra) or ⟨o_i, ṽ_j^h⟩ (inter), [head, query, key]."""
-        return grouped_matmul(self.pulled[:, self._kind_index(kind)], self.value.transpose(1, 2))
+        self._reference_norm(kind)  # validates
+        return grouped_matmul(self.pulled[:, KINDS.index(kind)], self.value.transpose(1, 2))
 
     @property
     def dot_intra(self) -> torch.Tensor:
@@ -265,6 +270,7 @@ def layer_measures(
     causal: bool = False,
     value_norm: torch.Tensor | None = None,
     query: QuerySide | None = None,
+    kinds: tuple[str, ...] = KINDS,
 ) -> LayerMeasures:
     """Compute one layer's measures without materialising projected values per pair.
 
@@ -278,12 +284,16 @@ def layer_measures(
     | causal      | ``attention`` is zero above the diagonal: only the lower triangle of the products is computed |
     | value_norm  | optional [head, key]: ‖ṽ_j^h‖ (:func:`value_norms`) when the caller keeps it per layer |
     | query       | optional :class:`QuerySide` of these query rows (then ``head_output`` is not used) |
+    | kinds       | the contribution kinds to compute (:data:`KINDS`, or one of them: a third less work) |
 
     All inputs are upcast to float32. With the Gram matrix G = W_Oᵀ W_O nothing of width d_model is
     formed: ‖o_i‖² = z_iᵀ G z_i, (W_O^h)ᵀ o_i = (G z_i)_h, and G^h is G's diagonal block. Both
     contribution kinds come from one grouped product: the pulled-back outputs are divided by ‖o‖² first,
     so C = α ⊙ (pulled / ‖o‖²) vᵀ, scaled in place.
     """
+    kinds = tuple(kinds)
+    if not kinds or any(kind not in KINDS for kind in kinds) or len(set(kinds)) != len(kinds):
+        raise ValueError(f"kinds must be distinct names among {KINDS}, not {kinds!r}")
     alpha = attention.float()
     heads, queries, keys = alpha.shape
     v = value.float()  # (H_kv, K, d)
@@ -297,18 +307,21 @@ def layer_measures(
         query = query_side(z, gram)
     value_norm = value_norms(v, gram, heads) if value_norm is None else value_norm.float()  # (H, K)  ‖ṽ_j^h‖
     pulled = query.pulled  # (H, 2, Q, d)
-    norms = torch.stack([query.head_output_norm, query.output_norm.expand(heads, queries)], dim=1)  # (H, 2, Q)
-    scaled = pulled / (norms**2)[..., None]
+    reference = {"intra": query.head_output_norm, "inter": query.output_norm.expand(heads, queries)}
+    norms = torch.stack([reference[kind] for kind in kinds], dim=1)  # (H, n, Q)
+    picked = pulled if kinds == KINDS else pulled[:, [KINDS.index(kind) for kind in kinds]]  # (H, n, Q, d)
+    scaled = picked / (norms**2)[..., None]
+    n = len(kinds)
     if causal and queries == keys:
-        # Only the lower triangle, per row block: (2H, Q, d) @ (2H, d, K), kinds outermost. One batch
+        # Only the lower triangle, per row block: (nH, Q, d) @ (nH, d, K), kinds outermost. One batch
         # entry per head is faster on CPU than stacking the heads of a group (measured).
-        scaled = scaled.transpose(0, 1).reshape(2 * heads, queries, d_head)
-        values_t = expand_kv(v, heads).transpose(1, 2).repeat(2, 1, 1)  # (2H, d, K), O(K d) copies
-        contributions = torch.empty(2, heads, queries, keys, dtype=alpha.dtype, device=alpha.device)
+        scaled = scaled.transpose(0, 1).reshape(n * heads, queries, d_head)
+        values_t = expand_kv(v, heads).transpose(1, 2).repeat(n, 1, 1)  # (nH, d, K), O(K d) copies
+        contributions = torch.empty(n, heads, queries, keys, dtype=alpha.dtype, device=alpha.device)
         causal_product(scaled, values_t, alpha, contributions)
     else:
-        contributions = grouped_matmul(scaled.reshape(heads, 2 * queries, d_head), v.transpose(1, 2))  # (H, 2Q, K)
-        contributions = contributions.view(heads, 2, queries, keys).mul_(alpha[:, None]).transpose(0, 1)
+        contributions = grouped_matmul(scaled.reshape(heads, n * queries, d_head), v.transpose(1, 2))  # (H, nQ, K)
+        contributions = contributions.view(heads, n, queries, keys).mul_(alpha[:, None]).transpose(0, 1)
     return LayerMeasures(
         attention=alpha,
         value=v,
@@ -318,4 +331,5 @@ def layer_measures(
         output_norm=query.output_norm,
         contributions=contributions,
         pulled=pulled,
+        kinds=kinds,
     )

@@ -23,10 +23,11 @@ working set of the dashboard and the CLI, which read every T x T quantity in blo
   2.35 GB (the last two on a machine running many busy processes on its two cores: the peak grows with
   contention), so the three terms are a central estimate, not a bound; the slack makes the total one;
 * heap, with the records on disk only (:mod:`cwviz.core.spill`): :data:`HEAP_ALLOWANCE`. The counted terms
-  are then small (0.51 GB at 8,152 tokens) and what dominates the rest is the heap the row blocks of the head
-  overview leave behind (their maps are freed and made again block after block, and glibc keeps freed memory,
-  :func:`compact_heap`); it varies from run to run: peaks of 0.54, 0.82, 0.96 and 1.06 GB were measured through
-  the dashboard's services at 8,152 tokens (tests/test_long.py), against an estimate of 1.50 GB.
+  are then small (0.69 GB at 8,152 tokens, slack included) and what varies is the heap a layer's row blocks
+  leave (their maps are freed and made again block after block, and glibc keeps freed memory,
+  :func:`compact_heap`). It is returned to the system each time a layer is read back (:func:`trim_heap`), so it
+  stays within one layer's worth: peaks of 0.44 and 0.48 GB were measured through the dashboard's services at
+  8,152 tokens (tests/test_long.py), against an estimate of 0.96 GB. Before the trim they were 0.54-1.06 GB.
 
 The whole-layer maps of the API (:meth:`cwviz.Analysis.layer` and the methods on it, e.g. ``attention``)
 are checked when they are asked for (:func:`check_layer_maps`): :data:`LAYER_MAPS` x heads x T² float32.
@@ -63,8 +64,8 @@ BLOCK_MAPS = 11
 LAYER_MAPS = 5
 #: Share added to the estimate's counted terms for what they do not count (see the module docstring).
 SLACK = 0.35
-#: Bytes added for the heap the row blocks leave when the records are on disk (see the module docstring).
-HEAP_ALLOWANCE = 768 << 20
+#: Bytes added for the heap a layer's row blocks leave when the records are on disk (see the module docstring).
+HEAP_ALLOWANCE = 256 << 20
 
 
 def _item(info) -> int:
@@ -208,6 +209,22 @@ def compact_heap() -> Iterator[None]:
                 libc.malloc_trim(0)
                 libc.mallopt(_M_MMAP_THRESHOLD, BLOCKS_MMAP_THRESHOLD)
                 libc.mallopt(_M_TRIM_THRESHOLD, BLOCKS_TRIM_THRESHOLD)
+
+
+def trim_heap() -> None:
+    """Return the heap's free pages to the system (glibc ``malloc_trim``; elsewhere, or with
+    ``CWVIZ_MALLOC_TUNING=0``, nothing).
+
+    Called when a layer of records on disk is read back (:mod:`cwviz.core.spill`), that is once a layer while
+    a long prompt is read through: the row blocks' maps and the query side of the layer before are freed by
+    then, and glibc would keep their pages (scattered between live buffers, so never returned at the heap's
+    top). At 8,192 tokens the dashboard's steps peaked 1.64x the plain forward's without it and 1.28x with it,
+    for about an eighth more time in the head overview (the pages are faulted in again; measured on two cores).
+    """
+    libc = _libc()
+    if libc is not None:
+        with _HEAP_LOCK:
+            libc.malloc_trim(0)
 
 
 @contextlib.contextmanager

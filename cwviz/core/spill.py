@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from .memory import trim_heap
 from .settings import env_int
 
 #: Records of a pass (MiB) above which they go to disk (``CWVIZ_SPILL_MB`` overrides).
@@ -116,7 +117,10 @@ class SpilledRecords(Sequence):
             offset += tensor.numel() * tensor.element_size()
         self._end = offset
         self._places[layer] = _Place(tuple(parts))
-        self._shells[layer] = replace(record, **{n: torch.empty(s, dtype=d, device="meta") for n, (_, s, d) in zip(_FIELDS, parts)})
+        # The record without its tensors; its meta tensors are made when first asked for (shell), not here: small
+        # objects made during the pass and kept would sit between its freed activations, and the heap could not
+        # reuse them as one block (at 4,096 tokens the pass then grew by about a layer's records a layer).
+        self._shells[layer] = replace(record, **dict.fromkeys(_FIELDS))
 
     def __len__(self) -> int:
         return len(self._places)
@@ -133,6 +137,7 @@ class SpilledRecords(Sequence):
             place = self._places[layer]
             while len(self._loaded) >= LOADED:  # before the new buffer is made: at most LOADED layers at once
                 self._loaded.popitem(last=False)
+            trim_heap()  # what the layer before left in the heap goes back to the system (memory.trim_heap)
             buffer = torch.empty(place.nbytes, dtype=torch.uint8)
             _read(self._file.fileno(), buffer, place.start)
             tensors = {}
@@ -148,7 +153,14 @@ class SpilledRecords(Sequence):
 
     def shell(self, layer: int):
         """Layer ``layer``'s record without its tensors (they are on the ``meta`` device): nothing is read."""
-        return self._shells[range(len(self))[layer]]
+        layer = range(len(self))[layer]
+        with self._lock:
+            shell = self._shells[layer]
+            if shell.query is None:
+                parts = self._places[layer].parts
+                shell = replace(shell, **{n: torch.empty(s, dtype=d, device="meta") for n, (_, s, d) in zip(_FIELDS, parts)})
+                self._shells[layer] = shell
+            return shell
 
     @property
     def nbytes(self) -> int:
