@@ -26,7 +26,7 @@ working set of the dashboard and the CLI, which read every T x T quantity in blo
   are then small (0.69 GB at 8,152 tokens, slack included) and what varies is the heap a layer's row blocks
   leave (their maps are freed and made again block after block, and glibc keeps freed memory,
   :func:`compact_heap`). It is returned to the system each time a layer is read back (:func:`trim_heap`), so it
-  stays within one layer's worth: peaks of 0.44 and 0.48 GB were measured through the dashboard's services at
+  stays within one layer's worth: peaks of 0.44, 0.45 and 0.48 GB were measured through the dashboard's services at
   8,152 tokens (tests/test_long.py), against an estimate of 0.96 GB. Before the trim they were 0.54-1.06 GB.
 
 The whole-layer maps of the API (:meth:`cwviz.Analysis.layer` and the methods on it, e.g. ``attention``)
@@ -218,8 +218,8 @@ def trim_heap() -> None:
     Called when a layer of records on disk is read back (:mod:`cwviz.core.spill`), that is once a layer while
     a long prompt is read through: the row blocks' maps and the query side of the layer before are freed by
     then, and glibc would keep their pages (scattered between live buffers, so never returned at the heap's
-    top). At 8,192 tokens the dashboard's steps peaked 1.64x the plain forward's without it and 1.28x with it,
-    for about an eighth more time in the head overview (the pages are faulted in again; measured on two cores).
+    top). At 8,192 tokens the head overview's phase peaked at 565 MiB above the model without it and 354 MiB with it,
+    in 50.0 and 48.7 s (``python -m benchmarks.probe phases --tokens 8192 [--trim off]``, BENCHMARKS.md).
     """
     libc = _libc()
     if libc is not None:

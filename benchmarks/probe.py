@@ -1,0 +1,135 @@
+"""Probes behind the figures of BENCHMARKS.md that ``benchmarks.run`` does not print itself.
+
+    python -m benchmarks.probe phases --tokens 8192 [--trim off]   # the page's steps: peak and seconds per phase
+    python -m benchmarks.probe profile --tokens 512                # where the full analysis spends its time
+
+``phases`` runs, in this fresh process, what the heatmaps page computes for a new prompt (the recording pass, the
+window heatmap, the head overview) on GSM8K text (``$CWVIZ_GSM8K``, or the shipped sample repeated) and prints,
+after each phase, the peak resident size so far above the loaded model (``/proc/self/status``; Linux) and the seconds it
+took. ``--trim off`` makes :func:`cwviz.core.memory.trim_heap` do nothing, to see what trimming the heap when a
+layer of spilled records is read back saves and costs.
+
+``profile`` times the recording pass and the row-block loop of the full analysis (every layer's attention and both
+contribution kinds, as ``benchmarks.run``'s overhead section) against the plain SDPA forward, then prints
+``torch.profiler``'s table of the loop's operators (self CPU time: the T² products are ``bmm`` and ``baddbmm_``, the
+query side's product ``mm``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from pathlib import Path
+
+
+def _mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def phases(bundle, ids, trim: bool = True) -> list[tuple[str, float, float]]:
+    """``(phase, peak MiB above the start so far, seconds)`` for the recording pass, the window heatmap and the head
+    overview of ``ids`` (after a warm-up on 8 tokens that pages in the weights)."""
+    from cwviz import analyze
+    from cwviz.analyses import tables
+    from cwviz.charts import heatmaps
+    from cwviz.core import spill
+
+    trim_heap = spill.trim_heap
+    if not trim:
+        spill.trim_heap = lambda: None  # what a layer read back calls (cwviz.core.memory.trim_heap); restored below
+    try:
+        return _phases(bundle, ids, analyze, tables, heatmaps)
+    finally:
+        spill.trim_heap = trim_heap
+
+
+def _phases(bundle, ids, analyze, tables, heatmaps) -> list[tuple[str, float, float]]:
+    tables.head_summary(analyze(bundle, input_ids=ids[:8]))
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")  # peak resident size := now
+    before = _mib("VmRSS")
+    out = []
+
+    def phase(name, fn):
+        start = time.perf_counter()
+        result = fn()
+        out.append((name, _mib("VmHWM") - before, time.perf_counter() - start))
+        return result
+
+    analysis = phase("recording pass", lambda: analyze(bundle, input_ids=ids))
+    last = analysis.num_tokens - 1
+    measure = tables.measure_name(next(iter(tables.FAMILIES)), "inter")
+    phase(
+        "window heatmap",
+        lambda: heatmaps.heatmap_pair(tables.heatmap_cells(analysis, 0, None, measure, "inter", last, "window"), query=last).to_dict(),
+    )
+    phase("head overview", lambda: tables.head_summary(analysis))
+    return out
+
+
+def profile(bundle, ids, rows: int = 20) -> str:
+    """Seconds of the SDPA forward, the recording pass and the row-block loop (median of three), then the
+    profiler's table of one more run of the loop."""
+    import statistics
+
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from benchmarks.run import sdpa_forward
+    from cwviz import analyze
+
+    def loop(analysis):
+        for layer in range(analysis.num_layers):
+            for _, _, m in analysis.row_blocks(layer):
+                m.attention, m.contribution("inter"), m.contribution("intra")
+
+    analysis = analyze(bundle, input_ids=ids)
+    loop(analysis)  # warm-up
+    times: dict[str, list[float]] = {"SDPA forward": [], "recording pass": [], "row-block loop": []}
+    for _ in range(3):
+        for name, fn in (
+            ("SDPA forward", lambda: sdpa_forward(bundle, ids)),
+            ("recording pass", lambda: analyze(bundle, input_ids=ids)),
+            ("row-block loop", lambda: loop(analysis)),
+        ):
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    base = statistics.median(times["SDPA forward"])
+    lines = [f"{name}: {statistics.median(t):.3f} s ({statistics.median(t) / base:.2f} of the SDPA forward)" for name, t in times.items()]
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof, torch.inference_mode():
+        loop(analysis)
+    lines.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["phases", "profile"])
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--trim", choices=["on", "off"], default="on", help="phases: trim the heap as shipped, or not")
+    args = parser.parse_args(argv)
+
+    import transformers
+
+    import cwviz
+    from benchmarks.run import long_ids
+
+    transformers.utils.logging.disable_progress_bar()
+    bundle = cwviz.load_model("embedded", device="cpu")
+    ids = long_ids(bundle, args.tokens)
+    if args.what == "phases":
+        for name, peak, seconds in phases(bundle, ids, trim=args.trim == "on"):
+            print(f"{name}: {seconds:.1f} s; peak so far {peak:.0f} MiB above the loaded model", flush=True)
+    else:
+        print(profile(bundle, ids))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
