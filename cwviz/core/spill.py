@@ -18,10 +18,11 @@ Choices:
   milliseconds from the file cache.
 * Records are spilled only on the CPU and only when the folder has room for them (:func:`spill_for`); otherwise
   they stay in memory, where the memory check of :mod:`cwviz.core.memory` applies.
-* Nothing is kept of a layer during the pass but where its bytes lie: the record's shell (its tensors on the
-  ``meta`` device) is made when first asked for. Small objects made during the pass and kept would lie between
-  the pass's freed activations, and glibc could not reuse those as one block: in some runs the heap then grew by
-  about a layer's records a layer (``python -m benchmarks.probe phases`` measures the pass's peak).
+* During the pass a layer keeps only where its bytes lie and its record's other fields; the shell's tensors
+  (on the ``meta`` device) are made when the shell is first asked for. Small objects made during the pass and
+  kept would lie between the pass's freed activations, and glibc could not reuse those as one block: in some
+  runs the heap then grew by about a layer's records a layer (``python -m benchmarks.probe phases`` measures
+  the pass's peak).
 * Reading a layer back first returns the heap's free pages to the system (:func:`cwviz.core.memory.trim_heap`):
   what the row blocks of the layer before left there. Reading a long prompt through, layer after layer (the
   head overview), then holds one layer's worth of heap, not a growing one.
