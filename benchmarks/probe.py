@@ -2,6 +2,7 @@
 
     python -m benchmarks.probe phases --tokens 8192 [--trim off]   # the page's steps: peak and seconds per phase
     python -m benchmarks.probe profile --tokens 512                # where the full analysis spends its time
+    python -m benchmarks.probe attention --tokens 2048             # SDPA against α made in row blocks, one layer
 
 ``phases`` runs, in this fresh process, what the heatmaps page computes for a new prompt (the recording pass, the
 window heatmap, the head overview) on GSM8K text (``$CWVIZ_GSM8K``, or the shipped sample repeated) and prints,
@@ -13,6 +14,11 @@ layer of spilled records is read back saves and costs.
 contribution kinds, as ``benchmarks.run``'s overhead section) against the plain SDPA forward, then prints
 ``torch.profiler``'s table of the loop's operators (self CPU time: the T² products are ``bmm`` and ``baddbmm_``, the
 query side's product ``mm``).
+
+``attention`` asks what computing α inside the recording pass would cost (an idea to share the scores product
+and its softmax between the forward and the analysis): one layer's causal attention output with the embedded
+model's shapes (random queries, keys and values), by PyTorch's SDPA against α made in the analysis's row blocks
+(:func:`cwviz.core.capture.causal_rows`) and multiplied by the values; medians of 30 runs, interleaved.
 """
 
 from __future__ import annotations
@@ -108,9 +114,48 @@ def profile(bundle, ids, rows: int = 20) -> str:
     return "\n".join(lines)
 
 
+def attention(info, tokens: int, repeats: int = 30) -> str:
+    """Seconds of one layer's causal attention output: SDPA against α in row blocks times the values."""
+    import statistics
+
+    import torch
+
+    from cwviz.core.analysis import CAUSAL_BLOCK_ROWS, CAUSAL_MIN_BLOCKS
+    from cwviz.core.capture import causal_rows
+    from cwviz.core.measures import grouped_matmul
+
+    g = torch.Generator().manual_seed(0)
+    heads, kv_heads, d = info.heads, info.kv_heads, info.d_head
+    q = torch.randn(heads, tokens, d, generator=g)
+    k, v = torch.randn(kv_heads, tokens, d, generator=g), torch.randn(kv_heads, tokens, d, generator=g)
+    rows = max(CAUSAL_BLOCK_ROWS, -(-tokens // CAUSAL_MIN_BLOCKS))
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, enable_gqa=True)
+
+    def blocks():
+        out = torch.empty(heads, tokens, d)
+        for start in range(0, tokens, rows):
+            stop = min(tokens, start + rows)
+            alpha = causal_rows(q[:, start:stop], k[:, :stop], d**-0.5, start)
+            out[:, start:stop] = grouped_matmul(alpha, v[:, :stop])
+        return out
+
+    with torch.inference_mode():
+        torch.testing.assert_close(blocks(), sdpa()[0], rtol=1e-4, atol=1e-5)  # the same output
+        times: dict[str, list[float]] = {"SDPA": [], "row blocks": []}
+        for _ in range(repeats):
+            for name, fn in (("SDPA", sdpa), ("row blocks", blocks)):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    sdpa_s, blocks_s = statistics.median(times["SDPA"]), statistics.median(times["row blocks"])
+    return f"{tokens} tokens, one layer: SDPA {sdpa_s * 1e3:.1f} ms; α in row blocks x values {blocks_s * 1e3:.1f} ms ({blocks_s / sdpa_s:.2f}x)"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["phases", "profile"])
+    parser.add_argument("what", choices=["phases", "profile", "attention"])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--trim", choices=["on", "off"], default="on", help="phases: trim the heap as shipped, or not")
     args = parser.parse_args(argv)
@@ -122,6 +167,9 @@ def main(argv=None) -> int:
 
     transformers.utils.logging.disable_progress_bar()
     bundle = cwviz.load_model("embedded", device="cpu")
+    if args.what == "attention":
+        print(attention(bundle.info, args.tokens))
+        return 0
     ids = long_ids(bundle, args.tokens)
     if args.what == "phases":
         for name, peak, seconds in phases(bundle, ids, trim=args.trim == "on"):

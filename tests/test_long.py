@@ -232,3 +232,4 @@ def test_the_probes_behind_benchmarks_md_run_and_leave_the_trim_as_it_was(monkey
         assert spill.trim_heap is trim
     text = probe.profile(bundle, ids)
     assert "row-block loop" in text and "bmm" in text
+    assert "α in row blocks x values" in probe.attention(bundle.info, 70, repeats=2)  # it checks both give one output
