@@ -28,12 +28,7 @@ import gc
 import time
 from pathlib import Path
 
-
-def _mib(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
+from benchmarks.memory_probe import _status  # MiB of a /proc/self/status field
 
 
 def phases(bundle, ids, trim: bool = True) -> list[tuple[str, float, float]]:
@@ -57,13 +52,13 @@ def _phases(bundle, ids, analyze, tables, heatmaps) -> list[tuple[str, float, fl
     tables.head_summary(analyze(bundle, input_ids=ids[:8]))
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # peak resident size := now
-    before = _mib("VmRSS")
+    before = _status("VmRSS")
     out = []
 
     def phase(name, fn):
         start = time.perf_counter()
         result = fn()
-        out.append((name, _mib("VmHWM") - before, time.perf_counter() - start))
+        out.append((name, _status("VmHWM") - before, time.perf_counter() - start))
         return result
 
     analysis = phase("recording pass", lambda: analyze(bundle, input_ids=ids))
