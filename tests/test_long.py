@@ -228,8 +228,11 @@ def test_the_probes_behind_benchmarks_md_run_and_leave_the_trim_as_it_was(monkey
     for on in (True, False):
         phases = probe.phases(bundle, ids, trim=on)
         assert [name for name, _, _ in phases] == ["recording pass", "window heatmap", "head overview"]
+        # A peak so far never falls, but /proc/self/status's figures move by a fraction of a MiB even for the peak
+        # (a fall of 0.15 MiB was seen here): a tiny model's phases are within that.
         peaks = [peak for _, peak, _ in phases]
-        assert peaks == sorted(peaks) and all(seconds > 0 for _, _, seconds in phases)  # a peak so far never falls
+        assert all(later >= earlier - 1 for earlier, later in zip(peaks, peaks[1:])), peaks
+        assert all(seconds > 0 for _, _, seconds in phases)
         assert spill.trim_heap is trim
     text = probe.profile(bundle, ids)
     assert "row-block loop" in text and "bmm" in text
