@@ -85,23 +85,28 @@ if __name__ == "__main__":
     print(json.dumps(bench(), indent=1))
 
 
-def dashboard_steps(bundle, ids, layer: int = 0):
+def dashboard_steps(bundle, ids, layer: int = 0, mark=None):
     """What the heatmaps page computes for a new prompt, in its order, with its default picks (layer 0, all
     heads, the first measure family, inter, the last token as query, the window view): the recorded forward
     pass, the heatmap pair and its chart, then the head overview and its chart. Returns the seconds at which
-    the first heatmap and the head overview were ready."""
+    the first heatmap and the head overview were ready. ``mark(step)``, when given, is called after each step
+    ("recording pass", "window heatmap", "head overview"; :mod:`benchmarks.probe` reads the peak there)."""
     from cwviz import analyze
     from cwviz.analyses import tables
     from cwviz.charts import heatmaps
 
+    mark = mark or (lambda step: None)
     start = time.perf_counter()
     analysis = analyze(bundle, input_ids=ids)
+    mark("recording pass")
     measure = tables.measure_name(next(iter(tables.FAMILIES)), "inter")
     cells = tables.heatmap_cells(analysis, layer, None, measure, "inter", analysis.num_tokens - 1, "window")
     heatmaps.heatmap_pair(cells, query=analysis.num_tokens - 1).to_dict()
     first = time.perf_counter() - start
+    mark("window heatmap")
     summary = tables.head_summary(analysis)
     heatmaps.head_overview(summary, next(iter(heatmaps.OVERVIEW_METRICS)), layer, None).to_dict()
+    mark("head overview")
     return first, time.perf_counter() - start
 
 

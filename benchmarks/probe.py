@@ -4,8 +4,8 @@
     python -m benchmarks.probe profile --tokens 512                # where the full analysis spends its time
     python -m benchmarks.probe attention --tokens 2048             # SDPA against α made in row blocks, one layer
 
-``phases`` runs, in this fresh process, what the heatmaps page computes for a new prompt (the recording pass, the
-window heatmap, the head overview) on GSM8K text (``$CWVIZ_GSM8K``, or the shipped sample repeated) and prints,
+``phases`` runs, in this fresh process, what the heatmaps page computes for a new prompt
+(:func:`benchmarks.dashboard.dashboard_steps`: the recording pass, the window heatmap, the head overview) on GSM8K text (``$CWVIZ_GSM8K``, or the shipped sample repeated) and prints,
 after each phase, the peak resident size so far above the loaded model (``/proc/self/status``; Linux) and the seconds it
 took. ``--trim off`` makes :func:`cwviz.core.memory.trim_heap` do nothing, to see what trimming the heap when a
 layer of spilled records is read back saves and costs.
@@ -32,44 +32,30 @@ from benchmarks.memory_probe import _status  # MiB of a /proc/self/status field
 
 
 def phases(bundle, ids, trim: bool = True) -> list[tuple[str, float, float]]:
-    """``(phase, peak MiB above the start so far, seconds)`` for the recording pass, the window heatmap and the head
-    overview of ``ids`` (after a warm-up on 8 tokens that pages in the weights)."""
-    from cwviz import analyze
-    from cwviz.analyses import tables
-    from cwviz.charts import heatmaps
+    """``(step, peak MiB above the start so far, seconds)`` for each step of
+    :func:`benchmarks.dashboard.dashboard_steps` on ``ids`` (after a warm-up on 8 tokens that pages in the
+    weights). ``trim=False``: :func:`cwviz.core.memory.trim_heap` does nothing meanwhile."""
+    from benchmarks.dashboard import dashboard_steps
     from cwviz.core import spill
 
     trim_heap = spill.trim_heap
     if not trim:
         spill.trim_heap = lambda: None  # what a layer read back calls (cwviz.core.memory.trim_heap); restored below
     try:
-        return _phases(bundle, ids, analyze, tables, heatmaps)
+        dashboard_steps(bundle, ids[:8])
+        gc.collect()
+        Path("/proc/self/clear_refs").write_text("5")  # peak resident size := now
+        before, out, last = _status("VmRSS"), [], [time.perf_counter()]
+
+        def mark(step):
+            now = time.perf_counter()
+            out.append((step, _status("VmHWM") - before, now - last[0]))
+            last[0] = now
+
+        dashboard_steps(bundle, ids, mark=mark)
+        return out
     finally:
         spill.trim_heap = trim_heap
-
-
-def _phases(bundle, ids, analyze, tables, heatmaps) -> list[tuple[str, float, float]]:
-    tables.head_summary(analyze(bundle, input_ids=ids[:8]))
-    gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")  # peak resident size := now
-    before = _status("VmRSS")
-    out = []
-
-    def phase(name, fn):
-        start = time.perf_counter()
-        result = fn()
-        out.append((name, _status("VmHWM") - before, time.perf_counter() - start))
-        return result
-
-    analysis = phase("recording pass", lambda: analyze(bundle, input_ids=ids))
-    last = analysis.num_tokens - 1
-    measure = tables.measure_name(next(iter(tables.FAMILIES)), "inter")
-    phase(
-        "window heatmap",
-        lambda: heatmaps.heatmap_pair(tables.heatmap_cells(analysis, 0, None, measure, "inter", last, "window"), query=last).to_dict(),
-    )
-    phase("head overview", lambda: tables.head_summary(analysis))
-    return out
 
 
 def profile(bundle, ids, rows: int = 20) -> str:
@@ -81,13 +67,9 @@ def profile(bundle, ids, rows: int = 20) -> str:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    from benchmarks.run import read_every_block as loop
     from benchmarks.run import sdpa_forward
     from cwviz import analyze
-
-    def loop(analysis):
-        for layer in range(analysis.num_layers):
-            for _, _, m in analysis.row_blocks(layer):
-                m.attention, m.contribution("inter"), m.contribution("intra")
 
     analysis = analyze(bundle, input_ids=ids)
     loop(analysis)  # warm-up

@@ -103,12 +103,17 @@ def full_analysis(bundle, ids, logprobs: bool = False):
     from cwviz import analyze
 
     analysis = analyze(bundle, input_ids=ids)
-    for layer in range(analysis.num_layers):
-        for _, _, m in analysis.row_blocks(layer):
-            m.attention, m.contribution("inter"), m.contribution("intra")
+    read_every_block(analysis)
     if logprobs:
         _ = analysis.next_token_logprobs  # computed on first access
     return analysis
+
+
+def read_every_block(analysis) -> None:
+    """Every layer's attention and both contribution kinds, in the row blocks of ``Analysis.row_blocks``."""
+    for layer in range(analysis.num_layers):
+        for _, _, m in analysis.row_blocks(layer):
+            m.attention, m.contribution("inter"), m.contribution("intra")
 
 
 def whole_layer_analysis(bundle, ids):

@@ -125,9 +125,7 @@ class SpilledRecords(Sequence):
             offset += tensor.numel() * tensor.element_size()
         self._end = offset
         self._places[layer] = _Place(tuple(parts))
-        # The record without its tensors; its meta tensors are made when first asked for (shell), not here: small
-        # objects made during the pass and kept would sit between its freed activations, and the heap could not
-        # reuse them as one block (at 4,096 tokens the pass then grew by about a layer's records a layer).
+        # The record without its tensors: the shell's meta tensors are made in shell(), after the pass (module docstring).
         self._shells[layer] = replace(record, **dict.fromkeys(_FIELDS))
 
     def __len__(self) -> int:
