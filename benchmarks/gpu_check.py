@@ -120,9 +120,9 @@ def check_streamed(bundle: cwviz.Bundle, ids: list[int], layers: list[int]) -> d
 
 
 def overhead(bundle: cwviz.Bundle, ids: list[int], device: torch.device, repeats: int = 3) -> dict:
-    """The benchmark's full analysis against the SDPA forward pass (and, up to ``EAGER_MAX_TOKENS``, the eager
-    output_attentions one), synchronised, interleaved."""
-    from benchmarks.run import EAGER_MAX_TOKENS, full_analysis, interleaved, plain_forward, sdpa_forward
+    """The benchmark's full analysis (recorded then read, and in one pass) against the SDPA forward pass (and, up to
+    ``EAGER_MAX_TOKENS``, the eager output_attentions one), synchronised, interleaved."""
+    from benchmarks.run import EAGER_MAX_TOKENS, full_analysis, interleaved, one_pass_analysis, plain_forward, sdpa_forward
 
     def synced(fn, **kwargs):
         def run():
@@ -131,14 +131,16 @@ def overhead(bundle: cwviz.Bundle, ids: list[int], device: torch.device, repeats
 
         return run
 
-    others = [synced(full_analysis, logprobs=True)]
+    others = [synced(full_analysis, logprobs=True), synced(one_pass_analysis)]
     if len(ids) <= EAGER_MAX_TOKENS:
         others.append(synced(plain_forward))
-    full_s, sdpa_s, logprobs_s, *eager = interleaved(synced(full_analysis), synced(sdpa_forward), repeats, *others)
+    full_s, sdpa_s, logprobs_s, one_pass_s, *eager = interleaved(synced(full_analysis), synced(sdpa_forward), repeats, *others)
     result = {
         "sdpa_s": sdpa_s,
         "full_s": full_s,
         "ratio": full_s / sdpa_s,
+        "one_pass_s": one_pass_s,
+        "one_pass_ratio": one_pass_s / sdpa_s,
         "with_logprobs_s": logprobs_s,
         "ratio_with_logprobs": logprobs_s / sdpa_s,
     }

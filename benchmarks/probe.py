@@ -3,6 +3,7 @@
     python -m benchmarks.probe phases --tokens 8192 [--trim off]   # the page's steps: peak and seconds per phase
     python -m benchmarks.probe profile --tokens 512                # where the full analysis spends its time
     python -m benchmarks.probe attention --tokens 2048             # SDPA against α made in row blocks, one layer
+    python -m benchmarks.probe batches --tokens 2048               # the one pass, products per head or per kv head
 
 ``phases`` runs, in this fresh process, what the heatmaps page computes for a new prompt
 (:func:`benchmarks.dashboard.dashboard_steps`: the recording pass, the window heatmap, the head overview) on GSM8K text (``$CWVIZ_GSM8K``, or the shipped sample repeated) and prints,
@@ -18,7 +19,13 @@ query side's product ``mm``).
 ``attention`` asks what computing α inside the recording pass would cost (an idea to share the scores product
 and its softmax between the forward and the analysis): one layer's causal attention output with the embedded
 model's shapes (random queries, keys and values), by PyTorch's SDPA against α made in the analysis's row blocks
-(:func:`cwviz.core.capture.causal_rows`) and multiplied by the values; medians of 30 runs, interleaved.
+(:func:`cwviz.core.capture.causal_rows`) and multiplied by the values; medians of 30 runs, interleaved. (That idea
+is now ``analyze(each_block=...)``, the one pass.)
+
+``batches`` times the one pass (``benchmarks.run.one_pass_analysis``) as shipped, with one batch entry per head in
+each block's products (:func:`cwviz.core.analysis.per_head` copies the keys and values per head), against the same
+pass with one entry per kv head (the kv tensors as recorded, the heads of a group stacked), interleaved with the SDPA
+forward; medians of ``--repeats`` runs.
 """
 
 from __future__ import annotations
@@ -130,11 +137,41 @@ def attention(info, tokens: int, repeats: int = 30) -> str:
     return f"{tokens} tokens, one layer: SDPA {sdpa_s * 1e3:.1f} ms; α in row blocks x values {blocks_s * 1e3:.1f} ms ({blocks_s / sdpa_s:.2f}x)"
 
 
+def batches(bundle, ids, repeats: int = 3) -> str:
+    """The one pass with its products batched per head (as shipped) and per kv head, against the SDPA forward."""
+    import dataclasses
+
+    from benchmarks.run import interleaved, one_pass_analysis, sdpa_forward
+    from cwviz.core import analysis as core_analysis
+
+    shipped = core_analysis.per_head
+
+    def per_kv_head(rec):
+        return dataclasses.replace(rec, query=rec.query.float().contiguous(), key=rec.key.float(), value=rec.value.float())
+
+    def one_pass(per_head):
+        def run():
+            core_analysis.per_head = per_head  # what the pass's attend calls for each layer's record; restored below
+            try:
+                one_pass_analysis(bundle, ids)
+            finally:
+                core_analysis.per_head = shipped
+
+        return run
+
+    heads_s, base, kv_s = interleaved(one_pass(shipped), lambda: sdpa_forward(bundle, ids), repeats, one_pass(per_kv_head))
+    return (
+        f"{len(ids)} tokens: SDPA forward {base:.3f} s; one pass with a batch entry per head {heads_s:.3f} s ({heads_s / base:.2f}x), "
+        f"per kv head {kv_s:.3f} s ({kv_s / base:.2f}x)"
+    )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["phases", "profile", "attention"])
+    parser.add_argument("what", choices=["phases", "profile", "attention", "batches"])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--trim", choices=["on", "off"], default="on", help="phases: trim the heap as shipped, or not")
+    parser.add_argument("--repeats", type=int, default=3, help="batches: runs of each, interleaved")
     args = parser.parse_args(argv)
 
     import transformers
@@ -148,7 +185,9 @@ def main(argv=None) -> int:
         print(attention(bundle.info, args.tokens))
         return 0
     ids = long_ids(bundle, args.tokens)
-    if args.what == "phases":
+    if args.what == "batches":
+        print(batches(bundle, ids, args.repeats))
+    elif args.what == "phases":
         for name, peak, seconds in phases(bundle, ids, trim=args.trim == "on"):
             print(f"{name}: {seconds:.1f} s; peak so far {peak:.0f} MiB above the loaded model", flush=True)
     else:

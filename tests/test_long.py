@@ -218,6 +218,7 @@ def test_the_probes_behind_benchmarks_md_run_and_leave_the_trim_as_it_was(monkey
     """benchmarks.probe: the page's phases in order, with and without the heap trim (records on disk whatever
     their size), the trim put back afterwards; the profile names the T² products."""
     from benchmarks import probe
+    from cwviz.core import analysis as core_analysis
     from cwviz.core import spill
 
     monkeypatch.setattr(spill, "spill_bytes", lambda: 0)
@@ -237,3 +238,5 @@ def test_the_probes_behind_benchmarks_md_run_and_leave_the_trim_as_it_was(monkey
     text = probe.profile(bundle, ids)
     assert "row-block loop" in text and "bmm" in text
     assert "α in row blocks x values" in probe.attention(bundle.info, 70, repeats=2)  # it checks both give one output
+    shipped = core_analysis.per_head
+    assert "per kv head" in probe.batches(bundle, ids, repeats=1) and core_analysis.per_head is shipped

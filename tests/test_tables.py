@@ -297,3 +297,42 @@ def test_the_streamed_binned_view_equals_binning_the_whole_map(long_analysis, mo
     q, k = cells.frame["query"].to_numpy(), cells.frame["key"].to_numpy()
     for name, matrix in whole.items():
         np.testing.assert_allclose(cells.frame[name].to_numpy(), binned(matrix.astype(np.float64))[q, k], atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "mistral", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("kinds", [("intra", "inter"), ("intra",)])
+def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch):
+    """analyze(each_block=...) hands every layer's row blocks to the reader during the pass: the same blocks
+    and, to float32 rounding, the same measures as reading the returned Analysis afterwards; the model's output
+    (which then continues with cwviz's own α v instead of SDPA's) and the records match a plain analysis.
+    GQA, GPT-2's biases, an encoder, sliding windows, soft-capping and learned sinks; small blocks (7 rows or
+    so) so that every layer has several."""
+    from tests.conftest import family_model
+
+    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", 7 * 60)
+    bundle = cwviz.bundle_from_model(family_model(family), CharTokenizer(100), model_id=f"tiny-{family}")
+    text = LONG_TEXT[:60]
+    plain = cwviz.analyze(bundle, text)
+    seen: list = []
+
+    def keep(layer, first, stop, m):
+        seen.append(
+            (layer, first, stop, m.attention.clone(), {kind: m.contribution(kind).clone() for kind in kinds}, m.head_output_norm.clone())
+        )
+
+    streamed = cwviz.analyze(bundle, text, each_block=keep, kinds=kinds)
+    expected = [(layer, *block) for layer in range(plain.num_layers) for block in plain.row_blocks(layer, kinds=kinds)]
+    assert [s[:3] for s in seen] == [e[:3] for e in expected] and len({s[0] for s in seen}) == plain.num_layers
+    assert max(stop - first for _, first, stop, *_ in seen) < plain.num_tokens  # several blocks a layer
+    for (*_, alpha, contributions, norm), (*_, m) in zip(seen, expected, strict=True):
+        np.testing.assert_allclose(alpha.numpy(), m.attention.numpy(), atol=1e-6)
+        np.testing.assert_allclose(norm.numpy(), m.head_output_norm.numpy(), rtol=1e-4, atol=1e-6)
+        for kind in kinds:
+            np.testing.assert_allclose(contributions[kind].numpy(), m.contribution(kind).numpy(), atol=1e-5, rtol=1e-4)
+    for layer in range(plain.num_layers):
+        np.testing.assert_allclose(streamed.records[layer].output.numpy(), plain.records[layer].output.numpy(), atol=1e-5, rtol=1e-4)
+    np.testing.assert_array_equal(streamed.records[0].query.numpy(), plain.records[0].query.numpy())  # the same input
+    if plain.bundle.arch.causal:
+        np.testing.assert_allclose(streamed.next_token_logprobs, plain.next_token_logprobs, atol=1e-4)
+    with pytest.raises(ValueError, match="kinds"):
+        cwviz.analyze(bundle, text, each_block=keep, kinds=("both",))

@@ -12,6 +12,7 @@ The token limit is the model's positions (``max_position_embeddings``, or GPT-2'
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import operator
@@ -27,7 +28,18 @@ import torch
 from . import architectures, memory
 from .capture import LayerRecord, causal_rows, forward_pass
 from .errors import InputError, SelectionError
-from .measures import KINDS, MEASURES, LayerMeasures, QuerySide, grouped_matmul, head_weights, layer_measures, query_side, value_norms
+from .measures import (
+    KINDS,
+    MEASURES,
+    LayerMeasures,
+    QuerySide,
+    expand_kv,
+    grouped_matmul,
+    head_weights,
+    layer_measures,
+    query_side,
+    value_norms,
+)
 from .models import Bundle
 from .progress import Progress
 from .settings import env_int
@@ -55,6 +67,47 @@ JSON_SCHEMA_VERSION = 1
 def row_block_cells(device: torch.device | str) -> int:
     """Cells a head's row block holds on ``device``: :data:`ROW_BLOCK_CELLS_GPU` on CUDA, else :data:`ROW_BLOCK_CELLS`."""
     return ROW_BLOCK_CELLS_GPU if torch.device(device).type == "cuda" else ROW_BLOCK_CELLS
+
+
+def attention_rows(rec: LayerRecord, start: int, stop: int, keys: int) -> torch.Tensor:
+    """α of ``rec``'s query rows ``start..stop-1`` over the keys ``0..keys-1``, float32 [head, rows, keys]."""
+    with torch.inference_mode():
+        query, key = rec.query[:, start:stop].float(), rec.key[:, :keys].float()
+        if rec.mask is None and rec.causal and rec.plain:
+            return causal_rows(query, key, rec.scaling, start)
+        # The general path: the rows' own mask (causal, sliding window or the model's), soft-capping, learned sinks.
+        mask = rec.key_mask(start, stop)[:, :keys] if rec.mask is not None or rec.causal else None  # (W, K)
+        return rec.probabilities(query, key, mask, False)
+
+
+def per_head(rec: LayerRecord) -> LayerRecord:
+    """``rec`` for reading in row blocks: float32 queries, and keys and values copied per head ([head, T, d_head],
+    contiguous; O(T d) a layer), so that each of a block's products (scores, α v, contributions) has one batch
+    entry per head instead of one per kv head. On the two-core benchmark machine the one pass took 4-5 % longer
+    with one entry per kv head (three large products for the embedded model, which two threads likely share
+    unevenly): ``python -m benchmarks.probe batches``, BENCHMARKS.md. The other fields are ``rec``'s."""
+    heads = rec.query.shape[0]
+    return dataclasses.replace(
+        rec,
+        query=rec.query.float().contiguous(),
+        key=expand_kv(rec.key.float(), heads).contiguous(),
+        value=expand_kv(rec.value.float(), heads).contiguous(),
+    )
+
+
+def record_blocks(rec: LayerRecord, start: int = 0) -> Iterator[tuple[int, int, int]]:
+    """``(first, stop, keys)`` of the row blocks of :meth:`Analysis.row_blocks` for the layer ``rec`` records:
+    query rows ``first..stop-1`` against the keys ``0..keys-1`` (in a causal layer, the keys they can see)."""
+    num_tokens = rec.query.shape[-2]
+    block = max(1, row_block_cells(rec.query.device) // num_tokens)
+    if rec.causal:  # at least CAUSAL_MIN_BLOCKS blocks, so that the keys left out add up to about half
+        block = min(block, max(CAUSAL_BLOCK_ROWS, -(-num_tokens // CAUSAL_MIN_BLOCKS)))
+    for first in range(start, num_tokens, block):
+        stop = min(num_tokens, first + block)
+        keys = num_tokens
+        if rec.causal and (rec.mask is None or not rec.key_mask(first, stop)[:, stop:].any()):
+            keys = stop
+        yield first, stop, keys
 
 
 #: Bytes a value of :meth:`Analysis.to_dict` costs at its peak: a Python float and its list slot, then its JSON text.
@@ -163,10 +216,33 @@ def check_layer(layer: int, num_layers: int, hint: str = "") -> int:
     return layer
 
 
-def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | None = None, progress: Progress | None = None) -> Analysis:
+#: What :func:`analyze` calls for each row block of each layer during the pass: ``(layer, first, stop, measures)``.
+BlockConsumer = Callable[[int, int, int, LayerMeasures], None]
+
+
+def analyze(
+    bundle: Bundle,
+    text: str | None = None,
+    *,
+    input_ids: list[int] | None = None,
+    progress: Progress | None = None,
+    each_block: BlockConsumer | None = None,
+    kinds: tuple[str, ...] = KINDS,
+) -> Analysis:
     """Run the model once on ``text`` (or on ``input_ids``) and record every attention layer.
 
     ``progress(done, layers)`` (:mod:`cwviz.core.progress`) is called as each attention layer has run.
+
+    ``each_block(layer, first, stop, measures)``: a reader of every layer (a whole-prompt reduction, an
+    evaluation over a dataset) gets each layer's row blocks *during* the pass, in the blocks and with the
+    measures of :meth:`Analysis.row_blocks` (``kinds``: the contribution kinds they hold; their ``value`` is
+    per head, [head, key, d_head]), layer after layer.
+    Each block's α is computed once, for the measures and for the layer's output z = α v (float32, then the
+    model's dtype), which the model then continues with instead of SDPA's: equal to rounding, and the
+    scores and softmax that reading the layers afterwards would redo are saved (BENCHMARKS.md, "one
+    pass"). The measures are those of the returned :class:`Analysis` (which is as without ``each_block``),
+    to float32 rounding. Keep reductions of the blocks rather than the blocks: together they are every
+    layer's T x T maps.
 
     Raises :class:`~cwviz.core.errors.InputError` for an empty or over-long prompt and
     :class:`~cwviz.core.errors.ResourceError` when the estimate of :mod:`cwviz.core.memory` exceeds what is free.
@@ -187,7 +263,7 @@ def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | N
         memory.guard(device),
         memory.compact_heap(),
         torch.inference_mode(),
-        forward_pass(bundle.attention_modules, progress=progress, spill=spill) as records,
+        forward_pass(bundle.attention_modules, progress=progress, spill=spill, attend=_streamer(bundle, each_block, kinds)) as records,
     ):
         hidden = bundle.final_hidden(batch)[0]  # (T, d_model)
     if len(records) != bundle.info.layers:
@@ -199,6 +275,36 @@ def analyze(bundle: Bundle, text: str | None = None, *, input_ids: list[int] | N
         records=layer_records(records, bundle.info.layers),
         final_hidden=hidden if bundle.arch.causal else None,
     )
+
+
+def _streamer(bundle: Bundle, each_block: BlockConsumer | None, kinds: tuple[str, ...]):
+    """The :class:`~cwviz.core.capture.Attend` of :func:`analyze` with ``each_block``: a layer's z from its
+    row blocks, each block's measures handed to ``each_block`` on the way; None without ``each_block``."""
+    kinds = tuple(kinds)
+    if not kinds or any(kind not in KINDS for kind in kinds) or len(set(kinds)) != len(kinds):
+        raise ValueError(f"kinds must be distinct names among {KINDS}, not {kinds!r}")
+    if each_block is None:
+        return None
+
+    def attend(layer: int, rec: LayerRecord) -> torch.Tensor:
+        gram = bundle.gram(layer).to(rec.value.device)
+        norms = value_norms(rec.value, gram, bundle.info.heads)
+        rec = per_head(rec)
+        heads, num_tokens, _ = rec.query.shape
+        z = torch.empty(heads, num_tokens, rec.value.shape[-1], dtype=torch.float32, device=rec.value.device)
+        for first, stop, keys in record_blocks(rec):
+            alpha = attention_rows(rec, first, stop, keys)
+            value = rec.value[:, :keys]
+            z[:, first:stop] = rows = grouped_matmul(alpha, value)
+            each_block(
+                layer,
+                first,
+                stop,
+                layer_measures(alpha, value, gram=gram, value_norm=norms[:, :keys], query=query_side(rows, gram), kinds=kinds),
+            )
+        return z
+
+    return attend
 
 
 def layer_records(records: dict[int, LayerRecord] | SpilledRecords, layers: int) -> Sequence[LayerRecord]:
@@ -383,7 +489,7 @@ class Analysis:
         the contribution kinds to compute."""
         rec = self.records[layer]
         with memory.guard(rec.value.device), torch.inference_mode():
-            alpha = self._attention_rows(layer, start, stop, keys)
+            alpha = attention_rows(rec, start, stop, keys)
             gram = self.bundle.gram(layer).to(rec.value.device)
             if query is None and rec.output.dtype == torch.float32:
                 # As in layer(): the model's own z = α v when it is float32 (a quarter of the rows' products).
@@ -402,27 +508,11 @@ class Analysis:
 
     def _attention_rows(self, layer: int, start: int, stop: int, keys: int) -> torch.Tensor:
         """α of the query rows ``start..stop-1`` over the keys ``0..keys-1``, float32 [head, rows, keys]."""
-        rec = self.records[layer]
-        with torch.inference_mode():
-            query, key = rec.query[:, start:stop].float(), rec.key[:, :keys].float()
-            if rec.mask is None and rec.causal and rec.plain:
-                return causal_rows(query, key, rec.scaling, start)
-            # The general path: the rows' own mask (causal, sliding window or the model's), soft-capping, learned sinks.
-            mask = rec.key_mask(start, stop)[:, :keys] if rec.mask is not None or rec.causal else None  # (W, K)
-            return rec.probabilities(query, key, mask, False)
+        return attention_rows(self.records[layer], start, stop, keys)
 
     def _blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, int]]:
         """``(first, stop, keys)`` of the row blocks of :meth:`row_blocks`."""
-        rec = self.records[layer]
-        block = max(1, row_block_cells(rec.query.device) // self.num_tokens)
-        if rec.causal:  # at least CAUSAL_MIN_BLOCKS blocks, so that the keys left out add up to about half
-            block = min(block, max(CAUSAL_BLOCK_ROWS, -(-self.num_tokens // CAUSAL_MIN_BLOCKS)))
-        for first in range(start, self.num_tokens, block):
-            stop = min(self.num_tokens, first + block)
-            keys = self.num_tokens
-            if rec.causal and (rec.mask is None or not rec.key_mask(first, stop)[:, stop:].any()):
-                keys = stop
-            yield first, stop, keys
+        return record_blocks(self.records[layer], start)
 
     def row_blocks(self, layer: int, start: int = 0, kinds: tuple[str, ...] = KINDS) -> Iterator[tuple[int, int, LayerMeasures]]:
         """``(first, stop, measures)`` for consecutive blocks of query rows ``first..stop-1`` from ``start`` to

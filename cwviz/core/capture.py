@@ -108,6 +108,13 @@ class Intervention(Protocol):
     def keep(self, layer: int, num_queries: int, num_keys: int) -> torch.Tensor | None: ...
 
 
+class Attend(Protocol):
+    """Computes a recorded layer's attention output in place of SDPA: given the layer's index and its
+    :class:`LayerRecord` (with ``output=None``), returns z [head, query, d_head] in float32."""
+
+    def __call__(self, layer: int, record: LayerRecord) -> torch.Tensor: ...
+
+
 @dataclass
 class _Pass:
     layer_of: dict[int, int]
@@ -118,6 +125,7 @@ class _Pass:
     layers_done: int = 0
     arena: torch.Tensor | None = None  # (layers, per-layer elements): the records of a pass on the CPU
     seen: list | None = None  # the modules that called the attention function, in order (:func:`attention_callers`)
+    attend: Attend | None = None  # computes each recorded layer's output in place of SDPA (:func:`forward_pass`)
 
     def kept(self, layer: int, parts: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         """What a record keeps of ``parts``: on a CPU, contiguous copies side by side in one buffer for the
@@ -368,16 +376,20 @@ def _cwviz_attention(
     if layer is not None and active.intervention is not None:
         value = active.intervention.values(layer, value)
         keep = active.intervention.keep(layer, query.shape[-2], key.shape[-2])
-    if keep is None and plain:
+    if layer is not None and active.record and query.shape[0] != 1:
+        raise ValueError("cwviz records one sequence at a time (batch of one)")
+    mask = attention_mask[0, 0] if attention_mask is not None else None
+    softcap = None if softcap is None else float(softcap)
+    if layer is not None and active.attend is not None and active.record and keep is None:
+        record = LayerRecord(query[0], key[0], value[0], mask, scaling, causal, output=None, softcap=softcap, sinks=sinks)
+        out = active.attend(layer, record).to(query.dtype).transpose(0, 1)[None].contiguous()  # (1, Q, H, d)
+    elif keep is None and plain:
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     else:
         out = _weighted_values(query, key, value, attention_mask, causal, scaling, softcap, sinks, keep)
     if layer is None:
         return out, None
     if active.record:
-        if query.shape[0] != 1:
-            raise ValueError("cwviz records one sequence at a time (batch of one)")
-        mask = attention_mask[0, 0] if attention_mask is not None else None
         q, k, v, z = active.kept(layer, (query[0], key[0], value[0], out[0].transpose(0, 1)))
         active.records[layer] = LayerRecord(
             query=q.detach(),
@@ -387,7 +399,7 @@ def _cwviz_attention(
             scaling=scaling,
             causal=causal,
             output=z.detach(),
-            softcap=None if softcap is None else float(softcap),
+            softcap=softcap,
             sinks=sinks,
         )
     if active.progress is not None:
@@ -407,15 +419,18 @@ def forward_pass(
     intervention: Intervention | None = None,
     progress: Progress | None = None,
     spill: SpilledRecords | None = None,
+    attend: Attend | None = None,
 ) -> Iterator[dict[int, LayerRecord] | SpilledRecords]:
     """Within this block, forward passes of the model record and/or intervene.
 
     ``attention_modules[l]`` is layer l's attention module. Yields the dict that fills with one
     :class:`LayerRecord` per layer, or ``spill`` (:func:`cwviz.core.spill.spill_for`), which writes each layer
     to disk as it runs. Only the calling thread (and context) is affected. ``progress``
-    (:mod:`cwviz.core.progress`) is told after each attention layer has run (one pass: done 1..L).
+    (:mod:`cwviz.core.progress`) is told after each attention layer has run (one pass: done 1..L). ``attend``
+    (:class:`Attend`, recording passes without an intervention): each layer's output is what it returns, cast to
+    the model's dtype, instead of SDPA's (how :func:`cwviz.analyze` streams measures during the pass).
     """
-    active = _Pass({id(m): i for i, m in enumerate(attention_modules)}, record, intervention, progress=progress)
+    active = _Pass({id(m): i for i, m in enumerate(attention_modules)}, record, intervention, progress=progress, attend=attend)
     if spill is not None:
         active.records = spill
     token = _ACTIVE.set(active)

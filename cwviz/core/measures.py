@@ -118,7 +118,7 @@ class LayerMeasures:
     | field            | shape                    | meaning                                   |
     |------------------|--------------------------|-------------------------------------------|
     | attention        | [head, query, key]       | α_ij^h                                    |
-    | value            | [kv_head, key, d_head]   | v_j (shared by the heads of a group)      |
+    | value            | [kv_head, key, d_head]   | v_j (shared by the heads of a group; or per head, [head, key, d_head]) |
     | value_norm       | [head, key]              | ‖ṽ_j^h‖                                   |
     | head_output      | [head, query, d_head]    | z_i^h = Σ_j α_ij^h v_j^h (o_proj input)   |
     | head_output_norm | [head, query]            | ‖o_i^h‖                                   |
