@@ -202,7 +202,7 @@ class LayerMeasures:
         return scores.sum(0) if LAYER_AGGREGATION[name] == "sum" else scores.mean(0)
 
 
-def _gram_blocks(gram: torch.Tensor, heads: int) -> torch.Tensor:
+def head_grams(gram: torch.Tensor, heads: int) -> torch.Tensor:
     """G^h, the diagonal blocks of G = W_Oᵀ W_O, float32 [head, d_head, d_head]."""
     d_head = gram.shape[0] // heads
     return gram.float().view(heads, d_head, heads, d_head).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
@@ -212,7 +212,7 @@ def value_norms(value: torch.Tensor, gram: torch.Tensor, num_heads: int) -> torc
     """‖ṽ_j^h‖ = sqrt(v_jᵀ G^h v_j), float32 [head, key], from values [kv_head, key, d_head] and G (:func:`full_gram`)."""
     v = value.float()
     kv_heads, keys, d_head = v.shape
-    blocks = _gram_blocks(gram, num_heads).reshape(kv_heads, num_heads // kv_heads, d_head, d_head)
+    blocks = head_grams(gram, num_heads).reshape(kv_heads, num_heads // kv_heads, d_head, d_head)
     v_gram = v[:, None] @ blocks  # (H_kv, groups, K, d)
     return (v_gram * v[:, None]).sum(-1).clamp_min(0).sqrt().reshape(num_heads, keys)
 
@@ -255,7 +255,7 @@ def query_side(head_output: torch.Tensor, gram: torch.Tensor) -> QuerySide:
     z_flat = z.transpose(0, 1).reshape(queries, heads * d_head)  # (Q, H*d)  o_proj input
     pulled_inter = z_flat @ gram  # (Q, H*d)  W_Oᵀ o_i, every head's slice
     output_norm = (z_flat * pulled_inter).sum(-1).clamp_min(0).sqrt()  # (Q,)  ‖o_i‖ = sqrt(zᵀ G z)
-    z_gram = z @ _gram_blocks(gram, heads)  # (H, Q, d)  G^h z_i^h
+    z_gram = z @ head_grams(gram, heads)  # (H, Q, d)  G^h z_i^h
     head_output_norm = (z_gram * z).sum(-1).clamp_min(0).sqrt()  # (H, Q)  ‖o_i^h‖
     pulled = torch.stack([z_gram, pulled_inter.view(queries, heads, d_head).transpose(0, 1)], dim=1)  # (H, 2, Q, d)
     return QuerySide(z, head_output_norm, output_norm, pulled)
