@@ -4,7 +4,7 @@
     python -m benchmarks.probe profile --tokens 512                # where the full analysis spends its time
     python -m benchmarks.probe attention --tokens 2048             # SDPA against α made in row blocks, one layer
     python -m benchmarks.probe batches --tokens 2048               # the one pass, products per head or per kv head
-    python -m benchmarks.probe atlas --tokens 512                  # the atlas's cos_sink_rest: head space or d_model
+    python -m benchmarks.probe sinks --tokens 512                  # sink norms and cosine: head space or d_model
 
 ``phases`` runs, in this fresh process, what the heatmaps page computes for a new prompt
 (:func:`benchmarks.dashboard.dashboard_steps`: the recording pass, the window heatmap, the head overview) on GSM8K text (``$CWVIZ_GSM8K``, or the shipped sample repeated) and prints,
@@ -28,10 +28,10 @@ each block's products (:func:`cwviz.core.analysis.per_head` copies the keys and 
 pass with one entry per kv head (the kv tensors as recorded, the heads of a group stacked), interleaved with the SDPA
 forward; medians of ``--repeats`` runs.
 
-``atlas`` times :func:`cwviz.analyses.atlas.prompt_stats` on one analysis, and its cos_sink_rest over every layer's
-row blocks two ways: in each head's value space as shipped (``atlas._sink_rest_cosine``) and through
-:func:`cwviz.analyses.sinks.sink_split` (head outputs and rest means projected to d_model, as the sinks table
-makes them); it prints the largest difference between the two.
+``sinks`` times :func:`cwviz.analyses.sinks.sink_table` and :func:`cwviz.analyses.atlas.prompt_stats` on one analysis,
+and every layer's row blocks' sink norms and cosine two ways: in each head's value space as shipped
+(:func:`cwviz.analyses.sinks.sink_norms`) and through :func:`cwviz.analyses.sinks.sink_split` (the rest means and
+the sink's value projected to d_model), with the largest differences between the two.
 """
 
 from __future__ import annotations
@@ -172,54 +172,66 @@ def batches(bundle, ids, repeats: int = 3) -> str:
     )
 
 
-def atlas_cosines(bundle, ids, repeats: int = 3) -> str:
-    """prompt_stats' seconds, and its cos_sink_rest in head space (shipped) against through sink_split."""
+def sink_norms_probe(bundle, ids, repeats: int = 3) -> str:
+    """Seconds of sink_table and prompt_stats, and of every row block's sink norms and cosine made both ways (head
+    space as shipped, d_model through sink_split), with the largest differences between the two."""
     import torch
 
     from benchmarks.run import interleaved
     from cwviz import analyze
-    from cwviz.analyses import atlas
-    from cwviz.analyses.sinks import _cosine, sink_split
+    from cwviz.analyses import atlas, sinks
     from cwviz.core.measures import expand_kv, head_grams
 
     analysis = analyze(bundle, input_ids=ids)
     heads, sink = analysis.num_heads, atlas.SINK
 
-    def every_block(cosine):
+    def every_block(split_of):
         out = []
         with torch.inference_mode():
             for layer in range(analysis.num_layers):
                 value = expand_kv(analysis.records[layer].value.float(), heads)
                 w, grams = analysis.w_heads(layer), head_grams(analysis.bundle.gram(layer), heads)
-                pulled = (value[:, sink, None, :] @ grams)[:, 0]
-                norm = (pulled * value[:, sink]).sum(-1).sqrt()
-                for start, stop, alpha in analysis.attention_blocks(layer, 1):
-                    out.append(cosine(layer, start, stop, alpha, value, w, grams, pulled, norm))
-        return torch.cat(out, dim=1)
+                for start, stop, alpha in analysis.attention_blocks(layer):
+                    out.append(split_of(layer, start, stop, alpha, value, w, grams))
+        return {name: torch.cat([block[name] for block in out], dim=-1) for name in out[0]}
 
-    def head_space(layer, start, stop, alpha, value, w, grams, pulled, norm):
-        return atlas._sink_rest_cosine(alpha, value, grams, pulled, norm, analysis.records[layer].key_mask(start, stop))
+    def head_space(layer, start, stop, alpha, value, w, grams):
+        split = sinks.sink_norms(alpha, value, grams, sink, analysis.records[layer].key_mask(start, stop))
+        return {"rest_norm": split.rest_norm, "cos_sink_rest": split.cos_sink_rest, "sink_value_norm": split.sink_value_norm[:, None]}
 
-    def d_model(layer, start, stop, alpha, value, w, grams, pulled, norm):
-        split = sink_split(analysis, layer, sink, start, stop, alpha=alpha, value=value, w=w)
-        return _cosine(split.sink_value[:, None, :], split.rest_mean)
+    def d_model(layer, start, stop, alpha, value, w, grams):
+        split = sinks.sink_split(analysis, layer, sink, start, stop, alpha=alpha, value=value, w=w)
+        return {
+            "rest_norm": split.rest_mean.norm(dim=-1),
+            "cos_sink_rest": sinks._cosine(split.sink_value[:, None, :], split.rest_mean),
+            "sink_value_norm": split.sink_value.norm(dim=-1)[:, None],
+        }
 
-    difference = (every_block(head_space) - every_block(d_model)).abs().nan_to_num(0).max().item()
-    stats_s, head_s, model_s = interleaved(
-        lambda: atlas.prompt_stats(analysis), lambda: every_block(head_space), repeats, lambda: every_block(d_model)
+    shipped, projected = every_block(head_space), every_block(d_model)
+    differences = ", ".join(
+        f"{name} {((shipped[name] - projected[name]) / projected[name].abs().clamp_min(1)).abs().nan_to_num(0).max().item():.1e}"
+        for name in shipped
+    )
+    table_s, stats_s, head_s, model_s = interleaved(
+        lambda: sinks.sink_table(analysis),
+        lambda: atlas.prompt_stats(analysis),
+        repeats,
+        lambda: every_block(head_space),
+        lambda: every_block(d_model),
     )
     return (
-        f"{len(ids)} tokens: prompt_stats {stats_s:.3f} s; cos_sink_rest over every layer's blocks in head space {head_s:.3f} s, "
-        f"through sink_split {model_s:.3f} s; largest difference {difference:.1e}"
+        f"{len(ids)} tokens: sink_table {table_s:.3f} s, atlas prompt_stats {stats_s:.3f} s; every layer's row blocks' sink norms "
+        f"and cosine in head space {head_s:.3f} s, in d_model through sink_split {model_s:.3f} s; largest differences "
+        f"(relative where above 1) {differences}"
     )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["phases", "profile", "attention", "batches", "atlas"])
+    parser.add_argument("what", choices=["phases", "profile", "attention", "batches", "sinks"])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--trim", choices=["on", "off"], default="on", help="phases: trim the heap as shipped, or not")
-    parser.add_argument("--repeats", type=int, default=3, help="batches, atlas: runs of each, interleaved")
+    parser.add_argument("--repeats", type=int, default=3, help="batches, sinks: runs of each, interleaved")
     args = parser.parse_args(argv)
 
     import transformers
@@ -235,8 +247,8 @@ def main(argv=None) -> int:
     ids = long_ids(bundle, args.tokens)
     if args.what == "batches":
         print(batches(bundle, ids, args.repeats))
-    elif args.what == "atlas":
-        print(atlas_cosines(bundle, ids, args.repeats))
+    elif args.what == "sinks":
+        print(sink_norms_probe(bundle, ids, args.repeats))
     elif args.what == "phases":
         for name, peak, seconds in phases(bundle, ids, trim=args.trim == "on"):
             print(f"{name}: {seconds:.1f} s; peak so far {peak:.0f} MiB above the loaded model", flush=True)

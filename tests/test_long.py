@@ -240,5 +240,6 @@ def test_the_probes_behind_benchmarks_md_run_and_leave_the_trim_as_it_was(monkey
     assert "α in row blocks x values" in probe.attention(bundle.info, 70, repeats=2)  # it checks both give one output
     shipped = core_analysis.per_head
     assert "per kv head" in probe.batches(bundle, ids, repeats=1) and core_analysis.per_head is shipped
-    difference = float(probe.atlas_cosines(bundle, ids, repeats=1).rsplit(" ", 1)[1])
-    assert difference < 1e-5  # the atlas's cos in head space equals the sinks table's, made in d_model space
+    differences = probe.sink_norms_probe(bundle, ids, repeats=1).split("largest differences (relative where above 1) ")[1]
+    # the sinks table's norms and cosine made in head space equal those made in d_model space
+    assert all(float(part.split()[1]) < 1e-5 for part in differences.split(", ")), differences

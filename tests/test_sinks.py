@@ -72,6 +72,31 @@ def test_head_outputs_split_into_sink_and_rest(tiny, sink):
         torch.testing.assert_close(rebuilt.sum(0), model_out[layer], atol=1e-4 * scale, rtol=1e-4)
 
 
+@pytest.mark.parametrize("sink", [0, 3])
+def test_norms_in_head_space_equal_the_split_in_model_space(tiny, sink):
+    """sink_norms (what the sinks table and the atlas read: d_head-wide products through G^h) gives the norms and
+    the cosine of sink_split's d_model vectors, NaN in the same places, on every architecture."""
+    from cwviz.core.measures import expand_kv, head_grams
+
+    analysis = analyze(tiny, TEXT)
+    for layer in range(analysis.num_layers):
+        split = sinks.sink_split(analysis, layer, sink)
+        record = analysis.records[layer]
+        value = expand_kv(record.value.float(), analysis.num_heads)
+        norms = sinks.sink_norms(
+            analysis.attention_tensor(layer), value, head_grams(tiny.gram(layer), analysis.num_heads), sink, record.key_mask()
+        )
+        expected = {
+            "rest_norm": split.rest_mean.norm(dim=-1),
+            "cos_sink_rest": sinks._cosine(split.sink_value[:, None, :], split.rest_mean),
+            "sink_value_norm": split.sink_value.norm(dim=-1),
+            "sink_ratio": split.sink_ratio,
+        }
+        for name, want in expected.items():
+            torch.testing.assert_close(getattr(norms, name), want, rtol=1e-4, atol=1e-5, equal_nan=True, msg=name)
+        assert torch.equal(norms.other_keys, split.other_keys) and torch.equal(norms.sees_sink, split.sees_sink)
+
+
 def test_rest_is_undefined_exactly_where_the_query_sees_only_the_sink(tiny):
     analysis = analyze(tiny, TEXT)
     table = sinks.sink_table(analysis, 0)

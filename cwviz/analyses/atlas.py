@@ -40,6 +40,7 @@ from ..core.measures import expand_kv, head_grams
 from ..core.models import Bundle
 from ..core.progress import Progress, counted, phase
 from .schema import ATLAS_METRICS
+from .sinks import sink_norms
 
 SINK = 0
 #: Bootstrap resamples of the prompts, the interval's coverage and the generator's seed unless given.
@@ -66,8 +67,6 @@ def prompt_stats(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
         with torch.inference_mode():
             value = expand_kv(record.value.float(), heads)  # (H, T, d_head)
             grams = head_grams(analysis.bundle.gram(layer).to(value.device), heads)  # (H, d_head, d_head)
-            sink_pulled = (value[:, SINK, None, :] @ grams)[:, 0]  # (H, d_head)  G^h v_σ
-            sink_norm = (sink_pulled * value[:, SINK]).sum(-1).clamp_min(0).sqrt()  # (H,)  ‖ṽ_σ^h‖
             for start, stop, m in analysis.row_blocks(layer, first, kinds=("intra",)):  # [head, block, keys] at a time
                 alpha, c = m.attention, m.contribution("intra")
                 sums["sink_attention"] += alpha[:, :, SINK].sum(-1).double().cpu()
@@ -77,7 +76,9 @@ def prompt_stats(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
                 negative = (-c).clamp_min(0).sum(-1) / mass.clamp_min(1e-30)
                 sums["negative_share"] += torch.where(mass > 0, negative, 0).sum(-1).double().cpu()
                 sums["output_norm"] += m.head_output_norm.sum(-1).double().cpu()
-                cos = _sink_rest_cosine(alpha, value, grams, sink_pulled, sink_norm, record.key_mask(start, stop)).double().cpu()
+                split = sink_norms(alpha, value, grams, SINK, record.key_mask(start, stop))
+                # Only the queries that see the sink, as in the sinks table (a sliding window moves past it).
+                cos = torch.where(split.sees_sink.to(alpha.device)[None, :], split.cos_sink_rest, torch.nan).double().cpu()
                 sums["cos_sink_rest"] += torch.nan_to_num(cos, nan=0.0).sum(-1)
                 cos_count += (~cos.isnan()).sum(-1)
         out["layer"] += [layer] * heads
@@ -89,32 +90,6 @@ def prompt_stats(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
                 values = sums[name] / count
             out[name] += values.tolist()
     return pd.DataFrame(out)
-
-
-def _sink_rest_cosine(
-    alpha: torch.Tensor, value: torch.Tensor, grams: torch.Tensor, sink_pulled: torch.Tensor, sink_norm: torch.Tensor, visible: torch.Tensor
-) -> torch.Tensor:
-    """cos(ṽ_σ^h, m_i^h) of a row block [head, rows] (NaN where a query does not see the sink, sees no other key,
-    or a vector is zero), as :func:`cwviz.analyses.sinks.sink_table` defines it, computed in each head's value space: with
-    r_i^h = Σ_{j≠σ} α_ij^h v_j^h, m_i^h = W_O^h r_i^h / (1 − s) points along W_O^h r_i^h, so the cosine is
-    v_σᵀ G^h r_i / (‖ṽ_σ^h‖ sqrt(r_iᵀ G^h r_i)) with G^h = (W_O^h)ᵀ W_O^h: [rows, d_head] products instead of
-    [rows, d_model] ones (:func:`cwviz.analyses.sinks.sink_split` projects both into the model's space).
-
-    alpha [head, rows, keys]; value [head, T, d_head] (per head, float32); grams G^h [head, d_head, d_head];
-    sink_pulled G^h v_σ [head, d_head]; sink_norm ‖ṽ_σ^h‖ [head]; visible the rows' key mask [rows, T].
-    """
-    keys = alpha.shape[-1]
-    rest = alpha.clone()
-    rest[:, :, SINK] = 0
-    rest_z = rest @ value[:, :keys]  # (H, rows, d)  r_i^h
-    rest_norm = ((rest_z @ grams) * rest_z).sum(-1).clamp_min(0).sqrt()  # (H, rows)  ‖W_O^h r_i^h‖
-    dot = (rest_z * sink_pulled[:, None, :]).sum(-1)  # (H, rows)  ⟨ṽ_σ^h, W_O^h r_i^h⟩
-    norms = sink_norm[:, None] * rest_norm
-    visible = visible[:, :keys]
-    sees_sink = visible[:, SINK].to(alpha.device)  # (rows,)  False outside a sliding window that has left the sink
-    other_keys = (visible.sum(-1) - visible[:, SINK].long()).to(alpha.device)  # (rows,)
-    defined = (sees_sink & (other_keys > 0))[None, :] & (rest.sum(-1) > 0) & (norms > 0)
-    return torch.where(defined, dot / norms.clamp_min(1e-38), torch.nan)
 
 
 def iter_prompt_stats(bundle: Bundle, texts: Sequence[str], progress: Progress | None = None) -> Iterator[pd.DataFrame]:

@@ -43,7 +43,7 @@ from ..core.analysis import Analysis, integer_index, layer_records
 from ..core.capture import forward_pass
 from ..core.errors import InputError, SelectionError
 from ..core.interventions import ScaleValues, batch_perplexity
-from ..core.measures import expand_kv
+from ..core.measures import expand_kv, head_grams
 from ..core.progress import Progress, counted, phase
 from ..core.spill import spill_for
 
@@ -189,6 +189,68 @@ def sink_split(
         )
 
 
+@dataclass(frozen=True)
+class SinkNorms:
+    """A row block's :class:`SinkSplit` as the sinks table reads it: norms and a cosine, made in each head's value
+    space (no d_model vector), float32.
+
+    | field           | shape          | meaning                                                    |
+    |-----------------|----------------|------------------------------------------------------------|
+    | sink_ratio      | [head, rows]   | s = α_iσ^h                                                 |
+    | sink_value_norm | [head]         | ‖ṽ_σ^h‖                                                    |
+    | rest_norm       | [head, rows]   | ‖m_i^h‖ (NaN where the query sees no other key)            |
+    | cos_sink_rest   | [head, rows]   | cos(ṽ_σ^h, m_i^h) (NaN there too, or where a vector is 0)  |
+    | other_keys      | [rows]         | keys besides σ the query can see                           |
+    | sees_sink       | [rows]         | bool: the query can see σ                                  |
+    """
+
+    sink_ratio: torch.Tensor
+    sink_value_norm: torch.Tensor
+    rest_norm: torch.Tensor
+    cos_sink_rest: torch.Tensor
+    other_keys: torch.Tensor
+    sees_sink: torch.Tensor
+
+
+def sink_norms(alpha: torch.Tensor, value: torch.Tensor, grams: torch.Tensor, sink: int, visible: torch.Tensor) -> SinkNorms:
+    """:class:`SinkNorms` of a row block, through G^h = (W_O^h)ᵀ W_O^h instead of W_O^h itself.
+
+    With r_i^h = Σ_{j≠σ} α_ij^h v_j^h (one [rows, keys] x [keys, d_head] product a head), W_O^h r_i^h = (1 − s) m_i^h, so
+    ‖m_i‖ = sqrt(r_iᵀ G^h r_i) / (1 − s), ‖ṽ_σ‖ = sqrt(v_σᵀ G^h v_σ) and cos(ṽ_σ, m_i) = v_σᵀ G^h r_i / (‖ṽ_σ‖ ‖W_O^h r_i‖):
+    products d_head wide where :func:`sink_split` projects to d_model (the same numbers to float32 rounding; tested).
+    1 − s is summed from the other keys' α directly, as in :func:`sink_split`.
+
+    | arg     | shape                                                        |
+    |---------|--------------------------------------------------------------|
+    | alpha   | [head, rows, keys] (a causal block: keys 0..stop-1 suffice)  |
+    | value   | [head, T or keys, d_head], per head, float32                 |
+    | grams   | [head, d_head, d_head] (:func:`cwviz.core.measures.head_grams`) |
+    | visible | [rows, T], the rows' key mask (:meth:`cwviz.core.capture.LayerRecord.key_mask`) |
+    """
+    keys = alpha.shape[-1]
+    value = value[:, :keys]
+    visible = visible[:, :keys].to(alpha.device)
+    rest = alpha.clone()
+    rest[:, :, sink] = 0
+    rest_mass = rest.sum(-1)  # (H, rows)  1 − s
+    rest_z = rest @ value  # (H, rows, d)  r_i
+    projected = ((rest_z @ grams) * rest_z).sum(-1).clamp_min(0).sqrt()  # (H, rows)  ‖W_O^h r_i‖
+    sink_pulled = (value[:, sink, None, :] @ grams)[:, 0]  # (H, d)  G^h v_σ
+    sink_norm = (sink_pulled * value[:, sink]).sum(-1).clamp_min(0).sqrt()  # (H,)
+    other_keys = visible.sum(-1) - visible[:, sink].long()  # (rows,)
+    defined = (other_keys > 0)[None, :] & (rest_mass > 0)
+    norms = sink_norm[:, None] * projected
+    cos = (rest_z * sink_pulled[:, None, :]).sum(-1) / norms.clamp_min(1e-38)
+    return SinkNorms(
+        sink_ratio=alpha[:, :, sink],
+        sink_value_norm=sink_norm,
+        rest_norm=torch.where(defined, projected / rest_mass.clamp_min(1e-38), torch.nan),
+        cos_sink_rest=torch.where(defined & (norms > 0), cos, torch.nan),
+        other_keys=other_keys.cpu(),
+        sees_sink=visible[:, sink].cpu(),
+    )
+
+
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Cosine along the last axis; NaN where either vector is zero or NaN."""
     norms = a.norm(dim=-1) * b.norm(dim=-1)
@@ -217,31 +279,33 @@ def sink_table(
     | other_keys              | keys besides the sink that the query can see                         |
 
     ``progress(done, len(layers))`` (:mod:`cwviz.core.progress`) is called after each layer. Each layer is
-    read in blocks of query rows (:meth:`cwviz.Analysis.row_blocks`), so the working memory is O(block x T)
-    beside the head outputs' O(T x d_model).
+    read in blocks of query rows (:meth:`cwviz.Analysis.row_blocks`), and each block's norms and cosine are made
+    in the heads' value spaces (:func:`sink_norms`), so the working memory is O(block x T).
     """
     sink = resolve_sink(analysis, sink)
     layers = range(analysis.num_layers) if layers is None else [analysis.check_layer(l) for l in layers]
     frames = []
     for layer in counted(layers, len(layers), progress):
         parts = []
+        record = analysis.records[layer]
         with torch.inference_mode():  # made once a layer, shared by its blocks
-            value, w = expand_kv(analysis.records[layer].value.float(), analysis.num_heads), analysis.w_heads(layer)
+            value = expand_kv(record.value.float(), analysis.num_heads)
+            grams = head_grams(analysis.bundle.gram(layer).to(value.device), analysis.num_heads)
         for start, stop, measures in analysis.row_blocks(layer):  # [head, block, T] maps at a time, never T x T
             if sink >= measures.attention.shape[-1]:
                 continue  # a causal block before the sink: none of its rows sees it (the last block always does)
-            split = sink_split(analysis, layer, sink, start, stop, alpha=measures.attention, value=value, w=w)
             with torch.inference_mode():
-                if analysis.records[layer].sinks is None:
+                split = sink_norms(measures.attention, value, grams, sink, record.key_mask(start, stop))
+                if record.sinks is None:
                     learned = torch.zeros_like(split.sink_ratio)
                 else:  # the learned sink's column of the softmax, dropped by the model: what the real keys' α leave
                     learned = (1 - measures.attention.sum(-1)).clamp_(min=0)
                 columns = {
                     "sink_ratio": split.sink_ratio,
-                    "output_norm": split.head_output.norm(dim=-1),
-                    "sink_value_norm": split.sink_value.norm(dim=-1)[:, None].expand_as(split.sink_ratio),
-                    "rest_norm": split.rest_mean.norm(dim=-1),
-                    "cos_sink_rest": _cosine(split.sink_value[:, None, :], split.rest_mean),
+                    "output_norm": measures.head_output_norm,
+                    "sink_value_norm": split.sink_value_norm[:, None].expand_as(split.sink_ratio),
+                    "rest_norm": split.rest_norm,
+                    "cos_sink_rest": split.cos_sink_rest,
                     "sink_attention_share": split.sink_ratio,
                     "sink_contribution_share": measures.contribution("intra")[:, :, sink],
                     "sink_contribution_inter": measures.contribution("inter")[:, :, sink],
