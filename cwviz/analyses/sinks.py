@@ -222,7 +222,7 @@ def sink_norms(alpha: torch.Tensor, value: torch.Tensor, grams: torch.Tensor, si
 
     | arg     | shape                                                        |
     |---------|--------------------------------------------------------------|
-    | alpha   | [head, rows, keys] (a causal block: keys 0..stop-1 suffice)  |
+    | alpha   | [head, rows, keys] (a causal block: keys 0..stop-1 suffice; the sink among them) |
     | value   | [head, T or keys, d_head], per head, float32                 |
     | grams   | [head, d_head, d_head] (:func:`cwviz.core.measures.head_grams`) |
     | visible | [rows, T], the rows' key mask (:meth:`cwviz.core.capture.LayerRecord.key_mask`) |
