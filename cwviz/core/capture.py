@@ -380,7 +380,7 @@ def _cwviz_attention(
         raise ValueError("cwviz records one sequence at a time (batch of one)")
     mask = attention_mask[0, 0] if attention_mask is not None else None
     softcap = None if softcap is None else float(softcap)
-    if layer is not None and active.attend is not None and active.record and keep is None:
+    if layer is not None and active.attend is not None and active.record and active.intervention is None:
         record = LayerRecord(query[0], key[0], value[0], mask, scaling, causal, output=None, softcap=softcap, sinks=sinks)
         out = active.attend(layer, record).to(query.dtype).transpose(0, 1)[None].contiguous()  # (1, Q, H, d)
     elif keep is None and plain:
