@@ -83,9 +83,10 @@ def attention_rows(rec: LayerRecord, start: int, stop: int, keys: int) -> torch.
 def per_head(rec: LayerRecord) -> LayerRecord:
     """``rec`` for reading in row blocks: float32 queries, and keys and values copied per head ([head, T, d_head],
     contiguous; O(T d) a layer), so that each of a block's products (scores, α v, contributions) has one batch
-    entry per head instead of one per kv head. On the two-core benchmark machine the one pass took 4-5 % longer
-    with one entry per kv head (three large products for the embedded model, which two threads likely share
-    unevenly): ``python -m benchmarks.probe batches``, BENCHMARKS.md. The other fields are ``rec``'s."""
+    entry per head instead of one per kv head. On the two-core benchmark machine the one pass at 2,048 tokens took
+    7 % longer with one entry per kv head (three large products for the embedded model, which two threads likely
+    share unevenly), and the same at 512: ``python -m benchmarks.probe batches``, BENCHMARKS.md. The other fields
+    are ``rec``'s."""
     heads = rec.query.shape[0]
     return dataclasses.replace(
         rec,
