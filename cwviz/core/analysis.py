@@ -33,6 +33,7 @@ from .measures import (
     MEASURES,
     LayerMeasures,
     QuerySide,
+    check_kinds,
     expand_kv,
     grouped_matmul,
     head_weights,
@@ -281,9 +282,7 @@ def analyze(
 def _streamer(bundle: Bundle, each_block: BlockConsumer | None, kinds: tuple[str, ...]):
     """The :class:`~cwviz.core.capture.Attend` of :func:`analyze` with ``each_block``: a layer's z from its
     row blocks, each block's measures handed to ``each_block`` on the way; None without ``each_block``."""
-    kinds = tuple(kinds)
-    if not kinds or any(kind not in KINDS for kind in kinds) or len(set(kinds)) != len(kinds):
-        raise ValueError(f"kinds must be distinct names among {KINDS}, not {kinds!r}")
+    kinds = check_kinds(kinds)
     if each_block is None:
         return None
 
@@ -507,14 +506,6 @@ class Analysis:
         with memory.guard(rec.value.device), torch.inference_mode():
             return query_side(rec.output, self.bundle.gram(layer).to(rec.value.device))
 
-    def _attention_rows(self, layer: int, start: int, stop: int, keys: int) -> torch.Tensor:
-        """α of the query rows ``start..stop-1`` over the keys ``0..keys-1``, float32 [head, rows, keys]."""
-        return attention_rows(self.records[layer], start, stop, keys)
-
-    def _blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, int]]:
-        """``(first, stop, keys)`` of the row blocks of :meth:`row_blocks`."""
-        return record_blocks(self.records[layer], start)
-
     def row_blocks(self, layer: int, start: int = 0, kinds: tuple[str, ...] = KINDS) -> Iterator[tuple[int, int, LayerMeasures]]:
         """``(first, stop, measures)`` for consecutive blocks of query rows ``first..stop-1`` from ``start`` to
         the last, each of about :data:`ROW_BLOCK_CELLS` cells a head: the streamed reductions (head summary,
@@ -528,14 +519,14 @@ class Analysis:
         """
         layer = self.check_layer(layer)
         query = self._query_side(layer)  # one product for the layer, sliced per block
-        for first, stop, keys in self._blocks(layer, start):
+        for first, stop, keys in record_blocks(self.records[layer], start):
             yield first, stop, self._rows(layer, first, stop, keys, None if query is None else query.rows(first, stop), kinds)
 
     def attention_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, torch.Tensor]]:
         """``(first, stop, α)`` in the blocks of :meth:`row_blocks`, attention only (float32 [head, rows, keys])."""
-        layer = self.check_layer(layer)
-        for first, stop, keys in self._blocks(layer, start):
-            yield first, stop, self._attention_rows(layer, first, stop, keys)
+        rec = self.records[self.check_layer(layer)]
+        for first, stop, keys in record_blocks(rec, start):
+            yield first, stop, attention_rows(rec, first, stop, keys)
 
     @property
     def has_learned_sinks(self) -> bool:

@@ -261,6 +261,14 @@ def query_side(head_output: torch.Tensor, gram: torch.Tensor) -> QuerySide:
     return QuerySide(z, head_output_norm, output_norm, pulled)
 
 
+def check_kinds(kinds) -> tuple[str, ...]:
+    """``kinds`` as a tuple of distinct names among :data:`KINDS`, at least one, or ValueError."""
+    kinds = tuple(kinds)
+    if not kinds or any(kind not in KINDS for kind in kinds) or len(set(kinds)) != len(kinds):
+        raise ValueError(f"kinds must be distinct names among {KINDS}, not {kinds!r}")
+    return kinds
+
+
 def layer_measures(
     attention: torch.Tensor,
     value: torch.Tensor,
@@ -291,9 +299,7 @@ def layer_measures(
     contribution kinds come from one grouped product: the pulled-back outputs are divided by ‖o‖² first,
     so C = α ⊙ (pulled / ‖o‖²) vᵀ, scaled in place.
     """
-    kinds = tuple(kinds)
-    if not kinds or any(kind not in KINDS for kind in kinds) or len(set(kinds)) != len(kinds):
-        raise ValueError(f"kinds must be distinct names among {KINDS}, not {kinds!r}")
+    kinds = check_kinds(kinds)
     alpha = attention.float()
     heads, queries, keys = alpha.shape
     v = value.float()  # (H_kv, K, d)
