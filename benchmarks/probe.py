@@ -5,6 +5,7 @@
     python -m benchmarks.probe attention --tokens 2048             # SDPA against α made in row blocks, one layer
     python -m benchmarks.probe batches --tokens 2048               # the one pass, products per head or per kv head
     python -m benchmarks.probe sinks --tokens 512                  # sink norms and cosine: head space or d_model
+    python -m benchmarks.probe blocks --tokens 2048                # the one pass with taller or shorter row blocks
 
 ``phases`` runs, in this fresh process, what the heatmaps page computes for a new prompt
 (:func:`benchmarks.dashboard.dashboard_steps`: the recording pass, the window heatmap, the head overview) on GSM8K text (``$CWVIZ_GSM8K``, or the shipped sample repeated) and prints,
@@ -32,6 +33,11 @@ forward; medians of ``--repeats`` runs.
 and every layer's row blocks' sink norms and cosine two ways: in each head's value space as shipped
 (:func:`cwviz.analyses.sinks.sink_norms`) and through :func:`cwviz.analyses.sinks.sink_split` (the rest means and
 the sink's value projected to d_model), with the largest differences between the two.
+
+``blocks`` times the one pass with the row blocks as shipped (:data:`cwviz.core.analysis.ROW_BLOCK_CELLS` cells a
+head's block, at least :data:`cwviz.core.analysis.CAUSAL_MIN_BLOCKS` blocks a causal layer) and with the other
+settings of :data:`BLOCK_SETTINGS`, interleaved with the SDPA forward; medians of ``--repeats`` runs. Shorter blocks
+leave out more of the keys a causal block cannot see; taller ones make fewer, larger products.
 """
 
 from __future__ import annotations
@@ -226,12 +232,72 @@ def sink_norms_probe(bundle, ids, repeats: int = 3) -> str:
     )
 
 
+#: The row-block settings ``blocks`` compares with the shipped one: (cells a head's block holds, the fewest blocks of
+#: a causal layer). A setting that gives a block as many rows as one before it, at the probe's length, is left out.
+BLOCK_SETTINGS = ((1 << 17, 8), (1 << 19, 8), (1 << 20, 8), (1 << 18, 16), (1 << 18, 4), (1 << 18, 2))
+
+
+def blocks(bundle, ids, repeats: int = 3, settings=BLOCK_SETTINGS) -> str:
+    """The one pass with the row blocks as shipped, then as in ``settings``, then as shipped again (a control: what
+    the same code moves between two series of runs), against the SDPA forward."""
+    import torch
+
+    from benchmarks.run import interleaved, one_pass_analysis, sdpa_forward
+    from cwviz.core import analysis as core_analysis
+    from cwviz.core.capture import LayerRecord
+
+    shipped = (core_analysis.ROW_BLOCK_CELLS, core_analysis.CAUSAL_MIN_BLOCKS)
+
+    def set_blocks(setting):
+        core_analysis.ROW_BLOCK_CELLS, core_analysis.CAUSAL_MIN_BLOCKS = setting
+
+    def rows(setting) -> int:
+        """Rows of a causal layer's first block with ``setting`` at this length (record_blocks' own rule)."""
+        empty = torch.empty(1, len(ids), 1)
+        set_blocks(setting)
+        try:
+            first, stop, _ = next(core_analysis.record_blocks(LayerRecord(empty, empty, empty, None, 1.0, True, output=None)))
+        finally:
+            set_blocks(shipped)
+        return stop - first
+
+    every, seen = [shipped], {rows(shipped)}
+    for setting in settings:
+        if rows(setting) not in seen:
+            every.append(setting)
+            seen.add(rows(setting))
+    every.append(shipped)
+
+    def one_pass(setting):
+        def run():
+            set_blocks(setting)  # read by record_blocks while the pass runs; put back below
+            try:
+                one_pass_analysis(bundle, ids)
+            finally:
+                set_blocks(shipped)
+
+        return run
+
+    base, *times = interleaved(
+        lambda: sdpa_forward(bundle, ids), one_pass(every[0]), repeats, *(one_pass(setting) for setting in every[1:])
+    )
+    lines = [f"{len(ids)} tokens: SDPA forward {base:.3f} s"]
+    for index, (setting, seconds) in enumerate(zip(every, times)):
+        cells, fewest = setting
+        label = "shipped" if index == 0 else "shipped, again" if index == len(every) - 1 else "other"
+        lines.append(
+            f"one pass, {rows(setting)} rows a block (2^{cells.bit_length() - 1} cells a head's block, at least {fewest} blocks; {label}): "
+            f"{seconds:.3f} s ({seconds / base:.2f}x)"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["phases", "profile", "attention", "batches", "sinks"])
+    parser.add_argument("what", choices=["phases", "profile", "attention", "batches", "sinks", "blocks"])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--trim", choices=["on", "off"], default="on", help="phases: trim the heap as shipped, or not")
-    parser.add_argument("--repeats", type=int, default=3, help="batches, sinks: runs of each, interleaved")
+    parser.add_argument("--repeats", type=int, default=3, help="batches, sinks, blocks: runs of each, interleaved")
     args = parser.parse_args(argv)
 
     import transformers
@@ -249,6 +315,8 @@ def main(argv=None) -> int:
         print(batches(bundle, ids, args.repeats))
     elif args.what == "sinks":
         print(sink_norms_probe(bundle, ids, args.repeats))
+    elif args.what == "blocks":
+        print(blocks(bundle, ids, args.repeats))
     elif args.what == "phases":
         for name, peak, seconds in phases(bundle, ids, trim=args.trim == "on"):
             print(f"{name}: {seconds:.1f} s; peak so far {peak:.0f} MiB above the loaded model", flush=True)

@@ -240,6 +240,13 @@ def test_the_probes_behind_benchmarks_md_run_and_leave_the_trim_as_it_was(monkey
     assert "α in row blocks x values" in probe.attention(bundle.info, 70, repeats=2)  # it checks both give one output
     shipped = core_analysis.per_head
     assert "per kv head" in probe.batches(bundle, ids, repeats=1) and core_analysis.per_head is shipped
+    settings = (core_analysis.ROW_BLOCK_CELLS, core_analysis.CAUSAL_MIN_BLOCKS)
+    lines = probe.blocks(bundle, ids, repeats=1, settings=((1 << 10, 2), (1 << 11, 3), settings)).splitlines()
+    # 80 tokens: the shipped 32 rows first and last (the control), 12 and 25 rows between; the shipped setting in
+    # ``settings`` is left out there (32 rows again); the shipped setting put back
+    assert [line.split(" rows a block")[0].split()[-1] for line in lines[1:]] == ["32", "12", "25", "32"], lines
+    assert "shipped)" in lines[1] and "shipped, again)" in lines[-1] and "other)" in lines[2], lines
+    assert (core_analysis.ROW_BLOCK_CELLS, core_analysis.CAUSAL_MIN_BLOCKS) == settings
     differences = probe.sink_norms_probe(bundle, ids, repeats=1).split("largest differences (relative where above 1) ")[1]
     # the sinks table's norms and cosine made in head space equal those made in d_model space
     assert all(float(part.split()[1]) < 1e-5 for part in differences.split(", ")), differences

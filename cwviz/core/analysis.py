@@ -53,7 +53,9 @@ if TYPE_CHECKING:  # pandas is imported on first use: it is not needed to load a
 #: The limit for a model whose config gives no positions (``CWVIZ_MAX_TOKENS`` to change it).
 MAX_TOKENS = 32_768
 #: Cells a head's block of query rows holds when a layer is read in blocks (:meth:`Analysis.row_blocks`,
-#: the binned heatmap view): [head, rows, T] at a time, never the layer's T x T maps.
+#: the binned heatmap view): [head, rows, T] at a time, never the layer's T x T maps. With CAUSAL_MIN_BLOCKS below,
+#: no other block height made the one pass faster on the two-core benchmark machine (32 to 256 rows at 512 tokens,
+#: 64 to 256 at 2,048: ``python -m benchmarks.probe blocks``, BENCHMARKS.md).
 ROW_BLOCK_CELLS = 1 << 18
 #: The same on a CUDA device, where a block is a handful of kernel launches and a larger one keeps the device
 #: busy: 128 rows a block at 32k tokens (a 32-head block's maps about 6 GB), 2^18 cells would be 8.
