@@ -14,9 +14,9 @@ took. ``--trim off`` makes :func:`cwviz.core.memory.trim_heap` do nothing, to se
 layer of spilled records is read back saves and costs.
 
 ``profile`` times the recording pass and the row-block loop of the full analysis (every layer's attention and both
-contribution kinds, as ``benchmarks.run``'s overhead section) against the plain SDPA forward, then prints
-``torch.profiler``'s table of the loop's operators (self CPU time: the T² products are ``bmm`` and ``baddbmm_``, the
-query side's product ``mm``).
+contribution kinds, as ``benchmarks.run``'s overhead section), and the one pass, against the plain SDPA forward, then
+prints ``torch.profiler``'s tables of the loop's and the one pass's operators (self CPU time: the T² products are
+``bmm`` and ``baddbmm_``; ``mm`` is the query side's product, and in the one pass also the forward's linear layers).
 
 ``attention`` asks what computing α inside the recording pass would cost (an idea to share the scores product
 and its softmax between the forward and the analysis): one layer's causal attention output with the embedded
@@ -78,35 +78,38 @@ def phases(bundle, ids, trim: bool = True) -> list[tuple[str, float, float]]:
 
 
 def profile(bundle, ids, rows: int = 20) -> str:
-    """Seconds of the SDPA forward, the recording pass and the row-block loop (median of three), then the
-    profiler's table of one more run of the loop."""
+    """Seconds of the SDPA forward, the recording pass, the row-block loop and the one pass (median of three,
+    interleaved), then the profiler's tables of one more run of the loop and of the one pass."""
     import statistics
 
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    from benchmarks.run import one_pass_analysis, sdpa_forward
     from benchmarks.run import read_every_block as loop
-    from benchmarks.run import sdpa_forward
     from cwviz import analyze
 
     analysis = analyze(bundle, input_ids=ids)
     loop(analysis)  # warm-up
-    times: dict[str, list[float]] = {"SDPA forward": [], "recording pass": [], "row-block loop": []}
+    one_pass_analysis(bundle, ids)
+    times: dict[str, list[float]] = {"SDPA forward": [], "recording pass": [], "row-block loop": [], "one pass": []}
     for _ in range(3):
         for name, fn in (
             ("SDPA forward", lambda: sdpa_forward(bundle, ids)),
             ("recording pass", lambda: analyze(bundle, input_ids=ids)),
             ("row-block loop", lambda: loop(analysis)),
+            ("one pass", lambda: one_pass_analysis(bundle, ids)),
         ):
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
     base = statistics.median(times["SDPA forward"])
     lines = [f"{name}: {statistics.median(t):.3f} s ({statistics.median(t) / base:.2f} of the SDPA forward)" for name, t in times.items()]
-    with torch_profile(activities=[ProfilerActivity.CPU]) as prof, torch.inference_mode():
-        loop(analysis)
-    lines.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+    for name, fn in (("row-block loop", lambda: loop(analysis)), ("one pass", lambda: one_pass_analysis(bundle, ids))):
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof, torch.inference_mode():
+            fn()
+        lines += [f"{name}, by operator:", prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)]
     return "\n".join(lines)
 
 

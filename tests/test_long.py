@@ -236,7 +236,7 @@ def test_the_probes_behind_benchmarks_md_run_and_leave_the_trim_as_it_was(monkey
         assert all(seconds > 0 for _, _, seconds in phases)
         assert spill.trim_heap is trim
     text = probe.profile(bundle, ids)
-    assert "row-block loop" in text and "bmm" in text
+    assert "row-block loop, by operator" in text and "one pass, by operator" in text and "bmm" in text
     assert "α in row blocks x values" in probe.attention(bundle.info, 70, repeats=2)  # it checks both give one output
     shipped = core_analysis.per_head
     assert "per kv head" in probe.batches(bundle, ids, repeats=1) and core_analysis.per_head is shipped
