@@ -36,8 +36,9 @@ the sink's value projected to d_model), with the largest differences between the
 
 ``blocks`` times the one pass with the row blocks as shipped (:data:`cwviz.core.analysis.ROW_BLOCK_CELLS` cells a
 head's block, at least :data:`cwviz.core.analysis.CAUSAL_MIN_BLOCKS` blocks a causal layer) and with the other
-settings of :data:`BLOCK_SETTINGS`, interleaved with the SDPA forward; medians of ``--repeats`` runs. Shorter blocks
-leave out more of the keys a causal block cannot see; taller ones make fewer, larger products.
+settings of :data:`BLOCK_SETTINGS` (a height already timed is left out), then as shipped again, a control for what
+the same code moves between two series of runs; interleaved with the SDPA forward, medians of ``--repeats`` runs.
+Shorter blocks leave out more of the keys a causal block cannot see; taller ones make fewer, larger products.
 """
 
 from __future__ import annotations
