@@ -190,17 +190,15 @@ def sink_norms_probe(bundle, ids, repeats: int = 3) -> str:
     from benchmarks.run import interleaved
     from cwviz import analyze
     from cwviz.analyses import atlas, sinks
-    from cwviz.core.measures import expand_kv, head_grams
 
     analysis = analyze(bundle, input_ids=ids)
-    heads, sink = analysis.num_heads, atlas.SINK
+    sink = atlas.SINK
 
     def every_block(split_of):
         out = []
         with torch.inference_mode():
             for layer in range(analysis.num_layers):
-                value = expand_kv(analysis.records[layer].value.float(), heads)
-                w, grams = analysis.w_heads(layer), head_grams(analysis.bundle.gram(layer), heads)
+                (value, grams), w = sinks.head_space(analysis, layer), analysis.w_heads(layer)
                 for start, stop, alpha in analysis.attention_blocks(layer):
                     out.append(split_of(layer, start, stop, alpha, value, w, grams))
         return {name: torch.cat([block[name] for block in out], dim=-1) for name in out[0]}

@@ -36,11 +36,10 @@ import torch
 
 from ..core.analysis import Analysis, analyze
 from ..core.errors import CwvizError, InputError
-from ..core.measures import expand_kv, head_grams
 from ..core.models import Bundle
 from ..core.progress import Progress, counted, phase
 from .schema import ATLAS_METRICS
-from .sinks import sink_norms
+from .sinks import head_space, sink_norms
 
 SINK = 0
 #: Bootstrap resamples of the prompts, the interval's coverage and the generator's seed unless given.
@@ -65,8 +64,7 @@ def prompt_stats(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
         cos_count = torch.zeros(heads, dtype=torch.float64)
         record = analysis.records[layer]
         with torch.inference_mode():
-            value = expand_kv(record.value.float(), heads)  # (H, T, d_head)
-            grams = head_grams(analysis.bundle.gram(layer).to(value.device), heads)  # (H, d_head, d_head)
+            value, grams = head_space(analysis, layer)  # (H, T, d_head), (H, d_head, d_head)
             for start, stop, m in analysis.row_blocks(layer, first, kinds=("intra",)):  # [head, block, keys] at a time
                 alpha, c = m.attention, m.contribution("intra")
                 sums["sink_attention"] += alpha[:, :, SINK].sum(-1).double().cpu()

@@ -212,6 +212,14 @@ class SinkNorms:
     sees_sink: torch.Tensor
 
 
+def head_space(analysis: Analysis, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`sink_norms` reads of ``layer``, made once for its blocks: the values per head, float32
+    [head, T, d_head], and G^h (:func:`cwviz.core.measures.head_grams`) on their device."""
+    with torch.inference_mode():
+        value = expand_kv(analysis.records[layer].value.float(), analysis.num_heads)
+        return value, head_grams(analysis.bundle.gram(layer).to(value.device), analysis.num_heads)
+
+
 def sink_norms(alpha: torch.Tensor, value: torch.Tensor, grams: torch.Tensor, sink: int, visible: torch.Tensor) -> SinkNorms:
     """:class:`SinkNorms` of a row block, through G^h = (W_O^h)ᵀ W_O^h instead of W_O^h itself.
 
@@ -288,9 +296,7 @@ def sink_table(
     for layer in counted(layers, len(layers), progress):
         parts = []
         record = analysis.records[layer]
-        with torch.inference_mode():  # made once a layer, shared by its blocks
-            value = expand_kv(record.value.float(), analysis.num_heads)
-            grams = head_grams(analysis.bundle.gram(layer).to(value.device), analysis.num_heads)
+        value, grams = head_space(analysis, layer)  # made once a layer, shared by its blocks
         for start, stop, measures in analysis.row_blocks(layer):  # [head, block, T] maps at a time, never T x T
             if sink >= measures.attention.shape[-1]:
                 continue  # a causal block before the sink: none of its rows sees it (the last block always does)
