@@ -96,9 +96,13 @@ def heatmaps(
     kind: str = "inter",
     query: int | None = None,
     view: str = "window",
+    layout: str = "auto",
 ) -> alt.HConcatChart | alt.VConcatChart:
     """Attention beside ``measure`` for one layer: :func:`cwviz.analyses.tables.heatmap_cells` drawn by
     :func:`cwviz.charts.heatmaps.heatmap_pair`, the ``query`` row outlined (the last token when None).
+
+    ``layout``: ``"auto"`` (side by side while the pair fits a laptop's page, else stacked), ``"side"`` or
+    ``"stacked"``.
 
     ``view`` (``"window"`` or ``"binned"``) says how a layer with more than
     :data:`cwviz.analyses.tables.MAX_CELLS` cells is cut down; the chart's title says which was used.
@@ -106,8 +110,10 @@ def heatmaps(
     name = _measure(measure, _kind(kind))
     if view not in tables.VIEWS:
         raise InputError(f"view must be one of {', '.join(tables.VIEWS)}, not {view!r}")
+    if layout not in heatmap_charts.LAYOUTS:
+        raise InputError(f"layout must be one of {', '.join(heatmap_charts.LAYOUTS)}, not {layout!r}")
     cells = tables.heatmap_cells(analysis, layer, _head(analysis, head), name, kind, query=query, view=view)
-    return heatmap_charts.heatmap_pair(cells, query=query)
+    return heatmap_charts.heatmap_pair(cells, query=query, layout=layout)
 
 
 def head_overview(analysis: Analysis, metric: str = "divergence", layer: int | None = None, head: int | None = None) -> alt.LayerChart:

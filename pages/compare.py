@@ -8,6 +8,7 @@ from cwviz.app import widgets
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import select, url_widget
 from cwviz.charts import compare as charts
+from cwviz.charts.heatmaps import LAYOUTS
 from cwviz.core.errors import CwvizError
 
 sel = sidebar()
@@ -53,7 +54,7 @@ with st.expander(
     st.dataframe(alignment[alignment["op"] != "equal"] if len(alignment) > 80 else alignment, hide_index=True, key="compare_alignment")
 
 st.subheader("Maps")
-col_map, col_kind = st.columns([1, 2])
+col_map, col_kind, col_layout = st.columns([2, 3, 2])
 with col_map:
     what = url_widget(
         st.radio,
@@ -76,8 +77,21 @@ with col_kind:
         format_func=lambda k: "layer output ‖o_i‖ (inter)" if k == "inter" else "head output ‖o_i^h‖ (intra)",
         key="compare_kind",
     )
+with col_layout:
+    layout = url_widget(
+        st.radio,
+        "cmp_layout",
+        "Layout",
+        LAYOUTS[0],
+        options=list(LAYOUTS),
+        format_func=lambda v: {"auto": "auto", "side": "side by side", "stacked": "stacked"}[v],
+        help="auto: as many of A, B and B − A in a row as fit a 1,366 px wide window with the sidebar open. "
+        "Choose side by side on a wider screen.",
+        horizontal=True,
+        key="compare_layout",
+    )
 cells = services.map_cells(sel.request, request_b, sel.layer, sel.head, kind, sel.query)
-widgets.query_heatmaps(charts.compare_maps(cells, what), cells, f"cwviz-compare-{what}-layer{sel.layer}", key="compare_maps")
+widgets.query_heatmaps(charts.compare_maps(cells, what, layout=layout), cells, f"cwviz-compare-{what}-layer{sel.layer}", key="compare_maps")
 
 st.subheader("Every head: change B − A")
 metric = url_widget(

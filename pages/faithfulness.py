@@ -263,6 +263,12 @@ if run and run["tables"]:
         + ("" if run["next"] >= total else " (stopped early)")
         + "; bands: 95 % bootstrap intervals of the mean ΔPPL."
     )
+    if {"value_weighted", "value_weighted_output_normalized"} <= set(run["protocol"].measures):
+        st.caption(
+            "Value-weighted attention and its inter-head output-normalised form rank every query's keys alike (the "
+            "same ‖o_i‖ divides each key's score), so their curves coincide: one line hides the other. The intra-head "
+            "form (divided by each head's ‖o_i^h‖) ranks differently."
+        )
     scale = url_widget(
         st.radio,
         "scale",

@@ -31,7 +31,7 @@ if not sel.analysis.info.causal:
         "later), so the heatmaps are square and full, with no empty triangle."
     )
 
-left, middle, right = st.columns([3, 2, 3])
+left, middle, right, far = st.columns([3, 2, 3, 2])
 with left:
     family = url_widget(
         st.radio,
@@ -43,6 +43,8 @@ with left:
         horizontal=True,
         key="heatmaps_measure",
     )
+# Raw and value-weighted attention do not divide by an output norm: the choice is shown but cannot be made.
+normalised = tables.FAMILIES[family][1] != tables.FAMILIES[family][2]
 with middle:
     kind = url_widget(
         st.radio,
@@ -52,7 +54,9 @@ with middle:
         options=list(tables.KINDS),
         horizontal=True,
         format_func=lambda k: "layer output ‖o_i‖ (inter)" if k == "inter" else "head output ‖o_i^h‖ (intra)",
-        help="inter: shares of the whole layer output (heads together sum to 1); intra: shares of each head's own output.",
+        help="inter: shares of the whole layer output (heads together sum to 1); intra: shares of each head's own output."
+        + ("" if normalised else f" {tables.FAMILIES[family][0].capitalize()} is not divided by an output norm."),
+        disabled=not normalised,
         key="heatmaps_kind",
     )
 with right:
@@ -67,9 +71,23 @@ with right:
         help=f"Used when a layer has more than {tables.MAX_CELLS:,} cells.",
         key="heatmaps_view",
     )
+with far:
+    layout = url_widget(
+        st.radio,
+        "layout",
+        "Layout",
+        charts.LAYOUTS[0],
+        options=list(charts.LAYOUTS),
+        format_func=lambda v: {"auto": "auto", "side": "side by side", "stacked": "stacked"}[v],
+        help="auto: the two heatmaps side by side while they fit a 1,366 px wide window with the sidebar open, "
+        "else one above the other. Choose side by side on a wider screen.",
+        key="heatmaps_layout",
+    )
 measure = tables.measure_name(family, kind)
+if family == "raw":
+    st.caption("Raw attention is the measure: the right heatmap repeats the left one.")
 cells = services.heatmap_cells(sel.request, sel.layer, sel.head, measure, kind, sel.query, view)
-widgets.query_heatmaps(charts.heatmap_pair(cells, query=sel.query), cells, f"cwviz-heatmap-layer{sel.layer}", key="heatmaps")
+widgets.query_heatmaps(charts.heatmap_pair(cells, query=sel.query, layout=layout), cells, f"cwviz-heatmap-layer{sel.layer}", key="heatmaps")
 
 st.subheader("Every head")
 metric = url_widget(

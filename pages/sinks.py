@@ -174,7 +174,13 @@ except CwvizError as err:
 a, b, c = st.columns(3)
 if causal:
     a.metric("PPL clean", f"{result.perplexity_clean:.3f}")
-    b.metric("PPL intervened", f"{result.perplexity:.3f}", delta=f"{result.delta_ppl:+.3f}", delta_color="inverse")
+    # A change that rounds to zero gets a grey delta, not a red arrow.
+    b.metric(
+        "PPL intervened",
+        f"{result.perplexity:.3f}",
+        delta=f"{result.delta_ppl:+.3f}",
+        delta_color="inverse" if round(result.delta_ppl, 3) else "off",
+    )
 else:
     a.metric("PPL", "n/a", help="Perplexity measures next-token prediction: it needs a causal language model, not an encoder.")
 c.metric(
@@ -182,7 +188,10 @@ c.metric(
     f"{result.table['cone_change'].mean():+.4f}",
     help="Mean pairwise cosine of each head's outputs across positions, after minus before, averaged over layers and heads.",
 )
-widgets.chart(charts.intervention_chart(result.table), result.table, "cwviz-sink-intervention", key="sinks_intervention")
+if float(factor) == 1.0:
+    st.info("λ = 1 keeps the sink's value as it is: the intervention changes nothing. Pick another λ to see its effect.")
+else:
+    widgets.chart(charts.intervention_chart(result.table), result.table, "cwviz-sink-intervention", key="sinks_intervention")
 
 if causal and url_widget(
     st.toggle,

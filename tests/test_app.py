@@ -51,6 +51,11 @@ def title(spec: dict) -> str:
     return json.dumps(spec.get("title"))
 
 
+def pair(spec: dict) -> list[dict]:
+    """The two views of a heatmap pair, side by side or stacked."""
+    return spec.get("hconcat") or spec["vconcat"]
+
+
 def widget(at: AppTest, kind: str, label: str):
     return next(w for w in getattr(at.sidebar, kind) if w.label == label)
 
@@ -63,7 +68,7 @@ def test_default_load_shows_the_example_analysed(count_forward_passes):
     specs = charts(at)
     assert len(specs) == 2  # heatmap pair, all-heads overview
     heatmap, overview = specs
-    assert len(heatmap["hconcat"]) == 2 and "layer 14" in title(heatmap) and "all heads" in title(heatmap)
+    assert len(pair(heatmap)) == 2 and "layer 14" in title(heatmap) and "all heads" in title(heatmap)
     assert overview["_rows"] == 30 * 9 + 0  # one cell per head (no head picked: no outline)
     assert all(spec["_rows"] < 5000 for spec in specs)
     assert {b.label for b in at.get("download_button")} >= {"PNG", "SVG", "CSV", "Analysis as JSON (all layers)"}
@@ -84,11 +89,18 @@ def test_changing_the_selection_redraws_without_rerunning_the_model(count_forwar
     assert "layer 3, head 2" in title(heatmap)
     assert len(charts(at)[1]["layer"]) == 2  # the picked head is outlined in the overview
     assert at.query_params["layer"] == "3" and at.query_params["head"] == "2" and at.query_params["token"] == "5"
-    at.radio(key="heatmaps_measure").set_value("raw").run()
     at.radio(key="heatmaps_kind").set_value("intra").run()
+    at.radio(key="heatmaps_measure").set_value("raw").run()
     assert_clean(at)
-    right = charts(at)[0]["hconcat"][1]
+    right = pair(charts(at)[0])[1]
     assert right["title"] == "Raw attention"
+    assert at.radio(key="heatmaps_kind").disabled  # raw attention divides by no output norm
+    assert any("repeats the left one" in c.value for c in at.caption)
+    at.radio(key="heatmaps_measure").set_value("contribution").run()
+    assert not at.radio(key="heatmaps_kind").disabled
+    for layout, concat in (("side", "hconcat"), ("stacked", "vconcat")):
+        at.radio(key="heatmaps_layout").set_value(layout).run()
+        assert len(charts(at)[0][concat]) == 2 and at.query_params["layout"] == layout
     assert len(count_forward_passes) == before
 
 

@@ -515,6 +515,40 @@ def test_the_embedded_encoder_draws_square_heatmaps_and_its_sinks(server, browse
     watch.check()
 
 
+#: A laptop's window (the narrowest common one): the automatic layouts keep every chart inside its page.
+LAPTOP = {"width": 1366, "height": 768}
+#: The right edge of the page's content (the main block, without its padding), and every chart's right edge.
+CHART_EDGES_JS = """
+() => {
+  const block = document.querySelector('[data-testid="stMainBlockContainer"]');
+  const r = block.getBoundingClientRect(), pad = parseFloat(getComputedStyle(block).paddingRight);
+  return {content: r.right - pad, charts: [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')]
+    .map(svg => svg.getBoundingClientRect().right)};
+}
+"""
+
+
+@pytest.mark.parametrize("name, charts", [("heatmaps", 2), ("token", 2), ("compare", 3)])
+def test_at_a_laptops_width_every_chart_stays_inside_the_page(server, browser, name, charts):
+    """At 1,366 x 768 with the sidebar open, the default prompt's heatmap pair, the token page's factor panels and
+    the compare page's maps lie inside the page's content column: nothing a user must scroll sideways to find."""
+    page = browser.new_page(viewport=LAPTOP)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, name))
+        _settle(page, charts)
+        _assert_no_error_text(page)
+        edges = page.evaluate(CHART_EDGES_JS)
+        assert len(edges["charts"]) >= charts
+        assert max(edges["charts"]) <= edges["content"] + 1, (
+            f"{name}: a chart ends at {max(edges['charts']):.0f} px, the page at {edges['content']:.0f}"
+        )
+        page.screenshot(path=str(ARTIFACTS / f"laptop-{name}.png"))
+    finally:
+        page.close()
+    watch.check()
+
+
 def test_clicking_a_head_in_the_overview_selects_it(server, browser):
     """A click on a cell of the all-heads chart selects that layer and head: the link and the heatmap
     follow. Vega labels each SVG cell (aria-label "head: H; layer: L; …"), which finds the cell."""

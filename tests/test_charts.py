@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import colorsys
 import json
 
 import altair as alt
@@ -24,9 +25,13 @@ class XssTokenizer(CharTokenizer):
         return "".join(XSS if int(i) == ord("x") % self.vocab_size else chr(97 + int(i) % 26) for i in ids)
 
 
+#: The most keys whose heatmap pair stands side by side under the automatic layout.
+WIDEST = max(keys for keys in range(1, 200) if heatmaps.side_by_side(keys))
+
+
 @pytest.fixture(scope="module")
 def analysis():
-    return cwviz.analyze(make_tiny("llama"), TEXT[: heatmaps.SIDE_BY_SIDE])  # the widest pair drawn side by side
+    return cwviz.analyze(make_tiny("llama"), TEXT[:WIDEST])  # the widest pair drawn side by side
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +127,12 @@ def test_factor_bars_sort_keys_by_contribution_and_mark_the_sink(analysis):
     assert len(panels) == 4
     order = panels[0]["encoding"]["y"]["sort"]
     assert order == factors.wide["key"].tolist()
-    assert "is_sink" in json.dumps(panels[0]["encoding"]["color"])
+    colour = json.dumps(panels[0]["encoding"]["color"])
+    assert "is_sink" in colour and token.SINK_COLOUR in colour and token.KEY_COLOUR in colour
+    for hex_colour in (token.SINK_COLOUR, token.KEY_COLOUR):  # no bar looks like a heatmap's sign (red +, blue −)
+        r, g, b = (int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5))
+        hue, lightness, saturation = colorsys.rgb_to_hls(r, g, b)
+        assert saturation < 0.15 or 0.72 < hue < 0.9, hex_colour  # grey, or purple
     assert _rows(spec) == len(factors.frame)
     filters = [p["transform"][0]["filter"] for p in panels]
     assert all(name in json.dumps(f) for name, f in zip(factors.factors, filters))
@@ -200,8 +210,34 @@ def test_csv_cells_that_look_like_formulas_are_neutralised_and_numbers_stay_numb
     assert rows[0][1] == "-0.5" and {r[2] for r in rows} == {"all heads"}
 
 
+def test_the_automatic_layout_keeps_a_pair_side_by_side_only_while_it_fits_a_laptop_page():
+    """A side-by-side pair is as wide as the page of a 1,366 px window allows (PAIR_FITS), never wider; a pair
+    up to a couple of dozen keys still stands side by side (the default prompts' size)."""
+    assert 20 <= WIDEST < 40
+    for keys in (1, WIDEST, WIDEST + 1, 500):
+        width = 2 * (max(heatmaps.SIDE, heatmaps.CELL * keys) + heatmaps.VIEW_EXTRA)
+        assert heatmaps.side_by_side(keys) == (width <= heatmaps.PAIR_FITS)
+    assert heatmaps.side_by_side(500, "side") and not heatmaps.side_by_side(3, "stacked")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        heatmaps.side_by_side(3, "diagonal")
+
+
+def test_a_pair_is_laid_out_as_asked_and_its_title_lines_fit_it(analysis):
+    cells = tables.heatmap_cells(analysis, 0, None, "contribution_inter", "inter")
+    stacked = heatmaps.heatmap_pair(cells, layout="stacked").to_dict()
+    assert "vconcat" in stacked and len(stacked["vconcat"]) == 2
+    for spec, views in ((stacked, 1), (heatmaps.heatmap_pair(cells).to_dict(), 2)):
+        lines = spec["title"]["text"]
+        assert any("click a cell to select its query" in line for line in lines)
+        longest = views * (heatmaps._extent(analysis.num_tokens) + heatmaps.VIEW_EXTRA) // heatmaps.TITLE_PX_PER_CHAR
+        assert all(len(line) <= longest for line in lines if "; " in line)
+    for view in stacked["vconcat"]:  # each legend below its map, horizontal
+        legend = view["layer"][0]["encoding"]["color"]["legend"]
+        assert legend["orient"] == "bottom" and legend["direction"] == "horizontal"
+
+
 def test_pairs_wider_than_side_by_side_are_stacked_and_every_position_keeps_its_label():
-    analysis = cwviz.analyze(make_tiny("llama"), TEXT[: heatmaps.SIDE_BY_SIDE + 1])
+    analysis = cwviz.analyze(make_tiny("llama"), TEXT[: WIDEST + 1])
     spec = heatmaps.heatmap_pair(tables.heatmap_cells(analysis, 0, None, "contribution_inter", "inter")).to_dict()
     assert "vconcat" in spec and "hconcat" not in spec
     for view in spec["vconcat"]:

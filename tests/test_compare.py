@@ -133,11 +133,38 @@ def test_models_that_do_not_share_a_tokenizer_or_a_shape_are_refused(llama):
 
 
 # -- charts -------------------------------------------------------------------------------------------
+def map_views(spec: dict) -> list[dict]:
+    """A, B and B − A of :func:`cwviz.charts.compare.compare_maps`, in a row, two above one, or stacked."""
+    if "hconcat" in spec:
+        return spec["hconcat"]
+    rows = spec["vconcat"]
+    return [view for row in rows for view in row.get("hconcat", [row])]
+
+
+def test_as_many_maps_share_a_row_as_fit_the_page_or_as_asked():
+    from cwviz.charts.heatmaps import PAIR_FITS
+
+    for keys in (1, 16, 17, 22, 40, 400):
+        rows = charts.per_row(keys)
+        assert rows * (max(charts.SIDE, charts.CELL * keys) + charts.VIEW_EXTRA) <= PAIR_FITS or rows == 1
+        if rows < 3:  # one more would not fit
+            assert (rows + 1) * (max(charts.SIDE, charts.CELL * keys) + charts.VIEW_EXTRA) > PAIR_FITS
+    assert charts.per_row(5, "side") == 3 and charts.per_row(40, "side") == 2 and charts.per_row(5, "stacked") == 1
+    with pytest.raises(ValueError, match="layout must be one of"):
+        charts.per_row(5, "grid")
+
+
 def test_charts_draw_a_b_and_the_difference_on_a_scale_centred_at_zero(llama):
     cmp = compare.compare(cwviz.analyze(llama, A_TEXT), cwviz.analyze(llama, B_TEXT))
     cells = compare.map_cells(cmp, 1, None)
+    for layout, shape in (("side", "hconcat"), ("stacked", "vconcat"), ("auto", None)):
+        spec = charts.compare_maps(cells, layout=layout).to_dict()
+        assert shape is None or shape in spec
+        legends = [view["layer"][0]["encoding"]["color"].get("legend", {}) for view in map_views(spec)]
+        assert all(legend is None or legend.get("orient") == "bottom" for legend in legends)
+        assert legends[1] is not None and legends[2] is not None  # B's (A's scale too) and the difference's
     for what in ("attention", "contribution"):
-        spec = charts.compare_maps(cells, what).to_dict()
+        spec = charts.compare_maps(cells, what, layout="side").to_dict()
         views = spec["hconcat"]
         assert len(views) == 3
         colours = [view["layer"][0]["encoding"]["color"] for view in views]

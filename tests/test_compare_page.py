@@ -10,6 +10,7 @@ import cwviz
 from cwviz.app import compare_services, services
 from tests.conftest import CharTokenizer
 from tests.test_app import APP, TIMEOUT, assert_clean, charts, title
+from tests.test_compare import map_views
 from tests.test_tables import tiny_long_bundle
 
 PAGE = "pages/compare.py"
@@ -46,8 +47,7 @@ def test_default_load_compares_the_example_with_its_minimal_pair():
     assert len(specs) == 3  # the maps, the head grid, the log-probabilities
     maps, grid, logprobs = specs
     assert "aligned by position" in title(maps) and "all heads" in title(maps)
-    views = maps.get("hconcat") or maps["vconcat"][0]["hconcat"] + [maps["vconcat"][1]]
-    assert len(views) == 3
+    assert len(map_views(maps)) == 3
     assert "Change B" in title(grid) and "in divergence" in title(grid) and grid["_rows"] == 30 * 9
     assert "log-probability" in title(logprobs)
     assert all(spec["_rows"] < 5000 for spec in specs)

@@ -287,6 +287,19 @@ def test_curve_chart_draws_a_line_and_a_band_per_measure_in_summary_order():
         curve_chart(summary, "sufficiency", scale="log")
 
 
+def test_a_symlog_axis_labels_its_decades_on_each_side_the_values_reach():
+    from cwviz.charts.faithfulness import curve_chart, symlog_ticks
+
+    assert symlog_ticks([0.0, 3.0, 40_000.0]) == [0.0, 1.0, 10.0, 100.0, 1_000.0, 10_000.0]
+    assert symlog_ticks([-5.0, 250.0, float("nan")]) == [-1.0, 0.0, 1.0, 10.0, 100.0]
+    assert symlog_ticks([0.2]) == [0.0, 1.0]  # never 0 alone
+    table = _table({(m, c, r): [-20.0, 3_000.0] for m in ("raw", "random") for c in F.CURVES for r in (10.0, 50.0)})
+    band = curve_chart(F.summarize(table), "comprehensiveness", scale="symlog").to_dict()["layer"][0]
+    assert band["encoding"]["y"]["axis"]["values"] == [-10.0, -1.0, 0.0, 1.0, 10.0, 100.0, 1_000.0]
+    linear = curve_chart(F.summarize(table), "comprehensiveness").to_dict()["layer"][0]
+    assert "values" not in linear["encoding"]["y"].get("axis", {})
+
+
 def test_iter_examples_resumes_at_start_and_enters_the_guard_around_each_example(llama):
     import contextlib
 

@@ -54,6 +54,20 @@ def test_a_tiny_run_on_the_sidebar_prompt_draws_both_curves_and_the_table(app):
     assert any("1 of 1 examples" in caption.value for caption in at.caption)
 
 
+def test_the_two_measures_that_rank_alike_are_said_to_coincide(app):
+    """Value-weighted attention and its inter-head output-normalised form give the same curves (one ‖o_i‖ divides
+    every key of a query); the page says so, since one line then hides the other."""
+    app.number_input(key="faith_cap").set_value(12)
+    app.multiselect(key="faith_rates").set_value([10.0, 50.0])
+    app.button_group(key="faith_measures").set_value(["value_weighted", "value_weighted_output_normalized"])
+    app.button(key="faith_run").click()
+    at = app.run()
+    assert not at.exception and not at.error
+    table = at.dataframe[0].value
+    assert table.loc["value_weighted"].equals(table.loc["value_weighted_output_normalized"])
+    assert any("coincide" in caption.value for caption in at.caption)
+
+
 def test_two_examples_from_a_jsonl_path_and_a_malformed_file(app, tmp_path):
     good = tmp_path / "items.jsonl"
     good.write_text("\n".join(json.dumps({"question": f"What is {i} + {i}?", "answer": f"{2 * i}"}) for i in range(3)))

@@ -18,11 +18,12 @@ SIDEBAR = {"prompt": TEXT, "layer": "3", "head": "2", "token": "4", "gen": "0", 
 # page: (its parameters, {widget key: the value the widget must show})
 PAGES = {
     "pages/heatmaps.py": (
-        {"measure": "value_weighted", "kind": "intra", "view": "binned", "colour": "sink_contribution"},
+        {"measure": "value_weighted", "kind": "intra", "view": "binned", "layout": "stacked", "colour": "sink_contribution"},
         {
             "heatmaps_measure": "value_weighted",
             "heatmaps_kind": "intra",
             "heatmaps_view": "binned",
+            "heatmaps_layout": "stacked",
             "heatmaps_overview_metric": "sink_contribution",
         },
     ),
@@ -43,8 +44,16 @@ PAGES = {
         },
     ),
     "pages/compare.py": (
-        {"prompt_b": TEXT + " Twice.", "model_b": "embedded", "cmp_map": "attention", "cmp_kind": "intra", "cmp_metric": "sink_attention"},
         {
+            "prompt_b": TEXT + " Twice.",
+            "model_b": "embedded",
+            "cmp_map": "attention",
+            "cmp_kind": "intra",
+            "cmp_layout": "side",
+            "cmp_metric": "sink_attention",
+        },
+        {
+            "compare_layout": "side",
             "compare_prompt_b": TEXT + " Twice.",
             "compare_model_b": "embedded",
             "compare_map": "attention",

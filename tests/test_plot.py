@@ -186,6 +186,7 @@ def test_out_of_range_selections_raise_selection_errors(analysis, call, match):
         (lambda a: plot.heatmaps(a, 0, measure="attention"), "unknown measure"),
         (lambda a: plot.heatmaps(a, 0, kind="both"), "kind"),
         (lambda a: plot.heatmaps(a, 0, view="zoom"), "view"),
+        (lambda a: plot.heatmaps(a, 0, layout="diagonal"), "layout"),
         (lambda a: plot.head_overview(a, metric="norm"), "metric"),
         (lambda a: plot.token_factors(a, 0, 3, kind="outer"), "kind"),
         (lambda a: plot.top_keys(a, 3, k=0), "at least 1"),

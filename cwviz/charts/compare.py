@@ -12,13 +12,28 @@ import altair as alt
 import pandas as pd
 
 from ..analyses.schema import COMPARE_MAPS, HEAD_METRICS, CompareCells
-from .heatmaps import CELL, head_pick, label_expr, outlined_grid, query_outline, query_pick, sequential_scale, signed_scale
+from .heatmaps import (
+    CELL,
+    LAYOUTS,
+    PAIR_FITS,
+    head_pick,
+    label_expr,
+    outlined_grid,
+    query_outline,
+    query_pick,
+    sequential_scale,
+    signed_scale,
+    wrap,
+)
 
-#: Most aligned keys for which A, B and B − A stand in one row: 3 x (16 x 13 px + ~125 px of labels) and two
-#: legends fit the dashboard's main area (about 1,200 px in a 1600 px window, seen in Chromium); up to
-#: :data:`TWO_UP` keys A and B share a row above the difference; wider ones are stacked.
+#: Most aligned keys for which A, B and B − A stand in one row when the page is asked to put maps side by side
+#: (``layout="side"``): 3 x (16 x 13 px + ~150 px of labels) fit the dashboard's main area in a 1600 px window;
+#: wider grids put A and B in a row above the difference. Under ``layout="auto"`` (:func:`per_row`) as many maps
+#: share a row as fit :data:`~cwviz.charts.heatmaps.PAIR_FITS`, the page of a 1,366 px window.
 THREE_UP = 16
-TWO_UP = 32
+#: Pixels a compared map adds to its plot area in a row: its labels ("12 lighthouse / 12 keeper", cut at
+#: :data:`LABEL_LIMIT`), its axis title and the gap to the next (its legend lies below it).
+VIEW_EXTRA = 155
 SIDE = 220  # px, the least a compared map's axis gets
 #: Characters a title line holds: about 700 px at 13 px, narrower than the narrowest grid of maps.
 TITLE_CHARS = 100
@@ -31,7 +46,19 @@ def _extent(count: int) -> int:
     return max(SIDE, CELL * count)
 
 
-def compare_maps(cells: CompareCells, what: str = "contribution", query: int | None = None) -> alt.ConcatChart:
+def per_row(keys: int, layout: str = "auto") -> int:
+    """How many of A, B and B − A share a row for ``keys`` aligned keys under ``layout`` (:data:`LAYOUTS`): 3 (one
+    row), 2 (A and B above the difference) or 1 (stacked)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
+    if layout == "stacked":
+        return 1
+    if layout == "side":
+        return 3 if keys <= THREE_UP else 2
+    return next((n for n in (3, 2) if n * (_extent(keys) + VIEW_EXTRA) <= PAIR_FITS), 1)
+
+
+def compare_maps(cells: CompareCells, what: str = "contribution", query: int | None = None, layout: str = "auto") -> alt.ConcatChart:
     """A, B and B − A of one map (``what``: ``"contribution"`` or ``"attention"``) on the aligned grid.
 
     A and B share one colour scale (sequential for attention, diverging at zero for contributions); the
@@ -66,17 +93,20 @@ def compare_maps(cells: CompareCells, what: str = "contribution", query: int | N
     shared = signed_scale(both) if what == "contribution" else sequential_scale(both)
     label = COMPARE_MAPS[what]
     views = []
+    below = dict(title=None, orient="bottom", direction="horizontal", gradientLength=min(_extent(keys), 200))
+    rows = per_row(keys, layout)
+    # A and B share a scale: one legend, under B, unless each stands alone.
     for field, title, scale, legend in (
-        (f"{what}_a", f"A: {label}", shared, None),
-        (f"{what}_b", f"B: {label}", shared, alt.Legend(title=None)),
-        (f"{what}_diff", f"B − A: {label} (red: larger in B)", signed_scale(frame[f"{what}_diff"]), alt.Legend(title=None)),
+        (f"{what}_a", f"A: {label}", shared, alt.Legend(**below) if rows == 1 else None),
+        (f"{what}_b", f"B: {label}", shared, alt.Legend(**below)),
+        (f"{what}_diff", f"B − A: {label} (red: larger in B)", signed_scale(frame[f"{what}_diff"]), alt.Legend(**below)),
     ):
         chart = base.encode(color=alt.Color(f"{field}:Q", scale=scale, legend=legend)).properties(name=f"compare_{field}")
         layers = [chart] + ([query_outline(row)] if row is not None else [])
         views.append(alt.layer(*layers).properties(title=title))
-    if keys <= THREE_UP:
+    if rows == 3:
         grid = alt.hconcat(*views, data=frame)
-    elif keys <= TWO_UP:
+    elif rows == 2:
         grid = alt.vconcat(alt.hconcat(*views[:2]).resolve_scale(color="independent"), views[2], data=frame)
     else:
         grid = alt.vconcat(*views, data=frame)
@@ -85,20 +115,8 @@ def compare_maps(cells: CompareCells, what: str = "contribution", query: int | N
         # One click parameter for every view: Altair gives it to each unit chart and says so.
         warnings.filterwarnings("ignore", message="Automatically deduplicated selection parameter", category=UserWarning)
         grid = grid.add_params(query_pick())
-    lines = wrap(cells.note + "; click a cell to select its query")
+    lines = wrap(cells.note + "; click a cell to select its query", TITLE_CHARS)
     return grid.properties(title=alt.TitleParams(lines, anchor="start", fontSize=13))
-
-
-def wrap(note: str, width: int = TITLE_CHARS) -> list[str]:
-    """A note's ``"; "``-separated parts on lines of at most about ``width`` characters (a title wider than the
-    maps would widen the chart past the page)."""
-    lines: list[str] = []
-    for part in note.split("; "):
-        if lines and len(lines[-1]) + len(part) + 2 <= width:
-            lines[-1] += "; " + part
-        else:
-            lines.append(part)
-    return lines
 
 
 def head_change_grid(

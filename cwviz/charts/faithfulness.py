@@ -8,7 +8,10 @@ and negative values.
 
 from __future__ import annotations
 
+import math
+
 import altair as alt
+import numpy as np
 import pandas as pd
 
 CURVE_TITLES = {
@@ -17,6 +20,20 @@ CURVE_TITLES = {
 }
 SCALES = ("linear", "symlog")
 WIDTH, HEIGHT = 520, 320
+
+
+def symlog_ticks(values) -> list[float]:
+    """Ticks of a symmetric-log axis over ``values``: 0, and ±1, ±10, ±100, … as far as the values reach on each
+    side (1 at least, so that an axis never holds 0 alone)."""
+    finite = np.asarray(values, dtype=float).ravel()
+    finite = finite[np.isfinite(finite)]
+
+    def decades(reach: float) -> list[float]:
+        return [10.0**k for k in range(0, int(math.floor(math.log10(reach))) + 1)] if reach >= 1 else []
+
+    top = float(finite.max()) if finite.size else 0.0
+    bottom = float(finite.min()) if finite.size else 0.0
+    return sorted([-d for d in decades(-bottom)] + [0.0] + (decades(top) or [1.0]))
 
 
 def curve_chart(summary: pd.DataFrame, curve: str, scale: str = "linear") -> alt.LayerChart:
@@ -34,10 +51,14 @@ def curve_chart(summary: pd.DataFrame, curve: str, scale: str = "linear") -> alt
     color = alt.Color("measure:N", sort=order, title="measure", legend=legend)
     x = alt.X("rate:Q", title="keys removed per query (%)", scale=alt.Scale(zero=True))
     y_scale = alt.Scale(type=scale)
+    # Vega's default ticks on a symlog axis are a linear few (0, 20,000, 40,000): label its decades instead.
+    axis = (
+        alt.Axis(values=symlog_ticks(data[["ci_low", "ci_high", "delta_ppl"]].to_numpy()), format="~s") if scale == "symlog" else alt.Axis()
+    )
     base = alt.Chart(data).encode(x=x, color=color)
     band = base.mark_area(opacity=0.15).encode(
         color=alt.Color("measure:N", sort=order, legend=None),
-        y=alt.Y("ci_low:Q", title="ΔPPL = PPL(masked) − PPL(clean)", scale=y_scale),
+        y=alt.Y("ci_low:Q", title="ΔPPL = PPL(masked) − PPL(clean)", scale=y_scale, axis=axis),
         y2="ci_high:Q",
     )
     tooltip = [

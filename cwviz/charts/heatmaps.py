@@ -22,9 +22,17 @@ DIVERGING = "redblue"
 SEQUENTIAL = "blues"
 SIDE = 330  # px, the least a heatmap axis gets
 CELL = 13  # px per position: a 10 px label per row or column without overlap
-#: Most keys for which the two heatmaps stand side by side: 2 x (32 x 13 px + ~85 px of labels + ~45 px of
-#: legend) fit the dashboard's main area in a 1600 px wide window (seen in Chromium); wider pairs are stacked.
-SIDE_BY_SIDE = 32
+#: How the heatmap pair is laid out: side by side when it fits (``"auto"``), or as the user asks.
+LAYOUTS = ("auto", "side", "stacked")
+#: Width (px) the pair may take side by side under ``"auto"``: the dashboard's main area in a 1,366 px wide
+#: window with the sidebar open, the narrowest common laptop screen (906 px in Chromium: the width of the head
+#: overview, which fills it). A wider pair is stacked, so that no map runs past the page's right edge; the
+#: page's Layout control puts it side by side on a wider screen.
+PAIR_FITS = 906
+#: Pixels a heatmap view adds to its plot area side by side: its row labels and axis title, and the gap to the
+#: next view (its legend lies below the map). Measured in Chromium: a 22-token pair of 330 px maps was 882 px
+#: wide, and a 30-token pair of 390 px maps 1,002 px; a token longer than about ten characters adds more.
+VIEW_EXTRA = 115
 #: The click selection of every layer x head grid; pages pass it to Streamlit as ``selection_mode``.
 PICK = "pick"
 #: The least height of the layer x head overview, title and head axis included: the dashboard draws it at the
@@ -108,14 +116,24 @@ def query_pick() -> alt.Parameter:
     return alt.selection_point(name=QUERY_PICK, fields=["query_position"], on="click", clear=False)
 
 
-def heatmap_pair(cells: HeatmapCells, query: int | None = None) -> alt.HConcatChart | alt.VConcatChart:
+def side_by_side(keys: int, layout: str = "auto") -> bool:
+    """Whether the heatmap pair of ``keys`` columns stands side by side under ``layout`` (:data:`LAYOUTS`)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
+    if layout != "auto":
+        return layout == "side"
+    return 2 * (_extent(keys) + VIEW_EXTRA) <= PAIR_FITS
+
+
+def heatmap_pair(cells: HeatmapCells, query: int | None = None, layout: str = "auto") -> alt.HConcatChart | alt.VConcatChart:
     """Attention (sequential scale) beside the picked measure (diverging at zero when it can be negative).
 
     One dataset of ``len(cells.frame)`` rows feeds both views. The masked upper triangle has no rows,
     so it stays empty. Every row and column is labelled ``"12 the"`` (position and token; a heatmap has
     at most about 70 positions per axis, :data:`cwviz.analyses.tables.MAX_CELLS`), at :data:`CELL` px
-    per position so no label overlaps its neighbour. Up to :data:`SIDE_BY_SIDE` keys the two heatmaps
-    stand side by side; wider ones are stacked so each keeps its full width. The selected query's row
+    per position so no label overlaps its neighbour. The two heatmaps stand side by side when they fit a
+    laptop's page (``layout="auto"``, :func:`side_by_side`) or when ``layout="side"``; else they are stacked, so
+    each keeps its full width. Each legend lies below its map, to keep the pair narrow. The selected query's row
     (``cells.query``, or ``query`` when given) is outlined on both; a click on a cell selects its query
     (:data:`QUERY_PICK`).
     """
@@ -138,10 +156,11 @@ def heatmap_pair(cells: HeatmapCells, query: int | None = None) -> alt.HConcatCh
         )
         .properties(width=_extent(keys), height=_extent(queries))
     )
-    # The legends carry no title (each view's title names its measure), so the pair stays narrow.
-    attention = base.encode(color=alt.Color("attention:Q", title=None, scale=sequential_scale(frame["attention"])))
+    # The legends carry no title (each view's title names its measure) and lie below the maps: the pair stays narrow.
+    legend = alt.Legend(orient="bottom", direction="horizontal", gradientLength=min(_extent(keys), 240), title=None)
+    attention = base.encode(color=alt.Color("attention:Q", legend=legend, scale=sequential_scale(frame["attention"])))
     scale = signed_scale(frame["value"]) if is_signed(cells.measure) else sequential_scale(frame["value"])
-    measure = base.encode(color=alt.Color("value:Q", title=None, scale=scale))
+    measure = base.encode(color=alt.Color("value:Q", legend=legend, scale=scale))
     views = []
     for name, chart, title in (
         ("attention", attention, "Attention weights"),
@@ -149,13 +168,35 @@ def heatmap_pair(cells: HeatmapCells, query: int | None = None) -> alt.HConcatCh
     ):
         layers = [chart.properties(name=f"heatmap_{name}")] + ([query_outline(row)] if row is not None else [])
         views.append(alt.layer(*layers).properties(title=title))
-    concat = alt.hconcat if keys <= SIDE_BY_SIDE else alt.vconcat
+    side = side_by_side(keys, layout)
+    concat = alt.hconcat if side else alt.vconcat
     pair = concat(*views, data=frame).resolve_scale(color="independent")
     with warnings.catch_warnings():
         # One parameter for both views is what we want: Altair gives it to each unit chart and says so.
         warnings.filterwarnings("ignore", message="Automatically deduplicated selection parameter", category=UserWarning)
         pair = pair.add_params(pick)
-    return pair.properties(title=alt.TitleParams(cells.note + " · click a cell to select its query", anchor="start", fontSize=13))
+    # The title on lines no wider than the maps (Vega cuts a longer line with an ellipsis).
+    lines = wrap(
+        cells.note + "; click a cell to select its query", ((2 if side else 1) * (_extent(keys) + VIEW_EXTRA)) // TITLE_PX_PER_CHAR
+    )
+    return pair.properties(title=alt.TitleParams(lines, anchor="start", fontSize=13))
+
+
+#: About the width (px) of a character of a 13 px title, for :func:`wrap`.
+TITLE_PX_PER_CHAR = 7
+
+
+def wrap(note: str, width: int) -> list[str]:
+    """A note's ``"; "``-separated parts on lines of at most about ``width`` characters (a title line wider
+    than its chart would be cut, or widen the chart past the page); a part longer than ``width`` keeps a line
+    of its own."""
+    lines: list[str] = []
+    for part in note.split("; "):
+        if lines and len(lines[-1]) + len(part) + 2 <= width:
+            lines[-1] += "; " + part
+        else:
+            lines.append(part)
+    return lines
 
 
 #: The per-head summaries the overview can colour by.

@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 
 from ..analyses.schema import TokenFactors
-from .heatmaps import label_expr, signed_scale
+from .heatmaps import PAIR_FITS, TITLE_PX_PER_CHAR, label_expr, signed_scale, wrap
 
 FACTOR_TITLES = {
     "attention": "attention α",
@@ -14,8 +14,15 @@ FACTOR_TITLES = {
     "cosine": "cosine cos(o_q, ṽ_k)",
     "contribution": "contribution = product",
 }
-SINK_COLOUR = "#e45756"
-KEY_COLOUR = "#4c78a8"
+#: Bar colours: outside the heatmaps' red (positive) and blue (negative), so that no bar's colour reads as its
+#: sign (the sign is which side of zero a bar lies on).
+SINK_COLOUR = "#7b4ea3"  # purple
+KEY_COLOUR = "#8c8c8c"  # grey
+#: Pixels the key labels of a token chart take; the narrowest column a layer gets in the top keys chart (its rank,
+#: two digits, still fits).
+KEY_LABELS, MIN_LAYER_STEP = 160, 16
+#: Pixels of a factor's panel: four panels and the key labels fit the page of a 1,366 px window.
+PANEL_WIDTH = 160
 
 
 def _labels(keys: pd.Series, tokens: pd.Series) -> list[str]:
@@ -27,7 +34,7 @@ def _labels(keys: pd.Series, tokens: pd.Series) -> list[str]:
 
 
 def factor_bars(factors: TokenFactors) -> alt.HConcatChart:
-    """One panel of horizontal bars per factor, keys sorted by contribution (largest on top), the sink in red.
+    """One panel of horizontal bars per factor, keys sorted by contribution (largest on top), the sink in purple.
 
     The panels share one dataset (``factors.frame``, one row per key and factor).
     """
@@ -59,11 +66,11 @@ def factor_bars(factors: TokenFactors) -> alt.HConcatChart:
                 color=colour,
                 tooltip=tooltip,
             )
-            .properties(width=170, height=height, title=titles.get(name, name))
+            .properties(width=PANEL_WIDTH, height=height, title=titles.get(name, name))
         )
-    return alt.hconcat(*panels, data=frame, spacing=8).properties(
-        title=alt.TitleParams(factors.note + "; the sink (first token) in red", anchor="start", fontSize=13)
-    )
+    width = len(panels) * (PANEL_WIDTH + 8) + 140  # the panels and the key labels
+    lines = wrap(factors.note + "; the sink (first token) in purple", width // TITLE_PX_PER_CHAR)
+    return alt.hconcat(*panels, data=frame, spacing=8).properties(title=alt.TitleParams(lines, anchor="start", fontSize=13))
 
 
 def top_keys_chart(frame: pd.DataFrame, note: str) -> alt.LayerChart:
@@ -83,11 +90,14 @@ def top_keys_chart(frame: pd.DataFrame, note: str) -> alt.LayerChart:
             alt.Tooltip("attention:Q", format=".4f"),
         ],
     )
-    rects = base.mark_rect().encode(color=alt.Color("contribution:Q", scale=signed_scale(frame["contribution"])))
+    legend = alt.Legend(orient="bottom", direction="horizontal", title="contribution")
+    rects = base.mark_rect().encode(color=alt.Color("contribution:Q", scale=signed_scale(frame["contribution"]), legend=legend))
     ranks = base.mark_text(fontSize=11).encode(text="rank:O")
-    # A step per row and column (not a total height): every key row is 24 px, however few there are.
+    # A step per row and column (not a total height): every key row is 24 px, however few there are; a layer's
+    # column is narrower for a deep model, so that the layers fit the page (its legend lies below).
+    layers = max(1, frame["layer"].nunique())
     return alt.layer(rects, ranks, data=frame).properties(
-        width=alt.Step(24),
+        width=alt.Step(max(MIN_LAYER_STEP, min(24, (PAIR_FITS - KEY_LABELS) // layers))),
         height=alt.Step(24),
         title=alt.TitleParams(note, anchor="start", fontSize=13),
     )
