@@ -235,12 +235,21 @@ if run and run["running"]:
         st.stop()
     total = len(run["texts"])
     progress = st.progress(run["next"] / total, text=f"{run['next']} of {total} examples")
+
+    def passes(done: int, of: int) -> None:
+        """The example in progress: its clean pass, then each batch of masked runs."""
+        progress.progress(
+            min(1.0, (run["next"] + done / of) / total),
+            text=f"{run['next']} of {total} examples; example {run['next'] + 1}: {done} of {of} forward passes",
+        )
+
     examples = F.iter_examples(
         bundle,
         run["texts"][run["next"] :],
         run["protocol"],
         start=run["next"],
         guard=lambda: hosting.analysis_slot(policy),  # a shared server runs at most CWVIZ_MAX_CONCURRENT at once
+        progress=passes,
     )
     try:
         for index, table in examples:

@@ -317,6 +317,16 @@ def test_iter_examples_resumes_at_start_and_enters_the_guard_around_each_example
     assert set(out[0][1]["example"]) == {3} and set(out[2][1]["example"]) == {5}
 
 
+def test_each_example_reports_its_forward_passes_from_the_clean_one_to_the_last_batch(llama):
+    """``progress(done, total)`` counts an example's clean pass and its batches of distinct masked runs, afresh for
+    each example: 2 measures x 2 curves x 2 rates = 8 distinct runs in batches of 3 is 1 + 3 passes."""
+    calls = []
+    protocol = F.Protocol(rates=(10, 50), measures=("raw", "random"), batch_size=3)
+    out = list(F.iter_examples(llama, ["abcdefghij", "klmnopqrst"], protocol, progress=lambda done, total: calls.append((done, total))))
+    assert len(out) == 2
+    assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)] * 2
+
+
 def test_batch_size_auto_fits_memory_and_gives_the_same_numbers(llama, monkeypatch):
     protocol = dict(rates=(10, 50), measures=("raw", "random"))
     auto = F.Protocol(batch_size=F.AUTO_BATCH, **protocol)

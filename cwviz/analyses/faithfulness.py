@@ -46,6 +46,7 @@ from ..core.analysis import perplexity as sequence_perplexity
 from ..core.errors import InputError, UnsupportedModelError
 from ..core.interventions import KeepKeys, batch_logprobs
 from ..core.models import Bundle
+from ..core.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +227,9 @@ def example_ids(bundle: Bundle, text: str, max_tokens: int) -> list[int] | None:
     return check_length(bundle, ids)
 
 
-def masked_logprobs(bundle: Bundle, analysis: Analysis, protocol: Protocol, example: int = 0) -> dict[tuple[str, str, float], np.ndarray]:
+def masked_logprobs(
+    bundle: Bundle, analysis: Analysis, protocol: Protocol, example: int = 0, progress: Progress | None = None
+) -> dict[tuple[str, str, float], np.ndarray]:
     """Next-token log-probabilities [T - 1] of every masked run of one example (the keys of
     :meth:`Protocol.runs`), the rankings taken from the clean pass ``analysis``.
 
@@ -236,6 +239,9 @@ def masked_logprobs(bundle: Bundle, analysis: Analysis, protocol: Protocol, exam
     exactly as ``value_weighted``), and rates that give the same k_i everywhere (short texts). Rate 0
     masks nothing, so its runs are the clean pass itself (not a masked pass that masks nothing, which would
     differ from it by float rounding): with nothing masked, every score equals the clean one exactly.
+
+    ``progress(done, total)`` (:mod:`cwviz.core.progress`) counts the example's forward passes: the clean one
+    (done when this is called, so reported first) and each batch of masked runs.
     """
     ranked = rankings(analysis, protocol, example)
     layers = list(ranked.num_visible)
@@ -247,13 +253,18 @@ def masked_logprobs(bundle: Bundle, analysis: Analysis, protocol: Protocol, exam
     ids = torch.tensor([analysis.input_ids])  # (1, T)
     out: dict[tuple[str, str, float], np.ndarray] = {}
     size = batch_size_for(bundle, analysis.num_tokens, protocol, len(distinct))
-    for start in range(0, len(distinct), size):
+    passes = 1 + -(-len(distinct) // size)
+    if progress is not None:
+        progress(1, passes)
+    for done, start in enumerate(range(0, len(distinct), size), start=2):
         chunk = distinct[start : start + size]
         masks = {
             l: torch.stack([keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c) for m, c, r in chunk]) for l in layers
         }  # layer -> (B, 1 or head, Q, K)
         batch = ids.expand(len(chunk), -1)
         out.update(zip(chunk, batch_logprobs(bundle, batch, KeepKeys(masks)).numpy()))
+        if progress is not None:
+            progress(done, passes)
     clean = analysis.next_token_logprobs
     return {(m, c, r): clean if r <= 0 else out[same_measure[m], c, same_rate[r]] for m, c, r in runs}
 
@@ -288,14 +299,17 @@ def batch_size_for(bundle: Bundle, tokens: int, protocol: Protocol, runs: int) -
     return max(1, min(cap, int(spare // masked_run_bytes(bundle, tokens, protocol.per_head))))
 
 
-def run_example(bundle: Bundle, input_ids: Sequence[int], protocol: Protocol = Protocol(), example: int = 0) -> pd.DataFrame:
+def run_example(
+    bundle: Bundle, input_ids: Sequence[int], protocol: Protocol = Protocol(), example: int = 0, progress: Progress | None = None
+) -> pd.DataFrame:
     """Every masked run of one example: a table with :data:`EXAMPLE_COLUMNS`, one row per run.
 
-    One clean pass gives the rankings and PPL(clean); the masked runs are :func:`masked_logprobs`.
+    One clean pass gives the rankings and PPL(clean); the masked runs are :func:`masked_logprobs` (which reports
+    ``progress``).
     """
     check_causal(bundle)
     analysis = analyze(bundle, input_ids=list(input_ids))
-    logprobs = masked_logprobs(bundle, analysis, protocol, example)
+    logprobs = masked_logprobs(bundle, analysis, protocol, example, progress=progress)
     runs = protocol.runs()
     ppl_masked = np.array([sequence_perplexity(logprobs[run]) for run in runs])
     clean = analysis.perplexity
@@ -329,6 +343,7 @@ def iter_examples(
     *,
     start: int = 0,
     guard: Callable[[], AbstractContextManager] | None = None,
+    progress: Progress | None = None,
 ) -> Iterator[tuple[int, pd.DataFrame | None]]:
     """:func:`run_example` for each text in turn (cut to ``protocol.max_tokens``): yields
     ``(index, table)``, one pair per text, so a caller can save, report progress or stop between examples.
@@ -336,7 +351,8 @@ def iter_examples(
     The one example loop of cwviz: the CLI and the dashboard's faithfulness page both use it.
     ``start`` numbers the first text (a resumed run); ``guard``, when given, makes a context entered
     around each example's forward passes (the dashboard's shared-server slot). A text with fewer than
-    two tokens yields ``(index, None)`` (and is logged).
+    two tokens yields ``(index, None)`` (and is logged). ``progress`` reports the forward passes of the example
+    in progress (:func:`masked_logprobs`), afresh for each example.
     """
     check_causal(bundle)
     masked_layers(bundle.info.layers, protocol.layer)
@@ -347,7 +363,7 @@ def iter_examples(
             yield index, None
             continue
         with guard() if guard is not None else nullcontext():
-            table = run_example(bundle, ids, protocol, example=index)
+            table = run_example(bundle, ids, protocol, example=index, progress=progress)
         yield index, table
 
 
