@@ -6,7 +6,7 @@ Everything cwviz needs from a model is reached through two seams:
   receives post-RoPE queries, keys and values (bias included) of every attention module, and
 * the output projection ``W_O`` of each layer, whose weight gives the per-head slices ``W_O^h``.
 
-An :class:`Architecture` says where those live, relative to ``model.base_model``. Adding a family that
+An :class:`Architecture` says where those live, relative to the base model (:func:`base_model`). Adding a family that
 uses transformers' attention interface is one more row in :data:`ARCHITECTURES`.
 
 A third piece, for causal models: the logits are the output layer (``get_output_embeddings()``) applied to
@@ -38,7 +38,7 @@ from .errors import UnsupportedModelError
 class Architecture:
     """Where the attention pieces of one model family live.
 
-    Paths are dotted attribute paths. ``layers`` is relative to ``model.base_model``; ``attention``
+    Paths are dotted attribute paths. ``layers`` is relative to the base model (:func:`base_model`); ``attention``
     (the module that calls the attention function) and ``out_proj`` (W_O) are relative to one layer.
     ``conv1d``: GPT-2's ``Conv1D`` stores its weight as [in, out], the transpose of ``nn.Linear``.
     ``auto_class``: the transformers auto class that gives a head with vocabulary logits.
@@ -129,6 +129,14 @@ _CROSS = (
     "so contributions over one sequence's tokens are not defined for it"
 )
 _HYBRID = "a hybrid of attention and state-space, linear-attention or recurrent layers: the non-attention layers mix tokens with no per-head value path"
+_SHARED = (
+    "a model that runs one shared layer num_hidden_layers times: cwviz records each attention module once a forward pass, "
+    "so it would report one layer, the last pass"
+)
+_MIXED_VALUES = (
+    "a model whose value at position j mixes token j's and token j-1's states (ZAYA's CCA projection): cwviz would "
+    "attribute to token j what comes from token j-1"
+)
 #: Model types cwviz refuses, with the reason its error gives.
 REFUSED: dict[str, str] = {
     **{t: _STATE_SPACE for t in ("mamba", "mamba2", "falcon_mamba")},
@@ -147,12 +155,21 @@ REFUSED: dict[str, str] = {
             "lfm2",
             "lfm2_moe",
             "qwen3_next",
+            # Qwen3.5: Gated DeltaNet linear-attention layers between full-attention ones (text and MoE, and their
+            # multimodal wrappers); LFM3: short convolutions between attention layers, as LFM2.
+            "qwen3_5",
+            "qwen3_5_text",
+            "qwen3_5_moe",
+            "qwen3_5_moe_text",
+            "lfm3",
             "kimi_linear",
             "olmo_hybrid",
             "bailing_hybrid",
             "minimax",
         )
     },
+    "albert": _SHARED,  # derive.py refuses any other model whose attention module runs twice a pass
+    "zaya": _MIXED_VALUES,
     **{t: _CROSS for t in ("t5", "mt5", "umt5", "bart", "mbart", "marian", "pegasus", "whisper", "led", "blenderbot", "encoder-decoder")},
 }
 
@@ -195,9 +212,21 @@ def submodule(root: nn.Module, path: str) -> nn.Module:
     return module
 
 
+def base_model(model: nn.Module) -> nn.Module:
+    """The model's body (the decoder or encoder that gives the final hidden states): ``model.base_model``, except
+    for a model with a head whose ``base_model_prefix`` names no attribute of it, so that transformers' base_model is
+    the model itself: then its ``.model`` (Llama 4's text LM: prefix ``"language_model"``, decoder at ``.model``)."""
+    base = model.base_model
+    if base is model:
+        inner = getattr(model, "model", None)
+        if isinstance(inner, nn.Module) and hasattr(inner, "get_input_embeddings"):
+            return inner
+    return base
+
+
 def layer_modules(model: nn.Module, arch: Architecture) -> list[nn.Module]:
     """The model's transformer blocks, in order."""
-    return list(submodule(model.base_model, arch.layers))
+    return list(submodule(base_model(model), arch.layers))
 
 
 def attention_modules(model: nn.Module, arch: Architecture) -> list[nn.Module]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -29,6 +30,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from .errors import UnsupportedModelError
 from .measures import causal_row_blocks, expand_kv
 from .progress import Progress
 from .spill import SpilledRecords
@@ -126,6 +128,7 @@ class _Pass:
     arena: torch.Tensor | None = None  # (layers, per-layer elements): the records of a pass on the CPU
     seen: list | None = None  # the modules that called the attention function, in order (:func:`attention_callers`)
     attend: Attend | None = None  # computes each recorded layer's output in place of SDPA (:func:`forward_pass`)
+    called: set[int] = field(default_factory=set)  # the layers that have run in this recording pass
 
     def kept(self, layer: int, parts: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         """What a record keeps of ``parts``: on a CPU, contiguous copies side by side in one buffer for the
@@ -161,10 +164,41 @@ _ACTIVE: contextvars.ContextVar[_Pass | None] = contextvars.ContextVar("cwviz_pa
 
 
 def _is_causal(module: torch.nn.Module, kwargs: dict, num_queries: int) -> bool:
+    """Whether a layer with no mask (``attention_mask`` None) is causal: the call's ``is_causal``, else the
+    module's ``is_causal`` attribute, else its config's kind (:func:`_config_causal`).
+
+    Why not transformers' own default (SDPA takes a module without ``is_causal`` as causal): a BERT-style encoder
+    whose attention module sets no ``is_causal`` (Splinter, LayoutLM, MarkupLM) builds its mask with
+    ``create_bidirectional_mask``, which under cwviz's mask function is None when nothing is padded; taken as causal,
+    such an encoder would become a decoder, its outputs changed, in an analysis or not."""
     flag = kwargs.get("is_causal")
     if flag is None:
-        flag = getattr(module, "is_causal", True)
+        flag = getattr(module, "is_causal", None)
+    if flag is None:
+        flag = _config_causal(getattr(module, "config", None))
     return bool(flag) and num_queries > 1
+
+
+def _config_causal(config) -> bool:
+    """Whether a model with this config attends causally, for an attention module that does not say: a decoder
+    (``is_decoder``), or a model type transformers has a causal LM class for and no masked LM class (decoder-only
+    families). Encoder families (a masked LM class, or neither, as Splinter's and MarkupLM's) are bidirectional.
+    Without a config, transformers' own default (causal). A wrong guess cannot pass unseen: a derived row's probe
+    compares cwviz's forward pass with the model's eager attention (:func:`cwviz.core.derive.derive_architecture`)."""
+    if config is None:
+        return True
+    if getattr(config, "is_decoder", False):
+        return True
+    return _decoder_only(getattr(config, "model_type", None))
+
+
+@functools.cache
+def _decoder_only(model_type: str | None) -> bool:
+    from transformers.models.auto import modeling_auto
+
+    return (
+        model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    )
 
 
 def attention_probabilities(
@@ -368,10 +402,19 @@ def _cwviz_attention(
         active.seen.append(module)
     # query (B, H, Q, d); key, value (B, H_kv, K, d); attention_mask None or (B, 1, Q, K)
     plain = softcap is None and sinks is None
+    # SDPA is told cwviz's causality (:func:`_is_causal`), not left to its own default, in a pass or not.
+    causal = kwargs["is_causal"] = _is_causal(module, kwargs, query.shape[-2])
     if layer is None and plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     scaling = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
-    causal = _is_causal(module, kwargs, query.shape[-2])
+    if layer is not None and active.record:
+        if layer in active.called:
+            # ALBERT runs one shared layer num_hidden_layers times: a second call would overwrite the first's record.
+            raise UnsupportedModelError(
+                f"the attention module of layer {layer} ran more than once in one forward pass (a layer whose weights are "
+                "shared across depth, as ALBERT's): cwviz records each attention module once a pass, so it cannot analyse this model"
+            )
+        active.called.add(layer)
     keep = None
     if layer is not None and active.intervention is not None:
         value = active.intervention.values(layer, value)

@@ -7,10 +7,13 @@ says by running: the modules that call the attention function are the attention 
 
 The row is then checked, once, at load time by a short probe (:data:`PROBE_TOKENS` tokens): for every layer,
 Σ_j α_ij^h v_j^h computed from the records (the α cwviz computes, the values the model gave) must equal the
-input the model itself gives that output projection, to float32 rounding; and, for a causal LM, the output
+input the model itself gives that output projection, to float32 rounding; the final hidden states with cwviz's
+attention must be those the model's own eager attention gives (the checks above compare cwviz with itself, so a
+wrong guess of the seam, e.g. of a layer's causality, would pass them); and, for a causal LM, the output
 layer applied to the final hidden states (with the logit scaling or soft-capping its config names) must give
-the model's own logits. A model that fails is refused with an error saying so: cwviz never shows numbers from a
-layout it could not check.
+the model's own logits. A model in which one attention module runs more than once a pass (ALBERT's shared
+layer) is refused: cwviz keeps one record per module. A model that fails is refused with an error saying so:
+cwviz never shows numbers from a layout it could not check.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from .architectures import LOGIT_ATTRIBUTES, SUPPORTED, Architecture, out_proj_weight, output_logits, submodule
-from .capture import attention_callers, forward_pass
+from .architectures import LOGIT_ATTRIBUTES, SUPPORTED, Architecture, base_model, out_proj_weight, output_logits, submodule
+from .capture import ATTN_IMPLEMENTATION, attention_callers, forward_pass
 from .errors import UnsupportedModelError
 from .measures import expand_kv
 
@@ -54,15 +57,25 @@ def _probe_ids(model: nn.Module) -> torch.Tensor:
     return (torch.arange(PROBE_TOKENS, device=device)[None] * 7 + 3) % vocab  # (1, T)
 
 
-def _run(model: nn.Module, ids: torch.Tensor) -> None:
-    model.base_model(input_ids=ids, use_cache=False)
+def _run(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """The base model's final hidden states [T, d_model] for ``ids`` (1, T)."""
+    return base_model(model)(input_ids=ids, use_cache=False).last_hidden_state[0]
 
 
 def _layout(model: nn.Module, callers: list[nn.Module]) -> tuple[str, str]:
-    """``(layers, attention)`` paths from the modules that called the attention function, in call order."""
+    """``(layers, attention)`` paths from the modules that called the attention function, in call order.
+
+    A module that called it more than once in the pass is refused: weights shared across depth (ALBERT runs one
+    layer ``num_hidden_layers`` times) would be one module, hence one layer and one record, for several passes."""
     model_type = model.config.model_type
-    names = {id(m): n for n, m in model.base_model.named_modules()}
+    names = {id(m): n for n, m in base_model(model).named_modules()}
     unique = list({id(m): m for m in callers}.values())
+    if len(unique) < len(callers):
+        raise _refuse(
+            model_type,
+            f"its {len(unique)} attention module(s) ran {len(callers)} times in one forward pass (a layer whose weights are "
+            "shared across depth, as ALBERT's): cwviz records each attention module once a pass",
+        )
     paths = [names.get(id(m)) for m in unique]
     if not paths or any(p is None for p in paths):
         raise _refuse(model_type, "no module of the base model calls transformers' AttentionInterface")
@@ -109,7 +122,7 @@ def _check_logits(model: nn.Module, arch: Architecture, ids: torch.Tensor) -> Ar
         return arch
     with torch.inference_mode():
         expected = model(input_ids=ids, use_cache=False).logits[0].float()  # (T, vocab)
-        hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0]
+        hidden = _run(model, ids)
         got = output_logits(model, arch, hidden).float()
     tolerance = PROBE_TOLERANCE.get(hidden.dtype, PROBE_TOLERANCE_LOW) * max(1.0, float(expected.abs().max()))
     error = float((got - expected).abs().max()) if got.shape == expected.shape else float("inf")
@@ -122,13 +135,39 @@ def _check_logits(model: nn.Module, arch: Architecture, ids: torch.Tensor) -> Ar
     return arch
 
 
+def _check_eager(model: nn.Module, ids: torch.Tensor) -> None:
+    """Refuse the model unless its final hidden states with cwviz's attention (outside a pass: SDPA, with cwviz's
+    masks and causality) are those of its own eager attention, within the probe's tolerance.
+
+    The other checks compare cwviz with itself (the records against the same pass), so a wrong reading of the seam
+    would pass them: an encoder taken as causal changes the model's outputs and its records alike. The model is
+    switched to eager attention for one pass and back (it is not yet shared: derivation runs while it loads)."""
+    with torch.inference_mode():
+        got = _run(model, ids).float()  # (T, d_model)
+    model.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode():
+            expected = _run(model, ids).float()
+    finally:
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    tolerance = PROBE_TOLERANCE.get(got.dtype, PROBE_TOLERANCE_LOW) * max(1.0, float(expected.abs().max()))
+    error = float((got - expected).abs().max()) if got.shape == expected.shape else float("inf")
+    if not error <= tolerance:
+        raise _refuse(
+            model.config.model_type,
+            f"the probe failed: its final hidden states with cwviz's attention differ from those of its own eager attention "
+            f"by {error:.3g} (tolerance {tolerance:.3g}), so cwviz would not analyse the model's own attention",
+        )
+
+
 def derive_architecture(model: nn.Module) -> Architecture:
     """A checked :class:`~cwviz.core.architectures.Architecture` for a model with no row, or UnsupportedModelError.
 
     The model must already use cwviz's attention function (:func:`cwviz.core.models.bundle_from_model` sets it).
     A few forward passes of :data:`PROBE_TOKENS` tokens: one finds the modules that call the attention function,
     one records them to learn the heads' width, one records them again while pre-hooks (removed before returning)
-    read what each output projection receives, and, for a causal LM, two compare the logits.
+    read what each output projection receives, two compare cwviz's attention with the model's eager attention
+    (:func:`_check_eager`), and, for a causal LM, two compare the logits.
     """
     config = model.config
     model_type = getattr(config, "model_type", "?")
@@ -137,9 +176,18 @@ def derive_architecture(model: nn.Module) -> Architecture:
         with torch.inference_mode(), attention_callers() as callers:
             _run(model, ids)
     except Exception as err:  # a forward pass that needs more than input_ids
-        raise _refuse(model_type, f"a probe forward pass failed ({type(err).__name__}: {err})") from err
+        why = f"{type(err).__name__}: {err}"
+        if not callers and not getattr(model, "_supports_attention_backend", False):
+            # transformers 5.24 only warns when an attention function is set on such a model (MPT); the pass then
+            # fails on cwviz's mask function before any attention call, and that failure is not the reason.
+            raise _refuse(
+                model_type,
+                f"no module of the base model calls transformers' AttentionInterface (transformers does not mark "
+                f"{type(model).__name__} as supporting attention functions, and the probe failed before any attention call: {why})",
+            ) from err
+        raise _refuse(model_type, f"a probe forward pass failed ({why})") from err
     layers_path, attention_path = _layout(model, callers)
-    layers = list(submodule(model.base_model, layers_path))
+    layers = list(submodule(base_model(model), layers_path))
     attention = [submodule(layer, attention_path) for layer in layers]
 
     seen: dict[int, torch.Tensor] = {}
@@ -149,6 +197,8 @@ def derive_architecture(model: nn.Module) -> Architecture:
         raise _refuse(model_type, f"{len(records)} of {len(layers)} layers called the attention function in one pass")
     first = records[0]
     heads, d_head = first.query.shape[0], first.value.shape[-1]  # the values' width (latent attention: not the queries')
+    # Causal: in no layer does a query see a later key (the layer's own mask, or its causality when it has none).
+    causal = not any(records[layer].key_mask().triu(1).any() for layer in range(len(layers)))
     out_path, conv1d = _projection(layers[0], attention_path, heads * d_head)
     if not out_path:
         raise _refuse(model_type, f"no output projection named {'/'.join(PROJECTION_NAMES)} takes its {heads} x {d_head} head outputs")
@@ -158,8 +208,8 @@ def derive_architecture(model: nn.Module) -> Architecture:
         attention=attention_path,
         out_proj=out_path,
         conv1d=conv1d,
-        auto_class="AutoModelForCausalLM" if first.causal else "AutoModelForMaskedLM",
-        causal=bool(first.causal),
+        auto_class="AutoModelForCausalLM" if causal else "AutoModelForMaskedLM",
+        causal=causal,
         derived=True,
     )
     projections = [submodule(layer, out_path) for layer in layers]
@@ -191,6 +241,7 @@ def derive_architecture(model: nn.Module) -> Architecture:
                 f"the probe failed: in layer {layer}, Σ_j α_ij v_j from the recorded attention differs from the input of "
                 f"{out_path} by {error:.3g} (tolerance {tolerance:.3g}), so its layer output is not the heads' weighted values",
             )
+    _check_eager(model, ids)
     arch = _check_logits(model, arch, ids)
     log.info(
         "derived the layout of %r (%s.N.%s, W_O %s) and checked it on %d tokens",

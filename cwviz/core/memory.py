@@ -96,6 +96,8 @@ def estimate(config, info, tokens: int, device: torch.device | str = "cpu", spil
     recorded = kept + info.layers * tokens * 4 * info.heads  # + the value norms, float32 [head, T] a layer
     vocab = getattr(config, "vocab_size", 0) or 0
     intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * info.d_model
+    if isinstance(intermediate, (list, tuple)):  # one width per layer (Gemma 3n): the widest is the peak
+        intermediate = max(intermediate)
     forward = min(tokens, LOGIT_CHUNK) * vocab * (item + 4) + 3 * tokens * intermediate * 4
     maps = BLOCK_MAPS * info.heads * block_cells(tokens, device) * 4
     slack = int(SLACK * (recorded + forward + maps))

@@ -112,7 +112,8 @@ class Bundle:
         (:func:`cwviz.core.analysis.next_token_logprobs`). Call inside ``torch.inference_mode()``, and inside
         a :func:`cwviz.core.capture.forward_pass` to record or intervene.
         """
-        return self.model.base_model(input_ids=input_ids.to(self.input_device), use_cache=False).last_hidden_state
+        body = architectures.base_model(self.model)
+        return body(input_ids=input_ids.to(self.input_device), use_cache=False).last_hidden_state
 
     @property
     def has_logits(self) -> bool:
@@ -375,6 +376,14 @@ def load_model(
             **extra,
         )
         tokenizer = transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **extra)
+    except KeyError as err:
+        # A model type that looks its attention class up by config._attn_implementation in its own table (Falcon,
+        # GPT-Neo) has no "cwviz" entry there: its attention does not go through the interface.
+        if err.args != (ATTN_IMPLEMENTATION,):
+            raise
+        raise _bypasses_interface(
+            config.model_type, f"transformers has no {ATTN_IMPLEMENTATION!r} entry in its attention classes"
+        ) from None
     except (OSError, ValueError) as err:
         raise _hub_error(name, err) from err
     if torch_device is not None:
@@ -382,13 +391,19 @@ def load_model(
     return bundle_from_model(model, tokenizer, model_id=EMBEDDED_IDS.get(name, name))
 
 
+#: What a class name with a head contains: ``…ForCausalLM``, ``…ForMaskedLM``, and the older ``…LMHeadModel``
+#: (CTRL, OpenAI GPT, GPT-2) and ``…WithLMHeadModel`` (XLM) names.
+HEAD_MARKS = ("For", "LMHead")
+
+
 def headless_encoder(config, arch: Architecture | None) -> bool:
     """Whether ``config`` is an encoder checkpoint saved without a head (``architectures: ["BertModel"]``, as
     sentence-transformers saves them). It is loaded as the bare model: loading it into the table's masked-LM
     class would add a randomly initialised head. cwviz never asks an encoder for logits (no perplexity).
-    A model type with no row (``arch`` None) saved without a head is loaded bare too."""
+    A model type with no row (``arch`` None) saved without a head (no name with one of :data:`HEAD_MARKS`) is
+    loaded bare too."""
     names = getattr(config, "architectures", None) or []
-    return (arch is None or not arch.causal) and bool(names) and all("For" not in n for n in names)
+    return (arch is None or not arch.causal) and bool(names) and all(not any(m in n for m in HEAD_MARKS) for n in names)
 
 
 def auto_class_name(config, arch: Architecture | None) -> str:
@@ -412,6 +427,13 @@ def auto_class_name(config, arch: Architecture | None) -> str:
     return "AutoModelForCausalLM" if causal else "AutoModel"
 
 
+def _bypasses_interface(model_type: str, why: str) -> UnsupportedModelError:
+    return UnsupportedModelError(
+        f"architecture {model_type!r} is not supported: its attention does not go through transformers' "
+        f"AttentionInterface ({why}); checked families: {architectures.SUPPORTED}"
+    )
+
+
 def bundle_from_model(model: nn.Module, tokenizer, model_id: str | None = None) -> Bundle:
     """Wrap an already loaded transformers model (tests build tiny ones from configs this way).
 
@@ -423,11 +445,8 @@ def bundle_from_model(model: nn.Module, tokenizer, model_id: str | None = None) 
     if config._attn_implementation != ATTN_IMPLEMENTATION:
         try:
             model.set_attn_implementation(ATTN_IMPLEMENTATION)
-        except ValueError as err:
-            raise UnsupportedModelError(
-                f"architecture {config.model_type!r} is not supported: its attention does not go through transformers' "
-                f"AttentionInterface ({err}); checked families: {architectures.SUPPORTED}"
-            ) from None
+        except ValueError as err:  # transformers 5.24 only warns; the derive probe then refuses such a model
+            raise _bypasses_interface(config.model_type, str(err)) from None
     model.eval()
     if arch is None:
         from .derive import derive_architecture
