@@ -47,6 +47,19 @@ def test_different_counts_are_aligned_by_sequence_and_the_table_shows_it():
     assert unequal.pairs == ((0, 0), (2, 3))
 
 
+def test_the_first_tokens_the_sink_of_both_are_paired_however_the_prompts_start():
+    """Unrelated prompts of different lengths: their first tokens still make the first pair (the sink column stays
+    in the maps), and the rest is aligned after them."""
+    alignment = compare.align_tokens([5, 1, 2, 3], [9, 8, 1, 2, 3])
+    assert alignment.pairs[0] == (0, 0) and alignment.table["op"].iloc[0] == "replace"
+    assert alignment.pairs == ((0, 0), (1, 2), (2, 3), (3, 4))
+    assert list(alignment.table["op"]) == ["replace", "insert", "equal", "equal", "equal"]
+    # difflib alone pairs A's 5 with B's later 5, leaving B's first token out; the sink pair takes precedence.
+    moved = compare.align_tokens([5, 1], [7, 7, 5, 1])
+    assert moved.pairs == ((0, 0), (1, 3))
+    assert sorted(moved.table["position_b"].dropna().tolist()) == [0, 1, 2, 3]  # every token of B is still listed
+
+
 # -- identical inputs ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("head", [None, 2])
 @pytest.mark.parametrize("kind", ["inter", "intra"])

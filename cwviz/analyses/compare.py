@@ -4,9 +4,9 @@ Pure functions of two :class:`~cwviz.Analysis` objects (one forward pass each), 
 ``cwviz compare`` and :mod:`cwviz.plot` alike.
 
 * Alignment (:func:`align_tokens`): by position when both inputs have as many tokens, otherwise by a
-  sequence alignment of the token ids (``difflib.SequenceMatcher``, no junk heuristic). Equal runs are
-  paired; a replaced run of equal length is paired position by position; other tokens are in one input
-  only and have no cell in the maps. The alignment is a table (one row a step) that the page shows.
+  sequence alignment of the token ids (``difflib.SequenceMatcher``, no junk heuristic). The first tokens (the
+  sink of both) are always paired; after them, equal runs are paired, a replaced run of equal length is paired
+  position by position, and other tokens are in one input only and have no cell in the maps. The alignment is a table (one row a step) that the page shows.
 * Maps (:func:`map_cells`): attention and contribution weights of A and B for the selected layer and head
   (or all heads, docs/METHOD.md layer-level scores) on the aligned grid, and B − A; a long pair is windowed
   around the selected query, as the Heatmaps page does.
@@ -67,6 +67,25 @@ class Alignment:
         return f"{how}; {self.changed} step(s) differ"
 
 
+def _sink_paired(steps: list[tuple[str, int, int]], same: bool) -> list[tuple[str, int, int]]:
+    """``steps`` with position 0 of A paired with position 0 of B: the first token is the attention sink of both,
+    where most of a layer's attention and contribution usually go, so its column must not drop out of the maps when
+    the prompts start differently. A pair that held either first token is split into a deletion and an insertion;
+    the other steps are kept."""
+    if ("equal" if same else "replace", 0, 0) in steps:
+        return steps
+    kept: list[tuple[str, int, int]] = []
+    for op, i, j in steps:
+        if i == 0 or j == 0:
+            if i > 0:
+                kept.append(("delete", i, -1))
+            if j > 0:
+                kept.append(("insert", -1, j))
+        else:
+            kept.append((op, i, j))
+    return [("equal" if same else "replace", 0, 0), *kept]
+
+
 def align_tokens(ids_a: list[int], ids_b: list[int], tokens_a: list[str] | None = None, tokens_b: list[str] | None = None) -> Alignment:
     """Pair the tokens of A and B: by position when the counts match, else by sequence alignment of the ids.
 
@@ -87,6 +106,8 @@ def align_tokens(ids_a: list[int], ids_b: list[int], tokens_a: list[str] | None 
             else:  # an unequal replacement is a deletion followed by an insertion
                 steps += [("delete", i, -1) for i in range(a0, a1)]
                 steps += [("insert", -1, j) for j in range(b0, b1)]
+        if ids_a and ids_b:
+            steps = _sink_paired(steps, ids_a[0] == ids_b[0])
     pairs, pair_of = [], []
     for _, i, j in steps:
         pair_of.append(len(pairs) if i >= 0 and j >= 0 else -1)
