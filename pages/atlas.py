@@ -10,8 +10,7 @@ from cwviz.app.state import url_widget
 from cwviz.charts import atlas as charts
 from cwviz.core.errors import CwvizError
 
-sel = sidebar()
-st.title("Atlas of heads")
+sel = sidebar("Atlas of heads")
 st.markdown(
     "Each head's statistics on many prompts (one forward pass each, on the sidebar's model), each prompt's "
     "value a mean over its queries 1..T-1, then the mean over prompts with a 95% bootstrap interval over "

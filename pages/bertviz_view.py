@@ -7,8 +7,7 @@ from cwviz.app import services
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import url_widget
 
-sel = sidebar()
-st.title("bertviz views")
+sel = sidebar("bertviz views")
 st.markdown(
     "bertviz draws each weight as the opacity of a line. Opacity cannot be negative, so for contribution "
     "weights this page draws **intra-head contributions clipped at zero**: negative contributions are not "

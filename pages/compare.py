@@ -11,8 +11,7 @@ from cwviz.charts import compare as charts
 from cwviz.charts.heatmaps import LAYOUTS
 from cwviz.core.errors import CwvizError
 
-sel = sidebar()
-st.title("Compare two inputs")
+sel = sidebar("Compare two inputs")
 st.markdown(
     "Input **A** is the sidebar's prompt and model; input **B** is the prompt below, on the same model or on a "
     "second model that shares its tokenizer. Tokens are paired by position when both inputs have as many, "

@@ -32,8 +32,7 @@ if not policy.server_files:  # hosting mode: the server's files are not the user
     SOURCES.pop("path")
 MAX_CAP = services.app_max_tokens()
 
-sel = sidebar()
-st.title("Faithfulness by causal intervention")
+sel = sidebar("Faithfulness by causal intervention")
 st.markdown(
     "Each measure ranks the keys of every query. **Comprehensiveness** removes the top share of each "
     "query's keys, **sufficiency** the bottom share, and the change in perplexity "

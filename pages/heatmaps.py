@@ -20,8 +20,7 @@ INTRO = (
     "zero**, and the empty upper triangle is the future, which a causal model cannot see."
 )
 
-sel = sidebar()
-st.title("Contribution weights vs attention")
+sel = sidebar("Contribution weights vs attention")
 st.markdown(INTRO)
 if not sel.ok:
     st.stop()

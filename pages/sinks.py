@@ -13,8 +13,7 @@ from cwviz.core.errors import CwvizError
 
 SINK_CHOICES = {"first": "first token", "auto": "detected (most attention received)", "position": "a position"}
 
-sel = sidebar()
-st.title("Attention sinks as active suppressors")
+sel = sidebar("Attention sinks as active suppressors")
 st.markdown(
     "Each head's output splits into the sink's part and the rest, o = s·ṽ_sink + (1 − s)·m, where s is the "
     "attention on the sink, ṽ_sink its projected value and m the attention-weighted mean of the other keys' "

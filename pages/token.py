@@ -8,8 +8,7 @@ from cwviz.app.sidebar import sidebar
 from cwviz.app.state import url_widget
 from cwviz.charts import token as charts
 
-sel = sidebar()
-st.title("One query token")
+sel = sidebar("One query token")
 if not sel.ok:
     st.stop()
 

@@ -138,6 +138,9 @@ def test_an_empty_prompt_shows_an_error_on_every_page():
         assert not at.exception
         assert any("empty" in e.value for e in at.error)
         assert not charts(at)
+        # The page's title first, then the error (not the error above the title).
+        kinds = [node.type for node in at.main.children.values()]
+        assert kinds.index("title") < kinds.index("error"), kinds
 
 
 def test_the_model_picker_offers_both_embedded_models_and_keeps_a_typed_name(tmp_path):

@@ -119,9 +119,14 @@ def model_label(name: str) -> str:
     }.get(name, name)
 
 
-def sidebar() -> Selection:
-    """Draw the shared sidebar and return the current :class:`Selection` (call once, at the top of a page)."""
+def sidebar(title: str | None = None) -> Selection:
+    """Draw the shared sidebar and return the current :class:`Selection` (call once, at the top of a page).
+
+    ``title``, the page's, is drawn first in the main area, so that what the sidebar reports there (the analysis's
+    progress, a note, an error such as an empty prompt) comes under it, not above it."""
     ensure_navigation()
+    if title is not None:
+        st.title(title)
     cur = current()
     names = [e.name for e in examples()]
     with st.sidebar:
