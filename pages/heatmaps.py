@@ -87,6 +87,12 @@ if family == "raw":
     st.caption("Raw attention is the measure: the right heatmap repeats the left one.")
 cells = services.heatmap_cells(sel.request, sel.layer, sel.head, measure, kind, sel.query, view)
 widgets.query_heatmaps(charts.heatmap_pair(cells, query=sel.query, layout=layout), cells, f"cwviz-heatmap-layer{sel.layer}", key="heatmaps")
+if any("\\x" in token or "\\u" in token for token in sel.analysis.tokens):
+    st.caption(
+        "Labels such as `\\xd7` are bytes: the tokenizer split a character (an emoji, an accent, a non-Latin letter) "
+        "over several tokens, and each shows the bytes it holds. `\\u202e`-style labels are invisible control or "
+        "format characters, shown so that they cannot hide or reorder text."
+    )
 
 st.subheader("Every head")
 metric = url_widget(

@@ -143,6 +143,15 @@ def test_an_empty_prompt_shows_an_error_on_every_page():
         assert kinds.index("title") < kinds.index("error"), kinds
 
 
+def test_byte_and_control_labels_are_explained_only_when_the_prompt_has_them():
+    at = run_app()
+    assert not any("are bytes" in c.value for c in at.caption)  # the example prompt is plain English
+    widget(at, "text_area", "Prompt").input("A smile 😀 in שלום")
+    at.sidebar.button(key="_cwviz_analyze").click().run()
+    assert_clean(at)
+    assert any("are bytes" in c.value for c in at.caption)
+
+
 def test_the_model_picker_offers_both_embedded_models_and_keeps_a_typed_name(tmp_path):
     at = run_app()
     picker = widget(at, "selectbox", "Model")

@@ -29,11 +29,12 @@ def atlas_map(pooled: pd.DataFrame, metric: str = "sink_attention", layer: int |
         .encode(
             x=alt.X("head:O", title="head"),
             y=alt.Y("layer:O", title="layer"),
-            color=alt.Color(f"{metric}:Q", title=metric.replace("_", " "), scale=scale),
+            # No legend title: the chart's title names the metric in words (a column name is no name for a reader).
+            color=alt.Color(f"{metric}:Q", title=None, scale=scale),
             tooltip=[
                 alt.Tooltip("layer:O"),
                 alt.Tooltip("head:O"),
-                alt.Tooltip(f"{metric}:Q", title=f"{metric.replace('_', ' ')} (mean over prompts)", format="+.4f"),
+                alt.Tooltip(f"{metric}:Q", title=f"{ATLAS_METRICS[metric]} (mean over prompts)", format="+.4f"),
                 alt.Tooltip(f"{metric}_low:Q", title="interval, low", format="+.4f"),
                 alt.Tooltip(f"{metric}_high:Q", title="interval, high", format="+.4f"),
             ],
