@@ -26,7 +26,9 @@ files = services.server_files_allowed()
 sources = services.SOURCES if files else {"gsm8k": services.SOURCES["gsm8k"]}
 left, middle, right = st.columns([2, 3, 1])
 with left:
-    source = url_widget(st.radio, "atlas_source", "Prompts from", "gsm8k", options=list(sources), format_func=sources.get, key="atlas_source")
+    source = url_widget(
+        st.radio, "atlas_source", "Prompts from", "gsm8k", options=list(sources), format_func=sources.get, key="atlas_source"
+    )
 path = out = folder = ""
 with middle:
     if source == "path":
