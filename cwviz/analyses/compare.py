@@ -274,7 +274,8 @@ def map_cells(
 def _heads_note(head: int | None, kind: str) -> str:
     if head is not None:
         return f"head {head}, {kind}-head contributions"
-    return f"all heads (attention: mean; {kind}-head contribution: {LAYER_AGGREGATION[f'contribution_{kind}']} over heads)"
+    how = {"mean": "averaged", "sum": "summed"}[LAYER_AGGREGATION[f"contribution_{kind}"]]
+    return f"all heads (attention averaged over heads, {kind}-head contributions {how})"
 
 
 # -- heads --------------------------------------------------------------------------------------------

@@ -60,9 +60,17 @@ def _layer_matrices(m: LayerMeasures, head: int | None, measure: str, kind: str)
 def heads_note(head: int | None, measure: str, kind: str) -> str:
     if head is not None:
         return f"head {head}"
-    how = LAYER_AGGREGATION[measure]
-    contribution = LAYER_AGGREGATION[f"contribution_{kind}"]
-    return f"all heads (attention: mean; this measure: {how}; contribution: {contribution} over heads)"
+    # No "; " inside: a chart's title is wrapped at its "; " (cwviz.charts.heatmaps.wrap).
+    how = _AGGREGATED[LAYER_AGGREGATION[measure]]
+    contribution = _AGGREGATED[LAYER_AGGREGATION[f"contribution_{kind}"]]
+    if measure == f"contribution_{kind}":
+        return f"all heads (attention averaged over heads, contributions {contribution})"
+    if measure == "raw":
+        return f"all heads (attention averaged over heads, contributions in the tooltip {contribution})"
+    return f"all heads (attention averaged over heads, this measure {how}, contributions in the tooltip {contribution})"
+
+
+_AGGREGATED = {"mean": "averaged", "sum": "summed"}
 
 
 def window_bounds(num_tokens: int, query: int, size: int) -> tuple[int, int]:
@@ -277,7 +285,7 @@ def token_factors(analysis: Analysis, layer: int, query: int, head: int | None, 
             attention=("attention", "mean"), contribution=("contribution", how)
         )
         factors = ("attention", "contribution")
-        who = f"all heads (attention: mean, contribution: {how})"
+        who = f"all heads (attention averaged over heads, contributions {_AGGREGATED[how]})"
     else:
         wide = analysis.decomposition(layer, query, analysis.check_head(head), kind)
         wide = wide[["key", "token", "attention", "norm_ratio", "cosine", "contribution"]]
