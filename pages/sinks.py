@@ -19,7 +19,8 @@ st.markdown(
     "attention on the sink, ṽ_sink its projected value and m the attention-weighted mean of the other keys' "
     "projected values; when ṽ_sink points against m (cosine below zero, blue in the map) the sink does not just "
     "store spare attention but cancels part of what the other tokens write, so the output norm is smallest at a "
-    "moderate sink ratio."
+    "sink ratio inside (0, 1) rather than at either end: where exactly depends on the head (the dashed line in (a)); "
+    "the paper reports moderate ratios in real heads."
 )
 st.caption(
     "The charts follow the sidebar: (a) shows the selected layer and head (ringed: the selected query), the map "
@@ -101,7 +102,8 @@ which = (
 )
 st.caption(
     f"Layer {view.layer}, {which}. Points: queries. Curve: ‖s·ṽ_sink + (1 − s)·m‖ with the head's median ‖ṽ_sink‖, "
-    f"‖m‖ and cos (= {view.cos:+.2f}); dashed: the ratio where it is smallest."
+    f"‖m‖ and cos (= {view.cos:+.2f}, a median over queries: the anti-alignment map below shows means); dashed: the "
+    "ratio where it is smallest."
 )
 widgets.chart(
     charts.ratio_norm_chart(view.points, view.curve, view.minimiser, query=sel.query),
