@@ -377,7 +377,7 @@ def test_every_chart_on_every_page_is_drawn(server, browser):
     page = browser.new_page(viewport=VIEWPORT)
     watch = Watch(page)
     try:
-        page.goto(_url(server, "heatmaps"))
+        page.goto(_url(server, "heatmaps", {"layout": "side"}))  # the pair fits side by side at 1600 px
         _settle(page, 2)  # first load: the embedded model, once
         _assert_no_error_text(page)
         assert page.get_by_text("Contribution weights vs attention").count() == 1
@@ -479,6 +479,7 @@ def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser,
                 "value-weighted attention",
                 "head output ‖o_i^h‖ (intra)",
                 "whole prompt in bins",
+                "stacked",
                 "sink share under contribution (intra-head)",
             ]
     finally:
@@ -579,7 +580,7 @@ def test_compare_draws_a_b_and_their_difference_and_picks_a_head(server, browser
     page = browser.new_page(viewport=VIEWPORT)
     watch = Watch(page)
     try:
-        page.goto(_url(server, "compare", {"layer": "3", "head": "all"}))
+        page.goto(_url(server, "compare", {"layer": "3", "head": "all", "cmp_layout": "side"}))  # A and B side by side at 1600 px
         _settle(page, 3)
         _assert_no_error_text(page)
         assert page.get_by_text("Compare two inputs").count() == 1

@@ -17,7 +17,7 @@ FACTOR_TITLES = {
 #: Bar colours: outside the heatmaps' red (positive) and blue (negative), so that no bar's colour reads as its
 #: sign (the sign is which side of zero a bar lies on).
 SINK_COLOUR = "#7b4ea3"  # purple
-KEY_COLOUR = "#8c8c8c"  # grey
+KEY_COLOUR = "#6f6f6f"  # dark grey (gridlines are light grey)
 #: Pixels the key labels of a token chart take; the narrowest column a layer gets in the top keys chart (its rank,
 #: two digits, still fits).
 KEY_LABELS, MIN_LAYER_STEP = 160, 16
