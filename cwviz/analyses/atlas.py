@@ -139,7 +139,7 @@ def strongest(metric: str) -> str:
     """``"high"`` or ``"low"``: which end of ``metric`` shows the behaviour most strongly (cos_sink_rest: the
     most negative, the sink most anti-aligned; the others: the largest)."""
     if metric not in ATLAS_METRICS:
-        raise ValueError(f"metric must be one of {', '.join(ATLAS_METRICS)}, not {metric!r}")
+        raise InputError(f"metric must be one of {', '.join(ATLAS_METRICS)}, not {metric!r}")
     return "low" if metric == "cos_sink_rest" else "high"
 
 
@@ -206,7 +206,9 @@ def run(
     seed: int = SEED,
     progress: Progress | None = None,
 ) -> Atlas:
-    """:func:`iter_prompt_stats` over ``texts`` pooled by :func:`build`."""
+    """:func:`iter_prompt_stats` over ``texts`` (a list of prompts) pooled by :func:`build`."""
+    if isinstance(texts, str):
+        raise InputError("give a list of prompts, not one string (atlas.run(bundle, [text]) for a single prompt)")
     if not texts:
         raise InputError("no prompts to pool; give a JSONL file with at least one prompt")
     frames = list(iter_prompt_stats(bundle, texts, progress))

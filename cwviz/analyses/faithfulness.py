@@ -23,7 +23,8 @@ Protocol (our defaults; the paper's exact protocol is not public):
   α_ij^h ṽ_j^h from the layer output in every head; attention is not renormalised.
 * **ΔPPL** = PPL(masked) − PPL(clean), perplexity of the example's own next tokens (all positions).
 * **Summary**: mean ΔPPL over examples with a seeded percentile-bootstrap 95 % interval; the area under
-  each curve by the trapezoid rule over the rate as a fraction (0..1).
+  each curve by the trapezoid rule over the rates given as fractions (rate / 100), from the first rate to
+  the last (from 0 when rate 0 is given; :func:`curve_areas`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from ..core.errors import InputError, UnsupportedModelError
 from ..core.interventions import KeepKeys, batch_logprobs
 from ..core.models import Bundle
 from ..core.progress import Progress
+from ..core.texts import check_text
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +98,21 @@ class Protocol:
     max_tokens: int = EXAMPLE_MAX_TOKENS
 
     def __post_init__(self) -> None:
+        if isinstance(self.rates, (str, bytes)) or not isinstance(self.rates, Iterable):
+            raise InputError(f"rates must be a sequence of percentages such as (10, 50), not {self.rates!r}")
         if not self.rates:
             raise InputError("give at least one removal rate, e.g. --rates 10,50")
         for rate in self.rates:
+            if isinstance(rate, (bool, np.bool_)) or not isinstance(rate, (int, float, np.integer, np.floating)):
+                raise InputError(f"removal rates are percentages in 0..100 (numbers), not {rate!r} ({type(rate).__name__})")
             if not 0 <= rate <= 100:
                 raise InputError(f"removal rates are percentages in 0..100, not {rate:g}")
+        for name in ("seed", "batch_size", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise InputError(f"{name} must be an integer, not {value!r} ({type(value).__name__})")
+        if self.seed < 0:  # numpy's generators take non-negative seeds only
+            raise InputError(f"the seed must be a non-negative integer, not {self.seed}")
         object.__setattr__(self, "rates", tuple(sorted({float(r) for r in self.rates})))
         unknown = [m for m in self.measures if m not in ALL_MEASURES]
         if unknown or not self.measures:
@@ -220,7 +232,11 @@ def check_causal(bundle: Bundle) -> None:
 
 
 def example_ids(bundle: Bundle, text: str, max_tokens: int) -> list[int] | None:
-    """Token ids of one example, cut to ``max_tokens``; None when fewer than two tokens remain."""
+    """Token ids of one example, cut to ``max_tokens``; None when fewer than two tokens remain. InputError for
+    text that is not valid (:func:`~cwviz.core.texts.check_text`)."""
+    if not isinstance(text, str):
+        raise InputError(f"an example must be text, not {type(text).__name__}")
+    check_text(text, "an example")
     ids = list(bundle.tokenizer(text, add_special_tokens=True)["input_ids"])[:max_tokens]
     if len(ids) < 2:
         return None
@@ -354,6 +370,8 @@ def iter_examples(
     two tokens yields ``(index, None)`` (and is logged). ``progress`` reports the forward passes of the example
     in progress (:func:`masked_logprobs`), afresh for each example.
     """
+    if isinstance(texts, str):
+        raise InputError("give a list of prompts, not one string (iter_examples(bundle, [text], ...) for a single example)")
     check_causal(bundle)
     masked_layers(bundle.info.layers, protocol.layer)
     for index, text in enumerate(texts, start=start):
@@ -387,6 +405,9 @@ def summarize(per_example: pd.DataFrame, level: float = 0.95, resamples: int = 2
     :data:`ACCURACY_COLUMNS`: clean and masked accuracy, their difference and its paired bootstrap interval
     (the examples are resampled, each keeping its clean and masked answer together).
     """
+    missing = [c for c in ("measure", "curve", "rate", "delta_ppl") if c not in per_example]
+    if missing:
+        raise InputError(f"the per-example table has no column(s) {', '.join(missing)}; give the rows of run_example or iter_examples")
     accuracy = "correct_masked" in per_example and per_example["correct_masked"].notna().all()
     rows = []
     for (measure, curve, rate), group in per_example.groupby(["measure", "curve", "rate"], sort=False):
@@ -401,9 +422,11 @@ def summarize(per_example: pd.DataFrame, level: float = 0.95, resamples: int = 2
 
 
 def curve_areas(summary: pd.DataFrame) -> pd.DataFrame:
-    """Area under each (measure, curve) of mean ΔPPL, trapezoid rule over the rate as a fraction (0..1).
-
-    One rate gives area 0. Returns columns ``measure, curve, area``.
+    """Area under each (measure, curve) of mean ΔPPL, trapezoid rule over the rates given, as fractions
+    (rate / 100), from the first rate to the last: with the default rates (1..50 %) a constant ΔPPL of 1 has
+    area 0.49. The area starts at 0 only when rate 0 is among the rates (there ΔPPL is 0 exactly: nothing
+    is masked). One rate gives area 0 (a curve of one point has no width; the CLI prints n/a).
+    Returns columns ``measure, curve, area``.
     """
     rows = [
         (measure, curve, float(np.trapezoid(group["delta_ppl"], group["rate"] / 100.0)))

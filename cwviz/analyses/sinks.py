@@ -109,9 +109,10 @@ def resolve_sink(analysis: Analysis, sink: int | str = DEFAULT_SINK) -> int:
         except ValueError:
             raise InputError(f"the sink must be a token position (0, 1, ...) or 'auto', not {sink!r}") from None
     sink = integer_index(sink, "the sink (a token position or 'auto')")
-    if sink < 0:
-        sink = analysis.num_tokens + sink  # -1 is the last token, as in Python
-    return analysis.check_token(sink)
+    tokens = analysis.num_tokens
+    if not -tokens <= sink < tokens:  # the value given is named, not what a negative one counts back to
+        raise SelectionError(f"token {sink} is out of range; the prompt has tokens 0..{tokens - 1} (or -{tokens}..-1 from the end)")
+    return sink % tokens  # -1 is the last token, as in Python
 
 
 # -- the split o = s ṽ_σ + (1 − s) m ----------------------------------------------------------------

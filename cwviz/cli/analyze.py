@@ -64,7 +64,12 @@ def run(args: argparse.Namespace) -> int:
     info = bundle.info
     tokens = analysis.tokens
     print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
-    ppl = f"{analysis.perplexity:.3f}" if info.causal else "none (an encoder does not predict next tokens)"
+    if not info.causal:
+        ppl = "none (an encoder does not predict next tokens)"
+    elif analysis.num_tokens < 2:
+        ppl = "n/a (needs at least two tokens)"
+    else:
+        ppl = f"{analysis.perplexity:.3f}"
     print(f"tokens: {analysis.num_tokens}; perplexity: {ppl}")
     print(f"last token #{analysis.num_tokens - 1} {tokens[-1]!r}; {scope}")
     print(f"  {'top keys by attention':42} top keys by contribution")

@@ -28,18 +28,27 @@ def add_text_args(parser: argparse.ArgumentParser, required: bool = True) -> arg
 
 
 def read_text(args: argparse.Namespace) -> str:
-    """The prompt from --text, --text - (stdin) or --file; InputError when it is empty (before any model loads)."""
-    from ..core.texts import read_text_file, read_text_stream
+    """The prompt from --text, --text - (stdin, less one final newline: :func:`~cwviz.core.texts.read_standard_input`)
+    or --file; InputError when it is empty or not valid text (before any model loads)."""
+    from ..core.texts import read_standard_input, read_text_file
 
     if getattr(args, "file", None) is not None:
         text, source = read_text_file(args.file), f" ({args.file} holds no text)"
     elif args.text == "-":
-        text, source = read_text_stream(sys.stdin.buffer, "standard input"), " (standard input held no text)"
+        text, source = read_standard_input(sys.stdin.buffer), " (standard input held no text)"
     else:
-        text, source = args.text, ""
+        text, source = text_argument(args.text), ""
     if not text.strip():
         raise InputError(f"the prompt is empty{source}; give some text to analyse")
     return text
+
+
+def text_argument(text: str) -> str:
+    """A prompt given on the command line, checked: bytes that were not UTF-8 arrive as surrogate escapes
+    (:func:`~cwviz.core.texts.check_text`)."""
+    from ..core.texts import check_text
+
+    return check_text(text, "--text")
 
 
 def load(args: argparse.Namespace):

@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "faithfulness",
         help="mask the keys each measure ranks first/last and report ΔPPL curves",
         description="Rank keys by each measure, mask the top (comprehensiveness) or bottom (sufficiency) share "
-        "of each query's keys, and report the mean ΔPPL = PPL(masked) - PPL(clean) with a 95%% bootstrap interval.",
+        "of each query's keys, and report the mean ΔPPL = PPL(masked) - PPL(clean) with a 95% bootstrap interval.",
     )
     data = parser.add_mutually_exclusive_group(required=True)
     add_jsonl_args(data, "JSON Lines: a 'text' field per line, or GSM8K's question and answer")
@@ -167,10 +167,15 @@ def read_examples(args: argparse.Namespace) -> list:
 
 
 def write_csv(summary: pd.DataFrame, path: Path) -> None:
-    """Replace ``path`` atomically, so a reader (or an interrupted run) never sees half a file."""
+    """Replace ``path`` atomically, so a reader (or an interrupted run) never sees half a file; the temporary
+    file is removed when the write or the rename fails."""
     tmp = path.with_name(path.name + ".tmp")
-    summary.to_csv(tmp, index=False, float_format="%.6g")
-    os.replace(tmp, path)
+    try:
+        summary.to_csv(tmp, index=False, float_format="%.6g")
+        os.replace(tmp, path)
+    except BaseException:  # an interrupt too: no .tmp is left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def format_table(summary: pd.DataFrame) -> str:
@@ -180,15 +185,18 @@ def format_table(summary: pd.DataFrame) -> str:
     areas = curve_areas(summary).set_index(["curve", "measure"])["area"]
     n = int(summary["n"].max()) if len(summary) else 0
     rates = sorted(summary["rate"].unique())
+    # One rate has no area (curve_areas gives 0): n/a, not a 0 that reads as "masking changed nothing".
+    span = f"area over rates {rates[0] / 100:g}..{rates[-1] / 100:g}" if len(rates) > 1 else "area n/a (needs two rates)"
     lines = []
     for curve, group in summary.groupby("curve", sort=False):
-        lines.append(f"{curve}: mean ΔPPL over {n} example(s) (95% bootstrap intervals in the CSV); area over rate 0..1")
+        lines.append(f"{curve}: mean ΔPPL over {n} example(s) (95% bootstrap intervals in the CSV); {span}")
         header = f"  {'measure':34}" + "".join(f"{f'{r:g}%':>10}" for r in rates) + f"{'area':>10}"
         lines.append(header)
         for measure, rows in group.groupby("measure", sort=False):
             by_rate = dict(zip(rows["rate"], rows["delta_ppl"]))
             cells = "".join(f"{by_rate.get(r, float('nan')):>10.3g}" for r in rates)
-            lines.append(f"  {measure:34}{cells}{areas[curve, measure]:>10.4g}")
+            area = f"{areas[curve, measure]:.4g}" if len(rates) > 1 else "n/a"
+            lines.append(f"  {measure:34}{cells}{area:>10}")
         lines.append("")
     return "\n".join(lines)
 
@@ -266,6 +274,8 @@ def run(args: argparse.Namespace) -> int:
     texts = read_examples(args)
     if args.out is not None and not args.out.parent.is_dir():
         raise InputError(f"no folder {args.out.parent} for --out; create it first")
+    if args.out is not None and args.out.is_dir():
+        raise InputError(f"--out {args.out} is a folder; give the CSV file to write, e.g. {args.out / 'summary.csv'}")
     procs = processes(args.device)
     if args.results is not None:
         return run_sweep(args, protocol, texts, procs)

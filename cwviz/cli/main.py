@@ -6,12 +6,15 @@ end the program with one ``error: ...`` line on stderr and exit status 2, never 
 
 SIGTERM is handled as Ctrl-C (SIGINT): the long commands (``faithfulness``, ``sinks``) keep every finished
 example, print their results, and end with one ``interrupted: kept ...`` line on stderr and status 130.
+A reader of standard output that leaves early (``| head``) ends the program quietly with status 141; the
+commands write their files before they print.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -55,10 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # the manifest of a sweep records the command
     previous = _sigterm_as_interrupt()
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a broken pipe shows here, not at exit, where it could not be handled
+        return code
     except CwvizError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader of standard output left (`cwviz sinks ... | head -2`). The commands write their files before
+        # they print, so nothing is lost: no error line, and status 141 (128 + SIGPIPE), what a shell reports for
+        # a program the broken pipe ended (as `set -o pipefail` expects), rather than 0, which would hide it.
+        _silence_stdout()
+        return 141
     except (OSError, UnicodeDecodeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -68,6 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null, so that flushing what is left in its buffer at exit (to the broken
+    pipe) raises nothing more (the Python docs' recipe for SIGPIPE); a replaced stdout without a file is left."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _raise_interrupt(signum, frame) -> None:

@@ -64,8 +64,31 @@ def sinks_section(folder: Path):
         manifest = json.loads((where / "manifest.json").read_text(encoding="utf-8")) if (where / "manifest.json").is_file() else {}
     except json.JSONDecodeError as err:
         raise InputError(f"{where / 'manifest.json'} is not valid JSON ({err.msg}); rerun cwviz sinks --results") from None
-    heads = pd.read_csv(where / "heads.csv") if (where / "heads.csv").is_file() else None
-    return report.sinks_section(manifest, pd.read_csv(where / "layers.csv"), heads)
+    heads = sinks_table(where / "heads.csv", HEAD_COLUMNS, folder) if (where / "heads.csv").is_file() else None
+    return report.sinks_section(manifest, sinks_table(where / "layers.csv", LAYER_COLUMNS, folder), heads)
+
+
+#: The columns the report reads from ``sinks/layers.csv`` and ``sinks/heads.csv`` (numbers, all of them).
+LAYER_COLUMNS = ("layer", "sink_attention_share", "sink_contribution_share")
+HEAD_COLUMNS = ("layer", "head", "cos_sink_rest")
+
+
+def sinks_table(path: Path, columns: tuple[str, ...], folder: Path) -> pd.DataFrame:
+    """A sinks CSV of the results folder, or InputError naming it and how to write it again when it is empty,
+    not CSV, or lacks one of ``columns`` (or holds text in one)."""
+    rerun = f"rerun cwviz sinks --results {folder}"
+    try:
+        table = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as err:
+        reason = "it is empty" if isinstance(err, pd.errors.EmptyDataError) else "it is not CSV"
+        raise InputError(f"{path} is not a cwviz sinks table ({reason}); {rerun}") from None
+    missing = [c for c in columns if c not in table]
+    if missing:
+        raise InputError(f"{path} is not a cwviz sinks table (missing {', '.join(missing)}); {rerun}")
+    text = [c for c in columns if not pd.api.types.is_numeric_dtype(table[c])]
+    if text:
+        raise InputError(f"{path} is not a cwviz sinks table ({', '.join(text)} hold(s) text, not numbers); {rerun}")
+    return table
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"no results folder at {folder}; give the folder a sweep wrote with --results")
     if not args.out.parent.is_dir():
         raise InputError(f"no folder {args.out.parent} for --out; create it first")
+    if args.out.is_dir():
+        raise InputError(f"--out {args.out} is a folder; give the HTML file to write, e.g. {args.out / 'report.html'}")
     sections = faithfulness_sections(folder)
     sinks = sinks_section(folder)
     if sinks is not None:
@@ -89,7 +114,11 @@ def run(args: argparse.Namespace) -> int:
     generated = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     text = report.page(sections, title=args.title, generated=generated)
     tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, args.out)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, args.out)
+    except BaseException:  # no .tmp is left behind
+        tmp.unlink(missing_ok=True)
+        raise
     print(f"wrote {args.out} ({len(text) / 1024:,.0f} KiB; sections: {', '.join(s.title for s in sections)})")
     return 0

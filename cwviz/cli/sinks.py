@@ -83,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
     texts = read_prompts(args)
     if args.results is not None and not args.results.parent.is_dir():
         raise InputError(f"no folder {args.results.parent} for --results; create it first")
+    if args.csv is not None and not args.csv.parent.is_dir():
+        raise InputError(f"no folder {args.csv.parent} for --csv; create it first")
+    if args.csv is not None and args.csv.is_dir():
+        raise InputError(f"--csv {args.csv} is a folder; give the CSV file to write, e.g. {args.csv / 'sinks.csv'}")
     bundle = load(args)
     info = bundle.info
     tables, removal, positions, tokens, clean = [], [], [], [], []
@@ -93,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
                 with cli_bar(f"prompt {index + 1} of {len(texts)}", enabled=sys.stderr.isatty()) as progress:
                     analysis = analyze(bundle, text, progress=progress)
                 sink = sinks.resolve_sink(analysis, args.sink)
+                if not args.no_ppl and bundle.arch.causal and analysis.num_tokens < 2:
+                    raise InputError("perplexity needs at least two tokens; give a longer prompt, or add --no-ppl to skip the ΔPPL runs")
             except CwvizError as err:
                 where = f"prompt {index + 1} of {args.jsonl}: " if args.jsonl is not None else ""
                 raise type(err)(f"{where}{err}") from None
@@ -119,6 +125,18 @@ def run(args: argparse.Namespace) -> int:
     finished = len(tables)
     table = sinks.pool_tables(tables)
     summary = sinks.sink_layer_summary(table)
+    ppl = None
+    if removal:
+        ppl = np.stack(removal)  # (prompt, layer + 1): per layer, then all layers
+        summary["delta_ppl"] = (ppl[:, :-1] - np.array(clean)[:, None]).mean(0)
+    # The files first, then the printout: a reader that stops early (`| head`) loses no file (cwviz.cli.main).
+    written = []
+    if args.csv is not None:
+        table.to_csv(args.csv, index=False)
+        written.append(f"wrote {args.csv} ({len(table):,} rows)")
+    if args.results is not None:
+        folder = write_results(args, bundle, table, summary, _describe_sinks(positions, args.sink), finished)
+        written.append(f"wrote {folder} (add it to a report: cwviz report --results {args.results})")
 
     print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
     print(f"prompts: {finished} ({sum(tokens):,} tokens); sink: {_describe_sinks(positions, args.sink)}")
@@ -131,10 +149,7 @@ def run(args: argparse.Namespace) -> int:
             else ""
         )
     )
-    ppl = None
-    if removal:
-        ppl = np.stack(removal)  # (prompt, layer + 1): per layer, then all layers
-        summary["delta_ppl"] = (ppl[:, :-1] - np.array(clean)[:, None]).mean(0)
+    if ppl is not None:
         print(f"dPPL: sink value x{args.factor:g} in that layer only, mean over prompts")
     print(_format(summary))
     if ppl is not None:
@@ -146,12 +161,8 @@ def run(args: argparse.Namespace) -> int:
         )
     elif not bundle.arch.causal:
         print("no dPPL: perplexity is defined for causal language models only")
-    if args.csv is not None:
-        table.to_csv(args.csv, index=False)
-        print(f"wrote {args.csv} ({len(table):,} rows)")
-    if args.results is not None:
-        folder = write_results(args, bundle, table, summary, _describe_sinks(positions, args.sink), finished)
-        print(f"wrote {folder} (add it to a report: cwviz report --results {args.results})")
+    for line in written:
+        print(line)
     if interrupted:
         return report_interrupt(finished, len(texts), "prompt", args.csv)
     return 0

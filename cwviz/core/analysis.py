@@ -45,6 +45,7 @@ from .models import Bundle
 from .progress import Progress
 from .settings import env_int
 from .spill import SpilledRecords, spill_for
+from .texts import check_text
 from .tokens import display_tokens
 
 if TYPE_CHECKING:  # pandas is imported on first use: it is not needed to load a model and analyse
@@ -127,13 +128,26 @@ def max_tokens(bundle: Bundle | None = None) -> int:
 
 
 def tokenize(bundle: Bundle, text: str) -> list[int]:
-    """Token ids for ``text`` (with the tokenizer's own special tokens), checked against the limit."""
+    """Token ids for ``text`` (with the tokenizer's own special tokens), checked against the limit.
+
+    InputError for text that is not valid (:func:`~cwviz.core.texts.check_text`) and for a prompt of which the
+    tokenizer keeps nothing but the special tokens it adds (a normaliser that drops zero-width characters leaves a
+    BERT encoder [CLS] [SEP]); special tokens typed in the prompt count as text, and ids given as ``input_ids``
+    are taken as they are.
+    """
     if not isinstance(text, str):
         raise InputError(f"the prompt must be text, not {type(text).__name__}")
     if not text.strip():
         raise InputError("the prompt is empty; type some text to analyse")
-    ids = bundle.tokenizer(text, add_special_tokens=True)["input_ids"]
-    return check_length(bundle, ids)
+    check_text(text)
+    ids = check_length(bundle, bundle.tokenizer(text, add_special_tokens=True)["input_ids"])
+    special = set(getattr(bundle.tokenizer, "all_special_ids", None) or ())
+    if special and all(i in special for i in ids) and not bundle.tokenizer(text, add_special_tokens=False)["input_ids"]:
+        raise InputError(
+            "the prompt has no text the model's tokenizer keeps (it drops characters such as zero-width spaces, "
+            "leaving only its special tokens); give some text to analyse"
+        )
+    return ids
 
 
 def token_ids(value) -> list[int]:
@@ -575,19 +589,19 @@ class Analysis:
     def contributions(self, layer: int, kind: str = "inter") -> np.ndarray:
         """Contribution weights, intra-head c (each head sums to 1) or inter-head C (heads sum to 1)."""
         if kind not in ("inter", "intra"):
-            raise ValueError(f"kind must be 'inter' or 'intra', not {kind!r}")
+            raise InputError(f"kind must be 'inter' or 'intra', not {kind!r}")
         return _np(self.layer(layer).contribution(kind))
 
     def measure(self, layer: int, name: str) -> np.ndarray:
         """One of :data:`cwviz.core.measures.MEASURES` per head, [head, query, key]."""
         if name not in MEASURES:
-            raise ValueError(f"unknown measure {name!r}; choose one of: {', '.join(MEASURES)}")
+            raise InputError(f"unknown measure {name!r}; choose one of: {', '.join(MEASURES)}")
         return _np(self.layer(layer).per_head(name))
 
     def layer_scores(self, layer: int, name: str) -> np.ndarray:
         """The layer-level (all heads) score of docs/METHOD.md, [query, key]."""
         if name not in MEASURES:
-            raise ValueError(f"unknown measure {name!r}; choose one of: {', '.join(MEASURES)}")
+            raise InputError(f"unknown measure {name!r}; choose one of: {', '.join(MEASURES)}")
         return _np(self.layer(layer).layer_level(name))
 
     def output_norms(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
@@ -606,7 +620,7 @@ class Analysis:
         import pandas as pd
 
         if kind not in ("inter", "intra"):
-            raise ValueError(f"kind must be 'inter' or 'intra', not {kind!r}")
+            raise InputError(f"kind must be 'inter' or 'intra', not {kind!r}")
         query = self.check_token(query)
         m = self.rows(layer, query, query + 1)  # the query's row alone (exact, T times cheaper than the layer)
         heads = range(self.num_heads) if head is None else [self.check_head(head)]
@@ -641,15 +655,17 @@ class Analysis:
         return pd.concat(frames, ignore_index=True)
 
     # -- export -----------------------------------------------------------------------------------
-    def to_dict(self, layers: list[int] | None = None, heads: list[int] | None = None, digits: int = 6) -> dict:
+    def to_dict(self, layers: list[int] | int | None = None, heads: list[int] | int | None = None, digits: int = 6) -> dict:
         """The JSON export (schema in the README): tokens, and per layer and head the attention and
         inter-head contribution rows and the output norms. Causal rows keep only keys 0..i.
+
+        ``layers``, ``heads``: None (all), one index, or a list of them (each written once, in the order given).
 
         Layers are read in row blocks (:meth:`row_blocks`); what the dict itself holds grows with the
         square of the prompt (about :data:`JSON_BYTES_PER_VALUE` bytes a value as Python floats and then
         as JSON text), so an export that would not fit raises ResourceError naming the choice to narrow."""
-        layers = [self.check_layer(l) for l in (range(self.num_layers) if layers is None else layers)]
-        heads = [self.check_head(h) for h in (range(self.num_heads) if heads is None else heads)]
+        layers = _selection(layers, self.num_layers, self.check_layer)
+        heads = _selection(heads, self.num_heads, self.check_head)
         causal = self.bundle.arch.causal
         t = self.num_tokens
         values = 2 * len(layers) * len(heads) * (t * (t + 1) // 2 if causal else t * t)
@@ -705,7 +721,7 @@ class Analysis:
             "layers": out_layers,
         }
 
-    def to_json(self, path: str | Path, layers: list[int] | None = None, heads: list[int] | None = None) -> Path:
+    def to_json(self, path: str | Path, layers: list[int] | int | None = None, heads: list[int] | int | None = None) -> Path:
         """Write :meth:`to_dict` as UTF-8 JSON; returns the path. InputError when the file cannot be written."""
         path = Path(path)
         text = json.dumps(self.to_dict(layers, heads), ensure_ascii=False)
@@ -717,6 +733,18 @@ class Analysis:
                 f"cannot write {str(path)!r}: {reason}; choose a file in a folder that exists and that you can write to"
             ) from None
         return path
+
+
+def _selection(values, count: int, check: Callable[[int], int]) -> list[int]:
+    """Layers or heads to export: every one of ``count`` for None, one index, or several, each ``check``-ed and
+    kept once in the order given."""
+    if values is None:
+        return list(range(count))
+    try:
+        values = [values] if isinstance(values, (str, bytes)) else list(values)
+    except TypeError:  # one index (an int, a numpy integer, a 0-d tensor)
+        values = [values]
+    return list(dict.fromkeys(check(v) for v in values))
 
 
 def _np(tensor: torch.Tensor) -> np.ndarray:

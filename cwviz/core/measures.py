@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import InputError
+
 #: Names accepted by :meth:`LayerMeasures.per_head` and :meth:`LayerMeasures.layer_level`.
 MEASURES: tuple[str, ...] = (
     "raw",
@@ -262,10 +264,10 @@ def query_side(head_output: torch.Tensor, gram: torch.Tensor) -> QuerySide:
 
 
 def check_kinds(kinds) -> tuple[str, ...]:
-    """``kinds`` as a tuple of distinct names among :data:`KINDS`, at least one, or ValueError."""
+    """``kinds`` as a tuple of distinct names among :data:`KINDS`, at least one, or InputError."""
     kinds = tuple(kinds)
     if not kinds or any(kind not in KINDS for kind in kinds) or len(set(kinds)) != len(kinds):
-        raise ValueError(f"kinds must be distinct names among {KINDS}, not {kinds!r}")
+        raise InputError(f"kinds must be distinct names among {KINDS}, not {kinds!r}")
     return kinds
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterator
 from os import PathLike
 from pathlib import Path
@@ -87,6 +88,24 @@ def text_of(record: object, line: int, path: str | PathLike, field: str | None =
     return text
 
 
+def check_text(text: str, what: str = "the prompt") -> str:
+    """``text`` when it encodes as UTF-8; else InputError naming the position of the first character that does
+    not: a lone surrogate, from a JSON escape such as ``"\\ud800"``, or U+DC80..U+DCFF, how Python passes on a
+    command-line byte that is not UTF-8 (a surrogate escape). Tokenizers raise a bare TypeError on them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        detail = f"a lone surrogate, U+{code:04X}"
+        if 0xDC80 <= code <= 0xDCFF:
+            detail += f", which stands for the byte 0x{code - 0xDC00:02X} that is not UTF-8"
+        raise InputError(
+            f"{what} holds a character that is not valid text ({detail}) at position {err.start}; "
+            "remove it, or give the text as UTF-8 (a UTF-8 file with --file)"
+        ) from None
+    return text
+
+
 def max_file_bytes() -> int:
     """``$CWVIZ_MAX_FILE_MB`` (default :data:`DEFAULT_MAX_FILE_MB`) in bytes."""
     return env_int("CWVIZ_MAX_FILE_MB", DEFAULT_MAX_FILE_MB) * 1_000_000
@@ -129,14 +148,34 @@ def read_text_stream(stream: BinaryIO, where: str | PathLike) -> str:
     return decode_text(data, where)
 
 
-def read_text_file(path: str | PathLike) -> str:
-    """A whole UTF-8 text file (``--file``, a ``.txt`` of examples, an upload), at most :func:`max_file_bytes`."""
-    path = Path(path)
-    if not path.is_file():
+def read_standard_input(stream: BinaryIO) -> str:
+    """Standard input (``--text -``) as UTF-8 text (:func:`read_text_stream`), less ONE final newline (``\\n`` or
+    ``\\r\\n``): ``echo "hi there" | cwviz analyze --text -`` analyses "hi there", as ``"$(echo hi there)"`` would
+    (``$(...)`` drops every final newline; cwviz drops only the one ``echo`` or an editor adds)."""
+    text = read_text_stream(stream, "standard input")
+    return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
+
+
+def check_file(path: Path) -> Path:
+    """``path`` when it can be read: a regular file, or a FIFO or character device (``<(cmd)``, ``/dev/stdin``),
+    which is read as a stream. InputError saying what it is otherwise (missing, a folder, a socket)."""
+    if path.is_dir():
+        raise InputError(f"{path} is a folder, not a file; give the path of a text file")
+    if not path.exists():
         raise InputError(f"no file at {path}")
+    mode = path.stat().st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+        raise InputError(f"{path} is not a regular file; give the path of a text file")
+    return path
+
+
+def read_text_file(path: str | PathLike) -> str:
+    """A whole UTF-8 text file (``--file``, a ``.txt`` of examples, an upload), at most :func:`max_file_bytes`;
+    a FIFO or character device is read as a stream (:func:`check_file`)."""
+    path = check_file(Path(path))
     limit = max_file_bytes()
     size = path.stat().st_size
-    if size > limit:  # refused before anything is read
+    if size > limit:  # refused before anything is read (a stream's size is 0: it is bounded while read)
         raise _too_large(f"{path} is {size / 1e6:,.1f} MB", limit)
     with path.open("rb") as handle:
         return read_text_stream(handle, path)  # bounded again: the file may grow while it is read
@@ -148,9 +187,7 @@ def iter_jsonl(path: str | PathLike, n: int | None = None) -> Iterator[tuple[int
     JSON, not UTF-8 or too long, and for a missing file."""
     if n is not None and n < 1:
         raise InputError(f"--n must be at least 1, not {n}")
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"no file at {path}")
+    path = check_file(Path(path))
     limit = max_file_bytes()
     yielded = 0
     with path.open("rb") as handle:
