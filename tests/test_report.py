@@ -62,6 +62,18 @@ def test_report_holds_curves_tables_order_check_sinks_and_how_to_rerun(tmp_path,
     assert "<script" not in page
 
 
+def test_a_run_of_one_rate_reports_no_area_but_still_its_order_at_that_rate(tmp_path, monkeypatch):
+    monkeypatch.setattr(faithfulness_command, "load", lambda _args: make_tiny("llama"))
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS), encoding="utf-8")
+    results = tmp_path / "one-rate"
+    argv = ["faithfulness", "--jsonl", str(data), "--rates", "50", "--measures", "default", "--results", str(results)]
+    assert cli.main(argv) == 0
+    page = write_report(results, tmp_path / "report.html")
+    assert "n/a: this run has one removal rate" in page and 'data-table="areas"' not in page
+    assert 'data-table="order"' in page and "<td>50%</td>" in page and "<td>area</td>" not in page
+
+
 def test_report_of_a_task_adds_accuracy_and_of_sinks_alone(tmp_path, monkeypatch):
     results = make_results(tmp_path, monkeypatch, task="boolq", sinks=False)
     page = write_report(results, tmp_path / "report.html")

@@ -142,6 +142,8 @@ def test_a_choice_is_scored_by_its_continuations_log_likelihood(llama):
     ids, start = T.choice_ids(llama, "x" * 50, " yes", max_tokens=10)  # cut from the left, continuation kept
     assert len(ids) == 10 and start == 6
     assert T.choice_ids(llama, "context", " a long continuation", max_tokens=5) is None
+    with pytest.raises(InputError, match="not valid text.*position 8"):  # a lone surrogate from a JSON escape
+        T.choice_ids(llama, "Answer: \ud800", "yes", max_tokens=100)
 
 
 def test_paired_bootstrap_of_the_accuracy_change():

@@ -33,6 +33,7 @@ from ..core.analysis import analyze, check_length
 from ..core.analysis import perplexity as sequence_perplexity
 from ..core.errors import InputError
 from ..core.models import Bundle
+from ..core.texts import check_text
 from .faithfulness import EXAMPLE_COLUMNS, Protocol, check_causal, masked_layers, masked_logprobs
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,7 @@ def dataset_items(task: str, name: str, split: str = "validation", n: int | None
 def choice_ids(bundle: Bundle, context: str, continuation: str, max_tokens: int) -> tuple[list[int], int] | None:
     """Token ids of one choice and where its continuation starts, or None when the continuation does not
     fit in ``max_tokens`` tokens (with a token of context before it)."""
+    check_text(context + continuation, what="the item")
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation

@@ -142,22 +142,30 @@ def faithfulness_section(summary: pd.DataFrame, areas: pd.DataFrame, by_area: pd
         parts.append(svg_figure(curve_chart(rows, curve), f"{curve}: mean ΔPPL over {n} example(s), 95% bootstrap band", f"curve-{curve}"))
         parts.append(f"<h3>{esc(curve)}: mean ΔPPL [95% bootstrap interval]</h3>")
         parts.append(table_html(wide(rows, "delta_ppl"), name=f"delta-ppl-{curve}"))
-    pivot = areas.pivot(index="measure", columns="curve", values="area").reindex(list(dict.fromkeys(areas["measure"]))).reset_index()
-    parts.append("<h3>Area under each curve (mean ΔPPL over the rate as a fraction, trapezoid rule)</h3>")
-    parts.append(table_html(pivot, name="areas"))
-    parts.append(order_html(by_area, by_rate))
+    rates = sorted(summary["rate"].unique()) if len(summary) else []
+    if len(rates) >= 2:
+        pivot = areas.pivot(index="measure", columns="curve", values="area").reindex(list(dict.fromkeys(areas["measure"]))).reset_index()
+        span = f"rates {rates[0] / 100:g}..{rates[-1] / 100:g}"
+        parts.append(f"<h3>Area under each curve (mean ΔPPL over the rate as a fraction, {esc(span)}, trapezoid rule)</h3>")
+        parts.append(table_html(pivot, name="areas"))
+        parts.append(order_html(by_area, by_rate))
+    else:  # one rate spans nothing: an area of 0 would read as a result (the CLI prints n/a)
+        parts.append("<h3>Area under each curve</h3><p>n/a: this run has one removal rate, and an area needs two.</p>")
+        parts.append(order_html(by_area, by_rate, with_area=False))
     return Section("Faithfulness", "".join(parts), "faithfulness")
 
 
-def order_html(by_area: pd.DataFrame, by_rate: pd.DataFrame) -> str:
-    """The paper's order, pair by pair: by area, and at each rate (holds / fails / equal)."""
+def order_html(by_area: pd.DataFrame, by_rate: pd.DataFrame, with_area: bool = True) -> str:
+    """The paper's order, pair by pair: by area (unless ``with_area`` is false: a run of one rate), and at each
+    rate (holds / fails / equal)."""
     if by_area.empty:
         return "<h3>Order check</h3><p>Not enough of the paper's measures in this run to check their order.</p>"
     pairs = list(dict.fromkeys(zip(by_area["lower"], by_area["higher"])))
     rows = []
     for curve in dict.fromkeys(by_area["curve"]):
         area = by_area[by_area["curve"] == curve].set_index(["lower", "higher"])["relation"]
-        rows.append({"curve": curve, "by": "area", **{f"{a} < {b}": area.get((a, b), "") for a, b in pairs}})
+        if with_area:
+            rows.append({"curve": curve, "by": "area", **{f"{a} < {b}": area.get((a, b), "") for a, b in pairs}})
         rated = by_rate[by_rate["curve"] == curve]
         for rate, group in rated.groupby("rate", sort=True):
             relation = group.set_index(["lower", "higher"])["relation"]
