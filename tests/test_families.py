@@ -15,31 +15,22 @@ from cwviz.core.capture import forward_pass
 from cwviz.core.errors import UnsupportedModelError
 from cwviz.core.models import headless_encoder
 
+from . import conftest
 from .conftest import CharTokenizer
 
 TOKENS = 12
+# conftest's tiny shapes, with what these families' configs need besides (token ids, a head width, 2 layers).
 _DECODER = dict(
+    conftest._DECODER,
     vocab_size=100,
     num_hidden_layers=2,
-    hidden_size=64,
-    intermediate_size=96,
-    num_attention_heads=4,
-    num_key_value_heads=2,
     head_dim=16,
     max_position_embeddings=64,
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
 )
-_ENCODER = dict(
-    vocab_size=100,
-    num_hidden_layers=2,
-    hidden_size=64,
-    intermediate_size=96,
-    num_attention_heads=4,
-    max_position_embeddings=64,
-    pad_token_id=1,
-)
+_ENCODER = dict(conftest._ENCODER, pad_token_id=1)
 
 
 def tiny(model_type: str, auto: str, **kwargs):
