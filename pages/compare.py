@@ -8,7 +8,7 @@ from cwviz.app import widgets
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import select, url_widget
 from cwviz.charts import compare as charts
-from cwviz.charts.heatmaps import LAYOUTS
+from cwviz.charts.heatmaps import LAYOUT_LABELS, LAYOUTS
 from cwviz.core.errors import CwvizError
 
 sel = sidebar("Compare two inputs")
@@ -83,7 +83,7 @@ with col_layout:
         "Layout",
         LAYOUTS[0],
         options=list(LAYOUTS),
-        format_func=lambda v: {"auto": "auto", "side": "side by side", "stacked": "stacked"}[v],
+        format_func=LAYOUT_LABELS.get,
         help="auto: as many of A, B and B − A in a row as fit a 1,366 px wide window with the sidebar open. "
         "Choose side by side on a wider screen.",
         horizontal=True,

@@ -77,7 +77,7 @@ with far:
         "Layout",
         charts.LAYOUTS[0],
         options=list(charts.LAYOUTS),
-        format_func=lambda v: {"auto": "auto", "side": "side by side", "stacked": "stacked"}[v],
+        format_func=charts.LAYOUT_LABELS.get,
         help="auto: the two heatmaps side by side while they fit a 1,366 px wide window with the sidebar open, "
         "else one above the other. Choose side by side on a wider screen.",
         key="heatmaps_layout",

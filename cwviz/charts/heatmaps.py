@@ -24,6 +24,8 @@ SIDE = 330  # px, the least a heatmap axis gets
 CELL = 13  # px per position: a 10 px label per row or column without overlap
 #: How the heatmap pair is laid out: side by side when it fits (``"auto"``), or as the user asks.
 LAYOUTS = ("auto", "side", "stacked")
+#: How the pages name each layout.
+LAYOUT_LABELS = {"auto": "auto", "side": "side by side", "stacked": "stacked"}
 #: Width (px) the pair may take side by side under ``"auto"``: the dashboard's main area in a 1,366 px wide
 #: window with the sidebar open, the narrowest common laptop screen (906 px in Chromium: the width of the head
 #: overview, which fills it). A wider pair is stacked, so that no map runs past the page's right edge; the
