@@ -50,7 +50,14 @@ with st.expander(
     # Open when tokens were inserted or deleted (a sequence alignment); a same-length pair says it in the caption.
     expanded=alignment["op"].isin(["insert", "delete"]).any() and len(alignment) <= 80,
 ):
-    st.dataframe(alignment[alignment["op"] != "equal"] if len(alignment) > 80 else alignment, hide_index=True, key="compare_alignment")
+    st.caption(
+        "An empty position or token: that step's token is in one input only. Map labels: `12 fox` (the same token at "
+        "the same position in both), `12/13 fox` (the same token, at 12 in A and 13 in B), `12 fox / 12 cat` (A's / B's)."
+    )
+    shown = alignment[alignment["op"] != "equal"] if len(alignment) > 80 else alignment
+    # Positions as text, so that a step in one input only shows an empty cell rather than "None".
+    shown = shown.assign(**{c: shown[c].astype("string").fillna("") for c in ("position_a", "position_b")})
+    st.dataframe(shown, hide_index=True, key="compare_alignment")
 
 st.subheader("Maps")
 col_map, col_kind, col_layout = st.columns([2, 3, 2])

@@ -80,6 +80,7 @@ def test_a_link_restores_the_pickers_and_the_maps_follow_the_selection(tiny_mode
     # The alignment is shown: the inserted and replaced tokens are in its table.
     table = at.dataframe[0].value
     assert {"insert", "equal"} <= set(table["op"])
+    assert (table.loc[table["op"] == "insert", "position_a"] == "").all()  # only in B: an empty cell, not "None"
     at.radio(key="compare_map").set_value("contribution").run()
     assert_clean(at)
     assert at.query_params["cmp_map"] == "contribution"
