@@ -109,6 +109,27 @@ def test_a_recording_pass_refuses_a_second_call_of_one_attention_module():
 
 # -- encoders whose attention module sets no is_causal (Splinter, LayoutLM, MarkupLM) ---------------------------
 @pytest.mark.parametrize(
+    ("model_type", "architectures", "causal"),
+    [
+        ("splinter", None, False),  # an encoder family transformers knows
+        ("llama", None, True),  # a decoder-only family
+        ("bert", None, False),  # a masked LM class, though a causal one exists too
+        ("my-remote-decoder", ["MyForCausalLM"], True),  # remote code: its config names the class
+        ("my-remote-gpt", ["MyLMHeadModel"], True),
+        ("my-remote-encoder", ["MyForMaskedLM"], False),
+        ("my-remote-model", None, True),  # nothing to go by: transformers' own default
+    ],
+)
+def test_the_causality_of_an_attention_module_that_does_not_say_comes_from_its_config(model_type, architectures, causal):
+    from types import SimpleNamespace
+
+    from cwviz.core.capture import _config_causal
+
+    assert _config_causal(SimpleNamespace(model_type=model_type, architectures=architectures, is_decoder=False)) is causal
+    assert _config_causal(SimpleNamespace(model_type="splinter", architectures=None, is_decoder=True)) is True
+
+
+@pytest.mark.parametrize(
     ("model_type", "auto"), [("splinter", "AutoModel"), ("layoutlm", "AutoModelForMaskedLM"), ("markuplm", "AutoModel")]
 )
 def test_an_encoder_whose_attention_sets_no_is_causal_stays_bidirectional(model_type, auto):

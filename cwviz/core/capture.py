@@ -182,20 +182,29 @@ def _is_causal(module: torch.nn.Module, kwargs: dict, num_queries: int) -> bool:
 def _config_causal(config) -> bool:
     """Whether a model with this config attends causally, for an attention module that does not say: a decoder
     (``is_decoder``), or a model type transformers has a causal LM class for and no masked LM class (decoder-only
-    families). Encoder families (a masked LM class, or neither, as Splinter's and MarkupLM's) are bidirectional.
-    Without a config, transformers' own default (causal). A wrong guess cannot pass unseen: a derived row's probe
-    compares cwviz's forward pass with the model's eager attention (:func:`cwviz.core.derive.derive_architecture`)."""
+    families). Encoder families (a masked LM class, or neither, as Splinter's and MarkupLM's) are bidirectional. A
+    model type transformers does not know (remote code) is causal when its config names a causal-LM class
+    (``architectures``: ``...ForCausalLM``, ``...LMHeadModel``) or names none. Without a config, transformers' own
+    default (causal). A wrong guess cannot pass unseen: a derived row's probe compares cwviz's forward pass with the
+    model's eager attention (:func:`cwviz.core.derive.derive_architecture`)."""
     if config is None:
         return True
     if getattr(config, "is_decoder", False):
         return True
-    return _decoder_only(getattr(config, "model_type", None))
+    known = _decoder_only(getattr(config, "model_type", None))
+    if known is not None:
+        return known
+    names = getattr(config, "architectures", None) or ()
+    return not names or any("CausalLM" in name or "LMHead" in name for name in names)
 
 
 @functools.cache
-def _decoder_only(model_type: str | None) -> bool:
-    from transformers.models.auto import modeling_auto
+def _decoder_only(model_type: str | None) -> bool | None:
+    """For a model type transformers knows: whether it has a causal LM class and no masked LM class; else None."""
+    from transformers.models.auto import configuration_auto, modeling_auto
 
+    if model_type not in configuration_auto.CONFIG_MAPPING_NAMES:
+        return None
     return (
         model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
     )
