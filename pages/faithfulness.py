@@ -289,11 +289,18 @@ if run and run["tables"]:
     )
     for curve in F.CURVES:
         widgets.chart(charts.curve_chart(summary, curve, scale), summary[summary.curve == curve], f"cwviz-{curve}", key=f"faith_{curve}")
-    areas = F.curve_areas(summary).pivot(index="measure", columns="curve", values="area")
-    st.markdown("**Mean ΔPPL per rate**, and the area under each curve (trapezoids over the rate as a fraction 0..1)")
+    rates = sorted(summary["rate"].unique())
     table = summary.pivot(index="measure", columns=["curve", "rate"], values="delta_ppl")
     table.columns = [f"{curve[:4]}. {rate:g}%" for curve, rate in table.columns]
-    table = table.join(areas.add_prefix("area "))
+    if len(rates) >= 2:
+        st.markdown(
+            f"**Mean ΔPPL per rate**, and the area under each curve (trapezoids over the rate as a fraction, from "
+            f"{rates[0] / 100:g} to {rates[-1] / 100:g})"
+        )
+        areas = F.curve_areas(summary).pivot(index="measure", columns="curve", values="area")
+        table = table.join(areas.add_prefix("area "))
+    else:  # one rate spans nothing: an area of 0 would read as a result
+        st.markdown("**Mean ΔPPL per rate** (no area under the curves: that needs two rates or more)")
     st.dataframe(
         table.loc[[m for m in F.ALL_MEASURES if m in table.index]],
         column_config={"_index": st.column_config.TextColumn("measure", width="medium")}

@@ -50,7 +50,8 @@ def test_a_tiny_run_on_the_sidebar_prompt_draws_both_curves_and_the_table(app):
     assert len(at.get("vega_lite_chart")) == 2
     table = at.dataframe[0].value
     assert set(table.index) == {"raw", "random"}
-    assert {"area comprehensiveness", "area sufficiency"} <= set(table.columns)
+    assert not any(column.startswith("area") for column in table.columns)  # one rate: no area to show
+    assert any("no area under the curves" in m.value for m in at.markdown)
     assert any("1 of 1 examples" in caption.value for caption in at.caption)
 
 
@@ -65,6 +66,8 @@ def test_the_two_measures_that_rank_alike_are_said_to_coincide(app):
     assert not at.exception and not at.error
     table = at.dataframe[0].value
     assert table.loc["value_weighted"].equals(table.loc["value_weighted_output_normalized"])
+    assert {"area comprehensiveness", "area sufficiency"} <= set(table.columns)
+    assert any("from 0.1 to 0.5" in m.value for m in at.markdown)
     assert any("coincide" in caption.value for caption in at.caption)
 
 
