@@ -240,3 +240,15 @@ def test_llama4_text_is_analysed_through_its_decoder():
     bundle = cwviz.bundle_from_model(model, CharTokenizer(100))
     assert bundle.arch.derived and bundle.arch.causal and bundle.info.layers == 2
     check_identities(bundle)
+
+
+def test_a_derived_bfloat16_model_is_checked_against_eager_attention_at_its_own_tolerance():
+    """The eager comparison takes the model's dtype's tolerance: bfloat16 SDPA and eager attention differ by more than
+    float32 rounding, and a bfloat16 model of a derived row must load (its float32 twin is held to 1e-4)."""
+    model = tiny("olmo", "AutoModelForCausalLM", **_DECODER).to(torch.bfloat16)
+    assert architectures.architecture_for("olmo") is None  # a derived row
+    bundle = cwviz.bundle_from_model(model, CharTokenizer(100), model_id="tiny-olmo-bf16")
+    assert bundle.arch.derived and bundle.arch.causal
+    analysis = cwviz.analyze(bundle, "abcdefghij")
+    sums = analysis.contributions(1, "inter").sum(axis=(0, 2))
+    assert np.allclose(sums, 1.0, atol=2e-2)

@@ -143,14 +143,15 @@ def _check_eager(model: nn.Module, ids: torch.Tensor) -> None:
     would pass them: an encoder taken as causal changes the model's outputs and its records alike. The model is
     switched to eager attention for one pass and back (it is not yet shared: derivation runs while it loads)."""
     with torch.inference_mode():
-        got = _run(model, ids).float()  # (T, d_model)
+        hidden = _run(model, ids)  # (T, d_model), in the model's dtype: its tolerance below
     model.set_attn_implementation("eager")
     try:
         with torch.inference_mode():
             expected = _run(model, ids).float()
     finally:
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
-    tolerance = PROBE_TOLERANCE.get(got.dtype, PROBE_TOLERANCE_LOW) * max(1.0, float(expected.abs().max()))
+    got = hidden.float()
+    tolerance = PROBE_TOLERANCE.get(hidden.dtype, PROBE_TOLERANCE_LOW) * max(1.0, float(expected.abs().max()))
     error = float((got - expected).abs().max()) if got.shape == expected.shape else float("inf")
     if not error <= tolerance:
         raise _refuse(
