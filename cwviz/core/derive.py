@@ -112,20 +112,27 @@ def _projection(layer: nn.Module, attention: str, width: int) -> tuple[str, bool
     return path, conv1d
 
 
-def _check_logits(model: nn.Module, arch: Architecture, ids: torch.Tensor) -> Architecture:
+def _mismatch(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
+    """``(largest difference, tolerance)`` of one probe check: ``dtype``'s :data:`PROBE_TOLERANCE` scaled by the
+    expected values' largest magnitude (at least 1); the difference is infinite when the shapes differ."""
+    tolerance = PROBE_TOLERANCE.get(dtype, PROBE_TOLERANCE_LOW) * max(1.0, float(expected.abs().max()))
+    error = float((got - expected.to(got.device)).abs().max()) if got.shape == expected.shape else float("inf")
+    return error, tolerance
+
+
+def _check_logits(model: nn.Module, arch: Architecture, ids: torch.Tensor, hidden: torch.Tensor) -> Architecture:
     """``arch`` with the logit scaling and soft-capping its config names (:data:`LOGIT_ATTRIBUTES`), checked: for
     a causal LM the output layer applied to the final hidden states, then those, must give the model's own logits
-    (what cwviz's log-probabilities and perplexities use); otherwise the model is refused."""
+    (what cwviz's log-probabilities and perplexities use); otherwise the model is refused. ``hidden``: the final
+    hidden states of ``ids`` under cwviz's attention (:func:`_check_eager` gives them)."""
     config = model.config
     arch = replace(arch, **{field: name for field, name in LOGIT_ATTRIBUTES.items() if getattr(config, name, None) is not None})
     if not arch.causal or model.get_output_embeddings() is None:
         return arch
     with torch.inference_mode():
         expected = model(input_ids=ids, use_cache=False).logits[0].float()  # (T, vocab)
-        hidden = _run(model, ids)
         got = output_logits(model, arch, hidden).float()
-    tolerance = PROBE_TOLERANCE.get(hidden.dtype, PROBE_TOLERANCE_LOW) * max(1.0, float(expected.abs().max()))
-    error = float((got - expected).abs().max()) if got.shape == expected.shape else float("inf")
+    error, tolerance = _mismatch(got, expected, hidden.dtype)
     if not error <= tolerance:
         raise _refuse(
             config.model_type,
@@ -135,13 +142,14 @@ def _check_logits(model: nn.Module, arch: Architecture, ids: torch.Tensor) -> Ar
     return arch
 
 
-def _check_eager(model: nn.Module, ids: torch.Tensor) -> None:
+def _check_eager(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """Refuse the model unless its final hidden states with cwviz's attention (outside a pass: SDPA, with cwviz's
     masks and causality) are those of its own eager attention, within the probe's tolerance.
 
     The other checks compare cwviz with itself (the records against the same pass), so a wrong reading of the seam
     would pass them: an encoder taken as causal changes the model's outputs and its records alike. The model is
-    switched to eager attention for one pass and back (it is not yet shared: derivation runs while it loads)."""
+    switched to eager attention for one pass and back (it is not yet shared: derivation runs while it loads).
+    Returns the final hidden states under cwviz's attention [T, d_model], for :func:`_check_logits`."""
     with torch.inference_mode():
         hidden = _run(model, ids)  # (T, d_model), in the model's dtype: its tolerance below
     model.set_attn_implementation("eager")
@@ -150,15 +158,14 @@ def _check_eager(model: nn.Module, ids: torch.Tensor) -> None:
             expected = _run(model, ids).float()
     finally:
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
-    got = hidden.float()
-    tolerance = PROBE_TOLERANCE.get(hidden.dtype, PROBE_TOLERANCE_LOW) * max(1.0, float(expected.abs().max()))
-    error = float((got - expected).abs().max()) if got.shape == expected.shape else float("inf")
+    error, tolerance = _mismatch(hidden.float(), expected, hidden.dtype)
     if not error <= tolerance:
         raise _refuse(
             model.config.model_type,
             f"the probe failed: its final hidden states with cwviz's attention differ from those of its own eager attention "
             f"by {error:.3g} (tolerance {tolerance:.3g}), so cwviz would not analyse the model's own attention",
         )
+    return hidden
 
 
 def derive_architecture(model: nn.Module) -> Architecture:
@@ -168,7 +175,7 @@ def derive_architecture(model: nn.Module) -> Architecture:
     A few forward passes of :data:`PROBE_TOKENS` tokens: one finds the modules that call the attention function,
     one records them to learn the heads' width, one records them again while pre-hooks (removed before returning)
     read what each output projection receives, two compare cwviz's attention with the model's eager attention
-    (:func:`_check_eager`), and, for a causal LM, two compare the logits.
+    (:func:`_check_eager`), and, for a causal LM, one more gives the logits to compare.
     """
     config = model.config
     model_type = getattr(config, "model_type", "?")
@@ -233,17 +240,15 @@ def derive_architecture(model: nn.Module) -> Architecture:
         alpha = rec.probabilities(rec.query.float(), rec.key.float(), rec.mask, rec.causal)  # (H, T, T)
         value = expand_kv(rec.value.float(), heads)  # (H, T, d)
         z = (alpha @ value).transpose(0, 1).reshape(alpha.shape[1], -1)  # (T, H * d), the projection's input
-        given = seen[layer]
-        tolerance = PROBE_TOLERANCE.get(rec.value.dtype, PROBE_TOLERANCE_LOW) * max(1.0, float(given.abs().max()))
-        error = float((z - given.to(z.device)).abs().max()) if z.shape == given.shape else float("inf")
+        error, tolerance = _mismatch(z, seen[layer], rec.value.dtype)
         if not error <= tolerance:
             raise _refuse(
                 model_type,
                 f"the probe failed: in layer {layer}, Σ_j α_ij v_j from the recorded attention differs from the input of "
                 f"{out_path} by {error:.3g} (tolerance {tolerance:.3g}), so its layer output is not the heads' weighted values",
             )
-    _check_eager(model, ids)
-    arch = _check_logits(model, arch, ids)
+    hidden = _check_eager(model, ids)
+    arch = _check_logits(model, arch, ids, hidden)
     log.info(
         "derived the layout of %r (%s.N.%s, W_O %s) and checked it on %d tokens",
         model_type,
