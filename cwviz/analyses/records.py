@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import InputError
+from ..core.texts import write_text_atomic
 
 SCHEMA = "cwviz.faithfulness.record"
 VERSION = 1
@@ -183,10 +184,7 @@ def records_table(records: Iterable[dict]) -> pd.DataFrame:
 
 
 def write_manifest(folder: str | PathLike, manifest: dict) -> None:
-    path = Path(folder) / MANIFEST
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(Path(folder) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_manifest(folder: str | PathLike) -> dict | None:

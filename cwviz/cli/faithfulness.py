@@ -7,13 +7,13 @@ an interrupted run leaves a complete CSV of the examples it finished (its ``n`` 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 from ..core.errors import InputError
+from ..core.texts import write_text_atomic
 from .common import add_jsonl_args, add_model_args, how_run, jsonl_path, load, read_text, report_interrupt
 
 
@@ -167,15 +167,8 @@ def read_examples(args: argparse.Namespace) -> list:
 
 
 def write_csv(summary: pd.DataFrame, path: Path) -> None:
-    """Replace ``path`` atomically, so a reader (or an interrupted run) never sees half a file; the temporary
-    file is removed when the write or the rename fails."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        summary.to_csv(tmp, index=False, float_format="%.6g")
-        os.replace(tmp, path)
-    except BaseException:  # an interrupt too: no .tmp is left behind
-        tmp.unlink(missing_ok=True)
-        raise
+    """Replace ``path`` atomically (:func:`~cwviz.core.texts.write_text_atomic`)."""
+    write_text_atomic(path, summary.to_csv(index=False, float_format="%.6g"))
 
 
 def format_table(summary: pd.DataFrame) -> str:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import pandas as pd
 
 from ..core.errors import InputError
+from ..core.texts import write_text_atomic
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -113,12 +113,6 @@ def run(args: argparse.Namespace) -> int:
         )
     generated = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     text = report.page(sections, title=args.title, generated=generated)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, args.out)
-    except BaseException:  # no .tmp is left behind
-        tmp.unlink(missing_ok=True)
-        raise
+    write_text_atomic(args.out, text)
     print(f"wrote {args.out} ({len(text) / 1024:,.0f} KiB; sections: {', '.join(s.title for s in sections)})")
     return 0

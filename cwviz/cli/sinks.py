@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import CwvizError, InputError
+from ..core.texts import write_text_atomic
 from .common import add_jsonl_args, add_model_args, add_text_args, jsonl_path, load, read_text, report_interrupt
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,6 @@ RESULTS_FOLDER = "sinks"
 def write_results(args: argparse.Namespace, bundle, table: pd.DataFrame, layers: pd.DataFrame, sink: str, prompts: int) -> Path:
     """The per-layer and per-head tables and a manifest in ``DIR/sinks`` (each file replaced whole)."""
     import json
-    import os
 
     from ..analyses import sinks
     from ..core.parallel import model_provenance
@@ -199,9 +199,7 @@ def write_results(args: argparse.Namespace, bundle, table: pd.DataFrame, layers:
         "manifest.json": json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n",
     }
     for name, text in files.items():
-        tmp = folder / f"{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, folder / name)
+        write_text_atomic(folder / name, text)
     return folder
 
 

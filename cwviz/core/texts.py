@@ -169,6 +169,20 @@ def check_file(path: Path) -> Path:
     return path
 
 
+def write_text_atomic(path: str | PathLike, text: str) -> Path:
+    """Replace ``path`` with UTF-8 ``text`` atomically (a ``.tmp`` beside it, then a rename), so a reader or an
+    interrupted run never sees half a file; the temporary file is removed when the write or the rename fails."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:  # an interrupt too: no .tmp is left behind
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def read_text_file(path: str | PathLike) -> str:
     """A whole UTF-8 text file (``--file``, a ``.txt`` of examples, an upload), at most :func:`max_file_bytes`;
     a FIFO or character device is read as a stream (:func:`check_file`)."""
