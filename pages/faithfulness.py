@@ -289,13 +289,13 @@ if run and run["tables"]:
     )
     for curve in F.CURVES:
         widgets.chart(charts.curve_chart(summary, curve, scale), summary[summary.curve == curve], f"cwviz-{curve}", key=f"faith_{curve}")
-    rates = sorted(summary["rate"].unique())
+    span = F.area_span(summary)
     table = summary.pivot(index="measure", columns=["curve", "rate"], values="delta_ppl")
     table.columns = [f"{curve[:4]}. {rate:g}%" for curve, rate in table.columns]
-    if len(rates) >= 2:
+    if span:
         st.markdown(
             f"**Mean ΔPPL per rate**, and the area under each curve (trapezoids over the rate as a fraction, from "
-            f"{rates[0] / 100:g} to {rates[-1] / 100:g})"
+            f"{span[0]:g} to {span[1]:g})"
         )
         areas = F.curve_areas(summary).pivot(index="measure", columns="curve", values="area")
         table = table.join(areas.add_prefix("area "))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import altair as alt
 import pandas as pd
 
+from ..analyses.faithfulness import area_span
 from .export import to_svg
 from .faithfulness import accuracy_chart, curve_chart
 
@@ -142,11 +143,12 @@ def faithfulness_section(summary: pd.DataFrame, areas: pd.DataFrame, by_area: pd
         parts.append(svg_figure(curve_chart(rows, curve), f"{curve}: mean ΔPPL over {n} example(s), 95% bootstrap band", f"curve-{curve}"))
         parts.append(f"<h3>{esc(curve)}: mean ΔPPL [95% bootstrap interval]</h3>")
         parts.append(table_html(wide(rows, "delta_ppl"), name=f"delta-ppl-{curve}"))
-    rates = sorted(summary["rate"].unique()) if len(summary) else []
-    if len(rates) >= 2:
+    span = area_span(summary)
+    if span:
         pivot = areas.pivot(index="measure", columns="curve", values="area").reindex(list(dict.fromkeys(areas["measure"]))).reset_index()
-        span = f"rates {rates[0] / 100:g}..{rates[-1] / 100:g}"
-        parts.append(f"<h3>Area under each curve (mean ΔPPL over the rate as a fraction, {esc(span)}, trapezoid rule)</h3>")
+        parts.append(
+            f"<h3>Area under each curve (mean ΔPPL over the rate as a fraction, rates {span[0]:g}..{span[1]:g}, trapezoid rule)</h3>"
+        )
         parts.append(table_html(pivot, name="areas"))
         parts.append(order_html(by_area, by_rate))
     else:  # one rate spans nothing: an area of 0 would read as a result (the CLI prints n/a)

@@ -173,13 +173,13 @@ def write_csv(summary: pd.DataFrame, path: Path) -> None:
 
 def format_table(summary: pd.DataFrame) -> str:
     """Mean ΔPPL per measure and rate, one block per curve, with the area under each curve."""
-    from ..analyses.faithfulness import curve_areas
+    from ..analyses.faithfulness import area_span, curve_areas
 
     areas = curve_areas(summary).set_index(["curve", "measure"])["area"]
     n = int(summary["n"].max()) if len(summary) else 0
     rates = sorted(summary["rate"].unique())
-    # One rate has no area (curve_areas gives 0): n/a, not a 0 that reads as "masking changed nothing".
-    span = f"area over rates {rates[0] / 100:g}..{rates[-1] / 100:g}" if len(rates) > 1 else "area n/a (needs two rates)"
+    spans = area_span(summary)  # None for one rate: n/a, not a 0 that reads as "masking changed nothing"
+    span = f"area over rates {spans[0]:g}..{spans[1]:g}" if spans else "area n/a (needs two rates)"
     lines = []
     for curve, group in summary.groupby("curve", sort=False):
         lines.append(f"{curve}: mean ΔPPL over {n} example(s) (95% bootstrap intervals in the CSV); {span}")
@@ -188,7 +188,7 @@ def format_table(summary: pd.DataFrame) -> str:
         for measure, rows in group.groupby("measure", sort=False):
             by_rate = dict(zip(rows["rate"], rows["delta_ppl"]))
             cells = "".join(f"{by_rate.get(r, float('nan')):>10.3g}" for r in rates)
-            area = f"{areas[curve, measure]:.4g}" if len(rates) > 1 else "n/a"
+            area = f"{areas[curve, measure]:.4g}" if spans else "n/a"
             lines.append(f"  {measure:34}{cells}{area:>10}")
         lines.append("")
     return "\n".join(lines)
