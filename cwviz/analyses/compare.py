@@ -274,7 +274,7 @@ def map_cells(
 def _heads_note(head: int | None, kind: str) -> str:
     if head is not None:
         return f"head {head}, {kind}-head contributions"
-    how = {"mean": "averaged", "sum": "summed"}[LAYER_AGGREGATION[f"contribution_{kind}"]]
+    how = tables.AGGREGATED[LAYER_AGGREGATION[f"contribution_{kind}"]]
     return f"all heads (attention averaged over heads, {kind}-head contributions {how})"
 
 

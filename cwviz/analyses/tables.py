@@ -61,8 +61,8 @@ def heads_note(head: int | None, measure: str, kind: str) -> str:
     if head is not None:
         return f"head {head}"
     # No "; " inside: a chart's title is wrapped at its "; " (cwviz.charts.heatmaps.wrap).
-    how = _AGGREGATED[LAYER_AGGREGATION[measure]]
-    contribution = _AGGREGATED[LAYER_AGGREGATION[f"contribution_{kind}"]]
+    how = AGGREGATED[LAYER_AGGREGATION[measure]]
+    contribution = AGGREGATED[LAYER_AGGREGATION[f"contribution_{kind}"]]
     if measure == f"contribution_{kind}":
         return f"all heads (attention averaged over heads, contributions {contribution})"
     if measure == "raw":
@@ -70,7 +70,8 @@ def heads_note(head: int | None, measure: str, kind: str) -> str:
     return f"all heads (attention averaged over heads, this measure {how}, contributions in the tooltip {contribution})"
 
 
-_AGGREGATED = {"mean": "averaged", "sum": "summed"}
+#: How a note says each aggregation over heads (:data:`cwviz.core.measures.LAYER_AGGREGATION`).
+AGGREGATED = {"mean": "averaged", "sum": "summed"}
 
 
 def window_bounds(num_tokens: int, query: int, size: int) -> tuple[int, int]:
@@ -285,7 +286,7 @@ def token_factors(analysis: Analysis, layer: int, query: int, head: int | None, 
             attention=("attention", "mean"), contribution=("contribution", how)
         )
         factors = ("attention", "contribution")
-        who = f"all heads (attention averaged over heads, contributions {_AGGREGATED[how]})"
+        who = f"all heads (attention averaged over heads, contributions {AGGREGATED[how]})"
     else:
         wide = analysis.decomposition(layer, query, analysis.check_head(head), kind)
         wide = wide[["key", "token", "attention", "norm_ratio", "cosine", "contribution"]]
