@@ -68,7 +68,7 @@ def factor_bars(factors: TokenFactors) -> alt.HConcatChart:
             )
             .properties(width=PANEL_WIDTH, height=height, title=titles.get(name, name))
         )
-    width = len(panels) * (PANEL_WIDTH + 8) + 140  # the panels and the key labels
+    width = len(panels) * (PANEL_WIDTH + 8) + KEY_LABELS
     lines = wrap(factors.note + "; the sink (first token) in purple", width // TITLE_PX_PER_CHAR)
     return alt.hconcat(*panels, data=frame, spacing=8).properties(title=alt.TitleParams(lines, anchor="start", fontSize=13))
 
