@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from cwviz.analyses import faithfulness as F
+from cwviz.analyses.schema import area_span
 from cwviz.app import hosting, services, widgets
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import parse_bool, show_bool, url_widget
@@ -289,7 +290,7 @@ if run and run["tables"]:
     )
     for curve in F.CURVES:
         widgets.chart(charts.curve_chart(summary, curve, scale), summary[summary.curve == curve], f"cwviz-{curve}", key=f"faith_{curve}")
-    span = F.area_span(summary)
+    span = area_span(summary)
     table = summary.pivot(index="measure", columns=["curve", "rate"], values="delta_ppl")
     table.columns = [f"{curve[:4]}. {rate:g}%" for curve, rate in table.columns]
     if span:

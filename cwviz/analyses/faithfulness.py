@@ -435,14 +435,6 @@ def curve_areas(summary: pd.DataFrame) -> pd.DataFrame:
     return _ordered(pd.DataFrame(rows, columns=["measure", "curve", "area"]))
 
 
-def area_span(summary: pd.DataFrame) -> tuple[float, float] | None:
-    """The first and last rate :func:`curve_areas` integrates over, as fractions (``(0.01, 0.5)``), or None when
-    ``summary`` has fewer than two rates: a curve of one point has no area, and the 0 it is given would read as a
-    result."""
-    rates = sorted(summary["rate"].unique()) if len(summary) else []
-    return (rates[0] / 100, rates[-1] / 100) if len(rates) >= 2 else None
-
-
 def order_check(table: pd.DataFrame, order: Sequence[str] = PAPER_ORDER, value: str = "area") -> pd.DataFrame:
     """Does each adjacent pair of ``order`` keep the paper's order? One row per curve (and rate) and pair.
 

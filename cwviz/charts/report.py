@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import altair as alt
 import pandas as pd
 
-from ..analyses.faithfulness import area_span
+from ..analyses.schema import area_span
 from .export import to_svg
 from .faithfulness import accuracy_chart, curve_chart
 

@@ -173,7 +173,8 @@ def write_csv(summary: pd.DataFrame, path: Path) -> None:
 
 def format_table(summary: pd.DataFrame) -> str:
     """Mean ΔPPL per measure and rate, one block per curve, with the area under each curve."""
-    from ..analyses.faithfulness import area_span, curve_areas
+    from ..analyses.faithfulness import curve_areas
+    from ..analyses.schema import area_span
 
     areas = curve_areas(summary).set_index(["curve", "measure"])["area"]
     n = int(summary["n"].max()) if len(summary) else 0
