@@ -4,6 +4,7 @@
     python -m benchmarks.probe profile --tokens 512                # where the full analysis spends its time
     python -m benchmarks.probe attention --tokens 2048             # SDPA against α made in row blocks, one layer
     python -m benchmarks.probe batches --tokens 2048               # the one pass, products per head or per kv head
+    python -m benchmarks.probe groups --tokens 512                 # the one pass, query sides a group or a block at a time
     python -m benchmarks.probe sinks --tokens 512                  # sink norms and cosine: head space or d_model
     python -m benchmarks.probe blocks --tokens 2048                # the one pass with taller or shorter row blocks
 
@@ -27,6 +28,10 @@ is now ``analyze(each_block=...)``, the one pass.)
 ``batches`` times the one pass (``benchmarks.run.one_pass_analysis``) as shipped, with one batch entry per head in
 each block's products (:func:`cwviz.core.analysis.per_head` copies the keys and values per head), against the same
 pass with one entry per kv head (the kv tensors as recorded, the heads of a group stacked), interleaved with the SDPA
+forward; medians of ``--repeats`` runs.
+
+``groups`` times the one pass as shipped, with each group of row blocks' query side made in one product
+(:func:`cwviz.core.analysis.block_groups`), against the same pass with one product a block, interleaved with the SDPA
 forward; medians of ``--repeats`` runs.
 
 ``sinks`` times :func:`cwviz.analyses.sinks.sink_table` and :func:`cwviz.analyses.atlas.prompt_stats` on one analysis,
@@ -236,6 +241,35 @@ def sink_norms_probe(bundle, ids, repeats: int = 3) -> str:
 
 #: The row-block settings ``blocks`` compares with the shipped one: (cells a head's block holds, the fewest blocks of
 #: a causal layer). A setting that gives a block as many rows as one before it, at the probe's length, is left out.
+def groups(bundle, ids, repeats: int = 3) -> str:
+    """The one pass with its row blocks' query sides made a group at a time (as shipped,
+    :func:`cwviz.core.analysis.block_groups`) and a block at a time (each block a group of its own, as before),
+    against the SDPA forward."""
+    from benchmarks.run import interleaved, one_pass_analysis, sdpa_forward
+    from cwviz.core import analysis as core_analysis
+
+    shipped = core_analysis.block_groups
+
+    def one_a_group(blocks, cells):
+        return ([block] for block in blocks)
+
+    def one_pass(grouping):
+        def run():
+            core_analysis.block_groups = grouping  # what the pass's attend calls for each layer; restored below
+            try:
+                one_pass_analysis(bundle, ids)
+            finally:
+                core_analysis.block_groups = shipped
+
+        return run
+
+    grouped, base, single = interleaved(one_pass(shipped), lambda: sdpa_forward(bundle, ids), repeats, one_pass(one_a_group))
+    return (
+        f"{len(ids)} tokens: SDPA forward {base:.3f} s; one pass with a query side a group {grouped:.3f} s ({grouped / base:.2f}x), "
+        f"a block {single:.3f} s ({single / base:.2f}x)"
+    )
+
+
 BLOCK_SETTINGS = ((1 << 17, 8), (1 << 19, 8), (1 << 20, 8), (1 << 18, 16), (1 << 18, 4), (1 << 18, 2))
 
 
@@ -296,10 +330,10 @@ def blocks(bundle, ids, repeats: int = 3, settings=BLOCK_SETTINGS) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["phases", "profile", "attention", "batches", "sinks", "blocks"])
+    parser.add_argument("what", choices=["phases", "profile", "attention", "batches", "groups", "sinks", "blocks"])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--trim", choices=["on", "off"], default="on", help="phases: trim the heap as shipped, or not")
-    parser.add_argument("--repeats", type=int, default=3, help="batches, sinks, blocks: runs of each, interleaved")
+    parser.add_argument("--repeats", type=int, default=3, help="batches, groups, sinks, blocks: runs of each, interleaved")
     args = parser.parse_args(argv)
 
     import transformers
@@ -315,6 +349,8 @@ def main(argv=None) -> int:
     ids = long_ids(bundle, args.tokens)
     if args.what == "batches":
         print(batches(bundle, ids, args.repeats))
+    elif args.what == "groups":
+        print(groups(bundle, ids, args.repeats))
     elif args.what == "sinks":
         print(sink_norms_probe(bundle, ids, args.repeats))
     elif args.what == "blocks":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 import transformers
 
 import cwviz
@@ -299,6 +300,26 @@ def test_the_streamed_binned_view_equals_binning_the_whole_map(long_analysis, mo
         np.testing.assert_allclose(cells.frame[name].to_numpy(), binned(matrix.astype(np.float64))[q, k], atol=1e-5)
 
 
+@pytest.mark.parametrize(("tokens", "cells"), [(60, 7 * 60), (512, 1 << 18), (2048, 1 << 18), (100, 50), (33, 10_000)])
+def test_the_one_pass_groups_its_row_blocks_in_order_within_a_dense_blocks_cells(tokens, cells):
+    """block_groups, which the one pass keeps a group's α for: every block once and in order, a group's blocks
+    together within the cells (one block alone may exceed them), and no group that the next block would still fit."""
+    from cwviz.core.capture import LayerRecord
+
+    empty = torch.empty(1, tokens, 1)
+    blocks = list(core_analysis.record_blocks(LayerRecord(empty, empty, empty, None, 1.0, True, output=None)))
+    groups = list(core_analysis.block_groups(iter(blocks), cells))
+    assert [block for group in groups for block in group] == blocks
+
+    def held(group):
+        return sum((stop - first) * keys for first, stop, keys in group)
+
+    assert all(held(group) <= cells or len(group) == 1 for group in groups)
+    assert all(held(group) + held(following[:1]) > cells for group, following in zip(groups, groups[1:]))
+    if tokens == 512:  # the embedded model's 512-token layer: one product for the query side, not eight
+        assert len(blocks) == core_analysis.CAUSAL_MIN_BLOCKS and len(groups) == 1
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "mistral", "gemma2", "gpt_oss"])
 @pytest.mark.parametrize("kinds", [("intra", "inter"), ("intra",)])
 def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch):
@@ -306,7 +327,7 @@ def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch)
     and, to float32 rounding, the same measures as reading the returned Analysis afterwards; the model's output
     (which then continues with cwviz's own α v instead of SDPA's) and the records match a plain analysis.
     GQA, GPT-2's biases, an encoder, sliding windows, soft-capping and learned sinks; small blocks (7 rows or
-    so) so that every layer has several."""
+    so) so that every layer has several, the first few of a causal layer in one group (block_groups)."""
     from tests.conftest import family_model
 
     monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", 7 * 60)
@@ -320,7 +341,16 @@ def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch)
             (layer, first, stop, m.attention.clone(), {kind: m.contribution(kind).clone() for kind in kinds}, m.head_output_norm.clone())
         )
 
+    grouping, group_sizes = core_analysis.block_groups, []
+
+    def counted(blocks, cells):
+        for group in grouping(blocks, cells):
+            group_sizes.append(len(group))
+            yield group
+
+    monkeypatch.setattr(core_analysis, "block_groups", counted)
     streamed = cwviz.analyze(bundle, text, each_block=keep, kinds=kinds)
+    assert max(group_sizes) > 1 or not bundle.arch.causal  # blocks whose α is kept while their group's query side is made
     expected = [(layer, *block) for layer in range(plain.num_layers) for block in plain.row_blocks(layer, kinds=kinds)]
     assert [s[:3] for s in seen] == [e[:3] for e in expected] and len({s[0] for s in seen}) == plain.num_layers
     assert max(stop - first for _, first, stop, *_ in seen) < plain.num_tokens  # several blocks a layer

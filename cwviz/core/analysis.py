@@ -18,7 +18,7 @@ import math
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -113,6 +113,31 @@ def record_blocks(rec: LayerRecord, start: int = 0) -> Iterator[tuple[int, int, 
         if rec.causal and (rec.mask is None or not rec.key_mask(first, stop)[:, stop:].any()):
             keys = stop
         yield first, stop, keys
+
+
+def block_groups(blocks: Iterable[tuple[int, int, int]], cells: int) -> Iterator[list[tuple[int, int, int]]]:
+    """Consecutive ``(first, stop, keys)`` row blocks (:func:`record_blocks`) in groups whose blocks hold at most
+    ``cells`` cells a head together (a block larger than that is a group of its own).
+
+    The one pass (:func:`analyze` with ``each_block``) keeps a group's α while it makes the group's query side
+    (:func:`~cwviz.core.measures.query_side`) in one product instead of one a block: a causal layer's short
+    prompt is read in :data:`CAUSAL_MIN_BLOCKS` blocks of a few rows, whose query sides are small, slow products.
+    With ``cells`` the cells of a dense layer's row block (:meth:`Analysis.row_blocks`), a group's α is at most one
+    such block's map, which the memory estimate counts (:func:`cwviz.core.memory.block_cells`). At 512 tokens on the embedded model the one pass went from
+    1.33x to 1.30x the SDPA forward, interleaved in one process; at 2,048 tokens (groups of a block or two) it did
+    not change (BENCHMARKS.md, "query side by group").
+    """
+    group: list[tuple[int, int, int]] = []
+    held = 0
+    for first, stop, keys in blocks:
+        size = (stop - first) * keys
+        if group and held + size > cells:
+            yield group
+            group, held = [], 0
+        group.append((first, stop, keys))
+        held += size
+    if group:
+        yield group
 
 
 #: Bytes a value of :meth:`Analysis.to_dict` costs at its peak: a Python float and its list slot, then its JSON text.
@@ -308,16 +333,19 @@ def _streamer(bundle: Bundle, each_block: BlockConsumer | None, kinds: tuple[str
         rec = per_head(rec)
         heads, num_tokens, _ = rec.query.shape
         z = torch.empty(heads, num_tokens, rec.value.shape[-1], dtype=torch.float32, device=rec.value.device)
-        for first, stop, keys in record_blocks(rec):
-            alpha = attention_rows(rec, first, stop, keys)
-            value = rec.value[:, :keys]
-            z[:, first:stop] = rows = grouped_matmul(alpha, value)
-            each_block(
-                layer,
-                first,
-                stop,
-                layer_measures(alpha, value, gram=gram, value_norm=norms[:, :keys], query=query_side(rows, gram), kinds=kinds),
-            )
+        for group in block_groups(record_blocks(rec), memory.block_cells(num_tokens, rec.value.device)):
+            alphas = []
+            for first, stop, keys in group:
+                alphas.append(alpha := attention_rows(rec, first, stop, keys))
+                z[:, first:stop] = grouped_matmul(alpha, rec.value[:, :keys])
+            start = group[0][0]
+            side = query_side(z[:, start : group[-1][1]], gram)  # one product for the group's rows
+            for (first, stop, keys), alpha in zip(group, alphas):
+                query = side.rows(first - start, stop - start)
+                value = rec.value[:, :keys]
+                each_block(
+                    layer, first, stop, layer_measures(alpha, value, gram=gram, value_norm=norms[:, :keys], query=query, kinds=kinds)
+                )
         return z
 
     return attend
