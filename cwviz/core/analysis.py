@@ -122,10 +122,11 @@ def block_groups(blocks: Iterable[tuple[int, int, int]], cells: int) -> Iterator
     The one pass (:func:`analyze` with ``each_block``) keeps a group's α while it makes the group's query side
     (:func:`~cwviz.core.measures.query_side`) in one product instead of one a block: a causal layer's short
     prompt is read in :data:`CAUSAL_MIN_BLOCKS` blocks of a few rows, whose query sides are small, slow products.
-    With ``cells`` the cells of a dense layer's row block (:meth:`Analysis.row_blocks`), a group's α is at most one
-    such block's map, which the memory estimate counts (:func:`cwviz.core.memory.block_cells`). At 512 tokens on the embedded model the one pass went from
-    1.33x to 1.30x the SDPA forward, interleaved in one process; at 2,048 tokens (groups of a block or two) it did
-    not change (BENCHMARKS.md, "query side by group").
+    With ``cells`` the cells of a dense layer's row block (:func:`cwviz.core.memory.block_cells`), a group's α is at
+    most one such block's map, which the memory estimate counts. At 512 tokens on the embedded model (eight blocks of
+    64 rows, one group) the one pass took 1.31x the SDPA forward, against 1.36x with a query side a block
+    (``python -m benchmarks.probe groups``, BENCHMARKS.md "Query side by group"); at 2,048 tokens most groups are
+    one or two blocks.
     """
     group: list[tuple[int, int, int]] = []
     held = 0
