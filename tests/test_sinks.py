@@ -368,10 +368,15 @@ def test_embedded_gsm8k_item_table_charts_and_intervention(embedded):
         charts.share_chart(layers, 15),
     ):
         chart.to_dict()
-    result = sinks.intervene_on_sink(analysis, sink="auto", factor=0.0)
+    result = sinks.intervene_on_sink(analysis, sink="auto", factor=0.0, layers=[3, 4])
     assert math.isfinite(result.delta_ppl)
     assert np.isfinite(result.table.drop(columns=["layer", "intervened"]).to_numpy()).all()
-    charts.intervention_chart(result.table).to_dict()
+    spec = charts.intervention_chart(result.table).to_dict()
+    # The legend says which layers' sink value was scaled, in words, and the bars follow the intervention's layers.
+    bars = next(chart for chart in spec["vconcat"] if chart["mark"]["type"] == "bar")
+    assert bars["encoding"]["color"]["scale"]["domain"] == [charts.SCALED, charts.UNCHANGED]
+    rows = spec["datasets"][bars["data"]["name"]]
+    assert {row["layer"] for row in rows if row["sink_value"] == charts.SCALED} == {3, 4}
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "bert"])

@@ -163,6 +163,10 @@ def share_chart(layers: pd.DataFrame, layer: int | None = None, width: int = 460
     return alt.layer(*charts).properties(title="How far attention overstates the sink", width=width, height=height)
 
 
+#: The intervention chart's legend: a layer whose sink value the intervention scaled, or one it left alone.
+SCALED, UNCHANGED = "scaled in this layer", "unchanged"
+
+
 def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200) -> alt.VConcatChart:
     """The effect of scaling the sink's value, per layer: change in mean head-output norm, and the
     semantic cone (mean pairwise cosine of head outputs) before and after.
@@ -171,15 +175,20 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
     """
     # Ordinal layers: the axis holds exactly the model's layers 0..L-1 (a quantitative one padded it to -4).
     x = alt.X("layer:O", title="layer", axis=alt.Axis(labelAngle=0))
+    # The legend names what the colour means (a layer whose sink value was scaled or not), not the column's True/False.
+    marked = table.assign(sink_value=table["intervened"].map({True: SCALED, False: UNCHANGED}))
     norm = (
-        alt.Chart(table)
+        alt.Chart(marked)
         .mark_bar()
         .encode(
             x=x,
             y=alt.Y("output_norm_change:Q", title="Δ mean ‖o^h‖"),
-            color=alt.Color("intervened:N", title="intervened", scale=alt.Scale(domain=[True, False], range=["#e45756", "#bab0ac"])),
+            color=alt.Color(
+                "sink_value:N", title="sink's value", scale=alt.Scale(domain=[SCALED, UNCHANGED], range=["#e45756", "#bab0ac"])
+            ),
             tooltip=[
                 alt.Tooltip("layer:O"),
+                alt.Tooltip("sink_value:N", title="sink's value"),
                 alt.Tooltip("output_norm_before:Q", title="before", format=".3f"),
                 alt.Tooltip("output_norm_after:Q", title="after", format=".3f"),
                 alt.Tooltip("output_norm_change:Q", title="change", format="+.3f"),
