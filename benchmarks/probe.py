@@ -158,33 +158,45 @@ def attention(info, tokens: int, repeats: int = 30) -> str:
     return f"{tokens} tokens, one layer: SDPA {sdpa_s * 1e3:.1f} ms; α in row blocks x values {blocks_s * 1e3:.1f} ms ({blocks_s / sdpa_s:.2f}x)"
 
 
+def one_pass_with(bundle, ids, name: str, replacement):
+    """A run of the one pass (``benchmarks.run.one_pass_analysis``) with ``cwviz.core.analysis.<name>``, which the
+    pass's attend calls for each layer, replaced by ``replacement``; put back after the run."""
+    from benchmarks.run import one_pass_analysis
+    from cwviz.core import analysis as core_analysis
+
+    def run():
+        shipped = getattr(core_analysis, name)
+        setattr(core_analysis, name, replacement)
+        try:
+            one_pass_analysis(bundle, ids)
+        finally:
+            setattr(core_analysis, name, shipped)
+
+    return run
+
+
+def against_shipped(bundle, ids, repeats: int, name: str, replacement, labels: tuple[str, str]) -> str:
+    """One line: the one pass as shipped (``labels[0]``) and with :func:`one_pass_with` ``name`` replaced
+    (``labels[1]``), interleaved with the SDPA forward, medians of ``repeats`` runs."""
+    from benchmarks.run import interleaved, one_pass_analysis, sdpa_forward
+
+    shipped, base, other = interleaved(
+        lambda: one_pass_analysis(bundle, ids), lambda: sdpa_forward(bundle, ids), repeats, one_pass_with(bundle, ids, name, replacement)
+    )
+    return (
+        f"{len(ids)} tokens: SDPA forward {base:.3f} s; one pass {labels[0]} {shipped:.3f} s ({shipped / base:.2f}x), "
+        f"{labels[1]} {other:.3f} s ({other / base:.2f}x)"
+    )
+
+
 def batches(bundle, ids, repeats: int = 3) -> str:
     """The one pass with its products batched per head (as shipped) and per kv head, against the SDPA forward."""
     import dataclasses
 
-    from benchmarks.run import interleaved, one_pass_analysis, sdpa_forward
-    from cwviz.core import analysis as core_analysis
-
-    shipped = core_analysis.per_head
-
     def per_kv_head(rec):
         return dataclasses.replace(rec, query=rec.query.float().contiguous(), key=rec.key.float(), value=rec.value.float())
 
-    def one_pass(per_head):
-        def run():
-            core_analysis.per_head = per_head  # what the pass's attend calls for each layer's record; restored below
-            try:
-                one_pass_analysis(bundle, ids)
-            finally:
-                core_analysis.per_head = shipped
-
-        return run
-
-    heads_s, base, kv_s = interleaved(one_pass(shipped), lambda: sdpa_forward(bundle, ids), repeats, one_pass(per_kv_head))
-    return (
-        f"{len(ids)} tokens: SDPA forward {base:.3f} s; one pass with a batch entry per head {heads_s:.3f} s ({heads_s / base:.2f}x), "
-        f"per kv head {kv_s:.3f} s ({kv_s / base:.2f}x)"
-    )
+    return against_shipped(bundle, ids, repeats, "per_head", per_kv_head, ("with a batch entry per head", "per kv head"))
 
 
 def sink_norms_probe(bundle, ids, repeats: int = 3) -> str:
@@ -239,37 +251,19 @@ def sink_norms_probe(bundle, ids, repeats: int = 3) -> str:
     )
 
 
-#: The row-block settings ``blocks`` compares with the shipped one: (cells a head's block holds, the fewest blocks of
-#: a causal layer). A setting that gives a block as many rows as one before it, at the probe's length, is left out.
 def groups(bundle, ids, repeats: int = 3) -> str:
     """The one pass with its row blocks' query sides made a group at a time (as shipped,
     :func:`cwviz.core.analysis.block_groups`) and a block at a time (each block a group of its own, as before),
     against the SDPA forward."""
-    from benchmarks.run import interleaved, one_pass_analysis, sdpa_forward
-    from cwviz.core import analysis as core_analysis
-
-    shipped = core_analysis.block_groups
 
     def one_a_group(blocks, cells):
         return ([block] for block in blocks)
 
-    def one_pass(grouping):
-        def run():
-            core_analysis.block_groups = grouping  # what the pass's attend calls for each layer; restored below
-            try:
-                one_pass_analysis(bundle, ids)
-            finally:
-                core_analysis.block_groups = shipped
-
-        return run
-
-    grouped, base, single = interleaved(one_pass(shipped), lambda: sdpa_forward(bundle, ids), repeats, one_pass(one_a_group))
-    return (
-        f"{len(ids)} tokens: SDPA forward {base:.3f} s; one pass with a query side a group {grouped:.3f} s ({grouped / base:.2f}x), "
-        f"a block {single:.3f} s ({single / base:.2f}x)"
-    )
+    return against_shipped(bundle, ids, repeats, "block_groups", one_a_group, ("with a query side a group", "a block"))
 
 
+#: The row-block settings ``blocks`` compares with the shipped one: (cells a head's block holds, the fewest blocks of
+#: a causal layer). A setting that gives a block as many rows as one before it, at the probe's length, is left out.
 BLOCK_SETTINGS = ((1 << 17, 8), (1 << 19, 8), (1 << 20, 8), (1 << 18, 16), (1 << 18, 4), (1 << 18, 2))
 
 
