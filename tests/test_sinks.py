@@ -374,9 +374,12 @@ def test_embedded_gsm8k_item_table_charts_and_intervention(embedded):
     spec = charts.intervention_chart(result.table).to_dict()
     # The legend says which layers' sink value was scaled, in words, and the bars follow the intervention's layers.
     bars = next(chart for chart in spec["vconcat"] if chart["mark"]["type"] == "bar")
+    assert bars["encoding"]["color"]["field"] == "sink_value"
     assert bars["encoding"]["color"]["scale"]["domain"] == [charts.SCALED, charts.UNCHANGED]
+    (label,) = [step["calculate"] for step in bars["transform"] if step.get("as") == "sink_value"]
+    assert label == f"datum.intervened ? '{charts.SCALED}' : '{charts.UNCHANGED}'"
     rows = spec["datasets"][bars["data"]["name"]]
-    assert {row["layer"] for row in rows if row["sink_value"] == charts.SCALED} == {3, 4}
+    assert {row["layer"] for row in rows if row["intervened"]} == {3, 4}
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "bert"])

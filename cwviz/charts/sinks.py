@@ -175,10 +175,11 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
     """
     # Ordinal layers: the axis holds exactly the model's layers 0..L-1 (a quantitative one padded it to -4).
     x = alt.X("layer:O", title="layer", axis=alt.Axis(labelAngle=0))
-    # The legend names what the colour means (a layer whose sink value was scaled or not), not the column's True/False.
-    marked = table.assign(sink_value=table["intervened"].map({True: SCALED, False: UNCHANGED}))
     norm = (
-        alt.Chart(marked)
+        alt.Chart(table)
+        # The legend names what the colour means (a layer whose sink value was scaled or not), not the column's
+        # True/False; made in the spec, so that the chart's data stays the table.
+        .transform_calculate(sink_value=f"datum.intervened ? '{SCALED}' : '{UNCHANGED}'")
         .mark_bar()
         .encode(
             x=x,
