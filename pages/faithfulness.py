@@ -304,7 +304,7 @@ if run and run["tables"]:
         st.markdown("**Mean ΔPPL per rate** (no area under the curves: that needs two rates or more)")
     st.dataframe(
         table.loc[[m for m in F.ALL_MEASURES if m in table.index]],
-        column_config={"_index": st.column_config.TextColumn("measure", width="medium")}
+        column_config={"_index": st.column_config.TextColumn("measure", width="large")}  # the longest name whole
         | {c: st.column_config.NumberColumn(format="%.4g") for c in table.columns},
     )
     st.download_button(
