@@ -28,27 +28,29 @@ def add_text_args(parser: argparse.ArgumentParser, required: bool = True) -> arg
 
 
 def read_text(args: argparse.Namespace) -> str:
-    """The prompt from --text, --text - (stdin, less one final newline: :func:`~cwviz.core.texts.read_standard_input`)
-    or --file; InputError when it is empty or not valid text (before any model loads)."""
-    from ..core.texts import read_standard_input, read_text_file
-
+    """The prompt from --text, --text - (stdin) or --file (:func:`prompt_text`); InputError when it is empty or not
+    valid text (before any model loads)."""
     if getattr(args, "file", None) is not None:
-        text, source = read_text_file(args.file), f" ({args.file} holds no text)"
-    elif args.text == "-":
-        text, source = read_standard_input(sys.stdin.buffer), " (standard input held no text)"
+        text, source = prompt_text("file", args.file)
     else:
-        text, source = text_argument(args.text), ""
+        text, source = prompt_text("text", args.text)
     if not text.strip():
         raise InputError(f"the prompt is empty{source}; give some text to analyse")
     return text
 
 
-def text_argument(text: str) -> str:
-    """A prompt given on the command line, checked: bytes that were not UTF-8 arrive as surrogate escapes
-    (:func:`~cwviz.core.texts.check_text`)."""
-    from ..core.texts import check_text
+def prompt_text(how: str, value: str) -> tuple[str, str]:
+    """One prompt as the command line gives it, and what an empty one's error adds about where it came from: a file
+    (``how`` "file"), standard input (``value`` "-", less one final newline:
+    :func:`~cwviz.core.texts.read_standard_input`) or the argument itself, checked as text (bytes that were not
+    UTF-8 arrive as surrogate escapes: :func:`~cwviz.core.texts.check_text`)."""
+    from ..core.texts import check_text, read_standard_input, read_text_file
 
-    return check_text(text, "--text")
+    if how == "file":
+        return read_text_file(value), f" ({value} holds no text)"
+    if value == "-":
+        return read_standard_input(sys.stdin.buffer), " (standard input held no text)"
+    return check_text(value, "--text"), ""
 
 
 def load(args: argparse.Namespace):

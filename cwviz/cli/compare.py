@@ -11,7 +11,7 @@ import numpy as np
 
 from ..analyses.schema import HEAD_METRICS, KINDS
 from ..core.errors import CwvizError, InputError
-from .common import add_model_args, text_argument
+from .common import add_model_args, prompt_text
 
 #: Heads listed by default, and the map cells with the largest change.
 TOP = 10
@@ -67,8 +67,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def read_inputs(args: argparse.Namespace) -> list[str]:
     """The prompts, in the order given; InputError (before any model loads) when there are not two inputs to
     compare or one is empty."""
-    from ..core.texts import read_standard_input, read_text_file
-
     given = args.inputs or []
     if not (len(given) == 2 or (len(given) == 1 and args.model_b)):
         raise InputError(
@@ -78,12 +76,7 @@ def read_inputs(args: argparse.Namespace) -> list[str]:
         raise InputError("standard input can hold one prompt only; give the other with --text or --file")
     texts = []
     for name, (how, value) in zip("AB", given):
-        if how == "file":
-            text, where = read_text_file(value), f" ({value} holds no text)"
-        elif value == "-":
-            text, where = read_standard_input(sys.stdin.buffer), " (standard input held no text)"
-        else:
-            text, where = text_argument(value), ""
+        text, where = prompt_text(how, value)
         if not text.strip():
             raise InputError(f"prompt {name} is empty{where}; give some text to compare")
         texts.append(text)
