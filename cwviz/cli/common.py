@@ -53,6 +53,19 @@ def prompt_text(how: str, value: str) -> tuple[str, str]:
     return check_text(value, "--text"), ""
 
 
+def check_output_file(path: Path | None, flag: str, example: str) -> None:
+    """Before any model loads, InputError unless the file ``path`` given with ``flag`` (None: not asked for) can be
+    written: its folder exists and it is not a folder itself (``example``, a file name, is what the error suggests
+    there)."""
+    if path is None:
+        return
+    if not path.parent.is_dir():
+        raise InputError(f"no folder {path.parent} for {flag}; create it first")
+    if path.is_dir():
+        kind = Path(example).suffix.lstrip(".").upper()
+        raise InputError(f"{flag} {path} is a folder; give the {kind} file to write, e.g. {path / example}")
+
+
 def load(args: argparse.Namespace):
     from ..core.models import load_model
 

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..core.errors import InputError
 from ..core.texts import write_text_atomic
-from .common import add_jsonl_args, add_model_args, how_run, jsonl_path, load, read_text, report_interrupt
+from .common import add_jsonl_args, add_model_args, check_output_file, how_run, jsonl_path, load, read_text, report_interrupt
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -266,10 +266,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.results is None:
         raise InputError("--resume continues a run in a results folder; give it with --results DIR")
     texts = read_examples(args)
-    if args.out is not None and not args.out.parent.is_dir():
-        raise InputError(f"no folder {args.out.parent} for --out; create it first")
-    if args.out is not None and args.out.is_dir():
-        raise InputError(f"--out {args.out} is a folder; give the CSV file to write, e.g. {args.out / 'summary.csv'}")
+    check_output_file(args.out, "--out", "summary.csv")
     procs = processes(args.device)
     if args.results is not None:
         return run_sweep(args, protocol, texts, procs)

@@ -16,6 +16,7 @@ import pandas as pd
 
 from ..core.errors import InputError
 from ..core.texts import write_text_atomic
+from .common import check_output_file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -99,10 +100,7 @@ def run(args: argparse.Namespace) -> int:
     folder: Path = args.results
     if not folder.is_dir():
         raise InputError(f"no results folder at {folder}; give the folder a sweep wrote with --results")
-    if not args.out.parent.is_dir():
-        raise InputError(f"no folder {args.out.parent} for --out; create it first")
-    if args.out.is_dir():
-        raise InputError(f"--out {args.out} is a folder; give the HTML file to write, e.g. {args.out / 'report.html'}")
+    check_output_file(args.out, "--out", "report.html")
     sections = faithfulness_sections(folder)
     sinks = sinks_section(folder)
     if sinks is not None:

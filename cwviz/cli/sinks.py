@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..core.errors import CwvizError, InputError
 from ..core.texts import write_text_atomic
-from .common import add_jsonl_args, add_model_args, add_text_args, jsonl_path, load, read_text, report_interrupt
+from .common import add_jsonl_args, add_model_args, add_text_args, check_output_file, jsonl_path, load, read_text, report_interrupt
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +84,7 @@ def run(args: argparse.Namespace) -> int:
     texts = read_prompts(args)
     if args.results is not None and not args.results.parent.is_dir():
         raise InputError(f"no folder {args.results.parent} for --results; create it first")
-    if args.csv is not None and not args.csv.parent.is_dir():
-        raise InputError(f"no folder {args.csv.parent} for --csv; create it first")
-    if args.csv is not None and args.csv.is_dir():
-        raise InputError(f"--csv {args.csv} is a folder; give the CSV file to write, e.g. {args.csv / 'sinks.csv'}")
+    check_output_file(args.csv, "--csv", "sinks.csv")
     bundle = load(args)
     info = bundle.info
     tables, removal, positions, tokens, clean = [], [], [], [], []
