@@ -14,8 +14,8 @@ import pandas as pd
 from ..analyses.schema import COMPARE_MAPS, HEAD_METRICS, CompareCells
 from .heatmaps import (
     CELL,
-    LAYOUTS,
     PAIR_FITS,
+    check_layout,
     head_pick,
     label_expr,
     outlined_grid,
@@ -47,11 +47,9 @@ def _extent(count: int) -> int:
 
 
 def per_row(keys: int, layout: str = "auto") -> int:
-    """How many of A, B and B − A share a row for ``keys`` aligned keys under ``layout`` (:data:`LAYOUTS`): 3 (one
+    """How many of A, B and B − A share a row for ``keys`` aligned keys under ``layout`` (:data:`~cwviz.charts.heatmaps.LAYOUTS`): 3 (one
     row), 2 (A and B above the difference) or 1 (stacked)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
-    if layout == "stacked":
+    if check_layout(layout) == "stacked":
         return 1
     if layout == "side":
         return 3 if keys <= THREE_UP else 2

@@ -118,11 +118,16 @@ def query_pick() -> alt.Parameter:
     return alt.selection_point(name=QUERY_PICK, fields=["query_position"], on="click", clear=False)
 
 
-def side_by_side(keys: int, layout: str = "auto") -> bool:
-    """Whether the heatmap pair of ``keys`` columns stands side by side under ``layout`` (:data:`LAYOUTS`)."""
+def check_layout(layout: str) -> str:
+    """``layout`` when it is one of :data:`LAYOUTS`, else ValueError naming them."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
-    if layout != "auto":
+    return layout
+
+
+def side_by_side(keys: int, layout: str = "auto") -> bool:
+    """Whether the heatmap pair of ``keys`` columns stands side by side under ``layout`` (:data:`LAYOUTS`)."""
+    if check_layout(layout) != "auto":
         return layout == "side"
     return 2 * (_extent(keys) + VIEW_EXTRA) <= PAIR_FITS
 
