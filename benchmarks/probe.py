@@ -3,7 +3,7 @@
     python -m benchmarks.probe phases --tokens 8192 [--trim off]   # the page's steps: peak and seconds per phase
     python -m benchmarks.probe profile --tokens 512                # where the full analysis spends its time
     python -m benchmarks.probe attention --tokens 2048             # SDPA against α made in row blocks, one layer
-    python -m benchmarks.probe batches --tokens 2048               # the one pass, products per head or per kv head
+    python -m benchmarks.probe copies --tokens 2048                # the one pass, kv heads held once, per head or as shipped
     python -m benchmarks.probe groups --tokens 512                 # the one pass, query sides a group or a block at a time
     python -m benchmarks.probe sinks --tokens 512                  # sink norms and cosine: head space or d_model
     python -m benchmarks.probe blocks --tokens 2048                # the one pass with taller or shorter row blocks
@@ -25,10 +25,10 @@ model's shapes (random queries, keys and values), by PyTorch's SDPA against α m
 (:func:`cwviz.core.capture.causal_rows`) and multiplied by the values; medians of 30 runs, interleaved. (That idea
 is now ``analyze(each_block=...)``, the one pass.)
 
-``batches`` times the one pass (``benchmarks.run.one_pass_analysis``) as shipped, with one batch entry per head in
-each block's products (:func:`cwviz.core.analysis.per_head` copies the keys and values per head), against the same
-pass with one entry per kv head (the kv tensors as recorded, the heads of a group stacked), interleaved with the SDPA
-forward; medians of ``--repeats`` runs.
+``copies`` times the one pass (``benchmarks.run.one_pass_analysis``) as shipped, with each kv head's keys and values
+held :func:`cwviz.core.measures.kv_copies` times in each block's batched products (:func:`cwviz.core.analysis.for_blocks`),
+against the same pass with them held once (one batch entry a kv head, the heads of a group stacked) and once per head
+(one entry a head), interleaved with the SDPA forward; medians of ``--repeats`` runs.
 
 ``groups`` times the one pass as shipped, with each group of row blocks' query side made in one product
 (:func:`cwviz.core.analysis.block_groups`), against the same pass with one product a block, interleaved with the SDPA
@@ -175,28 +175,33 @@ def one_pass_with(bundle, ids, name: str, replacement):
     return run
 
 
-def against_shipped(bundle, ids, repeats: int, name: str, replacement, labels: tuple[str, str]) -> str:
-    """One line: the one pass as shipped (``labels[0]``) and with :func:`one_pass_with` ``name`` replaced
-    (``labels[1]``), interleaved with the SDPA forward, medians of ``repeats`` runs."""
+def against_shipped(bundle, ids, repeats: int, name: str, shipped: str, alternatives: dict) -> str:
+    """One line: the one pass as shipped (labelled ``shipped``) and with :func:`one_pass_with` ``name`` replaced by
+    each of ``alternatives`` (label: replacement), interleaved with the SDPA forward, medians of ``repeats`` runs."""
     from benchmarks.run import interleaved, one_pass_analysis, sdpa_forward
 
-    shipped, base, other = interleaved(
-        lambda: one_pass_analysis(bundle, ids), lambda: sdpa_forward(bundle, ids), repeats, one_pass_with(bundle, ids, name, replacement)
+    runs = [one_pass_with(bundle, ids, name, replacement) for replacement in alternatives.values()]
+    shipped_s, base, *others = interleaved(lambda: one_pass_analysis(bundle, ids), lambda: sdpa_forward(bundle, ids), repeats, *runs)
+    timed = [f"one pass {shipped} {shipped_s:.3f} s ({shipped_s / base:.2f}x)"]
+    timed += [f"{label} {seconds:.3f} s ({seconds / base:.2f}x)" for label, seconds in zip(alternatives, others)]
+    return f"{len(ids)} tokens: SDPA forward {base:.3f} s; " + ", ".join(timed)
+
+
+def copies(bundle, ids, repeats: int = 3) -> str:
+    """The one pass with each kv head held :func:`~cwviz.core.measures.kv_copies` times in its row blocks' products
+    (as shipped), once, and once per head, against the SDPA forward."""
+    from cwviz.core.measures import kv_copies
+
+    heads, kv_heads = bundle.info.heads, bundle.info.kv_heads
+    shipped = kv_copies(kv_heads, heads, bundle.input_device)
+    return against_shipped(
+        bundle,
+        ids,
+        repeats,
+        "kv_copies",
+        f"with {shipped} {'copy' if shipped == 1 else 'copies'} a kv head",
+        {"once a kv head": lambda *_: 1, "once a head": lambda *_: heads // kv_heads},
     )
-    return (
-        f"{len(ids)} tokens: SDPA forward {base:.3f} s; one pass {labels[0]} {shipped:.3f} s ({shipped / base:.2f}x), "
-        f"{labels[1]} {other:.3f} s ({other / base:.2f}x)"
-    )
-
-
-def batches(bundle, ids, repeats: int = 3) -> str:
-    """The one pass with its products batched per head (as shipped) and per kv head, against the SDPA forward."""
-    import dataclasses
-
-    def per_kv_head(rec):
-        return dataclasses.replace(rec, query=rec.query.float().contiguous(), key=rec.key.float(), value=rec.value.float())
-
-    return against_shipped(bundle, ids, repeats, "per_head", per_kv_head, ("with a batch entry per head", "per kv head"))
 
 
 def sink_norms_probe(bundle, ids, repeats: int = 3) -> str:
@@ -259,7 +264,7 @@ def groups(bundle, ids, repeats: int = 3) -> str:
     def one_a_group(blocks, cells):
         return ([block] for block in blocks)
 
-    return against_shipped(bundle, ids, repeats, "block_groups", one_a_group, ("with a query side a group", "a block"))
+    return against_shipped(bundle, ids, repeats, "block_groups", "with a query side a group", {"a block": one_a_group})
 
 
 #: The row-block settings ``blocks`` compares with the shipped one: (cells a head's block holds, the fewest blocks of
@@ -324,10 +329,10 @@ def blocks(bundle, ids, repeats: int = 3, settings=BLOCK_SETTINGS) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["phases", "profile", "attention", "batches", "groups", "sinks", "blocks"])
+    parser.add_argument("what", choices=["phases", "profile", "attention", "copies", "groups", "sinks", "blocks"])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--trim", choices=["on", "off"], default="on", help="phases: trim the heap as shipped, or not")
-    parser.add_argument("--repeats", type=int, default=3, help="batches, groups, sinks, blocks: runs of each, interleaved")
+    parser.add_argument("--repeats", type=int, default=3, help="copies, groups, sinks, blocks: runs of each, interleaved")
     args = parser.parse_args(argv)
 
     import transformers
@@ -341,8 +346,8 @@ def main(argv=None) -> int:
         print(attention(bundle.info, args.tokens))
         return 0
     ids = long_ids(bundle, args.tokens)
-    if args.what == "batches":
-        print(batches(bundle, ids, args.repeats))
+    if args.what == "copies":
+        print(copies(bundle, ids, args.repeats))
     elif args.what == "groups":
         print(groups(bundle, ids, args.repeats))
     elif args.what == "sinks":

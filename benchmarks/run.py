@@ -249,7 +249,7 @@ def bench_overhead(bundle, lengths, repeats) -> list[str]:
     targets = {512: "≤ 1.3", 2048: "≤ 1.6"}
     for tokens in lengths:
         ids = long_ids(bundle, tokens)
-        reps = repeats if tokens <= 512 else max(1, repeats // 2) if tokens <= 2048 else 1
+        reps = repeats if tokens <= 2048 else 1  # medians of 3 by default: one run of 2048 tokens moves by ±0.1
         others = [lambda: full_analysis(bundle, ids), lambda: full_analysis(bundle, ids, logprobs=True)]
         if tokens <= EAGER_MAX_TOKENS:
             others += [lambda: plain_forward(bundle, ids), lambda: whole_layer_analysis(bundle, ids)]

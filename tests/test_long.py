@@ -238,8 +238,9 @@ def test_the_probes_behind_benchmarks_md_run_and_leave_the_trim_as_it_was(monkey
     text = probe.profile(bundle, ids)
     assert "row-block loop, by operator" in text and "one pass, by operator" in text and "bmm" in text
     assert "α in row blocks x values" in probe.attention(bundle.info, 70, repeats=2)  # it checks both give one output
-    shipped = core_analysis.per_head
-    assert "per kv head" in probe.batches(bundle, ids, repeats=1) and core_analysis.per_head is shipped
+    shipped = core_analysis.kv_copies
+    text = probe.copies(bundle, ids, repeats=1)
+    assert "once a kv head" in text and "once a head" in text and core_analysis.kv_copies is shipped, text
     settings = (core_analysis.ROW_BLOCK_CELLS, core_analysis.CAUSAL_MIN_BLOCKS)
     lines = probe.blocks(bundle, ids, repeats=1, settings=((1 << 10, 2), (1 << 11, 3), settings)).splitlines()
     # 80 tokens: the shipped 32 rows first and last (the control), 12 and 25 rows between; the shipped setting in

@@ -202,3 +202,56 @@ def test_causal_row_blocks_tile_every_row_once(tokens):
     assert all(end == next_start for (_, end), (next_start, _) in zip(blocks, blocks[1:]))
     assert all(end > start for start, end in blocks)
     assert len(blocks) <= CAUSAL_MAX_BLOCKS
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (9, 3), (4, 1)])
+@pytest.mark.parametrize("rows", [7, 8])
+def test_kv_heads_held_several_times_give_the_same_products_and_measures(heads, kv_heads, rows):
+    """A layer read in row blocks may hold each kv head several times (cwviz.core.analysis.for_blocks), its heads'
+    rows then cut into runs, one a copy: α, α v and every measure equal the per-head computation for every number
+    of copies, whether the rows divide into the runs (even rows) or not (odd rows with 2 copies of a 3-head group,
+    which fall back to one copy of each kv head)."""
+    from cwviz.core.capture import causal_rows
+    from cwviz.core.measures import full_gram, grouped_matmul, hold_kv
+
+    g = torch.Generator().manual_seed(heads + rows)
+    tokens, d_head, d_model, start = 13, 4, 10, 5
+    q = torch.randn(heads, tokens, d_head, generator=g)
+    k, v = torch.randn(kv_heads, tokens, d_head, generator=g), torch.randn(kv_heads, tokens, d_head, generator=g)
+    w_o = torch.randn(d_model, heads * d_head, generator=g)
+    keys = start + rows  # what the rows start..start+rows-1 of a causal layer can see
+    visible = torch.arange(keys)[None, :] <= torch.arange(start, keys)[:, None]
+    expected_alpha = attention_probabilities(q[:, start:keys], expand_kv(k[:, :keys], heads), 0.5, visible, False)
+    expected = layer_measures(expected_alpha, expand_kv(v[:, :keys], heads), head_weights(w_o, heads))
+    for copies in range(1, heads // kv_heads + 1):
+        key, value = hold_kv(k[:, :keys], copies), hold_kv(v[:, :keys], copies)
+        assert key.shape[0] == kv_heads * copies and key.is_contiguous()
+        alpha = causal_rows(q[:, start:keys], key, 0.5, start, copies)
+        torch.testing.assert_close(alpha, expected_alpha, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grouped_matmul(alpha, value, copies), alpha @ expand_kv(v[:, :keys], heads), rtol=1e-5, atol=1e-6)
+        got = layer_measures(alpha, value, gram=full_gram(w_o), copies=copies)
+        assert got.value.shape[0] == kv_heads  # one copy of each kv head, as the measures' other readers expect
+        for name in MEASURES:
+            torch.testing.assert_close(got.per_head(name), expected.per_head(name), rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(got.cosine("inter"), expected.cosine("inter"), rtol=1e-4, atol=1e-6)
+
+
+def test_kv_copies_spread_a_blocks_batch_entries_evenly_over_the_cpu_threads():
+    """The copies for_blocks makes: the fewest that spread the batch entries (kv heads x copies) most evenly over
+    the threads, never more than a kv group's heads, and none off the CPU."""
+    from cwviz.core.measures import kv_copies
+
+    assert kv_copies(3, 9, "cpu", threads=2) == 2  # the embedded model: 6 entries for 2 threads, not 3 or 9
+    assert kv_copies(2, 4, "cpu", threads=2) == 1  # already even
+    assert kv_copies(3, 3, "cpu", threads=2) == 1  # one head a kv head: nothing to cut
+    assert kv_copies(1, 8, "cpu", threads=4) == 4
+    assert kv_copies(3, 9, "cpu", threads=1) == 1
+    assert kv_copies(3, 9, "cpu", threads=16) == 3  # as many entries as there can be
+    assert kv_copies(3, 9, "meta", threads=2) == kv_copies(8, 32, "cuda", threads=2) == 1
+    for kv_heads in range(1, 9):
+        for groups in range(1, 9):
+            for threads in range(1, 9):
+                copies = kv_copies(kv_heads, kv_heads * groups, "cpu", threads=threads)
+                assert 1 <= copies <= groups
+                if any((kv_heads * c) % threads == 0 for c in range(1, groups + 1)):
+                    assert (kv_heads * copies) % threads == 0

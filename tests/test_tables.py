@@ -320,18 +320,29 @@ def test_the_one_pass_groups_its_row_blocks_in_order_within_a_dense_blocks_cells
         assert len(blocks) == core_analysis.CAUSAL_MIN_BLOCKS and len(groups) == 1
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "mistral", "gemma2", "gpt_oss"])
+#: Three heads a kv head, each held twice in the row blocks (cwviz.core.measures.kv_copies): 7-row blocks cut into
+#: runs of 10.5 rows fall back to one copy a kv head, the last block's 4 rows do not.
+HELD_TWICE = "llama, 3 heads a kv head held twice"
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "mistral", "gemma2", "gpt_oss", HELD_TWICE])
 @pytest.mark.parametrize("kinds", [("intra", "inter"), ("intra",)])
 def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch):
     """analyze(each_block=...) hands every layer's row blocks to the reader during the pass: the same blocks
-    and, to float32 rounding, the same measures as reading the returned Analysis afterwards; the model's output
-    (which then continues with cwviz's own α v instead of SDPA's) and the records match a plain analysis.
-    GQA, GPT-2's biases, an encoder, sliding windows, soft-capping and learned sinks; small blocks (7 rows or
-    so) so that every layer has several, the first few of a causal layer in one group (block_groups)."""
+    and, to float32 rounding, the same measures as reading the returned Analysis afterwards (in the same blocks,
+    and by rows, which hold each kv head once); the model's output (which then continues with cwviz's own α v
+    instead of SDPA's) and the records match a plain analysis. GQA, GPT-2's biases, an encoder, sliding windows,
+    soft-capping, learned sinks and kv heads held twice; small blocks (7 rows or so) so that every layer has
+    several, the first few of a causal layer in one group (block_groups)."""
     from tests.conftest import family_model
 
     monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", 7 * 60)
-    bundle = cwviz.bundle_from_model(family_model(family), CharTokenizer(100), model_id=f"tiny-{family}")
+    if family == HELD_TWICE:
+        model = family_model("llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=2)
+        monkeypatch.setattr(core_analysis, "kv_copies", lambda kv_heads, heads, device: 2)
+    else:
+        model = family_model(family)
+    bundle = cwviz.bundle_from_model(model, CharTokenizer(100), model_id=f"tiny-{family}")
     text = LONG_TEXT[:60]
     plain = cwviz.analyze(bundle, text)
     seen: list = []
@@ -354,11 +365,15 @@ def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch)
     expected = [(layer, *block) for layer in range(plain.num_layers) for block in plain.row_blocks(layer, kinds=kinds)]
     assert [s[:3] for s in seen] == [e[:3] for e in expected] and len({s[0] for s in seen}) == plain.num_layers
     assert max(stop - first for _, first, stop, *_ in seen) < plain.num_tokens  # several blocks a layer
-    for (*_, alpha, contributions, norm), (*_, m) in zip(seen, expected, strict=True):
+    for (*_, alpha, contributions, norm), (layer, first, stop, m) in zip(seen, expected, strict=True):
+        by_rows = plain.rows(layer, first, stop)
+        keys = alpha.shape[-1]
         np.testing.assert_allclose(alpha.numpy(), m.attention.numpy(), atol=1e-6)
+        np.testing.assert_allclose(alpha.numpy(), by_rows.attention[..., :keys].numpy(), atol=1e-6)
         np.testing.assert_allclose(norm.numpy(), m.head_output_norm.numpy(), rtol=1e-4, atol=1e-6)
         for kind in kinds:
             np.testing.assert_allclose(contributions[kind].numpy(), m.contribution(kind).numpy(), atol=1e-5, rtol=1e-4)
+            np.testing.assert_allclose(contributions[kind].numpy(), by_rows.contribution(kind)[..., :keys].numpy(), atol=1e-5, rtol=1e-4)
     for layer in range(plain.num_layers):
         np.testing.assert_allclose(streamed.records[layer].output.numpy(), plain.records[layer].output.numpy(), atol=1e-5, rtol=1e-4)
     np.testing.assert_array_equal(streamed.records[0].query.numpy(), plain.records[0].query.numpy())  # the same input

@@ -34,9 +34,10 @@ from .measures import (
     LayerMeasures,
     QuerySide,
     check_kinds,
-    expand_kv,
     grouped_matmul,
     head_weights,
+    hold_kv,
+    kv_copies,
     layer_measures,
     query_side,
     value_norms,
@@ -78,25 +79,28 @@ def attention_rows(rec: LayerRecord, start: int, stop: int, keys: int) -> torch.
     with torch.inference_mode():
         query, key = rec.query[:, start:stop].float(), rec.key[:, :keys].float()
         if rec.mask is None and rec.causal and rec.plain:
-            return causal_rows(query, key, rec.scaling, start)
+            return causal_rows(query, key, rec.scaling, start, rec.copies)
         # The general path: the rows' own mask (causal, sliding window or the model's), soft-capping, learned sinks.
         mask = rec.key_mask(start, stop)[:, :keys] if rec.mask is not None or rec.causal else None  # (W, K)
-        return rec.probabilities(query, key, mask, False)
+        return rec.probabilities(query, key[:: rec.copies], mask, False)
 
 
-def per_head(rec: LayerRecord) -> LayerRecord:
-    """``rec`` for reading in row blocks: float32 queries, and keys and values copied per head ([head, T, d_head],
-    contiguous; O(T d) a layer), so that each of a block's products (scores, α v, contributions) has one batch
-    entry per head instead of one per kv head. On the two-core benchmark machine the one pass at 2,048 tokens took
-    7 % longer with one entry per kv head (three large products for the embedded model, which two threads likely
-    share unevenly), and the same at 512: ``python -m benchmarks.probe batches``, BENCHMARKS.md. The other fields
-    are ``rec``'s."""
-    heads = rec.query.shape[0]
+def for_blocks(rec: LayerRecord) -> LayerRecord:
+    """``rec`` prepared for reading in row blocks: float32 queries, and float32 keys and values that hold each kv
+    head :func:`~cwviz.core.measures.kv_copies` times in a row (contiguous; O(T d) a layer), so that each of a
+    block's batched products (scores, α v, contributions) spreads evenly over the CPU threads. The other fields
+    are ``rec``'s. On the two-core benchmark machine the one pass at 2,048 tokens took 1.57x the SDPA forward with
+    the embedded model's 3 kv heads held twice (6 batch entries), against 1.65x held once per head (9 entries,
+    as before) and 1.75x held once (3 entries): ``python -m benchmarks.probe copies``, BENCHMARKS.md "Even
+    batches"."""
+    heads, kv_heads = rec.query.shape[0], rec.key.shape[0]
+    copies = kv_copies(kv_heads, heads, rec.query.device)
     return dataclasses.replace(
         rec,
         query=rec.query.float().contiguous(),
-        key=expand_kv(rec.key.float(), heads).contiguous(),
-        value=expand_kv(rec.value.float(), heads).contiguous(),
+        key=hold_kv(rec.key.float(), copies),
+        value=hold_kv(rec.value.float(), copies),
+        copies=copies,
     )
 
 
@@ -331,22 +335,22 @@ def _streamer(bundle: Bundle, each_block: BlockConsumer | None, kinds: tuple[str
     def attend(layer: int, rec: LayerRecord) -> torch.Tensor:
         gram = bundle.gram(layer).to(rec.value.device)
         norms = value_norms(rec.value, gram, bundle.info.heads)
-        rec = per_head(rec)
+        rec = for_blocks(rec)
         heads, num_tokens, _ = rec.query.shape
         z = torch.empty(heads, num_tokens, rec.value.shape[-1], dtype=torch.float32, device=rec.value.device)
         for group in block_groups(record_blocks(rec), memory.block_cells(num_tokens, rec.value.device)):
             alphas = []
             for first, stop, keys in group:
                 alphas.append(alpha := attention_rows(rec, first, stop, keys))
-                z[:, first:stop] = grouped_matmul(alpha, rec.value[:, :keys])
+                z[:, first:stop] = grouped_matmul(alpha, rec.value[:, :keys], rec.copies)
             start = group[0][0]
             side = query_side(z[:, start : group[-1][1]], gram)  # one product for the group's rows
             for (first, stop, keys), alpha in zip(group, alphas):
                 query = side.rows(first - start, stop - start)
-                value = rec.value[:, :keys]
-                each_block(
-                    layer, first, stop, layer_measures(alpha, value, gram=gram, value_norm=norms[:, :keys], query=query, kinds=kinds)
+                measures = layer_measures(
+                    alpha, rec.value[:, :keys], gram=gram, value_norm=norms[:, :keys], query=query, kinds=kinds, copies=rec.copies
                 )
+                each_block(layer, first, stop, measures)
         return z
 
     return attend
@@ -528,11 +532,12 @@ class Analysis:
         keys: int,
         query: QuerySide | None = None,
         kinds: tuple[str, ...] = KINDS,
+        rec: LayerRecord | None = None,
     ) -> LayerMeasures:
         """:meth:`rows` against the keys ``0..keys-1`` only (the caller knows the rows see no later key); ``query``
         the rows' :class:`~cwviz.core.measures.QuerySide` when the caller has it for the whole layer; ``kinds``
-        the contribution kinds to compute."""
-        rec = self.records[layer]
+        the contribution kinds to compute; ``rec`` the layer's record when the caller has it (:func:`for_blocks`)."""
+        rec = self.records[layer] if rec is None else rec
         with memory.guard(rec.value.device), torch.inference_mode():
             alpha = attention_rows(rec, start, stop, keys)
             gram = self.bundle.gram(layer).to(rec.value.device)
@@ -540,7 +545,7 @@ class Analysis:
                 # As in layer(): the model's own z = α v when it is float32 (a quarter of the rows' products).
                 query = query_side(rec.output[:, start:stop], gram)
             value_norm = self.value_norms(layer)[:, :keys]
-            return layer_measures(alpha, rec.value[:, :keys], gram=gram, value_norm=value_norm, query=query, kinds=kinds)
+            return layer_measures(alpha, rec.value[:, :keys], gram=gram, value_norm=value_norm, query=query, kinds=kinds, copies=rec.copies)
 
     def _query_side(self, layer: int) -> QuerySide | None:
         """The whole layer's :class:`~cwviz.core.measures.QuerySide` from the model's own z when it is float32
@@ -564,12 +569,15 @@ class Analysis:
         """
         layer = self.check_layer(layer)
         query = self._query_side(layer)  # one product for the layer, sliced per block
-        for first, stop, keys in record_blocks(self.records[layer], start):
-            yield first, stop, self._rows(layer, first, stop, keys, None if query is None else query.rows(first, stop), kinds)
+        with torch.inference_mode():
+            rec = for_blocks(self.records[layer])
+        for first, stop, keys in record_blocks(rec, start):
+            yield first, stop, self._rows(layer, first, stop, keys, None if query is None else query.rows(first, stop), kinds, rec)
 
     def attention_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, torch.Tensor]]:
         """``(first, stop, α)`` in the blocks of :meth:`row_blocks`, attention only (float32 [head, rows, keys])."""
-        rec = self.records[self.check_layer(layer)]
+        with torch.inference_mode():
+            rec = for_blocks(self.records[self.check_layer(layer)])
         for first, stop, keys in record_blocks(rec, start):
             yield first, stop, attention_rows(rec, first, stop, keys)
 

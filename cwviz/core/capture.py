@@ -31,7 +31,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .errors import UnsupportedModelError
-from .measures import causal_row_blocks, expand_kv
+from .measures import causal_row_blocks, expand_kv, kv_entries
 from .progress import Progress
 from .spill import SpilledRecords
 
@@ -56,7 +56,9 @@ class LayerRecord:
     attention logit soft-capping (Gemma 2), scores ← c tanh(scores / c) before the mask. ``sinks``: one learned
     logit per head that joins every row's softmax and is then dropped, so α over the real keys sums to less
     than 1 (the learned sink writes nothing). Tensors stay on the layer's device in the model's dtype;
-    measures upcast them to float32.
+    measures upcast them to float32. ``copies``: the key and value hold each kv head this many times in a row
+    ([kv_head * copies, key, d_head]); a pass records them once, and a layer prepared for reading in row blocks
+    (:func:`cwviz.core.analysis.for_blocks`) may hold more (:func:`~cwviz.core.measures.kv_copies`).
     """
 
     query: torch.Tensor
@@ -68,6 +70,7 @@ class LayerRecord:
     output: torch.Tensor
     softcap: float | None = None
     sinks: torch.Tensor | None = None
+    copies: int = 1
 
     @property
     def plain(self) -> bool:
@@ -340,24 +343,26 @@ def _weighted_values(
     return out.to(query.dtype).transpose(1, 2).contiguous()
 
 
-def causal_rows(query: torch.Tensor, key: torch.Tensor, scaling: float, start: int) -> torch.Tensor:
+def causal_rows(query: torch.Tensor, key: torch.Tensor, scaling: float, start: int, copies: int = 1) -> torch.Tensor:
     """α of the query rows ``start..start+R-1`` of a causal layer (no explicit mask) against the keys ``0..K-1``.
 
-    | arg    | shape                   |
-    |--------|-------------------------|
-    | query  | [head, R, d_head]       |
-    | key    | [kv_head, K, d_head]    |
-    | return | [head, R, K]            |
+    | arg    | shape                         |
+    |--------|-------------------------------|
+    | query  | [head, R, d_head]             |
+    | key    | [kv_head * copies, K, d_head] |
+    | return | [head, R, K]                  |
 
     Row ``start + r`` sees keys ``0..start+r``; later keys get exactly 0, as the softmax of -inf gives. The
     same scores, scaling and softmax as :func:`attention_probabilities`, in fewer passes over the block: the
-    heads of a group are stacked against their shared key, the scaling is the product's own factor, and
-    only the keys from ``start + 1`` on (the block's diagonal part) are masked.
+    heads of a group are stacked against their shared key (``copies``: the key holds each kv head that many times,
+    and the stacked rows are cut into runs, one a copy; :func:`~cwviz.core.measures.grouped_matmul`), the scaling
+    is the product's own factor, and only the keys from ``start + 1`` on (the block's diagonal part) are masked.
     """
     heads, rows, d_head = query.shape
-    kv_heads, keys, _ = key.shape
-    stacked = query.reshape(kv_heads, (heads // kv_heads) * rows, d_head)  # (H_kv, groups * R, d)
-    scores = torch.empty(kv_heads, stacked.shape[1], keys, dtype=query.dtype, device=query.device)
+    key = kv_entries(key, heads * rows, copies)
+    entries, keys, _ = key.shape
+    stacked = query.reshape(entries, heads * rows // entries, d_head)  # (entries, run, d)
+    scores = torch.empty(entries, stacked.shape[1], keys, dtype=query.dtype, device=query.device)
     scores.baddbmm_(stacked, key.transpose(1, 2), beta=0.0, alpha=scaling)
     scores = scores.view(heads, rows, keys)
     if start + 1 < keys:

@@ -102,14 +102,50 @@ def causal_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, out: 
     return out
 
 
-def grouped_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """[head, m, n] @ [kv_head, n, p] -> [head, m, p], head h using kv head h // (heads / kv_heads).
+def kv_copies(kv_heads: int, heads: int, device: torch.device | str, threads: int | None = None) -> int:
+    """How many times a layer read in row blocks holds each kv head's keys and values (1 to heads / kv_heads), so
+    that the blocks' batched products (:func:`grouped_matmul`) keep ``threads`` CPU threads (default: torch's)
+    equally busy.
 
-    The heads of a group are stacked along m, so the shared kv tensor is never copied per head.
+    PyTorch's bmm on a CPU hands whole batch entries to its threads: the embedded model's 3 kv heads (9 heads)
+    are 3 entries, which leave one of two threads idle for a third of each product, and 9 entries per head
+    leave it idle for a ninth. Held twice, they are 6 entries of 1.5 heads' rows each. This picks the fewest
+    copies whose entries spread most evenly over the threads (measured in :func:`cwviz.core.analysis.for_blocks`).
+    On other devices (one kernel for a whole batch) 1: nothing is copied.
+    """
+    if torch.device(device).type != "cpu":
+        return 1
+    threads = threads or torch.get_num_threads()
+
+    def evenness(copies: int) -> float:
+        entries = kv_heads * copies
+        return entries / (threads * -(-entries // threads))
+
+    return max(range(1, heads // kv_heads + 1), key=lambda copies: (evenness(copies), -copies))
+
+
+def hold_kv(x: torch.Tensor, copies: int) -> torch.Tensor:
+    """[kv_head, pos, d] -> [kv_head * copies, pos, d], each kv head ``copies`` times in a row (contiguous)."""
+    return x.repeat_interleave(copies, dim=0) if copies > 1 else x.contiguous()
+
+
+def kv_entries(y: torch.Tensor, rows: int, copies: int = 1) -> torch.Tensor:
+    """What of ``y`` (kv heads held ``copies`` times, :func:`hold_kv`) serves ``rows`` stacked query-side rows (all
+    heads' rows, head after head) cut into ``len(y)`` equal runs, one an entry: ``y`` when the rows divide into
+    such runs, which then each lie within one kv group, else one copy of each kv head (a strided view)."""
+    return y if rows % y.shape[0] == 0 else y[::copies]
+
+
+def grouped_matmul(x: torch.Tensor, y: torch.Tensor, copies: int = 1) -> torch.Tensor:
+    """[head, m, n] @ [kv_head * copies, n, p] -> [head, m, p], head h using kv head h // (heads / kv_heads).
+
+    The heads' rows are stacked and cut into runs, one for each entry of ``y`` (:func:`kv_entries`): with
+    ``copies`` 1 a kv group's heads share one entry and the kv tensor is never copied per head; with more,
+    :func:`kv_copies` evens out the batch over the CPU threads.
     """
     heads, m, _ = x.shape
-    kv_heads = y.shape[0]
-    out = x.reshape(kv_heads, (heads // kv_heads) * m, x.shape[-1]) @ y  # (H_kv, groups * m, p)
+    y = kv_entries(y, heads * m, copies)
+    out = x.reshape(y.shape[0], heads * m // y.shape[0], x.shape[-1]) @ y  # (entries, run, p)
     return out.view(heads, m, y.shape[-1])
 
 
@@ -281,13 +317,14 @@ def layer_measures(
     value_norm: torch.Tensor | None = None,
     query: QuerySide | None = None,
     kinds: tuple[str, ...] = KINDS,
+    copies: int = 1,
 ) -> LayerMeasures:
     """Compute one layer's measures without materialising projected values per pair.
 
     | arg         | shape                                                          |
     |-------------|----------------------------------------------------------------|
     | attention   | [head, query, key]                                             |
-    | value       | [kv_head, key, d_head] (or already expanded, [head, key, d_head]) |
+    | value       | [kv_head * copies, key, d_head] (or already expanded, [head, key, d_head]) |
     | w_heads     | [head, d_model, d_head], used only when ``gram`` is not given  |
     | head_output | optional [head, query, d_head]: z = α v when the caller already has it in float32 |
     | gram        | optional [head * d_head, head * d_head]: W_Oᵀ W_O (:func:`full_gram`), cacheable per model |
@@ -295,6 +332,7 @@ def layer_measures(
     | value_norm  | optional [head, key]: ‖ṽ_j^h‖ (:func:`value_norms`) when the caller keeps it per layer |
     | query       | optional :class:`QuerySide` of these query rows (then ``head_output`` is not used) |
     | kinds       | the contribution kinds to compute (:data:`KINDS`, or one of them: a third less work) |
+    | copies      | ``value`` holds each kv head this many times in a row (:func:`hold_kv`, :func:`kv_copies`) |
 
     All inputs are upcast to float32. With the Gram matrix G = W_Oᵀ W_O nothing of width d_model is
     formed: ‖o_i‖² = z_iᵀ G z_i, (W_O^h)ᵀ o_i = (G z_i)_h, and G^h is G's diagonal block. Both
@@ -304,14 +342,15 @@ def layer_measures(
     kinds = check_kinds(kinds)
     alpha = attention.float()
     heads, queries, keys = alpha.shape
-    v = value.float()  # (H_kv, K, d)
+    held = value.float()
+    v = held[::copies]  # (H_kv, K, d)
     kv_heads, _, d_head = v.shape
     if query is None or value_norm is None:
         if gram is None:
             gram = full_gram(w_heads.float().permute(1, 0, 2).reshape(w_heads.shape[1], heads * d_head))
         gram = gram.float()
     if query is None:
-        z = grouped_matmul(alpha, v) if head_output is None else head_output  # (H, Q, d)
+        z = grouped_matmul(alpha, held, copies) if head_output is None else head_output  # (H, Q, d)
         query = query_side(z, gram)
     value_norm = value_norms(v, gram, heads) if value_norm is None else value_norm.float()  # (H, K)  ‖ṽ_j^h‖
     pulled = query.pulled  # (H, 2, Q, d)
@@ -328,7 +367,7 @@ def layer_measures(
         contributions = torch.empty(n, heads, queries, keys, dtype=alpha.dtype, device=alpha.device)
         causal_product(scaled, values_t, alpha, contributions)
     else:
-        contributions = grouped_matmul(scaled.reshape(heads, n * queries, d_head), v.transpose(1, 2))  # (H, nQ, K)
+        contributions = grouped_matmul(scaled.reshape(heads, n * queries, d_head), held.transpose(1, 2), copies)  # (H, nQ, K)
         contributions = contributions.view(heads, n, queries, keys).mul_(alpha[:, None]).transpose(0, 1)
     return LayerMeasures(
         attention=alpha,
