@@ -12,7 +12,9 @@ working set of the dashboard and the CLI, which read every T x T quantity in blo
 
 * recorded per layer: queries and head outputs [heads, T, d_head], keys and values [kv_heads, T, d_head],
   and the value norms [heads, T] (float32); when the records go to disk (:mod:`cwviz.core.spill`, long prompts
-  on the CPU), only the layers read back and the one being written, beside every layer's value norms;
+  on the CPU), only the layers read back and the one being written, beside every layer's value norms; and the
+  layer being read in row blocks as :func:`cwviz.core.analysis.for_blocks` prepares it: float32 queries, and
+  keys and values held at most once a head, counted as 3 x [heads, T, d_head] float32 (:data:`PREPARED_MAPS`);
 * forward pass: the widest activation, [T, intermediate] x 3, and one chunk of logits when the
   log-probabilities are computed ([LOGIT_CHUNK, vocab], in the model's dtype and in float32);
 * maps: :data:`BLOCK_MAPS` float32 maps of one row block, [heads, cells] with cells = the block's rows x T
@@ -23,11 +25,12 @@ working set of the dashboard and the CLI, which read every T x T quantity in blo
   2.35 GB (the last two on a machine running many busy processes on its two cores: the peak grows with
   contention), so the three terms are a central estimate, not a bound; the slack makes the total one;
 * heap, with the records on disk only (:mod:`cwviz.core.spill`): :data:`HEAP_ALLOWANCE`. The counted terms
-  are then small (0.69 GB at 8,152 tokens, slack included) and what varies is the heap a layer's row blocks
+  are then small (0.77 GB at 8,152 tokens, slack included) and what varies is the heap a layer's row blocks
   leave (their maps are freed and made again block after block, and glibc keeps freed memory,
   :func:`compact_heap`). It is returned to the system each time a layer is read back (:func:`trim_heap`), so it
   stays within one layer's worth: peaks of 0.44, 0.45 and 0.48 GB were measured through the dashboard's services at
-  8,152 tokens (tests/test_long.py), against an estimate of 0.96 GB. Before the trim they were 0.54-1.06 GB.
+  8,152 tokens (tests/test_long.py), against an estimate of 0.96 GB, and 0.44 GB against 1.04 GB once the estimate
+  counted the layer prepared for row blocks (:data:`PREPARED_MAPS`). Before the trim they were 0.54-1.06 GB.
 
 The whole-layer maps of the API (:meth:`cwviz.Analysis.layer` and the methods on it, e.g. ``attention``)
 are checked when they are asked for (:func:`check_layer_maps`): :data:`LAYER_MAPS` x heads x T² float32.
@@ -59,6 +62,9 @@ HEADROOM = 0.8
 #: Float32 maps of one row block alive at once: attention and its scores, both contribution kinds, a measure's
 #: products (cosine, norm ratio) and the copies the charts and reductions make of them.
 BLOCK_MAPS = 11
+#: Float32 [heads, T, d_head] tensors of the layer being read in row blocks (:func:`cwviz.core.analysis.for_blocks`):
+#: its queries, and its keys and values held at most once a head.
+PREPARED_MAPS = 3
 #: Float32 [heads, T, T] maps one whole layer makes (attention, both contributions, a measure's products),
 #: for the API's whole-layer methods.
 LAYER_MAPS = 5
@@ -94,6 +100,7 @@ def estimate(config, info, tokens: int, device: torch.device | str = "cpu", spil
     whole = records_bytes(info, tokens)
     kept = whole * min(info.layers, LOADED + 1) // info.layers if spilled else whole
     recorded = kept + info.layers * tokens * 4 * info.heads  # + the value norms, float32 [head, T] a layer
+    recorded += PREPARED_MAPS * info.heads * tokens * info.d_head * 4  # + the layer read in row blocks (for_blocks)
     vocab = getattr(config, "vocab_size", 0) or 0
     intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * info.d_model
     if isinstance(intermediate, (list, tuple)):  # one width per layer (Gemma 3n): the widest is the peak
