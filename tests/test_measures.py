@@ -206,13 +206,14 @@ def test_causal_row_blocks_tile_every_row_once(tokens):
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (9, 3), (4, 1)])
 @pytest.mark.parametrize("rows", [7, 8])
-def test_kv_heads_held_several_times_give_the_same_products_and_measures(heads, kv_heads, rows):
+def test_kv_heads_held_several_times_give_the_same_products_and_measures(heads, kv_heads, rows, monkeypatch):
     """A layer read in row blocks may hold each kv head several times (cwviz.core.analysis.for_blocks), its heads'
     rows then cut into runs, one a copy: α, α v and every measure equal the per-head computation for every number
     of copies, whether the rows divide into the runs (even rows) or not (odd rows with 2 copies of a 3-head group,
     which fall back to one copy of each kv head)."""
-    from cwviz.core.capture import causal_rows
-    from cwviz.core.measures import full_gram, grouped_matmul, hold_kv
+    from cwviz.core import analysis as core_analysis
+    from cwviz.core.capture import LayerRecord, causal_rows
+    from cwviz.core.measures import full_gram, grouped_matmul
 
     g = torch.Generator().manual_seed(heads + rows)
     tokens, d_head, d_model, start = 13, 4, 10, 5
@@ -224,8 +225,10 @@ def test_kv_heads_held_several_times_give_the_same_products_and_measures(heads, 
     expected_alpha = attention_probabilities(q[:, start:keys], expand_kv(k[:, :keys], heads), 0.5, visible, False)
     expected = layer_measures(expected_alpha, expand_kv(v[:, :keys], heads), head_weights(w_o, heads))
     for copies in range(1, heads // kv_heads + 1):
-        key, value = hold_kv(k[:, :keys], copies), hold_kv(v[:, :keys], copies)
-        assert key.shape[0] == kv_heads * copies and key.is_contiguous()
+        monkeypatch.setattr(core_analysis, "kv_copies", lambda *_, copies=copies: copies)
+        held = core_analysis.for_blocks(LayerRecord(q, k[:, :keys], v[:, :keys], None, 0.5, True, output=None))
+        key, value = held.key, held.value
+        assert held.copies == copies and key.shape[0] == kv_heads * copies and key.is_contiguous() and value.is_contiguous()
         alpha = causal_rows(q[:, start:keys], key, 0.5, start, copies)
         torch.testing.assert_close(alpha, expected_alpha, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(grouped_matmul(alpha, value, copies), alpha @ expand_kv(v[:, :keys], heads), rtol=1e-5, atol=1e-6)

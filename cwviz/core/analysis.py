@@ -34,9 +34,9 @@ from .measures import (
     LayerMeasures,
     QuerySide,
     check_kinds,
+    expand_kv,
     grouped_matmul,
     head_weights,
-    hold_kv,
     kv_copies,
     layer_measures,
     query_side,
@@ -95,11 +95,12 @@ def for_blocks(rec: LayerRecord) -> LayerRecord:
     batches"."""
     heads, kv_heads = rec.query.shape[0], rec.key.shape[0]
     copies = kv_copies(kv_heads, heads, rec.query.device)
+    held = kv_heads * copies  # expand_kv repeats each kv head held / kv_heads times in a row
     return dataclasses.replace(
         rec,
         query=rec.query.float().contiguous(),
-        key=hold_kv(rec.key.float(), copies),
-        value=hold_kv(rec.value.float(), copies),
+        key=expand_kv(rec.key.float(), held).contiguous(),
+        value=expand_kv(rec.value.float(), held).contiguous(),
         copies=copies,
     )
 

@@ -124,13 +124,8 @@ def kv_copies(kv_heads: int, heads: int, device: torch.device | str, threads: in
     return max(range(1, heads // kv_heads + 1), key=lambda copies: (evenness(copies), -copies))
 
 
-def hold_kv(x: torch.Tensor, copies: int) -> torch.Tensor:
-    """[kv_head, pos, d] -> [kv_head * copies, pos, d], each kv head ``copies`` times in a row (contiguous)."""
-    return x.repeat_interleave(copies, dim=0) if copies > 1 else x.contiguous()
-
-
 def kv_entries(y: torch.Tensor, rows: int, copies: int = 1) -> torch.Tensor:
-    """What of ``y`` (kv heads held ``copies`` times, :func:`hold_kv`) serves ``rows`` stacked query-side rows (all
+    """What of ``y`` (kv heads held ``copies`` times in a row, :func:`expand_kv` to kv_heads x copies) serves ``rows`` stacked query-side rows (all
     heads' rows, head after head) cut into ``len(y)`` equal runs, one an entry: ``y`` when the rows divide into
     such runs, which then each lie within one kv group, else one copy of each kv head (a strided view)."""
     return y if rows % y.shape[0] == 0 else y[::copies]
@@ -332,7 +327,7 @@ def layer_measures(
     | value_norm  | optional [head, key]: ‖ṽ_j^h‖ (:func:`value_norms`) when the caller keeps it per layer |
     | query       | optional :class:`QuerySide` of these query rows (then ``head_output`` is not used) |
     | kinds       | the contribution kinds to compute (:data:`KINDS`, or one of them: a third less work) |
-    | copies      | ``value`` holds each kv head this many times in a row (:func:`hold_kv`, :func:`kv_copies`) |
+    | copies      | ``value`` holds each kv head this many times in a row (:func:`cwviz.core.analysis.for_blocks`) |
 
     All inputs are upcast to float32. With the Gram matrix G = W_Oᵀ W_O nothing of width d_model is
     formed: ‖o_i‖² = z_iᵀ G z_i, (W_O^h)ᵀ o_i = (G z_i)_h, and G^h is G's diagonal block. Both
