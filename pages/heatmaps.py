@@ -8,20 +8,28 @@ from cwviz.app.sidebar import sidebar
 from cwviz.app.state import select, url_widget
 from cwviz.charts import heatmaps as charts
 
-INTRO = (
-    "**Contribution weights** measure how much each earlier token *k* (key) adds to what an attention "
-    "layer writes for token *q* (query). Attention weights only say how strongly a key is selected; a "
-    "contribution weight also accounts for the size of the key's projected value vector and for its "
-    "direction relative to the layer's output: contribution = attention × (‖ṽ_k‖ / ‖o_q‖) × cos(o_q, ṽ_k). "
-    "Each row sums to 1, but single contributions can be **negative**, when a value points against the "
-    "output (destructive interference). Read each heatmap row by row: the row is the query token, the "
-    "columns are the keys it can see. Attention uses a sequential scale (darker = more attention); "
-    "contributions use a diverging scale centred at zero: **red is positive, blue is negative, white is "
-    "zero**, and the empty upper triangle is the future, which a causal model cannot see."
+SENTENCE = (
+    "Each row is a query token: the left map shows how strongly it **attends** to each earlier token, the right map "
+    "how much each one really **contributes** to what the layer writes (red adds, blue subtracts)."
+)
+MORE = (
+    "Attention weights only say how strongly a key is selected; a contribution weight also accounts for the size of "
+    "the key's projected value vector (what the key writes, ṽ_k) and for its direction relative to the layer's output "
+    "o_q: contribution = attention × (‖ṽ_k‖ / ‖o_q‖) × cos(o_q, ṽ_k). Each row of contributions sums to 1, but single "
+    "contributions can be **negative**, when a value points against the output (destructive interference). The first "
+    "token (the *sink*) usually takes most of the attention, yet its contribution shows what it really writes.\n\n"
+    "**Colours.** Attention uses a sequential scale (darker = more). Contributions use a diverging scale centred at "
+    "zero: red positive, blue negative, white zero. Its end is the 99th percentile of |contribution| outside the sink "
+    "column, so that the sink's +1 does not wash out the small negative values; larger values are drawn at the end "
+    "colour (the legend says *clamped*), and the scale is symmetric-log, so that −0.03 is clearly blue. Choose "
+    "*full range* to end the scale at the largest value instead. The empty upper triangle is the future, which a "
+    "causal model cannot see."
 )
 
 sel = sidebar("Contribution weights vs attention")
-st.markdown(INTRO)
+st.markdown(SENTENCE)
+with st.expander("How to read these maps"):
+    st.markdown(MORE)
 if not sel.ok:
     st.stop()
 if not sel.analysis.info.causal:
@@ -30,47 +38,54 @@ if not sel.analysis.info.causal:
         "later), so the heatmaps are square and full, with no empty triangle."
     )
 
-left, middle, right, far = st.columns([3, 2, 3, 2])
-with left:
+measure_col, kind_col, range_col, more_col = st.columns([3, 3, 2, 1])
+with measure_col:
     family = url_widget(
-        st.radio,
+        st.selectbox,
         "measure",
-        "Measure (right heatmap)",
+        "Right map",
         "contribution",
         options=list(tables.FAMILIES),
-        format_func=lambda f: tables.FAMILIES[f][0],
-        horizontal=True,
+        format_func=lambda f: f"Right map: {tables.FAMILIES[f][0]}",
+        label_visibility="collapsed",
         key="heatmaps_measure",
     )
 # Raw and value-weighted attention do not divide by an output norm: the choice is shown but cannot be made.
 normalised = tables.FAMILIES[family][1] != tables.FAMILIES[family][2]
-with middle:
+with kind_col:
     kind = url_widget(
-        st.radio,
+        st.selectbox,
         "kind",
         "Normalise by",
         tables.KINDS[0],
         options=list(tables.KINDS),
-        horizontal=True,
-        format_func=lambda k: "layer output ‖o_i‖ (inter)" if k == "inter" else "head output ‖o_i^h‖ (intra)",
-        help="inter: shares of the whole layer output (heads together sum to 1); intra: shares of each head's own output."
-        + ("" if normalised else f" {tables.FAMILIES[family][0].capitalize()} is not divided by an output norm."),
+        format_func=lambda k: "Share of the layer output (inter)" if k == "inter" else "Share of each head's output (intra)",
+        label_visibility="collapsed",
         disabled=not normalised,
         key="heatmaps_kind",
     )
-with right:
+with range_col:
+    colour_range = url_widget(
+        st.selectbox,
+        "range",
+        "Colour range",
+        charts.RANGES[0],
+        options=list(charts.RANGES),
+        format_func=lambda r: f"Colours: {'robust' if r == 'robust' else 'full range'}",
+        label_visibility="collapsed",
+        key="heatmaps_range",
+    )
+with more_col, st.popover("More", width="stretch"):
     view = url_widget(
         st.radio,
         "view",
         "Long prompts",
         tables.VIEWS[0],
         options=list(tables.VIEWS),
-        horizontal=True,
         format_func=lambda v: "window around the query" if v == "window" else "whole prompt in bins",
-        help=f"Used when a layer has more than {tables.MAX_CELLS:,} cells.",
+        help=f"Used when a layer has more than {tables.SCREEN_CELLS:,} cells.",
         key="heatmaps_view",
     )
-with far:
     layout = url_widget(
         st.radio,
         "layout",
@@ -78,15 +93,19 @@ with far:
         charts.LAYOUTS[0],
         options=list(charts.LAYOUTS),
         format_func=charts.LAYOUT_LABELS.get,
-        help="auto: the two heatmaps side by side while they fit a 1,366 px wide window with the sidebar open, "
-        "else one above the other. Choose side by side on a wider screen.",
+        help="auto and side by side: the two maps share the page's width; stacked: each takes the whole width.",
         key="heatmaps_layout",
     )
 measure = tables.measure_name(family, kind)
-if family == "raw":
-    st.caption("Raw attention is the measure: the right heatmap repeats the left one.")
 cells = services.heatmap_cells(sel.request, sel.layer, sel.head, measure, kind, sel.query, view)
-widgets.query_heatmaps(charts.heatmap_pair(cells, query=sel.query, layout=layout), cells, f"cwviz-heatmap-layer{sel.layer}", key="heatmaps")
+st.caption(
+    cells.note
+    + "; click a cell to select its query"
+    + ("; the right map repeats the left one (raw attention is the measure)" if family == "raw" else "")
+)
+widgets.query_heatmaps(
+    cells, sel.query, f"cwviz-heatmap-layer{sel.layer}", key="heatmaps", stacked=layout == "stacked", colour_range=colour_range
+)
 if any("\\x" in token or "\\u" in token for token in sel.analysis.tokens):
     st.caption(
         "Labels such as `\\xd7` are bytes: the tokenizer split a character (an emoji, an accent, a non-Latin letter) "

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import colorsys
 import json
+import math
 
 import altair as alt
+import pandas as pd
 import pytest
 
 import cwviz
@@ -71,7 +73,9 @@ def test_heatmap_pair_encodes_positions_with_token_labels_and_both_scales(analys
     contribution_scale = right["encoding"]["color"]["scale"]
     assert contribution_scale["scheme"] == heatmaps.DIVERGING and contribution_scale["domainMid"] == 0
     low, high = contribution_scale["domain"]
-    assert low == -high and high >= cells.frame["value"].abs().max() - 1e-9
+    off_sink = cells.frame.loc[cells.frame["key"] != 0, "value"].abs()
+    assert low == -high and high == pytest.approx(off_sink.quantile(heatmaps.ROBUST_QUANTILE))
+    assert contribution_scale["type"] == "symlog" and contribution_scale["clamp"] is True
     assert spec["resolve"]["scale"]["color"] == "independent"
     assert cells.note in json.dumps(spec["title"])
     # The selected query (the last token by default) is outlined on both heatmaps; a click selects a query.
@@ -80,6 +84,45 @@ def test_heatmap_pair_encodes_positions_with_token_labels_and_both_scales(analys
         assert frame["mark"]["stroke"] == "black" and {"filter": f"(datum.query === {analysis.num_tokens - 1})"} in frame["transform"]
     assert spec["params"][0]["name"] == heatmaps.QUERY_PICK and spec["params"][0]["select"]["fields"] == ["query_position"]
     assert len(spec["params"][0]["views"]) == 2
+
+
+def test_the_contribution_scale_ends_at_a_robust_quantile_off_the_sink_and_says_when_it_clamps():
+    """The sink's +1 must not set the end of the scale: a map whose other cells are within ±0.05 ends near 0.05,
+    so that -0.03 is more than half-way to full blue on the symlog scale; "full" ends at the largest value."""
+    values = pd.Series([1.0, -0.03, 0.04, -0.05, 0.001] * 20)
+    sink = pd.Series([True, False, False, False, False] * 20)
+    robust, title = heatmaps.contribution_scale(values, sink)
+    assert robust.domain == [-0.05, 0.05] and title[0] == "clamped"  # the sink's +1 is beyond the end
+    full, title = heatmaps.contribution_scale(values, sink, "full")
+    assert full.domain == [-1.0, 1.0] and title[0] == "range"
+
+    def share(value: float, bound: float) -> float:  # how far towards the end colour the symlog scale puts a value
+        c = heatmaps.SYMLOG_CONSTANT
+        return math.log1p(abs(value) / c) / math.log1p(bound / c)
+
+    assert share(-0.03, 0.05) > 0.6 and share(-0.03, 1.0) > 0.25 and share(0.001, 0.05) < 0.1
+    assert heatmaps.contribution_bound(pd.Series([0.0, 0.0]), pd.Series([False, False])) == 1.0  # no range: ±1
+    with pytest.raises(ValueError, match="robust, full"):
+        heatmaps.contribution_scale(values, sink, "wide")
+
+
+def test_labels_are_thinned_to_never_overlap_but_keep_the_sink_and_the_query():
+    """Rows of a 30-token map in 260 px leave 8.7 px a row: a 12 px label every second row, the first token and the
+    query always labelled, their neighbours left out."""
+    assert heatmaps.label_stride(30, 260, 12) == 2 and heatmaps.label_stride(30, 600, 12) == 1
+    assert heatmaps.label_stride(30, 260, 16) == 3
+    labels = [f"{i} t" for i in range(30)]
+    expr = heatmaps.thinned_label_expr(labels, list(range(30)), 13, 2)
+    shown = [i for i in range(30) if _vega_label(expr, i)]
+    assert 0 in shown and 13 in shown and 12 not in shown and 14 not in shown
+    assert all(b - a >= 2 for a, b in zip(shown, shown[1:]))
+    assert len(shown) >= 13
+
+
+def _vega_label(expr: str, value: int) -> bool:
+    """Evaluate :func:`heatmaps.thinned_label_expr`'s condition in Python (its operators are Python's too)."""
+    condition = expr.split(" ? ")[0].replace("datum.value", str(value)).replace("||", " or ").replace("&&", " and ")
+    return bool(eval(condition, {"abs": abs}))
 
 
 def test_unsigned_measures_get_a_sequential_scale(analysis):
@@ -228,12 +271,12 @@ def test_a_pair_is_laid_out_as_asked_and_its_title_lines_fit_it(analysis):
     assert "vconcat" in stacked and len(stacked["vconcat"]) == 2
     for spec, views in ((stacked, 1), (heatmaps.heatmap_pair(cells).to_dict(), 2)):
         lines = spec["title"]["text"]
-        assert any("click a cell to select its query" in line for line in lines)
+        assert any(cells.note.split("; ")[0] in line for line in lines)
         longest = views * (heatmaps._extent(analysis.num_tokens) + heatmaps.VIEW_EXTRA) // heatmaps.TITLE_PX_PER_CHAR
         assert all(len(line) <= longest for line in lines if "; " in line)
-    for view in stacked["vconcat"]:  # each legend below its map, horizontal
+    for view in stacked["vconcat"]:  # each legend right of its map, as tall as it
         legend = view["layer"][0]["encoding"]["color"]["legend"]
-        assert legend["orient"] == "bottom" and legend["direction"] == "horizontal"
+        assert legend["orient"] == "right" and legend["gradientLength"] == view["height"]
 
 
 def test_pairs_wider_than_side_by_side_are_stacked_and_every_position_keeps_its_label():

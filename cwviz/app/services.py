@@ -117,10 +117,22 @@ def get_bundle(model: str, device: str = "auto", dtype: str = "auto") -> Bundle:
     return _bundle(model, device, dtype)
 
 
-@st.cache_resource(show_spinner="Loading the model (once per model, device and dtype)…", max_entries=3)
+#: The (model, device, dtype) this server process has loaded: the sidebar says "Loading…" on the page only
+#: before a model's first load, not on every rerun.
+_LOADED: set[tuple[str, str, str]] = set()
+
+
+def bundle_loaded(model: str, device: str = "auto", dtype: str = "auto") -> bool:
+    """Whether :func:`get_bundle` has already loaded this model in this server process."""
+    return (model, device, dtype) in _LOADED
+
+
+@st.cache_resource(show_spinner=False, max_entries=3)
 def _bundle(model: str, device: str, dtype: str) -> Bundle:
     hosting.policy_from_env().check_model(model)
-    return load_model(model, device=device, dtype=dtype)
+    bundle = load_model(model, device=device, dtype=dtype)
+    _LOADED.add((model, device, dtype))
+    return bundle
 
 
 def check_dashboard_length(bundle: Bundle, prompt_tokens: int, generate: int) -> None:
@@ -163,7 +175,7 @@ def heatmap_cells(request: Request, layer: int, head: int | None, measure: str, 
     """Tidy heatmap cells of one layer (see :func:`cwviz.analyses.tables.heatmap_cells`)."""
     analysis = get_analysis(request).analysis
     with progress_bar(f"Binning layer {layer}", "row blocks") as progress:
-        return tables.heatmap_cells(analysis, layer, head, measure, kind, query, view, progress=progress)
+        return tables.heatmap_cells(analysis, layer, head, measure, kind, query, view, max_cells=tables.SCREEN_CELLS, progress=progress)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)

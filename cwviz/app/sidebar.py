@@ -26,6 +26,7 @@ from .state import (
     current,
     examples,
     pick_example,
+    presenter_toggle,
     write_url,
 )
 
@@ -111,6 +112,12 @@ def ensure_navigation() -> None:
         st.rerun()
 
 
+COMPACT_CSS = (
+    '[data-testid="stMainBlockContainer"] {padding-top: 2rem;} '
+    '[data-testid="stMainBlockContainer"] h1 {font-size: 2rem; padding-top: 0.25rem; padding-bottom: 0.5rem;}'
+)
+
+
 def model_label(name: str) -> str:
     """How the model picker shows a name: the embedded models with what they are."""
     return {
@@ -125,11 +132,17 @@ def sidebar(title: str | None = None) -> Selection:
     ``title``, the page's, is drawn first in the main area, so that what the sidebar reports there (the analysis's
     progress, a note, an error such as an empty prompt) comes under it, not above it."""
     ensure_navigation()
+    # The first screen is the product: Streamlit's 6 rem above the page and its 2.75 rem title would push the
+    # Heatmaps page's maps below a 1280 x 720 window. Streamlit has no setting for either, so a style (sent
+    # to the page's head, taking no room) trims them.
+    st.html(f"<style>{COMPACT_CSS}</style>")
     if title is not None:
         st.title(title)
     cur = current()
     names = [e.name for e in examples()]
     with st.sidebar:
+        # The selection comes first, above the inputs: changing layer, head or query never needs a scroll.
+        picks = st.container()
         st.header("Input")
         if cur["example"] not in names:
             cur["example"] = None
@@ -185,11 +198,21 @@ def sidebar(title: str | None = None) -> Selection:
         )
         st.button("Analyze", type="primary", on_click=commit, key="_cwviz_analyze", width="stretch")
 
+    edited = any(cur[f"draft_{name}"] != cur[name] for name in ("model", "device", "dtype", "text", "generate"))
+    if edited:
+        st.info("The inputs were edited: press **Analyze** to show them; the maps below are of the last analysed input.")
+    waiting = st.empty()
+    if not services.bundle_loaded(cur["model"], cur["device"], cur["dtype"]):
+        waiting.info(
+            f"Loading {model_label(cur['model'])}… A model is loaded once per server; the embedded models are converted "
+            "once on a machine's first use (about 30 s), later starts take seconds."
+        )
     analyzed, error = analyse(cur)
+    waiting.empty()
     analysis = analyzed.analysis if analyzed is not None else None
     if analysis is not None:
         clamp(cur, analysis)
-        with st.sidebar:
+        with picks:
             st.header("Selection")
             bound(st.slider, "layer", "Layer", min_value=0, max_value=analysis.num_layers - 1, after=clear_notes)
             bound(
@@ -210,8 +233,9 @@ def sidebar(title: str | None = None) -> Selection:
                 options=list(range(analysis.num_tokens)),
                 format_func=lambda i: f"{i}: {tokens[i]}" + (" (generated)" if i >= prompt_tokens else ""),
                 after=clear_notes,
-                help="The token whose attention row is examined (position: token).",
+                help="The token whose attention row is examined. Type its position or part of its text to find it.",
             )
+            presenter_toggle()
             info = analysis.info
             generated = analysis.num_tokens - analyzed.prompt_tokens
             st.caption(

@@ -291,3 +291,32 @@ def parse_bool(raw: str) -> bool:
 
 def show_bool(value: bool) -> str:
     return "true" if value else "false"
+
+
+#: The presenter-mode toggle's URL parameter and widget key: larger labels for a room (``?presenter=true``).
+PRESENTER = "presenter"
+
+
+def presenter_toggle() -> bool:
+    """Presenter mode: every chart's labels at :data:`cwviz.charts.heatmaps.PRESENTER_LABEL_PX` and the maps
+    fitted to a 1280 x 720 projector. Kept in the link, and across pages."""
+    return url_widget(
+        st.toggle,
+        PRESENTER,
+        "Presenter mode (large labels)",
+        False,
+        parse=parse_bool,
+        show=show_bool,
+        key=PRESENTER,
+        help="Labels of at least 16 px for a projector; the heatmaps stay within a 1280 x 720 screen.",
+    )
+
+
+def presenter() -> bool:
+    """Whether presenter mode is on in this session (False before the sidebar has drawn its toggle)."""
+    if PRESENTER in st.session_state:
+        return bool(st.session_state[PRESENTER])
+    try:
+        return parse_bool(st.query_params.get(PRESENTER, "false"))
+    except ValueError:
+        return False

@@ -5,10 +5,17 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
+from ..analyses.schema import HeatmapCells
+from ..charts import heatmaps
 from ..charts.heatmaps import PICK, QUERY_PICK
 from . import services
 from .sidebar import Selection
-from .state import select
+from .state import presenter, select
+
+
+def label_px() -> int:
+    """The charts' label size in this session: presenter mode's, or the default (both at least 12 px)."""
+    return heatmaps.PRESENTER_LABEL_PX if presenter() else heatmaps.LABEL_PX
 
 
 def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, selection_mode=None, width: str = "content"):
@@ -19,22 +26,44 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
     layered and concatenated charts (a console warning) and let a title and legend eat a fixed plot
     height. Charts are drawn as SVG. Returns the selection state when ``on_select`` is given.
     """
-    from ..charts.export import to_csv, to_png, to_svg
+    chart_obj = _drawn(chart_obj, width)
+    kwargs = {} if on_select is None else {"on_select": on_select, "selection_mode": selection_mode}
+    event = st.altair_chart(chart_obj, key=key, width=width, **kwargs)
+    downloads(chart_obj, data, name, key)
+    return event
 
+
+def _drawn(chart_obj, width: str = "stretch"):
+    """``chart_obj`` as the dashboard draws it: SVG, at its own size (``width="content"``), labels of
+    :func:`label_px`."""
     if isinstance(chart_obj, alt.TopLevelMixin):
         # SVG always: Streamlit switches to canvas above 2,000 rows a dataset, which drops every mark from
         # the page (no aria labels for screen readers, nothing a browser test can read). cwviz's charts hold
         # at most ~5,000 marks (tables.MAX_CELLS), which SVG draws without delay.
         top = {"usermeta": {"embedOptions": {"renderer": "svg"}}}
-        if width == "content":
-            # Streamlit adds autosize "fit" to any spec without one; "pad" keeps the chart's own size.
-            top["autosize"] = alt.AutoSizeParams(type="pad", contains="padding")
+        # Streamlit adds autosize "fit" to any spec without one. "pad" keeps the chart's own size; "fit-x" fits the
+        # width to the column and keeps the plot's height (plain "fit" would give the legend and the key labels'
+        # height to the plot).
+        top["autosize"] = alt.AutoSizeParams(type="pad" if width == "content" else "fit-x", contains="padding")
         # Streamlit's theme sets labelFlush, which moves the first and last label of a discrete axis inwards,
         # off their rows (onto their neighbours' on a heatmap); a token axis keeps each label on its row.
         # One copy of the chart for the top-level properties, one for the config (each copies the chart).
-        chart_obj = chart_obj.properties(**top).configure_axisDiscrete(labelFlush=False)
-    kwargs = {} if on_select is None else {"on_select": on_select, "selection_mode": selection_mode}
-    event = st.altair_chart(chart_obj, key=key, width=width, **kwargs)
+        # Labels of at least 12 px (16 in presenter mode) in dark grey, legible from the back of a room.
+        px = label_px()
+        chart_obj = (
+            chart_obj.properties(**top)
+            .configure_axis(labelFontSize=px, titleFontSize=px, labelColor="#31333f", titleColor="#31333f")
+            .configure_axisDiscrete(labelFlush=False)
+            .configure_legend(labelFontSize=px, titleFontSize=px, titleLimit=400)
+            .configure_title(fontSize=px + 2)
+        )
+    return chart_obj
+
+
+def downloads(chart_obj, data, name: str, key: str) -> None:
+    """PNG, SVG and CSV downloads of a chart, rendered only when clicked."""
+    from ..charts.export import to_csv, to_png, to_svg
+
     cols = st.columns([1, 1, 1, 5])
     cols[0].download_button(
         "PNG", data=lambda: to_png(chart_obj), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore"
@@ -43,7 +72,6 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
         "SVG", data=lambda: to_svg(chart_obj), file_name=f"{name}.svg", mime="image/svg+xml", key=f"{key}_svg", on_click="ignore"
     )
     cols[2].download_button("CSV", data=lambda: to_csv(data), file_name=f"{name}.csv", mime="text/csv", key=f"{key}_csv", on_click="ignore")
-    return event
 
 
 def _picked(chart_obj, data, name: str, key: str, param: str) -> dict | None:
@@ -67,11 +95,23 @@ def head_grid(chart_obj, data, name: str, key: str) -> None:
         select(layer=picked["layer"], head=picked["head"])
 
 
-def query_heatmaps(chart_obj, cells, name: str, key: str) -> None:
-    """Show the heatmap pair; a clicked cell selects its query (the sidebar's query picker and the link follow)."""
-    picked = _picked(chart_obj, cells.frame, name, key, QUERY_PICK)
-    if picked and "query_position" in picked:
-        select(query=int(picked["query_position"]))
+def query_heatmaps(cells: HeatmapCells, query: int, name: str, key: str, stacked: bool = False, colour_range: str = "robust") -> None:
+    """Attention beside the picked measure, each map as wide as its column of the page (one above the other when
+    ``stacked``); a clicked cell of either selects its query (the sidebar's query picker and the link follow).
+
+    The downloads (PNG, SVG, CSV) hold the pair as one chart (:func:`cwviz.charts.heatmaps.heatmap_pair`)."""
+    px = label_px()
+    columns = [st.container(), st.container()] if stacked else st.columns(2, gap="small")
+    for column, which in zip(columns, ("attention", "measure")):
+        view = heatmaps.heatmap_view(cells, which, query, label_px=px, colour_range=colour_range)
+        with column:
+            event = st.altair_chart(_drawn(view), key=f"{key}_map_{which}", width="stretch", on_select="rerun", selection_mode=QUERY_PICK)
+        picked = (event.selection.get(QUERY_PICK) or [None])[0] if event is not None else None
+        if picked and picked != st.session_state.get(f"_{key}_map_{which}_last_pick") and "query_position" in picked:
+            st.session_state[f"_{key}_map_{which}_last_pick"] = picked
+            select(query=int(picked["query_position"]))
+    pair = heatmaps.heatmap_pair(cells, query, label_px=px, colour_range=colour_range)
+    downloads(_drawn(pair), cells.frame, name, key)
 
 
 def analysis_download(sel: Selection, key: str = "json") -> None:

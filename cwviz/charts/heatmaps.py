@@ -20,21 +20,37 @@ from ..analyses.schema import FAMILIES, HeatmapCells, is_signed
 #: Diverging scale for signed measures: red positive, blue negative, white at zero.
 DIVERGING = "redblue"
 SEQUENTIAL = "blues"
-SIDE = 330  # px, the least a heatmap axis gets
-CELL = 13  # px per position: a 10 px label per row or column without overlap
-#: How the heatmap pair is laid out: side by side when it fits (``"auto"``), or as the user asks.
+SIDE = 330  # px, the least a heatmap axis gets in a notebook or an export
+CELL = 15  # px per position in a notebook or an export: a 12 px label per row or column without overlap
+#: How the heatmap pair is laid out in a notebook or an export: side by side when it fits (``"auto"``), or as asked.
 LAYOUTS = ("auto", "side", "stacked")
 #: How the pages name each layout.
 LAYOUT_LABELS = {"auto": "auto", "side": "side by side", "stacked": "stacked"}
-#: Width (px) the pair may take side by side under ``"auto"``: the dashboard's main area in a 1,366 px wide
-#: window with the sidebar open, the narrowest common laptop screen (906 px in Chromium: the width of the head
-#: overview, which fills it). A wider pair is stacked, so that no map runs past the page's right edge; the
-#: page's Layout control puts it side by side on a wider screen.
+#: Width (px) a fixed-size pair may take side by side under ``"auto"``: a notebook's output cell, and the
+#: Compare page's main area in a 1,366 px wide window with the sidebar open (906 px in Chromium). A wider pair is
+#: stacked.
 PAIR_FITS = 906
 #: Pixels a heatmap view adds to its plot area side by side: its row labels and axis title, and the gap to the
-#: next view (its legend lies below the map). Measured in Chromium: a 22-token pair of 330 px maps was 882 px
-#: wide, and a 30-token pair of 390 px maps 1,002 px; a token longer than about ten characters adds more.
+#: next view (its legend lies below the map).
 VIEW_EXTRA = 115
+#: Axis and legend label size (px) of every chart, and in presenter mode: legible from the back of a room.
+LABEL_PX, PRESENTER_LABEL_PX = 12, 16
+#: A text label's line box, in units of its font size: labels of neighbouring rows closer than this would
+#: overlap, so only every n-th row is labelled (:func:`label_stride`).
+LINE_BOX = 1.15
+#: Height (px) of each map's plot area on the dashboard: the pair, with its titles, rotated key labels and legends,
+#: fits a 1280 x 720 window with the sidebar open (the first screen).
+SCREEN_SIDE = 260
+#: Longest token label (px); a longer one ends with an ellipsis (its tooltip has the whole token).
+LABEL_LIMIT = 84
+#: The contribution scale's end: this quantile of |value| outside the sink column (:func:`contribution_scale`).
+ROBUST_QUANTILE = 0.99
+#: The symmetric-log colour scale's linear range: values much smaller than this are drawn near white, values a
+#: few times larger already clearly coloured, so -0.03 stays blue beside the sink's +1.
+SYMLOG_CONSTANT = 0.01
+#: Colour ranges of a signed map: a robust end (the default) or the largest |value|.
+RANGES = ("robust", "full")
+RANGE_LABELS = {"robust": "robust (99th percentile off the sink)", "full": "full range"}
 #: The click selection of every layer x head grid; pages pass it to Streamlit as ``selection_mode``.
 PICK = "pick"
 #: The least height of the layer x head overview, title and head axis included: the dashboard draws it at the
@@ -73,10 +89,72 @@ def signed_scale(values: pd.Series, least: float = 0.0) -> alt.Scale:
     return alt.Scale(scheme=DIVERGING, reverse=True, domain=[-bound, bound], domainMid=0)
 
 
+def check_range(colour_range: str) -> str:
+    """``colour_range`` when it is one of :data:`RANGES`, else ValueError naming them."""
+    if colour_range not in RANGES:
+        raise ValueError(f"colour range must be one of {', '.join(RANGES)}, not {colour_range!r}")
+    return colour_range
+
+
+def contribution_bound(values: pd.Series, sink: pd.Series | None = None, colour_range: str = "robust") -> float:
+    """The end B of a signed colour scale (domain ±B), a positive number.
+
+    ``"robust"``: the :data:`ROBUST_QUANTILE` quantile of |value| over the cells that are not the sink's
+    (``sink``, a boolean Series beside ``values``; all cells when it marks every one). The sink's own
+    contribution (about +1) would otherwise set the end and paint every contribution of a few hundredths
+    near white. ``"full"``: the largest |value|.
+    """
+    magnitude = values.abs()
+    magnitude = magnitude[magnitude.map(math.isfinite)] if len(magnitude) else magnitude
+    if check_range(colour_range) == "robust" and len(magnitude):
+        off = magnitude if sink is None or bool(sink.all()) else magnitude[~sink.reindex(magnitude.index, fill_value=False)]
+        bound = float(off.quantile(ROBUST_QUANTILE)) if len(off) else 0.0
+    else:
+        bound = float(magnitude.max()) if len(magnitude) else 0.0
+    return bound if bound > 0 else 1.0
+
+
+def contribution_scale(values: pd.Series, sink: pd.Series | None = None, colour_range: str = "robust") -> tuple[alt.Scale, list[str]]:
+    """The colour scale of a signed map and the legend title (three short lines) that states its rule.
+
+    Red is positive, blue negative, white exactly 0. The domain is ±:func:`contribution_bound`; values beyond it
+    are drawn at the end colours (clamped, and the title says so). The scale is symmetric-log with the linear
+    range :data:`SYMLOG_CONSTANT`, so a contribution of ±0.03 is clearly coloured even beside the sink's +1.
+    """
+    bound = contribution_bound(values, sink, colour_range)
+    finite = values[values.map(math.isfinite)] if len(values) else values
+    clamped = bool(len(finite)) and float(finite.abs().max()) > bound * (1 + 1e-9)
+    title = ["clamped" if clamped else "range", f"±{bound:.2g}", "symlog"]
+    scale = alt.Scale(
+        type="symlog", constant=SYMLOG_CONSTANT, scheme=DIVERGING, reverse=True, domain=[-bound, bound], domainMid=0, clamp=True
+    )
+    return scale, title
+
+
 def sequential_scale(values: pd.Series) -> alt.Scale:
     top = float(values.max()) if len(values) else 1.0
     top = top if math.isfinite(top) and top > 0 else 1.0
     return alt.Scale(scheme=SEQUENTIAL, domain=[0, top])
+
+
+def label_stride(count: int, extent: float, label_px: int = LABEL_PX) -> int:
+    """Label every n-th of ``count`` positions spread over ``extent`` px, so that labels of ``label_px`` never overlap."""
+    return max(1, math.ceil(label_px * LINE_BOX * count / max(extent, 1.0)))
+
+
+def thinned_label_expr(labels: Sequence[str], positions: Sequence[int], keep: int | None, stride: int | str) -> str:
+    """A Vega expression labelling every ``stride``-th of ``positions`` (the axis's bands, in order) and always
+    the first band (the sink) and ``keep`` (the query), leaving out their close neighbours, so that no two
+    labels overlap. ``stride`` is a number or a Vega expression (one that reads the ``width`` signal sizes the
+    columns' labels to the drawn width)."""
+    index = [-1] * (max(positions, default=0) + 1)
+    for i, position in enumerate(positions):
+        index[int(position)] = i
+    at = 0 if keep is None or keep < 0 or keep >= len(index) else index[keep]
+    i = f"{json.dumps(index)}[datum.value]"
+    s = f"({stride})"
+    shown = f"{i} == 0 || {i} == {at} || ({i} % {s} == 0 && abs({i} - {at}) >= {s} && {i} >= {s})"
+    return f"({shown}) ? {label_expr(labels)} : ''"
 
 
 def _tooltips(frame: pd.DataFrame, value_title: str, show_value: bool) -> list[alt.Tooltip]:
@@ -132,60 +210,96 @@ def side_by_side(keys: int, layout: str = "auto") -> bool:
     return 2 * (_extent(keys) + VIEW_EXTRA) <= PAIR_FITS
 
 
-def heatmap_pair(cells: HeatmapCells, query: int | None = None, layout: str = "auto") -> alt.HConcatChart | alt.VConcatChart:
-    """Attention (sequential scale) beside the picked measure (diverging at zero when it can be negative).
+def heatmap_view(
+    cells: HeatmapCells,
+    which: str = "measure",
+    query: int | None = None,
+    *,
+    width: int | str = "container",
+    height: int = SCREEN_SIDE,
+    label_px: int = LABEL_PX,
+    colour_range: str = "robust",
+    pick: bool = True,
+) -> alt.LayerChart:
+    """One map of a heatmap pair: ``which="attention"`` (sequential scale) or ``"measure"`` (the picked measure;
+    :func:`contribution_scale` when it can be negative).
 
-    One dataset of ``len(cells.frame)`` rows feeds both views. The masked upper triangle has no rows,
-    so it stays empty. Every row and column is labelled ``"12 the"`` (position and token; a heatmap has
-    at most about 70 positions per axis, :data:`cwviz.analyses.tables.MAX_CELLS`), at :data:`CELL` px
-    per position so no label overlaps its neighbour. The two heatmaps stand side by side when they fit a
-    laptop's page (``layout="auto"``, :func:`side_by_side`) or when ``layout="side"``; else they are stacked, so
-    each keeps its full width. Each legend lies below its map, to keep the pair narrow. The selected query's row
-    (``cells.query``, or ``query`` when given) is outlined on both; a click on a cell selects its query
-    (:data:`QUERY_PICK`).
+    ``width`` is a number of px, or ``"container"``: as wide as the page's column (the dashboard), its column labels
+    then thinned to the drawn width by the ``width`` signal. Rows are labelled ``"12 the"`` (position and token),
+    every n-th where ``height`` is too short for all (:func:`label_stride`), always with the first token and the
+    selected query (``cells.query``, or ``query`` when given), whose row is outlined. A click on a cell selects
+    its query (:data:`QUERY_PICK`; ``pick=False`` leaves the parameter to a chart that holds this one).
     """
+    if which not in ("attention", "measure"):
+        raise ValueError(f"which must be 'attention' or 'measure', not {which!r}")
     frame = cells.frame
     row = cells.query if query is None or cells.binned else query
+    keys, queries = sorted(frame["key"].unique().tolist()), sorted(frame["query"].unique().tolist())
     value_title = measure_label(cells.measure)
-    show_value = cells.measure != f"contribution_{cells.kind}"
-    tooltips = _tooltips(frame, value_title, show_value)
-    axis_args = dict(labelExpr=label_expr(cells.labels), labelLimit=120, labelOverlap=False, labelFontSize=10)
-    keys, queries = frame["key"].nunique(), frame["query"].nunique()
-    what = "bin of positions" if cells.binned else "position token"
-    pick = query_pick()
-    base = (
+    tooltips = _tooltips(frame, value_title, cells.measure != f"contribution_{cells.kind}")
+    if width == "container":
+        x_stride: int | str = f"max(1, ceil({label_px * LINE_BOX:.2f} * {len(keys)} / width))"
+    else:
+        x_stride = label_stride(len(keys), width, label_px)
+    y_stride = label_stride(len(queries), height, label_px)
+    what = "bin" if cells.binned else "position token"
+    axis = dict(labelLimit=LABEL_LIMIT, labelOverlap=False, labelFontSize=label_px, titleFontSize=label_px, labelColor="#31333f")
+    x_axis = alt.Axis(labelAngle=-90, labelExpr=thinned_label_expr(cells.labels, keys, row, x_stride), **axis)
+    y_axis = alt.Axis(labelExpr=thinned_label_expr(cells.labels, queries, row, y_stride), **axis)
+    # The legend stands right of the map, as tall as it: below it, it would push the pair past a 720 px screen.
+    legend = dict(orient="right", direction="vertical", gradientLength=height, labelFontSize=label_px, titleFontSize=label_px)
+    if which == "attention":
+        colour = alt.Color("attention:Q", scale=sequential_scale(frame["attention"]), legend=alt.Legend(title=None, **legend))
+        title = "Attention weights"
+    elif is_signed(cells.measure):
+        scale, rule = contribution_scale(frame["value"], frame["key"] == SINK_KEY, colour_range)
+        colour = alt.Color("value:Q", scale=scale, legend=alt.Legend(title=rule, **legend))
+        title = value_title[:1].upper() + value_title[1:]
+    else:
+        colour = alt.Color("value:Q", scale=sequential_scale(frame["value"]), legend=alt.Legend(title=None, **legend))
+        title = value_title[:1].upper() + value_title[1:]
+    rects = (
         alt.Chart(frame)
         .mark_rect()
         .encode(
-            x=alt.X("key:O", title=f"key ({what})", axis=alt.Axis(labelAngle=-90, **axis_args)),
-            y=alt.Y("query:O", title=f"query ({what})", axis=alt.Axis(**axis_args)),
+            x=alt.X("key:O", title=f"key ({what})", axis=x_axis),
+            y=alt.Y("query:O", title=f"query ({what})", axis=y_axis),
+            color=colour,
             tooltip=tooltips,
         )
-        .properties(width=_extent(keys), height=_extent(queries))
+        .properties(name=f"heatmap_{which}")
     )
-    # The legends carry no title (each view's title names its measure) and lie below the maps: the pair stays narrow.
-    legend = alt.Legend(orient="bottom", direction="horizontal", gradientLength=min(_extent(keys), 240), title=None)
-    attention = base.encode(color=alt.Color("attention:Q", legend=legend, scale=sequential_scale(frame["attention"])))
-    scale = signed_scale(frame["value"]) if is_signed(cells.measure) else sequential_scale(frame["value"])
-    measure = base.encode(color=alt.Color("value:Q", legend=legend, scale=scale))
-    views = []
-    for name, chart, title in (
-        ("attention", attention, "Attention weights"),
-        ("measure", measure, value_title[:1].upper() + value_title[1:]),
-    ):
-        layers = [chart.properties(name=f"heatmap_{name}")] + ([query_outline(row)] if row is not None else [])
-        views.append(alt.layer(*layers).properties(title=title))
+    rects = rects.add_params(query_pick()) if pick else rects
+    layers = [rects] + ([query_outline(row)] if row is not None else [])
+    return alt.layer(*layers, data=frame).properties(
+        width=width, height=height, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 2)
+    )
+
+
+#: The first position, the sink column of every map (:data:`cwviz.analyses.tables.SINK`).
+SINK_KEY = 0
+
+
+def heatmap_pair(
+    cells: HeatmapCells, query: int | None = None, layout: str = "auto", label_px: int = LABEL_PX, colour_range: str = "robust"
+) -> alt.HConcatChart | alt.VConcatChart:
+    """Attention beside the picked measure, at a fixed size: notebooks (:mod:`cwviz.plot`) and the dashboard's
+    PNG and SVG downloads. The dashboard draws each map on its own, as wide as its column (:func:`heatmap_view`).
+
+    One dataset of ``len(cells.frame)`` rows feeds both views; the masked upper triangle has no rows, so it
+    stays empty. Each axis gets :data:`CELL` px per position, at least :data:`SIDE`. The two maps stand side by
+    side when they fit the dashboard's page (``layout="auto"``, :func:`side_by_side`) or when ``layout="side"``;
+    else they are stacked.
+    """
+    keys, queries = cells.frame["key"].nunique(), cells.frame["query"].nunique()
+    size = dict(width=_extent(keys), height=_extent(queries), label_px=label_px, colour_range=colour_range)
+    views = [heatmap_view(cells, which, query, pick=False, **size) for which in ("attention", "measure")]
     side = side_by_side(keys, layout)
-    concat = alt.hconcat if side else alt.vconcat
-    pair = concat(*views, data=frame).resolve_scale(color="independent")
     with warnings.catch_warnings():
         # One parameter for both views is what we want: Altair gives it to each unit chart and says so.
         warnings.filterwarnings("ignore", message="Automatically deduplicated selection parameter", category=UserWarning)
-        pair = pair.add_params(pick)
-    # The title on lines no wider than the maps (Vega cuts a longer line with an ellipsis).
-    lines = wrap(
-        cells.note + "; click a cell to select its query", ((2 if side else 1) * (_extent(keys) + VIEW_EXTRA)) // TITLE_PX_PER_CHAR
-    )
+        pair = (alt.hconcat if side else alt.vconcat)(*views, data=cells.frame).resolve_scale(color="independent").add_params(query_pick())
+    lines = wrap(cells.note, ((2 if side else 1) * (_extent(keys) + VIEW_EXTRA)) // TITLE_PX_PER_CHAR)
     return pair.properties(title=alt.TitleParams(lines, anchor="start", fontSize=13))
 
 
