@@ -310,7 +310,8 @@ def token_factors(analysis: Analysis, layer: int, query: int, head: int | None, 
         var_name="factor",
         value_name="value",
     )
-    shown = f"all {n} keys" if n <= top else f"top {top} of {n} keys by |contribution| plus the first token"
+    shown = f"all {n} keys" if n <= top else f"the {top} of {n} keys with the largest |contribution| plus the first token"
+    shown += ", sorted by contribution (largest on top)"
     note = f"layer {layer}, {who}, query {query} {analysis.tokens[query]!r}, {kind}-head; {shown}"
     return TokenFactors(frame=frame, wide=wide, factors=factors, note=note)
 

@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 
 from ..analyses.schema import TokenFactors
-from .heatmaps import PAIR_FITS, TITLE_PX_PER_CHAR, label_expr, signed_scale, wrap
+from .heatmaps import PAIR_FITS, SYMLOG_CONSTANT, TITLE_PX_PER_CHAR, contribution_scale, label_expr, wrap
 
 FACTOR_TITLES = {
     "attention": "attention α",
@@ -14,10 +14,12 @@ FACTOR_TITLES = {
     "cosine": "cosine cos(o_q, ṽ_k)",
     "contribution": "contribution = product",
 }
-#: Bar colours: outside the heatmaps' red (positive) and blue (negative), so that no bar's colour reads as its
-#: sign (the sign is which side of zero a bar lies on).
+#: Bar colours of the attention, norm ratio and cosine panels: outside the maps' red and blue, which the
+#: contribution panel uses for its sign.
 SINK_COLOUR = "#7b4ea3"  # purple
 KEY_COLOUR = "#6f6f6f"  # dark grey (gridlines are light grey)
+#: The contribution panel's bars: the ends of the maps' diverging scale, so a bar's colour says its sign.
+POSITIVE_COLOUR, NEGATIVE_COLOUR = "#b2182b", "#2166ac"
 #: Pixels the key labels of a token chart take; the narrowest column a layer gets in the top keys chart (its rank,
 #: two digits, still fits).
 KEY_LABELS, MIN_LAYER_STEP = 160, 16
@@ -53,23 +55,38 @@ def factor_bars(factors: TokenFactors) -> alt.HConcatChart:
     titles = dict(FACTOR_TITLES)
     if "norm_ratio" not in factors.factors:
         titles["contribution"] = "contribution (all heads)"
+    # The contribution panel's bars are red (adds) or blue (subtracts), at full strength whatever their length, on a
+    # symmetric-log axis: beside the sink's +1, a key's -0.003 is a bar a reader sees, not a hairline.
+    contributions = factors.wide["contribution"]
     panels = []
     for i, name in enumerate(factors.factors):
         axis = alt.Axis(labelExpr=label_expr(labels), labelLimit=140, labelOverlap=False) if i == 0 else None
+        x = alt.X("value:Q", title=titles.get(name, name))
+        fill = colour
+        if name == "contribution":
+            bound = float(contributions.abs().max()) if len(contributions) else 1.0
+            # The axis is linear up to the typical key's |contribution| and logarithmic beyond: a typical key's bar
+            # is a tenth of the sink's, however small both are.
+            typical = contributions[~factors.wide["is_sink"]].abs().median()
+            constant = float(typical) if len(contributions) > 1 and typical > 0 else SYMLOG_CONSTANT
+            x = alt.X(
+                "value:Q",
+                title=f"{titles.get(name, name)} (symlog)",
+                scale=alt.Scale(type="symlog", constant=constant, domain=[-bound, bound], nice=False),
+            )
+            fill = alt.condition("datum.value < 0", alt.value(NEGATIVE_COLOUR), alt.value(POSITIVE_COLOUR))
         panels.append(
             alt.Chart(frame)
             .transform_filter(alt.datum.factor == name)
             .mark_bar()
-            .encode(
-                y=alt.Y("key:O", sort=order, title="key" if i == 0 else None, axis=axis),
-                x=alt.X("value:Q", title=titles.get(name, name)),
-                color=colour,
-                tooltip=tooltip,
-            )
+            .encode(y=alt.Y("key:O", sort=order, title="key" if i == 0 else None, axis=axis), x=x, color=fill, tooltip=tooltip)
             .properties(width=PANEL_WIDTH, height=height, title=titles.get(name, name))
         )
     width = len(panels) * (PANEL_WIDTH + 8) + KEY_LABELS
-    lines = wrap(factors.note + "; the sink (first token) in purple", width // TITLE_PX_PER_CHAR)
+    lines = wrap(
+        factors.note + "; the sink (first token) in purple; contributions red (adds) or blue (subtracts) on a symmetric-log axis",
+        width // TITLE_PX_PER_CHAR,
+    )
     return alt.hconcat(*panels, data=frame, spacing=8).properties(title=alt.TitleParams(lines, anchor="start", fontSize=13))
 
 
@@ -90,8 +107,9 @@ def top_keys_chart(frame: pd.DataFrame, note: str) -> alt.LayerChart:
             alt.Tooltip("attention:Q", format=".4f"),
         ],
     )
-    legend = alt.Legend(orient="bottom", direction="horizontal", title="contribution")
-    rects = base.mark_rect().encode(color=alt.Color("contribution:Q", scale=signed_scale(frame["contribution"]), legend=legend))
+    scale, rule = contribution_scale(frame["contribution"], frame["key"] == 0)
+    legend = alt.Legend(orient="bottom", direction="horizontal", title=f"contribution ({', '.join(rule)})", titleLimit=400)
+    rects = base.mark_rect().encode(color=alt.Color("contribution:Q", scale=scale, legend=legend))
     ranks = base.mark_text(fontSize=11).encode(text="rank:O")
     # A step per row and column (not a total height): every key row is 24 px, however few there are; a layer's
     # column is narrower for a deep model, so that the layers fit the page (its legend lies below).
