@@ -97,7 +97,9 @@ with col_layout:
         key="compare_layout",
     )
 cells = services.map_cells(sel.request, request_b, sel.layer, sel.head, kind, sel.query)
-widgets.query_heatmaps(charts.compare_maps(cells, what, layout=layout), cells, f"cwviz-compare-{what}-layer{sel.layer}", key="compare_maps")
+widgets.query_chart(
+    charts.compare_maps(cells, what, layout=layout), cells.frame, f"cwviz-compare-{what}-layer{sel.layer}", key="compare_maps"
+)
 
 st.subheader("Every head: change B − A")
 metric = url_widget(

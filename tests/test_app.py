@@ -56,6 +56,16 @@ def pair(spec: dict) -> list[dict]:
     return spec.get("hconcat") or spec["vconcat"]
 
 
+def map_note(at: AppTest) -> str:
+    """What the Heatmaps page's caption says the maps show (layer, heads, window or bins)."""
+    return next(c.value for c in at.caption if c.value.startswith("layer "))
+
+
+def view_title(spec: dict) -> str:
+    """The title of one map of the Heatmaps page (each map is a chart of its own)."""
+    return spec["title"]["text"]
+
+
 def widget(at: AppTest, kind: str, label: str):
     return next(w for w in getattr(at.sidebar, kind) if w.label == label)
 
@@ -64,11 +74,12 @@ def test_default_load_shows_the_example_analysed(count_forward_passes):
     at = run_app()
     assert_clean(at)
     assert at.title[0].value == "Contribution weights vs attention"
-    assert "Contribution weights" in at.markdown[0].value and "negative" in at.markdown[0].value
+    assert "contributes" in at.markdown[0].value and "negative" in at.expander[0].markdown[0].value
     specs = charts(at)
-    assert len(specs) == 2  # heatmap pair, all-heads overview
-    heatmap, overview = specs
-    assert len(pair(heatmap)) == 2 and "layer 14" in title(heatmap) and "all heads" in title(heatmap)
+    assert len(specs) == 3  # the attention map, the contribution map, the all-heads overview
+    attention, contribution, overview = specs
+    assert view_title(attention) == "Attention weights" and view_title(contribution).startswith("Contribution weight")
+    assert "layer 14" in map_note(at) and "all heads" in map_note(at)
     assert overview["_rows"] == 30 * 9 + 0  # one cell per head (no head picked: no outline)
     assert all(spec["_rows"] < 5000 for spec in specs)
     assert {b.label for b in at.get("download_button")} >= {"PNG", "SVG", "CSV", "Analysis as JSON (all layers)"}
@@ -85,22 +96,24 @@ def test_changing_the_selection_redraws_without_rerunning_the_model(count_forwar
     widget(at, "selectbox", "Head").set_value(2).run()
     widget(at, "selectbox", "Query token").set_value(5).run()
     assert_clean(at)
-    heatmap = charts(at)[0]
-    assert "layer 3, head 2" in title(heatmap)
-    assert len(charts(at)[1]["layer"]) == 2  # the picked head is outlined in the overview
+    assert "layer 3, head 2" in map_note(at)
+    assert len(charts(at)[2]["layer"]) == 2  # the picked head is outlined in the overview
     assert at.query_params["layer"] == "3" and at.query_params["head"] == "2" and at.query_params["token"] == "5"
-    at.radio(key="heatmaps_kind").set_value("intra").run()
-    at.radio(key="heatmaps_measure").set_value("raw").run()
+    at.selectbox(key="heatmaps_kind").set_value("intra").run()
+    at.selectbox(key="heatmaps_measure").set_value("raw").run()
     assert_clean(at)
-    right = pair(charts(at)[0])[1]
-    assert right["title"] == "Raw attention"
-    assert at.radio(key="heatmaps_kind").disabled  # raw attention divides by no output norm
+    assert view_title(charts(at)[1]) == "Raw attention"
+    assert at.selectbox(key="heatmaps_kind").disabled  # raw attention divides by no output norm
     assert any("repeats the left one" in c.value for c in at.caption)
-    at.radio(key="heatmaps_measure").set_value("contribution").run()
-    assert not at.radio(key="heatmaps_kind").disabled
-    for layout, concat in (("side", "hconcat"), ("stacked", "vconcat")):
+    at.selectbox(key="heatmaps_measure").set_value("contribution").run()
+    assert not at.selectbox(key="heatmaps_kind").disabled
+    for layout in ("side", "stacked"):
         at.radio(key="heatmaps_layout").set_value(layout).run()
-        assert len(charts(at)[0][concat]) == 2 and at.query_params["layout"] == layout
+        assert len(charts(at)) == 3 and at.query_params["layout"] == layout
+    at.selectbox(key="heatmaps_range").set_value("full").run()
+    assert_clean(at)
+    scale = charts(at)[1]["layer"][0]["encoding"]["color"]["scale"]
+    assert at.query_params["range"] == "full" and scale["domain"][1] >= 0.99  # the full range holds the sink's share
     assert len(count_forward_passes) == before
 
 
@@ -112,7 +125,7 @@ def test_a_link_reproduces_the_view():
     assert widget(at, "selectbox", "Head").value == 2
     assert widget(at, "selectbox", "Query token").value == 4
     assert widget(at, "text_area", "Prompt").value == text
-    assert "layer 3, head 2" in title(charts(at)[0])
+    assert "layer 3, head 2" in map_note(at)
 
 
 def test_malformed_link_values_are_clamped_and_explained():
@@ -199,7 +212,7 @@ def test_the_selection_persists_across_pages():
     assert len(factors["hconcat"]) == 4 and "layer 7, head 1" in title(factors)
     assert across["_rows"] == 30 * 5
     at.switch_page("pages/heatmaps.py").run()
-    assert "layer 7, head 1" in title(charts(at)[0])
+    assert "layer 7, head 1" in map_note(at)
 
 
 def test_token_page_default_and_changes():
@@ -281,11 +294,11 @@ def test_a_512_token_prompt_stays_usable(tiny_long_model):
     at = run_app(params={"model": "tiny-long", "prompt": LONG_TEXT, "token": "400"})
     assert_clean(at)
     heatmap = charts(at)[0]
-    assert "window" in title(heatmap) and heatmap["_rows"] < 5000
+    assert "window" in map_note(at) and heatmap["_rows"] < 5000
     at.radio(key="heatmaps_view").set_value("binned").run()
     assert_clean(at)
     heatmap = charts(at)[0]
-    assert "bins" in title(heatmap) and heatmap["_rows"] < 5000
+    assert "bins" in map_note(at) and heatmap["_rows"] < 5000
     for page in ("pages/token.py", "pages/bertviz_view.py"):
         at.switch_page(page).run()
         assert_clean(at)

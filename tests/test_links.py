@@ -13,13 +13,21 @@ from cwviz.app import state
 from tests.test_app import APP, TIMEOUT, assert_clean, widget
 
 TEXT = state.examples()[1].text
-SIDEBAR = {"prompt": TEXT, "layer": "3", "head": "2", "token": "4", "gen": "0", "dtype": "float32", "device": "cpu"}
+SIDEBAR = {"prompt": TEXT, "layer": "3", "head": "2", "token": "4", "gen": "0", "dtype": "float32", "device": "cpu", "presenter": "true"}
 
 # page: (its parameters, {widget key: the value the widget must show})
 PAGES = {
     "pages/heatmaps.py": (
-        {"measure": "value_weighted", "kind": "intra", "view": "binned", "layout": "stacked", "colour": "sink_contribution"},
         {
+            "measure": "value_weighted",
+            "kind": "intra",
+            "view": "binned",
+            "layout": "stacked",
+            "colour": "sink_contribution",
+            "range": "full",
+        },
+        {
+            "heatmaps_range": "full",
             "heatmaps_measure": "value_weighted",
             "heatmaps_kind": "intra",
             "heatmaps_view": "binned",
@@ -128,6 +136,7 @@ def test_a_link_with_every_parameter_restores_every_picker(page):
     assert widget(at, "slider", "Layer").value == 3
     assert widget(at, "selectbox", "Head").value == 2
     assert widget(at, "selectbox", "Query token").value == 4
+    assert _value(at, state.PRESENTER) is True
     assert widget(at, "text_area", "Prompt").value == TEXT
     assert widget(at, "selectbox", "Dtype").value == "float32"
     assert widget(at, "selectbox", "Device").value == "cpu"

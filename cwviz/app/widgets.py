@@ -95,6 +95,13 @@ def head_grid(chart_obj, data, name: str, key: str) -> None:
         select(layer=picked["layer"], head=picked["head"])
 
 
+def query_chart(chart_obj, frame, name: str, key: str) -> None:
+    """Show a chart of maps whose clicked cell selects its query (the Compare page's A, B and B − A)."""
+    picked = _picked(chart_obj, frame, name, key, QUERY_PICK)
+    if picked and "query_position" in picked:
+        select(query=int(picked["query_position"]))
+
+
 def query_heatmaps(cells: HeatmapCells, query: int, name: str, key: str, stacked: bool = False, colour_range: str = "robust") -> None:
     """Attention beside the picked measure, each map as wide as its column of the page (one above the other when
     ``stacked``); a clicked cell of either selects its query (the sidebar's query picker and the link follow).

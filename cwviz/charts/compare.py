@@ -14,8 +14,10 @@ import pandas as pd
 from ..analyses.schema import COMPARE_MAPS, HEAD_METRICS, CompareCells
 from .heatmaps import (
     CELL,
+    LABEL_PX,
     PAIR_FITS,
     check_layout,
+    contribution_scale,
     head_pick,
     label_expr,
     outlined_grid,
@@ -69,7 +71,7 @@ def compare_maps(cells: CompareCells, what: str = "contribution", query: int | N
     frame = cells.frame
     row = cells.query if query is None else query
     keys, queries = frame["key"].nunique(), frame["query"].nunique()
-    axis_args = dict(labelExpr=label_expr(cells.labels), labelLimit=LABEL_LIMIT, labelOverlap=False, labelFontSize=10)
+    axis_args = dict(labelExpr=label_expr(cells.labels), labelLimit=LABEL_LIMIT, labelOverlap=False, labelFontSize=LABEL_PX)
     tooltips = [
         alt.Tooltip("query_token:N", title="query (A / B)"),
         alt.Tooltip("key_token:N", title="key (A / B)"),
@@ -88,16 +90,19 @@ def compare_maps(cells: CompareCells, what: str = "contribution", query: int | N
         .properties(width=_extent(keys), height=_extent(queries))
     )
     both = pd.concat([frame[f"{what}_a"], frame[f"{what}_b"]])
-    shared = signed_scale(both) if what == "contribution" else sequential_scale(both)
+    # Contributions as on the Heatmaps page: the end off the sink column, symmetric-log, clamped (the legend says so).
+    sink = pd.concat([frame["key_a"] == 0, frame["key_b"] == 0]) if {"key_a", "key_b"} <= set(frame) else None
+    shared, rule = contribution_scale(both, sink) if what == "contribution" else (sequential_scale(both), None)
+    diff_scale, diff_rule = contribution_scale(frame[f"{what}_diff"])
     label = COMPARE_MAPS[what]
     views = []
-    below = dict(title=None, orient="bottom", direction="horizontal", gradientLength=min(_extent(keys), 200))
+    below = dict(orient="bottom", direction="horizontal", gradientLength=min(_extent(keys), 200), titleLimit=400)
     rows = per_row(keys, layout)
     # A and B share a scale: one legend, under B, unless each stands alone.
     for field, title, scale, legend in (
-        (f"{what}_a", f"A: {label}", shared, alt.Legend(**below) if rows == 1 else None),
-        (f"{what}_b", f"B: {label}", shared, alt.Legend(**below)),
-        (f"{what}_diff", f"B − A: {label} (red: larger in B)", signed_scale(frame[f"{what}_diff"]), alt.Legend(**below)),
+        (f"{what}_a", f"A: {label}", shared, alt.Legend(title=rule and " ".join(rule), **below) if rows == 1 else None),
+        (f"{what}_b", f"B: {label}", shared, alt.Legend(title=rule and " ".join(rule), **below)),
+        (f"{what}_diff", f"B − A: {label} (red: larger in B)", diff_scale, alt.Legend(title=" ".join(diff_rule), **below)),
     ):
         chart = base.encode(color=alt.Color(f"{field}:Q", scale=scale, legend=legend)).properties(name=f"compare_{field}")
         layers = [chart] + ([query_outline(row)] if row is not None else [])
@@ -157,7 +162,7 @@ def logprob_change_chart(changes: pd.DataFrame, query: int | None = None) -> alt
     x = alt.X(
         "pair:O",
         title="aligned position",
-        axis=alt.Axis(labelExpr=label_expr(labels), labelAngle=-90, labelLimit=LABEL_LIMIT, labelFontSize=10),
+        axis=alt.Axis(labelExpr=label_expr(labels), labelAngle=-90, labelLimit=LABEL_LIMIT, labelFontSize=LABEL_PX),
     )
     bars = (
         alt.Chart(frame)
