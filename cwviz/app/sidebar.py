@@ -27,6 +27,7 @@ from .state import (
     examples,
     pick_example,
     presenter_toggle,
+    show_toast,
     write_url,
 )
 
@@ -136,6 +137,7 @@ def sidebar(title: str | None = None) -> Selection:
     # Heatmaps page's maps below a 1280 x 720 window. Streamlit has no setting for either, so a style (sent
     # to the page's head, taking no room) trims them.
     st.html(f"<style>{COMPACT_CSS}</style>")
+    show_toast()
     if title is not None:
         st.title(title)
     cur = current()

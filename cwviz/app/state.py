@@ -320,3 +320,19 @@ def presenter() -> bool:
         return parse_bool(st.query_params.get(PRESENTER, "false"))
     except ValueError:
         return False
+
+
+#: A message for the next run of the page (:func:`show_toast`), left before a selection reruns it.
+_TOAST = "_cwviz_toast"
+
+
+def toast_next_run(message: str) -> None:
+    """Say ``message`` in a toast on the next run (a toast shown just before ``st.rerun`` would be dropped)."""
+    st.session_state[_TOAST] = message
+
+
+def show_toast() -> None:
+    """Show, once, the message left for this run by :func:`toast_next_run`."""
+    message = st.session_state.pop(_TOAST, None)
+    if message:
+        st.toast(message)

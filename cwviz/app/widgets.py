@@ -10,7 +10,7 @@ from ..charts import heatmaps
 from ..charts.heatmaps import PICK, QUERY_PICK
 from . import services
 from .sidebar import Selection
-from .state import presenter, select
+from .state import presenter, select, toast_next_run
 
 
 def label_px() -> int:
@@ -92,6 +92,8 @@ def head_grid(chart_obj, data, name: str, key: str) -> None:
     """Show a layer x head grid whose clicked cell selects that layer and head."""
     picked = _picked(chart_obj, data, name, key, PICK)
     if picked:
+        # The maps this changes may be out of view above the grid: the next run says what changed.
+        toast_next_run(f"Selected layer {picked['layer']}, head {picked['head']}: the charts of one head above follow.")
         select(layer=picked["layer"], head=picked["head"])
 
 
@@ -102,15 +104,27 @@ def query_chart(chart_obj, frame, name: str, key: str) -> None:
         select(query=int(picked["query_position"]))
 
 
-def query_heatmaps(cells: HeatmapCells, query: int, name: str, key: str, stacked: bool = False, colour_range: str = "robust") -> None:
+def query_heatmaps(
+    cells: HeatmapCells,
+    query: int,
+    name: str,
+    key: str,
+    stacked: bool = False,
+    colour_range: str = "robust",
+    generated_from: int | None = None,
+) -> None:
     """Attention beside the picked measure, each map as wide as its column of the page (one above the other when
     ``stacked``); a clicked cell of either selects its query (the sidebar's query picker and the link follow).
+    Positions from ``generated_from`` on are labelled as generated.
 
     The downloads (PNG, SVG, CSV) hold the pair as one chart (:func:`cwviz.charts.heatmaps.heatmap_pair`)."""
     px = label_px()
+    side = heatmaps.PRESENTER_SIDE if presenter() else heatmaps.SCREEN_SIDE
     columns = [st.container(), st.container()] if stacked else st.columns(2, gap="small")
     for column, which in zip(columns, ("attention", "measure")):
-        view = heatmaps.heatmap_view(cells, which, query, label_px=px, colour_range=colour_range)
+        view = heatmaps.heatmap_view(
+            cells, which, query, height=side, label_px=px, colour_range=colour_range, generated_from=generated_from
+        )
         with column:
             event = st.altair_chart(_drawn(view), key=f"{key}_map_{which}", width="stretch", on_select="rerun", selection_mode=QUERY_PICK)
         picked = (event.selection.get(QUERY_PICK) or [None])[0] if event is not None else None

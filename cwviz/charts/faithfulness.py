@@ -53,7 +53,10 @@ def curve_chart(summary: pd.DataFrame, curve: str, scale: str = "linear") -> alt
     y_scale = alt.Scale(type=scale)
     # Vega's default ticks on a symlog axis are a linear few (0, 20,000, 40,000): label its decades instead.
     axis = (
-        alt.Axis(values=symlog_ticks(data[["ci_low", "ci_high", "delta_ppl"]].to_numpy()), format="~s") if scale == "symlog" else alt.Axis()
+        # Each tick formatted on its own: with format="~s" Vega shares one SI prefix over the axis ("1k, 0k, 0k").
+        alt.Axis(values=symlog_ticks(data[["ci_low", "ci_high", "delta_ppl"]].to_numpy()), labelExpr="format(datum.value, '~s')")
+        if scale == "symlog"
+        else alt.Axis()
     )
     base = alt.Chart(data).encode(x=x, color=color)
     band = base.mark_area(opacity=0.15).encode(
