@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Sequence
 
 import altair as alt
+import numpy as np
 import pandas as pd
 
 from ..analyses.schema import FAMILIES, HeatmapCells, is_signed
@@ -106,13 +107,15 @@ def contribution_bound(values: pd.Series, sink: pd.Series | None = None, colour_
     contribution (about +1) would otherwise set the end and paint every contribution of a few hundredths
     near white. ``"full"``: the largest |value|.
     """
-    magnitude = values.abs()
-    magnitude = magnitude[magnitude.map(math.isfinite)] if len(magnitude) else magnitude
-    if check_range(colour_range) == "robust" and len(magnitude):
-        off = magnitude if sink is None or bool(sink.all()) else magnitude[~sink.reindex(magnitude.index, fill_value=False)]
-        bound = float(off.quantile(ROBUST_QUANTILE)) if len(off) else 0.0
+    # Positional masks: ``values`` may be a concatenation with repeated index labels (Compare's A and B).
+    magnitude = np.abs(np.asarray(values, dtype=float))
+    keep = np.isfinite(magnitude)
+    if check_range(colour_range) == "robust":
+        if sink is not None and not bool(np.all(sink)):
+            keep &= ~np.asarray(sink, dtype=bool)
+        bound = float(np.quantile(magnitude[keep], ROBUST_QUANTILE)) if keep.any() else 0.0
     else:
-        bound = float(magnitude.max()) if len(magnitude) else 0.0
+        bound = float(magnitude[keep].max()) if keep.any() else 0.0
     return bound if bound > 0 else 1.0
 
 
