@@ -102,6 +102,31 @@ def report_interrupt(kept: int, total: int, noun: str, written: Path | None = No
     return 130
 
 
+def add_sweep_args(parser: argparse.ArgumentParser, results: str) -> None:
+    """``--results DIR`` (``results``: what the command keeps there) and ``--resume``: the options of every command
+    that runs through the sweep runner (:mod:`cwviz.analyses.sweep`)."""
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help=f"{results}; each item's record is appended (JSON Lines, one file per process) and fsynced as it finishes; "
+        "needed for data-parallel runs (accelerate launch / torchrun)",
+    )
+    parser.add_argument("--resume", action="store_true", help="with --results: skip the items already recorded there")
+
+
+def check_resume(args: argparse.Namespace) -> None:
+    """Before anything is read: InputError for ``--resume`` without ``--results``."""
+    if args.resume and args.results is None:
+        raise InputError("--resume continues a run in a results folder; give it with --results DIR")
+
+
+def launched_command(made: dict, count: int) -> dict:
+    """:func:`how_run`'s record with the launcher in front when ``count`` processes ran."""
+    if count > 1:
+        made = made | {"command": f"accelerate launch --multi_gpu --num_processes {count} -m {made['command']}"}
+    return made
+
+
 def how_run(args: argparse.Namespace) -> dict:
     """What a results manifest records of any command: the versions, the command line as typed and the date."""
     import datetime as dt
