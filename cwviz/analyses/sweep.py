@@ -143,6 +143,16 @@ def faithfulness_item(bundle, examples: Sequence, protocol, task: str = "text", 
     return compute
 
 
+def faithfulness_records(bundle, examples: Sequence, protocol, task: str = "text", start: int = 0, **options) -> Iterator[dict]:
+    """In memory (the dashboard's run, which has no folder): the records of ``examples[start:]``, one at a time, made
+    exactly as :func:`run` makes them for the CLI (the same fingerprint, envelope and payload)."""
+    from ..core.parallel import model_provenance
+
+    key = R.fingerprint(faithfulness_settings(protocol, model_provenance(bundle), task))
+    compute = faithfulness_item(bundle, examples, protocol, task, **options)
+    return item_records(FAITHFULNESS, key, [item_text(e) for e in examples], compute, range(start, len(examples)))
+
+
 def faithfulness_summary(records: Sequence[dict], seed: int = 0) -> pd.DataFrame:
     """The summary (:func:`cwviz.analyses.faithfulness.summarize`) of the records' finished examples (none: empty)."""
     from . import faithfulness
