@@ -146,14 +146,18 @@ def read_records(folder: str | PathLike, kind: str = FAITHFULNESS) -> list[dict]
         except InputError as err:
             raise InputError(f"{err}; remove the line or rerun into a fresh folder") from None
         for number, record in lines:
-            if not isinstance(record, dict) or record.get("schema") != schema(kind) or not isinstance(record.get("example"), int):
-                raise InputError(f"line {number} of {path} is not a cwviz {kind} record")
-            if record.get("version") != VERSION:
-                raise InputError(
-                    f"line {number} of {path} is a record of version {record.get('version')}; this cwviz reads version {VERSION}"
-                )
-            seen.setdefault(record["example"], record)
+            seen.setdefault(check_record(record, kind, f"line {number} of {path}")["example"], record)
     return [seen[i] for i in sorted(seen)]
+
+
+def check_record(record: object, kind: str, where: str) -> dict:
+    """``record`` when it is a ``kind`` record of this version; InputError naming ``where`` (its file and line)
+    otherwise. Every record read back passes here (:func:`read_records`)."""
+    if not isinstance(record, dict) or record.get("schema") != schema(kind) or not isinstance(record.get("example"), int):
+        raise InputError(f"{where} is not a cwviz {kind} record")
+    if record.get("version") != VERSION:
+        raise InputError(f"{where} is a record of version {record.get('version')}; this cwviz reads version {VERSION}")
+    return record
 
 
 def check_resumable(records: Iterable[dict], key: str, hashes: Sequence[str], folder: str | PathLike) -> set[int]:

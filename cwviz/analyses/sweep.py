@@ -30,9 +30,12 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import InputError
-from ..core.parallel import Processes, shard
+from ..core.parallel import Processes, model_provenance, shard
 from ..core.progress import Progress
+from . import faithfulness, tasks
 from . import records as R
+from .schema import ATLAS_METRICS
+from .sinks import TABLE_COLUMNS
 
 #: The kinds of record (``cwviz.<kind>.record``), one per sweeping command.
 FAITHFULNESS, SINKS, ATLAS = R.FAITHFULNESS, "sinks", "atlas"
@@ -132,8 +135,6 @@ def faithfulness_item(bundle, examples: Sequence, protocol, task: str = "text", 
     """``compute(index)`` for :func:`run`: example ``index`` of ``examples`` (texts, or a task's items) through the
     one example loop (:func:`cwviz.analyses.faithfulness.iter_examples`, :func:`cwviz.analyses.tasks.iter_items`;
     ``options``: their ``guard`` and ``progress``), as a record's payload (:func:`cwviz.analyses.records.example_payload`)."""
-    from . import faithfulness, tasks
-
     loop = faithfulness.iter_examples if task == "text" else tasks.iter_items
 
     def compute(index: int) -> dict:
@@ -146,8 +147,6 @@ def faithfulness_item(bundle, examples: Sequence, protocol, task: str = "text", 
 def faithfulness_records(bundle, examples: Sequence, protocol, task: str = "text", start: int = 0, **options) -> Iterator[dict]:
     """In memory (the dashboard's run, which has no folder): the records of ``examples[start:]``, one at a time, made
     exactly as :func:`run` makes them for the CLI (the same fingerprint, envelope and payload)."""
-    from ..core.parallel import model_provenance
-
     key = R.fingerprint(faithfulness_settings(protocol, model_provenance(bundle), task))
     compute = faithfulness_item(bundle, examples, protocol, task, **options)
     return item_records(FAITHFULNESS, key, [item_text(e) for e in examples], compute, range(start, len(examples)))
@@ -155,8 +154,6 @@ def faithfulness_records(bundle, examples: Sequence, protocol, task: str = "text
 
 def faithfulness_summary(records: Sequence[dict], seed: int = 0) -> pd.DataFrame:
     """The summary (:func:`cwviz.analyses.faithfulness.summarize`) of the records' finished examples (none: empty)."""
-    from . import faithfulness
-
     table = R.records_table(records)
     return faithfulness.summarize(table, seed=seed) if len(table) else pd.DataFrame(columns=faithfulness.SUMMARY_COLUMNS)
 
@@ -204,8 +201,6 @@ def sinks_payload(table: pd.DataFrame, sink: int, tokens: Sequence[str], ppl: np
 
 def sinks_table(record: dict) -> pd.DataFrame:
     """The :func:`~cwviz.analyses.sinks.sink_table` a sinks record holds, columns and dtypes as made."""
-    from .sinks import TABLE_COLUMNS
-
     columns = record["table"]
     frame = pd.DataFrame({name: np.asarray(columns[name], dtype=np.int64) for name in SINK_INTS})
     for name in SINK_FLOATS:
@@ -224,8 +219,6 @@ def sinks_tables(records: Sequence[dict]) -> list[pd.DataFrame]:
 # -- atlas -------------------------------------------------------------------------------------------
 def atlas_payload(frame: pd.DataFrame) -> dict:
     """One prompt's atlas record payload: its :func:`~cwviz.analyses.atlas.prompt_stats` (one row per layer and head)."""
-    from .schema import ATLAS_METRICS
-
     return {
         "tokens": int(frame["tokens"].iloc[0]),
         "layer": frame["layer"].astype(np.int64).tolist(),
@@ -237,8 +230,6 @@ def atlas_payload(frame: pd.DataFrame) -> dict:
 def atlas_per_prompt(records: Sequence[dict]) -> pd.DataFrame:
     """The per-prompt table (:func:`~cwviz.analyses.atlas.iter_prompt_stats`, concatenated) of the records, each
     prompt numbered by its place among them (its example index when every prompt is recorded)."""
-    from .schema import ATLAS_METRICS
-
     if not records:
         raise InputError("no prompt was analysed; nothing to pool")
     frames = [

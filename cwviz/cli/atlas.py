@@ -21,6 +21,7 @@ from .common import (
     launched_command,
     load,
     report_interrupt,
+    sweep_processes,
 )
 
 #: Heads listed per statistic.
@@ -43,7 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     group = parser.add_mutually_exclusive_group(required=True)
     add_jsonl_args(group, "a JSON Lines file: one prompt a line ('text', or GSM8K's 'question' + 'answer')")
     group.add_argument("--load", type=Path, help="a results folder written by --out: print it again, no model is loaded")
-    parser.add_argument("--n", type=int, help="only the first N prompts")
+    parser.add_argument(
+        "--n",
+        "--examples",
+        dest="n",
+        type=int,
+        help="only the first N prompts (under torchrun or accelerate launch write --examples: their parsers take --n)",
+    )
     parser.add_argument("--field", help="read the prompt from this field")
     parser.add_argument("--out", type=Path, help="write the results folder here (per_prompt.csv, pooled.csv, prompts.jsonl, atlas.json)")
     add_sweep_args(
@@ -60,7 +67,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..analyses import atlas, sweep
-    from ..core.parallel import processes
     from ..core.progress import cli_bar
     from ..core.texts import read_texts
 
@@ -80,11 +86,9 @@ def run(args: argparse.Namespace) -> int:
     texts = read_texts(path, n=args.n, field=args.field)  # before any model loads: a bad file fails fast
     if args.results is not None:
         sweep.check_folder(args.results)
-    procs = processes(args.device)
+    procs = sweep_processes(args)
     if args.results is not None:
         return run_sweep(args, texts, procs)
-    if procs.count > 1:
-        raise InputError(f"this run has {procs.count} processes: each writes its records to --results DIR; give the folder")
     bundle = load(args)
     frames = []
     try:
@@ -108,8 +112,6 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     from ..core.parallel import model_provenance
     from ..core.progress import cli_bar
 
-    if procs.device is not None:
-        args.device = procs.device  # one model copy per process, each on its own device
     bundle = load(args)
     provenance = model_provenance(bundle)
     settings = {"sink": atlas.SINK, "model": sweep.model_settings(provenance)}  # the bootstrap pools; it decides no record

@@ -120,6 +120,19 @@ def check_resume(args: argparse.Namespace) -> None:
         raise InputError("--resume continues a run in a results folder; give it with --results DIR")
 
 
+def sweep_processes(args: argparse.Namespace):
+    """This run's processes (:func:`cwviz.core.parallel.processes`); under a launcher each process takes its own device
+    (``args.device``), and InputError unless ``--results`` names the folder their records go to."""
+    from ..core.parallel import processes
+
+    procs = processes(args.device)
+    if procs.count > 1 and args.results is None:
+        raise InputError(f"this run has {procs.count} processes: each writes its records to --results DIR; give the folder")
+    if procs.device is not None:
+        args.device = procs.device  # one model copy per process, each on its own device
+    return procs
+
+
 def launched_command(made: dict, count: int) -> dict:
     """:func:`how_run`'s record with the launcher in front when ``count`` processes ran."""
     if count > 1:

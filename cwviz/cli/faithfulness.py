@@ -26,6 +26,7 @@ from .common import (
     load,
     read_text,
     report_interrupt,
+    sweep_processes,
 )
 
 
@@ -261,17 +262,13 @@ def protocol_of(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..core.parallel import processes
-
     protocol = protocol_of(args)
     check_resume(args)
     texts = read_examples(args)
     check_output_file(args.out, "--out", "summary.csv")
-    procs = processes(args.device)
+    procs = sweep_processes(args)
     if args.results is not None:
         return run_sweep(args, protocol, texts, procs)
-    if procs.count > 1:
-        raise InputError(f"this run has {procs.count} processes: each writes its records to --results DIR; give the folder")
     return run_single(args, protocol, texts)
 
 
@@ -331,8 +328,6 @@ def run_sweep(args: argparse.Namespace, protocol, texts: list, procs) -> int:
 
     folder: Path = args.results
     sweep.check_folder(folder)
-    if procs.device is not None:
-        args.device = procs.device  # one model copy per process, each on its own device
     bundle = load(args)
     faithfulness.check_causal(bundle)
     provenance = model_provenance(bundle)

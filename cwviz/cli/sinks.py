@@ -25,6 +25,7 @@ from .common import (
     load,
     read_text,
     report_interrupt,
+    sweep_processes,
 )
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     group = add_text_args(parser)
     add_jsonl_args(group, "a JSON Lines file: one prompt a line ('text', or GSM8K's 'question' + 'answer')")
-    parser.add_argument("--n", type=int, help="with --jsonl: only the first N prompts")
+    parser.add_argument(
+        "--n",
+        "--examples",
+        dest="n",
+        type=int,
+        help="with --jsonl: only the first N prompts (under torchrun or accelerate launch write --examples: their parsers take --n)",
+    )
     parser.add_argument("--field", help="with --jsonl: read the prompt from this field")
     parser.add_argument(
         "--sink",
@@ -87,7 +94,6 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..analyses import sweep
-    from ..core.parallel import processes
 
     if not math.isfinite(args.factor):
         raise InputError(f"--factor must be a finite number, not {args.factor}")
@@ -96,11 +102,9 @@ def run(args: argparse.Namespace) -> int:
     if args.results is not None:
         sweep.check_folder(args.results)
     check_output_file(args.csv, "--csv", "sinks.csv")
-    procs = processes(args.device)
+    procs = sweep_processes(args)
     if args.results is not None:
         return run_sweep(args, texts, procs)
-    if procs.count > 1:
-        raise InputError(f"this run has {procs.count} processes: each writes its records to --results DIR; give the folder")
     bundle = load(args)
     prompts: list[Prompt] = []
     try:
@@ -159,8 +163,6 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     from ..core.parallel import model_provenance
     from .common import how_run, launched_command
 
-    if procs.device is not None:
-        args.device = procs.device  # one model copy per process, each on its own device
     bundle = load(args)
     provenance = model_provenance(bundle)
     settings = sweep.sinks_settings(args.sink, args.factor, not args.no_ppl and bundle.arch.causal, provenance)
