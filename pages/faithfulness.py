@@ -1,16 +1,19 @@
 """Faithfulness by causal intervention: mask what each measure ranks first (or last), watch ΔPPL.
 
-A run goes example by example inside the script; every finished example is kept in session state, so
-Stop (which reruns the page) keeps what was done, and so does any other widget change.
+A run goes example by example inside the script, through the sweep runner's records (the records the CLI's
+``--results`` folder holds, :func:`cwviz.analyses.sweep.faithfulness_records`); every finished example's record is
+kept in session state, so Stop (which reruns the page) keeps what was done, and so does any other widget change.
+The summary is recomputed from the records, as the CLI's is.
 """
 
+import json
 import tempfile
 from pathlib import Path
 
-import pandas as pd
 import streamlit as st
 
 from cwviz.analyses import faithfulness as F
+from cwviz.analyses import sweep
 from cwviz.analyses.schema import area_span
 from cwviz.app import hosting, services, widgets
 from cwviz.app.sidebar import sidebar
@@ -101,13 +104,13 @@ def start() -> None:
             max_tokens=int(value("faith_cap", F.EXAMPLE_MAX_TOKENS)),
         )
     except CwvizError as err:
-        st.session_state[STATE] = {"error": str(err), "tables": [], "texts": [], "running": False}
+        st.session_state[STATE] = {"error": str(err), "records": [], "texts": [], "running": False}
         return
     st.session_state[STATE] = {
         "error": None,
         "texts": texts,
         "protocol": protocol,
-        "tables": [],
+        "records": [],
         "next": 0,
         "running": True,
         "model": (sel.model, sel.device, sel.dtype),
@@ -243,19 +246,18 @@ if run and run["running"]:
             text=f"{run['next']} of {total} examples; example {run['next'] + 1}: {done} of {of} forward passes",
         )
 
-    examples = F.iter_examples(
-        bundle,
-        run["texts"][run["next"] :],
-        run["protocol"],
-        start=run["next"],
-        guard=lambda: hosting.analysis_slot(policy),  # a shared server runs at most CWVIZ_MAX_CONCURRENT at once
-        progress=passes,
-    )
     try:
-        for index, table in examples:
-            if table is not None:
-                run["tables"].append(table)
-            run["next"] = index + 1
+        records = sweep.faithfulness_records(
+            bundle,
+            run["texts"],
+            run["protocol"],
+            start=run["next"],
+            guard=lambda: hosting.analysis_slot(policy),  # a shared server runs at most CWVIZ_MAX_CONCURRENT at once
+            progress=passes,
+        )
+        for record in records:
+            run["records"].append(record)
+            run["next"] = record["example"] + 1
             progress.progress(run["next"] / total, text=f"{run['next']} of {total} examples")
     except CwvizError as err:
         run.update(running=False, error=str(err))
@@ -263,10 +265,10 @@ if run and run["running"]:
     run["running"] = False
     st.rerun()
 
-if run and run["tables"]:
-    per_example = pd.concat(run["tables"], ignore_index=True)
-    summary = F.summarize(per_example, seed=run["protocol"].seed)
-    done, total = len(run["tables"]), len(run["texts"])
+finished = [r for r in run["records"] if not r["skipped"]] if run else []
+if finished:
+    summary = sweep.faithfulness_summary(run["records"], seed=run["protocol"].seed)
+    done, total = len(finished), len(run["texts"])
     st.caption(
         f"{done} of {total} examples"
         + ("" if run["next"] >= total else " (stopped early)")
@@ -313,4 +315,12 @@ if run and run["tables"]:
         file_name="cwviz-faithfulness.csv",
         mime="text/csv",
         key="faith_csv",
+    )
+    st.download_button(
+        "Records (JSON Lines)",
+        data="".join(json.dumps(record) + "\n" for record in run["records"]),
+        file_name="cwviz-faithfulness-records.jsonl",
+        mime="application/jsonl",
+        key="faith_records",
+        help="One line per example, as `cwviz faithfulness --results DIR` writes them (records-00000.jsonl there).",
     )

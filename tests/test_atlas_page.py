@@ -104,3 +104,20 @@ def test_a_run_shows_its_progress_and_leaves_no_bar_behind(tiny_model, tmp_path,
     steps = 2 * 2 * tiny_model.info.layers  # two prompts: a forward pass and a reduction a layer
     assert f"Atlas of 2 prompts: {steps} of {steps} layer steps" in texts
     assert not at.get("progress")
+
+
+def test_a_sweep_results_folder_loads_as_a_saved_atlas(tiny_model, tmp_path, monkeypatch):
+    """`cwviz atlas --results DIR` (the sweep runner) leaves a folder the page reloads as it reloads `--out`'s."""
+    from cwviz import cli
+    from cwviz.cli import atlas as command
+
+    monkeypatch.setattr(command, "load", lambda _args: tiny_model)
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("\n".join(json.dumps({"text": t}) for t in PROMPTS), encoding="utf-8")
+    results = tmp_path / "results"
+    assert cli.main(["atlas", "--jsonl", str(source), "--bootstrap", "20", "--results", str(results)]) == 0
+    at = open_page({"atlas_source": "saved", "atlas_dir": str(results), "layer": "1", "head": "2"})
+    assert_clean(at)
+    (grid,) = charts(at)
+    assert f"Mean over {len(PROMPTS)} prompt(s)" in title(grid)
+    assert set(at.dataframe[0].value["text"]) <= set(PROMPTS)

@@ -98,3 +98,22 @@ def test_hosting_mode_offers_no_server_paths(monkeypatch):
     options = at.radio(key="faith_source").options
     assert "a file on this machine" not in options
     assert "an uploaded file (.txt or .jsonl)" in options
+
+
+def test_the_page_runs_through_the_sweep_runner_and_records_what_the_cli_records(app, tmp_path):
+    """The page's run goes through the shared sweep runner: its records (fingerprint, envelope and numbers) are the
+    records `cwviz faithfulness --results DIR` writes for the same example and protocol, and so is its summary."""
+    from cwviz import cli
+    from cwviz.analyses import records as R
+    from cwviz.analyses import sweep
+
+    at = tiny_run(app)
+    assert not at.exception and not at.error
+    run = at.session_state["_faithfulness_run"]
+    results = tmp_path / "results"
+    argv = ["faithfulness", "--text", run["texts"][0], "--max-tokens", "12", "--rates", "50", "--measures", "raw,random"]
+    assert cli.main([*argv, "--results", str(results)]) == 0
+    assert run["records"] == R.read_records(results)
+    shown = at.dataframe[0].value
+    summary = sweep.faithfulness_summary(R.read_records(results))
+    assert shown.loc["raw", "comp. 50%"] == summary.query("measure == 'raw' and curve == 'comprehensiveness'")["delta_ppl"].item()

@@ -86,6 +86,32 @@ def test_resume_refuses_other_settings_and_other_texts(tmp_path, monkeypatch, ca
         TEXTS[:] = TEXTS_BEFORE
 
 
+@pytest.mark.parametrize("name", ["sinks", "atlas"])
+def test_sinks_and_atlas_resume_a_partial_run_to_the_uninterrupted_records_and_tables(tmp_path, monkeypatch, name):
+    """In one process, with a tiny model: the records a resumed sinks or atlas sweep ends with, and the tables it
+    recomputes from them, are those of an uninterrupted run; a second run without --resume is refused."""
+    from cwviz.cli import atlas, sinks
+
+    module = {"sinks": sinks, "atlas": atlas}[name]
+    monkeypatch.setattr(module, "load", lambda _args: make_tiny("llama"))
+    data = write_jsonl(tmp_path / "items.jsonl", TEXTS[:4])
+    extra = ["--bootstrap", "50"] if name == "atlas" else []
+
+    def run(results: Path, *more: str) -> int:
+        return cli.main([name, "--jsonl", str(data), "--results", str(results), *extra, *more])
+
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert run(whole) == 0
+    assert run(whole) == 2  # a folder with records wants --resume
+    folder = records_folder(whole, name)
+    kept = (folder / "records-00000.jsonl").read_text().splitlines(keepends=True)
+    records_folder(part, name).mkdir(parents=True)
+    (records_folder(part, name) / "records-00000.jsonl").write_text(kept[0] + kept[1][: len(kept[1]) // 2])  # cut mid-write
+    assert run(part, "--resume") == 0
+    assert R.read_records(records_folder(part, name), name) == R.read_records(folder, name)
+    assert summaries(part, name) == summaries(whole, name)
+
+
 def test_malformed_records_are_named_by_file_and_line(tmp_path, monkeypatch, capsys):
     results = tmp_path / "run"
     assert sweep(tmp_path, monkeypatch, results) == 0
@@ -142,55 +168,71 @@ def save_tiny_model(folder: Path) -> Path:
     return folder
 
 
-def cwviz_command(model: Path, data: Path, results: Path) -> list[str]:
-    return [
-        "faithfulness",
-        "--jsonl",
-        str(data),
-        "--examples",
-        "200",
-        "--rates",
-        "10,50",
-        "--model",
-        str(model),
-        "--device",
-        "cpu",
-        "--results",
-        str(results),
-    ]
+#: The three commands that run through the sweep runner, the files of their summary, and where their records go.
+COMMANDS = {
+    "faithfulness": ([R.SUMMARY], ""),
+    "sinks": (["layers.csv", "heads.csv"], "sinks"),
+    "atlas": (["per_prompt.csv", "pooled.csv", "prompts.jsonl"], ""),
+}
+
+
+def cwviz_command(model: Path, data: Path, results: Path, command: str = "faithfulness") -> list[str]:
+    common = ["--jsonl", str(data), "--examples", "200", "--model", str(model), "--device", "cpu", "--results", str(results)]
+    extra = {"faithfulness": ["--rates", "10,50"], "sinks": [], "atlas": ["--bootstrap", "50"]}[command]
+    return [command, *common, *extra]
+
+
+def records_folder(results: Path, command: str) -> Path:
+    return results / COMMANDS[command][1]
+
+
+def summaries(results: Path, command: str) -> dict[str, str]:
+    """The files a command's summary is in, recomputed from the records."""
+    return {name: (records_folder(results, command) / name).read_text() for name in COMMANDS[command][0]}
 
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
 
 
+def cwviz_process(argv: list[str], processes: int = 1) -> list[str]:
+    """``python -m cwviz ARGV`` in one process, or under ``torchrun --nproc_per_node N`` (gloo on the CPU)."""
+    if processes == 1:
+        return [sys.executable, "-m", "cwviz", *argv]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "-m", "cwviz", *argv]
+
+
+def launch(argv: list[str], processes: int = 1, timeout: int = 600) -> None:
+    done = subprocess.run(cwviz_process(argv, processes), env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 @pytest.mark.slow
-def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tmp_path):
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tmp_path, command):
     model = save_tiny_model(tmp_path / "model")
-    data = write_jsonl(tmp_path / "items.jsonl", TEXTS * 2)
+    texts = TEXTS * 2 if command == "faithfulness" else TEXTS[:-1] * 2  # sinks' ΔPPL needs two tokens a prompt
+    data = write_jsonl(tmp_path / "items.jsonl", texts)
     single, double = tmp_path / "single", tmp_path / "double"
-    done = subprocess.run(
-        [sys.executable, "-m", "cwviz", *cwviz_command(model, data, single)], env=ENV, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "cwviz"]
-    done = subprocess.run([*torchrun, *cwviz_command(model, data, double)], env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert sorted(p.name for p in double.glob(R.RECORD_GLOB)) == ["records-00000.jsonl", "records-00001.jsonl"]
-    assert all(p.stat().st_size > 0 for p in double.glob(R.RECORD_GLOB))  # both processes did work
-    assert R.read_records(double) == R.read_records(single)
-    assert (double / R.SUMMARY).read_text() == (single / R.SUMMARY).read_text()
-    assert json.loads((double / R.MANIFEST).read_text())["processes"] == 2
+    launch(cwviz_command(model, data, single, command))
+    launch(cwviz_command(model, data, double, command), processes=2)
+    folder, kind = records_folder(double, command), command
+    assert sorted(p.name for p in folder.glob(R.RECORD_GLOB)) == ["records-00000.jsonl", "records-00001.jsonl"]
+    assert all(p.stat().st_size > 0 for p in folder.glob(R.RECORD_GLOB))  # both processes did work
+    assert R.read_records(folder, kind) == R.read_records(records_folder(single, command), kind)
+    assert summaries(double, command) == summaries(single, command)
+    assert json.loads((folder / R.MANIFEST).read_text())["processes"] == 2
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_loses_nothing_and_duplicates_nothing(tmp_path):
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_sigkill_then_resume_loses_nothing_and_duplicates_nothing(tmp_path, command):
     model = save_tiny_model(tmp_path / "model")
-    texts = [f"Item {i}: " + "the river flows past the old mill " * (1 + i % 3) for i in range(200)]
+    texts = [f"Item {i}: " + "the river flows past the old mill " * (1 + i % 3) for i in range(60)]  # long enough to kill mid-run
     data = write_jsonl(tmp_path / "items.jsonl", texts)
     killed, whole = tmp_path / "killed", tmp_path / "whole"
-    run = [sys.executable, "-m", "cwviz", *cwviz_command(model, data, killed)]
+    run = cwviz_process(cwviz_command(model, data, killed, command))
     proc = subprocess.Popen(run, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    path = R.records_path(killed, 0)
+    path = R.records_path(records_folder(killed, command), 0)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and (not path.exists() or path.read_text().count("\n") < 5):
         time.sleep(0.05)
@@ -199,13 +241,10 @@ def test_sigkill_then_resume_loses_nothing_and_duplicates_nothing(tmp_path):
     kept = path.read_text().count("\n")
     assert 5 <= kept < len(texts)  # killed mid-run
     with path.open("a") as handle:
-        handle.write('{"schema": "cwviz.faithfulness.record", "exam')  # as if killed mid-write
+        handle.write(f'{{"schema": "{R.schema(command)}", "exam')  # as if killed mid-write
     done = subprocess.run([*run, "--resume"], env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     examples = [json.loads(line)["example"] for line in path.read_text().splitlines()]
     assert sorted(examples) == list(range(len(texts)))  # each example exactly once
-    done = subprocess.run(
-        [sys.executable, "-m", "cwviz", *cwviz_command(model, data, whole)], env=ENV, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert (killed / R.SUMMARY).read_text() == (whole / R.SUMMARY).read_text()
+    launch(cwviz_command(model, data, whole, command))
+    assert summaries(killed, command) == summaries(whole, command)

@@ -38,6 +38,8 @@ from ..core.analysis import Analysis, analyze
 from ..core.errors import CwvizError, InputError
 from ..core.models import Bundle
 from ..core.progress import Progress, counted, phase
+from ..core.texts import iter_jsonl, write_text_atomic
+from .bootstrap import bootstrap_interval
 from .schema import ATLAS_METRICS
 from .sinks import head_space, sink_norms
 
@@ -90,10 +92,11 @@ def prompt_stats(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
     return pd.DataFrame(out)
 
 
-def iter_prompt_stats(bundle: Bundle, texts: Sequence[str], progress: Progress | None = None) -> Iterator[pd.DataFrame]:
-    """:func:`prompt_stats` of each text in turn (one forward pass each), with a ``prompt`` column (its index)
-    and ``tokens``; ``progress(done, total)`` counts layer steps over all prompts (a pass and a reduction a layer).
-    A prompt that cannot be analysed raises its error with "prompt k: " in front."""
+def iter_prompt_stats(bundle: Bundle, texts: Sequence[str], progress: Progress | None = None, start: int = 0) -> Iterator[pd.DataFrame]:
+    """:func:`prompt_stats` of each text in turn (one forward pass each), with a ``prompt`` column (its index,
+    counted from ``start``: a sweep runs one prompt of its data at a time) and ``tokens``; ``progress(done, total)``
+    counts layer steps over all prompts (a pass and a reduction a layer). A prompt that cannot be analysed raises
+    its error with "prompt k: " in front."""
     layers = bundle.info.layers
     total = 2 * layers * len(texts)
     for index, text in enumerate(texts):
@@ -101,10 +104,10 @@ def iter_prompt_stats(bundle: Bundle, texts: Sequence[str], progress: Progress |
         try:
             analysis = analyze(bundle, text, progress=phase(progress, offset, total))
         except CwvizError as err:
-            raise type(err)(f"prompt {index + 1}: {err}") from None
+            raise type(err)(f"prompt {start + index + 1}: {err}") from None
         frame = prompt_stats(analysis, progress=phase(progress, offset + layers, total))
         frame.insert(0, "tokens", analysis.num_tokens)
-        frame.insert(0, "prompt", index)
+        frame.insert(0, "prompt", start + index)
         yield frame
 
 
@@ -120,17 +123,14 @@ def pool(per_prompt: pd.DataFrame, bootstrap: int = BOOTSTRAP, confidence: float
     frame = per_prompt.sort_values(["prompt", "layer", "head"], kind="stable")
     prompts = frame["prompt"].unique()
     keys = frame[frame["prompt"] == prompts[0]][["layer", "head"]].reset_index(drop=True)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(prompts), size=(max(int(bootstrap), 1), len(prompts)))  # (resample, prompt)
     out = keys.copy()
-    tail = (1 - confidence) / 2 * 100
     for name in ATLAS_METRICS:
         values = frame[name].to_numpy(dtype=np.float64).reshape(len(prompts), len(keys))  # (prompt, layer x head)
         with warnings.catch_warnings():  # "Mean of empty slice": a head whose metric is NaN in every prompt stays NaN
             warnings.simplefilter("ignore", category=RuntimeWarning)
             out[name] = np.nanmean(values, axis=0)
-            means = np.nanmean(values[draws], axis=1)  # (resample, layer x head)
-            out[f"{name}_low"], out[f"{name}_high"] = np.nanpercentile(means, [tail, 100 - tail], axis=0)
+        # Each metric draws the same resamples (one seed), as the intervals always have.
+        out[f"{name}_low"], out[f"{name}_high"] = bootstrap_interval(values, max(int(bootstrap), 1), confidence, seed, omit_nan=True)
     out["prompts"] = len(prompts)
     return out
 
@@ -216,16 +216,20 @@ def run(
 
 
 def save(atlas: Atlas, folder: str | Path) -> Path:
-    """Write ``atlas`` into ``folder`` (created): :data:`FILES`. InputError when it cannot be written."""
+    """Write ``atlas`` into ``folder`` (created): :data:`FILES`, each replaced whole
+    (:func:`~cwviz.core.texts.write_text_atomic`). InputError when it cannot be written."""
     folder = Path(folder)
+    prompts = "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in atlas.prompts)
+    files = {
+        "per_prompt": atlas.per_prompt.to_csv(index=False),
+        "pooled": atlas.pooled.to_csv(index=False),
+        "prompts": prompts,
+        "manifest": json.dumps(atlas.manifest, indent=2),
+    }
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        atlas.per_prompt.to_csv(folder / FILES["per_prompt"], index=False)
-        atlas.pooled.to_csv(folder / FILES["pooled"], index=False)
-        with (folder / FILES["prompts"]).open("w", encoding="utf-8") as out:
-            for text in atlas.prompts:
-                out.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-        (folder / FILES["manifest"]).write_text(json.dumps(atlas.manifest, indent=2), encoding="utf-8")
+        for name, text in files.items():
+            write_text_atomic(folder / FILES[name], text)
     except OSError as err:
         raise InputError(f"cannot write the atlas into {str(folder)!r}: {err.strerror or err}; choose a folder you can write to") from None
     return folder
@@ -244,10 +248,8 @@ def load(folder: str | Path) -> Atlas:
             raise ValueError(f"schema {manifest.get('schema')!r}")
         per_prompt = pd.read_csv(folder / FILES["per_prompt"])
         pooled = pd.read_csv(folder / FILES["pooled"])
-        prompts = tuple(
-            json.loads(line)["text"] for line in (folder / FILES["prompts"]).read_text(encoding="utf-8").splitlines() if line.strip()
-        )
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, pd.errors.ParserError) as err:
+        prompts = tuple(record["text"] for _, record in iter_jsonl(folder / FILES["prompts"]))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, pd.errors.ParserError, InputError) as err:
         raise InputError(f"{str(folder)!r} holds malformed atlas results ({err}); write them again with `cwviz atlas --out`") from None
     expected = {"layer", "head", *ATLAS_METRICS}
     if not expected <= set(per_prompt.columns) or not expected <= set(pooled.columns) or len(prompts) != manifest.get("prompts"):

@@ -49,6 +49,7 @@ from ..core.interventions import KeepKeys, batch_logprobs
 from ..core.models import Bundle
 from ..core.progress import Progress
 from ..core.texts import check_text
+from .bootstrap import bootstrap_interval
 
 log = logging.getLogger(__name__)
 
@@ -391,10 +392,7 @@ def bootstrap_ci(values: np.ndarray, level: float = 0.95, resamples: int = 2000,
     values = np.asarray(values, dtype=np.float64)
     if len(values) == 0:
         return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(means, [tail, 100 - tail])
+    low, high = bootstrap_interval(values, resamples, level, seed)
     return float(low), float(high)
 
 

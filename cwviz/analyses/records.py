@@ -1,17 +1,25 @@
-"""Per-example records of a faithfulness sweep: JSON Lines, one file per process, appended durably.
+"""A sweep's results folder: per-item records as JSON Lines, one file per process, appended durably
+(:mod:`cwviz.analyses.sweep` runs the sweep; this module reads and writes its files, and is torch-free).
 
 A results folder holds ``manifest.json`` (how the run was made: :func:`write_manifest`) and one
-``records-<process>.jsonl`` per process. Each line is one finished example (:func:`example_record`):
+``records-<process>.jsonl`` per process. Each line is one finished item, in an envelope every kind shares
+(:func:`make_record`):
 
-    {"schema": "cwviz.faithfulness.record", "version": 1, "fingerprint": sha256 of the run's settings,
-     "example": index, "text_sha256": sha256 of the example's text, "task": "text" | "mmlu" | ...,
-     "skipped": bool, "tokens": int, "ppl_clean": float, "correct_clean": 0 | 1 | null,
+    {"schema": "cwviz.<kind>.record", "version": 1, "fingerprint": sha256 of the run's settings,
+     "example": index of the item in the run's data, "text_sha256": sha256 of its text, ...the kind's payload}
+
+A faithfulness record's payload (:func:`example_record`) is
+
+    {"task": "text" | "mmlu" | ..., "skipped": bool, "tokens": int, "ppl_clean": float, "correct_clean": 0 | 1 | null,
      "runs": [{"measure", "curve", "rate", "ppl_masked", "delta_ppl", "correct_masked"}, ...]}
 
-Each line is written whole, flushed and fsynced before the next example starts (:class:`RecordWriter`), so
-a run killed at any moment loses at most the example in progress. A last line without its newline (killed
+and those of ``cwviz sinks`` and ``cwviz atlas`` are in :mod:`cwviz.analyses.sweep`.
+
+Each line is written whole, flushed and fsynced before the next item starts (:class:`RecordWriter`), so
+a run killed at any moment loses at most the item in progress. A last line without its newline (killed
 mid-write) is ignored when read and cut off before the file is appended to again; any other malformed line
-is an error naming the file and line. The summary is always recomputed from the records.
+is an error naming the file and line. :func:`read_records` is the one place records are read back (and
+checked); summaries are always recomputed from the records.
 """
 
 from __future__ import annotations
@@ -28,12 +36,13 @@ import pandas as pd
 from ..core.errors import InputError
 from ..core.texts import write_text_atomic
 
-SCHEMA = "cwviz.faithfulness.record"
+#: The record kind of a faithfulness sweep; ``cwviz.<kind>.record`` is a record's schema.
+FAITHFULNESS = "faithfulness"
+SCHEMA = f"cwviz.{FAITHFULNESS}.record"
 VERSION = 1
 MANIFEST = "manifest.json"
 RECORD_GLOB = "records-*.jsonl"
 SUMMARY = "summary.csv"
-ACCURACY = "accuracy.csv"
 
 
 def text_hash(text: str) -> str:
@@ -49,11 +58,24 @@ def records_path(folder: str | PathLike, process: int) -> Path:
     return Path(folder) / f"records-{process:05d}.jsonl"
 
 
+def schema(kind: str) -> str:
+    return f"cwviz.{kind}.record"
+
+
+def make_record(kind: str, example: int, text: str, key: str, payload: dict) -> dict:
+    """One item's record: the envelope every kind shares (module docstring), then ``payload``."""
+    envelope = {"schema": schema(kind), "version": VERSION, "fingerprint": key, "example": int(example), "text_sha256": text_hash(text)}
+    return {**envelope, **payload}
+
+
 def example_record(example: int, text: str, key: str, task: str, table: pd.DataFrame | None) -> dict:
-    """One example's record from its per-example table (None: the example was skipped, too short)."""
-    record = {"schema": SCHEMA, "version": VERSION, "fingerprint": key, "example": int(example), "text_sha256": text_hash(text)}
-    record["task"] = task
-    record["skipped"] = table is None
+    """One faithfulness example's record from its per-example table (None: the example was skipped, too short)."""
+    return make_record(FAITHFULNESS, example, text, key, example_payload(task, table))
+
+
+def example_payload(task: str, table: pd.DataFrame | None) -> dict:
+    """The payload of :func:`example_record` (module docstring)."""
+    record: dict = {"task": task, "skipped": table is None}
     if table is None:
         return {**record, "tokens": 0, "ppl_clean": None, "correct_clean": None, "runs": []}
     first = table.iloc[0]
@@ -108,34 +130,34 @@ def drop_partial_line(path: Path) -> None:
             os.fsync(handle.fileno())
 
 
-def read_records(folder: str | PathLike) -> list[dict]:
+def read_records(folder: str | PathLike, kind: str = FAITHFULNESS) -> list[dict]:
     """Every complete record of a results folder (all processes' files), by example; a trailing partial line
-    is ignored, an example recorded twice counts once (the first)."""
+    is ignored, an example recorded twice counts once (the first). The one place records are read back: a
+    line that is not a ``kind`` record of this version is an InputError naming its file and line."""
+    from ..core.texts import iter_jsonl
+
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"no results folder at {folder}; give the folder a sweep wrote with --results")
     seen: dict[int, dict] = {}
     for path in sorted(folder.glob(RECORD_GLOB)):
-        data = path.read_bytes()
-        lines = data.split(b"\n")
-        complete = lines[:-1]  # the last piece is empty, or a line cut off mid-write
-        for number, raw in enumerate(complete, start=1):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                raise InputError(
-                    f"line {number} of {path} is not a valid record ({err}); remove the line or rerun into a fresh folder"
-                ) from None
-            if not isinstance(record, dict) or record.get("schema") != SCHEMA or not isinstance(record.get("example"), int):
-                raise InputError(f"line {number} of {path} is not a cwviz faithfulness record")
-            if record.get("version") != VERSION:
-                raise InputError(
-                    f"line {number} of {path} is a record of version {record.get('version')}; this cwviz reads version {VERSION}"
-                )
-            seen.setdefault(record["example"], record)
+        try:
+            lines = list(iter_jsonl(path, own=True))
+        except InputError as err:
+            raise InputError(f"{err}; remove the line or rerun into a fresh folder") from None
+        for number, record in lines:
+            seen.setdefault(check_record(record, kind, f"line {number} of {path}")["example"], record)
     return [seen[i] for i in sorted(seen)]
+
+
+def check_record(record: object, kind: str, where: str) -> dict:
+    """``record`` when it is a ``kind`` record of this version; InputError naming ``where`` (its file and line)
+    otherwise. Every record read back passes here (:func:`read_records`)."""
+    if not isinstance(record, dict) or record.get("schema") != schema(kind) or not isinstance(record.get("example"), int):
+        raise InputError(f"{where} is not a cwviz {kind} record")
+    if record.get("version") != VERSION:
+        raise InputError(f"{where} is a record of version {record.get('version')}; this cwviz reads version {VERSION}")
+    return record
 
 
 def check_resumable(records: Iterable[dict], key: str, hashes: Sequence[str], folder: str | PathLike) -> set[int]:
@@ -146,7 +168,7 @@ def check_resumable(records: Iterable[dict], key: str, hashes: Sequence[str], fo
         example = record["example"]
         if record.get("fingerprint") != key:
             raise InputError(
-                f"the records in {folder} were made with other settings (protocol, model or task) than this run; "
+                f"the records in {folder} were made with other settings (protocol, model, task or sink) than this run; "
                 "rerun with the same options, or give a fresh --results folder"
             )
         if example >= len(hashes) or record.get("text_sha256") != hashes[example]:

@@ -102,6 +102,44 @@ def report_interrupt(kept: int, total: int, noun: str, written: Path | None = No
     return 130
 
 
+def add_sweep_args(parser: argparse.ArgumentParser, results: str) -> None:
+    """``--results DIR`` (``results``: what the command keeps there) and ``--resume``: the options of every command
+    that runs through the sweep runner (:mod:`cwviz.analyses.sweep`)."""
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help=f"{results}; each item's record is appended (JSON Lines, one file per process) and fsynced as it finishes; "
+        "needed for data-parallel runs (accelerate launch / torchrun)",
+    )
+    parser.add_argument("--resume", action="store_true", help="with --results: skip the items already recorded there")
+
+
+def check_resume(args: argparse.Namespace) -> None:
+    """Before anything is read: InputError for ``--resume`` without ``--results``."""
+    if args.resume and args.results is None:
+        raise InputError("--resume continues a run in a results folder; give it with --results DIR")
+
+
+def sweep_processes(args: argparse.Namespace):
+    """This run's processes (:func:`cwviz.core.parallel.processes`); under a launcher each process takes its own device
+    (``args.device``), and InputError unless ``--results`` names the folder their records go to."""
+    from ..core.parallel import processes
+
+    procs = processes(args.device)
+    if procs.count > 1 and args.results is None:
+        raise InputError(f"this run has {procs.count} processes: each writes its records to --results DIR; give the folder")
+    if procs.device is not None:
+        args.device = procs.device  # one model copy per process, each on its own device
+    return procs
+
+
+def launched_command(made: dict, count: int) -> dict:
+    """:func:`how_run`'s record with the launcher in front when ``count`` processes ran."""
+    if count > 1:
+        made = made | {"command": f"accelerate launch --multi_gpu --num_processes {count} -m {made['command']}"}
+    return made
+
+
 def how_run(args: argparse.Namespace) -> dict:
     """What a results manifest records of any command: the versions, the command line as typed and the date."""
     import datetime as dt

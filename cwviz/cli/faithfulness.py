@@ -14,7 +14,20 @@ import pandas as pd
 
 from ..core.errors import InputError
 from ..core.texts import write_text_atomic
-from .common import add_jsonl_args, add_model_args, check_output_file, how_run, jsonl_path, load, read_text, report_interrupt
+from .common import (
+    add_jsonl_args,
+    add_model_args,
+    add_sweep_args,
+    check_output_file,
+    check_resume,
+    how_run,
+    jsonl_path,
+    launched_command,
+    load,
+    read_text,
+    report_interrupt,
+    sweep_processes,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -81,13 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random ranking and the bootstrap (default 0)")
     parser.add_argument("--out", type=Path, help="summary CSV, rewritten after every example")
-    parser.add_argument(
-        "--results",
-        type=Path,
-        help="results folder: per-example records (JSON Lines, one file per process, fsynced after each example), "
-        "manifest.json and summary.csv; needed for data-parallel runs (accelerate launch / torchrun)",
-    )
-    parser.add_argument("--resume", action="store_true", help="with --results: skip the examples already recorded there")
+    add_sweep_args(parser, "results folder: per-example records, manifest.json and summary.csv")
     add_model_args(parser)
     parser.set_defaults(func=run)
 
@@ -219,11 +226,6 @@ def examples_loop(task: str):
     return faithfulness.iter_examples if task == "text" else tasks.iter_items
 
 
-def text_of(example) -> str:
-    """What a record hashes: the text, or a multiple-choice item as one string."""
-    return example if isinstance(example, str) else example.text
-
-
 def format_order(summary: pd.DataFrame) -> str:
     """Whether the paper's order holds, by area and at each rate (pairs that fail or tie are named)."""
     from ..analyses.faithfulness import PAPER_ORDER, curve_areas, order_check
@@ -260,18 +262,13 @@ def protocol_of(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..core.parallel import processes
-
     protocol = protocol_of(args)
-    if args.resume and args.results is None:
-        raise InputError("--resume continues a run in a results folder; give it with --results DIR")
+    check_resume(args)
     texts = read_examples(args)
     check_output_file(args.out, "--out", "summary.csv")
-    procs = processes(args.device)
+    procs = sweep_processes(args)
     if args.results is not None:
         return run_sweep(args, protocol, texts, procs)
-    if procs.count > 1:
-        raise InputError(f"this run has {procs.count} processes: each writes its records to --results DIR; give the folder")
     return run_single(args, protocol, texts)
 
 
@@ -321,71 +318,34 @@ def run_single(args: argparse.Namespace, protocol, texts: list[str]) -> int:
     return 0
 
 
-def sweep_settings(protocol, provenance: dict, task: str) -> dict:
-    """What decides a record's numbers: a resumed run must match them (the batch size and device do not)."""
-    from dataclasses import asdict
-
-    model = {k: provenance[k] for k in ("id", "architecture", "revision", "weights_sha256", "dtype")}
-    return {"protocol": {k: v for k, v in asdict(protocol).items() if k != "batch_size"}, "model": model, "task": task}
-
-
-def run_sweep(args: argparse.Namespace, protocol, texts: list[str], procs) -> int:
-    """The resumable, data-parallel sweep: each process runs its share of the unfinished examples and
-    appends their records to its own file; the main process then merges every record into the summary."""
-    from tqdm import tqdm
-
-    from ..analyses import faithfulness
+def run_sweep(args: argparse.Namespace, protocol, texts: list, procs) -> int:
+    """The resumable, data-parallel sweep (:func:`cwviz.analyses.sweep.run`): each process runs its share of the
+    unfinished examples; the main process then recomputes the summary from every record."""
+    from ..analyses import faithfulness, sweep
     from ..analyses import records as R
-    from ..core.parallel import model_provenance, shard
+    from ..core.parallel import model_provenance
+    from ..core.progress import cli_bar
 
     folder: Path = args.results
-    if not folder.parent.is_dir():
-        raise InputError(f"no folder {folder.parent} for --results; create it first")
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"--results {folder} is a file; give a folder")
-    if procs.device is not None:
-        args.device = procs.device  # one model copy per process, each on its own device
+    sweep.check_folder(folder)
     bundle = load(args)
     faithfulness.check_causal(bundle)
     provenance = model_provenance(bundle)
-    task = args.task
-    key = R.fingerprint(sweep_settings(protocol, provenance, task))
-    hashes = [R.text_hash(text_of(t)) for t in texts]
-    if procs.is_main:
-        folder.mkdir(exist_ok=True)
-    procs.barrier()
-    existing = R.read_records(folder)
-    if existing and not args.resume:
-        raise InputError(f"{folder} already holds {len(existing)} record(s); add --resume to continue that run, or give a fresh folder")
-    done = R.check_resumable(existing, key, hashes, folder)
-    procs.barrier()  # every process has read the records before any appends
-    pending = [i for i in range(len(texts)) if i not in done]
-    mine = shard(pending, procs.index, procs.count)
-    if procs.is_main:
-        R.write_manifest(folder, manifest(args, protocol, provenance, task, len(texts), procs.count, key))
-    interrupted = False
-    try:
-        with R.RecordWriter(R.records_path(folder, procs.index)) as writer:
-            bar = tqdm(total=len(mine), desc=f"faithfulness [{procs.index}]", unit="example", file=sys.stderr, disable=not procs.is_main)
-            with bar:
-                for index in mine:
-                    for _, table in examples_loop(task)(bundle, [texts[index]], protocol, start=index):
-                        writer.write(R.example_record(index, text_of(texts[index]), key, task, table))
-                    bar.update(1)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the records written so far are kept
-        interrupted = True
-    if not interrupted:
-        procs.barrier()
-    if not procs.is_main:
-        return 130 if interrupted else 0
-    records = R.read_records(folder)
-    table = R.records_table(records)
+    settings = sweep.faithfulness_settings(protocol, provenance, args.task)
+    made = manifest(args, protocol, provenance, args.task, len(texts), procs.count, R.fingerprint(settings))
+    plan = sweep.Sweep(sweep.FAITHFULNESS, folder, settings, [sweep.item_text(t) for t in texts], made)
+    compute = sweep.faithfulness_item(bundle, texts, protocol, args.task)
+    with cli_bar(f"faithfulness [{procs.index}]", unit="example", enabled=procs.is_main) as progress:
+        outcome = sweep.run(plan, compute, procs, resume=args.resume, progress=progress)
+    if not outcome.is_main:
+        return 130 if outcome.interrupted else 0
+    records = outcome.records
     finished = sum(1 for r in records if not r["skipped"])
-    summary = faithfulness.summarize(table, seed=args.seed) if len(table) else pd.DataFrame(columns=faithfulness.SUMMARY_COLUMNS)
+    summary = sweep.faithfulness_summary(records, seed=args.seed)
     write_csv(summary, folder / R.SUMMARY)
     if args.out is not None:
         write_csv(summary, args.out)
-    if interrupted:
+    if outcome.interrupted:
         return report_interrupt(len(records), len(texts), "example", folder)
     if not finished:
         raise InputError("no example had two or more tokens; nothing to measure")
@@ -396,9 +356,7 @@ def run_sweep(args: argparse.Namespace, protocol, texts: list[str], procs) -> in
 
 def manifest(args: argparse.Namespace, protocol, provenance: dict, task: str, examples: int, count: int, key: str) -> dict:
     """How this run was made and how to rerun it (``manifest.json``; the report shows it)."""
-    made = how_run(args)
-    if count > 1:
-        made["command"] = f"accelerate launch --multi_gpu --num_processes {count} -m {made['command']}"
+    made = launched_command(how_run(args), count)
     split = split_of(args) if args.dataset else None
     data = {"jsonl": str(jsonl_path(args)) if jsonl_path(args) else None, "file": args.file, "dataset": args.dataset, "split": split}
     return {

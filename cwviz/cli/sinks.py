@@ -6,6 +6,7 @@ import argparse
 import logging
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,19 @@ import pandas as pd
 
 from ..core.errors import CwvizError, InputError
 from ..core.texts import write_text_atomic
-from .common import add_jsonl_args, add_model_args, add_text_args, check_output_file, jsonl_path, load, read_text, report_interrupt
+from .common import (
+    add_jsonl_args,
+    add_model_args,
+    add_sweep_args,
+    add_text_args,
+    check_output_file,
+    check_resume,
+    jsonl_path,
+    load,
+    read_text,
+    report_interrupt,
+    sweep_processes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     group = add_text_args(parser)
     add_jsonl_args(group, "a JSON Lines file: one prompt a line ('text', or GSM8K's 'question' + 'answer')")
-    parser.add_argument("--n", type=int, help="with --jsonl: only the first N prompts")
+    parser.add_argument(
+        "--n",
+        "--examples",
+        dest="n",
+        type=int,
+        help="with --jsonl: only the first N prompts (under torchrun or accelerate launch write --examples: their parsers take --n)",
+    )
     parser.add_argument("--field", help="with --jsonl: read the prompt from this field")
     parser.add_argument(
         "--sink",
@@ -51,11 +70,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-ppl", action="store_true", help="skip the ΔPPL runs (one forward pass per layer and prompt, batched)")
     parser.add_argument("--csv", type=Path, help="write the full table (one row per prompt, layer, head and query) here")
-    parser.add_argument(
-        "--results",
-        type=Path,
-        help="a results folder (e.g. a faithfulness sweep's): writes sinks/layers.csv, sinks/heads.csv and sinks/manifest.json "
-        "there, which `cwviz report --results DIR` adds to the report",
+    add_sweep_args(
+        parser,
+        "a results folder (e.g. a faithfulness sweep's): writes the per-prompt records, sinks/layers.csv, sinks/heads.csv "
+        "and sinks/manifest.json into DIR/sinks, which `cwviz report --results DIR` adds to the report",
     )
     add_model_args(parser)
     parser.set_defaults(func=run)
@@ -75,69 +93,125 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..analyses import sweep
+
+    if not math.isfinite(args.factor):
+        raise InputError(f"--factor must be a finite number, not {args.factor}")
+    check_resume(args)
+    texts = read_prompts(args)
+    if args.results is not None:
+        sweep.check_folder(args.results)
+    check_output_file(args.csv, "--csv", "sinks.csv")
+    procs = sweep_processes(args)
+    if args.results is not None:
+        return run_sweep(args, texts, procs)
+    bundle = load(args)
+    prompts: list[Prompt] = []
+    try:
+        for index, text in enumerate(texts):
+            prompts.append(measure(args, bundle, text, index, len(texts)))  # a prompt counts once all its results are in
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cwviz.cli.main): report the finished prompts
+        if not prompts:
+            return report_interrupt(0, len(texts), "prompt")
+        return finish(args, bundle, prompts, len(texts), interrupted=True)
+    return finish(args, bundle, prompts, len(texts))
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt's results: its sink table, the sink, its tokens, and with ΔPPL the perplexities with the sink's value
+    scaled in each layer, then in all (``ppl``, [layers + 1]), and the clean one."""
+
+    table: pd.DataFrame
+    sink: int
+    tokens: tuple[str, ...]
+    ppl: np.ndarray | None = None
+    clean: float | None = None
+
+
+def measure(args: argparse.Namespace, bundle, text: str, index: int, total: int) -> Prompt:
+    """Prompt ``index`` (of ``total``): its analysis, sink table and, unless --no-ppl, the sink-removal perplexities."""
     from ..analyses import sinks
     from ..core.analysis import analyze
     from ..core.progress import cli_bar
 
-    if not math.isfinite(args.factor):
-        raise InputError(f"--factor must be a finite number, not {args.factor}")
-    texts = read_prompts(args)
-    if args.results is not None and not args.results.parent.is_dir():
-        raise InputError(f"no folder {args.results.parent} for --results; create it first")
-    check_output_file(args.csv, "--csv", "sinks.csv")
-    bundle = load(args)
-    info = bundle.info
-    tables, removal, positions, tokens, clean = [], [], [], [], []
-    interrupted = False
     try:
-        for index, text in enumerate(texts):
-            try:
-                with cli_bar(f"prompt {index + 1} of {len(texts)}", enabled=sys.stderr.isatty()) as progress:
-                    analysis = analyze(bundle, text, progress=progress)
-                sink = sinks.resolve_sink(analysis, args.sink)
-                if not args.no_ppl and bundle.arch.causal and analysis.num_tokens < 2:
-                    raise InputError("perplexity needs at least two tokens; give a longer prompt, or add --no-ppl to skip the ΔPPL runs")
-            except CwvizError as err:
-                where = f"prompt {index + 1} of {args.jsonl}: " if args.jsonl is not None else ""
-                raise type(err)(f"{where}{err}") from None
-            log.info("prompt %d/%d: %d tokens, sink %d", index + 1, len(texts), analysis.num_tokens, sink)
-            with cli_bar("sink table", enabled=sys.stderr.isatty()) as progress:
-                table = sinks.sink_table(analysis, sink, progress=progress)
-            ppl = None
-            if not args.no_ppl and bundle.arch.causal:
-                layer_sets = [[layer] for layer in range(analysis.num_layers)] + [None]
-                with cli_bar("sink removal", unit="pass", enabled=sys.stderr.isatty()) as progress:
-                    ppl = sinks.removal_perplexity(analysis, layer_sets, sink, args.factor, progress=progress)
-            # A prompt counts once all of its results are in: an interrupt never leaves half of one.
-            tables.append(table)
-            positions.append((sink, analysis.tokens[sink]))
-            tokens.append(analysis.num_tokens)
-            if ppl is not None:
-                removal.append(ppl)
-                clean.append(analysis.perplexity)
-            del analysis
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cwviz.cli.main): report the finished prompts
-        interrupted = True
-        if not tables:
-            return report_interrupt(0, len(texts), "prompt")
-    finished = len(tables)
-    table = sinks.pool_tables(tables)
+        with cli_bar(f"prompt {index + 1} of {total}", enabled=sys.stderr.isatty()) as progress:
+            analysis = analyze(bundle, text, progress=progress)
+        sink = sinks.resolve_sink(analysis, args.sink)
+        if not args.no_ppl and bundle.arch.causal and analysis.num_tokens < 2:
+            raise InputError("perplexity needs at least two tokens; give a longer prompt, or add --no-ppl to skip the ΔPPL runs")
+    except CwvizError as err:
+        where = f"prompt {index + 1} of {args.jsonl}: " if args.jsonl is not None else ""
+        raise type(err)(f"{where}{err}") from None
+    log.info("prompt %d/%d: %d tokens, sink %d", index + 1, total, analysis.num_tokens, sink)
+    with cli_bar("sink table", enabled=sys.stderr.isatty()) as progress:
+        table = sinks.sink_table(analysis, sink, progress=progress)
+    if args.no_ppl or not bundle.arch.causal:
+        return Prompt(table, sink, tuple(analysis.tokens))
+    layer_sets = [[layer] for layer in range(analysis.num_layers)] + [None]
+    with cli_bar("sink removal", unit="pass", enabled=sys.stderr.isatty()) as progress:
+        ppl = sinks.removal_perplexity(analysis, layer_sets, sink, args.factor, progress=progress)
+    return Prompt(table, sink, tuple(analysis.tokens), ppl, analysis.perplexity)
+
+
+def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
+    """``--results DIR``: the prompts through the sweep runner (:func:`cwviz.analyses.sweep.run`) into ``DIR/sinks``,
+    each prompt's record appended as it finishes; the main process then makes the tables from every record."""
+    from ..analyses import records as R
+    from ..analyses import sweep
+    from ..core.parallel import model_provenance
+    from .common import how_run, launched_command
+
+    bundle = load(args)
+    provenance = model_provenance(bundle)
+    settings = sweep.sinks_settings(args.sink, args.factor, not args.no_ppl and bundle.arch.causal, provenance)
+    made = manifest(args, provenance) | {"fingerprint": R.fingerprint(settings), "processes": procs.count}
+    made |= launched_command(how_run(args), procs.count)
+    plan = sweep.Sweep(sweep.SINKS, args.results / RESULTS_FOLDER, settings, texts, made)
+
+    def compute(index: int) -> dict:
+        prompt = measure(args, bundle, texts[index], index, len(texts))
+        return sweep.sinks_payload(prompt.table, prompt.sink, prompt.tokens, prompt.ppl, prompt.clean)
+
+    outcome = sweep.run(plan, compute, procs, resume=args.resume)
+    if not outcome.is_main:
+        return 130 if outcome.interrupted else 0
+    if not outcome.records:
+        return report_interrupt(0, len(texts), "prompt")
+    prompts = [
+        Prompt(table, r["sink"], tuple(r["tokens"]), None if r["ppl"] is None else np.array(r["ppl"]), r["ppl_clean"])
+        for r, table in zip(outcome.records, sweep.sinks_tables(outcome.records))
+    ]
+    return finish(args, bundle, prompts, len(texts), interrupted=outcome.interrupted, made=made)
+
+
+def finish(args: argparse.Namespace, bundle, prompts: list[Prompt], total: int, interrupted: bool = False, made: dict | None = None) -> int:
+    """Pool the prompts' tables, write the files asked for, print the per-layer table; the exit status."""
+    from ..analyses import sinks
+
+    info = bundle.info
+    finished = len(prompts)
+    table = sinks.pool_tables([p.table for p in prompts])
     summary = sinks.sink_layer_summary(table)
-    ppl = None
-    if removal:
-        ppl = np.stack(removal)  # (prompt, layer + 1): per layer, then all layers
-        summary["delta_ppl"] = (ppl[:, :-1] - np.array(clean)[:, None]).mean(0)
+    positions = [(p.sink, p.tokens[p.sink]) for p in prompts]
+    measured = [p for p in prompts if p.ppl is not None]
+    ppl = clean = None
+    if measured:
+        ppl = np.stack([p.ppl for p in measured])  # (prompt, layer + 1): per layer, then all layers
+        clean = np.array([p.clean for p in measured])
+        summary["delta_ppl"] = (ppl[:, :-1] - clean[:, None]).mean(0)
     # The files first, then the printout: a reader that stops early (`| head`) loses no file (cwviz.cli.main).
     written = []
     if args.csv is not None:
         table.to_csv(args.csv, index=False)
         written.append(f"wrote {args.csv} ({len(table):,} rows)")
     if args.results is not None:
-        folder = write_results(args, bundle, table, summary, _describe_sinks(positions, args.sink), finished)
+        folder = write_results(args, bundle, table, summary, _describe_sinks(positions, args.sink), finished, made)
         written.append(f"wrote {folder} (add it to a report: cwviz report --results {args.results})")
 
     print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
-    print(f"prompts: {finished} ({sum(tokens):,} tokens); sink: {_describe_sinks(positions, args.sink)}")
+    print(f"prompts: {finished} ({sum(len(p.tokens) for p in prompts):,} tokens); sink: {_describe_sinks(positions, args.sink)}")
     print(
         "means over heads and the queries that see another key; attention share: mean over heads, "
         "contribution share: inter-head, summed over heads"
@@ -151,18 +225,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"dPPL: sink value x{args.factor:g} in that layer only, mean over prompts")
     print(_format(summary))
     if ppl is not None:
-        clean_all, removed_all = np.array(clean), ppl[:, -1]
-        raised = int((removed_all > clean_all).sum())
+        removed_all = ppl[:, -1]
+        raised = int((removed_all > clean).sum())
         print(
-            f"all layers, sink value x{args.factor:g}: PPL {clean_all.mean():.3f} -> {removed_all.mean():.3f} "
-            f"(dPPL {np.mean(removed_all - clean_all):+.3f}, mean over prompts); raised PPL on {raised} of {len(clean)} prompt(s)"
+            f"all layers, sink value x{args.factor:g}: PPL {clean.mean():.3f} -> {removed_all.mean():.3f} "
+            f"(dPPL {np.mean(removed_all - clean):+.3f}, mean over prompts); raised PPL on {raised} of {len(clean)} prompt(s)"
         )
     elif not bundle.arch.causal:
         print("no dPPL: perplexity is defined for causal language models only")
     for line in written:
         print(line)
     if interrupted:
-        return report_interrupt(finished, len(texts), "prompt", args.csv)
+        return report_interrupt(finished, total, "prompt", args.results / RESULTS_FOLDER if args.results is not None else args.csv)
     return 0
 
 
@@ -170,8 +244,23 @@ def run(args: argparse.Namespace) -> int:
 RESULTS_FOLDER = "sinks"
 
 
-def write_results(args: argparse.Namespace, bundle, table: pd.DataFrame, layers: pd.DataFrame, sink: str, prompts: int) -> Path:
-    """The per-layer and per-head tables and a manifest in ``DIR/sinks`` (each file replaced whole)."""
+def manifest(args: argparse.Namespace, provenance: dict) -> dict:
+    """How the sinks were made (``DIR/sinks/manifest.json``; the report shows it)."""
+    data = {"jsonl": str(args.jsonl) if args.jsonl else None, "file": str(args.file) if args.file else None, "n": args.n}
+    return {
+        "schema": "cwviz.sinks.manifest",
+        "model": provenance,
+        "sink": str(args.sink),
+        "factor": args.factor,
+        "data": {k: v for k, v in data.items() if v is not None},
+    }
+
+
+def write_results(
+    args: argparse.Namespace, bundle, table: pd.DataFrame, layers: pd.DataFrame, sink: str, prompts: int, made: dict | None = None
+) -> Path:
+    """The per-layer and per-head tables in ``DIR/sinks``, and its manifest completed with the sinks found and the
+    prompts counted (each file replaced whole)."""
     import json
 
     from ..analyses import sinks
@@ -180,20 +269,11 @@ def write_results(args: argparse.Namespace, bundle, table: pd.DataFrame, layers:
 
     folder = args.results / RESULTS_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    data = {"jsonl": str(args.jsonl) if args.jsonl else None, "file": str(args.file) if args.file else None, "n": args.n}
-    manifest = {
-        "schema": "cwviz.sinks.manifest",
-        "model": model_provenance(bundle),
-        "sink": sink,
-        "factor": args.factor,
-        "prompts": prompts,
-        "data": {k: v for k, v in data.items() if v is not None},
-        **how_run(args),
-    }
+    made = made if made is not None else manifest(args, model_provenance(bundle)) | how_run(args)
     files = {
         "layers.csv": layers.to_csv(index=False, float_format="%.6g"),
         "heads.csv": sinks.sink_head_summary(table).to_csv(index=False, float_format="%.6g"),
-        "manifest.json": json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n",
+        "manifest.json": json.dumps(made | {"sink": sink, "prompts": prompts}, indent=2, sort_keys=True, default=str) + "\n",
     }
     for name, text in files.items():
         write_text_atomic(folder / name, text)

@@ -195,10 +195,14 @@ def read_text_file(path: str | PathLike) -> str:
         return read_text_stream(handle, path)  # bounded again: the file may grow while it is read
 
 
-def iter_jsonl(path: str | PathLike, n: int | None = None) -> Iterator[tuple[int, object]]:
+def iter_jsonl(path: str | PathLike, n: int | None = None, own: bool = False) -> Iterator[tuple[int, object]]:
     """``(line number, decoded JSON value)`` for each non-blank line of a JSONL file, streamed; with ``n``,
     the first ``n`` only (later lines are not read). Raises InputError naming the line for one that is not
-    JSON, not UTF-8 or too long, and for a missing file."""
+    JSON, not UTF-8 or too long, and for a missing file.
+
+    ``own``: a file cwviz appends to itself (a sweep's records, :mod:`cwviz.analyses.records`): its lines are
+    not bounded by ``$CWVIZ_MAX_FILE_MB``, and a last line without its newline (a write killed half-way) is
+    not yet a line, so it is skipped."""
     if n is not None and n < 1:
         raise InputError(f"--n must be at least 1, not {n}")
     path = check_file(Path(path))
@@ -207,11 +211,11 @@ def iter_jsonl(path: str | PathLike, n: int | None = None) -> Iterator[tuple[int
     with path.open("rb") as handle:
         line_number = 0
         while n is None or yielded < n:
-            raw = handle.readline(limit + 1)  # bounded: one enormous line is never read whole
-            if not raw:
+            raw = handle.readline() if own else handle.readline(limit + 1)  # bounded: one enormous line is never read whole
+            if not raw or (own and not raw.endswith(b"\n")):
                 break
             line_number += 1
-            if len(raw) > limit:
+            if len(raw) > limit and not own:
                 raise _too_large(f"line {line_number} of {path} is longer than {limit // 1_000_000} MB", limit)
             line = decode_text(raw, f"line {line_number} of {path}")
             if not line.strip():
