@@ -2,13 +2,13 @@
 
 import streamlit as st
 
+from cwviz import CwvizError
 from cwviz.analyses import schema
 from cwviz.app import atlas_services as services
 from cwviz.app import widgets
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import url_widget
 from cwviz.charts import atlas as charts
-from cwviz.core.errors import CwvizError
 
 sel = sidebar("Atlas of heads")
 st.markdown(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from cwviz import CwvizError
 from cwviz.analyses import faithfulness as F
 from cwviz.analyses.schema import area_span
 from cwviz.app import hosting, services, widgets
@@ -17,7 +18,6 @@ from cwviz.app.sidebar import sidebar
 from cwviz.app.state import parse_bool, show_bool, url_widget
 from cwviz.charts import faithfulness as charts
 from cwviz.charts.export import to_csv
-from cwviz.core.errors import CwvizError
 
 STATE = "_faithfulness_run"
 SOURCES = {

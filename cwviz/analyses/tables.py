@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core import analysis as core_analysis
 from ..core.analysis import Analysis
+from ..core.blocks import row_block_cells
 from ..core.measures import LAYER_AGGREGATION, MEASURES, LayerMeasures
 from ..core.progress import Progress, counted
 
@@ -164,11 +164,11 @@ def _binned_matrices(
 ) -> dict[str, np.ndarray]:
     """[query_bin, key_bin] attention, measure and contribution: the mean over a bin's queries of the sum over
     a bin's keys (attention rows still sum to 1), read in blocks of query rows of about
-    :func:`cwviz.core.analysis.row_block_cells` cells a head (a bin may span several blocks) that are reduced
+    :func:`cwviz.core.blocks.row_block_cells` cells a head (a bin may span several blocks) that are reduced
     as they go: the layer's T x T maps are never held."""
     t, count = analysis.num_tokens, len(edges)
     out = {name: np.zeros((count, count)) for name in ("attention", "value", "contribution")}
-    rows = max(1, core_analysis.row_block_cells(analysis.records[layer].query.device) // t)  # query rows a block
+    rows = max(1, row_block_cells(analysis.records[layer].query.device) // t)  # query rows a block
     bin_of_row = np.searchsorted(edges, np.arange(t), side="right") - 1
     blocks = math.ceil(t / rows)
     for number, start in enumerate(range(0, t, rows), start=1):

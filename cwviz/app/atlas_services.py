@@ -10,8 +10,8 @@ import pandas as pd
 import streamlit as st
 
 from ..analyses import atlas
-from ..core.analysis import tokenize
 from ..core.errors import InputError
+from ..core.inputs import tokenize
 from ..core.texts import gsm8k_path, read_texts
 from . import hosting, services
 

@@ -31,9 +31,11 @@ import pandas as pd
 import streamlit as st
 
 from ..analyses import tables
-from ..core.analysis import Analysis, analyze, max_tokens, tokenize
+from ..core.analysis import Analysis, analyze
 from ..core.errors import InputError
 from ..core.generate import greedy_continuation
+from ..core.heap import trim_heap
+from ..core.inputs import max_tokens, tokenize
 from ..core.models import Bundle, load_model
 from ..core.progress import Progress
 from ..core.settings import env_int
@@ -155,7 +157,9 @@ def _analyse(request: Request) -> Analyzed:
             ids = greedy_continuation(bundle, prompt_ids, request.generate, progress=progress)
         text = request.text + bundle.tokenizer.decode(ids[len(prompt_ids) :])
     with progress_bar("Analysing the prompt") as progress:
-        return Analyzed(analyze(bundle, text, input_ids=ids, progress=progress), len(prompt_ids))
+        analysis = analyze(bundle, text, input_ids=ids, progress=progress)
+    trim_heap()  # the server lives on between prompts: what the pass freed goes back to the system (cwviz.core.heap)
+    return Analyzed(analysis, len(prompt_ids))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

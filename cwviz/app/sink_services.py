@@ -13,7 +13,8 @@ import pandas as pd
 import streamlit as st
 
 from ..analyses import sinks
-from ..core.analysis import analyze, tokenize
+from ..core.analysis import analyze
+from ..core.inputs import tokenize
 from ..core.progress import phase
 from ..core.texts import read_texts
 from . import hosting, services
