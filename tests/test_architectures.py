@@ -38,7 +38,7 @@ def model_writes(bundle, text):
             seen.setdefault(layer, {})["z"] = args[0][0].detach().clone()
 
         def post(module, args, output, layer=layer):
-            bias = architectures.out_proj_bias(module)
+            bias = getattr(module, "bias", None)  # b_O: not any token's contribution (docs/METHOD.md section 1)
             out = output[0].detach().clone()
             seen[layer]["out"] = out - bias if bias is not None else out
 

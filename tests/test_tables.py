@@ -169,11 +169,11 @@ def test_top_keys_across_layers_agree_with_the_full_layer(llama):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "bert", "mistral"])
-def test_query_measures_equal_the_full_layer_row(arch):
+def test_one_query_rows_equal_the_full_layer_row(arch):
     analysis = cwviz.analyze(make_tiny(arch), TEXT)
     for layer in range(analysis.num_layers):
         for query in (0, 7, analysis.num_tokens - 1):
-            row = tables.query_measures(analysis, layer, query)
+            row = analysis.rows(layer, query, query + 1)
             for name in cwviz.MEASURES:
                 np.testing.assert_allclose(row.per_head(name)[:, 0].numpy(), analysis.measure(layer, name)[:, query], atol=1e-5, rtol=1e-4)
 

@@ -323,6 +323,13 @@ def sink_head_summary(table: pd.DataFrame) -> pd.DataFrame:
     return summary.reset_index()
 
 
+def most_anti_aligned_head(heads: pd.DataFrame, layer: int) -> int:
+    """The head of ``layer`` with the lowest mean cos(ṽ_σ, m) in :func:`sink_head_summary` ``heads`` (0 when no
+    head has one): the head the Sinks page and :func:`cwviz.plot.sink_ratio` show for "all heads"."""
+    rows = heads[heads["layer"] == layer]
+    return int(rows.loc[rows["cos_sink_rest"].idxmin(), "head"]) if rows["cos_sink_rest"].notna().any() else 0
+
+
 # -- the convex relation ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SinkCurve:

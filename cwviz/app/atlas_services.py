@@ -20,11 +20,6 @@ MAX_PROMPTS = 64
 SOURCES = {"gsm8k": "GSM8K sample (ships with cwviz)", "path": "a JSONL file on the server", "saved": "saved results (a folder)"}
 
 
-def server_files_allowed() -> bool:
-    """Whether the page may read or write files by their path on the server (not in hosting mode)."""
-    return hosting.policy_from_env().server_files
-
-
 @st.cache_data(max_entries=4, show_spinner=False)
 def run_atlas(model: str, device: str, dtype: str, source: str, path: str, n: int, out: str = "") -> atlas.Atlas:
     """The atlas of the first ``n`` prompts of ``source`` (``"gsm8k"`` or ``"path"``) on the model; saved into

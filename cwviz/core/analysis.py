@@ -274,22 +274,22 @@ class Analysis:
         start: int,
         stop: int,
         keys: int,
-        query: QuerySide | None = None,
+        side: QuerySide | None = None,
         kinds: tuple[str, ...] = KINDS,
         rec: LayerRecord | None = None,
     ) -> LayerMeasures:
-        """:meth:`rows` against the keys ``0..keys-1`` only (the caller knows the rows see no later key); ``query``
+        """:meth:`rows` against the keys ``0..keys-1`` only (the caller knows the rows see no later key); ``side``
         the rows' :class:`~cwviz.core.measures.QuerySide` when the caller has it for the whole layer; ``kinds``
         the contribution kinds to compute; ``rec`` the layer's record when the caller has it (:func:`for_blocks`)."""
         rec = self.records[layer] if rec is None else rec
         with memory.guard(rec.value.device), torch.inference_mode():
             alpha = attention_rows(rec, start, stop, keys)
             gram = self.bundle.gram(layer).to(rec.value.device)
-            if query is None and rec.output.dtype == torch.float32:
+            if side is None and rec.output.dtype == torch.float32:
                 # As in layer(): the model's own z = α v when it is float32 (a quarter of the rows' products).
-                query = query_side(rec.output[:, start:stop], gram)
+                side = query_side(rec.output[:, start:stop], gram)
             value_norm = self.value_norms(layer)[:, :keys]
-            return layer_measures(alpha, rec.value[:, :keys], gram=gram, value_norm=value_norm, query=query, kinds=kinds, copies=rec.copies)
+            return layer_measures(alpha, rec.value[:, :keys], gram=gram, value_norm=value_norm, side=side, kinds=kinds, copies=rec.copies)
 
     def _query_side(self, layer: int) -> QuerySide | None:
         """The whole layer's :class:`~cwviz.core.measures.QuerySide` from the model's own z when it is float32
@@ -312,11 +312,11 @@ class Analysis:
         the work, for a reader that needs one kind).
         """
         layer = self.check_layer(layer)
-        query = self._query_side(layer)  # one product for the layer, sliced per block
+        side = self._query_side(layer)  # one product for the layer, sliced per block
         with torch.inference_mode():
             rec = for_blocks(self.records[layer])
         for first, stop, keys in record_blocks(rec, start):
-            yield first, stop, self._rows(layer, first, stop, keys, None if query is None else query.rows(first, stop), kinds, rec)
+            yield first, stop, self._rows(layer, first, stop, keys, None if side is None else side.rows(first, stop), kinds, rec)
 
     def attention_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, torch.Tensor]]:
         """``(first, stop, α)`` in the blocks of :meth:`row_blocks`, attention only (float32 [head, rows, keys])."""

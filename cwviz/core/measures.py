@@ -294,7 +294,7 @@ def layer_measures(
     gram: torch.Tensor | None = None,
     causal: bool = False,
     value_norm: torch.Tensor | None = None,
-    query: QuerySide | None = None,
+    side: QuerySide | None = None,
     kinds: tuple[str, ...] = KINDS,
     copies: int = 1,
 ) -> LayerMeasures:
@@ -309,7 +309,7 @@ def layer_measures(
     | gram        | optional [head * d_head, head * d_head]: W_Oᵀ W_O (:func:`full_gram`), cacheable per model |
     | causal      | ``attention`` is zero above the diagonal: only the lower triangle of the products is computed |
     | value_norm  | optional [head, key]: ‖ṽ_j^h‖ (:func:`value_norms`) when the caller keeps it per layer |
-    | query       | optional :class:`QuerySide` of these query rows (then ``head_output`` is not used) |
+    | side        | optional :class:`QuerySide` of these query rows (then ``head_output`` is not used) |
     | kinds       | the contribution kinds to compute (:data:`KINDS`, or one of them: a third less work) |
     | copies      | ``value`` holds each kv head this many times in a row (:func:`cwviz.core.reading.for_blocks`) |
 
@@ -324,16 +324,16 @@ def layer_measures(
     held = value.float()
     v = held[::copies]  # (H_kv, K, d)
     kv_heads, _, d_head = v.shape
-    if query is None or value_norm is None:
+    if side is None or value_norm is None:
         if gram is None:
             gram = full_gram(w_heads.float().permute(1, 0, 2).reshape(w_heads.shape[1], heads * d_head))
         gram = gram.float()
-    if query is None:
+    if side is None:
         z = grouped_matmul(alpha, held, copies) if head_output is None else head_output  # (H, Q, d)
-        query = query_side(z, gram)
+        side = query_side(z, gram)
     value_norm = value_norms(v, gram, heads) if value_norm is None else value_norm.float()  # (H, K)  ‖ṽ_j^h‖
-    pulled = query.pulled  # (H, 2, Q, d)
-    reference = {"intra": query.head_output_norm, "inter": query.output_norm.expand(heads, queries)}
+    pulled = side.pulled  # (H, kind, Q, d)
+    reference = {"intra": side.head_output_norm, "inter": side.output_norm.expand(heads, queries)}
     norms = torch.stack([reference[kind] for kind in kinds], dim=1)  # (H, n, Q)
     picked = pulled if kinds == KINDS else pulled[:, [KINDS.index(kind) for kind in kinds]]  # (H, n, Q, d)
     scaled = picked / (norms**2)[..., None]
@@ -352,9 +352,9 @@ def layer_measures(
         attention=alpha,
         value=v,
         value_norm=value_norm,
-        head_output=query.head_output,
-        head_output_norm=query.head_output_norm,
-        output_norm=query.output_norm,
+        head_output=side.head_output,
+        head_output_norm=side.head_output_norm,
+        output_norm=side.output_norm,
         contributions=contributions,
         pulled=pulled,
         kinds=kinds,

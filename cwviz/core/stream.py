@@ -44,9 +44,9 @@ def block_streamer(bundle: Bundle, each_block: BlockConsumer | None, kinds: tupl
             start = group[0][0]
             side = query_side(z[:, start : group[-1][1]], gram)  # one product for the group's rows
             for (first, stop, keys), alpha in zip(group, alphas):
-                query = side.rows(first - start, stop - start)
+                rows_side = side.rows(first - start, stop - start)
                 measures = layer_measures(
-                    alpha, rec.value[:, :keys], gram=gram, value_norm=norms[:, :keys], query=query, kinds=kinds, copies=rec.copies
+                    alpha, rec.value[:, :keys], gram=gram, value_norm=norms[:, :keys], side=rows_side, kinds=kinds, copies=rec.copies
                 )
                 each_block(layer, first, stop, measures)
         return z
