@@ -1,4 +1,4 @@
-"""Atlas (issue 16, part 2): every head's behaviour pooled over many prompts, with bootstrap intervals.
+"""Atlas: every head's behaviour pooled over many prompts, with bootstrap intervals.
 
 Per prompt (:func:`prompt_stats`: one forward pass, each layer read in row blocks and reduced as it goes,
 never a layer's [head, T, T] maps), one row per (layer, head), each a mean over the queries 1..T-1 (query 0

@@ -88,9 +88,9 @@ def progress_bar(label: str, unit: str = "layers") -> Iterator[Progress]:
 
     Steps that end within :data:`PROGRESS_AFTER_S` draw nothing; the bar is removed when the block ends
     (also when the step raises). Its placeholder (``st.empty``, which draws nothing) is made here, before the
-    step: made from inside a recording forward pass (the callback runs in the attention function), the
-    memory grew by about a layer's queries, keys and values per layer until the pass ended, which a garbage
-    collection freed (+650 MB at 4,096 tokens, measured).
+    step: made from inside a recording forward pass (the callback runs in the attention function), Streamlit's
+    objects would keep each layer's queries, keys and values alive until a garbage collection after the pass,
+    so the pass's peak would grow by a layer's records a layer.
     """
     start = time.monotonic()
     shown: dict = {"bar": st.empty(), "drawn": False, "at": 0.0}

@@ -110,7 +110,7 @@ class Bundle:
         """The base model's final hidden states [batch, T, d_model] for ``input_ids`` [batch, T].
 
         The output layer is not run: log-probabilities come from these states a chunk of rows at a time
-        (:func:`cwviz.core.analysis.next_token_logprobs`). Call inside ``torch.inference_mode()``, and inside
+        (:func:`cwviz.core.logprobs.logprobs_from_hidden`). Call inside ``torch.inference_mode()``, and inside
         a :func:`cwviz.core.capture.forward_pass` to record or intervene.
         """
         body = architectures.base_model(self.model)
