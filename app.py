@@ -2,6 +2,9 @@
 
 import streamlit as st
 
+from cwviz.app.launch import start_server
+
+start_server()
 st.set_page_config(page_title="cwviz — contribution weights", layout="wide")
 
 pages = [

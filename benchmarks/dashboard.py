@@ -90,7 +90,7 @@ def dashboard_steps(bundle, ids, layer: int = 0, mark=None):
     heads, the first measure family, inter, the last token as query, the window view): the recorded forward
     pass, the heatmap pair and its chart, then the head overview and its chart. Returns the seconds at which
     the first heatmap and the head overview were ready. ``mark(step)``, when given, is called after each step
-    ("recording pass", "window heatmap", "head overview"; :mod:`benchmarks.probe` reads the peak there)."""
+    ("recording pass", "window heatmap", "head overview")."""
     from cwviz import analyze
     from cwviz.analyses import tables
     from cwviz.charts import heatmaps

@@ -26,8 +26,10 @@ def main() -> int:
     import cwviz
     from benchmarks.dashboard import dashboard_steps
     from benchmarks.run import full_analysis, long_ids, naive_contributions, plain_forward, sdpa_forward
+    from cwviz.core.heap import tune_heap
 
     transformers.utils.logging.disable_progress_bar()
+    tune_heap()  # measured as the dashboard's server and the cwviz command run: with their heap settings
     bundle = cwviz.load_model("embedded", device="cpu")
     ids = long_ids(bundle, tokens)
     fn = {"sdpa": sdpa_forward, "plain": plain_forward, "full": full_analysis, "naive": naive_contributions, "dashboard": dashboard_steps}[

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from cwviz.core.heap import tune_heap
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -408,6 +410,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     parser.add_argument("--batch", type=int, default=8, help="masked runs per forward pass in the masked section (default 8)")
     args = parser.parse_args(argv)
+    tune_heap()  # measured as the dashboard's server and the cwviz command run: with their heap settings
     if args.threads:
         torch.set_num_threads(args.threads)
     lengths = [int(t) for t in args.lengths.split(",")]

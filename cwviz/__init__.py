@@ -22,7 +22,7 @@ __version__ = "0.2.0"
 _NAMES = {
     "Analysis": "cwviz.core.analysis",
     "analyze": "cwviz.core.analysis",
-    "max_tokens": "cwviz.core.analysis",
+    "max_tokens": "cwviz.core.inputs",
     "Bundle": "cwviz.core.models",
     "ModelInfo": "cwviz.core.models",
     "bundle_from_model": "cwviz.core.models",
@@ -59,7 +59,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .analyses import faithfulness, sinks
-    from .core.analysis import Analysis, analyze, max_tokens
+    from .core.analysis import Analysis, analyze
     from .core.errors import (
         CwvizError,
         InputError,
@@ -68,6 +68,7 @@ if TYPE_CHECKING:
         SelectionError,
         UnsupportedModelError,
     )
+    from .core.inputs import max_tokens
     from .core.measures import MEASURES
     from .core.models import Bundle, ModelInfo, bundle_from_model, load_model
 

@@ -232,9 +232,7 @@ def sink_ratio(
     if query is not None and isinstance(source, Analysis):
         query = source.check_token(query)
     if head is None:
-        heads = sinks.sink_head_summary(table)
-        heads = heads[heads["layer"] == layer]
-        head = int(heads.loc[heads["cos_sink_rest"].idxmin(), "head"]) if heads["cos_sink_rest"].notna().any() else 0
+        head = sinks.most_anti_aligned_head(sinks.sink_head_summary(table), layer)
         who = f"head {head} (the layer's most anti-aligned)"
     else:
         who = f"head {head}"

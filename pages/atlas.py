@@ -2,13 +2,13 @@
 
 import streamlit as st
 
+from cwviz import CwvizError
 from cwviz.analyses import schema
 from cwviz.app import atlas_services as services
-from cwviz.app import widgets
+from cwviz.app import hosting, widgets
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import url_widget
 from cwviz.charts import atlas as charts
-from cwviz.core.errors import CwvizError
 
 sel = sidebar("Atlas of heads")
 st.markdown(
@@ -22,7 +22,7 @@ st.markdown(
 if not sel.ok:
     st.stop()
 
-files = services.server_files_allowed()
+files = hosting.policy_from_env().server_files  # off in hosting mode
 sources = services.SOURCES if files else {"gsm8k": services.SOURCES["gsm8k"]}
 left, middle, right = st.columns([2, 3, 1])
 with left:

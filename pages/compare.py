@@ -2,6 +2,7 @@
 
 import streamlit as st
 
+from cwviz import CwvizError
 from cwviz.analyses import compare, schema
 from cwviz.app import compare_services as services
 from cwviz.app import widgets
@@ -9,7 +10,6 @@ from cwviz.app.sidebar import sidebar
 from cwviz.app.state import select, url_widget
 from cwviz.charts import compare as charts
 from cwviz.charts.heatmaps import LAYOUT_LABELS, LAYOUTS
-from cwviz.core.errors import CwvizError
 
 sel = sidebar("Compare two inputs")
 st.markdown(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from cwviz import CwvizError
 from cwviz.analyses import faithfulness as F
 from cwviz.analyses import sweep
 from cwviz.analyses.schema import area_span
@@ -20,7 +21,6 @@ from cwviz.app.sidebar import sidebar
 from cwviz.app.state import parse_bool, show_bool, url_widget
 from cwviz.charts import faithfulness as charts
 from cwviz.charts.export import to_csv
-from cwviz.core.errors import CwvizError
 
 STATE = "_faithfulness_run"
 SOURCES = {

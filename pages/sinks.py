@@ -3,13 +3,13 @@ and what happens when the sink's value is scaled."""
 
 import streamlit as st
 
+from cwviz import CwvizError
+from cwviz.app import hosting, widgets
 from cwviz.app import sink_services as services
-from cwviz.app import widgets
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import parse_bool, show_bool, url_widget
 from cwviz.charts import sinks as charts
 from cwviz.charts.export import to_csv
-from cwviz.core.errors import CwvizError
 
 SINK_CHOICES = {"first": "first token", "auto": "detected (most attention received)", "position": "a position"}
 
@@ -65,7 +65,7 @@ with middle:
         key="sinks_position",
     )
 pool_path, pool_n = "", 0
-if services.server_files_allowed():  # off in hosting mode: the server's files are not the users'
+if hosting.policy_from_env().server_files:  # off in hosting mode: the server's files are not the users'
     with right.expander("Pool prompts from a JSONL file"):
         pool_path = st.text_input(
             "Path",

@@ -17,9 +17,9 @@ import torch
 import cwviz
 from cwviz.analyses import sinks as sinks_analyses
 from cwviz.core import architectures
-from cwviz.core.analysis import next_token_logprobs
 from cwviz.core.errors import UnsupportedModelError
 from cwviz.core.interventions import KeepKeys, ScaleValues, batch_perplexity, logits
+from cwviz.core.logprobs import logprobs_from_hidden
 from cwviz.core.measures import expand_kv
 
 from .conftest import DERIVED_FAMILIES, FAMILY_CONFIGS, TEXT, CharTokenizer, family_model
@@ -38,7 +38,7 @@ def model_writes(bundle, text):
             seen.setdefault(layer, {})["z"] = args[0][0].detach().clone()
 
         def post(module, args, output, layer=layer):
-            bias = architectures.out_proj_bias(module)
+            bias = getattr(module, "bias", None)  # b_O: not any token's contribution (docs/METHOD.md section 1)
             out = output[0].detach().clone()
             seen[layer]["out"] = out - bias if bias is not None else out
 
@@ -153,7 +153,7 @@ def test_logprobs_are_the_logits_log_softmax(run):
         hidden = bundle.final_hidden(ids)[0]
         torch.testing.assert_close(bundle.output_logits(hidden), run.eager_logits[0], rtol=1e-5, atol=1e-5)
         # Deferred output layer, a few rows at a time, gives the logits' log-probabilities.
-        chunked = next_token_logprobs(hidden, bundle.output_logits, ids[0], chunk=2)
+        chunked = logprobs_from_hidden(hidden, bundle.output_logits, ids[0], chunk=2)
     np.testing.assert_allclose(chunked.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(batch_perplexity(bundle, ids[0].tolist()), [run.analysis.perplexity], rtol=1e-5)
 
@@ -323,14 +323,14 @@ def test_scaled_attention_is_the_models_own_scaling():
 
 @pytest.mark.parametrize("model_type", ["gpt_oss", "gemma2", "llama"])
 def test_weighted_values_in_row_blocks_are_the_whole_computation(model_type, monkeypatch):
-    from cwviz.core import capture
+    from cwviz.core import blocks
 
     bundle = cwviz.bundle_from_model(family_model(model_type), CharTokenizer(100))
     ids = torch.tensor([bundle.tokenizer(TEXT[:20])["input_ids"]])
     t = ids.shape[1]
     keep = KeepKeys({0: (torch.rand(t, t, generator=torch.Generator().manual_seed(0)) > 0.3).float()})
     whole = logits(bundle, ids), logits(bundle, ids, keep)
-    monkeypatch.setattr(capture, "WEIGHTED_BLOCK_CELLS", 1)  # one query row a block
+    monkeypatch.setattr(blocks, "WEIGHTED_BLOCK_CELLS", 1)  # one query row a block
     blocked = logits(bundle, ids), logits(bundle, ids, keep)
     for a, b in zip(whole, blocked):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -200,7 +200,7 @@ def test_exports_are_png_svg_and_csv(analysis):
 
 
 def test_bertviz_html_escapes_tokens_and_explains_a_missing_cdn(xss_analysis):
-    for view in bertviz_html.VIEWS:
+    for view in bertviz_html.BERTVIZ_VIEWS:
         for weights in bertviz_html.WEIGHTS:
             html = bertviz_html.render(xss_analysis, view=view, weights=weights, layer=0)
             assert "<img" not in html
@@ -218,7 +218,7 @@ def test_bertviz_contributions_are_clipped_at_zero(analysis):
 def test_bertviz_scope_caps_tokens_and_layers(long_analysis):
     head = bertviz_html.scope(long_analysis, "head", 1)
     model = bertviz_html.scope(long_analysis, "model", 1)
-    assert head.tokens == bertviz_html.MAX_TOKENS and head.layers == (1,)
+    assert head.tokens == bertviz_html.HEAD_VIEW_TOKENS and head.layers == (1,)
     assert model.tokens == bertviz_html.MODEL_VIEW_TOKENS and len(model.layers) <= bertviz_html.MODEL_VIEW_LAYERS
     assert "first" in head.note
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import cwviz
 from cwviz.analyses import faithfulness, sinks
-from cwviz.core.analysis import integer_index, token_ids
 from cwviz.core.errors import CwvizError, InputError, SelectionError
+from cwviz.core.inputs import integer_index, token_ids
 from cwviz.core.interventions import batch_perplexity
 
 from .conftest import make_tiny

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 
@@ -9,6 +10,7 @@ import pytest
 
 from cwviz.app.hosting import Policy, analysis_slot, policy_from_env
 from cwviz.core.errors import InputError, ModelLoadError
+from cwviz.core.models import load_model
 
 from .conftest import no_hooks, run_together
 
@@ -29,7 +31,8 @@ def test_hosted_allowlist_and_defaults(monkeypatch):
     policy = policy_from_env()
     assert policy.allowed_models == ("embedded", "gpt2")
     assert policy.max_tokens == 512 and policy.max_concurrent == 2
-    assert policy.trust_remote_code is False
+    # trust_remote_code is never on: the dashboard loads models with load_model's default, which is off.
+    assert inspect.signature(load_model).parameters["trust_remote_code"].default is False
     policy.check_model("gpt2")
     with pytest.raises(ModelLoadError, match="not available on this server; choose one of: embedded, gpt2"):
         policy.check_model("/home/me/model")
@@ -119,14 +122,14 @@ def test_hosted_app_offers_only_the_allowed_models_and_refuses_others(monkeypatc
 
 
 def test_hosted_pages_do_not_read_server_files(monkeypatch, tmp_path):
-    from cwviz.app import services, sink_services
+    from cwviz.app import hosting, services, sink_services
 
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"text": "a secret on the server"}\n', encoding="utf-8")
     monkeypatch.delenv("CWVIZ_HOSTED", raising=False)
-    assert sink_services.server_files_allowed()
+    assert hosting.policy_from_env().server_files
     monkeypatch.setenv("CWVIZ_HOSTED", "1")
-    assert not sink_services.server_files_allowed()
+    assert not hosting.policy_from_env().server_files
     request = services.Request("embedded", "cpu", "auto", "A short prompt to pool with.")
     with pytest.raises(InputError, match="does not read files by path"):
         sink_services.sink_tables(request, "0", str(path), 1)

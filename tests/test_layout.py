@@ -1,5 +1,6 @@
-"""The layout is the architecture (docs/ARCHITECTURE.md): the charts room and the table types stay free of
-torch and transformers, the top-level names keep working, and no tracked file points outside the repository."""
+"""The layout is the architecture (docs/ARCHITECTURE.md): each room imports only what its rules allow, the import
+graph has no cycle, the charts room and the table types stay free of torch and transformers, the top-level names keep
+working, and no tracked file points outside the repository."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CHARTS_DIR = ROOT / "cwviz" / "charts"
 #: Every module of the charts room (found on disk, so a new one is checked too) and the table types.
-TORCH_FREE = ["cwviz.charts", *(f"cwviz.charts.{m.name}" for m in pkgutil.iter_modules([str(CHARTS_DIR)])), "cwviz.analyses.schema"]
+TORCH_FREE = [
+    "cwviz.charts",
+    *(f"cwviz.charts.{m.name}" for m in pkgutil.iter_modules([str(CHARTS_DIR)])),
+    "cwviz.analyses.schema",
+    "cwviz.vocabulary",
+]
 
 
 @pytest.mark.parametrize("module", TORCH_FREE)
@@ -29,65 +35,139 @@ def test_module_imports_neither_torch_nor_transformers(module):
     assert done.returncode == 0, f"importing {module} imports torch or transformers: {done.stderr[-600:]}"
 
 
-#: What each room may import (cwviz rooms and the heavy third-party packages; docs/ARCHITECTURE.md, "Rooms").
+#: What each room may import (cwviz rooms and the heavy third-party packages; docs/ARCHITECTURE.md, "What may import
+#: what"). ``vocabulary`` (the words every room shares) imports nothing, so every room may import it.
 ROOMS: dict[str, set[str]] = {
-    "core": {"core", "torch", "transformers"},
-    "analyses": {"core", "analyses", "torch"},
-    "charts": {"charts", "analyses.schema", "altair"},
-    "app": {"core", "analyses", "charts", "app", "torch", "streamlit", "altair"},
-    "cli": {"core", "analyses", "charts", "cli", "app.launch", "torch"},
-    "plot": {"core", "analyses", "charts", "torch", "altair"},
+    "vocabulary": set(),
+    "core": {"core", "torch", "transformers", "vocabulary"},
+    "analyses": {"core", "analyses", "torch", "vocabulary"},
+    "analyses.schema": {"vocabulary"},
+    "charts": {"charts", "analyses.schema", "altair", "vocabulary"},
+    "app": {"core", "analyses", "charts", "app", "torch", "streamlit", "altair", "vocabulary"},
+    "cli": {"core", "analyses", "charts", "cli", "app.launch", "torch", "vocabulary"},
+    "plot": {"core", "analyses", "charts", "torch", "altair", "vocabulary"},
+    # app.py and pages/*.py: the dashboard's scripts reach the library through the app, the tables and charts, and
+    # cwviz's top-level names (its errors); never the core, torch or transformers.
+    "pages": {"top", "app", "analyses", "charts", "streamlit", "altair", "vocabulary"},
 }
 #: Imports outside the rules, each with its reason.
 EXCEPTIONS = {
     ("cwviz.cli.main", "transformers"): "quiets transformers' progress bars and logging before a command prints",
-    ("cwviz.core.parallel", "__version__"): "a results manifest records the package's version",
+    ("cwviz.core.parallel", "top"): "a results manifest records the package's version (cwviz.__version__)",
 }
 TRACKED = ("torch", "transformers", "streamlit", "altair")
+#: The most lines a module of cwviz may have: one module, one job.
+MAX_MODULE_LINES = 600
+
+
+def _module_name(path: Path) -> str:
+    """``cwviz/core/analysis.py`` -> ``cwviz.core.analysis``; ``cwviz/core/__init__.py`` -> ``cwviz.core``."""
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+CWVIZ_MODULES = {_module_name(path): path for path in sorted((ROOT / "cwviz").rglob("*.py"))}
+SCRIPTS = [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]
 
 
 def _imports(path: Path, module: str) -> set[str]:
-    """Absolute names of what ``module`` (at ``path``) imports anywhere in its body, relative imports resolved."""
+    """Absolute names of what ``module`` (at ``path``) imports anywhere in its body (at the top, inside functions and
+    classes, under ``if TYPE_CHECKING:``), relative imports resolved: ``from . import memory`` gives
+    ``cwviz.core.memory``, ``from .measures import KINDS`` gives ``cwviz.core.measures.KINDS``."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level:
-            parts = package.split(".")
-            base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
-            names |= {base} if node.module else {f"{base}.{alias.name}" for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            names.add(node.module)
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            names |= {f"{base}.{alias.name}" for alias in node.names}
     return names
 
 
+def _cwviz_module(name: str) -> str | None:
+    """The module of cwviz an imported name lies in (``cwviz.core.measures.KINDS`` -> ``cwviz.core.measures``)."""
+    while name and name not in CWVIZ_MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
 def _room_of(name: str) -> str | None:
-    """``cwviz.charts.token`` -> ``charts``; ``torch.nn`` -> ``torch``; None for what no rule covers."""
+    """``cwviz.charts.token`` -> ``charts``; ``cwviz.__version__`` -> ``top``; ``torch.nn`` -> ``torch``; None for
+    what no rule covers."""
     parts = name.split(".")
     if parts[0] == "cwviz":
-        if len(parts) == 1:
-            return None
-        rest = ".".join(parts[1:])
-        return "analyses.schema" if rest.startswith("analyses.schema") else "app.launch" if rest.startswith("app.launch") else parts[1]
+        module = _cwviz_module(name)
+        if module == "cwviz":
+            return "top"
+        rest = module.removeprefix("cwviz.")
+        for special in ("analyses.schema", "app.launch"):
+            if rest == special or rest.startswith(special + "."):
+                return special
+        return rest.split(".")[0]
     return parts[0] if parts[0] in TRACKED else None
 
 
-def test_rooms_import_only_what_they_may():
-    """core knows nothing above it; charts see only the torch-free table types; only the app imports Streamlit."""
+def _check(module: str, room: str, names: set[str]) -> list[str]:
     wrong = []
-    for path in sorted((ROOT / "cwviz").rglob("*.py")):
-        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-        room = module.split(".")[1] if "." in module else None
+    for name in sorted(names):
+        target = _room_of(name)
+        if target is None or target in ROOMS[room] or target.split(".")[0] in ROOMS[room]:
+            continue  # a parent room's permission covers analyses.schema and app.launch too
+        if (module, target) not in EXCEPTIONS:
+            wrong.append(f"{module} imports {name}")
+    return wrong
+
+
+def test_rooms_import_only_what_they_may():
+    """core knows nothing above it; charts see only the torch-free table types; only the app imports Streamlit;
+    the table types import nothing of cwviz but the shared words; the pages never reach into the core."""
+    wrong = []
+    for module, path in CWVIZ_MODULES.items():
+        room = "analyses.schema" if module == "cwviz.analyses.schema" else module.split(".")[1] if "." in module else None
         if room not in ROOMS:
             continue  # cwviz/__init__.py (lazy names) and __main__.py
-        for name in sorted(_imports(path, module)):
-            target = _room_of(name)
-            if target is None or target in ROOMS[room] or target.split(".")[0] in ROOMS[room]:
-                continue  # a parent room's permission covers analyses.schema and app.launch too
-            if (module, target) not in EXCEPTIONS:
-                wrong.append(f"{module} imports {name}")
+        wrong += _check(module, room, _imports(path, module))
+    for path in SCRIPTS:
+        wrong += _check(str(path.relative_to(ROOT)), "pages", _imports(path, "__main__"))
     assert not wrong, "imports across the rooms of docs/ARCHITECTURE.md:\n" + "\n".join(wrong)
+
+
+def test_the_import_graph_of_cwviz_has_no_cycle():
+    """Every import of every module, those inside functions included: a module that needs a function-level import
+    to dodge a cycle is telling us where the helper really lives (docs/ARCHITECTURE.md, "The order of core")."""
+    graph = {
+        module: sorted({m for m in map(_cwviz_module, _imports(path, module)) if m and m != module})
+        for module, path in CWVIZ_MODULES.items()
+    }
+    done: set[str] = set()
+    cycles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            cycles.append(" -> ".join(path[path.index(module) :] + [module]))
+            return
+        if module in done:
+            return
+        for target in graph[module]:
+            visit(target, path + [module])
+        done.add(module)
+
+    for module in graph:
+        visit(module, [])
+    assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))
+
+
+def test_only_the_services_cache_and_no_module_is_over_the_limit():
+    """The app's services are the only Streamlit caching; one module, one job: none over MAX_MODULE_LINES lines."""
+    caching = [m for m, path in CWVIZ_MODULES.items() if "st.cache_" in path.read_text(encoding="utf-8") and not m.endswith("services")]
+    caching += [str(p.relative_to(ROOT)) for p in SCRIPTS if "st.cache_" in p.read_text(encoding="utf-8")]
+    assert not caching, f"Streamlit caching outside cwviz.app's services: {caching}"
+    long = {m: n for m, path in CWVIZ_MODULES.items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {long}"
 
 
 def test_top_level_names():

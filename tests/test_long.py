@@ -16,8 +16,8 @@ import transformers
 
 import cwviz
 from cwviz.analyses import bertviz as bertviz_html
-from cwviz.core import analysis as core_analysis
-from cwviz.core import memory
+from cwviz.core import blocks as block_policy
+from cwviz.core import inputs, memory
 from cwviz.core.errors import ResourceError
 from tests.conftest import CharTokenizer, make_tiny
 
@@ -28,7 +28,7 @@ TEXT = "Long prompts: the sink soaks up attention, and contributions say how muc
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Row blocks of a few rows, so a short prompt crosses many block edges."""
-    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", 7 * 40)
+    monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", 7 * 40)
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "bert"])
@@ -77,7 +77,7 @@ def test_cli_last_token_scores_read_the_last_row_only(small_blocks):
 def test_whole_layer_maps_that_would_not_fit_are_refused_and_rows_still_work(monkeypatch):
     """The analysis itself fits (its working set is a row block); asking the API for a whole layer's T x T maps
     that would not fit raises ResourceError naming the row-block methods, and those still give every row."""
-    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", 1000)
+    monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", 1000)
     bundle = make_tiny("llama")
     tokens = 200
     need = memory.estimate(bundle.model.config, bundle.info, tokens)["total"]
@@ -113,7 +113,7 @@ def test_the_limit_is_the_models_positions_and_the_dashboard_default_is_8192_on_
         monkeypatch.delenv(name, raising=False)
     long, short = _tiny_with_positions(32_768), _tiny_with_positions(2048)
     assert cwviz.max_tokens(long) == 32_768 and cwviz.max_tokens(short) == 2048
-    assert cwviz.max_tokens() == core_analysis.MAX_TOKENS  # no model: the fallback
+    assert cwviz.max_tokens() == inputs.MAX_TOKENS  # no model: the fallback
     assert services.app_max_tokens(long) == services.DEFAULT_APP_MAX_TOKENS == 8192
     assert services.app_max_tokens(short) == 2048
     monkeypatch.setenv("CWVIZ_MAX_TOKENS", "5000")
@@ -128,7 +128,7 @@ def test_the_estimate_counts_a_row_block_not_the_layers_maps():
     bundle = make_tiny("llama")
     config, info = bundle.model.config, bundle.info
     small, large = memory.estimate(config, info, 4096), memory.estimate(config, info, 8192)
-    assert large["maps"] <= small["maps"] <= memory.BLOCK_MAPS * info.heads * core_analysis.ROW_BLOCK_CELLS * 4
+    assert large["maps"] <= small["maps"] <= memory.BLOCK_MAPS * info.heads * block_policy.ROW_BLOCK_CELLS * 4
     assert large["recorded"] == 2 * small["recorded"]
 
 
@@ -149,7 +149,9 @@ def services_at_8k() -> dict:
     that the peak is this run's alone, not shaped by the heap and caches other tests left."""
     from benchmarks.run import long_ids
     from cwviz.app import services
+    from cwviz.app.launch import start_server
 
+    start_server()  # as app.py does in the dashboard's server
     bundle = services.get_bundle("embedded")
     ids = long_ids(bundle, 2 * services.DEFAULT_APP_MAX_TOKENS)
     text = bundle.tokenizer.decode(ids[: services.DEFAULT_APP_MAX_TOKENS - 40])
@@ -211,43 +213,3 @@ def test_the_long_dashboard_benchmark_runs_the_pages_steps(arch):
     ids = bundle.tokenizer(TEXT)["input_ids"][:80]
     first, overview = dashboard_steps(bundle, ids)
     assert 0 < first <= overview
-
-
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak resident size is read from Linux /proc")
-def test_the_probes_behind_benchmarks_md_run_and_leave_the_trim_as_it_was(monkeypatch, tmp_path):
-    """benchmarks.probe: the page's phases in order, with and without the heap trim (records on disk whatever
-    their size), the trim put back afterwards; the profile names the T² products."""
-    from benchmarks import probe
-    from cwviz.core import analysis as core_analysis
-    from cwviz.core import spill
-
-    monkeypatch.setattr(spill, "spill_bytes", lambda: 0)
-    monkeypatch.setenv("CWVIZ_SPILL_DIR", str(tmp_path))
-    bundle = make_tiny("llama")
-    ids = bundle.tokenizer(TEXT)["input_ids"][:80]
-    trim = spill.trim_heap
-    for on in (True, False):
-        phases = probe.phases(bundle, ids, trim=on)
-        assert [name for name, _, _ in phases] == ["recording pass", "window heatmap", "head overview"]
-        # A peak so far never falls, but /proc/self/status's figures move by a fraction of a MiB even for the peak
-        # (a fall of 0.15 MiB was seen here): a tiny model's phases are within that.
-        peaks = [peak for _, peak, _ in phases]
-        assert all(later >= earlier - 1 for earlier, later in zip(peaks, peaks[1:])), peaks
-        assert all(seconds > 0 for _, _, seconds in phases)
-        assert spill.trim_heap is trim
-    text = probe.profile(bundle, ids)
-    assert "row-block loop, by operator" in text and "one pass, by operator" in text and "bmm" in text
-    assert "α in row blocks x values" in probe.attention(bundle.info, 70, repeats=2)  # it checks both give one output
-    shipped = core_analysis.kv_copies
-    text = probe.copies(bundle, ids, repeats=1)
-    assert "once a kv head" in text and "once a head" in text and core_analysis.kv_copies is shipped, text
-    settings = (core_analysis.ROW_BLOCK_CELLS, core_analysis.CAUSAL_MIN_BLOCKS)
-    lines = probe.blocks(bundle, ids, repeats=1, settings=((1 << 10, 2), (1 << 11, 3), settings)).splitlines()
-    # 80 tokens: the shipped 32 rows first and last (the control), 12 and 25 rows between; the shipped setting in
-    # ``settings`` is left out there (32 rows again); the shipped setting put back
-    assert [line.split(" rows a block")[0].split()[-1] for line in lines[1:]] == ["32", "12", "25", "32"], lines
-    assert "shipped)" in lines[1] and "shipped, again)" in lines[-1] and "other)" in lines[2], lines
-    assert (core_analysis.ROW_BLOCK_CELLS, core_analysis.CAUSAL_MIN_BLOCKS) == settings
-    differences = probe.sink_norms_probe(bundle, ids, repeats=1).split("largest differences (relative where above 1) ")[1]
-    # the sinks table's norms and cosine made in head space equal those made in d_model space
-    assert all(float(part.split()[1]) < 1e-5 for part in differences.split(", ")), differences

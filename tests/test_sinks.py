@@ -18,13 +18,14 @@ import cwviz
 from cwviz import analyze
 from cwviz.analyses import sinks
 from cwviz.charts import sinks as charts
-from cwviz.core import analysis as core_analysis
+from cwviz.core import blocks
 from cwviz.core.errors import InputError, SelectionError
 from cwviz.core.interventions import KeepKeys, batch_perplexity, logits
 from cwviz.core.measures import expand_kv
 from cwviz.core.texts import read_texts
 
 from .conftest import TEXT, make_tiny
+from .sink_reference import cosine, sink_split
 
 GSM8K = Path(__file__).resolve().parent.parent / "data" / "gsm8k" / "sample.jsonl"  # shipped with cwviz
 
@@ -63,7 +64,7 @@ def test_head_outputs_split_into_sink_and_rest(tiny, sink):
     analysis = analyze(tiny, TEXT)
     model_out = _o_proj_io(tiny, TEXT)
     for layer in range(analysis.num_layers):
-        split = sinks.sink_split(analysis, layer, sink)
+        split = sink_split(analysis, layer, sink)
         s = split.sink_ratio[..., None]
         rest = torch.nan_to_num(split.rest_mean)  # NaN only where 1 − s = 0
         rebuilt = s * split.sink_value[:, None, :] + (1 - s) * rest  # (H, Q, D)
@@ -75,12 +76,12 @@ def test_head_outputs_split_into_sink_and_rest(tiny, sink):
 @pytest.mark.parametrize("sink", [0, 3])
 def test_norms_in_head_space_equal_the_split_in_model_space(tiny, sink):
     """sink_norms (what the sinks table and the atlas read: d_head-wide products through G^h) gives the norms and
-    the cosine of sink_split's d_model vectors, NaN in the same places, on every architecture."""
+    the cosine of the reference split's d_model vectors (tests/sink_reference.py), NaN in the same places, on every architecture."""
     from cwviz.core.measures import expand_kv, head_grams
 
     analysis = analyze(tiny, TEXT)
     for layer in range(analysis.num_layers):
-        split = sinks.sink_split(analysis, layer, sink)
+        split = sink_split(analysis, layer, sink)
         record = analysis.records[layer]
         value = expand_kv(record.value.float(), analysis.num_heads)
         norms = sinks.sink_norms(
@@ -88,7 +89,7 @@ def test_norms_in_head_space_equal_the_split_in_model_space(tiny, sink):
         )
         expected = {
             "rest_norm": split.rest_mean.norm(dim=-1),
-            "cos_sink_rest": sinks._cosine(split.sink_value[:, None, :], split.rest_mean),
+            "cos_sink_rest": cosine(split.sink_value[:, None, :], split.rest_mean),
             "sink_value_norm": split.sink_value.norm(dim=-1),
             "sink_ratio": split.sink_ratio,
         }
@@ -390,7 +391,7 @@ def test_the_table_read_in_row_blocks_equals_the_whole_layer_table(arch, monkeyp
 
     analysis = analyze(make_tiny(arch), LONG_TEXT[:60])
     whole = sinks.sink_table(analysis, 0)
-    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", 5 * analysis.num_tokens)
+    monkeypatch.setattr(blocks, "ROW_BLOCK_CELLS", 5 * analysis.num_tokens)
     blocked = sinks.sink_table(analysis, 0)
     pd.testing.assert_frame_equal(blocked, whole, check_exact=False, atol=1e-5, rtol=1e-4)
 

@@ -10,7 +10,8 @@ import transformers
 
 import cwviz
 from cwviz.analyses import tables
-from cwviz.core import analysis as core_analysis
+from cwviz.core import blocks as block_policy
+from cwviz.core import reading, stream
 from tests.conftest import TEXT, CharTokenizer, make_tiny
 
 
@@ -168,11 +169,11 @@ def test_top_keys_across_layers_agree_with_the_full_layer(llama):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "bert", "mistral"])
-def test_query_measures_equal_the_full_layer_row(arch):
+def test_one_query_rows_equal_the_full_layer_row(arch):
     analysis = cwviz.analyze(make_tiny(arch), TEXT)
     for layer in range(analysis.num_layers):
         for query in (0, 7, analysis.num_tokens - 1):
-            row = tables.query_measures(analysis, layer, query)
+            row = analysis.rows(layer, query, query + 1)
             for name in cwviz.MEASURES:
                 np.testing.assert_allclose(row.per_head(name)[:, 0].numpy(), analysis.measure(layer, name)[:, query], atol=1e-5, rtol=1e-4)
 
@@ -182,11 +183,11 @@ def test_row_blocks_equal_the_whole_layer_across_block_edges(arch):
     """Analysis.rows (what windowed heatmaps and the token page compute) equals the whole layer's rows, for
     every measure, the norms and both aggregations; mistral's sliding window and bert's bidirectional mask
     included. Blocks start and end on either side of the whole layer's own row blocks."""
-    from cwviz.core.measures import causal_row_blocks
+    from cwviz.core.blocks import triangle_blocks
 
     analysis = cwviz.analyze(make_tiny(arch), LONG_TEXT[:90])
     t = analysis.num_tokens
-    edges = sorted({e for _, e in causal_row_blocks(t)} | {1, t // 3, t - 1})
+    edges = sorted({e for _, e in triangle_blocks(t)} | {1, t // 3, t - 1})
     spans = [(0, t), (0, 1), (t - 1, t)] + [(max(0, e - 3), min(t, e + 4)) for e in edges]
     for layer in range(analysis.num_layers):
         whole = analysis.layer(layer)
@@ -208,7 +209,7 @@ def test_row_blocks_cover_every_row_and_every_visible_key(arch, cells, monkeypat
     from ``start`` with no gap or overlap; a causal block holds keys 0..stop-1 (every key its rows can see:
     the whole layer's later keys are exactly 0), an encoder's all T; on those keys every measure equals the
     whole layer's. attention_blocks gives the same attention, head_outputs the whole layer's z."""
-    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", cells)
+    monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", cells)
     analysis = cwviz.analyze(make_tiny(arch), LONG_TEXT[:90])
     t, causal = analysis.num_tokens, analysis.bundle.arch.causal
     for layer in range(analysis.num_layers):
@@ -261,7 +262,7 @@ def test_a_windowed_heatmap_equals_the_whole_map_cut_to_the_window(long_analysis
 @pytest.mark.parametrize("block_cells", [512 * 7, 512 * 64, 1 << 18])
 def test_the_streamed_head_summary_equals_the_whole_map_definition(long_analysis, monkeypatch, block_cells):
     """Row blocks of 7, 64 and all 511 queries give the same summary as the whole layers' maps."""
-    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", block_cells)
+    monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", block_cells)
     summary = tables.head_summary(long_analysis).set_index(["layer", "head"])
     for layer in range(long_analysis.num_layers):
         attention = long_analysis.attention(layer)[:, 1:]
@@ -279,7 +280,7 @@ def test_the_streamed_head_summary_equals_the_whole_map_definition(long_analysis
 def test_the_streamed_binned_view_equals_binning_the_whole_map(long_analysis, monkeypatch, block_cells, head):
     """Bins read a few query bins at a time equal the whole layer's maps binned: mean over a bin's queries
     of the sum over a bin's keys."""
-    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", block_cells)
+    monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", block_cells)
     cells = tables.heatmap_cells(long_analysis, 1, head, "contribution_intra", "intra", 300, "binned")
     t = long_analysis.num_tokens
     width = int(cells.labels[0].split("–")[1]) + 1
@@ -307,8 +308,8 @@ def test_the_one_pass_groups_its_row_blocks_in_order_within_a_dense_blocks_cells
     from cwviz.core.capture import LayerRecord
 
     empty = torch.empty(1, tokens, 1)
-    blocks = list(core_analysis.record_blocks(LayerRecord(empty, empty, empty, None, 1.0, True, output=None)))
-    groups = list(core_analysis.block_groups(iter(blocks), cells))
+    blocks = list(reading.record_blocks(LayerRecord(empty, empty, empty, None, 1.0, True, output=None)))
+    groups = list(block_policy.block_groups(iter(blocks), cells))
     assert [block for group in groups for block in group] == blocks
 
     def held(group):
@@ -317,7 +318,7 @@ def test_the_one_pass_groups_its_row_blocks_in_order_within_a_dense_blocks_cells
     assert all(held(group) <= cells or len(group) == 1 for group in groups)
     assert all(held(group) + held(following[:1]) > cells for group, following in zip(groups, groups[1:]))
     if tokens == 512:  # the embedded model's 512-token layer: one product for the query side, not eight
-        assert len(blocks) == core_analysis.CAUSAL_MIN_BLOCKS and len(groups) == 1
+        assert len(blocks) == block_policy.READ_MIN_BLOCKS and len(groups) == 1
 
 
 #: Three heads a kv head, each held twice in the row blocks (cwviz.core.measures.kv_copies): 7-row blocks cut into
@@ -336,10 +337,10 @@ def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch)
     several, the first few of a causal layer in one group (block_groups)."""
     from tests.conftest import family_model
 
-    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", 7 * 60)
+    monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", 7 * 60)
     if family == HELD_TWICE:
         model = family_model("llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=2)
-        monkeypatch.setattr(core_analysis, "kv_copies", lambda kv_heads, heads, device: 2)
+        monkeypatch.setattr(reading, "kv_copies", lambda kv_heads, heads, device: 2)
     else:
         model = family_model(family)
     bundle = cwviz.bundle_from_model(model, CharTokenizer(100), model_id=f"tiny-{family}")
@@ -352,14 +353,14 @@ def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch)
             (layer, first, stop, m.attention.clone(), {kind: m.contribution(kind).clone() for kind in kinds}, m.head_output_norm.clone())
         )
 
-    grouping, group_sizes = core_analysis.block_groups, []
+    grouping, group_sizes = stream.block_groups, []
 
     def counted(blocks, cells):
         for group in grouping(blocks, cells):
             group_sizes.append(len(group))
             yield group
 
-    monkeypatch.setattr(core_analysis, "block_groups", counted)
+    monkeypatch.setattr(stream, "block_groups", counted)
     streamed = cwviz.analyze(bundle, text, each_block=keep, kinds=kinds)
     assert max(group_sizes) > 1 or not bundle.arch.causal  # blocks whose α is kept while their group's query side is made
     expected = [(layer, *block) for layer in range(plain.num_layers) for block in plain.row_blocks(layer, kinds=kinds)]

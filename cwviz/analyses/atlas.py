@@ -1,4 +1,4 @@
-"""Atlas (issue 16, part 2): every head's behaviour pooled over many prompts, with bootstrap intervals.
+"""Atlas: every head's behaviour pooled over many prompts, with bootstrap intervals.
 
 Per prompt (:func:`prompt_stats`: one forward pass, each layer read in row blocks and reduced as it goes,
 never a layer's [head, T, T] maps), one row per (layer, head), each a mean over the queries 1..T-1 (query 0
@@ -41,9 +41,8 @@ from ..core.progress import Progress, counted, phase
 from ..core.texts import iter_jsonl, write_text_atomic
 from .bootstrap import bootstrap_interval
 from .schema import ATLAS_METRICS
-from .sinks import head_space, sink_norms
+from .sinks import DEFAULT_SINK, head_space, sink_norms
 
-SINK = 0
 #: Bootstrap resamples of the prompts, the interval's coverage and the generator's seed unless given.
 BOOTSTRAP = 1000
 CONFIDENCE = 0.95
@@ -69,14 +68,14 @@ def prompt_stats(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
             value, grams = head_space(analysis, layer)  # (H, T, d_head), (H, d_head, d_head)
             for start, stop, m in analysis.row_blocks(layer, first, kinds=("intra",)):  # [head, block, keys] at a time
                 alpha, c = m.attention, m.contribution("intra")
-                sums["sink_attention"] += alpha[:, :, SINK].sum(-1).double().cpu()
-                sums["sink_contribution"] += c[:, :, SINK].sum(-1).double().cpu()
+                sums["sink_attention"] += alpha[:, :, DEFAULT_SINK].sum(-1).double().cpu()
+                sums["sink_contribution"] += c[:, :, DEFAULT_SINK].sum(-1).double().cpu()
                 sums["divergence"] += 0.5 * (alpha - c).abs().sum(-1).sum(-1).double().cpu()
                 mass = c.abs().sum(-1)  # (H, rows)
                 negative = (-c).clamp_min(0).sum(-1) / mass.clamp_min(1e-30)
                 sums["negative_share"] += torch.where(mass > 0, negative, 0).sum(-1).double().cpu()
                 sums["output_norm"] += m.head_output_norm.sum(-1).double().cpu()
-                split = sink_norms(alpha, value, grams, SINK, record.key_mask(start, stop))
+                split = sink_norms(alpha, value, grams, DEFAULT_SINK, record.key_mask(start, stop))
                 # Only the queries that see the sink, as in the sinks table (a sliding window moves past it).
                 cos = torch.where(split.sees_sink.to(alpha.device)[None, :], split.cos_sink_rest, torch.nan).double().cpu()
                 sums["cos_sink_rest"] += torch.nan_to_num(cos, nan=0.0).sum(-1)
@@ -184,7 +183,7 @@ def build(
         "schema": SCHEMA,
         "version": VERSION,
         "model": model,
-        "sink": SINK,
+        "sink": DEFAULT_SINK,
         "bootstrap": int(bootstrap),
         "confidence": float(confidence),
         "seed": int(seed),

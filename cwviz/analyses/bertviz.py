@@ -8,7 +8,7 @@ Choices, stated on the page:
 * bertviz loads require.js, d3 and jQuery from cdnjs. The returned page says so in plain words when
   those scripts cannot load (offline), instead of leaving an empty box.
 * Size: the head view shows the selected layer, the model view at most :data:`MODEL_VIEW_LAYERS`
-  layers around it; both at most :data:`MAX_TOKENS` (head) / :data:`MODEL_VIEW_TOKENS` (model) tokens,
+  layers around it; both at most :data:`HEAD_VIEW_TOKENS` (head) / :data:`MODEL_VIEW_TOKENS` (model) tokens,
   the first ones. For causal models the leading block of the matrix is exact: rows of the first n
   queries only involve the first n keys; an encoder's rows also weigh the later keys, and the note says so.
 * Tokens enter bertviz's JSON as placeholders that are replaced with JSON strings in which ``<``, ``>``
@@ -26,10 +26,12 @@ import torch
 
 from ..core.analysis import Analysis
 
-MAX_TOKENS = 96
+#: Leading tokens the head view and the model view show at most (bertviz draws a line per pair).
+HEAD_VIEW_TOKENS = 96
 MODEL_VIEW_TOKENS = 40
 MODEL_VIEW_LAYERS = 4
-VIEWS = ("head", "model")
+#: bertviz's two renderers (the heatmaps' window/binned views are :data:`cwviz.analyses.schema.VIEWS`).
+BERTVIZ_VIEWS = ("head", "model")
 WEIGHTS = ("attention", "contribution")
 FALLBACK_ID = "cwviz-bertviz-offline"
 OFFLINE_MESSAGE = (
@@ -48,12 +50,12 @@ class BertvizScope:
 
 def scope(analysis: Analysis, view: str, layer: int) -> BertvizScope:
     """Which layers and how many leading tokens a view shows, and a sentence saying so."""
-    if view not in VIEWS:
-        raise ValueError(f"view must be one of {VIEWS}, not {view!r}")
+    if view not in BERTVIZ_VIEWS:
+        raise ValueError(f"view must be one of {BERTVIZ_VIEWS}, not {view!r}")
     layer = analysis.check_layer(layer)
     t = analysis.num_tokens
     if view == "head":
-        layers, cap = (layer,), MAX_TOKENS
+        layers, cap = (layer,), HEAD_VIEW_TOKENS
     else:
         lo = max(0, min(layer - MODEL_VIEW_LAYERS // 2, analysis.num_layers - MODEL_VIEW_LAYERS))
         layers, cap = tuple(range(lo, min(lo + MODEL_VIEW_LAYERS, analysis.num_layers))), MODEL_VIEW_TOKENS

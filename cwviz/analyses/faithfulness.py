@@ -42,10 +42,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.analysis import Analysis, analyze, check_layer, check_length
-from ..core.analysis import perplexity as sequence_perplexity
+from ..core.analysis import Analysis, analyze
 from ..core.errors import InputError, UnsupportedModelError
+from ..core.inputs import check_layer, check_length
 from ..core.interventions import KeepKeys, batch_logprobs
+from ..core.logprobs import perplexity_of as sequence_perplexity
 from ..core.models import Bundle
 from ..core.progress import Progress
 from ..core.texts import check_text

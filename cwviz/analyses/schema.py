@@ -1,7 +1,8 @@
 """The tables that analyses hand to charts: their types and the measure picker's vocabulary.
 
 Torch-free on purpose: :mod:`cwviz.charts` imports this module and must not import torch or
-transformers (a test says so), so a chart can be built in a notebook from a saved table alone.
+transformers (a test says so), so a chart can be built in a notebook from a saved table alone. It imports nothing
+of cwviz but :mod:`cwviz.vocabulary`, the words the core shares (``KINDS``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
+
+from ..vocabulary import KINDS
 
 #: How tables and files (DataFrames, CSV, JSON) name the layer-level rows; in code "all heads" is None.
 ALL_HEADS = "all heads"
@@ -24,7 +27,6 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "value_weighted": ("value-weighted attention", "value_weighted", "value_weighted"),
     "raw": ("raw attention", "raw", "raw"),
 }
-KINDS = ("inter", "intra")
 VIEWS = ("window", "binned")
 
 

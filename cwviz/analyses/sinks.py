@@ -38,14 +38,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core import memory
-from ..core.analysis import Analysis, integer_index, layer_records
-from ..core.capture import forward_pass
+from ..core.analysis import Analysis, analyze
 from ..core.errors import InputError, SelectionError
-from ..core.interventions import ScaleValues, batch_perplexity
+from ..core.inputs import integer_index
+from ..core.interventions import ScaleValues, ScaleValuesPerItem, batch_perplexity
 from ..core.measures import expand_kv, head_grams
 from ..core.progress import Progress, counted, phase
-from ..core.spill import spill_for
 
 AUTO = "auto"
 #: The sink unless the user picks one: the first position (docs/METHOD.md section 4).
@@ -115,81 +113,7 @@ def resolve_sink(analysis: Analysis, sink: int | str = DEFAULT_SINK) -> int:
     return sink % tokens  # -1 is the last token, as in Python
 
 
-# -- the split o = s ṽ_σ + (1 − s) m ----------------------------------------------------------------
-@dataclass(frozen=True)
-class SinkSplit:
-    """One layer's head outputs split into the sink's part and the rest, float32 (on the layer's device).
-
-    | field        | shape                     | meaning                                            |
-    |--------------|---------------------------|----------------------------------------------------|
-    | sink         | int                       | σ                                                  |
-    | sink_ratio   | [head, query]             | s = α_iσ^h (0 where the query cannot see σ)        |
-    | sink_value   | [head, d_model]           | ṽ_σ^h                                              |
-    | rest_mean    | [head, query, d_model]    | m_i^h (NaN where the query sees no other key)      |
-    | head_output  | [head, query, d_model]    | o_i^h                                              |
-    | other_keys   | [query]                   | number of keys besides σ the query can see         |
-    | sees_sink    | [query]                   | bool: the query can see σ                          |
-    """
-
-    sink: int
-    sink_ratio: torch.Tensor
-    sink_value: torch.Tensor
-    rest_mean: torch.Tensor
-    head_output: torch.Tensor
-    other_keys: torch.Tensor
-    sees_sink: torch.Tensor
-
-
-def sink_split(
-    analysis: Analysis,
-    layer: int,
-    sink: int = DEFAULT_SINK,
-    start: int = 0,
-    stop: int | None = None,
-    alpha: torch.Tensor | None = None,
-    *,
-    value: torch.Tensor | None = None,
-    w: torch.Tensor | None = None,
-) -> SinkSplit:
-    """Split every head output of ``layer`` at the sink ``sink`` (a position; see :func:`resolve_sink`), for
-    the query rows ``start..stop-1`` (default: all; the fields' query axis then has ``stop - start`` rows).
-    ``alpha``: those rows' attention [head, rows, key] when the caller has it (:meth:`cwviz.Analysis.rows`; a
-    causal block of :meth:`cwviz.Analysis.row_blocks` holds only the keys its rows can see, 0..stop-1);
-    ``value`` (expanded per head, float32) and ``w`` (:meth:`cwviz.Analysis.w_heads`): the layer's, when a
-    caller reading the layer block by block has made them once."""
-    layer = analysis.check_layer(layer)
-    sink = analysis.check_token(sink)
-    record = analysis.records[layer]
-    stop = analysis.num_tokens if stop is None else stop
-    with torch.inference_mode():
-        if alpha is None:
-            alpha = analysis.rows(layer, start, stop).attention
-        keys = alpha.shape[-1]  # a causal row block holds keys 0..stop-1 only (Analysis.row_blocks)
-        value = expand_kv(record.value.float(), analysis.num_heads) if value is None else value  # (H, K, d_head)
-        value = value[:, :keys]
-        w = analysis.w_heads(layer) if w is None else w  # (H, D, d_head)
-        visible = record.key_mask(start, stop)[:, :keys].cpu()  # (rows, K)
-        rest_alpha = alpha.clone()
-        rest_alpha[:, :, sink] = 0
-        rest_mass = rest_alpha.sum(-1)  # (H, Q)  1 − s, summed directly
-        rest_z = rest_alpha @ value  # (H, Q, d_head)
-        z = alpha @ value  # (H, Q, d_head)
-        head_output = torch.einsum("hqd,hmd->hqm", z, w)  # (H, Q, D)
-        rest_sum = torch.einsum("hqd,hmd->hqm", rest_z, w)  # (H, Q, D)  (1 − s) m
-        other_keys = visible.sum(-1) - visible[:, sink].long()  # (Q,)
-        defined = (other_keys > 0).to(alpha.device)[None, :] & (rest_mass > 0)  # (H, Q)
-        rest_mean = torch.where(defined[..., None], rest_sum / rest_mass.clamp_min(1e-38)[..., None], torch.nan)
-        return SinkSplit(
-            sink=sink,
-            sink_ratio=alpha[:, :, sink],
-            sink_value=torch.einsum("hmd,hd->hm", w, value[:, sink]),
-            rest_mean=rest_mean,
-            head_output=head_output,
-            other_keys=other_keys,
-            sees_sink=visible[:, sink],
-        )
-
-
+# -- the split o = s ṽ_σ + (1 − s) m, in each head's value space ------------------------------------
 @dataclass(frozen=True)
 class SinkNorms:
     """A row block's :class:`SinkSplit` as the sinks table reads it: norms and a cosine, made in each head's value
@@ -226,8 +150,8 @@ def sink_norms(alpha: torch.Tensor, value: torch.Tensor, grams: torch.Tensor, si
 
     With r_i^h = Σ_{j≠σ} α_ij^h v_j^h (one [rows, keys] x [keys, d_head] product a head), W_O^h r_i^h = (1 − s) m_i^h, so
     ‖m_i‖ = sqrt(r_iᵀ G^h r_i) / (1 − s), ‖ṽ_σ‖ = sqrt(v_σᵀ G^h v_σ) and cos(ṽ_σ, m_i) = v_σᵀ G^h r_i / (‖ṽ_σ‖ ‖W_O^h r_i‖):
-    products d_head wide where :func:`sink_split` projects to d_model (the same numbers to float32 rounding; tested).
-    1 − s is summed from the other keys' α directly, as in :func:`sink_split`.
+    products d_head wide, never a d_model vector (tests/sink_reference.py projects to d_model: the same numbers to
+    float32 rounding). 1 − s is summed from the other keys' α directly, so it stays accurate when s is close to 1.
 
     | arg     | shape                                                        |
     |---------|--------------------------------------------------------------|
@@ -258,12 +182,6 @@ def sink_norms(alpha: torch.Tensor, value: torch.Tensor, grams: torch.Tensor, si
         other_keys=other_keys.cpu(),
         sees_sink=visible[:, sink].cpu(),
     )
-
-
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Cosine along the last axis; NaN where either vector is zero or NaN."""
-    norms = a.norm(dim=-1) * b.norm(dim=-1)
-    return torch.where(norms > 0, (a * b).sum(-1) / norms.clamp_min(1e-38), torch.nan)
 
 
 # -- the table --------------------------------------------------------------------------------------
@@ -405,6 +323,13 @@ def sink_head_summary(table: pd.DataFrame) -> pd.DataFrame:
     return summary.reset_index()
 
 
+def most_anti_aligned_head(heads: pd.DataFrame, layer: int) -> int:
+    """The head of ``layer`` with the lowest mean cos(ṽ_σ, m) in :func:`sink_head_summary` ``heads`` (0 when no
+    head has one): the head the Sinks page and :func:`cwviz.plot.sink_ratio` show for "all heads"."""
+    rows = heads[heads["layer"] == layer]
+    return int(rows.loc[rows["cos_sink_rest"].idxmin(), "head"]) if rows["cos_sink_rest"].notna().any() else 0
+
+
 # -- the convex relation ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SinkCurve:
@@ -538,23 +463,10 @@ def intervene_on_sink(
     sink = resolve_sink(analysis, sink)
     chosen = _layers(analysis, layers)
     intervention = ScaleValues(positions=(sink,), factor=float(factor), layers=frozenset(chosen))
-    ids = _input_ids(analysis)
-    bundle = analysis.bundle
     steps = 2 * analysis.num_layers
-    passing = phase(progress, 0, steps)
-    spill = spill_for(memory.records_bytes(bundle.info, analysis.num_tokens), bundle.input_device)  # as analyze() does
-    with (
-        torch.inference_mode(),
-        forward_pass(bundle.attention_modules, record=True, intervention=intervention, progress=passing, spill=spill) as records,
-    ):
-        hidden = bundle.final_hidden(ids)[0]  # (T, d_model)
-    # Log-probabilities the way the clean analysis computes them, so that λ = 1 gives exactly its perplexity.
-    after = Analysis(
-        bundle,
-        analysis.text,
-        analysis.input_ids,
-        layer_records(records, analysis.num_layers),
-        final_hidden=hidden if bundle.arch.causal else None,
+    # The same pass as the clean analysis's but for the intervention, so that λ = 1 gives exactly its perplexity.
+    after = analyze(
+        analysis.bundle, analysis.text, input_ids=analysis.input_ids, progress=phase(progress, 0, steps), intervention=intervention
     )
     rows = []
     with torch.inference_mode():
@@ -588,28 +500,6 @@ def intervene_on_sink(
         perplexity_clean=analysis.perplexity,
         perplexity=after.perplexity,
     )
-
-
-@dataclass(frozen=True)
-class ScaleValuesPerItem:
-    """Like :class:`~cwviz.core.interventions.ScaleValues`, but batch item b is changed only in
-    ``layers[b]`` (None = every layer), so one batched pass runs many interventions."""
-
-    positions: tuple[int, ...]
-    factor: float
-    layers: tuple[frozenset[int] | None, ...]
-
-    def values(self, layer: int, value: torch.Tensor) -> torch.Tensor:
-        # value (B, H_kv, K, d)
-        rows = [b for b, chosen in enumerate(self.layers) if chosen is None or layer in chosen]
-        if not rows or self.factor == 1.0:
-            return value
-        scale = torch.ones(value.shape[0], 1, value.shape[2], 1, dtype=value.dtype, device=value.device)
-        scale[torch.tensor(rows)[:, None], 0, torch.tensor(self.positions)[None, :], 0] = self.factor
-        return value * scale
-
-    def keep(self, layer: int, num_queries: int, num_keys: int) -> torch.Tensor | None:
-        return None
 
 
 def removal_perplexity(

@@ -13,13 +13,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core import analysis as core_analysis
 from ..core.analysis import Analysis
+from ..core.blocks import row_block_cells
 from ..core.measures import LAYER_AGGREGATION, MEASURES, LayerMeasures
 from ..core.progress import Progress, counted
+from .schema import ALL_HEADS, FAMILIES, KINDS, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name  # noqa: F401
 
 # The picker vocabulary and table types are part of this module's interface too (pages use tables.FAMILIES).
-from .schema import ALL_HEADS, FAMILIES, KINDS, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name  # noqa: F401
+from .sinks import DEFAULT_SINK  # the head summary and the token page: the first position
 
 #: Most cells one heatmap may have (Altair refuses more than 5000 rows per dataset).
 MAX_CELLS = 2500
@@ -36,8 +37,6 @@ def screen_cells(causal: bool) -> int:
 
 #: Keys shown per query on the token page (plus the sink).
 TOP_KEYS = 24
-#: The sink is the first position (docs/METHOD.md section 4).
-SINK = 0
 
 
 def _causal_cells(num_queries: int, num_keys: int, causal: bool) -> int:
@@ -134,14 +133,14 @@ def heatmap_cells(
             size += 1
         lo, hi = window_bounds(t, query, size)
         rows = np.arange(lo, hi + 1)
-        keys = np.concatenate([[SINK], rows]) if lo > SINK else rows
+        keys = np.concatenate([[DEFAULT_SINK], rows]) if lo > DEFAULT_SINK else rows
         # Only the window's query rows are computed: W x T per head, not T x T.
         mats = _layer_matrices(analysis.rows(layer, lo, hi + 1), head, measure, kind)
         frame = _cells(mats, rows, keys, causal, tokens, tokens, row_offset=lo)
         labels, binned = position_labels(tokens), False
         note = (
             f"layer {layer}, {who}; window: queries and keys {lo}–{hi} of {t} tokens"
-            f"{' plus the first token' if lo > SINK else ''}, around query {query}"
+            f"{' plus the first token' if lo > DEFAULT_SINK else ''}, around query {query}"
         )
     else:
         bins = 1
@@ -175,11 +174,11 @@ def _binned_matrices(
 ) -> dict[str, np.ndarray]:
     """[query_bin, key_bin] attention, measure and contribution: the mean over a bin's queries of the sum over
     a bin's keys (attention rows still sum to 1), read in blocks of query rows of about
-    :func:`cwviz.core.analysis.row_block_cells` cells a head (a bin may span several blocks) that are reduced
+    :func:`cwviz.core.blocks.row_block_cells` cells a head (a bin may span several blocks) that are reduced
     as they go: the layer's T x T maps are never held."""
     t, count = analysis.num_tokens, len(edges)
     out = {name: np.zeros((count, count)) for name in ("attention", "value", "contribution")}
-    rows = max(1, core_analysis.row_block_cells(analysis.records[layer].query.device) // t)  # query rows a block
+    rows = max(1, row_block_cells(analysis.records[layer].query.device) // t)  # query rows a block
     bin_of_row = np.searchsorted(edges, np.arange(t), side="right") - 1
     blocks = math.ceil(t / rows)
     for number, start in enumerate(range(0, t, rows), start=1):
@@ -249,8 +248,8 @@ def head_summary(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
             output_norm = torch.zeros(heads)
             for _, _, m in analysis.row_blocks(layer, first, kinds=("intra",)):
                 attention, contribution = m.attention, m.contribution("intra")  # (H, rows, K)
-                sink_attention += attention[:, :, SINK].sum(-1).cpu()
-                sink_contribution += contribution[:, :, SINK].sum(-1).cpu()
+                sink_attention += attention[:, :, DEFAULT_SINK].sum(-1).cpu()
+                sink_contribution += contribution[:, :, DEFAULT_SINK].sum(-1).cpu()
                 output_norm += m.head_output_norm.sum(-1).cpu()
                 # |α − c| in the block's own contribution map (the block is this loop's): no map more per block
                 divergence += contribution.sub_(attention).abs_().sum(-1).sum(-1).cpu()
@@ -305,9 +304,9 @@ def token_factors(analysis: Analysis, layer: int, query: int, head: int | None, 
         who = f"head {head}"
     n = len(wide)
     magnitude = wide["contribution"].abs().to_numpy()
-    keep = set(np.argsort(-magnitude, kind="stable")[:top].tolist()) | {SINK}
+    keep = set(np.argsort(-magnitude, kind="stable")[:top].tolist()) | {DEFAULT_SINK}
     wide = wide.iloc[sorted(keep)].sort_values("contribution", ascending=False, kind="stable").reset_index(drop=True)
-    wide["is_sink"] = wide["key"] == SINK
+    wide["is_sink"] = wide["key"] == DEFAULT_SINK
     wide["order"] = np.arange(len(wide))
     wide.insert(0, "query", query)
     wide.insert(0, "head", ALL_HEADS if head is None else head)
@@ -322,13 +321,6 @@ def token_factors(analysis: Analysis, layer: int, query: int, head: int | None, 
     shown += ", sorted by contribution (largest on top)"
     note = f"layer {layer}, {who}, query {query} {analysis.tokens[query]!r}, {kind}-head; {shown}"
     return TokenFactors(frame=frame, wide=wide, factors=factors, note=note)
-
-
-def query_measures(analysis: Analysis, layer: int, query: int) -> LayerMeasures:
-    """Every measure of one layer for a single query (tensors with a query axis of length 1):
-    :meth:`cwviz.Analysis.rows` of that one row, about T times cheaper than the whole layer."""
-    query = analysis.check_token(query)
-    return analysis.rows(layer, query, query + 1)
 
 
 def _row(measures: LayerMeasures, name: str, head: int | None) -> np.ndarray:
@@ -352,7 +344,7 @@ def top_keys_across_layers(
     rows = []
     for layer in counted(range(analysis.num_layers), analysis.num_layers, progress):
         keys = keys_seen_by(analysis, query, layer)
-        measures = query_measures(analysis, layer, query)
+        measures = analysis.rows(layer, query, query + 1)  # the query's row alone
         contribution = _row(measures, f"contribution_{kind}", head)[keys]
         attention = _row(measures, "raw", head)[keys]
         order = np.argsort(-contribution, kind="stable")[:k]

@@ -29,9 +29,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..core.analysis import analyze, check_length
-from ..core.analysis import perplexity as sequence_perplexity
+from ..core.analysis import analyze
 from ..core.errors import InputError
+from ..core.inputs import check_length
+from ..core.logprobs import perplexity_of as sequence_perplexity
 from ..core.models import Bundle
 from ..core.texts import check_text
 from .faithfulness import EXAMPLE_COLUMNS, Protocol, check_causal, masked_layers, masked_logprobs

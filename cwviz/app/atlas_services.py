@@ -10,19 +10,14 @@ import pandas as pd
 import streamlit as st
 
 from ..analyses import atlas
-from ..core.analysis import tokenize
 from ..core.errors import InputError
+from ..core.inputs import tokenize
 from ..core.texts import gsm8k_path, read_texts
 from . import hosting, services
 
 #: Most prompts the page pools (each costs a forward pass); the CLI has no limit.
 MAX_PROMPTS = 64
 SOURCES = {"gsm8k": "GSM8K sample (ships with cwviz)", "path": "a JSONL file on the server", "saved": "saved results (a folder)"}
-
-
-def server_files_allowed() -> bool:
-    """Whether the page may read or write files by their path on the server (not in hosting mode)."""
-    return hosting.policy_from_env().server_files
 
 
 @st.cache_data(max_entries=4, show_spinner=False)

@@ -52,10 +52,6 @@ class Policy:
             raise ModelLoadError(f"model {name!r} is not available on this server; choose one of: {', '.join(self.allowed_models)}")
 
     @property
-    def trust_remote_code(self) -> bool:
-        return False
-
-    @property
     def server_files(self) -> bool:
         """Whether pages may read files by a path on the server (off in hosting mode; uploads still work)."""
         return not self.hosted

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ..core.errors import CwvizError
+from ..core.heap import tune_heap
 
 PACKAGE = Path(__file__).resolve().parent.parent
 
@@ -43,6 +44,12 @@ def config_flags(config: Path) -> list[str]:
             text = str(value).lower() if isinstance(value, bool) else str(value)
             flags.append(f"--{section}.{name}={text}")
     return flags
+
+
+def start_server() -> None:
+    """What the dashboard's server sets for its own process, from ``app.py``: it owns the process, so its heap keeps
+    the row blocks' buffers (:func:`cwviz.core.heap.tune_heap`; once, whatever the reruns)."""
+    tune_heap()
 
 
 def command(extra: list[str] | None = None) -> list[str]:

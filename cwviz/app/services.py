@@ -31,9 +31,11 @@ import pandas as pd
 import streamlit as st
 
 from ..analyses import tables
-from ..core.analysis import Analysis, analyze, max_tokens, tokenize
+from ..core.analysis import Analysis, analyze
 from ..core.errors import InputError
 from ..core.generate import greedy_continuation
+from ..core.heap import trim_heap
+from ..core.inputs import max_tokens, tokenize
 from ..core.models import Bundle, load_model
 from ..core.progress import Progress
 from ..core.settings import env_int
@@ -86,9 +88,9 @@ def progress_bar(label: str, unit: str = "layers") -> Iterator[Progress]:
 
     Steps that end within :data:`PROGRESS_AFTER_S` draw nothing; the bar is removed when the block ends
     (also when the step raises). Its placeholder (``st.empty``, which draws nothing) is made here, before the
-    step: made from inside a recording forward pass (the callback runs in the attention function), the
-    memory grew by about a layer's queries, keys and values per layer until the pass ended, which a garbage
-    collection freed (+650 MB at 4,096 tokens, measured).
+    step: made from inside a recording forward pass (the callback runs in the attention function), Streamlit's
+    objects would keep each layer's queries, keys and values alive until a garbage collection after the pass,
+    so the pass's peak would grow by a layer's records a layer.
     """
     start = time.monotonic()
     shown: dict = {"bar": st.empty(), "drawn": False, "at": 0.0}
@@ -167,7 +169,9 @@ def _analyse(request: Request) -> Analyzed:
             ids = greedy_continuation(bundle, prompt_ids, request.generate, progress=progress)
         text = request.text + bundle.tokenizer.decode(ids[len(prompt_ids) :])
     with progress_bar("Analysing the prompt") as progress:
-        return Analyzed(analyze(bundle, text, input_ids=ids, progress=progress), len(prompt_ids))
+        analysis = analyze(bundle, text, input_ids=ids, progress=progress)
+    trim_heap()  # the server lives on between prompts: what the pass freed goes back to the system (cwviz.core.heap)
+    return Analyzed(analysis, len(prompt_ids))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

@@ -13,7 +13,8 @@ import pandas as pd
 import streamlit as st
 
 from ..analyses import sinks
-from ..core.analysis import analyze, tokenize
+from ..core.analysis import analyze
+from ..core.inputs import tokenize
 from ..core.progress import phase
 from ..core.texts import read_texts
 from . import hosting, services
@@ -44,11 +45,6 @@ class HeadView:
     curve: pd.DataFrame
     minimiser: float
     cos: float
-
-
-def server_files_allowed() -> bool:
-    """Whether the page may offer reading a file by its path on the server (not in hosting mode)."""
-    return hosting.policy_from_env().server_files
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -84,9 +80,8 @@ def head_view(request: services.Request, sink: str, pool_path: str, pool_n: int,
     """Chart (a)'s data for ``head`` of ``layer`` (arguments as :func:`sink_tables`); for all heads
     (None), the layer's most anti-aligned head."""
     tables = sink_tables(request, sink, pool_path, pool_n)
-    heads = tables.heads[tables.heads["layer"] == layer]
     if head is None:
-        head = int(heads.loc[heads["cos_sink_rest"].idxmin(), "head"]) if heads["cos_sink_rest"].notna().any() else 0
+        head = sinks.most_anti_aligned_head(tables.heads, layer)
     curve = sinks.head_curve(tables.table, layer, head)
     points = tables.table[(tables.table["layer"] == layer) & (tables.table["head"] == head)]
     return HeadView(layer, head, points, curve.table(), curve.minimiser, curve.cos)

@@ -20,6 +20,7 @@ import sys
 import threading
 
 from ..core.errors import CwvizError
+from ..core.heap import tune_heap
 from . import analyze, app, atlas, compare, faithfulness, report, sinks
 
 #: Each command is a module with ``register(subparsers)``; add a command by listing its module here.
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         transformers.utils.logging.disable_progress_bar()
         transformers.utils.logging.set_verbosity_error()
     args.argv = argv  # the manifest of a sweep records the command
+    tune_heap()  # the command owns its process: the row blocks' buffers stay in its heap (cwviz.core.heap)
     previous = _sigterm_as_interrupt()
     try:
         code = int(args.func(args) or 0)

@@ -274,8 +274,3 @@ def output_logits(model: nn.Module, arch: Architecture, hidden: torch.Tensor) ->
 
 #: Config attributes that, when set, change a causal LM's logits after its output layer (the row fields they fill).
 LOGIT_ATTRIBUTES = {"logit_scale": "logit_scale", "logit_divisor": "logits_scaling", "logit_softcap": "final_logit_softcapping"}
-
-
-def out_proj_bias(proj: nn.Module) -> torch.Tensor | None:
-    """b_O, or None: reported separately, it is not any token's contribution (docs/METHOD.md section 1)."""
-    return getattr(proj, "bias", None)

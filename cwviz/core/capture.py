@@ -30,8 +30,9 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from .blocks import triangle_blocks, weighted_block_rows
 from .errors import UnsupportedModelError
-from .measures import causal_row_blocks, expand_kv, kv_entries
+from .measures import expand_kv, kv_entries
 from .progress import Progress
 from .spill import SpilledRecords
 
@@ -58,7 +59,7 @@ class LayerRecord:
     than 1 (the learned sink writes nothing). Tensors stay on the layer's device in the model's dtype;
     measures upcast them to float32. ``copies``: the key and value hold each kv head this many times in a row
     ([kv_head * copies, key, d_head]); a pass records them once, and a layer prepared for reading in row blocks
-    (:func:`cwviz.core.analysis.for_blocks`) may hold more (:func:`~cwviz.core.measures.kv_copies`).
+    (:func:`cwviz.core.reading.for_blocks`) may hold more (:func:`~cwviz.core.measures.kv_copies`).
     """
 
     query: torch.Tensor
@@ -299,11 +300,6 @@ def _capped_or_sunk(
     return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
 
-#: Attention cells (batch x heads x rows x keys) computed at once by :func:`_weighted_values`: its float32
-#: working set stays near 64 MB a block whatever the prompt's length.
-WEIGHTED_BLOCK_CELLS = 1 << 24
-
-
 def _weighted_values(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -318,14 +314,14 @@ def _weighted_values(
     """z_i^h = Σ_j α_ij^h keep_ij v_j^h in float32, returned in the query's dtype as (B, Q, H, d), as every
     attention function returns: the path for interventions (α from the unchanged scores, not renormalised)
     and for soft-capped or learned-sink layers. Computed a block of query rows at a time
-    (:data:`WEIGHTED_BLOCK_CELLS`), so no [B, H, T, T] map is made for a long prompt.
+    (:func:`cwviz.core.blocks.weighted_block_rows`), so no [B, H, T, T] map is made for a long prompt.
 
     query (B, H, Q, d); key, value (B, H_kv, K, d); mask None or (B, 1, Q, K); keep broadcastable to (B, H, Q, K).
     """
     batch, heads, num_queries, _ = query.shape
     num_keys = key.shape[-2]
     key, value = key.float(), expand_kv(value.float(), heads)
-    rows = max(1, WEIGHTED_BLOCK_CELLS // max(1, batch * heads * num_keys))
+    rows = weighted_block_rows(batch, heads, num_keys)
     out = torch.empty(batch, heads, num_queries, value.shape[-1], dtype=torch.float32, device=query.device)
     for start in range(0, num_queries, rows):
         stop = min(num_queries, start + rows)
@@ -383,7 +379,7 @@ def _causal_probabilities(query: torch.Tensor, key: torch.Tensor, scaling: float
     """
     heads, num_tokens, _ = query.shape
     keys_t = expand_kv(key, heads).transpose(1, 2)  # (H, d, T); copying the keys per head is O(T d)
-    blocks = causal_row_blocks(num_tokens)
+    blocks = triangle_blocks(num_tokens)
     rows = blocks[0][1] if blocks else 0
     future = torch.ones(rows, rows, dtype=torch.bool, device=query.device).triu_(1)  # the diagonal block's mask
     out = torch.empty(heads, num_tokens, num_tokens, dtype=query.dtype, device=query.device)
@@ -508,7 +504,3 @@ def attention_callers() -> Iterator[list[torch.nn.Module]]:
         yield active.seen
     finally:
         _ACTIVE.reset(token)
-
-
-def uses_cwviz_attention(model: torch.nn.Module) -> bool:
-    return getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION

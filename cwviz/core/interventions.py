@@ -6,6 +6,7 @@ the clean ones afterwards (tested).
 
 * :class:`ScaleValues`: v_p ← λ v_p at chosen key positions in chosen layers (attention kept).
   Since ṽ_p^h = W_O^h v_p^{g(h)}, λ = 0 removes the sink's projected value in every head.
+  :class:`ScaleValuesPerItem` does the same with chosen layers per batch item (many interventions a pass).
 * :class:`KeepKeys`: multiply each attention probability by a keep weight (0 removes key j's write
   to query i in every head, docs/METHOD.md section 3); probabilities are not renormalised.
 """
@@ -17,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .analysis import next_token_logprobs, token_ids
-from .analysis import perplexity as sequence_perplexity
 from .capture import forward_pass
 from .errors import InputError
+from .inputs import token_ids
+from .logprobs import logprobs_from_hidden, perplexity_of
 from .models import Bundle
 
 
@@ -38,6 +39,28 @@ class ScaleValues:
         value = value.clone()
         value[..., list(self.positions), :] *= self.factor  # (B, H_kv, K, d)
         return value
+
+    def keep(self, layer: int, num_queries: int, num_keys: int) -> torch.Tensor | None:
+        return None
+
+
+@dataclass(frozen=True)
+class ScaleValuesPerItem:
+    """Like :class:`ScaleValues`, but batch item b is changed only in ``layers[b]`` (None = every layer), so one
+    batched pass runs many interventions."""
+
+    positions: tuple[int, ...]
+    factor: float
+    layers: tuple[frozenset[int] | None, ...]
+
+    def values(self, layer: int, value: torch.Tensor) -> torch.Tensor:
+        # value (B, H_kv, K, d)
+        rows = [b for b, chosen in enumerate(self.layers) if chosen is None or layer in chosen]
+        if not rows or self.factor == 1.0:
+            return value
+        scale = torch.ones(value.shape[0], 1, value.shape[2], 1, dtype=value.dtype, device=value.device)
+        scale[torch.tensor(rows)[:, None], 0, torch.tensor(self.positions)[None, :], 0] = self.factor
+        return value * scale
 
     def keep(self, layer: int, num_queries: int, num_keys: int) -> torch.Tensor | None:
         return None
@@ -87,10 +110,10 @@ def batch_logprobs(bundle: Bundle, input_ids, intervention=None) -> torch.Tensor
         raise InputError(f"token ids must lie in 0..{vocab - 1} for this model")
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
         hidden = bundle.final_hidden(ids)
-        return torch.stack([next_token_logprobs(h, bundle.output_logits, row) for h, row in zip(hidden, ids)])
+        return torch.stack([logprobs_from_hidden(h, bundle.output_logits, row) for h, row in zip(hidden, ids)])
 
 
 def batch_perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray:
     """Perplexity of each sequence, [batch] float64, under ``intervention`` (None = clean): of
     :func:`batch_logprobs`, as :attr:`cwviz.core.analysis.Analysis.perplexity` is computed."""
-    return np.array([sequence_perplexity(row) for row in batch_logprobs(bundle, input_ids, intervention)])
+    return np.array([perplexity_of(row) for row in batch_logprobs(bundle, input_ids, intervention)])

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..vocabulary import KINDS
+from .blocks import triangle_blocks
 from .errors import InputError
 
 #: Names accepted by :meth:`LayerMeasures.per_head` and :meth:`LayerMeasures.layer_level`.
@@ -32,9 +34,6 @@ MEASURES: tuple[str, ...] = (
     "contribution_intra",
     "contribution_inter",
 )
-
-#: The two contribution kinds, in the order of :attr:`LayerMeasures.contributions` and :attr:`QuerySide.pulled`.
-KINDS: tuple[str, ...] = ("intra", "inter")
 
 #: How each measure is aggregated over heads for the layer-level score (docs/METHOD.md section 2).
 LAYER_AGGREGATION: dict[str, str] = {
@@ -65,22 +64,6 @@ def expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     return x.repeat_interleave(groups, dim=-3) if groups > 1 else x
 
 
-#: Rows per block when only the causal (lower) triangle of a T x T map is computed, and the most
-#: blocks: each block is a few kernel calls, so long prompts get taller blocks (fewer calls on a GPU).
-CAUSAL_BLOCK_ROWS = 64
-CAUSAL_MAX_BLOCKS = 16
-
-
-def causal_row_blocks(num_tokens: int, rows: int | None = None) -> list[tuple[int, int]]:
-    """[start, end) row blocks of a causal T x T map: rows start..end-1 need keys 0..end-1 only.
-
-    Computing each block against its keys only costs (1 + rows / T) / 2 of the dense product. Blocks
-    are ``CAUSAL_BLOCK_ROWS`` tall, or taller so that there are at most ``CAUSAL_MAX_BLOCKS``.
-    """
-    rows = rows or max(CAUSAL_BLOCK_ROWS, -(-num_tokens // CAUSAL_MAX_BLOCKS))
-    return [(start, min(start + rows, num_tokens)) for start in range(0, num_tokens, rows)]
-
-
 def causal_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``out = weight ⊙ (x @ y)`` for a causal ``weight`` (zero above the diagonal), lower triangle only.
 
@@ -95,7 +78,7 @@ def causal_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, out: 
     straight into ``out``; keys after the block get exactly 0.
     """
     kinds, heads, num_tokens, _ = out.shape
-    for start, end in causal_row_blocks(num_tokens):
+    for start, end in triangle_blocks(num_tokens):
         block = torch.bmm(x[:, start:end], y[:, :, :end]).view(kinds, heads, end - start, end)
         torch.mul(block, weight[:, start:end, :end], out=out[:, :, start:end, :end])
         out[:, :, start:end, end:].zero_()
@@ -110,7 +93,7 @@ def kv_copies(kv_heads: int, heads: int, device: torch.device | str, threads: in
     PyTorch's bmm on a CPU hands whole batch entries to its threads: the embedded model's 3 kv heads (9 heads)
     are 3 entries, which leave one of two threads idle for a third of each product, and 9 entries per head
     leave it idle for a ninth. Held twice, they are 6 entries of 1.5 heads' rows each. This picks the fewest
-    copies whose entries spread most evenly over the threads (measured in :func:`cwviz.core.analysis.for_blocks`).
+    copies whose entries spread most evenly over the threads (:func:`cwviz.core.reading.for_blocks` holds them).
     On other devices (one kernel for a whole batch) 1: nothing is copied.
     """
     if torch.device(device).type != "cpu":
@@ -157,7 +140,7 @@ class LayerMeasures:
     | head_output_norm | [head, query]            | ‖o_i^h‖                                   |
     | output_norm      | [query]                  | ‖o_i‖                                     |
     | contributions    | [kind, head, query, key] | c_ij^h (intra) and C_ij^h (inter), the ``kinds`` computed |
-    | pulled           | [head, 2, query, d_head] | G^h z_i^h and (W_O^h)ᵀ o_i: ⟨·, v_j^h⟩ gives the dot products |
+    | pulled           | [head, kind, query, d_head] | by :data:`KINDS`: (W_O^h)ᵀ o_i (inter), G^h z_i^h (intra); ⟨·, v_j^h⟩ gives the dot products |
     | kinds            |                          | the contribution kinds held, a subset of :data:`KINDS` |
 
     Dot products and cosines are computed when asked for (one more product per kind), for either kind.
@@ -259,7 +242,7 @@ class QuerySide:
     | head_output      | [head, query, d_head]    | z_i^h (the o_proj input per head)              |
     | head_output_norm | [head, query]            | ‖o_i^h‖ = sqrt(z_i^hᵀ G^h z_i^h)               |
     | output_norm      | [query]                  | ‖o_i‖ = sqrt(z_iᵀ G z_i)                        |
-    | pulled           | [head, 2, query, d_head] | G^h z_i^h and (W_O^h)ᵀ o_i = (G z_i)_h         |
+    | pulled           | [head, kind, query, d_head] | by :data:`KINDS`: (W_O^h)ᵀ o_i = (G z_i)_h, G^h z_i^h |
 
     :meth:`cwviz.Analysis.row_blocks` makes it once for a whole layer (one [T, H d] x [H d, H d] product
     instead of one per block) and slices it per block with :meth:`rows`.
@@ -290,7 +273,8 @@ def query_side(head_output: torch.Tensor, gram: torch.Tensor) -> QuerySide:
     output_norm = (z_flat * pulled_inter).sum(-1).clamp_min(0).sqrt()  # (Q,)  ‖o_i‖ = sqrt(zᵀ G z)
     z_gram = z @ head_grams(gram, heads)  # (H, Q, d)  G^h z_i^h
     head_output_norm = (z_gram * z).sum(-1).clamp_min(0).sqrt()  # (H, Q)  ‖o_i^h‖
-    pulled = torch.stack([z_gram, pulled_inter.view(queries, heads, d_head).transpose(0, 1)], dim=1)  # (H, 2, Q, d)
+    by_kind = {"inter": pulled_inter.view(queries, heads, d_head).transpose(0, 1), "intra": z_gram}
+    pulled = torch.stack([by_kind[kind] for kind in KINDS], dim=1)  # (H, kind, Q, d)
     return QuerySide(z, head_output_norm, output_norm, pulled)
 
 
@@ -310,7 +294,7 @@ def layer_measures(
     gram: torch.Tensor | None = None,
     causal: bool = False,
     value_norm: torch.Tensor | None = None,
-    query: QuerySide | None = None,
+    side: QuerySide | None = None,
     kinds: tuple[str, ...] = KINDS,
     copies: int = 1,
 ) -> LayerMeasures:
@@ -325,9 +309,9 @@ def layer_measures(
     | gram        | optional [head * d_head, head * d_head]: W_Oᵀ W_O (:func:`full_gram`), cacheable per model |
     | causal      | ``attention`` is zero above the diagonal: only the lower triangle of the products is computed |
     | value_norm  | optional [head, key]: ‖ṽ_j^h‖ (:func:`value_norms`) when the caller keeps it per layer |
-    | query       | optional :class:`QuerySide` of these query rows (then ``head_output`` is not used) |
+    | side        | optional :class:`QuerySide` of these query rows (then ``head_output`` is not used) |
     | kinds       | the contribution kinds to compute (:data:`KINDS`, or one of them: a third less work) |
-    | copies      | ``value`` holds each kv head this many times in a row (:func:`cwviz.core.analysis.for_blocks`) |
+    | copies      | ``value`` holds each kv head this many times in a row (:func:`cwviz.core.reading.for_blocks`) |
 
     All inputs are upcast to float32. With the Gram matrix G = W_Oᵀ W_O nothing of width d_model is
     formed: ‖o_i‖² = z_iᵀ G z_i, (W_O^h)ᵀ o_i = (G z_i)_h, and G^h is G's diagonal block. Both
@@ -340,23 +324,23 @@ def layer_measures(
     held = value.float()
     v = held[::copies]  # (H_kv, K, d)
     kv_heads, _, d_head = v.shape
-    if query is None or value_norm is None:
+    if side is None or value_norm is None:
         if gram is None:
             gram = full_gram(w_heads.float().permute(1, 0, 2).reshape(w_heads.shape[1], heads * d_head))
         gram = gram.float()
-    if query is None:
+    if side is None:
         z = grouped_matmul(alpha, held, copies) if head_output is None else head_output  # (H, Q, d)
-        query = query_side(z, gram)
+        side = query_side(z, gram)
     value_norm = value_norms(v, gram, heads) if value_norm is None else value_norm.float()  # (H, K)  ‖ṽ_j^h‖
-    pulled = query.pulled  # (H, 2, Q, d)
-    reference = {"intra": query.head_output_norm, "inter": query.output_norm.expand(heads, queries)}
+    pulled = side.pulled  # (H, kind, Q, d)
+    reference = {"intra": side.head_output_norm, "inter": side.output_norm.expand(heads, queries)}
     norms = torch.stack([reference[kind] for kind in kinds], dim=1)  # (H, n, Q)
     picked = pulled if kinds == KINDS else pulled[:, [KINDS.index(kind) for kind in kinds]]  # (H, n, Q, d)
     scaled = picked / (norms**2)[..., None]
     n = len(kinds)
     if causal and queries == keys:
         # Only the lower triangle, per row block: (nH, Q, d) @ (nH, d, K), kinds outermost. One batch
-        # entry per head is faster on CPU than stacking the heads of a group (measured).
+        # entry per head spreads the products over the CPU threads better than stacking the heads of a group.
         scaled = scaled.transpose(0, 1).reshape(n * heads, queries, d_head)
         values_t = expand_kv(v, heads).transpose(1, 2).repeat(n, 1, 1)  # (nH, d, K), O(K d) copies
         contributions = torch.empty(n, heads, queries, keys, dtype=alpha.dtype, device=alpha.device)
@@ -368,9 +352,9 @@ def layer_measures(
         attention=alpha,
         value=v,
         value_norm=value_norm,
-        head_output=query.head_output,
-        head_output_norm=query.head_output_norm,
-        output_norm=query.output_norm,
+        head_output=side.head_output,
+        head_output_norm=side.head_output_norm,
+        output_norm=side.output_norm,
         contributions=contributions,
         pulled=pulled,
         kinds=kinds,

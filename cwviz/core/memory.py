@@ -13,24 +13,18 @@ working set of the dashboard and the CLI, which read every T x T quantity in blo
 * recorded per layer: queries and head outputs [heads, T, d_head], keys and values [kv_heads, T, d_head],
   and the value norms [heads, T] (float32); when the records go to disk (:mod:`cwviz.core.spill`, long prompts
   on the CPU), only the layers read back and the one being written, beside every layer's value norms; and the
-  layer being read in row blocks as :func:`cwviz.core.analysis.for_blocks` prepares it: float32 queries, and
-  keys and values held at most once a head, counted as 3 x [heads, T, d_head] float32 (:data:`PREPARED_MAPS`);
+  layer being read in row blocks as :func:`cwviz.core.reading.for_blocks` prepares it (:data:`PREPARED_MAPS`);
 * forward pass: the widest activation, [T, intermediate] x 3, and one chunk of logits when the
   log-probabilities are computed ([LOGIT_CHUNK, vocab], in the model's dtype and in float32);
 * maps: :data:`BLOCK_MAPS` float32 maps of one row block, [heads, cells] with cells = the block's rows x T
-  (about ``ROW_BLOCK_CELLS``, ``ROW_BLOCK_CELLS_GPU`` on CUDA; the whole T x T for prompts shorter than a block);
+  (:func:`cwviz.core.blocks.block_cells`; the whole T x T for prompts shorter than a block);
 * slack: :data:`SLACK` of the three above, for what no formula counts (the allocator's fragmentation, the
-  tokenizer's encodings, pandas frames of the charts). At 8,152 tokens on the embedded model, with the records
-  in memory, the three terms came to 1.87 GB and tests/test_long.py measured peaks of 1.81, 1.87, 2.20 and
-  2.35 GB (the last two on a machine running many busy processes on its two cores: the peak grows with
-  contention), so the three terms are a central estimate, not a bound; the slack makes the total one;
-* heap, with the records on disk only (:mod:`cwviz.core.spill`): :data:`HEAP_ALLOWANCE`. The counted terms
-  are then small (0.77 GB at 8,152 tokens, slack included) and what varies is the heap a layer's row blocks
-  leave (their maps are freed and made again block after block, and glibc keeps freed memory,
-  :func:`compact_heap`). It is returned to the system each time a layer is read back (:func:`trim_heap`), so it
-  stays within one layer's worth: peaks of 0.44, 0.45 and 0.48 GB were measured through the dashboard's services at
-  8,152 tokens (tests/test_long.py), against an estimate of 0.96 GB, and 0.44 GB against 1.04 GB once the estimate
-  counted the layer prepared for row blocks (:data:`PREPARED_MAPS`). Before the trim they were 0.54-1.06 GB.
+  tokenizer's encodings, pandas frames of the charts): the three terms are a central estimate of the measured
+  peaks, which grow with contention for the CPU, and the slack makes the total a bound;
+* heap, with the records on disk only: :data:`HEAP_ALLOWANCE`. The counted terms are then small, and what varies
+  is the heap a layer's row blocks leave (their maps are freed and made again block after block, and glibc keeps
+  freed memory); it is returned to the system each time a layer is read back (:func:`cwviz.core.heap.trim_heap`),
+  so it stays within one layer's worth.
 
 The whole-layer maps of the API (:meth:`cwviz.Analysis.layer` and the methods on it, e.g. ``attention``)
 are checked when they are asked for (:func:`check_layer_maps`): :data:`LAYER_MAPS` x heads x T² float32.
@@ -43,26 +37,23 @@ and tests/test_long.py checks an 8,192-token prompt through the dashboard's serv
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from .blocks import block_cells
 from .errors import ResourceError
+from .logprobs import LOGIT_CHUNK
+from .spill import LOADED
 
-#: Rows of logits made at a time (the default chunk of :func:`cwviz.core.analysis.next_token_logprobs`).
-LOGIT_CHUNK = 256
 #: Share of the available memory an analysis may plan to use (the rest is for everything else).
 HEADROOM = 0.8
 #: Float32 maps of one row block alive at once: attention and its scores, both contribution kinds, a measure's
 #: products (cosine, norm ratio) and the copies the charts and reductions make of them.
 BLOCK_MAPS = 11
-#: Float32 [heads, T, d_head] tensors of the layer being read in row blocks (:func:`cwviz.core.analysis.for_blocks`):
+#: Float32 [heads, T, d_head] tensors of the layer being read in row blocks (:func:`cwviz.core.reading.for_blocks`):
 #: its queries, and its keys and values held at most once a head.
 PREPARED_MAPS = 3
 #: Float32 [heads, T, T] maps one whole layer makes (attention, both contributions, a measure's products),
@@ -78,13 +69,6 @@ def _item(info) -> int:
     return torch.finfo(getattr(torch, info.dtype)).bits // 8 if hasattr(torch, info.dtype) else 4
 
 
-def block_cells(tokens: int, device: torch.device | str = "cpu") -> int:
-    """Cells a head's row block holds on ``device`` (:meth:`cwviz.Analysis.row_blocks`): its rows x the T keys."""
-    from .analysis import row_block_cells
-
-    return tokens * min(tokens, max(1, row_block_cells(device) // tokens))
-
-
 def records_bytes(info, tokens: int) -> int:
     """Bytes of one pass's records: every layer's queries, keys, values and head outputs of ``tokens`` tokens."""
     return info.layers * tokens * info.d_head * (2 * info.heads + 2 * info.kv_heads) * _item(info)
@@ -94,8 +78,6 @@ def estimate(config, info, tokens: int, device: torch.device | str = "cpu", spil
     """Bytes needed to analyse ``tokens`` tokens with a model of this config and ModelInfo on ``device``, read
     in row blocks. ``spilled``: the records go to disk (:mod:`cwviz.core.spill`), so memory holds the layers read
     back and the one being written, and ``disk`` counts the file."""
-    from .spill import LOADED
-
     item = _item(info)
     whole = records_bytes(info, tokens)
     kept = whole * min(info.layers, LOADED + 1) // info.layers if spilled else whole
@@ -175,65 +157,6 @@ def check_layer_maps(info, tokens: int, device: torch.device) -> None:
         f"a whole layer's maps of a {tokens:,}-token prompt",
         "read the layer in blocks of query rows instead (Analysis.rows(layer, start, stop) or Analysis.row_blocks(layer))",
     )
-
-
-#: glibc's mallopt parameters (malloc.h) and the thresholds cwviz sets after a recording forward pass: the row
-#: blocks' maps (about 10 MB each, reused block after block) and the next pass's activations stay in the heap,
-#: and the heap is not trimmed below 512 MiB.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-BLOCKS_MMAP_THRESHOLD = 32 << 20
-BLOCKS_TRIM_THRESHOLD = 512 << 20
-_HEAP_LOCK = threading.Lock()
-
-
-def _libc():
-    if not sys.platform.startswith("linux") or os.environ.get("CWVIZ_MALLOC_TUNING", "1") == "0":
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-@contextlib.contextmanager
-def compact_heap() -> Iterator[None]:
-    """Give back what a recording forward pass freed, and keep large buffers in the heap afterwards (glibc on Linux).
-
-    The records of the pass live in a buffer of their own (:meth:`cwviz.core.capture._Pass.kept`), so when
-    the pass ends every activation it made is free; on leaving this block the freed memory is returned to the
-    system (``malloc_trim``) and the thresholds are set so that the row blocks' maps and the next pass's
-    activations are reused from the heap (:data:`BLOCKS_MMAP_THRESHOLD`) instead of being mapped afresh,
-    page by page, each time (an earlier version mapped every buffer of 1 MiB or more on its own during the
-    pass: as compact, but the page faults made the pass 1.35-1.45x the plain forward in CPU time at 512
-    tokens). Elsewhere, or with ``CWVIZ_MALLOC_TUNING=0``, nothing changes. The setting is the process's;
-    concurrent passes share it.
-    """
-    libc = _libc()
-    try:
-        yield
-    finally:
-        if libc is not None:
-            with _HEAP_LOCK:
-                libc.malloc_trim(0)
-                libc.mallopt(_M_MMAP_THRESHOLD, BLOCKS_MMAP_THRESHOLD)
-                libc.mallopt(_M_TRIM_THRESHOLD, BLOCKS_TRIM_THRESHOLD)
-
-
-def trim_heap() -> None:
-    """Return the heap's free pages to the system (glibc ``malloc_trim``; elsewhere, or with
-    ``CWVIZ_MALLOC_TUNING=0``, nothing).
-
-    Called when a layer of records on disk is read back (:mod:`cwviz.core.spill`), that is once a layer while
-    a long prompt is read through: the row blocks' maps and the query side of the layer before are freed by
-    then, and glibc would keep their pages (scattered between live buffers, so never returned at the heap's
-    top). At 8,192 tokens the head overview's phase peaked at 565 MiB above the model without it and 354 MiB with it,
-    in 50.0 and 48.7 s (``python -m benchmarks.probe phases --tokens 8192 [--trim off]``, BENCHMARKS.md).
-    """
-    libc = _libc()
-    if libc is not None:
-        with _HEAP_LOCK:
-            libc.malloc_trim(0)
 
 
 @contextlib.contextmanager

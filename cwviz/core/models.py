@@ -37,7 +37,10 @@ from torch import nn
 from . import architectures
 from .architectures import Architecture
 from .capture import ATTN_IMPLEMENTATION
+from .derive import derive_architecture
 from .errors import ModelLoadError, UnsupportedModelError
+from .measures import full_gram
+from .settings import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +99,6 @@ class Bundle:
         with self._lock:
             cached = self._grams.get(layer)
         if cached is None:
-            from .measures import full_gram
-
             proj = self.out_projections[layer]
             with torch.inference_mode():
                 cached = full_gram(architectures.out_proj_weight(proj, self.arch))
@@ -109,7 +110,7 @@ class Bundle:
         """The base model's final hidden states [batch, T, d_model] for ``input_ids`` [batch, T].
 
         The output layer is not run: log-probabilities come from these states a chunk of rows at a time
-        (:func:`cwviz.core.analysis.next_token_logprobs`). Call inside ``torch.inference_mode()``, and inside
+        (:func:`cwviz.core.logprobs.logprobs_from_hidden`). Call inside ``torch.inference_mode()``, and inside
         a :func:`cwviz.core.capture.forward_pass` to record or intervene.
         """
         body = architectures.base_model(self.model)
@@ -138,16 +139,6 @@ class Bundle:
     @property
     def out_projections(self) -> list[nn.Module]:
         return architectures.out_projections(self.model, self.arch)
-
-
-def cache_dir() -> Path:
-    """Where converted models live: ``$CWVIZ_CACHE`` or the platform's user cache dir."""
-    env = os.environ.get("CWVIZ_CACHE")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("cwviz"))
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -449,8 +440,6 @@ def bundle_from_model(model: nn.Module, tokenizer, model_id: str | None = None) 
             raise _bypasses_interface(config.model_type, str(err)) from None
     model.eval()
     if arch is None:
-        from .derive import derive_architecture
-
         arch = derive_architecture(model)
     attention = architectures.attention_modules(model, arch)
     if not attention:

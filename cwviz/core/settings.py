@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from .errors import InputError
 
@@ -19,3 +20,13 @@ def env_int(name: str, default: int) -> int:
     if value < 1:
         raise InputError(f"{name} must be at least 1, not {value}")
     return value
+
+
+def cache_dir() -> Path:
+    """Where cwviz keeps converted models and spill files: ``$CWVIZ_CACHE`` or the platform's user cache dir."""
+    env = os.environ.get("CWVIZ_CACHE")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs  # third-party, needed only when no folder is set
+
+    return Path(platformdirs.user_cache_dir("cwviz"))

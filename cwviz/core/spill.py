@@ -9,7 +9,7 @@ bytes, so a layer read back is bit for bit the layer recorded: every measure is 
 
 Choices:
 
-* The file is in ``CWVIZ_SPILL_DIR`` (default ``spill/`` in cwviz's cache folder, :func:`cwviz.core.models.cache_dir`),
+* The file is in ``CWVIZ_SPILL_DIR`` (default ``spill/`` in cwviz's cache folder, :func:`cwviz.core.settings.cache_dir`),
   not in ``/tmp``, which is often a RAM disk. It is unlinked at creation: nothing is left behind when the
   analysis is dropped or the process dies.
 * Reads and writes are ``pread``/``pwrite`` into buffers of the process, not a memory map, so the operating
@@ -20,10 +20,9 @@ Choices:
   they stay in memory, where the memory check of :mod:`cwviz.core.memory` applies.
 * During the pass a layer keeps only where its bytes lie and its record's other fields; the shell's tensors
   (on the ``meta`` device) are made when the shell is first asked for. Small objects made during the pass and
-  kept would lie between the pass's freed activations, and glibc could not reuse those as one block: in some
-  runs the heap then grew by about a layer's records a layer (``python -m benchmarks.probe phases`` measures
-  the pass's peak).
-* Reading a layer back first returns the heap's free pages to the system (:func:`cwviz.core.memory.trim_heap`):
+  kept would lie between the pass's freed activations, and glibc could not reuse those as one block: the heap
+  could then grow by about a layer's records a layer.
+* Reading a layer back first returns the heap's free pages to the system (:func:`cwviz.core.heap.trim_heap`):
   what the row blocks of the layer before left there. Reading a long prompt through, layer after layer (the
   head overview), then holds one layer's worth of heap, not a growing one.
 """
@@ -41,8 +40,8 @@ from pathlib import Path
 
 import torch
 
-from .memory import trim_heap
-from .settings import env_int
+from .heap import trim_heap
+from .settings import cache_dir, env_int
 
 #: Records of a pass (MiB) above which they go to disk (``CWVIZ_SPILL_MB`` overrides).
 SPILL_MB = 512
@@ -57,8 +56,6 @@ def spill_dir() -> Path:
     env = os.environ.get("CWVIZ_SPILL_DIR", "").strip()
     if env:
         return Path(env).expanduser()
-    from .models import cache_dir
-
     return cache_dir() / "spill"
 
 
@@ -143,7 +140,7 @@ class SpilledRecords(Sequence):
             place = self._places[layer]
             while len(self._loaded) >= LOADED:  # before the new buffer is made: at most LOADED layers at once
                 self._loaded.popitem(last=False)
-            trim_heap()  # what the layer before left in the heap goes back to the system (memory.trim_heap)
+            trim_heap()  # what the layer before left in the heap goes back to the system
             buffer = torch.empty(place.nbytes, dtype=torch.uint8)
             _read(self._file.fileno(), buffer, place.start)
             tensors = {}

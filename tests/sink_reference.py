@@ -1,0 +1,92 @@
+"""Reference code for the sink tests: the split o = s ṽ_σ + (1 − s) m made in d_model space, the plain way, against
+which :func:`cwviz.analyses.sinks.sink_norms` (the same numbers through each head's Gram matrix) is checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cwviz.analyses.sinks import DEFAULT_SINK
+from cwviz.core.analysis import Analysis
+from cwviz.core.measures import expand_kv
+
+
+@dataclass(frozen=True)
+class SinkSplit:
+    """One layer's head outputs split into the sink's part and the rest, float32 (on the layer's device).
+
+    | field        | shape                     | meaning                                            |
+    |--------------|---------------------------|----------------------------------------------------|
+    | sink         | int                       | σ                                                  |
+    | sink_ratio   | [head, query]             | s = α_iσ^h (0 where the query cannot see σ)        |
+    | sink_value   | [head, d_model]           | ṽ_σ^h                                              |
+    | rest_mean    | [head, query, d_model]    | m_i^h (NaN where the query sees no other key)      |
+    | head_output  | [head, query, d_model]    | o_i^h                                              |
+    | other_keys   | [query]                   | number of keys besides σ the query can see         |
+    | sees_sink    | [query]                   | bool: the query can see σ                          |
+    """
+
+    sink: int
+    sink_ratio: torch.Tensor
+    sink_value: torch.Tensor
+    rest_mean: torch.Tensor
+    head_output: torch.Tensor
+    other_keys: torch.Tensor
+    sees_sink: torch.Tensor
+
+
+def sink_split(
+    analysis: Analysis,
+    layer: int,
+    sink: int = DEFAULT_SINK,
+    start: int = 0,
+    stop: int | None = None,
+    alpha: torch.Tensor | None = None,
+    *,
+    value: torch.Tensor | None = None,
+    w: torch.Tensor | None = None,
+) -> SinkSplit:
+    """Split every head output of ``layer`` at the sink ``sink`` (a position; see :func:`resolve_sink`), for
+    the query rows ``start..stop-1`` (default: all; the fields' query axis then has ``stop - start`` rows).
+    ``alpha``: those rows' attention [head, rows, key] when the caller has it (:meth:`cwviz.Analysis.rows`; a
+    causal block of :meth:`cwviz.Analysis.row_blocks` holds only the keys its rows can see, 0..stop-1);
+    ``value`` (expanded per head, float32) and ``w`` (:meth:`cwviz.Analysis.w_heads`): the layer's, when a
+    caller reading the layer block by block has made them once."""
+    layer = analysis.check_layer(layer)
+    sink = analysis.check_token(sink)
+    record = analysis.records[layer]
+    stop = analysis.num_tokens if stop is None else stop
+    with torch.inference_mode():
+        if alpha is None:
+            alpha = analysis.rows(layer, start, stop).attention
+        keys = alpha.shape[-1]  # a causal row block holds keys 0..stop-1 only (Analysis.row_blocks)
+        value = expand_kv(record.value.float(), analysis.num_heads) if value is None else value  # (H, K, d_head)
+        value = value[:, :keys]
+        w = analysis.w_heads(layer) if w is None else w  # (H, D, d_head)
+        visible = record.key_mask(start, stop)[:, :keys].cpu()  # (rows, K)
+        rest_alpha = alpha.clone()
+        rest_alpha[:, :, sink] = 0
+        rest_mass = rest_alpha.sum(-1)  # (H, Q)  1 − s, summed directly
+        rest_z = rest_alpha @ value  # (H, Q, d_head)
+        z = alpha @ value  # (H, Q, d_head)
+        head_output = torch.einsum("hqd,hmd->hqm", z, w)  # (H, Q, D)
+        rest_sum = torch.einsum("hqd,hmd->hqm", rest_z, w)  # (H, Q, D)  (1 − s) m
+        other_keys = visible.sum(-1) - visible[:, sink].long()  # (Q,)
+        defined = (other_keys > 0).to(alpha.device)[None, :] & (rest_mass > 0)  # (H, Q)
+        rest_mean = torch.where(defined[..., None], rest_sum / rest_mass.clamp_min(1e-38)[..., None], torch.nan)
+        return SinkSplit(
+            sink=sink,
+            sink_ratio=alpha[:, :, sink],
+            sink_value=torch.einsum("hmd,hd->hm", w, value[:, sink]),
+            rest_mean=rest_mean,
+            head_output=head_output,
+            other_keys=other_keys,
+            sees_sink=visible[:, sink],
+        )
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine along the last axis; NaN where either vector is zero or NaN."""
+    norms = a.norm(dim=-1) * b.norm(dim=-1)
+    return torch.where(norms > 0, (a * b).sum(-1) / norms.clamp_min(1e-38), torch.nan)
