@@ -62,6 +62,7 @@ step = int(step or 1)
 plan = sink_services.tour_plan(sel.request)
 layer, head, neg, anti = plan.layer.layer, plan.head, plan.negative, plan.anti
 query = neg.query if neg is not None else None
+neg_head = neg.head if neg is not None else head  # the head of steps 3 and 4: the sink head, unless nothing there is negative
 first = escape_markdown(repr(plan.sink_token))
 #: Steps whose chart is too wide for the column beside the text: it goes below the text instead.
 WIDE = (3, 4, 6)
@@ -122,37 +123,39 @@ elif step == 2:
         tables.layers,
     )
 elif step == 3:
-    sync(layer, head, query)
-    link = page_url("heatmaps", sel.request, layer, head, query, measure="contribution", kind="intra")
+    sync(layer, neg_head, query)
+    link = page_url("heatmaps", sel.request, layer, neg_head, query, measure="contribution", kind="intra")
     if neg is None:
         show("The prompt needs at least two tokens for a key to write against the output: type a longer one.", link, "Heatmaps")
         st.stop()
     key = sel.token_label(neg.key)
     if neg.contribution < 0:
         text = (
-            f"Head {head} of layer {layer}, query {sel.token_label(neg.query)} (outlined row). Key {key} gets "
+            f"Head {neg_head} of layer {layer}, query {sel.token_label(neg.query)} (outlined row)"
+            + ("" if neg_head == head else f"; head {head} has no negative contribution here")
+            + f". Key {key} gets "
             f"{neg.attention:.1%} of the attention, yet its contribution is **{neg.contribution:+.3f}**: its value points "
             "against the head's output and takes something away from it (blue in the contribution map). Each row of "
             "contributions still adds up to 1."
         )
     else:
         text = (
-            f"Head {head} of layer {layer}: no key writes against this head's output on this prompt; the smallest "
+            f"Layer {layer}: no key writes against its heads' outputs on this prompt; the smallest "
             f"contribution is key {key}'s, {neg.contribution:+.3f}, for query {sel.token_label(neg.query)}. Try a "
             "longer prompt, or another head on the Heatmaps page."
         )
-    cells = services.heatmap_cells(sel.request, layer, head, "contribution_intra", tour.KIND, neg.query, "window")
+    cells = services.heatmap_cells(sel.request, layer, neg_head, "contribution_intra", tour.KIND, neg.query, "window")
     show(text, link, "Heatmaps", heatmap_charts.heatmap_pair(cells, query=neg.query), cells.frame)
 elif step == 4:
-    sync(layer, head, query)
-    link = page_url("token", sel.request, layer, head, query, token_kind="intra")
+    sync(layer, neg_head, query)
+    link = page_url("token", sel.request, layer, neg_head, query, token_kind="intra")
     if neg is None:
         show("The prompt needs at least two tokens to split a contribution into its factors: type a longer one.", link, "Token")
         st.stop()
-    factors = services.token_factors(sel.request, layer, neg.query, head, tour.KIND)
+    factors = services.token_factors(sel.request, layer, neg.query, neg_head, tour.KIND)
     show(
         f"Every contribution is the product of three numbers, drawn here for query {sel.token_label(neg.query)} in "
-        f"head {head} of layer {layer}: the attention, the norm ratio (how long the key's projected value is compared "
+        f"head {neg_head} of layer {layer}: the attention, the norm ratio (how long the key's projected value is compared "
         f"with the head's output) and the cosine (its direction). For key {sel.token_label(neg.key)}: "
         f"{neg.attention:.3f} × {neg.norm_ratio:.2f} × {neg.cosine:+.2f} = {neg.contribution:+.3f}. Only the cosine "
         "can be negative, so it alone decides the sign; the first token is purple.",

@@ -7,7 +7,7 @@ constant: every pick is an arg-max or arg-min over the analysis's own tables.
 |---|---|---|
 | layer | where attention overstates the sink most: the largest layer-level sink share under attention minus under contribution | :func:`cwviz.analyses.sinks.sink_layer_summary` |
 | head | in that layer, the head with the largest sink attention (mean over queries 1..T-1) | :func:`cwviz.analyses.tables.head_summary` |
-| negative key | in that head, the (query, key) cell with the most negative intra-head contribution, the sink column and queries that see one key only left out | the layer, read in row blocks |
+| negative key | in that head, the (query, key) cell with the most negative intra-head contribution, the sink column and queries that see one key only left out; if none is negative there, the most negative cell of any head of the layer | the layer, read in row blocks |
 | anti-aligned head | the most negative mean cos(ṽ_sink, m) among heads whose mean sink ratio is at least the median over heads | :func:`cwviz.analyses.sinks.sink_head_summary` |
 | encoder layer | where the first token ([CLS]) takes the largest share of attention | :func:`cwviz.analyses.sinks.sink_layer_summary` |
 
@@ -51,9 +51,10 @@ class SinkLayer:
 
 @dataclass(frozen=True)
 class NegativeKey:
-    """One cell of one head: key ``key``'s contribution to query ``query`` and its three factors (``kind``),
-    contribution = attention × norm_ratio × cosine."""
+    """One cell of one head: key ``key``'s contribution to query ``query`` in head ``head`` and its three factors
+    (``kind``), contribution = attention × norm_ratio × cosine."""
 
+    head: int
     query: int
     key: int
     attention: float
@@ -121,19 +122,21 @@ def sink_head(summary: pd.DataFrame, layer: int) -> tuple[int, float]:
     return int(row["head"]), float(row["sink_attention"])
 
 
-def negative_key(analysis: Analysis, layer: int, head: int, kind: str = KIND, sink: int = SINK) -> NegativeKey | None:
-    """The (query, key) of ``head`` in ``layer`` with the most negative ``kind`` contribution.
+def negative_key(analysis: Analysis, layer: int, head: int | None, kind: str = KIND, sink: int = SINK) -> NegativeKey | None:
+    """The (query, key) of ``head`` in ``layer`` (None: of any head of the layer) with the most negative ``kind``
+    contribution.
 
     Queries that see a single key (their contribution is 1) are left out, and so is the sink's column unless no
     other key is visible anywhere; when no cell is negative, the smallest one is returned (its contribution is
     then >= 0, and the caller says so). None when no query sees two keys. The layer is read in row blocks
     (:meth:`cwviz.Analysis.row_blocks`), so a long prompt never holds its T x T maps.
     """
-    layer, head = analysis.check_layer(layer), analysis.check_head(head)
-    best: dict[bool, tuple[float, int, int]] = {}  # sink column or not -> (contribution, query, key)
+    layer = analysis.check_layer(layer)
+    heads = list(range(analysis.num_heads)) if head is None else [analysis.check_head(head)]
+    best: dict[bool, tuple[float, int, int, int]] = {}  # sink column or not -> (contribution, head, query, key)
     with torch.inference_mode():
         for first, stop, m in analysis.row_blocks(layer, kinds=(kind,)):
-            c = m.contribution(kind)[head].float().cpu()  # (rows, keys)
+            c = m.contribution(kind)[heads].float().cpu()  # (heads, rows, keys)
             visible = analysis.records[layer].key_mask(first, stop)[:, : c.shape[-1]].cpu()  # (rows, keys)
             usable = visible & (visible.sum(-1, keepdim=True) > 1)
             at_sink = torch.zeros_like(usable)
@@ -141,17 +144,20 @@ def negative_key(analysis: Analysis, layer: int, head: int, kind: str = KIND, si
             for is_sink, cells in ((False, usable & ~at_sink), (True, at_sink)):
                 if not cells.any():
                     continue
-                masked = torch.where(cells, c, torch.inf)
-                row, key = divmod(int(torch.argmin(masked)), c.shape[-1])
-                value = float(masked[row, key])
+                masked = torch.where(cells, c, torch.inf)  # (heads, rows, keys)
+                index = int(torch.argmin(masked))
+                h, rest = divmod(index, c.shape[-2] * c.shape[-1])
+                row, key = divmod(rest, c.shape[-1])
+                value = float(masked[h, row, key])
                 if is_sink not in best or value < best[is_sink][0]:
-                    best[is_sink] = (value, first + row, key)
+                    best[is_sink] = (value, heads[h], first + row, key)
     if not best:
         return None
-    _, query, key = best.get(False) or best[True]
+    _, head, query, key = best.get(False) or best[True]
     factors = analysis.decomposition(layer, query, head, kind)
     cell = factors[factors["key"] == key].iloc[0]
     return NegativeKey(
+        head=head,
         query=query,
         key=key,
         attention=float(cell["attention"]),
@@ -181,6 +187,15 @@ def anti_aligned_head(heads: pd.DataFrame) -> AntiAligned | None:
     )
 
 
+def _negative(analysis: Analysis, layer: int, head: int) -> NegativeKey | None:
+    """The most negative key of ``head``; where that head has none, of the layer's head that has the most negative one."""
+    pick = negative_key(analysis, layer, head)
+    if pick is not None and pick.contribution >= 0:
+        other = negative_key(analysis, layer, None)
+        pick = other if other is not None and other.contribution < 0 else pick
+    return pick
+
+
 def plan(analysis: Analysis, summary: pd.DataFrame, layers: pd.DataFrame, heads: pd.DataFrame) -> TourPlan:
     """Every pick of the tour (:class:`TourPlan`) from an analysis and its tables, the sink at position
     :data:`SINK`: ``summary`` from :func:`cwviz.analyses.tables.head_summary`, ``layers`` and ``heads`` from
@@ -197,6 +212,6 @@ def plan(analysis: Analysis, summary: pd.DataFrame, layers: pd.DataFrame, heads:
         layer=layer,
         head=head,
         head_sink_attention=share,
-        negative=negative_key(analysis, layer.layer, head),
+        negative=_negative(analysis, layer.layer, head),
         anti=anti_aligned_head(heads),
     )
