@@ -64,6 +64,7 @@ layer, head, neg, anti = plan.layer.layer, plan.head, plan.negative, plan.anti
 query = neg.query if neg is not None else None
 neg_head = neg.head if neg is not None else head  # the head of steps 3 and 4: the sink head, unless nothing there is negative
 first = escape_markdown(repr(plan.sink_token))
+SHORT = "type a prompt of two tokens or more in the sidebar and press Analyze."
 #: Steps whose chart is too wide for the column beside the text: it goes below the text instead.
 WIDE = (3, 4, 6)
 
@@ -111,13 +112,17 @@ if step == 1:
     )
 elif step == 2:
     sync(layer, head, query)
+    link = page_url("sinks", sel.request, layer, head, query, sink="first")
+    if neg is None:
+        show(f"With one token there is nothing but the first token to attend to: {SHORT}", link, "Sinks")
+        st.stop()
     tables = sink_services.sink_tables(sel.request, sink_services.TOUR_SINK)
     show(
         "A contribution weight measures how much of what the layer writes comes from a token: attention × the length "
         f"of the token's projected value × its direction. In layer {layer} (dashed line) the first token gets "
         f"{plan.layer.attention_share:.0%} of the attention but makes only {plan.layer.contribution_share:.0%} of the "
         "layer's output: the gap between the two lines is how far attention overstates it.",
-        page_url("sinks", sel.request, layer, head, query, sink="first"),
+        link,
         "Sinks",
         sink_charts.share_chart(tables.layers, layer),
         tables.layers,
@@ -126,7 +131,7 @@ elif step == 3:
     sync(layer, neg_head, query)
     link = page_url("heatmaps", sel.request, layer, neg_head, query, measure="contribution", kind="intra")
     if neg is None:
-        show("The prompt needs at least two tokens for a key to write against the output: type a longer one.", link, "Heatmaps")
+        show(f"A key can write against the output only when the query sees two keys or more: {SHORT}", link, "Heatmaps")
         st.stop()
     key = sel.token_label(neg.key)
     if neg.contribution < 0:
@@ -150,7 +155,7 @@ elif step == 4:
     sync(layer, neg_head, query)
     link = page_url("token", sel.request, layer, neg_head, query, token_kind="intra")
     if neg is None:
-        show("The prompt needs at least two tokens to split a contribution into its factors: type a longer one.", link, "Token")
+        show(f"With one key, its contribution is the whole output: {SHORT}", link, "Token")
         st.stop()
     factors = services.token_factors(sel.request, layer, neg.query, neg_head, tour.KIND)
     show(
@@ -169,7 +174,7 @@ elif step == 5:
     sync(*target, None)
     link = page_url("sinks", sel.request, *target, sel.query, sink="first")
     if anti is None:
-        show("No query sees a key besides the sink, so its value has nothing to point against: type a longer prompt.", link, "Sinks")
+        show(f"No query sees a key besides the sink, so its value has nothing to point against: {SHORT}", link, "Sinks")
         st.stop()
     tables = sink_services.sink_tables(sel.request, sink_services.TOUR_SINK)
     against = anti.cos < 0
@@ -188,6 +193,10 @@ elif step == 5:
 elif step == 6:
     target = (anti.layer, anti.head) if anti is not None else (layer, head)
     sync(*target, None)
+    link = page_url("sinks", sel.request, *target, sel.query, sink="first", **{"lambda": "0", "scope": "all"})
+    if neg is None:
+        show(f"With one token, removing the first token's value leaves nothing to compare: {SHORT}", link, "Sinks")
+        st.stop()
     result = sink_services.intervention(sel.request, plan.sink, 0.0, None)
     table = result.table
     norm, cone = table["output_norm_change"].mean(), table["cone_change"].mean()
@@ -205,7 +214,7 @@ elif step == 6:
             if cone > 0
             else "on this prompt they spread out rather than crowd into a narrower cone."
         ),
-        page_url("sinks", sel.request, *target, sel.query, sink="first", **{"lambda": "0", "scope": "all"}),
+        link,
         "Sinks",
         sink_charts.intervention_chart(table),
         table,

@@ -114,3 +114,13 @@ def test_an_encoder_gets_the_causal_steps_explained():
     assert "This model is an encoder" in text and "CLS" in text and len(charts(at)) == 1
     path, params = link(at)
     assert params["model"] == "embedded-encoder" and at.query_params["layer"] == params["layer"]  # the sidebar followed
+
+
+def test_a_one_token_prompt_says_what_each_step_needs():
+    at = run_app(page=PAGE, params={"prompt": "x"})
+    for step in range(1, STEPS + 1):
+        assert_clean(at)
+        drawn, said = len(charts(at)), " ".join(i.value for i in at.info)
+        assert (drawn == 1 and not said) or (drawn == 0 and "two tokens or more" in said), (step, said)
+        if step < STEPS:
+            at.button(key="tour_next").click().run()
