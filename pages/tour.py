@@ -38,8 +38,9 @@ sel = sidebar("A guided tour")
 if not sel.ok:
     st.stop()
 
-picker, about = st.columns([2, 3], vertical_alignment="center")
-with about.expander("Seven steps through what attention hides, on the sidebar's prompt · glossary"):
+picker, about = st.columns([2, 3])
+with about.expander("Seven steps through what attention hides · glossary"):
+    st.markdown("The tour runs on the sidebar's model and prompt: change them, press Analyze, and every step follows.")
     st.markdown(GLOSSARY)
 
 
