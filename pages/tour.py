@@ -38,9 +38,11 @@ sel = sidebar("A guided tour")
 if not sel.ok:
     st.stop()
 
-picker, about = st.columns([2, 3])
-with about.expander("Seven steps through what attention hides · glossary"):
-    st.markdown("The tour runs on the sidebar's model and prompt: change them, press Analyze, and every step follows.")
+picker, back, forward, about = st.columns([3, 1, 1, 3], vertical_alignment="center")
+with about.expander("What the tour shows · glossary"):
+    st.markdown(
+        "Seven steps through what attention weights hide, on the sidebar's model and prompt: change them, press Analyze, and every step follows."
+    )
     st.markdown(GLOSSARY)
 
 
@@ -60,6 +62,9 @@ with picker:
         help=" · ".join(f"{i} {name}" for i, (name, _) in enumerate(tour.STEPS, start=1)),
     )
 step = int(step or 1)
+# Back and Next stay in one place on every step (a presenter clicks without looking for them).
+back.button("← Back", on_click=move, args=(-1,), disabled=step == 1, key="tour_back", width="stretch")
+forward.button("Next →", on_click=move, args=(1,), disabled=step == COUNT, key="tour_next", type="primary", width="stretch")
 plan = sink_services.tour_plan(sel.request)
 layer, head, neg, anti = plan.layer.layer, plan.head, plan.negative, plan.anti
 query = neg.query if neg is not None else None
@@ -80,22 +85,21 @@ def sync(layer: int, head: int | None, query: int | None) -> None:
         select(layer=layer, head=head, query=query)
 
 
-def show(text: str, link: str | None, page: str, chart=None, data=None) -> None:
-    """The step: its title, the sentences, Back/Next and the link to the full page, then its chart (beside the
-    text, or below it for a wide chart). ``chart`` None: the step has nothing to draw on this prompt (``text`` says why)."""
+def show(text: str, link: str | None, page: str, chart=None, data=None, draw=widgets.chart) -> None:
+    """The step: its title, the sentences and the link to the full page, then its chart (beside the text, or below
+    it for a wide chart). ``chart`` None: the step has nothing to draw on this prompt (``text`` says why).
+    ``draw``: the widget that shows it (:func:`cwviz.app.widgets.chart`; ``head_grid`` and ``query_heatmaps`` make a
+    click select the head or the query in the sidebar, as those charts' titles say)."""
     wide = step in WIDE or chart is None
-    left, right = (st.container(), st.container()) if wide else st.columns([2, 3], gap="medium")
+    left, right = (st.container(), st.container()) if wide else st.columns([1, 2], gap="medium")
     with left:
         st.subheader(f"{step}. {tour.STEPS[step - 1][1]}")
         (st.markdown if chart is not None else st.info)(text)
-        buttons = st.columns([1, 1, 2] if wide else [1, 1])
-        buttons[0].button("← Back", on_click=move, args=(-1,), disabled=step == 1, key="tour_back", width="stretch")
-        buttons[1].button("Next →", on_click=move, args=(1,), disabled=step == COUNT, key="tour_next", type="primary", width="stretch")
         if link is not None:
-            (buttons[2] if wide else st).link_button(f"Open in {page} ↗", link, help="The full page on this view, in a new tab.")
+            st.link_button(f"Open in {page} ↗", link, help="The full page on this view, in a new tab.")
     if chart is not None:
         with right:
-            widgets.chart(chart, data, f"cwviz-tour-step{step}", key=f"tour_chart_{step}")
+            draw(chart, data, f"cwviz-tour-step{step}", key=f"tour_chart_{step}")
 
 
 if step == 1:
@@ -110,6 +114,7 @@ if step == 1:
         "Heatmaps",
         heatmap_charts.head_overview(summary, "sink_attention", layer, head),
         summary,
+        widgets.head_grid,
     )
 elif step == 2:
     sync(layer, head, query)
@@ -151,7 +156,7 @@ elif step == 3:
             "longer prompt, or another head on the Heatmaps page."
         )
     cells = services.heatmap_cells(sel.request, layer, neg_head, "contribution_intra", tour.KIND, neg.query, "window")
-    show(text, link, "Heatmaps", heatmap_charts.heatmap_pair(cells, query=neg.query), cells.frame)
+    show(text, link, "Heatmaps", heatmap_charts.heatmap_pair(cells, query=neg.query), cells, widgets.query_heatmaps)
 elif step == 4:
     sync(layer, neg_head, query)
     link = page_url("token", sel.request, layer, neg_head, query, token_kind="intra")
@@ -180,11 +185,11 @@ elif step == 5:
     tables = sink_services.sink_tables(sel.request, sink_services.TOUR_SINK)
     against = anti.cos < 0
     show(
-        "A head's output mixes the sink's projected value with the weighted mean of the other keys' values. In blue "
-        "heads the two point in opposite directions, so the sink cancels part of what the others write instead of "
-        f"being a passive place to park attention. The most {'anti-' if against else ''}aligned of the heads that "
-        f"attend to the sink most is head {anti.head} of layer {anti.layer} (outlined, cosine {anti.cos:+.2f}); its "
-        f"output is shortest when the sink takes about {anti.minimising_ratio:.0%} of its attention."
+        "A head's output mixes the sink's projected value with the mean of the other keys' values. In blue heads "
+        "they point in opposite directions: the sink cancels part of what the others write. The most "
+        f"{'anti-' if against else ''}aligned of the heads that attend to it most is head {anti.head} of layer "
+        f"{anti.layer} (outlined, cosine {anti.cos:+.2f}); its output is shortest when the sink takes about "
+        f"{anti.minimising_ratio:.0%} of its attention."
         + ("" if against else " On this prompt no such head points against the rest on average."),
         link,
         "Sinks",

@@ -28,10 +28,10 @@ from .tables import SINK
 #: The tour's steps, in order: (short name for the step picker, title).
 STEPS: tuple[tuple[str, str], ...] = (
     ("Attention", "Attention piles onto the first token"),
-    ("Contribution", "…but the first token writes little"),
+    ("Contribution", "…but it writes little"),
     ("Negative", "A key that writes against the output"),
     ("Factors", "Attention × norm ratio × cosine"),
-    ("Anti-aligned", "The sink's value points against the rest"),
+    ("Anti-aligned", "The sink's value opposes the rest"),
     ("Removal", "Remove the sink's value (λ = 0)"),
     ("Encoder", "An encoder's [CLS] token"),
 )
