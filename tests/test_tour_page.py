@@ -124,3 +124,14 @@ def test_a_one_token_prompt_says_what_each_step_needs():
         assert (drawn == 1 and not said) or (drawn == 0 and "two tokens or more" in said), (step, said)
         if step < STEPS:
             at.button(key="tour_next").click().run()
+
+
+def test_a_server_that_offers_no_encoder_says_so_at_the_last_step(monkeypatch):
+    """Hosting mode with the causal model alone: the encoder step explains instead of failing."""
+    monkeypatch.setenv("CWVIZ_HOSTED", "1")
+    monkeypatch.setenv("CWVIZ_ALLOWED_MODELS", "embedded")
+    at = run_app(page=PAGE, params={"prompt": "A prompt no other test analyses with the encoder.", "step": "7"})
+    assert_clean(at)
+    said = " ".join(i.value for i in at.info)
+    assert "could not be done here" in said and "not available on this server" in said
+    assert not charts(at) and not at.get("link_button")
