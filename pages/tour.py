@@ -15,7 +15,17 @@ from cwviz.charts import heatmaps as heatmap_charts
 from cwviz.charts import sinks as sink_charts
 from cwviz.charts import token as token_charts
 
-COUNT = len(tour.STEPS)
+#: The steps, in order: (short name, title).
+STEPS: tuple[tuple[str, str], ...] = (
+    ("Attention", "Attention piles onto the first token"),
+    ("Contribution", "…but it writes little"),
+    ("Negative", "A key that writes against the output"),
+    ("Factors", "Attention × norm ratio × cosine"),
+    ("Anti-aligned", "The sink's value opposes the rest"),
+    ("Removal", "Remove the sink's value (λ = 0)"),
+    ("Encoder", "An encoder's [CLS] token"),
+)
+COUNT = len(STEPS)
 GLOSSARY = """
 - **Token**: a piece of the text (a word, part of a word, a sign) at one position.
 - **Query**: the token whose new representation the attention layer is computing.
@@ -59,7 +69,7 @@ with picker:
         bind="query-params",
         persist_state="session",
         label_visibility="collapsed",
-        help=" · ".join(f"{i} {name}" for i, (name, _) in enumerate(tour.STEPS, start=1)),
+        help=" · ".join(f"{i} {name}" for i, (name, _) in enumerate(STEPS, start=1)),
     )
 step = int(step or 1)
 # Back and Next stay in one place on every step (a presenter clicks without looking for them).
@@ -93,7 +103,7 @@ def show(text: str, link: str | None, page: str, chart=None, data=None, draw=wid
     wide = step in WIDE or chart is None
     left, right = (st.container(), st.container()) if wide else st.columns([1, 2], gap="medium")
     with left:
-        st.subheader(f"{step}. {tour.STEPS[step - 1][1]}")
+        st.subheader(f"{step}. {STEPS[step - 1][1]}")
         (st.markdown if chart is not None else st.info)(text)
         if link is not None:
             st.link_button(f"Open in {page} ↗", link, help="The full page on this view, in a new tab.")

@@ -126,12 +126,12 @@ def test_a_one_token_prompt_says_what_each_step_needs():
             at.button(key="tour_next").click().run()
 
 
-def test_a_server_that_offers_no_encoder_says_so_at_the_last_step(monkeypatch):
-    """Hosting mode with the causal model alone: the encoder step explains instead of failing."""
-    monkeypatch.setenv("CWVIZ_HOSTED", "1")
-    monkeypatch.setenv("CWVIZ_ALLOWED_MODELS", "embedded")
-    at = run_app(page=PAGE, params={"prompt": "A prompt no other test analyses with the encoder.", "step": "7"})
+def test_an_encoder_that_cannot_be_loaded_is_explained_at_the_last_step(monkeypatch, tmp_path):
+    """A server that cannot load the encoder (not offered in hosting mode, say): the step says why instead of failing."""
+    missing = str(tmp_path / "no-such-encoder")
+    monkeypatch.setattr(sink_services, "EMBEDDED_ENCODER", missing)
+    at = run_app(page=PAGE, params={"step": "7"})
     assert_clean(at)
     said = " ".join(i.value for i in at.info)
-    assert "could not be done here" in said and "not available on this server" in said
+    assert "could not be done here" in said and "no-such-encoder" in said
     assert not charts(at) and not at.get("link_button")

@@ -25,16 +25,6 @@ import torch
 from ..core.analysis import Analysis
 from .tables import SINK
 
-#: The tour's steps, in order: (short name for the step picker, title).
-STEPS: tuple[tuple[str, str], ...] = (
-    ("Attention", "Attention piles onto the first token"),
-    ("Contribution", "…but it writes little"),
-    ("Negative", "A key that writes against the output"),
-    ("Factors", "Attention × norm ratio × cosine"),
-    ("Anti-aligned", "The sink's value opposes the rest"),
-    ("Removal", "Remove the sink's value (λ = 0)"),
-    ("Encoder", "An encoder's [CLS] token"),
-)
 #: Contribution kind of the head-level steps (3 and 4): shares of the head's own output, which sum to 1 per head.
 KIND = "intra"
 
