@@ -5,12 +5,14 @@ folded into that module, the test would share its server)."""
 
 from __future__ import annotations
 
+import os
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 
 from tests.test_browser import (  # noqa: F401  (browser and server are fixtures)
     ARTIFACTS,
+    ASSETS,
     VIEWPORT,
     _assert_no_error_text,
     _check_charts,
@@ -21,6 +23,8 @@ from tests.test_browser import (  # noqa: F401  (browser and server are fixtures
 
 pytestmark = pytest.mark.slow  # a browser test (conftest marks tests/test_browser.py by its name)
 STEPS = 7
+#: The step the README shows: attention against contribution, per layer.
+README_STEP = 2
 #: Steps whose link is followed, and the title of the page it opens.
 FOLLOWED = {3: "Contribution weights vs attention", 4: "One query token", 6: "Attention sinks as active suppressors", 7: "Attention sinks"}
 
@@ -37,6 +41,8 @@ def test_every_tour_step_draws_its_chart_and_its_link_opens_its_view(server, bro
             _assert_no_error_text(page)
             assert _check_charts(page, f"tour step {step}") == 1
             page.screenshot(path=str(ARTIFACTS / f"tour-step{step}.png"))
+            if step == README_STEP and os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1":
+                page.screenshot(path=str(ASSETS / "tour.png"))  # the README's, as tests/test_browser.py refreshes the others
             opens = page.locator('a[data-testid^="stBaseLinkButton"]:visible', has_text="Open in")
             assert opens.count() == 1
             if step in FOLLOWED:
