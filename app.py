@@ -9,6 +9,7 @@ st.set_page_config(page_title="cwviz — contribution weights", layout="wide")
 
 pages = [
     st.Page("pages/heatmaps.py", title="Heatmaps", default=True),
+    st.Page("pages/tour.py", title="Tour"),
     st.Page("pages/token.py", title="Token"),
     st.Page("pages/bertviz_view.py", title="bertviz"),
     st.Page("pages/sinks.py", title="Sinks"),

@@ -821,3 +821,55 @@ def test_a_binary_upload_gets_a_message_and_the_server_keeps_serving(server, bro
     finally:
         page.close()
     watch.check()
+
+
+TOUR_STEPS = 7
+#: The tour step the README shows: attention against contribution, per layer.
+TOUR_README_STEP = 2
+#: Tour steps whose link is followed, and the title of the page it opens.
+TOUR_FOLLOWED = {
+    3: "Contribution weights vs attention",
+    4: "One query token",
+    6: "Attention sinks as active suppressors",
+    7: "Attention sinks",
+}
+
+
+def test_every_tour_step_draws_its_chart_and_its_link_opens_its_view(server, browser):
+    """The Tour: every step's chart drawn (the checks of every page) and its *Open in …* link opens the full page on
+    the step's view in a new tab."""
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    try:
+        page.goto(f"{server}/tour")
+        _settle(page, 1)
+        for step in range(1, TOUR_STEPS + 1):
+            page.locator("h3", has_text=f"{step}. ").wait_for(timeout=60_000)
+            _settle(page, 1)
+            _assert_no_error_text(page)
+            assert _check_charts(page, f"tour step {step}") == (2 if step == 3 else 1)  # step 3: the two maps
+            page.screenshot(path=str(ARTIFACTS / f"tour-step{step}.png"))
+            if step == TOUR_README_STEP and os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1":
+                page.screenshot(path=str(ASSETS / "tour.png"))  # the README's, as tests/test_browser.py refreshes the others
+            opens = page.locator('a[data-testid^="stBaseLinkButton"]:visible', has_text="Open in")
+            assert opens.count() == 1
+            if step in TOUR_FOLLOWED:
+                wanted = parse_qs(urlparse(opens.get_attribute("href")).query)
+                assert opens.get_attribute("target") == "_blank"
+                with context.expect_page() as opened:
+                    opens.click()
+                full = opened.value
+                full.get_by_text(TOUR_FOLLOWED[step]).first.wait_for(timeout=120_000)
+                _settle(full, 1)
+                _assert_no_error_text(full)
+                got = parse_qs(urlparse(full.url).query)
+                for name in ("model", "layer", "head", "prompt"):
+                    assert got[name] == wanted[name], (step, name)
+                slider = full.locator('[data-testid="stSidebar"] [data-testid="stSliderThumbValue"]').first
+                assert slider.text_content() == wanted["layer"][0]
+                full.screenshot(path=str(ARTIFACTS / f"tour-link{step}.png"))
+                full.close()
+            if step < TOUR_STEPS:
+                page.get_by_role("button", name="Next →").click()
+    finally:
+        context.close()

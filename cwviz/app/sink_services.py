@@ -1,4 +1,5 @@
-"""Streamlit caching for the sinks page: small cached wrappers around :mod:`cwviz.analyses.sinks`.
+"""Streamlit caching for the sinks page and the tour: small cached wrappers around :mod:`cwviz.analyses.sinks`
+and :mod:`cwviz.analyses.tour`.
 
 The analysis itself comes from :func:`cwviz.app.services.get_analysis` (shared with every page); what is
 cached here are the small pandas results per (request, sink, ...), so moving the layer, head or query
@@ -7,14 +8,16 @@ never recomputes them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import streamlit as st
 
-from ..analyses import sinks
+from ..analyses import sinks, tour
 from ..core.analysis import analyze
+from ..core.errors import CwvizError
 from ..core.inputs import tokenize
+from ..core.models import EMBEDDED_ENCODER
 from ..core.progress import phase
 from ..core.texts import read_texts
 from . import hosting, services
@@ -101,3 +104,39 @@ def layerwise(request: services.Request, sink: int, factor: float) -> pd.DataFra
     analysis = services.get_analysis(request).analysis
     with services.progress_bar("Removing the sink's value one layer at a time") as progress:
         return sinks.layerwise_removal(analysis, sink, factor, progress=progress)
+
+
+#: The sink the tour shows: the first token, as the Sinks page's default "first" (the same cache entries).
+TOUR_SINK = "0"
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def tour_plan(request: services.Request) -> tour.TourPlan:
+    """:func:`cwviz.analyses.tour.plan`: what each step of the tour shows, picked from the sidebar prompt's analysis."""
+    analysis = services.get_analysis(request).analysis
+    tables = sink_tables(request, TOUR_SINK)
+    return tour.plan(analysis, services.head_summary(request), tables.layers, tables.heads)
+
+
+@dataclass(frozen=True)
+class EncoderView:
+    """The tour's last step: the sidebar prompt in an encoder (the user's model when it is one, else the embedded
+    MiniLM), its sink tables and the layer where [CLS] takes most attention; or why it could not be analysed."""
+
+    request: services.Request
+    own_model: bool  # the sidebar's model is the encoder shown
+    tables: SinkTables | None = None
+    layer: tour.SinkLayer | None = None
+    error: str | None = None
+
+
+def tour_encoder(request: services.Request) -> EncoderView:
+    """:class:`EncoderView` of ``request``'s prompt; a model that cannot be loaded (say, not offered by a hosted
+    server) is reported in ``error``, not raised."""
+    own = not services.get_analysis(request).analysis.info.causal
+    encoder = request if own else replace(request, model=EMBEDDED_ENCODER, generate=0)
+    try:
+        tables = sink_tables(encoder, TOUR_SINK)
+    except CwvizError as err:
+        return EncoderView(encoder, own, error=str(err))
+    return EncoderView(encoder, own, tables, tour.most_attended_layer(tables.layers))

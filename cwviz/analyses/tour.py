@@ -1,0 +1,207 @@
+"""What the dashboard's guided tour shows: the layer, head, query and key of each step, picked from an analysis.
+
+The tour tells docs/METHOD.md's story on whatever model and prompt the user analysed, so nothing here is a
+constant: every pick is an arg-max or arg-min over the analysis's own tables.
+
+| pick | rule | read from |
+|---|---|---|
+| layer | where attention overstates the sink most: the largest layer-level sink share under attention minus under contribution | :func:`cwviz.analyses.sinks.sink_layer_summary` |
+| head | in that layer, the head with the largest sink attention (mean over queries 1..T-1) | :func:`cwviz.analyses.tables.head_summary` |
+| negative key | in that head, the (query, key) cell with the most negative intra-head contribution, the sink column and queries that see one key only left out; if none is negative there, the most negative cell of any head of the layer | the layer, read in row blocks |
+| anti-aligned head | the most negative mean cos(ṽ_sink, m) among heads whose mean sink ratio is at least the median over heads | :func:`cwviz.analyses.sinks.sink_head_summary` |
+| encoder layer | where the first token ([CLS]) takes the largest share of attention | :func:`cwviz.analyses.sinks.sink_layer_summary` |
+
+The sink is the first position (docs/METHOD.md section 4; :data:`cwviz.analyses.tables.SINK`), as on the Sinks page's default.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from ..core.analysis import Analysis
+from .tables import SINK
+
+#: Contribution kind of the head-level steps (3 and 4): shares of the head's own output, which sum to 1 per head.
+KIND = "intra"
+
+
+@dataclass(frozen=True)
+class SinkLayer:
+    """A layer and the sink's layer-level shares there (attention averaged over heads, inter-head contribution
+    summed over heads; both averaged over queries)."""
+
+    layer: int
+    attention_share: float
+    contribution_share: float
+
+
+@dataclass(frozen=True)
+class NegativeKey:
+    """One cell of one head: key ``key``'s contribution to query ``query`` in head ``head`` and its three factors
+    (``kind``), contribution = attention × norm_ratio × cosine."""
+
+    head: int
+    query: int
+    key: int
+    attention: float
+    norm_ratio: float
+    cosine: float
+    contribution: float
+    kind: str = KIND
+
+
+@dataclass(frozen=True)
+class AntiAligned:
+    """The head whose sink value points most against the rest of its output (means over its queries)."""
+
+    layer: int
+    head: int
+    cos: float
+    sink_ratio: float
+    minimising_ratio: float
+
+
+@dataclass(frozen=True)
+class TourPlan:
+    """Every pick of the tour for one analysis (see the module's table). ``negative`` is None when no query
+    sees a key besides itself (a one-token prompt); ``anti`` is None when no head has a defined cosine."""
+
+    sink: int
+    sink_token: str
+    causal: bool
+    layer: SinkLayer
+    head: int
+    head_sink_attention: float
+    negative: NegativeKey | None
+    anti: AntiAligned | None
+
+
+def overstated_layer(layers: pd.DataFrame) -> SinkLayer | None:
+    """The layer where the sink's attention share exceeds its contribution share most (ties: the first).
+
+    ``layers``: :func:`cwviz.analyses.sinks.sink_layer_summary`. None when it has no row (no query sees a key
+    besides the sink: a one-token prompt)."""
+    defined = layers.dropna(subset=["sink_attention_share", "sink_contribution_share"])
+    if defined.empty:
+        return None
+    gap = defined["sink_attention_share"] - defined["sink_contribution_share"]
+    row = defined.loc[gap.idxmax()]
+    return SinkLayer(int(row["layer"]), float(row["sink_attention_share"]), float(row["sink_contribution_share"]))
+
+
+def most_attended_layer(layers: pd.DataFrame) -> SinkLayer | None:
+    """The layer where the sink takes the largest share of attention (ties: the first); None as
+    :func:`overstated_layer`."""
+    defined = layers.dropna(subset=["sink_attention_share", "sink_contribution_share"])
+    if defined.empty:
+        return None
+    row = defined.loc[defined["sink_attention_share"].idxmax()]
+    return SinkLayer(int(row["layer"]), float(row["sink_attention_share"]), float(row["sink_contribution_share"]))
+
+
+def sink_head(summary: pd.DataFrame, layer: int) -> tuple[int, float]:
+    """The head of ``layer`` with the largest mean attention on the sink, and that share (ties: the first head).
+
+    ``summary``: :func:`cwviz.analyses.tables.head_summary`."""
+    rows = summary[summary["layer"] == layer].sort_values("head", kind="stable")
+    row = rows.loc[rows["sink_attention"].idxmax()]
+    return int(row["head"]), float(row["sink_attention"])
+
+
+def negative_key(analysis: Analysis, layer: int, head: int | None, kind: str = KIND, sink: int = SINK) -> NegativeKey | None:
+    """The (query, key) of ``head`` in ``layer`` (None: of any head of the layer) with the most negative ``kind``
+    contribution.
+
+    Queries that see a single key (their contribution is 1) are left out, and so is the sink's column unless no
+    other key is visible anywhere; when no cell is negative, the smallest one is returned (its contribution is
+    then >= 0, and the caller says so). None when no query sees two keys. The layer is read in row blocks
+    (:meth:`cwviz.Analysis.row_blocks`), so a long prompt never holds its T x T maps.
+    """
+    layer = analysis.check_layer(layer)
+    heads = list(range(analysis.num_heads)) if head is None else [analysis.check_head(head)]
+    best: dict[bool, tuple[float, int, int, int]] = {}  # sink column or not -> (contribution, head, query, key)
+    with torch.inference_mode():
+        for first, stop, m in analysis.row_blocks(layer, kinds=(kind,)):
+            c = m.contribution(kind)[heads].float().cpu()  # (heads, rows, keys)
+            visible = analysis.records[layer].key_mask(first, stop)[:, : c.shape[-1]].cpu()  # (rows, keys)
+            usable = visible & (visible.sum(-1, keepdim=True) > 1)
+            at_sink = torch.zeros_like(usable)
+            at_sink[:, sink] = usable[:, sink]
+            for is_sink, cells in ((False, usable & ~at_sink), (True, at_sink)):
+                if not cells.any():
+                    continue
+                masked = torch.where(cells, c, torch.inf)  # (heads, rows, keys)
+                index = int(torch.argmin(masked))
+                h, rest = divmod(index, c.shape[-2] * c.shape[-1])
+                row, key = divmod(rest, c.shape[-1])
+                value = float(masked[h, row, key])
+                if is_sink not in best or value < best[is_sink][0]:
+                    best[is_sink] = (value, heads[h], first + row, key)
+    if not best:
+        return None
+    _, head, query, key = best.get(False) or best[True]
+    factors = analysis.decomposition(layer, query, head, kind)
+    cell = factors[factors["key"] == key].iloc[0]
+    return NegativeKey(
+        head=head,
+        query=query,
+        key=key,
+        attention=float(cell["attention"]),
+        norm_ratio=float(cell["norm_ratio"]),
+        cosine=float(cell["cosine"]),
+        contribution=float(cell["contribution"]),
+        kind=kind,
+    )
+
+
+def anti_aligned_head(heads: pd.DataFrame) -> AntiAligned | None:
+    """The head with the most negative mean cos(ṽ_sink, m) among those whose mean sink ratio is at least the
+    median over heads (a head that barely attends to the sink cancels little, whatever its cosine).
+
+    ``heads``: :func:`cwviz.analyses.sinks.sink_head_summary`. None when no head has a defined cosine."""
+    defined = heads.dropna(subset=["cos_sink_rest", "sink_ratio"])
+    if defined.empty:
+        return None
+    candidates = defined[defined["sink_ratio"] >= defined["sink_ratio"].median()]
+    row = candidates.sort_values(["cos_sink_rest", "layer", "head"], kind="stable").iloc[0]
+    return AntiAligned(
+        layer=int(row["layer"]),
+        head=int(row["head"]),
+        cos=float(row["cos_sink_rest"]),
+        sink_ratio=float(row["sink_ratio"]),
+        minimising_ratio=float(row["minimising_ratio"]),
+    )
+
+
+def _negative(analysis: Analysis, layer: int, head: int) -> NegativeKey | None:
+    """The most negative key of ``head``; where that head has none, of the layer's head that has the most negative one."""
+    pick = negative_key(analysis, layer, head)
+    if pick is not None and pick.contribution >= 0:
+        other = negative_key(analysis, layer, None)
+        pick = other if other is not None and other.contribution < 0 else pick
+    return pick
+
+
+def plan(analysis: Analysis, summary: pd.DataFrame, layers: pd.DataFrame, heads: pd.DataFrame) -> TourPlan:
+    """Every pick of the tour (:class:`TourPlan`) from an analysis and its tables, the sink at position
+    :data:`SINK`: ``summary`` from :func:`cwviz.analyses.tables.head_summary`, ``layers`` and ``heads`` from
+    :func:`cwviz.analyses.sinks.sink_layer_summary` and :func:`~cwviz.analyses.sinks.sink_head_summary`."""
+    layer = overstated_layer(layers)
+    if layer is None:  # no query sees a key besides the sink: the layer whose heads attend to it most
+        means = summary.groupby("layer")["sink_attention"].mean()
+        layer = SinkLayer(int(means.idxmax()), float(means.max()), math.nan)
+    head, share = sink_head(summary, layer.layer)
+    return TourPlan(
+        sink=SINK,
+        sink_token=analysis.tokens[SINK],
+        causal=bool(analysis.info.causal),
+        layer=layer,
+        head=head,
+        head_sink_attention=share,
+        negative=_negative(analysis, layer.layer, head),
+        anti=anti_aligned_head(heads),
+    )
