@@ -179,8 +179,9 @@ def test_heatmaps_are_square_and_token_and_bertviz_pages_work():
     tokens = widget(at, "selectbox", "Query token").options
     t = len(tokens)
     assert tokens[0].endswith("[CLS]") and tokens[-1].endswith("[SEP]")
-    heatmap, overview = charts(at)[:2]
-    assert heatmap["_rows"] == t * t  # every key for every query: the full square, in one dataset for both views
+    attention, contribution, overview = charts(at)
+    for view in (attention, contribution):
+        assert view["_rows"] == t * t  # every key for every query: the full square
     assert overview["_rows"] == 6 * 12
     for page in ("pages/token.py", "pages/bertviz_view.py"):
         at.switch_page(page).run()
@@ -198,7 +199,7 @@ def test_sinks_page_offers_cls_and_sep_and_skips_perplexity():
     assert choice.options[:2] == ["first token ([CLS])", "last token ([SEP])"]
     assert any("[CLS]" in i.value and "[SEP]" in i.value and "causal language model" in i.value for i in at.info)
     assert not [m for m in at.metric if m.label.startswith("PPL ")]  # no perplexity numbers, "n/a" instead
-    assert not at.get("toggle")  # the per-layer ΔPPL needs perplexity
+    assert not at.main.get("toggle")  # the per-layer ΔPPL needs perplexity
     choice.set_value("last").run()
     assert_clean(at)
     assert any("[SEP]" in c.value and "position" in c.value for c in at.caption)

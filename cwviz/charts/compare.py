@@ -20,11 +20,13 @@ from .heatmaps import (
     contribution_scale,
     head_pick,
     label_expr,
+    label_stride,
     outlined_grid,
     query_outline,
     query_pick,
     sequential_scale,
     signed_scale,
+    thinned_label_expr,
     wrap,
 )
 
@@ -37,6 +39,10 @@ THREE_UP = 16
 #: :data:`LABEL_LIMIT`), its axis title and the gap to the next (its legend lies below it).
 VIEW_EXTRA = 155
 SIDE = 220  # px, the least a compared map's axis gets
+#: Width (px) the maps of a row may take under ``layout="side"``: the dashboard's main area in a 1,600 px window
+#: with the sidebar open (about 1,220 px in Chromium), less a margin. A wider map is drawn smaller, its labels
+#: thinned so that they never overlap (:func:`~cwviz.charts.heatmaps.label_stride`).
+SIDE_FITS = 1180
 #: Characters a title line holds: about 700 px at 13 px, narrower than the narrowest grid of maps.
 TITLE_CHARS = 100
 LABEL_LIMIT = 110  # px, the longest axis label ("12 lighthouse / 12 keeper" is cut with an ellipsis)
@@ -71,7 +77,18 @@ def compare_maps(cells: CompareCells, what: str = "contribution", query: int | N
     frame = cells.frame
     row = cells.query if query is None else query
     keys, queries = frame["key"].nunique(), frame["query"].nunique()
-    axis_args = dict(labelExpr=label_expr(cells.labels), labelLimit=LABEL_LIMIT, labelOverlap=False, labelFontSize=LABEL_PX)
+    rows = per_row(keys, layout)
+    width, height = _extent(keys), _extent(queries)
+    if layout == "side":
+        width = min(width, SIDE_FITS // rows - VIEW_EXTRA)
+        height = min(height, width) if queries == keys else height
+
+    def axis(field: str, extent: int, **more) -> alt.Axis:
+        positions = sorted(frame[field].unique())
+        stride = label_stride(len(positions), extent)
+        labels = thinned_label_expr(cells.labels, positions, row, stride) if stride > 1 else label_expr(cells.labels)
+        return alt.Axis(labelExpr=labels, labelLimit=LABEL_LIMIT, labelOverlap=False, labelFontSize=LABEL_PX, **more)
+
     tooltips = [
         alt.Tooltip("query_token:N", title="query (A / B)"),
         alt.Tooltip("key_token:N", title="key (A / B)"),
@@ -83,11 +100,11 @@ def compare_maps(cells: CompareCells, what: str = "contribution", query: int | N
         alt.Chart(frame)
         .mark_rect()
         .encode(
-            x=alt.X("key:O", title="key (aligned position)", axis=alt.Axis(labelAngle=-90, **axis_args)),
-            y=alt.Y("query:O", title="query (aligned position)", axis=alt.Axis(**axis_args)),
+            x=alt.X("key:O", title="key (aligned position)", axis=axis("key", width, labelAngle=-90)),
+            y=alt.Y("query:O", title="query (aligned position)", axis=axis("query", height)),
             tooltip=tooltips,
         )
-        .properties(width=_extent(keys), height=_extent(queries))
+        .properties(width=width, height=height)
     )
     both = pd.concat([frame[f"{what}_a"], frame[f"{what}_b"]])
     # Contributions as on the Heatmaps page: the end off the sink column, symmetric-log, clamped (the legend says so).
@@ -96,13 +113,13 @@ def compare_maps(cells: CompareCells, what: str = "contribution", query: int | N
     diff_scale, diff_rule = contribution_scale(frame[f"{what}_diff"])
     label = COMPARE_MAPS[what]
     views = []
-    below = dict(orient="bottom", direction="horizontal", gradientLength=min(_extent(keys), 200), titleLimit=400)
-    rows = per_row(keys, layout)
+    # The legend titles are the scale rule's short lines, each cut at the map's width, so a legend never widens its view.
+    below = dict(orient="bottom", direction="horizontal", gradientLength=min(width, 200), titleLimit=width)
     # A and B share a scale: one legend, under B, unless each stands alone.
     for field, title, scale, legend in (
-        (f"{what}_a", f"A: {label}", shared, alt.Legend(title=rule and " ".join(rule), **below) if rows == 1 else None),
-        (f"{what}_b", f"B: {label}", shared, alt.Legend(title=rule and " ".join(rule), **below)),
-        (f"{what}_diff", f"B − A: {label} (red: larger in B)", diff_scale, alt.Legend(title=" ".join(diff_rule), **below)),
+        (f"{what}_a", f"A: {label}", shared, alt.Legend(title=rule, **below) if rows == 1 else None),
+        (f"{what}_b", f"B: {label}", shared, alt.Legend(title=rule, **below)),
+        (f"{what}_diff", f"B − A: {label} (red: larger in B)", diff_scale, alt.Legend(title=diff_rule, **below)),
     ):
         chart = base.encode(color=alt.Color(f"{field}:Q", scale=scale, legend=legend)).properties(name=f"compare_{field}")
         layers = [chart] + ([query_outline(row)] if row is not None else [])
