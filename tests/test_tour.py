@@ -14,13 +14,13 @@ from cwviz import analyze
 from cwviz.analyses import sinks, tables, tour
 from cwviz.app import links, state
 from cwviz.app.services import Request
-from cwviz.core import analysis as core_analysis
+from cwviz.core import blocks
 
 from .conftest import TEXT, make_tiny
 
 
 def _plan(analysis) -> tour.TourPlan:
-    table = sinks.sink_table(analysis, tour.SINK)
+    table = sinks.sink_table(analysis, sinks.DEFAULT_SINK)
     return tour.plan(analysis, tables.head_summary(analysis), sinks.sink_layer_summary(table), sinks.sink_head_summary(table))
 
 
@@ -30,7 +30,7 @@ def _most_negative(analysis, layer: int, head: int) -> float:
     contribution = analysis.contributions(layer, tour.KIND)[head]  # (query, key)
     visible = analysis.records[layer].key_mask().cpu().numpy()
     cells = visible & (visible.sum(-1, keepdims=True) > 1)
-    cells[:, tour.SINK] = False
+    cells[:, sinks.DEFAULT_SINK] = False
     return float(np.where(cells, contribution, np.inf).min())
 
 
@@ -42,7 +42,7 @@ def tiny_plan(request):
 
 def test_the_layer_is_where_attention_overstates_the_sink_most(tiny_plan):
     analysis, plan = tiny_plan
-    layers = sinks.sink_layer_summary(sinks.sink_table(analysis, tour.SINK))
+    layers = sinks.sink_layer_summary(sinks.sink_table(analysis, sinks.DEFAULT_SINK))
     gap = layers["sink_attention_share"] - layers["sink_contribution_share"]
     assert plan.layer.layer == int(layers.loc[gap.idxmax(), "layer"])
     assert plan.layer.attention_share - plan.layer.contribution_share == pytest.approx(gap.max())
@@ -62,7 +62,7 @@ def test_the_negative_key_is_the_most_negative_cell_and_its_factors_multiply_out
     analysis, plan = tiny_plan
     neg, layer = plan.negative, plan.layer.layer
     contribution = analysis.contributions(layer, tour.KIND)[neg.head]
-    assert neg.key != tour.SINK and neg.query >= 1
+    assert neg.key != sinks.DEFAULT_SINK and neg.query >= 1
     assert analysis.records[layer].key_mask()[neg.query, neg.key]  # a key the query can see
     assert neg.contribution == pytest.approx(float(contribution[neg.query, neg.key]), abs=1e-6)
     assert neg.contribution == pytest.approx(_most_negative(analysis, layer, neg.head), abs=1e-6)
@@ -76,7 +76,7 @@ def test_the_negative_key_is_the_most_negative_cell_and_its_factors_multiply_out
 
 def test_the_anti_aligned_head_is_the_most_negative_cosine_among_heads_that_attend_to_the_sink(tiny_plan):
     analysis, plan = tiny_plan
-    heads = sinks.sink_head_summary(sinks.sink_table(analysis, tour.SINK))
+    heads = sinks.sink_head_summary(sinks.sink_table(analysis, sinks.DEFAULT_SINK))
     candidates = heads[heads["sink_ratio"] >= heads["sink_ratio"].median()]
     assert plan.anti.cos == pytest.approx(candidates["cos_sink_rest"].min())
     row = heads[(heads["layer"] == plan.anti.layer) & (heads["head"] == plan.anti.head)].iloc[0]
@@ -87,7 +87,7 @@ def test_the_anti_aligned_head_is_the_most_negative_cosine_among_heads_that_atte
 def test_the_negative_key_read_in_row_blocks_equals_the_whole_map(arch, monkeypatch):
     """Blocks of two rows (and a sliding window, mistral): the pick crosses block edges and still finds the map's
     minimum."""
-    monkeypatch.setattr(core_analysis, "ROW_BLOCK_CELLS", 2 * len(TEXT))
+    monkeypatch.setattr(blocks, "ROW_BLOCK_CELLS", 2 * len(TEXT))
     analysis = analyze(make_tiny(arch), TEXT)
     for layer in range(analysis.num_layers):
         least = [_most_negative(analysis, layer, head) for head in range(analysis.num_heads)]

@@ -11,7 +11,7 @@ constant: every pick is an arg-max or arg-min over the analysis's own tables.
 | anti-aligned head | the most negative mean cos(ṽ_sink, m) among heads whose mean sink ratio is at least the median over heads | :func:`cwviz.analyses.sinks.sink_head_summary` |
 | encoder layer | where the first token ([CLS]) takes the largest share of attention | :func:`cwviz.analyses.sinks.sink_layer_summary` |
 
-The sink is the first position (docs/METHOD.md section 4; :data:`cwviz.analyses.tables.SINK`), as on the Sinks page's default.
+The sink is the first position (docs/METHOD.md section 4; :data:`cwviz.analyses.sinks.DEFAULT_SINK`), as on the Sinks page's default.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from ..core.analysis import Analysis
-from .tables import SINK
+from .sinks import DEFAULT_SINK
 
 #: Contribution kind of the head-level steps (3 and 4): shares of the head's own output, which sum to 1 per head.
 KIND = "intra"
@@ -112,7 +112,7 @@ def sink_head(summary: pd.DataFrame, layer: int) -> tuple[int, float]:
     return int(row["head"]), float(row["sink_attention"])
 
 
-def negative_key(analysis: Analysis, layer: int, head: int | None, kind: str = KIND, sink: int = SINK) -> NegativeKey | None:
+def negative_key(analysis: Analysis, layer: int, head: int | None, kind: str = KIND, sink: int = DEFAULT_SINK) -> NegativeKey | None:
     """The (query, key) of ``head`` in ``layer`` (None: of any head of the layer) with the most negative ``kind``
     contribution.
 
@@ -188,7 +188,7 @@ def _negative(analysis: Analysis, layer: int, head: int) -> NegativeKey | None:
 
 def plan(analysis: Analysis, summary: pd.DataFrame, layers: pd.DataFrame, heads: pd.DataFrame) -> TourPlan:
     """Every pick of the tour (:class:`TourPlan`) from an analysis and its tables, the sink at position
-    :data:`SINK`: ``summary`` from :func:`cwviz.analyses.tables.head_summary`, ``layers`` and ``heads`` from
+    :data:`~cwviz.analyses.sinks.DEFAULT_SINK`: ``summary`` from :func:`cwviz.analyses.tables.head_summary`, ``layers`` and ``heads`` from
     :func:`cwviz.analyses.sinks.sink_layer_summary` and :func:`~cwviz.analyses.sinks.sink_head_summary`."""
     layer = overstated_layer(layers)
     if layer is None:  # no query sees a key besides the sink: the layer whose heads attend to it most
@@ -196,8 +196,8 @@ def plan(analysis: Analysis, summary: pd.DataFrame, layers: pd.DataFrame, heads:
         layer = SinkLayer(int(means.idxmax()), float(means.max()), math.nan)
     head, share = sink_head(summary, layer.layer)
     return TourPlan(
-        sink=SINK,
-        sink_token=analysis.tokens[SINK],
+        sink=DEFAULT_SINK,
+        sink_token=analysis.tokens[DEFAULT_SINK],
         causal=bool(analysis.info.causal),
         layer=layer,
         head=head,
