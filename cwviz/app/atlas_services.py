@@ -11,8 +11,7 @@ import streamlit as st
 
 from ..analyses import atlas
 from ..core.errors import InputError
-from ..core.inputs import tokenize
-from ..core.texts import gsm8k_path, read_texts
+from ..core.texts import gsm8k_path
 from . import hosting, services
 
 #: Most prompts the page pools (each costs a forward pass); the CLI has no limit.
@@ -24,25 +23,19 @@ SOURCES = {"gsm8k": "GSM8K sample (ships with cwviz)", "path": "a JSONL file on 
 def run_atlas(model: str, device: str, dtype: str, source: str, path: str, n: int, out: str = "") -> atlas.Atlas:
     """The atlas of the first ``n`` prompts of ``source`` (``"gsm8k"`` or ``"path"``) on the model; saved into
     ``out`` when given (:func:`cwviz.analyses.atlas.save`)."""
-    policy = hosting.policy_from_env()
     if source == "gsm8k":
         file = gsm8k_path()
     elif source == "path":
         if not path.strip():
             raise InputError("give the path of a JSONL file (one prompt a line: 'text', or GSM8K's 'question' and 'answer')")
-        policy.check_server_file(path)
+        hosting.policy_from_env().check_server_file(path)
         file = Path(path.strip())
     else:
         raise InputError(f"unknown source {source!r}; choose one of: {', '.join(SOURCES)}")
     if out.strip():
-        policy.check_server_file(out)
-    texts = read_texts(file, n=min(max(int(n), 1), MAX_PROMPTS))
+        hosting.policy_from_env().check_server_file(out)
     bundle = services.get_bundle(model, device, dtype)
-    for number, text in enumerate(texts, start=1):
-        try:
-            services.check_dashboard_length(bundle, len(tokenize(bundle, text)), 0)
-        except InputError as err:
-            raise InputError(f"prompt {number}: {err}") from None
+    texts = services.pooled_prompts(bundle, file, n, MAX_PROMPTS)
     with services.progress_bar(f"Atlas of {len(texts)} prompts", "layer steps") as progress:
         frames = list(atlas.iter_prompt_stats(bundle, texts, progress=progress))
     result = atlas.build(pd.concat(frames, ignore_index=True), texts, bundle.info.id)

@@ -26,6 +26,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
@@ -39,6 +40,7 @@ from ..core.inputs import max_tokens, tokenize
 from ..core.models import Bundle, load_model
 from ..core.progress import Progress
 from ..core.settings import env_int
+from ..core.texts import read_texts
 from . import hosting
 
 #: Longest input (prompt plus generated tokens) the dashboard analyses by default, on a CPU (the embedded model's
@@ -147,6 +149,19 @@ def check_dashboard_length(bundle: Bundle, prompt_tokens: int, generate: int) ->
             f"{what}; the dashboard's limit is {limit:,} tokens. Shorten the prompt, set CWVIZ_APP_MAX_TOKENS "
             f"to raise the limit, or use the CLI or Python API (limit {max_tokens(bundle):,})."
         )
+
+
+def pooled_prompts(bundle: Bundle, path: str | Path, n: int, limit: int) -> list[str]:
+    """The first ``n`` prompts (at most ``limit``) of a JSONL file, for a page that pools prompts (Sinks, Atlas),
+    each checked against the dashboard's length limit, so a long prompt is refused (its number said) before any
+    forward pass. The caller checks a user's path against the hosting policy (the shipped sample needs none)."""
+    texts = read_texts(Path(str(path).strip()), n=min(max(int(n), 1), limit))
+    for number, text in enumerate(texts, start=1):
+        try:
+            check_dashboard_length(bundle, len(tokenize(bundle, text)), 0)
+        except InputError as err:
+            raise InputError(f"prompt {number}: {err}") from None
+    return texts
 
 
 @st.cache_resource(show_spinner=False, max_entries=6, ttl=3600)

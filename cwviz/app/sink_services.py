@@ -16,10 +16,8 @@ import streamlit as st
 from ..analyses import sinks, tour
 from ..core.analysis import analyze
 from ..core.errors import CwvizError
-from ..core.inputs import tokenize
 from ..core.models import EMBEDDED_ENCODER
 from ..core.progress import phase
-from ..core.texts import read_texts
 from . import hosting, services
 
 #: Most extra prompts the page pools (each costs a forward pass and a table).
@@ -60,9 +58,8 @@ def sink_tables(request: services.Request, sink: str, pool_path: str = "", pool_
     if pool_path.strip() and pool_n > 0:
         hosting.policy_from_env().check_server_file(pool_path)
         bundle = services.get_bundle(request.model, request.device, request.dtype)
-        texts = read_texts(pool_path.strip(), n=min(pool_n, MAX_POOLED))
+        texts = services.pooled_prompts(bundle, pool_path, pool_n, MAX_POOLED)
         for number, text in enumerate(texts, start=1):
-            services.check_dashboard_length(bundle, len(tokenize(bundle, text)), 0)
             steps = 2 * bundle.info.layers  # the forward pass, then the table
             with services.progress_bar(f"Pooled prompt {number} of {len(texts)}", "layer steps") as progress:
                 pooled = analyze(bundle, text, progress=phase(progress, 0, steps))

@@ -109,18 +109,19 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     statistics recorded as it finishes; the main process pools every record and saves the atlas into DIR too."""
     from ..analyses import atlas, sweep
     from ..analyses import records as R
+    from ..analyses.sinks import DEFAULT_SINK
     from ..core.parallel import model_provenance
     from ..core.progress import cli_bar
 
     bundle = load(args)
     provenance = model_provenance(bundle)
-    settings = {"sink": atlas.SINK, "model": sweep.model_settings(provenance)}  # the bootstrap pools; it decides no record
+    settings = {"sink": DEFAULT_SINK, "model": sweep.model_settings(provenance)}  # the bootstrap pools; it decides no record
     data = {"jsonl": str(jsonl_path(args)), "n": args.n, "field": args.field}
     made = {
         "schema": "cwviz.atlas.manifest",
         "fingerprint": R.fingerprint(settings),
         "model": provenance,
-        "sink": atlas.SINK,
+        "sink": DEFAULT_SINK,
         "bootstrap": args.bootstrap,
         "confidence": args.confidence,
         "seed": args.seed,
