@@ -8,13 +8,13 @@ start_server()
 st.set_page_config(page_title="cwviz — contribution weights", layout="wide")
 
 pages = [
-    st.Page("pages/heatmaps.py", title="Heatmaps", default=True),
-    st.Page("pages/tour.py", title="Tour"),
-    st.Page("pages/token.py", title="Token"),
-    st.Page("pages/bertviz_view.py", title="bertviz"),
-    st.Page("pages/sinks.py", title="Sinks"),
-    st.Page("pages/faithfulness.py", title="Faithfulness"),
-    st.Page("pages/compare.py", title="Compare"),
-    st.Page("pages/atlas.py", title="Atlas"),
+    st.Page("views/heatmaps.py", title="Heatmaps", default=True),
+    st.Page("views/tour.py", title="Tour"),
+    st.Page("views/token.py", title="Token"),
+    st.Page("views/bertviz_view.py", title="bertviz"),
+    st.Page("views/sinks.py", title="Sinks"),
+    st.Page("views/faithfulness.py", title="Faithfulness"),
+    st.Page("views/compare.py", title="Compare"),
+    st.Page("views/atlas.py", title="Atlas"),
 ]
 st.navigation(pages).run()

@@ -18,7 +18,7 @@ from tests.test_tables import LONG_TEXT, tiny_long_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
-OWN_PAGES = ["pages/heatmaps.py", "pages/token.py", "pages/bertviz_view.py"]
+OWN_PAGES = ["views/heatmaps.py", "views/token.py", "views/bertviz_view.py"]
 TIMEOUT = 180
 
 
@@ -186,7 +186,7 @@ def test_a_model_that_fails_to_load_shows_the_reason_on_every_page(tmp_path):
         assert not charts(at)
     widget(at, "selectbox", "Model").select("embedded")
     at.sidebar.button(key="_cwviz_analyze").click().run()
-    at.switch_page("pages/heatmaps.py").run()
+    at.switch_page("views/heatmaps.py").run()
     assert_clean(at)
     assert charts(at)
 
@@ -205,18 +205,18 @@ def test_the_selection_persists_across_pages():
     at = run_app()
     widget(at, "slider", "Layer").set_value(7).run()
     widget(at, "selectbox", "Head").set_value(1).run()
-    at.switch_page("pages/token.py").run()
+    at.switch_page("views/token.py").run()
     assert_clean(at)
     assert widget(at, "slider", "Layer").value == 7 and widget(at, "selectbox", "Head").value == 1
     factors, across = charts(at)
     assert len(factors["hconcat"]) == 4 and "layer 7, head 1" in title(factors)
     assert across["_rows"] == 30 * 5
-    at.switch_page("pages/heatmaps.py").run()
+    at.switch_page("views/heatmaps.py").run()
     assert "layer 7, head 1" in map_note(at)
 
 
 def test_token_page_default_and_changes():
-    at = run_app(page="pages/token.py")
+    at = run_app(page="views/token.py")
     assert not at.exception
     assert at.title[0].value == "One query token"
     assert any("per head" in i.value for i in at.info)  # all heads: no factorisation
@@ -234,7 +234,7 @@ def test_token_page_default_and_changes():
 
 
 def test_bertviz_page_renders_both_views_and_says_how_negatives_are_shown():
-    at = run_app(page="pages/bertviz_view.py")
+    at = run_app(page="views/bertviz_view.py")
     assert_clean(at)
     text = " ".join(m.value for m in at.markdown)
     assert "negative contributions are not drawn" in text.replace("**", "")
@@ -272,7 +272,7 @@ def test_markup_in_the_prompt_stays_text():
     widget(at, "text_area", "Prompt").input("Hello <img src=x onerror=alert(1)> **bold** [link](javascript:alert(1))")
     at.sidebar.button(key="_cwviz_analyze").click().run()
     assert_clean(at)
-    at.switch_page("pages/token.py").run()
+    at.switch_page("views/token.py").run()
     labels = widget(at, "selectbox", "Query token").options
     position = next(i for i, label in enumerate(labels) if "<" in label)
     widget(at, "selectbox", "Query token").set_value(position).run()
@@ -299,14 +299,14 @@ def test_a_512_token_prompt_stays_usable(tiny_long_model):
     assert_clean(at)
     heatmap = charts(at)[0]
     assert "bins" in map_note(at) and heatmap["_rows"] < 5000
-    for page in ("pages/token.py", "pages/bertviz_view.py"):
+    for page in ("views/token.py", "views/bertviz_view.py"):
         at.switch_page(page).run()
         assert_clean(at)
         assert all(spec["_rows"] < 5000 for spec in charts(at))
 
 
 def test_pages_and_app_do_not_import_torch_or_transformers():
-    for path in [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]:
+    for path in [ROOT / "app.py", *sorted((ROOT / "views").glob("*.py"))]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -329,7 +329,7 @@ def test_navigation_lists_every_page():
         ("compare", "Compare"),
         ("atlas", "Atlas"),
     ]:
-        assert f'"pages/{page}.py", title="{name}"' in source
+        assert f'"views/{page}.py", title="{name}"' in source
 
 
 def test_long_steps_show_their_progress_and_leave_no_bar_behind(tiny_long_model, monkeypatch):
@@ -347,12 +347,12 @@ def test_long_steps_show_their_progress_and_leave_no_bar_behind(tiny_long_model,
     layers = tiny_long_model.info.layers
     assert f"Analysing the prompt: {layers} of {layers} layers" in texts
     assert f"Summarising every head: {layers} of {layers} layers" in texts
-    at.switch_page("pages/token.py").run()
+    at.switch_page("views/token.py").run()
     assert f"Ranking keys in every layer: {layers} of {layers} layers" in texts
-    at.switch_page("pages/sinks.py").run()
+    at.switch_page("views/sinks.py").run()
     assert_clean(at)
     assert f"Splitting every head output at the sink: {layers} of {layers} layers" in texts
-    for page in ("pages/sinks.py", "pages/token.py", "pages/heatmaps.py"):
+    for page in ("views/sinks.py", "views/token.py", "views/heatmaps.py"):
         at.switch_page(page).run()  # cache hits: the recorded bars are replayed and end empty
         assert_clean(at)
         assert not at.get("progress")

@@ -16,7 +16,7 @@ from cwviz.app import services
 from tests.test_app import APP, TIMEOUT, assert_clean, charts, title
 from tests.test_tables import tiny_long_bundle
 
-PAGE = "pages/atlas.py"
+PAGE = "views/atlas.py"
 PROMPTS = ["the cat sat on the mat", "a b c d e f g h", "hello world, hello again", "one more"]
 
 

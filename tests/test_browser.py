@@ -542,7 +542,7 @@ def test_negative_contributions_are_drawn_clearly_blue(server, browser):
 def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser, name):
     """The link's parameters survive the page's first run: every widget writes its value back to the URL,
     so a picker that had lost its value would show the default in the URL. The visible widgets say the same."""
-    params, _ = PAGES[{"bertviz": "pages/bertviz_view.py"}.get(name, f"pages/{name}.py")]
+    params, _ = PAGES[{"bertviz": "views/bertviz_view.py"}.get(name, f"views/{name}.py")]
     link = {**SIDEBAR, **params}
     context = browser.new_context(viewport=VIEWPORT)
     page = context.new_page()
@@ -773,8 +773,9 @@ def test_a_long_prompt_keeps_readable_labels_with_the_query_and_the_first_token(
 
 
 def test_a_page_link_opened_first_on_a_fresh_server_runs_through_the_navigation(browser):
-    """Streamlit runs ``pages/<page>.py`` on its own (file names as navigation, no wide layout) when the first
-    session of a server opens a page's link; the sidebar turns that off (cwviz.app.sidebar.ensure_navigation)."""
+    """A page's link opened first on a fresh server runs through app.py's navigation (its page names, the wide
+    layout): the scripts live in ``views/``, not in a ``pages/`` folder, which Streamlit would run as its legacy
+    multipage app (file names as navigation, no page config)."""
     with _serve("fresh-server.log") as url:
         page = browser.new_page(viewport=VIEWPORT)
         watch = Watch(page)
@@ -784,7 +785,7 @@ def test_a_page_link_opened_first_on_a_fresh_server_runs_through_the_navigation(
             _assert_no_error_text(page)
             assert page.locator("h1").first.inner_text() == "Attention sinks as active suppressors"
             nav = page.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
-            assert [n.strip() for n in nav] == ["Heatmaps", "Token", "bertviz", "Sinks", "Faithfulness", "Compare", "Atlas"]
+            assert [n.strip() for n in nav] == ["Heatmaps", "Tour", "Token", "bertviz", "Sinks", "Faithfulness", "Compare", "Atlas"]
             main = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
             assert main["width"] > 1000, f"not the wide layout of app.py: {main['width']:.0f} px"
             query = parse_qs(urlparse(page.url).query)

@@ -13,7 +13,7 @@ from tests.test_app import APP, TIMEOUT, assert_clean, charts, title
 from tests.test_compare import map_views
 from tests.test_tables import tiny_long_bundle
 
-PAGE = "pages/compare.py"
+PAGE = "views/compare.py"
 TINY_A = "the cat sat on the mat"
 TINY_B = "the big dog sat on a mat"
 

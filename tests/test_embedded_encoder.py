@@ -183,7 +183,7 @@ def test_heatmaps_are_square_and_token_and_bertviz_pages_work():
     for view in (attention, contribution):
         assert view["_rows"] == t * t  # every key for every query: the full square
     assert overview["_rows"] == 6 * 12
-    for page in ("pages/token.py", "pages/bertviz_view.py"):
+    for page in ("views/token.py", "views/bertviz_view.py"):
         at.switch_page(page).run()
         assert_clean(at)
     for view in ("head", "model"):
@@ -193,7 +193,7 @@ def test_heatmaps_are_square_and_token_and_bertviz_pages_work():
 
 
 def test_sinks_page_offers_cls_and_sep_and_skips_perplexity():
-    at = run_encoder_app("pages/sinks.py")
+    at = run_encoder_app("views/sinks.py")
     assert_clean(at)
     choice = at.radio(key="sinks_choice")
     assert choice.options[:2] == ["first token ([CLS])", "last token ([SEP])"]
@@ -207,7 +207,7 @@ def test_sinks_page_offers_cls_and_sep_and_skips_perplexity():
 
 
 def test_faithfulness_and_generation_say_they_need_a_causal_model():
-    at = run_encoder_app("pages/faithfulness.py")
+    at = run_encoder_app("views/faithfulness.py")
     assert_clean(at)
     assert any("needs a causal language model" in i.value for i in at.info)
     assert "faith_run" not in [b.key for b in at.button]  # no protocol and no Run button for an encoder

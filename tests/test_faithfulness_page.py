@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "faithfulness.py")
+PAGE = str(Path(__file__).resolve().parent.parent / "views" / "faithfulness.py")
 TIMEOUT = 180
 
 

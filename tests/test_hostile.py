@@ -133,7 +133,7 @@ def test_the_cli_exits_2_with_one_line(tmp_path, capsys, command, flag, suffix, 
 @pytest.fixture
 def sinks_page() -> AppTest:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
-    at.switch_page("pages/sinks.py").run()
+    at.switch_page("views/sinks.py").run()
     return at
 
 
@@ -154,7 +154,7 @@ def test_the_sinks_page_names_the_problem_and_keeps_working(sinks_page, tmp_path
 def test_the_faithfulness_page_names_the_problem_and_keeps_working(tmp_path, kind):
     path, words = hostile(tmp_path, kind, ".txt")
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
-    at.switch_page("pages/faithfulness.py").run()
+    at.switch_page("views/faithfulness.py").run()
     at.radio(key="faith_source").set_value("path").run()
     at.text_input(key="faith_path").set_value(str(path))
     at.button(key="faith_run").click().run()

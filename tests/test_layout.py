@@ -46,9 +46,9 @@ ROOMS: dict[str, set[str]] = {
     "app": {"core", "analyses", "charts", "app", "torch", "streamlit", "altair", "vocabulary"},
     "cli": {"core", "analyses", "charts", "cli", "app.launch", "torch", "vocabulary"},
     "plot": {"core", "analyses", "charts", "torch", "altair", "vocabulary"},
-    # app.py and pages/*.py: the dashboard's scripts reach the library through the app, the tables and charts, and
+    # app.py and views/*.py: the dashboard's scripts reach the library through the app, the tables and charts, and
     # cwviz's top-level names (its errors); never the core, torch or transformers.
-    "pages": {"top", "app", "analyses", "charts", "streamlit", "altair", "vocabulary"},
+    "views": {"top", "app", "analyses", "charts", "streamlit", "altair", "vocabulary"},
 }
 #: Imports outside the rules, each with its reason.
 EXCEPTIONS = {
@@ -66,7 +66,7 @@ def _module_name(path: Path) -> str:
 
 
 CWVIZ_MODULES = {_module_name(path): path for path in sorted((ROOT / "cwviz").rglob("*.py"))}
-SCRIPTS = [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]
+SCRIPTS = [ROOT / "app.py", *sorted((ROOT / "views").glob("*.py"))]
 
 
 def _imports(path: Path, module: str) -> set[str]:
@@ -132,7 +132,7 @@ def test_rooms_import_only_what_they_may():
             continue  # cwviz/__init__.py (lazy names) and __main__.py
         wrong += _check(module, room, _imports(path, module))
     for path in SCRIPTS:
-        wrong += _check(str(path.relative_to(ROOT)), "pages", _imports(path, "__main__"))
+        wrong += _check(str(path.relative_to(ROOT)), "views", _imports(path, "__main__"))
     assert not wrong, "imports across the rooms of docs/ARCHITECTURE.md:\n" + "\n".join(wrong)
 
 

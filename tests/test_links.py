@@ -17,7 +17,7 @@ SIDEBAR = {"prompt": TEXT, "layer": "3", "head": "2", "token": "4", "gen": "0", 
 
 # page: (its parameters, {widget key: the value the widget must show})
 PAGES = {
-    "pages/heatmaps.py": (
+    "views/heatmaps.py": (
         {
             "measure": "value_weighted",
             "kind": "intra",
@@ -35,12 +35,12 @@ PAGES = {
             "heatmaps_overview_metric": "sink_contribution",
         },
     ),
-    "pages/token.py": ({"token_kind": "intra", "top_k": "7"}, {"token_kind": "intra", "token_top_k": 7}),
-    "pages/bertviz_view.py": (
+    "views/token.py": ({"token_kind": "intra", "top_k": "7"}, {"token_kind": "intra", "token_top_k": 7}),
+    "views/bertviz_view.py": (
         {"bv_view": "model", "bv_weights": "contribution"},
         {"bertviz_view": "model", "bertviz_weights": "contribution"},
     ),
-    "pages/sinks.py": (
+    "views/sinks.py": (
         {"sink": "position", "sink_pos": "1", "lambda": "0.5", "scope": "chosen", "layers": "1,3", "layerwise": "true"},
         {
             "sinks_choice": "position",
@@ -51,7 +51,7 @@ PAGES = {
             "sinks_layerwise": True,
         },
     ),
-    "pages/compare.py": (
+    "views/compare.py": (
         {
             "prompt_b": TEXT + " Twice.",
             "model_b": "embedded",
@@ -69,11 +69,11 @@ PAGES = {
             "compare_metric": "sink_attention",
         },
     ),
-    "pages/atlas.py": (
+    "views/atlas.py": (
         {"atlas_source": "path", "atlas_path": "/data/prompts.jsonl", "atlas_n": "3", "atlas_out": "/tmp/cwviz-atlas-link"},
         {"atlas_source": "path", "atlas_path": "/data/prompts.jsonl", "atlas_n": 3, "atlas_out": "/tmp/cwviz-atlas-link"},
     ),
-    "pages/faithfulness.py": (
+    "views/faithfulness.py": (
         {
             "source": "path",
             "path": "/data/examples.jsonl",

@@ -57,7 +57,7 @@ def test_the_wheel_carries_the_dashboard_the_examples_and_the_gsm8k_sample(wheel
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in (
         "cwviz/_dashboard/app.py",
-        "cwviz/_dashboard/pages/heatmaps.py",
+        "cwviz/_dashboard/views/heatmaps.py",
         "cwviz/_dashboard/.streamlit/config.toml",
         "cwviz/app/examples.json",
         "cwviz/_data/gsm8k/sample.jsonl",

@@ -12,11 +12,11 @@ from cwviz.app import sink_services, state
 from cwviz.app.services import Request
 from tests.test_app import assert_clean, charts, run_app, widget
 
-PAGE = "pages/tour.py"
+PAGE = "views/tour.py"
 STEPS = 7
 TEXT = state.examples()[0].text
 #: The page a link's path opens (the default page, Heatmaps, is the app's root).
-TARGETS = {"./": "pages/heatmaps.py", "token": "pages/token.py", "sinks": "pages/sinks.py"}
+TARGETS = {"./": "views/heatmaps.py", "token": "views/token.py", "sinks": "views/sinks.py"}
 
 
 def link(at) -> tuple[str, dict[str, str]]:

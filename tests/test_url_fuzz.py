@@ -52,5 +52,5 @@ def test_odd_prompts_in_the_app_analyse_without_errors():
         assert not at.error, (name, [e.value for e in at.error])
         specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
         assert specs, name
-        at.switch_page("pages/token.py").run()
+        at.switch_page("views/token.py").run()
         assert not at.exception and not at.error, name

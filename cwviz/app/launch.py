@@ -1,6 +1,6 @@
 """``cwviz app``: find the dashboard's files and start Streamlit on them.
 
-The dashboard is ``app.py`` and ``pages/`` at the top of the repository (``streamlit run app.py``
+The dashboard is ``app.py`` and ``views/`` at the top of the repository (``streamlit run app.py``
 works in a checkout). A wheel carries the same files inside the package, as ``cwviz/_dashboard``
 (pyproject.toml, ``force-include``), so an installed cwviz runs the app from any folder.
 
@@ -23,11 +23,11 @@ PACKAGE = Path(__file__).resolve().parent.parent
 
 
 def dashboard_dir() -> Path:
-    """The folder holding ``app.py``, ``pages/`` and ``.streamlit/config.toml``: the wheel's copy, else the checkout."""
+    """The folder holding ``app.py``, ``views/`` and ``.streamlit/config.toml``: the wheel's copy, else the checkout."""
     for folder in (PACKAGE / "_dashboard", PACKAGE.parent):
-        if (folder / "app.py").is_file() and (folder / "pages").is_dir():
+        if (folder / "app.py").is_file() and (folder / "views").is_dir():
             return folder
-    raise CwvizError(f"the dashboard files (app.py, pages/) are not beside {PACKAGE}: reinstall cwviz ('pip install \"cwviz[app]\"')")
+    raise CwvizError(f"the dashboard files (app.py, views/) are not beside {PACKAGE}: reinstall cwviz ('pip install \"cwviz[app]\"')")
 
 
 def config_flags(config: Path) -> list[str]:

@@ -95,24 +95,6 @@ def analyse(cur: dict) -> tuple[services.Analyzed | None, str | None]:
     return None, error
 
 
-def ensure_navigation() -> None:
-    """Run the page through ``app.py``'s ``st.navigation``, also when a session opens a page's link first.
-
-    Streamlit remembers, per server process, whether the app has a ``pages/`` folder of the old multipage
-    kind, and forgets it only once ``st.navigation`` has run. Until someone opens the main page, a link to
-    ``/token`` (say) runs ``pages/token.py`` on its own: the navigation lists file names and the page config
-    of ``app.py`` (wide layout) is not applied. This turns that mode off and reruns, so ``app.py`` runs and
-    picks the linked page (the link's parameters are kept).
-    """
-    try:
-        from streamlit.runtime.pages_manager import PagesManager
-    except ImportError:  # a Streamlit without the old mode
-        return
-    if getattr(PagesManager, "uses_pages_directory", None):
-        PagesManager.uses_pages_directory = False
-        st.rerun()
-
-
 COMPACT_CSS = (
     '[data-testid="stMainBlockContainer"] {padding-top: 2rem;} '
     '[data-testid="stMainBlockContainer"] h1 {font-size: 2rem; padding-top: 0.25rem; padding-bottom: 0.5rem;}'
@@ -132,7 +114,6 @@ def sidebar(title: str | None = None) -> Selection:
 
     ``title``, the page's, is drawn first in the main area, so that what the sidebar reports there (the analysis's
     progress, a note, an error such as an empty prompt) comes under it, not above it."""
-    ensure_navigation()
     # The first screen is the product: Streamlit's 6 rem above the page and its 2.75 rem title would push the
     # Heatmaps page's maps below a 1280 x 720 window. Streamlit has no setting for either, so a style (sent
     # to the page's head, taking no room) trims them.
