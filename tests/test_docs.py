@@ -68,6 +68,16 @@ def test_cli_page_holds_the_generated_reference():
     assert "docs/hooks/cwviz_docs.py" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
 
 
+def test_a_list_right_after_a_paragraph_line_is_a_list_on_the_site():
+    """The pages are written for GitHub, where ``Choices:`` then ``- a`` is a list; Python-Markdown needs a blank line."""
+    import markdown
+
+    page = "Choices:\n- a\n  still a\n- b\n\n```text\nkept:\n- as it is\n```"
+    html = markdown.markdown(_hooks().lists_after_paragraphs(page), extensions=["fenced_code"])
+    assert "<p>Choices:</p>\n<ul>" in html and "<li>b</li>" in html
+    assert "kept:\n- as it is" in html
+
+
 @pytest.mark.parametrize("title", re.findall(r'st\.Page\("[^"]+", title="([^"]+)"', (ROOT / "app.py").read_text(encoding="utf-8")))
 def test_dashboard_guide_shows_every_page_with_its_screenshot(title):
     guide = (ROOT / "docs" / "dashboard.md").read_text(encoding="utf-8")

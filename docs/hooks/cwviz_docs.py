@@ -6,6 +6,9 @@
 * The screenshots are the repository's ``assets/*.png``, which the browser tests refresh
   (``CWVIZ_UPDATE_SCREENSHOT=1``); they are served from there as ``assets/...`` instead of copied into docs/.
 * ``BENCHMARKS.md`` (at the top of the repository, where ``make bench`` writes it) is a page of its own.
+* A list that follows a paragraph line directly (``Choices:`` then ``- ...``), as GitHub renders it, is a list on
+  the site too: Python-Markdown needs a blank line before it (:func:`lists_after_paragraphs`). The pages keep
+  reading as they do on GitHub, with no edit.
 * ``docs/claims.md`` gets a nav entry under Analyses once it exists (strict builds refuse a nav entry to a
   missing page).
 """
@@ -13,12 +16,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 #: The line of docs/cli.md that the generated reference replaces.
 MARKER = "<!-- cli-reference -->"
 #: Width of the usage lines in the reference (argparse would take the terminal's).
-USAGE_WIDTH = 100
+USAGE_WIDTH = 80
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: Files outside docs/ that the site serves, relative to the repository root.
 SCREENSHOTS = "assets"
@@ -90,6 +94,21 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
     return "\n".join(lines)
 
 
+def lists_after_paragraphs(markdown: str) -> str:
+    """``markdown`` with a blank line inserted where a list item follows a paragraph line (outside code fences)."""
+    out: list[str] = []
+    fence = False
+    for line in markdown.split("\n"):
+        if line.lstrip().startswith(("```", "~~~")):
+            fence = not fence
+        previous = out[-1] if out else ""
+        item = re.match(r"(- |\* |\d+\. )", line)
+        if not fence and item and previous.strip() and not re.match(r"(\s|- |\* |\d+\. |\||#|>)", previous):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
+
+
 def on_config(config, **kwargs):
     claims = Path(config["docs_dir"]) / "claims.md"
     if claims.exists():
@@ -110,6 +129,7 @@ def on_files(files, config, **kwargs):
 
 
 def on_page_markdown(markdown, page, **kwargs):
+    markdown = lists_after_paragraphs(markdown)
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, cli_reference())
     return markdown
