@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 #: The line of docs/cli.md that the generated reference replaces.
@@ -85,6 +86,9 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[argparse.Arg
 def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
     """Markdown of ``cwviz``'s options and of each subcommand's usage and options, from the parsers themselves."""
     if parser is None:
+        # This checkout's cwviz, not whichever one the interpreter that runs mkdocs has installed.
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
         from cwviz.cli import build_parser
 
         parser = build_parser()
