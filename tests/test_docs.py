@@ -39,6 +39,14 @@ def test_readme_is_short_and_starts_with_the_two_commands():
     assert {"run", "test", "docs"} <= _make_targets(), "the README's commands (and `make docs`) must be Makefile targets"
 
 
+def test_readme_links_lead_to_files_of_the_repository():
+    """The README points into the docs by relative links, which GitHub and a checkout resolve: none may dangle."""
+    targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    assert targets, "the README links into the docs"
+    missing = [target for target in targets if not (ROOT / target).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
+
+
 def test_cli_reference_covers_every_command_and_option():
     from cwviz.cli import build_parser
 
