@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.cwviz-installed
 
-.PHONY: setup run test test-fast lint format bench wheel
+.PHONY: setup run test test-fast lint format bench wheel docs docs-build
 setup: $(STAMP)
 
 # cwviz is installed editable through pyproject.toml; requirements.txt pins the versions CI tests
@@ -38,6 +38,16 @@ test-fast: setup
 
 bench: setup
 	$(PY) -m benchmarks.run
+
+# make docs: serve the documentation site locally; make docs-build: build it as CI does (--strict). The dev
+# extra brings the docs extra. The site (mkdocs.yml) renders the CLI reference from the parsers and the API
+# pages from the docstrings.
+# NO_MKDOCS_2_WARNING silences Material's banner about its successor, which says nothing about this site.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
+docs-build: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 wheel: setup
 	$(PY) -m build --wheel --outdir dist .

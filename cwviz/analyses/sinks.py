@@ -14,7 +14,7 @@ a convex function of s (:class:`SinkCurve`). m_i is undefined (NaN) where the qu
 sink (query 0 when the sink is token 0); it is computed from Σ_{j≠σ} α_ij v_j directly, not as
 (o − s ṽ_σ)/(1 − s), so it stays accurate when s is close to 1.
 
-Choices (also in the README):
+Choices (also in docs/sinks.md):
 
 * Queries that cannot see the sink (before it, in causal models) have no row in :func:`sink_table`.
 * Summaries average over the rows whose query sees at least one key besides the sink (``other_keys > 0``).

