@@ -15,9 +15,9 @@ import streamlit as st
 
 from ..analyses import sinks, tour
 from ..core.analysis import analyze
+from ..core.checkpoints import EMBEDDED_ENCODER
 from ..core.errors import CwvizError
 from ..core.inputs import tokenize
-from ..core.models import EMBEDDED_ENCODER
 from ..core.progress import phase
 from ..core.texts import read_texts
 from . import hosting, services
