@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import architectures, checkpoints
+from . import architectures, checkpoints, settings
 from .architectures import Architecture
 from .capture import ATTN_IMPLEMENTATION
 from .checkpoints import EMBEDDED, EMBEDDED_IDS
@@ -120,20 +120,35 @@ class Bundle:
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """``auto``: cuda, then mps, then cpu. Anything else is passed to ``torch.device``."""
+    """``auto``: cuda, then mps, then cpu. Anything else is passed to ``torch.device`` and must be present here:
+    ModelLoadError, before anything loads, for an unknown name, a device this machine lacks, or ``meta`` (no data)."""
     if device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        if _mps_available():
             return torch.device("mps")
         return torch.device("cpu")
+    choose = "choose device auto, cpu, cuda, cuda:N or mps"
     try:
         resolved = torch.device(device)
-    except RuntimeError as err:
-        raise ModelLoadError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from err
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("device 'cuda' was asked for but no CUDA GPU is available; choose device cpu or auto")
+    except (RuntimeError, TypeError) as err:
+        raise ModelLoadError(f"unknown device {device!r}; {choose}") from err
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError("device 'cuda' was asked for but no CUDA GPU is available; choose device cpu or auto")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {device!r} was asked for but this machine has {torch.cuda.device_count()} CUDA GPU(s); {choose}")
+    elif resolved.type == "mps" and not _mps_available():
+        raise ModelLoadError("device 'mps' was asked for but this machine has no Apple MPS GPU; choose device cpu or auto")
+    elif resolved.type == "meta":
+        raise ModelLoadError(f"device 'meta' holds no weights, so nothing can be analysed on it; {choose}")
+    elif resolved.type not in ("cpu", "cuda", "mps"):
+        raise ModelLoadError(f"device {device!r} is not one cwviz runs on; {choose}")
     return resolved
+
+
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
@@ -150,22 +165,77 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 def _source(name: str) -> str:
     """Where from_pretrained should read ``name``: the cache folder of an embedded name or a ``.gguf`` file
-    (converted there on first use, :mod:`cwviz.core.checkpoints`), a local folder, or a hub id as it is."""
+    (converted there on first use, :mod:`cwviz.core.checkpoints`), a local folder (checked: :func:`check_folder`), or
+    a hub id as it is."""
     folder = checkpoints.converted_source(name)
     if folder is not None:
         return str(folder)
     path = Path(name).expanduser()
     looks_local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
-    if looks_local:
-        if not path.is_dir():
-            raise ModelLoadError(f"no model at {path}: the path does not exist")
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(
-                f"no model at {path}: expected a config.json with weights beside it "
-                "(a folder written by save_pretrained), or pass a .gguf file"
-            )
-        return str(path)
-    return name
+    if not looks_local:
+        return name
+    if path.is_file() and path.suffix in (".safetensors", ".bin", ".pt", ".pth"):
+        raise ModelLoadError(
+            f"{path} holds weights only; give the folder that holds it together with its config.json and tokenizer "
+            "(a folder written by save_pretrained), or a .gguf file"
+        )
+    if not path.is_dir():
+        raise ModelLoadError(f"no model at {path}: the path does not exist")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(
+            f"no model at {path}: expected a config.json with weights beside it (a folder written by save_pretrained), or pass a .gguf file"
+        )
+    check_folder(path)
+    return str(path)
+
+
+#: Config fields that count something (heads, layers, widths; the names of several families): each must be a whole
+#: number of at least 1 where it is given, or a list of such per layer (transformers divides by some of them while
+#: building the model).
+COUNT_FIELDS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_hidden_layers",
+    "hidden_size",
+    "head_dim",
+    "vocab_size",
+    "n_head",
+    "n_layer",
+    "n_embd",
+    "n_heads",
+    "n_layers",
+    "dim",
+)
+
+
+def check_folder(path: Path) -> None:
+    """Refuse a model folder whose config or weights are broken, before transformers builds the model: config.json
+    not a JSON object, a count field (:data:`COUNT_FIELDS`) below 1, or a ``.safetensors`` file whose header cannot
+    be read or does not cover the file (truncated, or not safetensors). Reads the headers only (milliseconds)."""
+    import json
+
+    from safetensors import SafetensorError, safe_open
+
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ModelLoadError(f"{config_file} is not valid JSON ({err}); restore it from the model's source") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{config_file} must hold a JSON object of settings, not a {type(config).__name__}")
+    sections = [config] + [v for v in config.values() if isinstance(v, dict)]  # a composite model's text_config too
+    for section in sections:
+        for key in COUNT_FIELDS:
+            value = section.get(key)
+            counts = value if isinstance(value, list) else [value]
+            if value is not None and not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts):
+                raise ModelLoadError(f"{config_file} has {key}: {json.dumps(value)}; it must be a whole number of at least 1")
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(weights, framework="pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise ModelLoadError(f"{weights} is damaged or truncated ({err}); copy or save the model again") from None
 
 
 def _hub_error(name: str, err: Exception) -> ModelLoadError:
@@ -208,14 +278,27 @@ def _fetch_config(source: str, name: str, trust_remote_code: bool):
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=True)
     except (OSError, ValueError) as err:
+        if "trust_remote_code" in str(err):
+            raise _remote_code_error(name) from None
         if Path(source).is_dir():
             raise _hub_error(name, err) from err
+    except (ZeroDivisionError, TypeError, AttributeError, KeyError) as err:  # a config whose values cannot build one
+        raise ModelLoadError(f"the config of {name!r} is not valid ({type(err).__name__}: {err}); fix its config.json") from None
     if not _hub_reachable():
         raise _hub_error(name, ConnectionError("offline"))
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
+        if "trust_remote_code" in str(err):
+            raise _remote_code_error(name) from None
         raise _hub_error(name, err) from err
+
+
+def _remote_code_error(name: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"{name!r} needs Python code shipped with the model (its config names it in auto_map), which cwviz does not run "
+        "unless asked: if you trust that code, pass --trust-remote-code (Python: trust_remote_code=True)"
+    )
 
 
 def load_model(
@@ -238,6 +321,7 @@ def load_model(
     if not isinstance(name, str) or not name.strip():
         raise ModelLoadError("model name is empty; use 'embedded', 'embedded-gemma', 'embedded-encoder', a hub id or a local path")
     name = name.strip()
+    settings.check_environment()
     torch_device = resolve_device(device) if device_map is None else None
     torch_dtype = resolve_dtype(dtype, torch_device or resolve_device("auto"))
     source = _source(name)
