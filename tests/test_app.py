@@ -165,10 +165,10 @@ def test_byte_and_control_labels_are_explained_only_when_the_prompt_has_them():
     assert any("are bytes" in c.value for c in at.caption)
 
 
-def test_the_model_picker_offers_both_embedded_models_and_keeps_a_typed_name(tmp_path):
+def test_the_model_picker_offers_the_embedded_models_and_keeps_a_typed_name(tmp_path):
     at = run_app()
     picker = widget(at, "selectbox", "Model")
-    assert picker.options[:2] == ["embedded · SmolLM2", "embedded-encoder · MiniLM"]
+    assert picker.options[:3] == ["embedded · SmolLM2", "embedded-gemma · Gemma 3 (Gemma terms)", "embedded-encoder · MiniLM"]
     assert picker.value == "embedded"
     typed = str(tmp_path / "my-model")  # a name typed into the picker (or given in a link) is one of its options
     at = run_app(params={"model": typed})

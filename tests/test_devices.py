@@ -71,8 +71,11 @@ def test_device_selection_prefers_cuda_and_explains_a_missing_one(monkeypatch):
     from cwviz.core.models import resolve_device, resolve_dtype
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert resolve_device("auto") == torch.device("cuda")
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(cwviz.ModelLoadError, match="'cuda:2' was asked for but this machine has 2 CUDA GPU"):
+        resolve_device("cuda:2")
     assert resolve_dtype("auto", resolve_device("auto")) == torch.bfloat16
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import cwviz
-from cwviz.core import models
+from cwviz.core import checkpoints
 from cwviz.core.measures import expand_kv
 
 PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
@@ -19,9 +19,9 @@ def test_embedded_loads_offline_from_the_cache(embedded, monkeypatch):
     def no_conversion():
         raise AssertionError("the second load must come from the safetensors cache, not the GGUF file")
 
-    monkeypatch.setattr(models, "embedded_gguf", no_conversion)
+    monkeypatch.setattr(checkpoints, "embedded_gguf", no_conversion)
     again = cwviz.load_model("embedded", device="cpu")
-    assert list(models.embedded_dir().glob("*.safetensors"))
+    assert list(checkpoints.embedded_dir().glob("*.safetensors"))
     assert again.info == embedded.info
     assert (again.info.architecture, again.info.layers, again.info.heads, again.info.kv_heads) == ("llama", 30, 9, 3)
     assert again.info.dtype == "float32" and again.info.device == "cpu"

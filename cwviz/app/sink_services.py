@@ -15,8 +15,8 @@ import streamlit as st
 
 from ..analyses import sinks, tour
 from ..core.analysis import analyze
+from ..core.checkpoints import EMBEDDED_ENCODER
 from ..core.errors import CwvizError
-from ..core.models import EMBEDDED_ENCODER
 from ..core.progress import phase
 from . import hosting, services
 

@@ -13,7 +13,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default="embedded",
-        help="embedded (default; SmolLM2, a causal LM), embedded-encoder (all-MiniLM-L6-v2, a BERT encoder), a hub id, a local folder or a .gguf file",
+        help="embedded (default; SmolLM2, a causal LM), embedded-gemma (Gemma 3 270M, a causal LM; Gemma terms of use), embedded-encoder (all-MiniLM-L6-v2, a BERT encoder), a hub id, a local folder or a .gguf file",
     )
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
     parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on cuda, float32 elsewhere), float32, bfloat16, float16")

@@ -21,22 +21,38 @@ import threading
 
 from ..core.errors import CwvizError
 from ..core.heap import tune_heap
-from . import analyze, app, atlas, compare, faithfulness, report, sinks
-
-#: Each command is a module with ``register(subparsers)``; add a command by listing its module here.
-COMMANDS = (analyze, sinks, faithfulness, report, compare, atlas, app)
+from ..core.settings import check_environment
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``cwviz`` parser. Each command is a module with ``register(subparsers)``; add a command by listing its
+    module here. They are imported here, not at the top of this module: importing them imports torch and transformers
+    (seconds), and :func:`main` must be already running to turn a Ctrl-C in that time into one line, not a traceback."""
+    from . import analyze, app, atlas, compare, faithfulness, report, sinks
+
     parser = argparse.ArgumentParser(prog="cwviz", description="Contribution weights for attention layers.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMANDS:
+    for module in (analyze, sinks, faithfulness, report, compare, atlas, app):
         module.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status (0, 2 for an error the user can fix, 130 when interrupted)."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:  # during start-up: the imports, the parsing (a command's own run handles its own)
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _error_line(err: BaseException) -> str:
+    """``error: <message>`` on one line, whatever the message holds (a library's message may span lines)."""
+    return "error: " + " ".join(str(err).split())
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     # `cwviz app ...` hands everything after `app` to `streamlit run` as it is: argparse's REMAINDER does
@@ -60,11 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     tune_heap()  # the command owns its process: the row blocks' buffers stay in its heap (cwviz.core.heap)
     previous = _sigterm_as_interrupt()
     try:
+        check_environment()  # CWVIZ_CACHE and CWVIZ_MEMORY_BYTES, before any file is read or model loaded
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a broken pipe shows here, not at exit, where it could not be handled
         return code
     except CwvizError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(_error_line(err), file=sys.stderr)
         return 2
     except BrokenPipeError:
         # The reader of standard output left (`cwviz sinks ... | head -2`). The commands write their files before
@@ -73,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return 141
     except (OSError, UnicodeDecodeError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(_error_line(err), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -37,7 +37,6 @@ and tests/test_long.py checks an 8,192-token prompt through the dashboard's serv
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,6 +45,7 @@ import torch
 from .blocks import block_cells
 from .errors import ResourceError
 from .logprobs import LOGIT_CHUNK
+from .settings import memory_override
 from .spill import LOADED
 
 #: Share of the available memory an analysis may plan to use (the rest is for everything else).
@@ -104,8 +104,8 @@ def estimate(config, info, tokens: int, device: torch.device | str = "cpu", spil
 
 
 def _have(device: torch.device) -> int | None:
-    override = os.environ.get("CWVIZ_MEMORY_BYTES")
-    return int(float(override)) if override else available(device)
+    override = memory_override()
+    return override if override is not None else available(device)
 
 
 def available(device: torch.device) -> int | None:

