@@ -398,7 +398,7 @@ def machine() -> str:
     )
 
 
-SECTIONS = ["overhead", "memory", "naive", "zeroing", "cold", "dashboard", "dashboard-long", "window", "masked"]
+SECTIONS = ["overhead", "memory", "naive", "zeroing", "cold", "dashboard", "dashboard-long", "browser", "window", "masked"]
 
 
 def main(argv=None) -> int:
@@ -451,6 +451,10 @@ def main(argv=None) -> int:
 
         tokens = max(lengths)
         sections.append((f"Dashboard on a long prompt (T = {tokens})", dashboard.bench_long(bundle, tokens, repeats=args.repeats)))
+    if "browser" in only:
+        from benchmarks import browser
+
+        sections.append(("Waits in the browser (Chromium)", browser.bench(repeats=args.repeats)))
     if "masked" in only:
         masked_lengths = [t for t in lengths if t <= 1024] or [256]
         sections.append(

@@ -1,0 +1,168 @@
+"""What a person waits for in a real browser (headless Chromium): a layer, head or query change on the Heatmaps
+page at about 30 and 300 tokens, and a λ change on the Sinks page (the λ slider moved one step).
+
+A wait is measured from the input (a key press on the layer slider, a choice typed into the head or query picker,
+an arrow key on the λ slider) to the moment the page has stopped running and every chart it shows has been drawn
+anew: before the input each drawn chart's SVG is tagged, and the wait ends when as many untagged SVGs are on the
+page and Streamlit's status widget is gone. The baseline is the first draw of the same page in the same browser
+(model already converted, analysis included), so each change's ratio to it says how much of a fresh page it costs.
+
+Needs the ``playwright`` package and ``/usr/bin/chromium`` (``apt-get install chromium``); it starts its own
+server (``streamlit run app.py``) on a free port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlencode
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHART = '[data-testid="stVegaLiteChart"]'
+DRAWN = f"{CHART} svg.marks"
+VIEWPORT = {"width": 1600, "height": 1000}
+#: The issue's targets (seconds): a selection change at about 30 and 300 tokens, and a λ change.
+TARGETS = {30: 0.5, 300: 1.0, "lambda": 1.5}
+
+
+@contextlib.contextmanager
+def _server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port)]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
+                    break
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _tag(page) -> int:
+    """Tag the drawn charts; their count."""
+    return page.evaluate(
+        f"() => {{ const s = [...document.querySelectorAll('{DRAWN}')]; s.forEach(e => e.dataset.old = '1'); return s.length; }}"
+    )
+
+
+def _wait_redrawn(page, charts: int, timeout_s: float = 120) -> None:
+    """Until ``charts`` untagged (new) chart SVGs are drawn and the script is not running."""
+    page.wait_for_function(
+        "([sel, n]) => [...document.querySelectorAll(sel)].filter(e => !e.dataset.old).length >= n"
+        " && !document.querySelector('[data-testid=\"stStatusWidget\"]')",
+        arg=[DRAWN, charts],
+        timeout=timeout_s * 1000,
+        polling=20,
+    )
+
+
+def _timed_change(page, act) -> float:
+    charts = _tag(page)
+    start = time.perf_counter()
+    act()
+    _wait_redrawn(page, charts)
+    return time.perf_counter() - start
+
+
+def _settle(page) -> None:
+    """Let the page finish (no status widget for half a second)."""
+    quiet = 0
+    while quiet < 5:
+        quiet = 0 if page.locator('[data-testid="stStatusWidget"]').count() else quiet + 1
+        time.sleep(0.1)
+
+
+def _pick(page, label: str, text: str) -> None:
+    """Type ``text`` into the sidebar picker labelled ``label`` and take the first match."""
+    box = page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]', has_text=label).locator("input")
+    box.click()
+    box.fill(text)
+    page.keyboard.press("Enter")
+
+
+def _heatmaps(page, url: str, prompt: str, repeats: int) -> tuple[float, dict[str, float]]:
+    page.goto(f"{url}/?{urlencode({'prompt': prompt, 'layer': 14})}")
+    start = time.perf_counter()
+    page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[DRAWN, 3], timeout=600_000)
+    first = time.perf_counter() - start
+    _settle(page)
+    thumb = page.locator('[data-testid="stSidebar"] [role="slider"]').first
+    waits: dict[str, list[float]] = {"layer": [], "head": [], "query": []}
+    for i in range(repeats):
+        thumb.focus()
+        waits["layer"].append(_timed_change(page, lambda: page.keyboard.press("ArrowRight" if i % 2 == 0 else "ArrowLeft")))
+        _settle(page)
+        waits["head"].append(_timed_change(page, lambda: _pick(page, "Head", str(2 + i))))
+        _settle(page)
+        waits["query"].append(_timed_change(page, lambda: _pick(page, "Query token", f"{10 + i}:")))
+        _settle(page)
+    return first, {name: statistics.median(times) for name, times in waits.items()}
+
+
+def _sinks(page, url: str, prompt: str, repeats: int) -> tuple[float, float]:
+    page.goto(f"{url}/sinks?{urlencode({'prompt': prompt})}")
+    start = time.perf_counter()
+    page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[DRAWN, 3], timeout=600_000)
+    first = time.perf_counter() - start
+    _settle(page)
+    thumb = page.locator('[data-testid="stMain"] [role="slider"]').first  # λ
+    times = []
+    for i in range(repeats):
+        thumb.focus()
+        times.append(_timed_change(page, lambda: page.keyboard.press("ArrowRight" if i % 2 == 0 else "ArrowLeft")))
+        _settle(page)
+    return first, statistics.median(times)
+
+
+def bench(repeats: int = 3) -> list[str]:
+    from playwright.sync_api import sync_playwright
+
+    import cwviz
+    from cwviz.app import state
+    from cwviz.core.inputs import tokenize
+
+    bundle = cwviz.load_model("embedded")
+    examples = [e.text for e in state.examples()]
+    short = examples[0]  # the default prompt, about 30 tokens
+    long = " ".join(" ".join(examples).split()[:230])  # the shipped examples' first words: about 300 tokens
+    rows = [
+        "| page, prompt | first draw (s, baseline) | change | median wait (s) | ratio to first draw | target |",
+        "|---|---|---|---|---|---|",
+    ]
+    with _server() as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            warm = browser.new_page(viewport=VIEWPORT)  # the model's load and first conversion are not a wait
+            warm.goto(url)
+            warm.wait_for_selector(DRAWN, timeout=600_000)
+            warm.close()
+            for name, prompt, target in (("short", short, TARGETS[30]), ("long", long, TARGETS[300])):
+                page = browser.new_page(viewport=VIEWPORT)
+                first, waits = _heatmaps(page, url, prompt, repeats)
+                page.close()
+                label = f"Heatmaps, {name} prompt ({len(tokenize(bundle, prompt))} tokens)"
+                for change, wait in waits.items():
+                    rows.append(f"| {label} | {first:.2f} | {change} | {wait:.2f} | {wait / first:.2f} | ≤ {target} s |")
+            page = browser.new_page(viewport=VIEWPORT)
+            first, wait = _sinks(page, url, short, repeats)
+            page.close()
+            rows.append(f"| Sinks, short prompt | {first:.2f} | λ | {wait:.2f} | {wait / first:.2f} | ≤ {TARGETS['lambda']} s |")
+        finally:
+            browser.close()
+    print("\n".join(rows), flush=True)
+    return rows
