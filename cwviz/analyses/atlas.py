@@ -24,7 +24,6 @@ the pooled table, the prompts and a manifest, so the maps are reloaded without a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import warnings
 from collections.abc import Iterator, Sequence
@@ -41,6 +40,7 @@ from ..core.models import Bundle
 from ..core.progress import Progress, counted, phase
 from ..core.texts import iter_jsonl, write_text_atomic
 from .bootstrap import bootstrap_interval
+from .records import changed_files, file_sums
 from .schema import ATLAS_METRICS
 from .sinks import DEFAULT_SINK, head_space, sink_norms
 
@@ -116,12 +116,12 @@ def iter_prompt_stats(bundle: Bundle, texts: Sequence[str], progress: Progress |
         yield frame
 
 
-def check_bootstrap(bootstrap, prompts: int = 1, heads: int = 1) -> int:
+def check_bootstrap(bootstrap, prompts: int = 1, heads: int = 1, name: str = "bootstrap") -> int:
     """``bootstrap`` (resamples) as an int when it is one from 1 to :data:`MAX_BOOTSTRAP` and the resampled means of
     ``prompts`` prompts x ``heads`` (layer, head) columns fit in :data:`BOOTSTRAP_BYTES`; InputError otherwise.
     Checked before any forward pass (the CLI; :func:`run`) and when pooling."""
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or not 1 <= bootstrap <= MAX_BOOTSTRAP:
-        raise InputError(f"bootstrap must be a whole number of resamples from 1 to {MAX_BOOTSTRAP:,}, not {bootstrap!r}")
+        raise InputError(f"{name} must be a whole number of resamples from 1 to {MAX_BOOTSTRAP:,}, not {bootstrap!r}")
     need = int(bootstrap) * max(prompts, 1) * max(heads, 1) * 8
     if need > BOOTSTRAP_BYTES:
         most = max(1, BOOTSTRAP_BYTES // (max(prompts, 1) * max(heads, 1) * 8))
@@ -132,10 +132,10 @@ def check_bootstrap(bootstrap, prompts: int = 1, heads: int = 1) -> int:
     return int(bootstrap)
 
 
-def check_confidence(confidence) -> float:
+def check_confidence(confidence, name: str = "the confidence") -> float:
     """The intervals' coverage when it is a number strictly between 0 and 1; InputError otherwise."""
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float, np.floating)) or not 0 < confidence < 1:
-        raise InputError(f"the confidence must lie between 0 and 1, not {confidence!r}")
+        raise InputError(f"{name} must lie between 0 and 1, not {confidence!r}")
     return float(confidence)
 
 
@@ -256,7 +256,7 @@ def save(atlas: Atlas, folder: str | Path) -> Path:
         "prompts": prompts,
     }
     # The manifest names each file's sha256: load refuses a file edited, cut or copied from another run.
-    sums = {FILES[name]: hashlib.sha256(text.encode("utf-8")).hexdigest() for name, text in files.items()}
+    sums = file_sums({FILES[name]: text for name, text in files.items()})
     files["manifest"] = json.dumps(atlas.manifest | {"files": sums}, indent=2)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -281,11 +281,11 @@ def load(folder: str | Path) -> Atlas:
             if not (folder / FILES[name]).read_bytes().endswith(b"\n"):
                 raise ValueError(f"{FILES[name]} ends mid-line: it was cut off")
         manifest = json.loads((folder / FILES["manifest"]).read_text(encoding="utf-8"))
-        check_sums(folder, manifest)
         per_prompt = pd.read_csv(folder / FILES["per_prompt"])
         pooled = pd.read_csv(folder / FILES["pooled"])
         prompts = tuple(_prompt(record) for _, record in iter_jsonl(folder / FILES["prompts"]))
-        check_saved(manifest, per_prompt, pooled, prompts)
+        check_saved(manifest, per_prompt, pooled, prompts)  # what is wrong, named; then any other change
+        check_sums(folder, manifest)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, InputError) as err:
         raise InputError(f"{str(folder)!r} holds malformed atlas results ({err}); {again}") from None
     return Atlas(per_prompt=per_prompt, pooled=pooled, prompts=prompts, manifest={k: v for k, v in manifest.items() if k != "files"})
@@ -294,14 +294,10 @@ def load(folder: str | Path) -> Atlas:
 def check_sums(folder: Path, manifest: object) -> None:
     """ValueError when a file differs from the sha256 the manifest names for it (a folder saved before the
     manifest named them is checked by its contents alone: :func:`check_saved`)."""
-    sums = manifest.get("files") if isinstance(manifest, dict) else None
-    if sums is None:
-        return
-    if not isinstance(sums, dict):
-        raise ValueError(f"{FILES['manifest']}: 'files' must be an object of sha256 sums")
-    for name in (FILES["per_prompt"], FILES["pooled"], FILES["prompts"]):
-        if sums.get(name) != hashlib.sha256((folder / name).read_bytes()).hexdigest():
-            raise ValueError(f"{name} is not the file cwviz wrote with {FILES['manifest']} (edited, cut, or from another run)")
+    if isinstance(manifest, dict) and "files" in manifest:
+        changed = changed_files(folder, manifest["files"])
+        if changed:
+            raise ValueError(f"{', '.join(changed)} is not what cwviz wrote with {FILES['manifest']} (edited, cut, or from another run)")
 
 
 def _prompt(record: object) -> str:

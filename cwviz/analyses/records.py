@@ -77,6 +77,25 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def file_sums(files: dict[str, str]) -> dict[str, str]:
+    """The sha256 of each file's text (name -> text), as a manifest names them so that a reader can tell a file
+    edited, cut or copied from another run (:func:`changed_files`)."""
+    return {name: hashlib.sha256(text.encode("utf-8")).hexdigest() for name, text in files.items()}
+
+
+def changed_files(folder: str | PathLike, sums: object) -> list[str]:
+    """The files of ``folder`` that differ from the sha256 ``sums`` names for them (:func:`file_sums`); every name
+    when ``sums`` is not such an object (a manifest edited by hand)."""
+    if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+        return ["(the manifest's 'files')"]
+    folder = Path(folder)
+    return [
+        name
+        for name, sum_ in sums.items()
+        if not (folder / name).is_file() or hashlib.sha256((folder / name).read_bytes()).hexdigest() != sum_
+    ]
+
+
 def fingerprint(settings: dict) -> str:
     """sha256 of the settings that decide a record's numbers (protocol, model, task), key order ignored."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode("utf-8")).hexdigest()

@@ -70,11 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from ..core.progress import cli_bar
     from ..core.texts import read_texts
 
-    for flag, check in (("--bootstrap", atlas.check_bootstrap), ("--confidence", atlas.check_confidence)):
-        try:
-            check(getattr(args, flag[2:]))
-        except InputError as err:
-            raise InputError(f"{flag}: {err}") from None
+    atlas.check_bootstrap(args.bootstrap, name="--bootstrap")  # before anything is read or loaded
+    atlas.check_confidence(args.confidence, name="--confidence")
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
     if args.load is not None:
@@ -97,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         with sweep.owned(args.results, procs):  # before the model loads: a busy folder is refused at once
             return run_sweep(args, texts, procs)
     bundle = load(args)
-    atlas.check_bootstrap(args.bootstrap, len(texts), bundle.info.layers * bundle.info.heads)  # before any forward pass
+    atlas.check_bootstrap(args.bootstrap, len(texts), bundle.info.layers * bundle.info.heads, "--bootstrap")  # before any forward pass
     frames = []
     try:
         with cli_bar("atlas", unit="layer step", enabled=sys.stderr.isatty()) as progress:
@@ -122,7 +119,7 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     from ..core.progress import cli_bar
 
     bundle = load(args)
-    atlas.check_bootstrap(args.bootstrap, len(texts), bundle.info.layers * bundle.info.heads)  # before any forward pass
+    atlas.check_bootstrap(args.bootstrap, len(texts), bundle.info.layers * bundle.info.heads, "--bootstrap")  # before any forward pass
     provenance = model_provenance(bundle)
     settings = {"sink": DEFAULT_SINK, "model": sweep.model_settings(provenance)}  # the bootstrap pools; it decides no record
     data = {"jsonl": str(jsonl_path(args)), "n": args.n, "field": args.field}

@@ -69,6 +69,12 @@ def sinks_section(folder: Path):
     # The tables come from these records: a folder whose records mix runs or are damaged is refused.
     records = R.read_records(where, R.SINKS) if any(where.glob(R.RECORD_GLOB)) else []
     manifest = R.read_manifest(where, R.SINKS) or {}
+    changed = R.changed_files(where, manifest["files"]) if "files" in manifest else []
+    if changed:
+        raise InputError(
+            f"{', '.join(changed)} in {where} is not what cwviz sinks wrote (edited, cut, or from another run); "
+            f"rerun cwviz sinks --results {folder} --resume"
+        )
     layers = sinks_table(where / "layers.csv", LAYER_COLUMNS, folder)
     heads = sinks_table(where / "heads.csv", HEAD_COLUMNS, folder) if (where / "heads.csv").is_file() else None
     made = sorted(set(records[0]["table"]["layer"])) if records else sorted(set(layers["layer"]))

@@ -267,6 +267,7 @@ def write_results(
     prompts counted (each file replaced whole)."""
     import json
 
+    from ..analyses import records as R
     from ..analyses import sinks
     from ..core.parallel import model_provenance
     from .common import how_run
@@ -277,8 +278,10 @@ def write_results(
     files = {
         "layers.csv": layers.to_csv(index=False, float_format="%.6g"),
         "heads.csv": sinks.sink_head_summary(table).to_csv(index=False, float_format="%.6g"),
-        "manifest.json": json.dumps(made | {"sink": sink, "prompts": prompts}, indent=2, sort_keys=True, default=str) + "\n",
     }
+    # The manifest names each table's sha256: the report refuses a table edited, cut or copied from another run.
+    made = made | {"sink": sink, "prompts": prompts, "files": R.file_sums(files)}
+    files["manifest.json"] = json.dumps(made, indent=2, sort_keys=True, default=str) + "\n"
     for name, text in files.items():
         write_text_atomic(folder / name, text)
     return folder
