@@ -76,6 +76,9 @@ def copy(made: Path, name: str, to: Path) -> Path:
 
 
 def without_date(html: str) -> str:
+    """The report less what differs between two renders of one folder: the date, and the SVG gradients' ids
+    (vl-convert numbers them in order within a process)."""
+    html = re.sub(r"gradient_\d+", "gradient_N", html)
     return re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", "DATE", html)
 
 
