@@ -99,7 +99,8 @@ def sinks_table(path: Path, columns: tuple[str, ...], folder: Path) -> pd.DataFr
     """A sinks CSV of the results folder, or InputError naming it and how to write it again when it is empty,
     not CSV, or lacks one of ``columns`` (or holds text in one)."""
     rerun = f"rerun cwviz sinks --results {folder} --resume"
-    if not path.read_bytes().endswith(b"\n"):
+    data = path.read_bytes()
+    if data.strip() and not data.endswith(b"\n"):  # an empty file is named below
         raise InputError(f"{path} is not a whole cwviz sinks table (it ends mid-line: cut off); {rerun}")
     try:
         table = pd.read_csv(path)
