@@ -483,3 +483,10 @@ def test_analyze_json_onto_a_full_disk_leaves_no_partial_file(tmp_path, capsys, 
     monkeypatch.setattr(texts.os, "fsync", real)
     assert refused(code, err) and "No space left" in err
     assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
+
+
+def test_atlas_records_of_another_grid_are_refused_on_resume(made, tmp_path, capsys, tiny_loads):
+    folder = copy(made, "atlas", tmp_path)
+    edit_record(folder, 1, lambda r: r.update({k: r[k][:-1] for k in ("layer", "head", *A.ATLAS_METRICS)}))
+    code, _, err = call(["atlas", "--jsonl", made / "data.jsonl", "--bootstrap", "20", "--results", folder, "--resume"], capsys)
+    assert refused(code, err) and "grids" in err

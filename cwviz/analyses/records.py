@@ -342,6 +342,8 @@ def check_one_run(records: list[dict], manifest: dict | None, folder: Path, kind
         )
     if kind == FAITHFULNESS:
         check_runs(records, manifest, folder, fix)
+    if kind == ATLAS and len({(tuple(r["layer"]), tuple(r["head"])) for r in records}) > 1:
+        raise InputError(f"{folder} holds atlas records of different (layer, head) grids (another model's, or edited); {fix}")
     texts: dict[int, str] = {}
     for record in records:
         if texts.setdefault(record["example"], record["text_sha256"]) != record["text_sha256"]:
