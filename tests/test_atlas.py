@@ -110,7 +110,7 @@ def test_the_cli_refuses_bad_arguments_with_one_line(tmp_path, capsys):
     assert main(["atlas", "--load", str(tmp_path)]) == 2
     assert "holds no atlas results" in capsys.readouterr().err
     assert main(["atlas", "--gsm8k", "--bootstrap", "0"]) == 2
-    assert "--bootstrap must be at least 1" in capsys.readouterr().err
+    assert "--bootstrap must be a whole number of resamples from 1 to" in capsys.readouterr().err
 
 
 def test_the_cli_pools_prompts_saves_and_reloads(embedded, tmp_path, capsys):

@@ -40,6 +40,7 @@ from ..core.models import Bundle
 from ..core.progress import Progress, counted, phase
 from ..core.texts import iter_jsonl, write_text_atomic
 from .bootstrap import bootstrap_interval
+from .records import changed_files, file_sums
 from .schema import ATLAS_METRICS
 from .sinks import DEFAULT_SINK, head_space, sink_norms
 
@@ -47,6 +48,11 @@ from .sinks import DEFAULT_SINK, head_space, sink_norms
 BOOTSTRAP = 1000
 CONFIDENCE = 0.95
 SEED = 0
+#: The most bootstrap resamples (:func:`check_bootstrap`): far beyond what a 95% interval needs (1,000 fix its ends
+#: to about a percent), and the pooled means of the resamples are held at once, resamples x prompts x heads x 8 bytes.
+MAX_BOOTSTRAP = 100_000
+#: The memory the resamples may take, in bytes (:func:`check_bootstrap`).
+BOOTSTRAP_BYTES = 2 * 1024**3
 #: Files of a results folder.
 FILES = {"per_prompt": "per_prompt.csv", "pooled": "pooled.csv", "prompts": "prompts.jsonl", "manifest": "atlas.json"}
 SCHEMA = "cwviz.atlas"
@@ -110,6 +116,29 @@ def iter_prompt_stats(bundle: Bundle, texts: Sequence[str], progress: Progress |
         yield frame
 
 
+def check_bootstrap(bootstrap, prompts: int = 1, heads: int = 1, name: str = "bootstrap") -> int:
+    """``bootstrap`` (resamples) as an int when it is one from 1 to :data:`MAX_BOOTSTRAP` and the resampled means of
+    ``prompts`` prompts x ``heads`` (layer, head) columns fit in :data:`BOOTSTRAP_BYTES`; InputError otherwise.
+    Checked before any forward pass (the CLI; :func:`run`) and when pooling."""
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or not 1 <= bootstrap <= MAX_BOOTSTRAP:
+        raise InputError(f"{name} must be a whole number of resamples from 1 to {MAX_BOOTSTRAP:,}, not {bootstrap!r}")
+    need = int(bootstrap) * max(prompts, 1) * max(heads, 1) * 8
+    if need > BOOTSTRAP_BYTES:
+        most = max(1, BOOTSTRAP_BYTES // (max(prompts, 1) * max(heads, 1) * 8))
+        raise InputError(
+            f"{bootstrap:,} bootstrap resamples of {prompts:,} prompts x {heads:,} heads would take {need / 1024**3:,.1f} GiB; "
+            f"give at most {most:,}"
+        )
+    return int(bootstrap)
+
+
+def check_confidence(confidence, name: str = "the confidence") -> float:
+    """The intervals' coverage when it is a number strictly between 0 and 1; InputError otherwise."""
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float, np.floating)) or not 0 < confidence < 1:
+        raise InputError(f"{name} must lie between 0 and 1, not {confidence!r}")
+    return float(confidence)
+
+
 def pool(per_prompt: pd.DataFrame, bootstrap: int = BOOTSTRAP, confidence: float = CONFIDENCE, seed: int = SEED) -> pd.DataFrame:
     """One row per (layer, head): for each metric its mean over prompts (``<metric>``) and a percentile
     bootstrap interval (``<metric>_low``, ``<metric>_high``): prompts resampled with replacement ``bootstrap``
@@ -117,11 +146,11 @@ def pool(per_prompt: pd.DataFrame, bootstrap: int = BOOTSTRAP, confidence: float
     one-token prompt) are left out of the means."""
     if per_prompt.empty:
         raise InputError("no prompt was analysed; nothing to pool")
-    if not 0 < confidence < 1:
-        raise InputError(f"the confidence must lie between 0 and 1, not {confidence}")
+    check_confidence(confidence)
     frame = per_prompt.sort_values(["prompt", "layer", "head"], kind="stable")
     prompts = frame["prompt"].unique()
     keys = frame[frame["prompt"] == prompts[0]][["layer", "head"]].reset_index(drop=True)
+    bootstrap = check_bootstrap(bootstrap, len(prompts), len(keys))
     out = keys.copy()
     for name in ATLAS_METRICS:
         values = frame[name].to_numpy(dtype=np.float64).reshape(len(prompts), len(keys))  # (prompt, layer x head)
@@ -129,7 +158,7 @@ def pool(per_prompt: pd.DataFrame, bootstrap: int = BOOTSTRAP, confidence: float
             warnings.simplefilter("ignore", category=RuntimeWarning)
             out[name] = np.nanmean(values, axis=0)
         # Each metric draws the same resamples (one seed), as the intervals always have.
-        out[f"{name}_low"], out[f"{name}_high"] = bootstrap_interval(values, max(int(bootstrap), 1), confidence, seed, omit_nan=True)
+        out[f"{name}_low"], out[f"{name}_high"] = bootstrap_interval(values, bootstrap, confidence, seed, omit_nan=True)
     out["prompts"] = len(prompts)
     return out
 
@@ -210,6 +239,8 @@ def run(
         raise InputError("give a list of prompts, not one string (atlas.run(bundle, [text]) for a single prompt)")
     if not texts:
         raise InputError("no prompts to pool; give a JSONL file with at least one prompt")
+    check_bootstrap(bootstrap, len(texts), bundle.info.layers * bundle.info.heads)  # before the forward passes
+    check_confidence(confidence)
     frames = list(iter_prompt_stats(bundle, texts, progress))
     return build(pd.concat(frames, ignore_index=True), texts, bundle.info.id, bootstrap, confidence, seed)
 
@@ -223,8 +254,10 @@ def save(atlas: Atlas, folder: str | Path) -> Path:
         "per_prompt": atlas.per_prompt.to_csv(index=False),
         "pooled": atlas.pooled.to_csv(index=False),
         "prompts": prompts,
-        "manifest": json.dumps(atlas.manifest, indent=2),
     }
+    # The manifest names each file's sha256: load refuses a file edited, cut or copied from another run.
+    sums = file_sums({FILES[name]: text for name, text in files.items()})
+    files["manifest"] = json.dumps(atlas.manifest | {"files": sums}, indent=2)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
@@ -235,22 +268,89 @@ def save(atlas: Atlas, folder: str | Path) -> Path:
 
 
 def load(folder: str | Path) -> Atlas:
-    """The :class:`Atlas` that :func:`save` wrote into ``folder``, without a forward pass. InputError naming
-    what is missing or malformed."""
+    """The :class:`Atlas` that :func:`save` wrote into ``folder``, without a forward pass, checked whole
+    (:func:`check_saved`): InputError naming what is missing, cut, edited or from another run, and how to write it
+    again; never a part of the results."""
     folder = Path(folder)
     missing = [name for name in FILES.values() if not (folder / name).is_file()]
     if missing:
         raise InputError(f"{str(folder)!r} holds no atlas results (missing {', '.join(missing)}); run `cwviz atlas --out {folder}` first")
+    again = "write them again with `cwviz atlas --out` (or `--results DIR --resume`)"
     try:
+        for name in ("per_prompt", "pooled", "prompts"):  # to_csv and save end every file with a newline
+            if not (folder / FILES[name]).read_bytes().endswith(b"\n"):
+                raise ValueError(f"{FILES[name]} ends mid-line: it was cut off")
         manifest = json.loads((folder / FILES["manifest"]).read_text(encoding="utf-8"))
-        if manifest.get("schema") != SCHEMA:
-            raise ValueError(f"schema {manifest.get('schema')!r}")
         per_prompt = pd.read_csv(folder / FILES["per_prompt"])
         pooled = pd.read_csv(folder / FILES["pooled"])
-        prompts = tuple(record["text"] for _, record in iter_jsonl(folder / FILES["prompts"]))
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, pd.errors.ParserError, InputError) as err:
-        raise InputError(f"{str(folder)!r} holds malformed atlas results ({err}); write them again with `cwviz atlas --out`") from None
-    expected = {"layer", "head", *ATLAS_METRICS}
-    if not expected <= set(per_prompt.columns) or not expected <= set(pooled.columns) or len(prompts) != manifest.get("prompts"):
-        raise InputError(f"{str(folder)!r} holds incomplete atlas results; write them again with `cwviz atlas --out`")
-    return Atlas(per_prompt=per_prompt, pooled=pooled, prompts=prompts, manifest=manifest)
+        prompts = tuple(_prompt(record) for _, record in iter_jsonl(folder / FILES["prompts"]))
+        check_saved(manifest, per_prompt, pooled, prompts)  # what is wrong, named; then any other change
+        check_sums(folder, manifest)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, InputError) as err:
+        raise InputError(f"{str(folder)!r} holds malformed atlas results ({err}); {again}") from None
+    return Atlas(per_prompt=per_prompt, pooled=pooled, prompts=prompts, manifest={k: v for k, v in manifest.items() if k != "files"})
+
+
+def check_sums(folder: Path, manifest: object) -> None:
+    """ValueError when a file differs from the sha256 the manifest names for it (a folder saved before the
+    manifest named them is checked by its contents alone: :func:`check_saved`)."""
+    if isinstance(manifest, dict) and "files" in manifest:
+        changed = changed_files(folder, manifest["files"])
+        if changed:
+            raise ValueError(f"{', '.join(changed)} is not what cwviz wrote with {FILES['manifest']} (edited, cut, or from another run)")
+
+
+def _prompt(record: object) -> str:
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise ValueError(f'{FILES["prompts"]} holds a line that is not {{"text": ...}}')
+    return record["text"]
+
+
+def check_saved(manifest: object, per_prompt: pd.DataFrame, pooled: pd.DataFrame, prompts: tuple[str, ...]) -> None:
+    """ValueError naming the first disagreement unless the files of a saved atlas are whole and of one run: the
+    manifest as :func:`build` writes it; per_prompt.csv every (layer, head) of each of its prompts; pooled.csv one
+    row per (layer, head) with each metric, its interval and, as its means, those of per_prompt.csv."""
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{FILES['manifest']} is a JSON {type(manifest).__name__}, not the object cwviz writes")
+    if manifest.get("schema") != SCHEMA or manifest.get("version") != VERSION:
+        raise ValueError(f"{FILES['manifest']} is not a {SCHEMA} manifest of version {VERSION}")
+    try:
+        check_bootstrap(manifest.get("bootstrap"))
+        check_confidence(manifest.get("confidence"))
+    except InputError as err:
+        raise ValueError(f"{FILES['manifest']}: {err}") from None
+    count = manifest.get("prompts")
+    if isinstance(count, bool) or not isinstance(count, int) or count != len(prompts) or count < 1:
+        raise ValueError(f"{FILES['manifest']} counts {count!r} prompts; {FILES['prompts']} holds {len(prompts)}")
+    if not isinstance(manifest.get("seed"), int) or isinstance(manifest.get("seed"), bool) or not isinstance(manifest.get("model"), str):
+        raise ValueError(f"{FILES['manifest']}: 'seed' must be an integer and 'model' text")
+    intervals = [f"{m}_{end}" for m in ATLAS_METRICS for end in ("low", "high")]
+    for name, table, columns in (
+        (FILES["per_prompt"], per_prompt, ["prompt", "tokens", "layer", "head", *ATLAS_METRICS]),
+        (FILES["pooled"], pooled, ["layer", "head", *ATLAS_METRICS, *intervals, "prompts"]),
+    ):
+        missing = [c for c in columns if c not in table.columns]
+        if missing:
+            raise ValueError(f"{name} lacks the column(s) {', '.join(missing)}")
+        text = [c for c in columns if not pd.api.types.is_numeric_dtype(table[c])]
+        if text:
+            raise ValueError(f"{name}: {', '.join(text)} hold(s) text, not numbers")
+        whole = [c for c in columns if c in ("prompt", "tokens", "layer", "head", "prompts")]
+        if table[whole].isna().any().any() or (table[whole] % 1 != 0).any().any() or (table[whole] < 0).any().any():
+            raise ValueError(f"{name}: {', '.join(whole)} must be whole numbers in every row")
+    grid = pooled[["layer", "head"]]
+    per = per_prompt.sort_values(["prompt", "layer", "head"], kind="stable")
+    cells = len(grid)
+    if set(per["prompt"]) != set(range(count)) or len(per) != count * cells or grid.duplicated().any() or cells == 0:
+        raise ValueError(f"{FILES['per_prompt']} and {FILES['pooled']} do not hold every (layer, head) of all {count} prompts")
+    keys = grid.sort_values(["layer", "head"]).to_numpy()
+    if not (per[["layer", "head"]].to_numpy().reshape(count, cells, 2) == keys[None]).all() or set(pooled["prompts"]) != {count}:
+        raise ValueError(f"{FILES['per_prompt']} and {FILES['pooled']} hold other heads or prompt counts (files of other runs)")
+    order = pooled.sort_values(["layer", "head"], kind="stable")
+    for metric in ATLAS_METRICS:
+        values = per[metric].to_numpy(np.float64).reshape(count, cells)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=RuntimeWarning)
+            means = np.nanmean(values, axis=0)
+        if not np.allclose(means, order[metric].to_numpy(np.float64), rtol=1e-9, atol=0, equal_nan=True):
+            raise ValueError(f"{FILES['pooled']}'s {metric} is not the mean of {FILES['per_prompt']}'s (edited, or of another run)")

@@ -50,6 +50,9 @@ AUTO = "auto"
 DEFAULT_SINK = 0
 #: λ, the factor on the sink's value in interventions unless given: 0 removes its write.
 DEFAULT_FACTOR = 0.0
+#: The largest abs(λ): a larger factor overflows the scaled values (float16 tops out at 65,504; beyond 3.4e38
+#: not even float32 holds it), and a value scaled 10,000 times is far past any intervention worth measuring.
+MAX_FACTOR = 1e4
 
 #: Columns of :func:`sink_table`, in order.
 TABLE_COLUMNS: tuple[str, ...] = (
@@ -89,11 +92,15 @@ def detect_sink(analysis: Analysis) -> int:
 
 
 def check_factor(factor) -> float:
-    """λ as a float: a finite real number (not a bool, not text), else InputError."""
+    """λ as a float: a finite real number (not a bool, not text) of at most :data:`MAX_FACTOR` in size, else InputError."""
     if isinstance(factor, (bool, np.bool_)) or not isinstance(factor, (int, float, np.integer, np.floating)):
         raise InputError(f"the sink value factor λ must be a number, not {factor!r} ({type(factor).__name__})")
     if not math.isfinite(factor):
         raise InputError(f"the sink value factor λ must be a finite number, not {factor}")
+    if abs(factor) > MAX_FACTOR:
+        raise InputError(
+            f"the sink value factor λ must lie between -{MAX_FACTOR:g} and {MAX_FACTOR:g} (larger overflows the model's numbers), not {factor:g}"
+        )
     return float(factor)
 
 

@@ -13,7 +13,11 @@ page, run their items through :func:`run` (a folder) or :func:`item_records` (in
   of the unfinished items (:func:`cwviz.core.parallel.shard`) into its own file; the main process then reads every
   record back (:func:`cwviz.analyses.records.read_records`, the one place records are read and checked), and the
   command recomputes its summary from them, so one process and N give the same records and the same summary;
-* the main process writes ``manifest.json`` (how the run was made).
+* the main process writes ``manifest.json`` (how the run was made);
+* a folder has one run at a time: the command holds :func:`owned` around its run and the files it writes after,
+  and a second run on the folder is refused as busy (:func:`cwviz.analyses.records.folder_lock`: an ``flock`` the
+  OS drops when the process dies, so a killed run leaves nothing stuck). Under a launcher the main process takes it
+  before the first barrier; should it be refused, it exits and the launcher ends the others.
 
 Below the runner, each kind's record payload and the way back from records to the kind's tables: faithfulness
 (:func:`faithfulness_item`, :func:`faithfulness_summary`), sinks (:func:`sinks_payload`, :func:`sinks_tables`)
@@ -23,6 +27,7 @@ and the atlas (:func:`atlas_payload`, :func:`atlas_per_prompt`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -38,7 +43,7 @@ from .schema import ATLAS_METRICS
 from .sinks import TABLE_COLUMNS
 
 #: The kinds of record (``cwviz.<kind>.record``), one per sweeping command.
-FAITHFULNESS, SINKS, ATLAS = R.FAITHFULNESS, "sinks", "atlas"
+FAITHFULNESS, SINKS, ATLAS = R.FAITHFULNESS, R.SINKS, R.ATLAS
 
 
 # -- the runner ----------------------------------------------------------------------------------------
@@ -76,6 +81,18 @@ def check_folder(folder: Path, flag: str = "--results") -> None:
         raise InputError(f"{flag} {folder} is a file; give a folder")
 
 
+@contextmanager
+def owned(folder: Path, procs: Processes) -> Iterator[None]:
+    """The main process creates ``folder`` and holds it (:func:`cwviz.analyses.records.folder_lock`) for the block:
+    wrap :func:`run` and every file the command writes from its outcome. The other processes follow the main one."""
+    if not procs.is_main:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)  # its parent was checked before the model loaded (check_folder)
+    with R.folder_lock(folder):
+        yield
+
+
 def model_settings(provenance: dict) -> dict:
     """What of the model's provenance (:func:`cwviz.core.parallel.model_provenance`) decides the numbers (not the device)."""
     return {k: provenance[k] for k in ("id", "architecture", "revision", "weights_sha256", "dtype")}
@@ -91,10 +108,8 @@ def run(sweep: Sweep, compute: Callable[[int], dict], procs: Processes, resume: 
     """Run the items of ``sweep`` not yet recorded (module docstring): this process's share, each record appended
     and fsynced as it is made; ``progress(done, total)`` after each of this process's items. A folder that already
     holds records is refused without ``resume``, and with it unless the records share the run's fingerprint and
-    texts. Every process must call it (it waits for the others twice)."""
+    texts. Every process must call it (it waits for the others twice), inside :func:`owned`."""
     folder, key = sweep.folder, sweep.key
-    if procs.is_main:
-        folder.mkdir(parents=True, exist_ok=True)  # its parent was checked before the model loaded (check_folder)
     procs.barrier()
     existing = R.read_records(folder, sweep.kind)
     if existing and not resume:
@@ -159,19 +174,6 @@ def faithfulness_summary(records: Sequence[dict], seed: int = 0) -> pd.DataFrame
 
 
 # -- sinks -------------------------------------------------------------------------------------------
-#: The float columns of :func:`cwviz.analyses.sinks.sink_table` a sinks record keeps (float32, shortest text);
-#: ``sink_attention_share`` is ``sink_ratio`` by definition, ``token`` and ``sink`` come from the record.
-SINK_FLOATS = (
-    "sink_ratio",
-    "output_norm",
-    "sink_value_norm",
-    "rest_norm",
-    "cos_sink_rest",
-    "sink_contribution_share",
-    "sink_contribution_inter",
-    "learned_sink_share",
-)
-SINK_INTS = ("layer", "head", "query", "other_keys")
 
 
 def sinks_settings(sink: str, factor: float, ppl: bool, provenance: dict) -> dict:
@@ -188,8 +190,8 @@ def sinks_payload(table: pd.DataFrame, sink: int, tokens: Sequence[str], ppl: np
     """One prompt's sinks record payload: its whole :func:`~cwviz.analyses.sinks.sink_table` (one row per layer,
     head and query that sees the sink; about 12 numbers a row), its tokens, and with ΔPPL the perplexities with the
     sink's value scaled in each layer, then in all (``ppl``, [layers + 1]), and the clean one."""
-    columns = {name: table[name].astype(np.int64).tolist() for name in SINK_INTS}
-    columns |= {name: _floats(table[name]) for name in SINK_FLOATS}
+    columns = {name: table[name].astype(np.int64).tolist() for name in R.SINK_INTS}
+    columns |= {name: _floats(table[name]) for name in R.SINK_FLOATS}
     return {
         "sink": int(sink),
         "tokens": list(tokens),
@@ -202,8 +204,8 @@ def sinks_payload(table: pd.DataFrame, sink: int, tokens: Sequence[str], ppl: np
 def sinks_table(record: dict) -> pd.DataFrame:
     """The :func:`~cwviz.analyses.sinks.sink_table` a sinks record holds, columns and dtypes as made."""
     columns = record["table"]
-    frame = pd.DataFrame({name: np.asarray(columns[name], dtype=np.int64) for name in SINK_INTS})
-    for name in SINK_FLOATS:
+    frame = pd.DataFrame({name: np.asarray(columns[name], dtype=np.int64) for name in R.SINK_INTS})
+    for name in R.SINK_FLOATS:
         frame[name] = np.asarray(columns[name], dtype=np.float32)
     frame["sink_attention_share"] = frame["sink_ratio"]
     frame["sink"] = np.int64(record["sink"])

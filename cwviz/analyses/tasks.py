@@ -99,7 +99,7 @@ def mmlu_item(row: dict, where: str) -> Item:
         answer = LETTERS.index(answer.strip().upper())
     if not 0 <= answer < len(choices):
         raise InputError(f"{where}: 'answer' {answer} is not a choice's index (0..{len(choices) - 1})")
-    subject = row.get("subject")
+    subject = _field(row, "subject", str, where) if row.get("subject") is not None else None
     head = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n" if subject else ""
     options = "".join(f"{LETTERS[k]}. {choice}\n" for k, choice in enumerate(choices))
     context = f"{head}{question.strip()}\n{options}Answer:"

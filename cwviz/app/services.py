@@ -182,7 +182,9 @@ def _analyse(request: Request) -> Analyzed:
     if request.generate > 0:
         with progress_bar("Generating", "tokens") as progress:
             ids = greedy_continuation(bundle, prompt_ids, request.generate, progress=progress)
-        text = request.text + bundle.tokenizer.decode(ids[len(prompt_ids) :])
+        # The text of the tokens analysed (prompt and continuation decoded together, as analyze checks it:
+        # cwviz.core.inputs.check_agree); decoding the continuation alone can drop its first space.
+        text = bundle.tokenizer.decode(ids, skip_special_tokens=True)
     with progress_bar("Analysing the prompt") as progress:
         analysis = analyze(bundle, text, input_ids=ids, progress=progress)
     trim_heap()  # the server lives on between prompts: what the pass freed goes back to the system (cwviz.core.heap)

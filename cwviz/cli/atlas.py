@@ -70,16 +70,19 @@ def run(args: argparse.Namespace) -> int:
     from ..core.progress import cli_bar
     from ..core.texts import read_texts
 
-    if args.bootstrap < 1:
-        raise InputError(f"--bootstrap must be at least 1, not {args.bootstrap}")
-    if not 0 < args.confidence < 1:
-        raise InputError(f"--confidence must lie between 0 and 1, not {args.confidence}")
+    atlas.check_bootstrap(args.bootstrap, name="--bootstrap")  # before anything is read or loaded
+    atlas.check_confidence(args.confidence, name="--confidence")
+    if args.top < 1:
+        raise InputError(f"--top must be at least 1, not {args.top}")
     if args.load is not None:
         if args.results is not None or args.resume:
             raise InputError("--load reads a finished atlas; --results and --resume run one (give --jsonl or --gsm8k)")
-        result = atlas.load(args.load)
+        result = atlas.load(args.load)  # checked whole: a cut or edited folder is refused, never printed in part
         print(f"loaded {args.load}: {result.manifest.get('model')}, {len(result.prompts)} prompt(s)")
         _print(result, args.top)
+        if args.out is not None:
+            atlas.save(result, args.out)  # --out with --load: a copy of the checked results
+            print(f"wrote {args.out}")
         return 0
     check_resume(args)
     path = jsonl_path(args)
@@ -88,8 +91,10 @@ def run(args: argparse.Namespace) -> int:
         sweep.check_folder(args.results)
     procs = sweep_processes(args)
     if args.results is not None:
-        return run_sweep(args, texts, procs)
+        with sweep.owned(args.results, procs):  # before the model loads: a busy folder is refused at once
+            return run_sweep(args, texts, procs)
     bundle = load(args)
+    atlas.check_bootstrap(args.bootstrap, len(texts), bundle.info.layers * bundle.info.heads, "--bootstrap")  # before any forward pass
     frames = []
     try:
         with cli_bar("atlas", unit="layer step", enabled=sys.stderr.isatty()) as progress:
@@ -114,6 +119,7 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     from ..core.progress import cli_bar
 
     bundle = load(args)
+    atlas.check_bootstrap(args.bootstrap, len(texts), bundle.info.layers * bundle.info.heads, "--bootstrap")  # before any forward pass
     provenance = model_provenance(bundle)
     settings = {"sink": DEFAULT_SINK, "model": sweep.model_settings(provenance)}  # the bootstrap pools; it decides no record
     data = {"jsonl": str(jsonl_path(args)), "n": args.n, "field": args.field}

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..analyses.schema import HEAD_METRICS, KINDS
 from ..core.errors import CwvizError, InputError
+from ..core.texts import write_text_atomic
 from .common import add_model_args, prompt_text
 
 #: Heads listed by default, and the map cells with the largest change.
@@ -161,12 +162,11 @@ def run(args: argparse.Namespace) -> int:
             args.out.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise InputError(f"cannot create {str(args.out)!r}: {err.strerror or err}; choose a folder you can write to") from None
-        cmp.alignment.table.to_csv(args.out / "alignment.csv", index=False)
-        changes.to_csv(args.out / "heads.csv", index=False)
-        frame.to_csv(args.out / "maps.csv", index=False)
-        written = ["alignment.csv", "heads.csv", "maps.csv"]
+        tables = {"alignment.csv": cmp.alignment.table, "heads.csv": changes, "maps.csv": frame}
         if logprobs is not None:
-            logprobs.to_csv(args.out / "logprobs.csv", index=False)
-            written.append("logprobs.csv")
+            tables["logprobs.csv"] = logprobs
+        for name, table in tables.items():  # each file whole or not at all
+            write_text_atomic(args.out / name, table.to_csv(index=False))
+        written = list(tables)
         print(f"\nwrote {', '.join(written)} in {args.out}")
     return 0

@@ -268,7 +268,11 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out", "summary.csv")
     procs = sweep_processes(args)
     if args.results is not None:
-        return run_sweep(args, protocol, texts, procs)
+        from ..analyses import sweep
+
+        sweep.check_folder(args.results)
+        with sweep.owned(args.results, procs):  # before the model loads: a busy folder is refused at once
+            return run_sweep(args, protocol, texts, procs)
     return run_single(args, protocol, texts)
 
 
@@ -327,7 +331,6 @@ def run_sweep(args: argparse.Namespace, protocol, texts: list, procs) -> int:
     from ..core.progress import cli_bar
 
     folder: Path = args.results
-    sweep.check_folder(folder)
     bundle = load(args)
     faithfulness.check_causal(bundle)
     provenance = model_provenance(bundle)

@@ -9,7 +9,6 @@ order check, accuracy (multiple-choice tasks), sinks and the manifest with how t
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -40,11 +39,15 @@ def faithfulness_sections(folder: Path) -> list:
 
     if not any(folder.glob(R.RECORD_GLOB)):
         return []
+    records = R.read_records(folder)  # checked: one run's records, in range, whole (and the manifest)
+    table = R.records_table(records)
     manifest = R.read_manifest(folder) or {}
-    table = R.records_table(R.read_records(folder))
+    total = R.manifest_items(manifest)
+    if total is not None and len(records) < total:  # an unfinished run: the report says so (and how to finish it)
+        print(f"note: {folder} holds {len(records)} of the run's {total} examples; add --resume to the run's command to finish it")
     if not len(table):
         raise InputError(f"the records in {folder} hold no finished example; run the sweep (with --resume) first")
-    summary = F.summarize(table, seed=int(manifest.get("seed", 0)))
+    summary = F.summarize(table, seed=manifest.get("seed", 0))
     areas = F.curve_areas(summary)
     sections = [report.manifest_section(manifest)] if manifest else []
     sections.append(report.faithfulness_section(summary, areas, F.order_check(areas), F.order_check(summary, value="delta_ppl")))
@@ -61,12 +64,30 @@ def sinks_section(folder: Path):
     where = folder / RESULTS_FOLDER
     if not (where / "layers.csv").is_file():
         return None
-    try:
-        manifest = json.loads((where / "manifest.json").read_text(encoding="utf-8")) if (where / "manifest.json").is_file() else {}
-    except json.JSONDecodeError as err:
-        raise InputError(f"{where / 'manifest.json'} is not valid JSON ({err.msg}); rerun cwviz sinks --results") from None
+    from ..analyses import records as R
+
+    # The tables come from these records: a folder whose records mix runs or are damaged is refused.
+    records = R.read_records(where, R.SINKS) if any(where.glob(R.RECORD_GLOB)) else []
+    manifest = R.read_manifest(where, R.SINKS) or {}
+    changed = R.changed_files(where, manifest["files"]) if "files" in manifest else []
+    if changed:
+        raise InputError(
+            f"{', '.join(changed)} in {where} is not what cwviz sinks wrote (edited, cut, or from another run); "
+            f"rerun cwviz sinks --results {folder} --resume"
+        )
+    layers = sinks_table(where / "layers.csv", LAYER_COLUMNS, folder)
     heads = sinks_table(where / "heads.csv", HEAD_COLUMNS, folder) if (where / "heads.csv").is_file() else None
-    return report.sinks_section(manifest, sinks_table(where / "layers.csv", LAYER_COLUMNS, folder), heads)
+    made = sorted(set(records[0]["table"]["layer"])) if records else sorted(set(layers["layer"]))
+    count = max(records[0]["table"]["head"]) + 1 if records else None
+    for path, table in ((where / "layers.csv", layers), (where / "heads.csv", heads)):
+        layers_ok = table is None or sorted(set(table["layer"])) == made
+        per_layer = [] if table is None or "head" not in table else table.groupby("layer").size().tolist()
+        heads_ok = not per_layer or len(set(per_layer)) == 1 and (count is None or per_layer[0] == count)
+        if not layers_ok or not heads_ok or len(layers) != len(made) or made != list(range(len(made))):
+            raise InputError(
+                f"{path} does not hold the {len(made)} layers of the records beside it (or not every head of each: cut, or from another run); rerun cwviz sinks --results {folder} --resume"
+            )
+    return report.sinks_section(manifest, layers, heads)
 
 
 #: The columns the report reads from ``sinks/layers.csv`` and ``sinks/heads.csv`` (numbers, all of them).
@@ -77,7 +98,10 @@ HEAD_COLUMNS = ("layer", "head", "cos_sink_rest")
 def sinks_table(path: Path, columns: tuple[str, ...], folder: Path) -> pd.DataFrame:
     """A sinks CSV of the results folder, or InputError naming it and how to write it again when it is empty,
     not CSV, or lacks one of ``columns`` (or holds text in one)."""
-    rerun = f"rerun cwviz sinks --results {folder}"
+    rerun = f"rerun cwviz sinks --results {folder} --resume"
+    data = path.read_bytes()
+    if data.strip() and not data.endswith(b"\n"):  # an empty file is named below
+        raise InputError(f"{path} is not a whole cwviz sinks table (it ends mid-line: cut off); {rerun}")
     try:
         table = pd.read_csv(path)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as err:
@@ -86,9 +110,17 @@ def sinks_table(path: Path, columns: tuple[str, ...], folder: Path) -> pd.DataFr
     missing = [c for c in columns if c not in table]
     if missing:
         raise InputError(f"{path} is not a cwviz sinks table (missing {', '.join(missing)}); {rerun}")
-    text = [c for c in columns if not pd.api.types.is_numeric_dtype(table[c])]
+    text = [c for c in table.columns if not pd.api.types.is_numeric_dtype(table[c])]  # every column is a number
     if text:
         raise InputError(f"{path} is not a cwviz sinks table ({', '.join(text)} hold(s) text, not numbers); {rerun}")
+    keys = [c for c in ("layer", "head") if c in columns]
+    if (
+        table[keys].isna().any().any()
+        or (table[keys] < 0).any().any()
+        or (table[keys] % 1 != 0).any().any()
+        or table.duplicated(keys).any()
+    ):
+        raise InputError(f"{path} is not a cwviz sinks table (its {' and '.join(keys)} column(s) are not distinct indices); {rerun}")
     return table
 
 

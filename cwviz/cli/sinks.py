@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,9 +93,12 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..analyses import sweep
+    from ..analyses.sinks import check_factor
 
-    if not math.isfinite(args.factor):
-        raise InputError(f"--factor must be a finite number, not {args.factor}")
+    try:
+        check_factor(args.factor)
+    except InputError as err:
+        raise InputError(f"--factor: {err}") from None
     check_resume(args)
     texts = read_prompts(args)
     if args.results is not None:
@@ -104,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.csv, "--csv", "sinks.csv")
     procs = sweep_processes(args)
     if args.results is not None:
-        return run_sweep(args, texts, procs)
+        with sweep.owned(args.results / RESULTS_FOLDER, procs):  # before the model loads: a busy folder is refused at once
+            return run_sweep(args, texts, procs)
     bundle = load(args)
     prompts: list[Prompt] = []
     try:
@@ -167,6 +170,7 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     provenance = model_provenance(bundle)
     settings = sweep.sinks_settings(args.sink, args.factor, not args.no_ppl and bundle.arch.causal, provenance)
     made = manifest(args, provenance) | {"fingerprint": R.fingerprint(settings), "processes": procs.count}
+    made["data"]["prompts"] = len(texts)  # the run's prompts (its records' example indices lie below it)
     made |= launched_command(how_run(args), procs.count)
     plan = sweep.Sweep(sweep.SINKS, args.results / RESULTS_FOLDER, settings, texts, made)
 
@@ -204,7 +208,7 @@ def finish(args: argparse.Namespace, bundle, prompts: list[Prompt], total: int, 
     # The files first, then the printout: a reader that stops early (`| head`) loses no file (cwviz.cli.main).
     written = []
     if args.csv is not None:
-        table.to_csv(args.csv, index=False)
+        write_text_atomic(args.csv, table.to_csv(index=False))
         written.append(f"wrote {args.csv} ({len(table):,} rows)")
     if args.results is not None:
         folder = write_results(args, bundle, table, summary, _describe_sinks(positions, args.sink), finished, made)
@@ -263,6 +267,7 @@ def write_results(
     prompts counted (each file replaced whole)."""
     import json
 
+    from ..analyses import records as R
     from ..analyses import sinks
     from ..core.parallel import model_provenance
     from .common import how_run
@@ -273,8 +278,10 @@ def write_results(
     files = {
         "layers.csv": layers.to_csv(index=False, float_format="%.6g"),
         "heads.csv": sinks.sink_head_summary(table).to_csv(index=False, float_format="%.6g"),
-        "manifest.json": json.dumps(made | {"sink": sink, "prompts": prompts}, indent=2, sort_keys=True, default=str) + "\n",
     }
+    # The manifest names each table's sha256: the report refuses a table edited, cut or copied from another run.
+    made = made | {"sink": sink, "prompts": prompts, "files": R.file_sums(files)}
+    files["manifest.json"] = json.dumps(made, indent=2, sort_keys=True, default=str) + "\n"
     for name, text in files.items():
         write_text_atomic(folder / name, text)
     return folder

@@ -26,7 +26,7 @@ from ..vocabulary import KINDS
 from . import architectures, export, memory
 from .capture import Intervention, LayerRecord, forward_pass
 from .errors import InputError, SelectionError
-from .inputs import check_layer, check_length, integer_index, tokenize
+from .inputs import check_agree, check_layer, check_length, integer_index, tokenize
 from .logprobs import logprobs_from_hidden, perplexity_of
 from .measures import MEASURES, LayerMeasures, QuerySide, grouped_matmul, head_weights, layer_measures, query_side, value_norms
 from .models import Bundle
@@ -50,7 +50,8 @@ def analyze(
     kinds: tuple[str, ...] = KINDS,
     intervention: Intervention | None = None,
 ) -> Analysis:
-    """Run the model once on ``text`` (or on ``input_ids``) and record every attention layer.
+    """Run the model once on ``text`` (or on ``input_ids``) and record every attention layer. Given both, they
+    must be one prompt (:func:`~cwviz.core.inputs.check_agree`), or InputError.
 
     ``progress(done, layers)`` (:mod:`cwviz.core.progress`) is called as each attention layer has run.
 
@@ -76,6 +77,8 @@ def analyze(
         ids = check_length(bundle, input_ids)
         if text is None:
             text = bundle.tokenizer.decode(ids)
+        else:
+            text = check_agree(bundle, text, ids)  # .text and .tokens say one prompt, or InputError
     device = bundle.input_device
     spill = spill_for(memory.records_bytes(bundle.info, len(ids)), device)
     memory.check(bundle.model.config, bundle.info, len(ids), device, spilled=spill is not None)

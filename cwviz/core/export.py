@@ -13,6 +13,7 @@ import torch
 
 from .errors import InputError
 from .measures import LayerMeasures
+from .texts import write_text_atomic
 
 #: The schema's id and version, whatever the module that writes it is called.
 SCHEMA = "cwviz.analysis"
@@ -79,11 +80,12 @@ def layer_entry(
 
 
 def write_json(path: str | Path, document: dict) -> Path:
-    """Write ``document`` as UTF-8 JSON; returns the path. InputError when the file cannot be written."""
+    """Write ``document`` as UTF-8 JSON, replacing ``path`` whole (:func:`~cwviz.core.texts.write_text_atomic`);
+    returns the path. InputError when the file cannot be written (and then no part of it is left)."""
     path = Path(path)
     text = json.dumps(document, ensure_ascii=False)
     try:
-        path.write_text(text, encoding="utf-8")
+        write_text_atomic(path, text)  # whole or not at all: a full disk leaves no partial file
     except OSError as err:
         reason = err.strerror or type(err).__name__
         raise InputError(f"cannot write {str(path)!r}: {reason}; choose a file in a folder that exists and that you can write to") from None

@@ -48,6 +48,30 @@ def tokenize(bundle: Bundle, text: str) -> list[int]:
     return ids
 
 
+def check_agree(bundle: Bundle, text: object, ids: list[int]) -> str:
+    """``text`` when it is what the token ids ``ids`` say; InputError otherwise (both given to ``analyze``).
+
+    They agree when the tokenizer makes ``ids`` of ``text`` exactly (with its special tokens, as :func:`tokenize`
+    does), when ``text`` is the decoding of ``ids``, special tokens kept or skipped (what ``analyze`` records as the
+    text of ids given alone; the dashboard's prompt and its generated continuation), or
+    when ``ids`` decode to the same string as the text's own tokens do (special tokens skipped): ids of
+    the same text tokenised another way (a prompt and its generated continuation, tokenised apart) agree; ids of
+    another text do not. Comparing decoded strings, not ``decode(ids) == text``, lets the tokenizer's own
+    normalisation (a BERT encoder's lower case and spacing) apply to both sides."""
+    if not isinstance(text, str):
+        raise InputError(f"the prompt must be text, not {type(text).__name__}")
+    own = list(bundle.tokenizer(text, add_special_tokens=True)["input_ids"])
+    decode = bundle.tokenizer.decode
+    # Its own tokens, or its ids' own text (what analyze records for ids alone; the dashboard's prompt + continuation)
+    if own == list(ids) or text in (decode(list(ids)), decode(list(ids), skip_special_tokens=True)):
+        return text
+    if decode(list(ids), skip_special_tokens=True) != decode(own, skip_special_tokens=True):
+        shown = decode(list(ids), skip_special_tokens=True)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise InputError(f"input_ids are the tokens of {shown!r}, not of the text given; give the text or its ids, or both of one prompt")
+    return text
+
+
 def token_ids(value) -> list[int]:
     """Token ids as a list of ints from a 1-D sequence of integers: a list or tuple of ints (numpy integers
     included), or a 1-D integer numpy array or torch tensor. Anything else (text, a number, nested lists,

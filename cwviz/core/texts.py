@@ -171,11 +171,19 @@ def check_file(path: Path) -> Path:
 
 def write_text_atomic(path: str | PathLike, text: str) -> Path:
     """Replace ``path`` with UTF-8 ``text`` atomically (a ``.tmp`` beside it, then a rename), so a reader or an
-    interrupted run never sees half a file; the temporary file is removed when the write or the rename fails."""
+    interrupted run never sees half a file (a full disk included); the temporary file is removed when the write or
+    the rename fails."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():  # /dev/stdout, a FIFO: written as a stream
+        with path.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+        return path
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        with tmp.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())  # on disk before the rename: a crash leaves the old file or the new, never half
         os.replace(tmp, path)
     except BaseException:  # an interrupt too: no .tmp is left behind
         tmp.unlink(missing_ok=True)
