@@ -89,7 +89,7 @@ def test_a_step_link_opens_the_full_page_on_its_view(walk, step):
     if "token" in params:
         assert widget(at, "selectbox", "Query token").value == int(params["token"])
     if step == 3:
-        assert at.radio(key="heatmaps_measure").value == "contribution" and at.radio(key="heatmaps_kind").value == "intra"
+        assert at.selectbox(key="heatmaps_measure").value == "contribution" and at.selectbox(key="heatmaps_kind").value == "intra"
     if step == 4:
         assert at.radio(key="token_kind").value == "intra"
     if step == 6:
