@@ -11,7 +11,8 @@ A results folder holds ``manifest.json`` (how the run was made: :func:`write_man
 A faithfulness record's payload (:func:`example_record`) is
 
     {"task": "text" | "mmlu" | ..., "skipped": bool, "tokens": int, "ppl_clean": float, "correct_clean": 0 | 1 | null,
-     "runs": [{"measure", "curve", "rate", "ppl_masked", "delta_ppl", "correct_masked"}, ...]}
+     "runs": [{"measure", "curve", "rate", "ppl_masked", "delta_ppl", "correct_masked"}, ...],
+     "rank_scope": "query" | "token" | "layer"}  (absent in records made before scopes: query)
 
 and those of ``cwviz sinks`` and ``cwviz atlas`` are in :mod:`cwviz.analyses.sweep`.
 

@@ -21,10 +21,10 @@ import threading
 
 from ..core.errors import CwvizError
 from ..core.heap import tune_heap
-from . import analyze, app, atlas, compare, faithfulness, report, sinks
+from . import analyze, app, atlas, claims, compare, faithfulness, report, sinks
 
 #: Each command is a module with ``register(subparsers)``; add a command by listing its module here.
-COMMANDS = (analyze, sinks, faithfulness, report, compare, atlas, app)
+COMMANDS = (analyze, sinks, faithfulness, claims, report, compare, atlas, app)
 
 
 def build_parser() -> argparse.ArgumentParser:
