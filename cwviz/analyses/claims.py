@@ -207,7 +207,19 @@ def claim1_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
             pick = int(np.nanargmin(high)) if overall == FAILS else int(np.nanargmin(low)) if np.isfinite(low).any() else 0
             statistic = f"paired ΔPPL difference, {SHORT[have[pick]]}→{SHORT[have[pick + 1]]} (the deciding pair; > 0: paper's order)"
             out.append(
-                _row(1, overall, statistic, mean[pick], low[pick], high[pick], n, "; ".join(pairs), scope=scope, curve=curve, rate=float(rate))
+                _row(
+                    1,
+                    overall,
+                    statistic,
+                    mean[pick],
+                    low[pick],
+                    high[pick],
+                    n,
+                    "; ".join(pairs),
+                    scope=scope,
+                    curve=curve,
+                    rate=float(rate),
+                )
             )
     return out
 
@@ -228,12 +240,27 @@ def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
     out.append(_row(2, verdict(lo, hi), "ρ(c, norm ratio × cos) − ρ(c, attention), the sink's rows", m, lo, hi, n, evidence))
     # 3: negative cosine
     (m,), (lo,), (hi,), n = mean_interval(stats[["cos_sink_rest"]].to_numpy(), seed)
-    out.append(_row(3, verdict(lo, hi, positive=False), "mean cos(ṽ_σ, m) over heads and queries", m, lo, hi, n, f"mean cos {_interval(m, lo, hi)}"))
+    out.append(
+        _row(
+            3, verdict(lo, hi, positive=False), "mean cos(ṽ_σ, m) over heads and queries", m, lo, hi, n, f"mean cos {_interval(m, lo, hi)}"
+        )
+    )
     # 4: most heads' curves have an interior minimum
     values = stats[["interior_minimum_share", "median_minimiser"]].to_numpy()
     mm, ll, hh, n = mean_interval(values, seed)
     evidence = f"share of heads with 0 < s* < 1: {_interval(mm[0], ll[0], hh[0])}; median s*: {_interval(mm[1], ll[1], hh[1])}"
-    out.append(_row(4, verdict(ll[0] - MAJORITY, hh[0] - MAJORITY), "share of heads whose curve's minimum lies inside (0, 1)", mm[0], ll[0], hh[0], n, evidence))
+    out.append(
+        _row(
+            4,
+            verdict(ll[0] - MAJORITY, hh[0] - MAJORITY),
+            "share of heads whose curve's minimum lies inside (0, 1)",
+            mm[0],
+            ll[0],
+            hh[0],
+            n,
+            evidence,
+        )
+    )
     # 5: the cone narrows (mean pairwise cosine rises) and perplexity rises
     mm, ll, hh, n = mean_interval(stats[["cone_change", "delta_ppl"]].to_numpy(), seed)
     parts = [verdict(ll[0], hh[0]), verdict(ll[1], hh[1])]

@@ -327,7 +327,8 @@ def masked_logprobs(
     for done, start in enumerate(range(0, len(distinct), size), start=2):
         chunk = distinct[start : start + size]
         masks = {
-            l: torch.stack([keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c, ranked.visible[l]) for m, c, r in chunk]) for l in layers
+            l: torch.stack([keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c, ranked.visible[l]) for m, c, r in chunk])
+            for l in layers
         }  # layer -> (B, 1 or head, Q, K)
         batch = ids.expand(len(chunk), -1)
         out.update(zip(chunk, batch_logprobs(bundle, batch, KeepKeys(masks)).numpy()))

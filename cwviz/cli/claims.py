@@ -67,7 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"token cap per item: longer ones are cut (default {C.DEFAULT_MAX_TOKENS})",
     )
     parser.add_argument("--sink", default="0", help="the sink position, or auto (default 0: the first token)")
-    parser.add_argument("--batch-size", type=int, default=F.DEFAULT_BATCH_SIZE, help=f"masked runs per forward pass (default {F.DEFAULT_BATCH_SIZE})")
+    parser.add_argument(
+        "--batch-size", type=int, default=F.DEFAULT_BATCH_SIZE, help=f"masked runs per forward pass (default {F.DEFAULT_BATCH_SIZE})"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
     add_model_args(parser)
     parser.set_defaults(func=run)
@@ -105,7 +107,9 @@ def protocol_of(args: argparse.Namespace):
 
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, not {args.batch_size}")
-    return F.Protocol(rates=parse_rates(args.rates), measures=C.ORDER, seed=args.seed, batch_size=args.batch_size, max_tokens=args.max_tokens)
+    return F.Protocol(
+        rates=parse_rates(args.rates), measures=C.ORDER, seed=args.seed, batch_size=args.batch_size, max_tokens=args.max_tokens
+    )
 
 
 def settings_of(protocol, scopes: tuple[str, ...], sink, provenance: dict) -> dict:
