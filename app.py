@@ -14,6 +14,7 @@ pages = [
     st.Page("pages/bertviz_view.py", title="bertviz"),
     st.Page("pages/sinks.py", title="Sinks"),
     st.Page("pages/faithfulness.py", title="Faithfulness"),
+    st.Page("pages/claims.py", title="Claims"),
     st.Page("pages/compare.py", title="Compare"),
     st.Page("pages/atlas.py", title="Atlas"),
 ]

@@ -247,3 +247,7 @@ def test_cwviz_claims_end_to_end_on_a_tiny_model_resumes_and_refuses_other_setti
     assert cli.main([*args, "--resume"]) == 0
     assert cli.main([*args, "--resume", "--scopes", "query"]) == 2
     assert "other settings" in capsys.readouterr().err
+    # the report gains a claims section, recomputed from the records
+    assert cli.main(["report", "--results", str(folder), "--out", str(tmp_path / "report.html")]) == 0
+    html = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "Claims of the paper" in html and 'data-table="claims-overview"' in html

@@ -24,8 +24,10 @@ import pandas as pd
 
 from .bootstrap import bootstrap_interval
 
-#: The record kind of ``cwviz claims`` (``cwviz.claims.record``) and the results sub-folder its records go to.
+#: The record kind of ``cwviz claims`` (``cwviz.claims.record``), and the sub-folder of ``--results DIR`` that holds
+#: its records and manifest.
 CLAIMS = "claims"
+RECORDS_FOLDER = CLAIMS
 #: The file ``cwviz claims --results DIR`` writes (atomically): :data:`CSV_COLUMNS`.
 CSV_NAME = "claims.csv"
 HOLDS, FAILS, UNRESOLVED = "holds", "fails", "unresolved"
@@ -88,6 +90,13 @@ def item_payload(bundle, text: str, protocol, scopes: Sequence[str], sink=0, exa
     after = S.intervene_on_sink(analysis, sink, 0.0)
     stats = sink_statistics(table, heads, after.table, after.delta_ppl)
     return {"skipped": False, "tokens": len(ids), "faithfulness": faithful, "sinks": stats}
+
+
+def gsm8k_items(n: int) -> list[str]:
+    """The first ``n`` GSM8K items ``--gsm8k`` reads (the shipped sample, or ``$CWVIZ_GSM8K``): the page's run."""
+    from ..core.texts import gsm8k_path, read_texts
+
+    return read_texts(gsm8k_path(), n=n)
 
 
 # -- per-item numbers (torch-free) ----------------------------------------------------------------------

@@ -25,9 +25,6 @@ from .common import (
     sweep_processes,
 )
 
-#: The sub-folder of ``--results`` that holds the records and the manifest.
-RECORDS_FOLDER = "claims"
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ..analyses import claims as C
@@ -151,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     made |= {"protocol": {"max_tokens": protocol.max_tokens, "rank_scopes": ", ".join(scopes)}, "data": data, "processes": procs.count}
     made |= launched_command(how_run(args), procs.count)
     args.results.mkdir(exist_ok=True)
-    plan = sweep.Sweep(C.CLAIMS, args.results / RECORDS_FOLDER, settings, texts, made)
+    plan = sweep.Sweep(C.CLAIMS, args.results / C.RECORDS_FOLDER, settings, texts, made)
 
     def compute(index: int) -> dict:
         return C.item_payload(bundle, texts[index], protocol, scopes, sink, example=index)
