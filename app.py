@@ -14,6 +14,7 @@ pages = [
     st.Page("views/bertviz_view.py", title="bertviz"),
     st.Page("views/sinks.py", title="Sinks"),
     st.Page("views/faithfulness.py", title="Faithfulness"),
+    st.Page("views/claims.py", title="Claims"),
     st.Page("views/compare.py", title="Compare"),
     st.Page("views/atlas.py", title="Atlas"),
 ]

@@ -326,6 +326,7 @@ def test_navigation_lists_every_page():
         ("bertviz_view", "bertviz"),
         ("sinks", "Sinks"),
         ("faithfulness", "Faithfulness"),
+        ("claims", "Claims"),
         ("compare", "Compare"),
         ("atlas", "Atlas"),
     ]:

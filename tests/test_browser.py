@@ -69,6 +69,7 @@ PAGE_PATHS = {
     "faithfulness": "faithfulness",
     "compare": "compare",
     "atlas": "atlas",
+    "claims": "claims",
 }
 
 # The plot areas of every chart on the page, from Vega's SVG scenegraph: a plot area is a group (the root
@@ -730,6 +731,29 @@ def test_atlas_runs_draws_its_map_and_links_a_prompt_to_its_heatmaps(server, bro
     watch.check()
 
 
+def test_claims_runs_and_shows_a_verdict_for_each_claim(server, browser):
+    """The Claims page on five GSM8K items (the fewest that decide) of 16 tokens: Run shows its progress, then one row per claim with its
+    verdict, the claim-1 rows per rank scope and the CSV download; no bar is left behind."""
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "claims", {"claims_n": "5", "claims_cap": "16"}))
+        page.get_by_text("Claims of the paper").first.wait_for(timeout=60_000)
+        _settle(page, 0)
+        page.get_by_role("button", name="Run").click()
+        page.get_by_text("One row per claim").wait_for(timeout=240_000)
+        _settle(page, 0)
+        _assert_no_error_text(page)
+        assert page.get_by_test_id("stProgress").count() == 0
+        assert page.get_by_text("5 item(s); 95 % percentile bootstrap").count() == 1
+        assert page.locator('[data-testid="stDataFrame"]').count() == 3  # per claim, claim 1 per scope, claims 2–5
+        assert page.get_by_role("button", name="claims.csv").count() == 1
+        _screenshot(page, "claims")
+    finally:
+        page.close()
+    watch.check()
+
+
 def _overlapping(labels: list[dict], along: str) -> list[tuple[str, str]]:
     """Neighbouring labels of one axis whose boxes overlap along the axis (``along``: "x" or "y") by more
     than 2 px (a text box holds the font's whole line height, about 3 px more than the glyphs of a 10 px font)."""
@@ -785,7 +809,17 @@ def test_a_page_link_opened_first_on_a_fresh_server_runs_through_the_navigation(
             _assert_no_error_text(page)
             assert page.locator("h1").first.inner_text() == "Attention sinks as active suppressors"
             nav = page.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
-            assert [n.strip() for n in nav] == ["Heatmaps", "Tour", "Token", "bertviz", "Sinks", "Faithfulness", "Compare", "Atlas"]
+            assert [n.strip() for n in nav] == [
+                "Heatmaps",
+                "Tour",
+                "Token",
+                "bertviz",
+                "Sinks",
+                "Faithfulness",
+                "Claims",
+                "Compare",
+                "Atlas",
+            ]
             main = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
             assert main["width"] > 1000, f"not the wide layout of app.py: {main['width']:.0f} px"
             query = parse_qs(urlparse(page.url).query)

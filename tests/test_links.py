@@ -73,6 +73,10 @@ PAGES = {
         {"atlas_source": "path", "atlas_path": "/data/prompts.jsonl", "atlas_n": "3", "atlas_out": "/tmp/cwviz-atlas-link"},
         {"atlas_source": "path", "atlas_path": "/data/prompts.jsonl", "atlas_n": 3, "atlas_out": "/tmp/cwviz-atlas-link"},
     ),
+    "views/claims.py": (
+        {"claims_source": "run", "claims_n": "3", "claims_cap": "32"},
+        {"claims_source": "run", "claims_n": 3, "claims_cap": 32},
+    ),
     "views/faithfulness.py": (
         {
             "source": "path",
@@ -85,6 +89,7 @@ PAGES = {
             "mask_layer": "2",
             "per_head": "true",
             "rank_by": "absolute",
+            "rank_scope": "layer",
             "seed": "7",
         },
         {
@@ -98,6 +103,7 @@ PAGES = {
             "faith_layer": 2,
             "faith_per_head": True,
             "faith_rank_by": "absolute",
+            "faith_rank_scope": "layer",
             "faith_seed": 7,
         },
     ),

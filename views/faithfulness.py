@@ -100,6 +100,7 @@ def start() -> None:
             layer=None if layer == "all" else int(layer),
             per_head=bool(value("faith_per_head", False)),
             rank_by=value("faith_rank_by", "signed"),
+            rank_scope=value("faith_rank_scope", F.RANK_SCOPES[0]),
             seed=int(value("faith_seed", 0)),
             max_tokens=int(value("faith_cap", F.EXAMPLE_MAX_TOKENS)),
         )
@@ -209,6 +210,18 @@ with st.expander("Data and protocol", expanded=True):
             help="signed: negative contributions rank lowest; absolute: by magnitude",
         )
         url_widget(
+            st.radio,
+            "rank_scope",
+            "Rank scope",
+            F.RANK_SCOPES[0],
+            options=list(F.RANK_SCOPES),
+            horizontal=True,
+            key="faith_rank_scope",
+            help="query: each query's keys ranked and masked per query; token: keys ranked by their mean score over the "
+            "queries that see them, each masked for every query; layer: all (query, key) pairs of a layer ranked together. "
+            "Under the query scope value-weighted and its output-normalised form rank alike (docs/METHOD.md section 3)",
+        )
+        url_widget(
             st.number_input, "seed", "Seed (random control, bootstrap)", 0, parse=int, valid=lambda v: v >= 0, min_value=0, key="faith_seed"
         )
     # The whole width: in a column, a multiselect (and pills) cut the long measure names off at the edge.
@@ -274,7 +287,8 @@ if finished:
         + ("" if run["next"] >= total else " (stopped early)")
         + "; bands: 95 % bootstrap intervals of the mean ΔPPL."
     )
-    if {"value_weighted", "value_weighted_output_normalized"} <= set(run["protocol"].measures):
+    protocol = run["protocol"]
+    if {"value_weighted", "value_weighted_output_normalized"} <= set(protocol.measures) and protocol.rank_scope == "query":
         st.caption(
             "Value-weighted attention and its inter-head output-normalised form rank every query's keys alike (the "
             "same ‖o_i‖ divides each key's score), so their curves coincide: one line hides the other. The intra-head "

@@ -17,6 +17,10 @@ Protocol (our defaults; the paper's exact protocol is not public):
 * **Share**: for query i with n_i visible keys (keys 0..i in a causal model; fewer under a sliding
   window) a removal rate r% masks k_i = ceil(r/100 · n_i) keys, at least one (so query 0 always
   loses its only key); rate 0 masks nothing.
+* **Scope** (``rank_scope``, docs/METHOD.md section 3): ``query`` ranks each query's keys (k_i of them masked
+  per query, as above); ``token`` ranks the keys by their score averaged over the queries that see them and
+  masks the top ceil(r/100 · T) keys for every query; ``layer`` ranks all visible (query, key) pairs of a
+  layer together and masks the top ceil(r/100 · N) of the N pairs (:func:`scope_ranks`).
 * **Comprehensiveness** masks the k_i highest-ranked keys; **sufficiency** the k_i lowest-ranked.
 * **Where**: rankings from the clean pass of each layer, the masks applied in every layer at once in
   one forward pass (``layer=L``: only in layer L). Masking key j for query i removes
@@ -76,6 +80,10 @@ AUTO_BATCH = 0
 #: Examples a sweep reads by default (the CLI's --n).
 DEFAULT_EXAMPLES = 20
 RANK_BY = ("signed", "absolute")
+#: What is ranked together (docs/METHOD.md section 3, "Ranking scopes"): each query's keys (``query``, the default),
+#: the sequence's keys by their mean score over the queries that see them, each key then masked for every query
+#: (``token``), or every visible (query, key) pair of a layer at once (``layer``).
+RANK_SCOPES = ("query", "token", "layer")
 #: Columns of :func:`summarize` (and of the CLI's CSV).
 SUMMARY_COLUMNS = ["measure", "curve", "rate", "delta_ppl", "ci_low", "ci_high", "n"]
 #: Columns :func:`summarize` adds for a multiple-choice task (accuracies as fractions of the examples).
@@ -95,6 +103,7 @@ class Protocol:
     layer: int | None = None  # None: mask in every layer at once
     per_head: bool = False
     rank_by: str = "signed"
+    rank_scope: str = "query"
     seed: int = 0
     batch_size: int = DEFAULT_BATCH_SIZE
     max_tokens: int = EXAMPLE_MAX_TOKENS
@@ -122,6 +131,8 @@ class Protocol:
         object.__setattr__(self, "measures", tuple(dict.fromkeys(self.measures)))
         if self.rank_by not in RANK_BY:
             raise InputError(f"rank_by must be one of {', '.join(RANK_BY)}, not {self.rank_by!r}")
+        if self.rank_scope not in RANK_SCOPES:
+            raise InputError(f"rank_scope must be one of {', '.join(RANK_SCOPES)}, not {self.rank_scope!r}")
         if self.batch_size < 0:
             raise InputError(f"the batch size must be at least 1 (or {AUTO_BATCH}: auto), not {self.batch_size}")
         if self.max_tokens < 2:
@@ -167,19 +178,55 @@ def rank_keys(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     return ranks.to(torch.int16 if s.shape[-1] <= torch.iinfo(torch.int16).max else torch.int32)
 
 
-def keep_mask(ranks: torch.Tensor, counts: torch.Tensor, num_visible: torch.Tensor, curve: str) -> torch.Tensor:
+def keep_mask(
+    ranks: torch.Tensor, counts: torch.Tensor, num_visible: torch.Tensor, curve: str, visible: torch.Tensor | None = None
+) -> torch.Tensor:
     """Keep weights (True = keep) for one curve, bool [..., query, key].
 
-    ``ranks`` [..., query, key] from :func:`rank_keys`; ``counts`` (k_i) and ``num_visible`` (n_i) [query].
-    Comprehensiveness masks ranks 0..k_i-1 (the most important keys), sufficiency ranks n_i-k_i..n_i-1
-    (the least important). Invisible keys are always kept (their attention is 0 anyway).
+    ``ranks`` [..., query, key] from :func:`rank_keys` (or :func:`scope_ranks`); ``counts`` (k) and ``num_visible``
+    (n, the size of what was ranked together): [query] (one per query, the query scope) or [query, 1] / [1, 1]
+    (one pool for every query: the token and layer scopes). Comprehensiveness masks ranks 0..k-1 (the most
+    important), sufficiency ranks n-k..n-1 (the least important). Keys a query cannot see are always kept (their
+    attention is 0 anyway): by their rank (n or more) in the query and layer scopes, by ``visible`` [query, key] in
+    the token scope, where a key's one rank holds for every query.
     """
     ranks = ranks.long()
+    if counts.dim() == 1:
+        counts, num_visible = counts[:, None], num_visible[:, None]
     if curve == "comprehensiveness":
-        return ranks >= counts[:, None]
-    if curve == "sufficiency":
-        return (ranks < (num_visible - counts)[:, None]) | (ranks >= num_visible[:, None])
-    raise ValueError(f"curve must be one of {', '.join(CURVES)}, not {curve!r}")
+        keep = ranks >= counts
+    elif curve == "sufficiency":
+        keep = (ranks < (num_visible - counts)) | (ranks >= num_visible)
+    else:
+        raise ValueError(f"curve must be one of {', '.join(CURVES)}, not {curve!r}")
+    return keep if visible is None else keep | ~visible
+
+
+def scope_ranks(scores: torch.Tensor, visible: torch.Tensor, scope: str = "query") -> tuple[torch.Tensor, torch.Tensor]:
+    """The ranks of one layer's ``scores`` [..., query, key] under a ranking scope, and the size of each ranked pool.
+
+    | scope | ranks [..., query, key]                                           | pool             |
+    |-------|-------------------------------------------------------------------|------------------|
+    | query | each key among its query's visible keys (:func:`rank_keys`)       | [query]: n_i     |
+    | token | each key among all keys by its score averaged over the queries that see it, the same rank in every row | [1, 1]: keys seen by some query |
+    | layer | each visible (query, key) pair among all the layer's visible pairs | [1, 1]: visible pairs |
+
+    ``visible`` bool [query, key]. A scope's masks then take the top (bottom) ceil(r · pool) of its ranking
+    (:func:`masked_counts`, :func:`keep_mask`).
+    """
+    visible = visible.to(scores.device)
+    if scope == "query":
+        return rank_keys(scores, visible), visible.sum(-1)
+    if scope == "token":
+        s = scores.float().masked_fill(~visible, 0.0)
+        seen = visible.sum(-2)  # (K,) queries that see each key
+        key_scores = s.sum(-2) / seen.clamp_min(1)  # (..., K): the mean over the queries that see the key
+        ranks = rank_keys(key_scores[..., None, :], (seen > 0)[None, :])  # (..., 1, K)
+        return ranks.expand(*scores.shape), (seen > 0).sum().reshape(1, 1)
+    if scope == "layer":
+        flat = rank_keys(scores.flatten(-2)[..., None, :], visible.flatten()[None, :])  # (..., 1, Q*K)
+        return flat.reshape(scores.shape), visible.sum().reshape(1, 1)
+    raise InputError(f"rank_scope must be one of {', '.join(RANK_SCOPES)}, not {scope!r}")
 
 
 # -- one example ---------------------------------------------------------------------------------------
@@ -188,11 +235,13 @@ class Rankings:
     """Every measure's key ranks in the masked layers of one example.
 
     ``ranks[measure][layer]``: [1 or head, query, key] (1 = layer-level scores);
-    ``num_visible[layer]``: [query] (n_i).
+    ``num_visible[layer]``: the size of each ranked pool (:func:`scope_ranks`): [query] (n_i) under the query
+    scope, [1, 1] under the token and layer scopes; ``visible[layer]``: [query, key] bool.
     """
 
     ranks: dict[str, dict[int, torch.Tensor]]
     num_visible: dict[int, torch.Tensor]
+    visible: dict[int, torch.Tensor] | None = None
 
 
 def rankings(analysis: Analysis, protocol: Protocol, example: int = 0) -> Rankings:
@@ -201,9 +250,10 @@ def rankings(analysis: Analysis, protocol: Protocol, example: int = 0) -> Rankin
     rng = np.random.default_rng([protocol.seed, example])
     ranks: dict[str, dict[int, torch.Tensor]] = {m: {} for m in protocol.measures}
     num_visible: dict[int, torch.Tensor] = {}
+    visibility: dict[int, torch.Tensor] = {}
     for layer in layers:
         visible = analysis.records[layer].key_mask()  # (Q, K)
-        num_visible[layer] = visible.sum(-1)
+        visibility[layer] = visible
         measures = analysis.layer(layer)
         heads = analysis.num_heads if protocol.per_head else 1
         for name in protocol.measures:
@@ -214,8 +264,8 @@ def rankings(analysis: Analysis, protocol: Protocol, example: int = 0) -> Rankin
                 scores = measures.per_head(name) if protocol.per_head else measures.layer_level(name)[None]
                 if protocol.rank_by == "absolute":
                     scores = scores.abs()
-            ranks[name][layer] = rank_keys(scores, visible)
-    return Rankings(ranks, num_visible)
+            ranks[name][layer], num_visible[layer] = scope_ranks(scores, visible, protocol.rank_scope)
+    return Rankings(ranks, num_visible, visibility)
 
 
 def masked_layers(num_layers: int, layer: int | None) -> list[int]:
@@ -252,9 +302,9 @@ def masked_logprobs(
     :meth:`Protocol.runs`), the rankings taken from the clean pass ``analysis``.
 
     Each distinct masked run is one forward pass, ``batch_size`` runs at a time. Runs whose masks are
-    identical are run once: measures that rank every query's keys alike (at the layer level, output
-    normalisation by ‖o_i‖ divides a whole row by one number, so ``value_weighted_output_normalized`` ranks
-    exactly as ``value_weighted``), and rates that give the same k_i everywhere (short texts). Rate 0
+    identical are run once: measures that rank every query's keys alike (at the layer level under the query scope,
+    output normalisation by ‖o_i‖ divides a whole row by one number, so ``value_weighted_output_normalized`` ranks
+    exactly as ``value_weighted``; the token and layer scopes compare rows, so there they differ), and rates that give the same k_i everywhere (short texts). Rate 0
     masks nothing, so its runs are the clean pass itself (not a masked pass that masks nothing, which would
     differ from it by float rounding): with nothing masked, every score equals the clean one exactly.
 
@@ -277,7 +327,8 @@ def masked_logprobs(
     for done, start in enumerate(range(0, len(distinct), size), start=2):
         chunk = distinct[start : start + size]
         masks = {
-            l: torch.stack([keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c) for m, c, r in chunk]) for l in layers
+            l: torch.stack([keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c, ranked.visible[l]) for m, c, r in chunk])
+            for l in layers
         }  # layer -> (B, 1 or head, Q, K)
         batch = ids.expand(len(chunk), -1)
         out.update(zip(chunk, batch_logprobs(bundle, batch, KeepKeys(masks)).numpy()))
@@ -318,15 +369,21 @@ def batch_size_for(bundle: Bundle, tokens: int, protocol: Protocol, runs: int) -
 
 
 def run_example(
-    bundle: Bundle, input_ids: Sequence[int], protocol: Protocol = Protocol(), example: int = 0, progress: Progress | None = None
+    bundle: Bundle,
+    input_ids: Sequence[int],
+    protocol: Protocol = Protocol(),
+    example: int = 0,
+    progress: Progress | None = None,
+    analysis: Analysis | None = None,
 ) -> pd.DataFrame:
     """Every masked run of one example: a table with :data:`EXAMPLE_COLUMNS`, one row per run.
 
-    One clean pass gives the rankings and PPL(clean); the masked runs are :func:`masked_logprobs` (which reports
-    ``progress``).
+    One clean pass gives the rankings and PPL(clean) (``analysis``: that pass already made of ``input_ids``, e.g.
+    shared by several protocols); the masked runs are :func:`masked_logprobs` (which reports ``progress``).
     """
     check_causal(bundle)
-    analysis = analyze(bundle, input_ids=list(input_ids))
+    if analysis is None:
+        analysis = analyze(bundle, input_ids=list(input_ids))
     logprobs = masked_logprobs(bundle, analysis, protocol, example, progress=progress)
     runs = protocol.runs()
     ppl_masked = np.array([sequence_perplexity(logprobs[run]) for run in runs])

@@ -11,7 +11,8 @@ A results folder holds ``manifest.json`` (how the run was made: :func:`write_man
 A faithfulness record's payload (:func:`example_record`) is
 
     {"task": "text" | "mmlu" | ..., "skipped": bool, "tokens": int, "ppl_clean": float, "correct_clean": 0 | 1 | null,
-     "runs": [{"measure", "curve", "rate", "ppl_masked", "delta_ppl", "correct_masked"}, ...]}
+     "runs": [{"measure", "curve", "rate", "ppl_masked", "delta_ppl", "correct_masked"}, ...],
+     "rank_scope": "query" | "token" | "layer"}  (absent in records made before scopes: query)
 
 and those of ``cwviz sinks`` and ``cwviz atlas`` are in :mod:`cwviz.analyses.sweep`.
 
@@ -49,7 +50,7 @@ from ..core.texts import write_text_atomic
 from .schema import ATLAS_METRICS
 
 #: The record kind of a faithfulness sweep; ``cwviz.<kind>.record`` is a record's schema.
-FAITHFULNESS, SINKS, ATLAS = "faithfulness", "sinks", "atlas"
+FAITHFULNESS, SINKS, ATLAS, CLAIMS = "faithfulness", "sinks", "atlas", "claims"
 SCHEMA = f"cwviz.{FAITHFULNESS}.record"
 VERSION = 1
 MANIFEST = "manifest.json"
@@ -449,6 +450,13 @@ MANIFESTS: dict[str, dict[str, Field]] = {
         "confidence": (lambda v: _number(v) and 0 < v < 1, "a number between 0 and 1"),
         "seed": INT,
         "data": (lambda v: isinstance(v, dict) and _COUNT[0](v.get("prompts")), "an object with its 'prompts' count"),
+    },
+    CLAIMS: {
+        "fingerprint": TEXT,
+        "seed": INT,
+        "rates": (_list_of(_number), "a list of numbers"),
+        "scopes": (_list_of(lambda v: isinstance(v, str)), "a list of names"),
+        "data": (lambda v: isinstance(v, dict) and _COUNT[0](v.get("examples")), "an object with its 'examples' count"),
     },
 }
 

@@ -142,8 +142,13 @@ def item_text(example) -> str:
 
 
 def faithfulness_settings(protocol, provenance: dict, task: str = "text") -> dict:
-    """What decides a faithfulness record's numbers: the protocol (not its batch size), the model, the task."""
-    return {"protocol": {k: v for k, v in asdict(protocol).items() if k != "batch_size"}, "model": model_settings(provenance), "task": task}
+    """What decides a faithfulness record's numbers: the protocol (not its batch size), the model, the task. The query
+    rank scope (the only one before scopes existed) is left out, so folders made before then still resume; any
+    other scope is in, so a resume with another scope is refused."""
+    settings = {k: v for k, v in asdict(protocol).items() if k != "batch_size"}
+    if settings.get("rank_scope") == "query":
+        del settings["rank_scope"]
+    return {"protocol": settings, "model": model_settings(provenance), "task": task}
 
 
 def faithfulness_item(bundle, examples: Sequence, protocol, task: str = "text", **options) -> Callable[[int], dict]:
@@ -154,7 +159,7 @@ def faithfulness_item(bundle, examples: Sequence, protocol, task: str = "text", 
 
     def compute(index: int) -> dict:
         ((_, table),) = loop(bundle, [examples[index]], protocol, start=index, **options)
-        return R.example_payload(task, table)
+        return R.example_payload(task, table) | {"rank_scope": protocol.rank_scope}
 
     return compute
 

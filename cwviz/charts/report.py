@@ -216,6 +216,21 @@ def sinks_section(manifest: dict, layers: pd.DataFrame, heads: pd.DataFrame | No
     return Section("Attention sinks", body, "sinks")
 
 
+def claims_section(manifest: dict, overview: pd.DataFrame, table: pd.DataFrame) -> Section:
+    """``cwviz claims``: ``overview``, one row per claim (statement, verdicts, evidence:
+    :func:`cwviz.analyses.claims.overview`), then every row of ``claims.csv`` ``table`` (claim 1 per rank scope, curve
+    and rate) with its estimate and 95 % bootstrap interval over the items."""
+    parts = [
+        "<p>Verdicts (docs/METHOD.md section 5): <b>holds</b>: the 95 % bootstrap interval over the items lies wholly on "
+        "the paper's side; <b>fails</b>: wholly on the other side; <b>unresolved</b>: the interval does not decide.</p>",
+        table_html(overview, name="claims-overview"),
+        "<h3>Every row</h3>",
+        table_html(table.drop(columns=["statement"]), formats={"claim": "{:.0f}", "rate": "{:g}", "n": "{:.0f}"}, name="claims-rows"),
+        "<h3>How it was run</h3>" + manifest_section(manifest, anchor="claims-run").body,
+    ]
+    return Section("Claims of the paper", "".join(parts), "claims")
+
+
 def page(sections: Sequence[Section], title: str = "cwviz report", generated: str = "") -> str:
     """The whole report: one HTML document, no external resource."""
     toc = "".join(f'<li><a href="#{esc(s.anchor)}">{esc(s.title)}</a></li>' for s in sections)

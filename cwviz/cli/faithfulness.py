@@ -80,6 +80,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--per-head", action="store_true", help="rank keys per head (default: layer-level scores)")
     parser.add_argument("--rank-by", choices=F.RANK_BY, default=F.RANK_BY[0], help="rank by the signed score (default) or its magnitude")
     parser.add_argument(
+        "--rank-scope",
+        choices=F.RANK_SCOPES,
+        default=F.RANK_SCOPES[0],
+        help="what is ranked together: each query's keys (query, default), the keys by their mean score over the queries "
+        "that see them, masked for every query (token), or all visible (query, key) pairs of a layer (layer); docs/METHOD.md section 3",
+    )
+    parser.add_argument(
         "--max-tokens",
         type=int,
         default=F.EXAMPLE_MAX_TOKENS,
@@ -255,6 +262,7 @@ def protocol_of(args: argparse.Namespace):
         layer=parse_layer(args.layers),
         per_head=args.per_head,
         rank_by=args.rank_by,
+        rank_scope=args.rank_scope,
         seed=args.seed,
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
@@ -280,7 +288,8 @@ def print_summary(bundle_id: str, examples: int, protocol, summary: pd.DataFrame
     print(
         f"model: {bundle_id}; {examples} example(s), at most {protocol.max_tokens} tokens each; "
         f"layers: {'all at once' if protocol.layer is None else protocol.layer}; "
-        f"scores: {'per head' if protocol.per_head else 'layer-level'}, ranked by {protocol.rank_by} value"
+        f"scores: {'per head' if protocol.per_head else 'layer-level'}, ranked by {protocol.rank_by} value "
+        f"per {protocol.rank_scope} (rank scope)"
     )
     print(format_table(summary))
     if "delta_accuracy" in summary:
@@ -373,6 +382,7 @@ def manifest(args: argparse.Namespace, protocol, provenance: dict, task: str, ex
             "layer": protocol.layer,
             "per_head": protocol.per_head,
             "rank_by": protocol.rank_by,
+            "rank_scope": protocol.rank_scope,
             "max_tokens": protocol.max_tokens,
         },
         "batch_size": protocol.batch_size or "auto",

@@ -124,6 +124,23 @@ def sinks_table(path: Path, columns: tuple[str, ...], folder: Path) -> pd.DataFr
     return table
 
 
+def claims_section(folder: Path):
+    """The claims of ``DIR/claims`` (``cwviz claims --results DIR``), recomputed from its records, or None."""
+    from ..analyses import claims as C
+    from ..analyses import records as R
+    from ..charts import report
+
+    where = folder / C.RECORDS_FOLDER
+    if not where.is_dir() or not any(where.glob(R.RECORD_GLOB)):
+        return None
+    manifest = R.read_manifest(where, C.CLAIMS) or {}
+    records = R.read_records(where, C.CLAIMS)
+    table = C.claims_table(records, seed=int(manifest.get("seed", 0)))
+    if not len(table):
+        raise InputError(f"the records in {where} hold no finished item; run cwviz claims (with --resume) first")
+    return report.claims_section(manifest, C.overview(table), table)
+
+
 def run(args: argparse.Namespace) -> int:
     import datetime as dt
 
@@ -137,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
     sinks = sinks_section(folder)
     if sinks is not None:
         sections.append(sinks)
+    claims = claims_section(folder)
+    if claims is not None:
+        sections.append(claims)
     if not sections:
         raise InputError(
             f"{folder} holds no results: run `cwviz faithfulness --results {folder}` or `cwviz sinks --results {folder}` first"

@@ -1,0 +1,130 @@
+"""Claims: does the paper hold on this model? One row per claim with the paper's statement, what the model shows
+(estimates with 95 % bootstrap intervals over items) and a verdict (docs/METHOD.md section 5)."""
+
+from pathlib import Path
+
+import streamlit as st
+
+from cwviz import CwvizError
+from cwviz.analyses import claims as C
+from cwviz.analyses import faithfulness as F
+from cwviz.analyses import records as R
+from cwviz.app import hosting, services
+from cwviz.app.sidebar import sidebar
+from cwviz.app.state import url_widget
+
+#: Items a run on this page may take (the CLI takes any number, resumably).
+MAX_ITEMS = 10
+STATE = "_claims_run"
+
+sel = sidebar("Claims of the paper")
+st.markdown(
+    "Does the paper hold on this model? Each of its five claims gets a verdict from GSM8K items: **holds**, **fails** or **unresolved**."
+)
+with st.expander("How the claims are tested"):
+    st.markdown(
+        "Claim 1 by the faithfulness curves under each rank scope (query, token, layer), claims 2–5 by the sink "
+        "tables, head curves and the sink intervention. A verdict is **holds** when the 95 % bootstrap interval over "
+        "the items lies wholly on the paper's side, **fails** when it lies wholly on the other, **unresolved** when it "
+        "does not decide (criteria: docs/METHOD.md section 5). For many items run `cwviz claims --results DIR` (it "
+        "resumes) and open its folder here."
+    )
+files = hosting.policy_from_env().server_files  # off in hosting mode: the server's files are not the users'
+sources = {"run": "run here (GSM8K sample)", "saved": "a results folder of cwviz claims"} if files else {"run": "run here (GSM8K sample)"}
+source = url_widget(
+    st.radio, "claims_source", "Claims from", "run", options=list(sources), format_func=sources.get, horizontal=True, key="claims_source"
+)
+
+
+def run_here() -> list[dict] | None:
+    """The records of the first n GSM8K sample items on the sidebar's model, made as ``cwviz claims`` makes them."""
+    left, right = st.columns(2)
+    with left:
+        n = url_widget(
+            st.number_input,
+            "claims_n",
+            "Items",
+            C.MIN_ITEMS,
+            parse=int,
+            valid=lambda v: 1 <= v <= MAX_ITEMS,
+            min_value=1,
+            max_value=MAX_ITEMS,
+            key="claims_n",
+        )
+    with right:
+        cap = url_widget(
+            st.number_input,
+            "claims_cap",
+            "Tokens per item (at most)",
+            64,
+            parse=int,
+            valid=lambda v: 3 <= v <= 512,
+            min_value=3,
+            max_value=512,
+            key="claims_cap",
+        )
+    asked = (sel.model, sel.device, sel.dtype, int(n), int(cap))
+    if st.button("Run", type="primary", key="claims_run"):  # True in the click's rerun, which has the widgets' values
+        st.session_state[STATE] = {"asked": asked}
+    run = st.session_state.get(STATE)
+    if not run or run.get("asked") != asked:
+        st.caption(f"Run checks the claims on the first {int(n)} GSM8K items on {sel.model} (about a minute an item on a CPU).")
+        return None
+    if "records" not in run:
+        texts = C.gsm8k_items(int(n))
+        protocol = F.Protocol(rates=C.DEFAULT_RATES, measures=C.ORDER, max_tokens=int(cap))
+        bundle = services.get_bundle(sel.model, sel.device, sel.dtype)
+        F.check_causal(bundle)
+        progress = st.progress(0.0, text=f"0 of {len(texts)} items")
+        made = []
+        for index in range(len(texts)):
+            with hosting.analysis_slot(hosting.policy_from_env()):
+                made.append(
+                    R.make_record(
+                        C.CLAIMS, index, texts[index], "", C.item_payload(bundle, texts[index], protocol, F.RANK_SCOPES, 0, index)
+                    )
+                )
+            progress.progress((index + 1) / len(texts), text=f"{index + 1} of {len(texts)} items")
+        progress.empty()  # the tables replace the bar
+        run["records"] = made
+    return run["records"]
+
+
+def saved() -> list[dict] | None:
+    folder = url_widget(
+        st.text_input, "claims_dir", "Results folder (the --results DIR of cwviz claims)", "", placeholder="/path/to/DIR", key="claims_dir"
+    )
+    if not folder.strip():
+        st.info("Give the folder that `cwviz claims --results DIR` wrote.")
+        return None
+    return R.read_records(Path(folder.strip()).expanduser() / C.RECORDS_FOLDER, C.CLAIMS)
+
+
+if source == "run" and not sel.ok:
+    st.stop()
+try:
+    records = saved() if source == "saved" else run_here()
+except CwvizError as err:
+    st.error(str(err))
+    st.stop()
+if records is None:
+    st.stop()
+finished = [r for r in records if not r.get("skipped")]
+if not finished:
+    st.error("no item had three or more tokens; nothing to judge")
+    st.stop()
+table = C.claims_table(records)
+st.caption(f"{len(finished)} item(s); 95 % percentile bootstrap intervals over the items ({C.RESAMPLES} resamples, paired within an item).")
+st.subheader("One row per claim")
+st.dataframe(C.overview(table).set_index("claim"), width="stretch")
+st.subheader("Claim 1 per rank scope, curve and rate")
+st.caption(
+    "Each adjacent pair's paired ΔPPL difference, oriented so that > 0 is the paper's order. Under the query scope "
+    "value-weighted and its output-normalised form rank alike (one ‖o_i‖ divides a query's row), so that pair ties."
+)
+one = table[table.claim == 1][["scope", "curve", "rate", "verdict", "evidence", "n"]]
+st.dataframe(one.reset_index(drop=True), width="stretch")
+st.subheader("Claims 2–5")
+rest = table[table.claim > 1][["claim", "verdict", "statistic", "estimate", "ci_low", "ci_high", "evidence", "n"]]
+st.dataframe(rest.set_index("claim"), width="stretch")
+st.download_button("claims.csv", table.to_csv(index=False, float_format="%.6g"), file_name="claims.csv", mime="text/csv", key="claims_csv")
