@@ -17,10 +17,23 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _default_signals() -> None:
+    """In the child before it runs: SIGINT and SIGTERM as a fresh shell gives them. A pytest started with SIGINT
+    ignored (``nohup``, a background job) would pass SIG_IGN on, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _start(args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "cwviz", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-m", "cwviz", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_default_signals,
     )
 
 

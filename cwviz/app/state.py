@@ -252,6 +252,11 @@ def url_widget(
     ``parse``; a value that does not parse, is not among ``options`` or fails ``valid`` gives a warning and
     ``default``. After the widget is drawn its value is written back with ``show``. Lists (multiselect)
     travel as comma-separated items.
+
+    Why not Streamlit's ``bind="query-params"`` (1.67): it names the parameter after the widget's key and, for a
+    picker with ``format_func``, writes the shown label to the URL (``kind=Share of each head's output (intra)``
+    where links made so far say ``kind=intra``), and it drops a malformed value without the warning this gives. A
+    picker without those needs (the Tour's ``step``) is bound with ``bind``.
     """
     key = key or f"_cwviz_p_{param}"
     options = kwargs.get("options")
