@@ -191,6 +191,15 @@ def run_together(work, jobs) -> tuple[dict, list]:
     return results, errors
 
 
+def default_signals() -> None:
+    """``preexec_fn`` of a child a test interrupts: SIGINT and SIGTERM as a fresh shell gives them. A pytest started
+    with SIGINT ignored (``nohup``, a background job) passes SIG_IGN on, and Python then never raises KeyboardInterrupt."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def no_hooks(model) -> bool:
     """Nothing is registered on any module of ``model`` (cwviz never registers hooks)."""
     return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

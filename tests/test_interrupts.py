@@ -14,14 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from .conftest import default_signals
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _default_signals() -> None:
-    """In the child before it runs: SIGINT and SIGTERM as a fresh shell gives them. A pytest started with SIGINT
-    ignored (``nohup``, a background job) would pass SIG_IGN on, and Python then never raises KeyboardInterrupt."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _start(args: list[str]) -> subprocess.Popen:
@@ -33,7 +28,7 @@ def _start(args: list[str]) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        preexec_fn=_default_signals,
+        preexec_fn=default_signals,
     )
 
 

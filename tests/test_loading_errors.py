@@ -22,7 +22,7 @@ from cwviz.core import checkpoints, parallel
 from cwviz.core.errors import InputError, ModelLoadError
 from cwviz.core.settings import LAUNCHER_VARIABLES
 
-from .conftest import family_model
+from .conftest import default_signals, family_model
 from .test_families import save_with_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,7 +187,12 @@ def test_ctrl_c_while_the_command_imports_torch_is_quiet():
     """The real thing: SIGINT a second after start, while torch and transformers import (several seconds)."""
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cwviz", "analyze", "--text", "hi"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "cwviz", "analyze", "--text", "hi"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_signals,
     )
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)

@@ -490,3 +490,20 @@ def test_atlas_records_of_another_grid_are_refused_on_resume(made, tmp_path, cap
     edit_record(folder, 1, lambda r: r.update({k: r[k][:-1] for k in ("layer", "head", *A.ATLAS_METRICS)}))
     code, _, err = call(["atlas", "--jsonl", made / "data.jsonl", "--bootstrap", "20", "--results", folder, "--resume"], capsys)
     assert refused(code, err) and "grids" in err
+
+
+def test_records_of_two_rank_scopes_are_refused_and_a_missing_scope_reads_as_query(made, tmp_path):
+    """The query scope is left out of the fingerprint (older folders resume), so a record whose ``rank_scope`` was lost
+    among token-scope records must be refused by the scope itself; alone, a missing scope is the query scope."""
+    folder = copy(made, "run", tmp_path)
+    path = folder / "records-00000.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["rank_scope"] for r in records] == ["query"] * len(records)
+    for record in records:
+        del record["rank_scope"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert R.read_records(folder) == R.read_records(made / "run")
+    records[0]["rank_scope"] = "token"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(InputError, match="different rank scopes"):
+        R.read_records(folder)

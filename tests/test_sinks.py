@@ -3,7 +3,6 @@ the analytic curve, and interventions that leave the model clean."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -324,20 +323,29 @@ def test_encoder_interventions_report_no_perplexity():
 
 
 # -- charts (pure) -------------------------------------------------------------------------------------
-def test_charts_build_valid_specs(llama):
+def test_each_sinks_chart_is_a_valid_spec_drawn_from_its_table(llama):
+    from tests.test_plot import assert_drawn_from, datasets
+
     _, analysis = llama
     table = sinks.sink_table(analysis)
     curve = sinks.head_curve(table, 1, 0)
     points = table[(table["layer"] == 1) & (table["head"] == 0)]
+    heads, layers = sinks.sink_head_summary(table), sinks.sink_layer_summary(table)
+    intervention = sinks.intervene_on_sink(analysis).table
     built = [
-        charts.ratio_norm_chart(points, curve.table(), curve.minimiser, "layer 1, head 0"),
-        charts.anti_alignment_map(sinks.sink_head_summary(table), layer=1, head=0),
-        charts.share_chart(sinks.sink_layer_summary(table), layer=1),
-        charts.intervention_chart(sinks.intervene_on_sink(analysis).table),
+        (charts.ratio_norm_chart(points, curve.table(), curve.minimiser, "layer 1, head 0"), points),
+        (charts.anti_alignment_map(heads, layer=1, head=0), heads),
+        (charts.intervention_chart(intervention), intervention),
     ]
-    for chart in built:
-        spec = chart.to_dict()  # validates against the Vega-Lite schema
-        assert json.dumps(spec)
+    for chart, drawn in built:
+        chart.to_dict()  # validates against the Vega-Lite schema (raises otherwise)
+        assert_drawn_from(chart, drawn)
+    share = charts.share_chart(layers, layer=1)
+    share.to_dict()
+    rows = datasets(share)[0]  # the summary in long form: one bar per layer and measure
+    drawn = {(r["layer"], r["measure"]): r["share"] for r in rows}
+    assert {k: v for (k, m), v in drawn.items() if m == "attention"} == pytest.approx(dict(zip(layers["layer"], layers["sink_ratio"])))
+    assert {m for _, m in drawn} == {"attention", "contribution weight"} and len(rows) == 2 * len(layers)
 
 
 # -- the embedded model --------------------------------------------------------------------------------

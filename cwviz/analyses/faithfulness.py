@@ -55,6 +55,7 @@ from ..core.models import Bundle
 from ..core.progress import Progress
 from ..core.texts import check_text
 from .bootstrap import bootstrap_interval
+from .schema import RANK_SCOPES
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +81,7 @@ AUTO_BATCH = 0
 #: Examples a sweep reads by default (the CLI's --n).
 DEFAULT_EXAMPLES = 20
 RANK_BY = ("signed", "absolute")
-#: What is ranked together (docs/METHOD.md section 3, "Ranking scopes"): each query's keys (``query``, the default),
-#: the sequence's keys by their mean score over the queries that see them, each key then masked for every query
-#: (``token``), or every visible (query, key) pair of a layer at once (``layer``).
-RANK_SCOPES = ("query", "token", "layer")
+
 #: Columns of :func:`summarize` (and of the CLI's CSV).
 SUMMARY_COLUMNS = ["measure", "curve", "rate", "delta_ppl", "ci_low", "ci_high", "n"]
 #: Columns :func:`summarize` adds for a multiple-choice task (accuracies as fractions of the examples).

@@ -47,7 +47,7 @@ import pandas as pd
 
 from ..core.errors import InputError
 from ..core.texts import write_text_atomic
-from .schema import ATLAS_METRICS
+from .schema import ATLAS_METRICS, RANK_SCOPES
 
 #: The record kind of a faithfulness sweep; ``cwviz.<kind>.record`` is a record's schema.
 FAITHFULNESS, SINKS, ATLAS, CLAIMS = "faithfulness", "sinks", "atlas", "claims"
@@ -271,6 +271,9 @@ def check_record(record: object, kind: str, where: str, examples: int | None = N
             check_fields(run, RUN, f"{where}, run {number}", fix)
         if not record["skipped"] and not _number(record["ppl_clean"]):
             raise InputError(f"{where}: a finished example's 'ppl_clean' must be a number, not null; {fix}")
+        scope = record.setdefault("rank_scope", RANK_SCOPES[0])  # absent in records made before scopes: query
+        if scope not in RANK_SCOPES:
+            raise InputError(f"{where}: 'rank_scope' must be one of {', '.join(RANK_SCOPES)}, not {_shown(scope)}; {fix}")
     columns = record["table"] if kind == SINKS else {k: record[k] for k in ("layer", "head", *ATLAS_METRICS)} if kind == ATLAS else {}
     if kind == SINKS:
         for name in (*SINK_INTS, *SINK_FLOATS):
@@ -342,6 +345,9 @@ def check_one_run(records: list[dict], manifest: dict | None, folder: Path, kind
             f"{_settings_of(records, kind)}; restore the manifest of the run that wrote the records, or {fix}"
         )
     if kind == FAITHFULNESS:
+        scopes = {r["rank_scope"] for r in records}
+        if len(scopes) > 1:  # the query scope is left out of the fingerprint, so the fingerprint alone cannot tell
+            raise InputError(f"{folder} holds records of different rank scopes ({', '.join(sorted(scopes))}); {fix}")
         check_runs(records, manifest, folder, fix)
     if kind == ATLAS and len({(tuple(r["layer"]), tuple(r["head"])) for r in records}) > 1:
         raise InputError(f"{folder} holds atlas records of different (layer, head) grids (another model's, or edited); {fix}")

@@ -13,6 +13,11 @@ import pandas as pd
 
 from ..vocabulary import KINDS
 
+#: What faithfulness ranks together (docs/METHOD.md section 3, "Ranking scopes"): each query's keys (``query``, the
+#: default), the sequence's keys by their mean score over the queries that see them, each key then masked for every
+#: query (``token``), or every visible (query, key) pair of a layer at once (``layer``).
+RANK_SCOPES = ("query", "token", "layer")
+
 #: How tables and files (DataFrames, CSV, JSON) name the layer-level rows; in code "all heads" is None.
 ALL_HEADS = "all heads"
 
