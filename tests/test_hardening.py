@@ -11,7 +11,7 @@ import cwviz
 from cwviz.cli import main
 from cwviz.core.tokens import display_token, display_tokens
 
-from .conftest import no_hooks, run_together
+from .conftest import no_hooks
 
 ODD_PROMPTS = {
     "emoji": "I love pizza 🍕🔥 and 👩‍👩‍👧 families",
@@ -84,20 +84,6 @@ def test_display_of_any_text_is_visible_text(embedded, text):
 @given(st.integers(min_value=0, max_value=49151))
 def test_display_of_any_token_id_is_visible_text(embedded, token_id):
     assert visible(display_token(embedded.tokenizer, token_id))
-
-
-def test_eight_threads_get_their_own_numbers(embedded):
-    """One shared model, eight threads, eight prompts: exactly the sequential results, and no hooks left."""
-    prompts = [f"Prompt number {i}: {'ab ' * i}the answer is {i * 7}." for i in range(8)]
-    sequential = [cwviz.analyze(embedded, p) for p in prompts]
-    results, errors = run_together(lambda i: cwviz.analyze(embedded, prompts[i]), range(8))
-    assert not errors
-    for i, expected in enumerate(sequential):
-        got = results[i]
-        assert got.input_ids == expected.input_ids
-        for layer in (0, 17, 29):
-            np.testing.assert_allclose(got.contributions(layer), expected.contributions(layer), rtol=1e-5, atol=1e-6)
-    assert no_hooks(embedded.model)
 
 
 def test_nothing_stays_on_the_model_after_an_analysis_that_raised(embedded, monkeypatch):

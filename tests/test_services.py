@@ -10,7 +10,7 @@ import torch
 
 import cwviz
 from cwviz.app import services
-from tests.conftest import TEXT, make_tiny, run_together
+from tests.conftest import TEXT, make_tiny, no_hooks, run_together
 
 
 @pytest.fixture
@@ -133,3 +133,4 @@ def test_concurrent_sessions_get_their_own_numbers(embedded):
     assert not errors
     for (_, text), got in results.items():
         np.testing.assert_allclose(got, expected[text], atol=1e-5)
+    assert no_hooks(bundle.model)  # the per-thread attention seam leaves nothing on the shared model
