@@ -13,7 +13,7 @@ A third piece, for causal models: the logits are the output layer (``get_output_
 the base model's final hidden states, then the family's own logit scaling or soft-capping, named by the row
 (``logit_scale``, ``logit_divisor``, ``logit_softcap``: config attributes); cwviz computes next-token
 log-probabilities that way (:meth:`cwviz.core.models.Bundle.output_logits`). Every row is checked against
-the model's own attention and logits in ``tests/test_architectures.py``.
+the model's own attention and logits in ``tests/core/test_architectures.py``.
 
 What the attention function receives covers the families' differences without a row saying so: post-RoPE
 queries and keys (partial rotary, q/k norms, fused qkv, biases all happen before the call), the scaling the

@@ -30,7 +30,7 @@ The whole-layer maps of the API (:meth:`cwviz.Analysis.layer` and the methods on
 are checked when they are asked for (:func:`check_layer_maps`): :data:`LAYER_MAPS` x heads x T² float32.
 
 The figures measured on the embedded model are in BENCHMARKS.md (``python -m benchmarks.run --only memory``)
-and tests/test_long.py checks an 8,192-token prompt through the dashboard's services against this estimate;
+and tests/core/test_long.py checks an 8,192-token prompt through the dashboard's services against this estimate;
 ``HEADROOM`` keeps a fifth of what is available in reserve on top.
 """
 

@@ -1,0 +1,284 @@
+"""Ranking scopes (docs/METHOD.md section 3) and the claims check (section 5): each scope's masks on hand-made scores,
+value-weighted and its output-normalised form parting under the token and layer scopes, each claim's verdict on
+constructed records, and ``cwviz claims`` end to end on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from cwviz import cli
+from cwviz.analyses import claims as C
+from cwviz.analyses import faithfulness as F
+from cwviz.cli import claims as command
+from tests.conftest import make_tiny
+
+CAUSAL = torch.tril(torch.ones(4, 4, dtype=torch.bool))  # (query, key)
+
+
+def masks(scores: torch.Tensor, scope: str, rate: float, curve: str, visible: torch.Tensor = CAUSAL) -> torch.Tensor:
+    """The masked (query, key) pairs, bool [query, key], of layer-level ``scores`` [query, key]."""
+    ranks, pool = F.scope_ranks(scores[None], visible, scope)
+    keep = F.keep_mask(ranks, F.masked_counts(pool, rate), pool, curve, visible)
+    return ~keep[0] & visible
+
+
+SCORES = torch.tensor(
+    [
+        [1.0, 0.0, 0.0, 0.0],
+        [0.2, 0.9, 0.0, 0.0],
+        [0.5, 0.1, 0.3, 0.0],
+        [0.6, 0.05, 0.25, 0.1],
+    ]
+)
+
+
+def test_query_scope_masks_each_querys_own_top_share():
+    masked = masks(SCORES, "query", 50, "comprehensiveness")
+    # k_i = ceil(0.5 n_i): 1, 1, 2, 2 keys, each query's own best
+    assert masked.tolist() == [
+        [True, False, False, False],
+        [False, True, False, False],
+        [True, False, True, False],
+        [True, False, True, False],
+    ]
+
+
+def test_token_scope_masks_the_top_keys_in_every_row_that_sees_them():
+    # mean over the queries that see each key: key 0 (1 + .2 + .5 + .6)/4 = .575, key 1 (.9 + .1 + .05)/3 = .35,
+    # key 2 (.3 + .25)/2 = .275, key 3 .1; 50 % of 4 keys: keys 0 and 1, masked for every query
+    masked = masks(SCORES, "token", 50, "comprehensiveness")
+    assert masked[:, 0].all() and masked[1:, 1].all()
+    assert masked.sum() == 4 + 3
+    assert not masked[:, 2:].any()
+    # sufficiency: the two lowest keys (2 and 3), wherever they are visible
+    low = masks(SCORES, "token", 50, "sufficiency")
+    assert low.tolist() == [[False] * 4, [False] * 4, [False, False, True, False], [False, False, True, True]]
+
+
+def test_layer_scope_masks_exactly_the_top_share_of_all_visible_pairs():
+    visible_pairs = int(CAUSAL.sum())  # 10
+    for rate in (10, 30, 50):
+        masked = masks(SCORES, "layer", rate, "comprehensiveness")
+        k = int(np.ceil(rate / 100 * visible_pairs))
+        assert int(masked.sum()) == k
+        values = SCORES[CAUSAL]
+        threshold = values.sort(descending=True).values[k - 1]
+        assert (SCORES[masked] >= threshold).all() and (SCORES[CAUSAL & ~masked] <= threshold).all()
+    # the layer's top 30 %: (0,0)=1, (1,1)=.9, (3,0)=.6; a query may lose several keys or none
+    assert masks(SCORES, "layer", 30, "comprehensiveness").nonzero().tolist() == [[0, 0], [1, 1], [3, 0]]
+    low = masks(SCORES, "layer", 30, "sufficiency")
+    assert int(low.sum()) == 3 and set(map(tuple, low.nonzero().tolist())) == {(3, 1), (2, 1), (3, 3)}  # .05, .1, .1
+
+
+def test_invisible_keys_are_never_masked_in_any_scope():
+    window = CAUSAL & ~torch.tril(torch.ones(4, 4, dtype=torch.bool), diagonal=-2)  # a sliding window of 2
+    for scope in F.RANK_SCOPES:
+        for curve in F.CURVES:
+            ranks, pool = F.scope_ranks(SCORES[None], window, scope)
+            keep = F.keep_mask(ranks, F.masked_counts(pool, 50), pool, curve, window)
+            assert keep[0][~window].all(), (scope, curve)
+
+
+def normalised_pair():
+    """Value-weighted scores and the same divided by each query's ‖o_i‖ (a row scale): query 1's keys are large in
+    VW, but its output is long too, so after the division query 2's keys lead."""
+    vw = torch.tensor([[1.0, 0.0, 0.0], [4.0, 3.0, 0.0], [1.5, 1.0, 2.0]])
+    norms = torch.tensor([1.0, 10.0, 1.0])
+    return vw, vw / norms[:, None]
+
+
+def test_query_scope_ranks_value_weighted_and_its_normalised_form_alike_and_the_others_do_not():
+    vw, normalised = normalised_pair()
+    visible = torch.tril(torch.ones(3, 3, dtype=torch.bool))
+    same = {
+        scope: torch.equal(F.scope_ranks(vw[None], visible, scope)[0], F.scope_ranks(normalised[None], visible, scope)[0])
+        for scope in F.RANK_SCOPES
+    }
+    assert same == {"query": True, "token": False, "layer": False}
+
+
+def test_token_and_layer_scopes_part_the_two_on_a_model():
+    """On a tiny model the VW and VW/‖o‖ runs give the same ΔPPL under the query scope, different ones otherwise."""
+    bundle = make_tiny("llama")
+    ids = list(range(3, 23))
+    analysis = F.analyze(bundle, input_ids=ids)
+    for scope, equal in (("query", True), ("token", False), ("layer", False)):
+        protocol = F.Protocol(rates=(30.0,), measures=("value_weighted", "value_weighted_output_normalized"), rank_scope=scope)
+        table = F.run_example(bundle, ids, protocol, analysis=analysis).set_index(["measure", "curve"])["delta_ppl"]
+        same = np.allclose(table["value_weighted"], table["value_weighted_output_normalized"], rtol=0, atol=0)
+        assert same == equal, scope
+
+
+def test_a_resume_with_another_scope_is_refused(tmp_path):
+    from cwviz.analyses import sweep
+
+    provenance = {"id": "m", "architecture": "a", "revision": None, "weights_sha256": "x", "dtype": "float32"}
+    keys = {s: sweep.faithfulness_settings(F.Protocol(rank_scope=s), provenance) for s in F.RANK_SCOPES}
+    assert len({json.dumps(k, sort_keys=True) for k in keys.values()}) == 3
+    assert "rank_scope" not in keys["query"]["protocol"]  # a folder made before scopes existed still resumes
+
+
+# -- verdicts on constructed records ---------------------------------------------------------------------
+def record(example: int, ppl: dict, sinks: dict | None = None, scope: str = "query") -> dict:
+    """A claims record with ΔPPL ``ppl[(curve, measure)]`` at rate 10 under ``scope``."""
+    runs = [{"measure": m, "curve": c, "rate": 10.0, "delta_ppl": v, "ppl_masked": v + 5} for (c, m), v in ppl.items()]
+    return {"example": example, "skipped": False, "faithfulness": {scope: {"runs": runs}}, "sinks": sinks or {}}
+
+
+def ordered(i: int, step: float, noise: float = 0.0) -> dict:
+    """ΔPPL in the paper's order with gaps ``step`` (comprehensiveness rising, sufficiency falling)."""
+    rng = np.random.default_rng(i)
+    out = {}
+    for rank, measure in enumerate(C.ORDER):
+        out["comprehensiveness", measure] = 1 + step * rank + noise * rng.normal()
+        out["sufficiency", measure] = 10 - step * rank + noise * rng.normal()
+    return out
+
+
+def verdicts(records) -> dict:
+    table = C.claims_table(records)
+    return {(r.claim, r.curve): r.verdict for r in table.itertuples()}
+
+
+def test_claim_one_holds_fails_and_is_unresolved_where_the_answer_is_known():
+    holds = [record(i, ordered(i, 1.0, noise=0.1)) for i in range(20)]
+    assert verdicts(holds)[1, "comprehensiveness"] == "holds" and verdicts(holds)[1, "sufficiency"] == "holds"
+    fails = [record(i, ordered(i, -1.0, noise=0.1)) for i in range(20)]
+    assert set(verdicts(fails).values()) == {"fails"}
+    noisy = [record(i, ordered(i, 0.0, noise=1.0)) for i in range(20)]
+    assert set(verdicts(noisy).values()) == {"unresolved"}
+
+
+def test_claim_one_with_a_tie_by_construction_is_unresolved_never_holds():
+    tied = []
+    for i in range(20):
+        ppl = ordered(i, 1.0, noise=0.1)
+        for curve in F.CURVES:
+            ppl[curve, "value_weighted_output_normalized"] = ppl[curve, "value_weighted"]
+        tied.append(record(i, ppl))
+    table = C.claims_table(tied)
+    assert set(table.verdict) == {"unresolved"}
+    assert table.evidence.str.contains("tie on every item").all()
+
+
+def test_too_few_items_decide_nothing_however_clear_they_look():
+    """Below MIN_ITEMS a bootstrap interval has (nearly) no spread: every row is unresolved and says why; at
+    MIN_ITEMS the same clear data decide."""
+    few = [
+        record(i, ordered(i, 1.0, noise=0.1), sinks(i, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0)) for i in range(C.MIN_ITEMS - 1)
+    ]
+    table = C.claims_table(few)
+    assert set(table.claim) == {1, 2, 3, 4, 5} and set(table.verdict) == {"unresolved"}
+    assert table.evidence.str.startswith(f"too few items to decide ({C.MIN_ITEMS - 1} < {C.MIN_ITEMS})").all()
+    enough = few + [
+        record(
+            C.MIN_ITEMS - 1,
+            ordered(C.MIN_ITEMS - 1, 1.0, noise=0.1),
+            sinks(C.MIN_ITEMS - 1, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0),
+        )
+    ]
+    assert set(C.claims_table(enough).verdict) == {"holds"}
+
+
+def sinks(i: int, rho: float, cos: float, interior: float, cone: float, ppl: float, noise: float = 0.01) -> dict:
+    r = np.random.default_rng(100 + i).normal(size=6) * noise
+    return {
+        "rho_geometry": rho + r[0],
+        "rho_attention": 0.5 + r[1],
+        "cos_sink_rest": cos + r[2],
+        "interior_minimum_share": interior + r[3],
+        "median_minimiser": 0.4,
+        "cone_change": cone + r[4],
+        "delta_ppl": ppl + r[5],
+    }
+
+
+def sink_verdicts(noise: float = 0.01, **values) -> dict:
+    records = [record(i, ordered(i, 1.0), sinks(i, noise=noise, **values)) for i in range(20)]
+    table = C.claims_table(records)
+    return dict(zip(table.claim[table.claim > 1], table.verdict[table.claim > 1]))
+
+
+def test_claims_two_to_five_hold_fail_or_stay_unresolved_as_constructed():
+    assert sink_verdicts(rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0) == {2: "holds", 3: "holds", 4: "holds", 5: "holds"}
+    assert sink_verdicts(rho=0.1, cos=0.3, interior=0.1, cone=-0.1, ppl=2.0) == {2: "fails", 3: "fails", 4: "fails", 5: "fails"}
+    assert sink_verdicts(rho=0.5, cos=0.0, interior=0.5, cone=0.0, ppl=0.0, noise=1.0) == {
+        2: "unresolved",
+        3: "unresolved",
+        4: "unresolved",
+        5: "unresolved",
+    }
+
+
+def test_claim_five_fails_when_perplexity_falls_even_if_the_cone_narrows():
+    assert sink_verdicts(rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=-2.0)[5] == "fails"
+
+
+def test_sink_statistics_read_the_factorisation_of_a_constructed_table():
+    """The sink's contribution equals attention × geometry; when only the geometry varies, ρ(c, geometry) = 1 and
+    ρ(c, attention) is undefined (attention constant)."""
+    geometry = np.array([0.1, 0.5, -0.2, 0.9, 0.3])
+    table = pd.DataFrame(
+        {
+            "other_keys": [1, 2, 3, 4, 5],
+            "sink_ratio": 0.5,
+            "sink_contribution_share": 0.5 * geometry,
+            "cos_sink_rest": [-0.1, -0.2, -0.3, -0.4, -0.5],
+        }
+    )
+    heads = pd.DataFrame({"minimising_ratio": [0.2, 0.5, 1.0, np.nan]})
+    after = pd.DataFrame({"cone_change": [0.1, 0.3, np.nan]})
+    stats = C.sink_statistics(table, heads, after, 1.5)
+    assert stats["rho_geometry"] == pytest.approx(1.0)
+    assert np.isnan(stats["rho_attention"])
+    assert stats["cos_sink_rest"] == pytest.approx(-0.3)
+    assert stats["interior_minimum_share"] == pytest.approx(2 / 3)
+    assert stats["cone_change"] == pytest.approx(0.2)
+    assert stats["delta_ppl"] == 1.5
+
+
+# -- the command -------------------------------------------------------------------------------------
+def test_cwviz_claims_end_to_end_on_a_tiny_model_resumes_and_refuses_other_settings(tmp_path, monkeypatch, capsys):
+    bundle = make_tiny("llama")
+    monkeypatch.setattr(command, "load", lambda _args: bundle)
+    data = tmp_path / "items.jsonl"
+    rows = [{"text": "Tom has three apples and buys four more of them."}, {"text": "The river flows past the old mill."}]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    folder = tmp_path / "run"
+    args = ["claims", "--jsonl", str(data), "--n", "2", "--results", str(folder), "--max-tokens", "16", "--rates", "30"]
+    assert cli.main(args) == 0
+    table = pd.read_csv(folder / C.CSV_NAME)
+    assert {"claim", "scope", "verdict", "estimate", "ci_low", "ci_high", "evidence"} <= set(table.columns)
+    assert set(table.claim) == {1, 2, 3, 4, 5}
+    assert set(table[table.claim == 1].scope) == set(F.RANK_SCOPES)
+    assert set(table.verdict) <= {"holds", "fails", "unresolved"}
+    assert set(table.n) == {2}
+    out = capsys.readouterr().out
+    assert "claim 5:" in out
+    # a second run without --resume is refused; with it nothing reruns; another scope list is refused
+    assert cli.main(args) == 2
+    assert cli.main([*args, "--resume"]) == 0
+    assert cli.main([*args, "--resume", "--scopes", "query"]) == 2
+    assert "other settings" in capsys.readouterr().err
+    # the report gains a claims section, recomputed from the records
+    assert cli.main(["report", "--results", str(folder), "--out", str(tmp_path / "report.html")]) == 0
+    html = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "Claims of the paper" in html and 'data-table="claims-overview"' in html
+
+
+def test_bad_scopes_or_sink_are_one_error_line_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(command, "load", lambda _args: pytest.fail("no model may load"))
+    base = ["claims", "--gsm8k", "--n", "1", "--results", str(tmp_path / "run")]
+    for extra, words in (
+        (["--scopes", "row"], "--scopes takes"),
+        (["--sink", "first"], "--sink takes"),
+        (["--rates", "x"], "--rates takes"),
+    ):
+        assert cli.main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and words in err[0]

@@ -1,0 +1,421 @@
+"""Attention sinks (docs/METHOD.md section 4): the split o = s ṽ_σ + (1 − s) m, the table and its summaries,
+the analytic curve, and interventions that leave the model clean."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cwviz
+from cwviz import analyze
+from cwviz.analyses import sinks
+from cwviz.charts import sinks as charts
+from cwviz.core import blocks
+from cwviz.core.errors import InputError, SelectionError
+from cwviz.core.interventions import KeepKeys, batch_perplexity, logits
+from cwviz.core.measures import expand_kv
+from cwviz.core.texts import read_texts
+from tests.conftest import TEXT, make_tiny
+from tests.sink_reference import cosine, sink_split
+
+GSM8K = Path(__file__).resolve().parents[2] / "data" / "gsm8k" / "sample.jsonl"  # shipped with cwviz
+
+
+@pytest.fixture(scope="module")
+def llama():
+    bundle = make_tiny("llama")
+    return bundle, analyze(bundle, TEXT)
+
+
+def _o_proj_io(bundle, text):
+    """The model's own o_proj input and output (minus bias) per layer, from a plain forward with hooks."""
+    seen = {}
+    handles = []
+    for layer, proj in enumerate(bundle.out_projections):
+
+        def hook(module, args, output, layer=layer):
+            bias = getattr(module, "bias", None)
+            seen[layer] = (output[0] - (bias if bias is not None else 0)).detach().float()  # (T, D)
+
+        handles.append(proj.register_forward_hook(hook))
+    try:
+        ids = torch.tensor([bundle.tokenizer(text)["input_ids"]])
+        with torch.inference_mode():
+            bundle.model(input_ids=ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+# -- the split -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sink", [0, 3])
+def test_head_outputs_split_into_sink_and_rest(tiny, sink):
+    """o_i^h = s ṽ_σ + (1 − s) m_i, and Σ_h o_i^h is the model's own o_proj output minus its bias."""
+    analysis = analyze(tiny, TEXT)
+    model_out = _o_proj_io(tiny, TEXT)
+    for layer in range(analysis.num_layers):
+        split = sink_split(analysis, layer, sink)
+        s = split.sink_ratio[..., None]
+        rest = torch.nan_to_num(split.rest_mean)  # NaN only where 1 − s = 0
+        rebuilt = s * split.sink_value[:, None, :] + (1 - s) * rest  # (H, Q, D)
+        scale = split.head_output.abs().max()
+        torch.testing.assert_close(rebuilt, split.head_output, atol=1e-5 * scale, rtol=1e-4)
+        torch.testing.assert_close(rebuilt.sum(0), model_out[layer], atol=1e-4 * scale, rtol=1e-4)
+
+
+@pytest.mark.parametrize("sink", [0, 3])
+def test_norms_in_head_space_equal_the_split_in_model_space(tiny, sink):
+    """sink_norms (what the sinks table and the atlas read: d_head-wide products through G^h) gives the norms and
+    the cosine of the reference split's d_model vectors (tests/sink_reference.py), NaN in the same places, on every architecture."""
+    from cwviz.core.measures import expand_kv, head_grams
+
+    analysis = analyze(tiny, TEXT)
+    for layer in range(analysis.num_layers):
+        split = sink_split(analysis, layer, sink)
+        record = analysis.records[layer]
+        value = expand_kv(record.value.float(), analysis.num_heads)
+        norms = sinks.sink_norms(
+            analysis.attention_tensor(layer), value, head_grams(tiny.gram(layer), analysis.num_heads), sink, record.key_mask()
+        )
+        expected = {
+            "rest_norm": split.rest_mean.norm(dim=-1),
+            "cos_sink_rest": cosine(split.sink_value[:, None, :], split.rest_mean),
+            "sink_value_norm": split.sink_value.norm(dim=-1),
+            "sink_ratio": split.sink_ratio,
+        }
+        for name, want in expected.items():
+            torch.testing.assert_close(getattr(norms, name), want, rtol=1e-4, atol=1e-5, equal_nan=True, msg=name)
+        assert torch.equal(norms.other_keys, split.other_keys) and torch.equal(norms.sees_sink, split.sees_sink)
+
+
+def test_rest_is_undefined_exactly_where_the_query_sees_only_the_sink(tiny):
+    analysis = analyze(tiny, TEXT)
+    table = sinks.sink_table(analysis, 0)
+    undefined = table["rest_norm"].isna()
+    if tiny.arch.causal:
+        assert set(table.loc[undefined, "query"]) == {0}
+        assert (table.loc[table["query"] == 0, "sink_ratio"] == 1).all()
+    else:
+        assert not undefined.any()
+    assert (undefined == (table["other_keys"] == 0)).all()
+    assert table.loc[~undefined, ["rest_norm", "cos_sink_rest", "output_norm"]].notna().all().all()
+
+
+def test_table_has_one_row_per_layer_head_and_query_that_sees_the_sink(llama):
+    bundle, analysis = llama
+    T, H, L = analysis.num_tokens, analysis.num_heads, analysis.num_layers
+    table = sinks.sink_table(analysis, sink=3)
+    assert list(table.columns) == list(sinks.TABLE_COLUMNS)
+    assert len(table) == L * H * (T - 3)  # causal: queries 0..2 cannot see token 3
+    assert table[["layer", "head", "query"]].duplicated().sum() == 0
+    assert table["query"].min() == 3
+    row = table[(table["layer"] == 1) & (table["head"] == 2) & (table["query"] == 7)].iloc[0]
+    assert row.sink_ratio == pytest.approx(analysis.attention(1)[2, 7, 3])
+    assert row.sink_contribution_share == pytest.approx(analysis.contributions(1, "intra")[2, 7, 3])
+    assert row.other_keys == 7  # keys 0..7 except the sink
+
+
+def test_table_norms_follow_the_convex_identity(llama):
+    """‖o‖² = s²‖ṽ‖² + 2s(1 − s)‖ṽ‖‖m‖cos + (1 − s)²‖m‖² row by row."""
+    _, analysis = llama
+    table = sinks.sink_table(analysis).dropna()
+    curve = sinks.SinkCurve(table.sink_value_norm.to_numpy(), table.rest_norm.to_numpy(), table.cos_sink_rest.to_numpy())
+    np.testing.assert_allclose(curve.norm(table.sink_ratio.to_numpy()), table.output_norm, rtol=1e-4, atol=1e-5)
+
+
+def test_layer_summary_shares_equal_the_layer_level_scores(llama):
+    """Attention share = head-averaged attention on the sink; contribution share = Σ_h C_iσ^h."""
+    _, analysis = llama
+    summary = sinks.sink_layer_summary(sinks.sink_table(analysis)).set_index("layer")
+    for layer in range(analysis.num_layers):
+        raw = analysis.layer_scores(layer, "raw")[1:, 0]  # query 0 sees only the sink: left out
+        contribution = analysis.layer_scores(layer, "contribution_inter")[1:, 0]
+        assert summary.loc[layer, "sink_attention_share"] == pytest.approx(raw.mean(), rel=1e-5)
+        assert summary.loc[layer, "sink_contribution_share"] == pytest.approx(contribution.mean(), rel=1e-4, abs=1e-6)
+
+
+def test_pooled_table_and_summaries(llama):
+    bundle, analysis = llama
+    other = analyze(bundle, "A second, shorter prompt.")
+    pooled = sinks.pooled_sink_table([analysis, other])
+    assert pooled["prompt"].tolist().count(1) == len(sinks.sink_table(other))
+    summary = sinks.sink_layer_summary(pooled)
+    assert len(summary) == analysis.num_layers
+    heads = sinks.sink_head_summary(pooled)
+    assert len(heads) == analysis.num_layers * analysis.num_heads
+    assert heads["minimising_ratio"].between(0, 1).all()
+    with pytest.raises(InputError):
+        sinks.pooled_sink_table([])
+
+
+# -- sink choice ---------------------------------------------------------------------------------------
+def test_detect_sink_is_the_key_with_the_largest_mean_attention(tiny):
+    analysis = analyze(tiny, TEXT)
+    T = analysis.num_tokens
+    received = np.zeros(T)
+    seen = np.zeros(T)
+    for layer in range(analysis.num_layers):
+        alpha = analysis.attention(layer)
+        for key in range(T):
+            received[key] += alpha[:, :, key].sum()
+            seen[key] += (alpha[:, :, key] > 0).sum()  # the queries that see it (causal, sliding window)
+    assert sinks.detect_sink(analysis) == int(np.argmax(received / seen))
+    assert sinks.resolve_sink(analysis, "auto") == sinks.detect_sink(analysis)
+
+
+def test_resolve_sink(llama):
+    _, analysis = llama
+    assert sinks.resolve_sink(analysis, 0) == 0
+    assert sinks.resolve_sink(analysis, "4") == 4
+    assert sinks.resolve_sink(analysis, -1) == analysis.num_tokens - 1
+    with pytest.raises(SelectionError, match="out of range"):
+        sinks.resolve_sink(analysis, analysis.num_tokens)
+    with pytest.raises(InputError, match="'auto'"):
+        sinks.resolve_sink(analysis, "first-ish")
+
+
+# -- the analytic curve --------------------------------------------------------------------------------
+vectors = st.lists(st.floats(-10, 10, allow_nan=False, allow_subnormal=False), min_size=6, max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(vectors, vectors)
+def test_curve_and_minimiser_against_brute_force(v_sink, m):
+    v_sink, m = np.array(v_sink), np.array(m)
+    a, b = np.linalg.norm(v_sink), np.linalg.norm(m)
+    if a < 1e-3 or b < 1e-3:
+        return
+    curve = sinks.SinkCurve(a, b, float(v_sink @ m / (a * b)))
+    s = np.linspace(0, 1, 20001)
+    brute = np.linalg.norm(s[:, None] * v_sink + (1 - s[:, None]) * m, axis=1)
+    np.testing.assert_allclose(curve.norm(s), brute, rtol=1e-7, atol=1e-7 * max(a, b))
+    assert 0 <= curve.minimiser <= 1
+    assert curve.minimum == pytest.approx(brute.min(), rel=1e-6, abs=1e-6 * max(a, b))
+    assert curve.minimum <= brute.min() + 1e-9 * max(a, b)
+    assert np.all(np.diff(curve.norm(s) ** 2, 2) >= -1e-9 * max(a, b) ** 2)  # convex in s
+    if curve.cos < -1e-6:  # anti-aligned: the minimum lies strictly inside (0, 1)
+        assert 0 < curve.minimiser < 1
+
+
+def test_curve_minimiser_cases():
+    assert sinks.SinkCurve(1.0, 1.0, -1.0).minimiser == pytest.approx(0.5)  # opposite: cancel at 1/2
+    assert sinks.SinkCurve(1.0, 1.0, -1.0).minimum == pytest.approx(0.0, abs=1e-12)
+    assert sinks.SinkCurve(1.0, 3.0, 1.0).minimiser == 1.0  # aligned, sink shorter: all on the sink
+    assert sinks.SinkCurve(2.0, 2.0, 1.0).minimiser == 0.0  # identical vectors: flat
+    assert math.isnan(sinks.SinkCurve(1.0, math.nan, 0.0).minimiser)
+    table = sinks.SinkCurve(1.0, 2.0, -0.3).table(11)
+    assert list(table.columns) == ["sink_ratio", "output_norm"] and len(table) == 11
+
+
+def test_head_curve_uses_the_heads_medians(llama):
+    _, analysis = llama
+    table = sinks.sink_table(analysis)
+    curve = sinks.head_curve(table, 1, 2)
+    rows = table[(table["layer"] == 1) & (table["head"] == 2)].dropna()
+    assert curve.rest_norm == pytest.approx(rows.rest_norm.median())
+    assert curve.cos == pytest.approx(rows.cos_sink_rest.median())
+    with pytest.raises(SelectionError):
+        sinks.head_curve(table[table["query"] == 0], 1, 2)
+
+
+# -- interventions -------------------------------------------------------------------------------------
+def test_semantic_cone_is_the_mean_pairwise_cosine():
+    torch.manual_seed(0)
+    out = torch.randn(3, 7, 5)
+    out[1, 2] = 0  # a zero output is left out
+    positions = torch.tensor([False, True, True, True, True, True, True])
+    cone = sinks.semantic_cone(out, positions)
+    for h in range(3):
+        vecs = [out[h, i] for i in range(7) if positions[i] and out[h, i].norm() > 0]
+        pairs = [torch.cosine_similarity(u, v, dim=0) for i, u in enumerate(vecs) for j, v in enumerate(vecs) if i != j]
+        assert float(cone[h]) == pytest.approx(float(torch.stack(pairs).mean()), abs=1e-6)
+    same = torch.ones(1, 4, 3)
+    assert float(sinks.semantic_cone(same, torch.ones(4, dtype=torch.bool))[0]) == pytest.approx(1.0)
+
+
+def _clean_logits(bundle, analysis):
+    return logits(bundle, torch.tensor([analysis.input_ids]))
+
+
+def test_factor_one_changes_nothing_and_the_model_stays_clean(llama):
+    bundle, analysis = llama
+    before = _clean_logits(bundle, analysis)
+    result = sinks.intervene_on_sink(analysis, factor=1.0)
+    assert result.delta_ppl == pytest.approx(0.0, abs=1e-6 * result.perplexity_clean)
+    assert (result.table["output_norm_change"].abs() < 1e-6).all()
+    assert (result.table["cone_change"].abs() < 1e-6).all()
+    assert torch.equal(_clean_logits(bundle, analysis), before)
+
+
+def test_factor_zero_equals_explicit_removal_of_the_sinks_write(llama):
+    """λ = 0 in layer 0 equals dropping α_iσ ṽ_σ from every head output there (KeepKeys), measured in
+    perplexity and in the head outputs of both layers; the model is clean afterwards."""
+    bundle, analysis = llama
+    before = _clean_logits(bundle, analysis)
+    sink = 2
+    result = sinks.intervene_on_sink(analysis, sink=sink, factor=0.0, layers=[0])
+    assert torch.equal(_clean_logits(bundle, analysis), before)
+
+    T = analysis.num_tokens
+    keep = torch.ones(1, 1, T, T)
+    keep[..., sink] = 0
+    explicit = KeepKeys({0: keep})
+    ids = torch.tensor([analysis.input_ids])
+    assert result.perplexity == pytest.approx(float(batch_perplexity(bundle, ids, explicit)[0]), rel=1e-5)
+    assert result.perplexity_clean == pytest.approx(analysis.perplexity, rel=1e-6)
+
+    from cwviz.core.capture import attention_probabilities, forward_pass
+
+    with torch.inference_mode(), forward_pass(bundle.attention_modules, record=True, intervention=explicit) as records:
+        bundle.model(input_ids=ids, use_cache=False)
+    assert torch.equal(_clean_logits(bundle, analysis), before)
+    for layer in range(analysis.num_layers):
+        rec = records[layer]
+        alpha = attention_probabilities(rec.query.float(), rec.key.float(), rec.scaling, rec.mask, rec.causal)[None]
+        if layer == 0:
+            alpha = alpha * keep
+        z = alpha[0] @ expand_kv(rec.value.float(), analysis.num_heads)
+        out = torch.einsum("hqd,hmd->hqm", z, analysis.w_heads(layer).detach())
+        expected = out.norm(dim=-1)[:, sink:].mean()  # queries that see the sink and another key
+        row = result.table.set_index("layer").loc[layer]
+        assert row.output_norm_after == pytest.approx(float(expected), rel=1e-5)
+        assert bool(row.intervened) == (layer == 0)
+
+
+def test_batched_removal_matches_single_interventions(llama):
+    bundle, analysis = llama
+    before = _clean_logits(bundle, analysis)
+    batched = sinks.removal_perplexity(analysis, [[0], [1], None], sink=0, factor=0.25, max_batch_tokens=2 * analysis.num_tokens)
+    single = [sinks.intervene_on_sink(analysis, 0, 0.25, layers).perplexity for layers in ([0], [1], None)]
+    np.testing.assert_allclose(batched, single, rtol=1e-5)
+    layerwise = sinks.layerwise_removal(analysis)
+    assert list(layerwise["layer"]) == list(range(analysis.num_layers))
+    np.testing.assert_allclose(layerwise["delta_ppl"], layerwise["perplexity"] - analysis.perplexity)
+    assert torch.equal(_clean_logits(bundle, analysis), before)
+
+
+def test_intervention_input_errors(llama):
+    _, analysis = llama
+    with pytest.raises(InputError, match="finite"):
+        sinks.intervene_on_sink(analysis, factor=math.nan)
+    with pytest.raises(SelectionError, match="at least one layer"):
+        sinks.intervene_on_sink(analysis, layers=[])
+    with pytest.raises(SelectionError):
+        sinks.intervene_on_sink(analysis, layers=[99])
+
+
+def test_encoder_interventions_report_no_perplexity():
+    bundle = make_tiny("bert")
+    analysis = analyze(bundle, TEXT)
+    result = sinks.intervene_on_sink(analysis, factor=0.0)
+    assert math.isnan(result.delta_ppl)
+    assert np.isfinite(result.table[["output_norm_change", "cone_after"]].to_numpy()).all()
+    assert np.isnan(sinks.removal_perplexity(analysis, [None])).all()
+
+
+# -- charts (pure) -------------------------------------------------------------------------------------
+def test_each_sinks_chart_is_a_valid_spec_drawn_from_its_table(llama):
+    from tests.charts.test_plot import assert_drawn_from, datasets
+
+    _, analysis = llama
+    table = sinks.sink_table(analysis)
+    curve = sinks.head_curve(table, 1, 0)
+    points = table[(table["layer"] == 1) & (table["head"] == 0)]
+    heads, layers = sinks.sink_head_summary(table), sinks.sink_layer_summary(table)
+    intervention = sinks.intervene_on_sink(analysis).table
+    built = [
+        (charts.ratio_norm_chart(points, curve.table(), curve.minimiser, "layer 1, head 0"), points),
+        (charts.anti_alignment_map(heads, layer=1, head=0), heads),
+        (charts.intervention_chart(intervention), intervention),
+    ]
+    for chart, drawn in built:
+        chart.to_dict()  # validates against the Vega-Lite schema (raises otherwise)
+        assert_drawn_from(chart, drawn)
+    share = charts.share_chart(layers, layer=1)
+    share.to_dict()
+    rows = datasets(share)[0]  # the summary in long form: one bar per layer and measure
+    drawn = {(r["layer"], r["measure"]): r["share"] for r in rows}
+    assert {k: v for (k, m), v in drawn.items() if m == "attention"} == pytest.approx(dict(zip(layers["layer"], layers["sink_ratio"])))
+    assert {m for _, m in drawn} == {"attention", "contribution weight"} and len(rows) == 2 * len(layers)
+
+
+# -- the embedded model --------------------------------------------------------------------------------
+def test_embedded_gsm8k_item_table_charts_and_intervention(embedded):
+    (text,) = read_texts(GSM8K, n=1)
+    analysis = analyze(embedded, text)
+    table = sinks.sink_table(analysis, sink="auto")
+    assert len(table) == analysis.num_layers * analysis.num_heads * analysis.num_tokens
+    defined = table[table.other_keys > 0]
+    numeric = [
+        "sink_ratio",
+        "output_norm",
+        "sink_value_norm",
+        "rest_norm",
+        "cos_sink_rest",
+        "sink_attention_share",
+        "sink_contribution_share",
+        "sink_contribution_inter",
+    ]
+    assert np.isfinite(defined[numeric].to_numpy()).all()
+    layers = sinks.sink_layer_summary(table)
+    heads = sinks.sink_head_summary(table)
+    assert np.isfinite(layers.drop(columns="layer").to_numpy()).all()
+    curve = sinks.head_curve(table, 15, 0)
+    points = table[(table["layer"] == 15) & (table["head"] == 0)]
+    for chart in (
+        charts.ratio_norm_chart(points, curve.table(), curve.minimiser),
+        charts.anti_alignment_map(heads, 15, 0),
+        charts.share_chart(layers, 15),
+    ):
+        chart.to_dict()
+    result = sinks.intervene_on_sink(analysis, sink="auto", factor=0.0, layers=[3, 4])
+    assert math.isfinite(result.delta_ppl)
+    assert np.isfinite(result.table.drop(columns=["layer", "intervened"]).to_numpy()).all()
+    spec = charts.intervention_chart(result.table).to_dict()
+    # The legend says which layers' sink value was scaled, in words, and the bars follow the intervention's layers.
+    bars = next(chart for chart in spec["vconcat"] if chart["mark"]["type"] == "bar")
+    assert bars["encoding"]["color"]["field"] == "sink_value"
+    assert bars["encoding"]["color"]["scale"]["domain"] == [charts.SCALED, charts.UNCHANGED]
+    (label,) = [step["calculate"] for step in bars["transform"] if step.get("as") == "sink_value"]
+    assert label == f"datum.intervened ? '{charts.SCALED}' : '{charts.UNCHANGED}'"
+    rows = spec["datasets"][bars["data"]["name"]]
+    assert {row["layer"] for row in rows if row["intervened"]} == {3, 4}
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "bert"])
+def test_the_table_read_in_row_blocks_equals_the_whole_layer_table(arch, monkeypatch):
+    """Blocks of 5 query rows (across the causal row blocks, a sliding window, an encoder) give the table
+    that one block of every row gives."""
+    from tests.analyses.test_tables import LONG_TEXT
+
+    analysis = analyze(make_tiny(arch), LONG_TEXT[:60])
+    whole = sinks.sink_table(analysis, 0)
+    monkeypatch.setattr(blocks, "ROW_BLOCK_CELLS", 5 * analysis.num_tokens)
+    blocked = sinks.sink_table(analysis, 0)
+    pd.testing.assert_frame_equal(blocked, whole, check_exact=False, atol=1e-5, rtol=1e-4)
+
+
+def test_cli_shows_the_learned_sink_share_for_a_model_with_learned_sinks(monkeypatch, capsys):
+    from cwviz.cli import main
+    from cwviz.cli import sinks as command
+    from tests.conftest import CharTokenizer, family_model
+
+    for model_type, shown in (("gpt_oss", True), ("llama", False)):
+        bundle = cwviz.bundle_from_model(family_model(model_type), CharTokenizer(100), model_id=f"tiny-{model_type}")
+        monkeypatch.setattr(command, "load", lambda _args, bundle=bundle: bundle)
+        assert main(["sinks", "--text", "The quick brown fox jumps.", "--no-ppl"]) == 0
+        out = capsys.readouterr().out
+        assert ("learned_sink" in out) == shown
+        if shown:
+            header = next(line.split() for line in out.splitlines() if line.split()[:1] == ["layer"])
+            rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["1"])]
+            column = header.index("learned_sink")
+            assert all(0 < float(row[column]) < 1 for row in rows)

@@ -1,0 +1,77 @@
+"""The Claims page: a saved results folder of ``cwviz claims`` gives one row per claim; a run here on the sidebar's
+model gives the same table the CLI would; an unreadable folder shows an error, not a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from cwviz.analyses import claims as C
+from cwviz.analyses import records as R
+from tests.analyses.test_claims import ordered, record, sinks
+
+PAGE = str(Path(__file__).resolve().parents[2] / "views" / "claims.py")
+TIMEOUT = 300
+
+
+@pytest.fixture
+def app() -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
+    at.run()
+    return at
+
+
+def saved_folder(tmp_path: Path) -> Path:
+    """A results folder as ``cwviz claims --results DIR`` leaves it, of constructed records where claim 1 holds
+    under the query scope and claims 2–5 hold."""
+    where = tmp_path / "run" / "claims"
+    where.mkdir(parents=True)
+    lines = []
+    for i in range(12):
+        payload = record(i, ordered(i, 1.0, noise=0.1), sinks(i, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0))
+        lines.append(json.dumps(R.make_record(C.CLAIMS, i, f"item {i}", "key", {k: v for k, v in payload.items() if k != "example"})))
+    (where / "records-00000.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return tmp_path / "run"
+
+
+def test_default_load_offers_a_run_and_shows_no_table(app):
+    assert not app.exception and not app.error
+    assert app.button(key="claims_run").label == "Run"
+    assert not app.dataframe
+
+
+def test_a_saved_folder_gives_one_row_per_claim_with_its_verdict(app, tmp_path):
+    app.radio(key="claims_source").set_value("saved")
+    app.run()
+    app.text_input(key="claims_dir").set_value(str(saved_folder(tmp_path)))
+    at = app.run()
+    assert not at.exception and not at.error
+    overview = at.dataframe[0].value
+    assert list(overview.index) == [1, 2, 3, 4, 5]
+    assert list(overview.loc[[2, 3, 4, 5], "verdict"]) == ["holds"] * 4
+    assert overview.loc[1, "verdict"] == "2 holds, 0 fails, 0 unresolved"
+    assert overview.loc[3, "statement"] == C.STATEMENTS[3]
+    assert any("12 item(s)" in c.value for c in at.caption)
+
+
+def test_a_folder_that_is_not_a_claims_run_shows_an_error(app, tmp_path):
+    app.radio(key="claims_source").set_value("saved")
+    app.run()
+    app.text_input(key="claims_dir").set_value(str(tmp_path / "nowhere"))
+    at = app.run()
+    assert not at.exception
+    assert at.error and "no results folder" in at.error[0].value
+
+
+def test_a_run_here_on_the_embedded_model_judges_every_claim(app):
+    app.number_input(key="claims_n").set_value(1)
+    app.number_input(key="claims_cap").set_value(10)
+    app.button(key="claims_run").click()
+    at = app.run()
+    assert not at.exception and not at.error
+    overview = at.dataframe[0].value
+    assert list(overview.index) == [1, 2, 3, 4, 5]
+    assert set(at.dataframe[1].value["scope"]) == {"query", "token", "layer"}

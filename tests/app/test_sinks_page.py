@@ -1,0 +1,90 @@
+"""The sinks page: default load draws its four charts, the sink and λ controls work, pooling reads JSONL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+PAGE = str(Path(__file__).resolve().parents[2] / "views" / "sinks.py")
+TIMEOUT = 240
+
+
+@pytest.fixture
+def app() -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
+    at.run()
+    return at
+
+
+def _charts(at: AppTest):
+    return at.get("vega_lite_chart")
+
+
+def _title(chart) -> str:
+    spec = json.loads(chart.proto.spec)
+    title = spec.get("title") or (spec.get("vconcat") or [{}])[0].get("title", "")
+    return title if isinstance(title, str) else title.get("text", "")
+
+
+def test_default_load_draws_the_ratio_map_share_and_intervention_charts(app):
+    assert not app.exception
+    assert not app.error
+    titles = [_title(chart) for chart in _charts(app)]
+    assert len(titles) == 4
+    assert titles[1].startswith("Anti-alignment") and titles[2] == "How far attention overstates the sink"
+    assert titles[3] == "Change in head-output norm"
+    assert '"mark": {"type": "line"' in _charts(app)[0].proto.spec  # the analytic curve over the points
+    titles = [s.value for s in app.subheader]
+    assert titles[:3] == ["(a) Sink ratio against head output norm", "(b) Anti-alignment", "(c) Attention vs contribution share"]
+    assert any("Sink: position 0" in c.value for c in app.caption)
+    delta = [m for m in app.metric if m.label == "PPL intervened"][0]
+    assert float(delta.delta) > 0  # removing the sink's value in every layer raises perplexity
+
+
+def test_lambda_one_changes_nothing_and_the_sink_can_be_moved(app):
+    app.slider(key="sinks_factor").set_value(1.0).run()
+    assert not app.exception
+    delta = [m for m in app.metric if m.label == "PPL intervened"][0]
+    assert float(delta.delta) == 0.0
+    # No empty chart of zero changes: the page says there is nothing to show.
+    assert any("changes nothing" in i.value for i in app.info)
+    assert "Change in head-output norm" not in [_title(chart) for chart in _charts(app)]
+    app.radio(key="sinks_choice").set_value("position").run()
+    app.number_input(key="sinks_position").set_value(2).run()
+    assert not app.exception and not app.error
+    assert any("Sink: position 2" in c.value for c in app.caption)
+
+
+def test_pooling_from_jsonl_and_a_malformed_file(app, tmp_path):
+    good = tmp_path / "items.jsonl"
+    good.write_text("\n".join(json.dumps({"question": f"What is {i} + {i}?", "answer": f"{2 * i}"}) for i in range(3)))
+    app.text_input(key="sinks_pool_path").set_value(str(good))
+    app.number_input(key="sinks_pool_n").set_value(2).run()
+    assert not app.exception and not app.error
+    assert any("pooled over 3 prompts" in c.value for c in app.caption)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": \n')
+    app.text_input(key="sinks_pool_path").set_value(str(bad)).run()
+    assert not app.exception
+    assert "line 2" in app.error[0].value
+
+
+def test_a_model_with_learned_sinks_reports_their_share(monkeypatch):
+    import cwviz
+    from cwviz.app import services
+    from tests.conftest import CharTokenizer, family_model
+
+    bundle = cwviz.bundle_from_model(family_model("gpt_oss"), CharTokenizer(100), model_id="tiny-gpt-oss")
+    real = services.load_model
+    monkeypatch.setattr(services, "load_model", lambda name, **kw: bundle if name == "tiny-gpt-oss" else real(name, **kw))
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
+    at.query_params["model"] = "tiny-gpt-oss"
+    at.query_params["prompt"] = "The quick brown fox jumps."
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    (line,) = [i.value for i in at.info if "learned attention sinks" in i.value]
+    assert "% of the attention on average" in line and "in layer 0" in line
+    assert "contributions still sum to 1" in line

@@ -1,0 +1,910 @@
+"""Real-browser tests: the dashboard served by ``streamlit run`` in headless Debian Chromium at 1600 x 1000,
+on the embedded model. They check what is drawn, not only what is sent:
+
+* every chart on every page (Heatmaps, Token, Sinks, Faithfulness after a small run): each plot area of
+  each chart is at least :data:`MIN_PLOT_PX` tall, its marks span it (the union of the mark elements'
+  boxes in Vega's SVG scenegraph, and coloured or dark pixels in an element screenshot of the plot area),
+  and nothing is drawn past the right edge of the main area;
+* the default prompt's heatmaps label every row and column ``"12 the"``; the selected query's row is
+  outlined on both, and a click on a cell selects that query (the outline and the link follow);
+* a link with every parameter, opened in a fresh browser context, shows every picker as the link says;
+* no page error, no Vega warning and no console error (bertviz's CDN, unreachable offline, and Streamlit's
+  probe of ``/<page>/_stcore/`` on a deep link are the only failed requests allowed); nothing but bertviz
+  reaches beyond localhost.
+
+Screenshots of every page go to ``tests/artifacts/<page>.png`` (git-ignored); with
+``CWVIZ_UPDATE_SCREENSHOT=1`` the same run refreshes the README's ``assets/<page>.png``.
+
+Skips when playwright or ``/usr/bin/chromium`` is missing, unless ``CWVIZ_REQUIRE_BROWSER=1`` (as in CI),
+where it fails instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlparse
+
+import pytest
+
+from tests.app.test_links import PAGES, SIDEBAR
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "tests" / "artifacts"
+ASSETS = ROOT / "assets"
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEWPORT = {"width": 1600, "height": 1000}
+LOCAL_HOSTS = {"localhost", "127.0.0.1"}
+BERTVIZ_CDN = "cdnjs.cloudflare.com"
+CHART = '[data-testid="stVegaLiteChart"]'
+RENDERED = f"{CHART} svg.marks"
+ERROR_SELECTORS = '[data-testid="stException"], [data-testid="stAlertContentError"]'
+#: The least height of a plot area (the issue's bar: a chart a person can read).
+MIN_PLOT_PX = 150
+#: Marks must cover at least this share of their plot area's height, and of its width.
+MIN_SPAN_HEIGHT, MIN_SPAN_WIDTH = 0.5, 0.25
+#: Each page's URL path and the charts it draws.
+PAGE_PATHS = {
+    "heatmaps": "",
+    "token": "token",
+    "bertviz": "bertviz_view",
+    "sinks": "sinks",
+    "faithfulness": "faithfulness",
+    "compare": "compare",
+    "atlas": "atlas",
+    "claims": "claims",
+}
+
+# The plot areas of every chart on the page, from Vega's SVG scenegraph: a plot area is a group (the root
+# frame or a view's scope) with a non-empty background that is not a legend, axis, title or line-series
+# group; its marks are the role-mark elements whose nearest plot area it is.
+PLOTS_JS = """
+() => {
+  const box = e => { const r = e.getBoundingClientRect(); return {x: r.x, y: r.y, w: r.width, h: r.height}; };
+  const decoration = e => e.closest('.role-legend, .role-axis, .role-title');
+  const main = document.querySelector('[data-testid="stMain"]').getBoundingClientRect();
+  return [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map((el, index) => {
+    const svg = el.querySelector('svg.marks');
+    const plotOf = new Map();
+    const plots = [];
+    for (const g of svg.querySelectorAll('g.mark-group')) {
+      if (decoration(g) || /pathgroup/.test(g.getAttribute('class'))) continue;
+      const bg = g.querySelector(':scope > g > path.background');
+      if (!bg) continue;
+      const b = box(bg);
+      if (b.w < 1 || b.h < 1) continue;
+      plotOf.set(g, plots.length);
+      plots.push({box: b, marks: null, name: g.getAttribute('class')});
+    }
+    for (const m of svg.querySelectorAll('g.role-mark')) {
+      if (decoration(m)) continue;
+      let g = m.parentElement;
+      while (g && !plotOf.has(g)) g = g.parentElement;
+      if (!g) continue;
+      for (const shape of m.children) {
+        const b = box(shape);
+        if (b.w <= 0 && b.h <= 0) continue;
+        const plot = plots[plotOf.get(g)];
+        const u = plot.marks;
+        plot.marks = u === null ? b : (() => {
+          const x = Math.min(u.x, b.x), y = Math.min(u.y, b.y);
+          return {x, y, w: Math.max(u.x + u.w, b.x + b.w) - x, h: Math.max(u.y + u.h, b.y + b.h) - y};
+        })();
+      }
+    }
+    return {index, box: box(svg), plots: plots.filter(p => p.marks !== null), mainRight: main.right};
+  });
+}
+"""
+
+# Axis labels of the Heatmaps page's two maps (each a chart of its own, the first two on the page): their text,
+# box and font size (px), and the query row's outline.
+HEATMAP_LABELS_JS = """
+() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')].slice(0, 2).map(svg => {
+  const axes = [...svg.querySelectorAll('g.role-axis')].map(a => ({
+    along: (a.getAttribute('aria-label') || '').startsWith('Y') ? 'y' : 'x',
+    labels: [...a.querySelectorAll('g.role-axis-label text')].filter(t => t.textContent !== '').map(t => ({
+      text: t.textContent, box: t.getBoundingClientRect().toJSON(), px: parseFloat(getComputedStyle(t).fontSize)})),
+  }));
+  const outline = [...svg.querySelectorAll('g.role-mark path[stroke="black"]')].map(p => p.getBoundingClientRect().toJSON());
+  return {axes, outline};
+})
+"""
+# The cells of the contribution map (the page's second chart): each cell's value (from its aria label, which holds
+# the tooltip's fields) and its fill colour.
+CONTRIBUTION_CELLS_JS = """
+() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')[1].querySelectorAll('g.role-mark path[aria-label]')]
+  .map(p => ({label: p.getAttribute('aria-label'), fill: p.getAttribute('fill')}))
+  .filter(c => c.fill && c.fill !== 'none' && c.label.includes('contribution: '))
+"""
+
+
+def _require_browser():
+    """playwright's sync API, or skip (fail under CWVIZ_REQUIRE_BROWSER=1)."""
+    required = os.environ.get("CWVIZ_REQUIRE_BROWSER") == "1"
+    missing = []
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+        missing.append("the playwright package (pip install playwright)")
+    if not Path(CHROMIUM).is_file():
+        missing.append(f"{CHROMIUM} (apt-get install chromium)")
+    if missing:
+        message = "browser test needs " + " and ".join(missing)
+        if required:
+            pytest.fail(message + "; CWVIZ_REQUIRE_BROWSER=1 makes this a failure")
+        pytest.skip(message)
+    return sync_playwright
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _serve(log_name: str = "server.log", env: dict | None = None, via_cli: bool = False, processes: list | None = None):
+    """``streamlit run app.py`` (or, with ``via_cli``, ``cwviz app`` as the README starts it) on a free port,
+    until the block ends; yields its URL. ``env`` is added to the environment; ``processes`` receives the
+    server's Popen."""
+    port = _free_port()
+    log = ARTIFACTS / log_name
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    server_flags = ["--server.headless=true", f"--server.port={port}", "--server.address=127.0.0.1"]
+    if via_cli:
+        command = [sys.executable, "-m", "cwviz", "app", *server_flags]
+    else:  # the rest from .streamlit/config.toml
+        command = [sys.executable, "-m", "streamlit", "run", "app.py", *server_flags, "--server.fileWatcherType=none"]
+    with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    if processes is not None:
+        processes.append(process)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                    if response.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"streamlit did not start; see {log}:\n{log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@pytest.fixture(scope="module")
+def server():
+    with _serve() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_playwright = _require_browser()
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def default_labels() -> list[str]:
+    """The default prompt's axis labels, as the library makes them."""
+    import cwviz
+    from cwviz.analyses import tables
+    from cwviz.app import state
+
+    analysis = cwviz.analyze(cwviz.load_model("embedded"), state.examples()[0].text)
+    return list(tables.position_labels(analysis.tokens))
+
+
+class Watch:
+    """What a page tells the console and the network: errors, Vega warnings, requests beyond localhost."""
+
+    def __init__(self, page):
+        self.console: list[str] = []
+        self.page_errors: list[str] = []
+        self.failed: list[str] = []
+        self.outside: list[str] = []
+        page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+        page.on("pageerror", lambda err: self.page_errors.append(str(err)))
+        page.on("response", lambda r: self.failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+        page.on("requestfailed", lambda r: self.failed.append(f"failed {r.url}"))
+        page.on("request", lambda r: self.outside.append(r.url) if urlparse(r.url).hostname not in LOCAL_HOSTS else None)
+
+    @staticmethod
+    def _allowed_failure(entry: str) -> bool:
+        url = entry.split(" ", 1)[1]
+        parsed = urlparse(url)
+        # Streamlit opened at /<page> first probes /<page>/_stcore/..., then the root: not an error of ours.
+        probe = parsed.hostname in LOCAL_HOSTS and parsed.path.rstrip("/").split("/")[-2:-1] == ["_stcore"] and parsed.path.count("/") >= 3
+        return parsed.hostname == BERTVIZ_CDN or probe
+
+    def check(self) -> None:
+        assert not self.page_errors, self.page_errors
+        assert all(self._allowed_failure(f) for f in self.failed), self.failed
+        vega = [m for m in self.console if "WARN" in m or "vega" in m.lower()]
+        assert not vega, vega
+        # The only console errors allowed are the browser's own lines about the allowed failed requests.
+        unexplained = [m for m in self.console if m.startswith("error") and "Failed to load resource" not in m and BERTVIZ_CDN not in m]
+        unexplained = [m for m in unexplained if "require" not in m]  # bertviz's require.js, offline
+        assert not unexplained, unexplained
+        assert all(urlparse(u).hostname == BERTVIZ_CDN for u in self.outside), self.outside
+
+
+def _url(server: str, page: str, params: dict | None = None) -> str:
+    return f"{server}/{PAGE_PATHS[page]}" + (f"?{urlencode(params)}" if params else "")
+
+
+def _settle(page, charts: int, timeout_ms: int = 240_000) -> None:
+    """Wait until ``charts`` charts are drawn and the script has stopped running for a second."""
+    try:
+        page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[RENDERED, charts], timeout=timeout_ms)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "timeout.png"))  # what the page showed instead
+        raise
+    deadline = time.monotonic() + timeout_ms / 1000
+    quiet_since = None
+    while time.monotonic() < deadline:
+        running = page.locator('[data-testid="stStatusWidget"]').count() > 0 or page.locator('[data-testid="stSpinner"]').count() > 0
+        if running:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > 1.5:
+            return
+        time.sleep(0.25)
+    raise AssertionError("the page kept running")
+
+
+def _assert_no_error_text(page) -> None:
+    assert page.locator(ERROR_SELECTORS).count() == 0, page.locator(ERROR_SELECTORS).all_inner_texts()
+    body = page.inner_text("body")
+    assert "Traceback" not in body and "Error:" not in body
+
+
+def _drawn_rows(image, box) -> tuple[float, float]:
+    """Share of the plot area's pixels that are marks (coloured or dark, not white or grey gridlines), and
+    the share of its height between the first and last row holding such pixels."""
+    crop = image.crop((round(box["x"]), round(box["y"]), round(box["x"] + box["w"]), round(box["y"] + box["h"]))).convert("RGB")
+    width, height = crop.size
+    pixels = crop.load()
+    rows, marked = [], 0
+    for y in range(height):
+        count = 0
+        for x in range(0, width, 2):
+            r, g, b = pixels[x, y]
+            if max(r, g, b) - min(r, g, b) > 40 or max(r, g, b) < 140:
+                count += 1
+        if count:
+            rows.append(y)
+            marked += count
+    share = marked / max(1, (width // 2 + width % 2) * height)
+    span = (rows[-1] - rows[0] + 1) / height if rows else 0.0
+    return share, span
+
+
+def _tall(page) -> None:
+    """Make the viewport as tall as the main area's content, so nothing is scrolled away (Streamlit scrolls
+    its main area itself, and a screenshot shows only what is in the viewport)."""
+    height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+    page.set_viewport_size({"width": VIEWPORT["width"], "height": min(max(height, VIEWPORT["height"]), 8000)})
+    time.sleep(1.0)
+
+
+def _check_charts(page, where: str) -> int:
+    """Every plot area of every chart on the page: tall enough, spanned by its marks, drawn, inside the page."""
+    from PIL import Image
+
+    _tall(page)
+    try:
+        charts = page.evaluate(PLOTS_JS)
+        image = Image.open(io.BytesIO(page.screenshot()))
+    finally:
+        page.set_viewport_size(VIEWPORT)
+    assert charts, f"{where}: no chart"
+    for chart in charts:
+        label = f"{where}, chart {chart['index']}"
+        assert chart["plots"], f"{label}: no plot area with marks"
+        assert chart["box"]["x"] + chart["box"]["w"] <= chart["mainRight"] + 1, f"{label}: drawn past the right edge: {chart['box']}"
+        for plot in chart["plots"]:
+            box, marks = plot["box"], plot["marks"]
+            assert box["h"] >= MIN_PLOT_PX, f"{label} ({plot['name']}): plot area {box['h']:.0f} px tall"
+            assert marks["h"] >= MIN_SPAN_HEIGHT * box["h"], f"{label} ({plot['name']}): marks span {marks['h']:.0f} of {box['h']:.0f} px"
+            assert marks["w"] >= MIN_SPAN_WIDTH * box["w"], (
+                f"{label} ({plot['name']}): marks span {marks['w']:.0f} of {box['w']:.0f} px wide"
+            )
+            share, span = _drawn_rows(image, box)
+            assert share > 0.002, f"{label} ({plot['name']}): nothing visible drawn in the plot area ({share:.4f})"
+            assert span >= MIN_SPAN_HEIGHT, f"{label} ({plot['name']}): visible marks span {span:.0%} of the plot height"
+    return len(charts)
+
+
+#: How much of a page's top the README's screenshot shows (px), where 1,400 would cut what the page is about.
+README_CROP = {"compare": 2150}
+
+
+def _screenshot(page, name: str) -> None:
+    """The whole page (the viewport is made as tall as the main area's content) to tests/artifacts/<name>.png,
+    and with CWVIZ_UPDATE_SCREENSHOT=1 to assets/<name>.png."""
+    _tall(page)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path))
+    page.set_viewport_size(VIEWPORT)
+    if os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1" and name in PAGE_PATHS:  # one a page in the README
+        from PIL import Image
+
+        ASSETS.mkdir(exist_ok=True)
+        with Image.open(path) as image:  # the README shows the top of each page (compare: down to its B − A map)
+            height = README_CROP.get(name, 1400)
+            image.crop((0, 0, image.width, min(image.height, height))).save(ASSETS / f"{name}.png", optimize=True)
+
+
+def _walk_to(page, link: str, title: str, charts: int) -> None:
+    """Follow the navigation link to a page, wait for its ``charts`` charts, check them, take its screenshot."""
+    page.get_by_role("link", name=link).click()
+    page.get_by_text(title).wait_for(timeout=60_000)
+    _settle(page, charts)
+    _assert_no_error_text(page)
+    assert _check_charts(page, link) == charts
+    _screenshot(page, link.lower())
+
+
+def test_every_chart_on_every_page_is_drawn(server, browser):
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "heatmaps"))
+        _settle(page, 3)  # first load: the embedded model, once
+        _assert_no_error_text(page)
+        assert page.get_by_text("Contribution weights vs attention").count() == 1
+        assert _check_charts(page, "Heatmaps") == 3  # the two maps and the all-heads overview
+        _screenshot(page, "heatmaps")
+
+        _walk_to(page, "Token", "One query token", charts=2)
+        _walk_to(page, "Sinks", "Attention sinks as active suppressors", charts=4)
+
+        # A small run (two rates) on the sidebar prompt, as a user would start it.
+        page.goto(_url(server, "faithfulness", {"rates": "10,50"}))
+        page.get_by_text("Faithfulness by causal intervention").wait_for(timeout=60_000)
+        _settle(page, 0)
+        page.get_by_role("button", name="Run").click()
+        # The results' caption (the progress bar says "1 of 1 examples" too while the run ends).
+        page.get_by_text("1 of 1 examples; bands").wait_for(timeout=240_000)
+        _settle(page, 2)
+        _assert_no_error_text(page)
+        assert page.get_by_test_id("stProgress").count() == 0  # no bar left once the run is drawn
+        assert _check_charts(page, "Faithfulness") == 2
+        _screenshot(page, "faithfulness")
+
+        page.get_by_role("link", name="bertviz").click()
+        page.get_by_text("bertviz views").wait_for(timeout=60_000)
+        frame = page.frame_locator("iframe").first
+        # Offline (as in CI), the view says so; online, bertviz draws its SVG.
+        frame.locator("#cwviz-bertviz-offline:visible, svg").first.wait_for(timeout=60_000)
+        _assert_no_error_text(page)
+        _screenshot(page, "bertviz")
+    finally:
+        page.close()
+    watch.check()
+
+
+def _labels_check(views: list[dict], least_px: float, query_label: str | None = None) -> None:
+    """Each map labels both axes with 12 px (or ``least_px``) labels that never overlap, the first token and the
+    query among them, and outlines the query's row."""
+    assert len(views) == 2, "two maps"
+    for view in views:
+        assert len(view["axes"]) == 2
+        for axis in view["axes"]:
+            texts = [t["text"] for t in axis["labels"]]
+            assert len(texts) >= 10, texts
+            assert all(t["px"] >= least_px for t in axis["labels"]), {t["px"] for t in axis["labels"]}
+            assert not _overlapping(axis["labels"], axis["along"]), _overlapping(axis["labels"], axis["along"])[:3]
+            assert any(t.startswith("0 ") for t in texts), texts[:3]
+            if query_label is not None:
+                assert query_label in texts
+        assert len(view["outline"]) == 1, view["outline"]
+
+
+def test_heatmaps_label_the_tokens_outline_the_query_and_pick_it_on_click(server, browser, default_labels):
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    query, clicked = 12, 20
+    try:
+        page.goto(_url(server, "heatmaps", {"token": str(query)}))
+        _settle(page, 3)
+        views = page.evaluate(HEATMAP_LABELS_JS)
+        _labels_check(views, 12, default_labels[query])
+        for view in views:
+            for axis in view["axes"]:
+                assert {t["text"] for t in axis["labels"]} <= set(default_labels)
+            # The outline frames the query's row: its vertical centre is that row label's.
+            y_axis = next(a for a in view["axes"] if a["along"] == "y")
+            row = next(t["box"] for t in y_axis["labels"] if t["text"] == default_labels[query])
+            frame = view["outline"][0]
+            assert abs((frame["y"] + frame["height"] / 2) - (row["y"] + row["height"] / 2)) < 4
+
+        # A click on a cell of the query's row 20 selects query 20: the link and the outline follow.
+        cell = page.locator(CHART).nth(1).locator(f'path[aria-label^="key (position token): 3; query (position token): {clicked};"]')
+        assert cell.count() == 1, "one cell in the contribution map"
+        cell.click()
+        page.wait_for_url(lambda url: parse_qs(urlparse(url).query).get("token") == [str(clicked)], timeout=60_000)
+        _settle(page, 3)
+        for view in page.evaluate(HEATMAP_LABELS_JS):
+            y_axis = next(a for a in view["axes"] if a["along"] == "y")
+            row = next(t["box"] for t in y_axis["labels"] if t["text"] == default_labels[clicked])
+            frame = view["outline"][0]
+            assert abs((frame["y"] + frame["height"] / 2) - (row["y"] + row["height"] / 2)) < 4
+        _assert_no_error_text(page)
+    finally:
+        page.close()
+    watch.check()
+
+
+FIRST_SCREENS = [{"width": 1280, "height": 720}, {"width": 1600, "height": 1000}]
+
+
+@pytest.mark.parametrize("screen", FIRST_SCREENS, ids=lambda s: f"{s['width']}x{s['height']}")
+@pytest.mark.parametrize("presenter", [False, True], ids=["", "presenter"])
+def test_the_first_screen_shows_both_maps_side_by_side(server, browser, screen, presenter):
+    """With the sidebar open and the default prompt, the attention and contribution maps stand side by side and
+    wholly inside the window, without scrolling; labels are at least 12 px (16 in presenter mode)."""
+    if presenter and screen["width"] != 1280:
+        pytest.skip("presenter mode is for a 1280 x 720 projector")
+    page = browser.new_page(viewport=screen)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "heatmaps", {"presenter": "true"} if presenter else None))
+        _settle(page, 3)
+        _assert_no_error_text(page)
+        assert page.locator('[data-testid="stSidebar"]').first.is_visible()
+        maps = page.evaluate(PLOTS_JS)[:2]
+        boxes = [plot["box"] for chart in maps for plot in chart["plots"]]
+        assert len(boxes) == 2, boxes
+        for box in boxes:
+            assert box["y"] >= 0 and box["y"] + box["h"] <= screen["height"], f"a map's plot box {box} is not on the first screen"
+            assert box["x"] + box["w"] <= screen["width"] and box["h"] >= MIN_PLOT_PX
+        left, right = boxes
+        assert left["x"] + left["w"] < right["x"] and abs(left["y"] - right["y"]) < 2, "the maps stand side by side"
+        for chart in maps:  # the legends too
+            assert chart["box"]["y"] + chart["box"]["h"] <= screen["height"], "a map's legend or labels are below the fold"
+        _labels_check(page.evaluate(HEATMAP_LABELS_JS), 16 if presenter else 12)
+        name = f"first-screen-{screen['width']}x{screen['height']}" + ("-presenter" if presenter else "")
+        page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+    finally:
+        page.close()
+    watch.check()
+
+
+def _rgb(fill: str) -> tuple[int, int, int]:
+    """An SVG fill (``#rrggbb`` or ``rgb(r, g, b)``) as three integers."""
+    if fill.startswith("#"):
+        return tuple(int(fill[i : i + 2], 16) for i in (1, 3, 5))
+    return tuple(int(float(v)) for v in fill[fill.index("(") + 1 : fill.index(")")].split(",")[:3])
+
+
+def test_negative_contributions_are_drawn_clearly_blue(server, browser):
+    """Layer 14, head 3, intra-head: most contributions are negative beside the sink's +1. Every cell of -0.03 or
+    less is clearly blue (its blue channel at least 40 above its red); no cell within ±0.001 of zero is."""
+    page = browser.new_page(viewport=FIRST_SCREENS[0])
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "heatmaps", {"layer": "14", "head": "3", "kind": "intra"}))
+        _settle(page, 3)
+        cells = page.evaluate(CONTRIBUTION_CELLS_JS)
+        assert len(cells) >= 400, len(cells)
+        values = []
+        for cell in cells:
+            value = float(cell["label"].split("contribution: ")[1].split(";")[0].replace("\u2212", "-"))  # Vega's minus sign
+            r, _, b = _rgb(cell["fill"])
+            values.append((value, b - r))
+        strong = [blue for value, blue in values if value <= -0.03]
+        faint = [blue for value, blue in values if abs(value) <= 0.001]
+        assert strong and faint, (len(strong), len(faint))
+        assert min(strong) >= 40, f"a contribution of -0.03 or less is drawn with blue - red = {min(strong)}"
+        assert max(abs(blue) for blue in faint) < 25, "a contribution near zero is drawn coloured"
+        page.screenshot(path=str(ARTIFACTS / "negative-contributions.png"))
+    finally:
+        page.close()
+    watch.check()
+
+
+@pytest.mark.parametrize("name", ["heatmaps", "token", "bertviz", "sinks", "faithfulness", "compare", "atlas"])
+def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser, name):
+    """The link's parameters survive the page's first run: every widget writes its value back to the URL,
+    so a picker that had lost its value would show the default in the URL. The visible widgets say the same."""
+    params, _ = PAGES[{"bertviz": "views/bertviz_view.py"}.get(name, f"views/{name}.py")]
+    link = {**SIDEBAR, **params}
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, name, link))
+        _settle(page, 0 if name in ("bertviz", "faithfulness", "atlas") else 3 if name == "heatmaps" else 2)
+        _assert_no_error_text(page)
+        assert page.locator('[data-testid="stAlertContentWarning"]').count() == 0, page.locator(
+            '[data-testid="stAlertContentWarning"]'
+        ).all_inner_texts()
+        shown = {key: values[0] for key, values in parse_qs(urlparse(page.url).query, keep_blank_values=True).items()}
+        assert {key: shown.get(key) for key in link} == link
+        slider = page.locator('[data-testid="stSidebar"] [data-testid="stSlider"] input[type="range"]').first
+        assert slider.input_value() == SIDEBAR["layer"]
+        if name == "heatmaps":  # the pickers above the maps show the link's choices (the popover's radios are not drawn)
+            boxes = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"]')
+            shown_text = " ".join(boxes.all_inner_texts() + boxes.locator("input").evaluate_all("inputs => inputs.map(i => i.value)"))
+            for choice in ("Right map: value-weighted attention", "Share of each head's output (intra)", "Colours: full range"):
+                assert choice in shown_text, choice
+            checked = page.locator('[data-testid="stMain"] [role="radiogroup"] input:checked').evaluate_all(
+                "inputs => inputs.map(i => i.closest('label').innerText.trim())"
+            )
+            assert checked == ["sink share under contribution (intra-head)"]
+    finally:
+        context.close()
+    watch.check()
+
+
+def test_the_embedded_encoder_draws_square_heatmaps_and_its_sinks(server, browser):
+    """all-MiniLM-L6-v2 (``model=embedded-encoder``): both heatmaps are square (every query sees every key), with
+    [CLS] first and [SEP] last labelled on both axes, and the Sinks page draws its four charts with no perplexity."""
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "heatmaps", {"model": "embedded-encoder"}))
+        _settle(page, 3)
+        _assert_no_error_text(page)
+        assert page.get_by_text("is an encoder: attention is bidirectional").count() == 1
+        assert _check_charts(page, "Heatmaps (encoder)") == 3
+        views = page.evaluate(HEATMAP_LABELS_JS)
+        _labels_check(views, 12)
+        for view in views:  # square maps: the same labels on both axes, [CLS] first, [SEP] (the query) last
+            x, y = ([t["text"] for t in axis["labels"]] for axis in sorted(view["axes"], key=lambda a: a["along"]))
+            assert "0 [CLS]" in x and "0 [CLS]" in y and any(t.endswith(" [SEP]") for t in x) and any(t.endswith(" [SEP]") for t in y)
+        _screenshot(page, "encoder-heatmaps")
+        page.get_by_role("link", name="Sinks").click()  # not _walk_to: its screenshot would be the README's
+        page.get_by_text("Attention sinks as active suppressors").wait_for(timeout=60_000)
+        _settle(page, 4)
+        _assert_no_error_text(page)
+        assert _check_charts(page, "Sinks (encoder)") == 4
+        assert page.get_by_text("last token ([SEP])").count() == 1
+        _screenshot(page, "encoder-sinks")
+    finally:
+        page.close()
+    watch.check()
+
+
+#: A laptop's window (the narrowest common one): the automatic layouts keep every chart inside its page.
+LAPTOP = {"width": 1366, "height": 768}
+#: The right edge of the page's content (the main block, without its padding), and every chart's right edge.
+CHART_EDGES_JS = """
+() => {
+  const block = document.querySelector('[data-testid="stMainBlockContainer"]');
+  const r = block.getBoundingClientRect(), pad = parseFloat(getComputedStyle(block).paddingRight);
+  return {content: r.right - pad, charts: [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')]
+    .map(svg => svg.getBoundingClientRect().right)};
+}
+"""
+
+
+@pytest.mark.parametrize("name, charts", [("heatmaps", 3), ("token", 2), ("compare", 3)])
+def test_at_a_laptops_width_every_chart_stays_inside_the_page(server, browser, name, charts):
+    """At 1,366 x 768 with the sidebar open, the default prompt's heatmap pair, the token page's factor panels and
+    the compare page's maps lie inside the page's content column: nothing a user must scroll sideways to find."""
+    page = browser.new_page(viewport=LAPTOP)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, name))
+        _settle(page, charts)
+        _assert_no_error_text(page)
+        edges = page.evaluate(CHART_EDGES_JS)
+        assert len(edges["charts"]) >= charts
+        assert max(edges["charts"]) <= edges["content"] + 1, (
+            f"{name}: a chart ends at {max(edges['charts']):.0f} px, the page at {edges['content']:.0f}"
+        )
+        page.screenshot(path=str(ARTIFACTS / f"laptop-{name}.png"))
+    finally:
+        page.close()
+    watch.check()
+
+
+def test_clicking_a_head_in_the_overview_selects_it(server, browser):
+    """A click on a cell of the all-heads chart selects that layer and head: the link and the heatmap
+    follow. Vega labels each SVG cell (aria-label "head: H; layer: L; …"), which finds the cell."""
+    layer, head = 17, 5
+    page = browser.new_page(viewport=VIEWPORT)
+    try:
+        page.goto(_url(server, "heatmaps", {"layer": "0", "head": "0"}))
+        _settle(page, 3)
+        page.get_by_text("Every head").wait_for()
+        cell = page.locator(CHART).nth(2).locator(f'path[aria-label^="head: {head}; layer: {layer};"]')
+        assert cell.count() == 1, f"no single cell for layer {layer}, head {head} in the all-heads chart"
+        cell.click()
+        page.wait_for_url(lambda url: f"layer={layer}" in url and f"head={head}" in url, timeout=60_000)
+        _settle(page, 3)
+        _assert_no_error_text(page)
+        # The selected cell is outlined: the outline mark sits on the picked head.
+        outline = page.locator(CHART).nth(2).locator(f'path[aria-label="head: {head}; layer: {layer}"]')
+        assert outline.count() == 1
+        page.screenshot(path=str(ARTIFACTS / "picked_head.png"))
+    finally:
+        page.close()
+
+
+def test_compare_draws_a_b_and_their_difference_and_picks_a_head(server, browser):
+    """The Compare page on its default minimal pair: three charts drawn (the maps A, B and B − A, the change
+    in every head, the log-probability changes), each view's marks spanning its plot; a sequence-aligned pair
+    shows its alignment; a click on a head of the change grid selects it (the maps' title and the link follow)."""
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "compare", {"layer": "3", "head": "all", "cmp_layout": "side"}))  # A and B side by side at 1600 px
+        _settle(page, 3)
+        _assert_no_error_text(page)
+        assert page.get_by_text("Compare two inputs").count() == 1
+        assert _check_charts(page, "Compare") == 3
+        maps = page.evaluate(PLOTS_JS)[0]
+        assert len(maps["plots"]) == 3, maps["plots"]  # A, B and B − A, each with its cells
+        _screenshot(page, "compare")
+
+        layer, head = 20, 4
+        cell = page.locator(CHART).nth(1).locator(f'path[aria-label^="head: {head}; layer: {layer};"]')
+        assert cell.count() == 1, f"no single cell for layer {layer}, head {head} in the change grid"
+        cell.click()
+        page.wait_for_url(lambda url: f"layer={layer}" in url and f"head={head}" in url, timeout=60_000)
+        _settle(page, 3)
+        _assert_no_error_text(page)
+        assert page.locator(CHART).first.locator(f'text:has-text("layer {layer}, head {head}")').count() >= 1
+
+        # Two prompts of different lengths: aligned by sequence, the alignment table shown, the maps still drawn.
+        longer = "The old lighthouse keeper slowly climbed the long spiral stairs every evening."
+        page.goto(_url(server, "compare", {"prompt_b": longer}))
+        _settle(page, 3)
+        _assert_no_error_text(page)
+        assert page.get_by_text("aligned by a sequence alignment").count() >= 1
+        assert page.locator('[data-testid="stDataFrame"]').first.is_visible()
+        assert _check_charts(page, "Compare, sequence-aligned") == 3
+        _screenshot(page, "compare-sequence")
+    finally:
+        page.close()
+    watch.check()
+
+
+def test_atlas_runs_draws_its_map_and_links_a_prompt_to_its_heatmaps(server, browser):
+    """The Atlas page on two prompts of the GSM8K sample: Run shows its progress, then the layer x head map (drawn,
+    spanning its plot) and the picked head's prompts; the link a prompt's row holds opens the Heatmaps page
+    on that prompt with the head selected."""
+    from cwviz.app import atlas_services, services
+    from cwviz.core.texts import gsm8k_path, read_texts
+
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "atlas", {"atlas_n": "2", "layer": "19", "head": "3"}))
+        page.get_by_text("Atlas of heads").wait_for(timeout=60_000)
+        _settle(page, 0)
+        page.get_by_role("button", name="Run").click()
+        _settle(page, 1)
+        _assert_no_error_text(page)
+        assert page.get_by_text("2 prompt(s) on").count() == 1
+        assert _check_charts(page, "Atlas") == 1
+        assert page.get_by_text("Layer 19, head 3: the prompts with the lowest").count() == 1
+        assert page.locator('[data-testid="stDataFrame"]').first.is_visible()
+        _screenshot(page, "atlas")
+
+        text = read_texts(gsm8k_path(), n=1)[0]
+        link = atlas_services.heatmaps_link(services.Request(device="auto", dtype="auto"), text, 19, 3)
+        page.goto(server + link)
+        _settle(page, 3)
+        _assert_no_error_text(page)
+        assert page.get_by_text("layer 19, head 3;").count() >= 1  # the maps' caption
+    finally:
+        page.close()
+    watch.check()
+
+
+def test_claims_runs_and_shows_a_verdict_for_each_claim(server, browser):
+    """The Claims page on five GSM8K items (the fewest that decide) of 16 tokens: Run shows its progress, then one row per claim with its
+    verdict, the claim-1 rows per rank scope and the CSV download; no bar is left behind."""
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "claims", {"claims_n": "5", "claims_cap": "16"}))
+        page.get_by_text("Claims of the paper").first.wait_for(timeout=60_000)
+        _settle(page, 0)
+        page.get_by_role("button", name="Run").click()
+        page.get_by_text("One row per claim").wait_for(timeout=240_000)
+        _settle(page, 0)
+        _assert_no_error_text(page)
+        assert page.get_by_test_id("stProgress").count() == 0
+        assert page.get_by_text("5 item(s); 95 % percentile bootstrap").count() == 1
+        assert page.locator('[data-testid="stDataFrame"]').count() == 3  # per claim, claim 1 per scope, claims 2–5
+        assert page.get_by_role("button", name="claims.csv").count() == 1
+        _screenshot(page, "claims")
+    finally:
+        page.close()
+    watch.check()
+
+
+def _overlapping(labels: list[dict], along: str) -> list[tuple[str, str]]:
+    """Neighbouring labels of one axis whose boxes overlap along the axis (``along``: "x" or "y") by more
+    than 2 px (a text box holds the font's whole line height, about 3 px more than the glyphs of a 10 px font)."""
+    size = "width" if along == "x" else "height"
+    ordered = sorted(labels, key=lambda t: t["box"][along])
+    return [(a["text"], b["text"]) for a, b in zip(ordered, ordered[1:]) if a["box"][along] + a["box"][size] > b["box"][along] + 2]
+
+
+@pytest.mark.parametrize("view", ["window", "binned"])
+def test_a_long_prompt_keeps_readable_labels_with_the_query_and_the_first_token(server, browser, view):
+    """The long example (about 500 tokens): the window view labels every position it shows, the selected query
+    on both axes and the first token (the sink) among the keys; the binned view labels its bins. No two
+    labels overlap."""
+    from cwviz.app import state
+
+    text = next(e.text for e in state.examples() if e.name.startswith("Long"))
+    query = 300
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "heatmaps", {"prompt": text, "token": str(query), "view": view}))
+        _settle(page, 3)
+        _assert_no_error_text(page)
+        _check_charts(page, f"Heatmaps, long prompt, {view}")
+        views = page.evaluate(HEATMAP_LABELS_JS)
+        assert len(views) == 2
+        for heatmap in views:
+            for axis in heatmap["axes"]:
+                texts = [t["text"] for t in axis["labels"]]
+                assert len(texts) >= 10, f"only {len(texts)} labels"
+                assert not _overlapping(axis["labels"], axis["along"]), _overlapping(axis["labels"], axis["along"])[:3]
+                if view == "window":  # the query on both axes; the first token (the sink) among the keys
+                    starts = {t.split(" ", 1)[0] for t in texts}
+                    wanted = {"0", str(query)} if axis["along"] == "x" else {str(query)}
+                    assert wanted <= starts, sorted(starts, key=int)[:5]
+            assert len(heatmap["outline"]) == 1, "the query's row (or its bin) is outlined"
+        _screenshot(page, f"heatmaps-long-{view}")
+    finally:
+        page.close()
+    watch.check()
+
+
+def test_a_page_link_opened_first_on_a_fresh_server_runs_through_the_navigation(browser):
+    """A page's link opened first on a fresh server runs through app.py's navigation (its page names, the wide
+    layout): the scripts live in ``views/``, not in a ``pages/`` folder, which Streamlit would run as its legacy
+    multipage app (file names as navigation, no page config)."""
+    with _serve("fresh-server.log") as url:
+        page = browser.new_page(viewport=VIEWPORT)
+        watch = Watch(page)
+        try:
+            page.goto(f"{url}/sinks?lambda=0.5&layer=3")
+            _settle(page, 3)
+            _assert_no_error_text(page)
+            assert page.locator("h1").first.inner_text() == "Attention sinks as active suppressors"
+            nav = page.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
+            assert [n.strip() for n in nav] == [
+                "Heatmaps",
+                "Tour",
+                "Token",
+                "bertviz",
+                "Sinks",
+                "Faithfulness",
+                "Claims",
+                "Compare",
+                "Atlas",
+            ]
+            main = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
+            assert main["width"] > 1000, f"not the wide layout of app.py: {main['width']:.0f} px"
+            query = parse_qs(urlparse(page.url).query)
+            assert query["lambda"] == ["0.5"] and query["layer"] == ["3"]
+        finally:
+            page.close()
+        watch.check()
+
+
+def test_a_binary_upload_gets_a_message_and_the_server_keeps_serving(server, browser, tmp_path):
+    """A PNG uploaded as examples on the Faithfulness page: the page says what is wrong, and the server still
+    answers its health check and serves the next page."""
+    from tests.cli.test_hostile import PNG
+
+    upload = tmp_path / "examples.txt"
+    upload.write_bytes(PNG)
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "faithfulness", {"source": "upload"}))
+        page.get_by_text("Faithfulness by causal intervention").wait_for(timeout=240_000)
+        _settle(page, 0)
+        page.locator('[data-testid="stFileUploader"] input[type="file"]').set_input_files(str(upload))
+        _settle(page, 0)
+        page.get_by_role("button", name="Run").click()
+        error = page.locator('[data-testid="stAlertContentError"]')
+        error.wait_for(timeout=60_000)
+        assert "binary" in error.inner_text()
+        with urllib.request.urlopen(f"{server}/_stcore/health", timeout=5) as response:
+            assert response.read().strip() == b"ok"
+        page.get_by_role("link", name="Heatmaps").click()
+        _settle(page, 2)
+        assert page.locator(ERROR_SELECTORS).count() == 0
+    finally:
+        page.close()
+    watch.check()
+
+
+TOUR_STEPS = 7
+#: The tour step the README shows: attention against contribution, per layer.
+TOUR_README_STEP = 2
+#: Tour steps whose link is followed, and the title of the page it opens.
+TOUR_FOLLOWED = {
+    3: "Contribution weights vs attention",
+    4: "One query token",
+    6: "Attention sinks as active suppressors",
+    7: "Attention sinks",
+}
+
+
+def test_every_tour_step_draws_its_chart_and_its_link_opens_its_view(server, browser):
+    """The Tour: every step's chart drawn (the checks of every page) and its *Open in …* link opens the full page on
+    the step's view in a new tab."""
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    try:
+        page.goto(f"{server}/tour")
+        _settle(page, 1)
+        for step in range(1, TOUR_STEPS + 1):
+            page.locator("h3", has_text=f"{step}. ").wait_for(timeout=60_000)
+            _settle(page, 1)
+            _assert_no_error_text(page)
+            assert _check_charts(page, f"tour step {step}") == (2 if step == 3 else 1)  # step 3: the two maps
+            page.screenshot(path=str(ARTIFACTS / f"tour-step{step}.png"))
+            if step == TOUR_README_STEP and os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1":
+                page.screenshot(path=str(ASSETS / "tour.png"))  # the README's, as tests/browser/test_browser.py refreshes the others
+            opens = page.locator('a[data-testid^="stBaseLinkButton"]:visible', has_text="Open in")
+            assert opens.count() == 1
+            if step in TOUR_FOLLOWED:
+                wanted = parse_qs(urlparse(opens.get_attribute("href")).query)
+                assert opens.get_attribute("target") == "_blank"
+                with context.expect_page() as opened:
+                    opens.click()
+                full = opened.value
+                full.get_by_text(TOUR_FOLLOWED[step]).first.wait_for(timeout=120_000)
+                _settle(full, 1)
+                _assert_no_error_text(full)
+                got = parse_qs(urlparse(full.url).query)
+                for name in ("model", "layer", "head", "prompt"):
+                    assert got[name] == wanted[name], (step, name)
+                slider = full.locator('[data-testid="stSidebar"] [data-testid="stSliderThumbValue"]').first
+                assert slider.text_content() == wanted["layer"][0]
+                full.screenshot(path=str(ARTIFACTS / f"tour-link{step}.png"))
+                full.close()
+            if step < TOUR_STEPS:
+                page.get_by_role("button", name="Next →").click()
+    finally:
+        context.close()

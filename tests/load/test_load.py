@@ -1,0 +1,292 @@
+"""The real server under load, as a class would use it.
+
+* 16 browser sessions (Chromium contexts) at once on ``cwviz app`` (how the README starts it), each with
+  its own prompt: each shows its own tokens (every heatmap label) and its own numbers (a contribution read
+  off a heatmap cell equals the library's), no error; the server answers its health check throughout.
+  The time for all 16 and the server's peak resident memory are printed (``-s`` shows them) and written
+  to ``tests/artifacts/load.txt``.
+* 200 distinct prompts analysed one after another through the dashboard's services (what the pages call):
+  resident memory stays under a bound that follows from the cache sizes (below).
+* Hosting mode with ``CWVIZ_MAX_CONCURRENT=2`` and a one-second queue: sessions that cannot get a slot see
+  the busy message, none crashes, the rest are served.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlencode
+
+import psutil
+import pytest
+
+from cwviz.charts.heatmaps import LABEL_PX
+from tests.browser.test_browser import (
+    ARTIFACTS,
+    CHART,
+    ERROR_SELECTORS,
+    HEATMAP_LABELS_JS,
+    RENDERED,
+    VIEWPORT,
+    _labels_check,
+    _serve,
+    browser,  # noqa: F401  (the fixture)
+)
+
+SESSIONS = 16
+LAYER = 14
+
+
+def _prompts(n: int, offset: int = 0, chars: int = 120) -> list[str]:
+    """Distinct short prompts: the start of the shipped GSM8K sample's questions, numbered (about 30
+    tokens: each heatmap shows the whole prompt, so every label can be checked)."""
+    from cwviz.core.texts import gsm8k_path, read_texts
+
+    questions = [text.split("\n")[0][:chars] for text in read_texts(gsm8k_path(), field="question")]
+    return [f"Question {offset + k}: {questions[k % len(questions)]}" for k in range(n)]
+
+
+def _peak_rss(process: psutil.Process) -> int:
+    """Peak resident bytes (VmHWM) of ``process`` and its children (cwviz app runs streamlit as a child)."""
+    total = 0
+    for proc in [process, *process.children(recursive=True)]:
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except OSError:
+            continue
+        match = re.search(r"VmHWM:\s+(\d+) kB", status)
+        total = max(total, int(match.group(1)) * 1024) if match else total
+    return total
+
+
+class Health:
+    """Polls the server's health endpoint every half second in a thread; records every failure."""
+
+    def __init__(self, url: str):
+        self.url, self.failures, self.checks = url, [], 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=5) as response:
+                    if response.read().strip() != b"ok":
+                        self.failures.append("not ok")
+            except OSError as err:
+                self.failures.append(str(err))
+            self.checks += 1
+            self._stop.wait(0.5)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.fixture(scope="module")
+def expected():
+    """Each prompt's labels and the layer-level contribution of query 5 to key 0, from the library."""
+    import cwviz
+    from cwviz.analyses import tables
+
+    bundle = cwviz.load_model("embedded")
+    out = {}
+    for text in _prompts(SESSIONS):
+        analysis = cwviz.analyze(bundle, text)
+        contribution = float(analysis.contributions(LAYER, "inter").sum(0)[5, 0])
+        out[text] = (list(tables.position_labels(analysis.tokens)), contribution)
+    return out
+
+
+def _open_all(browser, url: str, prompts: list[str]) -> list:
+    """One fresh context a prompt, all navigated at once (none waits for another)."""
+    pages = []
+    for text in prompts:
+        page = browser.new_context(viewport=VIEWPORT).new_page()
+        page.goto(f"{url}/?{urlencode({'prompt': text, 'layer': LAYER, 'token': 5})}", wait_until="commit")
+        pages.append(page)
+    return pages
+
+
+def _done(page) -> str | None:
+    """'charts' once the heatmaps are drawn, 'error' when an error shows, else None."""
+    if page.locator(ERROR_SELECTORS).count():
+        return "error"
+    if page.locator(RENDERED).count() >= 2:
+        return "charts"
+    return None
+
+
+def _wait_all(pages, timeout: float = 600) -> list[str]:
+    deadline = time.monotonic() + timeout
+    states: list[str | None] = [None] * len(pages)
+    while None in states and time.monotonic() < deadline:
+        for k, page in enumerate(pages):
+            if states[k] is None:
+                states[k] = _done(page)
+        time.sleep(0.2)
+    assert None not in states, f"{states.count(None)} session(s) showed nothing in {timeout:.0f} s"
+    return states
+
+
+def test_sixteen_sessions_at_once_each_see_their_own_prompt(browser, expected):
+    prompts = _prompts(SESSIONS)
+    servers: list = []
+    with _serve("load-server.log", via_cli=True, processes=servers) as url, Health(url) as health:
+        # Warm: the embedded model is loaded once per server, before the class arrives.
+        warm = browser.new_page(viewport=VIEWPORT)
+        warm.goto(url)
+        warm.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[RENDERED, 2], timeout=240_000)
+        warm.close()
+        start = time.monotonic()
+        pages = _open_all(browser, url, prompts)
+        states = _wait_all(pages)
+        elapsed = time.monotonic() - start
+        time.sleep(1.0)
+        peak = _peak_rss(psutil.Process(servers[0].pid))
+        for page, text, state in zip(pages, prompts, states):
+            assert state == "charts", f"{text!r}: {page.locator(ERROR_SELECTORS).all_inner_texts()}"
+            labels, contribution = expected[text]
+            # This session's own tokens: every label drawn is one of its prompt's (thinned so none overlap; a long
+            # one cut with an ellipsis at the axis' label limit).
+            views = page.evaluate(HEATMAP_LABELS_JS)
+            _labels_check(views, LABEL_PX)
+            for view in views:
+                for axis in view["axes"]:
+                    for shown in (t["text"] for t in axis["labels"]):
+                        assert any(label == shown or label.startswith(shown.removesuffix("…")) for label in labels), (text, shown)
+            cell = page.locator(CHART).nth(1).locator('path[aria-label^="key (position token): 0; query (position token): 5;"]').first
+            shown = float(re.search(r"contribution: ([+-]\d+\.\d{4})", cell.get_attribute("aria-label")).group(1))
+            assert shown == pytest.approx(contribution, abs=6e-5), text
+            page.context.close()
+    assert health.checks > 0 and not health.failures, health.failures
+    report = f"{SESSIONS} sessions at once, own prompt each: all drawn in {elapsed:.1f} s; server peak RSS {peak / 1e9:.2f} GB"
+    print(report)
+    (ARTIFACTS / "load.txt").write_text(report + "\n")
+
+
+def test_two_hundred_prompts_one_after_another_stay_under_the_cache_bound():
+    """Bound: the resident size after the first prompt, plus what the caches may hold: ``get_analysis`` keeps
+    at most 6 analyses (each at most :func:`cwviz.core.memory.estimate` of its tokens, which also counts
+    the transient forward pass), the small ``st.cache_data`` tables at most 64 entries a function (a few
+    hundred kB each at these lengths: 5 functions x 64 x 0.5 MB), and 150 MB of allocator slack."""
+    from cwviz.app import services
+    from cwviz.core import memory
+
+    prompts = _prompts(200, offset=1000)
+    process = psutil.Process()
+    rss = []
+    longest = 0
+    for k, text in enumerate(prompts):
+        request = services.Request(text=text)
+        analyzed = services.get_analysis(request)
+        longest = max(longest, analyzed.analysis.num_tokens)
+        services.heatmap_cells(request, LAYER, None, "contribution_inter", "inter", 5, "window")
+        services.head_summary(request)
+        services.token_factors(request, LAYER, 5, 0, "inter")
+        services.top_keys(request, 5, None, "inter", 5)
+        del analyzed
+        if k == 0:
+            gc.collect()
+            baseline = process.memory_info().rss
+        rss.append(process.memory_info().rss)
+    bundle = services.get_bundle("embedded")
+    per_analysis = memory.estimate(bundle.model.config, bundle.info, longest)["total"]
+    bound = baseline + 6 * per_analysis + 5 * 64 * 500_000 + 150_000_000
+    peak = max(rss)
+    report = (
+        f"200 prompts (up to {longest} tokens) through the services: RSS after the first {baseline / 1e6:.0f} MB, "
+        f"peak {peak / 1e6:.0f} MB, last {rss[-1] / 1e6:.0f} MB; bound {bound / 1e6:.0f} MB"
+    )
+    print(report)
+    with (ARTIFACTS / "load.txt").open("a") as out:
+        out.write(report + "\n")
+    assert peak <= bound, report
+    # No leak: the second hundred prompts do not raise the resident size beyond what the caches hold.
+    assert max(rss[100:]) <= max(rss[:100]) + 6 * per_analysis + 50_000_000, report
+
+
+# Put on the hosted server's PYTHONPATH: each analysis holds its slot CWVIZ_TEST_SLOT_HOLD seconds longer, so
+# whether a session must wait does not depend on how fast this machine analyses (a fast one finished every
+# prompt within the one-second queue, and no session waited).
+SLOW_SLOTS = """
+import contextlib
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import time
+
+HOLD = float(os.environ["CWVIZ_TEST_SLOT_HOLD"])
+
+
+class _SlowSlots(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "cwviz.app.hosting":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run_module = spec.loader.exec_module
+
+        def exec_module(module):
+            run_module(module)
+            slot = module.analysis_slot
+
+            @contextlib.contextmanager
+            def held(policy):
+                with slot(policy):
+                    time.sleep(HOLD)
+                    yield
+
+            module.analysis_slot = held
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _SlowSlots())
+"""
+
+
+def test_hosting_mode_refuses_with_the_busy_message_and_serves_the_rest(browser, tmp_path):
+    """Eight sessions with long prompts at once on a server that runs two analyses at a time and lets a
+    request wait one second, each analysis holding its slot four seconds: those that wait longer see the
+    busy message; none shows a traceback; the rest are drawn."""
+    from cwviz.app import state
+
+    long_text = next(e.text for e in state.examples() if e.name.startswith("Long"))
+    prompts = [f"Session {k}. {long_text[:1500]}" for k in range(8)]  # about 300 tokens: under the hosted limit of 512
+    (tmp_path / "sitecustomize.py").write_text(SLOW_SLOTS)
+    pythonpath = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = {
+        "CWVIZ_HOSTED": "1",
+        "CWVIZ_MAX_CONCURRENT": "2",
+        "CWVIZ_QUEUE_SECONDS": "1",
+        "CWVIZ_TEST_SLOT_HOLD": "4",
+        "PYTHONPATH": pythonpath,
+    }
+    with _serve("hosted-load-server.log", env=env, via_cli=True) as url, Health(url) as health:
+        warm = browser.new_page(viewport=VIEWPORT)
+        warm.goto(url)
+        warm.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[RENDERED, 2], timeout=240_000)
+        warm.close()
+        pages = _open_all(browser, url, prompts)
+        states = _wait_all(pages)
+        messages = []
+        for page, outcome in zip(pages, states):
+            assert page.locator('[data-testid="stException"]').count() == 0
+            if outcome == "error":
+                messages.append(" ".join(page.locator('[data-testid="stAlertContentError"]').all_inner_texts()))
+            page.context.close()
+    assert health.checks > 0 and not health.failures, health.failures
+    assert messages, "no session waited for a slot: the test did not load the server"
+    assert all("the server is busy" in m for m in messages), messages
+    assert states.count("charts") >= 2, states
