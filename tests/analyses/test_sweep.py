@@ -223,8 +223,10 @@ def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", list(COMMANDS))
-def test_sigkill_then_resume_loses_nothing_and_duplicates_nothing(tmp_path, command):
+def test_sigkill_then_resume_loses_nothing_and_duplicates_nothing(tmp_path, command="faithfulness"):
+    """The runner's durability (a record fsynced as it is made, a torn last line ignored, --resume completing the
+    rest), once: it is one implementation for every command (cwviz.analyses.sweep.run), and each command's own
+    resume is tested in process (test_sinks_and_atlas_resume_a_partial_run_to_the_uninterrupted_records_and_tables)."""
     model = save_tiny_model(tmp_path / "model")
     texts = [f"Item {i}: " + "the river flows past the old mill " * (1 + i % 3) for i in range(60)]  # long enough to kill mid-run
     data = write_jsonl(tmp_path / "items.jsonl", texts)

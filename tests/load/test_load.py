@@ -7,14 +7,14 @@
   to ``tests/artifacts/load.txt``.
 * 200 distinct prompts analysed one after another through the dashboard's services (what the pages call):
   resident memory stays under a bound that follows from the cache sizes (below).
-* Hosting mode with ``CWVIZ_MAX_CONCURRENT=2`` and a one-second queue: sessions that cannot get a slot see
-  the busy message, none crashes, the rest are served.
+
+Hosting mode's limit on analyses at once (the busy message, the rest served) is tested once, through the services
+with threads (tests/app/test_hosting.py), not again through a server.
 """
 
 from __future__ import annotations
 
 import gc
-import os
 import re
 import threading
 import time
@@ -213,80 +213,3 @@ def test_two_hundred_prompts_one_after_another_stay_under_the_cache_bound():
     assert peak <= bound, report
     # No leak: the second hundred prompts do not raise the resident size beyond what the caches hold.
     assert max(rss[100:]) <= max(rss[:100]) + 6 * per_analysis + 50_000_000, report
-
-
-# Put on the hosted server's PYTHONPATH: each analysis holds its slot CWVIZ_TEST_SLOT_HOLD seconds longer, so
-# whether a session must wait does not depend on how fast this machine analyses (a fast one finished every
-# prompt within the one-second queue, and no session waited).
-SLOW_SLOTS = """
-import contextlib
-import importlib.abc
-import importlib.machinery
-import os
-import sys
-import time
-
-HOLD = float(os.environ["CWVIZ_TEST_SLOT_HOLD"])
-
-
-class _SlowSlots(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "cwviz.app.hosting":
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        run_module = spec.loader.exec_module
-
-        def exec_module(module):
-            run_module(module)
-            slot = module.analysis_slot
-
-            @contextlib.contextmanager
-            def held(policy):
-                with slot(policy):
-                    time.sleep(HOLD)
-                    yield
-
-            module.analysis_slot = held
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _SlowSlots())
-"""
-
-
-def test_hosting_mode_refuses_with_the_busy_message_and_serves_the_rest(browser, tmp_path):
-    """Eight sessions with long prompts at once on a server that runs two analyses at a time and lets a
-    request wait one second, each analysis holding its slot four seconds: those that wait longer see the
-    busy message; none shows a traceback; the rest are drawn."""
-    from cwviz.app import state
-
-    long_text = next(e.text for e in state.examples() if e.name.startswith("Long"))
-    prompts = [f"Session {k}. {long_text[:1500]}" for k in range(8)]  # about 300 tokens: under the hosted limit of 512
-    (tmp_path / "sitecustomize.py").write_text(SLOW_SLOTS)
-    pythonpath = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    env = {
-        "CWVIZ_HOSTED": "1",
-        "CWVIZ_MAX_CONCURRENT": "2",
-        "CWVIZ_QUEUE_SECONDS": "1",
-        "CWVIZ_TEST_SLOT_HOLD": "4",
-        "PYTHONPATH": pythonpath,
-    }
-    with _serve("hosted-load-server.log", env=env, via_cli=True) as url, Health(url) as health:
-        warm = browser.new_page(viewport=VIEWPORT)
-        warm.goto(url)
-        warm.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[RENDERED, 2], timeout=240_000)
-        warm.close()
-        pages = _open_all(browser, url, prompts)
-        states = _wait_all(pages)
-        messages = []
-        for page, outcome in zip(pages, states):
-            assert page.locator('[data-testid="stException"]').count() == 0
-            if outcome == "error":
-                messages.append(" ".join(page.locator('[data-testid="stAlertContentError"]').all_inner_texts()))
-            page.context.close()
-    assert health.checks > 0 and not health.failures, health.failures
-    assert messages, "no session waited for a slot: the test did not load the server"
-    assert all("the server is busy" in m for m in messages), messages
-    assert states.count("charts") >= 2, states
