@@ -539,7 +539,9 @@ def test_negative_contributions_are_drawn_clearly_blue(server, browser):
     watch.check()
 
 
-@pytest.mark.parametrize("name", ["heatmaps", "token", "bertviz", "sinks", "faithfulness", "compare", "atlas"])
+# Two pages in the browser (the sidebar, the Heatmaps pickers above the maps, a page slider): every page's pickers
+# and their write-back to the URL are tested through AppTest (tests/app/test_links.py), one mechanism (url_widget).
+@pytest.mark.parametrize("name", ["heatmaps", "sinks"])
 def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser, name):
     """The link's parameters survive the page's first run: every widget writes its value back to the URL,
     so a picker that had lost its value would show the default in the URL. The visible widgets say the same."""
