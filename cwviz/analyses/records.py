@@ -441,29 +441,26 @@ def write_manifest(folder: str | PathLike, manifest: dict) -> None:
 
 #: What :func:`read_manifest` checks of each kind's manifest (the rest is shown, never computed with).
 _COUNT: Field = (lambda v: _int(v) and v >= 1, "a positive integer")
+_NUMBERS: Field = (_list_of(_number), "a list of numbers")
+_NAMES: Field = (_list_of(lambda v: isinstance(v, str)), "a list of names")
+
+
+def _data_count(key: str) -> Field:
+    """The manifest's ``data`` object, with its positive ``key`` count (the run's examples or prompts)."""
+    return (lambda v: isinstance(v, dict) and _COUNT[0](v.get(key)), f"an object with its '{key}' count")
+
+
 MANIFESTS: dict[str, dict[str, Field]] = {
-    FAITHFULNESS: {
-        "fingerprint": TEXT,
-        "seed": INT,
-        "rates": (_list_of(_number), "a list of numbers"),
-        "measures": (_list_of(lambda v: isinstance(v, str)), "a list of names"),
-        "data": (lambda v: isinstance(v, dict) and _COUNT[0](v.get("examples")), "an object with its 'examples' count"),
-    },
+    FAITHFULNESS: {"fingerprint": TEXT, "seed": INT, "rates": _NUMBERS, "measures": _NAMES, "data": _data_count("examples")},
     SINKS: {"fingerprint": TEXT, "factor": NUMBER},
     ATLAS: {
         "fingerprint": TEXT,
         "bootstrap": _COUNT,
         "confidence": (lambda v: _number(v) and 0 < v < 1, "a number between 0 and 1"),
         "seed": INT,
-        "data": (lambda v: isinstance(v, dict) and _COUNT[0](v.get("prompts")), "an object with its 'prompts' count"),
+        "data": _data_count("prompts"),
     },
-    CLAIMS: {
-        "fingerprint": TEXT,
-        "seed": INT,
-        "rates": (_list_of(_number), "a list of numbers"),
-        "scopes": (_list_of(lambda v: isinstance(v, str)), "a list of names"),
-        "data": (lambda v: isinstance(v, dict) and _COUNT[0](v.get("examples")), "an object with its 'examples' count"),
-    },
+    CLAIMS: {"fingerprint": TEXT, "seed": INT, "rates": _NUMBERS, "scopes": _NAMES, "data": _data_count("examples")},
 }
 
 
