@@ -11,14 +11,16 @@ from cwviz.app.state import url_widget
 from cwviz.charts import atlas as charts
 
 sel = sidebar("Atlas of heads")
-st.markdown(
-    "Each head's statistics on many prompts (one forward pass each, on the sidebar's model), each prompt's "
-    "value a mean over its queries 1..T-1, then the mean over prompts with a 95% bootstrap interval over "
-    "prompts (in the tooltips): the sink's (first token's) share under attention and under contribution, "
-    "cos(ṽ_sink, m) (below zero: the sink cancels what the other tokens write), the divergence of attention and "
-    "contribution rows, the share of negative contribution mass and the head output norm. Pick a head (a click "
-    "on the map, or the sidebar) to list the prompts where it shows the statistic most strongly."
-)
+st.markdown("Every head's sink and suppression statistics over many prompts, to find the heads worth a closer look.")
+with st.expander("How to read this page"):
+    st.markdown(
+        "Each head's statistics on many prompts (one forward pass each, on the sidebar's model), each prompt's "
+        "value a mean over its queries 1..T-1, then the mean over prompts with a 95% bootstrap interval over "
+        "prompts (in the tooltips): the sink's (first token's) share under attention and under contribution, "
+        "cos(ṽ_sink, m) (below zero: the sink cancels what the other tokens write), the divergence of attention and "
+        "contribution rows, the share of negative contribution mass and the head output norm. Pick a head (a click "
+        "on the map, or the sidebar) to list the prompts where it shows the statistic most strongly."
+    )
 if not sel.ok:
     st.stop()
 

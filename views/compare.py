@@ -12,13 +12,15 @@ from cwviz.charts import compare as charts
 from cwviz.charts.heatmaps import LAYOUT_LABELS, LAYOUTS
 
 sel = sidebar("Compare two inputs")
-st.markdown(
-    "Input **A** is the sidebar's prompt and model; input **B** is the prompt below, on the same model or on a "
-    "second model that shares its tokenizer. Tokens are paired by position when both inputs have as many, "
-    "otherwise by a sequence alignment of the tokens (shown below); the maps show A, B and the difference "
-    "B − A on a diverging scale centred at zero (**red: larger in B, blue: smaller, white: unchanged**). "
-    "Layer, head and query follow the sidebar."
-)
+st.markdown("Input A (the sidebar's) against input B (below): the maps of both, and B − A in red where B is larger, blue where smaller.")
+with st.expander("How to read this page"):
+    st.markdown(
+        "Input **A** is the sidebar's prompt and model; input **B** is the prompt below, on the same model or on a "
+        "second model that shares its tokenizer. Tokens are paired by position when both inputs have as many, "
+        "otherwise by a sequence alignment of the tokens (shown below); the maps show A, B and the difference "
+        "B − A on a diverging scale centred at zero (**red: larger in B, blue: smaller, white: unchanged**). "
+        "Layer, head and query follow the sidebar."
+    )
 if not sel.ok:
     st.stop()
 

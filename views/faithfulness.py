@@ -37,15 +37,17 @@ if not policy.server_files:  # hosting mode: the server's files are not the user
 MAX_CAP = services.app_max_tokens()
 
 sel = sidebar("Faithfulness by causal intervention")
-st.markdown(
-    "Each measure ranks the keys of every query. **Comprehensiveness** removes the top share of each "
-    "query's keys, **sufficiency** the bottom share, and the change in perplexity "
-    "ΔPPL = PPL(masked) − PPL(clean) says how much the model needed them: a faithful measure gives a large "
-    "ΔPPL when its top keys go and a small one when its bottom keys go. Removing key *j* for query *i* "
-    "takes its write α·ṽ out of the layer output in every head (attention is not renormalised). Default "
-    "protocol: layer-level scores from the clean pass, masks in every layer at once, at least one key per "
-    "query; `random` is the control."
-)
+st.markdown("Remove the keys a measure ranks first (or last) and see how much worse the model predicts: the faithful measure hurts most.")
+with st.expander("How to read this page"):
+    st.markdown(
+        "Each measure ranks the keys of every query. **Comprehensiveness** removes the top share of each "
+        "query's keys, **sufficiency** the bottom share, and the change in perplexity "
+        "ΔPPL = PPL(masked) − PPL(clean) says how much the model needed them: a faithful measure gives a large "
+        "ΔPPL when its top keys go and a small one when its bottom keys go. Removing key *j* for query *i* "
+        "takes its write α·ṽ out of the layer output in every head (attention is not renormalised). Default "
+        "protocol: layer-level scores from the clean pass, masks in every layer at once, at least one key per "
+        "query; `random` is the control."
+    )
 if sel.ok and not sel.analysis.info.causal:
     info = sel.analysis.info
     st.info(

@@ -15,13 +15,17 @@ SINK_CHOICES = {"first": "first token", "auto": "detected (most attention receiv
 
 sel = sidebar("Attention sinks as active suppressors")
 st.markdown(
-    "Each head's output splits into the sink's part and the rest, o = s·ṽ_sink + (1 − s)·m, where s is the "
-    "attention on the sink, ṽ_sink its projected value and m the attention-weighted mean of the other keys' "
-    "projected values; when ṽ_sink points against m (cosine below zero, blue in the map) the sink does not just "
-    "store spare attention but cancels part of what the other tokens write, so the output norm is smallest at a "
-    "sink ratio inside (0, 1) rather than at either end: where exactly depends on the head (the dashed line in (a)); "
-    "the paper reports moderate ratios in real heads."
+    "A sink (by default the first token) soaks up attention; this page shows whether what it writes cancels what the other tokens write."
 )
+with st.expander("How to read this page"):
+    st.markdown(
+        "Each head's output splits into the sink's part and the rest, o = s·ṽ_sink + (1 − s)·m, where s is the "
+        "attention on the sink, ṽ_sink its projected value and m the attention-weighted mean of the other keys' "
+        "projected values; when ṽ_sink points against m (cosine below zero, blue in the map) the sink does not just "
+        "store spare attention but cancels part of what the other tokens write, so the output norm is smallest at a "
+        "sink ratio inside (0, 1) rather than at either end: where exactly depends on the head (the dashed line in (a)); "
+        "the paper reports moderate ratios in real heads."
+    )
 st.caption(
     "The charts follow the sidebar: (a) shows the selected layer and head (ringed: the selected query), the map "
     "outlines the selected head (click a cell to select it), the share chart marks the selected layer, and the "
