@@ -130,93 +130,107 @@ with right:
     st.caption("Attention averaged over heads; contribution: the layer-level (inter-head) weight, summed over heads.")
     widgets.chart(charts.share_chart(tables.layers, sel.layer), tables.layers, "cwviz-sink-shares", key="sinks_shares")
 
-st.subheader("Intervention: scale the sink's value")
-st.caption(
-    "v_sink ← λ·v_sink (so ṽ_sink in every head), attention kept; λ = 0 removes the sink's write. Only this "
-    "forward pass is changed: the shared model is untouched."
-)
-left, right = st.columns(2)
-with left:
-    factor = url_widget(
-        st.slider,
-        "lambda",
-        "λ",
-        0.0,
-        parse=float,
-        show=lambda v: f"{v:g}",
-        valid=lambda v: 0.0 <= v <= 2.0,
-        min_value=0.0,
-        max_value=2.0,
-        step=0.05,
-        key="sinks_factor",
-    )
-with right:
-    scope = url_widget(
-        st.radio,
-        "scope",
-        "In",
-        "all",
-        options=["all", "selected", "chosen"],
-        horizontal=True,
-        format_func={"all": "every layer", "selected": f"layer {sel.layer} (sidebar)", "chosen": "chosen layers"}.get,
-        key="sinks_scope",
-    )
-layers = None
-if scope == "selected":
-    layers = (sel.layer,)
-elif scope == "chosen":
-    with right:
-        layers = tuple(
-            url_widget(
-                st.multiselect, "layers", "Layers", [sel.layer], parse=int, options=list(range(sel.analysis.num_layers)), key="sinks_layers"
-            )
-        )
-try:
-    result = services.intervention(sel.request, tables.sink, float(factor), layers)
-except CwvizError as err:
-    st.error(str(err))
-    st.stop()
-a, b, c = st.columns(3)
-if causal:
-    a.metric("PPL clean", f"{result.perplexity_clean:.3f}")
-    # A change that rounds to zero gets a grey delta, not a red arrow.
-    b.metric(
-        "PPL intervened",
-        f"{result.perplexity:.3f}",
-        delta=f"{result.delta_ppl:+.3f}",
-        delta_color="inverse" if round(result.delta_ppl, 3) else "off",
-    )
-else:
-    a.metric("PPL", "n/a", help="Perplexity measures next-token prediction: it needs a causal language model, not an encoder.")
-c.metric(
-    "Semantic cone, mean change",
-    f"{result.table['cone_change'].mean():+.4f}",
-    help="Mean pairwise cosine of each head's outputs across positions, after minus before, averaged over layers and heads.",
-)
-if float(factor) == 1.0:
-    st.info("λ = 1 keeps the sink's value as it is: the intervention changes nothing. Pick another λ to see its effect.")
-else:
-    widgets.chart(charts.intervention_chart(result.table), result.table, "cwviz-sink-intervention", key="sinks_intervention")
 
-if causal and url_widget(
-    st.toggle,
-    "layerwise",
-    "ΔPPL with the sink's value scaled by λ in one layer at a time",
-    False,
-    parse=parse_bool,
-    show=show_bool,
-    help="One forward pass per layer (batched): slow on a CPU.",
-    key="sinks_layerwise",
-):
-    per_layer = services.layerwise(sel.request, tables.sink, float(factor))
-    st.dataframe(
-        per_layer,
-        hide_index=True,
-        column_config={
-            "perplexity": st.column_config.NumberColumn(format="%.3f"),
-            "delta_ppl": st.column_config.NumberColumn("ΔPPL", format="%+.3f"),
-        },
+# A fragment: moving λ (or the scope, or the per-layer toggle) reruns this section only, not the sidebar and the
+# three charts above, whose data do not depend on it; a change in the sidebar still reruns the whole page.
+@st.fragment
+def intervention_section() -> None:
+    st.subheader("Intervention: scale the sink's value")
+    st.caption(
+        "v_sink ← λ·v_sink (so ṽ_sink in every head), attention kept; λ = 0 removes the sink's write. Only this "
+        "forward pass is changed: the shared model is untouched."
     )
+    left, right = st.columns(2)
+    with left:
+        factor = url_widget(
+            st.slider,
+            "lambda",
+            "λ",
+            0.0,
+            parse=float,
+            show=lambda v: f"{v:g}",
+            valid=lambda v: 0.0 <= v <= 2.0,
+            min_value=0.0,
+            max_value=2.0,
+            step=0.05,
+            key="sinks_factor",
+        )
+    with right:
+        scope = url_widget(
+            st.radio,
+            "scope",
+            "In",
+            "all",
+            options=["all", "selected", "chosen"],
+            horizontal=True,
+            format_func={"all": "every layer", "selected": f"layer {sel.layer} (sidebar)", "chosen": "chosen layers"}.get,
+            key="sinks_scope",
+        )
+    layers = None
+    if scope == "selected":
+        layers = (sel.layer,)
+    elif scope == "chosen":
+        with right:
+            layers = tuple(
+                url_widget(
+                    st.multiselect,
+                    "layers",
+                    "Layers",
+                    [sel.layer],
+                    parse=int,
+                    options=list(range(sel.analysis.num_layers)),
+                    key="sinks_layers",
+                )
+            )
+    try:
+        result = services.intervention(sel.request, tables.sink, float(factor), layers)
+    except CwvizError as err:
+        st.error(str(err))
+        return
+    a, b, c = st.columns(3)
+    if causal:
+        a.metric("PPL clean", f"{result.perplexity_clean:.3f}")
+        # A change that rounds to zero gets a grey delta, not a red arrow.
+        b.metric(
+            "PPL intervened",
+            f"{result.perplexity:.3f}",
+            delta=f"{result.delta_ppl:+.3f}",
+            delta_color="inverse" if round(result.delta_ppl, 3) else "off",
+        )
+    else:
+        a.metric("PPL", "n/a", help="Perplexity measures next-token prediction: it needs a causal language model, not an encoder.")
+    c.metric(
+        "Semantic cone, mean change",
+        f"{result.table['cone_change'].mean():+.4f}",
+        help="Mean pairwise cosine of each head's outputs across positions, after minus before, averaged over layers and heads.",
+    )
+    if float(factor) == 1.0:
+        st.info("λ = 1 keeps the sink's value as it is: the intervention changes nothing. Pick another λ to see its effect.")
+    else:
+        widgets.chart(charts.intervention_chart(result.table), result.table, "cwviz-sink-intervention", key="sinks_intervention")
+
+    if causal and url_widget(
+        st.toggle,
+        "layerwise",
+        "ΔPPL with the sink's value scaled by λ in one layer at a time",
+        False,
+        parse=parse_bool,
+        show=show_bool,
+        help="One forward pass per layer (batched): slow on a CPU.",
+        key="sinks_layerwise",
+    ):
+        per_layer = services.layerwise(sel.request, tables.sink, float(factor))
+        st.dataframe(
+            per_layer,
+            hide_index=True,
+            column_config={
+                "perplexity": st.column_config.NumberColumn(format="%.3f"),
+                "delta_ppl": st.column_config.NumberColumn("ΔPPL", format="%+.3f"),
+            },
+        )
+
+
+intervention_section()
 
 with st.expander("Per-layer table"):
     st.dataframe(

@@ -11,6 +11,7 @@ import pytest
 from cwviz.app.hosting import Policy, analysis_slot, policy_from_env
 from cwviz.core.errors import InputError, ModelLoadError
 from cwviz.core.models import load_model
+from tests.app.test_app import APP
 from tests.conftest import no_hooks, run_together
 
 
@@ -107,7 +108,7 @@ def test_hosted_app_offers_only_the_allowed_models_and_refuses_others(monkeypatc
 
     monkeypatch.setenv("CWVIZ_HOSTED", "1")
     monkeypatch.setenv("CWVIZ_ALLOWED_MODELS", "embedded")
-    at = AppTest.from_file("../app.py", default_timeout=180)
+    at = AppTest.from_file(APP, default_timeout=180)
     at.query_params["model"] = "/etc"
     at.run()
     assert not at.exception

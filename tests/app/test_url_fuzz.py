@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cwviz.app import state
+from tests.app.test_app import APP
 
 values = st.one_of(
     st.text(max_size=12),
@@ -45,7 +46,7 @@ def test_odd_prompts_in_the_app_analyse_without_errors():
     from tests.core.test_hardening import ODD_PROMPTS
 
     for name in ("emoji", "rtl", "control", "html", "special", "one_token"):
-        at = AppTest.from_file("../app.py", default_timeout=180)
+        at = AppTest.from_file(APP, default_timeout=180)
         at.query_params["prompt"] = ODD_PROMPTS[name]
         at.run()
         assert not at.exception, (name, [e.value for e in at.exception])
