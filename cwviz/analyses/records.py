@@ -46,6 +46,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import InputError
+from ..core.locks import lock
 from ..core.texts import write_text_atomic
 from .schema import ATLAS_METRICS, RANK_SCOPES
 
@@ -496,9 +497,8 @@ def folder_lock(folder: str | PathLike) -> Iterator[None]:
     """Hold ``folder`` (a results folder that exists) for one run: an exclusive, non-blocking ``flock`` on its
     :data:`LOCK` file, held until the block ends; InputError ("busy") when another run holds it.
 
-    ``fcntl.flock`` (``msvcrt.locking`` on Windows), not a lock file's mere existence nor a library's protocol: the
-    lock belongs to the open file, so the OS drops it when the process ends in any way (SIGKILL included) and a
-    crashed run never leaves the folder stuck. It is advisory: cwviz's own runs take it (:mod:`cwviz.analyses.sweep`
+    :func:`cwviz.core.locks.lock`, not a lock file's mere existence nor a library's protocol: the OS drops it when
+    the process ends in any way (SIGKILL included), so a crashed run never leaves the folder stuck. It is advisory: cwviz's own runs take it (:mod:`cwviz.analyses.sweep`
     takes it in the main process of a data-parallel run, whose other processes follow the main one)."""
     path = Path(folder) / LOCK
     try:
@@ -507,7 +507,7 @@ def folder_lock(folder: str | PathLike) -> Iterator[None]:
         raise InputError(f"cannot lock {folder} ({err.strerror or err}); give a folder you can write to") from None
     try:
         try:
-            _lock(handle)
+            lock(handle, wait=False)
         except OSError:
             raise InputError(
                 f"{folder} is busy: another cwviz run is writing into it; wait for that run to finish "
@@ -516,15 +516,3 @@ def folder_lock(folder: str | PathLike) -> Iterator[None]:
         yield
     finally:
         handle.close()  # closing the file releases the lock
-
-
-def _lock(handle) -> None:
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        import msvcrt
-
-        handle.seek(0)
-        msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
-        return
-    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import altair as alt
 import streamlit as st
 
@@ -26,50 +29,57 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
     layered and concatenated charts (a console warning) and let a title and legend eat a fixed plot
     height. Charts are drawn as SVG. Returns the selection state when ``on_select`` is given.
     """
-    chart_obj = _drawn(chart_obj, width)
+    spec = _spec(chart_obj, width)
     kwargs = {} if on_select is None else {"on_select": on_select, "selection_mode": selection_mode}
-    event = st.altair_chart(chart_obj, key=key, width=width, **kwargs)
-    downloads(chart_obj, data, name, key)
+    event = st.vega_lite_chart(spec=spec, key=key, width=width, **kwargs)
+    downloads(lambda: spec, data, name, key)
     return event
 
 
-def _drawn(chart_obj, width: str = "stretch"):
-    """``chart_obj`` as the dashboard draws it: SVG, at its own size (``width="content"``), labels of
-    :func:`label_px`."""
-    if isinstance(chart_obj, alt.TopLevelMixin):
-        # SVG always: Streamlit switches to canvas above 2,000 rows a dataset, which drops every mark from
-        # the page (no aria labels for screen readers, nothing a browser test can read). cwviz's charts hold
-        # at most ~5,000 marks (tables.MAX_CELLS), which SVG draws without delay.
-        top = {"usermeta": {"embedOptions": {"renderer": "svg"}}}
-        # Streamlit adds autosize "fit" to any spec without one. "pad" keeps the chart's own size; "fit-x" fits the
-        # width to the column and keeps the plot's height (plain "fit" would give the legend and the key labels'
-        # height to the plot).
-        top["autosize"] = alt.AutoSizeParams(type="pad" if width == "content" else "fit-x", contains="padding")
-        # Streamlit's theme sets labelFlush, which moves the first and last label of a discrete axis inwards,
-        # off their rows (onto their neighbours' on a heatmap); a token axis keeps each label on its row.
-        # One copy of the chart for the top-level properties, one for the config (each copies the chart).
-        # Labels of at least 12 px (16 in presenter mode) in dark grey, legible from the back of a room.
-        px = label_px()
-        chart_obj = (
-            chart_obj.properties(**top)
-            .configure_axis(labelFontSize=px, titleFontSize=px, labelColor="#31333f", titleColor="#31333f")
-            .configure_axisDiscrete(labelFlush=False)
-            .configure_legend(labelFontSize=px, titleFontSize=px, titleLimit=400)
-            .configure_title(fontSize=px + 2)
-        )
-    return chart_obj
+#: Altair's data transformer is one setting for the whole process; conversions of several sessions take turns.
+_TO_DICT = threading.Lock()
 
 
-def downloads(chart_obj, data, name: str, key: str) -> None:
-    """PNG, SVG and CSV downloads of a chart, rendered only when clicked."""
-    from ..charts.export import to_csv, to_png, to_svg
+def _spec(chart_obj: alt.TopLevelMixin, width: str = "stretch") -> dict:
+    """The Vega-Lite spec of ``chart_obj`` as the dashboard draws it: SVG, at its own size (``width="content"``),
+    labels of :func:`label_px`.
+
+    Converted once, without Altair's schema check and without the chart copies that ``configure_*`` makes: on
+    every rerun they cost more than the rest of the page's Python (cwviz's chart builders are checked against
+    the schema by the chart tests). The data travel inline (``datasets``); Streamlit sends them as Arrow.
+    """
+    with _TO_DICT, alt.data_transformers.enable("default", max_rows=None):
+        spec = chart_obj.to_dict(validate=False)
+    # SVG always: Streamlit switches to canvas above 2,000 rows a dataset, which drops every mark from
+    # the page (no aria labels for screen readers, nothing a browser test can read). cwviz's charts hold
+    # at most ~5,000 marks (tables.MAX_CELLS), which SVG draws without delay.
+    spec["usermeta"] = {"embedOptions": {"renderer": "svg"}}
+    # Streamlit adds autosize "fit" to any spec without one. "pad" keeps the chart's own size; "fit-x" fits the
+    # width to the column and keeps the plot's height (plain "fit" would give the legend and the key labels'
+    # height to the plot).
+    spec["autosize"] = {"type": "pad" if width == "content" else "fit-x", "contains": "padding"}
+    # Streamlit's theme sets labelFlush, which moves the first and last label of a discrete axis inwards,
+    # off their rows (onto their neighbours' on a heatmap); a token axis keeps each label on its row.
+    # Labels of at least 12 px (16 in presenter mode) in dark grey, legible from the back of a room.
+    px = label_px()
+    config = spec.setdefault("config", {})
+    config["axis"] = {"labelFontSize": px, "titleFontSize": px, "labelColor": "#31333f", "titleColor": "#31333f"}
+    config["axisDiscrete"] = {"labelFlush": False}
+    config["legend"] = {"labelFontSize": px, "titleFontSize": px, "titleLimit": 400}
+    config["title"] = {"fontSize": px + 2}
+    return spec
+
+
+def downloads(spec: Callable[[], dict], data, name: str, key: str) -> None:
+    """PNG, SVG and CSV downloads of a chart (``spec`` gives its Vega-Lite spec), rendered only when clicked."""
+    from ..charts.export import render_spec, to_csv
 
     cols = st.columns([1, 1, 1, 5])
     cols[0].download_button(
-        "PNG", data=lambda: to_png(chart_obj), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore"
+        "PNG", data=lambda: render_spec(spec(), "png"), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore"
     )
     cols[1].download_button(
-        "SVG", data=lambda: to_svg(chart_obj), file_name=f"{name}.svg", mime="image/svg+xml", key=f"{key}_svg", on_click="ignore"
+        "SVG", data=lambda: render_spec(spec(), "svg"), file_name=f"{name}.svg", mime="image/svg+xml", key=f"{key}_svg", on_click="ignore"
     )
     cols[2].download_button("CSV", data=lambda: to_csv(data), file_name=f"{name}.csv", mime="text/csv", key=f"{key}_csv", on_click="ignore")
 
@@ -126,13 +136,18 @@ def query_heatmaps(
             cells, which, query, height=side, label_px=px, colour_range=colour_range, generated_from=generated_from
         )
         with column:
-            event = st.altair_chart(_drawn(view), key=f"{key}_map_{which}", width="stretch", on_select="rerun", selection_mode=QUERY_PICK)
+            event = st.vega_lite_chart(
+                spec=_spec(view), key=f"{key}_map_{which}", width="stretch", on_select="rerun", selection_mode=QUERY_PICK
+            )
         picked = (event.selection.get(QUERY_PICK) or [None])[0] if event is not None else None
         if picked and picked != st.session_state.get(f"_{key}_map_{which}_last_pick") and "query_position" in picked:
             st.session_state[f"_{key}_map_{which}_last_pick"] = picked
             select(query=int(picked["query_position"]))
-    pair = heatmaps.heatmap_pair(cells, query, label_px=px, colour_range=colour_range)
-    downloads(_drawn(pair), cells.frame, name, key)
+
+    def pair() -> dict:  # a third chart, never drawn on the page: built only when a download is clicked
+        return _spec(heatmaps.heatmap_pair(cells, query, label_px=px, colour_range=colour_range), "content")
+
+    downloads(pair, cells.frame, name, key)
 
 
 def analysis_download(sel: Selection, key: str = "json") -> None:

