@@ -93,7 +93,7 @@ def first_use(target: Path) -> Iterator[None]:
     that start at once on an empty cache (two dashboards, the test suite's workers) convert once, and the others wait
     here, then find it made. Check again inside the block."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "a+b") as handle:
+    with open(target.parent / f".lock-{target.name}", "a+b") as handle:
         lock(handle, wait=True)
         yield
 
