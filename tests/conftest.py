@@ -3,6 +3,7 @@ embedded SmolLM2 for integration tests."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -10,6 +11,11 @@ import torch
 import transformers
 
 import cwviz
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # make test's workers share the cores: each takes its share of torch's threads. Two workers of two threads each
+    # on two cores made the tiny models' tests (thread overhead, not arithmetic) take about twice as long.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
 class CharTokenizer:
@@ -213,14 +219,33 @@ SLOW_MODULES = {"test_browser", "test_packaging", "test_interrupts", "test_load"
 ALONE_MODULES = {"test_load"}
 
 
+#: What a test's own code names when it loads a real model, runs a page or starts a Python process (a fresh
+#: interpreter imports torch and transformers: seconds before it does anything).
+SLOW_WORDS = ("embedded", "AppTest", "sys.executable")
+
+
+def _starts_slow_work(item) -> bool:
+    import inspect
+
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        return False
+    return any(word in source for word in SLOW_WORDS)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark ``slow`` every test that loads the embedded model, runs the app (AppTest) or drives the
-    browser, so that ``make test-fast`` (``pytest -m "not slow"``) skips them without anyone having
-    to remember the marker: derived from the fixtures a test uses and the module it lives in."""
+    """Mark ``slow`` every test that loads the embedded model, runs the app (AppTest), starts a Python process or
+    drives the browser, so that ``make test-fast`` (``pytest -m "not slow"``) skips them without anyone having
+    to remember the marker: derived from the fixtures a test uses, the module it lives in and the words of its own
+    code (:data:`SLOW_WORDS`)."""
     for item in items:
         module = getattr(item, "module", None)
         name = module.__name__.rsplit(".", 1)[-1] if module is not None else ""
         if any(f.startswith("embedded") for f in getattr(item, "fixturenames", ())) or name in SLOW_MODULES or hasattr(module, "AppTest"):
+            item.add_marker(pytest.mark.slow)
+        elif _starts_slow_work(item):
             item.add_marker(pytest.mark.slow)
         if name in ALONE_MODULES:
             item.add_marker(pytest.mark.alone)
