@@ -40,7 +40,7 @@ test: lint
 	$(PY) -m pytest -q -m alone --durations=5
 
 test-fast: setup
-	$(PY) -m pytest -q -n $(WORKERS) -m "not slow"
+	CWVIZ_TEST_SHARE_THREADS=1 $(PY) -m pytest -q -n $(WORKERS) -m "not slow"
 
 bench: setup
 	$(PY) -m benchmarks.run

@@ -12,9 +12,11 @@ import transformers
 
 import cwviz
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # make test's workers share the cores: each takes its share of torch's threads. Two workers of two threads each
-    # on two cores made the tiny models' tests (thread overhead, not arithmetic) take about twice as long.
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("CWVIZ_TEST_SHARE_THREADS"):
+    # make test-fast's workers share the cores: each takes its share of torch's threads. Two workers of two threads
+    # each on two cores made the tiny models' tests (thread overhead, not arithmetic) take about twice as long. The
+    # whole suite (make test) leaves torch its threads: there a worker's real model often has the cores to itself
+    # while the other waits on a browser or a server, and the shared threads made a clean run slower (BENCHMARKS.md).
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 

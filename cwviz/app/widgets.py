@@ -44,9 +44,9 @@ def _spec(chart_obj: alt.TopLevelMixin, width: str = "stretch") -> dict:
     """The Vega-Lite spec of ``chart_obj`` as the dashboard draws it: SVG, at its own size (``width="content"``),
     labels of :func:`label_px`.
 
-    Converted once, without Altair's schema check and without the chart copies that ``configure_*`` makes: on
-    every rerun they cost more than the rest of the page's Python (cwviz's chart builders are checked against
-    the schema by the chart tests). The data travel inline (``datasets``); Streamlit sends them as Arrow.
+    Converted once, without Altair's schema check and without the chart copies that ``configure_*`` makes, which
+    with the download pair took about half of the Heatmaps page's Python on a layer change (a py-spy profile). The
+    AppTests check every spec they read against the Vega-Lite schema (``tests/app/test_app.charts``). The data travel inline (``datasets``); Streamlit sends them as Arrow.
     """
     with _TO_DICT, alt.data_transformers.enable("default", max_rows=None):
         spec = chart_obj.to_dict(validate=False)
