@@ -498,8 +498,9 @@ def folder_lock(folder: str | PathLike) -> Iterator[None]:
     :data:`LOCK` file, held until the block ends; InputError ("busy") when another run holds it.
 
     :func:`cwviz.core.locks.lock`, not a lock file's mere existence nor a library's protocol: the OS drops it when
-    the process ends in any way (SIGKILL included), so a crashed run never leaves the folder stuck. It is advisory: cwviz's own runs take it (:mod:`cwviz.analyses.sweep`
-    takes it in the main process of a data-parallel run, whose other processes follow the main one)."""
+    the process ends in any way (SIGKILL included), so a crashed run never leaves the folder stuck. It is advisory:
+    cwviz's own runs take it (:mod:`cwviz.analyses.sweep` takes it in the main process of a data-parallel run, whose
+    other processes follow the main one)."""
     path = Path(folder) / LOCK
     try:
         handle = path.open("a+b")

@@ -46,7 +46,8 @@ def _spec(chart_obj: alt.TopLevelMixin, width: str = "stretch") -> dict:
 
     Converted once, without Altair's schema check and without the chart copies that ``configure_*`` makes, which
     with the download pair took about half of the Heatmaps page's Python on a layer change (a py-spy profile). The
-    AppTests check every spec they read against the Vega-Lite schema (``tests/app/test_app.charts``). The data travel inline (``datasets``); Streamlit sends them as Arrow.
+    AppTests check every spec they read against the Vega-Lite schema (``tests/app/test_app.charts``). The data
+    travel inline (``datasets``); Streamlit sends them as Arrow.
     """
     with _TO_DICT, alt.data_transformers.enable("default", max_rows=None):
         spec = chart_obj.to_dict(validate=False)

