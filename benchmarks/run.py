@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
@@ -389,6 +390,41 @@ def bench_cold_start() -> list[str]:
     return rows
 
 
+def bench_conversion(repeats: int) -> list[str]:
+    """A GGUF's first conversion with its header parsed once (:func:`cwviz.core.checkpoints.parsed_once`) against
+    transformers' own three parses, alternated in this process; SmolLM2, and Gemma 3 270M where its packages are
+    installed (one run each: about 80 s a pair)."""
+    import contextlib
+
+    from cwviz.core import checkpoints
+
+    def convert(gguf_of, once: bool) -> float:
+        saved = checkpoints.parsed_once
+        if not once:
+            checkpoints.parsed_once = lambda path: contextlib.nullcontext()
+        try:
+            with tempfile.TemporaryDirectory() as out, gguf_of() as gguf:
+                start = time.perf_counter()
+                checkpoints.convert_gguf(gguf, Path(out) / "model", "benchmark")
+                return time.perf_counter() - start
+        finally:
+            checkpoints.parsed_once = saved
+
+    models = [("SmolLM2-135M (Q4_1)", lambda: contextlib.nullcontext(checkpoints.embedded_gguf()), repeats)]
+    if importlib.util.find_spec(checkpoints.EMBEDDED_GEMMA_PACKAGE):
+        models.append(("Gemma 3 270M (Q4_K_M)", checkpoints.embedded_gemma_gguf, 1))
+    rows = ["| GGUF conversion | parsed once (s) | three parses (s) | ratio | runs |", "|---|---|---|---|---|"]
+    for name, gguf_of, runs in models:
+        once, thrice = [], []
+        for _ in range(runs):
+            thrice.append(convert(gguf_of, once=False))
+            once.append(convert(gguf_of, once=True))
+        a, b = statistics.median(once), statistics.median(thrice)
+        rows.append(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f} | {runs} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -398,7 +434,7 @@ def machine() -> str:
     )
 
 
-SECTIONS = ["overhead", "memory", "naive", "zeroing", "cold", "dashboard", "dashboard-long", "browser", "window", "masked"]
+SECTIONS = ["overhead", "memory", "naive", "zeroing", "cold", "conversion", "dashboard", "dashboard-long", "browser", "window", "masked"]
 
 
 def main(argv=None) -> int:
@@ -442,6 +478,8 @@ def main(argv=None) -> int:
         sections.append(("Against value zeroing (one forward pass per token)", bench_value_zeroing(bundle, 128, 15)))
     if "cold" in only:
         sections.append(("Cold start", bench_cold_start()))
+    if "conversion" in only:
+        sections.append(("A GGUF's first conversion", bench_conversion(args.repeats)))
     if "dashboard" in only:
         from benchmarks import dashboard
 

@@ -190,7 +190,7 @@ def sidebar(title: str | None = None) -> Selection:
     if not services.bundle_loaded(cur["model"], cur["device"], cur["dtype"]):
         waiting.info(
             f"Loading {model_label(cur['model'])}… A model is loaded once per server; the embedded models are converted "
-            "once on a machine's first use (about 30 s), later starts take seconds."
+            "once on a machine's first use (15 to 30 s), later starts take seconds."
         )
     analyzed, error = analyse(cur)
     waiting.empty()

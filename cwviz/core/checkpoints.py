@@ -9,8 +9,8 @@
 * a user's ``.gguf`` file: converted like the embedded GGUFs, under a key of its path, size and mtime
   (:func:`gguf_dir`).
 
-A GGUF is dequantised to float32 safetensors with its tokenizer by :func:`convert_gguf` (about 30 s for SmolLM2,
-a minute for Gemma 3 on 2 cores); every later load reads the safetensors folder and never opens the GGUF. Every
+A GGUF is dequantised to float32 safetensors with its tokenizer by :func:`convert_gguf` (12 s for SmolLM2, 33 s
+for Gemma 3 on 2 cores, its header parsed once: :func:`parsed_once`); every later load reads the safetensors folder and never opens the GGUF. Every
 cache folder is written into a temporary folder and renamed (:func:`written_once`), so an interrupted or
 concurrent first use never leaves a half-written cache.
 """
@@ -24,6 +24,7 @@ import logging
 import shutil
 import struct
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -125,22 +126,59 @@ def check_gguf(path: Path) -> None:
         )
 
 
+#: Conversions in one process run one at a time: :func:`parsed_once` swaps a module attribute for the conversion.
+_CONVERTING = threading.Lock()
+
+
+@contextlib.contextmanager
+def parsed_once(gguf: Path) -> Iterator[None]:
+    """Within the block, every ``gguf.GGUFReader`` of ``gguf`` is one reader, parsed once.
+
+    transformers (5.24) reads a llama or gemma3 GGUF's metadata with ``gguf.GGUFReader`` in each of the config, the
+    weights and the tokenizer's choice of class: three parses of the whole header, 15 s each for Gemma 3's
+    262,144-entry vocabulary on 2 cores. It imports the class from the ``gguf`` module at each call
+    (``modeling_gguf_pytorch_utils.load_gguf_checkpoint``), so the module attribute is what is replaced here; any other
+    file is read as before. Holds :data:`_CONVERTING`, so that no other conversion in the process sees the swap.
+    (The tokenizer's vocabulary and merges are read by transformers' own reader, which reads only those strings.)
+    Gemma 3's conversion takes 0.58 of the time it takes without this, SmolLM2's 0.65 (``benchmarks.run --only
+    conversion``, BENCHMARKS.md)."""
+    import gguf as gguf_module
+
+    original = gguf_module.GGUFReader
+    path = gguf.resolve()
+    shared: list = []
+
+    def reader(source, *args, **kwargs):
+        if args or kwargs or Path(source).resolve() != path:
+            return original(source, *args, **kwargs)
+        if not shared:
+            shared.append(original(source))
+        return shared[0]
+
+    with _CONVERTING:
+        gguf_module.GGUFReader = reader
+        try:
+            yield
+        finally:
+            gguf_module.GGUFReader = original
+
+
 def convert_gguf(gguf: Path, target: Path, model_id: str) -> Path:
     """Dequantise ``gguf`` into float32 safetensors and its tokenizer in ``target``; returns ``target``.
 
-    One model load from the GGUF (its config comes with the model: no separate config parse) and one tokenizer load,
-    both saved with ``save_pretrained`` so that no later load opens the GGUF again (before this, a ``.gguf`` was read
-    four times on every load: config, config again, weights, tokenizer). Weights are unpacked at load
+    One model load and one tokenizer load from the GGUF, its header parsed once for both (:func:`parsed_once`), both
+    saved with ``save_pretrained`` so that no later load opens the GGUF again. Weights are unpacked at load
     (``GgufConfig(dequantize=True)``): packed GGUF modules cannot be saved as plain weights.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     check_gguf(gguf)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
-        )
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with parsed_once(gguf):
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+            )
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except (OSError, ValueError, KeyError, IndexError, RuntimeError, UnicodeDecodeError, struct.error) as err:
         # struct.error, IndexError, UnicodeDecodeError: the header or the tensor table is cut or garbled.
         raise ModelLoadError(
@@ -171,7 +209,7 @@ def embedded_dir() -> Path:
     gguf = embedded_gguf()
 
     def make() -> None:
-        log.warning("converting the embedded model to safetensors in %s (once, about 30 s)", target)
+        log.warning("converting the embedded model to safetensors in %s (once, about 15 s)", target)
         convert_gguf(gguf, target, EMBEDDED_ID)
 
     return made_once(target, converted, make)
@@ -197,11 +235,11 @@ def embedded_gemma_gguf() -> Iterator[Path]:
 
 
 def embedded_gemma_dir() -> Path:
-    """The converted Gemma 3 270M, converting it on first use (about a minute)."""
+    """The converted Gemma 3 270M, converting it on first use (about 30 s)."""
     target = cache_dir() / "models" / "gemma-3-270m"
 
     def make() -> None:
-        log.warning("converting Gemma 3 270M to safetensors in %s (once, about a minute)", target)
+        log.warning("converting Gemma 3 270M to safetensors in %s (once, about 30 s)", target)
         with embedded_gemma_gguf() as gguf:
             convert_gguf(gguf, target, EMBEDDED_GEMMA_ID)
 
