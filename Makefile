@@ -1,7 +1,7 @@
 # make run: set up on first use (.venv, cwviz with its extras, the three embedded models) and open the dashboard.
-# make test: lint, then the whole test suite (what CI runs): every test but those that measure the machine, spread over
-# WORKERS processes (pytest-xdist, a test module to a process), then those (tests marked alone: a server under load,
-# peak memory) by themselves. make test-fast: the tests not marked slow.
+# make test: lint, then the whole test suite (what CI runs): every test but those timed against the machine, spread over
+# WORKERS processes (pytest-xdist, a test module to a process), then those (tests marked alone: a server under load)
+# by themselves. make test-fast: the tests not marked slow.
 VENV ?= .venv
 WORKERS ?= 2
 PY := $(VENV)/bin/python
@@ -35,6 +35,10 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# OpenMP threads that sleep when idle (OMP_WAIT_POLICY=PASSIVE): the suite runs two workers and their servers on
+# two cores, where torch's spinning threads took the CPU from each other (the xdist part: 445 s spinning, 336 s
+# passive; BENCHMARKS.md).
+test test-fast: export OMP_WAIT_POLICY = PASSIVE
 test: lint
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope -m "not alone" --durations=15
 	$(PY) -m pytest -q -m alone --durations=5

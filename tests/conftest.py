@@ -216,9 +216,6 @@ def no_hooks(model) -> bool:
 # -- the slow marker ---------------------------------------------------------------------------------
 #: Modules that serve the app or drive the browser in every test (AppTest modules are found by name).
 SLOW_MODULES = {"test_browser", "test_packaging", "test_interrupts", "test_load"}
-#: Modules whose every test measures the machine (a server under load, resident memory): marked ``alone``, which
-#: ``make test`` runs after the rest, with nothing else running beside them.
-ALONE_MODULES = {"test_load"}
 
 
 #: What a test's own code names when it loads a real model, runs a page or starts a Python process (a fresh
@@ -249,5 +246,3 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         elif _starts_slow_work(item):
             item.add_marker(pytest.mark.slow)
-        if name in ALONE_MODULES:
-            item.add_marker(pytest.mark.alone)

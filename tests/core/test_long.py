@@ -182,7 +182,6 @@ def services_at_8k() -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak resident size is read from Linux /proc")
 def test_an_8192_token_prompt_through_the_dashboard_services_stays_within_the_estimate():
     """The dashboard's default limit on a CPU, through its services in a fresh process (:func:`services_at_8k`; the

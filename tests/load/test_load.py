@@ -8,6 +8,9 @@
 * 200 distinct prompts analysed one after another through the dashboard's services (what the pages call):
   resident memory stays under a bound that follows from the cache sizes (below).
 
+Only the first is marked ``alone`` (run by itself after the rest): its health checks time the server. The second
+measures its own process's resident size, which the tests beside it do not change.
+
 Hosting mode's limit on analyses at once (the busy message, the rest served) is tested once, through the services
 with threads (tests/app/test_hosting.py), not again through a server.
 """
@@ -138,6 +141,7 @@ def _wait_all(pages, timeout: float = 600) -> list[str]:
     return states
 
 
+@pytest.mark.alone
 def test_sixteen_sessions_at_once_each_see_their_own_prompt(browser, expected):
     prompts = _prompts(SESSIONS)
     servers: list = []
