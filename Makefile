@@ -40,7 +40,7 @@ format: setup
 # passive; BENCHMARKS.md).
 test test-fast: export OMP_WAIT_POLICY = PASSIVE
 test: lint
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope -m "not alone" --durations=15
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m "not alone" --durations=15
 	$(PY) -m pytest -q -m alone --durations=5
 
 test-fast: setup

@@ -1,8 +1,8 @@
 """What a person waits for in a real browser (headless Chromium): a layer, head or query change on the Heatmaps
 page at about 30 and 300 tokens, and a λ change on the Sinks page (the λ slider moved one step).
 
-A wait is measured from the input (a key press on the layer slider, a choice typed into the head or query picker,
-an arrow key on the λ slider) to the moment the page has stopped running and the charts the change
+A wait is measured from the input (a key press on the layer slider, the Enter that takes a choice typed into the head
+or query picker, an arrow key on the λ slider) to the moment the page has stopped running and the charts the change
 redraws have been drawn anew: before the input each drawn chart's SVG is remembered, and the wait ends when that many
 charts draw something else (Streamlit may redraw a chart in place) and Streamlit's status widget is gone. The baseline is the first draw of the same page in the same browser
 (model already converted, analysis included), so each change's ratio to it says how much of a fresh page it costs.
@@ -91,12 +91,11 @@ def _settle(page) -> None:
         time.sleep(0.1)
 
 
-def _pick(page, label: str, text: str) -> None:
-    """Type ``text`` into the sidebar picker labelled ``label`` and take the first match."""
+def _typed(page, label: str, text: str) -> None:
+    """Type ``text`` into the sidebar picker labelled ``label`` (its list filtered to the match, not yet chosen)."""
     box = page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]', has_text=label).locator("input")
     box.click()
     box.fill(text)
-    page.keyboard.press("Enter")
 
 
 def _heatmaps(page, url: str, prompt: str, repeats: int) -> tuple[float, dict[str, float]]:
@@ -111,9 +110,12 @@ def _heatmaps(page, url: str, prompt: str, repeats: int) -> tuple[float, dict[st
         thumb.focus()
         waits["layer"].append(_timed_change(page, lambda: page.keyboard.press("ArrowRight" if i % 2 == 0 else "ArrowLeft"), MAPS))
         _settle(page)
-        waits["head"].append(_timed_change(page, lambda: _pick(page, "Head", str(2 + i)), MAPS))
+        # A picker's wait starts at the Enter that takes the match: the typing before it is the person's, not a wait.
+        _typed(page, "Head", str(2 + i))
+        waits["head"].append(_timed_change(page, lambda: page.keyboard.press("Enter"), MAPS))
         _settle(page)
-        waits["query"].append(_timed_change(page, lambda: _pick(page, "Query token", f"{10 + i}:"), MAPS))
+        _typed(page, "Query token", f"{10 + i}:")
+        waits["query"].append(_timed_change(page, lambda: page.keyboard.press("Enter"), MAPS))
         _settle(page)
     return first, {name: statistics.median(times) for name, times in waits.items()}
 

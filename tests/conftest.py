@@ -234,6 +234,18 @@ def _starts_slow_work(item) -> bool:
     return any(word in source for word in SLOW_WORDS)
 
 
+#: The longest test modules, longest first (in a clean run: the browser module about 300 s; the 8,192-token memory
+#: test 80 s alone, 155 s beside another worker; the 200 prompts 55 s, 100 s beside one; the sweeps 80 s). make test
+#: hands whole modules to its workers in collection order (``--dist loadscope --no-loadscope-reorder``): these go
+#: first, so that the last modules to start are short ones and no worker waits idle while another finishes a long one.
+LONGEST_FIRST = ("browser/test_browser.py", "core/test_long.py", "load/test_load.py", "analyses/test_sweep.py")
+
+
+def _longest_first(item) -> int:
+    path = item.path.as_posix()
+    return next((rank for rank, tail in enumerate(LONGEST_FIRST) if path.endswith(tail)), len(LONGEST_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark ``slow`` every test that loads the embedded model, runs the app (AppTest), starts a Python process or
     drives the browser, so that ``make test-fast`` (``pytest -m "not slow"``) skips them without anyone having
@@ -246,3 +258,4 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         elif _starts_slow_work(item):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=_longest_first)  # stable: each module keeps its own order
