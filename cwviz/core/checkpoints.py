@@ -10,8 +10,8 @@
   (:func:`gguf_dir`).
 
 A GGUF is dequantised to float32 safetensors with its tokenizer by :func:`convert_gguf` (12 s for SmolLM2, 33 s
-for Gemma 3 on 2 cores, its header parsed once: :func:`parsed_once`); every later load reads the safetensors folder and never opens the GGUF. Every
-cache folder is written into a temporary folder and renamed (:func:`written_once`), so an interrupted or
+for Gemma 3 on 2 cores, its header parsed once: :func:`parsed_once`); every later load reads the safetensors folder
+and never opens the GGUF. Every cache folder is written into a temporary folder and renamed (:func:`written_once`), so an interrupted or
 concurrent first use never leaves a half-written cache.
 """
 
@@ -135,7 +135,7 @@ def parsed_once(gguf: Path) -> Iterator[None]:
     """Within the block, every ``gguf.GGUFReader`` of ``gguf`` is one reader, parsed once.
 
     transformers (5.24) reads a llama or gemma3 GGUF's metadata with ``gguf.GGUFReader`` in each of the config, the
-    weights and the tokenizer's choice of class: three parses of the whole header, 15 s each for Gemma 3's
+    weights and the tokenizer's choice of class: three parses of the whole header, about 12 s each for Gemma 3's
     262,144-entry vocabulary on 2 cores. It imports the class from the ``gguf`` module at each call
     (``modeling_gguf_pytorch_utils.load_gguf_checkpoint``), so the module attribute is what is replaced here; any other
     file is read as before. Holds :data:`_CONVERTING`, so that no other conversion in the process sees the swap.
