@@ -39,6 +39,9 @@ format: setup
 # two cores, where torch's spinning threads took the CPU from each other (the xdist part: 445 s spinning, 336 s
 # passive; BENCHMARKS.md).
 test test-fast: export OMP_WAIT_POLICY = PASSIVE
+# pytest keeps each test module's rewritten asserts as bytecode, which PYTHONDONTWRITEBYTECODE (set on this machine)
+# forbids: each worker and the alone part then rewrote all ~50 modules again (a fifth of a collection's time here).
+test test-fast: export PYTHONDONTWRITEBYTECODE =
 test: lint
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m "not alone" --durations=15
 	$(PY) -m pytest -q -m alone --durations=5
