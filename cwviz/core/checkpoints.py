@@ -11,8 +11,8 @@
 
 A GGUF is dequantised to float32 safetensors with its tokenizer by :func:`convert_gguf` (12 s for SmolLM2, 33 s
 for Gemma 3 on 2 cores, its header parsed once: :func:`parsed_once`); every later load reads the safetensors folder
-and never opens the GGUF. Every cache folder is written into a temporary folder and renamed (:func:`written_once`), so an interrupted or
-concurrent first use never leaves a half-written cache.
+and never opens the GGUF. Every cache folder is written into a temporary folder and renamed (:func:`written_once`),
+so an interrupted or concurrent first use never leaves a half-written cache.
 """
 
 from __future__ import annotations
