@@ -28,17 +28,15 @@ files = hosting.policy_from_env().server_files  # off in hosting mode
 sources = services.SOURCES if files else {"gsm8k": services.SOURCES["gsm8k"]}
 left, middle, right = st.columns([2, 3, 1])
 with left:
-    source = url_widget(
-        st.radio, "atlas_source", "Prompts from", "gsm8k", options=list(sources), format_func=sources.get, key="atlas_source"
-    )
+    source = url_widget(st.radio, "atlas_source", "Prompts from", "gsm8k", options=list(sources), format_func=sources.get)
 path = out = folder = ""
 with middle:
     if source == "path":
-        path = url_widget(st.text_input, "atlas_path", "JSONL file", "", placeholder="/path/to/test.jsonl", key="atlas_path")
+        path = url_widget(st.text_input, "atlas_path", "JSONL file", "", placeholder="/path/to/test.jsonl")
     if source == "saved":
-        folder = url_widget(st.text_input, "atlas_dir", "Results folder", "", placeholder="/path/to/atlas", key="atlas_dir")
+        folder = url_widget(st.text_input, "atlas_dir", "Results folder", "", placeholder="/path/to/atlas")
     elif files:
-        out = url_widget(st.text_input, "atlas_out", "Save results in (optional)", "", placeholder="/path/to/atlas", key="atlas_out")
+        out = url_widget(st.text_input, "atlas_out", "Save results in (optional)", "", placeholder="/path/to/atlas")
 with right:
     n = url_widget(
         st.number_input,
@@ -51,7 +49,6 @@ with right:
         max_value=services.MAX_PROMPTS,
         step=1,
         disabled=source == "saved",
-        key="atlas_n",
     )
 
 try:
@@ -84,7 +81,6 @@ metric = url_widget(
     options=list(schema.ATLAS_METRICS),
     format_func=schema.ATLAS_METRICS.get,
     horizontal=True,
-    key="atlas_metric",
 )
 widgets.head_grid(charts.atlas_map(result.pooled, metric, sel.layer, sel.head), result.pooled, "cwviz-atlas", key="atlas_map")
 st.download_button(

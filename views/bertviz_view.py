@@ -31,7 +31,6 @@ with left:
         options=list(bertviz_html.BERTVIZ_VIEWS),
         horizontal=True,
         format_func=lambda v: f"{v} view",
-        key="bertviz_view",
     )
 with right:
     weights = url_widget(
@@ -41,7 +40,6 @@ with right:
         bertviz_html.WEIGHTS[0],
         options=list(bertviz_html.WEIGHTS),
         horizontal=True,
-        key="bertviz_weights",
     )
 where = bertviz_html.scope(sel.analysis, view, sel.layer)
 st.caption(f"Showing {where.note}.")

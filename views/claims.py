@@ -31,9 +31,7 @@ with st.expander("How the claims are tested"):
     )
 files = hosting.policy_from_env().server_files  # off in hosting mode: the server's files are not the users'
 sources = {"run": "run here (GSM8K sample)", "saved": "a results folder of cwviz claims"} if files else {"run": "run here (GSM8K sample)"}
-source = url_widget(
-    st.radio, "claims_source", "Claims from", "run", options=list(sources), format_func=sources.get, horizontal=True, key="claims_source"
-)
+source = url_widget(st.radio, "claims_source", "Claims from", "run", options=list(sources), format_func=sources.get, horizontal=True)
 
 
 def run_here() -> list[dict] | None:
@@ -49,7 +47,6 @@ def run_here() -> list[dict] | None:
             valid=lambda v: 1 <= v <= MAX_ITEMS,
             min_value=1,
             max_value=MAX_ITEMS,
-            key="claims_n",
         )
     with right:
         cap = url_widget(
@@ -61,7 +58,6 @@ def run_here() -> list[dict] | None:
             valid=lambda v: 3 <= v <= 512,
             min_value=3,
             max_value=512,
-            key="claims_cap",
         )
     asked = (sel.model, sel.device, sel.dtype, int(n), int(cap))
     if st.button("Run", type="primary", key="claims_run"):  # True in the click's rerun, which has the widgets' values
@@ -91,9 +87,7 @@ def run_here() -> list[dict] | None:
 
 
 def saved() -> list[dict] | None:
-    folder = url_widget(
-        st.text_input, "claims_dir", "Results folder (the --results DIR of cwviz claims)", "", placeholder="/path/to/DIR", key="claims_dir"
-    )
+    folder = url_widget(st.text_input, "claims_dir", "Results folder (the --results DIR of cwviz claims)", "", placeholder="/path/to/DIR")
     if not folder.strip():
         st.info("Give the folder that `cwviz claims --results DIR` wrote.")
         return None

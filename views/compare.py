@@ -26,7 +26,7 @@ if not sel.ok:
 
 left, right = st.columns([3, 1])
 with left:
-    text_b = url_widget(st.text_area, "prompt_b", "Prompt B", services.DEFAULT_PROMPT_B, height=100, key="compare_prompt_b")
+    text_b = url_widget(st.text_area, "prompt_b", "Prompt B", services.DEFAULT_PROMPT_B, height=100)
 with right:
     model_b = url_widget(
         st.text_input,
@@ -35,7 +35,6 @@ with right:
         "",
         placeholder=sel.model,
         help="Empty: the sidebar's model. Another model must share its tokenizer (one prompt on two models).",
-        key="compare_model_b",
     )
 request_b = services.request_b(sel.request, text_b, model_b)
 try:
@@ -72,7 +71,6 @@ with col_map:
         options=list(schema.COMPARE_MAPS),
         format_func=schema.COMPARE_MAPS.get,
         horizontal=True,
-        key="compare_map",
     )
 with col_kind:
     kind = url_widget(
@@ -83,7 +81,6 @@ with col_kind:
         options=list(schema.KINDS),
         horizontal=True,
         format_func=lambda k: "layer output ‖o_i‖ (inter)" if k == "inter" else "head output ‖o_i^h‖ (intra)",
-        key="compare_kind",
     )
 with col_layout:
     layout = url_widget(
@@ -96,7 +93,6 @@ with col_layout:
         help="auto: as many of A, B and B − A in a row as fit a 1,366 px wide window with the sidebar open. "
         "Choose side by side on a wider screen.",
         horizontal=True,
-        key="compare_layout",
     )
 cells = services.map_cells(sel.request, request_b, sel.layer, sel.head, kind, sel.query)
 widgets.query_chart(
@@ -112,7 +108,6 @@ metric = url_widget(
     options=list(schema.HEAD_METRICS),
     format_func=schema.HEAD_METRICS.get,
     horizontal=True,
-    key="compare_metric",
 )
 changes = services.head_changes(sel.request, request_b)
 widgets.head_grid(charts.head_change_grid(changes, metric, sel.layer, sel.head), changes, "cwviz-compare-heads", key="compare_heads")

@@ -18,7 +18,7 @@ from cwviz.analyses import sweep
 from cwviz.analyses.schema import area_span
 from cwviz.app import hosting, services, widgets
 from cwviz.app.sidebar import sidebar
-from cwviz.app.state import parse_bool, show_bool, url_widget
+from cwviz.app.state import parse_bool, url_widget
 from cwviz.charts import faithfulness as charts
 from cwviz.charts.export import to_csv
 
@@ -85,26 +85,26 @@ def start() -> None:
     Reads the widgets' values from session state (a callback sees the values of the click's rerun).
     """
     value = st.session_state.get
-    layer = value("faith_layer", "all")
+    layer = value("mask_layer", "all")
     try:
         texts = read_texts(
-            value("faith_source", "prompt"),
-            int(value("faith_n", 5)),
-            value("faith_field") or None,
+            value("source", "prompt"),
+            int(value("n", 5)),
+            value("field") or None,
             value("faith_upload"),
-            value("faith_path", ""),
-            value("faith_dataset", ""),
-            value("faith_split", "test"),
+            value("path", ""),
+            value("dataset", ""),
+            value("split", "test"),
         )
         protocol = F.Protocol(
-            rates=tuple(value("faith_rates", F.DEFAULT_RATES)),
-            measures=tuple(value("faith_measures", F.RANKED_MEASURES)),
+            rates=tuple(value("rates", F.DEFAULT_RATES)),
+            measures=tuple(value("measures", F.RANKED_MEASURES)),
             layer=None if layer == "all" else int(layer),
-            per_head=bool(value("faith_per_head", False)),
-            rank_by=value("faith_rank_by", "signed"),
-            rank_scope=value("faith_rank_scope", F.RANK_SCOPES[0]),
-            seed=int(value("faith_seed", 0)),
-            max_tokens=int(value("faith_cap", F.EXAMPLE_MAX_TOKENS)),
+            per_head=bool(value("per_head", False)),
+            rank_by=value("rank_by", "signed"),
+            rank_scope=value("rank_scope", F.RANK_SCOPES[0]),
+            seed=int(value("seed", 0)),
+            max_tokens=int(value("cap", F.EXAMPLE_MAX_TOKENS)),
         )
     except CwvizError as err:
         st.session_state[STATE] = {"error": str(err), "records": [], "texts": [], "running": False}
@@ -132,21 +132,19 @@ def _mask_layer(raw: str):
 with st.expander("Data and protocol", expanded=True):
     left, right = st.columns(2)
     with left:
-        source = url_widget(
-            st.radio, "source", "Examples from", "prompt", options=list(SOURCES), format_func=SOURCES.get, key="faith_source"
-        )
+        source = url_widget(st.radio, "source", "Examples from", "prompt", options=list(SOURCES), format_func=SOURCES.get)
         if source == "upload":
             st.file_uploader("File", type=["txt", "jsonl", "json"], key="faith_upload")
         elif source == "path":
-            url_widget(st.text_input, "path", "Path", "", placeholder="/path/to/test.jsonl", key="faith_path")
+            url_widget(st.text_input, "path", "Path", "", placeholder="/path/to/test.jsonl")
         elif source == "dataset":
-            url_widget(st.text_input, "dataset", "Dataset NAME or NAME:CONFIG", "openai/gsm8k:main", key="faith_dataset")
-            url_widget(st.text_input, "split", "Split", "test", key="faith_split")
+            url_widget(st.text_input, "dataset", "Dataset NAME or NAME:CONFIG", "openai/gsm8k:main")
+            url_widget(st.text_input, "split", "Split", "test")
             st.caption("Needs the `datasets` package and network access; offline, use a local file.")
         if source == "prompt":
             st.caption("One example: the sidebar prompt.")
         else:
-            url_widget(st.text_input, "field", "JSONL field (blank: text, or GSM8K question + answer)", "", key="faith_field")
+            url_widget(st.text_input, "field", "JSONL field (blank: text, or GSM8K question + answer)", "")
             url_widget(
                 st.number_input,
                 "n",
@@ -156,7 +154,6 @@ with st.expander("Data and protocol", expanded=True):
                 valid=lambda v: 1 <= v <= 10_000,
                 min_value=1,
                 max_value=10_000,
-                key="faith_n",
             )
         url_widget(
             st.number_input,
@@ -167,7 +164,6 @@ with st.expander("Data and protocol", expanded=True):
             valid=lambda v: 2 <= v <= MAX_CAP,
             min_value=2,
             max_value=MAX_CAP,
-            key="faith_cap",
             help="Longer examples are cut to this many tokens.",
         )
     with right:
@@ -177,10 +173,8 @@ with st.expander("Data and protocol", expanded=True):
             "Removal rates (% of each query's keys)",
             list(F.DEFAULT_RATES),
             parse=float,
-            show=lambda r: f"{r:g}",
             options=RATE_CHOICES,
             format_func=lambda r: f"{r:g} %",
-            key="faith_rates",
         )
         url_widget(
             st.selectbox,
@@ -189,7 +183,6 @@ with st.expander("Data and protocol", expanded=True):
             "all",
             parse=_mask_layer,
             options=["all", *range(sel.analysis.num_layers if sel.ok else 0)],
-            key="faith_layer",
             format_func=lambda v: "every layer at once" if v == "all" else f"layer {v} only",
         )
         url_widget(
@@ -198,8 +191,6 @@ with st.expander("Data and protocol", expanded=True):
             "Rank per head (default: layer-level scores)",
             False,
             parse=parse_bool,
-            show=show_bool,
-            key="faith_per_head",
         )
         url_widget(
             st.radio,
@@ -208,7 +199,6 @@ with st.expander("Data and protocol", expanded=True):
             F.RANK_BY[0],
             options=list(F.RANK_BY),
             horizontal=True,
-            key="faith_rank_by",
             help="signed: negative contributions rank lowest; absolute: by magnitude",
         )
         url_widget(
@@ -218,14 +208,11 @@ with st.expander("Data and protocol", expanded=True):
             F.RANK_SCOPES[0],
             options=list(F.RANK_SCOPES),
             horizontal=True,
-            key="faith_rank_scope",
             help="query: each query's keys ranked and masked per query; token: keys ranked by their mean score over the "
             "queries that see them, each masked for every query; layer: all (query, key) pairs of a layer ranked together. "
             "Under the query scope value-weighted and its output-normalised form rank alike (docs/METHOD.md section 3)",
         )
-        url_widget(
-            st.number_input, "seed", "Seed (random control, bootstrap)", 0, parse=int, valid=lambda v: v >= 0, min_value=0, key="faith_seed"
-        )
+        url_widget(st.number_input, "seed", "Seed (random control, bootstrap)", 0, parse=int, valid=lambda v: v >= 0, min_value=0)
     # The whole width: in a column, a multiselect (and pills) cut the long measure names off at the edge.
     url_widget(
         st.pills,
@@ -234,7 +221,6 @@ with st.expander("Data and protocol", expanded=True):
         list(F.RANKED_MEASURES),
         options=list(F.ALL_MEASURES),
         selection_mode="multi",
-        key="faith_measures",
     )
 
 run = st.session_state.get(STATE)
@@ -303,7 +289,6 @@ if finished:
         charts.SCALES[0],
         options=list(charts.SCALES),
         horizontal=True,
-        key="faith_scale",
         format_func=lambda s: "linear" if s == "linear" else "symmetric log (keeps 0 and negatives)",
     )
     for curve in F.CURVES:

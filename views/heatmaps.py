@@ -48,7 +48,6 @@ with measure_col:
         options=list(tables.FAMILIES),
         format_func=lambda f: f"Right map: {tables.FAMILIES[f][0]}",
         label_visibility="collapsed",
-        key="heatmaps_measure",
     )
 # Raw and value-weighted attention do not divide by an output norm: the choice is shown but cannot be made.
 normalised = tables.FAMILIES[family][1] != tables.FAMILIES[family][2]
@@ -62,7 +61,6 @@ with kind_col:
         format_func=lambda k: "Share of the layer output (inter)" if k == "inter" else "Share of each head's output (intra)",
         label_visibility="collapsed",
         disabled=not normalised,
-        key="heatmaps_kind",
     )
 with range_col:
     colour_range = url_widget(
@@ -73,7 +71,6 @@ with range_col:
         options=list(charts.RANGES),
         format_func=lambda r: f"Colours: {'robust' if r == 'robust' else 'full range'}",
         label_visibility="collapsed",
-        key="heatmaps_range",
     )
 with more_col, st.popover("More", width="stretch"):
     view = url_widget(
@@ -84,7 +81,6 @@ with more_col, st.popover("More", width="stretch"):
         options=list(tables.VIEWS),
         format_func=lambda v: "window around the query" if v == "window" else "whole prompt in bins",
         help=f"Used when the input has more than {tables.SCREEN_POSITIONS} tokens.",
-        key="heatmaps_view",
     )
     layout = url_widget(
         st.radio,
@@ -94,7 +90,6 @@ with more_col, st.popover("More", width="stretch"):
         options=list(charts.LAYOUTS),
         format_func=charts.LAYOUT_LABELS.get,
         help="auto and side by side: the two maps share the page's width; stacked: each takes the whole width.",
-        key="heatmaps_layout",
     )
 measure = tables.measure_name(family, kind)
 cells = services.heatmap_cells(sel.request, sel.layer, sel.head, measure, kind, sel.query, view)
@@ -129,7 +124,6 @@ metric = url_widget(
     options=list(charts.OVERVIEW_METRICS),
     format_func=lambda m: charts.OVERVIEW_METRICS[m],
     horizontal=True,
-    key="heatmaps_overview_metric",
 )
 summary = services.head_summary(sel.request)
 widgets.head_grid(charts.head_overview(summary, metric, sel.layer, sel.head), summary, "cwviz-heads", key="overview")

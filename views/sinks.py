@@ -7,7 +7,7 @@ from cwviz import CwvizError
 from cwviz.app import hosting, widgets
 from cwviz.app import sink_services as services
 from cwviz.app.sidebar import sidebar
-from cwviz.app.state import parse_bool, show_bool, url_widget
+from cwviz.app.state import parse_bool, url_widget
 from cwviz.charts import sinks as charts
 from cwviz.charts.export import to_csv
 
@@ -46,14 +46,12 @@ if not causal:  # an encoder: every query sees every key, and its special tokens
         f"{tokens[0]!r} (first) and {tokens[last]!r} (last) are where sinks usually form; pick either as the sink. "
         "Perplexity needs a causal language model, so the intervention below reports head outputs only."
     )
-if st.session_state.get("sinks_choice", "first") not in choices:  # "last" left by an encoder, now a causal model
-    st.session_state["sinks_choice"] = "first"
+if st.session_state.get("sink", "first") not in choices:  # "last" left by an encoder, now a causal model
+    st.session_state["sink"] = "first"
 
 left, middle, right = st.columns([3, 2, 3])
 with left:
-    choice = url_widget(
-        st.radio, "sink", "Sink", "first", options=list(choices), format_func=choices.get, horizontal=True, key="sinks_choice"
-    )
+    choice = url_widget(st.radio, "sink", "Sink", "first", options=list(choices), format_func=choices.get, horizontal=True)
 with middle:
     position = url_widget(
         st.number_input,
@@ -66,7 +64,6 @@ with middle:
         max_value=last,
         step=1,
         disabled=choice != "position",
-        key="sinks_position",
     )
 pool_path, pool_n = "", 0
 if hosting.policy_from_env().server_files:  # off in hosting mode: the server's files are not the users'
@@ -148,12 +145,10 @@ def intervention_section() -> None:
             "λ",
             0.0,
             parse=float,
-            show=lambda v: f"{v:g}",
             valid=lambda v: 0.0 <= v <= 2.0,
             min_value=0.0,
             max_value=2.0,
             step=0.05,
-            key="sinks_factor",
         )
     with right:
         scope = url_widget(
@@ -164,7 +159,6 @@ def intervention_section() -> None:
             options=["all", "selected", "chosen"],
             horizontal=True,
             format_func={"all": "every layer", "selected": f"layer {sel.layer} (sidebar)", "chosen": "chosen layers"}.get,
-            key="sinks_scope",
         )
     layers = None
     if scope == "selected":
@@ -179,7 +173,6 @@ def intervention_section() -> None:
                     [sel.layer],
                     parse=int,
                     options=list(range(sel.analysis.num_layers)),
-                    key="sinks_layers",
                 )
             )
     try:
@@ -215,9 +208,7 @@ def intervention_section() -> None:
         "ΔPPL with the sink's value scaled by λ in one layer at a time",
         False,
         parse=parse_bool,
-        show=show_bool,
         help="One forward pass per layer (batched): slow on a CPU.",
-        key="sinks_layerwise",
     ):
         per_layer = services.layerwise(sel.request, tables.sink, float(factor))
         st.dataframe(

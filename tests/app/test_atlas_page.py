@@ -70,7 +70,7 @@ def test_run_draws_the_map_lists_the_strongest_prompts_and_saves_what_reloads(ti
     assert title(reloaded[0]) == title(ran[0]) and len(ran[1]) == len(reloaded[1])  # the same map, no forward pass
     for before, after in zip(ran[1], reloaded[1]):
         pd.testing.assert_frame_equal(before, after)
-    assert at.query_params["atlas_dir"] == str(out) and at.query_params["atlas_metric"] == "negative_share"
+    assert at.text_input(key="atlas_dir").value == str(out) and at.radio(key="atlas_metric").value == "negative_share"
 
 
 def test_a_file_that_is_not_there_gets_a_message(tiny_model, tmp_path):

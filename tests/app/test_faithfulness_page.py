@@ -20,9 +20,9 @@ def app() -> AppTest:
 
 
 def tiny_run(at: AppTest) -> AppTest:
-    at.number_input(key="faith_cap").set_value(12)
-    at.multiselect(key="faith_rates").set_value([50.0])
-    at.button_group(key="faith_measures").set_value(["raw", "random"])
+    at.number_input(key="cap").set_value(12)
+    at.multiselect(key="rates").set_value([50.0])
+    at.button_group(key="measures").set_value(["raw", "random"])
     at.button(key="faith_run").click()
     return at.run()
 
@@ -31,8 +31,8 @@ def test_default_load_shows_the_settings_and_no_results(app):
     assert not app.exception
     assert not app.error
     assert app.button(key="faith_run").label == "Run"
-    assert "a file on this machine" in app.radio(key="faith_source").options
-    assert app.button_group(key="faith_measures").value == [
+    assert "a file on this machine" in app.radio(key="source").options
+    assert app.button_group(key="measures").value == [
         "raw",
         "value_weighted",
         "value_weighted_output_normalized",
@@ -58,9 +58,9 @@ def test_a_tiny_run_on_the_sidebar_prompt_draws_both_curves_and_the_table(app):
 def test_the_two_measures_that_rank_alike_are_said_to_coincide(app):
     """Value-weighted attention and its inter-head output-normalised form give the same curves (one ‖o_i‖ divides
     every key of a query); the page says so, since one line then hides the other."""
-    app.number_input(key="faith_cap").set_value(12)
-    app.multiselect(key="faith_rates").set_value([10.0, 50.0])
-    app.button_group(key="faith_measures").set_value(["value_weighted", "value_weighted_output_normalized"])
+    app.number_input(key="cap").set_value(12)
+    app.multiselect(key="rates").set_value([10.0, 50.0])
+    app.button_group(key="measures").set_value(["value_weighted", "value_weighted_output_normalized"])
     app.button(key="faith_run").click()
     at = app.run()
     assert not at.exception and not at.error
@@ -74,16 +74,16 @@ def test_the_two_measures_that_rank_alike_are_said_to_coincide(app):
 def test_two_examples_from_a_jsonl_path_and_a_malformed_file(app, tmp_path):
     good = tmp_path / "items.jsonl"
     good.write_text("\n".join(json.dumps({"question": f"What is {i} + {i}?", "answer": f"{2 * i}"}) for i in range(3)))
-    app.radio(key="faith_source").set_value("path").run()
-    app.text_input(key="faith_path").set_value(str(good))
-    app.number_input(key="faith_n").set_value(2)
+    app.radio(key="source").set_value("path").run()
+    app.text_input(key="path").set_value(str(good))
+    app.number_input(key="n").set_value(2)
     at = tiny_run(app)
     assert not at.exception and not at.error
     assert any("2 of 2 examples" in caption.value for caption in at.caption)
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"text": \n')
-    at.text_input(key="faith_path").set_value(str(bad))
+    at.text_input(key="path").set_value(str(bad))
     at.button(key="faith_run").click()
     at.run()
     assert not at.exception
@@ -95,7 +95,7 @@ def test_hosting_mode_offers_no_server_paths(monkeypatch):
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
     at.run()
     assert not at.exception
-    options = at.radio(key="faith_source").options
+    options = at.radio(key="source").options
     assert "a file on this machine" not in options
     assert "an uploaded file (.txt or .jsonl)" in options
 

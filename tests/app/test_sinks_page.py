@@ -45,15 +45,15 @@ def test_default_load_draws_the_ratio_map_share_and_intervention_charts(app):
 
 
 def test_lambda_one_changes_nothing_and_the_sink_can_be_moved(app):
-    app.slider(key="sinks_factor").set_value(1.0).run()
+    app.slider(key="lambda").set_value(1.0).run()
     assert not app.exception
     delta = [m for m in app.metric if m.label == "PPL intervened"][0]
     assert float(delta.delta) == 0.0
     # No empty chart of zero changes: the page says there is nothing to show.
     assert any("changes nothing" in i.value for i in app.info)
     assert "Change in head-output norm" not in [_title(chart) for chart in _charts(app)]
-    app.radio(key="sinks_choice").set_value("position").run()
-    app.number_input(key="sinks_position").set_value(2).run()
+    app.radio(key="sink").set_value("position").run()
+    app.number_input(key="sink_pos").set_value(2).run()
     assert not app.exception and not app.error
     assert any("Sink: position 2" in c.value for c in app.caption)
 

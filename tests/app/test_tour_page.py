@@ -89,11 +89,11 @@ def test_a_step_link_opens_the_full_page_on_its_view(walk, step):
     if "token" in params:
         assert widget(at, "selectbox", "Query token").value == int(params["token"])
     if step == 3:
-        assert at.selectbox(key="heatmaps_measure").value == "contribution" and at.selectbox(key="heatmaps_kind").value == "intra"
+        assert at.selectbox(key="measure").value == "contribution" and at.selectbox(key="kind").value == "intra"
     if step == 4:
         assert at.radio(key="token_kind").value == "intra"
     if step == 6:
-        assert at.slider(key="sinks_factor").value == 0.0 and at.radio(key="sinks_scope").value == "all"
+        assert at.slider(key="lambda").value == 0.0 and at.radio(key="scope").value == "all"
     if step == 7:
         assert widget(at, "selectbox", "Model").value == "embedded-encoder"
         assert "encoder" in " ".join(i.value for i in at.info)

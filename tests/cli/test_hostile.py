@@ -155,15 +155,15 @@ def test_the_faithfulness_page_names_the_problem_and_keeps_working(tmp_path, kin
     path, words = hostile(tmp_path, kind, ".txt")
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
     at.switch_page("views/faithfulness.py").run()
-    at.radio(key="faith_source").set_value("path").run()
-    at.text_input(key="faith_path").set_value(str(path))
+    at.radio(key="source").set_value("path").run()
+    at.text_input(key="path").set_value(str(path))
     at.button(key="faith_run").click().run()
     assert not at.exception
     assert words in at.error[0].value
-    at.radio(key="faith_source").set_value("prompt").run()
-    at.number_input(key="faith_cap").set_value(12)
-    at.multiselect(key="faith_rates").set_value([50.0])
-    at.button_group(key="faith_measures").set_value(["raw"])
+    at.radio(key="source").set_value("prompt").run()
+    at.number_input(key="cap").set_value(12)
+    at.multiselect(key="rates").set_value([50.0])
+    at.button_group(key="measures").set_value(["raw"])
     at.button(key="faith_run").click().run()
     assert not at.exception and not at.error
     assert len(at.get("vega_lite_chart")) == 2
