@@ -205,6 +205,19 @@ def launch(argv: list[str], processes: int = 1, timeout: int = 600) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def run_here(argv: list[str]) -> None:
+    """The single-process reference, in this process (``cli.main``, the path ``python -m cwviz`` takes), on one
+    thread as the launched processes run (ENV), so that the floats are summed in the same order."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert cli.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tmp_path, command):
@@ -212,7 +225,7 @@ def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tm
     texts = TEXTS * 2 if command == "faithfulness" else TEXTS[:-1] * 2  # sinks' ΔPPL needs two tokens a prompt
     data = write_jsonl(tmp_path / "items.jsonl", texts)
     single, double = tmp_path / "single", tmp_path / "double"
-    launch(cwviz_command(model, data, single, command))
+    run_here(cwviz_command(model, data, single, command))
     launch(cwviz_command(model, data, double, command), processes=2)
     folder, kind = records_folder(double, command), command
     assert sorted(p.name for p in folder.glob(R.RECORD_GLOB)) == ["records-00000.jsonl", "records-00001.jsonl"]
@@ -247,5 +260,5 @@ def test_sigkill_then_resume_loses_nothing_and_duplicates_nothing(tmp_path, comm
     assert done.returncode == 0, done.stderr[-2000:]
     examples = [json.loads(line)["example"] for line in path.read_text().splitlines()]
     assert sorted(examples) == list(range(len(texts)))  # each example exactly once
-    launch(cwviz_command(model, data, whole, command))
+    run_here(cwviz_command(model, data, whole, command))
     assert summaries(killed, command) == summaries(whole, command)
