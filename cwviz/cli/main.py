@@ -13,6 +13,7 @@ commands write their files before they print.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -52,8 +53,33 @@ def _error_line(err: BaseException) -> str:
     return "error: " + " ".join(str(err).split())
 
 
+@contextlib.contextmanager
+def _exit_at_once_on_ctrl_c():
+    """Ctrl-C while the commands import torch and transformers: one ``interrupted`` line and status 130 at once.
+
+    A KeyboardInterrupt raised there can land in torch's C++ import code, which then aborts the process
+    ("terminate called after throwing an instance of 'pybind11::error_already_set'", status -6) instead of
+    unwinding; nothing has been read or written yet, so the handler ends the process itself. Left alone off the
+    main thread, and where SIGINT is ignored (a job started in the background)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+
+    def leave(signum, frame) -> None:
+        sys.stderr.write("interrupted\n")
+        sys.stderr.flush()
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, leave)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _run(argv: list[str] | None) -> int:
-    parser = build_parser()
+    with _exit_at_once_on_ctrl_c():
+        parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     # `cwviz app ...` hands everything after `app` to `streamlit run` as it is: argparse's REMAINDER does
     # not take options that come first (`cwviz app --server.port 8502` was refused).
