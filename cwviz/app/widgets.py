@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable
 
@@ -32,7 +33,7 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
     spec = _spec(chart_obj, width)
     kwargs = {} if on_select is None else {"on_select": on_select, "selection_mode": selection_mode}
     event = st.vega_lite_chart(spec=spec, key=key, width=width, **kwargs)
-    downloads(lambda: spec, data, name, key)
+    downloads(lambda: _inline(spec), data, name, key)
     return event
 
 
@@ -40,17 +41,37 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
 _TO_DICT = threading.Lock()
 
 
+def _to_arrow(data, datasets: dict) -> dict:
+    """Altair data transformer: a chart's rows as Arrow IPC bytes in ``datasets``, named by their hash.
+
+    What ``st.altair_chart`` does itself. Altair's default writes every row out as a dict of Python values, which
+    Streamlit then turned back into Arrow: on a layer change that round trip of the two maps' rows was the largest
+    part of the page's Python after the analysis (a py-spy profile; BENCHMARKS.md). The name is the content's hash,
+    so an unchanged dataset keeps its name from run to run."""
+    from streamlit import dataframe_util
+
+    raw = dataframe_util.convert_anything_to_arrow_bytes(data)
+    name = f"data-{hashlib.sha256(raw).hexdigest()[:32]}"
+    datasets[name] = raw
+    return {"name": name}
+
+
+alt.data_transformers.register("cwviz_arrow", _to_arrow)
+
+
 def _spec(chart_obj: alt.TopLevelMixin, width: str = "stretch") -> dict:
     """The Vega-Lite spec of ``chart_obj`` as the dashboard draws it: SVG, at its own size (``width="content"``),
-    labels of :func:`label_px`.
+    labels of :func:`label_px`, its data in ``datasets`` as Arrow bytes (:func:`_to_arrow`), which Streamlit
+    sends as they are; :func:`_inline` gives the spec with the rows written out, as a download renders it.
 
     Converted once, without Altair's schema check and without the chart copies that ``configure_*`` makes, which
     with the download pair took about half of the Heatmaps page's Python on a layer change (a py-spy profile). The
-    AppTests check every spec they read against the Vega-Lite schema (``tests/app/test_app.charts``). The data
-    travel inline (``datasets``); Streamlit sends them as Arrow.
+    AppTests check every spec they read against the Vega-Lite schema (``tests/app/test_app.charts``).
     """
-    with _TO_DICT, alt.data_transformers.enable("default", max_rows=None):
+    datasets: dict[str, bytes] = {}
+    with _TO_DICT, alt.data_transformers.enable("cwviz_arrow", datasets=datasets):
         spec = chart_obj.to_dict(validate=False)
+    spec["datasets"] = {**spec.get("datasets", {}), **datasets}
     # SVG always: Streamlit switches to canvas above 2,000 rows a dataset, which drops every mark from
     # the page (no aria labels for screen readers, nothing a browser test can read). cwviz's charts hold
     # at most ~5,000 marks (tables.MAX_CELLS), which SVG draws without delay.
@@ -69,6 +90,19 @@ def _spec(chart_obj: alt.TopLevelMixin, width: str = "stretch") -> dict:
     config["legend"] = {"labelFontSize": px, "titleFontSize": px, "titleLimit": 400}
     config["title"] = {"fontSize": px + 2}
     return spec
+
+
+def _inline(spec: dict) -> dict:
+    """``spec`` (:func:`_spec`) with its Arrow datasets written out as rows, as Vega-Lite outside Streamlit reads
+    them (the PNG and SVG downloads, through vl-convert). Rows go through Altair's own conversion (NaN as null)."""
+    import pyarrow as pa
+    from altair.utils.data import to_values
+
+    rows = {
+        name: to_values(pa.ipc.open_stream(data).read_pandas())["values"] if isinstance(data, bytes) else data
+        for name, data in spec.get("datasets", {}).items()
+    }
+    return {**spec, "datasets": rows}
 
 
 def downloads(spec: Callable[[], dict], data, name: str, key: str) -> None:
@@ -146,7 +180,7 @@ def query_heatmaps(
             select(query=int(picked["query_position"]))
 
     def pair() -> dict:  # a third chart, never drawn on the page: built only when a download is clicked
-        return _spec(heatmaps.heatmap_pair(cells, query, label_px=px, colour_range=colour_range), "content")
+        return _inline(_spec(heatmaps.heatmap_pair(cells, query, label_px=px, colour_range=colour_range), "content"))
 
     downloads(pair, cells.frame, name, key)
 

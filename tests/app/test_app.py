@@ -361,3 +361,28 @@ def test_long_steps_show_their_progress_and_leave_no_bar_behind(tiny_long_model,
         at.switch_page(page).run()  # cache hits: the recorded bars are replayed and end empty
         assert_clean(at)
         assert not at.get("progress")
+
+
+def test_a_downloaded_chart_draws_the_rows_the_page_sent_as_arrow():
+    """The page sends a chart's rows as Arrow bytes (:func:`cwviz.app.widgets._spec`); its PNG and SVG downloads
+    write them back out: the rows Altair itself would inline, each drawn as one cell."""
+    import re
+
+    import cwviz
+    from cwviz.analyses import tables
+    from cwviz.app import widgets
+    from cwviz.charts import export, heatmaps
+    from tests.conftest import TEXT, make_tiny
+
+    cells = tables.heatmap_cells(cwviz.analyze(make_tiny("llama"), TEXT), 0, 0, "contribution_inter", "inter")
+    view = heatmaps.heatmap_view(cells, "measure", 3)
+    sent = widgets._spec(view)
+    assert sent["datasets"] and all(isinstance(data, bytes) for data in sent["datasets"].values())
+    inline = widgets._inline(sent)
+
+    def rows(spec: dict) -> list[str]:
+        return sorted(json.dumps(values, sort_keys=True) for values in spec["datasets"].values())
+
+    assert rows(inline) == rows(view.to_dict())
+    svg = export.render_spec(inline, "svg").decode()
+    assert len(re.findall(r'aria-label="[^"]*; contribution: [^"]*"', svg)) == len(cells.frame)
