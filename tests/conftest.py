@@ -235,7 +235,7 @@ def _starts_slow_work(item) -> bool:
 
 
 #: The longest test modules, longest first (in a clean run: the browser module about 300 s; the 8,192-token memory
-#: test 80 s alone, 155 s beside another worker; the 200 prompts 55 s, 100 s beside one; the sweeps 80 s). make test
+#: test 80 s alone, 155 s beside another worker; the 200 prompts (now 150) 55 s, 100 s beside one; the sweeps 80 s). make test
 #: hands whole modules to its workers in collection order (``--dist loadscope --no-loadscope-reorder``): these go
 #: first, so that the last modules to start are short ones and no worker waits idle while another finishes a long one.
 LONGEST_FIRST = ("browser/test_browser.py", "core/test_long.py", "load/test_load.py", "analyses/test_sweep.py")
