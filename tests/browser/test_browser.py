@@ -315,23 +315,17 @@ def _assert_no_error_text(page) -> None:
 
 def _drawn_rows(image, box) -> tuple[float, float]:
     """Share of the plot area's pixels that are marks (coloured or dark, not white or grey gridlines), and
-    the share of its height between the first and last row holding such pixels."""
+    the share of its height between the first and last row holding such pixels (every second column read)."""
+    import numpy as np
+
     crop = image.crop((round(box["x"]), round(box["y"]), round(box["x"] + box["w"]), round(box["y"] + box["h"]))).convert("RGB")
-    width, height = crop.size
-    pixels = crop.load()
-    rows, marked = [], 0
-    for y in range(height):
-        count = 0
-        for x in range(0, width, 2):
-            r, g, b = pixels[x, y]
-            if max(r, g, b) - min(r, g, b) > 40 or max(r, g, b) < 140:
-                count += 1
-        if count:
-            rows.append(y)
-            marked += count
-    share = marked / max(1, (width // 2 + width % 2) * height)
-    span = (rows[-1] - rows[0] + 1) / height if rows else 0.0
-    return share, span
+    pixels = np.asarray(crop, dtype=np.int16)[:, ::2]  # [height, columns read, rgb]
+    top, bottom = pixels.max(-1), pixels.min(-1)
+    marked = ((top - bottom) > 40) | (top < 140)
+    rows = np.flatnonzero(marked.any(1))
+    share = marked.sum() / max(1, marked.size)
+    span = (rows[-1] - rows[0] + 1) / marked.shape[0] if len(rows) else 0.0
+    return float(share), float(span)
 
 
 def _tall(page) -> None:
@@ -342,16 +336,20 @@ def _tall(page) -> None:
     time.sleep(1.0)
 
 
-def _check_charts(page, where: str) -> int:
-    """Every plot area of every chart on the page: tall enough, spanned by its marks, drawn, inside the page."""
+def _check_charts(page, where: str, save_as: str | None = None) -> int:
+    """Every plot area of every chart on the page: tall enough, spanned by its marks, drawn, inside the page.
+    ``save_as``: also keep the whole-page screenshot the check read, as :func:`_screenshot` does."""
     from PIL import Image
 
     _tall(page)
     try:
         charts = page.evaluate(PLOTS_JS)
-        image = Image.open(io.BytesIO(page.screenshot()))
+        png = page.screenshot()
     finally:
         page.set_viewport_size(VIEWPORT)
+    if save_as is not None:
+        _save(png, save_as)
+    image = Image.open(io.BytesIO(png))
     assert charts, f"{where}: no chart"
     for chart in charts:
         label = f"{where}, chart {chart['index']}"
@@ -378,9 +376,18 @@ def _screenshot(page, name: str) -> None:
     """The whole page (the viewport is made as tall as the main area's content) to tests/artifacts/<name>.png,
     and with CWVIZ_UPDATE_SCREENSHOT=1 to assets/<name>.png."""
     _tall(page)
+    try:
+        png = page.screenshot()
+    finally:
+        page.set_viewport_size(VIEWPORT)
+    _save(png, name)
+
+
+def _save(png: bytes, name: str) -> None:
+    """A whole-page screenshot to tests/artifacts/<name>.png, and with CWVIZ_UPDATE_SCREENSHOT=1 the top of it to
+    assets/<name>.png (one a page, for the README)."""
     path = ARTIFACTS / f"{name}.png"
-    page.screenshot(path=str(path))
-    page.set_viewport_size(VIEWPORT)
+    path.write_bytes(png)
     if os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1" and name in PAGE_PATHS:  # one a page in the README
         from PIL import Image
 
@@ -396,8 +403,7 @@ def _walk_to(page, link: str, title: str, charts: int) -> None:
     page.get_by_text(title).wait_for(timeout=60_000)
     _settle(page, charts)
     _assert_no_error_text(page)
-    assert _check_charts(page, link) == charts
-    _screenshot(page, link.lower())
+    assert _check_charts(page, link, save_as=link.lower()) == charts
 
 
 def test_every_chart_on_every_page_is_drawn(server, browser):
@@ -408,8 +414,7 @@ def test_every_chart_on_every_page_is_drawn(server, browser):
         _settle(page, 3)  # first load: the embedded model, once
         _assert_no_error_text(page)
         assert page.get_by_text("Contribution weights vs attention").count() == 1
-        assert _check_charts(page, "Heatmaps") == 3  # the two maps and the all-heads overview
-        _screenshot(page, "heatmaps")
+        assert _check_charts(page, "Heatmaps", save_as="heatmaps") == 3  # the two maps and the all-heads overview
 
         _walk_to(page, "Token", "One query token", charts=2)
         _walk_to(page, "Sinks", "Attention sinks as active suppressors", charts=4)
@@ -424,8 +429,7 @@ def test_every_chart_on_every_page_is_drawn(server, browser):
         _settle(page, 2)
         _assert_no_error_text(page)
         assert page.get_by_test_id("stProgress").count() == 0  # no bar left once the run is drawn
-        assert _check_charts(page, "Faithfulness") == 2
-        _screenshot(page, "faithfulness")
+        assert _check_charts(page, "Faithfulness", save_as="faithfulness") == 2
 
         page.get_by_role("link", name="bertviz").click()
         page.get_by_text("bertviz views").wait_for(timeout=60_000)
@@ -624,20 +628,18 @@ def test_the_embedded_encoder_draws_square_heatmaps_and_its_sinks(server, browse
         _settle(page, 3)
         _assert_no_error_text(page)
         assert page.get_by_text("is an encoder: attention is bidirectional").count() == 1
-        assert _check_charts(page, "Heatmaps (encoder)") == 3
+        assert _check_charts(page, "Heatmaps (encoder)", save_as="encoder-heatmaps") == 3
         views = page.evaluate(HEATMAP_LABELS_JS)
         _labels_check(views, 12)
         for view in views:  # square maps: the same labels on both axes, [CLS] first, [SEP] (the query) last
             x, y = ([t["text"] for t in axis["labels"]] for axis in sorted(view["axes"], key=lambda a: a["along"]))
             assert "0 [CLS]" in x and "0 [CLS]" in y and any(t.endswith(" [SEP]") for t in x) and any(t.endswith(" [SEP]") for t in y)
-        _screenshot(page, "encoder-heatmaps")
         page.get_by_role("link", name="Sinks").click()  # not _walk_to: its screenshot would be the README's
         page.get_by_text("Attention sinks as active suppressors").wait_for(timeout=60_000)
         _settle(page, 4)
         _assert_no_error_text(page)
-        assert _check_charts(page, "Sinks (encoder)") == 4
+        assert _check_charts(page, "Sinks (encoder)", save_as="encoder-sinks") == 4
         assert page.get_by_text("last token ([SEP])").count() == 1
-        _screenshot(page, "encoder-sinks")
     finally:
         page.close()
     watch.check()
@@ -711,10 +713,9 @@ def test_compare_draws_a_b_and_their_difference_and_picks_a_head(server, browser
         _settle(page, 3)
         _assert_no_error_text(page)
         assert page.get_by_text("Compare two inputs").count() == 1
-        assert _check_charts(page, "Compare") == 3
+        assert _check_charts(page, "Compare", save_as="compare") == 3
         maps = page.evaluate(PLOTS_JS)[0]
         assert len(maps["plots"]) == 3, maps["plots"]  # A, B and B − A, each with its cells
-        _screenshot(page, "compare")
 
         layer, head = 20, 4
         cell = page.locator(CHART).nth(1).locator(f'path[aria-label^="head: {head}; layer: {layer};"]')
@@ -732,8 +733,7 @@ def test_compare_draws_a_b_and_their_difference_and_picks_a_head(server, browser
         _assert_no_error_text(page)
         assert page.get_by_text("aligned by a sequence alignment").count() >= 1
         assert page.locator('[data-testid="stDataFrame"]').first.is_visible()
-        assert _check_charts(page, "Compare, sequence-aligned") == 3
-        _screenshot(page, "compare-sequence")
+        assert _check_charts(page, "Compare, sequence-aligned", save_as="compare-sequence") == 3
     finally:
         page.close()
     watch.check()
@@ -756,10 +756,9 @@ def test_atlas_runs_draws_its_map_and_links_a_prompt_to_its_heatmaps(server, bro
         _settle(page, 1)
         _assert_no_error_text(page)
         assert page.get_by_text("2 prompt(s) on").count() == 1
-        assert _check_charts(page, "Atlas") == 1
+        assert _check_charts(page, "Atlas", save_as="atlas") == 1
         assert page.get_by_text("Layer 19, head 3: the prompts with the lowest").count() == 1
         assert page.locator('[data-testid="stDataFrame"]').first.is_visible()
-        _screenshot(page, "atlas")
 
         text = read_texts(gsm8k_path(), n=1)[0]
         link = atlas_services.heatmaps_link(services.Request(device="auto", dtype="auto"), text, 19, 3)
@@ -818,7 +817,7 @@ def test_a_long_prompt_keeps_readable_labels_with_the_query_and_the_first_token(
         page.goto(_url(server, "heatmaps", {"prompt": text, "token": str(query), "view": view}))
         _settle(page, 3)
         _assert_no_error_text(page)
-        _check_charts(page, f"Heatmaps, long prompt, {view}")
+        _check_charts(page, f"Heatmaps, long prompt, {view}", save_as=f"heatmaps-long-{view}")
         views = page.evaluate(HEATMAP_LABELS_JS)
         assert len(views) == 2
         for heatmap in views:
@@ -831,7 +830,6 @@ def test_a_long_prompt_keeps_readable_labels_with_the_query_and_the_first_token(
                     wanted = {"0", str(query)} if axis["along"] == "x" else {str(query)}
                     assert wanted <= starts, sorted(starts, key=int)[:5]
             assert len(heatmap["outline"]) == 1, "the query's row (or its bin) is outlined"
-        _screenshot(page, f"heatmaps-long-{view}")
     finally:
         page.close()
     watch.check()
