@@ -234,11 +234,20 @@ def _starts_slow_work(item) -> bool:
     return any(word in source for word in SLOW_WORDS)
 
 
-#: The longest test modules, longest first (in a clean run: the browser module about 300 s; the 8,192-token memory
-#: test 80 s alone, 155 s beside another worker; the 200 prompts (now 150) 55 s, 100 s beside one; the sweeps 80 s). make test
-#: hands whole modules to its workers in collection order (``--dist loadscope --no-loadscope-reorder``): these go
-#: first, so that the last modules to start are short ones and no worker waits idle while another finishes a long one.
-LONGEST_FIRST = ("browser/test_browser.py", "core/test_long.py", "load/test_load.py", "analyses/test_sweep.py")
+#: The longest test modules, longest first. Their times beside the other worker, warm cache (2026-12-06, a timeline of
+#: each worker's modules): the browser module 294 s, the 8,192-token memory test's module 185 s, the load module 60 s,
+#: the sweeps 48 s, the packaging tests 32 s, embedded Gemma 26 s (about 45 s on a cold cache: its conversion). make
+#: test hands whole modules to its workers in collection order (``--dist loadscope --no-loadscope-reorder``): these go
+#: first, so that the last modules to start are short ones and no worker waits idle while another finishes a long one
+#: (with packaging and Gemma among the last, one worker finished 22 s after the other).
+LONGEST_FIRST = (
+    "browser/test_browser.py",
+    "core/test_long.py",
+    "load/test_load.py",
+    "analyses/test_sweep.py",
+    "tests/test_packaging.py",
+    "core/test_embedded_gemma.py",
+)
 
 
 def _longest_first(item) -> int:
