@@ -286,25 +286,29 @@ def _url(server: str, page: str, params: dict | None = None) -> str:
     return f"{server}/{PAGE_PATHS[page]}" + (f"?{urlencode(params)}" if params else "")
 
 
+#: Whether the page has drawn ``n`` charts and its script has not run for ``quiet`` ms: Streamlit marks its root with
+#: the script's run state (``data-test-script-state``, what Streamlit's own browser tests wait on), set the moment a
+#: run starts or ends, where the status widget it shows is drawn late and is missing from short runs.
+SETTLED_JS = """([sel, n, quiet]) => {
+  const app = document.querySelector('[data-testid="stApp"]');
+  const idle = app !== null && app.dataset.testConnectionState === "CONNECTED" && app.dataset.testScriptState === "notRunning"
+    && document.querySelector('[data-testid="stSpinner"]') === null && document.querySelectorAll(sel).length >= n;
+  if (!idle) { window.cwvizIdleSince = undefined; return false; }
+  window.cwvizIdleSince ??= performance.now();
+  return performance.now() - window.cwvizIdleSince >= quiet;
+}"""
+#: How long the script must stay idle: a rerun that a drawn chart or a changed widget asks for starts well within it.
+QUIET_MS = 500
+
+
 def _settle(page, charts: int, timeout_ms: int = 240_000) -> None:
-    """Wait until ``charts`` charts are drawn and the script has stopped running for a second."""
+    """Wait until ``charts`` charts are drawn and the script has stayed idle for :data:`QUIET_MS`."""
     try:
-        page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[RENDERED, charts], timeout=timeout_ms)
+        page.evaluate("() => { window.cwvizIdleSince = undefined; }")  # a quiet time of an earlier wait does not count
+        page.wait_for_function(SETTLED_JS, arg=[RENDERED, charts, QUIET_MS], polling=100, timeout=timeout_ms)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "timeout.png"))  # what the page showed instead
         raise
-    deadline = time.monotonic() + timeout_ms / 1000
-    quiet_since = None
-    while time.monotonic() < deadline:
-        running = page.locator('[data-testid="stStatusWidget"]').count() > 0 or page.locator('[data-testid="stSpinner"]').count() > 0
-        if running:
-            quiet_since = None
-        elif quiet_since is None:
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since > 1.5:
-            return
-        time.sleep(0.25)
-    raise AssertionError("the page kept running")
 
 
 def _assert_no_error_text(page) -> None:
@@ -333,7 +337,25 @@ def _tall(page) -> None:
     its main area itself, and a screenshot shows only what is in the viewport)."""
     height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
     page.set_viewport_size({"width": VIEWPORT["width"], "height": min(max(height, VIEWPORT["height"]), 8000)})
-    time.sleep(1.0)
+    page.evaluate(STILL_JS, [CHART, STILL_MS])
+
+
+#: Resolves once the charts' boxes and drawn sizes have not changed for ``still`` ms (at most 5 s): a taller viewport
+#: can drop the main area's scrollbar, widen it, and make each chart draw itself again at the new width.
+STILL_JS = """async ([sel, still]) => {
+  const boxes = () => JSON.stringify([...document.querySelectorAll(sel)].map((chart) => {
+    const box = chart.getBoundingClientRect(), svg = chart.querySelector("svg.marks");
+    return [box.x, box.y, box.width, box.height, svg && svg.getAttribute("width"), svg && svg.getAttribute("height")];
+  }));
+  const start = performance.now();
+  let last = boxes(), since = start;
+  while (performance.now() - since < still && performance.now() - start < 5000) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    const now = boxes();
+    if (now !== last) { last = now; since = performance.now(); }
+  }
+}"""
+STILL_MS = 400
 
 
 def _check_charts(page, where: str, save_as: str | None = None) -> int:
