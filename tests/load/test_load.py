@@ -113,6 +113,16 @@ def expected():
     return out
 
 
+#: Switches off every CSS animation and transition of a page. The 16 browsers share the server's two cores here, where
+#: a class's browsers run on their own machines; their spinners and placeholders, animated while each waits its turn,
+#: cost the browser more than the pages' drawing (the 16 pages drew in 73 s animated, 50 s still; 2026-12-06).
+STILL_CSS = """document.addEventListener("DOMContentLoaded", () => {
+  const style = document.createElement("style");
+  style.textContent = "*, *::before, *::after { animation: none !important; transition: none !important; }";
+  document.head.appendChild(style);
+});"""
+
+
 def _open_all(browser, url: str, prompts: list[str]) -> list:
     """One fresh context a prompt, all navigated at once (none waits for another).
 
@@ -121,7 +131,9 @@ def _open_all(browser, url: str, prompts: list[str]) -> list:
     browsers, one health check of the server then went unanswered for 5 s (2026-12-06)."""
     pages = []
     for text in prompts:
-        page = browser.new_context(viewport=VIEWPORT).new_page()
+        context = browser.new_context(viewport=VIEWPORT, reduced_motion="reduce")
+        context.add_init_script(STILL_CSS)
+        page = context.new_page()
         page.goto(f"{url}/?{urlencode({'prompt': text, 'layer': LAYER, 'token': 5})}", wait_until="commit")
         pages.append(page)
     return pages
