@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import torch
 
@@ -78,12 +80,15 @@ def gguf_cases(tmp_path: Path) -> dict[str, Path]:
     four = tmp_path / "four.gguf"
     four.write_bytes(b"GGUF")
     cut = tmp_path / "cut.gguf"  # the SmolLM2 GGUF cut inside its vocabulary: struct.error in the header's parse
+    weights = tmp_path / "weights.gguf"  # cut inside its first tensor (its header ends at 1.79 MB): gguf's own parse
     with open(checkpoints.embedded_gguf(), "rb") as f:
-        cut.write_bytes(f.read(100_000))
-    return {"4 bytes": four, "truncated": cut}
+        head = f.read(2_000_000)
+    cut.write_bytes(head[:100_000])
+    weights.write_bytes(head)
+    return {"4 bytes": four, "truncated": cut, "cut in its weights": weights}
 
 
-@pytest.mark.parametrize("case", ["4 bytes", "truncated"])
+@pytest.mark.parametrize("case", ["4 bytes", "truncated", "cut in its weights"])
 def test_a_broken_gguf_is_one_error(case, tmp_path, capsys):
     path = gguf_cases(tmp_path)[case]
     with pytest.raises(ModelLoadError, match=f"{path.name}.*(not a GGUF file|truncated)"):
@@ -91,6 +96,8 @@ def test_a_broken_gguf_is_one_error(case, tmp_path, capsys):
     line = cli_error(analyze_args(path), capsys)
     assert path.name in line and ("not a GGUF file" in line or "download it again" in line)
     assert not list((tmp_path / "cache").glob("models/gguf-*"))  # no half-written cache folder is left
+    # ... and the gguf module is as it was: the reader's class and its numpy (checkpoints.parsed_once swaps both)
+    assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader and gguf.gguf_reader.np is np
 
 
 def _cut_weights(folder: Path) -> None:
