@@ -16,6 +16,7 @@ import transformers
 
 import cwviz
 from cwviz.analyses import bertviz as bertviz_html
+from cwviz.analyses import sinks, tables
 from cwviz.core import blocks as block_policy
 from cwviz.core import inputs, memory
 from cwviz.core.errors import ResourceError
@@ -74,9 +75,10 @@ def test_cli_last_token_scores_read_the_last_row_only(small_blocks):
     np.testing.assert_allclose(contribution, analysis.contributions(1, "intra")[2, -1], atol=1e-6)
 
 
-def test_whole_layer_maps_that_would_not_fit_are_refused_and_rows_still_work(monkeypatch):
+def test_whole_layer_maps_that_would_not_fit_are_refused_and_streaming_reads_still_work(monkeypatch):
     """The analysis itself fits (its working set is a row block); asking the API for a whole layer's T x T maps
-    that would not fit raises ResourceError naming the row-block methods, and those still give every row."""
+    that would not fit raises ResourceError naming the row-block methods, and those still give every row. The
+    dashboard's streamed reductions (the head overview, the sinks page's table) never ask for a whole layer."""
     monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", 1000)
     bundle = make_tiny("llama")
     tokens = 200
@@ -90,6 +92,9 @@ def test_whole_layer_maps_that_would_not_fit_are_refused_and_rows_still_work(mon
     blocks = list(analysis.row_blocks(0))
     assert blocks[0][0] == 0 and blocks[-1][1] == tokens and len(blocks) > 1
     np.testing.assert_allclose(sum(m.contribution("inter").sum().item() for _, _, m in blocks), tokens, rtol=1e-4)
+    summary = tables.head_summary(analysis)
+    assert len(summary) == analysis.num_layers * analysis.num_heads and summary["sink_attention"].between(0, 1).all()
+    assert len(sinks.sink_table(analysis)) > 0
 
 
 def test_an_export_that_would_not_fit_is_refused_before_it_is_built(monkeypatch):
@@ -143,10 +148,17 @@ def _status(field: str) -> int:
 
 
 def services_at_8k() -> dict:
-    """The heatmaps page (window and binned views), its head overview and the token page through the dashboard's
-    services on an 8,192-token prompt, with what was drawn checked against the library; returns the peak resident
-    size above the loaded model and the estimate. Run in a fresh process (``python -c``) by the test below, so
-    that the peak is this run's alone, not shaped by the heap and caches other tests left."""
+    """The heatmaps page (window and binned views) and the token page (one head's factors, every layer's top keys)
+    through the dashboard's services on an 8,192-token prompt, with what was drawn checked against the library;
+    returns the peak resident size above the loaded model and the estimate. Run in a fresh process (``python -c``)
+    by the test below, so that the peak is this run's alone, not shaped by the heap and caches other tests left.
+
+    The binned view reads a whole layer in the row blocks every streamed reduction reads (the head overview, the
+    sinks page's table); the top keys read back every one of the 30 spilled layers. The head overview itself, the
+    same row blocks in all 30 layers (46 s here), is not run again at this length: that it streams is tested on a
+    tiny model whose whole-layer maps are refused
+    (:func:`test_whole_layer_maps_that_would_not_fit_are_refused_and_streaming_reads_still_work`), and its time and
+    memory at 8,192 tokens are ``make bench``'s (dashboard-long)."""
     from benchmarks.run import long_ids
     from cwviz.app import services
     from cwviz.app.launch import start_server
@@ -166,8 +178,8 @@ def services_at_8k() -> dict:
     layer, query = 14, tokens // 2
     window = services.heatmap_cells(request, layer, None, "contribution_inter", "inter", query, "window")
     binned = services.heatmap_cells(request, layer, 3, "contribution_intra", "intra", query, "binned")
-    summary = services.head_summary(request)
     factors = services.token_factors(request, layer, query, 3, "inter")
+    top = services.top_keys(request, query, None, "inter", 5)
     peak = _status("VmHWM") - before
     # What was drawn is right, not only small: the window's cells are the rows' own, the head summary's sink
     # shares are attention shares.
@@ -175,7 +187,7 @@ def services_at_8k() -> dict:
     cell = window.frame[(window.frame["query"] == query) & (window.frame["key"] == 0)]
     assert float(cell["contribution"].iloc[0]) == pytest.approx(float(row.layer_level("contribution_inter")[0, 0]), abs=1e-6)
     assert float(row.contribution("inter")[:, 0].sum()) == pytest.approx(1, abs=1e-4)  # Σ_h Σ_j C = 1 at 8k
-    assert len(summary) == analysis.num_layers * analysis.num_heads and summary["sink_attention"].between(0, 1).all()
+    assert sorted(set(top["layer"])) == list(range(analysis.num_layers)) and top["key"].le(query).all()
     assert factors.frame["query"].eq(query).all() and "bins" in binned.note
     need = memory.estimate(bundle.model.config, bundle.info, tokens, spilled=analysis.spilled)
     return {"tokens": tokens, "peak": peak, "need": need, "spilled": analysis.spilled}
@@ -184,9 +196,9 @@ def services_at_8k() -> dict:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak resident size is read from Linux /proc")
 def test_an_8192_token_prompt_through_the_dashboard_services_stays_within_the_estimate():
-    """The dashboard's default limit on a CPU, through its services in a fresh process (:func:`services_at_8k`; the
-    sinks page's table streams the same row blocks as the overview): the peak resident size above the loaded
-    model is within :func:`cwviz.core.memory.estimate` (the whole-layer maps would be 26 GB)."""
+    """The dashboard's default limit on a CPU, through its services in a fresh process (:func:`services_at_8k`): the
+    peak resident size above the loaded model is within :func:`cwviz.core.memory.estimate` (the whole-layer maps
+    would be 26 GB)."""
     code = "import json; from tests.core.test_long import services_at_8k; print('RESULT', json.dumps(services_at_8k()))"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
