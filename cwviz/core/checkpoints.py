@@ -135,8 +135,9 @@ _CONVERTING = threading.Lock()
 class _PlainMemmap(types.ModuleType):
     """numpy as ``gguf.gguf_reader`` sees it during :func:`_parsed`: its ``memmap`` is a plain ndarray view of the same
     read-only mapping. numpy.memmap's ``__getitem__`` and ``__array_finalize__`` are Python code, run for each of the
-    header's small slices (about 13 million for Gemma 3's 262,144-entry vocabulary): on plain views its reader took
-    3.8 s instead of 13.2 s. The tensors stay views of the mapping, read when they are converted."""
+    header's small slices (about 13 million for Gemma 3's 262,144-entry vocabulary): on plain views Gemma 3's
+    conversion took 19.5 s instead of 32.9 s (``benchmarks.run --only conversion``, BENCHMARKS.md). The tensors stay
+    views of the mapping, read when they are converted."""
 
     def __getattr__(self, name: str):
         return getattr(np, name)

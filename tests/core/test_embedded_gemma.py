@@ -143,7 +143,7 @@ def test_a_user_gguf_is_converted_once_and_then_read_from_the_cache(tmp_path, mo
     """A .gguf given by its path, as a user's file would be (:func:`write_tiny_gguf`; the real GGUFs go through the
     same :func:`cwviz.core.checkpoints.convert_gguf` in the embedded models' tests). The conversion parses the file
     once (transformers alone would read its header three times: config, weights, tokenizer), through a plain array
-    view of the file, not numpy.memmap, whose Python-level slicing made Gemma 3's parse 3.5 times as long."""
+    view of the file, not numpy.memmap, whose Python-level slicing slowed the parse (checkpoints._PlainMemmap)."""
     import gguf as gguf_module
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -181,8 +181,8 @@ def services_at_8k() -> dict:
     factors = services.token_factors(request, layer, query, 3, "inter")
     top = services.top_keys(request, query, None, "inter", 5)
     peak = _status("VmHWM") - before
-    # What was drawn is right, not only small: the window's cells are the rows' own, the head summary's sink
-    # shares are attention shares.
+    # What was drawn is right, not only small: the window's cells are the rows' own, and every layer ranks keys the
+    # query sees.
     row = analysis.rows(layer, query, query + 1)
     cell = window.frame[(window.frame["query"] == query) & (window.frame["key"] == 0)]
     assert float(cell["contribution"].iloc[0]) == pytest.approx(float(row.layer_level("contribution_inter")[0, 0]), abs=1e-6)
