@@ -33,7 +33,7 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
     spec = _spec(chart_obj, width)
     kwargs = {} if on_select is None else {"on_select": on_select, "selection_mode": selection_mode}
     event = st.vega_lite_chart(spec=spec, key=key, width=width, **kwargs)
-    downloads(lambda: _inline(spec), data, name, key)
+    downloads(lambda: spec, data, name, key)
     return event
 
 
@@ -106,15 +106,19 @@ def _inline(spec: dict) -> dict:
 
 
 def downloads(spec: Callable[[], dict], data, name: str, key: str) -> None:
-    """PNG, SVG and CSV downloads of a chart (``spec`` gives its Vega-Lite spec), rendered only when clicked."""
+    """PNG, SVG and CSV downloads of a chart (``spec`` gives its Vega-Lite spec as :func:`_spec` makes it; its rows
+    are written out by :func:`_inline` for the render), rendered only when clicked."""
     from ..charts.export import render_spec, to_csv
+
+    def rendered(kind: str) -> bytes:
+        return render_spec(_inline(spec()), kind)
 
     cols = st.columns([1, 1, 1, 5])
     cols[0].download_button(
-        "PNG", data=lambda: render_spec(spec(), "png"), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore"
+        "PNG", data=lambda: rendered("png"), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore"
     )
     cols[1].download_button(
-        "SVG", data=lambda: render_spec(spec(), "svg"), file_name=f"{name}.svg", mime="image/svg+xml", key=f"{key}_svg", on_click="ignore"
+        "SVG", data=lambda: rendered("svg"), file_name=f"{name}.svg", mime="image/svg+xml", key=f"{key}_svg", on_click="ignore"
     )
     cols[2].download_button("CSV", data=lambda: to_csv(data), file_name=f"{name}.csv", mime="text/csv", key=f"{key}_csv", on_click="ignore")
 
@@ -180,7 +184,7 @@ def query_heatmaps(
             select(query=int(picked["query_position"]))
 
     def pair() -> dict:  # a third chart, never drawn on the page: built only when a download is clicked
-        return _inline(_spec(heatmaps.heatmap_pair(cells, query, label_px=px, colour_range=colour_range), "content"))
+        return _spec(heatmaps.heatmap_pair(cells, query, label_px=px, colour_range=colour_range), "content")
 
     downloads(pair, cells.frame, name, key)
 
