@@ -332,12 +332,17 @@ def _drawn_rows(image, box) -> tuple[float, float]:
     return float(share), float(span)
 
 
-def _tall(page) -> None:
-    """Make the viewport as tall as the main area's content, so nothing is scrolled away (Streamlit scrolls
-    its main area itself, and a screenshot shows only what is in the viewport)."""
+@contextlib.contextmanager
+def _tall(page):
+    """Within the block, the viewport is as tall as the main area's content, so nothing is scrolled away (Streamlit
+    scrolls its main area itself, and a screenshot shows only what is in the viewport); then :data:`VIEWPORT` again."""
     height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
     page.set_viewport_size({"width": VIEWPORT["width"], "height": min(max(height, VIEWPORT["height"]), 8000)})
-    page.evaluate(STILL_JS, [CHART, STILL_MS])
+    try:
+        page.evaluate(STILL_JS, [CHART, STILL_MS])
+        yield
+    finally:
+        page.set_viewport_size(VIEWPORT)
 
 
 #: Resolves once the charts' boxes and drawn sizes have not changed for ``still`` ms (at most 5 s): a taller viewport
@@ -363,12 +368,9 @@ def _check_charts(page, where: str, save_as: str | None = None) -> int:
     ``save_as``: also keep the whole-page screenshot the check read, as :func:`_screenshot` does."""
     from PIL import Image
 
-    _tall(page)
-    try:
+    with _tall(page):
         charts = page.evaluate(PLOTS_JS)
         png = page.screenshot()
-    finally:
-        page.set_viewport_size(VIEWPORT)
     if save_as is not None:
         _save(png, save_as)
     image = Image.open(io.BytesIO(png))
@@ -397,11 +399,8 @@ README_CROP = {"compare": 2150}
 def _screenshot(page, name: str) -> None:
     """The whole page (the viewport is made as tall as the main area's content) to tests/artifacts/<name>.png,
     and with CWVIZ_UPDATE_SCREENSHOT=1 to assets/<name>.png."""
-    _tall(page)
-    try:
+    with _tall(page):
         png = page.screenshot()
-    finally:
-        page.set_viewport_size(VIEWPORT)
     _save(png, name)
 
 
