@@ -212,3 +212,28 @@ def test_no_tracked_file_refers_to_a_path_outside_the_repository():
             if any(p in line for p in patterns):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:120]}")
     assert not found, "paths outside the repository (use a path inside it, an option or an environment variable):\n" + "\n".join(found)
+
+
+def _test_module_in(name: str) -> str | None:
+    """The test module (``test_*.py``) or conftest.py an imported name lies in, if any: ``tests.app.test_app.widget``
+    -> ``tests/app/test_app.py``."""
+    parts = name.split(".")
+    for end in range(2, len(parts) + 1):
+        path = ROOT.joinpath(*parts[:end]).with_suffix(".py")
+        if path.is_file() and (path.name.startswith("test_") or path.name == "conftest.py"):
+            return path.relative_to(ROOT).as_posix()
+    return None
+
+
+def test_no_test_module_imports_another_test_module_or_a_conftest():
+    """Tests share helpers through tests/helpers and fixtures through conftest.py files: importing a test module
+    runs its setup and ties two files of tests together, and pytest loads a conftest.py itself (imported as well,
+    it can run twice)."""
+    wrong = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        module = _module_name(path)
+        for name in sorted(_imports(path, module)):
+            found = _test_module_in(name) if name.startswith("tests.") else None
+            if found is not None:
+                wrong.append(f"{path.relative_to(ROOT)} imports {name} ({found})")
+    assert not wrong, "\n".join(wrong)

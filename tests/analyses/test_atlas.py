@@ -15,7 +15,7 @@ from cwviz.analyses import atlas, sinks, tables
 from cwviz.analyses.schema import ATLAS_METRICS
 from cwviz.charts import atlas as charts
 from cwviz.cli.main import main
-from tests.conftest import make_tiny
+from tests.helpers import make_tiny
 
 TEXTS = ["the cat sat on the mat", "a b c d e f g", "hello world, hello", "x", "one more prompt here"]
 

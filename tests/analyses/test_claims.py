@@ -15,7 +15,7 @@ from cwviz import cli
 from cwviz.analyses import claims as C
 from cwviz.analyses import faithfulness as F
 from cwviz.cli import claims as command
-from tests.conftest import make_tiny
+from tests.helpers import make_tiny, ordered, record, sinks
 
 CAUSAL = torch.tril(torch.ones(4, 4, dtype=torch.bool))  # (query, key)
 
@@ -124,20 +124,6 @@ def test_a_resume_with_another_scope_is_refused(tmp_path):
 
 
 # -- verdicts on constructed records ---------------------------------------------------------------------
-def record(example: int, ppl: dict, sinks: dict | None = None, scope: str = "query") -> dict:
-    """A claims record with ΔPPL ``ppl[(curve, measure)]`` at rate 10 under ``scope``."""
-    runs = [{"measure": m, "curve": c, "rate": 10.0, "delta_ppl": v, "ppl_masked": v + 5} for (c, m), v in ppl.items()]
-    return {"example": example, "skipped": False, "faithfulness": {scope: {"runs": runs}}, "sinks": sinks or {}}
-
-
-def ordered(i: int, step: float, noise: float = 0.0) -> dict:
-    """ΔPPL in the paper's order with gaps ``step`` (comprehensiveness rising, sufficiency falling)."""
-    rng = np.random.default_rng(i)
-    out = {}
-    for rank, measure in enumerate(C.ORDER):
-        out["comprehensiveness", measure] = 1 + step * rank + noise * rng.normal()
-        out["sufficiency", measure] = 10 - step * rank + noise * rng.normal()
-    return out
 
 
 def verdicts(records) -> dict:
@@ -183,19 +169,6 @@ def test_too_few_items_decide_nothing_however_clear_they_look():
         )
     ]
     assert set(C.claims_table(enough).verdict) == {"holds"}
-
-
-def sinks(i: int, rho: float, cos: float, interior: float, cone: float, ppl: float, noise: float = 0.01) -> dict:
-    r = np.random.default_rng(100 + i).normal(size=6) * noise
-    return {
-        "rho_geometry": rho + r[0],
-        "rho_attention": 0.5 + r[1],
-        "cos_sink_rest": cos + r[2],
-        "interior_minimum_share": interior + r[3],
-        "median_minimiser": 0.4,
-        "cone_change": cone + r[4],
-        "delta_ppl": ppl + r[5],
-    }
 
 
 def sink_verdicts(noise: float = 0.01, **values) -> dict:

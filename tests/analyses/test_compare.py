@@ -14,7 +14,7 @@ from cwviz.analyses.schema import HEAD_METRICS
 from cwviz.charts import compare as charts
 from cwviz.cli.main import main
 from cwviz.core.errors import InputError
-from tests.conftest import CharTokenizer, make_tiny
+from tests.helpers import CharTokenizer, make_tiny, map_views
 
 A_TEXT = "the cat sat"
 B_TEXT = "the big cat sat"  # 4 tokens more: a sequence alignment
@@ -79,22 +79,33 @@ def test_identical_prompts_give_an_all_zero_difference(llama, head, kind):
 
 
 # -- a hand-made pair ---------------------------------------------------------------------------------
-def test_a_hand_made_pair_gives_the_expected_alignment_and_differences(llama):
+#: One token per character: " big" (4 tokens) is inserted after "the" (the longest common run is " cat sat"),
+#: everything else pairs up. (A position, B position) of each pair.
+EXPECTED = tuple((i, i) for i in range(3)) + tuple((i, i + 4) for i in range(3, len(A_TEXT)))
+
+
+@pytest.fixture(scope="module")
+def hand_made(llama):
+    """A_TEXT and B_TEXT analysed and compared: (A, B, the comparison)."""
     a, b = cwviz.analyze(llama, A_TEXT), cwviz.analyze(llama, B_TEXT)
-    cmp = compare.compare(a, b)
-    # One token per character: " big" (4 tokens) is inserted after "the" (the longest common run is " cat sat"),
-    # everything else pairs up.
-    expected = tuple((i, i) for i in range(3)) + tuple((i, i + 4) for i in range(3, len(A_TEXT)))
-    assert cmp.alignment.method == compare.BY_SEQUENCE and cmp.pairs == expected
+    return a, b, compare.compare(a, b)
+
+
+def test_a_hand_made_pair_is_aligned_around_the_insertion(hand_made):
+    _, _, cmp = hand_made
+    assert cmp.alignment.method == compare.BY_SEQUENCE and cmp.pairs == EXPECTED
     assert list(cmp.alignment.table["op"]).count("insert") == 4 and cmp.alignment.changed == 4
 
+
+def test_a_hand_made_pair_maps_b_minus_a_at_the_aligned_cells(hand_made):
+    a, b, cmp = hand_made
     layer, head = 1, 3
     cells = compare.map_cells(cmp, layer, head, "intra")
     frame = cells.frame
     attention_a, attention_b = a.attention(layer)[head], b.attention(layer)[head]
     contribution_a, contribution_b = a.contributions(layer, "intra")[head], b.contributions(layer, "intra")[head]
     for row in frame.itertuples(index=False):
-        (qa, qb), (ka, kb) = expected[row.query], expected[row.key]
+        (qa, qb), (ka, kb) = EXPECTED[row.query], EXPECTED[row.key]
         assert (row.query_a, row.query_b, row.key_a, row.key_b) == (qa, qb, ka, kb)
         assert row.attention_diff == pytest.approx(attention_b[qb, kb] - attention_a[qa, ka], abs=1e-6)
         assert row.contribution_diff == pytest.approx(contribution_b[qb, kb] - contribution_a[qa, ka], abs=1e-6)
@@ -105,16 +116,26 @@ def test_a_hand_made_pair_gives_the_expected_alignment_and_differences(llama):
     assert frame.loc[frame["query"] >= 3, "attention_diff"].abs().max() > 1e-3
     assert cells.labels[4].startswith("4/8 ") and cells.labels[0] == f"0 {a.tokens[0]}"
 
+
+def test_a_hand_made_pairs_head_changes_are_b_minus_a_of_each_heads_summary(hand_made):
+    a, b, cmp = hand_made
     changes = compare.head_changes(cmp).set_index(["layer", "head"])
     summary_a = tables.head_summary(a).set_index(["layer", "head"])
     summary_b = tables.head_summary(b).set_index(["layer", "head"])
     for metric in HEAD_METRICS:
         np.testing.assert_allclose(changes[f"{metric}_change"], summary_b[metric] - summary_a[metric], atol=1e-7)
-    ranked = compare.rank_changes(changes.reset_index(), "output_norm", top=3)
+
+
+def test_the_largest_head_changes_are_ranked_first(hand_made):
+    _, _, cmp = hand_made
+    ranked = compare.rank_changes(compare.head_changes(cmp), "output_norm", top=3)
     assert list(ranked["rank"]) == [1, 2, 3] and ranked["output_norm_change"].abs().is_monotonic_decreasing
 
+
+def test_a_hand_made_pairs_logprob_changes_pair_the_aligned_positions(hand_made):
+    a, b, cmp = hand_made
     logprobs = compare.logprob_changes(cmp)
-    assert len(logprobs) == len(expected)
+    assert len(logprobs) == len(EXPECTED)
     assert logprobs["change"].iloc[1:3].abs().max() < 1e-6  # the shared prefix predicts alike
     row = logprobs.iloc[4]  # "c": A's position 4, B's position 8
     assert row.logprob_a == pytest.approx(a.next_token_logprobs[3]) and row.logprob_b == pytest.approx(b.next_token_logprobs[7])
@@ -146,12 +167,6 @@ def test_models_that_do_not_share_a_tokenizer_or_a_shape_are_refused(llama):
 
 
 # -- charts -------------------------------------------------------------------------------------------
-def map_views(spec: dict) -> list[dict]:
-    """A, B and B − A of :func:`cwviz.charts.compare.compare_maps`, in a row, two above one, or stacked."""
-    if "hconcat" in spec:
-        return spec["hconcat"]
-    rows = spec["vconcat"]
-    return [view for row in rows for view in row.get("hconcat", [row])]
 
 
 def test_as_many_maps_share_a_row_as_fit_the_page_or_as_asked():
@@ -234,7 +249,7 @@ def test_the_cli_refuses_two_models_with_different_tokenizers(embedded, capsys):
 
 def test_the_notebook_api_draws_the_pages_charts(llama):
     from cwviz import plot
-    from tests.charts.test_plot import assert_drawn_from
+    from tests.helpers import assert_drawn_from
 
     a, b = cwviz.analyze(llama, A_TEXT), cwviz.analyze(llama, B_TEXT)
     cmp = compare.compare(a, b)

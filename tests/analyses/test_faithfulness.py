@@ -14,7 +14,7 @@ import cwviz
 from cwviz.analyses import faithfulness as F
 from cwviz.core.errors import InputError, UnsupportedModelError
 from cwviz.core.interventions import KeepKeys, logits
-from tests.conftest import make_tiny
+from tests.helpers import make_tiny
 
 NAN = float("nan")
 

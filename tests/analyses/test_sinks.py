@@ -22,7 +22,7 @@ from cwviz.core.errors import InputError, SelectionError
 from cwviz.core.interventions import KeepKeys, batch_perplexity, logits
 from cwviz.core.measures import expand_kv
 from cwviz.core.texts import read_texts
-from tests.conftest import TEXT, make_tiny
+from tests.helpers import TEXT, make_tiny
 from tests.sink_reference import cosine, sink_split
 
 GSM8K = Path(__file__).resolve().parents[2] / "data" / "gsm8k" / "sample.jsonl"  # shipped with cwviz
@@ -323,7 +323,7 @@ def test_encoder_interventions_report_no_perplexity():
 
 # -- charts (pure) -------------------------------------------------------------------------------------
 def test_each_sinks_chart_is_a_valid_spec_drawn_from_its_table(llama):
-    from tests.charts.test_plot import assert_drawn_from, datasets
+    from tests.helpers import assert_drawn_from, datasets
 
     _, analysis = llama
     table = sinks.sink_table(analysis)
@@ -394,7 +394,7 @@ def test_embedded_gsm8k_item_table_charts_and_intervention(embedded):
 def test_the_table_read_in_row_blocks_equals_the_whole_layer_table(arch, monkeypatch):
     """Blocks of 5 query rows (across the causal row blocks, a sliding window, an encoder) give the table
     that one block of every row gives."""
-    from tests.analyses.test_tables import LONG_TEXT
+    from tests.helpers import LONG_TEXT
 
     analysis = analyze(make_tiny(arch), LONG_TEXT[:60])
     whole = sinks.sink_table(analysis, 0)
@@ -406,7 +406,7 @@ def test_the_table_read_in_row_blocks_equals_the_whole_layer_table(arch, monkeyp
 def test_cli_shows_the_learned_sink_share_for_a_model_with_learned_sinks(monkeypatch, capsys):
     from cwviz.cli import main
     from cwviz.cli import sinks as command
-    from tests.conftest import CharTokenizer, family_model
+    from tests.helpers import CharTokenizer, family_model
 
     for model_type, shown in (("gpt_oss", True), ("llama", False)):
         bundle = cwviz.bundle_from_model(family_model(model_type), CharTokenizer(100), model_id=f"tiny-{model_type}")

@@ -4,7 +4,6 @@ sharding, and the refusals; tiny random models only (saved to disk for the subpr
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,15 +17,10 @@ from cwviz import cli
 from cwviz.analyses import records as R
 from cwviz.cli import faithfulness as command
 from cwviz.core.parallel import shard
-from tests.conftest import make_tiny
+from tests.helpers import ENV, make_tiny, save_tiny_model, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [f"Example {i}: the {'quick ' * (i % 4)}brown fox jumps over dog {i}." for i in range(6)] + ["a"]
-
-
-def write_jsonl(path: Path, texts: list[str]) -> Path:
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
-    return path
 
 
 def sweep(tmp_path, monkeypatch, results: Path, *extra: str) -> int:
@@ -144,27 +138,6 @@ def test_two_shards_written_apart_merge_into_the_single_process_records(tmp_path
 
 
 # -- subprocesses: a tiny model saved to disk ---------------------------------------------------------
-def save_tiny_model(folder: Path) -> Path:
-    import torch
-    import transformers
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-
-    vocab = {"[UNK]": 0} | {chr(i): i - 31 for i in range(32, 127)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
-    config = transformers.LlamaConfig(
-        vocab_size=len(vocab),
-        hidden_size=64,
-        intermediate_size=96,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return folder
 
 
 #: The three commands that run through the sweep runner, the files of their summary, and where their records go.
@@ -188,9 +161,6 @@ def records_folder(results: Path, command: str) -> Path:
 def summaries(results: Path, command: str) -> dict[str, str]:
     """The files a command's summary is in, recomputed from the records."""
     return {name: (records_folder(results, command) / name).read_text() for name in COMMANDS[command][0]}
-
-
-ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
 
 
 def cwviz_process(argv: list[str], processes: int = 1) -> list[str]:

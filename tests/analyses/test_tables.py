@@ -6,13 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers
 
 import cwviz
 from cwviz.analyses import tables
 from cwviz.core import blocks as block_policy
 from cwviz.core import reading, stream
-from tests.conftest import TEXT, CharTokenizer, make_tiny
+from tests.helpers import LONG_TEXT, TEXT, CharTokenizer, make_tiny, tiny_long_bundle
 
 
 @pytest.fixture(scope="module")
@@ -23,25 +22,6 @@ def llama():
 @pytest.fixture(scope="module")
 def bert():
     return cwviz.analyze(make_tiny("bert"), TEXT[:30])
-
-
-def tiny_long_bundle() -> cwviz.Bundle:
-    """``tiny-long``: a 2-layer llama allowing 1024 positions, one token per character (shared by the
-    dashboard tests for 512-token prompts)."""
-    config = transformers.LlamaConfig(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-    )
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    return cwviz.bundle_from_model(model, CharTokenizer(100), model_id="tiny-long")
-
-
-LONG_TEXT = ("The river bends below the mill. " * 20)[:512]
 
 
 @pytest.fixture(scope="module")
@@ -335,7 +315,7 @@ def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch)
     instead of SDPA's) and the records match a plain analysis. GQA, GPT-2's biases, an encoder, sliding windows,
     soft-capping, learned sinks and kv heads held twice; small blocks (7 rows or so) so that every layer has
     several, the first few of a causal layer in one group (block_groups)."""
-    from tests.conftest import family_model
+    from tests.helpers import family_model
 
     monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", 7 * 60)
     if family == HELD_TWICE:

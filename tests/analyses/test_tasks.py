@@ -5,7 +5,6 @@ the clean accuracy, the paired bootstrap, and resumable records; tiny random mod
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,16 +16,12 @@ from cwviz.analyses import records as R
 from cwviz.analyses import tasks as T
 from cwviz.cli import faithfulness as command
 from cwviz.core.errors import InputError
-from tests.conftest import make_tiny
+from tests.helpers import BOOLQ, make_tiny, write_jsonl
 
 MMLU = [
     {"question": "What is 2 + 2?", "choices": ["3", "4", "5", "22"], "answer": 1, "subject": "elementary_mathematics"},
     {"question": "Which is a colour?", "choices": ["red", "dog", "run", "six"], "answer": "A"},
     {"question": "Sky?", "choices": ["green", "blue"], "answer": 1},
-]
-BOOLQ = [
-    {"passage": "The sun is a star at the centre of the solar system.", "question": "is the sun a star", "answer": True},
-    {"passage": "Whales are mammals that live in the sea.", "question": "are whales fish", "answer": False},
 ]
 WINOGRANDE = [
     {"sentence": "The trophy does not fit in the case because _ is too big.", "option1": "trophy", "option2": "case", "answer": "1"},
@@ -34,11 +29,6 @@ WINOGRANDE = [
     {"sentence": "The cup fell off the table because _ was tilted.", "option1": "cup", "option2": "table", "answer": "2"},
 ]
 ROWS = {"mmlu": MMLU, "boolq": BOOLQ, "winogrande": WINOGRANDE}
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")

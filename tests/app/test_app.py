@@ -6,53 +6,15 @@ from __future__ import annotations
 
 import ast
 import json
-from pathlib import Path
 
 import pytest
-from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from cwviz.app import services, state
-from tests.analyses.test_tables import LONG_TEXT, tiny_long_bundle
-from tests.app.test_services import count_forward_passes  # noqa: F401  (a fixture)
+from tests.helpers import LONG_TEXT, ROOT, tiny_long_bundle
+from tests.helpers.app import assert_clean, charts, run_app, title, widget
 
-ROOT = Path(__file__).resolve().parents[2]
-APP = str(ROOT / "app.py")
 OWN_PAGES = ["views/heatmaps.py", "views/token.py", "views/bertviz_view.py"]
-TIMEOUT = 180
-
-
-def run_app(page: str | None = None, params: dict | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    for key, value in (params or {}).items():
-        at.query_params[key] = value
-    at.run()
-    if page is not None:
-        at.switch_page(page).run()
-    return at
-
-
-def assert_clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-
-
-def charts(at: AppTest) -> list[dict]:
-    """The Vega-Lite specs on the page, with the row count of their datasets. Each is checked against the Vega-Lite
-    schema: the page converts its charts without Altair's check (:func:`cwviz.app.widgets._spec`)."""
-    from altair.vegalite.v6.schema.core import Root
-
-    out = []
-    for element in at.get("vega_lite_chart"):
-        spec = json.loads(element.proto.spec)
-        Root.validate(spec)
-        spec["_rows"] = sum(len(convert_arrow_bytes_to_pandas_df(d.data.data)) for d in element.proto.datasets)
-        out.append(spec)
-    return out
-
-
-def title(spec: dict) -> str:
-    return json.dumps(spec.get("title"))
 
 
 def pair(spec: dict) -> list[dict]:
@@ -68,10 +30,6 @@ def map_note(at: AppTest) -> str:
 def view_title(spec: dict) -> str:
     """The title of one map of the Heatmaps page (each map is a chart of its own)."""
     return spec["title"]["text"]
-
-
-def widget(at: AppTest, kind: str, label: str):
-    return next(w for w in getattr(at.sidebar, kind) if w.label == label)
 
 
 def test_default_load_shows_the_example_analysed(count_forward_passes):
@@ -372,7 +330,7 @@ def test_a_downloaded_chart_draws_the_rows_the_page_sent_as_arrow():
     from cwviz.analyses import tables
     from cwviz.app import widgets
     from cwviz.charts import export, heatmaps
-    from tests.conftest import TEXT, make_tiny
+    from tests.helpers import TEXT, make_tiny
 
     cells = tables.heatmap_cells(cwviz.analyze(make_tiny("llama"), TEXT), 0, 0, "contribution_inter", "inter")
     view = heatmaps.heatmap_view(cells, "measure", 3)

@@ -13,8 +13,8 @@ from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from cwviz.app import services
-from tests.analyses.test_tables import tiny_long_bundle
-from tests.app.test_app import APP, TIMEOUT, assert_clean, charts, title
+from tests.helpers import tiny_long_bundle
+from tests.helpers.app import APP, TIMEOUT, assert_clean, charts, title
 
 PAGE = "views/atlas.py"
 PROMPTS = ["the cat sat on the mat", "a b c d e f g h", "hello world, hello again", "one more"]

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from cwviz.analyses import claims as C
 from cwviz.analyses import records as R
-from tests.analyses.test_claims import ordered, record, sinks
+from tests.helpers import ordered, record, sinks
 
 PAGE = str(Path(__file__).resolve().parents[2] / "views" / "claims.py")
 TIMEOUT = 300

@@ -8,10 +8,8 @@ from streamlit.testing.v1 import AppTest
 
 import cwviz
 from cwviz.app import compare_services, services
-from tests.analyses.test_compare import map_views
-from tests.analyses.test_tables import tiny_long_bundle
-from tests.app.test_app import APP, TIMEOUT, assert_clean, charts, title
-from tests.conftest import CharTokenizer
+from tests.helpers import CharTokenizer, map_views, tiny_long_bundle
+from tests.helpers.app import APP, TIMEOUT, assert_clean, charts, title
 
 PAGE = "views/compare.py"
 TINY_A = "the cat sat on the mat"

@@ -11,8 +11,8 @@ import pytest
 from cwviz.app.hosting import Policy, analysis_slot, policy_from_env
 from cwviz.core.errors import InputError, ModelLoadError
 from cwviz.core.models import load_model
-from tests.app.test_app import APP
-from tests.conftest import no_hooks, run_together
+from tests.helpers import no_hooks, run_together
+from tests.helpers.app import APP
 
 
 def test_off_by_default(monkeypatch):

@@ -10,104 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from cwviz.app import state
-from tests.app.test_app import APP, TIMEOUT, assert_clean, widget
-
-TEXT = state.examples()[1].text
-SIDEBAR = {"prompt": TEXT, "layer": "3", "head": "2", "token": "4", "gen": "0", "dtype": "float32", "device": "cpu", "presenter": "true"}
-
-# page: (its parameters, {widget key: the value the widget must show})
-PAGES = {
-    "views/heatmaps.py": (
-        {
-            "measure": "value_weighted",
-            "kind": "intra",
-            "view": "binned",
-            "layout": "stacked",
-            "colour": "sink_contribution",
-            "range": "full",
-        },
-        {
-            "range": "full",
-            "measure": "value_weighted",
-            "kind": "intra",
-            "view": "binned",
-            "layout": "stacked",
-            "colour": "sink_contribution",
-        },
-    ),
-    "views/token.py": ({"token_kind": "intra", "top_k": "7"}, {"token_kind": "intra", "top_k": 7}),
-    "views/bertviz_view.py": (
-        {"bv_view": "model", "bv_weights": "contribution"},
-        {"bv_view": "model", "bv_weights": "contribution"},
-    ),
-    "views/sinks.py": (
-        {"sink": "position", "sink_pos": "1", "lambda": "0.5", "scope": "chosen", "layers": "1,3", "layerwise": "true"},
-        {
-            "sink": "position",
-            "sink_pos": 1,
-            "lambda": 0.5,
-            "scope": "chosen",
-            "layers": [1, 3],
-            "layerwise": True,
-        },
-    ),
-    "views/compare.py": (
-        {
-            "prompt_b": TEXT + " Twice.",
-            "model_b": "embedded",
-            "cmp_map": "attention",
-            "cmp_kind": "intra",
-            "cmp_layout": "side",
-            "cmp_metric": "sink_attention",
-        },
-        {
-            "cmp_layout": "side",
-            "prompt_b": TEXT + " Twice.",
-            "model_b": "embedded",
-            "cmp_map": "attention",
-            "cmp_kind": "intra",
-            "cmp_metric": "sink_attention",
-        },
-    ),
-    "views/atlas.py": (
-        {"atlas_source": "path", "atlas_path": "/data/prompts.jsonl", "atlas_n": "3", "atlas_out": "/tmp/cwviz-atlas-link"},
-        {"atlas_source": "path", "atlas_path": "/data/prompts.jsonl", "atlas_n": 3, "atlas_out": "/tmp/cwviz-atlas-link"},
-    ),
-    "views/claims.py": (
-        {"claims_source": "run", "claims_n": "3", "claims_cap": "32"},
-        {"claims_source": "run", "claims_n": 3, "claims_cap": 32},
-    ),
-    "views/faithfulness.py": (
-        {
-            "source": "path",
-            "path": "/data/examples.jsonl",
-            "field": "question",
-            "n": "3",
-            "cap": "64",
-            "rates": "10,50",
-            "measures": "raw,random",
-            "mask_layer": "2",
-            "per_head": "true",
-            "rank_by": "absolute",
-            "rank_scope": "layer",
-            "seed": "7",
-        },
-        {
-            "source": "path",
-            "path": "/data/examples.jsonl",
-            "field": "question",
-            "n": 3,
-            "cap": 64,
-            "rates": [10.0, 50.0],
-            "measures": ["raw", "random"],
-            "mask_layer": 2,
-            "per_head": True,
-            "rank_by": "absolute",
-            "rank_scope": "layer",
-            "seed": 7,
-        },
-    ),
-}
+from tests.helpers.app import APP, LINK_TEXT, PAGES, SIDEBAR, TIMEOUT, assert_clean, widget
 
 
 def _value(at: AppTest, key: str):
@@ -141,7 +44,7 @@ def _open(page: str, params: dict) -> AppTest:
     assert widget(at, "selectbox", "Head").value == 2
     assert widget(at, "selectbox", "Query token").value == 4
     assert _value(at, state.PRESENTER) is True
-    assert widget(at, "text_area", "Prompt").value == TEXT
+    assert widget(at, "text_area", "Prompt").value == LINK_TEXT
     assert widget(at, "selectbox", "Dtype").value == "float32"
     assert widget(at, "selectbox", "Device").value == "cpu"
     return at

@@ -15,7 +15,7 @@ from cwviz.analyses import sinks, tables
 from cwviz.app import services
 from cwviz.core.generate import greedy_continuation
 from cwviz.core.progress import cli_bar, counted
-from tests.conftest import make_tiny
+from tests.helpers import make_tiny
 
 TEXT = "the quick brown fox jumps"
 

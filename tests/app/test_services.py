@@ -10,7 +10,7 @@ import torch
 
 import cwviz
 from cwviz.app import services
-from tests.conftest import TEXT, make_tiny, no_hooks, run_together
+from tests.helpers import TEXT, make_tiny, no_hooks, run_together
 
 
 @pytest.fixture
@@ -30,19 +30,6 @@ def tiny_models(monkeypatch):
     yield built
     services._bundle.clear()
     services.get_analysis.clear()
-
-
-@pytest.fixture
-def count_forward_passes(monkeypatch):
-    calls = []
-    real = services.analyze
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(services, "analyze", counted)
-    return calls
 
 
 def test_changing_layer_head_or_token_never_reruns_the_model(tiny_models, count_forward_passes):

@@ -75,7 +75,7 @@ def test_pooling_from_jsonl_and_a_malformed_file(app, tmp_path):
 def test_a_model_with_learned_sinks_reports_their_share(monkeypatch):
     import cwviz
     from cwviz.app import services
-    from tests.conftest import CharTokenizer, family_model
+    from tests.helpers import CharTokenizer, family_model
 
     bundle = cwviz.bundle_from_model(family_model("gpt_oss"), CharTokenizer(100), model_id="tiny-gpt-oss")
     real = services.load_model

@@ -10,7 +10,7 @@ import pytest
 
 from cwviz.app import sink_services, state
 from cwviz.app.services import Request
-from tests.app.test_app import assert_clean, charts, run_app, widget
+from tests.helpers.app import assert_clean, charts, run_app, widget
 
 PAGE = "views/tour.py"
 STEPS = 7

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cwviz.app import state
-from tests.app.test_app import APP
+from tests.helpers.app import APP
 
 values = st.one_of(
     st.text(max_size=12),
@@ -43,7 +43,7 @@ def test_odd_prompts_in_the_app_analyse_without_errors():
 
     from streamlit.testing.v1 import AppTest
 
-    from tests.core.test_hardening import ODD_PROMPTS
+    from tests.helpers import ODD_PROMPTS
 
     for name in ("emoji", "rtl", "control", "html", "special", "one_token"):
         at = AppTest.from_file(APP, default_timeout=180)

@@ -24,38 +24,30 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
 
-from tests.app.test_links import PAGES, SIDEBAR
+from tests.helpers import PNG
+from tests.helpers.app import PAGES, SIDEBAR
+from tests.helpers.browser import (
+    ARTIFACTS,
+    CHART,
+    ERROR_SELECTORS,
+    HEATMAP_LABELS_JS,
+    RENDERED,
+    VIEWPORT,
+    _labels_check,
+    _overlapping,
+    _serve,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "tests" / "artifacts"
 ASSETS = ROOT / "assets"
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-VIEWPORT = {"width": 1600, "height": 1000}
 LOCAL_HOSTS = {"localhost", "127.0.0.1"}
 BERTVIZ_CDN = "cdnjs.cloudflare.com"
-CHART = '[data-testid="stVegaLiteChart"]'
-RENDERED = f"{CHART} svg.marks"
-ERROR_SELECTORS = '[data-testid="stException"], [data-testid="stAlertContentError"]'
 #: The least height of a plot area (the issue's bar: a chart a person can read).
 MIN_PLOT_PX = 150
 #: Marks must cover at least this share of their plot area's height, and of its width.
@@ -114,19 +106,6 @@ PLOTS_JS = """
 }
 """
 
-# Axis labels of the Heatmaps page's two maps (each a chart of its own, the first two on the page): their text,
-# box and font size (px), and the query row's outline.
-HEATMAP_LABELS_JS = """
-() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')].slice(0, 2).map(svg => {
-  const axes = [...svg.querySelectorAll('g.role-axis')].map(a => ({
-    along: (a.getAttribute('aria-label') || '').startsWith('Y') ? 'y' : 'x',
-    labels: [...a.querySelectorAll('g.role-axis-label text')].filter(t => t.textContent !== '').map(t => ({
-      text: t.textContent, box: t.getBoundingClientRect().toJSON(), px: parseFloat(getComputedStyle(t).fontSize)})),
-  }));
-  const outline = [...svg.querySelectorAll('g.role-mark path[stroke="black"]')].map(p => p.getBoundingClientRect().toJSON());
-  return {axes, outline};
-})
-"""
 # The cells of the contribution map (the page's second chart): each cell's value (from its aria label, which holds
 # the tooltip's fields) and its fill colour.
 CONTRIBUTION_CELLS_JS = """
@@ -136,105 +115,10 @@ CONTRIBUTION_CELLS_JS = """
 """
 
 
-def _require_browser():
-    """playwright's sync API, or skip (fail under CWVIZ_REQUIRE_BROWSER=1)."""
-    required = os.environ.get("CWVIZ_REQUIRE_BROWSER") == "1"
-    missing = []
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-        missing.append("the playwright package (pip install playwright)")
-    if not Path(CHROMIUM).is_file():
-        missing.append(f"{CHROMIUM} (apt-get install chromium)")
-    if missing:
-        message = "browser test needs " + " and ".join(missing)
-        if required:
-            pytest.fail(message + "; CWVIZ_REQUIRE_BROWSER=1 makes this a failure")
-        pytest.skip(message)
-    return sync_playwright
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _serve(log_name: str = "server.log", env: dict | None = None, via_cli: bool = False, processes: list | None = None):
-    """``streamlit run app.py`` (or, with ``via_cli``, ``cwviz app`` as the README starts it) on a free port,
-    until the block ends; yields its URL. ``env`` is added to the environment; ``processes`` receives the
-    server's Popen."""
-    port = _free_port()
-    log = ARTIFACTS / log_name
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    server_flags = ["--server.headless=true", f"--server.port={port}", "--server.address=127.0.0.1"]
-    if via_cli:
-        command = [sys.executable, "-m", "cwviz", "app", *server_flags]
-    else:  # the rest from .streamlit/config.toml
-        command = [sys.executable, "-m", "streamlit", "run", "app.py", *server_flags, "--server.fileWatcherType=none"]
-    with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    if processes is not None:
-        processes.append(process)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                    if response.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"streamlit did not start; see {log}:\n{log.read_text()[-2000:]}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
 @pytest.fixture(scope="module")
 def server():
     with _serve() as url:
         yield url
-
-
-class Tabs:
-    """Chromium, with ``new_page`` opening a tab of one shared context (``new_context`` still gives a fresh one).
-
-    Each tab is its own Streamlit session (its own websocket), as a student's browser is; the tabs share the
-    context's cache, so Chromium compiles the dashboard's JavaScript once, not once a page (this module ran in
-    313 s instead of 418 s: BENCHMARKS.md). The load test keeps a fresh context a session (tests/load)."""
-
-    def __init__(self, chromium):
-        self.chromium = chromium
-        self.context = chromium.new_context()
-
-    def new_page(self, viewport: dict):
-        page = self.context.new_page()
-        page.set_viewport_size(viewport)
-        return page
-
-    def new_context(self, **kwargs):
-        return self.chromium.new_context(**kwargs)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_playwright = _require_browser()
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield Tabs(chromium)
-        finally:
-            chromium.close()
 
 
 @pytest.fixture(scope="module")
@@ -462,23 +346,6 @@ def test_every_chart_on_every_page_is_drawn(server, browser):
     finally:
         page.close()
     watch.check()
-
-
-def _labels_check(views: list[dict], least_px: float, query_label: str | None = None) -> None:
-    """Each map labels both axes with 12 px (or ``least_px``) labels that never overlap, the first token and the
-    query among them, and outlines the query's row."""
-    assert len(views) == 2, "two maps"
-    for view in views:
-        assert len(view["axes"]) == 2
-        for axis in view["axes"]:
-            texts = [t["text"] for t in axis["labels"]]
-            assert len(texts) >= 10, texts
-            assert all(t["px"] >= least_px for t in axis["labels"]), {t["px"] for t in axis["labels"]}
-            assert not _overlapping(axis["labels"], axis["along"]), _overlapping(axis["labels"], axis["along"])[:3]
-            assert any(t.startswith("0 ") for t in texts), texts[:3]
-            if query_label is not None:
-                assert query_label in texts
-        assert len(view["outline"]) == 1, view["outline"]
 
 
 def test_heatmaps_label_the_tokens_outline_the_query_and_pick_it_on_click(server, browser, default_labels):
@@ -815,14 +682,6 @@ def test_claims_runs_and_shows_a_verdict_for_each_claim(server, browser):
     watch.check()
 
 
-def _overlapping(labels: list[dict], along: str) -> list[tuple[str, str]]:
-    """Neighbouring labels of one axis whose boxes overlap along the axis (``along``: "x" or "y") by more
-    than 2 px (a text box holds the font's whole line height, about 3 px more than the glyphs of a 10 px font)."""
-    size = "width" if along == "x" else "height"
-    ordered = sorted(labels, key=lambda t: t["box"][along])
-    return [(a["text"], b["text"]) for a, b in zip(ordered, ordered[1:]) if a["box"][along] + a["box"][size] > b["box"][along] + 2]
-
-
 @pytest.mark.parametrize("view", ["window", "binned"])
 def test_a_long_prompt_keeps_readable_labels_with_the_query_and_the_first_token(server, browser, view):
     """The long example (about 500 tokens): the window view labels every position it shows, the selected query
@@ -892,8 +751,6 @@ def test_a_page_link_opened_first_on_a_fresh_server_runs_through_the_navigation(
 def test_a_binary_upload_gets_a_message_and_the_server_keeps_serving(server, browser, tmp_path):
     """A PNG uploaded as examples on the Faithfulness page: the page says what is wrong, and the server still
     answers its health check and serves the next page."""
-    from tests.cli.test_hostile import PNG
-
     upload = tmp_path / "examples.txt"
     upload.write_bytes(PNG)
     page = browser.new_page(viewport=VIEWPORT)

@@ -14,8 +14,7 @@ import cwviz
 from cwviz.analyses import bertviz as bertviz_html
 from cwviz.analyses import tables
 from cwviz.charts import export, heatmaps, token
-from tests.analyses.test_tables import LONG_TEXT, tiny_long_bundle
-from tests.conftest import TEXT, CharTokenizer, make_tiny
+from tests.helpers import LONG_TEXT, TEXT, CharTokenizer, make_tiny, tiny_long_bundle
 
 XSS = "<img src=x onerror=alert(1)>"
 

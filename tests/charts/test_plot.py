@@ -5,7 +5,6 @@ it does not import Streamlit."""
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 
@@ -18,19 +17,12 @@ from cwviz import plot
 from cwviz.analyses import faithfulness as F
 from cwviz.analyses import sinks, tables
 from cwviz.charts import heatmaps as heatmap_charts
-from tests.conftest import TEXT, make_tiny
-
-CHARTS = (alt.Chart, alt.LayerChart, alt.HConcatChart, alt.VConcatChart)
+from tests.helpers import TEXT, assert_drawn_from, datasets, make_tiny
 
 
 @pytest.fixture(scope="module")
 def analysis():
     return cwviz.analyze(make_tiny("llama"), TEXT[:30])
-
-
-def _rows(frame: pd.DataFrame) -> list[dict]:
-    """A table's rows as JSON-like dicts (NaN as None, as a chart spec holds them)."""
-    return [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in frame.to_dict(orient="records")]
 
 
 def outlined_queries(chart) -> list[int]:
@@ -39,19 +31,6 @@ def outlined_queries(chart) -> list[int]:
 
     spec = json.dumps(chart.to_dict())
     return [int(q) for q in re.findall(r"datum\.query === (\d+)", spec)]
-
-
-def datasets(chart) -> list[list[dict]]:
-    """The rows of every dataset of the chart's Vega-Lite spec (``to_dict`` also validates the spec)."""
-    return list(chart.to_dict()["datasets"].values())
-
-
-def assert_drawn_from(chart, table: pd.DataFrame) -> None:
-    """The chart is one of Altair's chart types and one of its datasets is ``table``: same rows, same values."""
-    assert isinstance(chart, CHARTS)
-    expected = _rows(table)
-    assert expected, "the table to compare with is empty"
-    assert expected in datasets(chart), f"no dataset of the chart equals the table ({len(expected)} rows)"
 
 
 # -- Heatmaps and Token pages ----------------------------------------------------------------------------

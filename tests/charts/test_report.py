@@ -13,8 +13,7 @@ import pytest
 from cwviz import cli
 from cwviz.cli import faithfulness as faithfulness_command
 from cwviz.cli import sinks as sinks_command
-from tests.analyses.test_tasks import BOOLQ
-from tests.conftest import make_tiny
+from tests.helpers import BOOLQ, make_tiny
 
 TEXTS = [f"Example {i}: the {'quick ' * (i % 3)}brown fox jumps over dog {i}." for i in range(4)]
 CHROMIUM = "/usr/bin/chromium"

@@ -26,7 +26,7 @@ from cwviz.cli import faithfulness as faithfulness_command
 from cwviz.cli import sinks as sinks_command
 from cwviz.core.errors import CwvizError, InputError, SelectionError
 from cwviz.core.texts import read_standard_input, read_text_file
-from tests.conftest import CharTokenizer, make_tiny, tiny_config
+from tests.helpers import CharTokenizer, make_tiny, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

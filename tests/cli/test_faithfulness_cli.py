@@ -3,7 +3,6 @@ an interrupted run that keeps what it finished."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,14 +13,9 @@ import pytest
 from cwviz import cli
 from cwviz.analyses import faithfulness as F
 from cwviz.cli import faithfulness as command
-from tests.conftest import make_tiny
+from tests.helpers import make_tiny, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n", encoding="utf-8")
-    return path
 
 
 def test_two_items_of_a_small_jsonl_with_the_embedded_model(tmp_path):

@@ -18,10 +18,10 @@ from streamlit.testing.v1 import AppTest
 from cwviz.cli.main import main
 from cwviz.core.errors import InputError
 from cwviz.core.texts import read_text_file, read_texts
+from tests.helpers import PNG
 
 ROOT = Path(__file__).resolve().parents[2]
 BIG = 50_000_000
-PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x01\x00" + bytes(range(256)) * 8
 
 
 def hostile(tmp_path: Path, kind: str, suffix: str) -> tuple[Path, str]:
@@ -63,7 +63,7 @@ KINDS = ["binary", "nul", "latin1", "empty", "huge", "one_line", "wrong_types"]
 def test_text_files_read_whole_are_refused_with_a_clear_message(tmp_path, kind):
     path, words = hostile(tmp_path, kind, ".txt")
     if not words or kind == "empty":  # readable text (empty text is refused where a prompt is needed)
-        assert isinstance(read_text_file(path), str)
+        assert read_text_file(path) == path.read_text(encoding="utf-8")  # the file's text, whole and unchanged
         return
     with pytest.raises(InputError, match=words) as err:
         read_text_file(path)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tests.conftest import default_signals
+from tests.helpers import default_signals
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """Invariants on tiny random models of every supported architecture (built from configs, no downloads).
 
-Every family of the table and a few that run through a derived row (tests/conftest.py FAMILY_CONFIGS) is
+Every family of the table and a few that run through a derived row (tests/helpers FAMILY_CONFIGS) is
 checked against transformers' own eager attention and logits; soft-capping, learned sinks and alternating
 windows are also checked against a hand computation.
 """
@@ -21,7 +21,7 @@ from cwviz.core.errors import UnsupportedModelError
 from cwviz.core.interventions import KeepKeys, ScaleValues, batch_perplexity, logits
 from cwviz.core.logprobs import logprobs_from_hidden
 from cwviz.core.measures import expand_kv
-from tests.conftest import DERIVED_FAMILIES, FAMILY_CONFIGS, TEXT, CharTokenizer, family_model
+from tests.helpers import DERIVED_FAMILIES, FAMILY_CONFIGS, TEXT, CharTokenizer, family_model, window
 
 
 def model_writes(bundle, text):
@@ -70,7 +70,7 @@ def _outputs(model, ids, **kwargs):
 
 @pytest.fixture(scope="module", params=list(FAMILY_CONFIGS))
 def run(request) -> Run:
-    """Each family's tiny model (:data:`tests.conftest.FAMILY_CONFIGS`), built and analysed once for the module."""
+    """Each family's tiny model (:data:`tests.helpers.FAMILY_CONFIGS`), built and analysed once for the module."""
     model = family_model(request.param)
     bundle = cwviz.bundle_from_model(model, CharTokenizer(100), model_id=f"tiny-{request.param}")
     analysis, seen = model_writes(bundle, TEXT)
@@ -219,13 +219,6 @@ def test_a_model_type_without_a_named_output_projection_is_refused(monkeypatch):
 
 
 # -- soft-capping, learned sinks and per-layer windows against a hand computation ---------------------
-def window(tokens: int, size: int | None = None, causal: bool = True) -> np.ndarray:
-    """Which keys each query sees, bool [query, key]: causal (j <= i) and, with ``size``, the last ``size`` keys
-    (i - j < size, transformers' sliding window); not causal: |i - j| <= size // 2 (ModernBERT's local layers)."""
-    i, j = np.arange(tokens)[:, None], np.arange(tokens)[None, :]
-    if not causal:
-        return np.ones((tokens, tokens), bool) if size is None else np.abs(i - j) <= size // 2
-    return (j <= i) & (True if size is None else i - j < size)
 
 
 def by_hand(record, visible: np.ndarray, softcap: float | None = None, sinks: np.ndarray | None = None):

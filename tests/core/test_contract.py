@@ -16,7 +16,7 @@ from cwviz.analyses import faithfulness, sinks
 from cwviz.core.errors import CwvizError, InputError, SelectionError
 from cwviz.core.inputs import integer_index, token_ids
 from cwviz.core.interventions import batch_perplexity
-from tests.conftest import make_tiny
+from tests.helpers import make_tiny
 
 TEXT = "the quick brown fox jumps over"
 

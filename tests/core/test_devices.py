@@ -10,7 +10,7 @@ import torch
 
 import cwviz
 from benchmarks import gpu_check
-from tests.conftest import TEXT, make_tiny
+from tests.helpers import TEXT, make_tiny
 
 
 def test_gpu_check_smoke_passes_its_identities(capsys):

@@ -14,7 +14,7 @@ import cwviz
 from cwviz import cli
 from cwviz.core import checkpoints
 from cwviz.core.errors import ModelLoadError
-from tests.app.test_app import APP, TIMEOUT, assert_clean, charts, widget
+from tests.helpers.app import APP, TIMEOUT, assert_clean, charts, widget
 
 PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
 ENCODER = "embedded-encoder"
@@ -65,7 +65,7 @@ def test_an_encoder_saved_without_a_head_is_loaded_without_one(tmp_path, head):
     with its masked-LM head keeps the table's class."""
     import transformers
 
-    from tests.conftest import tiny_config
+    from tests.helpers import tiny_config
 
     config = tiny_config("bert")
     model = (transformers.BertForMaskedLM if head else transformers.BertModel)(config)

@@ -12,7 +12,7 @@ import torch
 
 import cwviz
 from cwviz.core import checkpoints
-from tests.core.test_architectures import window
+from tests.helpers import window
 
 PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
 

@@ -14,13 +14,12 @@ from cwviz.core import architectures, memory
 from cwviz.core.capture import forward_pass
 from cwviz.core.errors import UnsupportedModelError
 from cwviz.core.models import headless_encoder
-from tests import conftest
-from tests.conftest import CharTokenizer
+from tests.helpers import DECODER, ENCODER, CharTokenizer, save_with_tokenizer
 
 TOKENS = 12
-# conftest's tiny shapes, with what these families' configs need besides (token ids, a head width, 2 layers).
+# tests/helpers' tiny shapes, with what these families' configs need besides (token ids, a head width, 2 layers).
 _DECODER = dict(
-    conftest._DECODER,
+    DECODER,
     vocab_size=100,
     num_hidden_layers=2,
     head_dim=16,
@@ -29,7 +28,7 @@ _DECODER = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
-_ENCODER = dict(conftest._ENCODER, pad_token_id=1)
+_ENCODER = dict(ENCODER, pad_token_id=1)
 
 
 def tiny(model_type: str, auto: str, **kwargs):
@@ -67,18 +66,6 @@ def check_identities(bundle):
         logprobs = torch.log_softmax(expected[0, :-1], -1).gather(1, ids[0, 1:, None])[:, 0]
         np.testing.assert_allclose(analysis.next_token_logprobs, logprobs.numpy(), rtol=1e-5, atol=1e-5)
     return analysis
-
-
-def save_with_tokenizer(model, folder):
-    """``model`` and a one-token-per-character tokenizer, as save_pretrained writes them (tests/analyses/test_sweep.py)."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-
-    vocab = {"[UNK]": 0} | {chr(i): i - 31 for i in range(32, 127)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
-    model.save_pretrained(folder)
-    return str(folder)
 
 
 # -- one attention module run several times a pass (ALBERT) ---------------------------------------------------

@@ -10,18 +10,7 @@ from hypothesis import strategies as st
 import cwviz
 from cwviz.cli import main
 from cwviz.core.tokens import display_token, display_tokens
-from tests.conftest import no_hooks
-
-ODD_PROMPTS = {
-    "emoji": "I love pizza 🍕🔥 and 👩‍👩‍👧 families",
-    "cjk": "東京は日本の首都です。北京是中国的首都。",
-    "rtl": "مرحبا بالعالم و שלום עולם",
-    "combining": "e\u0301 a\u0308 Z\u0337\u0338 n\u0303",
-    "control": "tab\there\rnul\x00bell\x07 bidi\u202eevil\u202c zero\u200bwidth",
-    "html": '<img src=x onerror=alert(1)> <script>alert("x")</script>',
-    "special": "<|im_start|>user\nHi<|im_end|><|endoftext|>",
-    "one_token": "Hello",
-}
+from tests.helpers import ODD_PROMPTS, no_hooks
 
 
 def visible(token: str) -> bool:

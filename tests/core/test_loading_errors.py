@@ -23,8 +23,7 @@ from cwviz.cli import main
 from cwviz.core import checkpoints, parallel
 from cwviz.core.errors import InputError, ModelLoadError
 from cwviz.core.settings import LAUNCHER_VARIABLES
-from tests.conftest import default_signals, family_model
-from tests.core.test_families import save_with_tokenizer
+from tests.helpers import default_signals, family_model, save_with_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 

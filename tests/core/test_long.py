@@ -20,7 +20,7 @@ from cwviz.analyses import sinks, tables
 from cwviz.core import blocks as block_policy
 from cwviz.core import inputs, memory
 from cwviz.core.errors import ResourceError
-from tests.conftest import CharTokenizer, make_tiny
+from tests.helpers import CharTokenizer, make_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = "Long prompts: the sink soaks up attention, and contributions say how much it writes. " * 3

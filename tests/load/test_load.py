@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from cwviz.charts.heatmaps import LABEL_PX
-from tests.browser.test_browser import (
+from tests.helpers.browser import (
     ARTIFACTS,
     CHART,
     ERROR_SELECTORS,
@@ -38,7 +38,6 @@ from tests.browser.test_browser import (
     VIEWPORT,
     _labels_check,
     _serve,
-    browser,  # noqa: F401  (the fixture)
 )
 
 SESSIONS = 16
