@@ -1,6 +1,6 @@
 """cwviz benchmarks: every figure a ratio against a baseline measured side by side.
 
-    .venv/bin/python -m benchmarks.run                 # everything, writes BENCHMARKS.md
+    .venv/bin/python -m benchmarks.run                 # everything, appended to benchmarks/history.md
     .venv/bin/python -m benchmarks.run --only overhead --lengths 128,512
 
 Timings: the candidate and its baseline run interleaved in this one process, each repeated, and the
@@ -442,7 +442,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", choices=SECTIONS, action="append")
     parser.add_argument("--lengths", default="128,512,1024,2048,4096,8192")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="write the report here ('-' for none)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "history.md"), help="append the report here ('-' for none)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     parser.add_argument("--batch", type=int, default=8, help="masked runs per forward pass in the masked section (default 8)")
     args = parser.parse_args(argv)
@@ -508,19 +508,23 @@ def main(argv=None) -> int:
 
 
 def write_report(path: Path, sections, command: str) -> None:
+    """Append the run to the dated log (``benchmarks/history.md``) as a section of its own; BENCHMARKS.md, the results
+    page, takes the figures that replace its latest ones by hand."""
     lines = [
-        "# Benchmarks",
         "",
-        f"Command: `{command}` (or `make bench`). Machine: {machine()}. Date: {dt.date.today().isoformat()}.",
+        f"## {dt.date.today().isoformat()}: `{command}`",
+        "",
+        f"Machine: {machine()}.",
         "Model: the embedded SmolLM2-135M-Instruct (30 layers, 9 heads, float32, CPU). Prompts: GSM8K test text.",
         "Each ratio is measured side by side in one run (times interleaved in one process, medians; memory in",
         "fresh child processes, peak resident size above the loaded model). See `benchmarks/run.py`.",
         "",
     ]
     for title, rows in sections:
-        lines += [f"## {title}", "", *rows, ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
-    print(f"wrote {path}")
+        lines += [f"### {title}", "", *rows, ""]
+    with path.open("a", encoding="utf-8") as out:
+        out.write("\n".join(lines))
+    print(f"appended to {path}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
   the site with no edit, so the reference cannot drift from the program.
 * The screenshots are the repository's ``assets/*.png``, which the browser tests refresh
   (``CWVIZ_UPDATE_SCREENSHOT=1``); they are served from there as ``assets/...`` instead of copied into docs/.
-* ``BENCHMARKS.md`` (at the top of the repository, where ``make bench`` writes it) is a page of its own.
+* ``BENCHMARKS.md`` (the results page, at the top of the repository) and ``benchmarks/history.md`` (the dated log
+  ``make bench`` appends to) are pages of their own.
 * A list that follows a paragraph line directly (``Choices:`` then ``- ...``), as GitHub renders it, is a list on
   the site too: Python-Markdown needs a blank line before it (:func:`lists_after_paragraphs`). The pages keep
   reading as they do on GitHub, with no edit.
@@ -27,7 +28,7 @@ USAGE_WIDTH = 80
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: Files outside docs/ that the site serves, relative to the repository root.
 SCREENSHOTS = "assets"
-TOP_PAGES = ("BENCHMARKS.md",)
+TOP_PAGES = ("BENCHMARKS.md", "benchmarks/history.md")
 
 
 def _cell(text: str) -> str:
