@@ -44,12 +44,8 @@ from ..core.inputs import integer_index
 from ..core.interventions import ScaleValues, ScaleValuesPerItem, batch_perplexity
 from ..core.measures import expand_kv, head_grams
 from ..core.progress import Progress, counted, phase
+from .schema import AUTO, DEFAULT_FACTOR, DEFAULT_SINK
 
-AUTO = "auto"
-#: The sink unless the user picks one: the first position (docs/METHOD.md section 4).
-DEFAULT_SINK = 0
-#: λ, the factor on the sink's value in interventions unless given: 0 removes its write.
-DEFAULT_FACTOR = 0.0
 #: The largest abs(λ): a larger factor overflows the scaled values (float16 tops out at 65,504; beyond 3.4e38
 #: not even float32 holds it), and a value scaled 10,000 times is far past any intervention worth measuring.
 MAX_FACTOR = 1e4
