@@ -3,7 +3,7 @@ analyses' settings.
 
 Torch-free on purpose: :mod:`cwviz.charts` imports this module and must not import torch or
 transformers (a test says so), so a chart can be built in a notebook from a saved table alone. It imports nothing
-of cwviz but :mod:`cwviz.vocabulary`, the words the core shares (``KINDS``), and not even pandas at run time: the
+of cwviz but :mod:`cwviz.vocabulary`, the words the core shares (``check_kind``), and not even pandas at run time: the
 command line's parsers (:mod:`cwviz.cli.parsers`) show these defaults in ``--help``, which must start in well under
 a second.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..vocabulary import KINDS
+from ..vocabulary import check_kind
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -84,9 +84,7 @@ def measure_name(family: str, kind: str) -> str:
     """The :data:`cwviz.MEASURES` name for a picker family and an intra/inter switch."""
     if family not in FAMILIES:
         raise ValueError(f"unknown measure family {family!r}; choose one of: {', '.join(FAMILIES)}")
-    if kind not in KINDS:
-        raise ValueError(f"kind must be 'inter' or 'intra', not {kind!r}")
-    return FAMILIES[family][1 if kind == "inter" else 2]
+    return FAMILIES[family][1 if check_kind(kind) == "inter" else 2]
 
 
 def is_signed(measure: str) -> bool:

@@ -224,7 +224,7 @@ def sink_table(
                 continue  # a causal block before the sink: none of its rows sees it (the last block always does)
             with torch.inference_mode():
                 split = sink_norms(measures.attention, value, grams, sink, record.key_mask(start, stop))
-                if record.sinks is None:
+                if record.learned_sinks is None:
                     learned = torch.zeros_like(split.sink_ratio)
                 else:  # the learned sink's column of the softmax, dropped by the model: what the real keys' α leave
                     learned = (1 - measures.attention.sum(-1)).clamp_(min=0)

@@ -76,12 +76,12 @@ class Item:
 
 
 # -- readers: the standard field layouts -------------------------------------------------------------
-def _field(row: dict, name: str, kind: type | tuple[type, ...], where: str):
+def _field(row: dict, name: str, types: type | tuple[type, ...], where: str):
     if name not in row:
         raise InputError(f"{where} has no field {name!r} (fields: {', '.join(map(repr, row)) or 'none'})")
     value = row[name]
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+    if not isinstance(value, types) or (types is not bool and isinstance(value, bool)):
+        names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
         raise InputError(f"{where}: field {name!r} is a {type(value).__name__}, not a {names}")
     return value
 
