@@ -82,6 +82,18 @@ def add_sweep_args(parser: argparse.ArgumentParser, results: str) -> None:
     parser.add_argument("--resume", action="store_true", help="with --results: skip the items already recorded there")
 
 
+def add_examples_arg(parser: argparse.ArgumentParser, what: str, default: int | None = None) -> None:
+    """``--n N``, also spelt ``--examples N``: ``what`` says what is counted."""
+    parser.add_argument(
+        "--n",
+        "--examples",
+        dest="n",
+        type=int,
+        default=default,
+        help=f"{what}; under torchrun or accelerate launch write --examples (their own parsers take --n)",
+    )
+
+
 def add_sink_arg(parser: argparse.ArgumentParser) -> None:
     """``--sink``, one rule for every command that takes it (:func:`parse_sink`)."""
     parser.add_argument(
@@ -178,13 +190,7 @@ def _add_sinks(sub: argparse._SubParsersAction) -> None:
     )
     group = add_text_args(parser)
     add_jsonl_args(group, "a JSON Lines file: one prompt a line ('text', or GSM8K's 'question' + 'answer')")
-    parser.add_argument(
-        "--n",
-        "--examples",
-        dest="n",
-        type=int,
-        help="with --jsonl: only the first N prompts (under torchrun or accelerate launch write --examples: their parsers take --n)",
-    )
+    add_examples_arg(parser, "with --jsonl: only the first N prompts")
     parser.add_argument("--field", help="with --jsonl: read the prompt from this field")
     add_sink_arg(parser)
     parser.add_argument(
@@ -231,15 +237,7 @@ def _add_faithfulness(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--field", help="the JSONL/dataset field holding the text (default: text, or question+answer)")
     parser.add_argument("--split", help="the dataset split (default: test; validation for boolq and winogrande)")
-    parser.add_argument(
-        "--n",
-        "--examples",
-        dest="n",
-        type=int,
-        default=DEFAULT_EXAMPLES,
-        help=f"number of examples (default {DEFAULT_EXAMPLES}); under torchrun or accelerate launch write --examples, "
-        "since their own option parsers take --n for one of theirs",
-    )
+    add_examples_arg(parser, f"number of examples (default {DEFAULT_EXAMPLES})", DEFAULT_EXAMPLES)
     parser.add_argument("--rates", default=rates, help=f"removal rates in %% of each query's keys (default {rates})")
     parser.add_argument(
         "--measures",
@@ -289,14 +287,7 @@ def _add_claims(sub: argparse._SubParsersAction) -> None:
     data = parser.add_mutually_exclusive_group(required=True)
     add_jsonl_args(data, "JSON Lines: a 'text' field per line, or GSM8K's question and answer")
     parser.add_argument("--field", help="the JSONL field holding the text (default: text, or question+answer)")
-    parser.add_argument(
-        "--n",
-        "--examples",
-        dest="n",
-        type=int,
-        default=DEFAULT_EXAMPLES,
-        help=f"number of items (default {DEFAULT_EXAMPLES}); under torchrun or accelerate launch write --examples",
-    )
+    add_examples_arg(parser, f"number of items (default {DEFAULT_EXAMPLES})", DEFAULT_EXAMPLES)
     parser.add_argument("--results", type=Path, required=True, help="results folder: DIR/claims/ (records, manifest) and DIR/claims.csv")
     parser.add_argument("--resume", action="store_true", help="skip the items already recorded in DIR/claims/")
     parser.add_argument("--rates", default=rates, help=f"removal rates in %% for claim 1 (default {rates})")
@@ -393,13 +384,7 @@ def _add_atlas(sub: argparse._SubParsersAction) -> None:
     group = parser.add_mutually_exclusive_group(required=True)
     add_jsonl_args(group, "a JSON Lines file: one prompt a line ('text', or GSM8K's 'question' + 'answer')")
     group.add_argument("--load", type=Path, help="a results folder written by --out: print it again, no model is loaded")
-    parser.add_argument(
-        "--n",
-        "--examples",
-        dest="n",
-        type=int,
-        help="only the first N prompts (under torchrun or accelerate launch write --examples: their parsers take --n)",
-    )
+    add_examples_arg(parser, "only the first N prompts")
     parser.add_argument("--field", help="read the prompt from this field")
     parser.add_argument("--out", type=Path, help="write the results folder here (per_prompt.csv, pooled.csv, prompts.jsonl, atlas.json)")
     add_sweep_args(
