@@ -115,8 +115,8 @@ def _run(argv: list[str] | None) -> int:
 
 
 def _quiet_transformers() -> None:
-    """No progress bars or warnings from transformers, when the command's module has imported it (a command that
-    reads no model, ``report`` or ``app``, is not made to import it for this)."""
+    """No progress bars or warnings from transformers, when the command's module has imported it (``cwviz app``, which
+    does not, is not made to import it for this)."""
     transformers = sys.modules.get("transformers")
     if transformers is not None:
         transformers.utils.logging.disable_progress_bar()
