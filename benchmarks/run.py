@@ -390,6 +390,46 @@ def bench_cold_start() -> list[str]:
     return rows
 
 
+#: What ``cwviz --help`` did before its parsers were split from the commands: every command's module imported
+#: (torch and transformers with them) before the parser was built.
+OLD_CLI_START = (
+    "import cwviz.cli.analyze, cwviz.cli.app, cwviz.cli.atlas, cwviz.cli.claims, cwviz.cli.compare, "
+    "cwviz.cli.faithfulness, cwviz.cli.report, cwviz.cli.sinks; from cwviz.cli import main; main(['--help'])"
+)
+
+
+def bench_cli(repeats: int) -> list[str]:
+    """``cwviz --help``, a command's help and an argument error, each a fresh process, against a bare Python start and
+    against the old start (:data:`OLD_CLI_START`), interleaved in this process."""
+
+    def timed(*argv: str):
+        def run() -> None:
+            subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True)
+
+        return run
+
+    bare = timed("-c", "pass")
+    old = timed("-c", OLD_CLI_START)
+    cases = [
+        ("`cwviz --help`", timed("-m", "cwviz", "--help")),
+        ("`cwviz faithfulness --help`", timed("-m", "cwviz", "faithfulness", "--help")),
+        ("`cwviz sinks --sink first` (an argument error)", timed("-m", "cwviz", "sinks", "--text", "a", "--sink", "first")),
+    ]
+    rows = [
+        f"| command line start (median of {repeats}) | seconds | × bare Python | × the old start (every command imported first) |",
+        "|---|---|---|---|",
+    ]
+    fns = [fn for _, fn in cases]
+    times = interleaved(fns[0], fns[1], repeats, *fns[2:], bare, old)
+    *new, python_only, before = times
+    for (name, _), seconds in zip(cases, new):
+        rows.append(f"| {name} | {seconds:.2f} | {seconds / python_only:.1f} | **{seconds / before:.3f}** |")
+    rows.append(f"| the old start: `cwviz --help` with every command's module imported | {before:.2f} | {before / python_only:.1f} | 1 |")
+    rows.append(f"| bare Python start (`python -c pass`), for scale | {python_only:.2f} | 1 | |")
+    print("\n".join(rows), flush=True)
+    return rows
+
+
 def bench_conversion(repeats: int) -> list[str]:
     """A GGUF's first conversion with its header parsed once (:func:`cwviz.core.checkpoints.parsed_once`) against
     transformers' own three parses, alternated in this process; SmolLM2, and Gemma 3 270M where its packages are
@@ -434,7 +474,20 @@ def machine() -> str:
     )
 
 
-SECTIONS = ["overhead", "memory", "naive", "zeroing", "cold", "conversion", "dashboard", "dashboard-long", "browser", "window", "masked"]
+SECTIONS = [
+    "overhead",
+    "memory",
+    "naive",
+    "zeroing",
+    "cold",
+    "cli",
+    "conversion",
+    "dashboard",
+    "dashboard-long",
+    "browser",
+    "window",
+    "masked",
+]
 
 
 def main(argv=None) -> int:
@@ -478,6 +531,8 @@ def main(argv=None) -> int:
         sections.append(("Against value zeroing (one forward pass per token)", bench_value_zeroing(bundle, 128, 15)))
     if "cold" in only:
         sections.append(("Cold start", bench_cold_start()))
+    if "cli" in only:
+        sections.append(("Command line start", bench_cli(max(args.repeats, 5))))
     if "conversion" in only:
         sections.append(("A GGUF's first conversion", bench_conversion(args.repeats)))
     if "dashboard" in only:

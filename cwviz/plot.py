@@ -51,6 +51,7 @@ from .charts import token as token_charts
 from .core.analysis import Analysis
 from .core.errors import InputError, SelectionError
 from .core.measures import MEASURES
+from .vocabulary import check_kind
 
 __all__ = [
     "anti_alignment",
@@ -66,12 +67,6 @@ __all__ = [
     "token_factors",
     "top_keys",
 ]
-
-
-def _kind(kind: str) -> str:
-    if kind not in tables.KINDS:
-        raise InputError(f"kind must be 'inter' (shares of the layer output) or 'intra' (of each head's output), not {kind!r}")
-    return kind
 
 
 def _head(analysis: Analysis, head: int | None) -> int | None:
@@ -107,7 +102,7 @@ def heatmaps(
     ``view`` (``"window"`` or ``"binned"``) says how a layer with more than
     :data:`cwviz.analyses.tables.MAX_CELLS` cells is cut down; the chart's title says which was used.
     """
-    name = _measure(measure, _kind(kind))
+    name = _measure(measure, check_kind(kind))
     if view not in tables.VIEWS:
         raise InputError(f"view must be one of {', '.join(tables.VIEWS)}, not {view!r}")
     if layout not in heatmap_charts.LAYOUTS:
@@ -135,7 +130,7 @@ def compare_maps(
     :func:`cwviz.analyses.compare.map_cells` drawn by :func:`cwviz.charts.compare.compare_maps`."""
     if what not in compare_charts.COMPARE_MAPS:
         raise InputError(f"what must be one of {', '.join(compare_charts.COMPARE_MAPS)}, not {what!r}")
-    cells = compare_analyses.map_cells(compare_analyses.compare(a, b), layer, _head(a, head), _kind(kind), query)
+    cells = compare_analyses.map_cells(compare_analyses.compare(a, b), layer, _head(a, head), check_kind(kind), query)
     return compare_charts.compare_maps(cells, what)
 
 
@@ -164,7 +159,7 @@ def token_factors(analysis: Analysis, layer: int, query: int, head: int | None =
     With ``head=None`` only attention (mean over heads) and the layer-level contribution are drawn: the
     factorisation is per head.
     """
-    factors = tables.token_factors(analysis, layer, query, _head(analysis, head), _kind(kind))
+    factors = tables.token_factors(analysis, layer, query, _head(analysis, head), check_kind(kind))
     return token_charts.factor_bars(factors)
 
 
@@ -174,7 +169,7 @@ def top_keys(analysis: Analysis, query: int, head: int | None = None, kind: str 
     if not isinstance(k, int) or k < 1:
         raise InputError(f"k, the keys per layer, must be a whole number of at least 1, not {k!r}")
     query = analysis.check_token(query)
-    frame = tables.top_keys_across_layers(analysis, query, _head(analysis, head), _kind(kind), k)
+    frame = tables.top_keys_across_layers(analysis, query, _head(analysis, head), check_kind(kind), k)
     who = "all heads" if head is None else f"head {head}"
     note = (
         f"Query {query} {analysis.tokens[query]!r}: its top {k} keys by {kind}-head contribution in every layer ({who}); numbers are ranks"

@@ -9,6 +9,7 @@ from cwviz import CwvizError
 from cwviz.analyses import claims as C
 from cwviz.analyses import faithfulness as F
 from cwviz.analyses import records as R
+from cwviz.analyses.schema import CLAIMS_RATES
 from cwviz.app import hosting, services
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import url_widget
@@ -68,7 +69,7 @@ def run_here() -> list[dict] | None:
         return None
     if "records" not in run:
         texts = C.gsm8k_items(int(n))
-        protocol = F.Protocol(rates=C.DEFAULT_RATES, measures=C.ORDER, max_tokens=int(cap))
+        protocol = F.Protocol(rates=CLAIMS_RATES, measures=C.ORDER, max_tokens=int(cap))
         bundle = services.get_bundle(sel.model, sel.device, sel.dtype)
         F.check_causal(bundle)
         progress = st.progress(0.0, text=f"0 of {len(texts)} items")

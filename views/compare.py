@@ -7,9 +7,10 @@ from cwviz.analyses import compare, schema
 from cwviz.app import compare_services as services
 from cwviz.app import widgets
 from cwviz.app.sidebar import sidebar
-from cwviz.app.state import select, url_widget
+from cwviz.app.state import parse_kind, select, url_widget
 from cwviz.charts import compare as charts
 from cwviz.charts.heatmaps import LAYOUT_LABELS, LAYOUTS
+from cwviz.vocabulary import KIND_LABELS, KINDS
 
 sel = sidebar("Compare two inputs")
 st.markdown("Input A (the sidebar's) against input B (below): the maps of both, and B − A in red where B is larger, blue where smaller.")
@@ -77,10 +78,11 @@ with col_kind:
         st.radio,
         "cmp_kind",
         "Normalise contributions by",
-        "inter",
-        options=list(schema.KINDS),
+        KINDS[0],
+        options=list(KINDS),
         horizontal=True,
-        format_func=lambda k: "layer output ‖o_i‖ (inter)" if k == "inter" else "head output ‖o_i^h‖ (intra)",
+        format_func=KIND_LABELS.get,
+        parse=parse_kind,
     )
 with col_layout:
     layout = url_widget(

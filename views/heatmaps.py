@@ -5,8 +5,9 @@ import streamlit as st
 from cwviz.analyses import tables
 from cwviz.app import services, widgets
 from cwviz.app.sidebar import sidebar
-from cwviz.app.state import select, url_widget
+from cwviz.app.state import parse_kind, select, url_widget
 from cwviz.charts import heatmaps as charts
+from cwviz.vocabulary import KIND_LABELS, KINDS
 
 SENTENCE = (
     "Each row is a query token: the left map shows how strongly it **attends** to each earlier token, the right map "
@@ -56,9 +57,10 @@ with kind_col:
         st.selectbox,
         "kind",
         "Normalise by",
-        tables.KINDS[0],
-        options=list(tables.KINDS),
-        format_func=lambda k: "Share of the layer output (inter)" if k == "inter" else "Share of each head's output (intra)",
+        KINDS[0],
+        options=list(KINDS),
+        format_func=KIND_LABELS.get,
+        parse=parse_kind,
         label_visibility="collapsed",
         disabled=not normalised,
     )

@@ -2,11 +2,11 @@
 
 import streamlit as st
 
-from cwviz.analyses import tables
 from cwviz.app import services, widgets
 from cwviz.app.sidebar import sidebar
-from cwviz.app.state import url_widget
+from cwviz.app.state import parse_kind, url_widget
 from cwviz.charts import token as charts
+from cwviz.vocabulary import KIND_LABELS, KINDS
 
 sel = sidebar("One query token")
 if not sel.ok:
@@ -21,10 +21,11 @@ kind = url_widget(
     st.radio,
     "token_kind",
     "Normalise by",
-    tables.KINDS[0],
-    options=list(tables.KINDS),
+    KINDS[0],
+    options=list(KINDS),
     horizontal=True,
-    format_func=lambda k: "layer output ‖o_q‖ (inter)" if k == "inter" else "head output ‖o_q^h‖ (intra)",
+    format_func=KIND_LABELS.get,
+    parse=parse_kind,
 )
 if sel.head is None:
     st.info(

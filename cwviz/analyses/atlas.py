@@ -18,7 +18,7 @@ sink_attention, sink_contribution, divergence and output_norm are those of
 
 Pooled (:func:`pool`): each prompt counts once (the mean of its per-prompt values, not of all queries
 together, so a long prompt does not outweigh short ones), with a percentile bootstrap interval over prompts
-(:data:`BOOTSTRAP` resamples, seeded). Results are a folder (:func:`save`, :func:`load`): the per-prompt table,
+(:data:`~cwviz.analyses.schema.ATLAS_BOOTSTRAP` resamples, seeded). Results are a folder (:func:`save`, :func:`load`): the per-prompt table,
 the pooled table, the prompts and a manifest, so the maps are reloaded without a forward pass.
 """
 
@@ -41,13 +41,9 @@ from ..core.progress import Progress, counted, phase
 from ..core.texts import iter_jsonl, write_text_atomic
 from .bootstrap import bootstrap_interval
 from .records import changed_files, file_sums
-from .schema import ATLAS_METRICS
+from .schema import ATLAS_BOOTSTRAP, ATLAS_CONFIDENCE, ATLAS_METRICS, ATLAS_SEED
 from .sinks import DEFAULT_SINK, head_space, sink_norms
 
-#: Bootstrap resamples of the prompts, the interval's coverage and the generator's seed unless given.
-BOOTSTRAP = 1000
-CONFIDENCE = 0.95
-SEED = 0
 #: The most bootstrap resamples (:func:`check_bootstrap`): far beyond what a 95% interval needs (1,000 fix its ends
 #: to about a percent), and the pooled means of the resamples are held at once, resamples x prompts x heads x 8 bytes.
 MAX_BOOTSTRAP = 100_000
@@ -139,7 +135,9 @@ def check_confidence(confidence, name: str = "the confidence") -> float:
     return float(confidence)
 
 
-def pool(per_prompt: pd.DataFrame, bootstrap: int = BOOTSTRAP, confidence: float = CONFIDENCE, seed: int = SEED) -> pd.DataFrame:
+def pool(
+    per_prompt: pd.DataFrame, bootstrap: int = ATLAS_BOOTSTRAP, confidence: float = ATLAS_CONFIDENCE, seed: int = ATLAS_SEED
+) -> pd.DataFrame:
     """One row per (layer, head): for each metric its mean over prompts (``<metric>``) and a percentile
     bootstrap interval (``<metric>_low``, ``<metric>_high``): prompts resampled with replacement ``bootstrap``
     times (numpy's generator seeded with ``seed``); ``prompts`` counts them. NaN values (cos_sink_rest of a
@@ -203,9 +201,9 @@ def build(
     per_prompt: pd.DataFrame,
     prompts: Sequence[str],
     model: str,
-    bootstrap: int = BOOTSTRAP,
-    confidence: float = CONFIDENCE,
-    seed: int = SEED,
+    bootstrap: int = ATLAS_BOOTSTRAP,
+    confidence: float = ATLAS_CONFIDENCE,
+    seed: int = ATLAS_SEED,
 ) -> Atlas:
     """An :class:`Atlas` from per-prompt tables (:func:`iter_prompt_stats`, concatenated)."""
     manifest = {
@@ -229,9 +227,9 @@ def build(
 def run(
     bundle: Bundle,
     texts: Sequence[str],
-    bootstrap: int = BOOTSTRAP,
-    confidence: float = CONFIDENCE,
-    seed: int = SEED,
+    bootstrap: int = ATLAS_BOOTSTRAP,
+    confidence: float = ATLAS_CONFIDENCE,
+    seed: int = ATLAS_SEED,
     progress: Progress | None = None,
 ) -> Atlas:
     """:func:`iter_prompt_stats` over ``texts`` (a list of prompts) pooled by :func:`build`."""

@@ -67,12 +67,13 @@ def scope(analysis: Analysis, view: str, layer: int) -> BertvizScope:
     return BertvizScope(layers, n, note)
 
 
-def weights(analysis: Analysis, layer: int, kind: str, n: int) -> np.ndarray:
-    """[head, query, key] weights for bertviz: attention, or intra-head contributions clipped at 0."""
-    if kind not in WEIGHTS:
-        raise ValueError(f"weights must be one of {WEIGHTS}, not {kind!r}")
+def weights(analysis: Analysis, layer: int, shown: str, n: int) -> np.ndarray:
+    """[head, query, key] weights for bertviz: attention (``shown`` "attention"), or intra-head contributions clipped
+    at 0 ("contribution")."""
+    if shown not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, not {shown!r}")
     rows = analysis.rows(layer, 0, n)  # the first n query rows only, never the layer's T x T maps
-    w = rows.attention if kind == "attention" else rows.contribution("intra").clamp_min(0.0)
+    w = rows.attention if shown == "attention" else rows.contribution("intra").clamp_min(0.0)
     return w[:, :, :n].float().cpu().numpy()
 
 

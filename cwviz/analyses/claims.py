@@ -43,8 +43,6 @@ STATEMENTS: dict[int, str] = {
 #: Claim 1's measures in the paper's order (least to most faithful); each adjacent pair is tested.
 ORDER: tuple[str, ...] = ("raw", "value_weighted", "value_weighted_output_normalized", "contribution_inter")
 SHORT = {"raw": "raw", "value_weighted": "VW", "value_weighted_output_normalized": "VW/‖o‖", "contribution_inter": "CW"}
-DEFAULT_RATES: tuple[float, ...] = (10.0, 30.0)
-DEFAULT_MAX_TOKENS = 128
 #: Claim 4: the share of heads whose curve has its minimum inside (0, 1) must be above this.
 MAJORITY = 0.5
 #: Columns of ``claims.csv`` (and of :func:`claims_table`).

@@ -30,6 +30,7 @@ from ..core.analysis import Analysis
 from ..core.errors import InputError
 from ..core.measures import LAYER_AGGREGATION
 from ..core.progress import Progress, phase
+from ..vocabulary import check_kind
 from . import tables
 from .schema import ALL_HEADS, HEAD_METRICS, CompareCells
 
@@ -180,7 +181,9 @@ def check_comparable(a: Analysis, b: Analysis) -> None:
             f"({a.info.id}: {a.num_layers} x {a.num_heads}); a comparison pairs heads, so pick two models with the same layers and heads"
         )
     if a.info.causal != b.info.causal:
-        raise InputError(f"one model is causal and the other an encoder ({a.info.id}, {b.info.id}); compare models of one kind")
+        raise InputError(
+            f"one model is causal and the other an encoder ({a.info.id}, {b.info.id}); compare two causal models or two encoders"
+        )
     if a.bundle is not b.bundle and not same_tokenizer(a.bundle.tokenizer, b.bundle.tokenizer):
         raise InputError(
             f"the tokenizers of {a.info.id} and {b.info.id} differ; one prompt on two models needs one tokenizer "
@@ -218,8 +221,7 @@ def map_cells(
     layer = a.check_layer(layer)
     if head is not None:
         head = a.check_head(head)
-    if kind not in tables.KINDS:
-        raise ValueError(f"kind must be one of {tables.KINDS}, not {kind!r}")
+    check_kind(kind)
     labels = comparison.pair_labels()
     selected = comparison.pair_of_query(query)
     causal = a.bundle.arch.causal

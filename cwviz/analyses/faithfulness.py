@@ -55,32 +55,20 @@ from ..core.models import Bundle
 from ..core.progress import Progress
 from ..core.texts import check_text
 from .bootstrap import bootstrap_interval
-from .schema import RANK_SCOPES
+from .schema import (
+    ALL_MEASURES,
+    AUTO_BATCH,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_RATES,
+    EXAMPLE_MAX_TOKENS,
+    RANK_BY,
+    RANK_SCOPES,
+    RANKED_MEASURES,
+)
 
 log = logging.getLogger(__name__)
 
-#: The measures ranked, in the paper's expected order of faithfulness, then the control.
-RANKED_MEASURES: tuple[str, ...] = (
-    "raw",
-    "value_weighted",
-    "value_weighted_output_normalized",
-    "contribution_inter",
-    "contribution_intra",
-    "random",
-)
-#: Every measure that can be ranked: the defaults and the intra-head output-normalised variant.
-ALL_MEASURES: tuple[str, ...] = RANKED_MEASURES[:3] + ("value_weighted_output_normalized_intra",) + RANKED_MEASURES[3:]
 CURVES: tuple[str, ...] = ("comprehensiveness", "sufficiency")
-DEFAULT_RATES: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)  # percent of each query's keys
-EXAMPLE_MAX_TOKENS = 256
-DEFAULT_BATCH_SIZE = 8
-#: ``Protocol.batch_size`` for as many masked runs per forward pass as memory allows (``--batch-size auto``):
-#: every distinct run of an example on a GPU, at most :data:`DEFAULT_BATCH_SIZE` on a CPU (where a larger batch
-#: is no faster), fewer where :func:`masked_run_bytes` says they would not fit.
-AUTO_BATCH = 0
-#: Examples a sweep reads by default (the CLI's --n).
-DEFAULT_EXAMPLES = 20
-RANK_BY = ("signed", "absolute")
 
 #: Columns of :func:`summarize` (and of the CLI's CSV).
 SUMMARY_COLUMNS = ["measure", "curve", "rate", "delta_ppl", "ci_low", "ci_high", "n"]

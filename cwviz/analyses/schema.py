@@ -1,22 +1,67 @@
-"""The tables that analyses hand to charts: their types and the measure picker's vocabulary.
+"""The tables that analyses hand to charts: their types, the measure picker's vocabulary, and the defaults of the
+analyses' settings.
 
 Torch-free on purpose: :mod:`cwviz.charts` imports this module and must not import torch or
 transformers (a test says so), so a chart can be built in a notebook from a saved table alone. It imports nothing
-of cwviz but :mod:`cwviz.vocabulary`, the words the core shares (``KINDS``).
+of cwviz but :mod:`cwviz.vocabulary`, the words the core shares (``check_kind``), and not even pandas at run time: the
+command line's parsers (:mod:`cwviz.cli.parsers`) show these defaults in ``--help``, which must start in well under
+a second.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
+from ..vocabulary import check_kind
 
-from ..vocabulary import KINDS
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: What faithfulness ranks together (docs/METHOD.md section 3, "Ranking scopes"): each query's keys (``query``, the
 #: default), the sequence's keys by their mean score over the queries that see them, each key then masked for every
 #: query (``token``), or every visible (query, key) pair of a layer at once (``layer``).
 RANK_SCOPES = ("query", "token", "layer")
+
+# -- the defaults of the analyses' settings; the analyses import them from here ------------------------------------
+#: Faithfulness (:mod:`cwviz.analyses.faithfulness`): the measures ranked, in the paper's expected order of
+#: faithfulness, then the control.
+RANKED_MEASURES: tuple[str, ...] = (
+    "raw",
+    "value_weighted",
+    "value_weighted_output_normalized",
+    "contribution_inter",
+    "contribution_intra",
+    "random",
+)
+#: Every measure that can be ranked: the defaults and the intra-head output-normalised variant.
+ALL_MEASURES: tuple[str, ...] = RANKED_MEASURES[:3] + ("value_weighted_output_normalized_intra",) + RANKED_MEASURES[3:]
+DEFAULT_RATES: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)  # percent of each query's keys
+EXAMPLE_MAX_TOKENS = 256
+DEFAULT_BATCH_SIZE = 8
+#: ``Protocol.batch_size`` for as many masked runs per forward pass as memory allows (``--batch-size auto``):
+#: every distinct run of an example on a GPU, at most :data:`DEFAULT_BATCH_SIZE` on a CPU (where a larger batch
+#: is no faster), fewer where :func:`cwviz.analyses.faithfulness.masked_run_bytes` says they would not fit.
+AUTO_BATCH = 0
+#: Examples a sweep reads by default (the CLI's --n).
+DEFAULT_EXAMPLES = 20
+RANK_BY = ("signed", "absolute")
+#: The multiple-choice tasks (:mod:`cwviz.analyses.tasks`, whose ``TEMPLATES`` give each one's prompt).
+TASKS: tuple[str, ...] = ("mmlu", "boolq", "winogrande")
+#: The claims check (:mod:`cwviz.analyses.claims`): claim 1's removal rates in percent, and the token cap per item.
+CLAIMS_RATES: tuple[float, ...] = (10.0, 30.0)
+CLAIMS_MAX_TOKENS = 128
+#: Sinks (:mod:`cwviz.analyses.sinks`): the word that asks for the detected sink, the sink unless the user picks one
+#: (the first position, docs/METHOD.md section 4), and λ, the factor on the sink's value in interventions unless
+#: given (0 removes its write).
+AUTO = "auto"
+DEFAULT_SINK = 0
+DEFAULT_FACTOR = 0.0
+#: The atlas (:mod:`cwviz.analyses.atlas`): bootstrap resamples of the prompts, the interval's coverage and the
+#: generator's seed unless given.
+ATLAS_BOOTSTRAP = 1000
+ATLAS_CONFIDENCE = 0.95
+ATLAS_SEED = 0
 
 #: How tables and files (DataFrames, CSV, JSON) name the layer-level rows; in code "all heads" is None.
 ALL_HEADS = "all heads"
@@ -39,9 +84,7 @@ def measure_name(family: str, kind: str) -> str:
     """The :data:`cwviz.MEASURES` name for a picker family and an intra/inter switch."""
     if family not in FAMILIES:
         raise ValueError(f"unknown measure family {family!r}; choose one of: {', '.join(FAMILIES)}")
-    if kind not in KINDS:
-        raise ValueError(f"kind must be 'inter' or 'intra', not {kind!r}")
-    return FAMILIES[family][1 if kind == "inter" else 2]
+    return FAMILIES[family][1 if check_kind(kind) == "inter" else 2]
 
 
 def is_signed(measure: str) -> bool:

@@ -44,12 +44,8 @@ from ..core.inputs import integer_index
 from ..core.interventions import ScaleValues, ScaleValuesPerItem, batch_perplexity
 from ..core.measures import expand_kv, head_grams
 from ..core.progress import Progress, counted, phase
+from .schema import AUTO, DEFAULT_FACTOR, DEFAULT_SINK
 
-AUTO = "auto"
-#: The sink unless the user picks one: the first position (docs/METHOD.md section 4).
-DEFAULT_SINK = 0
-#: λ, the factor on the sink's value in interventions unless given: 0 removes its write.
-DEFAULT_FACTOR = 0.0
 #: The largest abs(λ): a larger factor overflows the scaled values (float16 tops out at 65,504; beyond 3.4e38
 #: not even float32 holds it), and a value scaled 10,000 times is far past any intervention worth measuring.
 MAX_FACTOR = 1e4
@@ -228,7 +224,7 @@ def sink_table(
                 continue  # a causal block before the sink: none of its rows sees it (the last block always does)
             with torch.inference_mode():
                 split = sink_norms(measures.attention, value, grams, sink, record.key_mask(start, stop))
-                if record.sinks is None:
+                if record.learned_sinks is None:
                     learned = torch.zeros_like(split.sink_ratio)
                 else:  # the learned sink's column of the softmax, dropped by the model: what the real keys' α leave
                     learned = (1 - measures.attention.sum(-1)).clamp_(min=0)

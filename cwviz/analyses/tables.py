@@ -17,7 +17,8 @@ from ..core.analysis import Analysis
 from ..core.blocks import row_block_cells
 from ..core.measures import LAYER_AGGREGATION, MEASURES, LayerMeasures
 from ..core.progress import Progress, counted
-from .schema import ALL_HEADS, FAMILIES, KINDS, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name  # noqa: F401
+from ..vocabulary import KINDS  # noqa: F401
+from .schema import ALL_HEADS, FAMILIES, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name  # noqa: F401
 
 # The picker vocabulary and table types are part of this module's interface too (pages use tables.FAMILIES).
 from .sinks import DEFAULT_SINK  # the head summary and the token page: the first position

@@ -36,17 +36,18 @@ from ..core.logprobs import perplexity_of as sequence_perplexity
 from ..core.models import Bundle
 from ..core.texts import check_text
 from .faithfulness import EXAMPLE_COLUMNS, Protocol, check_causal, masked_layers, masked_logprobs
+from .schema import TASKS
 
 log = logging.getLogger(__name__)
 
-#: The multiple-choice tasks and the prompt template each uses (lm-evaluation-harness's zero-shot ones).
+#: The prompt template each multiple-choice task (:data:`~cwviz.analyses.schema.TASKS`) uses (lm-evaluation-harness's
+#: zero-shot ones).
 TEMPLATES: dict[str, str] = {
     "mmlu": "[The following are multiple choice questions (with answers) about {subject}.\\n\\n]{question}\\n"
     "A. {choices[0]}\\nB. {choices[1]}\\n...\\nAnswer: -> choices ' A', ' B', ...",
     "boolq": "{passage}\\nQuestion: {question}?\\nAnswer: -> choices ' no', ' yes'",
     "winogrande": "{sentence up to _}{option} -> continuation ' {sentence after _}' (partial evaluation)",
 }
-TASKS: tuple[str, ...] = tuple(TEMPLATES)
 #: Columns of a task item's per-example table: those of a text example and whether it was answered right.
 TASK_COLUMNS = [*EXAMPLE_COLUMNS, "correct_clean", "correct_masked"]
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -75,12 +76,12 @@ class Item:
 
 
 # -- readers: the standard field layouts -------------------------------------------------------------
-def _field(row: dict, name: str, kind: type | tuple[type, ...], where: str):
+def _field(row: dict, name: str, types: type | tuple[type, ...], where: str):
     if name not in row:
         raise InputError(f"{where} has no field {name!r} (fields: {', '.join(map(repr, row)) or 'none'})")
     value = row[name]
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+    if not isinstance(value, types) or (types is not bool and isinstance(value, bool)):
+        names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
         raise InputError(f"{where}: field {name!r} is a {type(value).__name__}, not a {names}")
     return value
 

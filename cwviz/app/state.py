@@ -21,6 +21,8 @@ from typing import Any
 
 import streamlit as st
 
+from ..vocabulary import KINDS
+
 EXAMPLES = Path(__file__).resolve().parent / "examples.json"
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -312,6 +314,17 @@ def _from_link(widget, param, label, options, multi, parse, valid, format_func) 
         st.warning(f"{param}={shown_raw!r} in the link is not a valid choice for “{label}”; showing the default")
         return _STREAMLIT
     return _STREAMLIT if streamlit else value
+
+
+def parse_kind(raw: str) -> str:
+    """A contribution kind from a link: the kind itself (``kind=intra``) or the label of a kind picker, today's
+    (:data:`cwviz.vocabulary.KIND_LABELS`) or one an earlier link holds (``token_kind=head output ‖o_q^h‖ (intra)``):
+    each ends with the kind in brackets."""
+    text = raw.strip()
+    for kind in KINDS:
+        if text == kind or text.endswith(f"({kind})"):
+            return kind
+    raise ValueError(raw)
 
 
 def parse_bool(raw: str) -> bool:

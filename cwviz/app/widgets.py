@@ -110,8 +110,8 @@ def downloads(spec: Callable[[], dict], data, name: str, key: str) -> None:
     are written out by :func:`_inline` for the render), rendered only when clicked."""
     from ..charts.export import render_spec, to_csv
 
-    def rendered(kind: str) -> bytes:
-        return render_spec(_inline(spec()), kind)
+    def rendered(fmt: str) -> bytes:
+        return render_spec(_inline(spec()), fmt)
 
     cols = st.columns([1, 1, 1, 5])
     cols[0].download_button(

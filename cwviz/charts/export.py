@@ -19,10 +19,6 @@ def render_spec(spec: dict, fmt: str, scale: float = 2.0) -> bytes:
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
 
 
-def to_png(chart: alt.TopLevelMixin, scale: float = 2.0) -> bytes:
-    return render_spec(chart.to_dict(), "png", scale)
-
-
 def to_svg(chart: alt.TopLevelMixin) -> bytes:
     return render_spec(chart.to_dict(), "svg")
 

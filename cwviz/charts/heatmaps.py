@@ -53,7 +53,6 @@ ROBUST_QUANTILE = 0.99
 SYMLOG_CONSTANT = 0.01
 #: Colour ranges of a signed map: a robust end (the default) or the largest |value|.
 RANGES = ("robust", "full")
-RANGE_LABELS = {"robust": "robust (99th percentile off the sink)", "full": "full range"}
 #: The click selection of every layer x head grid; pages pass it to Streamlit as ``selection_mode``.
 PICK = "pick"
 #: The least height of the layer x head overview, title and head axis included: the dashboard draws it at the

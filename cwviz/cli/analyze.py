@@ -7,19 +7,11 @@ import sys
 
 import numpy as np
 
-from .common import add_model_args, add_text_args, load, read_text
+from ..core.analysis import analyze
+from ..core.progress import cli_bar
+from .common import load, read_text
 
 TOP = 5
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("analyze", help="analyse one prompt: summary for the last token, JSON export")
-    add_text_args(parser)
-    add_model_args(parser)
-    parser.add_argument("--layer", type=int, help="restrict the summary and the JSON to one layer")
-    parser.add_argument("--head", type=int, help="restrict the summary and the JSON to one head")
-    parser.add_argument("--json", dest="json_path", help="write tokens and per layer and head matrices here")
-    parser.set_defaults(func=run)
 
 
 def last_token_scores(analysis, layer: int | None, head: int | None) -> tuple[np.ndarray, np.ndarray, str]:
@@ -53,9 +45,6 @@ def _top(scores: np.ndarray, tokens: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..core.analysis import analyze
-    from ..core.progress import cli_bar
-
     text = read_text(args)
     bundle = load(args)
     with cli_bar("analysing", enabled=sys.stderr.isatty()) as progress:

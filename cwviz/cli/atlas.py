@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import pandas as pd
 
-from ..analyses.schema import ATLAS_METRICS
+from ..analyses import atlas, sweep
+from ..analyses import records as R
+from ..analyses.schema import ATLAS_CONFIDENCE, ATLAS_METRICS, DEFAULT_SINK
 from ..core.errors import InputError
+from ..core.parallel import model_provenance
+from ..core.progress import cli_bar
+from ..core.texts import read_texts
 from .common import (
-    add_jsonl_args,
-    add_model_args,
-    add_sweep_args,
     check_resume,
     how_run,
     jsonl_path,
@@ -24,52 +25,8 @@ from .common import (
     sweep_processes,
 )
 
-#: Heads listed per statistic.
-TOP = 5
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    from ..analyses import atlas as A
-
-    parser = sub.add_parser(
-        "atlas",
-        help="every head's sink shares, cos(v_sink, m), divergence, negative share and output norm pooled over N prompts",
-        description=(
-            "For every (layer, head), statistics of each prompt (one forward pass each; means over its queries 1..T-1) "
-            "pooled over the prompts with percentile bootstrap intervals: the sink's share under attention and under "
-            "intra-head contribution, mean cos(v_sink, m), the divergence of attention and contribution rows, the share "
-            "of negative contribution mass and the head output norm. The sink is the first token."
-        ),
-    )
-    group = parser.add_mutually_exclusive_group(required=True)
-    add_jsonl_args(group, "a JSON Lines file: one prompt a line ('text', or GSM8K's 'question' + 'answer')")
-    group.add_argument("--load", type=Path, help="a results folder written by --out: print it again, no model is loaded")
-    parser.add_argument(
-        "--n",
-        "--examples",
-        dest="n",
-        type=int,
-        help="only the first N prompts (under torchrun or accelerate launch write --examples: their parsers take --n)",
-    )
-    parser.add_argument("--field", help="read the prompt from this field")
-    parser.add_argument("--out", type=Path, help="write the results folder here (per_prompt.csv, pooled.csv, prompts.jsonl, atlas.json)")
-    add_sweep_args(
-        parser,
-        "results folder: per-prompt records, manifest.json and the atlas files of --out (the Atlas page and --load read it)",
-    )
-    parser.add_argument("--bootstrap", type=int, default=A.BOOTSTRAP, help=f"bootstrap resamples of the prompts (default {A.BOOTSTRAP})")
-    parser.add_argument("--confidence", type=float, default=A.CONFIDENCE, help=f"the intervals' coverage (default {A.CONFIDENCE})")
-    parser.add_argument("--seed", type=int, default=A.SEED, help=f"the bootstrap's seed (default {A.SEED})")
-    parser.add_argument("--top", type=int, default=TOP, help=f"heads listed per statistic (default {TOP})")
-    add_model_args(parser)
-    parser.set_defaults(func=run)
-
 
 def run(args: argparse.Namespace) -> int:
-    from ..analyses import atlas, sweep
-    from ..core.progress import cli_bar
-    from ..core.texts import read_texts
-
     atlas.check_bootstrap(args.bootstrap, name="--bootstrap")  # before anything is read or loaded
     atlas.check_confidence(args.confidence, name="--confidence")
     if args.top < 1:
@@ -112,12 +69,6 @@ def run(args: argparse.Namespace) -> int:
 def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     """``--results DIR``: the prompts through the sweep runner (:func:`cwviz.analyses.sweep.run`), each prompt's
     statistics recorded as it finishes; the main process pools every record and saves the atlas into DIR too."""
-    from ..analyses import atlas, sweep
-    from ..analyses import records as R
-    from ..analyses.sinks import DEFAULT_SINK
-    from ..core.parallel import model_provenance
-    from ..core.progress import cli_bar
-
     bundle = load(args)
     atlas.check_bootstrap(args.bootstrap, len(texts), bundle.info.layers * bundle.info.heads, "--bootstrap")  # before any forward pass
     provenance = model_provenance(bundle)
@@ -171,17 +122,13 @@ def _report(result, per_prompt: pd.DataFrame, args: argparse.Namespace) -> None:
     print(f"model: {result.manifest['model']}; prompts: {len(result.prompts)} ({tokens:,} tokens) from {args.jsonl or 'the GSM8K sample'}")
     _print(result, args.top)
     if args.out is not None:
-        from ..analyses import atlas
-
         atlas.save(result, args.out)
         print(f"wrote {args.out}")
 
 
 def _print(result, top: int) -> None:
-    from ..analyses import atlas
-
     pooled = result.pooled
-    level = result.manifest.get("confidence", atlas.CONFIDENCE)
+    level = result.manifest.get("confidence", ATLAS_CONFIDENCE)
     print(f"means over prompts with {level:.0%} bootstrap intervals ({result.manifest.get('bootstrap')} resamples); sink: the first token")
     for metric, label in ATLAS_METRICS.items():
         end = atlas.strongest(metric)

@@ -1,30 +1,18 @@
-"""Arguments and input reading shared by the CLI commands."""
+"""What the commands share once their arguments are parsed: reading the prompts, loading the model, the processes of a
+sweep and what its manifest records of the command (the options themselves are in :mod:`cwviz.cli.parsers`)."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import shlex
 import sys
 from pathlib import Path
 
 from ..core.errors import InputError
-
-
-def add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        default="embedded",
-        help="embedded (default; SmolLM2, a causal LM), embedded-gemma (Gemma 3 270M, a causal LM; Gemma terms of use), embedded-encoder (all-MiniLM-L6-v2, a BERT encoder), a hub id, a local folder or a .gguf file",
-    )
-    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
-    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on cuda, float32 elsewhere), float32, bfloat16, float16")
-    parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a hub model (off by default)")
-
-
-def add_text_args(parser: argparse.ArgumentParser, required: bool = True) -> argparse._MutuallyExclusiveGroup:
-    group = parser.add_mutually_exclusive_group(required=required)
-    group.add_argument("--text", help="the prompt; '-' reads standard input")
-    group.add_argument("--file", type=Path, help="a UTF-8 text file holding the prompt")
-    return group
+from ..core.models import load_model
+from ..core.parallel import processes, versions
+from ..core.texts import check_text, gsm8k_path, read_standard_input, read_text_file
 
 
 def read_text(args: argparse.Namespace) -> str:
@@ -44,8 +32,6 @@ def prompt_text(how: str, value: str) -> tuple[str, str]:
     (``how`` "file"), standard input (``value`` "-", less one final newline:
     :func:`~cwviz.core.texts.read_standard_input`) or the argument itself, checked as text (bytes that were not
     UTF-8 arrive as surrogate escapes: :func:`~cwviz.core.texts.check_text`)."""
-    from ..core.texts import check_text, read_standard_input, read_text_file
-
     if how == "file":
         return read_text_file(value), f" ({value} holds no text)"
     if value == "-":
@@ -62,31 +48,17 @@ def check_output_file(path: Path | None, flag: str, example: str) -> None:
     if not path.parent.is_dir():
         raise InputError(f"no folder {path.parent} for {flag}; create it first")
     if path.is_dir():
-        kind = Path(example).suffix.lstrip(".").upper()
-        raise InputError(f"{flag} {path} is a folder; give the {kind} file to write, e.g. {path / example}")
+        file_type = Path(example).suffix.lstrip(".").upper()
+        raise InputError(f"{flag} {path} is a folder; give the {file_type} file to write, e.g. {path / example}")
 
 
 def load(args: argparse.Namespace):
-    from ..core.models import load_model
-
     return load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
-
-
-def add_jsonl_args(group: argparse._MutuallyExclusiveGroup, help: str) -> None:
-    """``--jsonl PATH`` and ``--gsm8k`` (the shipped GSM8K sample, or ``$CWVIZ_GSM8K``) in one exclusive group."""
-    group.add_argument("--jsonl", type=Path, help=help)
-    group.add_argument(
-        "--gsm8k",
-        action="store_true",
-        help="the GSM8K sample that ships with cwviz (40 test items), or the file $CWVIZ_GSM8K names (e.g. the full test split)",
-    )
 
 
 def jsonl_path(args: argparse.Namespace) -> Path | None:
     """The JSON Lines file --jsonl or --gsm8k asked for, None when neither was given."""
     if getattr(args, "gsm8k", False):
-        from ..core.texts import gsm8k_path
-
         return gsm8k_path()
     return args.jsonl
 
@@ -102,18 +74,6 @@ def report_interrupt(kept: int, total: int, noun: str, written: Path | None = No
     return 130
 
 
-def add_sweep_args(parser: argparse.ArgumentParser, results: str) -> None:
-    """``--results DIR`` (``results``: what the command keeps there) and ``--resume``: the options of every command
-    that runs through the sweep runner (:mod:`cwviz.analyses.sweep`)."""
-    parser.add_argument(
-        "--results",
-        type=Path,
-        help=f"{results}; each item's record is appended (JSON Lines, one file per process) and fsynced as it finishes; "
-        "needed for data-parallel runs (accelerate launch / torchrun)",
-    )
-    parser.add_argument("--resume", action="store_true", help="with --results: skip the items already recorded there")
-
-
 def check_resume(args: argparse.Namespace) -> None:
     """Before anything is read: InputError for ``--resume`` without ``--results``."""
     if args.resume and args.results is None:
@@ -123,8 +83,6 @@ def check_resume(args: argparse.Namespace) -> None:
 def sweep_processes(args: argparse.Namespace):
     """This run's processes (:func:`cwviz.core.parallel.processes`); under a launcher each process takes its own device
     (``args.device``), and InputError unless ``--results`` names the folder their records go to."""
-    from ..core.parallel import processes
-
     procs = processes(args.device)
     if procs.count > 1 and args.results is None:
         raise InputError(f"this run has {procs.count} processes: each writes its records to --results DIR; give the folder")
@@ -142,11 +100,6 @@ def launched_command(made: dict, count: int) -> dict:
 
 def how_run(args: argparse.Namespace) -> dict:
     """What a results manifest records of any command: the versions, the command line as typed and the date."""
-    import datetime as dt
-    import shlex
-
-    from ..core.parallel import versions
-
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     return {
         "versions": versions(),

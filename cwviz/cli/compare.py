@@ -5,64 +5,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-from ..analyses.schema import HEAD_METRICS, KINDS
+from ..analyses import compare
+from ..analyses.schema import HEAD_METRICS
+from ..core.analysis import analyze
 from ..core.errors import CwvizError, InputError
+from ..core.models import load_model
+from ..core.progress import cli_bar
 from ..core.texts import write_text_atomic
-from .common import add_model_args, prompt_text
+from .common import prompt_text
+from .parsers import COMPARE_TOP
 
-#: Heads listed by default, and the map cells with the largest change.
-TOP = 10
+#: The map cells with the largest change that are listed.
 TOP_CELLS = 5
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "compare",
-        help="compare two prompts (or one prompt on two models): alignment, maps' differences, per-head changes, log-probabilities",
-        description=(
-            "Input A is the first prompt on --model; input B the second prompt (or the same one) on --model-b (default: "
-            "--model). Tokens are paired by position when both inputs have as many, else by a sequence alignment "
-            "of the token ids. Prints the alignment, the heads ranked by the change B - A of a per-head summary, "
-            "the largest changes in the selected layer's maps and the change in each aligned token's log-probability."
-        ),
-    )
-    parser.add_argument(
-        "--text",
-        dest="inputs",
-        action="append",
-        type=lambda v: ("text", v),
-        help="a prompt ('-': standard input); give two, or one with --model-b",
-    )
-    parser.add_argument(
-        "--file",
-        dest="inputs",
-        action="append",
-        type=lambda v: ("file", Path(v)),
-        help="a UTF-8 file holding a prompt (mixes with --text, in order)",
-    )
-    add_model_args(parser)
-    parser.add_argument("--model-b", help="input B's model (default: --model); it must share --model's tokenizer")
-    parser.add_argument("--layer", type=int, help="the layer whose maps are compared (default: the middle one)")
-    parser.add_argument("--head", type=int, help="one head (default: all heads, the layer-level scores)")
-    parser.add_argument(
-        "--kind",
-        choices=KINDS,
-        default="inter",
-        help="contribution weights normalised by the layer output (inter, default) or the head's (intra)",
-    )
-    parser.add_argument(
-        "--rank-by",
-        choices=list(HEAD_METRICS),
-        default="divergence",
-        help="the per-head summary whose change ranks the heads (default divergence)",
-    )
-    parser.add_argument("--top", type=int, default=TOP, help=f"heads listed (default {TOP})")
-    parser.add_argument("--out", type=Path, help="a folder: write alignment.csv, heads.csv, logprobs.csv and maps.csv there")
-    parser.set_defaults(func=run)
 
 
 def read_inputs(args: argparse.Namespace) -> list[str]:
@@ -85,11 +42,6 @@ def read_inputs(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analyses import compare
-    from ..core.analysis import analyze
-    from ..core.models import load_model
-    from ..core.progress import cli_bar
-
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
     texts = read_inputs(args)
@@ -149,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if a.info.causal:
         logprobs = compare.logprob_changes(cmp)
         shown = logprobs.dropna(subset=["change"])
-        order = shown["change"].abs().sort_values(ascending=False, kind="stable").index[:TOP]
+        order = shown["change"].abs().sort_values(ascending=False, kind="stable").index[:COMPARE_TOP]
         total = np.nansum(shown["change"])
         print(f"\nnext-token log-probability, B - A, at the aligned positions (sum {total:+.3f} nats); largest changes:")
         for row in shown.loc[order].itertuples(index=False):

@@ -11,13 +11,18 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
 
+from ..analyses import faithfulness, sweep, tasks
+from ..analyses import records as R
+from ..analyses.faithfulness import PAPER_ORDER, curve_areas, dataset_texts, order_check
+from ..analyses.faithfulness import read_examples as read_file
+from ..analyses.schema import area_span
 from ..core.errors import InputError
-from ..core.texts import write_text_atomic
+from ..core.parallel import model_provenance
+from ..core.progress import cli_bar
+from ..core.texts import read_texts, write_text_atomic
 from .common import (
-    add_jsonl_args,
-    add_model_args,
-    add_sweep_args,
     check_output_file,
     check_resume,
     how_run,
@@ -28,123 +33,7 @@ from .common import (
     report_interrupt,
     sweep_processes,
 )
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    from ..analyses import faithfulness as F
-    from ..analyses import tasks as T
-
-    rates = ",".join(f"{r:g}" for r in F.DEFAULT_RATES)
-    parser = sub.add_parser(
-        "faithfulness",
-        help="mask the keys each measure ranks first/last and report ΔPPL curves",
-        description="Rank keys by each measure, mask the top (comprehensiveness) or bottom (sufficiency) share "
-        "of each query's keys, and report the mean ΔPPL = PPL(masked) - PPL(clean) with a 95% bootstrap interval.",
-    )
-    data = parser.add_mutually_exclusive_group(required=True)
-    add_jsonl_args(data, "JSON Lines: a 'text' field per line, or GSM8K's question and answer")
-    data.add_argument(
-        "--file",
-        type=Path,
-        help="a UTF-8 text file, each paragraph (blank-line separated) one example; .jsonl/.json files are read as JSONL",
-    )
-    data.add_argument("--text", help="one example given on the command line ('-' reads standard input)")
-    data.add_argument("--dataset", help="a Hugging Face dataset NAME or NAME:CONFIG (needs `datasets` and network)")
-    parser.add_argument(
-        "--task",
-        choices=("text", *T.TASKS),
-        default="text",
-        help="text (default: ΔPPL of each example's own tokens) or a multiple-choice task read from --jsonl or --dataset "
-        "in its standard fields (mmlu: question, choices, answer index; boolq: passage, question, answer true/false; "
-        "winogrande: sentence with _, option1, option2, answer 1/2): accuracy under masking beside ΔPPL",
-    )
-    parser.add_argument("--field", help="the JSONL/dataset field holding the text (default: text, or question+answer)")
-    parser.add_argument("--split", help="the dataset split (default: test; validation for boolq and winogrande)")
-    parser.add_argument(
-        "--n",
-        "--examples",
-        dest="n",
-        type=int,
-        default=F.DEFAULT_EXAMPLES,
-        help=f"number of examples (default {F.DEFAULT_EXAMPLES}); under torchrun or accelerate launch write --examples, "
-        "since their own option parsers take --n for one of theirs",
-    )
-    parser.add_argument("--rates", default=rates, help=f"removal rates in %% of each query's keys (default {rates})")
-    parser.add_argument(
-        "--measures",
-        default="default",
-        help=f"comma-separated measures, or default: {', '.join(F.RANKED_MEASURES)} "
-        f"(also: {', '.join(m for m in F.ALL_MEASURES if m not in F.RANKED_MEASURES)}; all = every one)",
-    )
-    parser.add_argument("--layers", default="all", help="all (default: mask in every layer at once) or one layer index")
-    parser.add_argument("--per-head", action="store_true", help="rank keys per head (default: layer-level scores)")
-    parser.add_argument("--rank-by", choices=F.RANK_BY, default=F.RANK_BY[0], help="rank by the signed score (default) or its magnitude")
-    parser.add_argument(
-        "--rank-scope",
-        choices=F.RANK_SCOPES,
-        default=F.RANK_SCOPES[0],
-        help="what is ranked together: each query's keys (query, default), the keys by their mean score over the queries "
-        "that see them, masked for every query (token), or all visible (query, key) pairs of a layer (layer); docs/METHOD.md section 3",
-    )
-    parser.add_argument(
-        "--max-tokens",
-        type=int,
-        default=F.EXAMPLE_MAX_TOKENS,
-        help=f"token cap per example: longer ones are cut (default {F.EXAMPLE_MAX_TOKENS})",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=parse_batch_size,
-        default=F.DEFAULT_BATCH_SIZE,
-        help=f"masked runs per forward pass (default {F.DEFAULT_BATCH_SIZE}), or auto: as many as memory allows "
-        f"(every distinct run of an example on a GPU, at most {F.DEFAULT_BATCH_SIZE} on a CPU)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random ranking and the bootstrap (default 0)")
-    parser.add_argument("--out", type=Path, help="summary CSV, rewritten after every example")
-    add_sweep_args(parser, "results folder: per-example records, manifest.json and summary.csv")
-    add_model_args(parser)
-    parser.set_defaults(func=run)
-
-
-def parse_batch_size(value: str) -> int:
-    """A positive integer, or auto (:data:`cwviz.analyses.faithfulness.AUTO_BATCH`)."""
-    from ..analyses.faithfulness import AUTO_BATCH
-
-    if value.strip().lower() == "auto":
-        return AUTO_BATCH
-    try:
-        size = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a positive integer or auto, not {value!r}") from None
-    if size < 1:
-        raise argparse.ArgumentTypeError(f"takes a positive integer or auto, not {value!r}")
-    return size
-
-
-def parse_rates(value: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise InputError(f"--rates takes comma-separated percentages such as 10,50, not {value!r}") from None
-
-
-def parse_layer(value: str) -> int | None:
-    if value.strip().lower() == "all":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise InputError(f"--layers takes all or one layer index, not {value!r}") from None
-
-
-def parse_measures(value: str) -> tuple[str, ...]:
-    from ..analyses.faithfulness import ALL_MEASURES, RANKED_MEASURES
-
-    if value.strip().lower() == "default":
-        return RANKED_MEASURES
-    if value.strip().lower() == "all":
-        return ALL_MEASURES
-    return tuple(part.strip() for part in value.split(",") if part.strip())
+from .parsers import parse_layer, parse_measures, parse_rates
 
 
 def split_of(args: argparse.Namespace) -> str:
@@ -154,15 +43,9 @@ def split_of(args: argparse.Namespace) -> str:
 def read_examples(args: argparse.Namespace) -> list:
     """The examples from --jsonl/--gsm8k, --file, --text or --dataset (at most --n): texts, or with
     --task the items of a multiple-choice task (:class:`cwviz.analyses.tasks.Item`)."""
-    from ..analyses.faithfulness import dataset_texts
-    from ..analyses.faithfulness import read_examples as read_file
-    from ..core.texts import read_texts
-
     if args.n < 1:
         raise InputError(f"--n must be at least 1, not {args.n}")
     if args.task != "text":
-        from ..analyses import tasks
-
         if args.dataset is not None:
             return tasks.dataset_items(args.task, args.dataset, split=split_of(args), n=args.n)
         if args.jsonl is None:
@@ -187,9 +70,6 @@ def write_csv(summary: pd.DataFrame, path: Path) -> None:
 
 def format_table(summary: pd.DataFrame) -> str:
     """Mean ΔPPL per measure and rate, one block per curve, with the area under each curve."""
-    from ..analyses.faithfulness import curve_areas
-    from ..analyses.schema import area_span
-
     areas = curve_areas(summary).set_index(["curve", "measure"])["area"]
     n = int(summary["n"].max()) if len(summary) else 0
     rates = sorted(summary["rate"].unique())
@@ -228,15 +108,11 @@ def format_accuracy(summary: pd.DataFrame) -> str:
 def examples_loop(task: str):
     """The example loop of ``task``: :func:`cwviz.analyses.faithfulness.iter_examples` for text,
     :func:`cwviz.analyses.tasks.iter_items` for a multiple-choice task."""
-    from ..analyses import faithfulness, tasks
-
     return faithfulness.iter_examples if task == "text" else tasks.iter_items
 
 
 def format_order(summary: pd.DataFrame) -> str:
     """Whether the paper's order holds, by area and at each rate (pairs that fail or tie are named)."""
-    from ..analyses.faithfulness import PAPER_ORDER, curve_areas, order_check
-
     by_area, by_rate = order_check(curve_areas(summary)), order_check(summary, value="delta_ppl")
     if by_area.empty:
         return ""
@@ -254,8 +130,6 @@ def format_order(summary: pd.DataFrame) -> str:
 
 
 def protocol_of(args: argparse.Namespace):
-    from ..analyses import faithfulness
-
     return faithfulness.Protocol(
         rates=parse_rates(args.rates),
         measures=parse_measures(args.measures),
@@ -276,8 +150,6 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out", "summary.csv")
     procs = sweep_processes(args)
     if args.results is not None:
-        from ..analyses import sweep
-
         sweep.check_folder(args.results)
         with sweep.owned(args.results, procs):  # before the model loads: a busy folder is refused at once
             return run_sweep(args, protocol, texts, procs)
@@ -298,10 +170,6 @@ def print_summary(bundle_id: str, examples: int, protocol, summary: pd.DataFrame
 
 
 def run_single(args: argparse.Namespace, protocol, texts: list[str]) -> int:
-    from tqdm import tqdm
-
-    from ..analyses import faithfulness
-
     bundle = load(args)
     faithfulness.check_causal(bundle)  # before the progress bar: an encoder gets one error line
     tables: list[pd.DataFrame] = []
@@ -334,11 +202,6 @@ def run_single(args: argparse.Namespace, protocol, texts: list[str]) -> int:
 def run_sweep(args: argparse.Namespace, protocol, texts: list, procs) -> int:
     """The resumable, data-parallel sweep (:func:`cwviz.analyses.sweep.run`): each process runs its share of the
     unfinished examples; the main process then recomputes the summary from every record."""
-    from ..analyses import faithfulness, sweep
-    from ..analyses import records as R
-    from ..core.parallel import model_provenance
-    from ..core.progress import cli_bar
-
     folder: Path = args.results
     bundle = load(args)
     faithfulness.check_causal(bundle)

@@ -1,8 +1,11 @@
 """The command line: ``cwviz <command> ...`` (the same as ``python -m cwviz <command> ...``).
 
-Each command lives in :mod:`cwviz.cli` as a module with ``register(subparsers)``, which adds its
-parser and sets ``func``. Errors a user can fix (:class:`~cwviz.core.errors.CwvizError`, unreadable files)
-end the program with one ``error: ...`` line on stderr and exit status 2, never a traceback.
+Every command's parser is in :mod:`cwviz.cli.parsers`, which imports neither torch nor transformers: ``--help``
+and argument errors answer at once. Once the arguments are parsed, the one module that runs the command (its
+parser's ``command_module``, with ``run(args) -> int``) is imported, and with it what the command needs.
+
+Errors a user can fix (:class:`~cwviz.core.errors.CwvizError`, unreadable files) end the program with one
+``error: ...`` line on stderr and exit status 2, never a traceback.
 
 SIGTERM is handled as Ctrl-C (SIGINT): the long commands (``faithfulness``, ``sinks``) keep every finished
 example, print their results, and end with one ``interrupted: kept ...`` line on stderr and status 130.
@@ -12,8 +15,8 @@ commands write their files before they print.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import importlib
 import logging
 import os
 import signal
@@ -23,27 +26,14 @@ import threading
 from ..core.errors import CwvizError
 from ..core.heap import tune_heap
 from ..core.settings import check_environment
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``cwviz`` parser. Each command is a module with ``register(subparsers)``; add a command by listing its
-    module here. They are imported here, not at the top of this module: importing them imports torch and transformers
-    (seconds), and :func:`main` must be already running to turn a Ctrl-C in that time into one line, not a traceback."""
-    from . import analyze, app, atlas, claims, compare, faithfulness, report, sinks
-
-    parser = argparse.ArgumentParser(prog="cwviz", description="Contribution weights for attention layers.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (analyze, sinks, faithfulness, claims, report, compare, atlas, app):
-        module.register(sub)
-    return parser
+from .parsers import build_parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit status (0, 2 for an error the user can fix, 130 when interrupted)."""
     try:
         return _run(argv)
-    except KeyboardInterrupt:  # during start-up: the imports, the parsing (a command's own run handles its own)
+    except KeyboardInterrupt:  # during start-up: the parsing, the command's imports (a command's own run handles its own)
         print("interrupted", file=sys.stderr)
         return 130
 
@@ -55,7 +45,7 @@ def _error_line(err: BaseException) -> str:
 
 @contextlib.contextmanager
 def _exit_at_once_on_ctrl_c():
-    """Ctrl-C while the commands import torch and transformers: one ``interrupted`` line and status 130 at once.
+    """Ctrl-C while a command's module imports torch and transformers: one ``interrupted`` line and status 130 at once.
 
     A KeyboardInterrupt raised there can land in torch's C++ import code, which then aborts the process
     ("terminate called after throwing an instance of 'pybind11::error_already_set'", status -6) instead of
@@ -78,8 +68,7 @@ def _exit_at_once_on_ctrl_c():
 
 
 def _run(argv: list[str] | None) -> int:
-    with _exit_at_once_on_ctrl_c():
-        parser = build_parser()
+    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     # `cwviz app ...` hands everything after `app` to `streamlit run` as it is: argparse's REMAINDER does
     # not take options that come first (`cwviz app --server.port 8502` was refused).
@@ -93,17 +82,16 @@ def _run(argv: list[str] | None) -> int:
     else:
         args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    with _exit_at_once_on_ctrl_c():
+        command = importlib.import_module(args.command_module)  # the one command's module: torch, for most
     if not args.verbose:
-        import transformers
-
-        transformers.utils.logging.disable_progress_bar()
-        transformers.utils.logging.set_verbosity_error()
+        _quiet_transformers()
     args.argv = argv  # the manifest of a sweep records the command
     tune_heap()  # the command owns its process: the row blocks' buffers stay in its heap (cwviz.core.heap)
     previous = _sigterm_as_interrupt()
     try:
         check_environment()  # CWVIZ_CACHE and CWVIZ_MEMORY_BYTES, before any file is read or model loaded
-        code = int(args.func(args) or 0)
+        code = int(command.run(args) or 0)
         sys.stdout.flush()  # a broken pipe shows here, not at exit, where it could not be handled
         return code
     except CwvizError as err:
@@ -124,6 +112,15 @@ def _run(argv: list[str] | None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _quiet_transformers() -> None:
+    """No progress bars or warnings from transformers, when the command's module has imported it (``cwviz app``, which
+    does not, is not made to import it for this)."""
+    transformers = sys.modules.get("transformers")
+    if transformers is not None:
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
 
 
 def _silence_stdout() -> None:

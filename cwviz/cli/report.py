@@ -9,34 +9,23 @@ order check, accuracy (multiple-choice tasks), sinks and the manifest with how t
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 from pathlib import Path
 
 import pandas as pd
 
+from ..analyses import claims as C
+from ..analyses import faithfulness as F
+from ..analyses import records as R
+from ..charts import report
 from ..core.errors import InputError
 from ..core.texts import write_text_atomic
 from .common import check_output_file
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "report",
-        help="one offline HTML file of a results folder: curves, tables, order check, sinks, manifest",
-        description="Write one self-contained HTML file (figures inlined as SVG, nothing loaded from the network) "
-        "from a results folder written by `cwviz faithfulness --results DIR` and/or `cwviz sinks --results DIR`.",
-    )
-    parser.add_argument("--results", type=Path, required=True, help="the results folder")
-    parser.add_argument("--out", type=Path, required=True, help="the HTML file to write (e.g. report.html)")
-    parser.add_argument("--title", default="cwviz report", help="the report's title")
-    parser.set_defaults(func=run)
+from .sinks import RESULTS_FOLDER
 
 
 def faithfulness_sections(folder: Path) -> list:
     """The run's manifest, the faithfulness curves and, for a multiple-choice task, accuracy; [] without records."""
-    from ..analyses import faithfulness as F
-    from ..analyses import records as R
-    from ..charts import report
-
     if not any(folder.glob(R.RECORD_GLOB)):
         return []
     records = R.read_records(folder)  # checked: one run's records, in range, whole (and the manifest)
@@ -58,14 +47,9 @@ def faithfulness_sections(folder: Path) -> list:
 
 def sinks_section(folder: Path):
     """The sinks tables of ``DIR/sinks`` (``cwviz sinks --results DIR``), or None."""
-    from ..charts import report
-    from .sinks import RESULTS_FOLDER
-
     where = folder / RESULTS_FOLDER
     if not (where / "layers.csv").is_file():
         return None
-    from ..analyses import records as R
-
     # The tables come from these records: a folder whose records mix runs or are damaged is refused.
     records = R.read_records(where, R.SINKS) if any(where.glob(R.RECORD_GLOB)) else []
     manifest = R.read_manifest(where, R.SINKS) or {}
@@ -126,10 +110,6 @@ def sinks_table(path: Path, columns: tuple[str, ...], folder: Path) -> pd.DataFr
 
 def claims_section(folder: Path):
     """The claims of ``DIR/claims`` (``cwviz claims --results DIR``), recomputed from its records, or None."""
-    from ..analyses import claims as C
-    from ..analyses import records as R
-    from ..charts import report
-
     where = folder / C.RECORDS_FOLDER
     if not where.is_dir() or not any(where.glob(R.RECORD_GLOB)):
         return None
@@ -142,10 +122,6 @@ def claims_section(folder: Path):
 
 
 def run(args: argparse.Namespace) -> int:
-    import datetime as dt
-
-    from ..charts import report
-
     folder: Path = args.results
     if not folder.is_dir():
         raise InputError(f"no results folder at {folder}; give the folder a sweep wrote with --results")

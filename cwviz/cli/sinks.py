@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from dataclasses import dataclass
@@ -11,16 +12,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..analyses import records as R
+from ..analyses import sinks, sweep
+from ..analyses.sinks import check_factor
+from ..core.analysis import analyze
 from ..core.errors import CwvizError, InputError
-from ..core.texts import write_text_atomic
+from ..core.parallel import model_provenance
+from ..core.progress import cli_bar
+from ..core.texts import read_texts, write_text_atomic
 from .common import (
-    add_jsonl_args,
-    add_model_args,
-    add_sweep_args,
-    add_text_args,
     check_output_file,
     check_resume,
+    how_run,
     jsonl_path,
+    launched_command,
     load,
     read_text,
     report_interrupt,
@@ -30,58 +35,8 @@ from .common import (
 log = logging.getLogger(__name__)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from ..analyses import sinks as S
-
-    parser = sub.add_parser(
-        "sinks",
-        help="attention sinks per layer: sink ratio, anti-alignment, attention vs contribution share, ΔPPL",
-        description=(
-            "Per layer: the mean sink ratio (attention on the sink), the mean cos(ṽ_sink, m) between the "
-            "sink's projected value and the mean of the other keys' (negative: the sink subtracts the "
-            "semantic direction), the sink's share under attention and under contribution weights, and the "
-            "change in perplexity when the sink's value is scaled by --factor (0 removes it) in that layer only."
-        ),
-    )
-    group = add_text_args(parser)
-    add_jsonl_args(group, "a JSON Lines file: one prompt a line ('text', or GSM8K's 'question' + 'answer')")
-    parser.add_argument(
-        "--n",
-        "--examples",
-        dest="n",
-        type=int,
-        help="with --jsonl: only the first N prompts (under torchrun or accelerate launch write --examples: their parsers take --n)",
-    )
-    parser.add_argument("--field", help="with --jsonl: read the prompt from this field")
-    parser.add_argument(
-        "--sink",
-        default=str(S.DEFAULT_SINK),
-        help=(
-            f"the sink: a token position (default {S.DEFAULT_SINK}, the first token; negative counts from the end, so -1 is "
-            f"the last, BERT's [SEP]) or '{S.AUTO}' (the key with the largest mean attention)"
-        ),
-    )
-    parser.add_argument(
-        "--factor",
-        type=float,
-        default=S.DEFAULT_FACTOR,
-        help=f"λ for the ΔPPL runs: the sink's value is multiplied by it (default {S.DEFAULT_FACTOR:g}: removed)",
-    )
-    parser.add_argument("--no-ppl", action="store_true", help="skip the ΔPPL runs (one forward pass per layer and prompt, batched)")
-    parser.add_argument("--csv", type=Path, help="write the full table (one row per prompt, layer, head and query) here")
-    add_sweep_args(
-        parser,
-        "a results folder (e.g. a faithfulness sweep's): writes the per-prompt records, sinks/layers.csv, sinks/heads.csv "
-        "and sinks/manifest.json into DIR/sinks, which `cwviz report --results DIR` adds to the report",
-    )
-    add_model_args(parser)
-    parser.set_defaults(func=run)
-
-
 def read_prompts(args: argparse.Namespace) -> list[str]:
     """The prompts: one from --text/--file, or the JSONL file's (first --n)."""
-    from ..core.texts import read_texts
-
     path = jsonl_path(args)
     if path is None:
         if args.n is not None or args.field is not None:
@@ -92,9 +47,6 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analyses import sweep
-    from ..analyses.sinks import check_factor
-
     try:
         check_factor(args.factor)
     except InputError as err:
@@ -134,10 +86,6 @@ class Prompt:
 
 def measure(args: argparse.Namespace, bundle, text: str, index: int, total: int) -> Prompt:
     """Prompt ``index`` (of ``total``): its analysis, sink table and, unless --no-ppl, the sink-removal perplexities."""
-    from ..analyses import sinks
-    from ..core.analysis import analyze
-    from ..core.progress import cli_bar
-
     try:
         with cli_bar(f"prompt {index + 1} of {total}", enabled=sys.stderr.isatty()) as progress:
             analysis = analyze(bundle, text, progress=progress)
@@ -161,11 +109,6 @@ def measure(args: argparse.Namespace, bundle, text: str, index: int, total: int)
 def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     """``--results DIR``: the prompts through the sweep runner (:func:`cwviz.analyses.sweep.run`) into ``DIR/sinks``,
     each prompt's record appended as it finishes; the main process then makes the tables from every record."""
-    from ..analyses import records as R
-    from ..analyses import sweep
-    from ..core.parallel import model_provenance
-    from .common import how_run, launched_command
-
     bundle = load(args)
     provenance = model_provenance(bundle)
     settings = sweep.sinks_settings(args.sink, args.factor, not args.no_ppl and bundle.arch.causal, provenance)
@@ -192,8 +135,6 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
 
 def finish(args: argparse.Namespace, bundle, prompts: list[Prompt], total: int, interrupted: bool = False, made: dict | None = None) -> int:
     """Pool the prompts' tables, write the files asked for, print the per-layer table; the exit status."""
-    from ..analyses import sinks
-
     info = bundle.info
     finished = len(prompts)
     table = sinks.pool_tables([p.table for p in prompts])
@@ -265,13 +206,6 @@ def write_results(
 ) -> Path:
     """The per-layer and per-head tables in ``DIR/sinks``, and its manifest completed with the sinks found and the
     prompts counted (each file replaced whole)."""
-    import json
-
-    from ..analyses import records as R
-    from ..analyses import sinks
-    from ..core.parallel import model_provenance
-    from .common import how_run
-
     folder = args.results / RESULTS_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     made = made if made is not None else manifest(args, model_provenance(bundle)) | how_run(args)

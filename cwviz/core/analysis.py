@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..vocabulary import KINDS
+from ..vocabulary import KINDS, check_kind
 from . import architectures, export, memory
 from .capture import Intervention, LayerRecord, forward_pass
 from .errors import InputError, SelectionError
@@ -331,7 +331,7 @@ class Analysis:
     @property
     def has_learned_sinks(self) -> bool:
         """Whether any layer has learned sink logits (gpt-oss): there α over the real keys sums to less than 1."""
-        return any(self._shell(layer).sinks is not None for layer in range(self.num_layers))
+        return any(self._shell(layer).learned_sinks is not None for layer in range(self.num_layers))
 
     def _shell(self, layer: int) -> LayerRecord:
         """Layer ``layer``'s record for its metadata (mask, scaling, learned sinks): a spilled layer is not read."""
@@ -350,7 +350,7 @@ class Analysis:
         layer without learned sinks. Read in row blocks (never the T x T maps).
         """
         layer = self.check_layer(layer)
-        if self.records[layer].sinks is None:
+        if self.records[layer].learned_sinks is None:
             return np.zeros((self.num_heads, self.num_tokens), dtype=np.float32)
         with torch.inference_mode():
             share = torch.cat([1 - alpha.sum(-1) for _, _, alpha in self.attention_blocks(layer)], dim=1).clamp_(min=0)
@@ -372,9 +372,7 @@ class Analysis:
 
     def contributions(self, layer: int, kind: str = "inter") -> np.ndarray:
         """Contribution weights, intra-head c (each head sums to 1) or inter-head C (heads sum to 1)."""
-        if kind not in ("inter", "intra"):
-            raise InputError(f"kind must be 'inter' or 'intra', not {kind!r}")
-        return _np(self.layer(layer).contribution(kind))
+        return _np(self.layer(layer).contribution(check_kind(kind)))
 
     def measure(self, layer: int, name: str) -> np.ndarray:
         """One of :data:`cwviz.core.measures.MEASURES` per head, [head, query, key]."""
@@ -403,8 +401,7 @@ class Analysis:
         """
         import pandas as pd
 
-        if kind not in ("inter", "intra"):
-            raise InputError(f"kind must be 'inter' or 'intra', not {kind!r}")
+        check_kind(kind)
         query = self.check_token(query)
         m = self.rows(layer, query, query + 1)  # the query's row alone (exact, T times cheaper than the layer)
         heads = range(self.num_heads) if head is None else [self.check_head(head)]
@@ -462,7 +459,7 @@ class Analysis:
         out_layers = []
         for layer in layers:
             # A layer with learned sinks (gpt-oss): each query's share of attention that went to the sink.
-            sunk = self.learned_sink_attention(layer) if self._shell(layer).sinks is not None else None
+            sunk = self.learned_sink_attention(layer) if self._shell(layer).learned_sinks is not None else None
             out_layers.append(export.layer_entry(layer, self.row_blocks(layer), heads, causal, digits, sunk))
         return {
             "schema": export.SCHEMA,

@@ -43,19 +43,19 @@ ATTN_IMPLEMENTATION = "cwviz"
 class LayerRecord:
     """What one attention layer saw in one forward pass (batch of one).
 
-    | field   | shape                        | note                                              |
-    |---------|------------------------------|---------------------------------------------------|
-    | query   | [head, query, d_head]        | after rotary embedding, before scaling            |
-    | key     | [kv_head, key, d_head]       | after rotary embedding                            |
-    | value   | [kv_head, key, d_head]       | v_j = x_j W_V + b_V                               |
-    | mask    | None or [query, key]         | bool (True = may attend) or additive float        |
-    | output  | [head, query, d_head]        | z_i^h, what the attention function returned       |
-    | sinks   | None or [head]               | learned sink logits (gpt-oss ``s_aux``), float32  |
+    | field         | shape                        | note                                              |
+    |---------------|------------------------------|---------------------------------------------------|
+    | query         | [head, query, d_head]        | after rotary embedding, before scaling            |
+    | key           | [kv_head, key, d_head]       | after rotary embedding                            |
+    | value         | [kv_head, key, d_head]       | v_j = x_j W_V + b_V                               |
+    | mask          | None or [query, key]         | bool (True = may attend) or additive float        |
+    | output        | [head, query, d_head]        | z_i^h, what the attention function returned       |
+    | learned_sinks | None or [head]               | learned sink logits (gpt-oss ``s_aux``), float32  |
 
     ``causal`` applies when ``mask`` is None. ``mask`` is this layer's own: a model with sliding and global
-    layers (Gemma 2/3, gpt-oss, ModernBERT) gives each layer the mask of its kind. ``softcap``: the layer's
-    attention logit soft-capping (Gemma 2), scores ← c tanh(scores / c) before the mask. ``sinks``: one learned
-    logit per head that joins every row's softmax and is then dropped, so α over the real keys sums to less
+    layers (Gemma 2/3, gpt-oss, ModernBERT) gives each layer its own mask (sliding or global). ``softcap``: the
+    layer's attention logit soft-capping (Gemma 2), scores ← c tanh(scores / c) before the mask. ``learned_sinks``:
+    one learned logit per head that joins every row's softmax and is then dropped, so α over the real keys sums to less
     than 1 (the learned sink writes nothing). Tensors stay on the layer's device in the model's dtype;
     measures upcast them to float32. ``copies``: the key and value hold each kv head this many times in a row
     ([kv_head * copies, key, d_head]); a pass records them once, and a layer prepared for reading in row blocks
@@ -70,17 +70,17 @@ class LayerRecord:
     causal: bool
     output: torch.Tensor
     softcap: float | None = None
-    sinks: torch.Tensor | None = None
+    learned_sinks: torch.Tensor | None = None
     copies: int = 1
 
     @property
     def plain(self) -> bool:
         """Whether α is the plain softmax of the scaled scores (no soft-capping, no learned sinks)."""
-        return self.softcap is None and self.sinks is None
+        return self.softcap is None and self.learned_sinks is None
 
     def probabilities(self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
         """:func:`attention_probabilities` with this layer's scaling, soft-capping and learned sinks."""
-        return attention_probabilities(query, key, self.scaling, mask, causal, softcap=self.softcap, sinks=self.sinks)
+        return attention_probabilities(query, key, self.scaling, mask, causal, softcap=self.softcap, learned_sinks=self.learned_sinks)
 
     def key_mask(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Which keys each query may attend to, bool [query, key] on the record's device: the model's own
@@ -169,7 +169,7 @@ _ACTIVE: contextvars.ContextVar[_Pass | None] = contextvars.ContextVar("cwviz_pa
 
 def _is_causal(module: torch.nn.Module, kwargs: dict, num_queries: int) -> bool:
     """Whether a layer with no mask (``attention_mask`` None) is causal: the call's ``is_causal``, else the
-    module's ``is_causal`` attribute, else its config's kind (:func:`_config_causal`).
+    module's ``is_causal`` attribute, else what its config says (:func:`_config_causal`).
 
     Why not transformers' own default (SDPA takes a module without ``is_causal`` as causal): a BERT-style encoder
     whose attention module sets no ``is_causal`` (Splinter, LayoutLM, MarkupLM) builds its mask with
@@ -221,28 +221,28 @@ def attention_probabilities(
     mask: torch.Tensor | None,
     causal: bool,
     softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
+    learned_sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Softmax attention exactly as SDPA computes it (or, with ``softcap`` or ``sinks``, as the model's own
-    eager attention does), in the dtype of ``query``.
+    """Softmax attention exactly as SDPA computes it (or, with ``softcap`` or ``learned_sinks``, as the model's
+    own eager attention does), in the dtype of ``query``.
 
-    | arg    | shape                              |
-    |--------|------------------------------------|
-    | query  | [..., head, query, d_head]     |
-    | key    | [..., kv_head, key, d_head]    |
-    | mask   | broadcastable to [..., head, query, key], bool (True = attend) or additive |
-    | sinks  | [head], learned sink logits       |
-    | return | [..., head, query, key]    |
+    | arg           | shape                              |
+    |---------------|------------------------------------|
+    | query         | [..., head, query, d_head]     |
+    | key           | [..., kv_head, key, d_head]    |
+    | mask          | broadcastable to [..., head, query, key], bool (True = attend) or additive |
+    | learned_sinks | [head], learned sink logits       |
+    | return        | [..., head, query, key]    |
 
     Grouped-query keys are shared by ``head // (heads / kv_heads)``. ``softcap`` c (Gemma 2): the scaled scores
-    become c tanh(scores / c) before the mask is added. ``sinks`` (gpt-oss): each head's learned logit joins
+    become c tanh(scores / c) before the mask is added. ``learned_sinks`` (gpt-oss): each head's learned logit joins
     every row's softmax as one more column, which is then dropped: the row sums to 1 minus the sink's share.
     """
     heads, num_queries, d_head = query.shape[-3:]
     groups = heads // key.shape[-3]
     num_keys = key.shape[-2]
-    if softcap is not None or sinks is not None:
-        return _capped_or_sunk(query, key, scaling, mask, causal, softcap, sinks)
+    if softcap is not None or learned_sinks is not None:
+        return _capped_or_sunk(query, key, scaling, mask, causal, softcap, learned_sinks)
     if query.dim() == 3 and mask is None and causal and num_queries == num_keys:
         return _causal_probabilities(query, key, scaling)
     if mask is None and causal:
@@ -276,7 +276,7 @@ def _capped_or_sunk(
     mask: torch.Tensor | None,
     causal: bool,
     softcap: float | None,
-    sinks: torch.Tensor | None,
+    learned_sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     """:func:`attention_probabilities` with soft-capping and/or learned sinks, in the order of the models' own
     eager attention (Gemma 2: scale, cap, add the mask, softmax; gpt-oss: scale, add the mask, append the sink
@@ -294,9 +294,9 @@ def _capped_or_sunk(
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
             scores = scores + mask.to(scores.dtype)
-    if sinks is None:
+    if learned_sinks is None:
         return torch.softmax(scores, dim=-1)
-    sink = sinks.to(scores.device, scores.dtype).view(heads, 1, 1).expand(*scores.shape[:-1], 1)  # (..., H, Q, 1)
+    sink = learned_sinks.to(scores.device, scores.dtype).view(heads, 1, 1).expand(*scores.shape[:-1], 1)  # (..., H, Q, 1)
     return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
 
@@ -308,7 +308,7 @@ def _weighted_values(
     causal: bool,
     scaling: float,
     softcap: float | None,
-    sinks: torch.Tensor | None,
+    learned_sinks: torch.Tensor | None,
     keep: torch.Tensor | None,
 ) -> torch.Tensor:
     """z_i^h = Σ_j α_ij^h keep_ij v_j^h in float32, returned in the query's dtype as (B, Q, H, d), as every
@@ -331,7 +331,9 @@ def _weighted_values(
             block_mask = torch.arange(num_keys, device=query.device)[None, :] <= torch.arange(start, stop, device=query.device)[:, None]
         else:
             block_mask = None
-        alpha = attention_probabilities(query[..., start:stop, :].float(), key, scaling, block_mask, False, softcap=softcap, sinks=sinks)
+        alpha = attention_probabilities(
+            query[..., start:stop, :].float(), key, scaling, block_mask, False, softcap=softcap, learned_sinks=learned_sinks
+        )
         if keep is not None:
             block_keep = keep[..., start:stop, :] if keep.dim() >= 2 and keep.shape[-2] == num_queries else keep
             alpha.mul_(block_keep.to(alpha.device))  # alpha is fresh: masked in place, bool weights cast on the fly
@@ -405,13 +407,13 @@ def _cwviz_attention(
     # as the model's eager attention computes it, in a pass or not (SDPA would refuse the cap, ignore the sinks).
     softcap = kwargs.pop("softcap", None)
     s_aux = kwargs.pop("s_aux", None)
-    sinks = s_aux.detach().float() if s_aux is not None else None
+    learned_sinks = s_aux.detach().float() if s_aux is not None else None
     active = _ACTIVE.get()
     layer = active.layer_of.get(id(module)) if active is not None else None
     if active is not None and active.seen is not None:
         active.seen.append(module)
     # query (B, H, Q, d); key, value (B, H_kv, K, d); attention_mask None or (B, 1, Q, K)
-    plain = softcap is None and sinks is None
+    plain = softcap is None and learned_sinks is None
     # SDPA is told cwviz's causality (:func:`_is_causal`), not left to its own default, in a pass or not.
     causal = kwargs["is_causal"] = _is_causal(module, kwargs, query.shape[-2])
     if layer is None and plain:
@@ -434,12 +436,12 @@ def _cwviz_attention(
     mask = attention_mask[0, 0] if attention_mask is not None else None
     softcap = None if softcap is None else float(softcap)
     if layer is not None and active.attend is not None and active.record and active.intervention is None:
-        record = LayerRecord(query[0], key[0], value[0], mask, scaling, causal, output=None, softcap=softcap, sinks=sinks)
+        record = LayerRecord(query[0], key[0], value[0], mask, scaling, causal, output=None, softcap=softcap, learned_sinks=learned_sinks)
         out = active.attend(layer, record).to(query.dtype).transpose(0, 1)[None].contiguous()  # (1, Q, H, d)
     elif keep is None and plain:
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     else:
-        out = _weighted_values(query, key, value, attention_mask, causal, scaling, softcap, sinks, keep)
+        out = _weighted_values(query, key, value, attention_mask, causal, scaling, softcap, learned_sinks, keep)
     if layer is None:
         return out, None
     if active.record:
@@ -453,7 +455,7 @@ def _cwviz_attention(
             causal=causal,
             output=z.detach(),
             softcap=softcap,
-            sinks=sinks,
+            learned_sinks=learned_sinks,
         )
     if active.progress is not None:
         active.layers_done += 1

@@ -24,7 +24,7 @@ class UnsupportedModelError(CwvizError):
 
 
 class SelectionError(InputError, IndexError):
-    """A layer, head or token index out of range (a kind of bad input, so ``except InputError`` catches it)."""
+    """A layer, head or token index out of range (bad input too, so ``except InputError`` catches it)."""
 
 
 class ResourceError(CwvizError):

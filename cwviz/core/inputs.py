@@ -76,7 +76,7 @@ def token_ids(value) -> list[int]:
     """Token ids as a list of ints from a 1-D sequence of integers: a list or tuple of ints (numpy integers
     included), or a 1-D integer numpy array or torch tensor. Anything else (text, a number, nested lists,
     None, floats, bools, 2-D arrays) raises InputError: cwviz never truncates a float or reads a digit."""
-    kind = type(value).__name__
+    type_name = type(value).__name__
     if isinstance(value, torch.Tensor):
         if value.dim() != 1 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
             raise InputError(f"input_ids must be a 1-D integer tensor, not {value.dim()}-D {value.dtype}")
@@ -86,7 +86,7 @@ def token_ids(value) -> list[int]:
             raise InputError(f"input_ids must be a 1-D integer array, not {value.ndim}-D {value.dtype}")
         return [int(i) for i in value.tolist()]
     if not isinstance(value, (list, tuple)):
-        raise InputError(f"input_ids must be a 1-D sequence of token ids (a list, tuple, numpy or torch 1-D array), not {kind}")
+        raise InputError(f"input_ids must be a 1-D sequence of token ids (a list, tuple, numpy or torch 1-D array), not {type_name}")
     for k, item in enumerate(value):
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
             raise InputError(f"input_ids[{k}] is {item!r} ({type(item).__name__}); token ids must be integers")

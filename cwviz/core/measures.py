@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..vocabulary import KINDS
+from ..vocabulary import KINDS, check_kind
 from .blocks import triangle_blocks
 from .errors import InputError
 
@@ -158,31 +158,19 @@ class LayerMeasures:
 
     def _reference_norm(self, kind: str) -> torch.Tensor:
         """‖o_i^h‖ [head, query, 1] for intra, ‖o_i‖ [1, query, 1] for inter."""
-        if kind == "intra":
+        if check_kind(kind) == "intra":
             return self.head_output_norm[:, :, None]
-        if kind == "inter":
-            return self.output_norm[None, :, None]
-        raise ValueError(f"kind must be 'intra' or 'inter', not {kind!r}")
+        return self.output_norm[None, :, None]
 
     def contribution(self, kind: str = "inter") -> torch.Tensor:
         """c_ij^h (intra) or C_ij^h (inter), [head, query, key]."""
-        self._reference_norm(kind)  # validates
-        if kind not in self.kinds:
+        if check_kind(kind) not in self.kinds:
             raise ValueError(f"these measures hold the {' and '.join(self.kinds)} contributions only, not {kind!r}")
         return self.contributions[self.kinds.index(kind)]
 
     def dot(self, kind: str = "inter") -> torch.Tensor:
         """⟨o_i^h, ṽ_j^h⟩ (intra) or ⟨o_i, ṽ_j^h⟩ (inter), [head, query, key]."""
-        self._reference_norm(kind)  # validates
-        return grouped_matmul(self.pulled[:, KINDS.index(kind)], self.value.transpose(1, 2))
-
-    @property
-    def dot_intra(self) -> torch.Tensor:
-        return self.dot("intra")
-
-    @property
-    def dot_inter(self) -> torch.Tensor:
-        return self.dot("inter")
+        return grouped_matmul(self.pulled[:, KINDS.index(check_kind(kind))], self.value.transpose(1, 2))
 
     def value_weighted(self) -> torch.Tensor:
         """α_ij^h ‖ṽ_j^h‖, [head, query, key]."""
@@ -280,8 +268,8 @@ def query_side(head_output: torch.Tensor, gram: torch.Tensor) -> QuerySide:
 
 def check_kinds(kinds) -> tuple[str, ...]:
     """``kinds`` as a tuple of distinct names among :data:`KINDS`, at least one, or InputError."""
-    kinds = tuple(kinds)
-    if not kinds or any(kind not in KINDS for kind in kinds) or len(set(kinds)) != len(kinds):
+    kinds = tuple(check_kind(kind) for kind in kinds)
+    if not kinds or len(set(kinds)) != len(kinds):
         raise InputError(f"kinds must be distinct names among {KINDS}, not {kinds!r}")
     return kinds
 

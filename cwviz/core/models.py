@@ -369,7 +369,7 @@ def headless_encoder(config, arch: Architecture | None) -> bool:
 
 
 def auto_class_name(config, arch: Architecture | None) -> str:
-    """The transformers auto class to load ``config`` with: the row's; for a model type with no row, the kind of
+    """The transformers auto class to load ``config`` with: the row's; for a model type with no row, the
     head its checkpoint names (``architectures``: ``…ForCausalLM`` or ``…ForMaskedLM``), else the causal LM class
     when transformers has one (the masked LM class first for an encoder that has both, as RoBERTa-like types
     do), else the masked LM class, else the bare model."""

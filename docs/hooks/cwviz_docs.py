@@ -1,8 +1,9 @@
 """MkDocs hooks of the documentation site (``mkdocs.yml``: ``hooks:``): what the site shows that is not a file in docs/.
 
 * The command-line reference is rendered from the argparse parsers themselves (:func:`cli_reference`, from
-  :func:`cwviz.cli.build_parser`), in place of the marker line of ``docs/cli.md``: a new command or option is in
-  the site with no edit, so the reference cannot drift from the program.
+  :func:`cwviz.cli.parsers.build_parser`, which imports neither torch nor transformers), in place of the marker line
+  of ``docs/cli.md``: a new command or option is in the site with no edit, so the reference cannot drift from the
+  program.
 * The screenshots are the repository's ``assets/*.png``, which the browser tests refresh
   (``CWVIZ_UPDATE_SCREENSHOT=1``); they are served from there as ``assets/...`` instead of copied into docs/.
 * ``BENCHMARKS.md`` (the results page, at the top of the repository) and ``benchmarks/history.md`` (the dated log
@@ -90,7 +91,7 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
         # This checkout's cwviz, not whichever one the interpreter that runs mkdocs has installed.
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
-        from cwviz.cli import build_parser
+        from cwviz.cli.parsers import build_parser
 
         parser = build_parser()
     lines = _parser_section("cwviz", parser, "", "###")

@@ -244,12 +244,11 @@ def test_cwviz_claims_end_to_end_on_a_tiny_model_resumes_and_refuses_other_setti
     assert "Claims of the paper" in html and 'data-table="claims-overview"' in html
 
 
-def test_bad_scopes_or_sink_are_one_error_line_before_any_model_loads(tmp_path, monkeypatch, capsys):
+def test_bad_scopes_or_rates_are_one_error_line_before_any_model_loads(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(command, "load", lambda _args: pytest.fail("no model may load"))
     base = ["claims", "--gsm8k", "--n", "1", "--results", str(tmp_path / "run")]
     for extra, words in (
         (["--scopes", "row"], "--scopes takes"),
-        (["--sink", "first"], "--sink takes"),
         (["--rates", "x"], "--rates takes"),
     ):
         assert cli.main([*base, *extra]) == 2

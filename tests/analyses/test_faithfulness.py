@@ -339,7 +339,7 @@ def test_batch_size_auto_fits_memory_and_gives_the_same_numbers(llama, monkeypat
     np.testing.assert_allclose(
         F.run_example(llama, IDS, auto).ppl_masked, F.run_example(llama, IDS, F.Protocol(batch_size=1, **protocol)).ppl_masked, rtol=1e-4
     )
-    from cwviz.cli.faithfulness import parse_batch_size
+    from cwviz.cli.parsers import parse_batch_size
 
     assert parse_batch_size("auto") == F.AUTO_BATCH and parse_batch_size("4") == 4
     with pytest.raises(Exception, match="positive integer or auto"):

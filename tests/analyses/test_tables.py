@@ -360,5 +360,5 @@ def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch)
     np.testing.assert_array_equal(streamed.records[0].query.numpy(), plain.records[0].query.numpy())  # the same input
     if plain.bundle.arch.causal:
         np.testing.assert_allclose(streamed.next_token_logprobs, plain.next_token_logprobs, atol=1e-4)
-    with pytest.raises(ValueError, match="kinds"):
+    with pytest.raises(ValueError, match="kind must be 'inter' or 'intra'"):
         cwviz.analyze(bundle, text, each_block=keep, kinds=("both",))

@@ -88,3 +88,13 @@ def test_a_malformed_picker_value_in_a_link_is_explained_and_the_default_shown()
         if default is not None:
             assert _value(at, key) == default
         assert key not in at.query_params, (key, at.query_params)
+
+
+def test_a_link_with_a_kind_pickers_earlier_label_still_picks_that_kind():
+    """Every kind picker shows one label (:data:`cwviz.vocabulary.KIND_LABELS`); a link that holds the label the Token
+    or Compare page showed before, in the form Streamlit's binding wrote it, still picks that kind, with no warning."""
+    assert state.parse_kind("head output ‖o_i^h‖ (intra)") == "intra" and state.parse_kind(" inter ") == "inter"
+    with pytest.raises(ValueError):
+        state.parse_kind("sideways")
+    at = _open("views/token.py", {**SIDEBAR, "token_kind": "head output ‖o_q^h‖ (intra)"})
+    assert _value(at, "token_kind") == "intra"

@@ -190,7 +190,7 @@ def test_top_keys_chart_rows_and_diverging_colour(analysis):
 def test_exports_are_png_svg_and_csv(analysis):
     cells = tables.heatmap_cells(analysis, 0, 0, "raw", "inter")
     chart = heatmaps.heatmap_pair(cells)
-    assert export.to_png(chart, scale=1).startswith(b"\x89PNG")
+    assert export.render_spec(chart.to_dict(), "png", scale=1).startswith(b"\x89PNG")
     assert export.to_svg(chart).lstrip().startswith(b"<svg")
     csv = export.to_csv(cells.frame).decode().splitlines()
     assert csv[0].startswith("layer,head,query,key") and len(csv) == len(cells.frame) + 1

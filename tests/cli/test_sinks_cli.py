@@ -53,7 +53,6 @@ def test_jsonl_with_n_pools_the_first_prompts(capsys, tmp_path):
     "argv, message",
     [
         (["--text", PROMPT, "--n", "2"], "--jsonl only"),
-        (["--text", PROMPT, "--sink", "first"], "'auto'"),
         (["--text", PROMPT, "--sink", "500"], "out of range"),
         (["--text", PROMPT, "--factor", "nan"], "finite"),
     ],

@@ -221,7 +221,7 @@ def test_a_model_type_without_a_named_output_projection_is_refused(monkeypatch):
 # -- soft-capping, learned sinks and per-layer windows against a hand computation ---------------------
 
 
-def by_hand(record, visible: np.ndarray, softcap: float | None = None, sinks: np.ndarray | None = None):
+def by_hand(record, visible: np.ndarray, softcap: float | None = None, learned_sinks: np.ndarray | None = None):
     """α [head, query, key] and the learned sink's share [head, query], in float64 from the recorded q and k."""
     query = record.query.double().numpy()
     key = expand_kv(record.key.double(), query.shape[0]).numpy()
@@ -229,7 +229,7 @@ def by_hand(record, visible: np.ndarray, softcap: float | None = None, sinks: np
     if softcap is not None:
         scores = softcap * np.tanh(scores / softcap)
     scores = np.where(visible, scores, -np.inf)
-    sink = np.full(scores.shape[:2], -np.inf) if sinks is None else np.broadcast_to(sinks[:, None], scores.shape[:2])
+    sink = np.full(scores.shape[:2], -np.inf) if learned_sinks is None else np.broadcast_to(learned_sinks[:, None], scores.shape[:2])
     peak = np.maximum(scores.max(-1), sink)
     weights, sink_weight = np.exp(scores - peak[..., None]), np.exp(sink - peak)
     total = weights.sum(-1) + sink_weight
@@ -257,7 +257,7 @@ def test_learned_sinks_take_their_share_and_write_nothing():
     assert analysis.has_learned_sinks
     for layer, size in ((0, bundle.model.config.sliding_window), (1, None)):  # sliding and global layers
         sinks = bundle.model.model.layers[layer].self_attn.sinks.detach().double().numpy()
-        expected, share = by_hand(analysis.records[layer], window(t, size), sinks=sinks)
+        expected, share = by_hand(analysis.records[layer], window(t, size), learned_sinks=sinks)
         np.testing.assert_allclose(analysis.attention(layer), expected, atol=1e-6)
         np.testing.assert_allclose(analysis.learned_sink_attention(layer), share, atol=1e-6)
         assert np.all(analysis.attention(layer).sum(-1) < 1) and share.min() > 1e-3
@@ -300,7 +300,9 @@ def test_each_layer_attends_within_its_own_window(model_type, windows, overrides
         record = analysis.records[layer]
         visible = window(t, size, causal)
         np.testing.assert_array_equal(record.key_mask().numpy(), visible)
-        expected, _ = by_hand(record, visible, sinks=None if record.sinks is None else record.sinks.double().numpy())
+        expected, _ = by_hand(
+            record, visible, learned_sinks=None if record.learned_sinks is None else record.learned_sinks.double().numpy()
+        )
         np.testing.assert_allclose(analysis.attention(layer), expected, atol=1e-6)
         assert np.all(analysis.attention(layer)[:, ~visible] == 0)
         keys = set(analysis.decomposition(layer, t - 1)["key"])

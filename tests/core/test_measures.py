@@ -258,3 +258,20 @@ def test_kv_copies_spread_a_blocks_batch_entries_evenly_over_the_cpu_threads():
                 assert 1 <= copies <= groups
                 if any((kv_heads * c) % threads == 0 for c in range(1, groups + 1)):
                     assert (kv_heads * copies) % threads == 0
+
+
+def test_a_kind_is_checked_alike_wherever_it_is_given():
+    """One check (:func:`cwviz.vocabulary.check_kind`): the measures, the tables' picker and a set of kinds refuse a
+    kind that is neither 'inter' nor 'intra' with the same InputError."""
+    from cwviz.analyses.schema import measure_name
+    from cwviz.core.errors import InputError
+    from cwviz.core.measures import check_kinds, full_gram
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 5, 3, generator=g) for _ in range(3))
+    m = layer_measures(attention_probabilities(q, k, 0.5, None, True), v, gram=full_gram(torch.randn(4, 6, generator=g)))
+    for refuse in (m.contribution, m.dot, m.cosine, m.norm_ratio, lambda kind: measure_name("contribution", kind)):
+        with pytest.raises(InputError, match="kind must be 'inter' or 'intra', not 'both'"):
+            refuse("both")
+    with pytest.raises(InputError, match="kind must be 'inter' or 'intra', not 'both'"):
+        check_kinds(("inter", "both"))

@@ -46,7 +46,9 @@ def _same_records(spilled, whole):
             assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), (layer, name)
         assert (a.scaling, a.causal, a.softcap) == (b.scaling, b.causal, b.softcap)
         assert (a.mask is None) == (b.mask is None) and (a.mask is None or torch.equal(a.mask, b.mask))
-        assert (a.sinks is None) == (b.sinks is None) and (a.sinks is None or torch.equal(a.sinks, b.sinks))
+        assert (a.learned_sinks is None) == (b.learned_sinks is None) and (
+            a.learned_sinks is None or torch.equal(a.learned_sinks, b.learned_sinks)
+        )
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "bert"])
