@@ -1,16 +1,20 @@
-"""Streamlit caching for the Atlas page: an atlas run (:func:`cwviz.analyses.atlas.iter_prompt_stats` over the
-prompts of a file, one forward pass each, a progress bar with the layer steps done) and a saved one reloaded."""
+"""Streamlit caching for the Atlas page: an atlas run (the prompts of a file through the one runner,
+:mod:`cwviz.analyses.sweep`, in memory: one forward pass each, a progress bar with the layer steps done) and a saved
+one reloaded."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from urllib.parse import urlencode
 
-import pandas as pd
 import streamlit as st
 
-from ..analyses import atlas
+from ..analyses import atlas, sweep
+from ..analyses.codecs import ATLAS
+from ..analyses.sinks import DEFAULT_SINK
 from ..core.errors import InputError
+from ..core.parallel import model_provenance
+from ..core.progress import phase
 from ..core.texts import gsm8k_path
 from . import hosting, services
 
@@ -36,9 +40,16 @@ def run_atlas(model: str, device: str, dtype: str, source: str, path: str, n: in
         hosting.policy_from_env().check_server_file(out)
     bundle = services.get_bundle(model, device, dtype)
     texts = services.pooled_prompts(bundle, file, n, MAX_PROMPTS)
+    plan = sweep.Sweep(ATLAS, ATLAS.settings(DEFAULT_SINK, model_provenance(bundle)), texts)
+    steps = 2 * bundle.info.layers  # a prompt's forward pass, then its reduction, a layer each
     with services.progress_bar(f"Atlas of {len(texts)} prompts", "layer steps") as progress:
-        frames = list(atlas.iter_prompt_stats(bundle, texts, progress=progress))
-    result = atlas.build(pd.concat(frames, ignore_index=True), texts, bundle.info.id)
+
+        def compute(index: int) -> dict:
+            (frame,) = atlas.iter_prompt_stats(bundle, [texts[index]], phase(progress, steps * index, steps * len(texts)), start=index)
+            return ATLAS.encode(frame)
+
+        outcome = sweep.run(plan, compute)
+    result = atlas.build(ATLAS.decode(outcome.records), texts, bundle.info.id)
     if out.strip():
         atlas.save(result, out.strip())
     return result

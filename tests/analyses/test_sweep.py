@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 
 from cwviz import cli
-from cwviz.analyses import records as R
+from cwviz.analyses import records
+from cwviz.analyses.codecs import BY_NAME, FAITHFULNESS
 from cwviz.cli import faithfulness as command
 from cwviz.core.parallel import shard
 from tests.conftest import make_tiny
@@ -37,20 +38,20 @@ def sweep(tmp_path, monkeypatch, results: Path, *extra: str) -> int:
 
 
 def lines(folder: Path) -> list[dict]:
-    return [json.loads(line) for path in sorted(folder.glob(R.RECORD_GLOB)) for line in path.read_text().splitlines()]
+    return [json.loads(line) for path in sorted(folder.glob(records.RECORD_GLOB)) for line in path.read_text().splitlines()]
 
 
 def test_a_sweep_writes_one_record_per_example_and_the_summary_from_them(tmp_path, monkeypatch, capsys):
     results = tmp_path / "run"
     assert sweep(tmp_path, monkeypatch, results) == 0
-    records = lines(results)
-    assert [r["example"] for r in records] == list(range(len(TEXTS)))
-    assert records[-1]["skipped"] and not records[0]["skipped"]  # "a" has one token: recorded as skipped
-    assert {r["text_sha256"] for r in records} == {R.text_hash(t) for t in TEXTS}
-    assert len(records[0]["runs"]) == 2 * 2 * 2
-    summary = pd.read_csv(results / R.SUMMARY)
+    written = lines(results)
+    assert [r["example"] for r in written] == list(range(len(TEXTS)))
+    assert written[-1]["skipped"] and not written[0]["skipped"]  # "a" has one token: recorded as skipped
+    assert {r["text_sha256"] for r in written} == {records.text_hash(t) for t in TEXTS}
+    assert len(written[0]["runs"]) == 2 * 2 * 2
+    summary = pd.read_csv(results / records.SUMMARY)
     assert set(summary.n) == {len(TEXTS) - 1}
-    manifest = json.loads((results / R.MANIFEST).read_text())
+    manifest = json.loads((results / records.MANIFEST).read_text())
     assert manifest["model"]["id"] == "tiny-llama" and manifest["rates"] == [10.0, 50.0] and manifest["processes"] == 1
     assert manifest["command"].startswith("cwviz faithfulness --jsonl") and manifest["versions"]["torch"]
     # a second run into the same folder without --resume is refused, with the fix
@@ -63,12 +64,12 @@ def test_resume_after_a_partial_run_and_a_truncated_line_gives_the_uninterrupted
     assert sweep(tmp_path, monkeypatch, whole) == 0
     part = tmp_path / "part"
     part.mkdir()
-    records = (whole / "records-00000.jsonl").read_text().splitlines(keepends=True)
+    written = (whole / "records-00000.jsonl").read_text().splitlines(keepends=True)
     # three finished examples, then the fourth cut off mid-write
-    (part / "records-00000.jsonl").write_text("".join(records[:3]) + records[3][: len(records[3]) // 2])
+    (part / "records-00000.jsonl").write_text("".join(written[:3]) + written[3][: len(written[3]) // 2])
     assert sweep(tmp_path, monkeypatch, part, "--resume") == 0
     assert [r["example"] for r in lines(part)] == list(range(len(TEXTS)))  # nothing lost, nothing twice
-    assert (part / R.SUMMARY).read_text() == (whole / R.SUMMARY).read_text()
+    assert (part / records.SUMMARY).read_text() == (whole / records.SUMMARY).read_text()
 
 
 def test_resume_refuses_other_settings_and_other_texts(tmp_path, monkeypatch, capsys):
@@ -107,7 +108,7 @@ def test_sinks_and_atlas_resume_a_partial_run_to_the_uninterrupted_records_and_t
     records_folder(part, name).mkdir(parents=True)
     (records_folder(part, name) / "records-00000.jsonl").write_text(kept[0] + kept[1][: len(kept[1]) // 2])  # cut mid-write
     assert run(part, "--resume") == 0
-    assert R.read_records(records_folder(part, name), name) == R.read_records(folder, name)
+    assert records.read_records(records_folder(part, name), BY_NAME[name]) == records.read_records(folder, BY_NAME[name])
     assert summaries(part, name) == summaries(whole, name)
 
 
@@ -122,7 +123,7 @@ def test_malformed_records_are_named_by_file_and_line(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert err.startswith("error: line 2 of") and len(err.strip().splitlines()) == 1
     with pytest.raises(Exception, match="no results folder"):
-        R.read_records(tmp_path / "missing")
+        records.read_records(tmp_path / "missing", FAITHFULNESS)
 
 
 def test_processes_share_the_pending_examples_without_overlap():
@@ -137,10 +138,10 @@ def test_two_shards_written_apart_merge_into_the_single_process_records(tmp_path
     assert sweep(tmp_path, monkeypatch, single) == 0
     split = tmp_path / "split"
     split.mkdir()
-    records = lines(single)
+    written = lines(single)
     for index in range(2):  # what two processes would write, each its own file
-        (split / f"records-{index:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shard(records, index, 2)))
-    assert R.read_records(split) == R.read_records(single)
+        (split / f"records-{index:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shard(written, index, 2)))
+    assert records.read_records(split, FAITHFULNESS) == records.read_records(single, FAITHFULNESS)
 
 
 # -- subprocesses: a tiny model saved to disk ---------------------------------------------------------
@@ -169,7 +170,7 @@ def save_tiny_model(folder: Path) -> Path:
 
 #: The three commands that run through the sweep runner, the files of their summary, and where their records go.
 COMMANDS = {
-    "faithfulness": ([R.SUMMARY], ""),
+    "faithfulness": ([records.SUMMARY], ""),
     "sinks": (["layers.csv", "heads.csv"], "sinks"),
     "atlas": (["per_prompt.csv", "pooled.csv", "prompts.jsonl"], ""),
 }
@@ -227,12 +228,12 @@ def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tm
     single, double = tmp_path / "single", tmp_path / "double"
     run_here(cwviz_command(model, data, single, command))
     launch(cwviz_command(model, data, double, command), processes=2)
-    folder, kind = records_folder(double, command), command
-    assert sorted(p.name for p in folder.glob(R.RECORD_GLOB)) == ["records-00000.jsonl", "records-00001.jsonl"]
-    assert all(p.stat().st_size > 0 for p in folder.glob(R.RECORD_GLOB))  # both processes did work
-    assert R.read_records(folder, kind) == R.read_records(records_folder(single, command), kind)
+    folder = records_folder(double, command)
+    assert sorted(p.name for p in folder.glob(records.RECORD_GLOB)) == ["records-00000.jsonl", "records-00001.jsonl"]
+    assert all(p.stat().st_size > 0 for p in folder.glob(records.RECORD_GLOB))  # both processes did work
+    assert records.read_records(folder, BY_NAME[command]) == records.read_records(records_folder(single, command), BY_NAME[command])
     assert summaries(double, command) == summaries(single, command)
-    assert json.loads((folder / R.MANIFEST).read_text())["processes"] == 2
+    assert json.loads((folder / records.MANIFEST).read_text())["processes"] == 2
 
 
 @pytest.mark.slow
@@ -246,7 +247,7 @@ def test_sigkill_then_resume_loses_nothing_and_duplicates_nothing(tmp_path, comm
     killed, whole = tmp_path / "killed", tmp_path / "whole"
     run = cwviz_process(cwviz_command(model, data, killed, command))
     proc = subprocess.Popen(run, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    path = R.records_path(records_folder(killed, command), 0)
+    path = records.records_path(records_folder(killed, command), 0)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and (not path.exists() or path.read_text().count("\n") < 5):
         time.sleep(0.05)
@@ -255,7 +256,7 @@ def test_sigkill_then_resume_loses_nothing_and_duplicates_nothing(tmp_path, comm
     kept = path.read_text().count("\n")
     assert 5 <= kept < len(texts)  # killed mid-run
     with path.open("a") as handle:
-        handle.write(f'{{"schema": "{R.schema(command)}", "exam')  # as if killed mid-write
+        handle.write(f'{{"schema": "{BY_NAME[command].schema}", "exam')  # as if killed mid-write
     done = subprocess.run([*run, "--resume"], env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     examples = [json.loads(line)["example"] for line in path.read_text().splitlines()]

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from cwviz.analyses import claims as C
-from cwviz.analyses import records as R
+from cwviz.analyses import claims, records
 from tests.analyses.test_claims import ordered, record, sinks
 
 PAGE = str(Path(__file__).resolve().parents[2] / "views" / "claims.py")
@@ -32,7 +31,7 @@ def saved_folder(tmp_path: Path) -> Path:
     lines = []
     for i in range(12):
         payload = record(i, ordered(i, 1.0, noise=0.1), sinks(i, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0))
-        lines.append(json.dumps(R.make_record(C.CLAIMS, i, f"item {i}", "key", {k: v for k, v in payload.items() if k != "example"})))
+        lines.append(json.dumps(records.make_record(claims.CLAIMS, i, f"item {i}", "key", {k: v for k, v in payload.items() if k != "example"})))
     (where / "records-00000.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return tmp_path / "run"
 
@@ -53,7 +52,7 @@ def test_a_saved_folder_gives_one_row_per_claim_with_its_verdict(app, tmp_path):
     assert list(overview.index) == [1, 2, 3, 4, 5]
     assert list(overview.loc[[2, 3, 4, 5], "verdict"]) == ["holds"] * 4
     assert overview.loc[1, "verdict"] == "2 holds, 0 fails, 0 unresolved"
-    assert overview.loc[3, "statement"] == C.STATEMENTS[3]
+    assert overview.loc[3, "statement"] == claims.STATEMENTS[3]
     assert any("12 item(s)" in c.value for c in at.caption)
 
 
