@@ -1,6 +1,5 @@
-"""Streamlit caching for the Atlas page: an atlas run (the prompts of a file through the one runner,
-:mod:`cwviz.analyses.sweep`, in memory: one forward pass each, a progress bar with the layer steps done) and a saved
-one reloaded."""
+"""Streamlit caching for the Atlas page: an atlas run (:func:`cwviz.analyses.atlas.run` of the prompts of a file,
+one forward pass each through the one runner, a progress bar with the layer steps done) and a saved one reloaded."""
 
 from __future__ import annotations
 
@@ -9,12 +8,8 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from ..analyses import atlas, sweep
-from ..analyses.codecs import ATLAS
-from ..analyses.sinks import DEFAULT_SINK
+from ..analyses import atlas
 from ..core.errors import InputError
-from ..core.parallel import model_provenance
-from ..core.progress import phase
 from ..core.texts import gsm8k_path
 from . import hosting, services
 
@@ -40,16 +35,8 @@ def run_atlas(model: str, device: str, dtype: str, source: str, path: str, n: in
         hosting.policy_from_env().check_server_file(out)
     bundle = services.get_bundle(model, device, dtype)
     texts = services.pooled_prompts(bundle, file, n, MAX_PROMPTS)
-    plan = sweep.Sweep(ATLAS, ATLAS.settings(DEFAULT_SINK, model_provenance(bundle)), texts)
-    steps = 2 * bundle.info.layers  # a prompt's forward pass, then its reduction, a layer each
     with services.progress_bar(f"Atlas of {len(texts)} prompts", "layer steps") as progress:
-
-        def compute(index: int) -> dict:
-            (frame,) = atlas.iter_prompt_stats(bundle, [texts[index]], phase(progress, steps * index, steps * len(texts)), start=index)
-            return ATLAS.encode(frame)
-
-        outcome = sweep.run(plan, compute)
-    result = atlas.build(ATLAS.decode(outcome.records), texts, bundle.info.id)
+        result = atlas.run(bundle, texts, progress=progress)
     if out.strip():
         atlas.save(result, out.strip())
     return result

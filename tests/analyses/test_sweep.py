@@ -1,5 +1,6 @@
-"""Resumable, data-parallel faithfulness sweeps (``cwviz faithfulness --results DIR``): records, resume,
-sharding, and the refusals; tiny random models only (saved to disk for the subprocess runs)."""
+"""The one runner (:mod:`cwviz.analyses.sweep`): resumable, data-parallel sweeps into a results folder (``cwviz
+faithfulness --results DIR``, sinks, atlas): records, resume, sharding and the refusals; and in memory: cancel, Ctrl-C
+and a rerun resuming from the kept records. Tiny random models only (saved to disk for the subprocess runs)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import pandas as pd
 import pytest
 
 from cwviz import cli
-from cwviz.analyses import records
-from cwviz.analyses.codecs import BY_NAME, FAITHFULNESS
+from cwviz.analyses import records, sweep
+from cwviz.analyses.codecs import BY_NAME, CLAIMS, FAITHFULNESS
 from cwviz.cli import faithfulness as command
+from cwviz.core.errors import InputError
 from cwviz.core.parallel import shard
 from tests.conftest import make_tiny
 
@@ -30,7 +32,7 @@ def write_jsonl(path: Path, texts: list[str]) -> Path:
     return path
 
 
-def sweep(tmp_path, monkeypatch, results: Path, *extra: str) -> int:
+def run_faithfulness(tmp_path, monkeypatch, results: Path, *extra: str) -> int:
     monkeypatch.setattr(command, "load", lambda _args: make_tiny("llama"))
     data = write_jsonl(tmp_path / "items.jsonl", TEXTS)
     args = ["faithfulness", "--jsonl", str(data), "--n", "10", "--rates", "10,50", "--measures", "raw,random", "--results", str(results)]
@@ -43,7 +45,7 @@ def lines(folder: Path) -> list[dict]:
 
 def test_a_sweep_writes_one_record_per_example_and_the_summary_from_them(tmp_path, monkeypatch, capsys):
     results = tmp_path / "run"
-    assert sweep(tmp_path, monkeypatch, results) == 0
+    assert run_faithfulness(tmp_path, monkeypatch, results) == 0
     written = lines(results)
     assert [r["example"] for r in written] == list(range(len(TEXTS)))
     assert written[-1]["skipped"] and not written[0]["skipped"]  # "a" has one token: recorded as skipped
@@ -55,32 +57,32 @@ def test_a_sweep_writes_one_record_per_example_and_the_summary_from_them(tmp_pat
     assert manifest["model"]["id"] == "tiny-llama" and manifest["rates"] == [10.0, 50.0] and manifest["processes"] == 1
     assert manifest["command"].startswith("cwviz faithfulness --jsonl") and manifest["versions"]["torch"]
     # a second run into the same folder without --resume is refused, with the fix
-    assert sweep(tmp_path, monkeypatch, results) == 2
+    assert run_faithfulness(tmp_path, monkeypatch, results) == 2
     assert "--resume" in capsys.readouterr().err
 
 
 def test_resume_after_a_partial_run_and_a_truncated_line_gives_the_uninterrupted_summary(tmp_path, monkeypatch):
     whole = tmp_path / "whole"
-    assert sweep(tmp_path, monkeypatch, whole) == 0
+    assert run_faithfulness(tmp_path, monkeypatch, whole) == 0
     part = tmp_path / "part"
     part.mkdir()
     written = (whole / "records-00000.jsonl").read_text().splitlines(keepends=True)
     # three finished examples, then the fourth cut off mid-write
     (part / "records-00000.jsonl").write_text("".join(written[:3]) + written[3][: len(written[3]) // 2])
-    assert sweep(tmp_path, monkeypatch, part, "--resume") == 0
+    assert run_faithfulness(tmp_path, monkeypatch, part, "--resume") == 0
     assert [r["example"] for r in lines(part)] == list(range(len(TEXTS)))  # nothing lost, nothing twice
     assert (part / records.SUMMARY).read_text() == (whole / records.SUMMARY).read_text()
 
 
 def test_resume_refuses_other_settings_and_other_texts(tmp_path, monkeypatch, capsys):
     results = tmp_path / "run"
-    assert sweep(tmp_path, monkeypatch, results) == 0
-    assert sweep(tmp_path, monkeypatch, results, "--resume", "--seed", "3") == 2
+    assert run_faithfulness(tmp_path, monkeypatch, results) == 0
+    assert run_faithfulness(tmp_path, monkeypatch, results, "--resume", "--seed", "3") == 2
     assert "other settings" in capsys.readouterr().err
     TEXTS_BEFORE = list(TEXTS)
     try:
         TEXTS[2] = "a different second text"
-        assert sweep(tmp_path, monkeypatch, results, "--resume") == 2
+        assert run_faithfulness(tmp_path, monkeypatch, results, "--resume") == 2
         assert "example 2" in capsys.readouterr().err
     finally:
         TEXTS[:] = TEXTS_BEFORE
@@ -114,12 +116,12 @@ def test_sinks_and_atlas_resume_a_partial_run_to_the_uninterrupted_records_and_t
 
 def test_malformed_records_are_named_by_file_and_line(tmp_path, monkeypatch, capsys):
     results = tmp_path / "run"
-    assert sweep(tmp_path, monkeypatch, results) == 0
+    assert run_faithfulness(tmp_path, monkeypatch, results) == 0
     path = results / "records-00000.jsonl"
     text = path.read_text().splitlines(keepends=True)
     path.write_text(text[0] + "{not json\n" + "".join(text[1:]))
     capsys.readouterr()
-    assert sweep(tmp_path, monkeypatch, results, "--resume") == 2
+    assert run_faithfulness(tmp_path, monkeypatch, results, "--resume") == 2
     err = capsys.readouterr().err
     assert err.startswith("error: line 2 of") and len(err.strip().splitlines()) == 1
     with pytest.raises(Exception, match="no results folder"):
@@ -135,13 +137,57 @@ def test_processes_share_the_pending_examples_without_overlap():
 
 def test_two_shards_written_apart_merge_into_the_single_process_records(tmp_path, monkeypatch):
     single = tmp_path / "single"
-    assert sweep(tmp_path, monkeypatch, single) == 0
+    assert run_faithfulness(tmp_path, monkeypatch, single) == 0
     split = tmp_path / "split"
     split.mkdir()
     written = lines(single)
     for index in range(2):  # what two processes would write, each its own file
         (split / f"records-{index:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shard(written, index, 2)))
     assert records.read_records(split, FAITHFULNESS) == records.read_records(single, FAITHFULNESS)
+
+
+# -- the runner in memory (a page's run, a command without --results) ------------------------------------------
+def counting(calls: list[int], stop_at: int | None = None, error: type[BaseException] | None = None):
+    """``compute(index)``: records its calls, and raises ``error`` on the call numbered ``stop_at``."""
+
+    def compute(index: int) -> dict:
+        calls.append(index)
+        if error is not None and len(calls) == stop_at:
+            raise error
+        return {"value": index * 10}
+
+    return compute
+
+
+def test_a_cancelled_run_keeps_its_finished_items_and_a_rerun_resumes_from_them():
+    """``cancel()`` is asked before each item: the items finished before it said stop are returned and kept in the
+    caller's store, and a run of the same settings and texts with that store computes only the rest."""
+    plan = sweep.Sweep(CLAIMS, {"seed": 1}, ["first", "second", "third", "fourth"])
+    calls: list[int] = []
+    store: dict[int, dict] = {}
+    steps: list[tuple[int, int]] = []
+    cancelled = sweep.run(plan, counting(calls), progress=lambda *step: steps.append(step), cancel=lambda: len(calls) == 2, store=store)
+    assert cancelled.interrupted and [r["example"] for r in cancelled.records] == [0, 1] and sorted(store) == [0, 1]
+    assert steps == [(1, 4), (2, 4)]
+    record = cancelled.records[1]
+    assert record["fingerprint"] == plan.key == records.fingerprint({"seed": 1})  # the run's real fingerprint
+    assert record["text_sha256"] == records.text_hash("second") and record["schema"] == CLAIMS.schema and record["value"] == 10
+    resumed = sweep.run(plan, counting(calls), progress=lambda *step: steps.append(step), store=store)
+    assert not resumed.interrupted and calls == [0, 1, 2, 3]  # nothing twice
+    assert [r["example"] for r in resumed.records] == [0, 1, 2, 3] and resumed.records[:2] == cancelled.records
+    assert steps[2:] == [(1, 2), (2, 2)]
+    with pytest.raises(InputError, match="other settings"):  # a store holds one run's records
+        sweep.run(sweep.Sweep(CLAIMS, {"seed": 2}, plan.texts), counting(calls), store=store)
+
+
+def test_ctrl_c_ends_an_in_memory_run_with_the_finished_items_and_anything_else_leaves_them_in_the_store():
+    plan = sweep.Sweep(CLAIMS, {}, ["a", "b", "c"])
+    outcome = sweep.run(plan, counting([], stop_at=2, error=KeyboardInterrupt))  # Ctrl-C or SIGTERM (cwviz.cli.main)
+    assert outcome.interrupted and [r["example"] for r in outcome.records] == [0]
+    store: dict[int, dict] = {}
+    with pytest.raises(RuntimeError):  # an error, or a page's Stop (Streamlit's interruption of the script)
+        sweep.run(plan, counting([], stop_at=3, error=RuntimeError), store=store)
+    assert sorted(store) == [0, 1]
 
 
 # -- subprocesses: a tiny model saved to disk ---------------------------------------------------------
