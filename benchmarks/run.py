@@ -191,6 +191,7 @@ def masked_batch(bundle, tokens: int, batch: int):
     faithfulness sweep makes them (the default measures, both curves, rates 10 and 50 %)."""
     from cwviz import analyze
     from cwviz.analyses import faithfulness
+
     ids = long_ids(bundle, tokens)
     protocol = faithfulness.Protocol(rates=(10.0, 50.0))
     analysis = analyze(bundle, input_ids=ids)

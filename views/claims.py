@@ -99,7 +99,9 @@ if not finished:
     st.error("no item had three or more tokens; nothing to judge")
     st.stop()
 table = claims.claims_table(made)
-st.caption(f"{len(finished)} item(s); 95 % percentile bootstrap intervals over the items ({claims.RESAMPLES} resamples, paired within an item).")
+st.caption(
+    f"{len(finished)} item(s); 95 % percentile bootstrap intervals over the items ({claims.RESAMPLES} resamples, paired within an item)."
+)
 st.subheader("One row per claim")
 st.dataframe(claims.overview(table).set_index("claim"), width="stretch")
 st.subheader("Claim 1 per rank scope, curve and rate")

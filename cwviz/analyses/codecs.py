@@ -255,7 +255,9 @@ class SinksCodec(Codec):
         """What decides a record's numbers: the sink asked for, λ and whether ΔPPL runs, and the model."""
         return {"sink": str(sink).strip().lower(), "factor": float(factor), "ppl": bool(ppl), "model": model_settings(provenance)}
 
-    def encode(self, table: pd.DataFrame, sink: int, tokens: Sequence[str], ppl: np.ndarray | None = None, clean: float | None = None) -> dict:
+    def encode(
+        self, table: pd.DataFrame, sink: int, tokens: Sequence[str], ppl: np.ndarray | None = None, clean: float | None = None
+    ) -> dict:
         """One prompt's payload: its whole :func:`~cwviz.analyses.sinks.sink_table` (one row per layer, head and
         query that sees the sink; about 12 numbers a row, kept as numpy columns until written), its tokens, and with ΔPPL the perplexities with the sink's
         value scaled in each layer, then in all (``ppl``, [layers + 1]), and the clean one."""
@@ -272,7 +274,9 @@ class SinksCodec(Codec):
     def validate(self, record: dict, where: str, fix: str) -> None:
         columns = record["table"]
         for name in (*SINK_INTS, *SINK_FLOATS):
-            check_fields(columns, {name: (list_of(is_int if name in SINK_INTS else is_number), "a list of numbers")}, f"{where}, table", fix)
+            check_fields(
+                columns, {name: (list_of(is_int if name in SINK_INTS else is_number), "a list of numbers")}, f"{where}, table", fix
+            )
         tokens = len(record["tokens"])
         if not 0 <= record["sink"] < tokens or any(not 0 <= q < tokens for q in columns["query"]):
             raise InputError(f"{where}: its sink or queries lie outside its {tokens} tokens; {fix}")

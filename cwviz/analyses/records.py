@@ -88,7 +88,13 @@ def records_path(folder: str | PathLike, process: int) -> Path:
 
 def make_record(record_type: RecordType, example: int, text: str, key: str, payload: dict) -> dict:
     """One item's record: the envelope every record type shares (module docstring), then ``payload``."""
-    envelope = {"schema": record_type.schema, "version": VERSION, "fingerprint": key, "example": int(example), "text_sha256": text_hash(text)}
+    envelope = {
+        "schema": record_type.schema,
+        "version": VERSION,
+        "fingerprint": key,
+        "example": int(example),
+        "text_sha256": text_hash(text),
+    }
     return {**envelope, **payload}
 
 

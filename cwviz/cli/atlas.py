@@ -60,7 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         parser,
         "results folder: per-prompt records, manifest.json and the atlas files of --out (the Atlas page and --load read it)",
     )
-    parser.add_argument("--bootstrap", type=int, default=atlas.BOOTSTRAP, help=f"bootstrap resamples of the prompts (default {atlas.BOOTSTRAP})")
+    parser.add_argument(
+        "--bootstrap", type=int, default=atlas.BOOTSTRAP, help=f"bootstrap resamples of the prompts (default {atlas.BOOTSTRAP})"
+    )
     parser.add_argument("--confidence", type=float, default=atlas.CONFIDENCE, help=f"the intervals' coverage (default {atlas.CONFIDENCE})")
     parser.add_argument("--seed", type=int, default=atlas.SEED, help=f"the bootstrap's seed (default {atlas.SEED})")
     parser.add_argument("--top", type=int, default=TOP, help=f"heads listed per statistic (default {TOP})")
@@ -102,7 +104,13 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     atlas.check_bootstrap(args.bootstrap, len(texts), bundle.info.layers * bundle.info.heads, "--bootstrap")  # before any forward pass
     provenance = model_provenance(bundle)
     settings = ATLAS.settings(DEFAULT_SINK, provenance)
-    plan = sweep.Sweep(ATLAS, settings, texts, args.results, None if args.results is None else manifest(args, provenance, settings, len(texts), procs.count))
+    plan = sweep.Sweep(
+        ATLAS,
+        settings,
+        texts,
+        args.results,
+        None if args.results is None else manifest(args, provenance, settings, len(texts), procs.count),
+    )
 
     def compute(index: int) -> dict:
         with cli_bar(f"prompt {index + 1} of {len(texts)}", unit="layer step", enabled=procs.is_main and sys.stderr.isatty()) as progress:

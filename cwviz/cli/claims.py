@@ -65,7 +65,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--sink", default="0", help="the sink position, or auto (default 0: the first token)")
     parser.add_argument(
-        "--batch-size", type=int, default=faithfulness.DEFAULT_BATCH_SIZE, help=f"masked runs per forward pass (default {faithfulness.DEFAULT_BATCH_SIZE})"
+        "--batch-size",
+        type=int,
+        default=faithfulness.DEFAULT_BATCH_SIZE,
+        help=f"masked runs per forward pass (default {faithfulness.DEFAULT_BATCH_SIZE})",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
     add_model_args(parser)

@@ -77,7 +77,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--layers", default="all", help="all (default: mask in every layer at once) or one layer index")
     parser.add_argument("--per-head", action="store_true", help="rank keys per head (default: layer-level scores)")
-    parser.add_argument("--rank-by", choices=faithfulness.RANK_BY, default=faithfulness.RANK_BY[0], help="rank by the signed score (default) or its magnitude")
+    parser.add_argument(
+        "--rank-by",
+        choices=faithfulness.RANK_BY,
+        default=faithfulness.RANK_BY[0],
+        help="rank by the signed score (default) or its magnitude",
+    )
     parser.add_argument(
         "--rank-scope",
         choices=faithfulness.RANK_SCOPES,
@@ -299,7 +304,7 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
         def progress(done: int, total: int) -> None:
             if bar is not None:
                 bar(done, total)
-            if folder is None and args.out is not None and not store[max(store)]["skipped"]:
+            if folder is None and args.out is not None and any(not r["skipped"] for r in store.values()):
                 write_csv(FAITHFULNESS.summary(list(store.values()), seed=args.seed), args.out)  # an interrupted run keeps them all
 
         outcome = sweep.run(plan, tasks.example_compute(bundle, texts, protocol, args.task), procs, args.resume, progress, store=store)
@@ -320,7 +325,9 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
         raise InputError("no example had two or more tokens; nothing to measure")
     print_summary(bundle.info.id, finished, protocol, summary)
     if folder is not None:
-        print(f"wrote {folder / records.SUMMARY} ({len(made_records)} record(s) from {len(list(folder.glob(records.RECORD_GLOB)))} file(s))")
+        print(
+            f"wrote {folder / records.SUMMARY} ({len(made_records)} record(s) from {len(list(folder.glob(records.RECORD_GLOB)))} file(s))"
+        )
     elif args.out is not None:
         print(f"wrote {args.out}")
     if outcome.interrupted:

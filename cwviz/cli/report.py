@@ -50,7 +50,9 @@ def faithfulness_sections(folder: Path) -> list:
     summary = faithfulness.summarize(table, seed=manifest.get("seed", 0))
     areas = faithfulness.curve_areas(summary)
     sections = [report.manifest_section(manifest)] if manifest else []
-    sections.append(report.faithfulness_section(summary, areas, faithfulness.order_check(areas), faithfulness.order_check(summary, value="delta_ppl")))
+    sections.append(
+        report.faithfulness_section(summary, areas, faithfulness.order_check(areas), faithfulness.order_check(summary, value="delta_ppl"))
+    )
     if "delta_accuracy" in summary:
         sections.append(report.accuracy_section(summary))
     return sections

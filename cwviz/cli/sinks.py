@@ -14,7 +14,6 @@ import pandas as pd
 
 from ..analyses import records, sinks, sweep
 from ..analyses.codecs import SINKS
-from ..analyses.sinks import check_factor
 from ..core.analysis import analyze
 from ..core.errors import CwvizError, InputError
 from ..core.parallel import model_provenance
@@ -99,7 +98,7 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        check_factor(args.factor)
+        sinks.check_factor(args.factor)
     except InputError as err:
         raise InputError(f"--factor: {err}") from None
     check_resume(args)

@@ -95,7 +95,9 @@ def test_query_scope_ranks_value_weighted_and_its_normalised_form_alike_and_the_
     vw, normalised = normalised_pair()
     visible = torch.tril(torch.ones(3, 3, dtype=torch.bool))
     same = {
-        scope: torch.equal(faithfulness.scope_ranks(vw[None], visible, scope)[0], faithfulness.scope_ranks(normalised[None], visible, scope)[0])
+        scope: torch.equal(
+            faithfulness.scope_ranks(vw[None], visible, scope)[0], faithfulness.scope_ranks(normalised[None], visible, scope)[0]
+        )
         for scope in faithfulness.RANK_SCOPES
     }
     assert same == {"query": True, "token": False, "layer": False}
@@ -169,7 +171,8 @@ def test_too_few_items_decide_nothing_however_clear_they_look():
     """Below MIN_ITEMS a bootstrap interval has (nearly) no spread: every row is unresolved and says why; at
     MIN_ITEMS the same clear data decide."""
     few = [
-        record(i, ordered(i, 1.0, noise=0.1), sinks(i, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0)) for i in range(claims.MIN_ITEMS - 1)
+        record(i, ordered(i, 1.0, noise=0.1), sinks(i, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0))
+        for i in range(claims.MIN_ITEMS - 1)
     ]
     table = claims.claims_table(few)
     assert set(table.claim) == {1, 2, 3, 4, 5} and set(table.verdict) == {"unresolved"}

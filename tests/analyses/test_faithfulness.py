@@ -321,7 +321,9 @@ def test_each_example_reports_its_forward_passes_from_the_clean_one_to_the_last_
     each example: 2 measures x 2 curves x 2 rates = 8 distinct runs in batches of 3 is 1 + 3 passes."""
     calls = []
     protocol = faithfulness.Protocol(rates=(10, 50), measures=("raw", "random"), batch_size=3)
-    out = list(faithfulness.iter_examples(llama, ["abcdefghij", "klmnopqrst"], protocol, progress=lambda done, total: calls.append((done, total))))
+    out = list(
+        faithfulness.iter_examples(llama, ["abcdefghij", "klmnopqrst"], protocol, progress=lambda done, total: calls.append((done, total)))
+    )
     assert len(out) == 2
     assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)] * 2
 
@@ -337,7 +339,9 @@ def test_batch_size_auto_fits_memory_and_gives_the_same_numbers(llama, monkeypat
     monkeypatch.setattr("cwviz.core.memory.available", lambda device: int((logits + 2.5 * one_run) / 0.8))
     assert faithfulness.batch_size_for(llama, len(IDS), auto, runs=20) == 2  # room for two and a half runs
     np.testing.assert_allclose(
-        faithfulness.run_example(llama, IDS, auto).ppl_masked, faithfulness.run_example(llama, IDS, faithfulness.Protocol(batch_size=1, **protocol)).ppl_masked, rtol=1e-4
+        faithfulness.run_example(llama, IDS, auto).ppl_masked,
+        faithfulness.run_example(llama, IDS, faithfulness.Protocol(batch_size=1, **protocol)).ppl_masked,
+        rtol=1e-4,
     )
     from cwviz.cli.faithfulness import parse_batch_size
 
