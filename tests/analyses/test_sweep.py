@@ -114,6 +114,23 @@ def test_sinks_and_atlas_resume_a_partial_run_to_the_uninterrupted_records_and_t
     assert summaries(part, name) == summaries(whole, name)
 
 
+@pytest.mark.parametrize("name", ["sinks", "atlas"])
+def test_with_or_without_a_results_folder_a_command_writes_the_same_tables(tmp_path, monkeypatch, name):
+    """Both go through the runner: in memory the records keep numpy columns, in a folder JSON lists read back; the
+    tables a user gets (``--csv``, ``--out``) are the same to the byte."""
+    from cwviz.cli import atlas, sinks
+
+    module = {"sinks": sinks, "atlas": atlas}[name]
+    monkeypatch.setattr(module, "load", lambda _args: make_tiny("llama"))
+    data = write_jsonl(tmp_path / "items.jsonl", TEXTS[:3])
+    out = {"sinks": ["--csv"], "atlas": ["--bootstrap", "50", "--out"]}[name]
+    assert cli.main([name, "--jsonl", str(data), *out, str(tmp_path / "memory")]) == 0
+    assert cli.main([name, "--jsonl", str(data), *out, str(tmp_path / "folder"), "--results", str(tmp_path / "results")]) == 0
+    paths = [tmp_path / "memory"] if name == "sinks" else sorted((tmp_path / "memory").iterdir())
+    for path in paths:
+        assert path.read_bytes() == (tmp_path / "folder" / path.relative_to(tmp_path / "memory")).read_bytes(), path.name
+
+
 def test_malformed_records_are_named_by_file_and_line(tmp_path, monkeypatch, capsys):
     results = tmp_path / "run"
     assert run_faithfulness(tmp_path, monkeypatch, results) == 0
