@@ -74,7 +74,7 @@ def run_here() -> list[dict] | None:
     made = run_services.finished(run_services.claims_plan(asked))
     if len(made) < len(asked.texts):
         st.caption(f"Stopped after {len(made)} of {len(asked.texts)} items: Run resumes.")
-    return made
+    return made or None
 
 
 def saved() -> list[dict] | None:
