@@ -34,7 +34,7 @@ What a record of each type holds and how it goes back to tables is its codec (:m
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,13 +127,14 @@ def run(
         records.write_manifest(folder, sweep.manifest)
     interrupted = False
     try:
-        with records.RecordWriter(records.records_path(folder, procs.index)) if folder is not None else _Discard() as writer:
+        with records.RecordWriter(records.records_path(folder, procs.index)) if folder is not None else nullcontext() as writer:
             for count, index in enumerate(mine, start=1):
                 if cancel is not None and cancel():
                     interrupted = True
                     break
                 record = records.make_record(sweep.record_type, index, sweep.texts[index], key, compute(index))
-                writer.write(record)
+                if writer is not None:
+                    writer.write(record)
                 if store is not None:
                     store[index] = record
                 if progress is not None:
@@ -147,16 +148,3 @@ def run(
     if not procs.is_main:
         return Outcome([], interrupted, False)
     return Outcome(records.read_records(folder, sweep.record_type), interrupted, True)
-
-
-class _Discard:
-    """The writer of an in-memory run: the store keeps its records, no file does."""
-
-    def write(self, record: dict) -> None:
-        pass
-
-    def __enter__(self) -> _Discard:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
