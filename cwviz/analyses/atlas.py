@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -236,10 +236,12 @@ def run(
     confidence: float = CONFIDENCE,
     seed: int = SEED,
     progress: Progress | None = None,
+    store: MutableMapping[int, dict] | None = None,
 ) -> Atlas:
     """The atlas of ``texts`` (a list of prompts): each prompt's :func:`prompt_stats` through the one runner
     (:func:`cwviz.analyses.sweep.run`, in memory), pooled by :func:`build`; ``progress(done, total)`` counts layer
-    steps over all prompts (a pass and a reduction a layer)."""
+    steps over all prompts (a pass and a reduction a layer). ``store`` (example -> record) keeps each finished prompt:
+    a call stopped half-way leaves them there, and a call with the same store and prompts runs only the rest."""
     if isinstance(texts, str):
         raise InputError("give a list of prompts, not one string (atlas.run(bundle, [text]) for a single prompt)")
     if not texts:
@@ -252,7 +254,7 @@ def run(
         (frame,) = iter_prompt_stats(bundle, [texts[index]], phase(progress, steps * index, steps * len(texts)), start=index)
         return ATLAS.encode(frame)
 
-    outcome = sweep.run(sweep.Sweep(ATLAS, ATLAS.settings(DEFAULT_SINK, model_provenance(bundle)), texts), compute)
+    outcome = sweep.run(sweep.Sweep(ATLAS, ATLAS.settings(DEFAULT_SINK, model_provenance(bundle)), texts), compute, store=store)
     if outcome.interrupted:
         raise KeyboardInterrupt  # a caller's Ctrl-C: a part of the prompts is no atlas of them
     return build(ATLAS.decode(outcome.records), texts, bundle.info.id, bootstrap, confidence, seed)

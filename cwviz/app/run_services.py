@@ -2,7 +2,7 @@
 (:func:`cwviz.analyses.sweep.run`) in memory, with a progress bar, the shared server's slot and the records kept.
 
 A run's finished records are kept per run (record type, fingerprint, texts) in this server process
-(:func:`kept`, ``st.cache_resource``): a page stopped mid-run (its Stop button, or any widget, interrupts the script
+(:func:`store`, ``st.cache_resource``; the Atlas page's too): a page stopped mid-run (its Stop button, or any widget, interrupts the script
 between two Streamlit calls) keeps what is finished, and Run with the same settings resumes from it. The records are
 the CLI's (the same settings, fingerprint, envelope and payload), so they are shared between sessions as any cached
 result is. A page keeps only what it last asked for; the records, the progress and the order are the runner's.
@@ -26,15 +26,21 @@ def _store(record_type: str, key: str, texts: str) -> dict[int, dict]:
     return {}
 
 
+def store(record_type: str, key: str, texts: Sequence[str]) -> dict[int, dict]:
+    """The records made so far in this server process (example -> record) of the run of ``record_type`` on ``texts``
+    that ``key`` names (its fingerprint, or the model that decides it), to resume from."""
+    return _store(record_type, key, records.fingerprint({"texts": list(texts)}))
+
+
 def kept(plan: sweep.Sweep) -> dict[int, dict]:
-    """The records of ``plan``'s run made so far in this server process (example -> record), to resume from."""
-    return _store(plan.record_type.name, plan.key, records.fingerprint({"texts": list(plan.texts)}))
+    """The records of ``plan``'s run made so far (:func:`store`)."""
+    return store(plan.record_type.name, plan.key, plan.texts)
 
 
 def finished(plan: sweep.Sweep) -> list[dict]:
     """The records of ``plan``'s run made so far, by example."""
-    store = kept(plan)
-    return [store[i] for i in sorted(store)]
+    made = kept(plan)
+    return [made[i] for i in sorted(made)]
 
 
 def run(plan: sweep.Sweep, compute: Callable[[int], dict], label: str, unit: str) -> sweep.Outcome:
