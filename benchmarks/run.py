@@ -190,16 +190,16 @@ def masked_batch(bundle, tokens: int, batch: int):
     """The ids [batch, T] and the keep masks of ``batch`` distinct masked runs of one GSM8K example, as a
     faithfulness sweep makes them (the default measures, both curves, rates 10 and 50 %)."""
     from cwviz import analyze
-    from cwviz.analyses import faithfulness as F
+    from cwviz.analyses import faithfulness
 
     ids = long_ids(bundle, tokens)
-    protocol = F.Protocol(rates=(10.0, 50.0))
+    protocol = faithfulness.Protocol(rates=(10.0, 50.0))
     analysis = analyze(bundle, input_ids=ids)
-    ranked = F.rankings(analysis, protocol)
+    ranked = faithfulness.rankings(analysis, protocol)
     runs = [run for run in protocol.runs() if run[0] != "value_weighted_output_normalized"][:batch]
     masks = {}
     for layer, visible in ranked.num_visible.items():
-        parts = [F.keep_mask(ranked.ranks[m][layer], F.masked_counts(visible, r), visible, c) for m, c, r in runs]
+        parts = [faithfulness.keep_mask(ranked.ranks[m][layer], faithfulness.masked_counts(visible, r), visible, c) for m, c, r in runs]
         masks[layer] = torch.stack(parts)  # (B, 1, Q, K)
     return torch.tensor([ids] * len(runs)), masks
 

@@ -41,8 +41,7 @@ import altair as alt
 import pandas as pd
 
 from .analyses import compare as compare_analyses
-from .analyses import faithfulness as F
-from .analyses import sinks, tables
+from .analyses import faithfulness, sinks, tables
 from .charts import compare as compare_charts
 from .charts import faithfulness as faithfulness_charts
 from .charts import heatmaps as heatmap_charts
@@ -285,21 +284,21 @@ def faithfulness_curves(
     """
     if scale not in faithfulness_charts.SCALES:
         raise InputError(f"scale must be one of {', '.join(faithfulness_charts.SCALES)}, not {scale!r}")
-    if curve is not None and curve not in F.CURVES:
-        raise InputError(f"curve must be one of {', '.join(F.CURVES)} (or None for both), not {curve!r}")
+    if curve is not None and curve not in faithfulness.CURVES:
+        raise InputError(f"curve must be one of {', '.join(faithfulness.CURVES)} (or None for both), not {curve!r}")
     if not isinstance(frame, pd.DataFrame):
         raise InputError(f"expected a pandas DataFrame of faithfulness results, not {type(frame).__name__}")
-    if set(F.SUMMARY_COLUMNS) <= set(frame.columns):
+    if set(faithfulness.SUMMARY_COLUMNS) <= set(frame.columns):
         summary = frame
     elif {"measure", "curve", "rate", "delta_ppl"} <= set(frame.columns):
-        summary = F.summarize(frame, seed=seed)
+        summary = faithfulness.summarize(frame, seed=seed)
     else:
         raise InputError(
             "this table holds no faithfulness results: expected the columns of faithfulness.summarize "
-            f"({', '.join(F.SUMMARY_COLUMNS)}) or of its per-example tables ({', '.join(F.EXAMPLE_COLUMNS)})"
+            f"({', '.join(faithfulness.SUMMARY_COLUMNS)}) or of its per-example tables ({', '.join(faithfulness.EXAMPLE_COLUMNS)})"
         )
     if summary.empty:
         raise InputError("no faithfulness results to draw: the table has no rows")
     if curve is not None:
         return faithfulness_charts.curve_chart(summary, curve, scale=scale)
-    return alt.vconcat(*(faithfulness_charts.curve_chart(summary, c, scale=scale) for c in F.CURVES))
+    return alt.vconcat(*(faithfulness_charts.curve_chart(summary, c, scale=scale) for c in faithfulness.CURVES))

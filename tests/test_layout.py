@@ -173,6 +173,80 @@ def test_only_the_services_cache_and_no_module_is_over_the_limit():
     assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {long}"
 
 
+#: What computes one item of a run: called in a loop, they make the loop a run of its own.
+PER_ITEM = {"make_record", "analyze", "run_example", "run_item", "item_payload", "prompt_stats"}
+#: The per-item generators of the Python API (one item's step, for a notebook): outside the runner they are called
+#: with a one-item list, as a ``compute(index)`` calls them.
+ITEM_STEPS = {"iter_examples", "iter_items", "iter_prompt_stats"}
+#: The runner, the only module that loops over a run's items.
+RUNNER = "cwviz/analyses/sweep.py"
+#: Loops over the parts of ONE item (not over a run's items), each with its reason; and the per-item generators'
+#: own loops.
+ONE_ITEM = {
+    ("cwviz/analyses/tasks.py", "run_item"): "a multiple-choice item's choices, one pass each",
+    ("cwviz/analyses/claims.py", "item_payload"): "one item's rank scopes, from its one clean pass",
+    ("cwviz/cli/compare.py", "run"): "the two inputs A and B of one comparison",
+    ("cwviz/analyses/faithfulness.py", "iter_examples"): "the per-item generator's own loop",
+    ("cwviz/analyses/tasks.py", "iter_items"): "the per-item generator's own loop",
+    ("cwviz/analyses/atlas.py", "iter_prompt_stats"): "the per-item generator's own loop",
+}
+
+
+def _called(node: ast.AST) -> str | None:
+    func = node.func if isinstance(node, ast.Call) else None
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _catches_ctrl_c(handler: ast.ExceptHandler) -> bool:
+    caught = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(isinstance(c, ast.Name) and c.id == "KeyboardInterrupt" for c in caught)
+
+
+def _loops(tree: ast.AST):
+    """Each ``for`` loop and comprehension, with the expressions it runs per turn and its enclosing function's name."""
+
+    def visit(node: ast.AST, function: str | None):
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, (ast.For, ast.AsyncFor)):
+                yield child, [child.iter, *child.body], inner
+            elif isinstance(child, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+                turn = [child.key, child.value] if isinstance(child, ast.DictComp) else [child.elt]
+                yield child, [g.iter for g in child.generators] + turn, inner
+            yield from visit(child, inner)
+
+    yield from visit(tree, None)
+
+
+def test_only_the_runner_loops_over_a_run_s_items():
+    """One runner for every job over many items (cwviz.analyses.sweep.run): it owns order, resume, progress and cancel.
+    The rule, on the code of cwviz, app.py and the pages (the runner itself aside): (1) no ``for`` loop or comprehension
+    calls what computes one item (:data:`PER_ITEM`: making a record, a forward pass, an example's or an item's runs, a
+    prompt's statistics), except the loops over the parts of one item listed in :data:`ONE_ITEM`; (2) a per-item
+    generator (:data:`ITEM_STEPS`) is given a one-item list, as a runner's ``compute(index)`` gives it; (3) no ``try``
+    around a loop catches KeyboardInterrupt (keeping a run's finished items on Ctrl-C is the runner's)."""
+    wrong = []
+    for path in [*CWVIZ_MODULES.values(), *SCRIPTS]:
+        where = path.relative_to(ROOT).as_posix()
+        if where == RUNNER:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for loop, turn, function in _loops(tree):
+            if (where, function) in ONE_ITEM:
+                continue
+            called = {_called(node) for part in turn for node in ast.walk(part)} & (PER_ITEM | ITEM_STEPS)
+            wrong += [f"{where}:{loop.lineno}: a loop calls {name} (in {function or 'the module'})" for name in sorted(called)]
+        for node in ast.walk(tree):
+            if _called(node) in ITEM_STEPS:
+                items = node.args[1] if len(node.args) > 1 else None
+                if not (isinstance(items, ast.List) and len(items.elts) == 1):
+                    wrong.append(f"{where}:{node.lineno}: {_called(node)} is given more than one item")
+            if isinstance(node, ast.Try) and any(_catches_ctrl_c(h) for h in node.handlers):
+                if any(isinstance(n, (ast.For, ast.AsyncFor)) for part in node.body for n in ast.walk(part)):
+                    wrong.append(f"{where}:{node.lineno}: a loop keeps its finished items on Ctrl-C itself")
+    assert not wrong, "loops over a run's items outside the runner (give the runner a compute(index)):\n" + "\n".join(wrong)
+
+
 def test_top_level_names():
     from cwviz import analyze, faithfulness, load_model, sinks
     from cwviz.analyses import faithfulness as faithfulness_module

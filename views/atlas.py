@@ -61,9 +61,15 @@ try:
         asked = (sel.model, sel.device, sel.dtype, source, path, int(n), out)
         st.button("Run", type="primary", key="atlas_run", on_click=lambda: st.session_state.update(_atlas_ran=asked))
         if st.session_state.get("_atlas_ran") != asked:
-            st.caption(f"Run pools the first {int(n)} prompts on {sel.model} (one forward pass each), then shows every head's statistics.")
+            st.caption(
+                f"Run pools the first {int(n)} prompts on {sel.model} (one forward pass each), then shows every head's "
+                "statistics; Stop keeps the prompts finished, and Run resumes."
+            )
             st.stop()
+        stop = st.empty()  # while the run goes: a click reruns the page, which interrupts the run (finished prompts kept)
+        stop.button("Stop", key="atlas_stop", on_click=lambda: st.session_state.pop("_atlas_ran", None))
         result = services.run_atlas(*asked)
+        stop.empty()
 except CwvizError as err:
     st.error(str(err))
     st.stop()

@@ -6,17 +6,17 @@ from pathlib import Path
 import streamlit as st
 
 from cwviz import CwvizError
-from cwviz.analyses import claims as C
-from cwviz.analyses import faithfulness as F
-from cwviz.analyses import records as R
+from cwviz.analyses import claims, faithfulness, records
+from cwviz.analyses.codecs import CLAIMS
 from cwviz.analyses.schema import CLAIMS_RATES
-from cwviz.app import hosting, services
+from cwviz.app import hosting, run_services
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import url_widget
 
 #: Items a run on this page may take (the CLI takes any number, resumably).
 MAX_ITEMS = 10
-STATE = "_claims_run"
+#: What the page last ran (:class:`cwviz.app.run_services.Asked`); its records are the runner's.
+ASKED = "_claims_asked"
 
 sel = sidebar("Claims of the paper")
 st.markdown(
@@ -36,14 +36,15 @@ source = url_widget(st.radio, "claims_source", "Claims from", "run", options=lis
 
 
 def run_here() -> list[dict] | None:
-    """The records of the first n GSM8K sample items on the sidebar's model, made as ``cwviz claims`` makes them."""
+    """The records of the first n GSM8K sample items on the sidebar's model, made as ``cwviz claims`` makes them
+    (through the one runner: Stop keeps the finished items, Run with the same settings resumes)."""
     left, right = st.columns(2)
     with left:
         n = url_widget(
             st.number_input,
             "claims_n",
             "Items",
-            C.MIN_ITEMS,
+            claims.MIN_ITEMS,
             parse=int,
             valid=lambda v: 1 <= v <= MAX_ITEMS,
             min_value=1,
@@ -60,31 +61,21 @@ def run_here() -> list[dict] | None:
             min_value=3,
             max_value=512,
         )
-    asked = (sel.model, sel.device, sel.dtype, int(n), int(cap))
+    protocol = faithfulness.Protocol(rates=CLAIMS_RATES, measures=claims.ORDER, max_tokens=int(cap))
+    asked = run_services.Asked((sel.model, sel.device, sel.dtype), tuple(claims.gsm8k_items(int(n))), protocol)
     if st.button("Run", type="primary", key="claims_run"):  # True in the click's rerun, which has the widgets' values
-        st.session_state[STATE] = {"asked": asked}
-    run = st.session_state.get(STATE)
-    if not run or run.get("asked") != asked:
+        st.session_state[ASKED] = asked
+        stop = st.empty()  # a click reruns the page, which interrupts the run: the finished items are kept
+        stop.button("Stop", key="claims_stop", help="Stops the run; the finished items are kept, and Run resumes it.")
+        run_services.run_claims(asked)
+        stop.empty()
+    if st.session_state.get(ASKED) != asked:
         st.caption(f"Run checks the claims on the first {int(n)} GSM8K items on {sel.model} (about a minute an item on a CPU).")
         return None
-    if "records" not in run:
-        texts = C.gsm8k_items(int(n))
-        protocol = F.Protocol(rates=CLAIMS_RATES, measures=C.ORDER, max_tokens=int(cap))
-        bundle = services.get_bundle(sel.model, sel.device, sel.dtype)
-        F.check_causal(bundle)
-        progress = st.progress(0.0, text=f"0 of {len(texts)} items")
-        made = []
-        for index in range(len(texts)):
-            with hosting.analysis_slot(hosting.policy_from_env()):
-                made.append(
-                    R.make_record(
-                        C.CLAIMS, index, texts[index], "", C.item_payload(bundle, texts[index], protocol, F.RANK_SCOPES, 0, index)
-                    )
-                )
-            progress.progress((index + 1) / len(texts), text=f"{index + 1} of {len(texts)} items")
-        progress.empty()  # the tables replace the bar
-        run["records"] = made
-    return run["records"]
+    made = run_services.finished(run_services.claims_plan(asked))
+    if len(made) < len(asked.texts):
+        st.caption(f"Stopped after {len(made)} of {len(asked.texts)} items: Run resumes.")
+    return made or None
 
 
 def saved() -> list[dict] | None:
@@ -92,26 +83,28 @@ def saved() -> list[dict] | None:
     if not folder.strip():
         st.info("Give the folder that `cwviz claims --results DIR` wrote.")
         return None
-    return R.read_records(Path(folder.strip()).expanduser() / C.RECORDS_FOLDER, C.CLAIMS)
+    return records.read_records(Path(folder.strip()).expanduser() / claims.RECORDS_FOLDER, CLAIMS)
 
 
 if source == "run" and not sel.ok:
     st.stop()
 try:
-    records = saved() if source == "saved" else run_here()
+    made = saved() if source == "saved" else run_here()
 except CwvizError as err:
     st.error(str(err))
     st.stop()
-if records is None:
+if made is None:
     st.stop()
-finished = [r for r in records if not r.get("skipped")]
+finished = [r for r in made if not r.get("skipped")]
 if not finished:
     st.error("no item had three or more tokens; nothing to judge")
     st.stop()
-table = C.claims_table(records)
-st.caption(f"{len(finished)} item(s); 95 % percentile bootstrap intervals over the items ({C.RESAMPLES} resamples, paired within an item).")
+table = claims.claims_table(made)
+st.caption(
+    f"{len(finished)} item(s); 95 % percentile bootstrap intervals over the items ({claims.RESAMPLES} resamples, paired within an item)."
+)
 st.subheader("One row per claim")
-st.dataframe(C.overview(table).set_index("claim"), width="stretch")
+st.dataframe(claims.overview(table).set_index("claim"), width="stretch")
 st.subheader("Claim 1 per rank scope, curve and rate")
 st.caption(
     "Each adjacent pair's paired ΔPPL difference, oriented so that > 0 is the paper's order. Under the query scope "

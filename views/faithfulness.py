@@ -1,9 +1,9 @@
 """Faithfulness by causal intervention: mask what each measure ranks first (or last), watch ΔPPL.
 
-A run goes example by example inside the script, through the sweep runner's records (the records the CLI's
-``--results`` folder holds, :func:`cwviz.analyses.sweep.faithfulness_records`); every finished example's record is
-kept in session state, so Stop (which reruns the page) keeps what was done, and so does any other widget change.
-The summary is recomputed from the records, as the CLI's is.
+Run hands the examples to the one runner (:func:`cwviz.app.run_services.run_faithfulness`), which keeps each
+finished example's record (the record the CLI's ``--results`` folder holds): Stop (or any widget) interrupts the
+run and keeps what is finished, and Run with the same settings resumes it. The page remembers only what it last
+ran, and shows that run's records; the summary is recomputed from them, as the CLI's is.
 """
 
 import json
@@ -13,16 +13,17 @@ from pathlib import Path
 import streamlit as st
 
 from cwviz import CwvizError
-from cwviz.analyses import faithfulness as F
-from cwviz.analyses import sweep
+from cwviz.analyses import faithfulness
+from cwviz.analyses.codecs import FAITHFULNESS
 from cwviz.analyses.schema import area_span
-from cwviz.app import hosting, services, widgets
+from cwviz.app import hosting, run_services, services, widgets
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import parse_bool, url_widget
 from cwviz.charts import faithfulness as charts
 from cwviz.charts.export import to_csv
 
-STATE = "_faithfulness_run"
+#: What the page last ran (:class:`cwviz.app.run_services.Asked`); its records are the runner's.
+ASKED = "_faithfulness_asked"
 SOURCES = {
     "prompt": "the sidebar prompt",
     "upload": "an uploaded file (.txt or .jsonl)",
@@ -70,58 +71,39 @@ def read_texts(source: str, n: int, field: str | None, upload, path: str, datase
         with tempfile.TemporaryDirectory() as folder:
             local = Path(folder) / Path(upload.name).name
             local.write_bytes(upload.getvalue())
-            return F.read_examples(local, n=n, field=field)
+            return faithfulness.read_examples(local, n=n, field=field)
     if source == "path":
         if not path.strip():
             raise CwvizError("type the path of a .txt or .jsonl file on this machine")
         policy.check_server_file(path)
-        return F.read_examples(path.strip(), n=n, field=field)
-    return F.dataset_texts(dataset.strip(), split=split, n=n, field=field)
+        return faithfulness.read_examples(path.strip(), n=n, field=field)
+    return faithfulness.dataset_texts(dataset.strip(), split=split, n=n, field=field)
 
 
-def start() -> None:
-    """The Run button: read the examples and queue them; errors are shown instead of a run.
-
-    Reads the widgets' values from session state (a callback sees the values of the click's rerun).
-    """
+def asked() -> run_services.Asked:
+    """What Run runs: the examples and the protocol the widgets name (CwvizError with the fix when they cannot be read)."""
     value = st.session_state.get
     layer = value("mask_layer", "all")
-    try:
-        texts = read_texts(
-            value("source", "prompt"),
-            int(value("n", 5)),
-            value("field") or None,
-            value("faith_upload"),
-            value("path", ""),
-            value("dataset", ""),
-            value("split", "test"),
-        )
-        protocol = F.Protocol(
-            rates=tuple(value("rates", F.DEFAULT_RATES)),
-            measures=tuple(value("measures", F.RANKED_MEASURES)),
-            layer=None if layer == "all" else int(layer),
-            per_head=bool(value("per_head", False)),
-            rank_by=value("rank_by", "signed"),
-            rank_scope=value("rank_scope", F.RANK_SCOPES[0]),
-            seed=int(value("seed", 0)),
-            max_tokens=int(value("cap", F.EXAMPLE_MAX_TOKENS)),
-        )
-    except CwvizError as err:
-        st.session_state[STATE] = {"error": str(err), "records": [], "texts": [], "running": False}
-        return
-    st.session_state[STATE] = {
-        "error": None,
-        "texts": texts,
-        "protocol": protocol,
-        "records": [],
-        "next": 0,
-        "running": True,
-        "model": (sel.model, sel.device, sel.dtype),
-    }
-
-
-def stop() -> None:
-    st.session_state[STATE]["running"] = False
+    texts = read_texts(
+        value("source", "prompt"),
+        int(value("n", 5)),
+        value("field") or None,
+        value("faith_upload"),
+        value("path", ""),
+        value("dataset", ""),
+        value("split", "test"),
+    )
+    protocol = faithfulness.Protocol(
+        rates=tuple(value("rates", faithfulness.DEFAULT_RATES)),
+        measures=tuple(value("measures", faithfulness.RANKED_MEASURES)),
+        layer=None if layer == "all" else int(layer),
+        per_head=bool(value("per_head", False)),
+        rank_by=value("rank_by", "signed"),
+        rank_scope=value("rank_scope", faithfulness.RANK_SCOPES[0]),
+        seed=int(value("seed", 0)),
+        max_tokens=int(value("cap", faithfulness.EXAMPLE_MAX_TOKENS)),
+    )
+    return run_services.Asked((sel.model, sel.device, sel.dtype), tuple(texts), protocol)
 
 
 def _mask_layer(raw: str):
@@ -159,7 +141,7 @@ with st.expander("Data and protocol", expanded=True):
             st.number_input,
             "cap",
             "Token cap per example",
-            min(F.EXAMPLE_MAX_TOKENS, MAX_CAP),
+            min(faithfulness.EXAMPLE_MAX_TOKENS, MAX_CAP),
             parse=int,
             valid=lambda v: 2 <= v <= MAX_CAP,
             min_value=2,
@@ -171,7 +153,7 @@ with st.expander("Data and protocol", expanded=True):
             st.multiselect,
             "rates",
             "Removal rates (% of each query's keys)",
-            list(F.DEFAULT_RATES),
+            list(faithfulness.DEFAULT_RATES),
             parse=float,
             options=RATE_CHOICES,
             format_func=lambda r: f"{r:g} %",
@@ -196,8 +178,8 @@ with st.expander("Data and protocol", expanded=True):
             st.radio,
             "rank_by",
             "Rank by",
-            F.RANK_BY[0],
-            options=list(F.RANK_BY),
+            faithfulness.RANK_BY[0],
+            options=list(faithfulness.RANK_BY),
             horizontal=True,
             help="signed: negative contributions rank lowest; absolute: by magnitude",
         )
@@ -205,8 +187,8 @@ with st.expander("Data and protocol", expanded=True):
             st.radio,
             "rank_scope",
             "Rank scope",
-            F.RANK_SCOPES[0],
-            options=list(F.RANK_SCOPES),
+            faithfulness.RANK_SCOPES[0],
+            options=list(faithfulness.RANK_SCOPES),
             horizontal=True,
             help="query: each query's keys ranked and masked per query; token: keys ranked by their mean score over the "
             "queries that see them, each masked for every query; layer: all (query, key) pairs of a layer ranked together. "
@@ -218,64 +200,37 @@ with st.expander("Data and protocol", expanded=True):
         st.pills,
         "measures",
         "Measures (the names of the results table and CSV)",
-        list(F.RANKED_MEASURES),
-        options=list(F.ALL_MEASURES),
+        list(faithfulness.RANKED_MEASURES),
+        options=list(faithfulness.ALL_MEASURES),
         selection_mode="multi",
     )
 
-run = st.session_state.get(STATE)
-running = bool(run and run["running"])
-st.button("Run", type="primary", on_click=start, key="faith_run", disabled=running)
-
-if run and run["error"]:
-    st.error(run["error"])
-if run and run["running"]:
-    st.button("Stop", on_click=stop, key="faith_stop", help="Stops after the example in progress; finished examples are kept.")
+if st.button("Run", type="primary", key="faith_run"):  # True in the click's rerun, which has the widgets' values
+    st.session_state.pop(ASKED, None)
     try:
-        bundle = services.get_bundle(*run["model"])
+        st.session_state[ASKED] = asked()
+        stop = st.empty()  # a click reruns the page, which interrupts the run: the finished examples are kept
+        stop.button("Stop", key="faith_stop", help="Stops the run; the finished examples are kept, and Run resumes it.")
+        run_services.run_faithfulness(st.session_state[ASKED])
+        stop.empty()
     except CwvizError as err:
-        run.update(running=False, error=str(err))
         st.error(str(err))
-        st.stop()
-    total = len(run["texts"])
-    progress = st.progress(run["next"] / total, text=f"{run['next']} of {total} examples")
-
-    def passes(done: int, of: int) -> None:
-        """The example in progress: its clean pass, then each batch of masked runs."""
-        progress.progress(
-            min(1.0, (run["next"] + done / of) / total),
-            text=f"{run['next']} of {total} examples; example {run['next'] + 1}: {done} of {of} forward passes",
-        )
-
-    try:
-        records = sweep.faithfulness_records(
-            bundle,
-            run["texts"],
-            run["protocol"],
-            start=run["next"],
-            guard=lambda: hosting.analysis_slot(policy),  # a shared server runs at most CWVIZ_MAX_CONCURRENT at once
-            progress=passes,
-        )
-        for record in records:
-            run["records"].append(record)
-            run["next"] = record["example"] + 1
-            progress.progress(run["next"] / total, text=f"{run['next']} of {total} examples")
-    except CwvizError as err:
-        run.update(running=False, error=str(err))
-        st.error(str(err))
-    run["running"] = False
-    st.rerun()
-
-finished = [r for r in run["records"] if not r["skipped"]] if run else []
+run = st.session_state.get(ASKED)
+try:
+    records = run_services.finished(run_services.faithfulness_plan(run)) if run else []
+except CwvizError as err:  # the model no longer loads
+    st.error(str(err))
+    st.stop()
+finished = [r for r in records if not r["skipped"]]
 if finished:
-    summary = sweep.faithfulness_summary(run["records"], seed=run["protocol"].seed)
-    done, total = len(finished), len(run["texts"])
+    protocol = run.protocol
+    summary = FAITHFULNESS.summary(records, seed=protocol.seed)
+    total = len(run.texts)
     st.caption(
-        f"{done} of {total} examples"
-        + ("" if run["next"] >= total else " (stopped early)")
+        f"{len(finished)} of {total} examples"
+        + ("" if len(records) >= total else " (stopped early: Run resumes)")
         + "; bands: 95 % bootstrap intervals of the mean ΔPPL."
     )
-    protocol = run["protocol"]
     if {"value_weighted", "value_weighted_output_normalized"} <= set(protocol.measures) and protocol.rank_scope == "query":
         st.caption(
             "Value-weighted attention and its inter-head output-normalised form rank every query's keys alike (the "
@@ -291,7 +246,7 @@ if finished:
         horizontal=True,
         format_func=lambda s: "linear" if s == "linear" else "symmetric log (keeps 0 and negatives)",
     )
-    for curve in F.CURVES:
+    for curve in faithfulness.CURVES:
         widgets.chart(charts.curve_chart(summary, curve, scale), summary[summary.curve == curve], f"cwviz-{curve}", key=f"faith_{curve}")
     span = area_span(summary)
     table = summary.pivot(index="measure", columns=["curve", "rate"], values="delta_ppl")
@@ -301,12 +256,12 @@ if finished:
             f"**Mean ΔPPL per rate**, and the area under each curve (trapezoids over the rate as a fraction, from "
             f"{span[0]:g} to {span[1]:g})"
         )
-        areas = F.curve_areas(summary).pivot(index="measure", columns="curve", values="area")
+        areas = faithfulness.curve_areas(summary).pivot(index="measure", columns="curve", values="area")
         table = areas.add_prefix("area ").join(table)  # the areas first: the table's right part scrolls out of view
     else:  # one rate spans nothing: an area of 0 would read as a result
         st.markdown("**Mean ΔPPL per rate** (no area under the curves: that needs two rates or more)")
     st.dataframe(
-        table.loc[[m for m in F.ALL_MEASURES if m in table.index]],
+        table.loc[[m for m in faithfulness.ALL_MEASURES if m in table.index]],
         column_config={"_index": st.column_config.TextColumn("measure", width="large")}  # the longest name whole
         | {c: st.column_config.NumberColumn(format="%.4g") for c in table.columns},
     )
@@ -319,7 +274,7 @@ if finished:
     )
     st.download_button(
         "Records (JSON Lines)",
-        data="".join(json.dumps(record) + "\n" for record in run["records"]),
+        data="".join(json.dumps(record) + "\n" for record in records),
         file_name="cwviz-faithfulness-records.jsonl",
         mime="application/jsonl",
         key="faith_records",

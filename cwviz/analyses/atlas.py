@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,9 +37,12 @@ import torch
 from ..core.analysis import Analysis, analyze
 from ..core.errors import CwvizError, InputError
 from ..core.models import Bundle
+from ..core.parallel import model_provenance
 from ..core.progress import Progress, counted, phase
 from ..core.texts import iter_jsonl, write_text_atomic
+from . import sweep
 from .bootstrap import bootstrap_interval
+from .codecs import ATLAS
 from .records import changed_files, file_sums
 from .schema import ATLAS_BOOTSTRAP, ATLAS_CONFIDENCE, ATLAS_METRICS, ATLAS_SEED
 from .sinks import DEFAULT_SINK, head_space, sink_norms
@@ -231,16 +234,28 @@ def run(
     confidence: float = ATLAS_CONFIDENCE,
     seed: int = ATLAS_SEED,
     progress: Progress | None = None,
+    store: MutableMapping[int, dict] | None = None,
 ) -> Atlas:
-    """:func:`iter_prompt_stats` over ``texts`` (a list of prompts) pooled by :func:`build`."""
+    """The atlas of ``texts`` (a list of prompts): each prompt's :func:`prompt_stats` through the one runner
+    (:func:`cwviz.analyses.sweep.run`, in memory), pooled by :func:`build`; ``progress(done, total)`` counts layer
+    steps over all prompts (a pass and a reduction a layer). ``store`` (example -> record) keeps each finished prompt:
+    a call stopped half-way leaves them there, and a call with the same store and prompts runs only the rest."""
     if isinstance(texts, str):
         raise InputError("give a list of prompts, not one string (atlas.run(bundle, [text]) for a single prompt)")
     if not texts:
         raise InputError("no prompts to pool; give a JSONL file with at least one prompt")
     check_bootstrap(bootstrap, len(texts), bundle.info.layers * bundle.info.heads)  # before the forward passes
     check_confidence(confidence)
-    frames = list(iter_prompt_stats(bundle, texts, progress))
-    return build(pd.concat(frames, ignore_index=True), texts, bundle.info.id, bootstrap, confidence, seed)
+    steps = 2 * bundle.info.layers
+
+    def compute(index: int) -> dict:
+        (frame,) = iter_prompt_stats(bundle, [texts[index]], phase(progress, steps * index, steps * len(texts)), start=index)
+        return ATLAS.encode(frame)
+
+    outcome = sweep.run(sweep.Sweep(ATLAS, ATLAS.settings(DEFAULT_SINK, model_provenance(bundle)), texts), compute, store=store)
+    if outcome.interrupted:
+        raise KeyboardInterrupt  # a caller's Ctrl-C: a part of the prompts is no atlas of them
+    return build(ATLAS.decode(outcome.records), texts, bundle.info.id, bootstrap, confidence, seed)
 
 
 def save(atlas: Atlas, folder: str | Path) -> Path:

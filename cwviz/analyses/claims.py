@@ -7,7 +7,7 @@ Each item (one text) gives one record (:func:`item_payload`, run through the swe
 of :func:`cwviz.analyses.faithfulness.run_example`, as a faithfulness record's payload) and a few numbers per item
 from its sink table, head curves and sink intervention (:func:`sink_statistics`). :func:`claims_table` turns the
 records into one row per claim (claim 1: per scope, curve and rate) with the estimate, its interval and the
-verdict; it and everything below it are torch-free, so they are tested on constructed records.
+verdict; it and everything below it compute no model, so they are tested on constructed records.
 
 Verdicts: ``holds`` when the 95 % interval lies wholly on the paper's side, ``fails`` when it lies wholly on the
 other, ``unresolved`` when it straddles the line (or every item ties exactly).
@@ -22,12 +22,13 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from ..core.analysis import analyze
+from . import faithfulness, sinks
 from .bootstrap import bootstrap_interval
-from .records import CLAIMS
+from .codecs import CLAIMS
 
-#: The record kind of ``cwviz claims`` (``cwviz.claims.record``), and the sub-folder of ``--results DIR`` that holds
-#: its records and manifest (:data:`cwviz.analyses.records.CLAIMS`).
-RECORDS_FOLDER = CLAIMS
+#: The sub-folder of ``--results DIR`` that holds the records (:data:`cwviz.analyses.codecs.CLAIMS`) and manifest.
+RECORDS_FOLDER = CLAIMS.name
 #: The file ``cwviz claims --results DIR`` writes (atomically): :data:`CSV_COLUMNS`.
 CSV_NAME = "claims.csv"
 HOLDS, FAILS, UNRESOLVED = "holds", "fails", "unresolved"
@@ -68,29 +69,23 @@ LEVEL, RESAMPLES = 0.95, 2000
 MIN_ITEMS = 5
 
 
-# -- one item (torch: imported when called) ----------------------------------------------------------------
+# -- one item ---------------------------------------------------------------------------------------------
 def item_payload(bundle, text: str, protocol, scopes: Sequence[str], sink=0, example: int = 0) -> dict:
     """One item's claims record payload: ``{"skipped", "tokens", "faithfulness": {scope: faithfulness payload},
     "sinks": {name: float for SINK_STATS}}``. One clean pass is shared by every scope's masked runs, the sink table and
     the intervention (the sink's value removed in every layer, attention kept: one more pass)."""
-    from ..core.analysis import analyze
-    from . import faithfulness as F
-    from . import records as R
-    from . import sinks as S
-
-    ids = F.example_ids(bundle, text, protocol.max_tokens)
+    ids = faithfulness.example_ids(bundle, text, protocol.max_tokens)
     if ids is None or len(ids) < 3:  # the sink statistics need a query that sees the sink and another key
-        return {"skipped": True, "tokens": 0 if ids is None else len(ids), "faithfulness": {}, "sinks": {}}
+        return CLAIMS.encode(0 if ids is None else len(ids))
     analysis = analyze(bundle, input_ids=ids)
-    faithful = {}
-    for scope in scopes:
-        table = F.run_example(bundle, ids, replace(protocol, rank_scope=scope), example=example, analysis=analysis)
-        faithful[scope] = R.example_payload("text", table)
-    table = S.sink_table(analysis, sink)
-    heads = S.sink_head_summary(table)
-    after = S.intervene_on_sink(analysis, sink, 0.0)
-    stats = sink_statistics(table, heads, after.table, after.delta_ppl)
-    return {"skipped": False, "tokens": len(ids), "faithfulness": faithful, "sinks": stats}
+    tables = {
+        scope: faithfulness.run_example(bundle, ids, replace(protocol, rank_scope=scope), example=example, analysis=analysis)
+        for scope in scopes
+    }
+    table = sinks.sink_table(analysis, sink)
+    heads = sinks.sink_head_summary(table)
+    after = sinks.intervene_on_sink(analysis, sink, 0.0)
+    return CLAIMS.encode(len(ids), tables, sink_statistics(table, heads, after.table, after.delta_ppl))
 
 
 def gsm8k_items(n: int) -> list[str]:
@@ -176,18 +171,6 @@ def _interval(estimate: float, low: float, high: float, digits: int = 3) -> str:
     return f"{estimate:+.{digits}g} [{low:+.{digits}g}, {high:+.{digits}g}]"
 
 
-def faithfulness_frame(records: Sequence[dict], scope: str) -> pd.DataFrame:
-    """ΔPPL of each item under ``scope``: rows item, columns (curve, rate, measure)."""
-    rows = [
-        (record["example"], run["curve"], run["rate"], run["measure"], run["delta_ppl"])
-        for record in records
-        if not record.get("skipped")
-        for run in record["faithfulness"].get(scope, {}).get("runs", [])
-    ]
-    frame = pd.DataFrame(rows, columns=["example", "curve", "rate", "measure", "delta_ppl"])
-    return frame.pivot_table(index="example", columns=["curve", "rate", "measure"], values="delta_ppl", aggfunc="first")
-
-
 def claim1_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
     """Claim 1 per scope, curve and rate: the paired difference of each adjacent pair of :data:`ORDER`, oriented so
     that > 0 is the paper's direction (comprehensiveness: later − earlier ΔPPL; sufficiency: earlier − later).
@@ -196,7 +179,7 @@ def claim1_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
     scopes = list(dict.fromkeys(s for r in records if not r.get("skipped") for s in r["faithfulness"]))
     out = []
     for scope in scopes:
-        frame = faithfulness_frame(records, scope)
+        frame = CLAIMS.decode(records, scope)
         for curve, rate in dict.fromkeys((c, r) for c, r, _ in frame.columns):
             have = [m for m in ORDER if (curve, rate, m) in frame.columns]
             if len(have) < 2:

@@ -1,20 +1,15 @@
 """A sweep's results folder: per-item records as JSON Lines, one file per process, appended durably
 (:mod:`cwviz.analyses.sweep` runs the sweep; this module reads and writes its files, and is torch-free).
 
-A results folder holds ``manifest.json`` (how the run was made: :func:`write_manifest`) and one
-``records-<process>.jsonl`` per process. Each line is one finished item, in an envelope every kind shares
+A results folder holds ``manifest.json`` (how the run was made: :func:`manifest`, :func:`write_manifest`) and one
+``records-<process>.jsonl`` per process. Each line is one finished item, in an envelope every record type shares
 (:func:`make_record`):
 
-    {"schema": "cwviz.<kind>.record", "version": 1, "fingerprint": sha256 of the run's settings,
-     "example": index of the item in the run's data, "text_sha256": sha256 of its text, ...the kind's payload}
+    {"schema": "cwviz.<type>.record", "version": 1, "fingerprint": sha256 of the run's settings,
+     "example": index of the item in the run's data, "text_sha256": sha256 of its text, ...the type's payload}
 
-A faithfulness record's payload (:func:`example_record`) is
-
-    {"task": "text" | "mmlu" | ..., "skipped": bool, "tokens": int, "ppl_clean": float, "correct_clean": 0 | 1 | null,
-     "runs": [{"measure", "curve", "rate", "ppl_masked", "delta_ppl", "correct_masked"}, ...],
-     "rank_scope": "query" | "token" | "layer"}  (absent in records made before scopes: query)
-
-and those of ``cwviz sinks`` and ``cwviz atlas`` are in :mod:`cwviz.analyses.sweep`.
+What a payload holds, how it is made from a type's tables and read back into them, is the record type's codec
+(:mod:`cwviz.analyses.codecs`); this module knows a type only through :class:`RecordType`, what reading checks.
 
 Each line is written whole, flushed and fsynced before the next item starts (:class:`RecordWriter`), so
 a run killed at any moment loses at most the item in progress. A last line without its newline (killed
@@ -22,10 +17,10 @@ mid-write) is ignored when read and cut off before the file is appended to again
 is an error naming the file and line. :func:`read_records` is the one place records are read back (and
 checked); summaries are always recomputed from the records.
 
-Checked on read (:func:`read_records`, :func:`read_manifest`): every record has its kind's keys with the types
-cwviz writes (:data:`PAYLOADS`), an example index in the run's range (0 .. the manifest's item count - 1), and
-every record and the manifest share one fingerprint and, per example, one text: a folder holding two runs' records
-(other settings, other data) is refused by every command that reads it, naming what differs.
+Checked on read (:func:`read_records`, :func:`read_manifest`): every record has its type's keys with the types
+cwviz writes (the codec's ``payload`` and ``validate``), an example index in the run's range (0 .. the manifest's
+item count - 1), and every record and the manifest share one fingerprint and, per example, one text: a folder holding
+two runs' records (other settings, other data) is refused by every command that reads it, naming what differs.
 
 One owner at a time (:func:`folder_lock`): the run that writes a folder holds an exclusive ``flock`` on its
 ``.lock`` file for as long as it runs; a second run on the folder is refused as busy. The OS drops the lock when
@@ -42,17 +37,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from os import PathLike
 from pathlib import Path
+from typing import Protocol
 
-import pandas as pd
+import numpy as np
 
 from ..core.errors import InputError
 from ..core.locks import lock
 from ..core.texts import write_text_atomic
-from .schema import ATLAS_METRICS, RANK_SCOPES
 
-#: The record kind of a faithfulness sweep; ``cwviz.<kind>.record`` is a record's schema.
-FAITHFULNESS, SINKS, ATLAS, CLAIMS = "faithfulness", "sinks", "atlas", "claims"
-SCHEMA = f"cwviz.{FAITHFULNESS}.record"
 VERSION = 1
 MANIFEST = "manifest.json"
 RECORD_GLOB = "records-*.jsonl"
@@ -60,19 +52,6 @@ SUMMARY = "summary.csv"
 #: The lock file of a results folder (:func:`folder_lock`); never deleted (deleting a locked file lets a third run
 #: lock a new file of the same name while the second still holds the old one).
 LOCK = ".lock"
-#: The integer and float columns of a sinks record's table (:func:`cwviz.analyses.sweep.sinks_payload`): float32,
-#: shortest text; ``sink_attention_share`` is ``sink_ratio`` by definition, ``token`` and ``sink`` come from the record.
-SINK_INTS = ("layer", "head", "query", "other_keys")
-SINK_FLOATS = (
-    "sink_ratio",
-    "output_norm",
-    "sink_value_norm",
-    "rest_norm",
-    "cos_sink_rest",
-    "sink_contribution_share",
-    "sink_contribution_inter",
-    "learned_sink_share",
-)
 
 
 def text_hash(text: str) -> str:
@@ -107,41 +86,26 @@ def records_path(folder: str | PathLike, process: int) -> Path:
     return Path(folder) / f"records-{process:05d}.jsonl"
 
 
-def schema(kind: str) -> str:
-    return f"cwviz.{kind}.record"
-
-
-def make_record(kind: str, example: int, text: str, key: str, payload: dict) -> dict:
-    """One item's record: the envelope every kind shares (module docstring), then ``payload``."""
-    envelope = {"schema": schema(kind), "version": VERSION, "fingerprint": key, "example": int(example), "text_sha256": text_hash(text)}
+def make_record(record_type: RecordType, example: int, text: str, key: str, payload: dict) -> dict:
+    """One item's record: the envelope every record type shares (module docstring), then ``payload``."""
+    envelope = {
+        "schema": record_type.schema,
+        "version": VERSION,
+        "fingerprint": key,
+        "example": int(example),
+        "text_sha256": text_hash(text),
+    }
     return {**envelope, **payload}
 
 
-def example_record(example: int, text: str, key: str, task: str, table: pd.DataFrame | None) -> dict:
-    """One faithfulness example's record from its per-example table (None: the example was skipped, too short)."""
-    return make_record(FAITHFULNESS, example, text, key, example_payload(task, table))
-
-
-def example_payload(task: str, table: pd.DataFrame | None) -> dict:
-    """The payload of :func:`example_record` (module docstring)."""
-    record: dict = {"task": task, "skipped": table is None}
-    if table is None:
-        return {**record, "tokens": 0, "ppl_clean": None, "correct_clean": None, "runs": []}
-    first = table.iloc[0]
-    correct = "correct_masked" in table
-    runs = [
-        {
-            "measure": row.measure,
-            "curve": row.curve,
-            "rate": float(row.rate),
-            "ppl_masked": float(row.ppl_masked),
-            "delta_ppl": float(row.delta_ppl),
-            "correct_masked": int(row.correct_masked) if correct else None,
-        }
-        for row in table.itertuples(index=False)
-    ]
-    clean = int(first.correct_clean) if correct else None
-    return {**record, "tokens": int(first.tokens), "ppl_clean": float(first.ppl_clean), "correct_clean": clean, "runs": runs}
+def as_json(value: object) -> list:
+    """A record's numpy column as JSON writes it: a list; float32 as its shortest decimal text, which reads back to the
+    same float32 (a sink table restored bit for bit, in a third of the text of its float64 digits)."""
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"a record holds a {type(value).__name__}, which JSON cannot write")
+    if value.dtype == np.float32:
+        return [float(text) for text in value.astype(str)]
+    return value.tolist()
 
 
 class RecordWriter:
@@ -153,7 +117,8 @@ class RecordWriter:
         self._handle = self.path.open("a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
-        self._handle.write(json.dumps(record, allow_nan=True) + "\n")  # one write: the line and its newline
+        line = json.dumps(record, allow_nan=True, default=as_json)
+        self._handle.write(line + "\n")  # one write: the line and its newline
         self._handle.flush()
         os.fsync(self._handle.fileno())
 
@@ -180,61 +145,48 @@ def drop_partial_line(path: Path) -> None:
 
 
 # -- checking what is read back -------------------------------------------------------------------------
-def _int(value) -> bool:
+def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _number(value) -> bool:  # NaN included: json writes and reads it (a one-token prompt's cos_sink_rest)
+def is_number(value) -> bool:  # NaN included: json writes and reads it (a one-token prompt's cos_sink_rest)
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _optional(check: Callable[[object], bool]) -> Callable[[object], bool]:
+def optional(check: Callable[[object], bool]) -> Callable[[object], bool]:
     return lambda value: value is None or check(value)
 
 
-def _list_of(check: Callable[[object], bool]) -> Callable[[object], bool]:
+def list_of(check: Callable[[object], bool]) -> Callable[[object], bool]:
     return lambda value: isinstance(value, list) and all(check(v) for v in value)
 
 
 #: A field's check and what the error says it must be.
 Field = tuple[Callable[[object], bool], str]
-INT: Field = (_int, "an integer")
-NUMBER: Field = (_number, "a number")
+INT: Field = (is_int, "an integer")
+NUMBER: Field = (is_number, "a number")
 TEXT: Field = (lambda v: isinstance(v, str), "text")
 FLAG: Field = (lambda v: isinstance(v, bool), "true or false")
 ENVELOPE: dict[str, Field] = {"fingerprint": TEXT, "text_sha256": TEXT}
-RUN: dict[str, Field] = {
-    "measure": TEXT,
-    "curve": TEXT,
-    "rate": NUMBER,
-    "ppl_masked": NUMBER,
-    "delta_ppl": NUMBER,
-    "correct_masked": (_optional(_int), "an integer or null"),
-}
-#: The keys and types of each kind's payload, as :func:`example_payload` and :mod:`cwviz.analyses.sweep` write them.
-PAYLOADS: dict[str, dict[str, Field]] = {
-    FAITHFULNESS: {
-        "task": TEXT,
-        "skipped": FLAG,
-        "tokens": INT,
-        "ppl_clean": (_optional(_number), "a number or null"),
-        "correct_clean": (_optional(_int), "an integer or null"),
-        "runs": (_list_of(lambda v: isinstance(v, dict)), "a list of runs"),
-    },
-    SINKS: {
-        "sink": INT,
-        "tokens": (_list_of(lambda v: isinstance(v, str)), "a list of token texts"),
-        "ppl": (_optional(_list_of(_number)), "a list of numbers or null"),
-        "ppl_clean": (_optional(_number), "a number or null"),
-        "table": ((lambda v: isinstance(v, dict)), "an object of columns"),
-    },
-    ATLAS: {
-        "tokens": INT,
-        "layer": (_list_of(_int), "a list of integers"),
-        "head": (_list_of(_int), "a list of integers"),
-        **{name: (_list_of(_number), "a list of numbers") for name in ATLAS_METRICS},
-    },
-}
+
+
+class RecordType(Protocol):
+    """What reading a folder needs of a record type (its codec, :mod:`cwviz.analyses.codecs`): its name
+    (``cwviz.<name>.record``), its payload's keys and types, its manifest's, and the checks beyond types."""
+
+    name: str
+    schema: str
+    payload: dict[str, Field]
+    manifest_fields: dict[str, Field]
+
+    def validate(self, record: dict, where: str, fix: str) -> None:
+        """InputError naming ``where`` and ``fix`` unless one record's values hold together (ranges, lengths)."""
+
+    def validate_run(self, records: list[dict], manifest: dict | None, folder: Path, fix: str) -> None:
+        """InputError naming ``folder`` and ``fix`` unless a folder's records (of one fingerprint) hold together."""
+
+    def describe(self, records: list[dict]) -> str:
+        """What a group of records says of its settings, for an error that names two runs ("" when nothing)."""
 
 
 def check_fields(value: dict, fields: dict[str, Field], where: str, fix: str) -> dict:
@@ -244,50 +196,34 @@ def check_fields(value: dict, fields: dict[str, Field], where: str, fix: str) ->
         if key not in value:
             raise InputError(f"{where} has no {key!r}; {fix}")
         if not check(value[key]):
-            raise InputError(f"{where}: {key!r} must be {what}, not {_shown(value[key])}; {fix}")
+            raise InputError(f"{where}: {key!r} must be {what}, not {shown(value[key])}; {fix}")
     return value
 
 
-def _shown(value) -> str:
+def shown(value) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def check_record(record: object, kind: str, where: str, examples: int | None = None) -> dict:
-    """``record`` when it is a whole ``kind`` record of this version (the envelope and :data:`PAYLOADS`, an example
-    index in ``0 .. examples - 1``, columns of one length); InputError naming ``where`` (its file and line) and
-    the fix otherwise. Every record read back passes here (:func:`read_records`)."""
+def check_record(record: object, record_type: RecordType, where: str, examples: int | None = None) -> dict:
+    """``record`` when it is a whole record of ``record_type`` of this version (the envelope, the type's payload
+    fields and its own checks, an example index in ``0 .. examples - 1``); InputError naming ``where`` (its file and
+    line) and the fix otherwise. Every record read back passes here (:func:`read_records`)."""
     fix = "remove the line (the run recomputes it with --resume) or rerun into a fresh folder"
-    if not isinstance(record, dict) or record.get("schema") != schema(kind):
-        raise InputError(f"{where} is not a cwviz {kind} record; {fix}")
+    if not isinstance(record, dict) or record.get("schema") != record_type.schema:
+        raise InputError(f"{where} is not a cwviz {record_type.name} record; {fix}")
     if record.get("version") != VERSION:
         raise InputError(f"{where} is a record of version {record.get('version')}; this cwviz reads version {VERSION}")
     example = record.get("example")
-    if not _int(example) or example < 0 or (examples is not None and example >= examples):
+    if not is_int(example) or example < 0 or (examples is not None and example >= examples):
         span = f"0..{examples - 1}" if examples is not None else "0 or more"
-        raise InputError(f"{where}: 'example' must be an example index ({span}) of the run, not {_shown(example)}; {fix}")
-    check_fields(record, ENVELOPE | PAYLOADS.get(kind, {}), where, fix)
-    if kind == FAITHFULNESS:
-        for number, run in enumerate(record["runs"], start=1):
-            check_fields(run, RUN, f"{where}, run {number}", fix)
-        if not record["skipped"] and not _number(record["ppl_clean"]):
-            raise InputError(f"{where}: a finished example's 'ppl_clean' must be a number, not null; {fix}")
-        scope = record.setdefault("rank_scope", RANK_SCOPES[0])  # absent in records made before scopes: query
-        if scope not in RANK_SCOPES:
-            raise InputError(f"{where}: 'rank_scope' must be one of {', '.join(RANK_SCOPES)}, not {_shown(scope)}; {fix}")
-    columns = record["table"] if kind == SINKS else {k: record[k] for k in ("layer", "head", *ATLAS_METRICS)} if kind == ATLAS else {}
-    if kind == SINKS:
-        for name in (*SINK_INTS, *SINK_FLOATS):
-            check_fields(columns, {name: (_list_of(_int if name in SINK_INTS else _number), "a list of numbers")}, f"{where}, table", fix)
-        queries = columns["query"]
-        if not 0 <= record["sink"] < len(record["tokens"]) or any(not 0 <= q < len(record["tokens"]) for q in queries):
-            raise InputError(f"{where}: its sink or queries lie outside its {len(record['tokens'])} tokens; {fix}")
-    if len({len(v) for v in columns.values()}) > 1:
-        raise InputError(f"{where}: its columns differ in length (a cut or edited record); {fix}")
+        raise InputError(f"{where}: 'example' must be an example index ({span}) of the run, not {shown(example)}; {fix}")
+    check_fields(record, ENVELOPE | record_type.payload, where, fix)
+    record_type.validate(record, where, fix)
     return record
 
 
-def read_records(folder: str | PathLike, kind: str = FAITHFULNESS) -> list[dict]:
+def read_records(folder: str | PathLike, record_type: RecordType) -> list[dict]:
     """Every complete record of a results folder (all processes' files), by example, checked (module docstring):
     each line (:func:`check_record`; example indices below the manifest's item count), and the folder as a whole
     (:func:`check_one_run`: one fingerprint, one text per example, the manifest's fingerprint). A trailing partial
@@ -297,7 +233,7 @@ def read_records(folder: str | PathLike, kind: str = FAITHFULNESS) -> list[dict]
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"no results folder at {folder}; give the folder a sweep wrote with --results")
-    manifest = read_manifest(folder, kind)
+    manifest = read_manifest(folder, record_type)
     examples = manifest_items(manifest)
     every: list[dict] = []
     for path in sorted(folder.glob(RECORD_GLOB)):
@@ -305,22 +241,12 @@ def read_records(folder: str | PathLike, kind: str = FAITHFULNESS) -> list[dict]
             lines = list(iter_jsonl(path, own=True))
         except InputError as err:
             raise InputError(f"{err}; remove the line or rerun into a fresh folder") from None
-        every += [check_record(record, kind, f"line {number} of {path}", examples) for number, record in lines]
-    check_one_run(every, manifest, folder, kind)
+        every += [check_record(record, record_type, f"line {number} of {path}", examples) for number, record in lines]
+    check_one_run(every, manifest, folder, record_type)
     seen: dict[int, dict] = {}
     for record in every:
         seen.setdefault(record["example"], record)
     return [seen[i] for i in sorted(seen)]
-
-
-def _settings_of(records: list[dict], kind: str) -> str:
-    """What a group of records says of its settings: a faithfulness record's rates and measures (from its runs)."""
-    if kind != FAITHFULNESS:
-        return ""
-    runs = [run for record in records for run in record["runs"]]
-    rates = sorted({run["rate"] for run in runs})
-    measures = sorted({run["measure"] for run in runs})
-    return f"; rates {', '.join(f'{r:g}' for r in rates)}; measures {', '.join(measures)}" if runs else ""
 
 
 def _examples(records: list[dict]) -> str:
@@ -328,7 +254,7 @@ def _examples(records: list[dict]) -> str:
     return ", ".join(map(str, found[:8])) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
 
 
-def check_one_run(records: list[dict], manifest: dict | None, folder: Path, kind: str) -> None:
+def check_one_run(records: list[dict], manifest: dict | None, folder: Path, record_type: RecordType) -> None:
     """InputError, naming what differs and what to do, unless ``records`` (every line of the folder) come from one
     run: one fingerprint (the settings), the manifest's when it names one, and one text per example."""
     fix = "keep one run's records files (move the others out) or rerun into a fresh --results folder"
@@ -336,51 +262,20 @@ def check_one_run(records: list[dict], manifest: dict | None, folder: Path, kind
     for record in records:
         groups.setdefault(record["fingerprint"], []).append(record)
     if len(groups) > 1:
-        parts = [f"examples {_examples(group)} (settings {key[:12]}{_settings_of(group, kind)})" for key, group in groups.items()]
+        parts = [f"examples {_examples(group)} (settings {key[:12]}{record_type.describe(group)})" for key, group in groups.items()]
         raise InputError(f"{folder} holds records of {len(groups)} runs with different settings: {'; '.join(parts)}; {fix}")
     stated = (manifest or {}).get("fingerprint")
     if groups and stated is not None and stated not in groups:
         (key,) = groups
         raise InputError(
             f"{folder / MANIFEST} names settings {stated[:12]} but the records were made with settings {key[:12]}"
-            f"{_settings_of(records, kind)}; restore the manifest of the run that wrote the records, or {fix}"
+            f"{record_type.describe(records)}; restore the manifest of the run that wrote the records, or {fix}"
         )
-    if kind == FAITHFULNESS:
-        scopes = {r["rank_scope"] for r in records}
-        if len(scopes) > 1:  # the query scope is left out of the fingerprint, so the fingerprint alone cannot tell
-            raise InputError(f"{folder} holds records of different rank scopes ({', '.join(sorted(scopes))}); {fix}")
-        check_runs(records, manifest, folder, fix)
-    if kind == ATLAS and len({(tuple(r["layer"]), tuple(r["head"])) for r in records}) > 1:
-        raise InputError(f"{folder} holds atlas records of different (layer, head) grids (another model's, or edited); {fix}")
+    record_type.validate_run(records, manifest, folder, fix)
     texts: dict[int, str] = {}
     for record in records:
         if texts.setdefault(record["example"], record["text_sha256"]) != record["text_sha256"]:
             raise InputError(f"{folder} holds two records of example {record['example']} made from different texts (other data); {fix}")
-
-
-def check_runs(records: list[dict], manifest: dict | None, folder: Path, fix: str) -> None:
-    """InputError unless every finished faithfulness record holds the same masked runs (measure, curve, rate), once
-    each, and those are the manifest's measures and rates when it names them."""
-    grids = {}
-    for record in records:
-        if record["skipped"]:
-            continue
-        runs = [(run["measure"], run["curve"], run["rate"]) for run in record["runs"]]
-        if len(set(runs)) != len(runs) or not runs:
-            raise InputError(f"{folder}: the record of example {record['example']} holds a masked run twice, or none; {fix}")
-        grids.setdefault(frozenset(runs), record["example"])
-    if len(grids) > 1:
-        first, second = list(grids.values())[:2]
-        raise InputError(f"{folder}: examples {first} and {second} hold different masked runs (measures, curves or rates); {fix}")
-    if grids and manifest is not None:
-        (grid,) = grids
-        measures, rates = {m for m, _, _ in grid}, {float(r) for _, _, r in grid}
-        if measures != set(manifest["measures"]) or rates != {float(r) for r in manifest["rates"]}:
-            raise InputError(
-                f"{folder / MANIFEST} names measures {', '.join(manifest['measures'])} at rates "
-                f"{', '.join(f'{r:g}' for r in manifest['rates'])}, but the records hold measures {', '.join(sorted(measures))} "
-                f"at rates {', '.join(f'{r:g}' for r in sorted(rates))}; restore the manifest of the run that wrote the records, or {fix}"
-            )
 
 
 def check_resumable(records: Iterable[dict], key: str, hashes: Sequence[str], folder: str | PathLike) -> set[int]:
@@ -411,63 +306,20 @@ def check_resumable(records: Iterable[dict], key: str, hashes: Sequence[str], fo
     return done
 
 
-def records_table(records: Iterable[dict]) -> pd.DataFrame:
-    """The per-example table (one row per example and masked run) of the records that were not skipped:
-    the columns of :data:`cwviz.analyses.faithfulness.EXAMPLE_COLUMNS`, plus ``correct_clean`` and
-    ``correct_masked`` for multiple-choice tasks."""
-    rows = []
-    for record in records:
-        for run in record["runs"]:
-            row = {
-                "example": record["example"],
-                "measure": run["measure"],
-                "curve": run["curve"],
-                "rate": run["rate"],
-                "tokens": record["tokens"],
-                "ppl_clean": record["ppl_clean"],
-                "ppl_masked": run["ppl_masked"],
-                "delta_ppl": run["delta_ppl"],
-            }
-            if record.get("correct_clean") is not None:
-                row["correct_clean"], row["correct_masked"] = record["correct_clean"], run["correct_masked"]
-            rows.append(row)
-    columns = ["example", "measure", "curve", "rate", "tokens", "ppl_clean", "ppl_masked", "delta_ppl"]
-    frame = pd.DataFrame(rows)
-    return frame if len(frame) else pd.DataFrame(columns=columns)
-
-
 def write_manifest(folder: str | PathLike, manifest: dict) -> None:
     write_text_atomic(Path(folder) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
 
 
-#: What :func:`read_manifest` checks of each kind's manifest (the rest is shown, never computed with).
-_COUNT: Field = (lambda v: _int(v) and v >= 1, "a positive integer")
-_NUMBERS: Field = (_list_of(_number), "a list of numbers")
-_NAMES: Field = (_list_of(lambda v: isinstance(v, str)), "a list of names")
+def manifest(record_type: RecordType, key: str, provenance: dict, **fields) -> dict:
+    """A run's ``manifest.json``: the record type's manifest schema, the run's fingerprint (``key``) and model
+    (:func:`cwviz.core.parallel.model_provenance`), then ``fields`` (the type's own: :data:`RecordType.manifest_fields`,
+    and how the run was made)."""
+    return {"schema": f"cwviz.{record_type.name}.manifest", "fingerprint": key, "model": provenance, **fields}
 
 
-def _data_count(key: str) -> Field:
-    """The manifest's ``data`` object, with its positive ``key`` count (the run's examples or prompts)."""
-    return (lambda v: isinstance(v, dict) and _COUNT[0](v.get(key)), f"an object with its '{key}' count")
-
-
-MANIFESTS: dict[str, dict[str, Field]] = {
-    FAITHFULNESS: {"fingerprint": TEXT, "seed": INT, "rates": _NUMBERS, "measures": _NAMES, "data": _data_count("examples")},
-    SINKS: {"fingerprint": TEXT, "factor": NUMBER},
-    ATLAS: {
-        "fingerprint": TEXT,
-        "bootstrap": _COUNT,
-        "confidence": (lambda v: _number(v) and 0 < v < 1, "a number between 0 and 1"),
-        "seed": INT,
-        "data": _data_count("prompts"),
-    },
-    CLAIMS: {"fingerprint": TEXT, "seed": INT, "rates": _NUMBERS, "scopes": _NAMES, "data": _data_count("examples")},
-}
-
-
-def read_manifest(folder: str | PathLike, kind: str = FAITHFULNESS) -> dict | None:
-    """The folder's ``manifest.json`` (None when there is none), checked: the ``kind`` manifest cwviz writes, with
-    the keys and types of :data:`MANIFESTS`; InputError naming the key and how to fix it otherwise."""
+def read_manifest(folder: str | PathLike, record_type: RecordType) -> dict | None:
+    """The folder's ``manifest.json`` (None when there is none), checked: the manifest cwviz writes for ``record_type``,
+    with the keys and types of its ``manifest_fields``; InputError naming the key and how to fix it otherwise."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
         return None
@@ -476,10 +328,10 @@ def read_manifest(folder: str | PathLike, kind: str = FAITHFULNESS) -> dict | No
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InputError(f"{path} is not valid JSON ({getattr(err, 'msg', err)}); {fix}") from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != f"cwviz.{kind}.manifest":
-        what = f"a JSON {type(manifest).__name__}" if not isinstance(manifest, dict) else f"schema {_shown(manifest.get('schema'))}"
-        raise InputError(f"{path} is not a cwviz {kind} manifest ({what}); {fix}")
-    check_fields(manifest, MANIFESTS.get(kind, {}), str(path), fix)
+    if not isinstance(manifest, dict) or manifest.get("schema") != f"cwviz.{record_type.name}.manifest":
+        what = f"a JSON {type(manifest).__name__}" if not isinstance(manifest, dict) else f"schema {shown(manifest.get('schema'))}"
+        raise InputError(f"{path} is not a cwviz {record_type.name} manifest ({what}); {fix}")
+    check_fields(manifest, record_type.manifest_fields, str(path), fix)
     if any(isinstance(v, float) and not math.isfinite(v) for v in manifest.values()):
         raise InputError(f"{path} holds a number that is not finite; {fix}")
     return manifest
@@ -489,7 +341,7 @@ def manifest_items(manifest: dict | None) -> int | None:
     """How many items (examples, prompts) the run that wrote ``manifest`` had, when it says."""
     data = (manifest or {}).get("data") or {}
     count = data.get("examples", data.get("prompts"))
-    return count if _int(count) and count >= 1 else None
+    return count if is_int(count) and count >= 1 else None
 
 
 @contextmanager

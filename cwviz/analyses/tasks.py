@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from os import PathLike
@@ -35,6 +35,8 @@ from ..core.inputs import check_length
 from ..core.logprobs import perplexity_of as sequence_perplexity
 from ..core.models import Bundle
 from ..core.texts import check_text
+from . import faithfulness
+from .codecs import FAITHFULNESS
 from .faithfulness import EXAMPLE_COLUMNS, Protocol, check_causal, masked_layers, masked_logprobs
 from .schema import TASKS
 
@@ -242,3 +244,21 @@ def iter_items(
         if table is None:
             log.warning("item %d does not fit in %d tokens; skipped", index, protocol.max_tokens)
         yield index, table
+
+
+def item_text(example: str | Item) -> str:
+    """What a faithfulness record hashes: the text, or a multiple-choice item as one string."""
+    return example if isinstance(example, str) else example.text
+
+
+def example_compute(bundle: Bundle, examples: Sequence, protocol: Protocol, task: str = "text", **options) -> Callable[[int], dict]:
+    """``compute(index)`` for :func:`cwviz.analyses.sweep.run`: example ``index`` of ``examples`` (texts, or a task's
+    items) through the one example loop (:func:`cwviz.analyses.faithfulness.iter_examples`, :func:`iter_items`;
+    ``options``: their ``guard`` and ``progress``), as a faithfulness record's payload."""
+    loop = faithfulness.iter_examples if task == "text" else iter_items
+
+    def compute(index: int) -> dict:
+        ((_, table),) = loop(bundle, [examples[index]], protocol, start=index, **options)
+        return FAITHFULNESS.encode(task, table, protocol.rank_scope)
+
+    return compute

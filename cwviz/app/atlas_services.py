@@ -1,18 +1,18 @@
-"""Streamlit caching for the Atlas page: an atlas run (:func:`cwviz.analyses.atlas.iter_prompt_stats` over the
-prompts of a file, one forward pass each, a progress bar with the layer steps done) and a saved one reloaded."""
+"""Streamlit caching for the Atlas page: an atlas run (:func:`cwviz.analyses.atlas.run` of the prompts of a file,
+one forward pass each through the one runner, a progress bar with the layer steps done) and a saved one reloaded."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from urllib.parse import urlencode
 
-import pandas as pd
 import streamlit as st
 
 from ..analyses import atlas
+from ..analyses.codecs import ATLAS
 from ..core.errors import InputError
 from ..core.texts import gsm8k_path
-from . import hosting, services
+from . import hosting, run_services, services
 
 #: Most prompts the page pools (each costs a forward pass); the CLI has no limit.
 MAX_PROMPTS = 64
@@ -36,9 +36,9 @@ def run_atlas(model: str, device: str, dtype: str, source: str, path: str, n: in
         hosting.policy_from_env().check_server_file(out)
     bundle = services.get_bundle(model, device, dtype)
     texts = services.pooled_prompts(bundle, file, n, MAX_PROMPTS)
+    kept = run_services.store(ATLAS.name, f"{model}|{device}|{dtype}", texts)  # a stopped run's prompts: Run resumes
     with services.progress_bar(f"Atlas of {len(texts)} prompts", "layer steps") as progress:
-        frames = list(atlas.iter_prompt_stats(bundle, texts, progress=progress))
-    result = atlas.build(pd.concat(frames, ignore_index=True), texts, bundle.info.id)
+        result = atlas.run(bundle, texts, progress=progress, store=kept)
     if out.strip():
         atlas.save(result, out.strip())
     return result

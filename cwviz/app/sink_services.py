@@ -13,10 +13,12 @@ from dataclasses import dataclass, replace
 import pandas as pd
 import streamlit as st
 
-from ..analyses import sinks, tour
+from ..analyses import sinks, sweep, tour
+from ..analyses.codecs import SINKS
 from ..core.analysis import analyze
 from ..core.checkpoints import EMBEDDED_ENCODER
 from ..core.errors import CwvizError
+from ..core.parallel import model_provenance
 from ..core.progress import phase
 from . import hosting, services
 
@@ -56,14 +58,7 @@ def sink_tables(request: services.Request, sink: str, pool_path: str = "", pool_
     with services.progress_bar("Splitting every head output at the sink") as progress:
         frames = [sinks.sink_table(analysis, position, progress=progress)]
     if pool_path.strip() and pool_n > 0:
-        hosting.policy_from_env().check_server_file(pool_path)
-        bundle = services.get_bundle(request.model, request.device, request.dtype)
-        texts = services.pooled_prompts(bundle, pool_path, pool_n, MAX_POOLED)
-        for number, text in enumerate(texts, start=1):
-            steps = 2 * bundle.info.layers  # the forward pass, then the table
-            with services.progress_bar(f"Pooled prompt {number} of {len(texts)}", "layer steps") as progress:
-                pooled = analyze(bundle, text, progress=phase(progress, 0, steps))
-                frames.append(sinks.sink_table(pooled, sink, progress=phase(progress, steps // 2, steps)))
+        frames += pooled_tables(request, sink, pool_path, pool_n)
     table = sinks.pool_tables(frames)
     return SinkTables(
         sink=position,
@@ -73,6 +68,23 @@ def sink_tables(request: services.Request, sink: str, pool_path: str = "", pool_
         layers=sinks.sink_layer_summary(table),
         heads=sinks.sink_head_summary(table),
     )
+
+
+def pooled_tables(request: services.Request, sink: str, path: str, n: int) -> list[pd.DataFrame]:
+    """The sink tables of the first ``n`` prompts of the JSONL file ``path``, through the one runner (in memory)."""
+    hosting.policy_from_env().check_server_file(path)
+    bundle = services.get_bundle(request.model, request.device, request.dtype)
+    texts = services.pooled_prompts(bundle, path, n, MAX_POOLED)
+    plan = sweep.Sweep(SINKS, SINKS.settings(sink, sinks.DEFAULT_FACTOR, False, model_provenance(bundle)), texts)
+    steps = 2 * bundle.info.layers  # the forward pass, then the table
+
+    def compute(index: int) -> dict:
+        with services.progress_bar(f"Pooled prompt {index + 1} of {len(texts)}", "layer steps") as progress:
+            pooled = analyze(bundle, texts[index], progress=phase(progress, 0, steps))
+            position = sinks.resolve_sink(pooled, sink)
+            return SINKS.encode(sinks.sink_table(pooled, position, progress=phase(progress, steps // 2, steps)), position, pooled.tokens)
+
+    return [SINKS.decode(record) for record in sweep.run(plan, compute).records]
 
 
 @st.cache_data(max_entries=32, show_spinner=False)

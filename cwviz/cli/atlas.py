@@ -8,8 +8,8 @@ import sys
 
 import pandas as pd
 
-from ..analyses import atlas, sweep
-from ..analyses import records as R
+from ..analyses import atlas, records, sweep
+from ..analyses.codecs import ATLAS
 from ..analyses.schema import ATLAS_CONFIDENCE, ATLAS_METRICS, DEFAULT_SINK
 from ..core.errors import InputError
 from ..core.parallel import model_provenance
@@ -17,11 +17,10 @@ from ..core.progress import cli_bar
 from ..core.texts import read_texts
 from .common import (
     check_resume,
-    how_run,
     jsonl_path,
-    launched_command,
     load,
     report_interrupt,
+    run_manifest,
     sweep_processes,
 )
 
@@ -42,56 +41,36 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {args.out}")
         return 0
     check_resume(args)
-    path = jsonl_path(args)
-    texts = read_texts(path, n=args.n, field=args.field)  # before any model loads: a bad file fails fast
+    texts = read_texts(jsonl_path(args), n=args.n, field=args.field)  # before any model loads: a bad file fails fast
     if args.results is not None:
         sweep.check_folder(args.results)
     procs = sweep_processes(args)
-    if args.results is not None:
-        with sweep.owned(args.results, procs):  # before the model loads: a busy folder is refused at once
-            return run_sweep(args, texts, procs)
-    bundle = load(args)
-    atlas.check_bootstrap(args.bootstrap, len(texts), bundle.info.layers * bundle.info.heads, "--bootstrap")  # before any forward pass
-    frames = []
-    try:
-        with cli_bar("atlas", unit="layer step", enabled=sys.stderr.isatty()) as progress:
-            for frame in atlas.iter_prompt_stats(bundle, texts, progress=progress):
-                frames.append(frame)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cwviz.cli.main): keep, print and write the finished prompts
-        if not frames:
-            return report_interrupt(0, len(texts), "prompt")
-        _finish(atlas, frames, texts, bundle.info.id, args)
-        return report_interrupt(len(frames), len(texts), "prompt", args.out)
-    _finish(atlas, frames, texts, bundle.info.id, args)
-    return 0
+    if args.results is None:
+        return run_sweep(args, texts, procs)  # in memory
+    with sweep.owned(args.results, procs):  # before the model loads: a busy folder is refused at once
+        return run_sweep(args, texts, procs)
 
 
 def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
-    """``--results DIR``: the prompts through the sweep runner (:func:`cwviz.analyses.sweep.run`), each prompt's
-    statistics recorded as it finishes; the main process pools every record and saves the atlas into DIR too."""
+    """The prompts through the sweep runner (:func:`cwviz.analyses.sweep.run`), each prompt's statistics recorded as
+    it finishes (with ``--results DIR``, into DIR); the main process pools every record, prints the top heads and
+    saves the atlas into ``--out`` and DIR (which ``--load`` and the Atlas page read)."""
     bundle = load(args)
     atlas.check_bootstrap(args.bootstrap, len(texts), bundle.info.layers * bundle.info.heads, "--bootstrap")  # before any forward pass
     provenance = model_provenance(bundle)
-    settings = {"sink": DEFAULT_SINK, "model": sweep.model_settings(provenance)}  # the bootstrap pools; it decides no record
-    data = {"jsonl": str(jsonl_path(args)), "n": args.n, "field": args.field}
-    made = {
-        "schema": "cwviz.atlas.manifest",
-        "fingerprint": R.fingerprint(settings),
-        "model": provenance,
-        "sink": DEFAULT_SINK,
-        "bootstrap": args.bootstrap,
-        "confidence": args.confidence,
-        "seed": args.seed,
-        "data": {k: v for k, v in data.items() if v is not None} | {"prompts": len(texts)},
-        "processes": procs.count,
-        **launched_command(how_run(args), procs.count),
-    }
-    plan = sweep.Sweep(sweep.ATLAS, args.results, settings, texts, made)
+    settings = ATLAS.settings(DEFAULT_SINK, provenance)
+    plan = sweep.Sweep(
+        ATLAS,
+        settings,
+        texts,
+        args.results,
+        None if args.results is None else manifest(args, provenance, settings, len(texts), procs.count),
+    )
 
     def compute(index: int) -> dict:
         with cli_bar(f"prompt {index + 1} of {len(texts)}", unit="layer step", enabled=procs.is_main and sys.stderr.isatty()) as progress:
             (frame,) = atlas.iter_prompt_stats(bundle, [texts[index]], progress=progress, start=index)
-        return sweep.atlas_payload(frame)
+        return ATLAS.encode(frame)
 
     outcome = sweep.run(plan, compute, procs, resume=args.resume)
     if not outcome.is_main:
@@ -99,21 +78,24 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     if not outcome.records:
         return report_interrupt(0, len(texts), "prompt")
     finished = [texts[r["example"]] for r in outcome.records]
-    per_prompt = sweep.atlas_per_prompt(outcome.records)
+    per_prompt = ATLAS.decode(outcome.records)
     result = atlas.build(per_prompt, finished, bundle.info.id, args.bootstrap, args.confidence, args.seed)
-    atlas.save(result, args.results)  # the results folder is a saved atlas too: --load and the Atlas page read it
+    if args.results is not None:
+        atlas.save(result, args.results)  # the results folder is a saved atlas too: --load and the Atlas page read it
     _report(result, per_prompt, args)
-    print(f"wrote {args.results}")
+    if args.results is not None:
+        print(f"wrote {args.results}")
     if outcome.interrupted:
-        return report_interrupt(len(finished), len(texts), "prompt", args.results)
+        return report_interrupt(len(finished), len(texts), "prompt", args.results or args.out)
     return 0
 
 
-def _finish(atlas, frames: list[pd.DataFrame], texts: list[str], model: str, args: argparse.Namespace):
-    per_prompt = pd.concat(frames, ignore_index=True)
-    result = atlas.build(per_prompt, texts[: len(frames)], model, args.bootstrap, args.confidence, args.seed)
-    _report(result, per_prompt, args)
-    return result
+def manifest(args: argparse.Namespace, provenance: dict, settings: dict, prompts: int, count: int) -> dict:
+    """How the atlas was made (``DIR/manifest.json``)."""
+    data = {"jsonl": str(jsonl_path(args)), "n": args.n, "field": args.field}
+    data = {k: v for k, v in data.items() if v is not None} | {"prompts": prompts}
+    fields = {"sink": DEFAULT_SINK, "bootstrap": args.bootstrap, "confidence": args.confidence, "seed": args.seed, "data": data}
+    return run_manifest(args, ATLAS, records.fingerprint(settings), provenance, count, **fields)
 
 
 def _report(result, per_prompt: pd.DataFrame, args: argparse.Namespace) -> None:

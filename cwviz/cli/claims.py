@@ -9,40 +9,29 @@ process then recomputes the claims table from every record (:func:`cwviz.analyse
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 
-from ..analyses import claims as C
-from ..analyses import faithfulness as F
-from ..analyses import records as R
-from ..analyses import sweep
-from ..analyses.sweep import model_settings
+from ..analyses import claims, faithfulness, records, sweep
+from ..analyses.codecs import CLAIMS
 from ..core.errors import InputError
 from ..core.parallel import model_provenance
 from ..core.progress import cli_bar
 from ..core.texts import read_texts, write_text_atomic
 from .common import (
-    how_run,
     jsonl_path,
-    launched_command,
     load,
     report_interrupt,
+    run_manifest,
     sweep_processes,
 )
 from .parsers import parse_rates, parse_scopes
 
 
-def protocol_of(args: argparse.Namespace):
+def protocol_of(args: argparse.Namespace) -> faithfulness.Protocol:
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, not {args.batch_size}")
-    return F.Protocol(
-        rates=parse_rates(args.rates), measures=C.ORDER, seed=args.seed, batch_size=args.batch_size, max_tokens=args.max_tokens
+    return faithfulness.Protocol(
+        rates=parse_rates(args.rates), measures=claims.ORDER, seed=args.seed, batch_size=args.batch_size, max_tokens=args.max_tokens
     )
-
-
-def settings_of(protocol, scopes: tuple[str, ...], sink, provenance: dict) -> dict:
-    """What decides a claims record's numbers: the protocol (not its batch size or scope), the scopes, the sink, the model."""
-    kept = {k: v for k, v in asdict(protocol).items() if k not in ("batch_size", "rank_scope")}
-    return {"protocol": kept, "scopes": list(scopes), "sink": str(sink), "model": model_settings(provenance)}
 
 
 def read_items(args: argparse.Namespace) -> list[str]:
@@ -56,45 +45,43 @@ def run(args: argparse.Namespace) -> int:
     texts = read_items(args)
     sweep.check_folder(args.results)
     procs = sweep_processes(args)
-    with sweep.owned(args.results / C.RECORDS_FOLDER, procs):  # before the model loads: a busy folder is refused at once
+    with sweep.owned(args.results / claims.RECORDS_FOLDER, procs):  # before the model loads: a busy folder is refused at once
         return run_sweep(args, protocol, scopes, sink, texts, procs)
 
 
 def run_sweep(args: argparse.Namespace, protocol, scopes: tuple[str, ...], sink, texts: list[str], procs) -> int:
     """The items through the sweep runner into ``DIR/claims/``; the main process judges the claims from every record."""
     bundle = load(args)
-    F.check_causal(bundle)
+    faithfulness.check_causal(bundle)
     provenance = model_provenance(bundle)
-    settings = settings_of(protocol, scopes, sink, provenance)
-    key = R.fingerprint(settings)
-    data = {"jsonl": str(jsonl_path(args)), "examples": len(texts)}
-    made = {"schema": "cwviz.claims.manifest", "fingerprint": key, "model": provenance, "seed": protocol.seed}
-    made |= {"rates": list(protocol.rates), "measures": list(protocol.measures), "scopes": list(scopes), "sink": str(sink)}
-    made |= {"protocol": {"max_tokens": protocol.max_tokens, "rank_scopes": ", ".join(scopes)}, "data": data, "processes": procs.count}
-    made |= launched_command(how_run(args), procs.count)
-    plan = sweep.Sweep(C.CLAIMS, args.results / C.RECORDS_FOLDER, settings, texts, made)
+    settings = CLAIMS.settings(protocol, scopes, sink, provenance)
+    fields = {"seed": protocol.seed, "rates": list(protocol.rates), "measures": list(protocol.measures), "scopes": list(scopes)}
+    fields |= {"sink": str(sink), "protocol": {"max_tokens": protocol.max_tokens, "rank_scopes": ", ".join(scopes)}}
+    fields |= {"data": {"jsonl": str(jsonl_path(args)), "examples": len(texts)}}
+    made = run_manifest(args, CLAIMS, records.fingerprint(settings), provenance, procs.count, **fields)
+    plan = sweep.Sweep(CLAIMS, settings, texts, args.results / claims.RECORDS_FOLDER, made)
 
     def compute(index: int) -> dict:
-        return C.item_payload(bundle, texts[index], protocol, scopes, sink, example=index)
+        return claims.item_payload(bundle, texts[index], protocol, scopes, sink, example=index)
 
     with cli_bar(f"claims [{procs.index}]", unit="item", enabled=procs.is_main) as progress:
         outcome = sweep.run(plan, compute, procs, resume=args.resume, progress=progress)
     if not outcome.is_main:
         return 130 if outcome.interrupted else 0
-    records = outcome.records
-    finished = sum(1 for r in records if not r["skipped"])
+    made_records = outcome.records
+    finished = sum(1 for r in made_records if not r["skipped"])
     if not finished:
         if outcome.interrupted:
             return report_interrupt(0, len(texts), "item")
         raise InputError("no item had three or more tokens; nothing to judge")
-    table = C.claims_table(records, seed=protocol.seed)
-    path = args.results / C.CSV_NAME
+    table = claims.claims_table(made_records, seed=protocol.seed)
+    path = args.results / claims.CSV_NAME
     write_text_atomic(path, table.to_csv(index=False, float_format="%.6g"))
     print(f"model: {bundle.info.id}; {finished} item(s), at most {protocol.max_tokens} tokens each; rank scopes: {', '.join(scopes)}")
     print(format_table(table))
-    print(f"wrote {path} ({len(records)} record(s); add it to a report: cwviz report --results {args.results})")
+    print(f"wrote {path} ({len(made_records)} record(s); add it to a report: cwviz report --results {args.results})")
     if outcome.interrupted:
-        return report_interrupt(len(records), len(texts), "item", args.results)
+        return report_interrupt(len(made_records), len(texts), "item", args.results)
     return 0
 
 

@@ -9,6 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..analyses import records
 from ..core.errors import InputError
 from ..core.models import load_model
 from ..core.parallel import processes, versions
@@ -96,6 +97,12 @@ def launched_command(made: dict, count: int) -> dict:
     if count > 1:
         made = made | {"command": f"accelerate launch --multi_gpu --num_processes {count} -m {made['command']}"}
     return made
+
+
+def run_manifest(args: argparse.Namespace, record_type: records.RecordType, key: str, provenance: dict, count: int, **fields) -> dict:
+    """A results folder's ``manifest.json`` (:func:`cwviz.analyses.records.manifest`): the record type's ``fields``,
+    the processes that ran and how the run was made (:func:`how_run`, with the launcher when ``count`` > 1)."""
+    return records.manifest(record_type, key, provenance, **fields, processes=count, **launched_command(how_run(args), count))
 
 
 def how_run(args: argparse.Namespace) -> dict:

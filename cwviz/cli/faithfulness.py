@@ -7,14 +7,12 @@ an interrupted run leaves a complete CSV of the examples it finished (its ``n`` 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pandas as pd
-from tqdm import tqdm
 
-from ..analyses import faithfulness, sweep, tasks
-from ..analyses import records as R
+from ..analyses import faithfulness, records, sweep, tasks
+from ..analyses.codecs import FAITHFULNESS
 from ..analyses.faithfulness import PAPER_ORDER, curve_areas, dataset_texts, order_check
 from ..analyses.faithfulness import read_examples as read_file
 from ..analyses.schema import area_span
@@ -25,12 +23,11 @@ from ..core.texts import read_texts, write_text_atomic
 from .common import (
     check_output_file,
     check_resume,
-    how_run,
     jsonl_path,
-    launched_command,
     load,
     read_text,
     report_interrupt,
+    run_manifest,
     sweep_processes,
 )
 from .parsers import parse_layer, parse_measures, parse_rates
@@ -70,6 +67,7 @@ def write_csv(summary: pd.DataFrame, path: Path) -> None:
 
 def format_table(summary: pd.DataFrame) -> str:
     """Mean ΔPPL per measure and rate, one block per curve, with the area under each curve."""
+
     areas = curve_areas(summary).set_index(["curve", "measure"])["area"]
     n = int(summary["n"].max()) if len(summary) else 0
     rates = sorted(summary["rate"].unique())
@@ -105,14 +103,9 @@ def format_accuracy(summary: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def examples_loop(task: str):
-    """The example loop of ``task``: :func:`cwviz.analyses.faithfulness.iter_examples` for text,
-    :func:`cwviz.analyses.tasks.iter_items` for a multiple-choice task."""
-    return faithfulness.iter_examples if task == "text" else tasks.iter_items
-
-
 def format_order(summary: pd.DataFrame) -> str:
     """Whether the paper's order holds, by area and at each rate (pairs that fail or tie are named)."""
+
     by_area, by_rate = order_check(curve_areas(summary)), order_check(summary, value="delta_ppl")
     if by_area.empty:
         return ""
@@ -129,7 +122,7 @@ def format_order(summary: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def protocol_of(args: argparse.Namespace):
+def protocol_of(args: argparse.Namespace) -> faithfulness.Protocol:
     return faithfulness.Protocol(
         rates=parse_rates(args.rates),
         measures=parse_measures(args.measures),
@@ -149,11 +142,11 @@ def run(args: argparse.Namespace) -> int:
     texts = read_examples(args)
     check_output_file(args.out, "--out", "summary.csv")
     procs = sweep_processes(args)
-    if args.results is not None:
-        sweep.check_folder(args.results)
-        with sweep.owned(args.results, procs):  # before the model loads: a busy folder is refused at once
-            return run_sweep(args, protocol, texts, procs)
-    return run_single(args, protocol, texts)
+    if args.results is None:
+        return run_sweep(args, protocol, texts, procs)  # in memory
+    sweep.check_folder(args.results)
+    with sweep.owned(args.results, procs):  # before the model loads: a busy folder is refused at once
+        return run_sweep(args, protocol, texts, procs)
 
 
 def print_summary(bundle_id: str, examples: int, protocol, summary: pd.DataFrame) -> None:
@@ -169,88 +162,70 @@ def print_summary(bundle_id: str, examples: int, protocol, summary: pd.DataFrame
     print(format_order(summary))
 
 
-def run_single(args: argparse.Namespace, protocol, texts: list[str]) -> int:
+def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: list, procs) -> int:
+    """The examples through the sweep runner (:func:`cwviz.analyses.sweep.run`): in memory, the summary rewritten to
+    ``--out`` after every example; with ``--results DIR`` each process runs its share of the unfinished examples into
+    DIR and the main process then recomputes the summary from every record."""
+    folder: Path | None = args.results
     bundle = load(args)
     faithfulness.check_causal(bundle)  # before the progress bar: an encoder gets one error line
-    tables: list[pd.DataFrame] = []
-    summary = pd.DataFrame(columns=faithfulness.SUMMARY_COLUMNS)
-    interrupted = False
-    try:
-        with tqdm(total=len(texts), desc="faithfulness", unit="example", file=sys.stderr) as bar:
-            for _, table in examples_loop(args.task)(bundle, texts, protocol):
-                bar.update(1)
-                if table is None:
-                    continue
-                tables.append(table)
-                summary = faithfulness.summarize(pd.concat(tables, ignore_index=True), seed=args.seed)
-                if args.out is not None:
-                    write_csv(summary, args.out)  # after every example: an interrupted run keeps them all
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cwviz.cli.main): keep what is finished
-        interrupted = True
-    if not tables:
-        if interrupted:
-            return report_interrupt(0, len(texts), "example")
-        raise InputError("no example had two or more tokens; nothing to measure")
-    print_summary(bundle.info.id, len(tables), protocol, summary)
-    if args.out is not None:
-        print(f"wrote {args.out}")
-    if interrupted:
-        return report_interrupt(len(tables), len(texts), "example", args.out)
-    return 0
-
-
-def run_sweep(args: argparse.Namespace, protocol, texts: list, procs) -> int:
-    """The resumable, data-parallel sweep (:func:`cwviz.analyses.sweep.run`): each process runs its share of the
-    unfinished examples; the main process then recomputes the summary from every record."""
-    folder: Path = args.results
-    bundle = load(args)
-    faithfulness.check_causal(bundle)
     provenance = model_provenance(bundle)
-    settings = sweep.faithfulness_settings(protocol, provenance, args.task)
-    made = manifest(args, protocol, provenance, args.task, len(texts), procs.count, R.fingerprint(settings))
-    plan = sweep.Sweep(sweep.FAITHFULNESS, folder, settings, [sweep.item_text(t) for t in texts], made)
-    compute = sweep.faithfulness_item(bundle, texts, protocol, args.task)
-    with cli_bar(f"faithfulness [{procs.index}]", unit="example", enabled=procs.is_main) as progress:
-        outcome = sweep.run(plan, compute, procs, resume=args.resume, progress=progress)
+    settings = FAITHFULNESS.settings(protocol, provenance, args.task)
+    made = manifest(args, protocol, provenance, len(texts), procs.count, records.fingerprint(settings)) if folder is not None else None
+    plan = sweep.Sweep(FAITHFULNESS, settings, [tasks.item_text(t) for t in texts], folder, made)
+    store: dict[int, dict] = {}
+    with cli_bar(f"faithfulness [{procs.index}]", unit="example", enabled=procs.is_main) as bar:
+
+        def progress(done: int, total: int) -> None:
+            if bar is not None:
+                bar(done, total)
+            if folder is None and args.out is not None and any(not r["skipped"] for r in store.values()):
+                write_csv(FAITHFULNESS.summary(list(store.values()), seed=args.seed), args.out)  # an interrupted run keeps them all
+
+        outcome = sweep.run(plan, tasks.example_compute(bundle, texts, protocol, args.task), procs, args.resume, progress, store=store)
     if not outcome.is_main:
         return 130 if outcome.interrupted else 0
-    records = outcome.records
-    finished = sum(1 for r in records if not r["skipped"])
-    summary = sweep.faithfulness_summary(records, seed=args.seed)
-    write_csv(summary, folder / R.SUMMARY)
-    if args.out is not None:
-        write_csv(summary, args.out)
-    if outcome.interrupted:
-        return report_interrupt(len(records), len(texts), "example", folder)
+    made_records = outcome.records
+    finished = sum(1 for r in made_records if not r["skipped"])
+    summary = FAITHFULNESS.summary(made_records, seed=args.seed)
+    if folder is not None:
+        write_csv(summary, folder / records.SUMMARY)
+        if args.out is not None:
+            write_csv(summary, args.out)
+        if outcome.interrupted:
+            return report_interrupt(len(made_records), len(texts), "example", folder)
     if not finished:
+        if outcome.interrupted:
+            return report_interrupt(0, len(texts), "example")
         raise InputError("no example had two or more tokens; nothing to measure")
     print_summary(bundle.info.id, finished, protocol, summary)
-    print(f"wrote {folder / R.SUMMARY} ({len(records)} record(s) from {len(list(folder.glob(R.RECORD_GLOB)))} file(s))")
+    if folder is not None:
+        print(
+            f"wrote {folder / records.SUMMARY} ({len(made_records)} record(s) from {len(list(folder.glob(records.RECORD_GLOB)))} file(s))"
+        )
+    elif args.out is not None:
+        print(f"wrote {args.out}")
+    if outcome.interrupted:
+        return report_interrupt(finished, len(texts), "example", args.out)
     return 0
 
 
-def manifest(args: argparse.Namespace, protocol, provenance: dict, task: str, examples: int, count: int, key: str) -> dict:
+def manifest(args: argparse.Namespace, protocol: faithfulness.Protocol, provenance: dict, examples: int, count: int, key: str) -> dict:
     """How this run was made and how to rerun it (``manifest.json``; the report shows it)."""
-    made = launched_command(how_run(args), count)
     split = split_of(args) if args.dataset else None
     data = {"jsonl": str(jsonl_path(args)) if jsonl_path(args) else None, "file": args.file, "dataset": args.dataset, "split": split}
-    return {
-        "schema": "cwviz.faithfulness.manifest",
-        "fingerprint": key,
-        "model": provenance,
-        "seed": protocol.seed,
-        "rates": list(protocol.rates),
-        "measures": list(protocol.measures),
-        "protocol": {
-            "layer": protocol.layer,
-            "per_head": protocol.per_head,
-            "rank_by": protocol.rank_by,
-            "rank_scope": protocol.rank_scope,
-            "max_tokens": protocol.max_tokens,
-        },
-        "batch_size": protocol.batch_size or "auto",
-        "task": task,
-        "data": {k: v for k, v in data.items() if v} | {"examples": examples},
-        "processes": count,
-        **made,
-    }
+    protocol_fields = {k: getattr(protocol, k) for k in ("layer", "per_head", "rank_by", "rank_scope", "max_tokens")}
+    return run_manifest(
+        args,
+        FAITHFULNESS,
+        key,
+        provenance,
+        count,
+        seed=protocol.seed,
+        rates=list(protocol.rates),
+        measures=list(protocol.measures),
+        protocol=protocol_fields,
+        batch_size=protocol.batch_size or "auto",
+        task=args.task,
+        data={k: v for k, v in data.items() if v} | {"examples": examples},
+    )

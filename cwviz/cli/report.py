@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analyses import claims as C
-from ..analyses import faithfulness as F
-from ..analyses import records as R
+from ..analyses import claims, faithfulness, records
+from ..analyses.codecs import CLAIMS, FAITHFULNESS, SINKS
 from ..charts import report
 from ..core.errors import InputError
 from ..core.texts import write_text_atomic
@@ -26,20 +25,22 @@ from .sinks import RESULTS_FOLDER
 
 def faithfulness_sections(folder: Path) -> list:
     """The run's manifest, the faithfulness curves and, for a multiple-choice task, accuracy; [] without records."""
-    if not any(folder.glob(R.RECORD_GLOB)):
+    if not any(folder.glob(records.RECORD_GLOB)):
         return []
-    records = R.read_records(folder)  # checked: one run's records, in range, whole (and the manifest)
-    table = R.records_table(records)
-    manifest = R.read_manifest(folder) or {}
-    total = R.manifest_items(manifest)
-    if total is not None and len(records) < total:  # an unfinished run: the report says so (and how to finish it)
-        print(f"note: {folder} holds {len(records)} of the run's {total} examples; add --resume to the run's command to finish it")
+    made = records.read_records(folder, FAITHFULNESS)  # checked: one run's records, in range, whole (and the manifest)
+    table = FAITHFULNESS.decode(made)
+    manifest = records.read_manifest(folder, FAITHFULNESS) or {}
+    total = records.manifest_items(manifest)
+    if total is not None and len(made) < total:  # an unfinished run: the report says so (and how to finish it)
+        print(f"note: {folder} holds {len(made)} of the run's {total} examples; add --resume to the run's command to finish it")
     if not len(table):
         raise InputError(f"the records in {folder} hold no finished example; run the sweep (with --resume) first")
-    summary = F.summarize(table, seed=manifest.get("seed", 0))
-    areas = F.curve_areas(summary)
+    summary = faithfulness.summarize(table, seed=manifest.get("seed", 0))
+    areas = faithfulness.curve_areas(summary)
     sections = [report.manifest_section(manifest)] if manifest else []
-    sections.append(report.faithfulness_section(summary, areas, F.order_check(areas), F.order_check(summary, value="delta_ppl")))
+    sections.append(
+        report.faithfulness_section(summary, areas, faithfulness.order_check(areas), faithfulness.order_check(summary, value="delta_ppl"))
+    )
     if "delta_accuracy" in summary:
         sections.append(report.accuracy_section(summary))
     return sections
@@ -51,9 +52,9 @@ def sinks_section(folder: Path):
     if not (where / "layers.csv").is_file():
         return None
     # The tables come from these records: a folder whose records mix runs or are damaged is refused.
-    records = R.read_records(where, R.SINKS) if any(where.glob(R.RECORD_GLOB)) else []
-    manifest = R.read_manifest(where, R.SINKS) or {}
-    changed = R.changed_files(where, manifest["files"]) if "files" in manifest else []
+    made = records.read_records(where, SINKS) if any(where.glob(records.RECORD_GLOB)) else []
+    manifest = records.read_manifest(where, SINKS) or {}
+    changed = records.changed_files(where, manifest["files"]) if "files" in manifest else []
     if changed:
         raise InputError(
             f"{', '.join(changed)} in {where} is not what cwviz sinks wrote (edited, cut, or from another run); "
@@ -61,15 +62,15 @@ def sinks_section(folder: Path):
         )
     layers = sinks_table(where / "layers.csv", LAYER_COLUMNS, folder)
     heads = sinks_table(where / "heads.csv", HEAD_COLUMNS, folder) if (where / "heads.csv").is_file() else None
-    made = sorted(set(records[0]["table"]["layer"])) if records else sorted(set(layers["layer"]))
-    count = max(records[0]["table"]["head"]) + 1 if records else None
+    made_layers = sorted(set(made[0]["table"]["layer"])) if made else sorted(set(layers["layer"]))
+    count = max(made[0]["table"]["head"]) + 1 if made else None
     for path, table in ((where / "layers.csv", layers), (where / "heads.csv", heads)):
-        layers_ok = table is None or sorted(set(table["layer"])) == made
+        layers_ok = table is None or sorted(set(table["layer"])) == made_layers
         per_layer = [] if table is None or "head" not in table else table.groupby("layer").size().tolist()
         heads_ok = not per_layer or len(set(per_layer)) == 1 and (count is None or per_layer[0] == count)
-        if not layers_ok or not heads_ok or len(layers) != len(made) or made != list(range(len(made))):
+        if not layers_ok or not heads_ok or len(layers) != len(made_layers) or made_layers != list(range(len(made_layers))):
             raise InputError(
-                f"{path} does not hold the {len(made)} layers of the records beside it (or not every head of each: cut, or from another run); rerun cwviz sinks --results {folder} --resume"
+                f"{path} does not hold the {len(made_layers)} layers of the records beside it (or not every head of each: cut, or from another run); rerun cwviz sinks --results {folder} --resume"
             )
     return report.sinks_section(manifest, layers, heads)
 
@@ -110,15 +111,14 @@ def sinks_table(path: Path, columns: tuple[str, ...], folder: Path) -> pd.DataFr
 
 def claims_section(folder: Path):
     """The claims of ``DIR/claims`` (``cwviz claims --results DIR``), recomputed from its records, or None."""
-    where = folder / C.RECORDS_FOLDER
-    if not where.is_dir() or not any(where.glob(R.RECORD_GLOB)):
+    where = folder / claims.RECORDS_FOLDER
+    if not where.is_dir() or not any(where.glob(records.RECORD_GLOB)):
         return None
-    manifest = R.read_manifest(where, C.CLAIMS) or {}
-    records = R.read_records(where, C.CLAIMS)
-    table = C.claims_table(records, seed=int(manifest.get("seed", 0)))
+    manifest = records.read_manifest(where, CLAIMS) or {}
+    table = claims.claims_table(records.read_records(where, CLAIMS), seed=int(manifest.get("seed", 0)))
     if not len(table):
         raise InputError(f"the records in {where} hold no finished item; run cwviz claims (with --resume) first")
-    return report.claims_section(manifest, C.overview(table), table)
+    return report.claims_section(manifest, claims.overview(table), table)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..analyses import records as R
-from ..analyses import sinks, sweep
-from ..analyses.sinks import check_factor
+from ..analyses import records, sinks, sweep
+from ..analyses.codecs import SINKS
 from ..core.analysis import analyze
 from ..core.errors import CwvizError, InputError
 from ..core.parallel import model_provenance
@@ -23,12 +22,11 @@ from ..core.texts import read_texts, write_text_atomic
 from .common import (
     check_output_file,
     check_resume,
-    how_run,
     jsonl_path,
-    launched_command,
     load,
     read_text,
     report_interrupt,
+    run_manifest,
     sweep_processes,
 )
 
@@ -48,7 +46,7 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        check_factor(args.factor)
+        sinks.check_factor(args.factor)
     except InputError as err:
         raise InputError(f"--factor: {err}") from None
     check_resume(args)
@@ -57,19 +55,10 @@ def run(args: argparse.Namespace) -> int:
         sweep.check_folder(args.results)
     check_output_file(args.csv, "--csv", "sinks.csv")
     procs = sweep_processes(args)
-    if args.results is not None:
-        with sweep.owned(args.results / RESULTS_FOLDER, procs):  # before the model loads: a busy folder is refused at once
-            return run_sweep(args, texts, procs)
-    bundle = load(args)
-    prompts: list[Prompt] = []
-    try:
-        for index, text in enumerate(texts):
-            prompts.append(measure(args, bundle, text, index, len(texts)))  # a prompt counts once all its results are in
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cwviz.cli.main): report the finished prompts
-        if not prompts:
-            return report_interrupt(0, len(texts), "prompt")
-        return finish(args, bundle, prompts, len(texts), interrupted=True)
-    return finish(args, bundle, prompts, len(texts))
+    if args.results is None:
+        return run_sweep(args, texts, procs)  # in memory
+    with sweep.owned(args.results / RESULTS_FOLDER, procs):  # before the model loads: a busy folder is refused at once
+        return run_sweep(args, texts, procs)
 
 
 @dataclass(frozen=True)
@@ -107,19 +96,18 @@ def measure(args: argparse.Namespace, bundle, text: str, index: int, total: int)
 
 
 def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
-    """``--results DIR``: the prompts through the sweep runner (:func:`cwviz.analyses.sweep.run`) into ``DIR/sinks``,
-    each prompt's record appended as it finishes; the main process then makes the tables from every record."""
+    """The prompts through the sweep runner (:func:`cwviz.analyses.sweep.run`): in memory, or with ``--results DIR``
+    into ``DIR/sinks``, each prompt's record appended as it finishes; the tables are then made from every record."""
     bundle = load(args)
     provenance = model_provenance(bundle)
-    settings = sweep.sinks_settings(args.sink, args.factor, not args.no_ppl and bundle.arch.causal, provenance)
-    made = manifest(args, provenance) | {"fingerprint": R.fingerprint(settings), "processes": procs.count}
-    made["data"]["prompts"] = len(texts)  # the run's prompts (its records' example indices lie below it)
-    made |= launched_command(how_run(args), procs.count)
-    plan = sweep.Sweep(sweep.SINKS, args.results / RESULTS_FOLDER, settings, texts, made)
+    settings = SINKS.settings(args.sink, args.factor, not args.no_ppl and bundle.arch.causal, provenance)
+    folder = None if args.results is None else args.results / RESULTS_FOLDER
+    made = None if folder is None else manifest(args, provenance, records.fingerprint(settings), len(texts), procs.count)
+    plan = sweep.Sweep(SINKS, settings, texts, folder, made)
 
     def compute(index: int) -> dict:
         prompt = measure(args, bundle, texts[index], index, len(texts))
-        return sweep.sinks_payload(prompt.table, prompt.sink, prompt.tokens, prompt.ppl, prompt.clean)
+        return SINKS.encode(prompt.table, prompt.sink, prompt.tokens, prompt.ppl, prompt.clean)
 
     outcome = sweep.run(plan, compute, procs, resume=args.resume)
     if not outcome.is_main:
@@ -127,8 +115,8 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     if not outcome.records:
         return report_interrupt(0, len(texts), "prompt")
     prompts = [
-        Prompt(table, r["sink"], tuple(r["tokens"]), None if r["ppl"] is None else np.array(r["ppl"]), r["ppl_clean"])
-        for r, table in zip(outcome.records, sweep.sinks_tables(outcome.records))
+        Prompt(SINKS.decode(r), r["sink"], tuple(r["tokens"]), None if r["ppl"] is None else np.array(r["ppl"]), r["ppl_clean"])
+        for r in outcome.records
     ]
     return finish(args, bundle, prompts, len(texts), interrupted=outcome.interrupted, made=made)
 
@@ -152,7 +140,7 @@ def finish(args: argparse.Namespace, bundle, prompts: list[Prompt], total: int, 
         write_text_atomic(args.csv, table.to_csv(index=False))
         written.append(f"wrote {args.csv} ({len(table):,} rows)")
     if args.results is not None:
-        folder = write_results(args, bundle, table, summary, _describe_sinks(positions, args.sink), finished, made)
+        folder = write_results(args, table, summary, _describe_sinks(positions, args.sink), finished, made)
         written.append(f"wrote {folder} (add it to a report: cwviz report --results {args.results})")
 
     print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
@@ -189,32 +177,25 @@ def finish(args: argparse.Namespace, bundle, prompts: list[Prompt], total: int, 
 RESULTS_FOLDER = "sinks"
 
 
-def manifest(args: argparse.Namespace, provenance: dict) -> dict:
-    """How the sinks were made (``DIR/sinks/manifest.json``; the report shows it)."""
+def manifest(args: argparse.Namespace, provenance: dict, key: str, prompts: int, count: int) -> dict:
+    """How the sinks were made (``DIR/sinks/manifest.json``; the report shows it); :func:`write_results` adds the
+    sinks found and the prompts counted."""
     data = {"jsonl": str(args.jsonl) if args.jsonl else None, "file": str(args.file) if args.file else None, "n": args.n}
-    return {
-        "schema": "cwviz.sinks.manifest",
-        "model": provenance,
-        "sink": str(args.sink),
-        "factor": args.factor,
-        "data": {k: v for k, v in data.items() if v is not None},
-    }
+    data = {k: v for k, v in data.items() if v is not None} | {"prompts": prompts}  # the records' example indices lie below it
+    return run_manifest(args, SINKS, key, provenance, count, sink=str(args.sink), factor=args.factor, data=data)
 
 
-def write_results(
-    args: argparse.Namespace, bundle, table: pd.DataFrame, layers: pd.DataFrame, sink: str, prompts: int, made: dict | None = None
-) -> Path:
+def write_results(args: argparse.Namespace, table: pd.DataFrame, layers: pd.DataFrame, sink: str, prompts: int, made: dict) -> Path:
     """The per-layer and per-head tables in ``DIR/sinks``, and its manifest completed with the sinks found and the
     prompts counted (each file replaced whole)."""
     folder = args.results / RESULTS_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    made = made if made is not None else manifest(args, model_provenance(bundle)) | how_run(args)
     files = {
         "layers.csv": layers.to_csv(index=False, float_format="%.6g"),
         "heads.csv": sinks.sink_head_summary(table).to_csv(index=False, float_format="%.6g"),
     }
     # The manifest names each table's sha256: the report refuses a table edited, cut or copied from another run.
-    made = made | {"sink": sink, "prompts": prompts, "files": R.file_sums(files)}
+    made = made | {"sink": sink, "prompts": prompts, "files": records.file_sums(files)}
     files["manifest.json"] = json.dumps(made, indent=2, sort_keys=True, default=str) + "\n"
     for name, text in files.items():
         write_text_atomic(folder / name, text)

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from cwviz import cli
-from cwviz.analyses import claims as C
-from cwviz.analyses import faithfulness as F
+from cwviz.analyses import claims, faithfulness
 from cwviz.cli import claims as command
 from tests.helpers import make_tiny, ordered, record, sinks
 
@@ -22,8 +21,8 @@ CAUSAL = torch.tril(torch.ones(4, 4, dtype=torch.bool))  # (query, key)
 
 def masks(scores: torch.Tensor, scope: str, rate: float, curve: str, visible: torch.Tensor = CAUSAL) -> torch.Tensor:
     """The masked (query, key) pairs, bool [query, key], of layer-level ``scores`` [query, key]."""
-    ranks, pool = F.scope_ranks(scores[None], visible, scope)
-    keep = F.keep_mask(ranks, F.masked_counts(pool, rate), pool, curve, visible)
+    ranks, pool = faithfulness.scope_ranks(scores[None], visible, scope)
+    keep = faithfulness.keep_mask(ranks, faithfulness.masked_counts(pool, rate), pool, curve, visible)
     return ~keep[0] & visible
 
 
@@ -77,10 +76,10 @@ def test_layer_scope_masks_exactly_the_top_share_of_all_visible_pairs():
 
 def test_invisible_keys_are_never_masked_in_any_scope():
     window = CAUSAL & ~torch.tril(torch.ones(4, 4, dtype=torch.bool), diagonal=-2)  # a sliding window of 2
-    for scope in F.RANK_SCOPES:
-        for curve in F.CURVES:
-            ranks, pool = F.scope_ranks(SCORES[None], window, scope)
-            keep = F.keep_mask(ranks, F.masked_counts(pool, 50), pool, curve, window)
+    for scope in faithfulness.RANK_SCOPES:
+        for curve in faithfulness.CURVES:
+            ranks, pool = faithfulness.scope_ranks(SCORES[None], window, scope)
+            keep = faithfulness.keep_mask(ranks, faithfulness.masked_counts(pool, 50), pool, curve, window)
             assert keep[0][~window].all(), (scope, curve)
 
 
@@ -96,8 +95,10 @@ def test_query_scope_ranks_value_weighted_and_its_normalised_form_alike_and_the_
     vw, normalised = normalised_pair()
     visible = torch.tril(torch.ones(3, 3, dtype=torch.bool))
     same = {
-        scope: torch.equal(F.scope_ranks(vw[None], visible, scope)[0], F.scope_ranks(normalised[None], visible, scope)[0])
-        for scope in F.RANK_SCOPES
+        scope: torch.equal(
+            faithfulness.scope_ranks(vw[None], visible, scope)[0], faithfulness.scope_ranks(normalised[None], visible, scope)[0]
+        )
+        for scope in faithfulness.RANK_SCOPES
     }
     assert same == {"query": True, "token": False, "layer": False}
 
@@ -106,19 +107,19 @@ def test_token_and_layer_scopes_part_the_two_on_a_model():
     """On a tiny model the VW and VW/‖o‖ runs give the same ΔPPL under the query scope, different ones otherwise."""
     bundle = make_tiny("llama")
     ids = list(range(3, 23))
-    analysis = F.analyze(bundle, input_ids=ids)
+    analysis = faithfulness.analyze(bundle, input_ids=ids)
     for scope, equal in (("query", True), ("token", False), ("layer", False)):
-        protocol = F.Protocol(rates=(30.0,), measures=("value_weighted", "value_weighted_output_normalized"), rank_scope=scope)
-        table = F.run_example(bundle, ids, protocol, analysis=analysis).set_index(["measure", "curve"])["delta_ppl"]
+        protocol = faithfulness.Protocol(rates=(30.0,), measures=("value_weighted", "value_weighted_output_normalized"), rank_scope=scope)
+        table = faithfulness.run_example(bundle, ids, protocol, analysis=analysis).set_index(["measure", "curve"])["delta_ppl"]
         same = np.allclose(table["value_weighted"], table["value_weighted_output_normalized"], rtol=0, atol=0)
         assert same == equal, scope
 
 
 def test_a_resume_with_another_scope_is_refused(tmp_path):
-    from cwviz.analyses import sweep
+    from cwviz.analyses.codecs import FAITHFULNESS
 
     provenance = {"id": "m", "architecture": "a", "revision": None, "weights_sha256": "x", "dtype": "float32"}
-    keys = {s: sweep.faithfulness_settings(F.Protocol(rank_scope=s), provenance) for s in F.RANK_SCOPES}
+    keys = {s: FAITHFULNESS.settings(faithfulness.Protocol(rank_scope=s), provenance) for s in faithfulness.RANK_SCOPES}
     assert len({json.dumps(k, sort_keys=True) for k in keys.values()}) == 3
     assert "rank_scope" not in keys["query"]["protocol"]  # a folder made before scopes existed still resumes
 
@@ -127,7 +128,7 @@ def test_a_resume_with_another_scope_is_refused(tmp_path):
 
 
 def verdicts(records) -> dict:
-    table = C.claims_table(records)
+    table = claims.claims_table(records)
     return {(r.claim, r.curve): r.verdict for r in table.itertuples()}
 
 
@@ -144,10 +145,10 @@ def test_claim_one_with_a_tie_by_construction_is_unresolved_never_holds():
     tied = []
     for i in range(20):
         ppl = ordered(i, 1.0, noise=0.1)
-        for curve in F.CURVES:
+        for curve in faithfulness.CURVES:
             ppl[curve, "value_weighted_output_normalized"] = ppl[curve, "value_weighted"]
         tied.append(record(i, ppl))
-    table = C.claims_table(tied)
+    table = claims.claims_table(tied)
     assert set(table.verdict) == {"unresolved"}
     assert table.evidence.str.contains("tie on every item").all()
 
@@ -156,24 +157,25 @@ def test_too_few_items_decide_nothing_however_clear_they_look():
     """Below MIN_ITEMS a bootstrap interval has (nearly) no spread: every row is unresolved and says why; at
     MIN_ITEMS the same clear data decide."""
     few = [
-        record(i, ordered(i, 1.0, noise=0.1), sinks(i, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0)) for i in range(C.MIN_ITEMS - 1)
+        record(i, ordered(i, 1.0, noise=0.1), sinks(i, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0))
+        for i in range(claims.MIN_ITEMS - 1)
     ]
-    table = C.claims_table(few)
+    table = claims.claims_table(few)
     assert set(table.claim) == {1, 2, 3, 4, 5} and set(table.verdict) == {"unresolved"}
-    assert table.evidence.str.startswith(f"too few items to decide ({C.MIN_ITEMS - 1} < {C.MIN_ITEMS})").all()
+    assert table.evidence.str.startswith(f"too few items to decide ({claims.MIN_ITEMS - 1} < {claims.MIN_ITEMS})").all()
     enough = few + [
         record(
-            C.MIN_ITEMS - 1,
-            ordered(C.MIN_ITEMS - 1, 1.0, noise=0.1),
-            sinks(C.MIN_ITEMS - 1, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0),
+            claims.MIN_ITEMS - 1,
+            ordered(claims.MIN_ITEMS - 1, 1.0, noise=0.1),
+            sinks(claims.MIN_ITEMS - 1, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0),
         )
     ]
-    assert set(C.claims_table(enough).verdict) == {"holds"}
+    assert set(claims.claims_table(enough).verdict) == {"holds"}
 
 
 def sink_verdicts(noise: float = 0.01, **values) -> dict:
     records = [record(i, ordered(i, 1.0), sinks(i, noise=noise, **values)) for i in range(20)]
-    table = C.claims_table(records)
+    table = claims.claims_table(records)
     return dict(zip(table.claim[table.claim > 1], table.verdict[table.claim > 1]))
 
 
@@ -206,7 +208,7 @@ def test_sink_statistics_read_the_factorisation_of_a_constructed_table():
     )
     heads = pd.DataFrame({"minimising_ratio": [0.2, 0.5, 1.0, np.nan]})
     after = pd.DataFrame({"cone_change": [0.1, 0.3, np.nan]})
-    stats = C.sink_statistics(table, heads, after, 1.5)
+    stats = claims.sink_statistics(table, heads, after, 1.5)
     assert stats["rho_geometry"] == pytest.approx(1.0)
     assert np.isnan(stats["rho_attention"])
     assert stats["cos_sink_rest"] == pytest.approx(-0.3)
@@ -225,10 +227,10 @@ def test_cwviz_claims_end_to_end_on_a_tiny_model_resumes_and_refuses_other_setti
     folder = tmp_path / "run"
     args = ["claims", "--jsonl", str(data), "--n", "2", "--results", str(folder), "--max-tokens", "16", "--rates", "30"]
     assert cli.main(args) == 0
-    table = pd.read_csv(folder / C.CSV_NAME)
+    table = pd.read_csv(folder / claims.CSV_NAME)
     assert {"claim", "scope", "verdict", "estimate", "ci_low", "ci_high", "evidence"} <= set(table.columns)
     assert set(table.claim) == {1, 2, 3, 4, 5}
-    assert set(table[table.claim == 1].scope) == set(F.RANK_SCOPES)
+    assert set(table[table.claim == 1].scope) == set(faithfulness.RANK_SCOPES)
     assert set(table.verdict) <= {"holds", "fails", "unresolved"}
     assert set(table.n) == {2}
     out = capsys.readouterr().out

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 import cwviz
 from cwviz import cli
-from cwviz.analyses import atlas as A
-from cwviz.analyses import records as R
+from cwviz.analyses import atlas, records
+from cwviz.analyses.codecs import FAITHFULNESS
 from cwviz.cli import atlas as atlas_cli
 from cwviz.cli import faithfulness as faith_cli
 from cwviz.cli import sinks as sinks_cli
@@ -99,25 +99,25 @@ def tiny_loads(monkeypatch):
 def test_a_folder_in_use_is_refused_as_busy_before_the_model_loads(made, tmp_path, capsys, monkeypatch):
     folder = copy(made, "run", tmp_path)
     monkeypatch.setattr(faith_cli, "load", lambda _args: pytest.fail("the model loaded for a busy folder"))
-    with R.folder_lock(folder):  # another run holds it
+    with records.folder_lock(folder):  # another run holds it
         code, _, err = call(["faithfulness", "--jsonl", made / "data.jsonl", *FAITH, "--results", folder, "--resume"], capsys)
     assert refused(code, err) and "busy" in err and "--resume" in err
-    with R.folder_lock(folder):  # released when that run ends: the folder is free again
+    with records.folder_lock(folder):  # released when that run ends: the folder is free again
         pass
 
 
 def test_a_killed_run_leaves_no_stuck_lock(tmp_path):
     """The OS drops the flock with the process: a run SIGKILLed while it holds the folder leaves it free."""
-    holder = f"import sys, time; from cwviz.analyses import records as R\nwith R.folder_lock({str(tmp_path)!r}):\n print('held', flush=True); time.sleep(60)"
+    holder = f"import sys, time; from cwviz.analyses import records\nwith records.folder_lock({str(tmp_path)!r}):\n print('held', flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True, env=ENV)
     try:
         assert proc.stdout.readline().strip() == "held"
-        with pytest.raises(InputError, match="busy"), R.folder_lock(tmp_path):
+        with pytest.raises(InputError, match="busy"), records.folder_lock(tmp_path):
             pass
     finally:
         proc.kill()
         proc.wait()
-    with R.folder_lock(tmp_path):  # no stale lock after SIGKILL
+    with records.folder_lock(tmp_path):  # no stale lock after SIGKILL
         pass
 
 
@@ -136,7 +136,7 @@ def test_two_runs_started_at_once_on_one_folder_write_each_example_once(tmp_path
     assert codes == [0, 2], results
     (err,) = [err for code, err in results if code == 2]
     assert refused(2, err) and ("busy" in err or "already holds" in err), err
-    examples = [json.loads(line)["example"] for line in R.records_path(tmp_path / "run", 0).read_text().splitlines()]
+    examples = [json.loads(line)["example"] for line in records.records_path(tmp_path / "run", 0).read_text().splitlines()]
     assert sorted(examples) == list(range(len(TEXTS) * 3))
 
 
@@ -144,11 +144,11 @@ def test_two_runs_in_threads_of_one_process_are_refused_too(made, tmp_path):
     """flock belongs to the open file: a second holder in the same process is refused as well."""
     folder = copy(made, "run", tmp_path)
     errors = []
-    with R.folder_lock(folder):
+    with records.folder_lock(folder):
 
         def second():
             try:
-                with R.folder_lock(folder):
+                with records.folder_lock(folder):
                     pass
             except InputError as err:
                 errors.append(str(err))
@@ -161,7 +161,7 @@ def test_two_runs_in_threads_of_one_process_are_refused_too(made, tmp_path):
 
 # -- records checked on read -------------------------------------------------------------------------------
 def records_file(folder: Path) -> Path:
-    return R.records_path(folder, 0)
+    return records.records_path(folder, 0)
 
 
 def edit_record(folder: Path, line: int, change) -> None:
@@ -215,7 +215,7 @@ def test_records_of_two_runs_with_other_settings_are_refused_by_every_reader(mad
 
 def test_a_manifest_of_other_settings_than_the_records_is_refused(made, tmp_path, capsys):
     folder = copy(made, "run", tmp_path)
-    shutil.copy(made / "other" / R.MANIFEST, folder / R.MANIFEST)
+    shutil.copy(made / "other" / records.MANIFEST, folder / records.MANIFEST)
     code, _, err = report(folder, tmp_path / "r.html", capsys)
     assert refused(code, err) and "manifest" in err and "settings" in err
 
@@ -230,7 +230,7 @@ def test_a_manifest_of_other_settings_than_the_records_is_refused(made, tmp_path
 )
 def test_a_manifest_edited_by_hand_is_refused_clearly(made, tmp_path, capsys, tiny_loads, edit, named):
     folder = copy(made, "run", tmp_path)
-    (folder / R.MANIFEST).write_text(json.dumps(edit(json.loads((folder / R.MANIFEST).read_text()))))
+    (folder / records.MANIFEST).write_text(json.dumps(edit(json.loads((folder / records.MANIFEST).read_text()))))
     for code, err in (report(folder, tmp_path / "r.html", capsys)[::2], resume(folder, made / "data.jsonl", capsys)):
         assert refused(code, err) and named in err and "manifest" in err
 
@@ -340,12 +340,12 @@ def test_report_of_a_folder_with_a_damaged_manifest_is_a_clear_refusal_or_the_un
     base = tmp_path_factory.mktemp("manifest")
     whole = undamaged_report(made, base, capsys)
     folder = copy(made, "run", base)
-    manifest = json.loads((folder / R.MANIFEST).read_text())
+    manifest = json.loads((folder / records.MANIFEST).read_text())
     if how in ("drop_key", "retype"):
         manifest.pop(key) if how == "drop_key" else manifest.update({key: retyped(manifest[key])})
-        (folder / R.MANIFEST).write_text(json.dumps(manifest))
+        (folder / records.MANIFEST).write_text(json.dumps(manifest))
     else:
-        damage(folder, made / "other", R.MANIFEST, how, at, 0)
+        damage(folder, made / "other", records.MANIFEST, how, at, 0)
     code, _, answer = report(folder, base / "damaged.html", capsys)
     assert (code, answer) == whole[::2] or refused(code, answer), (key, how, answer)
 
@@ -360,8 +360,8 @@ def test_resume_of_a_damaged_folder_is_a_clear_refusal_or_the_undamaged_records_
     damage(folder, made / "other", *hit)
     code, err = resume(folder, made / "data.jsonl", capsys)
     if code == 0:
-        assert R.read_records(folder) == R.read_records(made / "run"), hit
-        assert (folder / R.SUMMARY).read_text() == (made / "run" / R.SUMMARY).read_text(), hit
+        assert records.read_records(folder, FAITHFULNESS) == records.read_records(made / "run", FAITHFULNESS), hit
+        assert (folder / records.SUMMARY).read_text() == (made / "run" / records.SUMMARY).read_text(), hit
     else:
         assert refused(code, err), (hit, err)
 
@@ -376,7 +376,7 @@ def test_atlas_load_of_a_damaged_folder_is_a_clear_refusal_or_the_undamaged_answ
     code, out, err = call(["atlas", "--load", folder, "--top", "3", "--out", base / "copy"], capsys)
     if code == 0:
         assert out.replace(str(folder), str(made / "atlas")).split(f"wrote {base / 'copy'}")[0] == whole[1], hit
-        assert A.load(base / "copy").pooled.equals(A.load(made / "atlas").pooled)
+        assert atlas.load(base / "copy").pooled.equals(atlas.load(made / "atlas").pooled)
     else:
         assert refused(code, err) and not (base / "copy").exists(), (hit, err)
 
@@ -398,13 +398,13 @@ def test_atlas_load_refuses_a_cut_or_edited_folder_and_writes_nothing(made, tmp_
     assert refused(code, err) and named in err and out == ""
     assert not (tmp_path / "copy").exists()
     with pytest.raises(InputError):
-        A.load(folder)
+        atlas.load(folder)
 
 
 def test_atlas_load_with_out_writes_the_copy(made, tmp_path, capsys):
     code, out, _ = call(["atlas", "--load", made / "atlas", "--out", tmp_path / "copy"], capsys)
     assert code == 0 and f"wrote {tmp_path / 'copy'}" in out
-    again, first = A.load(tmp_path / "copy"), A.load(made / "atlas")
+    again, first = atlas.load(tmp_path / "copy"), atlas.load(made / "atlas")
     assert again.pooled.equals(first.pooled) and again.prompts == first.prompts and again.manifest == first.manifest
 
 
@@ -428,8 +428,8 @@ def test_out_of_range_numbers_are_refused_before_any_model_loads(made, capsys, m
 
 def test_a_bootstrap_too_large_for_memory_is_refused_before_the_forward_pass(made, capsys, monkeypatch):
     monkeypatch.setattr(atlas_cli, "load", lambda _args: make_tiny("llama"))
-    monkeypatch.setattr(A, "BOOTSTRAP_BYTES", 1024)
-    monkeypatch.setattr(A, "iter_prompt_stats", lambda *a, **k: pytest.fail("a forward pass ran"))
+    monkeypatch.setattr(atlas, "BOOTSTRAP_BYTES", 1024)
+    monkeypatch.setattr(atlas, "iter_prompt_stats", lambda *a, **k: pytest.fail("a forward pass ran"))
     code, _, err = call(["atlas", "--jsonl", made / "data.jsonl", "--bootstrap", "1000"], capsys)
     assert refused(code, err) and "give at most" in err
 
@@ -437,9 +437,9 @@ def test_a_bootstrap_too_large_for_memory_is_refused_before_the_forward_pass(mad
 def test_the_api_refuses_what_the_cli_refuses():
     bundle = make_tiny("llama")
     with pytest.raises(InputError, match="bootstrap"):
-        A.run(bundle, TEXTS, bootstrap=0)
+        atlas.run(bundle, TEXTS, bootstrap=0)
     with pytest.raises(InputError, match="bootstrap"):
-        A.run(bundle, TEXTS, bootstrap=A.MAX_BOOTSTRAP + 1)
+        atlas.run(bundle, TEXTS, bootstrap=atlas.MAX_BOOTSTRAP + 1)
     from cwviz.analyses.sinks import check_factor
 
     with pytest.raises(InputError, match="λ"):
@@ -486,7 +486,7 @@ def test_analyze_json_onto_a_full_disk_leaves_no_partial_file(tmp_path, capsys, 
 
 def test_atlas_records_of_another_grid_are_refused_on_resume(made, tmp_path, capsys, tiny_loads):
     folder = copy(made, "atlas", tmp_path)
-    edit_record(folder, 1, lambda r: r.update({k: r[k][:-1] for k in ("layer", "head", *A.ATLAS_METRICS)}))
+    edit_record(folder, 1, lambda r: r.update({k: r[k][:-1] for k in ("layer", "head", *atlas.ATLAS_METRICS)}))
     code, _, err = call(["atlas", "--jsonl", made / "data.jsonl", "--bootstrap", "20", "--results", folder, "--resume"], capsys)
     assert refused(code, err) and "grids" in err
 
@@ -496,13 +496,13 @@ def test_records_of_two_rank_scopes_are_refused_and_a_missing_scope_reads_as_que
     among token-scope records must be refused by the scope itself; alone, a missing scope is the query scope."""
     folder = copy(made, "run", tmp_path)
     path = folder / "records-00000.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [r["rank_scope"] for r in records] == ["query"] * len(records)
-    for record in records:
+    written = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["rank_scope"] for r in written] == ["query"] * len(written)
+    for record in written:
         del record["rank_scope"]
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert R.read_records(folder) == R.read_records(made / "run")
-    records[0]["rank_scope"] = "token"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    path.write_text("".join(json.dumps(r) + "\n" for r in written))
+    assert records.read_records(folder, FAITHFULNESS) == records.read_records(made / "run", FAITHFULNESS)
+    written[0]["rank_scope"] = "token"
+    path.write_text("".join(json.dumps(r) + "\n" for r in written))
     with pytest.raises(InputError, match="different rank scopes"):
-        R.read_records(folder)
+        records.read_records(folder, FAITHFULNESS)

@@ -1,5 +1,6 @@
-"""Resumable, data-parallel faithfulness sweeps (``cwviz faithfulness --results DIR``): records, resume,
-sharding, and the refusals; tiny random models only (saved to disk for the subprocess runs)."""
+"""The one runner (:mod:`cwviz.analyses.sweep`): resumable, data-parallel sweeps into a results folder (``cwviz
+faithfulness --results DIR``, sinks, atlas): records, resume, sharding and the refusals; and in memory: cancel, Ctrl-C
+and a rerun resuming from the kept records. Tiny random models only (saved to disk for the subprocess runs)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import pandas as pd
 import pytest
 
 from cwviz import cli
-from cwviz.analyses import records as R
+from cwviz.analyses import records, sweep
+from cwviz.analyses.codecs import BY_NAME, CLAIMS, FAITHFULNESS
 from cwviz.cli import faithfulness as command
+from cwviz.core.errors import InputError
 from cwviz.core.parallel import shard
 from tests.helpers import ENV, make_tiny, save_tiny_model, write_jsonl
 
@@ -23,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [f"Example {i}: the {'quick ' * (i % 4)}brown fox jumps over dog {i}." for i in range(6)] + ["a"]
 
 
-def sweep(tmp_path, monkeypatch, results: Path, *extra: str) -> int:
+def run_faithfulness(tmp_path, monkeypatch, results: Path, *extra: str) -> int:
     monkeypatch.setattr(command, "load", lambda _args: make_tiny("llama"))
     data = write_jsonl(tmp_path / "items.jsonl", TEXTS)
     args = ["faithfulness", "--jsonl", str(data), "--n", "10", "--rates", "10,50", "--measures", "raw,random", "--results", str(results)]
@@ -31,49 +34,49 @@ def sweep(tmp_path, monkeypatch, results: Path, *extra: str) -> int:
 
 
 def lines(folder: Path) -> list[dict]:
-    return [json.loads(line) for path in sorted(folder.glob(R.RECORD_GLOB)) for line in path.read_text().splitlines()]
+    return [json.loads(line) for path in sorted(folder.glob(records.RECORD_GLOB)) for line in path.read_text().splitlines()]
 
 
 def test_a_sweep_writes_one_record_per_example_and_the_summary_from_them(tmp_path, monkeypatch, capsys):
     results = tmp_path / "run"
-    assert sweep(tmp_path, monkeypatch, results) == 0
-    records = lines(results)
-    assert [r["example"] for r in records] == list(range(len(TEXTS)))
-    assert records[-1]["skipped"] and not records[0]["skipped"]  # "a" has one token: recorded as skipped
-    assert {r["text_sha256"] for r in records} == {R.text_hash(t) for t in TEXTS}
-    assert len(records[0]["runs"]) == 2 * 2 * 2
-    summary = pd.read_csv(results / R.SUMMARY)
+    assert run_faithfulness(tmp_path, monkeypatch, results) == 0
+    written = lines(results)
+    assert [r["example"] for r in written] == list(range(len(TEXTS)))
+    assert written[-1]["skipped"] and not written[0]["skipped"]  # "a" has one token: recorded as skipped
+    assert {r["text_sha256"] for r in written} == {records.text_hash(t) for t in TEXTS}
+    assert len(written[0]["runs"]) == 2 * 2 * 2
+    summary = pd.read_csv(results / records.SUMMARY)
     assert set(summary.n) == {len(TEXTS) - 1}
-    manifest = json.loads((results / R.MANIFEST).read_text())
+    manifest = json.loads((results / records.MANIFEST).read_text())
     assert manifest["model"]["id"] == "tiny-llama" and manifest["rates"] == [10.0, 50.0] and manifest["processes"] == 1
     assert manifest["command"].startswith("cwviz faithfulness --jsonl") and manifest["versions"]["torch"]
     # a second run into the same folder without --resume is refused, with the fix
-    assert sweep(tmp_path, monkeypatch, results) == 2
+    assert run_faithfulness(tmp_path, monkeypatch, results) == 2
     assert "--resume" in capsys.readouterr().err
 
 
 def test_resume_after_a_partial_run_and_a_truncated_line_gives_the_uninterrupted_summary(tmp_path, monkeypatch):
     whole = tmp_path / "whole"
-    assert sweep(tmp_path, monkeypatch, whole) == 0
+    assert run_faithfulness(tmp_path, monkeypatch, whole) == 0
     part = tmp_path / "part"
     part.mkdir()
-    records = (whole / "records-00000.jsonl").read_text().splitlines(keepends=True)
+    written = (whole / "records-00000.jsonl").read_text().splitlines(keepends=True)
     # three finished examples, then the fourth cut off mid-write
-    (part / "records-00000.jsonl").write_text("".join(records[:3]) + records[3][: len(records[3]) // 2])
-    assert sweep(tmp_path, monkeypatch, part, "--resume") == 0
+    (part / "records-00000.jsonl").write_text("".join(written[:3]) + written[3][: len(written[3]) // 2])
+    assert run_faithfulness(tmp_path, monkeypatch, part, "--resume") == 0
     assert [r["example"] for r in lines(part)] == list(range(len(TEXTS)))  # nothing lost, nothing twice
-    assert (part / R.SUMMARY).read_text() == (whole / R.SUMMARY).read_text()
+    assert (part / records.SUMMARY).read_text() == (whole / records.SUMMARY).read_text()
 
 
 def test_resume_refuses_other_settings_and_other_texts(tmp_path, monkeypatch, capsys):
     results = tmp_path / "run"
-    assert sweep(tmp_path, monkeypatch, results) == 0
-    assert sweep(tmp_path, monkeypatch, results, "--resume", "--seed", "3") == 2
+    assert run_faithfulness(tmp_path, monkeypatch, results) == 0
+    assert run_faithfulness(tmp_path, monkeypatch, results, "--resume", "--seed", "3") == 2
     assert "other settings" in capsys.readouterr().err
     TEXTS_BEFORE = list(TEXTS)
     try:
         TEXTS[2] = "a different second text"
-        assert sweep(tmp_path, monkeypatch, results, "--resume") == 2
+        assert run_faithfulness(tmp_path, monkeypatch, results, "--resume") == 2
         assert "example 2" in capsys.readouterr().err
     finally:
         TEXTS[:] = TEXTS_BEFORE
@@ -101,22 +104,39 @@ def test_sinks_and_atlas_resume_a_partial_run_to_the_uninterrupted_records_and_t
     records_folder(part, name).mkdir(parents=True)
     (records_folder(part, name) / "records-00000.jsonl").write_text(kept[0] + kept[1][: len(kept[1]) // 2])  # cut mid-write
     assert run(part, "--resume") == 0
-    assert R.read_records(records_folder(part, name), name) == R.read_records(folder, name)
+    assert records.read_records(records_folder(part, name), BY_NAME[name]) == records.read_records(folder, BY_NAME[name])
     assert summaries(part, name) == summaries(whole, name)
+
+
+@pytest.mark.parametrize("name", ["sinks", "atlas"])
+def test_with_or_without_a_results_folder_a_command_writes_the_same_tables(tmp_path, monkeypatch, name):
+    """Both go through the runner: in memory the records keep numpy columns, in a folder JSON lists read back; the
+    tables a user gets (``--csv``, ``--out``) are the same to the byte."""
+    from cwviz.cli import atlas, sinks
+
+    module = {"sinks": sinks, "atlas": atlas}[name]
+    monkeypatch.setattr(module, "load", lambda _args: make_tiny("llama"))
+    data = write_jsonl(tmp_path / "items.jsonl", TEXTS[:3])
+    out = {"sinks": ["--csv"], "atlas": ["--bootstrap", "50", "--out"]}[name]
+    assert cli.main([name, "--jsonl", str(data), *out, str(tmp_path / "memory")]) == 0
+    assert cli.main([name, "--jsonl", str(data), *out, str(tmp_path / "folder"), "--results", str(tmp_path / "results")]) == 0
+    paths = [tmp_path / "memory"] if name == "sinks" else sorted((tmp_path / "memory").iterdir())
+    for path in paths:
+        assert path.read_bytes() == (tmp_path / "folder" / path.relative_to(tmp_path / "memory")).read_bytes(), path.name
 
 
 def test_malformed_records_are_named_by_file_and_line(tmp_path, monkeypatch, capsys):
     results = tmp_path / "run"
-    assert sweep(tmp_path, monkeypatch, results) == 0
+    assert run_faithfulness(tmp_path, monkeypatch, results) == 0
     path = results / "records-00000.jsonl"
     text = path.read_text().splitlines(keepends=True)
     path.write_text(text[0] + "{not json\n" + "".join(text[1:]))
     capsys.readouterr()
-    assert sweep(tmp_path, monkeypatch, results, "--resume") == 2
+    assert run_faithfulness(tmp_path, monkeypatch, results, "--resume") == 2
     err = capsys.readouterr().err
     assert err.startswith("error: line 2 of") and len(err.strip().splitlines()) == 1
     with pytest.raises(Exception, match="no results folder"):
-        R.read_records(tmp_path / "missing")
+        records.read_records(tmp_path / "missing", FAITHFULNESS)
 
 
 def test_processes_share_the_pending_examples_without_overlap():
@@ -128,13 +148,57 @@ def test_processes_share_the_pending_examples_without_overlap():
 
 def test_two_shards_written_apart_merge_into_the_single_process_records(tmp_path, monkeypatch):
     single = tmp_path / "single"
-    assert sweep(tmp_path, monkeypatch, single) == 0
+    assert run_faithfulness(tmp_path, monkeypatch, single) == 0
     split = tmp_path / "split"
     split.mkdir()
-    records = lines(single)
+    written = lines(single)
     for index in range(2):  # what two processes would write, each its own file
-        (split / f"records-{index:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shard(records, index, 2)))
-    assert R.read_records(split) == R.read_records(single)
+        (split / f"records-{index:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shard(written, index, 2)))
+    assert records.read_records(split, FAITHFULNESS) == records.read_records(single, FAITHFULNESS)
+
+
+# -- the runner in memory (a page's run, a command without --results) ------------------------------------------
+def counting(calls: list[int], stop_at: int | None = None, error: type[BaseException] | None = None):
+    """``compute(index)``: records its calls, and raises ``error`` on the call numbered ``stop_at``."""
+
+    def compute(index: int) -> dict:
+        calls.append(index)
+        if error is not None and len(calls) == stop_at:
+            raise error
+        return {"value": index * 10}
+
+    return compute
+
+
+def test_a_cancelled_run_keeps_its_finished_items_and_a_rerun_resumes_from_them():
+    """``cancel()`` is asked before each item: the items finished before it said stop are returned and kept in the
+    caller's store, and a run of the same settings and texts with that store computes only the rest."""
+    plan = sweep.Sweep(CLAIMS, {"seed": 1}, ["first", "second", "third", "fourth"])
+    calls: list[int] = []
+    store: dict[int, dict] = {}
+    steps: list[tuple[int, int]] = []
+    cancelled = sweep.run(plan, counting(calls), progress=lambda *step: steps.append(step), cancel=lambda: len(calls) == 2, store=store)
+    assert cancelled.interrupted and [r["example"] for r in cancelled.records] == [0, 1] and sorted(store) == [0, 1]
+    assert steps == [(1, 4), (2, 4)]
+    record = cancelled.records[1]
+    assert record["fingerprint"] == plan.key == records.fingerprint({"seed": 1})  # the run's real fingerprint
+    assert record["text_sha256"] == records.text_hash("second") and record["schema"] == CLAIMS.schema and record["value"] == 10
+    resumed = sweep.run(plan, counting(calls), progress=lambda *step: steps.append(step), store=store)
+    assert not resumed.interrupted and calls == [0, 1, 2, 3]  # nothing twice
+    assert [r["example"] for r in resumed.records] == [0, 1, 2, 3] and resumed.records[:2] == cancelled.records
+    assert steps[2:] == [(1, 2), (2, 2)]
+    with pytest.raises(InputError, match="other settings"):  # a store holds one run's records
+        sweep.run(sweep.Sweep(CLAIMS, {"seed": 2}, plan.texts), counting(calls), store=store)
+
+
+def test_ctrl_c_ends_an_in_memory_run_with_the_finished_items_and_anything_else_leaves_them_in_the_store():
+    plan = sweep.Sweep(CLAIMS, {}, ["a", "b", "c"])
+    outcome = sweep.run(plan, counting([], stop_at=2, error=KeyboardInterrupt))  # Ctrl-C or SIGTERM (cwviz.cli.main)
+    assert outcome.interrupted and [r["example"] for r in outcome.records] == [0]
+    store: dict[int, dict] = {}
+    with pytest.raises(RuntimeError):  # an error, or a page's Stop (Streamlit's interruption of the script)
+        sweep.run(plan, counting([], stop_at=3, error=RuntimeError), store=store)
+    assert sorted(store) == [0, 1]
 
 
 # -- subprocesses: a tiny model saved to disk ---------------------------------------------------------
@@ -142,7 +206,7 @@ def test_two_shards_written_apart_merge_into_the_single_process_records(tmp_path
 
 #: The three commands that run through the sweep runner, the files of their summary, and where their records go.
 COMMANDS = {
-    "faithfulness": ([R.SUMMARY], ""),
+    "faithfulness": ([records.SUMMARY], ""),
     "sinks": (["layers.csv", "heads.csv"], "sinks"),
     "atlas": (["per_prompt.csv", "pooled.csv", "prompts.jsonl"], ""),
 }
@@ -197,12 +261,12 @@ def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tm
     single, double = tmp_path / "single", tmp_path / "double"
     run_here(cwviz_command(model, data, single, command))
     launch(cwviz_command(model, data, double, command), processes=2)
-    folder, kind = records_folder(double, command), command
-    assert sorted(p.name for p in folder.glob(R.RECORD_GLOB)) == ["records-00000.jsonl", "records-00001.jsonl"]
-    assert all(p.stat().st_size > 0 for p in folder.glob(R.RECORD_GLOB))  # both processes did work
-    assert R.read_records(folder, kind) == R.read_records(records_folder(single, command), kind)
+    folder = records_folder(double, command)
+    assert sorted(p.name for p in folder.glob(records.RECORD_GLOB)) == ["records-00000.jsonl", "records-00001.jsonl"]
+    assert all(p.stat().st_size > 0 for p in folder.glob(records.RECORD_GLOB))  # both processes did work
+    assert records.read_records(folder, BY_NAME[command]) == records.read_records(records_folder(single, command), BY_NAME[command])
     assert summaries(double, command) == summaries(single, command)
-    assert json.loads((folder / R.MANIFEST).read_text())["processes"] == 2
+    assert json.loads((folder / records.MANIFEST).read_text())["processes"] == 2
 
 
 @pytest.mark.slow
@@ -216,7 +280,7 @@ def test_sigkill_then_resume_loses_nothing_and_duplicates_nothing(tmp_path, comm
     killed, whole = tmp_path / "killed", tmp_path / "whole"
     run = cwviz_process(cwviz_command(model, data, killed, command))
     proc = subprocess.Popen(run, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    path = R.records_path(records_folder(killed, command), 0)
+    path = records.records_path(records_folder(killed, command), 0)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and (not path.exists() or path.read_text().count("\n") < 5):
         time.sleep(0.05)
@@ -225,7 +289,7 @@ def test_sigkill_then_resume_loses_nothing_and_duplicates_nothing(tmp_path, comm
     kept = path.read_text().count("\n")
     assert 5 <= kept < len(texts)  # killed mid-run
     with path.open("a") as handle:
-        handle.write(f'{{"schema": "{R.schema(command)}", "exam')  # as if killed mid-write
+        handle.write(f'{{"schema": "{BY_NAME[command].schema}", "exam')  # as if killed mid-write
     done = subprocess.run([*run, "--resume"], env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     examples = [json.loads(line)["example"] for line in path.read_text().splitlines()]

@@ -11,9 +11,7 @@ import pandas as pd
 import pytest
 
 from cwviz import cli
-from cwviz.analyses import faithfulness as F
-from cwviz.analyses import records as R
-from cwviz.analyses import tasks as T
+from cwviz.analyses import faithfulness, records, tasks
 from cwviz.cli import faithfulness as command
 from cwviz.core.errors import InputError
 from tests.helpers import BOOLQ, make_tiny, write_jsonl
@@ -37,7 +35,7 @@ def llama():
 
 
 def test_mmlu_reader_follows_the_harness_template(tmp_path):
-    items = T.read_items(write_jsonl(tmp_path / "mmlu.jsonl", MMLU), "mmlu")
+    items = tasks.read_items(write_jsonl(tmp_path / "mmlu.jsonl", MMLU), "mmlu")
     first = items[0]
     assert first.contexts[0] == (
         "The following are multiple choice questions (with answers) about elementary mathematics.\n\n"
@@ -46,18 +44,18 @@ def test_mmlu_reader_follows_the_harness_template(tmp_path):
     assert first.continuations == (" A", " B", " C", " D") and first.answer == 1
     assert items[1].answer == 0 and not items[1].contexts[0].startswith("The following")  # letter answer; no subject
     assert len(items[2].contexts) == 2 and items[2].continuations == (" A", " B")
-    assert len(T.read_items(tmp_path / "mmlu.jsonl", "mmlu", n=2)) == 2
+    assert len(tasks.read_items(tmp_path / "mmlu.jsonl", "mmlu", n=2)) == 2
 
 
 def test_boolq_reader(tmp_path):
-    items = T.read_items(write_jsonl(tmp_path / "boolq.jsonl", BOOLQ), "boolq")
+    items = tasks.read_items(write_jsonl(tmp_path / "boolq.jsonl", BOOLQ), "boolq")
     assert items[0].contexts == ("The sun is a star at the centre of the solar system.\nQuestion: is the sun a star?\nAnswer:",) * 2
     assert items[0].continuations == (" no", " yes")
     assert [i.answer for i in items] == [1, 0]
 
 
 def test_winogrande_reader_uses_partial_evaluation(tmp_path):
-    items = T.read_items(write_jsonl(tmp_path / "wino.jsonl", WINOGRANDE), "winogrande")
+    items = tasks.read_items(write_jsonl(tmp_path / "wino.jsonl", WINOGRANDE), "winogrande")
     first = items[0]
     assert first.contexts == ("The trophy does not fit in the case because trophy", "The trophy does not fit in the case because case")
     assert first.continuations == (" is too big.", " is too big.")
@@ -82,37 +80,37 @@ def test_malformed_lines_are_named_by_number(tmp_path, task, bad, message):
     good = ROWS[task][0]
     path.write_text(json.dumps(good) + "\n\n" + json.dumps(bad) + "\n", encoding="utf-8")
     with pytest.raises(InputError, match=f"line 3 of {path}") as err:
-        T.read_items(path, task)
+        tasks.read_items(path, task)
     assert message in str(err.value)
     path.write_text(json.dumps(good) + "\n{not json\n", encoding="utf-8")
     with pytest.raises(InputError, match="line 2 of .* is not valid JSON"):
-        T.read_items(path, task)
+        tasks.read_items(path, task)
 
 
 def test_an_item_checks_its_choices_and_answer():
     with pytest.raises(InputError, match="two or more choices"):
-        T.Item(("a",), (" b",), 0)
+        tasks.Item(("a",), (" b",), 0)
     with pytest.raises(InputError, match="index 0..1"):
-        T.Item(("a", "a"), (" b", " c"), 2)
+        tasks.Item(("a", "a"), (" b", " c"), 2)
 
 
 def test_datasets_offline_is_a_clear_error():
     with pytest.raises(InputError, match="--jsonl PATH"):
-        T.dataset_items("boolq", "google/boolq", n=2)
+        tasks.dataset_items("boolq", "google/boolq", n=2)
 
 
-@pytest.mark.parametrize("task", T.TASKS)
+@pytest.mark.parametrize("task", tasks.TASKS)
 def test_accuracy_with_nothing_masked_equals_the_clean_accuracy(llama, tmp_path, task):
-    items = T.read_items(write_jsonl(tmp_path / "items.jsonl", ROWS[task]), task)
-    protocol = F.Protocol(rates=(0, 50), measures=("raw", "contribution_inter", "random"), batch_size=4)
-    tables = [table for _, table in T.iter_items(llama, items, protocol)]
+    items = tasks.read_items(write_jsonl(tmp_path / "items.jsonl", ROWS[task]), task)
+    protocol = faithfulness.Protocol(rates=(0, 50), measures=("raw", "contribution_inter", "random"), batch_size=4)
+    tables = [table for _, table in tasks.iter_items(llama, items, protocol)]
     table = pd.concat(tables, ignore_index=True)
-    assert list(table.columns) == T.TASK_COLUMNS
+    assert list(table.columns) == tasks.TASK_COLUMNS
     zero = table[table.rate == 0]
     assert (zero.correct_masked == zero.correct_clean).all()
     assert (zero.delta_ppl == 0).all()  # the clean pass itself, not a pass that masks nothing
-    summary = F.summarize(table)
-    assert set(F.ACCURACY_COLUMNS) <= set(summary.columns)
+    summary = faithfulness.summarize(table)
+    assert set(faithfulness.ACCURACY_COLUMNS) <= set(summary.columns)
     at_zero = summary[summary.rate == 0]
     assert (at_zero.accuracy_masked == at_zero.accuracy_clean).all() and (at_zero.delta_accuracy == 0).all()
     assert (at_zero.accuracy_ci_low == 0).all() and (at_zero.accuracy_ci_high == 0).all()
@@ -120,19 +118,19 @@ def test_accuracy_with_nothing_masked_equals_the_clean_accuracy(llama, tmp_path,
 
 def test_a_choice_is_scored_by_its_continuations_log_likelihood(llama):
     # An item whose two choices are identical sequences: the first wins the tie, so answer 0 is right, 1 wrong.
-    protocol = F.Protocol(rates=(50,), measures=("raw",))
-    right = T.run_item(llama, T.Item(("Say", "Say"), (" yes", " yes"), 0), protocol)
-    wrong = T.run_item(llama, T.Item(("Say", "Say"), (" yes", " yes"), 1), protocol)
+    protocol = faithfulness.Protocol(rates=(50,), measures=("raw",))
+    right = tasks.run_item(llama, tasks.Item(("Say", "Say"), (" yes", " yes"), 0), protocol)
+    wrong = tasks.run_item(llama, tasks.Item(("Say", "Say"), (" yes", " yes"), 1), protocol)
     assert right.correct_clean.eq(1).all() and right.correct_masked.eq(1).all()
     assert wrong.correct_clean.eq(0).all() and wrong.correct_masked.eq(0).all()
     # the harness's tokenisation: the context's trailing space moves to the continuation
-    ids, start = T.choice_ids(llama, "Answer: ", "yes", max_tokens=100)
+    ids, start = tasks.choice_ids(llama, "Answer: ", "yes", max_tokens=100)
     assert start == len("Answer:") and len(ids) == len("Answer: yes")
-    ids, start = T.choice_ids(llama, "x" * 50, " yes", max_tokens=10)  # cut from the left, continuation kept
+    ids, start = tasks.choice_ids(llama, "x" * 50, " yes", max_tokens=10)  # cut from the left, continuation kept
     assert len(ids) == 10 and start == 6
-    assert T.choice_ids(llama, "context", " a long continuation", max_tokens=5) is None
+    assert tasks.choice_ids(llama, "context", " a long continuation", max_tokens=5) is None
     with pytest.raises(InputError, match="not valid text.*position 8"):  # a lone surrogate from a JSON escape
-        T.choice_ids(llama, "Answer: \ud800", "yes", max_tokens=100)
+        tasks.choice_ids(llama, "Answer: \ud800", "yes", max_tokens=100)
 
 
 def test_paired_bootstrap_of_the_accuracy_change():
@@ -141,11 +139,11 @@ def test_paired_bootstrap_of_the_accuracy_change():
         | {"correct_clean": 1, "correct_masked": int(i % 2 == 0)}
         for i in range(10)
     ]
-    summary = F.summarize(pd.DataFrame(rows), seed=1)
+    summary = faithfulness.summarize(pd.DataFrame(rows), seed=1)
     row = summary.iloc[0]
     assert row.accuracy_clean == 1.0 and row.accuracy_masked == 0.5 and row.delta_accuracy == -0.5
     assert row.accuracy_ci_low < -0.5 < row.accuracy_ci_high <= 0
-    np.testing.assert_allclose((row.accuracy_ci_low, row.accuracy_ci_high), F.bootstrap_ci(np.array([0, -1] * 5), seed=1))
+    np.testing.assert_allclose((row.accuracy_ci_low, row.accuracy_ci_high), faithfulness.bootstrap_ci(np.array([0, -1] * 5), seed=1))
 
 
 def run_cli(tmp_path, monkeypatch, task: str, *extra: str) -> int:
@@ -160,19 +158,19 @@ def test_cli_task_prints_accuracy_and_writes_resumable_records(tmp_path, monkeyp
     out = capsys.readouterr().out
     assert "accuracy: clean" in out and "comprehensiveness:" in out
     single = pd.read_csv(tmp_path / "single.csv")
-    assert set(F.ACCURACY_COLUMNS) <= set(single.columns)
+    assert set(faithfulness.ACCURACY_COLUMNS) <= set(single.columns)
 
     whole = tmp_path / "whole"
     assert run_cli(tmp_path, monkeypatch, "mmlu", "--results", str(whole)) == 0
-    records = [json.loads(line) for line in (whole / "records-00000.jsonl").read_text().splitlines()]
-    assert [r["task"] for r in records] == ["mmlu"] * 3 and all(r["correct_clean"] in (0, 1) for r in records)
-    assert all(run["correct_masked"] in (0, 1) for r in records for run in r["runs"])
-    assert json.loads((whole / R.MANIFEST).read_text())["task"] == "mmlu"
+    written = [json.loads(line) for line in (whole / "records-00000.jsonl").read_text().splitlines()]
+    assert [r["task"] for r in written] == ["mmlu"] * 3 and all(r["correct_clean"] in (0, 1) for r in written)
+    assert all(run["correct_masked"] in (0, 1) for r in written for run in r["runs"])
+    assert json.loads((whole / records.MANIFEST).read_text())["task"] == "mmlu"
     part = tmp_path / "part"
     part.mkdir()
-    (part / "records-00000.jsonl").write_text(json.dumps(records[0]) + "\n")
+    (part / "records-00000.jsonl").write_text(json.dumps(written[0]) + "\n")
     assert run_cli(tmp_path, monkeypatch, "mmlu", "--results", str(part), "--resume") == 0
-    assert (part / R.SUMMARY).read_text() == (whole / R.SUMMARY).read_text()
+    assert (part / records.SUMMARY).read_text() == (whole / records.SUMMARY).read_text()
     # the same folder with another task is another run
     capsys.readouterr()
     assert run_cli(tmp_path, monkeypatch, "mmlu", "--results", str(part), "--resume", "--seed", "2") == 2
@@ -189,11 +187,11 @@ def test_cli_task_needs_a_jsonl_file_or_a_dataset(tmp_path, monkeypatch, capsys)
 
 
 def test_embedded_model_answers_mmlu_items_clean_and_masked(embedded, tmp_path):
-    items = T.read_items(write_jsonl(tmp_path / "mmlu.jsonl", MMLU), "mmlu")
-    protocol = F.Protocol(rates=(0, 100), measures=("contribution_inter", "random"))
-    table = pd.concat([t for _, t in T.iter_items(embedded, items, protocol)], ignore_index=True)
+    items = tasks.read_items(write_jsonl(tmp_path / "mmlu.jsonl", MMLU), "mmlu")
+    protocol = faithfulness.Protocol(rates=(0, 100), measures=("contribution_inter", "random"))
+    table = pd.concat([t for _, t in tasks.iter_items(embedded, items, protocol)], ignore_index=True)
     zero, full = table[table.rate == 0], table[table.rate == 100]
     assert (zero.correct_masked == zero.correct_clean).all() and (zero.delta_ppl == 0).all()
     assert (full.delta_ppl > 0).all()  # every key of every query removed: the model is lost
-    summary = F.summarize(table)
+    summary = faithfulness.summarize(table)
     assert summary.accuracy_clean.between(0, 1).all() and summary.n.eq(len(MMLU)).all()

@@ -106,6 +106,38 @@ def test_a_run_shows_its_progress_and_leaves_no_bar_behind(tiny_model, tmp_path,
     assert not at.get("progress")
 
 
+def test_stop_keeps_the_finished_prompts_and_run_resumes_from_them(tiny_model, tmp_path, monkeypatch):
+    """Stop interrupts the run (a click reruns the page; here st.stop stands for that interruption) and keeps the
+    prompts finished; Run then computes only the others."""
+    import streamlit as st
+
+    from cwviz.analyses import atlas
+
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("\n".join(json.dumps({"text": t + " stop"}) for t in PROMPTS), encoding="utf-8")
+    real, ran = atlas.iter_prompt_stats, []
+
+    def stopped_on_the_second(bundle, texts, *args, **kwargs):
+        ran.append(texts[0])
+        if len(ran) == 2:
+            st.stop()
+        return real(bundle, texts, *args, **kwargs)
+
+    monkeypatch.setattr(atlas, "iter_prompt_stats", stopped_on_the_second)
+    at = open_page({"atlas_source": "path", "atlas_path": str(source), "atlas_n": "3"})
+    at.button(key="atlas_run").click().run()
+    assert_clean(at)
+    assert not charts(at)
+    at.button(key="atlas_stop").click().run()
+    assert_clean(at)
+    assert not charts(at) and any("Run resumes" in c.value for c in at.caption)
+    at.button(key="atlas_run").click().run()
+    assert_clean(at)
+    (grid,) = charts(at)
+    assert "Mean over 3 prompt(s)" in title(grid)
+    assert ran == [f"{t} stop" for t in (PROMPTS[0], PROMPTS[1], PROMPTS[1], PROMPTS[2])]  # the first prompt ran once
+
+
 def test_a_sweep_results_folder_loads_as_a_saved_atlas(tiny_model, tmp_path, monkeypatch):
     """`cwviz atlas --results DIR` (the sweep runner) leaves a folder the page reloads as it reloads `--out`'s."""
     from cwviz import cli

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from cwviz.analyses import claims as C
-from cwviz.analyses import records as R
+from cwviz.analyses import claims, records
 from tests.helpers import ordered, record, sinks
 
 PAGE = str(Path(__file__).resolve().parents[2] / "views" / "claims.py")
@@ -32,7 +31,9 @@ def saved_folder(tmp_path: Path) -> Path:
     lines = []
     for i in range(12):
         payload = record(i, ordered(i, 1.0, noise=0.1), sinks(i, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0))
-        lines.append(json.dumps(R.make_record(C.CLAIMS, i, f"item {i}", "key", {k: v for k, v in payload.items() if k != "example"})))
+        lines.append(
+            json.dumps(records.make_record(claims.CLAIMS, i, f"item {i}", "key", {k: v for k, v in payload.items() if k != "example"}))
+        )
     (where / "records-00000.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return tmp_path / "run"
 
@@ -53,7 +54,7 @@ def test_a_saved_folder_gives_one_row_per_claim_with_its_verdict(app, tmp_path):
     assert list(overview.index) == [1, 2, 3, 4, 5]
     assert list(overview.loc[[2, 3, 4, 5], "verdict"]) == ["holds"] * 4
     assert overview.loc[1, "verdict"] == "2 holds, 0 fails, 0 unresolved"
-    assert overview.loc[3, "statement"] == C.STATEMENTS[3]
+    assert overview.loc[3, "statement"] == claims.STATEMENTS[3]
     assert any("12 item(s)" in c.value for c in at.caption)
 
 
@@ -66,7 +67,11 @@ def test_a_folder_that_is_not_a_claims_run_shows_an_error(app, tmp_path):
     assert at.error and "no results folder" in at.error[0].value
 
 
-def test_a_run_here_on_the_embedded_model_judges_every_claim(app):
+def test_a_run_here_on_the_embedded_model_judges_every_claim_from_the_records_the_cli_writes(app, tmp_path):
+    from cwviz import cli
+    from cwviz.analyses.codecs import CLAIMS
+    from cwviz.app import run_services
+
     app.number_input(key="claims_n").set_value(1)
     app.number_input(key="claims_cap").set_value(10)
     app.button(key="claims_run").click()
@@ -75,3 +80,6 @@ def test_a_run_here_on_the_embedded_model_judges_every_claim(app):
     overview = at.dataframe[0].value
     assert list(overview.index) == [1, 2, 3, 4, 5]
     assert set(at.dataframe[1].value["scope"]) == {"query", "token", "layer"}
+    made = run_services.finished(run_services.claims_plan(at.session_state["_claims_asked"]))
+    assert cli.main(["claims", "--gsm8k", "--n", "1", "--max-tokens", "10", "--results", str(tmp_path)]) == 0
+    assert made == records.read_records(tmp_path / claims.RECORDS_FOLDER, CLAIMS)  # the same fingerprint and numbers

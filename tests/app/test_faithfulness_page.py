@@ -104,16 +104,49 @@ def test_the_page_runs_through_the_sweep_runner_and_records_what_the_cli_records
     """The page's run goes through the shared sweep runner: its records (fingerprint, envelope and numbers) are the
     records `cwviz faithfulness --results DIR` writes for the same example and protocol, and so is its summary."""
     from cwviz import cli
-    from cwviz.analyses import records as R
-    from cwviz.analyses import sweep
+    from cwviz.analyses import records
+    from cwviz.analyses.codecs import FAITHFULNESS
+    from cwviz.app import run_services
 
     at = tiny_run(app)
     assert not at.exception and not at.error
-    run = at.session_state["_faithfulness_run"]
+    asked = at.session_state["_faithfulness_asked"]
     results = tmp_path / "results"
-    argv = ["faithfulness", "--text", run["texts"][0], "--max-tokens", "12", "--rates", "50", "--measures", "raw,random"]
+    argv = ["faithfulness", "--text", asked.texts[0], "--max-tokens", "12", "--rates", "50", "--measures", "raw,random"]
     assert cli.main([*argv, "--results", str(results)]) == 0
-    assert run["records"] == R.read_records(results)
+    assert run_services.finished(run_services.faithfulness_plan(asked)) == records.read_records(results, FAITHFULNESS)
     shown = at.dataframe[0].value
-    summary = sweep.faithfulness_summary(R.read_records(results))
+    summary = FAITHFULNESS.summary(records.read_records(results, FAITHFULNESS))
     assert shown.loc["raw", "comp. 50%"] == summary.query("measure == 'raw' and curve == 'comprehensiveness'")["delta_ppl"].item()
+
+
+def test_a_stopped_run_keeps_its_finished_examples_and_run_resumes_it(app, tmp_path, monkeypatch):
+    """Stop (like any click during a run) interrupts the script at its next Streamlit call, as st.stop does: the
+    rerun that follows shows the examples finished before, and Run with the same settings computes only the rest."""
+    import streamlit as st
+
+    from cwviz.analyses import faithfulness
+
+    good = tmp_path / "items.jsonl"
+    good.write_text("\n".join(json.dumps({"text": f"Example {i} is about the number {i}."}) for i in range(3)))
+    app.radio(key="source").set_value("path").run()
+    app.text_input(key="path").set_value(str(good))
+    app.number_input(key="n").set_value(3)
+    real, ran = faithfulness.run_example, []
+
+    def stopped_on_the_second(*args, **kwargs):
+        ran.append(kwargs["example"])
+        if len(ran) == 2:
+            st.stop()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(faithfulness, "run_example", stopped_on_the_second)
+    at = tiny_run(app)
+    assert not at.exception and not at.error and not at.dataframe  # stopped: nothing drawn after the run
+    at.run()
+    assert any("1 of 3 examples (stopped early" in caption.value for caption in at.caption)
+    at.button(key="faith_run").click()
+    at.run()
+    assert not at.exception and not at.error
+    assert ran == [0, 1, 1, 2]  # the finished example is not run again
+    assert any(caption.value.startswith("3 of 3 examples;") for caption in at.caption)

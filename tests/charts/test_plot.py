@@ -14,8 +14,7 @@ import pytest
 
 import cwviz
 from cwviz import plot
-from cwviz.analyses import faithfulness as F
-from cwviz.analyses import sinks, tables
+from cwviz.analyses import faithfulness, sinks, tables
 from cwviz.charts import heatmaps as heatmap_charts
 from tests.helpers import TEXT, assert_drawn_from, datasets, make_tiny
 
@@ -114,15 +113,15 @@ def test_sink_intervention_draws_the_intervention_table(analysis):
 # -- Faithfulness page ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def per_example(analysis):
-    protocol = F.Protocol(rates=(10, 50), measures=("raw", "contribution_inter", "random"))
-    return F.run_example(analysis.bundle, analysis.input_ids, protocol)
+    protocol = faithfulness.Protocol(rates=(10, 50), measures=("raw", "contribution_inter", "random"))
+    return faithfulness.run_example(analysis.bundle, analysis.input_ids, protocol)
 
 
 def test_faithfulness_curves_from_per_example_results_and_from_a_summary(per_example):
-    summary = F.summarize(per_example)
+    summary = faithfulness.summarize(per_example)
     both = plot.faithfulness_curves(per_example)
     assert isinstance(both, alt.VConcatChart)
-    for curve in F.CURVES:
+    for curve in faithfulness.CURVES:
         assert_drawn_from(both, summary[summary["curve"] == curve])
     one = plot.faithfulness_curves(summary, scale="symlog", curve="sufficiency")
     assert_drawn_from(one, summary[summary["curve"] == "sufficiency"])

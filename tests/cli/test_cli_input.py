@@ -17,8 +17,7 @@ import pandas as pd
 import pytest
 
 import cwviz
-from cwviz.analyses import atlas, sinks
-from cwviz.analyses import faithfulness as F
+from cwviz.analyses import atlas, faithfulness, sinks
 from cwviz.cli import analyze as analyze_command
 from cwviz.cli import common, main
 from cwviz.cli import compare as compare_command
@@ -59,9 +58,9 @@ def test_a_lone_surrogate_at_the_api_is_an_input_error_naming_its_position(llama
     with pytest.raises(InputError, match=r"U\+D800\) at position 3"):
         cwviz.analyze(llama, "abc\ud800")
     with pytest.raises(InputError, match="position 0"):
-        F.example_ids(llama, "\udcffabc", 16)
+        faithfulness.example_ids(llama, "\udcffabc", 16)
     with pytest.raises(InputError, match="position 2"):
-        list(F.iter_examples(llama, ["ok text", "ab\ud800"], F.Protocol(rates=(50.0,), measures=("raw",))))
+        list(faithfulness.iter_examples(llama, ["ok text", "ab\ud800"], faithfulness.Protocol(rates=(50.0,), measures=("raw",))))
 
 
 @pytest.mark.parametrize(
@@ -148,7 +147,7 @@ def test_atlas_top_prompts_with_an_unknown_metric(llama):
 # -- 4. one string where a list of prompts is expected ---------------------------------------------------------
 def test_one_string_for_a_list_of_prompts_is_refused(llama):
     with pytest.raises(InputError, match="give a list of prompts, not one string"):
-        list(F.iter_examples(llama, "hello there", F.Protocol(rates=(50.0,), measures=("raw",))))
+        list(faithfulness.iter_examples(llama, "hello there", faithfulness.Protocol(rates=(50.0,), measures=("raw",))))
     with pytest.raises(InputError, match="give a list of prompts, not one string"):
         atlas.run(llama, "hello")
 
@@ -311,24 +310,24 @@ def test_export_takes_one_layer_as_an_int_and_each_layer_once(analysis, tmp_path
 )
 def test_protocol_refuses_values_of_the_wrong_type(kwargs, message):
     with pytest.raises(InputError, match=message):
-        F.Protocol(**kwargs)
+        faithfulness.Protocol(**kwargs)
 
 
 def test_summarize_of_a_table_without_the_columns_names_them():
     with pytest.raises(InputError, match="measure, curve, rate, delta_ppl"):
-        F.summarize(pd.DataFrame())
+        faithfulness.summarize(pd.DataFrame())
     with pytest.raises(CwvizError, match="delta_ppl"):
-        F.summarize(pd.DataFrame({"measure": ["raw"], "curve": ["sufficiency"], "rate": [10.0]}))
+        faithfulness.summarize(pd.DataFrame({"measure": ["raw"], "curve": ["sufficiency"], "rate": [10.0]}))
 
 
 # -- 14. areas ---------------------------------------------------------------------------------------------------------------
 def _summary(rates: tuple[float, ...]) -> pd.DataFrame:
-    rows = [{"example": 0, "measure": "raw", "curve": c, "rate": r, "delta_ppl": 1.0} for c in F.CURVES for r in rates]
-    return F.summarize(pd.DataFrame(rows))
+    rows = [{"example": 0, "measure": "raw", "curve": c, "rate": r, "delta_ppl": 1.0} for c in faithfulness.CURVES for r in rates]
+    return faithfulness.summarize(pd.DataFrame(rows))
 
 
 def test_one_rate_prints_no_area_and_two_name_the_span():
     one = faithfulness_command.format_table(_summary((10.0,)))
     assert "area n/a (needs two rates)" in one and one.splitlines()[2].split()[-1] == "n/a"
-    two = faithfulness_command.format_table(_summary(F.DEFAULT_RATES))
+    two = faithfulness_command.format_table(_summary(faithfulness.DEFAULT_RATES))
     assert "area over rates 0.01..0.5" in two and two.splitlines()[2].split()[-1] == "0.49"  # constant ΔPPL of 1

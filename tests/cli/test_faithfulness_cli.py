@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from cwviz import cli
-from cwviz.analyses import faithfulness as F
+from cwviz.analyses import faithfulness
 from cwviz.cli import faithfulness as command
 from tests.helpers import make_tiny, write_jsonl
 
@@ -52,7 +52,7 @@ def test_two_items_of_a_small_jsonl_with_the_embedded_model(tmp_path):
     assert set(table.n) == {2}
     assert set(table.rate) == {10, 50}
     assert (table.ci_low <= table.delta_ppl + 1e-9).all() and (table.delta_ppl <= table.ci_high + 1e-9).all()
-    for curve in F.CURVES:
+    for curve in faithfulness.CURVES:
         assert f"{curve}: mean ΔPPL over 2 example(s)" in done.stdout
     assert "area" in done.stdout and "paper's order" in done.stdout
     assert "2/2" in done.stderr  # the progress bar
@@ -100,7 +100,7 @@ def test_a_dataset_name_offline_names_the_fix(capsys):
 
 def test_an_interrupted_run_keeps_the_examples_it_finished(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(command, "load", lambda _args: make_tiny("llama"))
-    real = F.run_example
+    real = faithfulness.run_example
     calls = []
 
     def interrupted_on_the_second(*args, **kwargs):
@@ -109,13 +109,13 @@ def test_an_interrupted_run_keeps_the_examples_it_finished(tmp_path, capsys, mon
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(F, "run_example", interrupted_on_the_second)
+    monkeypatch.setattr(faithfulness, "run_example", interrupted_on_the_second)
     data = write_jsonl(tmp_path / "items.jsonl", [{"text": "abcdefghij"}, {"text": "klmnopqrst"}, {"text": "uvwxyzabcd"}])
     out = tmp_path / "results.csv"
     assert cli.main(["faithfulness", "--jsonl", str(data), "--rates", "50", "--out", str(out)]) == 130
     table = pd.read_csv(out)
     assert set(table.n) == {1}
-    assert len(table) == len(F.RANKED_MEASURES) * 2
+    assert len(table) == len(faithfulness.RANKED_MEASURES) * 2
     assert not (tmp_path / "results.csv.tmp").exists()
 
 

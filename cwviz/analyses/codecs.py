@@ -1,0 +1,391 @@
+"""One codec per record type: what a record of faithfulness, sinks, the atlas or the claims holds, in one place.
+
+A record type's codec is the type itself: its ``name`` (``cwviz.<name>.record``), what decides its records' numbers
+(``settings``: their fingerprint), ``encode`` (a payload from the tables one item gave), the checks a record read
+back must pass (``payload``: keys and types; ``validate``: ranges and lengths; ``validate_run``: what the records of
+one folder must share; ``manifest_fields``: its manifest's keys), and ``decode`` (the records back to the tables).
+:mod:`cwviz.analyses.records` keeps the file format around them (envelope, writer, reader, locks, manifests) and
+:mod:`cwviz.analyses.sweep` the runner; a check a record type needs goes into its codec, never into either.
+
+A faithfulness record's payload (:meth:`FaithfulnessCodec.encode`; a multiple-choice task's item is a faithfulness
+record whose ``task`` names it and whose ``correct_*`` fields are set) is
+
+    {"task": "text" | "mmlu" | ..., "skipped": bool, "tokens": int, "ppl_clean": float, "correct_clean": 0 | 1 | null,
+     "runs": [{"measure", "curve", "rate", "ppl_masked", "delta_ppl", "correct_masked"}, ...],
+     "rank_scope": "query" | "token" | "layer"}  (absent in records made before scopes: query)
+
+a sinks record's a prompt's whole sink table (:meth:`SinksCodec.encode`), an atlas record's a prompt's per-head
+statistics (:meth:`AtlasCodec.encode`), and a claims record's every rank scope's faithfulness payload and the
+item's sink statistics (:meth:`ClaimsCodec.encode`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..core.errors import InputError
+from . import faithfulness
+from .records import (
+    FLAG,
+    INT,
+    MANIFEST,
+    NUMBER,
+    TEXT,
+    Field,
+    check_fields,
+    is_int,
+    is_number,
+    list_of,
+    optional,
+    shown,
+)
+from .schema import ATLAS_METRICS, RANK_SCOPES
+from .sinks import TABLE_COLUMNS
+
+_COUNT: Field = (lambda v: is_int(v) and v >= 1, "a positive integer")
+_NUMBERS: Field = (list_of(is_number), "a list of numbers")
+_NAMES: Field = (list_of(lambda v: isinstance(v, str)), "a list of names")
+
+
+def _data_count(key: str) -> Field:
+    """The manifest's ``data`` object, with its positive ``key`` count (the run's examples or prompts)."""
+    return (lambda v: isinstance(v, dict) and _COUNT[0](v.get(key)), f"an object with its '{key}' count")
+
+
+def model_settings(provenance: dict) -> dict:
+    """What of the model's provenance (:func:`cwviz.core.parallel.model_provenance`) decides the numbers (not the device)."""
+    return {k: provenance[k] for k in ("id", "architecture", "revision", "weights_sha256", "dtype")}
+
+
+def _same_length(columns: dict, where: str, fix: str) -> None:
+    if len({len(v) for v in columns.values()}) > 1:
+        raise InputError(f"{where}: its columns differ in length (a cut or edited record); {fix}")
+
+
+class Codec:
+    """What every record type has; a type with no check beyond its fields' types keeps these (module docstring)."""
+
+    name: str
+    payload: dict[str, Field]
+    manifest_fields: dict[str, Field]
+
+    @property
+    def schema(self) -> str:
+        return f"cwviz.{self.name}.record"
+
+    def validate(self, record: dict, where: str, fix: str) -> None:
+        """Nothing beyond the fields' types (:data:`payload`)."""
+
+    def validate_run(self, records: list[dict], manifest: dict | None, folder: Path, fix: str) -> None:
+        """Nothing beyond one fingerprint and one text per example (:func:`cwviz.analyses.records.check_one_run`)."""
+
+    def describe(self, records: list[dict]) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        return f"<codec {self.name}>"
+
+
+# -- faithfulness (and multiple-choice tasks) ------------------------------------------------------------
+#: The keys and types of one masked run of a faithfulness record.
+RUN: dict[str, Field] = {
+    "measure": TEXT,
+    "curve": TEXT,
+    "rate": NUMBER,
+    "ppl_masked": NUMBER,
+    "delta_ppl": NUMBER,
+    "correct_masked": (optional(is_int), "an integer or null"),
+}
+
+
+class FaithfulnessCodec(Codec):
+    """``cwviz faithfulness`` (text, or a multiple-choice task's items) and the Faithfulness page."""
+
+    name = "faithfulness"
+    payload = {
+        "task": TEXT,
+        "skipped": FLAG,
+        "tokens": INT,
+        "ppl_clean": (optional(is_number), "a number or null"),
+        "correct_clean": (optional(is_int), "an integer or null"),
+        "runs": (list_of(lambda v: isinstance(v, dict)), "a list of runs"),
+    }
+    manifest_fields = {"fingerprint": TEXT, "seed": INT, "rates": _NUMBERS, "measures": _NAMES, "data": _data_count("examples")}
+
+    def settings(self, protocol, provenance: dict, task: str = "text") -> dict:
+        """What decides a record's numbers: the protocol (not its batch size), the model, the task. The query rank
+        scope (the only one before scopes existed) is left out, so folders made before then still resume; any other
+        scope is in, so a resume with another scope is refused."""
+        kept = {k: v for k, v in asdict(protocol).items() if k != "batch_size"}
+        if kept.get("rank_scope") == "query":
+            del kept["rank_scope"]
+        return {"protocol": kept, "model": model_settings(provenance), "task": task}
+
+    def encode(self, task: str, table: pd.DataFrame | None, rank_scope: str | None = None) -> dict:
+        """One example's payload from its per-example table (:func:`cwviz.analyses.faithfulness.run_example` or
+        :func:`cwviz.analyses.tasks.run_item`; None: skipped, too short), with ``rank_scope`` when given."""
+        scope = {} if rank_scope is None else {"rank_scope": rank_scope}
+        record: dict = {"task": task, "skipped": table is None}
+        if table is None:
+            return {**record, "tokens": 0, "ppl_clean": None, "correct_clean": None, "runs": [], **scope}
+        first = table.iloc[0]
+        correct = "correct_masked" in table
+        runs = [
+            {
+                "measure": row.measure,
+                "curve": row.curve,
+                "rate": float(row.rate),
+                "ppl_masked": float(row.ppl_masked),
+                "delta_ppl": float(row.delta_ppl),
+                "correct_masked": int(row.correct_masked) if correct else None,
+            }
+            for row in table.itertuples(index=False)
+        ]
+        clean = int(first.correct_clean) if correct else None
+        return {**record, "tokens": int(first.tokens), "ppl_clean": float(first.ppl_clean), "correct_clean": clean, "runs": runs, **scope}
+
+    def validate(self, record: dict, where: str, fix: str) -> None:
+        for number, run in enumerate(record["runs"], start=1):
+            check_fields(run, RUN, f"{where}, run {number}", fix)
+        if not record["skipped"] and not is_number(record["ppl_clean"]):
+            raise InputError(f"{where}: a finished example's 'ppl_clean' must be a number, not null; {fix}")
+        scope = record.setdefault("rank_scope", RANK_SCOPES[0])  # absent in records made before scopes: query
+        if scope not in RANK_SCOPES:
+            raise InputError(f"{where}: 'rank_scope' must be one of {', '.join(RANK_SCOPES)}, not {shown(scope)}; {fix}")
+
+    def validate_run(self, records: list[dict], manifest: dict | None, folder: Path, fix: str) -> None:
+        """One rank scope, and every finished record holds the same masked runs (measure, curve, rate), once each:
+        the manifest's measures and rates when it names them."""
+        scopes = {r["rank_scope"] for r in records}
+        if len(scopes) > 1:  # the query scope is left out of the fingerprint, so the fingerprint alone cannot tell
+            raise InputError(f"{folder} holds records of different rank scopes ({', '.join(sorted(scopes))}); {fix}")
+        grids = {}
+        for record in records:
+            if record["skipped"]:
+                continue
+            runs = [(run["measure"], run["curve"], run["rate"]) for run in record["runs"]]
+            if len(set(runs)) != len(runs) or not runs:
+                raise InputError(f"{folder}: the record of example {record['example']} holds a masked run twice, or none; {fix}")
+            grids.setdefault(frozenset(runs), record["example"])
+        if len(grids) > 1:
+            first, second = list(grids.values())[:2]
+            raise InputError(f"{folder}: examples {first} and {second} hold different masked runs (measures, curves or rates); {fix}")
+        if grids and manifest is not None:
+            (grid,) = grids
+            measures, rates = {m for m, _, _ in grid}, {float(r) for _, _, r in grid}
+            if measures != set(manifest["measures"]) or rates != {float(r) for r in manifest["rates"]}:
+                raise InputError(
+                    f"{folder / MANIFEST} names measures {', '.join(manifest['measures'])} at rates "
+                    f"{', '.join(f'{r:g}' for r in manifest['rates'])}, but the records hold measures {', '.join(sorted(measures))} "
+                    f"at rates {', '.join(f'{r:g}' for r in sorted(rates))}; restore the manifest of the run that wrote the records, or {fix}"
+                )
+
+    def describe(self, records: list[dict]) -> str:
+        """The rates and measures of the records' runs."""
+        runs = [run for record in records for run in record["runs"]]
+        rates = sorted({run["rate"] for run in runs})
+        measures = sorted({run["measure"] for run in runs})
+        return f"; rates {', '.join(f'{r:g}' for r in rates)}; measures {', '.join(measures)}" if runs else ""
+
+    def decode(self, records: Sequence[dict]) -> pd.DataFrame:
+        """The per-example table (one row per example and masked run) of the records that were not skipped: the
+        columns of :data:`cwviz.analyses.faithfulness.EXAMPLE_COLUMNS`, plus ``correct_clean`` and ``correct_masked``
+        for multiple-choice tasks."""
+        rows = []
+        for record in records:
+            for run in record["runs"]:
+                row = {
+                    "example": record["example"],
+                    "measure": run["measure"],
+                    "curve": run["curve"],
+                    "rate": run["rate"],
+                    "tokens": record["tokens"],
+                    "ppl_clean": record["ppl_clean"],
+                    "ppl_masked": run["ppl_masked"],
+                    "delta_ppl": run["delta_ppl"],
+                }
+                if record.get("correct_clean") is not None:
+                    row["correct_clean"], row["correct_masked"] = record["correct_clean"], run["correct_masked"]
+                rows.append(row)
+        frame = pd.DataFrame(rows)
+        return frame if len(frame) else pd.DataFrame(columns=faithfulness.EXAMPLE_COLUMNS)
+
+    def summary(self, records: Sequence[dict], seed: int = 0) -> pd.DataFrame:
+        """The summary (:func:`cwviz.analyses.faithfulness.summarize`) of the records' finished examples (none: empty)."""
+        table = self.decode(records)
+        return faithfulness.summarize(table, seed=seed) if len(table) else pd.DataFrame(columns=faithfulness.SUMMARY_COLUMNS)
+
+
+# -- sinks -----------------------------------------------------------------------------------------------
+#: The integer and float32 columns of a sinks record's table (numpy arrays in memory, lists in a file:
+#: :func:`cwviz.analyses.records.as_json`); ``sink_attention_share`` is ``sink_ratio`` by definition, ``token`` and
+#: ``sink`` come from the record.
+SINK_INTS = ("layer", "head", "query", "other_keys")
+SINK_FLOATS = (
+    "sink_ratio",
+    "output_norm",
+    "sink_value_norm",
+    "rest_norm",
+    "cos_sink_rest",
+    "sink_contribution_share",
+    "sink_contribution_inter",
+    "learned_sink_share",
+)
+
+
+class SinksCodec(Codec):
+    """``cwviz sinks`` and the Sinks page's pooled prompts: one prompt's whole sink table a record."""
+
+    name = "sinks"
+    payload = {
+        "sink": INT,
+        "tokens": (list_of(lambda v: isinstance(v, str)), "a list of token texts"),
+        "ppl": (optional(list_of(is_number)), "a list of numbers or null"),
+        "ppl_clean": (optional(is_number), "a number or null"),
+        "table": ((lambda v: isinstance(v, dict)), "an object of columns"),
+    }
+    manifest_fields = {"fingerprint": TEXT, "factor": NUMBER}
+
+    def settings(self, sink: str, factor: float, ppl: bool, provenance: dict) -> dict:
+        """What decides a record's numbers: the sink asked for, λ and whether ΔPPL runs, and the model."""
+        return {"sink": str(sink).strip().lower(), "factor": float(factor), "ppl": bool(ppl), "model": model_settings(provenance)}
+
+    def encode(
+        self, table: pd.DataFrame, sink: int, tokens: Sequence[str], ppl: np.ndarray | None = None, clean: float | None = None
+    ) -> dict:
+        """One prompt's payload: its whole :func:`~cwviz.analyses.sinks.sink_table` (one row per layer, head and
+        query that sees the sink; about 12 numbers a row, kept as numpy columns until written), its tokens, and with ΔPPL the perplexities with the sink's
+        value scaled in each layer, then in all (``ppl``, [layers + 1]), and the clean one."""
+        columns = {name: table[name].to_numpy(np.int64, copy=True) for name in SINK_INTS}
+        columns |= {name: table[name].to_numpy(np.float32, copy=True) for name in SINK_FLOATS}
+        return {
+            "sink": int(sink),
+            "tokens": list(tokens),
+            "ppl": None if ppl is None else [float(p) for p in ppl],
+            "ppl_clean": None if clean is None else float(clean),
+            "table": columns,
+        }
+
+    def validate(self, record: dict, where: str, fix: str) -> None:
+        columns = record["table"]
+        for name in (*SINK_INTS, *SINK_FLOATS):
+            check_fields(
+                columns, {name: (list_of(is_int if name in SINK_INTS else is_number), "a list of numbers")}, f"{where}, table", fix
+            )
+        tokens = len(record["tokens"])
+        if not 0 <= record["sink"] < tokens or any(not 0 <= q < tokens for q in columns["query"]):
+            raise InputError(f"{where}: its sink or queries lie outside its {tokens} tokens; {fix}")
+        _same_length(columns, where, fix)
+
+    def decode(self, record: dict) -> pd.DataFrame:
+        """The :func:`~cwviz.analyses.sinks.sink_table` a record holds, columns and dtypes as made."""
+        columns = record["table"]
+        frame = pd.DataFrame({name: np.asarray(columns[name], dtype=np.int64) for name in SINK_INTS})
+        for name in SINK_FLOATS:
+            frame[name] = np.asarray(columns[name], dtype=np.float32)
+        frame["sink_attention_share"] = frame["sink_ratio"]
+        frame["sink"] = np.int64(record["sink"])
+        frame["token"] = np.asarray(record["tokens"], dtype=object)[frame["query"].to_numpy()]
+        return frame[list(TABLE_COLUMNS)]
+
+
+# -- atlas -----------------------------------------------------------------------------------------------
+class AtlasCodec(Codec):
+    """``cwviz atlas`` and the Atlas page: one prompt's per-head statistics a record."""
+
+    name = "atlas"
+    payload = {
+        "tokens": INT,
+        "layer": (list_of(is_int), "a list of integers"),
+        "head": (list_of(is_int), "a list of integers"),
+        **{name: (list_of(is_number), "a list of numbers") for name in ATLAS_METRICS},
+    }
+    manifest_fields = {
+        "fingerprint": TEXT,
+        "bootstrap": _COUNT,
+        "confidence": (lambda v: is_number(v) and 0 < v < 1, "a number between 0 and 1"),
+        "seed": INT,
+        "data": _data_count("prompts"),
+    }
+
+    def settings(self, sink: int, provenance: dict) -> dict:
+        """What decides a record's numbers: the sink and the model (the bootstrap pools the records; it decides none)."""
+        return {"sink": sink, "model": model_settings(provenance)}
+
+    def encode(self, frame: pd.DataFrame) -> dict:
+        """One prompt's payload: its :func:`~cwviz.analyses.atlas.prompt_stats` (one row per layer and head)."""
+        return {
+            "tokens": int(frame["tokens"].iloc[0]),
+            "layer": frame["layer"].astype(np.int64).tolist(),
+            "head": frame["head"].astype(np.int64).tolist(),
+            **{name: [float(v) for v in frame[name]] for name in ATLAS_METRICS},
+        }
+
+    def validate(self, record: dict, where: str, fix: str) -> None:
+        _same_length({k: record[k] for k in ("layer", "head", *ATLAS_METRICS)}, where, fix)
+
+    def validate_run(self, records: list[dict], manifest: dict | None, folder: Path, fix: str) -> None:
+        if len({(tuple(r["layer"]), tuple(r["head"])) for r in records}) > 1:
+            raise InputError(f"{folder} holds atlas records of different (layer, head) grids (another model's, or edited); {fix}")
+
+    def decode(self, records: Sequence[dict]) -> pd.DataFrame:
+        """The per-prompt table (:func:`~cwviz.analyses.atlas.iter_prompt_stats`, concatenated) of the records, each
+        prompt numbered by its place among them (its example index when every prompt is recorded)."""
+        if not records:
+            raise InputError("no prompt was analysed; nothing to pool")
+        frames = [
+            pd.DataFrame(
+                {
+                    "prompt": number,
+                    "tokens": record["tokens"],
+                    "layer": np.asarray(record["layer"], dtype=np.int64),
+                    "head": np.asarray(record["head"], dtype=np.int64),
+                    **{name: np.asarray(record[name], dtype=np.float64) for name in ATLAS_METRICS},
+                }
+            )
+            for number, record in enumerate(records)
+        ]
+        return pd.concat(frames, ignore_index=True)
+
+
+# -- claims ----------------------------------------------------------------------------------------------
+class ClaimsCodec(Codec):
+    """``cwviz claims`` and the Claims page: one item's faithfulness runs under every rank scope and its sink statistics."""
+
+    name = "claims"
+    payload = {}
+    manifest_fields = {"fingerprint": TEXT, "seed": INT, "rates": _NUMBERS, "scopes": _NAMES, "data": _data_count("examples")}
+
+    def settings(self, protocol, scopes: Sequence[str], sink, provenance: dict) -> dict:
+        """What decides a record's numbers: the protocol (not its batch size or scope), the scopes, the sink, the model."""
+        kept = {k: v for k, v in asdict(protocol).items() if k not in ("batch_size", "rank_scope")}
+        return {"protocol": kept, "scopes": list(scopes), "sink": str(sink), "model": model_settings(provenance)}
+
+    def encode(self, tokens: int, tables: dict[str, pd.DataFrame] | None = None, stats: dict | None = None) -> dict:
+        """One item's payload: each rank scope's per-example table (a faithfulness payload) and its sink statistics
+        (:func:`cwviz.analyses.claims.sink_statistics`); ``tables`` None: skipped (too short)."""
+        if tables is None:
+            return {"skipped": True, "tokens": tokens, "faithfulness": {}, "sinks": {}}
+        faithful = {scope: FAITHFULNESS.encode("text", table) for scope, table in tables.items()}
+        return {"skipped": False, "tokens": tokens, "faithfulness": faithful, "sinks": stats or {}}
+
+    def decode(self, records: Sequence[dict], scope: str) -> pd.DataFrame:
+        """ΔPPL of each finished item under ``scope``: rows item, columns (curve, rate, measure)."""
+        rows = [
+            (record["example"], run["curve"], run["rate"], run["measure"], run["delta_ppl"])
+            for record in records
+            if not record.get("skipped")
+            for run in record["faithfulness"].get(scope, {}).get("runs", [])
+        ]
+        frame = pd.DataFrame(rows, columns=["example", "curve", "rate", "measure", "delta_ppl"])
+        return frame.pivot_table(index="example", columns=["curve", "rate", "measure"], values="delta_ppl", aggfunc="first")
+
+
+FAITHFULNESS, SINKS, ATLAS, CLAIMS = FaithfulnessCodec(), SinksCodec(), AtlasCodec(), ClaimsCodec()
+#: Every record type by its name (``cwviz.<name>.record``).
+BY_NAME: dict[str, Codec] = {codec.name: codec for codec in (FAITHFULNESS, SINKS, ATLAS, CLAIMS)}
