@@ -34,12 +34,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.analysis import Analysis, analyze
-from ..core.errors import CwvizError, InputError
-from ..core.models import Bundle
-from ..core.parallel import model_provenance
-from ..core.progress import Progress, counted, phase
-from ..core.texts import iter_jsonl, write_text_atomic
+from ..core.loading.models import Bundle
+from ..core.method.analysis import Analysis, analyze
+from ..core.util.errors import CwvizError, InputError
+from ..core.util.parallel import model_provenance
+from ..core.util.progress import Progress, counted, phase
+from ..core.util.texts import iter_jsonl, write_text_atomic
 from . import sweep
 from .bootstrap import bootstrap_interval
 from .codecs import ATLAS
@@ -260,7 +260,7 @@ def run(
 
 def save(atlas: Atlas, folder: str | Path) -> Path:
     """Write ``atlas`` into ``folder`` (created): :data:`FILES`, each replaced whole
-    (:func:`~cwviz.core.texts.write_text_atomic`). InputError when it cannot be written."""
+    (:func:`~cwviz.core.util.texts.write_text_atomic`). InputError when it cannot be written."""
     folder = Path(folder)
     prompts = "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in atlas.prompts)
     files = {

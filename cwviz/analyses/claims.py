@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from ..core.analysis import analyze
+from ..core.method.analysis import analyze
 from . import faithfulness, sinks
 from .bootstrap import bootstrap_interval
 from .codecs import CLAIMS
@@ -90,7 +90,7 @@ def item_payload(bundle, text: str, protocol, scopes: Sequence[str], sink=0, exa
 
 def gsm8k_items(n: int) -> list[str]:
     """The first ``n`` GSM8K items ``--gsm8k`` reads (the shipped sample, or ``$CWVIZ_GSM8K``): the page's run."""
-    from ..core.texts import gsm8k_path, read_texts
+    from ..core.util.texts import gsm8k_path, read_texts
 
     return read_texts(gsm8k_path(), n=n)
 

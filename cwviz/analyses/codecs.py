@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..core.errors import InputError
+from ..core.util.errors import InputError
 from . import faithfulness
 from .records import (
     FLAG,
@@ -58,7 +58,7 @@ def _data_count(key: str) -> Field:
 
 
 def model_settings(provenance: dict) -> dict:
-    """What of the model's provenance (:func:`cwviz.core.parallel.model_provenance`) decides the numbers (not the device)."""
+    """What of the model's provenance (:func:`cwviz.core.util.parallel.model_provenance`) decides the numbers (not the device)."""
     return {k: provenance[k] for k in ("id", "architecture", "revision", "weights_sha256", "dtype")}
 
 

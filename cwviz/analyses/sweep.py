@@ -18,8 +18,8 @@ records it gets back; the runner owns the order, resume, the folder's files and 
   :mod:`cwviz.cli.main` turns into KeyboardInterrupt) is caught: either ends the run with the finished items kept
   and returned (:attr:`Outcome.interrupted`). Anything else raised (an error, a page's Stop) leaves the finished
   items in the folder or the store;
-* under ``torchrun`` or ``accelerate launch`` (:func:`cwviz.core.parallel.processes`) each process runs its share
-  of the unfinished items (:func:`cwviz.core.parallel.shard`) into its own file; the main process then reads every
+* under ``torchrun`` or ``accelerate launch`` (:func:`cwviz.core.util.parallel.processes`) each process runs its share
+  of the unfinished items (:func:`cwviz.core.util.parallel.shard`) into its own file; the main process then reads every
   record back (:func:`cwviz.analyses.records.read_records`, the one place records are read and checked), and the
   command recomputes its summary from them, so one process and N give the same records and the same summary;
 * the main process writes ``manifest.json`` (how the run was made);
@@ -38,9 +38,9 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import InputError
-from ..core.parallel import Processes, shard
-from ..core.progress import Progress
+from ..core.util.errors import InputError
+from ..core.util.parallel import Processes, shard
+from ..core.util.progress import Progress
 from . import records
 from .codecs import Codec
 

@@ -10,8 +10,8 @@ import streamlit as st
 
 from ..analyses import atlas
 from ..analyses.codecs import ATLAS
-from ..core.errors import InputError
-from ..core.texts import gsm8k_path
+from ..core.util.errors import InputError
+from ..core.util.texts import gsm8k_path
 from . import hosting, run_services, services
 
 #: Most prompts the page pools (each costs a forward pass); the CLI has no limit.

@@ -17,7 +17,7 @@ import streamlit as st
 
 from ..analyses import claims, faithfulness, records, sweep, tasks
 from ..analyses.codecs import CLAIMS, FAITHFULNESS
-from ..core.parallel import model_provenance
+from ..core.util.parallel import model_provenance
 from . import hosting, services
 
 

@@ -15,11 +15,11 @@ import streamlit as st
 
 from ..analyses import sinks, sweep, tour
 from ..analyses.codecs import SINKS
-from ..core.analysis import analyze
-from ..core.checkpoints import EMBEDDED_ENCODER
-from ..core.errors import CwvizError
-from ..core.parallel import model_provenance
-from ..core.progress import phase
+from ..core.loading.checkpoints import EMBEDDED_ENCODER
+from ..core.method.analysis import analyze
+from ..core.util.errors import CwvizError
+from ..core.util.parallel import model_provenance
+from ..core.util.progress import phase
 from . import hosting, services
 
 #: Most extra prompts the page pools (each costs a forward pass and a table).

@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 
-from ..core.analysis import analyze
-from ..core.progress import cli_bar
+from ..core.method.analysis import analyze
+from ..core.util.progress import cli_bar
 from .common import load, read_text
 
 TOP = 5

@@ -11,10 +11,10 @@ import pandas as pd
 from ..analyses import atlas, records, sweep
 from ..analyses.codecs import ATLAS
 from ..analyses.schema import ATLAS_CONFIDENCE, ATLAS_METRICS, DEFAULT_SINK
-from ..core.errors import InputError
-from ..core.parallel import model_provenance
-from ..core.progress import cli_bar
-from ..core.texts import read_texts
+from ..core.util.errors import InputError
+from ..core.util.parallel import model_provenance
+from ..core.util.progress import cli_bar
+from ..core.util.texts import read_texts
 from .common import (
     check_resume,
     jsonl_path,

@@ -12,10 +12,10 @@ import argparse
 
 from ..analyses import claims, faithfulness, records, sweep
 from ..analyses.codecs import CLAIMS
-from ..core.errors import InputError
-from ..core.parallel import model_provenance
-from ..core.progress import cli_bar
-from ..core.texts import read_texts, write_text_atomic
+from ..core.util.errors import InputError
+from ..core.util.parallel import model_provenance
+from ..core.util.progress import cli_bar
+from ..core.util.texts import read_texts, write_text_atomic
 from .common import (
     jsonl_path,
     load,

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 from ..analyses import records
-from ..core.errors import InputError
-from ..core.models import load_model
-from ..core.parallel import processes, versions
-from ..core.texts import check_text, gsm8k_path, read_standard_input, read_text_file
+from ..core.loading.models import load_model
+from ..core.util.errors import InputError
+from ..core.util.parallel import processes, versions
+from ..core.util.texts import check_text, gsm8k_path, read_standard_input, read_text_file
 
 
 def read_text(args: argparse.Namespace) -> str:
@@ -31,8 +31,8 @@ def read_text(args: argparse.Namespace) -> str:
 def prompt_text(how: str, value: str) -> tuple[str, str]:
     """One prompt as the command line gives it, and what an empty one's error adds about where it came from: a file
     (``how`` "file"), standard input (``value`` "-", less one final newline:
-    :func:`~cwviz.core.texts.read_standard_input`) or the argument itself, checked as text (bytes that were not
-    UTF-8 arrive as surrogate escapes: :func:`~cwviz.core.texts.check_text`)."""
+    :func:`~cwviz.core.util.texts.read_standard_input`) or the argument itself, checked as text (bytes that were not
+    UTF-8 arrive as surrogate escapes: :func:`~cwviz.core.util.texts.check_text`)."""
     if how == "file":
         return read_text_file(value), f" ({value} holds no text)"
     if value == "-":
@@ -82,7 +82,7 @@ def check_resume(args: argparse.Namespace) -> None:
 
 
 def sweep_processes(args: argparse.Namespace):
-    """This run's processes (:func:`cwviz.core.parallel.processes`); under a launcher each process takes its own device
+    """This run's processes (:func:`cwviz.core.util.parallel.processes`); under a launcher each process takes its own device
     (``args.device``), and InputError unless ``--results`` names the folder their records go to."""
     procs = processes(args.device)
     if procs.count > 1 and args.results is None:

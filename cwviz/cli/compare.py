@@ -10,11 +10,11 @@ import numpy as np
 
 from ..analyses import compare
 from ..analyses.schema import HEAD_METRICS
-from ..core.analysis import analyze
-from ..core.errors import CwvizError, InputError
-from ..core.models import load_model
-from ..core.progress import cli_bar
-from ..core.texts import write_text_atomic
+from ..core.loading.models import load_model
+from ..core.method.analysis import analyze
+from ..core.util.errors import CwvizError, InputError
+from ..core.util.progress import cli_bar
+from ..core.util.texts import write_text_atomic
 from .common import prompt_text
 from .parsers import COMPARE_TOP
 

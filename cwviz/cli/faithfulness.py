@@ -16,10 +16,10 @@ from ..analyses.codecs import FAITHFULNESS
 from ..analyses.faithfulness import PAPER_ORDER, curve_areas, dataset_texts, order_check
 from ..analyses.faithfulness import read_examples as read_file
 from ..analyses.schema import area_span
-from ..core.errors import InputError
-from ..core.parallel import model_provenance
-from ..core.progress import cli_bar
-from ..core.texts import read_texts, write_text_atomic
+from ..core.util.errors import InputError
+from ..core.util.parallel import model_provenance
+from ..core.util.progress import cli_bar
+from ..core.util.texts import read_texts, write_text_atomic
 from .common import (
     check_output_file,
     check_resume,
@@ -61,7 +61,7 @@ def read_examples(args: argparse.Namespace) -> list:
 
 
 def write_csv(summary: pd.DataFrame, path: Path) -> None:
-    """Replace ``path`` atomically (:func:`~cwviz.core.texts.write_text_atomic`)."""
+    """Replace ``path`` atomically (:func:`~cwviz.core.util.texts.write_text_atomic`)."""
     write_text_atomic(path, summary.to_csv(index=False, float_format="%.6g"))
 
 

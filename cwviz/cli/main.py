@@ -4,7 +4,7 @@ Every command's parser is in :mod:`cwviz.cli.parsers`, which imports neither tor
 and argument errors answer at once. Once the arguments are parsed, the one module that runs the command (its
 parser's ``command_module``, with ``run(args) -> int``) is imported, and with it what the command needs.
 
-Errors a user can fix (:class:`~cwviz.core.errors.CwvizError`, unreadable files) end the program with one
+Errors a user can fix (:class:`~cwviz.core.util.errors.CwvizError`, unreadable files) end the program with one
 ``error: ...`` line on stderr and exit status 2, never a traceback.
 
 SIGTERM is handled as Ctrl-C (SIGINT): the long commands (``faithfulness``, ``sinks``) keep every finished
@@ -23,9 +23,9 @@ import signal
 import sys
 import threading
 
-from ..core.errors import CwvizError
-from ..core.heap import tune_heap
-from ..core.settings import check_environment
+from ..core.util.errors import CwvizError
+from ..core.util.heap import tune_heap
+from ..core.util.settings import check_environment
 from .parsers import build_parser
 
 
@@ -87,7 +87,7 @@ def _run(argv: list[str] | None) -> int:
     if not args.verbose:
         _quiet_transformers()
     args.argv = argv  # the manifest of a sweep records the command
-    tune_heap()  # the command owns its process: the row blocks' buffers stay in its heap (cwviz.core.heap)
+    tune_heap()  # the command owns its process: the row blocks' buffers stay in its heap (cwviz.core.util.heap)
     previous = _sigterm_as_interrupt()
     try:
         check_environment()  # CWVIZ_CACHE and CWVIZ_MEMORY_BYTES, before any file is read or model loaded

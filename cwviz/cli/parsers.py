@@ -32,7 +32,7 @@ from ..analyses.schema import (
     RANKED_MEASURES,
     TASKS,
 )
-from ..core.errors import InputError
+from ..core.util.errors import InputError
 from ..vocabulary import KINDS
 
 #: Heads listed per statistic by ``cwviz atlas``.

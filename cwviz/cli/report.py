@@ -17,8 +17,8 @@ import pandas as pd
 from ..analyses import claims, faithfulness, records
 from ..analyses.codecs import CLAIMS, FAITHFULNESS, SINKS
 from ..charts import report
-from ..core.errors import InputError
-from ..core.texts import write_text_atomic
+from ..core.util.errors import InputError
+from ..core.util.texts import write_text_atomic
 from .common import check_output_file
 from .sinks import RESULTS_FOLDER
 

@@ -14,11 +14,11 @@ import pandas as pd
 
 from ..analyses import records, sinks, sweep
 from ..analyses.codecs import SINKS
-from ..core.analysis import analyze
-from ..core.errors import CwvizError, InputError
-from ..core.parallel import model_provenance
-from ..core.progress import cli_bar
-from ..core.texts import read_texts, write_text_atomic
+from ..core.method.analysis import analyze
+from ..core.util.errors import CwvizError, InputError
+from ..core.util.parallel import model_provenance
+from ..core.util.progress import cli_bar
+from ..core.util.texts import read_texts, write_text_atomic
 from .common import (
     check_output_file,
     check_resume,

@@ -13,7 +13,7 @@ from cwviz.analyses import compare, tables
 from cwviz.analyses.schema import HEAD_METRICS
 from cwviz.charts import compare as charts
 from cwviz.cli.main import main
-from cwviz.core.errors import InputError
+from cwviz.core.util.errors import InputError
 from tests.helpers import CharTokenizer, make_tiny, map_views
 
 A_TEXT = "the cat sat"

@@ -18,8 +18,8 @@ from cwviz import cli
 from cwviz.analyses import records, sweep
 from cwviz.analyses.codecs import BY_NAME, CLAIMS, FAITHFULNESS
 from cwviz.cli import faithfulness as command
-from cwviz.core.errors import InputError
-from cwviz.core.parallel import shard
+from cwviz.core.util.errors import InputError
+from cwviz.core.util.parallel import shard
 from tests.helpers import ENV, make_tiny, save_tiny_model, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]

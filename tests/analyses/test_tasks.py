@@ -13,7 +13,7 @@ import pytest
 from cwviz import cli
 from cwviz.analyses import faithfulness, records, tasks
 from cwviz.cli import faithfulness as command
-from cwviz.core.errors import InputError
+from cwviz.core.util.errors import InputError
 from tests.helpers import BOOLQ, make_tiny, write_jsonl
 
 MMLU = [
