@@ -140,7 +140,7 @@ def bench(repeats: int = 3) -> list[str]:
 
     import cwviz
     from cwviz.app import state
-    from cwviz.core.inputs import tokenize
+    from cwviz.core.loading.inputs import tokenize
 
     bundle = cwviz.load_model("embedded")
     examples = [e.text for e in state.examples()]

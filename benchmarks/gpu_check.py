@@ -27,8 +27,8 @@ import torch
 import transformers
 
 import cwviz
-from cwviz.core.measures import expand_kv
-from cwviz.core.models import resolve_device
+from cwviz.core.loading.models import resolve_device
+from cwviz.core.method.measures import expand_kv
 
 # Llama-3.1-8B's shape: 32 layers, 32 heads, 8 kv heads, d_model 4096, d_head 128.
 LLAMA_8B = dict(

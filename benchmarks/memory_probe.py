@@ -26,7 +26,7 @@ def main() -> int:
     import cwviz
     from benchmarks.dashboard import dashboard_steps
     from benchmarks.run import full_analysis, long_ids, naive_contributions, plain_forward, sdpa_forward
-    from cwviz.core.heap import tune_heap
+    from cwviz.core.util.heap import tune_heap
 
     transformers.utils.logging.disable_progress_bar()
     tune_heap()  # measured as the dashboard's server and the cwviz command run: with their heap settings

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from cwviz.core.heap import tune_heap
+from cwviz.core.util.heap import tune_heap
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def long_ids(bundle, tokens: int) -> list[int]:
     """``tokens`` token ids of real text: GSM8K questions and answers, concatenated (``$CWVIZ_GSM8K``, e.g. the
     full test split, or the 40-item sample that ships with cwviz, repeated as needed)."""
-    from cwviz.core.texts import gsm8k_path, read_texts
+    from cwviz.core.util.texts import gsm8k_path, read_texts
 
     texts = read_texts(gsm8k_path(), n=400)
     ids = bundle.tokenizer("\n\n".join(texts))["input_ids"]
@@ -144,7 +144,7 @@ def whole_layer_analysis(bundle, ids):
 def naive_contributions(bundle, ids):
     """What the LLM Transparency Tool does: materialise every per-pair vector α_ij^h ṽ_j^h, per layer."""
     from cwviz import analyze
-    from cwviz.core.measures import expand_kv
+    from cwviz.core.method.measures import expand_kv
 
     analysis = analyze(bundle, input_ids=ids)
     for layer in range(analysis.num_layers):
@@ -164,8 +164,8 @@ def value_zeroing(bundle, ids, layer: int):
     """Value zeroing (Mohebbi et al. 2023) for one layer: one forward pass per token j with v_j = 0,
     score = cosine distance between the clean and the zeroed layer output of each query."""
     from cwviz import analyze
-    from cwviz.core.capture import forward_pass
-    from cwviz.core.interventions import ScaleValues
+    from cwviz.core.method.capture import forward_pass
+    from cwviz.core.method.interventions import ScaleValues
 
     clean = analyze(bundle, input_ids=ids).records[layer].output  # (H, Q, d)
     w = torch.tensor(0.0)
@@ -206,17 +206,17 @@ def masked_batch(bundle, tokens: int, batch: int):
 
 def base_forward(bundle, ids, intervention=None):
     """The base model's forward pass of a batch (no output layer), under ``intervention``."""
-    from cwviz.core.capture import forward_pass
+    from cwviz.core.method.capture import forward_pass
 
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
         return bundle.final_hidden(ids)
 
 
 def bench_masked(bundle, lengths, batch: int, repeats: int) -> list[str]:
-    """Masked passes (:class:`cwviz.core.interventions.KeepKeys`, every layer masked) against plain forward
+    """Masked passes (:class:`cwviz.core.method.interventions.KeepKeys`, every layer masked) against plain forward
     passes of the same batch: the whole pass with the next-token log-probabilities (what a sweep runs), and
     the base model alone (no output layer, so the attention's share is larger)."""
-    from cwviz.core.interventions import KeepKeys, batch_logprobs
+    from cwviz.core.method.interventions import KeepKeys, batch_logprobs
 
     rows = [
         "| T | batch | plain pass + log-probs (s, baseline) | masked (s) | ratio | target | plain base model (s) | masked | ratio |",
@@ -391,12 +391,12 @@ def bench_cold_start() -> list[str]:
 
 
 def bench_conversion(repeats: int) -> list[str]:
-    """A GGUF's first conversion with its header parsed once (:func:`cwviz.core.checkpoints.parsed_once`) against
+    """A GGUF's first conversion with its header parsed once (:func:`cwviz.core.loading.checkpoints.parsed_once`) against
     transformers' own three parses, alternated in this process; SmolLM2, and Gemma 3 270M where its packages are
     installed (one run each: about 80 s a pair)."""
     import contextlib
 
-    from cwviz.core import checkpoints
+    from cwviz.core.loading import checkpoints
 
     def convert(gguf_of, once: bool) -> float:
         saved = checkpoints.parsed_once

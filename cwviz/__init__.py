@@ -20,20 +20,20 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 _NAMES = {
-    "Analysis": "cwviz.core.analysis",
-    "analyze": "cwviz.core.analysis",
-    "max_tokens": "cwviz.core.inputs",
-    "Bundle": "cwviz.core.models",
-    "ModelInfo": "cwviz.core.models",
-    "bundle_from_model": "cwviz.core.models",
-    "load_model": "cwviz.core.models",
-    "MEASURES": "cwviz.core.measures",
-    "CwvizError": "cwviz.core.errors",
-    "InputError": "cwviz.core.errors",
-    "ModelLoadError": "cwviz.core.errors",
-    "ResourceError": "cwviz.core.errors",
-    "SelectionError": "cwviz.core.errors",
-    "UnsupportedModelError": "cwviz.core.errors",
+    "Analysis": "cwviz.core.method.analysis",
+    "analyze": "cwviz.core.method.analysis",
+    "max_tokens": "cwviz.core.loading.inputs",
+    "Bundle": "cwviz.core.loading.models",
+    "ModelInfo": "cwviz.core.loading.models",
+    "bundle_from_model": "cwviz.core.loading.models",
+    "load_model": "cwviz.core.loading.models",
+    "MEASURES": "cwviz.core.method.measures",
+    "CwvizError": "cwviz.core.util.errors",
+    "InputError": "cwviz.core.util.errors",
+    "ModelLoadError": "cwviz.core.util.errors",
+    "ResourceError": "cwviz.core.util.errors",
+    "SelectionError": "cwviz.core.util.errors",
+    "UnsupportedModelError": "cwviz.core.util.errors",
 }
 _MODULES = {"sinks": "cwviz.analyses.sinks", "faithfulness": "cwviz.analyses.faithfulness", "plot": "cwviz.plot"}
 
@@ -59,18 +59,11 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .analyses import faithfulness, sinks
-    from .core.analysis import Analysis, analyze
-    from .core.errors import (
-        CwvizError,
-        InputError,
-        ModelLoadError,
-        ResourceError,
-        SelectionError,
-        UnsupportedModelError,
-    )
-    from .core.inputs import max_tokens
-    from .core.measures import MEASURES
-    from .core.models import Bundle, ModelInfo, bundle_from_model, load_model
+    from .core.loading.inputs import max_tokens
+    from .core.loading.models import Bundle, ModelInfo, bundle_from_model, load_model
+    from .core.method.analysis import Analysis, analyze
+    from .core.method.measures import MEASURES
+    from .core.util.errors import CwvizError, InputError, ModelLoadError, ResourceError, SelectionError, UnsupportedModelError
 
 
 def __getattr__(name: str) -> Any:

@@ -48,9 +48,9 @@ from .charts import faithfulness as faithfulness_charts
 from .charts import heatmaps as heatmap_charts
 from .charts import sinks as sink_charts
 from .charts import token as token_charts
-from .core.analysis import Analysis
-from .core.errors import InputError, SelectionError
-from .core.measures import MEASURES
+from .core.method.analysis import Analysis
+from .core.method.measures import MEASURES
+from .core.util.errors import InputError, SelectionError
 
 __all__ = [
     "anti_alignment",

@@ -132,8 +132,8 @@ DERIVED_FAMILIES = ("phi", "opt", "gpt_bigcode", "persimmon", "camembert")
 def family_model(model_type: str, seed: int = 0, **overrides):
     """A tiny random transformers model of ``model_type`` (:data:`FAMILY_CONFIGS`, with ``overrides``), float32,
     biases random."""
-    from cwviz.core import architectures
-    from cwviz.core.models import auto_class_name
+    from cwviz.core.loading import architectures
+    from cwviz.core.loading.models import auto_class_name
 
     torch.manual_seed(seed)
     kwargs = dict(vocab_size=100, num_hidden_layers=2, max_position_embeddings=64)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from cwviz.analyses.sinks import DEFAULT_SINK
-from cwviz.core.analysis import Analysis
-from cwviz.core.measures import expand_kv
+from cwviz.core.method.analysis import Analysis
+from cwviz.core.method.measures import expand_kv
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ ROOMS: dict[str, set[str]] = {
 #: Imports outside the rules, each with its reason.
 EXCEPTIONS = {
     ("cwviz.cli.main", "transformers"): "quiets transformers' progress bars and logging before a command prints",
-    ("cwviz.core.parallel", "top"): "a results manifest records the package's version (cwviz.__version__)",
+    ("cwviz.core.util.parallel", "top"): "a results manifest records the package's version (cwviz.__version__)",
 }
 TRACKED = ("torch", "transformers", "streamlit", "altair")
 #: The most lines a module of cwviz may have: one module, one job.
@@ -61,7 +61,7 @@ MAX_MODULE_LINES = 600
 
 
 def _module_name(path: Path) -> str:
-    """``cwviz/core/analysis.py`` -> ``cwviz.core.analysis``; ``cwviz/core/__init__.py`` -> ``cwviz.core``."""
+    """``cwviz/core/method/analysis.py`` -> ``cwviz.core.method.analysis``; ``cwviz/core/__init__.py`` -> ``cwviz.core``."""
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
@@ -72,7 +72,7 @@ SCRIPTS = [ROOT / "app.py", *sorted((ROOT / "views").glob("*.py"))]
 def _imports(path: Path, module: str) -> set[str]:
     """Absolute names of what ``module`` (at ``path``) imports anywhere in its body (at the top, inside functions and
     classes, under ``if TYPE_CHECKING:``), relative imports resolved: ``from . import memory`` gives
-    ``cwviz.core.memory``, ``from .measures import KINDS`` gives ``cwviz.core.measures.KINDS``."""
+    ``cwviz.core.method.memory``, ``from .measures import KINDS`` gives ``cwviz.core.method.measures.KINDS``."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -89,7 +89,7 @@ def _imports(path: Path, module: str) -> set[str]:
 
 
 def _cwviz_module(name: str) -> str | None:
-    """The module of cwviz an imported name lies in (``cwviz.core.measures.KINDS`` -> ``cwviz.core.measures``)."""
+    """The module of cwviz an imported name lies in (``cwviz.core.method.measures.KINDS`` -> ``cwviz.core.method.measures``)."""
     while name and name not in CWVIZ_MODULES:
         name = name.rpartition(".")[0]
     return name or None
@@ -174,8 +174,8 @@ def test_top_level_names():
     from cwviz import analyze, faithfulness, load_model, sinks
     from cwviz.analyses import faithfulness as faithfulness_module
     from cwviz.analyses import sinks as sinks_module
-    from cwviz.core.analysis import analyze as core_analyze
-    from cwviz.core.models import load_model as core_load_model
+    from cwviz.core.loading.models import load_model as core_load_model
+    from cwviz.core.method.analysis import analyze as core_analyze
 
     assert (analyze, load_model, sinks, faithfulness) == (core_analyze, core_load_model, sinks_module, faithfulness_module)
 

@@ -34,11 +34,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.analysis import Analysis, analyze
-from ..core.errors import CwvizError, InputError
-from ..core.models import Bundle
-from ..core.progress import Progress, counted, phase
-from ..core.texts import iter_jsonl, write_text_atomic
+from ..core.loading.models import Bundle
+from ..core.method.analysis import Analysis, analyze
+from ..core.util.errors import CwvizError, InputError
+from ..core.util.progress import Progress, counted, phase
+from ..core.util.texts import iter_jsonl, write_text_atomic
 from .bootstrap import bootstrap_interval
 from .records import changed_files, file_sums
 from .schema import ATLAS_METRICS
@@ -247,7 +247,7 @@ def run(
 
 def save(atlas: Atlas, folder: str | Path) -> Path:
     """Write ``atlas`` into ``folder`` (created): :data:`FILES`, each replaced whole
-    (:func:`~cwviz.core.texts.write_text_atomic`). InputError when it cannot be written."""
+    (:func:`~cwviz.core.util.texts.write_text_atomic`). InputError when it cannot be written."""
     folder = Path(folder)
     prompts = "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in atlas.prompts)
     files = {

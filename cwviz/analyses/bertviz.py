@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.analysis import Analysis
+from ..core.method.analysis import Analysis
 
 #: Leading tokens the head view and the model view show at most (bertviz draws a line per pair).
 HEAD_VIEW_TOKENS = 96

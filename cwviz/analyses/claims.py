@@ -75,7 +75,7 @@ def item_payload(bundle, text: str, protocol, scopes: Sequence[str], sink=0, exa
     """One item's claims record payload: ``{"skipped", "tokens", "faithfulness": {scope: faithfulness payload},
     "sinks": {name: float for SINK_STATS}}``. One clean pass is shared by every scope's masked runs, the sink table and
     the intervention (the sink's value removed in every layer, attention kept: one more pass)."""
-    from ..core.analysis import analyze
+    from ..core.method.analysis import analyze
     from . import faithfulness as F
     from . import records as R
     from . import sinks as S
@@ -97,7 +97,7 @@ def item_payload(bundle, text: str, protocol, scopes: Sequence[str], sink=0, exa
 
 def gsm8k_items(n: int) -> list[str]:
     """The first ``n`` GSM8K items ``--gsm8k`` reads (the shipped sample, or ``$CWVIZ_GSM8K``): the page's run."""
-    from ..core.texts import gsm8k_path, read_texts
+    from ..core.util.texts import gsm8k_path, read_texts
 
     return read_texts(gsm8k_path(), n=n)
 

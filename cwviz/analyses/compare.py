@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..core.analysis import Analysis
-from ..core.errors import InputError
-from ..core.measures import LAYER_AGGREGATION
-from ..core.progress import Progress, phase
+from ..core.method.analysis import Analysis
+from ..core.method.measures import LAYER_AGGREGATION
+from ..core.util.errors import InputError
+from ..core.util.progress import Progress, phase
 from . import tables
 from .schema import ALL_HEADS, HEAD_METRICS, CompareCells
 

@@ -1,14 +1,14 @@
 """Faithfulness by causal intervention (docs/METHOD.md section 3): mask what a measure ranks first (or last)
 and see how much the model's perplexity suffers.
 
-For each example, one clean forward pass (:func:`cwviz.core.analysis.analyze`) records every layer; every
+For each example, one clean forward pass (:func:`cwviz.core.method.analysis.analyze`) records every layer; every
 measure's ranking of the keys of every query comes from that pass. Then each masked run (one measure,
 one curve, one removal rate) is one forward pass of the same tokens through
-:class:`cwviz.core.interventions.KeepKeys`, the runs of one example batched along the batch dimension.
+:class:`cwviz.core.method.interventions.KeepKeys`, the runs of one example batched along the batch dimension.
 
 Protocol (our defaults; the paper's exact protocol is not public):
 
-* **Scores**: layer-level (all heads, aggregated as :data:`cwviz.core.measures.LAYER_AGGREGATION` says:
+* **Scores**: layer-level (all heads, aggregated as :data:`cwviz.core.method.measures.LAYER_AGGREGATION` says:
   raw attention averaged, value-weighted and inter-head measures summed, intra-head contributions
   averaged), or per head with ``per_head=True`` (each head masks its own top keys).
 * **Ranking**: by the signed score (``rank_by="signed"``: a negative contribution ranks below every
@@ -46,14 +46,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.analysis import Analysis, analyze
-from ..core.errors import InputError, UnsupportedModelError
-from ..core.inputs import check_layer, check_length
-from ..core.interventions import KeepKeys, batch_logprobs
-from ..core.logprobs import perplexity_of as sequence_perplexity
-from ..core.models import Bundle
-from ..core.progress import Progress
-from ..core.texts import check_text
+from ..core.loading.inputs import check_layer, check_length
+from ..core.loading.models import Bundle
+from ..core.method.analysis import Analysis, analyze
+from ..core.method.interventions import KeepKeys, batch_logprobs
+from ..core.method.logprobs import perplexity_of as sequence_perplexity
+from ..core.util.errors import InputError, UnsupportedModelError
+from ..core.util.progress import Progress
+from ..core.util.texts import check_text
 from .bootstrap import bootstrap_interval
 from .schema import RANK_SCOPES
 
@@ -283,7 +283,7 @@ def check_causal(bundle: Bundle) -> None:
 
 def example_ids(bundle: Bundle, text: str, max_tokens: int) -> list[int] | None:
     """Token ids of one example, cut to ``max_tokens``; None when fewer than two tokens remain. InputError for
-    text that is not valid (:func:`~cwviz.core.texts.check_text`)."""
+    text that is not valid (:func:`~cwviz.core.util.texts.check_text`)."""
     if not isinstance(text, str):
         raise InputError(f"an example must be text, not {type(text).__name__}")
     check_text(text, "an example")
@@ -306,7 +306,7 @@ def masked_logprobs(
     masks nothing, so its runs are the clean pass itself (not a masked pass that masks nothing, which would
     differ from it by float rounding): with nothing masked, every score equals the clean one exactly.
 
-    ``progress(done, total)`` (:mod:`cwviz.core.progress`) counts the example's forward passes: the clean one
+    ``progress(done, total)`` (:mod:`cwviz.core.util.progress`) counts the example's forward passes: the clean one
     (done when this is called, so reported first) and each batch of masked runs.
     """
     ranked = rankings(analysis, protocol, example)
@@ -350,9 +350,9 @@ def masked_run_bytes(bundle: Bundle, tokens: int, per_head: bool = False) -> int
 
 def batch_size_for(bundle: Bundle, tokens: int, protocol: Protocol, runs: int) -> int:
     """The masked runs per forward pass: ``protocol.batch_size``, or with :data:`AUTO_BATCH` as many as fit in
-    :data:`cwviz.core.memory.HEADROOM` of the free memory (less one chunk of logits), at most ``runs`` on a GPU
+    :data:`cwviz.core.method.memory.HEADROOM` of the free memory (less one chunk of logits), at most ``runs`` on a GPU
     and :data:`DEFAULT_BATCH_SIZE` elsewhere."""
-    from ..core import memory
+    from ..core.method import memory
 
     if protocol.batch_size != AUTO_BATCH:
         return protocol.batch_size
@@ -528,8 +528,8 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 def read_examples(path: str | PathLike, n: int | None = None, field: str | None = None) -> list[str]:
     """The first ``n`` examples of a file: JSON Lines (``.jsonl``, ``.json``, ``.ndjson``; read by
-    :func:`cwviz.core.texts.read_texts`) or UTF-8 text, one example per paragraph."""
-    from ..core.texts import read_text_file, read_texts
+    :func:`cwviz.core.util.texts.read_texts`) or UTF-8 text, one example per paragraph."""
+    from ..core.util.texts import read_text_file, read_texts
 
     path = Path(path)
     if path.suffix.lower() in JSONL_SUFFIXES:
@@ -568,10 +568,10 @@ def dataset_rows(name: str, split: str = "test", n: int | None = None) -> Iterat
 def dataset_texts(name: str, split: str = "test", n: int | None = None, field: str | None = None) -> list[str]:
     """Examples from a Hugging Face dataset ``NAME`` or ``NAME:CONFIG`` (needs ``datasets`` and network).
 
-    Fields are read as for JSONL files (:func:`cwviz.core.texts.text_of`): ``field``, ``text``, or GSM8K's
+    Fields are read as for JSONL files (:func:`cwviz.core.util.texts.text_of`): ``field``, ``text``, or GSM8K's
     question and answer.
     """
-    from ..core.texts import text_of
+    from ..core.util.texts import text_of
 
     texts = [text_of(row, index, f"{name}[{split}]", field) for index, row in dataset_rows(name, split, n)]
     if not texts:

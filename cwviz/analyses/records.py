@@ -45,9 +45,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..core.errors import InputError
-from ..core.locks import lock
-from ..core.texts import write_text_atomic
+from ..core.util.errors import InputError
+from ..core.util.locks import lock
+from ..core.util.texts import write_text_atomic
 from .schema import ATLAS_METRICS, RANK_SCOPES
 
 #: The record kind of a faithfulness sweep; ``cwviz.<kind>.record`` is a record's schema.
@@ -292,7 +292,7 @@ def read_records(folder: str | PathLike, kind: str = FAITHFULNESS) -> list[dict]
     each line (:func:`check_record`; example indices below the manifest's item count), and the folder as a whole
     (:func:`check_one_run`: one fingerprint, one text per example, the manifest's fingerprint). A trailing partial
     line is ignored; an example recorded twice counts once (the first). The one place records are read back."""
-    from ..core.texts import iter_jsonl
+    from ..core.util.texts import iter_jsonl
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -497,7 +497,7 @@ def folder_lock(folder: str | PathLike) -> Iterator[None]:
     """Hold ``folder`` (a results folder that exists) for one run: an exclusive, non-blocking ``flock`` on its
     :data:`LOCK` file, held until the block ends; InputError ("busy") when another run holds it.
 
-    :func:`cwviz.core.locks.lock`, not a lock file's mere existence nor a library's protocol: the OS drops it when
+    :func:`cwviz.core.util.locks.lock`, not a lock file's mere existence nor a library's protocol: the OS drops it when
     the process ends in any way (SIGKILL included), so a crashed run never leaves the folder stuck. It is advisory:
     cwviz's own runs take it (:mod:`cwviz.analyses.sweep` takes it in the main process of a data-parallel run, whose
     other processes follow the main one)."""

@@ -21,7 +21,7 @@ Choices (also in docs/sinks.md):
 * Layer-level shares follow docs/METHOD.md's layer-level scores: attention is averaged over heads, the
   contribution is the inter-head C summed over heads; both then averaged over queries.
 * Interventions scale the sink's value v_σ (so ṽ_σ^h in every head) by λ in chosen layers, attention kept,
-  through :class:`cwviz.core.interventions.ScaleValues`; the shared model is never modified.
+  through :class:`cwviz.core.method.interventions.ScaleValues`; the shared model is never modified.
 * The semantic cone of a head is the mean pairwise cosine between its outputs o_i^h over the positions
   i that see the sink and another key.
 
@@ -38,12 +38,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.analysis import Analysis, analyze
-from ..core.errors import InputError, SelectionError
-from ..core.inputs import integer_index
-from ..core.interventions import ScaleValues, ScaleValuesPerItem, batch_perplexity
-from ..core.measures import expand_kv, head_grams
-from ..core.progress import Progress, counted, phase
+from ..core.loading.inputs import integer_index
+from ..core.method.analysis import Analysis, analyze
+from ..core.method.interventions import ScaleValues, ScaleValuesPerItem, batch_perplexity
+from ..core.method.measures import expand_kv, head_grams
+from ..core.util.errors import InputError, SelectionError
+from ..core.util.progress import Progress, counted, phase
 
 AUTO = "auto"
 #: The sink unless the user picks one: the first position (docs/METHOD.md section 4).
@@ -146,7 +146,7 @@ class SinkNorms:
 
 def head_space(analysis: Analysis, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """What :func:`sink_norms` reads of ``layer``, made once for its blocks: the values per head, float32
-    [head, T, d_head], and G^h (:func:`cwviz.core.measures.head_grams`) on their device."""
+    [head, T, d_head], and G^h (:func:`cwviz.core.method.measures.head_grams`) on their device."""
     with torch.inference_mode():
         value = expand_kv(analysis.records[layer].value.float(), analysis.num_heads)
         return value, head_grams(analysis.bundle.gram(layer).to(value.device), analysis.num_heads)
@@ -164,8 +164,8 @@ def sink_norms(alpha: torch.Tensor, value: torch.Tensor, grams: torch.Tensor, si
     |---------|--------------------------------------------------------------|
     | alpha   | [head, rows, keys] (a causal block: keys 0..stop-1 suffice; the sink among them) |
     | value   | [head, T or keys, d_head], per head, float32                 |
-    | grams   | [head, d_head, d_head] (:func:`cwviz.core.measures.head_grams`) |
-    | visible | [rows, T], the rows' key mask (:meth:`cwviz.core.capture.LayerRecord.key_mask`) |
+    | grams   | [head, d_head, d_head] (:func:`cwviz.core.method.measures.head_grams`) |
+    | visible | [rows, T], the rows' key mask (:meth:`cwviz.core.method.capture.LayerRecord.key_mask`) |
     """
     keys = alpha.shape[-1]
     value = value[:, :keys]
@@ -212,7 +212,7 @@ def sink_table(
     | learned_sink_share      | the model's learned sink (gpt-oss): 1 − Σ_j α_ij^h, attention that writes nothing; 0 elsewhere |
     | other_keys              | keys besides the sink that the query can see                         |
 
-    ``progress(done, len(layers))`` (:mod:`cwviz.core.progress`) is called after each layer. Each layer is
+    ``progress(done, len(layers))`` (:mod:`cwviz.core.util.progress`) is called after each layer. Each layer is
     read in blocks of query rows (:meth:`cwviz.Analysis.row_blocks`), and each block's norms and cosine are made
     in the heads' value spaces (:func:`sink_norms`), so the working memory is O(block x T).
     """
@@ -464,7 +464,7 @@ def intervene_on_sink(
     """Scale the sink's value by ``factor`` (λ; 0 removes ṽ_σ, attention kept) in ``layers`` (None = all)
     and compare head outputs and perplexity with the clean pass. One recorded forward pass.
 
-    ``progress(done, 2 L)`` (:mod:`cwviz.core.progress`): 1..L as the pass runs each layer, L+1..2L as
+    ``progress(done, 2 L)`` (:mod:`cwviz.core.util.progress`): 1..L as the pass runs each layer, L+1..2L as
     each layer's outputs are compared."""
     factor = check_factor(factor)
     sink = resolve_sink(analysis, sink)

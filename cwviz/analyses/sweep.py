@@ -9,8 +9,8 @@ page, run their items through :func:`run` (a folder) or :func:`item_records` (in
 * the records carry the run's **fingerprint**, the sha256 of the settings that decide their numbers (the kind's
   settings and the model's provenance, not the batch size or the device), and each item's text hash, so
   ``--resume`` runs only the items not yet recorded, and refuses a folder made by other settings or other data;
-* under ``torchrun`` or ``accelerate launch`` (:func:`cwviz.core.parallel.processes`) each process runs its share
-  of the unfinished items (:func:`cwviz.core.parallel.shard`) into its own file; the main process then reads every
+* under ``torchrun`` or ``accelerate launch`` (:func:`cwviz.core.util.parallel.processes`) each process runs its share
+  of the unfinished items (:func:`cwviz.core.util.parallel.shard`) into its own file; the main process then reads every
   record back (:func:`cwviz.analyses.records.read_records`, the one place records are read and checked), and the
   command recomputes its summary from them, so one process and N give the same records and the same summary;
 * the main process writes ``manifest.json`` (how the run was made);
@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..core.errors import InputError
-from ..core.parallel import Processes, model_provenance, shard
-from ..core.progress import Progress
+from ..core.util.errors import InputError
+from ..core.util.parallel import Processes, model_provenance, shard
+from ..core.util.progress import Progress
 from . import faithfulness, tasks
 from . import records as R
 from .schema import ATLAS_METRICS
@@ -94,7 +94,7 @@ def owned(folder: Path, procs: Processes) -> Iterator[None]:
 
 
 def model_settings(provenance: dict) -> dict:
-    """What of the model's provenance (:func:`cwviz.core.parallel.model_provenance`) decides the numbers (not the device)."""
+    """What of the model's provenance (:func:`cwviz.core.util.parallel.model_provenance`) decides the numbers (not the device)."""
     return {k: provenance[k] for k in ("id", "architecture", "revision", "weights_sha256", "dtype")}
 
 

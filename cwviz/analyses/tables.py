@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.analysis import Analysis
-from ..core.blocks import row_block_cells
-from ..core.measures import LAYER_AGGREGATION, MEASURES, LayerMeasures
-from ..core.progress import Progress, counted
+from ..core.method.analysis import Analysis
+from ..core.method.blocks import row_block_cells
+from ..core.method.measures import LAYER_AGGREGATION, MEASURES, LayerMeasures
+from ..core.util.progress import Progress, counted
 from .schema import ALL_HEADS, FAMILIES, KINDS, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name  # noqa: F401
 
 # The picker vocabulary and table types are part of this module's interface too (pages use tables.FAMILIES).
@@ -80,7 +80,7 @@ def heads_note(head: int | None, measure: str, kind: str) -> str:
     return f"all heads (attention averaged over heads, this measure {how}, contributions in the tooltip {contribution})"
 
 
-#: How a note says each aggregation over heads (:data:`cwviz.core.measures.LAYER_AGGREGATION`).
+#: How a note says each aggregation over heads (:data:`cwviz.core.method.measures.LAYER_AGGREGATION`).
 AGGREGATED = {"mean": "averaged", "sum": "summed"}
 
 
@@ -174,7 +174,7 @@ def _binned_matrices(
 ) -> dict[str, np.ndarray]:
     """[query_bin, key_bin] attention, measure and contribution: the mean over a bin's queries of the sum over
     a bin's keys (attention rows still sum to 1), read in blocks of query rows of about
-    :func:`cwviz.core.blocks.row_block_cells` cells a head (a bin may span several blocks) that are reduced
+    :func:`cwviz.core.method.blocks.row_block_cells` cells a head (a bin may span several blocks) that are reduced
     as they go: the layer's T x T maps are never held."""
     t, count = analysis.num_tokens, len(edges)
     out = {name: np.zeros((count, count)) for name in ("attention", "value", "contribution")}
@@ -234,7 +234,7 @@ def head_summary(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
     * ``output_norm``: mean head output norm ‖o_i^h‖ (the head's write, before the output-projection bias).
 
     Intra-head contributions are used because, like attention, they sum to 1 in every head.
-    ``progress(done, layers)`` (:mod:`cwviz.core.progress`) is called after each layer. Each layer is read
+    ``progress(done, layers)`` (:mod:`cwviz.core.util.progress`) is called after each layer. Each layer is read
     in blocks of query rows (:meth:`cwviz.Analysis.row_blocks`) that are reduced as they go, so the working memory is O(block x T), not the layer's T x T maps.
     """
     heads = analysis.num_heads

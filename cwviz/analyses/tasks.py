@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..core.analysis import analyze
-from ..core.errors import InputError
-from ..core.inputs import check_length
-from ..core.logprobs import perplexity_of as sequence_perplexity
-from ..core.models import Bundle
-from ..core.texts import check_text
+from ..core.loading.inputs import check_length
+from ..core.loading.models import Bundle
+from ..core.method.analysis import analyze
+from ..core.method.logprobs import perplexity_of as sequence_perplexity
+from ..core.util.errors import InputError
+from ..core.util.texts import check_text
 from .faithfulness import EXAMPLE_COLUMNS, Protocol, check_causal, masked_layers, masked_logprobs
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def item_of(task: str, row: object, where: str) -> Item:
 
 def read_items(path: str | PathLike, task: str, n: int | None = None) -> list[Item]:
     """The first ``n`` items of a JSONL file in ``task``'s field layout; a malformed line is named by number."""
-    from ..core.texts import iter_jsonl
+    from ..core.util.texts import iter_jsonl
 
     items = [item_of(task, row, f"line {line} of {path}") for line, row in iter_jsonl(path, n)]
     if not items:

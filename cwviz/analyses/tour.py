@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from ..core.analysis import Analysis
+from ..core.method.analysis import Analysis
 from .sinks import DEFAULT_SINK
 
 #: Contribution kind of the head-level steps (3 and 4): shares of the head's own output, which sum to 1 per head.

@@ -10,8 +10,8 @@ import pandas as pd
 import streamlit as st
 
 from ..analyses import atlas
-from ..core.errors import InputError
-from ..core.texts import gsm8k_path
+from ..core.util.errors import InputError
+from ..core.util.texts import gsm8k_path
 from . import hosting, services
 
 #: Most prompts the page pools (each costs a forward pass); the CLI has no limit.

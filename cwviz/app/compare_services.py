@@ -14,7 +14,7 @@ import streamlit as st
 
 from ..analyses import compare
 from ..analyses.schema import CompareCells
-from ..core.errors import CwvizError
+from ..core.util.errors import CwvizError
 from . import services
 from .state import examples
 

@@ -24,8 +24,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..core.errors import InputError, ModelLoadError
-from ..core.settings import env_int
+from ..core.util.errors import InputError, ModelLoadError
+from ..core.util.settings import env_int
 
 HOSTED_MAX_TOKENS = 512
 

@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..core.errors import CwvizError
-from ..core.heap import tune_heap
+from ..core.util.errors import CwvizError
+from ..core.util.heap import tune_heap
 
 PACKAGE = Path(__file__).resolve().parent.parent
 
@@ -48,7 +48,7 @@ def config_flags(config: Path) -> list[str]:
 
 def start_server() -> None:
     """What the dashboard's server sets for its own process, from ``app.py``: it owns the process, so its heap keeps
-    the row blocks' buffers (:func:`cwviz.core.heap.tune_heap`; once, whatever the reruns)."""
+    the row blocks' buffers (:func:`cwviz.core.util.heap.tune_heap`; once, whatever the reruns)."""
     tune_heap()
 
 

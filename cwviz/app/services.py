@@ -4,14 +4,14 @@ Three levels, so that changing layer, head or token never reruns the model:
 
 * :func:`get_bundle` — ``st.cache_resource``: one model per (model, device, dtype), shared by every
   session. A :class:`~cwviz.Bundle` is immutable, and cwviz records a forward pass per thread
-  (:mod:`cwviz.core.capture`), so two sessions analysing different prompts at once each get their own numbers.
+  (:mod:`cwviz.core.method.capture`), so two sessions analysing different prompts at once each get their own numbers.
 * :func:`get_analysis` — ``st.cache_resource`` with ``max_entries``: the immutable
   :class:`~cwviz.Analysis` of one :class:`Request` (model, device, dtype, prompt, generated tokens),
   shared read-only between sessions.
 * ``st.cache_data`` functions returning small pandas tables per (request, layer, head, ...), computed by
   :mod:`cwviz.analyses.tables`.
 
-Failed loads and analyses raise :class:`~cwviz.core.errors.CwvizError` and are not cached.
+Failed loads and analyses raise :class:`~cwviz.core.util.errors.CwvizError` and are not cached.
 
 Long steps show ``st.progress`` with the layers done (:func:`progress_bar`). The bar is drawn by the cached
 function itself, where the chart it precedes will go, and removed when the step ends: Streamlit replays
@@ -32,15 +32,15 @@ import pandas as pd
 import streamlit as st
 
 from ..analyses import tables
-from ..core.analysis import Analysis, analyze
-from ..core.errors import InputError
-from ..core.generate import greedy_continuation
-from ..core.heap import trim_heap
-from ..core.inputs import max_tokens, tokenize
-from ..core.models import Bundle, load_model
-from ..core.progress import Progress
-from ..core.settings import env_int
-from ..core.texts import read_texts
+from ..core.loading.generate import greedy_continuation
+from ..core.loading.inputs import max_tokens, tokenize
+from ..core.loading.models import Bundle, load_model
+from ..core.method.analysis import Analysis, analyze
+from ..core.util.errors import InputError
+from ..core.util.heap import trim_heap
+from ..core.util.progress import Progress
+from ..core.util.settings import env_int
+from ..core.util.texts import read_texts
 from . import hosting
 
 #: Longest input (prompt plus generated tokens) the dashboard analyses by default, on a CPU (the embedded model's
@@ -86,7 +86,7 @@ PROGRESS_EVERY_S = 0.25
 
 @contextlib.contextmanager
 def progress_bar(label: str, unit: str = "layers") -> Iterator[Progress]:
-    """A :data:`~cwviz.core.progress.Progress` callback that shows ``st.progress`` ("label: 12 of 30 layers").
+    """A :data:`~cwviz.core.util.progress.Progress` callback that shows ``st.progress`` ("label: 12 of 30 layers").
 
     Steps that end within :data:`PROGRESS_AFTER_S` draw nothing; the bar is removed when the block ends
     (also when the step raises). Its placeholder (``st.empty``, which draws nothing) is made here, before the
@@ -183,11 +183,11 @@ def _analyse(request: Request) -> Analyzed:
         with progress_bar("Generating", "tokens") as progress:
             ids = greedy_continuation(bundle, prompt_ids, request.generate, progress=progress)
         # The text of the tokens analysed (prompt and continuation decoded together, as analyze checks it:
-        # cwviz.core.inputs.check_agree); decoding the continuation alone can drop its first space.
+        # cwviz.core.loading.inputs.check_agree); decoding the continuation alone can drop its first space.
         text = bundle.tokenizer.decode(ids, skip_special_tokens=True)
     with progress_bar("Analysing the prompt") as progress:
         analysis = analyze(bundle, text, input_ids=ids, progress=progress)
-    trim_heap()  # the server lives on between prompts: what the pass freed goes back to the system (cwviz.core.heap)
+    trim_heap()  # the server lives on between prompts: what the pass freed goes back to the system (cwviz.core.util.heap)
     return Analyzed(analysis, len(prompt_ids))
 
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import streamlit as st
 
-from ..core.analysis import Analysis
-from ..core.checkpoints import EMBEDDED, EMBEDDED_ENCODER, EMBEDDED_GEMMA, EMBEDDED_GEMMA_LICENCE, EMBEDDED_IDS
-from ..core.errors import CwvizError, ModelLoadError
+from ..core.loading.checkpoints import EMBEDDED, EMBEDDED_ENCODER, EMBEDDED_GEMMA, EMBEDDED_GEMMA_LICENCE, EMBEDDED_IDS
+from ..core.method.analysis import Analysis
+from ..core.util.errors import CwvizError, ModelLoadError
 from . import hosting, services
 from .state import (
     DEVICE_CHOICES,

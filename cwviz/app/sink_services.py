@@ -14,10 +14,10 @@ import pandas as pd
 import streamlit as st
 
 from ..analyses import sinks, tour
-from ..core.analysis import analyze
-from ..core.checkpoints import EMBEDDED_ENCODER
-from ..core.errors import CwvizError
-from ..core.progress import phase
+from ..core.loading.checkpoints import EMBEDDED_ENCODER
+from ..core.method.analysis import analyze
+from ..core.util.errors import CwvizError
+from ..core.util.progress import phase
 from . import hosting, services
 
 #: Most extra prompts the page pools (each costs a forward pass and a table).

@@ -53,8 +53,8 @@ def _top(scores: np.ndarray, tokens: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..core.analysis import analyze
-    from ..core.progress import cli_bar
+    from ..core.method.analysis import analyze
+    from ..core.util.progress import cli_bar
 
     text = read_text(args)
     bundle = load(args)

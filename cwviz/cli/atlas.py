@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..analyses.schema import ATLAS_METRICS
-from ..core.errors import InputError
+from ..core.util.errors import InputError
 from .common import (
     add_jsonl_args,
     add_model_args,
@@ -67,8 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..analyses import atlas, sweep
-    from ..core.progress import cli_bar
-    from ..core.texts import read_texts
+    from ..core.util.progress import cli_bar
+    from ..core.util.texts import read_texts
 
     atlas.check_bootstrap(args.bootstrap, name="--bootstrap")  # before anything is read or loaded
     atlas.check_confidence(args.confidence, name="--confidence")
@@ -115,8 +115,8 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     from ..analyses import atlas, sweep
     from ..analyses import records as R
     from ..analyses.sinks import DEFAULT_SINK
-    from ..core.parallel import model_provenance
-    from ..core.progress import cli_bar
+    from ..core.util.parallel import model_provenance
+    from ..core.util.progress import cli_bar
 
     bundle = load(args)
     atlas.check_bootstrap(args.bootstrap, len(texts), bundle.info.layers * bundle.info.heads, "--bootstrap")  # before any forward pass

@@ -12,8 +12,8 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
-from ..core.errors import InputError
-from ..core.texts import write_text_atomic
+from ..core.util.errors import InputError
+from ..core.util.texts import write_text_atomic
 from .common import (
     add_jsonl_args,
     add_model_args,
@@ -118,7 +118,7 @@ def settings_of(protocol, scopes: tuple[str, ...], sink, provenance: dict) -> di
 
 
 def read_items(args: argparse.Namespace) -> list[str]:
-    from ..core.texts import read_texts
+    from ..core.util.texts import read_texts
 
     if args.n < 1:
         raise InputError(f"--n must be at least 1, not {args.n}")
@@ -143,8 +143,8 @@ def run_sweep(args: argparse.Namespace, protocol, scopes: tuple[str, ...], sink,
     from ..analyses import faithfulness as F
     from ..analyses import records as R
     from ..analyses import sweep
-    from ..core.parallel import model_provenance
-    from ..core.progress import cli_bar
+    from ..core.util.parallel import model_provenance
+    from ..core.util.progress import cli_bar
 
     bundle = load(args)
     F.check_causal(bundle)

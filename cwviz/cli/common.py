@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..core.errors import InputError
+from ..core.util.errors import InputError
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -42,9 +42,9 @@ def read_text(args: argparse.Namespace) -> str:
 def prompt_text(how: str, value: str) -> tuple[str, str]:
     """One prompt as the command line gives it, and what an empty one's error adds about where it came from: a file
     (``how`` "file"), standard input (``value`` "-", less one final newline:
-    :func:`~cwviz.core.texts.read_standard_input`) or the argument itself, checked as text (bytes that were not
-    UTF-8 arrive as surrogate escapes: :func:`~cwviz.core.texts.check_text`)."""
-    from ..core.texts import check_text, read_standard_input, read_text_file
+    :func:`~cwviz.core.util.texts.read_standard_input`) or the argument itself, checked as text (bytes that were not
+    UTF-8 arrive as surrogate escapes: :func:`~cwviz.core.util.texts.check_text`)."""
+    from ..core.util.texts import check_text, read_standard_input, read_text_file
 
     if how == "file":
         return read_text_file(value), f" ({value} holds no text)"
@@ -67,7 +67,7 @@ def check_output_file(path: Path | None, flag: str, example: str) -> None:
 
 
 def load(args: argparse.Namespace):
-    from ..core.models import load_model
+    from ..core.loading.models import load_model
 
     return load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
 
@@ -85,7 +85,7 @@ def add_jsonl_args(group: argparse._MutuallyExclusiveGroup, help: str) -> None:
 def jsonl_path(args: argparse.Namespace) -> Path | None:
     """The JSON Lines file --jsonl or --gsm8k asked for, None when neither was given."""
     if getattr(args, "gsm8k", False):
-        from ..core.texts import gsm8k_path
+        from ..core.util.texts import gsm8k_path
 
         return gsm8k_path()
     return args.jsonl
@@ -121,9 +121,9 @@ def check_resume(args: argparse.Namespace) -> None:
 
 
 def sweep_processes(args: argparse.Namespace):
-    """This run's processes (:func:`cwviz.core.parallel.processes`); under a launcher each process takes its own device
+    """This run's processes (:func:`cwviz.core.util.parallel.processes`); under a launcher each process takes its own device
     (``args.device``), and InputError unless ``--results`` names the folder their records go to."""
-    from ..core.parallel import processes
+    from ..core.util.parallel import processes
 
     procs = processes(args.device)
     if procs.count > 1 and args.results is None:
@@ -145,7 +145,7 @@ def how_run(args: argparse.Namespace) -> dict:
     import datetime as dt
     import shlex
 
-    from ..core.parallel import versions
+    from ..core.util.parallel import versions
 
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     return {

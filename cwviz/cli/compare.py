@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from ..analyses.schema import HEAD_METRICS, KINDS
-from ..core.errors import CwvizError, InputError
-from ..core.texts import write_text_atomic
+from ..core.util.errors import CwvizError, InputError
+from ..core.util.texts import write_text_atomic
 from .common import add_model_args, prompt_text
 
 #: Heads listed by default, and the map cells with the largest change.
@@ -86,9 +86,9 @@ def read_inputs(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..analyses import compare
-    from ..core.analysis import analyze
-    from ..core.models import load_model
-    from ..core.progress import cli_bar
+    from ..core.loading.models import load_model
+    from ..core.method.analysis import analyze
+    from ..core.util.progress import cli_bar
 
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")

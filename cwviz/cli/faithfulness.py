@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..core.errors import InputError
-from ..core.texts import write_text_atomic
+from ..core.util.errors import InputError
+from ..core.util.texts import write_text_atomic
 from .common import (
     add_jsonl_args,
     add_model_args,
@@ -156,7 +156,7 @@ def read_examples(args: argparse.Namespace) -> list:
     --task the items of a multiple-choice task (:class:`cwviz.analyses.tasks.Item`)."""
     from ..analyses.faithfulness import dataset_texts
     from ..analyses.faithfulness import read_examples as read_file
-    from ..core.texts import read_texts
+    from ..core.util.texts import read_texts
 
     if args.n < 1:
         raise InputError(f"--n must be at least 1, not {args.n}")
@@ -181,7 +181,7 @@ def read_examples(args: argparse.Namespace) -> list:
 
 
 def write_csv(summary: pd.DataFrame, path: Path) -> None:
-    """Replace ``path`` atomically (:func:`~cwviz.core.texts.write_text_atomic`)."""
+    """Replace ``path`` atomically (:func:`~cwviz.core.util.texts.write_text_atomic`)."""
     write_text_atomic(path, summary.to_csv(index=False, float_format="%.6g"))
 
 
@@ -336,8 +336,8 @@ def run_sweep(args: argparse.Namespace, protocol, texts: list, procs) -> int:
     unfinished examples; the main process then recomputes the summary from every record."""
     from ..analyses import faithfulness, sweep
     from ..analyses import records as R
-    from ..core.parallel import model_provenance
-    from ..core.progress import cli_bar
+    from ..core.util.parallel import model_provenance
+    from ..core.util.progress import cli_bar
 
     folder: Path = args.results
     bundle = load(args)

@@ -1,7 +1,7 @@
 """The command line: ``cwviz <command> ...`` (the same as ``python -m cwviz <command> ...``).
 
 Each command lives in :mod:`cwviz.cli` as a module with ``register(subparsers)``, which adds its
-parser and sets ``func``. Errors a user can fix (:class:`~cwviz.core.errors.CwvizError`, unreadable files)
+parser and sets ``func``. Errors a user can fix (:class:`~cwviz.core.util.errors.CwvizError`, unreadable files)
 end the program with one ``error: ...`` line on stderr and exit status 2, never a traceback.
 
 SIGTERM is handled as Ctrl-C (SIGINT): the long commands (``faithfulness``, ``sinks``) keep every finished
@@ -20,9 +20,9 @@ import signal
 import sys
 import threading
 
-from ..core.errors import CwvizError
-from ..core.heap import tune_heap
-from ..core.settings import check_environment
+from ..core.util.errors import CwvizError
+from ..core.util.heap import tune_heap
+from ..core.util.settings import check_environment
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,7 +99,7 @@ def _run(argv: list[str] | None) -> int:
         transformers.utils.logging.disable_progress_bar()
         transformers.utils.logging.set_verbosity_error()
     args.argv = argv  # the manifest of a sweep records the command
-    tune_heap()  # the command owns its process: the row blocks' buffers stay in its heap (cwviz.core.heap)
+    tune_heap()  # the command owns its process: the row blocks' buffers stay in its heap (cwviz.core.util.heap)
     previous = _sigterm_as_interrupt()
     try:
         check_environment()  # CWVIZ_CACHE and CWVIZ_MEMORY_BYTES, before any file is read or model loaded

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..core.errors import InputError
-from ..core.texts import write_text_atomic
+from ..core.util.errors import InputError
+from ..core.util.texts import write_text_atomic
 from .common import check_output_file
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..core.errors import CwvizError, InputError
-from ..core.texts import write_text_atomic
+from ..core.util.errors import CwvizError, InputError
+from ..core.util.texts import write_text_atomic
 from .common import (
     add_jsonl_args,
     add_model_args,
@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
     """The prompts: one from --text/--file, or the JSONL file's (first --n)."""
-    from ..core.texts import read_texts
+    from ..core.util.texts import read_texts
 
     path = jsonl_path(args)
     if path is None:
@@ -135,8 +135,8 @@ class Prompt:
 def measure(args: argparse.Namespace, bundle, text: str, index: int, total: int) -> Prompt:
     """Prompt ``index`` (of ``total``): its analysis, sink table and, unless --no-ppl, the sink-removal perplexities."""
     from ..analyses import sinks
-    from ..core.analysis import analyze
-    from ..core.progress import cli_bar
+    from ..core.method.analysis import analyze
+    from ..core.util.progress import cli_bar
 
     try:
         with cli_bar(f"prompt {index + 1} of {total}", enabled=sys.stderr.isatty()) as progress:
@@ -163,7 +163,7 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     each prompt's record appended as it finishes; the main process then makes the tables from every record."""
     from ..analyses import records as R
     from ..analyses import sweep
-    from ..core.parallel import model_provenance
+    from ..core.util.parallel import model_provenance
     from .common import how_run, launched_command
 
     bundle = load(args)
@@ -269,7 +269,7 @@ def write_results(
 
     from ..analyses import records as R
     from ..analyses import sinks
-    from ..core.parallel import model_provenance
+    from ..core.util.parallel import model_provenance
     from .common import how_run
 
     folder = args.results / RESULTS_FOLDER

@@ -1,5 +1,5 @@
 """A griffe extension of the API pages (``mkdocs.yml``: the python handler's ``extensions``): cwviz's docstrings
-cross-reference in Sphinx roles (``:class:`~cwviz.core.errors.InputError```), which Markdown would show as they are
+cross-reference in Sphinx roles (``:class:`~cwviz.core.util.errors.InputError```), which Markdown would show as they are
 typed; each role becomes inline code of its target (``~`` keeps the last name, as Sphinx does)."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from cwviz.analyses import compare, tables
 from cwviz.analyses.schema import HEAD_METRICS
 from cwviz.charts import compare as charts
 from cwviz.cli.main import main
-from cwviz.core.errors import InputError
+from cwviz.core.util.errors import InputError
 from tests.conftest import CharTokenizer, make_tiny
 
 A_TEXT = "the cat sat"
@@ -204,7 +204,7 @@ def test_charts_draw_a_b_and_the_difference_on_a_scale_centred_at_zero(llama):
     ],
 )
 def test_the_cli_refuses_what_it_cannot_compare_before_loading_a_model(argv, message, capsys, monkeypatch):
-    monkeypatch.setattr("cwviz.core.models.load_model", lambda *a, **k: pytest.fail("no model should load"))
+    monkeypatch.setattr("cwviz.core.loading.models.load_model", lambda *a, **k: pytest.fail("no model should load"))
     assert main(["compare", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]

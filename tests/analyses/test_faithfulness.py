@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import cwviz
 from cwviz.analyses import faithfulness as F
-from cwviz.core.errors import InputError, UnsupportedModelError
-from cwviz.core.interventions import KeepKeys, logits
+from cwviz.core.method.interventions import KeepKeys, logits
+from cwviz.core.util.errors import InputError, UnsupportedModelError
 from tests.conftest import make_tiny
 
 NAN = float("nan")
@@ -334,7 +334,7 @@ def test_batch_size_auto_fits_memory_and_gives_the_same_numbers(llama, monkeypat
     assert F.batch_size_for(llama, len(IDS), F.Protocol(batch_size=2, **protocol), runs=20) == 2
     one_run = F.masked_run_bytes(llama, len(IDS))
     logits = 256 * llama.model.config.vocab_size * 8  # the chunk of logits the estimate keeps aside
-    monkeypatch.setattr("cwviz.core.memory.available", lambda device: int((logits + 2.5 * one_run) / 0.8))
+    monkeypatch.setattr("cwviz.core.method.memory.available", lambda device: int((logits + 2.5 * one_run) / 0.8))
     assert F.batch_size_for(llama, len(IDS), auto, runs=20) == 2  # room for two and a half runs
     np.testing.assert_allclose(
         F.run_example(llama, IDS, auto).ppl_masked, F.run_example(llama, IDS, F.Protocol(batch_size=1, **protocol)).ppl_masked, rtol=1e-4

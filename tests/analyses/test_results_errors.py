@@ -28,7 +28,7 @@ from cwviz.analyses import records as R
 from cwviz.cli import atlas as atlas_cli
 from cwviz.cli import faithfulness as faith_cli
 from cwviz.cli import sinks as sinks_cli
-from cwviz.core.errors import CwvizError, InputError
+from cwviz.core.util.errors import CwvizError, InputError
 from tests.analyses.test_sweep import ENV, save_tiny_model, write_jsonl
 from tests.conftest import make_tiny
 
@@ -469,7 +469,7 @@ def test_text_with_the_ids_of_another_text_is_refused():
 # -- writes are whole or absent ----------------------------------------------------------------------------
 def test_analyze_json_onto_a_full_disk_leaves_no_partial_file(tmp_path, capsys, monkeypatch):
     from cwviz.cli import analyze as analyze_cli
-    from cwviz.core import texts
+    from cwviz.core.util import texts
 
     monkeypatch.setattr(analyze_cli, "load", lambda _args: make_tiny("llama"))
     real = texts.os.fsync

@@ -17,11 +17,11 @@ import cwviz
 from cwviz import analyze
 from cwviz.analyses import sinks
 from cwviz.charts import sinks as charts
-from cwviz.core import blocks
-from cwviz.core.errors import InputError, SelectionError
-from cwviz.core.interventions import KeepKeys, batch_perplexity, logits
-from cwviz.core.measures import expand_kv
-from cwviz.core.texts import read_texts
+from cwviz.core.method import blocks
+from cwviz.core.method.interventions import KeepKeys, batch_perplexity, logits
+from cwviz.core.method.measures import expand_kv
+from cwviz.core.util.errors import InputError, SelectionError
+from cwviz.core.util.texts import read_texts
 from tests.conftest import TEXT, make_tiny
 from tests.sink_reference import cosine, sink_split
 
@@ -75,7 +75,7 @@ def test_head_outputs_split_into_sink_and_rest(tiny, sink):
 def test_norms_in_head_space_equal_the_split_in_model_space(tiny, sink):
     """sink_norms (what the sinks table and the atlas read: d_head-wide products through G^h) gives the norms and
     the cosine of the reference split's d_model vectors (tests/sink_reference.py), NaN in the same places, on every architecture."""
-    from cwviz.core.measures import expand_kv, head_grams
+    from cwviz.core.method.measures import expand_kv, head_grams
 
     analysis = analyze(tiny, TEXT)
     for layer in range(analysis.num_layers):
@@ -272,7 +272,7 @@ def test_factor_zero_equals_explicit_removal_of_the_sinks_write(llama):
     assert result.perplexity == pytest.approx(float(batch_perplexity(bundle, ids, explicit)[0]), rel=1e-5)
     assert result.perplexity_clean == pytest.approx(analysis.perplexity, rel=1e-6)
 
-    from cwviz.core.capture import attention_probabilities, forward_pass
+    from cwviz.core.method.capture import attention_probabilities, forward_pass
 
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=True, intervention=explicit) as records:
         bundle.model(input_ids=ids, use_cache=False)

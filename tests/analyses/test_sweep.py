@@ -17,7 +17,7 @@ import pytest
 from cwviz import cli
 from cwviz.analyses import records as R
 from cwviz.cli import faithfulness as command
-from cwviz.core.parallel import shard
+from cwviz.core.util.parallel import shard
 from tests.conftest import make_tiny
 
 ROOT = Path(__file__).resolve().parents[2]

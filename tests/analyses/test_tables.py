@@ -10,8 +10,8 @@ import transformers
 
 import cwviz
 from cwviz.analyses import tables
-from cwviz.core import blocks as block_policy
-from cwviz.core import reading, stream
+from cwviz.core.method import blocks as block_policy
+from cwviz.core.method import reading, stream
 from tests.conftest import TEXT, CharTokenizer, make_tiny
 
 
@@ -183,7 +183,7 @@ def test_row_blocks_equal_the_whole_layer_across_block_edges(arch):
     """Analysis.rows (what windowed heatmaps and the token page compute) equals the whole layer's rows, for
     every measure, the norms and both aggregations; mistral's sliding window and bert's bidirectional mask
     included. Blocks start and end on either side of the whole layer's own row blocks."""
-    from cwviz.core.blocks import triangle_blocks
+    from cwviz.core.method.blocks import triangle_blocks
 
     analysis = cwviz.analyze(make_tiny(arch), LONG_TEXT[:90])
     t = analysis.num_tokens
@@ -305,7 +305,7 @@ def test_the_streamed_binned_view_equals_binning_the_whole_map(long_analysis, mo
 def test_the_one_pass_groups_its_row_blocks_in_order_within_a_dense_blocks_cells(tokens, cells):
     """block_groups, which the one pass keeps a group's α for: every block once and in order, a group's blocks
     together within the cells (one block alone may exceed them), and no group that the next block would still fit."""
-    from cwviz.core.capture import LayerRecord
+    from cwviz.core.method.capture import LayerRecord
 
     empty = torch.empty(1, tokens, 1)
     blocks = list(reading.record_blocks(LayerRecord(empty, empty, empty, None, 1.0, True, output=None)))
@@ -321,7 +321,7 @@ def test_the_one_pass_groups_its_row_blocks_in_order_within_a_dense_blocks_cells
         assert len(blocks) == block_policy.READ_MIN_BLOCKS and len(groups) == 1
 
 
-#: Three heads a kv head, each held twice in the row blocks (cwviz.core.measures.kv_copies): 7-row blocks cut into
+#: Three heads a kv head, each held twice in the row blocks (cwviz.core.method.measures.kv_copies): 7-row blocks cut into
 #: runs of 10.5 rows fall back to one copy a kv head, the last block's 4 rows do not.
 HELD_TWICE = "llama, 3 heads a kv head held twice"
 

@@ -16,7 +16,7 @@ from cwviz.analyses import faithfulness as F
 from cwviz.analyses import records as R
 from cwviz.analyses import tasks as T
 from cwviz.cli import faithfulness as command
-from cwviz.core.errors import InputError
+from cwviz.core.util.errors import InputError
 from tests.conftest import make_tiny
 
 MMLU = [

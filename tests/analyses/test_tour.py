@@ -14,7 +14,7 @@ from cwviz import analyze
 from cwviz.analyses import sinks, tables, tour
 from cwviz.app import links, state
 from cwviz.app.services import Request
-from cwviz.core import blocks
+from cwviz.core.method import blocks
 from tests.conftest import TEXT, make_tiny
 
 

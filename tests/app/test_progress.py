@@ -13,8 +13,8 @@ import pytest
 import cwviz
 from cwviz.analyses import sinks, tables
 from cwviz.app import services
-from cwviz.core.generate import greedy_continuation
-from cwviz.core.progress import cli_bar, counted
+from cwviz.core.loading.generate import greedy_continuation
+from cwviz.core.util.progress import cli_bar, counted
 from tests.conftest import make_tiny
 
 TEXT = "the quick brown fox jumps"
@@ -137,7 +137,7 @@ def test_the_dashboard_bar_shows_layers_done_and_is_removed(monkeypatch):
 def test_the_binned_heatmap_reports_its_row_blocks_and_keeps_its_cells(case, monkeypatch):
     """The binned view reads the whole layer (2-3 s at 8k tokens on a CPU), so it reports the blocks it has
     reduced; the cells are the same with and without a callback."""
-    from cwviz.core import blocks
+    from cwviz.core.method import blocks
 
     _, analysis = case
     monkeypatch.setattr(blocks, "ROW_BLOCK_CELLS", 2)  # one query row a block

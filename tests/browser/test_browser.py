@@ -765,7 +765,7 @@ def test_atlas_runs_draws_its_map_and_links_a_prompt_to_its_heatmaps(server, bro
     spanning its plot) and the picked head's prompts; the link a prompt's row holds opens the Heatmaps page
     on that prompt with the head selected."""
     from cwviz.app import atlas_services, services
-    from cwviz.core.texts import gsm8k_path, read_texts
+    from cwviz.core.util.texts import gsm8k_path, read_texts
 
     page = browser.new_page(viewport=VIEWPORT)
     watch = Watch(page)

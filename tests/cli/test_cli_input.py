@@ -1,6 +1,6 @@
 """Input the audit found mishandled: invalid text, malformed results, wrong types and names at the API, a
 folder or pipe where a file was expected, a reader that leaves early. Each gets one clear ``error:`` line
-(status 2) in the CLI or a :class:`~cwviz.core.errors.CwvizError` at the API; tiny random models only."""
+(status 2) in the CLI or a :class:`~cwviz.core.util.errors.CwvizError` at the API; tiny random models only."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from cwviz.cli import common, main
 from cwviz.cli import compare as compare_command
 from cwviz.cli import faithfulness as faithfulness_command
 from cwviz.cli import sinks as sinks_command
-from cwviz.core.errors import CwvizError, InputError, SelectionError
-from cwviz.core.texts import read_standard_input, read_text_file
+from cwviz.core.util.errors import CwvizError, InputError, SelectionError
+from cwviz.core.util.texts import read_standard_input, read_text_file
 from tests.conftest import CharTokenizer, make_tiny, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]

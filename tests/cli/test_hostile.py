@@ -16,8 +16,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from cwviz.cli.main import main
-from cwviz.core.errors import InputError
-from cwviz.core.texts import read_text_file, read_texts
+from cwviz.core.util.errors import InputError
+from cwviz.core.util.texts import read_text_file, read_texts
 
 ROOT = Path(__file__).resolve().parents[2]
 BIG = 50_000_000

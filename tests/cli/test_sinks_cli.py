@@ -72,8 +72,8 @@ def test_malformed_jsonl_names_the_line(capsys, tmp_path):
 
 
 def test_gsm8k_reads_the_shipped_sample(embedded, capsys, monkeypatch):
-    from cwviz.core.inputs import tokenize
-    from cwviz.core.texts import gsm8k_path, read_texts
+    from cwviz.core.loading.inputs import tokenize
+    from cwviz.core.util.texts import gsm8k_path, read_texts
 
     monkeypatch.delenv("CWVIZ_GSM8K", raising=False)
     assert main(["sinks", "--gsm8k", "--n", "2", "--no-ppl"]) == 0

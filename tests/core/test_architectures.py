@@ -16,11 +16,11 @@ import torch
 
 import cwviz
 from cwviz.analyses import sinks as sinks_analyses
-from cwviz.core import architectures
-from cwviz.core.errors import UnsupportedModelError
-from cwviz.core.interventions import KeepKeys, ScaleValues, batch_perplexity, logits
-from cwviz.core.logprobs import logprobs_from_hidden
-from cwviz.core.measures import expand_kv
+from cwviz.core.loading import architectures
+from cwviz.core.method.interventions import KeepKeys, ScaleValues, batch_perplexity, logits
+from cwviz.core.method.logprobs import logprobs_from_hidden
+from cwviz.core.method.measures import expand_kv
+from cwviz.core.util.errors import UnsupportedModelError
 from tests.conftest import DERIVED_FAMILIES, FAMILY_CONFIGS, TEXT, CharTokenizer, family_model
 
 
@@ -211,7 +211,7 @@ def test_a_derived_row_whose_probe_fails_is_refused():
 
 
 def test_a_model_type_without_a_named_output_projection_is_refused(monkeypatch):
-    from cwviz.core import derive
+    from cwviz.core.loading import derive
 
     monkeypatch.setattr(derive, "PROJECTION_NAMES", ("no_such_projection",))
     with pytest.raises(UnsupportedModelError, match="'opt'.*no output projection named no_such_projection"):
@@ -322,7 +322,7 @@ def test_scaled_attention_is_the_models_own_scaling():
 
 @pytest.mark.parametrize("model_type", ["gpt_oss", "gemma2", "llama"])
 def test_weighted_values_in_row_blocks_are_the_whole_computation(model_type, monkeypatch):
-    from cwviz.core import blocks
+    from cwviz.core.method import blocks
 
     bundle = cwviz.bundle_from_model(family_model(model_type), CharTokenizer(100))
     ids = torch.tensor([bundle.tokenizer(TEXT[:20])["input_ids"]])
@@ -339,7 +339,7 @@ def test_weighted_values_in_row_blocks_are_the_whole_computation(model_type, mon
 def test_a_model_type_without_a_row_loads_with_the_head_its_checkpoint_names():
     import transformers
 
-    from cwviz.core.models import auto_class_name
+    from cwviz.core.loading.models import auto_class_name
 
     def config(model_type, **kwargs):
         return transformers.AutoConfig.for_model(model_type, **kwargs)

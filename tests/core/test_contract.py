@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 import cwviz
 from cwviz.analyses import faithfulness, sinks
-from cwviz.core.errors import CwvizError, InputError, SelectionError
-from cwviz.core.inputs import integer_index, token_ids
-from cwviz.core.interventions import batch_perplexity
+from cwviz.core.loading.inputs import integer_index, token_ids
+from cwviz.core.method.interventions import batch_perplexity
+from cwviz.core.util.errors import CwvizError, InputError, SelectionError
 from tests.conftest import make_tiny
 
 TEXT = "the quick brown fox jumps over"

@@ -56,7 +56,7 @@ def test_model_split_by_an_explicit_device_map(tmp_path):
 
 
 def test_auto_dtype_rules():
-    from cwviz.core.models import resolve_dtype
+    from cwviz.core.loading.models import resolve_dtype
 
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
@@ -67,7 +67,7 @@ def test_auto_dtype_rules():
 def test_device_selection_prefers_cuda_and_explains_a_missing_one(monkeypatch):
     """``auto`` picks CUDA where torch sees a GPU (mocked here), and bfloat16 with it; asking for CUDA
     without one is a clear error, not a crash deep in the model."""
-    from cwviz.core.models import resolve_device, resolve_dtype
+    from cwviz.core.loading.models import resolve_device, resolve_dtype
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import cwviz
-from cwviz.core import checkpoints
-from cwviz.core.measures import expand_kv
+from cwviz.core.loading import checkpoints
+from cwviz.core.method.measures import expand_kv
 
 PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
 

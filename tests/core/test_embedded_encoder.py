@@ -12,8 +12,8 @@ from streamlit.testing.v1 import AppTest
 
 import cwviz
 from cwviz import cli
-from cwviz.core import checkpoints
-from cwviz.core.errors import ModelLoadError
+from cwviz.core.loading import checkpoints
+from cwviz.core.util.errors import ModelLoadError
 from tests.app.test_app import APP, TIMEOUT, assert_clean, charts, widget
 
 PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."

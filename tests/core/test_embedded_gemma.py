@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import cwviz
-from cwviz.core import checkpoints
+from cwviz.core.loading import checkpoints
 from tests.core.test_architectures import window
 
 PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
@@ -141,7 +141,7 @@ def write_tiny_gguf(path, layers: int = 2, hidden: int = 32, heads: int = 4, kv_
 
 def test_a_user_gguf_is_converted_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
     """A .gguf given by its path, as a user's file would be (:func:`write_tiny_gguf`; the real GGUFs go through the
-    same :func:`cwviz.core.checkpoints.convert_gguf` in the embedded models' tests). The conversion parses the file
+    same :func:`cwviz.core.loading.checkpoints.convert_gguf` in the embedded models' tests). The conversion parses the file
     once (transformers alone would read its header three times: config, weights, tokenizer), through a plain array
     view of the file, not numpy.memmap, whose Python-level slicing slowed the parse (checkpoints._PlainMemmap)."""
     import gguf as gguf_module

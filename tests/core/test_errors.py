@@ -11,7 +11,7 @@ import torch
 
 import cwviz
 from cwviz.cli import main
-from cwviz.core.errors import InputError, ModelLoadError, SelectionError, UnsupportedModelError
+from cwviz.core.util.errors import InputError, ModelLoadError, SelectionError, UnsupportedModelError
 from tests.conftest import make_tiny
 
 
@@ -135,7 +135,7 @@ def test_cli_analyze_end_to_end(tmp_path):
 
 
 def test_prompt_that_would_not_fit_is_refused_with_the_estimate(llama, monkeypatch):
-    from cwviz.core.errors import ResourceError
+    from cwviz.core.util.errors import ResourceError
 
     monkeypatch.setenv("CWVIZ_MEMORY_BYTES", "200000")  # 0.2 MB "available"
     with pytest.raises(ResourceError, match=r"needs about .* GB .* only 0\.0 GB is available"):
@@ -145,7 +145,7 @@ def test_prompt_that_would_not_fit_is_refused_with_the_estimate(llama, monkeypat
 
 
 def test_memory_estimate_grows_with_the_square_of_the_prompt(llama):
-    from cwviz.core.memory import estimate
+    from cwviz.core.method.memory import estimate
 
     small, large = estimate(llama.model.config, llama.info, 100), estimate(llama.model.config, llama.info, 200)
     assert large["maps"] == 4 * small["maps"]
@@ -153,13 +153,13 @@ def test_memory_estimate_grows_with_the_square_of_the_prompt(llama):
 
 
 def test_out_of_memory_during_analysis_becomes_a_clear_error(llama, monkeypatch):
-    from cwviz.core.errors import ResourceError
+    from cwviz.core.util.errors import ResourceError
 
     def boom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     analysis = cwviz.analyze(llama, "hello world")
-    monkeypatch.setattr("cwviz.core.analysis.layer_measures", boom)
+    monkeypatch.setattr("cwviz.core.method.analysis.layer_measures", boom)
     with pytest.raises(ResourceError, match="ran out of memory"):
         analysis.layer(0)
     monkeypatch.undo()

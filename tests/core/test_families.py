@@ -10,10 +10,11 @@ import torch
 import transformers
 
 import cwviz
-from cwviz.core import architectures, memory
-from cwviz.core.capture import forward_pass
-from cwviz.core.errors import UnsupportedModelError
-from cwviz.core.models import headless_encoder
+from cwviz.core.loading import architectures
+from cwviz.core.loading.models import headless_encoder
+from cwviz.core.method import memory
+from cwviz.core.method.capture import forward_pass
+from cwviz.core.util.errors import UnsupportedModelError
 from tests import conftest
 from tests.conftest import CharTokenizer
 
@@ -122,7 +123,7 @@ def test_a_recording_pass_refuses_a_second_call_of_one_attention_module():
 def test_the_causality_of_an_attention_module_that_does_not_say_comes_from_its_config(model_type, architectures, causal):
     from types import SimpleNamespace
 
-    from cwviz.core.capture import _config_causal
+    from cwviz.core.method.capture import _config_causal
 
     assert _config_causal(SimpleNamespace(model_type=model_type, architectures=architectures, is_decoder=False)) is causal
     assert _config_causal(SimpleNamespace(model_type="splinter", architectures=None, is_decoder=True)) is True

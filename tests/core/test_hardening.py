@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import cwviz
 from cwviz.cli import main
-from cwviz.core.tokens import display_token, display_tokens
+from cwviz.core.util.tokens import display_token, display_tokens
 from tests.conftest import no_hooks
 
 ODD_PROMPTS = {
@@ -86,7 +86,7 @@ def test_display_of_any_token_id_is_visible_text(embedded, token_id):
 
 
 def test_nothing_stays_on_the_model_after_an_analysis_that_raised(embedded, monkeypatch):
-    from cwviz.core.capture import _ACTIVE
+    from cwviz.core.method.capture import _ACTIVE
 
     def broken_forward(*args, **kwargs):
         raise RuntimeError("boom")

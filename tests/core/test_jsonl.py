@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cwviz.core.errors import InputError
-from cwviz.core.texts import GSM8K_JOIN, gsm8k_path, read_texts
+from cwviz.core.util.errors import InputError
+from cwviz.core.util.texts import GSM8K_JOIN, gsm8k_path, read_texts
 
 GSM8K = Path(__file__).resolve().parents[2] / "data" / "gsm8k" / "sample.jsonl"  # shipped with cwviz
 

@@ -20,9 +20,10 @@ import torch
 
 import cwviz
 from cwviz.cli import main
-from cwviz.core import checkpoints, parallel
-from cwviz.core.errors import InputError, ModelLoadError
-from cwviz.core.settings import LAUNCHER_VARIABLES
+from cwviz.core.loading import checkpoints
+from cwviz.core.util import parallel
+from cwviz.core.util.errors import InputError, ModelLoadError
+from cwviz.core.util.settings import LAUNCHER_VARIABLES
 from tests.conftest import default_signals, family_model
 from tests.core.test_families import save_with_tokenizer
 

@@ -17,9 +17,10 @@ import transformers
 import cwviz
 from cwviz.analyses import bertviz as bertviz_html
 from cwviz.analyses import sinks, tables
-from cwviz.core import blocks as block_policy
-from cwviz.core import inputs, memory
-from cwviz.core.errors import ResourceError
+from cwviz.core.loading import inputs
+from cwviz.core.method import blocks as block_policy
+from cwviz.core.method import memory
+from cwviz.core.util.errors import ResourceError
 from tests.conftest import CharTokenizer, make_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,7 +198,7 @@ def services_at_8k() -> dict:
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak resident size is read from Linux /proc")
 def test_an_8192_token_prompt_through_the_dashboard_services_stays_within_the_estimate():
     """The dashboard's default limit on a CPU, through its services in a fresh process (:func:`services_at_8k`): the
-    peak resident size above the loaded model is within :func:`cwviz.core.memory.estimate` (the whole-layer maps
+    peak resident size above the loaded model is within :func:`cwviz.core.method.memory.estimate` (the whole-layer maps
     would be 26 GB)."""
     code = "import json; from tests.core.test_long import services_at_8k; print('RESULT', json.dumps(services_at_8k()))"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=1200)
@@ -210,7 +211,7 @@ def test_an_8192_token_prompt_through_the_dashboard_services_stays_within_the_es
     assert result["spilled"]  # 1.5 GB of records: over CWVIZ_SPILL_MB, so they are on disk (room permitting)
     assert peak <= need["total"], (peak, need)
     # An upper bound, not a wild one (prompts it refuses would not fit): peaks of 0.44, 0.45 and 0.48 GB were measured
-    # against 0.96 GB, 0.44 GB against 1.04 GB; the heap the row blocks leave varies from run to run (cwviz.core.memory).
+    # against 0.96 GB, 0.44 GB against 1.04 GB; the heap the row blocks leave varies from run to run (cwviz.core.method.memory).
     assert peak >= 0.3 * need["total"], (peak, need)
 
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from cwviz.core.capture import attention_probabilities
-from cwviz.core.measures import LAYER_AGGREGATION, MEASURES, expand_kv, head_weights, layer_measures
+from cwviz.core.method.capture import attention_probabilities
+from cwviz.core.method.measures import LAYER_AGGREGATION, MEASURES, expand_kv, head_weights, layer_measures
 
 
 def random_layer(heads=3, kv_heads=3, tokens=7, d_head=5, d_model=11, seed=0, causal=True):
@@ -121,7 +121,7 @@ def test_unknown_measure_is_rejected():
 
 
 def test_grouped_values_and_cached_gram_give_the_same_measures():
-    from cwviz.core.measures import full_gram
+    from cwviz.core.method.measures import full_gram
 
     g = torch.Generator().manual_seed(11)
     heads, kv_heads, tokens, d_head, d_model = 6, 2, 8, 4, 10
@@ -146,7 +146,7 @@ def test_one_kind_gives_the_same_contributions(kinds, causal):
     """A reader of one contribution kind (the head overview: intra) gets the same weights as both kinds give,
     and as brute force; the kind it did not ask for is refused, not
     silently the other one; its dot products and cosines still cover both kinds."""
-    from cwviz.core.measures import full_gram
+    from cwviz.core.method.measures import full_gram
 
     g = torch.Generator().manual_seed(5)
     heads, kv_heads, tokens, d_head, d_model = 6, 2, 9, 4, 10
@@ -172,7 +172,7 @@ def test_one_kind_gives_the_same_contributions(kinds, causal):
 def test_causal_blocks_equal_the_dense_computation(tokens):
     """The causal fast paths (lower-triangle row blocks, 64 rows, taller past 16 blocks) give the dense
     results for lengths below, at and across block boundaries, with grouped-query heads."""
-    from cwviz.core.measures import full_gram
+    from cwviz.core.method.measures import full_gram
 
     g = torch.Generator().manual_seed(tokens)
     heads, kv_heads, d_head, d_model = 6, 2, 8, 20
@@ -195,7 +195,7 @@ def test_causal_blocks_equal_the_dense_computation(tokens):
 
 @pytest.mark.parametrize("tokens", [1, 64, 65, 1024, 1025, 4096])
 def test_triangle_blocks_tile_every_row_once(tokens):
-    from cwviz.core.blocks import TRIANGLE_MAX_BLOCKS, triangle_blocks
+    from cwviz.core.method.blocks import TRIANGLE_MAX_BLOCKS, triangle_blocks
 
     blocks = triangle_blocks(tokens)
     assert blocks[0][0] == 0 and blocks[-1][1] == tokens
@@ -207,13 +207,13 @@ def test_triangle_blocks_tile_every_row_once(tokens):
 @pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (9, 3), (4, 1)])
 @pytest.mark.parametrize("rows", [7, 8])
 def test_kv_heads_held_several_times_give_the_same_products_and_measures(heads, kv_heads, rows, monkeypatch):
-    """A layer read in row blocks may hold each kv head several times (cwviz.core.reading.for_blocks), its heads'
+    """A layer read in row blocks may hold each kv head several times (cwviz.core.method.reading.for_blocks), its heads'
     rows then cut into runs, one a copy: α, α v and every measure equal the per-head computation for every number
     of copies, whether the rows divide into the runs (even rows) or not (odd rows with 2 copies of a 3-head group,
     which fall back to one copy of each kv head)."""
-    from cwviz.core import reading
-    from cwviz.core.capture import LayerRecord, causal_rows
-    from cwviz.core.measures import full_gram, grouped_matmul
+    from cwviz.core.method import reading
+    from cwviz.core.method.capture import LayerRecord, causal_rows
+    from cwviz.core.method.measures import full_gram, grouped_matmul
 
     g = torch.Generator().manual_seed(heads + rows)
     tokens, d_head, d_model, start = 13, 4, 10, 5
@@ -242,7 +242,7 @@ def test_kv_heads_held_several_times_give_the_same_products_and_measures(heads, 
 def test_kv_copies_spread_a_blocks_batch_entries_evenly_over_the_cpu_threads():
     """The copies for_blocks makes: the fewest that spread the batch entries (kv heads x copies) most evenly over
     the threads, never more than a kv group's heads, and none off the CPU."""
-    from cwviz.core.measures import kv_copies
+    from cwviz.core.method.measures import kv_copies
 
     assert kv_copies(3, 9, "cpu", threads=2) == 2  # the embedded model: 6 entries for 2 threads, not 3 or 9
     assert kv_copies(2, 4, "cpu", threads=2) == 1  # already even

@@ -1,4 +1,4 @@
-"""Records of long prompts on disk (cwviz.core.spill): the same numbers as in memory, nothing left behind.
+"""Records of long prompts on disk (cwviz.core.method.spill): the same numbers as in memory, nothing left behind.
 
 Tiny models' records are far below the default threshold, so these tests lower it to zero (every pass spills)
 and compare with the same prompt analysed in memory.
@@ -15,7 +15,7 @@ import torch
 
 import cwviz
 from cwviz.analyses import sinks, tables
-from cwviz.core import memory, spill
+from cwviz.core.method import memory, spill
 from tests.conftest import TEXT, CharTokenizer, family_model, make_tiny
 
 FIELDS = ("query", "key", "value", "output")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cwviz.core.tokens import display_tokens
+from cwviz.core.util.tokens import display_tokens
 
 
 def test_split_emoji_shows_its_bytes(embedded):

@@ -51,7 +51,7 @@ LAYER = 14
 def _prompts(n: int, offset: int = 0, chars: int = 120) -> list[str]:
     """Distinct short prompts: the start of the shipped GSM8K sample's questions, numbered (about 30
     tokens: each heatmap shows the whole prompt, so every label can be checked)."""
-    from cwviz.core.texts import gsm8k_path, read_texts
+    from cwviz.core.util.texts import gsm8k_path, read_texts
 
     questions = [text.split("\n")[0][:chars] for text in read_texts(gsm8k_path(), field="question")]
     return [f"Question {offset + k}: {questions[k % len(questions)]}" for k in range(n)]
@@ -199,11 +199,11 @@ def test_sixteen_sessions_at_once_each_see_their_own_prompt(browser, expected):
 
 def test_a_hundred_and_fifty_prompts_one_after_another_stay_under_the_cache_bound():
     """Bound: the resident size after the first prompt, plus what the caches may hold: ``get_analysis`` keeps
-    at most 6 analyses (each at most :func:`cwviz.core.memory.estimate` of its tokens, which also counts
+    at most 6 analyses (each at most :func:`cwviz.core.method.memory.estimate` of its tokens, which also counts
     the transient forward pass), the small ``st.cache_data`` tables at most 64 entries a function (a few
     hundred kB each at these lengths: 5 functions x 64 x 0.5 MB), and 150 MB of allocator slack."""
     from cwviz.app import services
-    from cwviz.core import memory
+    from cwviz.core.method import memory
 
     prompts = _prompts(PROMPTS, offset=1000)
     process = psutil.Process()

@@ -30,10 +30,10 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from ..util.errors import UnsupportedModelError
+from ..util.progress import Progress
 from .blocks import triangle_blocks, weighted_block_rows
-from .errors import UnsupportedModelError
 from .measures import expand_kv, kv_entries
-from .progress import Progress
 from .spill import SpilledRecords
 
 ATTN_IMPLEMENTATION = "cwviz"
@@ -59,7 +59,7 @@ class LayerRecord:
     than 1 (the learned sink writes nothing). Tensors stay on the layer's device in the model's dtype;
     measures upcast them to float32. ``copies``: the key and value hold each kv head this many times in a row
     ([kv_head * copies, key, d_head]); a pass records them once, and a layer prepared for reading in row blocks
-    (:func:`cwviz.core.reading.for_blocks`) may hold more (:func:`~cwviz.core.measures.kv_copies`).
+    (:func:`cwviz.core.method.reading.for_blocks`) may hold more (:func:`~cwviz.core.method.measures.kv_copies`).
     """
 
     query: torch.Tensor
@@ -145,7 +145,7 @@ class _Pass:
         1.0 GB. With the records in their own buffer every activation is freed and reused layer after layer.
         The copies cost one pass over what is recorded (about 6 KB a token a layer for the embedded model). A
         layer whose parts differ in size or dtype from the first layer's keeps its own tensors. A pass whose
-        records go to disk (:mod:`cwviz.core.spill`) keeps no buffer: each layer is written as it runs.
+        records go to disk (:mod:`cwviz.core.method.spill`) keeps no buffer: each layer is written as it runs.
         """
         first = parts[0]
         if isinstance(self.records, SpilledRecords) or first.device.type != "cpu" or any(p.dtype != first.dtype for p in parts):
@@ -190,7 +190,7 @@ def _config_causal(config) -> bool:
     model type transformers does not know (remote code) is causal when its config names a causal-LM class
     (``architectures``: ``...ForCausalLM``, ``...LMHeadModel``) or names none. Without a config, transformers' own
     default (causal). A wrong guess cannot pass unseen: a derived row's probe compares cwviz's forward pass with the
-    model's eager attention (:func:`cwviz.core.derive.derive_architecture`)."""
+    model's eager attention (:func:`cwviz.core.loading.derive.derive_architecture`)."""
     if config is None:
         return True
     if getattr(config, "is_decoder", False):
@@ -314,7 +314,7 @@ def _weighted_values(
     """z_i^h = Σ_j α_ij^h keep_ij v_j^h in float32, returned in the query's dtype as (B, Q, H, d), as every
     attention function returns: the path for interventions (α from the unchanged scores, not renormalised)
     and for soft-capped or learned-sink layers. Computed a block of query rows at a time
-    (:func:`cwviz.core.blocks.weighted_block_rows`), so no [B, H, T, T] map is made for a long prompt.
+    (:func:`cwviz.core.method.blocks.weighted_block_rows`), so no [B, H, T, T] map is made for a long prompt.
 
     query (B, H, Q, d); key, value (B, H_kv, K, d); mask None or (B, 1, Q, K); keep broadcastable to (B, H, Q, K).
     """
@@ -351,7 +351,7 @@ def causal_rows(query: torch.Tensor, key: torch.Tensor, scaling: float, start: i
     Row ``start + r`` sees keys ``0..start+r``; later keys get exactly 0, as the softmax of -inf gives. The
     same scores, scaling and softmax as :func:`attention_probabilities`, in fewer passes over the block: the
     heads of a group are stacked against their shared key (``copies``: the key holds each kv head that many times,
-    and the stacked rows are cut into runs, one a copy; :func:`~cwviz.core.measures.grouped_matmul`), the scaling
+    and the stacked rows are cut into runs, one a copy; :func:`~cwviz.core.method.measures.grouped_matmul`), the scaling
     is the product's own factor, and only the keys from ``start + 1`` on (the block's diagonal part) are masked.
     """
     heads, rows, d_head = query.shape
@@ -477,9 +477,9 @@ def forward_pass(
     """Within this block, forward passes of the model record and/or intervene.
 
     ``attention_modules[l]`` is layer l's attention module. Yields the dict that fills with one
-    :class:`LayerRecord` per layer, or ``spill`` (:func:`cwviz.core.spill.spill_for`), which writes each layer
+    :class:`LayerRecord` per layer, or ``spill`` (:func:`cwviz.core.method.spill.spill_for`), which writes each layer
     to disk as it runs. Only the calling thread (and context) is affected. ``progress``
-    (:mod:`cwviz.core.progress`) is told after each attention layer has run (one pass: done 1..L). ``attend``
+    (:mod:`cwviz.core.util.progress`) is told after each attention layer has run (one pass: done 1..L). ``attend``
     (:class:`Attend`, recording passes without an intervention): each layer's output is what it returns, cast to
     the model's dtype, instead of SDPA's (how :func:`cwviz.analyze` streams measures during the pass).
     """
@@ -496,7 +496,7 @@ def forward_pass(
 @contextlib.contextmanager
 def attention_callers() -> Iterator[list[torch.nn.Module]]:
     """Within this block, forward passes append every module that calls cwviz's attention function to the
-    yielded list, in call order; nothing is recorded or changed (how :mod:`cwviz.core.derive` finds a model's
+    yielded list, in call order; nothing is recorded or changed (how :mod:`cwviz.core.loading.derive` finds a model's
     attention modules: those that really call the interface)."""
     active = _Pass({}, record=False, intervention=None, seen=[])
     token = _ACTIVE.set(active)

@@ -40,7 +40,7 @@ GSM8K_JOIN = "\n"
 
 #: The shipped sample: the first 40 GSM8K test items (MIT licence, beside it). In a checkout it is
 #: ``data/gsm8k/sample.jsonl``; a wheel carries it as ``cwviz/_data/gsm8k/sample.jsonl``.
-_PACKAGE = Path(__file__).resolve().parent.parent
+_PACKAGE = Path(__file__).resolve().parents[2]  # cwviz/, from cwviz/core/util/texts.py
 GSM8K_SAMPLES = (_PACKAGE / "_data" / "gsm8k" / "sample.jsonl", _PACKAGE.parent / "data" / "gsm8k" / "sample.jsonl")
 
 
@@ -239,7 +239,7 @@ def iter_jsonl(path: str | PathLike, n: int | None = None, own: bool = False) ->
 def read_texts(path: str | PathLike, n: int | None = None, field: str | None = None) -> list[str]:
     """The prompts of a JSONL file, in file order; with ``n``, only the first ``n`` (later lines are not read).
 
-    Raises :class:`~cwviz.core.errors.InputError` for a missing or non-UTF-8 file, a malformed line (naming
+    Raises :class:`~cwviz.core.util.errors.InputError` for a missing or non-UTF-8 file, a malformed line (naming
     its line number), ``n < 1``, or a file without prompts.
     """
     texts = [text_of(record, line, path, field) for line, record in iter_jsonl(path, n)]

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import InputError
+from ..util.errors import InputError
+from ..util.texts import write_text_atomic
 from .measures import LayerMeasures
-from .texts import write_text_atomic
 
 #: The schema's id and version, whatever the module that writes it is called.
 SCHEMA = "cwviz.analysis"
@@ -80,7 +80,7 @@ def layer_entry(
 
 
 def write_json(path: str | Path, document: dict) -> Path:
-    """Write ``document`` as UTF-8 JSON, replacing ``path`` whole (:func:`~cwviz.core.texts.write_text_atomic`);
+    """Write ``document`` as UTF-8 JSON, replacing ``path`` whole (:func:`~cwviz.core.util.texts.write_text_atomic`);
     returns the path. InputError when the file cannot be written (and then no part of it is left)."""
     path = Path(path)
     text = json.dumps(document, ensure_ascii=False)

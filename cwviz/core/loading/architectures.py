@@ -2,7 +2,7 @@
 
 Everything cwviz needs from a model is reached through two seams:
 
-* the attention function (a registered ``AttentionInterface`` entry, see :mod:`cwviz.core.capture`), which
+* the attention function (a registered ``AttentionInterface`` entry, see :mod:`cwviz.core.method.capture`), which
   receives post-RoPE queries, keys and values (bias included) of every attention module, and
 * the output projection ``W_O`` of each layer, whose weight gives the per-head slices ``W_O^h``.
 
@@ -12,7 +12,7 @@ uses transformers' attention interface is one more row in :data:`ARCHITECTURES`.
 A third piece, for causal models: the logits are the output layer (``get_output_embeddings()``) applied to
 the base model's final hidden states, then the family's own logit scaling or soft-capping, named by the row
 (``logit_scale``, ``logit_divisor``, ``logit_softcap``: config attributes); cwviz computes next-token
-log-probabilities that way (:meth:`cwviz.core.models.Bundle.output_logits`). Every row is checked against
+log-probabilities that way (:meth:`cwviz.core.loading.models.Bundle.output_logits`). Every row is checked against
 the model's own attention and logits in ``tests/core/test_architectures.py``.
 
 What the attention function receives covers the families' differences without a row saying so: post-RoPE
@@ -21,7 +21,7 @@ model really uses (Granite's attention multiplier, Gemma's ``query_pre_attn_scal
 queries), each layer's own mask (sliding and global layers), soft-capping and learned sinks.
 
 A model type that is not in the table gets a row derived from the model itself and checked by a probe at
-load time (:mod:`cwviz.core.derive`); :data:`REFUSED` lists the families that cannot have one, and why.
+load time (:mod:`cwviz.core.loading.derive`); :data:`REFUSED` lists the families that cannot have one, and why.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .errors import UnsupportedModelError
+from ..util.errors import UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Architecture:
     ``logit_scale``, ``logit_divisor``, ``logit_softcap``: config attributes the causal LM applies to the output
     layer's result, in that order (Cohere's ``logit_scale`` multiplies, Granite's ``logits_scaling`` divides,
     Gemma 2/3's ``final_logit_softcapping`` c gives c tanh(logits / c)); None or a missing value: not applied.
-    ``derived``: the row was derived from the model and checked by a probe (:mod:`cwviz.core.derive`).
+    ``derived``: the row was derived from the model and checked by a probe (:mod:`cwviz.core.loading.derive`).
     """
 
     family: str
@@ -200,7 +200,7 @@ def check_supported(config) -> None:
 
 def architecture_for(model_type: str) -> Architecture | None:
     """The table row for a config's ``model_type``, or None: such a model gets a derived row
-    (:func:`cwviz.core.derive.derive_architecture`) unless :func:`refusal` refuses it."""
+    (:func:`cwviz.core.loading.derive.derive_architecture`) unless :func:`refusal` refuses it."""
     return ARCHITECTURES.get(model_type)
 
 

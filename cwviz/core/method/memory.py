@@ -3,7 +3,7 @@
 :func:`estimate` gives the bytes an analysis of T tokens needs at its peak; :func:`check` compares it
 with what the device has available (``MemAvailable`` of ``/proc/meminfo`` on Linux CPUs,
 ``torch.cuda.mem_get_info`` on CUDA; elsewhere nothing is checked) and raises
-:class:`~cwviz.core.errors.ResourceError` with both figures. :func:`guard` turns a CUDA out-of-memory error
+:class:`~cwviz.core.util.errors.ResourceError` with both figures. :func:`guard` turns a CUDA out-of-memory error
 into the same error, after freeing the cache, so that the app keeps working.
 
 The estimate of :func:`estimate` (float32 measures, model dtype for what the forward pass keeps) is the
@@ -11,19 +11,19 @@ working set of the dashboard and the CLI, which read every T x T quantity in blo
 (:meth:`cwviz.Analysis.row_blocks`, :meth:`cwviz.Analysis.rows`) and never hold a layer's maps:
 
 * recorded per layer: queries and head outputs [heads, T, d_head], keys and values [kv_heads, T, d_head],
-  and the value norms [heads, T] (float32); when the records go to disk (:mod:`cwviz.core.spill`, long prompts
+  and the value norms [heads, T] (float32); when the records go to disk (:mod:`cwviz.core.method.spill`, long prompts
   on the CPU), only the layers read back and the one being written, beside every layer's value norms; and the
-  layer being read in row blocks as :func:`cwviz.core.reading.for_blocks` prepares it (:data:`PREPARED_MAPS`);
+  layer being read in row blocks as :func:`cwviz.core.method.reading.for_blocks` prepares it (:data:`PREPARED_MAPS`);
 * forward pass: the widest activation, [T, intermediate] x 3, and one chunk of logits when the
   log-probabilities are computed ([LOGIT_CHUNK, vocab], in the model's dtype and in float32);
 * maps: :data:`BLOCK_MAPS` float32 maps of one row block, [heads, cells] with cells = the block's rows x T
-  (:func:`cwviz.core.blocks.block_cells`; the whole T x T for prompts shorter than a block);
+  (:func:`cwviz.core.method.blocks.block_cells`; the whole T x T for prompts shorter than a block);
 * slack: :data:`SLACK` of the three above, for what no formula counts (the allocator's fragmentation, the
   tokenizer's encodings, pandas frames of the charts): the three terms are a central estimate of the measured
   peaks, which grow with contention for the CPU, and the slack makes the total a bound;
 * heap, with the records on disk only: :data:`HEAP_ALLOWANCE`. The counted terms are then small, and what varies
   is the heap a layer's row blocks leave (their maps are freed and made again block after block, and glibc keeps
-  freed memory); it is returned to the system each time a layer is read back (:func:`cwviz.core.heap.trim_heap`),
+  freed memory); it is returned to the system each time a layer is read back (:func:`cwviz.core.util.heap.trim_heap`),
   so it stays within one layer's worth.
 
 The whole-layer maps of the API (:meth:`cwviz.Analysis.layer` and the methods on it, e.g. ``attention``)
@@ -42,10 +42,10 @@ from pathlib import Path
 
 import torch
 
+from ..util.errors import ResourceError
+from ..util.settings import memory_override
 from .blocks import block_cells
-from .errors import ResourceError
 from .logprobs import LOGIT_CHUNK
-from .settings import memory_override
 from .spill import LOADED
 
 #: Share of the available memory an analysis may plan to use (the rest is for everything else).
@@ -53,7 +53,7 @@ HEADROOM = 0.8
 #: Float32 maps of one row block alive at once: attention and its scores, both contribution kinds, a measure's
 #: products (cosine, norm ratio) and the copies the charts and reductions make of them.
 BLOCK_MAPS = 11
-#: Float32 [heads, T, d_head] tensors of the layer being read in row blocks (:func:`cwviz.core.reading.for_blocks`):
+#: Float32 [heads, T, d_head] tensors of the layer being read in row blocks (:func:`cwviz.core.method.reading.for_blocks`):
 #: its queries, and its keys and values held at most once a head.
 PREPARED_MAPS = 3
 #: Float32 [heads, T, T] maps one whole layer makes (attention, both contributions, a measure's products),
@@ -76,7 +76,7 @@ def records_bytes(info, tokens: int) -> int:
 
 def estimate(config, info, tokens: int, device: torch.device | str = "cpu", spilled: bool = False) -> dict[str, int]:
     """Bytes needed to analyse ``tokens`` tokens with a model of this config and ModelInfo on ``device``, read
-    in row blocks. ``spilled``: the records go to disk (:mod:`cwviz.core.spill`), so memory holds the layers read
+    in row blocks. ``spilled``: the records go to disk (:mod:`cwviz.core.method.spill`), so memory holds the layers read
     back and the one being written, and ``disk`` counts the file."""
     item = _item(info)
     whole = records_bytes(info, tokens)

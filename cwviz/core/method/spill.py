@@ -9,7 +9,7 @@ bytes, so a layer read back is bit for bit the layer recorded: every measure is 
 
 Choices:
 
-* The file is in ``CWVIZ_SPILL_DIR`` (default ``spill/`` in cwviz's cache folder, :func:`cwviz.core.settings.cache_dir`),
+* The file is in ``CWVIZ_SPILL_DIR`` (default ``spill/`` in cwviz's cache folder, :func:`cwviz.core.util.settings.cache_dir`),
   not in ``/tmp``, which is often a RAM disk. It is unlinked at creation: nothing is left behind when the
   analysis is dropped or the process dies.
 * Reads and writes are ``pread``/``pwrite`` into buffers of the process, not a memory map, so the operating
@@ -17,12 +17,12 @@ Choices:
   process keeps only the layers it reads. A layer read back at 8,192 tokens is 50 MB and takes tens of
   milliseconds from the file cache.
 * Records are spilled only on the CPU and only when the folder has room for them (:func:`spill_for`); otherwise
-  they stay in memory, where the memory check of :mod:`cwviz.core.memory` applies.
+  they stay in memory, where the memory check of :mod:`cwviz.core.method.memory` applies.
 * During the pass a layer keeps only where its bytes lie and its record's other fields; the shell's tensors
   (on the ``meta`` device) are made when the shell is first asked for. Small objects made during the pass and
   kept would lie between the pass's freed activations, and glibc could not reuse those as one block: the heap
   could then grow by about a layer's records a layer.
-* Reading a layer back first returns the heap's free pages to the system (:func:`cwviz.core.heap.trim_heap`):
+* Reading a layer back first returns the heap's free pages to the system (:func:`cwviz.core.util.heap.trim_heap`):
   what the row blocks of the layer before left there. Reading a long prompt through, layer after layer (the
   head overview), then holds one layer's worth of heap, not a growing one.
 """
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import torch
 
-from .heap import trim_heap
-from .settings import cache_dir, env_int
+from ..util.heap import trim_heap
+from ..util.settings import cache_dir, env_int
 
 #: Records of a pass (MiB) above which they go to disk (``CWVIZ_SPILL_MB`` overrides).
 SPILL_MB = 512
@@ -96,7 +96,7 @@ class _Place:
 
 
 class SpilledRecords(Sequence):
-    """The :class:`~cwviz.core.capture.LayerRecord` of each layer, its tensors in an unlinked file.
+    """The :class:`~cwviz.core.method.capture.LayerRecord` of each layer, its tensors in an unlinked file.
 
     Filled by a recording pass (``records[layer] = record``, layers in any order, each once); then
     ``records[layer]`` reads the layer back (bit for bit what was written), keeping the last :data:`LOADED`

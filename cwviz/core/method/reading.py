@@ -1,6 +1,6 @@
-"""A recorded layer read in row blocks (:mod:`cwviz.core.blocks` sets their size): the blocks, their attention,
+"""A recorded layer read in row blocks (:mod:`cwviz.core.method.blocks` sets their size): the blocks, their attention,
 and the layer's record prepared for them. :class:`cwviz.Analysis` reads its layers this way after the pass, and
-the one pass (:mod:`cwviz.core.stream`) during it."""
+the one pass (:mod:`cwviz.core.method.stream`) during it."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def attention_rows(rec: LayerRecord, start: int, stop: int, keys: int) -> torch.
 
 def for_blocks(rec: LayerRecord) -> LayerRecord:
     """``rec`` prepared for reading in row blocks: float32 queries, and float32 keys and values that hold each kv
-    head :func:`~cwviz.core.measures.kv_copies` times in a row (contiguous; O(T d) a layer), so that each of a
+    head :func:`~cwviz.core.method.measures.kv_copies` times in a row (contiguous; O(T d) a layer), so that each of a
     block's batched products (scores, α v, contributions) spreads evenly over the CPU threads (a bmm on the CPU
     hands whole batch entries to its threads). The other fields are ``rec``'s."""
     heads, kv_heads = rec.query.shape[0], rec.key.shape[0]

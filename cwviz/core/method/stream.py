@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import torch
 
+from ..loading.models import Bundle
 from .blocks import block_cells, block_groups
 from .capture import Attend, LayerRecord
 from .measures import LayerMeasures, check_kinds, grouped_matmul, layer_measures, query_side, value_norms
-from .models import Bundle
 from .reading import attention_rows, for_blocks, record_blocks
 
 #: What :func:`cwviz.analyze` calls for each row block of each layer during the pass: ``(layer, first, stop, measures)``.
@@ -19,12 +19,12 @@ BlockConsumer = Callable[[int, int, int, LayerMeasures], None]
 
 
 def block_streamer(bundle: Bundle, each_block: BlockConsumer | None, kinds: tuple[str, ...]) -> Attend | None:
-    """The :class:`~cwviz.core.capture.Attend` of the one pass: a layer's z from its row blocks, each block's
+    """The :class:`~cwviz.core.method.capture.Attend` of the one pass: a layer's z from its row blocks, each block's
     measures (the contribution ``kinds``) handed to ``each_block`` on the way; None without ``each_block``.
 
     Each block's α is computed once, for the measures and for z = α v (float32, then the model's dtype), which
     the model continues with instead of SDPA's: equal to rounding. The blocks of a group
-    (:func:`~cwviz.core.blocks.block_groups`) make their query side in one product.
+    (:func:`~cwviz.core.method.blocks.block_groups`) make their query side in one product.
     """
     kinds = check_kinds(kinds)
     if each_block is None:

@@ -1,4 +1,4 @@
-"""Derived rows: the layout of a model type that is not in :data:`cwviz.core.architectures.ARCHITECTURES`.
+"""Derived rows: the layout of a model type that is not in :data:`cwviz.core.loading.architectures.ARCHITECTURES`.
 
 A model whose attention goes through transformers' ``AttentionInterface`` tells cwviz most of what a row
 says by running: the modules that call the attention function are the attention modules, and their paths
@@ -25,10 +25,10 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from ..method.capture import ATTN_IMPLEMENTATION, attention_callers, forward_pass
+from ..method.measures import expand_kv
+from ..util.errors import UnsupportedModelError
 from .architectures import LOGIT_ATTRIBUTES, SUPPORTED, Architecture, base_model, out_proj_weight, output_logits, submodule
-from .capture import ATTN_IMPLEMENTATION, attention_callers, forward_pass
-from .errors import UnsupportedModelError
-from .measures import expand_kv
 
 log = logging.getLogger(__name__)
 
@@ -169,9 +169,9 @@ def _check_eager(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 def derive_architecture(model: nn.Module) -> Architecture:
-    """A checked :class:`~cwviz.core.architectures.Architecture` for a model with no row, or UnsupportedModelError.
+    """A checked :class:`~cwviz.core.loading.architectures.Architecture` for a model with no row, or UnsupportedModelError.
 
-    The model must already use cwviz's attention function (:func:`cwviz.core.models.bundle_from_model` sets it).
+    The model must already use cwviz's attention function (:func:`cwviz.core.loading.models.bundle_from_model` sets it).
     A few forward passes of :data:`PROBE_TOKENS` tokens: one finds the modules that call the attention function,
     one records them to learn the heads' width, one records them again while pre-hooks (removed before returning)
     read what each output projection receives, two compare cwviz's attention with the model's eager attention

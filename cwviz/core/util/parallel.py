@@ -82,6 +82,6 @@ def versions() -> dict[str, str]:
 
     import transformers
 
-    from .. import __version__
+    from ... import __version__
 
     return {"cwviz": __version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}

@@ -5,7 +5,7 @@ dashboard's server and the ``cwviz`` command, calls :func:`tune_heap` at its sta
 recording pass and the row blocks make again and again (a block's maps are about 10 MB, remade block after
 block) are reused from the heap instead of being mapped afresh, page by page, each time (mapping every buffer of
 1 MiB or more on its own costs page faults: about a third more CPU time for the pass). The reading of records
-kept on disk (:mod:`cwviz.core.spill`) calls :func:`trim_heap` before it reads a layer back, so that reading a
+kept on disk (:mod:`cwviz.core.method.spill`) calls :func:`trim_heap` before it reads a layer back, so that reading a
 long prompt through holds one layer's worth of heap rather than a growing one; the dashboard also trims after
 each recording pass, since its server lives on between prompts. Elsewhere than glibc, or with
 ``CWVIZ_MALLOC_TUNING=0``, both do nothing. The figures are in BENCHMARKS.md.

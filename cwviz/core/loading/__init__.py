@@ -1,0 +1,1 @@
+"""The core's loading wing (see cwviz/core/__init__.py)."""

@@ -1,0 +1,1 @@
+"""The core's util wing (see cwviz/core/__init__.py)."""
