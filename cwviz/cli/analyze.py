@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from ..core.method.export import to_json
 from .common import add_model_args, add_text_args, load, read_text
 
 TOP = 5
@@ -79,6 +80,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json_path:
         layers = None if args.layer is None else [args.layer]
         heads = None if args.head is None else [args.head]
-        path = analysis.to_json(args.json_path, layers=layers, heads=heads)
+        path = to_json(analysis, args.json_path, layers=layers, heads=heads)
         print(f"wrote {path}")
     return 0

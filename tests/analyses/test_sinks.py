@@ -80,7 +80,7 @@ def test_norms_in_head_space_equal_the_split_in_model_space(tiny, sink):
     analysis = analyze(tiny, TEXT)
     for layer in range(analysis.num_layers):
         split = sink_split(analysis, layer, sink)
-        record = analysis.records[layer]
+        record = analysis.layer_record(layer)
         value = expand_kv(record.value.float(), analysis.num_heads)
         norms = sinks.sink_norms(
             analysis.attention_tensor(layer), value, head_grams(tiny.gram(layer), analysis.num_heads), sink, record.key_mask()
@@ -272,7 +272,8 @@ def test_factor_zero_equals_explicit_removal_of_the_sinks_write(llama):
     assert result.perplexity == pytest.approx(float(batch_perplexity(bundle, ids, explicit)[0]), rel=1e-5)
     assert result.perplexity_clean == pytest.approx(analysis.perplexity, rel=1e-6)
 
-    from cwviz.core.method.capture import attention_probabilities, forward_pass
+    from cwviz.core.method.attention import attention_probabilities
+    from cwviz.core.method.capture import forward_pass
 
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=True, intervention=explicit) as records:
         bundle.model(input_ids=ids, use_cache=False)

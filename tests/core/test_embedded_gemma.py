@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import cwviz
+from cwviz.analyses.tables import decomposition
 from cwviz.core.loading import checkpoints
 from tests.core.test_architectures import window
 
@@ -81,11 +82,11 @@ def test_sliding_layers_see_only_their_window(embedded_gemma, long_analysis):
     for layer in range(long_analysis.num_layers):
         size = config.sliding_window if types[layer] == "sliding_attention" else None
         visible = window(t, size)
-        np.testing.assert_array_equal(long_analysis.records[layer].key_mask().numpy(), visible)
+        np.testing.assert_array_equal(long_analysis.key_mask(layer).numpy(), visible)
         assert np.all(long_analysis.attention(layer)[:, ~visible] == 0)
     # The last query of a sliding layer sees its last 512 keys; of a global layer, every key.
-    assert set(long_analysis.decomposition(0, t - 1)["key"]) == set(range(t - config.sliding_window, t))
-    assert set(long_analysis.decomposition(5, t - 1)["key"]) == set(range(t))
+    assert set(decomposition(long_analysis, 0, t - 1)["key"]) == set(range(t - config.sliding_window, t))
+    assert set(decomposition(long_analysis, 5, t - 1)["key"]) == set(range(t))
 
 
 def write_tiny_gguf(path, layers: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2) -> None:

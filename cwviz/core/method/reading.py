@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 import torch
 
+from .attention import causal_rows
 from .blocks import read_block_rows
-from .capture import LayerRecord, causal_rows
+from .capture import LayerRecord
 from .measures import expand_kv, kv_copies
 
 
