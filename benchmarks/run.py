@@ -303,9 +303,7 @@ def bench_window(bundle, lengths, repeats) -> list[str]:
             max(1, repeats if tokens <= 1024 else repeats // 2),
             fresh(lambda: tables.decomposition(analysis, layer, tokens // 2, 3)),
         )
-        rows.append(
-            f"| {tokens} | {whole:.3f} | {window:.3f} | **{window / whole:.3f}** | {one_query:.4f} | {one_query / whole:.4f} |"
-        )
+        rows.append(f"| {tokens} | {whole:.3f} | {window:.3f} | **{window / whole:.3f}** | {one_query:.4f} | {one_query / whole:.4f} |")
         print(rows[-1], flush=True)
     return rows
 
@@ -398,16 +396,13 @@ def bench_conversion(repeats: int) -> list[str]:
     from cwviz.core.loading import checkpoints
 
     def convert(gguf_of, once: bool) -> float:
-        saved = checkpoints.parsed_once
-        if not once:
-            checkpoints.parsed_once = lambda path: contextlib.nullcontext()
-        try:
-            with tempfile.TemporaryDirectory() as out, gguf_of() as gguf:
-                start = time.perf_counter()
+        with tempfile.TemporaryDirectory() as out, gguf_of() as gguf:
+            start = time.perf_counter()
+            if once:
                 checkpoints.convert_gguf(gguf, Path(out) / "model", "benchmark")
-                return time.perf_counter() - start
-        finally:
-            checkpoints.parsed_once = saved
+            else:  # the same steps without parsed_once: transformers reads the header itself, three times
+                checkpoints.save_converted(*checkpoints.read_gguf(gguf), Path(out) / "model", "benchmark")
+            return time.perf_counter() - start
 
     models = [("SmolLM2-135M (Q4_1)", lambda: contextlib.nullcontext(checkpoints.embedded_gguf()), repeats)]
     if importlib.util.find_spec(checkpoints.EMBEDDED_GEMMA_PACKAGE):

@@ -97,7 +97,7 @@ def test_a_broken_gguf_is_one_error(case, tmp_path, capsys):
     line = cli_error(analyze_args(path), capsys)
     assert path.name in line and ("not a GGUF file" in line or "download it again" in line)
     assert not list((tmp_path / "cache").glob("models/gguf-*"))  # no half-written cache folder is left
-    # ... and the gguf module is as it was: the reader's class and its numpy (checkpoints.parsed_once swaps both)
+    # ... and the gguf module is as it was: its reader class (checkpoints.parsed_once swaps it during a conversion)
     assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader and gguf.gguf_reader.np is np
 
 
