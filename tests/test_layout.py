@@ -254,13 +254,16 @@ def test_only_the_core_reads_an_analysis_layer_records():
 
 
 def test_top_level_names():
-    from cwviz import analyze, faithfulness, load_model, sinks
+    from cwviz import analyze, decomposition, faithfulness, load_model, sinks, to_dict, to_json
     from cwviz.analyses import faithfulness as faithfulness_module
     from cwviz.analyses import sinks as sinks_module
+    from cwviz.analyses import tables
     from cwviz.core.loading.models import load_model as core_load_model
+    from cwviz.core.method import export
     from cwviz.core.method.analysis import analyze as core_analyze
 
     assert (analyze, load_model, sinks, faithfulness) == (core_analyze, core_load_model, sinks_module, faithfulness_module)
+    assert (decomposition, to_dict, to_json) == (tables.decomposition, export.to_dict, export.to_json)
 
 
 # Built from pieces so that this file does not match itself.
