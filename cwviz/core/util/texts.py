@@ -40,7 +40,7 @@ GSM8K_JOIN = "\n"
 
 #: The shipped sample: the first 40 GSM8K test items (MIT licence, beside it). In a checkout it is
 #: ``data/gsm8k/sample.jsonl``; a wheel carries it as ``cwviz/_data/gsm8k/sample.jsonl``.
-_PACKAGE = Path(__file__).resolve().parents[2]  # cwviz/, from cwviz/core/util/texts.py
+_PACKAGE = Path(__file__).resolve().parents[2]  # cwviz/
 GSM8K_SAMPLES = (_PACKAGE / "_data" / "gsm8k" / "sample.jsonl", _PACKAGE.parent / "data" / "gsm8k" / "sample.jsonl")
 
 
