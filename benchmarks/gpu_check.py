@@ -28,7 +28,6 @@ import transformers
 
 import cwviz
 from cwviz.core.loading.models import resolve_device
-from cwviz.core.method.measures import expand_kv
 
 # Llama-3.1-8B's shape: 32 layers, 32 heads, 8 kv heads, d_model 4096, d_head 128.
 LLAMA_8B = dict(
@@ -98,7 +97,7 @@ def check_identities(bundle: cwviz.Bundle, ids: list[int], layers: list[int]) ->
         m = analysis.layer(l)
         worst["intra_sum"] = max(worst["intra_sum"], (m.contribution("intra").sum(-1) - 1).abs().max().item())
         worst["inter_sum"] = max(worst["inter_sum"], (m.contribution("inter").sum((0, 2)) - 1).abs().max().item())
-        alpha_v = analysis.attention_tensor(l) @ expand_kv(analysis.records[l].value.float(), analysis.num_heads)
+        alpha_v = analysis.attention_tensor(l) @ analysis.values(l)
         z = alpha_v.permute(1, 0, 2).reshape(len(ids), -1)
         rel = ((z - seen[l]).norm() / seen[l].norm()).item()
         worst["write_rel"] = max(worst["write_rel"], rel)

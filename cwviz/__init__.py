@@ -28,6 +28,9 @@ _NAMES = {
     "bundle_from_model": "cwviz.core.loading.models",
     "load_model": "cwviz.core.loading.models",
     "MEASURES": "cwviz.core.method.measures",
+    "to_dict": "cwviz.core.method.export",
+    "to_json": "cwviz.core.method.export",
+    "decomposition": "cwviz.analyses.tables",
     "CwvizError": "cwviz.core.util.errors",
     "InputError": "cwviz.core.util.errors",
     "ModelLoadError": "cwviz.core.util.errors",
@@ -50,18 +53,23 @@ __all__ = [
     "UnsupportedModelError",
     "analyze",
     "bundle_from_model",
+    "decomposition",
     "faithfulness",
     "load_model",
     "max_tokens",
     "plot",
     "sinks",
+    "to_dict",
+    "to_json",
 ]
 
 if TYPE_CHECKING:
     from .analyses import faithfulness, sinks
+    from .analyses.tables import decomposition
     from .core.loading.inputs import max_tokens
     from .core.loading.models import Bundle, ModelInfo, bundle_from_model, load_model
     from .core.method.analysis import Analysis, analyze
+    from .core.method.export import to_dict, to_json
     from .core.method.measures import MEASURES
     from .core.util.errors import CwvizError, InputError, ModelLoadError, ResourceError, SelectionError, UnsupportedModelError
 

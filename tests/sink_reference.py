@@ -55,7 +55,7 @@ def sink_split(
     caller reading the layer block by block has made them once."""
     layer = analysis.check_layer(layer)
     sink = analysis.check_token(sink)
-    record = analysis.records[layer]
+    record = analysis.layer_record(layer)
     stop = analysis.num_tokens if stop is None else stop
     with torch.inference_mode():
         if alpha is None:

@@ -59,8 +59,10 @@ EXCEPTIONS = {
     ("cwviz.core.util.parallel", "top"): "a results manifest records the package's version (cwviz.__version__)",
 }
 TRACKED = ("torch", "transformers", "streamlit", "altair")
-#: The most lines a module of cwviz may have: one module, one job.
+#: The most lines a module of cwviz may have: one module, one job. The core's modules, each one step of the method or
+#: of loading a model, have less room.
 MAX_MODULE_LINES = 600
+MAX_CORE_MODULE_LINES = 450
 
 
 def _module_name(path: Path) -> str:
@@ -165,12 +167,93 @@ def test_the_import_graph_of_cwviz_has_no_cycle():
 
 
 def test_only_the_services_cache_and_no_module_is_over_the_limit():
-    """The app's services are the only Streamlit caching; one module, one job: none over MAX_MODULE_LINES lines."""
+    """The app's services are the only Streamlit caching; one module, one job: none over MAX_MODULE_LINES lines, and
+    none of the core over MAX_CORE_MODULE_LINES (``cwviz.core.method.analysis`` included)."""
     caching = [m for m, path in CWVIZ_MODULES.items() if "st.cache_" in path.read_text(encoding="utf-8") and not m.endswith("services")]
     caching += [str(p.relative_to(ROOT)) for p in SCRIPTS if "st.cache_" in p.read_text(encoding="utf-8")]
     assert not caching, f"Streamlit caching outside cwviz.app's services: {caching}"
-    long = {m: n for m, path in CWVIZ_MODULES.items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
-    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {long}"
+    assert "cwviz.core.method.analysis" in CWVIZ_MODULES
+    long = {}
+    for module, path in CWVIZ_MODULES.items():
+        limit = MAX_CORE_MODULE_LINES if module.startswith("cwviz.core.") else MAX_MODULE_LINES
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > limit:
+            long[module] = f"{lines} lines (limit {limit})"
+    assert not long, f"modules over their limit (split them by job): {long}"
+
+
+#: Assignments to another package's module attributes that cwviz makes, each with the test that pins it.
+SWAPS = {
+    ("cwviz.core.loading.checkpoints", "gguf.GGUFReader"): "parsed_once, pinned by tests/core/test_gguf_parse.py",
+}
+
+
+def _imported_names(tree: ast.AST) -> dict[str, str]:
+    """Names a module binds by importing something of another package, anywhere in it, and what they stand for:
+    ``import gguf as g`` -> {"g": "gguf"}; ``import numpy.linalg`` -> {"numpy": "numpy"}; ``from torch import nn`` ->
+    {"nn": "torch.nn"}. cwviz's own names are left out (relative imports, ``cwviz.*``)."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "cwviz":
+                    names[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module and node.module.split(".")[0] != "cwviz":
+            names.update({alias.asname or alias.name: f"{node.module}.{alias.name}" for alias in node.names})
+    return names
+
+
+def _dotted(node: ast.AST) -> list[str] | None:
+    """``a.b.c`` -> ["a", "b", "c"]; None for anything but names and attributes."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute) and (base := _dotted(node.value)) is not None:
+        return [*base, node.attr]
+    return None
+
+
+def test_no_module_assigns_to_another_packages_attributes():
+    """A library leaves its host alone (docs/STYLE): no swapped ``np``, no patched class or function of another package,
+    which every thread of the host would see. The one exception, in :data:`SWAPS`, has a test that fails when the
+    transformers behaviour it relies on changes."""
+    wrong, seen = [], set()
+    for module, path in [*CWVIZ_MODULES.items(), *((str(p.relative_to(ROOT)), p) for p in SCRIPTS)]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = _imported_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") and node.args:
+                targets = [ast.Attribute(value=node.args[0], attr="*")]
+            else:
+                continue
+            for target in targets:
+                parts = _dotted(target) if isinstance(target, ast.Attribute) else None
+                if parts and parts[0] in imported:
+                    name = ".".join([imported[parts[0]], *parts[1:]])
+                    if (module, name) in SWAPS:
+                        seen.add((module, name))
+                    else:
+                        wrong.append(f"{module}:{node.lineno} assigns {name}")
+    assert not wrong, "assignments to another package's attributes (pass your own object instead):\n" + "\n".join(wrong)
+    assert seen == set(SWAPS), f"SWAPS lists swaps that are gone (remove them, and their pinning test): {set(SWAPS) - seen}"
+
+
+def test_only_the_core_reads_an_analysis_layer_records():
+    """Outside the core, an analysis is read through its public methods (``key_mask``, ``values``, ``row_blocks``,
+    ``layer_record`` ...), never by subscripting its records: on a prompt whose records are on disk, ``records[layer]``
+    reads back a whole layer to learn what the methods give without it. Elsewhere "records" are a sweep's results."""
+    core = (ROOT / "cwviz" / "core", ROOT / "tests" / "core")
+    wrong = []
+    for path in sorted(ROOT.glob("**/*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] not in ("cwviz", "views", "benchmarks", "tests", "app.py") or any(path.is_relative_to(c) for c in core):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr.endswith("records"):
+                wrong.append(f"{rel}:{node.lineno}: .{node.value.attr}[...]")
+            elif isinstance(node, ast.Attribute) and node.attr == "_layer_records":
+                wrong.append(f"{rel}:{node.lineno}: ._layer_records")
+    assert not wrong, "an analysis's layer records read outside cwviz.core (use the Analysis methods):\n" + "\n".join(wrong)
 
 
 #: What computes one item of a run: called in a loop, they make the loop a run of its own.
@@ -248,13 +331,16 @@ def test_only_the_runner_loops_over_a_run_s_items():
 
 
 def test_top_level_names():
-    from cwviz import analyze, faithfulness, load_model, sinks
+    from cwviz import analyze, decomposition, faithfulness, load_model, sinks, to_dict, to_json
     from cwviz.analyses import faithfulness as faithfulness_module
     from cwviz.analyses import sinks as sinks_module
+    from cwviz.analyses import tables
     from cwviz.core.loading.models import load_model as core_load_model
+    from cwviz.core.method import export
     from cwviz.core.method.analysis import analyze as core_analyze
 
     assert (analyze, load_model, sinks, faithfulness) == (core_analyze, core_load_model, sinks_module, faithfulness_module)
+    assert (decomposition, to_dict, to_json) == (tables.decomposition, export.to_dict, export.to_json)
 
 
 # Built from pieces so that this file does not match itself.

@@ -68,7 +68,6 @@ def prompt_stats(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
     for layer in counted(range(analysis.num_layers), analysis.num_layers, progress):
         sums = {name: torch.zeros(heads, dtype=torch.float64) for name in ATLAS_METRICS}
         cos_count = torch.zeros(heads, dtype=torch.float64)
-        record = analysis.records[layer]
         with torch.inference_mode():
             value, grams = head_space(analysis, layer)  # (H, T, d_head), (H, d_head, d_head)
             for start, stop, m in analysis.row_blocks(layer, first, kinds=("intra",)):  # [head, block, keys] at a time
@@ -80,7 +79,7 @@ def prompt_stats(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
                 negative = (-c).clamp_min(0).sum(-1) / mass.clamp_min(1e-30)
                 sums["negative_share"] += torch.where(mass > 0, negative, 0).sum(-1).double().cpu()
                 sums["output_norm"] += m.head_output_norm.sum(-1).double().cpu()
-                split = sink_norms(alpha, value, grams, DEFAULT_SINK, record.key_mask(start, stop))
+                split = sink_norms(alpha, value, grams, DEFAULT_SINK, analysis.key_mask(layer, start, stop))
                 # Only the queries that see the sink, as in the sinks table (a sliding window moves past it).
                 cos = torch.where(split.sees_sink.to(alpha.device)[None, :], split.cos_sink_rest, torch.nan).double().cpu()
                 sums["cos_sink_rest"] += torch.nan_to_num(cos, nan=0.0).sum(-1)

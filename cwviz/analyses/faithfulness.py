@@ -238,7 +238,7 @@ def rankings(analysis: Analysis, protocol: Protocol, example: int = 0) -> Rankin
     num_visible: dict[int, torch.Tensor] = {}
     visibility: dict[int, torch.Tensor] = {}
     for layer in layers:
-        visible = analysis.records[layer].key_mask()  # (Q, K)
+        visible = analysis.key_mask(layer)  # (Q, K)
         visibility[layer] = visible
         measures = analysis.layer(layer)
         heads = analysis.num_heads if protocol.per_head else 1

@@ -41,7 +41,7 @@ import torch
 from ..core.loading.inputs import integer_index
 from ..core.method.analysis import Analysis, analyze
 from ..core.method.interventions import ScaleValues, ScaleValuesPerItem, batch_perplexity
-from ..core.method.measures import expand_kv, head_grams
+from ..core.method.measures import head_grams
 from ..core.util.errors import InputError, SelectionError
 from ..core.util.progress import Progress, counted, phase
 from .schema import AUTO, DEFAULT_FACTOR, DEFAULT_SINK
@@ -80,7 +80,7 @@ def detect_sink(analysis: Analysis) -> int:
         for layer in range(analysis.num_layers):
             for start, stop, alpha in analysis.attention_blocks(layer):  # (H, rows, keys), never T x T
                 keys = alpha.shape[-1]
-                visible = analysis.records[layer].key_mask(start, stop)[:, :keys].cpu()
+                visible = analysis.key_mask(layer, start, stop)[:, :keys].cpu()
                 received[:keys] += alpha.sum(dim=(0, 1)).double().cpu()
                 seen_by[:keys] += visible.sum(dim=0).double() * alpha.shape[0]
     mean = torch.where(seen_by > 0, received / seen_by.clamp_min(1), torch.zeros_like(received))
@@ -144,7 +144,7 @@ def head_space(analysis: Analysis, layer: int) -> tuple[torch.Tensor, torch.Tens
     """What :func:`sink_norms` reads of ``layer``, made once for its blocks: the values per head, float32
     [head, T, d_head], and G^h (:func:`cwviz.core.method.measures.head_grams`) on their device."""
     with torch.inference_mode():
-        value = expand_kv(analysis.records[layer].value.float(), analysis.num_heads)
+        value = analysis.values(layer)
         return value, head_grams(analysis.bundle.gram(layer).to(value.device), analysis.num_heads)
 
 
@@ -217,14 +217,14 @@ def sink_table(
     frames = []
     for layer in counted(layers, len(layers), progress):
         parts = []
-        record = analysis.records[layer]
+        learned_sinks = analysis.learned_sink_logits(layer) is not None
         value, grams = head_space(analysis, layer)  # made once a layer, shared by its blocks
         for start, stop, measures in analysis.row_blocks(layer):  # [head, block, T] maps at a time, never T x T
             if sink >= measures.attention.shape[-1]:
                 continue  # a causal block before the sink: none of its rows sees it (the last block always does)
             with torch.inference_mode():
-                split = sink_norms(measures.attention, value, grams, sink, record.key_mask(start, stop))
-                if record.learned_sinks is None:
+                split = sink_norms(measures.attention, value, grams, sink, analysis.key_mask(layer, start, stop))
+                if not learned_sinks:
                     learned = torch.zeros_like(split.sink_ratio)
                 else:  # the learned sink's column of the softmax, dropped by the model: what the real keys' α leave
                     learned = (1 - measures.attention.sum(-1)).clamp_(min=0)
@@ -474,7 +474,7 @@ def intervene_on_sink(
     rows = []
     with torch.inference_mode():
         for layer in range(analysis.num_layers):
-            visible = analysis.records[layer].key_mask().cpu()
+            visible = analysis.key_mask(layer).cpu()
             positions = visible[:, sink] & (visible.sum(-1) > 1)  # (Q,)
             before_out, after_out = _head_outputs(analysis, layer), _head_outputs(after, layer)
             norm_before = before_out.norm(dim=-1)[:, positions.to(before_out.device)].mean()

@@ -14,10 +14,9 @@ import pandas as pd
 import torch
 
 from ..core.method.analysis import Analysis
-from ..core.method.blocks import row_block_cells
 from ..core.method.measures import LAYER_AGGREGATION, MEASURES, LayerMeasures
 from ..core.util.progress import Progress, counted
-from ..vocabulary import KINDS  # noqa: F401
+from ..vocabulary import KINDS, check_kind  # noqa: F401
 from .schema import ALL_HEADS, FAMILIES, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name  # noqa: F401
 
 # The picker vocabulary and table types are part of this module's interface too (pages use tables.FAMILIES).
@@ -110,7 +109,7 @@ def heatmap_cells(
     (the sink), and ``view="binned"`` averages groups of consecutive queries and sums groups of
     consecutive keys (so attention rows still sum to 1). Causal models show only keys <= query: the
     masked upper triangle has no rows at all, so it is drawn empty, not as zero. ``progress`` is told the
-    row blocks done by the binned view (the one view that reads the whole layer).
+    query rows done by the binned view (the one view that reads the whole layer, in its row blocks).
     """
     layer = analysis.check_layer(layer)
     if head is not None:
@@ -174,22 +173,20 @@ def _binned_matrices(
     analysis: Analysis, layer: int, head: int | None, measure: str, kind: str, edges: np.ndarray, progress: Progress | None = None
 ) -> dict[str, np.ndarray]:
     """[query_bin, key_bin] attention, measure and contribution: the mean over a bin's queries of the sum over
-    a bin's keys (attention rows still sum to 1), read in blocks of query rows of about
-    :func:`cwviz.core.method.blocks.row_block_cells` cells a head (a bin may span several blocks) that are reduced
-    as they go: the layer's T x T maps are never held."""
+    a bin's keys (attention rows still sum to 1), read in the layer's row blocks (:meth:`cwviz.Analysis.row_blocks`;
+    a bin may span several blocks) that are reduced as they go: the layer's T x T maps are never held.
+    ``progress(rows done, T)``."""
     t, count = analysis.num_tokens, len(edges)
     out = {name: np.zeros((count, count)) for name in ("attention", "value", "contribution")}
-    rows = max(1, row_block_cells(analysis.records[layer].query.device) // t)  # query rows a block
     bin_of_row = np.searchsorted(edges, np.arange(t), side="right") - 1
-    blocks = math.ceil(t / rows)
-    for number, start in enumerate(range(0, t, rows), start=1):
-        stop = min(t, start + rows)
-        mats = _layer_matrices(analysis.rows(layer, start, stop), head, measure, kind)
+    for start, stop, m in analysis.row_blocks(layer):
+        mats = _layer_matrices(m, head, measure, kind)  # (rows, keys): a causal block holds the keys 0..stop-1 it can see
+        bins = int(np.searchsorted(edges, mats["attention"].shape[1]))  # the key bins that start among those keys
         for name in out:
-            key_sums = np.add.reduceat(mats[name].astype(np.float64), edges, axis=1)  # (rows, key bins)
-            np.add.at(out[name], bin_of_row[start:stop], key_sums)
+            key_sums = np.add.reduceat(mats[name].astype(np.float64), edges[:bins], axis=1)  # (rows, key bins)
+            np.add.at(out[name], (bin_of_row[start:stop, None], np.arange(bins)[None, :]), key_sums)
         if progress is not None:
-            progress(number, blocks)
+            progress(stop, t)
     queries = np.diff(np.append(edges, t))  # queries a bin
     return {name: (matrix / queries[:, None]).astype(np.float32) for name, matrix in out.items()}
 
@@ -276,9 +273,48 @@ def keys_seen_by(analysis: Analysis, query: int, layer: int | None = None) -> np
     ones); with no layer, 0..query in causal models and every position otherwise."""
     if layer is not None:
         query = analysis.check_token(query)
-        mask = analysis.records[analysis.check_layer(layer)].key_mask(query, query + 1)[0]
-        return torch.nonzero(mask).flatten().cpu().numpy()
+        return torch.nonzero(analysis.key_mask(layer, query, query + 1)[0]).flatten().cpu().numpy()
     return np.arange(query + 1 if analysis.bundle.arch.causal else analysis.num_tokens)
+
+
+def decomposition(analysis: Analysis, layer: int, query: int, head: int | None = None, kind: str = "inter") -> pd.DataFrame:
+    """The factors of each key's contribution to ``query``: one row per head and key.
+
+    contribution = attention x norm_ratio x cosine, where norm_ratio = value_norm / output_norm and
+    output_norm is ‖o_i‖ (``kind="inter"``) or ‖o_i^h‖ (``kind="intra"``). Keys the query cannot
+    see in this layer (the model's own mask: the future in causal models, keys outside a sliding
+    window) are left out.
+    """
+    check_kind(kind)
+    layer, query = analysis.check_layer(layer), analysis.check_token(query)
+    m = analysis.rows(layer, query, query + 1)  # the query's row alone (exact, T times cheaper than the layer)
+    heads = range(analysis.num_heads) if head is None else [analysis.check_head(head)]
+    keys = keys_seen_by(analysis, query, layer)
+    ratio, cosine = _numpy(m.norm_ratio(kind)[:, 0]), _numpy(m.cosine(kind)[:, 0])
+    contribution, attention, value_norm = _numpy(m.contribution(kind)[:, 0]), _numpy(m.attention[:, 0]), _numpy(m.value_norm)
+    if kind == "inter":
+        output_norm = np.full(analysis.num_heads, float(m.output_norm[0]))
+    else:
+        output_norm = _numpy(m.head_output_norm[:, 0])
+    frames = [
+        pd.DataFrame(
+            {
+                "layer": layer,
+                "head": h,
+                "query": query,
+                "key": keys,
+                "token": [analysis.tokens[k] for k in keys],
+                "attention": attention[h, keys],
+                "value_norm": value_norm[h, keys],
+                "output_norm": output_norm[h],
+                "norm_ratio": ratio[h, keys],
+                "cosine": cosine[h, keys],
+                "contribution": contribution[h, keys],
+            }
+        )
+        for h in heads
+    ]
+    return pd.concat(frames, ignore_index=True)
 
 
 def token_factors(analysis: Analysis, layer: int, query: int, head: int | None, kind: str = "inter", top: int = TOP_KEYS) -> TokenFactors:
@@ -291,7 +327,7 @@ def token_factors(analysis: Analysis, layer: int, query: int, head: int | None, 
     layer = analysis.check_layer(layer)
     query = analysis.check_token(query)
     if head is None:
-        per_head = analysis.decomposition(layer, query, None, kind)
+        per_head = decomposition(analysis, layer, query, None, kind)
         how = LAYER_AGGREGATION[f"contribution_{kind}"]
         wide = per_head.groupby(["key", "token"], as_index=False, sort=True).agg(
             attention=("attention", "mean"), contribution=("contribution", how)
@@ -299,7 +335,7 @@ def token_factors(analysis: Analysis, layer: int, query: int, head: int | None, 
         factors = ("attention", "contribution")
         who = f"all heads (attention averaged over heads, contributions {AGGREGATED[how]})"
     else:
-        wide = analysis.decomposition(layer, query, analysis.check_head(head), kind)
+        wide = decomposition(analysis, layer, query, analysis.check_head(head), kind)
         wide = wide[["key", "token", "attention", "norm_ratio", "cosine", "contribution"]]
         factors = ("attention", "norm_ratio", "cosine", "contribution")
         who = f"head {head}"

@@ -24,6 +24,7 @@ import torch
 
 from ..core.method.analysis import Analysis
 from .sinks import DEFAULT_SINK
+from .tables import decomposition
 
 #: Contribution kind of the head-level steps (3 and 4): shares of the head's own output, which sum to 1 per head.
 KIND = "intra"
@@ -127,7 +128,7 @@ def negative_key(analysis: Analysis, layer: int, head: int | None, kind: str = K
     with torch.inference_mode():
         for first, stop, m in analysis.row_blocks(layer, kinds=(kind,)):
             c = m.contribution(kind)[heads].float().cpu()  # (heads, rows, keys)
-            visible = analysis.records[layer].key_mask(first, stop)[:, : c.shape[-1]].cpu()  # (rows, keys)
+            visible = analysis.key_mask(layer, first, stop)[:, : c.shape[-1]].cpu()  # (rows, keys)
             usable = visible & (visible.sum(-1, keepdim=True) > 1)
             at_sink = torch.zeros_like(usable)
             at_sink[:, sink] = usable[:, sink]
@@ -144,7 +145,7 @@ def negative_key(analysis: Analysis, layer: int, head: int | None, kind: str = K
     if not best:
         return None
     _, head, query, key = best.get(False) or best[True]
-    factors = analysis.decomposition(layer, query, head, kind)
+    factors = decomposition(analysis, layer, query, head, kind)
     cell = factors[factors["key"] == key].iloc[0]
     return NegativeKey(
         head=head,

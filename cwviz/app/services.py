@@ -35,6 +35,7 @@ from ..analyses import tables
 from ..core.loading.generate import greedy_continuation
 from ..core.loading.inputs import max_tokens, tokenize
 from ..core.loading.models import Bundle, load_model
+from ..core.method import export
 from ..core.method.analysis import Analysis, analyze
 from ..core.util.errors import InputError
 from ..core.util.heap import trim_heap
@@ -195,7 +196,7 @@ def _analyse(request: Request) -> Analyzed:
 def heatmap_cells(request: Request, layer: int, head: int | None, measure: str, kind: str, query: int, view: str) -> tables.HeatmapCells:
     """Tidy heatmap cells of one layer (see :func:`cwviz.analyses.tables.heatmap_cells`)."""
     analysis = get_analysis(request).analysis
-    with progress_bar(f"Binning layer {layer}", "row blocks") as progress:
+    with progress_bar(f"Binning layer {layer}", "query rows") as progress:
         cells = tables.screen_cells(analysis.info.causal)
         return tables.heatmap_cells(analysis, layer, head, measure, kind, query, view, max_cells=cells, progress=progress)
 
@@ -238,7 +239,7 @@ def json_export_size(analysis: Analysis) -> int:
 
 @st.cache_data(max_entries=4, show_spinner=False)
 def analysis_json(request: Request, layers: tuple[int, ...] | None) -> bytes:
-    """The CLI's JSON export (:meth:`cwviz.Analysis.to_dict`) as UTF-8 bytes."""
+    """The CLI's JSON export (:func:`cwviz.core.method.export.to_dict`) as UTF-8 bytes."""
     analysis = get_analysis(request).analysis
-    data = analysis.to_dict(layers=None if layers is None else list(layers))
+    data = export.to_dict(analysis, layers=None if layers is None else list(layers))
     return json.dumps(data, ensure_ascii=False).encode("utf-8")

@@ -209,5 +209,5 @@ def analysis_download(sel: Selection, key: str = "json") -> None:
         mime="application/json",
         key=key,
         on_click="ignore",
-        help="The same schema as `python -m cwviz analyze --json` (Analysis.to_dict).",
+        help="The same schema as `python -m cwviz analyze --json` (cwviz.to_dict).",
     )

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 
 from ..core.method.analysis import analyze
+from ..core.method.export import to_json
 from ..core.util.progress import cli_bar
 from .common import load, read_text
 
@@ -45,6 +46,7 @@ def _top(scores: np.ndarray, tokens: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+
     text = read_text(args)
     bundle = load(args)
     with cli_bar("analysing", enabled=sys.stderr.isatty()) as progress:
@@ -68,6 +70,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json_path:
         layers = None if args.layer is None else [args.layer]
         heads = None if args.head is None else [args.head]
-        path = analysis.to_json(args.json_path, layers=layers, heads=heads)
+        path = to_json(analysis, args.json_path, layers=layers, heads=heads)
         print(f"wrote {path}")
     return 0

@@ -35,6 +35,7 @@ def protocol_of(args: argparse.Namespace) -> faithfulness.Protocol:
 
 
 def read_items(args: argparse.Namespace) -> list[str]:
+
     if args.n < 1:
         raise InputError(f"--n must be at least 1, not {args.n}")
     return read_texts(jsonl_path(args), n=args.n, field=args.field)
@@ -51,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
 def run_sweep(args: argparse.Namespace, protocol, scopes: tuple[str, ...], sink, texts: list[str], procs) -> int:
     """The items through the sweep runner into ``DIR/claims/``; the main process judges the claims from every record."""
+    from ..analyses import sweep
+
     bundle = load(args)
     faithfulness.check_causal(bundle)
     provenance = model_provenance(bundle)

@@ -13,7 +13,7 @@ from ..analyses import records
 from ..core.loading.models import load_model
 from ..core.util.errors import InputError
 from ..core.util.parallel import processes, versions
-from ..core.util.texts import check_text, gsm8k_path, read_standard_input, read_text_file
+from ..core.util.texts import check_text, read_standard_input, read_text_file
 
 
 def read_text(args: argparse.Namespace) -> str:
@@ -33,6 +33,7 @@ def prompt_text(how: str, value: str) -> tuple[str, str]:
     (``how`` "file"), standard input (``value`` "-", less one final newline:
     :func:`~cwviz.core.util.texts.read_standard_input`) or the argument itself, checked as text (bytes that were not
     UTF-8 arrive as surrogate escapes: :func:`~cwviz.core.util.texts.check_text`)."""
+
     if how == "file":
         return read_text_file(value), f" ({value} holds no text)"
     if value == "-":
@@ -54,12 +55,15 @@ def check_output_file(path: Path | None, flag: str, example: str) -> None:
 
 
 def load(args: argparse.Namespace):
+
     return load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
 
 
 def jsonl_path(args: argparse.Namespace) -> Path | None:
     """The JSON Lines file --jsonl or --gsm8k asked for, None when neither was given."""
     if getattr(args, "gsm8k", False):
+        from ..core.util.texts import gsm8k_path
+
         return gsm8k_path()
     return args.jsonl
 
@@ -84,6 +88,7 @@ def check_resume(args: argparse.Namespace) -> None:
 def sweep_processes(args: argparse.Namespace):
     """This run's processes (:func:`cwviz.core.util.parallel.processes`); under a launcher each process takes its own device
     (``args.device``), and InputError unless ``--results`` names the folder their records go to."""
+
     procs = processes(args.device)
     if procs.count > 1 and args.results is None:
         raise InputError(f"this run has {procs.count} processes: each writes its records to --results DIR; give the folder")
@@ -107,6 +112,7 @@ def run_manifest(args: argparse.Namespace, record_type: records.RecordType, key:
 
 def how_run(args: argparse.Namespace) -> dict:
     """What a results manifest records of any command: the versions, the command line as typed and the date."""
+
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     return {
         "versions": versions(),

@@ -42,6 +42,7 @@ def read_inputs(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
     texts = read_inputs(args)

@@ -40,6 +40,7 @@ def split_of(args: argparse.Namespace) -> str:
 def read_examples(args: argparse.Namespace) -> list:
     """The examples from --jsonl/--gsm8k, --file, --text or --dataset (at most --n): texts, or with
     --task the items of a multiple-choice task (:class:`cwviz.analyses.tasks.Item`)."""
+
     if args.n < 1:
         raise InputError(f"--n must be at least 1, not {args.n}")
     if args.task != "text":

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
     """The prompts: one from --text/--file, or the JSONL file's (first --n)."""
+
     path = jsonl_path(args)
     if path is None:
         if args.n is not None or args.field is not None:
@@ -75,6 +76,8 @@ class Prompt:
 
 def measure(args: argparse.Namespace, bundle, text: str, index: int, total: int) -> Prompt:
     """Prompt ``index`` (of ``total``): its analysis, sink table and, unless --no-ppl, the sink-removal perplexities."""
+    from ..analyses import sinks
+
     try:
         with cli_bar(f"prompt {index + 1} of {total}", enabled=sys.stderr.isatty()) as progress:
             analysis = analyze(bundle, text, progress=progress)
@@ -188,6 +191,9 @@ def manifest(args: argparse.Namespace, provenance: dict, key: str, prompts: int,
 def write_results(args: argparse.Namespace, table: pd.DataFrame, layers: pd.DataFrame, sink: str, prompts: int, made: dict) -> Path:
     """The per-layer and per-head tables in ``DIR/sinks``, and its manifest completed with the sinks found and the
     prompts counted (each file replaced whole)."""
+
+    from ..analyses import sinks
+
     folder = args.results / RESULTS_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     files = {

@@ -22,6 +22,7 @@ from cwviz.core.method.interventions import KeepKeys, batch_perplexity, logits
 from cwviz.core.method.measures import expand_kv
 from cwviz.core.util.errors import InputError, SelectionError
 from cwviz.core.util.texts import read_texts
+from tests.conftest import TEXT, make_tiny
 from tests.helpers import TEXT, make_tiny
 from tests.sink_reference import cosine, sink_split
 
@@ -80,7 +81,7 @@ def test_norms_in_head_space_equal_the_split_in_model_space(tiny, sink):
     analysis = analyze(tiny, TEXT)
     for layer in range(analysis.num_layers):
         split = sink_split(analysis, layer, sink)
-        record = analysis.records[layer]
+        record = analysis.layer_record(layer)
         value = expand_kv(record.value.float(), analysis.num_heads)
         norms = sinks.sink_norms(
             analysis.attention_tensor(layer), value, head_grams(tiny.gram(layer), analysis.num_heads), sink, record.key_mask()
@@ -273,7 +274,6 @@ def test_factor_zero_equals_explicit_removal_of_the_sinks_write(llama):
     assert result.perplexity_clean == pytest.approx(analysis.perplexity, rel=1e-6)
 
     from cwviz.core.method.attention import attention_probabilities
-
     from cwviz.core.method.capture import forward_pass
 
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=True, intervention=explicit) as records:

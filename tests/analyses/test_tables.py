@@ -11,6 +11,7 @@ import cwviz
 from cwviz.analyses import tables
 from cwviz.core.method import blocks as block_policy
 from cwviz.core.method import reading, stream
+from tests.conftest import TEXT, CharTokenizer, make_tiny
 from tests.helpers import LONG_TEXT, TEXT, CharTokenizer, make_tiny, tiny_long_bundle
 
 
@@ -356,8 +357,10 @@ def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch)
             np.testing.assert_allclose(contributions[kind].numpy(), m.contribution(kind).numpy(), atol=1e-5, rtol=1e-4)
             np.testing.assert_allclose(contributions[kind].numpy(), by_rows.contribution(kind)[..., :keys].numpy(), atol=1e-5, rtol=1e-4)
     for layer in range(plain.num_layers):
-        np.testing.assert_allclose(streamed.records[layer].output.numpy(), plain.records[layer].output.numpy(), atol=1e-5, rtol=1e-4)
-    np.testing.assert_array_equal(streamed.records[0].query.numpy(), plain.records[0].query.numpy())  # the same input
+        np.testing.assert_allclose(
+            streamed.layer_record(layer).output.numpy(), plain.layer_record(layer).output.numpy(), atol=1e-5, rtol=1e-4
+        )
+    np.testing.assert_array_equal(streamed.layer_record(0).query.numpy(), plain.layer_record(0).query.numpy())  # the same input
     if plain.bundle.arch.causal:
         np.testing.assert_allclose(streamed.next_token_logprobs, plain.next_token_logprobs, atol=1e-4)
     with pytest.raises(ValueError, match="kind must be 'inter' or 'intra'"):

@@ -15,6 +15,7 @@ from cwviz.analyses import sinks, tables, tour
 from cwviz.app import links, state
 from cwviz.app.services import Request
 from cwviz.core.method import blocks
+from tests.conftest import TEXT, make_tiny
 from tests.helpers import TEXT, make_tiny
 
 
@@ -27,7 +28,7 @@ def _most_negative(analysis, layer: int, head: int) -> float:
     """The smallest intra-head contribution of ``head`` off the sink column, over queries that see two keys or more
     (the whole map at once, as the tour's row blocks must agree with)."""
     contribution = analysis.contributions(layer, tour.KIND)[head]  # (query, key)
-    visible = analysis.records[layer].key_mask().cpu().numpy()
+    visible = analysis.key_mask(layer).cpu().numpy()
     cells = visible & (visible.sum(-1, keepdims=True) > 1)
     cells[:, sinks.DEFAULT_SINK] = False
     return float(np.where(cells, contribution, np.inf).min())
@@ -62,7 +63,7 @@ def test_the_negative_key_is_the_most_negative_cell_and_its_factors_multiply_out
     neg, layer = plan.negative, plan.layer.layer
     contribution = analysis.contributions(layer, tour.KIND)[neg.head]
     assert neg.key != sinks.DEFAULT_SINK and neg.query >= 1
-    assert analysis.records[layer].key_mask()[neg.query, neg.key]  # a key the query can see
+    assert analysis.key_mask(layer)[neg.query, neg.key]  # a key the query can see
     assert neg.contribution == pytest.approx(float(contribution[neg.query, neg.key]), abs=1e-6)
     assert neg.contribution == pytest.approx(_most_negative(analysis, layer, neg.head), abs=1e-6)
     least = [_most_negative(analysis, layer, h) for h in range(analysis.num_heads)]

@@ -10,6 +10,8 @@ import torch
 
 import cwviz
 from cwviz.app import services
+from cwviz.core.method.export import to_dict
+from tests.conftest import TEXT, make_tiny, no_hooks, run_together
 from tests.helpers import TEXT, make_tiny, no_hooks, run_together
 
 
@@ -95,7 +97,7 @@ def test_encoders_cannot_generate(tiny_models):
 def test_json_export_is_the_cli_schema(tiny_models):
     request = services.Request(model="tiny-llama", text=TEXT[:10])
     data = json.loads(services.analysis_json(request, None))
-    assert data == json.loads(json.dumps(services.get_analysis(request).analysis.to_dict()))
+    assert data == json.loads(json.dumps(to_dict(services.get_analysis(request).analysis)))
     one = json.loads(services.analysis_json(request, (1,)))
     assert [layer["layer"] for layer in one["layers"]] == [1]
     assert services.json_export_size(services.get_analysis(request).analysis) > 0

@@ -18,13 +18,16 @@ import pytest
 
 import cwviz
 from cwviz.analyses import atlas, faithfulness, sinks
+from cwviz.analyses.tables import decomposition
 from cwviz.cli import analyze as analyze_command
 from cwviz.cli import common, main
 from cwviz.cli import compare as compare_command
 from cwviz.cli import faithfulness as faithfulness_command
 from cwviz.cli import sinks as sinks_command
+from cwviz.core.method.export import to_dict, to_json
 from cwviz.core.util.errors import CwvizError, InputError, SelectionError
 from cwviz.core.util.texts import read_standard_input, read_text_file
+from tests.conftest import CharTokenizer, make_tiny, tiny_config
 from tests.helpers import CharTokenizer, make_tiny, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,7 +131,7 @@ def test_unknown_names_raise_input_error_not_a_plain_value_error(llama, analysis
         lambda: analysis.contributions(1, kind="both"),
         lambda: analysis.measure(1, "contribution"),
         lambda: analysis.layer_scores(1, "nope"),
-        lambda: analysis.decomposition(1, 0, kind="both"),
+        lambda: decomposition(analysis, 1, 0, kind="both"),
         lambda: next(analysis.row_blocks(1, kinds=("x",))),
         lambda: cwviz.analyze(llama, "hi", kinds=("nope",)),
         lambda: atlas.strongest("nope"),
@@ -289,12 +292,12 @@ def test_one_token_prompts_say_what_perplexity_needs(capsys, monkeypatch, llama)
 
 # -- 13. API odds ----------------------------------------------------------------------------------------------------------
 def test_export_takes_one_layer_as_an_int_and_each_layer_once(analysis, tmp_path):
-    path = analysis.to_json(tmp_path / "one.json", layers=1, heads=2)
+    path = to_json(analysis, tmp_path / "one.json", layers=1, heads=2)
     data = json.loads(path.read_text(encoding="utf-8"))
     assert [layer["layer"] for layer in data["layers"]] == [1] and [h["head"] for h in data["layers"][0]["heads"]] == [2]
-    assert [layer["layer"] for layer in analysis.to_dict(layers=[1, 1, 0])["layers"]] == [1, 0]
+    assert [layer["layer"] for layer in to_dict(analysis, layers=[1, 1, 0])["layers"]] == [1, 0]
     with pytest.raises(SelectionError, match="'1'"):
-        analysis.to_dict(layers="1")
+        to_dict(analysis, layers="1")
 
 
 @pytest.mark.parametrize(

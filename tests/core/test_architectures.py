@@ -16,11 +16,14 @@ import torch
 
 import cwviz
 from cwviz.analyses import sinks as sinks_analyses
+from cwviz.analyses.tables import decomposition
 from cwviz.core.loading import architectures
+from cwviz.core.method.export import to_dict
 from cwviz.core.method.interventions import KeepKeys, ScaleValues, batch_perplexity, logits
 from cwviz.core.method.logprobs import logprobs_from_hidden
 from cwviz.core.method.measures import expand_kv
 from cwviz.core.util.errors import UnsupportedModelError
+from tests.conftest import DERIVED_FAMILIES, FAMILY_CONFIGS, TEXT, CharTokenizer, family_model
 from tests.helpers import DERIVED_FAMILIES, FAMILY_CONFIGS, TEXT, CharTokenizer, family_model, window
 
 
@@ -116,7 +119,7 @@ def test_weighted_values_are_the_output_projection_input(run):
         m = analysis.layer(layer)
         # Σ_j α_ij^h v_j^h, from cwviz's attention and recorded values, is the model's own per-head
         # write (o_proj input) ...
-        alpha_v = analysis.attention_tensor(layer) @ expand_kv(analysis.records[layer].value.float(), heads)
+        alpha_v = analysis.attention_tensor(layer) @ expand_kv(analysis.layer_record(layer).value.float(), heads)
         z = alpha_v.permute(1, 0, 2).reshape(tokens, -1)
         torch.testing.assert_close(z, seen[layer]["z"], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(m.head_output, alpha_v, rtol=1e-5, atol=1e-5)
@@ -161,7 +164,7 @@ def test_rows_are_derived_only_for_model_types_not_in_the_table(run):
     model_type = run.bundle.model.config.model_type
     assert run.bundle.arch.derived == (model_type in DERIVED_FAMILIES)
     assert (model_type in architectures.ARCHITECTURES) != (model_type in DERIVED_FAMILIES)
-    record, info = run.analysis.records[0], run.bundle.info
+    record, info = run.analysis.layer_record(0), run.bundle.info
     assert (info.heads, info.kv_heads, info.d_head) == (record.query.shape[0], record.key.shape[0], record.value.shape[-1])
 
 
@@ -241,7 +244,7 @@ def test_soft_capping_is_the_softmax_of_the_capped_scores():
     analysis = cwviz.analyze(bundle, TEXT[:14])
     config, t = bundle.model.config, analysis.num_tokens
     for layer, size in ((0, config.sliding_window), (1, None)):  # Gemma 2 alternates sliding and global layers
-        record = analysis.records[layer]
+        record = analysis.layer_record(layer)
         assert record.softcap == config.attn_logit_softcapping and record.scaling == pytest.approx(config.query_pre_attn_scalar**-0.5)
         expected, _ = by_hand(record, window(t, size), softcap=record.softcap)
         np.testing.assert_allclose(analysis.attention(layer), expected, atol=1e-6)
@@ -257,7 +260,7 @@ def test_learned_sinks_take_their_share_and_write_nothing():
     assert analysis.has_learned_sinks
     for layer, size in ((0, bundle.model.config.sliding_window), (1, None)):  # sliding and global layers
         sinks = bundle.model.model.layers[layer].self_attn.sinks.detach().double().numpy()
-        expected, share = by_hand(analysis.records[layer], window(t, size), learned_sinks=sinks)
+        expected, share = by_hand(analysis.layer_record(layer), window(t, size), learned_sinks=sinks)
         np.testing.assert_allclose(analysis.attention(layer), expected, atol=1e-6)
         np.testing.assert_allclose(analysis.learned_sink_attention(layer), share, atol=1e-6)
         assert np.all(analysis.attention(layer).sum(-1) < 1) and share.min() > 1e-3
@@ -272,14 +275,14 @@ def test_learned_sinks_take_their_share_and_write_nothing():
     summary = sinks_analyses.sink_layer_summary(table)
     assert (summary["learned_sink_share"] > 0).all()
     # The JSON export carries the share beside the attention rows: together they sum to 1.
-    for entry in json.loads(json.dumps(analysis.to_dict()))["layers"]:
+    for entry in json.loads(json.dumps(to_dict(analysis)))["layers"]:
         for head in entry["heads"]:
             shown = np.array(head["learned_sink_attention"])
             np.testing.assert_allclose(shown, analysis.learned_sink_attention(entry["layer"])[head["head"]], rtol=1e-5)
             np.testing.assert_allclose([sum(row) for row in head["attention"]] + shown, 1, atol=1e-5)
     plain = cwviz.analyze(cwviz.bundle_from_model(family_model("llama"), CharTokenizer(100)), TEXT[:14])
     assert not plain.has_learned_sinks and (sinks_analyses.sink_table(plain)["learned_sink_share"] == 0).all()
-    assert all("learned_sink_attention" not in head for entry in plain.to_dict()["layers"] for head in entry["heads"])
+    assert all("learned_sink_attention" not in head for entry in to_dict(plain)["layers"] for head in entry["heads"])
 
 
 @pytest.mark.parametrize(
@@ -297,7 +300,7 @@ def test_each_layer_attends_within_its_own_window(model_type, windows, overrides
     analysis = cwviz.analyze(bundle, TEXT[:20])
     t, causal = analysis.num_tokens, bundle.arch.causal
     for layer, size in enumerate(windows):
-        record = analysis.records[layer]
+        record = analysis.layer_record(layer)
         visible = window(t, size, causal)
         np.testing.assert_array_equal(record.key_mask().numpy(), visible)
         expected, _ = by_hand(
@@ -305,14 +308,16 @@ def test_each_layer_attends_within_its_own_window(model_type, windows, overrides
         )
         np.testing.assert_allclose(analysis.attention(layer), expected, atol=1e-6)
         assert np.all(analysis.attention(layer)[:, ~visible] == 0)
-        keys = set(analysis.decomposition(layer, t - 1)["key"])
+        keys = set(decomposition(analysis, layer, t - 1)["key"])
         assert keys == set(np.flatnonzero(visible[t - 1]))
 
 
 def test_scaled_attention_is_the_models_own_scaling():
     granite = cwviz.bundle_from_model(family_model("granite"), CharTokenizer(100))
     analysis = cwviz.analyze(granite, TEXT[:10])
-    assert [r.scaling for r in analysis.records] == pytest.approx([granite.model.config.attention_multiplier] * analysis.num_layers)
+    assert [analysis.layer_record(layer).scaling for layer in range(analysis.num_layers)] == pytest.approx(
+        [granite.model.config.attention_multiplier] * analysis.num_layers
+    )
 
 
 @pytest.mark.parametrize("model_type", ["gpt_oss", "gemma2", "llama"])

@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 
 import cwviz
 from cwviz.analyses import faithfulness, sinks
+from cwviz.analyses.tables import decomposition
 from cwviz.core.loading.inputs import integer_index, token_ids
+from cwviz.core.method.export import to_json
 from cwviz.core.method.interventions import batch_perplexity
 from cwviz.core.util.errors import CwvizError, InputError, SelectionError
+from tests.conftest import make_tiny
 from tests.helpers import make_tiny
 
 TEXT = "the quick brown fox jumps over"
@@ -45,8 +48,8 @@ def test_an_index_that_is_not_an_integer_is_refused_saying_so(analysis, method, 
     call = {
         "attention": lambda: analysis.attention(value),
         "contributions": lambda: analysis.contributions(value),
-        "head": lambda: analysis.decomposition(0, 3, value),
-        "token": lambda: analysis.decomposition(0, value),
+        "head": lambda: decomposition(analysis, 0, 3, value),
+        "token": lambda: decomposition(analysis, 0, value),
     }[method]
     with pytest.raises(SelectionError, match="must be an integer") as err:
         call()
@@ -63,7 +66,7 @@ def test_out_of_range_says_out_of_range(analysis):
     with pytest.raises(SelectionError, match=r"layer 2 is out of range; this model has layers 0\.\.1"):
         analysis.attention(2)
     with pytest.raises(SelectionError, match="head 9 is out of range"):
-        analysis.decomposition(0, 1, 9)
+        decomposition(analysis, 0, 1, 9)
 
 
 @pytest.mark.parametrize("sink", [1.5, True, "x", None, "1.0"], ids=repr)
@@ -151,7 +154,7 @@ def test_the_sink_factor_must_be_a_finite_number(analysis, factor):
 
 def test_a_json_export_to_a_missing_folder_names_the_fix(analysis, tmp_path):
     with pytest.raises(InputError, match="folder that exists"):
-        analysis.to_json(tmp_path / "missing" / "x.json")
+        to_json(analysis, tmp_path / "missing" / "x.json")
 
 
 def test_an_example_of_one_token_is_refused_with_a_cwviz_error(llama):
@@ -163,8 +166,8 @@ def test_the_decomposition_leaves_out_keys_outside_a_sliding_window():
     bundle = make_tiny("mistral")  # sliding_window=8
     analysis = cwviz.analyze(bundle, "abcdefghijklmnopqrst")
     query = 15
-    table = analysis.decomposition(0, query, 0, "intra")
-    visible = analysis.records[0].key_mask()[query]
+    table = decomposition(analysis, 0, query, 0, "intra")
+    visible = analysis.key_mask(0)[query]
     assert list(table["key"]) == torch.nonzero(visible).flatten().tolist()
     assert len(table) < query + 1  # the window hides the far keys
     assert (table["attention"] > 0).all()  # every key listed is one the query attends to

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import cwviz
+from cwviz.analyses.tables import decomposition
 from cwviz.core.loading import checkpoints
+from cwviz.core.method.export import to_dict, to_json
 from cwviz.core.method.measures import expand_kv
 
 PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
@@ -52,14 +54,14 @@ def test_real_prompt_matches_the_model_write(embedded):
             embedded.model(input_ids=torch.tensor([analysis.input_ids]))
     finally:
         handle.remove()
-    alpha_v = analysis.attention_tensor(layer) @ expand_kv(analysis.records[layer].value.float(), analysis.num_heads)
+    alpha_v = analysis.attention_tensor(layer) @ analysis.values(layer)
     z = alpha_v.permute(1, 0, 2).reshape(analysis.num_tokens, -1)
     torch.testing.assert_close(z, seen["z"], rtol=1e-5, atol=1e-5)
 
 
 def test_decomposition_multiplies_out(embedded):
     analysis = cwviz.analyze(embedded, PROMPT)
-    table = analysis.decomposition(12, query=10)
+    table = decomposition(analysis, 12, query=10)
     assert list(table.columns) == [
         "layer",
         "head",
@@ -76,7 +78,7 @@ def test_decomposition_multiplies_out(embedded):
     assert len(table) == analysis.num_heads * 11  # keys 0..10 for every head
     np.testing.assert_allclose(table.attention * table.norm_ratio * table.cosine, table.contribution, rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(table.contribution.sum(), 1, atol=1e-4)  # inter: over heads and keys
-    intra = analysis.decomposition(12, query=10, head=3, kind="intra")
+    intra = decomposition(analysis, 12, query=10, head=3, kind="intra")
     np.testing.assert_allclose(intra.contribution.sum(), 1, atol=1e-4)
 
 
@@ -84,7 +86,7 @@ def test_json_export_schema(embedded, tmp_path):
     import json
 
     analysis = cwviz.analyze(embedded, "The capital of France is")
-    path = analysis.to_json(tmp_path / "a.json", layers=[0, 3])
+    path = to_json(analysis, tmp_path / "a.json", layers=[0, 3])
     data = json.loads(path.read_text(encoding="utf-8"))
     assert data["schema"] == "cwviz.analysis" and data["tokens"] == analysis.tokens
     assert [l["layer"] for l in data["layers"]] == [0, 3]
@@ -94,7 +96,7 @@ def test_json_export_schema(embedded, tmp_path):
     np.testing.assert_allclose(head["contribution_inter"][-1], analysis.contributions(3)[2, -1], atol=1e-6)
     total = sum(
         sum(h["contribution_inter"][-1])
-        for h in cwviz.analyze(embedded, "The capital of France is").to_dict(layers=[3])["layers"][0]["heads"]
+        for h in to_dict(cwviz.analyze(embedded, "The capital of France is"), layers=[3])["layers"][0]["heads"]
     )
     assert total == pytest.approx(1, abs=1e-4)
 
@@ -111,7 +113,7 @@ def test_long_prompt_matches_eager_attention_and_the_model_write(embedded):
     assert tokens > 256
     analysis = cwviz.analyze(embedded, input_ids=ids)
     layer = 9
-    rec = analysis.records[layer]
+    rec = analysis.layer_record(layer)
     causal_mask = torch.full((tokens, tokens), float("-inf")).triu(1)[None, None]
     _, eager = eager_attention_forward(
         embedded.attention_modules[layer], rec.query[None], rec.key[None], rec.value[None], causal_mask, rec.scaling

@@ -13,7 +13,9 @@ from streamlit.testing.v1 import AppTest
 import cwviz
 from cwviz import cli
 from cwviz.core.loading import checkpoints
+from cwviz.core.method.export import to_dict
 from cwviz.core.util.errors import ModelLoadError
+from tests.app.test_app import APP, TIMEOUT, assert_clean, charts, widget
 from tests.helpers.app import APP, TIMEOUT, assert_clean, charts, widget
 
 PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
@@ -108,7 +110,7 @@ def test_real_text_satisfies_the_identities(embedded_encoder):
         torch.testing.assert_close(alpha, attentions[layer][0], rtol=1e-5, atol=1e-6)
         assert alpha[:, :, -1].min() > 0  # bidirectional: even the first query sees the last key
         # Σ_j α_ij v_j per head is what the output projection (BertSelfOutput.dense) receives.
-        z = (alpha @ analysis.records[layer].value.float()).permute(1, 0, 2).reshape(t, -1)
+        z = (alpha @ analysis.layer_record(layer).value.float()).permute(1, 0, 2).reshape(t, -1)
         torch.testing.assert_close(z, seen[layer], rtol=1e-5, atol=1e-5)
         intra, inter = analysis.contributions(layer, "intra"), analysis.contributions(layer, "inter")
         assert intra.shape == inter.shape == (12, t, t)
@@ -116,7 +118,7 @@ def test_real_text_satisfies_the_identities(embedded_encoder):
         np.testing.assert_allclose(inter.sum((0, 2)), 1, atol=1e-4)
     # An encoder predicts no next token: no log-probabilities, no perplexity, nothing asks for logits.
     assert analysis.next_token_logprobs.size == 0 and np.isnan(analysis.perplexity)
-    data = analysis.to_dict(layers=[2], heads=[0])
+    data = to_dict(analysis, layers=[2], heads=[0])
     assert data["causal"] is False and data["perplexity"] is None
     assert [len(row) for row in data["layers"][0]["heads"][0]["attention"]] == [t] * t  # square rows
 

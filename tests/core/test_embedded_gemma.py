@@ -11,7 +11,9 @@ import pytest
 import torch
 
 import cwviz
+from cwviz.analyses.tables import decomposition
 from cwviz.core.loading import checkpoints
+from tests.core.test_architectures import window
 from tests.helpers import window
 
 PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
@@ -81,11 +83,11 @@ def test_sliding_layers_see_only_their_window(embedded_gemma, long_analysis):
     for layer in range(long_analysis.num_layers):
         size = config.sliding_window if types[layer] == "sliding_attention" else None
         visible = window(t, size)
-        np.testing.assert_array_equal(long_analysis.records[layer].key_mask().numpy(), visible)
+        np.testing.assert_array_equal(long_analysis.key_mask(layer).numpy(), visible)
         assert np.all(long_analysis.attention(layer)[:, ~visible] == 0)
     # The last query of a sliding layer sees its last 512 keys; of a global layer, every key.
-    assert set(long_analysis.decomposition(0, t - 1)["key"]) == set(range(t - config.sliding_window, t))
-    assert set(long_analysis.decomposition(5, t - 1)["key"]) == set(range(t))
+    assert set(decomposition(long_analysis, 0, t - 1)["key"]) == set(range(t - config.sliding_window, t))
+    assert set(decomposition(long_analysis, 5, t - 1)["key"]) == set(range(t))
 
 
 def write_tiny_gguf(path, layers: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2) -> None:
@@ -141,25 +143,13 @@ def write_tiny_gguf(path, layers: int = 2, hidden: int = 32, heads: int = 4, kv_
 
 def test_a_user_gguf_is_converted_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
     """A .gguf given by its path, as a user's file would be (:func:`write_tiny_gguf`; the real GGUFs go through the
-    same :func:`cwviz.core.loading.checkpoints.convert_gguf` in the embedded models' tests). The conversion parses the file
-    once (transformers alone would read its header three times: config, weights, tokenizer), through a plain array
-    view of the file, not numpy.memmap, whose Python-level slicing slowed the parse (checkpoints._PlainMemmap)."""
-    import gguf as gguf_module
-
+    same :func:`cwviz.core.loading.checkpoints.convert_gguf` in the embedded models' tests). How its header is parsed
+    (once, through a plain array) is pinned in tests/core/test_gguf_parse.py."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("CWVIZ_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "user-model.gguf"
     write_tiny_gguf(gguf)
-    parses = []
-
-    class Counting(gguf_module.GGUFReader):
-        def __init__(self, path, *args, **kwargs):
-            super().__init__(path, *args, **kwargs)
-            parses.append((path, type(self.data)))
-
-    monkeypatch.setattr(gguf_module, "GGUFReader", Counting)
     first = cwviz.load_model(str(gguf), device="cpu")
-    assert [kind for _, kind in parses] == [np.ndarray], parses
     folder = checkpoints.gguf_dir(gguf)
     assert checkpoints.gguf_key(gguf) in folder.name and checkpoints.converted(folder)
     monkeypatch.setattr(checkpoints, "convert_gguf", _fail)

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 import cwviz
+from cwviz.analyses.tables import decomposition
 from cwviz.cli import main
 from cwviz.core.util.errors import InputError, ModelLoadError, SelectionError, UnsupportedModelError
+from tests.conftest import make_tiny
 from tests.helpers import make_tiny
 
 
@@ -43,9 +45,9 @@ def test_selection_out_of_range(llama):
     with pytest.raises(SelectionError, match="layers 0..1"):
         analysis.attention(2)
     with pytest.raises(SelectionError, match="heads 0..3"):
-        analysis.decomposition(0, 1, head=4)
+        decomposition(analysis, 0, 1, head=4)
     with pytest.raises(SelectionError, match="tokens 0..4"):
-        analysis.decomposition(0, 5)
+        decomposition(analysis, 0, 5)
     with pytest.raises(SelectionError):
         analysis.attention(-1)
 

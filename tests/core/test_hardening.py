@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import cwviz
 from cwviz.cli import main
+from cwviz.core.method.export import to_dict
 from cwviz.core.util.tokens import display_token, display_tokens
 from tests.helpers import ODD_PROMPTS, no_hooks
 
@@ -27,7 +28,7 @@ def test_odd_prompts_analyse_and_display(embedded, name):
     contributions = analysis.contributions(analysis.num_layers - 1)
     assert np.isfinite(contributions).all()
     np.testing.assert_allclose(contributions.sum((0, 2)), 1, atol=1e-4)
-    data = analysis.to_dict(layers=[0], heads=[0])
+    data = to_dict(analysis, layers=[0], heads=[0])
     assert data["text"] == ODD_PROMPTS[name]  # the prompt is kept exactly, as text
 
 

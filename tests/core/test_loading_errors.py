@@ -24,6 +24,8 @@ from cwviz.core.loading import checkpoints
 from cwviz.core.util import parallel
 from cwviz.core.util.errors import InputError, ModelLoadError
 from cwviz.core.util.settings import LAUNCHER_VARIABLES
+from tests.conftest import default_signals, family_model
+from tests.core.test_families import save_with_tokenizer
 from tests.helpers import default_signals, family_model, save_with_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +98,7 @@ def test_a_broken_gguf_is_one_error(case, tmp_path, capsys):
     line = cli_error(analyze_args(path), capsys)
     assert path.name in line and ("not a GGUF file" in line or "download it again" in line)
     assert not list((tmp_path / "cache").glob("models/gguf-*"))  # no half-written cache folder is left
-    # ... and the gguf module is as it was: the reader's class and its numpy (checkpoints.parsed_once swaps both)
+    # ... and the gguf module is as it was: its reader class (checkpoints.parsed_once swaps it during a conversion)
     assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader and gguf.gguf_reader.np is np
 
 

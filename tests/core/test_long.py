@@ -20,7 +20,9 @@ from cwviz.analyses import sinks, tables
 from cwviz.core.loading import inputs
 from cwviz.core.method import blocks as block_policy
 from cwviz.core.method import memory
+from cwviz.core.method.export import to_dict
 from cwviz.core.util.errors import ResourceError
+from tests.conftest import CharTokenizer, make_tiny
 from tests.helpers import CharTokenizer, make_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +39,7 @@ def small_blocks(monkeypatch):
 def test_json_export_read_in_row_blocks_equals_the_whole_maps(arch, small_blocks):
     analysis = cwviz.analyze(make_tiny(arch), TEXT[:120])
     t, causal = analysis.num_tokens, analysis.bundle.arch.causal
-    data = analysis.to_dict(layers=[1, 0], heads=[3, 0])
+    data = to_dict(analysis, layers=[1, 0], heads=[3, 0])
     assert [l["layer"] for l in data["layers"]] == [1, 0]
     for entry in data["layers"]:
         layer = entry["layer"]
@@ -102,7 +104,7 @@ def test_an_export_that_would_not_fit_is_refused_before_it_is_built(monkeypatch)
     analysis = cwviz.analyze(make_tiny("llama"), TEXT[:100])
     monkeypatch.setenv("CWVIZ_MEMORY_BYTES", "100000")
     with pytest.raises(ResourceError, match=r"JSON of 2 layer\(s\) x 4 head\(s\) at 100 tokens .*choose one layer and one head"):
-        analysis.to_dict()
+        to_dict(analysis)
 
 
 def _tiny_with_positions(positions: int) -> cwviz.Bundle:

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-from cwviz.core.method.attention import attention_probabilities
 
+from cwviz.core.method.attention import attention_probabilities
 from cwviz.core.method.measures import LAYER_AGGREGATION, MEASURES, expand_kv, head_weights, layer_measures
 
 
@@ -211,9 +211,8 @@ def test_kv_heads_held_several_times_give_the_same_products_and_measures(heads, 
     rows then cut into runs, one a copy: α, α v and every measure equal the per-head computation for every number
     of copies, whether the rows divide into the runs (even rows) or not (odd rows with 2 copies of a 3-head group,
     which fall back to one copy of each kv head)."""
-    from cwviz.core.method.attention import causal_rows
-
     from cwviz.core.method import reading
+    from cwviz.core.method.attention import causal_rows
     from cwviz.core.method.capture import LayerRecord
     from cwviz.core.method.measures import full_gram, grouped_matmul
 

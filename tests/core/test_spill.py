@@ -16,6 +16,7 @@ import torch
 import cwviz
 from cwviz.analyses import sinks, tables
 from cwviz.core.method import memory, spill
+from tests.conftest import TEXT, CharTokenizer, family_model, make_tiny
 from tests.helpers import TEXT, CharTokenizer, family_model, make_tiny
 
 FIELDS = ("query", "key", "value", "output")
@@ -40,7 +41,7 @@ def _both(bundle, text, monkeypatch):
 
 def _same_records(spilled, whole):
     for layer in range(whole.num_layers):
-        a, b = spilled.records[layer], whole.records[layer]
+        a, b = spilled.layer_record(layer), whole.layer_record(layer)
         for name in FIELDS:
             x, y = getattr(a, name), getattr(b, name)
             assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), (layer, name)
@@ -58,7 +59,7 @@ def test_spilled_records_give_the_numbers_of_records_in_memory(arch, always, mon
     bundle = make_tiny(arch)
     spilled, whole = _both(bundle, TEXT * 3, monkeypatch)
     assert os.listdir(always) == []  # unlinked at creation: nothing to clean up, even after a crash
-    assert spilled.records.nbytes == memory.records_bytes(bundle.info, spilled.num_tokens)
+    assert spilled._layer_records.nbytes == memory.records_bytes(bundle.info, spilled.num_tokens)
     _same_records(spilled, whole)
     for layer in range(whole.num_layers):
         for kind in ("inter", "intra"):
@@ -91,7 +92,7 @@ def test_a_bfloat16_model_spills_its_own_dtype(always, monkeypatch):
     bundle = make_tiny("llama")
     bundle.model.to(torch.bfloat16)
     spilled, whole = _both(bundle, TEXT, monkeypatch)
-    assert spilled.records[0].query.dtype == torch.bfloat16
+    assert spilled.layer_record(0).query.dtype == torch.bfloat16
     _same_records(spilled, whole)
     np.testing.assert_array_equal(spilled.contributions(1), whole.contributions(1))
 
@@ -116,7 +117,7 @@ def test_threads_reading_different_layers_at_once_each_get_their_own(always, mon
     def read(layer):
         try:
             for _ in range(20):
-                assert torch.equal(spilled.records[layer].key, whole.records[layer].key)
+                assert torch.equal(spilled.layer_record(layer).key, whole.layer_record(layer).key)
         except AssertionError as err:  # pragma: no cover - reported below
             errors.append(err)
 

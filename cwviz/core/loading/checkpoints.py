@@ -10,14 +10,15 @@
   (:func:`gguf_dir`).
 
 A GGUF is dequantised to float32 safetensors with its tokenizer by :func:`convert_gguf` (11 s for SmolLM2, 20 s
-for Gemma 3 on 2 cores, its header parsed once: :func:`parsed_once`); every later load reads the safetensors folder
-and never opens the GGUF. Every cache folder is written into a temporary folder and renamed (:func:`written_once`),
-so an interrupted or concurrent first use never leaves a half-written cache.
+for Gemma 3 on 2 cores, its header parsed once, :func:`parsed_once`, through a plain array, :func:`plain_reader`); every
+later load reads the safetensors folder and never opens the GGUF. Every cache folder is written into a temporary
+folder and renamed (:func:`written_once`), so an interrupted or concurrent first use never leaves a half-written cache.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -25,7 +26,6 @@ import shutil
 import struct
 import tempfile
 import threading
-import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -128,49 +128,52 @@ def check_gguf(path: Path) -> None:
         )
 
 
-#: Conversions in one process run one at a time: :func:`parsed_once` swaps a module attribute for the conversion.
+#: Conversions in one process run one at a time: :func:`parsed_once` swaps ``gguf.GGUFReader`` for the conversion.
 _CONVERTING = threading.Lock()
 
 
-class _PlainMemmap(types.ModuleType):
-    """numpy as ``gguf.gguf_reader`` sees it during :func:`_parsed`: its ``memmap`` is a plain ndarray view of the same
-    read-only mapping. numpy.memmap's ``__getitem__`` and ``__array_finalize__`` are Python code, run for each of the
-    header's small slices (about 13 million for Gemma 3's 262,144-entry vocabulary): on plain views Gemma 3's
-    conversion took 19.5 s instead of 32.9 s (``benchmarks.run --only conversion``, BENCHMARKS.md). The tensors stay
-    views of the mapping, read when they are converted."""
+def plain_reader(path: Path):
+    """``gguf.GGUFReader(path)`` parsed through a plain ndarray view of the file's read-only mapping.
 
-    def __getattr__(self, name: str):
-        return getattr(np, name)
-
-    @staticmethod
-    def memmap(*args, **kwargs) -> np.ndarray:
-        return np.asarray(np.memmap(*args, **kwargs))
+    gguf's reader maps the file as a ``numpy.memmap`` (``self.data``) and slices it for every field of the header;
+    memmap's ``__getitem__`` and ``__array_finalize__`` are Python code, run for each of those small slices (about 13
+    million for Gemma 3's 262,144-entry vocabulary): on plain views Gemma 3's conversion took 19.5 s instead of 32.9 s
+    (``benchmarks.run --only conversion``, BENCHMARKS.md). The subclass made here stores the mapping it is given as a
+    plain view of the same pages; it is cwviz's own object, handed to transformers by :func:`parsed_once`, so nothing
+    of gguf or numpy changes for anyone else. The tensors stay views of the mapping, read when they are converted.
+    ``tests/core/test_gguf_parse.py`` pins the gguf behaviour it relies on (the reader keeps its mapping in ``data``)."""
+    return _plain_reader_class()(path)
 
 
-def _parsed(reader_class, source):
-    """``reader_class(source)`` (``gguf.GGUFReader``) parsing through :class:`_PlainMemmap`; called under
-    :data:`_CONVERTING`, which keeps any other conversion from seeing the swap."""
-    import gguf.gguf_reader as reader_module
+@functools.cache
+def _plain_reader_class() -> type:
+    from gguf.gguf_reader import GGUFReader  # the class itself: during parsed_once, gguf.GGUFReader is the swap
 
-    saved = reader_module.np
-    reader_module.np = _PlainMemmap("numpy")
-    try:
-        return reader_class(source)
-    finally:
-        reader_module.np = saved
+    class PlainReader(GGUFReader):
+        @property
+        def data(self) -> np.ndarray:
+            return self._plain
+
+        @data.setter
+        def data(self, mapped: np.ndarray) -> None:
+            self._plain = np.asarray(mapped)  # the memmap's pages as a plain ndarray (no copy)
+
+    return PlainReader
 
 
 @contextlib.contextmanager
 def parsed_once(gguf: Path) -> Iterator[None]:
-    """Within the block, every ``gguf.GGUFReader`` of ``gguf`` is one reader, parsed once.
+    """Within the block, every ``gguf.GGUFReader`` of ``gguf`` is one reader, parsed once (:func:`plain_reader`).
 
     transformers (5.24) reads a llama or gemma3 GGUF's metadata with ``gguf.GGUFReader`` in each of the config, the
     weights and the tokenizer's choice of class: three parses of the whole header, about 12 s each for Gemma 3's
     262,144-entry vocabulary on 2 cores. It imports the class from the ``gguf`` module at each call
-    (``modeling_gguf_pytorch_utils.load_gguf_checkpoint``), so the module attribute is what is replaced here; any other
-    file is read as before. Holds :data:`_CONVERTING`, so that no other conversion in the process sees the swap.
-    (The tokenizer's vocabulary and merges are read by transformers' own reader, which reads only those strings.)
-    The one parse reads the file through a plain array (:class:`_PlainMemmap`)."""
+    (``modeling_gguf_pytorch_utils.load_gguf_checkpoint``) and takes no reader of its own, so the module attribute is
+    what is replaced here: the one swap of another package's attribute that cwviz makes, for the conversion only, and
+    pinned by ``tests/core/test_gguf_parse.py`` (which fails when an upgrade of transformers no longer reads a GGUF this
+    way, and the swap should go). Any other file is read as before, by gguf's own class. Holds :data:`_CONVERTING`, so
+    that no other conversion in the process sees the swap. (The tokenizer's vocabulary and merges are read by
+    transformers' own reader, which reads only those strings.)"""
     import gguf as gguf_module
 
     original = gguf_module.GGUFReader
@@ -181,7 +184,7 @@ def parsed_once(gguf: Path) -> Iterator[None]:
         if args or kwargs or Path(source).resolve() != path:
             return original(source, *args, **kwargs)
         if not shared:
-            shared.append(_parsed(original, source))
+            shared.append(plain_reader(source))
         return shared[0]
 
     with _CONVERTING:
@@ -192,28 +195,29 @@ def parsed_once(gguf: Path) -> Iterator[None]:
             gguf_module.GGUFReader = original
 
 
-def convert_gguf(gguf: Path, target: Path, model_id: str) -> Path:
-    """Dequantise ``gguf`` into float32 safetensors and its tokenizer in ``target``; returns ``target``.
-
-    One model load and one tokenizer load from the GGUF, its header parsed once for both (:func:`parsed_once`), both
-    saved with ``save_pretrained`` so that no later load opens the GGUF again. Weights are unpacked at load
-    (``GgufConfig(dequantize=True)``): packed GGUF modules cannot be saved as plain weights.
-    """
+def read_gguf(gguf: Path):
+    """``(model, tokenizer)`` read from ``gguf`` by transformers, the weights dequantised to float32
+    (``GgufConfig(dequantize=True)``: packed GGUF modules cannot be saved as plain weights); ModelLoadError for a file
+    that is cut, garbled or not a causal language model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    check_gguf(gguf)
     try:
-        with parsed_once(gguf):
-            model = AutoModelForCausalLM.from_pretrained(
-                gguf.parent, gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
-            )
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+        )
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except (OSError, ValueError, KeyError, IndexError, RuntimeError, UnicodeDecodeError, struct.error) as err:
         # struct.error, IndexError, UnicodeDecodeError: the header or the tensor table is cut or garbled.
         raise ModelLoadError(
             f"could not read {gguf} as a GGUF model ({type(err).__name__}: {err}); it may be truncated or damaged "
             "(download it again), or not a causal language model"
         ) from None
+    return model, tokenizer
+
+
+def save_converted(model, tokenizer, target: Path, model_id: str) -> Path:
+    """Save a model read by :func:`read_gguf` and its tokenizer as float32 safetensors in ``target`` (written whole
+    or not at all: :func:`written_once`), named ``model_id``; returns ``target``."""
     # save_pretrained refuses a quantized model; the weights are already dequantised to float32.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -223,6 +227,19 @@ def convert_gguf(gguf: Path, target: Path, model_id: str) -> Path:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return target
+
+
+def convert_gguf(gguf: Path, target: Path, model_id: str) -> Path:
+    """Dequantise ``gguf`` into float32 safetensors and its tokenizer in ``target``; returns ``target``.
+
+    One model load and one tokenizer load from the GGUF (:func:`read_gguf`), its header parsed once for both
+    (:func:`parsed_once`), both saved with ``save_pretrained`` (:func:`save_converted`) so that no later load opens
+    the GGUF again.
+    """
+    check_gguf(gguf)
+    with parsed_once(gguf):
+        model, tokenizer = read_gguf(gguf)
+    return save_converted(model, tokenizer, target, model_id)
 
 
 def embedded_gguf() -> Path:

@@ -12,12 +12,9 @@ memory check (:mod:`cwviz.core.method.memory`) refuses a prompt whose working se
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -29,16 +26,23 @@ from ..loading.models import Bundle
 from ..util.errors import InputError, SelectionError
 from ..util.progress import Progress
 from ..util.tokens import display_tokens
-from . import export, memory
+from . import memory
 from .capture import Intervention, LayerRecord, forward_pass
 from .logprobs import logprobs_from_hidden, perplexity_of
-from .measures import MEASURES, LayerMeasures, QuerySide, grouped_matmul, head_weights, layer_measures, query_side, value_norms
+from .measures import (
+    MEASURES,
+    LayerMeasures,
+    QuerySide,
+    expand_kv,
+    grouped_matmul,
+    head_weights,
+    layer_measures,
+    query_side,
+    value_norms,
+)
 from .reading import attention_rows, for_blocks, record_blocks
 from .spill import SpilledRecords, spill_for
 from .stream import BlockConsumer, block_streamer
-
-if TYPE_CHECKING:  # pandas is imported on first use: it is not needed to load a model and analyse
-    import pandas as pd
 
 
 def analyze(
@@ -99,12 +103,12 @@ def analyze(
         bundle=bundle,
         text=text or "",
         input_ids=ids,
-        records=layer_records(records, bundle.info.layers),
+        layer_records=by_layer(records, bundle.info.layers),
         final_hidden=hidden if bundle.arch.causal else None,
     )
 
 
-def layer_records(records: dict[int, LayerRecord] | SpilledRecords, layers: int) -> Sequence[LayerRecord]:
+def by_layer(records: dict[int, LayerRecord] | SpilledRecords, layers: int) -> Sequence[LayerRecord]:
     """A recording pass's records (:func:`cwviz.core.method.capture.forward_pass`) as a sequence by layer: on disk as they
     are, else a tuple."""
     return records if isinstance(records, SpilledRecords) else tuple(records[layer] for layer in range(layers))
@@ -134,7 +138,7 @@ class Analysis:
         bundle: Bundle,
         text: str,
         input_ids: list[int],
-        records: Sequence[LayerRecord],
+        layer_records: Sequence[LayerRecord],
         next_token_logprobs: np.ndarray | None = None,
         final_hidden: torch.Tensor | None = None,
     ) -> None:
@@ -144,7 +148,7 @@ class Analysis:
         self.text = text
         self.input_ids = list(input_ids)
         self.tokens = display_tokens(bundle.tokenizer, self.input_ids)
-        self.records = records
+        self._layer_records = layer_records  # [layer] -> LayerRecord; read through the methods below
         self._logprobs = next_token_logprobs
         self._final_hidden = final_hidden
         self._layers: OrderedDict[int, LayerMeasures] = OrderedDict()
@@ -214,11 +218,11 @@ class Analysis:
         """W_O of ``layer`` split per head, float32 [head, d_model, d_head], on the layer's device."""
         proj = architectures.out_projections(self.bundle.model, self.bundle.arch)[layer]
         w_o = architectures.out_proj_weight(proj, self.bundle.arch)
-        return head_weights(w_o, self.num_heads).to(self.records[layer].value.device)
+        return head_weights(w_o, self.num_heads).to(self.layer_device(layer))
 
     def attention_tensor(self, layer: int) -> torch.Tensor:
         """α for ``layer``, float32 torch [head, query, key]."""
-        rec = self.records[self.check_layer(layer)]
+        rec = self._layer_records[self.check_layer(layer)]
         return rec.probabilities(rec.query.float(), rec.key.float(), rec.mask, rec.causal)
 
     def layer(self, layer: int) -> LayerMeasures:
@@ -228,7 +232,7 @@ class Analysis:
             if layer in self._layers:
                 self._layers.move_to_end(layer)
                 return self._layers[layer]
-        rec = self.records[layer]
+        rec = self._layer_records[layer]
         memory.check_layer_maps(self.info, self.num_tokens, rec.value.device)
         # The model's own z = α v is reused when it is float32; in lower precision it is recomputed in
         # float32 so that the identities hold to float32 rounding.
@@ -253,7 +257,7 @@ class Analysis:
         layer = self.check_layer(layer)
         cached = self._value_norms.get(layer)
         if cached is None:
-            rec = self.records[layer]
+            rec = self._layer_records[layer]
             with torch.inference_mode():
                 cached = value_norms(rec.value, self.bundle.gram(layer).to(rec.value.device), self.num_heads)
             self._value_norms[layer] = cached  # a race computes the same tensor twice, never a wrong one
@@ -285,7 +289,7 @@ class Analysis:
         """:meth:`rows` against the keys ``0..keys-1`` only (the caller knows the rows see no later key); ``side``
         the rows' :class:`~cwviz.core.method.measures.QuerySide` when the caller has it for the whole layer; ``kinds``
         the contribution kinds to compute; ``rec`` the layer's record when the caller has it (:func:`for_blocks`)."""
-        rec = self.records[layer] if rec is None else rec
+        rec = self._layer_records[layer] if rec is None else rec
         with memory.guard(rec.value.device), torch.inference_mode():
             alpha = attention_rows(rec, start, stop, keys)
             gram = self.bundle.gram(layer).to(rec.value.device)
@@ -298,7 +302,7 @@ class Analysis:
     def _query_side(self, layer: int) -> QuerySide | None:
         """The whole layer's :class:`~cwviz.core.method.measures.QuerySide` from the model's own z when it is float32
         (2 x heads x T x d_head floats), else None (z is then recomputed in float32 from each block's α)."""
-        rec = self.records[layer]
+        rec = self._layer_records[layer]
         if rec.output.dtype != torch.float32:
             return None
         with memory.guard(rec.value.device), torch.inference_mode():
@@ -318,30 +322,58 @@ class Analysis:
         layer = self.check_layer(layer)
         side = self._query_side(layer)  # one product for the layer, sliced per block
         with torch.inference_mode():
-            rec = for_blocks(self.records[layer])
+            rec = for_blocks(self._layer_records[layer])
         for first, stop, keys in record_blocks(rec, start):
             yield first, stop, self._rows(layer, first, stop, keys, None if side is None else side.rows(first, stop), kinds, rec)
 
     def attention_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, torch.Tensor]]:
         """``(first, stop, α)`` in the blocks of :meth:`row_blocks`, attention only (float32 [head, rows, keys])."""
         with torch.inference_mode():
-            rec = for_blocks(self.records[self.check_layer(layer)])
+            rec = for_blocks(self._layer_records[self.check_layer(layer)])
         for first, stop, keys in record_blocks(rec, start):
             yield first, stop, attention_rows(rec, first, stop, keys)
 
+    # -- a layer's record: its metadata without reading it, or the whole layer ----------------------
     @property
     def has_learned_sinks(self) -> bool:
         """Whether any layer has learned sink logits (gpt-oss): there α over the real keys sums to less than 1."""
-        return any(self._shell(layer).learned_sinks is not None for layer in range(self.num_layers))
+        return any(self.learned_sink_logits(layer) is not None for layer in range(self.num_layers))
+
+    def learned_sink_logits(self, layer: int) -> torch.Tensor | None:
+        """The learned sink logit of each head of ``layer`` (gpt-oss ``s_aux``), float32 [head]; None in a layer
+        without them. Nothing of a layer on disk is read."""
+        return self._shell(self.check_layer(layer)).learned_sinks
+
+    def layer_device(self, layer: int) -> torch.device:
+        """The device ``layer``'s tensors are on (a model spread over devices puts layers on several); the CPU for
+        records on disk. Nothing of a layer on disk is read."""
+        return torch.device("cpu") if self.spilled else self._layer_records[self.check_layer(layer)].query.device
+
+    def key_mask(self, layer: int, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Which keys each query may attend to in ``layer``: the model's own mask (causal, sliding window), bool
+        [query, key] on :meth:`layer_device`, True where a key is visible; with ``start`` and ``stop``, the query rows
+        ``start..stop-1`` only (never the whole T x T). Nothing of a layer on disk is read."""
+        return self._shell(self.check_layer(layer)).key_mask(start, stop, device=self.layer_device(layer))
+
+    def values(self, layer: int) -> torch.Tensor:
+        """The values v_j^h = x_j W_V^h + b_V^h of ``layer``, one per head (a grouped-query kv head repeated for each
+        head that shares it), float32 [head, key, d_head] on :meth:`layer_device`."""
+        return expand_kv(self._layer_records[self.check_layer(layer)].value.float(), self.num_heads)
+
+    def layer_record(self, layer: int) -> LayerRecord:
+        """``layer``'s :class:`~cwviz.core.method.capture.LayerRecord` as the pass recorded it (a layer on disk is
+        read back whole): for the checks of the seam itself. Tables read through the methods above and the row
+        blocks, which read no more of a layer than they need."""
+        return self._layer_records[self.check_layer(layer)]
 
     def _shell(self, layer: int) -> LayerRecord:
         """Layer ``layer``'s record for its metadata (mask, scaling, learned sinks): a spilled layer is not read."""
-        return self.records.shell(layer) if self.spilled else self.records[layer]
+        return self._layer_records.shell(layer) if self.spilled else self._layer_records[layer]
 
     @property
     def spilled(self) -> bool:
         """Whether the records are on disk (:mod:`cwviz.core.method.spill`) rather than in memory."""
-        return isinstance(self.records, SpilledRecords)
+        return isinstance(self._layer_records, SpilledRecords)
 
     def learned_sink_attention(self, layer: int) -> np.ndarray:
         """The learned sink's share of each query's softmax, 1 − Σ_j α_ij^h, numpy float32 [head, query].
@@ -351,7 +383,7 @@ class Analysis:
         layer without learned sinks. Read in row blocks (never the T x T maps).
         """
         layer = self.check_layer(layer)
-        if self.records[layer].learned_sinks is None:
+        if self.learned_sink_logits(layer) is None:
             return np.zeros((self.num_heads, self.num_tokens), dtype=np.float32)
         with torch.inference_mode():
             share = torch.cat([1 - alpha.sum(-1) for _, _, alpha in self.attention_blocks(layer)], dim=1).clamp_(min=0)
@@ -361,7 +393,7 @@ class Analysis:
         """z_i^h = Σ_j α_ij^h v_j^h recomputed in float32 from the records, [head, query, d_head] (the output
         projection's input per head), in row blocks: O(block x T) working memory, never the T x T attention."""
         layer = self.check_layer(layer)
-        value = self.records[layer].value
+        value = self._layer_records[layer].value
         with torch.inference_mode():
             return torch.cat(
                 [grouped_matmul(alpha, value[:, : alpha.shape[-1]].float()) for _, _, alpha in self.attention_blocks(layer)], dim=1
@@ -391,92 +423,6 @@ class Analysis:
         """(‖o_i^h‖ [head, query], ‖o_i‖ [query])."""
         m = self.layer(layer)
         return _np(m.head_output_norm), _np(m.output_norm)
-
-    def decomposition(self, layer: int, query: int, head: int | None = None, kind: str = "inter") -> pd.DataFrame:
-        """The factors of each key's contribution to ``query``: one row per head and key.
-
-        contribution = attention x norm_ratio x cosine, where norm_ratio = value_norm / output_norm and
-        output_norm is ‖o_i‖ (``kind="inter"``) or ‖o_i^h‖ (``kind="intra"``). Keys the query cannot
-        see in this layer (the model's own mask: the future in causal models, keys outside a sliding
-        window) are left out.
-        """
-        import pandas as pd
-
-        check_kind(kind)
-        query = self.check_token(query)
-        m = self.rows(layer, query, query + 1)  # the query's row alone (exact, T times cheaper than the layer)
-        heads = range(self.num_heads) if head is None else [self.check_head(head)]
-        keys = torch.nonzero(self.records[self.check_layer(layer)].key_mask(query, query + 1)[0]).flatten().cpu().numpy()
-        ratio = _np(m.norm_ratio(kind)[:, 0])
-        cosine = _np(m.cosine(kind)[:, 0])
-        contribution = _np(m.contribution(kind)[:, 0])
-        attention = _np(m.attention[:, 0])
-        value_norm = _np(m.value_norm)
-        if kind == "inter":
-            output_norm = np.full(self.num_heads, float(m.output_norm[0]))
-        else:
-            output_norm = _np(m.head_output_norm[:, 0])
-        frames = [
-            pd.DataFrame(
-                {
-                    "layer": layer,
-                    "head": h,
-                    "query": query,
-                    "key": keys,
-                    "token": [self.tokens[k] for k in keys],
-                    "attention": attention[h, keys],
-                    "value_norm": value_norm[h, keys],
-                    "output_norm": output_norm[h],
-                    "norm_ratio": ratio[h, keys],
-                    "cosine": cosine[h, keys],
-                    "contribution": contribution[h, keys],
-                }
-            )
-            for h in heads
-        ]
-        return pd.concat(frames, ignore_index=True)
-
-    # -- export -----------------------------------------------------------------------------------
-    def to_dict(self, layers: list[int] | int | None = None, heads: list[int] | int | None = None, digits: int = 6) -> dict:
-        """The JSON export (schema in docs/cli.md; :mod:`cwviz.core.method.export`): tokens, and per layer and head the
-        attention and inter-head contribution rows and the output norms. Causal rows keep only keys 0..i.
-
-        ``layers``, ``heads``: None (all), one index, or a list of them (each written once, in the order given).
-
-        Layers are read in row blocks (:meth:`row_blocks`); what the dict itself holds grows with the square of
-        the prompt (about :data:`~cwviz.core.method.export.JSON_BYTES_PER_VALUE` bytes a value as Python floats and then
-        as JSON text), so an export that would not fit raises ResourceError naming the choice to narrow."""
-        layers = export.selection(layers, self.num_layers, self.check_layer)
-        heads = export.selection(heads, self.num_heads, self.check_head)
-        causal = self.bundle.arch.causal
-        t = self.num_tokens
-        values = export.value_count(len(layers), len(heads), t, causal)
-        memory.check_fits(
-            values * export.JSON_BYTES_PER_VALUE,
-            torch.device("cpu"),
-            f"the JSON of {len(layers)} layer(s) x {len(heads)} head(s) at {t:,} tokens ({values:,} values)",
-            "choose one layer and one head (--layer, --head; Analysis.to_dict(layers=[...], heads=[...])) or a shorter prompt",
-        )
-        out_layers = []
-        for layer in layers:
-            # A layer with learned sinks (gpt-oss): each query's share of attention that went to the sink.
-            sunk = self.learned_sink_attention(layer) if self._shell(layer).learned_sinks is not None else None
-            out_layers.append(export.layer_entry(layer, self.row_blocks(layer), heads, causal, digits, sunk))
-        return {
-            "schema": export.SCHEMA,
-            "version": export.JSON_SCHEMA_VERSION,
-            "model": vars(self.info).copy(),
-            "text": self.text,
-            "tokens": self.tokens,
-            "input_ids": self.input_ids,
-            "causal": causal,
-            "perplexity": None if math.isnan(self.perplexity) else self.perplexity,
-            "layers": out_layers,
-        }
-
-    def to_json(self, path: str | Path, layers: list[int] | int | None = None, heads: list[int] | int | None = None) -> Path:
-        """Write :meth:`to_dict` as UTF-8 JSON; returns the path. InputError when the file cannot be written."""
-        return export.write_json(path, self.to_dict(layers, heads))
 
 
 def _np(tensor: torch.Tensor) -> np.ndarray:

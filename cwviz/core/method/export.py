@@ -1,4 +1,4 @@
-"""The JSON export of an analysis (:meth:`cwviz.Analysis.to_dict`; its schema is in docs/cli.md): the layers' entries
+"""The JSON export of an analysis (:func:`to_dict`, :func:`to_json`; the schema is in docs/cli.md): the layers' entries
 built from row blocks, the document around them, and the file."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import torch
 
 from ..util.errors import InputError
 from ..util.texts import write_text_atomic
+from . import memory
+from .analysis import Analysis
 from .measures import LayerMeasures
 
 #: The schema's id and version, whatever the module that writes it is called.
@@ -20,6 +22,50 @@ SCHEMA = "cwviz.analysis"
 JSON_SCHEMA_VERSION = 1
 #: Bytes a value costs at its peak: a Python float and its list slot, then its JSON text.
 JSON_BYTES_PER_VALUE = 48
+
+
+def to_dict(analysis: Analysis, layers: list[int] | int | None = None, heads: list[int] | int | None = None, digits: int = 6) -> dict:
+    """The JSON export (schema in docs/cli.md): tokens, and per layer and head the attention and inter-head contribution
+    rows and the output norms. Causal rows keep only keys 0..i.
+
+    ``layers``, ``heads``: None (all), one index, or a list of them (each written once, in the order given).
+
+    Layers are read in row blocks (:meth:`cwviz.Analysis.row_blocks`); what the dict itself holds grows with the square
+    of the prompt (about :data:`JSON_BYTES_PER_VALUE` bytes a value as Python floats and then as JSON text), so an export
+    that would not fit raises ResourceError naming the choice to narrow."""
+    layers = selection(layers, analysis.num_layers, analysis.check_layer)
+    heads = selection(heads, analysis.num_heads, analysis.check_head)
+    causal = analysis.bundle.arch.causal
+    t = analysis.num_tokens
+    values = value_count(len(layers), len(heads), t, causal)
+    memory.check_fits(
+        values * JSON_BYTES_PER_VALUE,
+        torch.device("cpu"),
+        f"the JSON of {len(layers)} layer(s) x {len(heads)} head(s) at {t:,} tokens ({values:,} values)",
+        "choose one layer and one head (--layer, --head; to_dict(analysis, layers=[...], heads=[...])) or a shorter prompt",
+    )
+    out_layers = []
+    for layer in layers:
+        # A layer with learned sinks (gpt-oss): each query's share of attention that went to the sink.
+        sunk = analysis.learned_sink_attention(layer) if analysis.learned_sink_logits(layer) is not None else None
+        out_layers.append(layer_entry(layer, analysis.row_blocks(layer), heads, causal, digits, sunk))
+    perplexity = analysis.perplexity
+    return {
+        "schema": SCHEMA,
+        "version": JSON_SCHEMA_VERSION,
+        "model": vars(analysis.info).copy(),
+        "text": analysis.text,
+        "tokens": analysis.tokens,
+        "input_ids": analysis.input_ids,
+        "causal": causal,
+        "perplexity": None if math.isnan(perplexity) else perplexity,
+        "layers": out_layers,
+    }
+
+
+def to_json(analysis: Analysis, path: str | Path, layers: list[int] | int | None = None, heads: list[int] | int | None = None) -> Path:
+    """Write :func:`to_dict` as UTF-8 JSON; returns the path. InputError when the file cannot be written."""
+    return write_json(path, to_dict(analysis, layers, heads))
 
 
 def selection(values, count: int, check: Callable[[int], int]) -> list[int]:

@@ -23,8 +23,9 @@ working set of the dashboard and the CLI, which read every T x T quantity in blo
   peaks, which grow with contention for the CPU, and the slack makes the total a bound;
 * heap, with the records on disk only: :data:`HEAP_ALLOWANCE`. The counted terms are then small, and what varies
   is the heap a layer's row blocks leave (their maps are freed and made again block after block, and glibc keeps
-  freed memory); it is returned to the system each time a layer is read back (:func:`cwviz.core.util.heap.trim_heap`),
-  so it stays within one layer's worth.
+  freed memory); in a process whose entry point opted in (:func:`cwviz.core.util.heap.tune_heap`: the dashboard's
+  server, the ``cwviz`` command) it is returned to the system each time a layer is read back
+  (:func:`cwviz.core.util.heap.trim_heap`), so it stays within one layer's worth.
 
 The whole-layer maps of the API (:meth:`cwviz.Analysis.layer` and the methods on it, e.g. ``attention``)
 are checked when they are asked for (:func:`check_layer_maps`): :data:`LAYER_MAPS` x heads x T² float32.

@@ -22,9 +22,10 @@ Choices:
   (on the ``meta`` device) are made when the shell is first asked for. Small objects made during the pass and
   kept would lie between the pass's freed activations, and glibc could not reuse those as one block: the heap
   could then grow by about a layer's records a layer.
-* Reading a layer back first returns the heap's free pages to the system (:func:`cwviz.core.util.heap.trim_heap`):
-  what the row blocks of the layer before left there. Reading a long prompt through, layer after layer (the
-  head overview), then holds one layer's worth of heap, not a growing one.
+* Reading a layer back first returns the heap's free pages to the system (:func:`cwviz.core.util.heap.trim_heap`), in a
+  process whose entry point opted in (the dashboard's server, the ``cwviz`` command): what the row blocks of the layer
+  before left there. Reading a long prompt through, layer after layer (the head overview), then holds one layer's worth
+  of heap, not a growing one.
 """
 
 from __future__ import annotations

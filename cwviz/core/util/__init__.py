@@ -1,1 +1,2 @@
-"""The core's util wing (see cwviz/core/__init__.py)."""
+"""Services that know neither models nor the method: errors, progress, tokens for display, prompt files, settings,
+file locks, the process's heap, accelerate's process state and provenance. See cwviz/core/__init__.py."""
