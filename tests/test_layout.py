@@ -42,7 +42,7 @@ def test_module_imports_neither_torch_nor_transformers(module):
 #: what"). ``vocabulary`` (the words every room shares) imports nothing but the errors (which import nothing), so every
 #: room may import it.
 ROOMS: dict[str, set[str]] = {
-    "vocabulary": {"core.errors"},
+    "vocabulary": {"core.util.errors"},
     "core": {"core", "torch", "transformers", "vocabulary"},
     "analyses": {"core", "analyses", "torch", "vocabulary"},
     "analyses.schema": {"vocabulary"},
@@ -109,7 +109,7 @@ def _room_of(name: str) -> str | None:
         if module == "cwviz":
             return "top"
         rest = module.removeprefix("cwviz.")
-        for special in ("analyses.schema", "app.launch", "core.errors"):
+        for special in ("analyses.schema", "app.launch", "core.util.errors"):
             if rest == special or rest.startswith(special + "."):
                 return special
         return rest.split(".")[0]
@@ -121,7 +121,7 @@ def _check(module: str, room: str, names: set[str]) -> list[str]:
     for name in sorted(names):
         target = _room_of(name)
         if target is None or target in ROOMS[room] or target.split(".")[0] in ROOMS[room]:
-            continue  # a parent room's permission covers analyses.schema, app.launch and core.errors too
+            continue  # a parent room's permission covers analyses.schema, app.launch and core.util.errors too
         if (module, target) not in EXCEPTIONS:
             wrong.append(f"{module} imports {name}")
     return wrong

@@ -14,7 +14,6 @@ from cwviz.analyses.schema import HEAD_METRICS
 from cwviz.charts import compare as charts
 from cwviz.cli.main import main
 from cwviz.core.util.errors import InputError
-from tests.conftest import CharTokenizer, make_tiny
 from tests.helpers import CharTokenizer, make_tiny, map_views
 
 A_TEXT = "the cat sat"

@@ -14,7 +14,6 @@ import cwviz
 from cwviz.analyses import faithfulness
 from cwviz.core.method.interventions import KeepKeys, logits
 from cwviz.core.util.errors import InputError, UnsupportedModelError
-from tests.conftest import make_tiny
 from tests.helpers import make_tiny
 
 NAN = float("nan")

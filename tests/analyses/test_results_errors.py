@@ -29,8 +29,6 @@ from cwviz.cli import atlas as atlas_cli
 from cwviz.cli import faithfulness as faith_cli
 from cwviz.cli import sinks as sinks_cli
 from cwviz.core.util.errors import CwvizError, InputError
-from tests.analyses.test_sweep import ENV, save_tiny_model, write_jsonl
-from tests.conftest import make_tiny
 from tests.helpers import ENV, make_tiny, save_tiny_model, write_jsonl
 
 TEXTS = ["The quick brown fox jumps over the dog.", "A second, rather longer example sentence here."]

@@ -22,7 +22,6 @@ from cwviz.core.method.interventions import KeepKeys, batch_perplexity, logits
 from cwviz.core.method.measures import expand_kv
 from cwviz.core.util.errors import InputError, SelectionError
 from cwviz.core.util.texts import read_texts
-from tests.conftest import TEXT, make_tiny
 from tests.helpers import TEXT, make_tiny
 from tests.sink_reference import cosine, sink_split
 

@@ -20,7 +20,6 @@ from cwviz.analyses.codecs import BY_NAME, CLAIMS, FAITHFULNESS
 from cwviz.cli import faithfulness as command
 from cwviz.core.util.errors import InputError
 from cwviz.core.util.parallel import shard
-from tests.conftest import make_tiny
 from tests.helpers import ENV, make_tiny, save_tiny_model, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]

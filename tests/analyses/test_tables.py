@@ -11,7 +11,6 @@ import cwviz
 from cwviz.analyses import tables
 from cwviz.core.method import blocks as block_policy
 from cwviz.core.method import reading, stream
-from tests.conftest import TEXT, CharTokenizer, make_tiny
 from tests.helpers import LONG_TEXT, TEXT, CharTokenizer, make_tiny, tiny_long_bundle
 
 

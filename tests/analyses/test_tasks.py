@@ -14,7 +14,6 @@ from cwviz import cli
 from cwviz.analyses import faithfulness, records, tasks
 from cwviz.cli import faithfulness as command
 from cwviz.core.util.errors import InputError
-from tests.conftest import make_tiny
 from tests.helpers import BOOLQ, make_tiny, write_jsonl
 
 MMLU = [

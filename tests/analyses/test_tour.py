@@ -15,7 +15,6 @@ from cwviz.analyses import sinks, tables, tour
 from cwviz.app import links, state
 from cwviz.app.services import Request
 from cwviz.core.method import blocks
-from tests.conftest import TEXT, make_tiny
 from tests.helpers import TEXT, make_tiny
 
 

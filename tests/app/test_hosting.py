@@ -11,8 +11,6 @@ import pytest
 from cwviz.app.hosting import Policy, analysis_slot, policy_from_env
 from cwviz.core.loading.models import load_model
 from cwviz.core.util.errors import InputError, ModelLoadError
-from tests.app.test_app import APP
-from tests.conftest import no_hooks, run_together
 from tests.helpers import no_hooks, run_together
 from tests.helpers.app import APP
 

@@ -15,7 +15,6 @@ from cwviz.analyses import sinks, tables
 from cwviz.app import services
 from cwviz.core.loading.generate import greedy_continuation
 from cwviz.core.util.progress import cli_bar, counted
-from tests.conftest import make_tiny
 from tests.helpers import make_tiny
 
 TEXT = "the quick brown fox jumps"

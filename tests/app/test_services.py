@@ -11,7 +11,6 @@ import torch
 import cwviz
 from cwviz.app import services
 from cwviz.core.method.export import to_dict
-from tests.conftest import TEXT, make_tiny, no_hooks, run_together
 from tests.helpers import TEXT, make_tiny, no_hooks, run_together
 
 

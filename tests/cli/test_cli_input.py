@@ -27,7 +27,6 @@ from cwviz.cli import sinks as sinks_command
 from cwviz.core.method.export import to_dict, to_json
 from cwviz.core.util.errors import CwvizError, InputError, SelectionError
 from cwviz.core.util.texts import read_standard_input, read_text_file
-from tests.conftest import CharTokenizer, make_tiny, tiny_config
 from tests.helpers import CharTokenizer, make_tiny, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,6 @@ from cwviz.core.method.interventions import KeepKeys, ScaleValues, batch_perplex
 from cwviz.core.method.logprobs import logprobs_from_hidden
 from cwviz.core.method.measures import expand_kv
 from cwviz.core.util.errors import UnsupportedModelError
-from tests.conftest import DERIVED_FAMILIES, FAMILY_CONFIGS, TEXT, CharTokenizer, family_model
 from tests.helpers import DERIVED_FAMILIES, FAMILY_CONFIGS, TEXT, CharTokenizer, family_model, window
 
 

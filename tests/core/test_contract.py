@@ -18,7 +18,6 @@ from cwviz.core.loading.inputs import integer_index, token_ids
 from cwviz.core.method.export import to_json
 from cwviz.core.method.interventions import batch_perplexity
 from cwviz.core.util.errors import CwvizError, InputError, SelectionError
-from tests.conftest import make_tiny
 from tests.helpers import make_tiny
 
 TEXT = "the quick brown fox jumps over"

@@ -15,7 +15,6 @@ from cwviz import cli
 from cwviz.core.loading import checkpoints
 from cwviz.core.method.export import to_dict
 from cwviz.core.util.errors import ModelLoadError
-from tests.app.test_app import APP, TIMEOUT, assert_clean, charts, widget
 from tests.helpers.app import APP, TIMEOUT, assert_clean, charts, widget
 
 PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."

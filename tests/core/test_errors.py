@@ -13,7 +13,6 @@ import cwviz
 from cwviz.analyses.tables import decomposition
 from cwviz.cli import main
 from cwviz.core.util.errors import InputError, ModelLoadError, SelectionError, UnsupportedModelError
-from tests.conftest import make_tiny
 from tests.helpers import make_tiny
 
 

@@ -15,7 +15,6 @@ from cwviz.core.loading.models import headless_encoder
 from cwviz.core.method import memory
 from cwviz.core.method.capture import forward_pass
 from cwviz.core.util.errors import UnsupportedModelError
-from tests.conftest import CharTokenizer
 from tests.helpers import DECODER, ENCODER, CharTokenizer, save_with_tokenizer
 
 TOKENS = 12

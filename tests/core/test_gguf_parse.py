@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from cwviz.core.loading import checkpoints
-from tests.core.test_embedded_gemma import write_tiny_gguf
+from tests.helpers import write_tiny_gguf
 
 
 @pytest.fixture

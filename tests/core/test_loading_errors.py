@@ -24,8 +24,6 @@ from cwviz.core.loading import checkpoints
 from cwviz.core.util import parallel
 from cwviz.core.util.errors import InputError, ModelLoadError
 from cwviz.core.util.settings import LAUNCHER_VARIABLES
-from tests.conftest import default_signals, family_model
-from tests.core.test_families import save_with_tokenizer
 from tests.helpers import default_signals, family_model, save_with_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

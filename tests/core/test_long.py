@@ -22,7 +22,6 @@ from cwviz.core.method import blocks as block_policy
 from cwviz.core.method import memory
 from cwviz.core.method.export import to_dict
 from cwviz.core.util.errors import ResourceError
-from tests.conftest import CharTokenizer, make_tiny
 from tests.helpers import CharTokenizer, make_tiny
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,6 @@ import torch
 import cwviz
 from cwviz.analyses import sinks, tables
 from cwviz.core.method import memory, spill
-from tests.conftest import TEXT, CharTokenizer, family_model, make_tiny
 from tests.helpers import TEXT, CharTokenizer, family_model, make_tiny
 
 FIELDS = ("query", "key", "value", "output")

@@ -348,3 +348,54 @@ def assert_drawn_from(chart, table) -> None:
     expected = table_rows(table)
     assert expected, "the table to compare with is empty"
     assert expected in datasets(chart), f"no dataset of the chart equals the table ({len(expected)} rows)"
+
+
+def write_tiny_gguf(path, layers: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2) -> None:
+    """A llama GGUF of random float32 weights with a byte-level BPE tokenizer of 261 tokens, written with the gguf
+    package: a user's .gguf in miniature (its conversion takes seconds, not the half minute of SmolLM2's)."""
+    import gguf
+    import numpy as np
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    byte_tokens = sorted(ByteLevel.alphabet())
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *byte_tokens, "Ġt", "he"]
+    merges = ["Ġ t", "h e"]
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(layers)
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(2 * hidden)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(0)
+    rng = np.random.default_rng(0)
+
+    def tensor(name, *shape):
+        writer.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
+
+    d_head = hidden // heads
+    tensor("token_embd.weight", len(tokens), hidden)
+    for i in range(layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
+        tensor(f"blk.{i}.attn_q.weight", heads * d_head, hidden)
+        tensor(f"blk.{i}.attn_k.weight", kv_heads * d_head, hidden)
+        tensor(f"blk.{i}.attn_v.weight", kv_heads * d_head, hidden)
+        tensor(f"blk.{i}.attn_output.weight", hidden, heads * d_head)
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
+        tensor(f"blk.{i}.ffn_gate.weight", 2 * hidden, hidden)
+        tensor(f"blk.{i}.ffn_up.weight", 2 * hidden, hidden)
+        tensor(f"blk.{i}.ffn_down.weight", hidden, 2 * hidden)
+    writer.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    tensor("output.weight", len(tokens), hidden)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
