@@ -240,8 +240,8 @@ def test_no_module_assigns_to_another_packages_attributes():
 
 def test_only_the_core_reads_an_analysis_layer_records():
     """Outside the core, an analysis is read through its public methods (``key_mask``, ``values``, ``row_blocks``,
-    ``layer_record`` ...), never by subscripting its records: on a prompt whose records are on disk, ``records[layer]``
-    reads back a whole layer to learn what the methods give without it. Elsewhere "records" are a sweep's results."""
+    ``layer_record`` ...), never through its private ``_layer_records``: on a prompt whose records are on disk, ``_layer_records[layer]``
+    reads back a whole layer to learn what the methods give without it. ("records" alone are a sweep's results.)"""
     core = (ROOT / "cwviz" / "core", ROOT / "tests" / "core")
     wrong = []
     for path in sorted(ROOT.glob("**/*.py")):
@@ -249,9 +249,7 @@ def test_only_the_core_reads_an_analysis_layer_records():
         if rel.parts[0] not in ("cwviz", "views", "benchmarks", "tests", "app.py") or any(path.is_relative_to(c) for c in core):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr.endswith("records"):
-                wrong.append(f"{rel}:{node.lineno}: .{node.value.attr}[...]")
-            elif isinstance(node, ast.Attribute) and node.attr == "_layer_records":
+            if isinstance(node, ast.Attribute) and node.attr == "_layer_records":
                 wrong.append(f"{rel}:{node.lineno}: ._layer_records")
     assert not wrong, "an analysis's layer records read outside cwviz.core (use the Analysis methods):\n" + "\n".join(wrong)
 

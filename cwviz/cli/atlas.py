@@ -26,8 +26,6 @@ from .common import (
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analyses import atlas, sweep
-
     atlas.check_bootstrap(args.bootstrap, name="--bootstrap")  # before anything is read or loaded
     atlas.check_confidence(args.confidence, name="--confidence")
     if args.top < 1:

@@ -52,8 +52,6 @@ def run(args: argparse.Namespace) -> int:
 
 def run_sweep(args: argparse.Namespace, protocol, scopes: tuple[str, ...], sink, texts: list[str], procs) -> int:
     """The items through the sweep runner into ``DIR/claims/``; the main process judges the claims from every record."""
-    from ..analyses import sweep
-
     bundle = load(args)
     faithfulness.check_causal(bundle)
     provenance = model_provenance(bundle)

@@ -13,7 +13,7 @@ from ..analyses import records
 from ..core.loading.models import load_model
 from ..core.util.errors import InputError
 from ..core.util.parallel import processes, versions
-from ..core.util.texts import check_text, read_standard_input, read_text_file
+from ..core.util.texts import check_text, gsm8k_path, read_standard_input, read_text_file
 
 
 def read_text(args: argparse.Namespace) -> str:
@@ -62,8 +62,6 @@ def load(args: argparse.Namespace):
 def jsonl_path(args: argparse.Namespace) -> Path | None:
     """The JSON Lines file --jsonl or --gsm8k asked for, None when neither was given."""
     if getattr(args, "gsm8k", False):
-        from ..core.util.texts import gsm8k_path
-
         return gsm8k_path()
     return args.jsonl
 

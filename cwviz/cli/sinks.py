@@ -76,8 +76,6 @@ class Prompt:
 
 def measure(args: argparse.Namespace, bundle, text: str, index: int, total: int) -> Prompt:
     """Prompt ``index`` (of ``total``): its analysis, sink table and, unless --no-ppl, the sink-removal perplexities."""
-    from ..analyses import sinks
-
     try:
         with cli_bar(f"prompt {index + 1} of {total}", enabled=sys.stderr.isatty()) as progress:
             analysis = analyze(bundle, text, progress=progress)
@@ -191,8 +189,6 @@ def manifest(args: argparse.Namespace, provenance: dict, key: str, prompts: int,
 def write_results(args: argparse.Namespace, table: pd.DataFrame, layers: pd.DataFrame, sink: str, prompts: int, made: dict) -> Path:
     """The per-layer and per-head tables in ``DIR/sinks``, and its manifest completed with the sinks found and the
     prompts counted (each file replaced whole)."""
-
-    from ..analyses import sinks
 
     folder = args.results / RESULTS_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
