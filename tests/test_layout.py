@@ -141,6 +141,37 @@ def test_rooms_import_only_what_they_may():
     assert not wrong, "imports across the rooms of docs/ARCHITECTURE.md:\n" + "\n".join(wrong)
 
 
+def _core_imports(module: str) -> set[str]:
+    """The modules of cwviz.core that ``module`` imports (anywhere in its body)."""
+    found = {_cwviz_module(name) for name in _imports(CWVIZ_MODULES[module], module)}
+    return {m for m in found if m and m.startswith("cwviz.core.") and m != module}
+
+
+def test_the_wings_of_core_import_down_only():
+    """The wings of docs/ARCHITECTURE.md ("The wings of core"): ``core.util`` imports nothing of ``core.method`` or
+    ``core.loading``; where ``core.loading`` meets the method (the seam's name it registers, the Gram matrix), the
+    modules of ``core.method`` it reaches, and everything they import in turn, import nothing of ``core.loading``:
+    the one way between the two wings."""
+    wrong = []
+    for module in CWVIZ_MODULES:
+        if module.startswith("cwviz.core.util."):
+            wrong += [f"{module} imports {m}" for m in sorted(_core_imports(module)) if not m.startswith("cwviz.core.util")]
+    reached = {m for module in CWVIZ_MODULES if module.startswith("cwviz.core.loading.") for m in _core_imports(module)}
+    todo = sorted(m for m in reached if m.startswith("cwviz.core.method."))
+    seen: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for target in sorted(_core_imports(module)):
+            if target.startswith("cwviz.core.loading"):
+                wrong.append(f"{module} (reached from core.loading) imports {target}")
+            elif target.startswith("cwviz.core.method."):
+                todo.append(target)
+    assert not wrong, "imports against the wings of core:\n" + "\n".join(wrong)
+
+
 def test_the_import_graph_of_cwviz_has_no_cycle():
     """Every import of every module, those inside functions included: a module that needs a function-level import
     to dodge a cycle is telling us where the helper really lives (docs/ARCHITECTURE.md, "The order of core")."""
