@@ -28,6 +28,7 @@ from .common import (
 def run(args: argparse.Namespace) -> int:
     atlas.check_bootstrap(args.bootstrap, name="--bootstrap")  # before anything is read or loaded
     atlas.check_confidence(args.confidence, name="--confidence")
+    atlas.check_seed(args.seed, name="--seed")  # as faithfulness and claims do: never after the sweep, in the bootstrap
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
     if args.load is not None:

@@ -42,17 +42,6 @@ COMPARE_TOP = 10
 
 
 # -- the options several commands share -----------------------------------------------------------------------------
-def seed_arg(text: str) -> int:
-    """``--seed``: a non-negative integer (numpy's generators take no other), refused before any model loads."""
-    try:
-        seed = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
-    if seed < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer (numpy's generators take no other), not {seed}")
-    return seed
-
-
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
@@ -279,7 +268,7 @@ def _add_faithfulness(sub: argparse._SubParsersAction) -> None:
         help=f"masked runs per forward pass (default {DEFAULT_BATCH_SIZE}), or auto: as many as memory allows "
         f"(every distinct run of an example on a GPU, at most {DEFAULT_BATCH_SIZE} on a CPU)",
     )
-    parser.add_argument("--seed", type=seed_arg, default=0, help="seed of the random ranking and the bootstrap (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random ranking and the bootstrap (default 0)")
     parser.add_argument("--out", type=Path, help="summary CSV, rewritten after every example")
     add_sweep_args(parser, "results folder: per-example records, manifest.json and summary.csv")
     add_model_args(parser)
@@ -317,7 +306,7 @@ def _add_claims(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help=f"masked runs per forward pass (default {DEFAULT_BATCH_SIZE})"
     )
-    parser.add_argument("--seed", type=seed_arg, default=0, help="seed of the bootstrap (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
     add_model_args(parser)
     parser.set_defaults(command_module="cwviz.cli.claims")
 
@@ -406,7 +395,7 @@ def _add_atlas(sub: argparse._SubParsersAction) -> None:
         "--bootstrap", type=int, default=ATLAS_BOOTSTRAP, help=f"bootstrap resamples of the prompts (default {ATLAS_BOOTSTRAP})"
     )
     parser.add_argument("--confidence", type=float, default=ATLAS_CONFIDENCE, help=f"the intervals' coverage (default {ATLAS_CONFIDENCE})")
-    parser.add_argument("--seed", type=seed_arg, default=ATLAS_SEED, help=f"the bootstrap's seed (default {ATLAS_SEED})")
+    parser.add_argument("--seed", type=int, default=ATLAS_SEED, help=f"the bootstrap's seed (default {ATLAS_SEED})")
     parser.add_argument("--top", type=int, default=ATLAS_TOP, help=f"heads listed per statistic (default {ATLAS_TOP})")
     add_model_args(parser)
     parser.set_defaults(command_module="cwviz.cli.atlas")
