@@ -288,9 +288,15 @@ def window(tokens: int, size: int | None = None, causal: bool = True) -> np.ndar
 
 # -- claims records (cwviz claims, its page) ----------------------------------------------------------
 def record(example: int, ppl: dict, sinks: dict | None = None, scope: str = "query") -> dict:
-    """A claims record with ΔPPL ``ppl[(curve, measure)]`` at rate 10 under ``scope``."""
-    runs = [{"measure": m, "curve": c, "rate": 10.0, "delta_ppl": v, "ppl_masked": v + 5} for (c, m), v in ppl.items()]
-    return {"example": example, "skipped": False, "faithfulness": {scope: {"runs": runs}}, "sinks": sinks or {}}
+    """A whole claims record (one a results folder's reader accepts) with ΔPPL ``ppl[(curve, measure)]`` at rate 10
+    under ``scope``: clean perplexity 50, each masked one 50 + ΔPPL."""
+    clean = 50.0
+    runs = [
+        {"measure": m, "curve": c, "rate": 10.0, "ppl_masked": clean + v, "delta_ppl": (clean + v) - clean, "correct_masked": None}
+        for (c, m), v in ppl.items()
+    ]
+    payload = {"task": "text", "skipped": False, "tokens": 12, "ppl_clean": clean, "correct_clean": None, "runs": runs}
+    return {"example": example, "skipped": False, "tokens": 12, "faithfulness": {scope: payload}, "sinks": sinks or {}}
 
 
 def ordered(i: int, step: float, noise: float = 0.0) -> dict:
