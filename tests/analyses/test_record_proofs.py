@@ -27,7 +27,7 @@ from cwviz.cli import atlas as atlas_cli
 from cwviz.cli import faithfulness as faith_cli
 from cwviz.cli import sinks as sinks_cli
 from cwviz.core.util.errors import CwvizError, InputError
-from tests.helpers import make_tiny, write_jsonl
+from tests.helpers import call, copy, make_tiny, refused, write_jsonl
 
 TEXTS = ["The quick brown fox jumps over the dog.", "A second, rather longer example sentence here."]
 FAITH = ["--rates", "10,50", "--measures", "raw,random"]
@@ -51,23 +51,6 @@ def made(tmp_path_factory):
 def tiny_loads(monkeypatch):
     for module in (faith_cli, sinks_cli, atlas_cli):
         monkeypatch.setattr(module, "load", lambda _args: make_tiny("llama"))
-
-
-def call(argv: list, capsys) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def refused(code: int, err: str) -> bool:
-    """Exit status 2 and exactly one line, ``error: ...``."""
-    lines = err.strip().splitlines()
-    return code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
-
-
-def copy(made: Path, name: str, to: Path) -> Path:
-    return Path(shutil.copytree(made / name, to / name))
 
 
 def records_file(folder: Path) -> Path:

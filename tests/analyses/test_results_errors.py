@@ -29,7 +29,7 @@ from cwviz.cli import atlas as atlas_cli
 from cwviz.cli import faithfulness as faith_cli
 from cwviz.cli import sinks as sinks_cli
 from cwviz.core.util.errors import CwvizError, InputError
-from tests.helpers import ENV, make_tiny, save_tiny_model, write_jsonl
+from tests.helpers import ENV, call, copy, make_tiny, refused, save_tiny_model, write_jsonl
 
 TEXTS = ["The quick brown fox jumps over the dog.", "A second, rather longer example sentence here."]
 OTHER = ["Another run's first text, not this one.", "And its second text, also different."]
@@ -54,23 +54,6 @@ def made(tmp_path_factory):
         for folder, jsonl in ((root / "atlas", data), (root / "other_atlas", other)):
             assert cli.main(["atlas", "--jsonl", str(jsonl), "--bootstrap", "20", "--results", str(folder)]) == 0
     return root
-
-
-def call(argv: list[str], capsys) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def refused(code: int, err: str) -> bool:
-    """Exit status 2 and exactly one line, ``error: ...``."""
-    lines = err.strip().splitlines()
-    return code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
-
-
-def copy(made: Path, name: str, to: Path) -> Path:
-    return Path(shutil.copytree(made / name, to / name))
 
 
 def without_date(html: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -405,3 +406,25 @@ def write_tiny_gguf(path, layers: int = 2, hidden: int = 32, heads: int = 4, kv_
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+# -- the CLI in-process, on copies of results folders ---------------------------------------------------------
+def call(argv: list, capsys) -> tuple[int, str, str]:
+    """``cli.main(argv)`` in this process: its exit status, stdout and stderr."""
+    from cwviz import cli
+
+    capsys.readouterr()
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(code: int, err: str) -> bool:
+    """Exit status 2 and exactly one line, ``error: ...``."""
+    lines = err.strip().splitlines()
+    return code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
+
+
+def copy(made: Path, name: str, to: Path) -> Path:
+    """A copy of the folder ``made / name`` at ``to / name`` (a test damages the copy)."""
+    return Path(shutil.copytree(made / name, to / name))
