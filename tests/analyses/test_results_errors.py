@@ -147,11 +147,15 @@ def records_file(folder: Path) -> Path:
     return records.records_path(folder, 0)
 
 
-def edit_record(folder: Path, line: int, change) -> None:
+def edit_record(folder: Path, line: int, change, checksum: bool = False) -> None:
+    """``change`` one line's record; with ``checksum`` its checksum is made again (a forged record: the checks beneath
+    the checksum alone)."""
     path = records_file(folder)
     lines = path.read_text().splitlines()
     record = json.loads(lines[line])
     change(record)
+    if checksum:
+        record[records.CHECKSUM] = records.record_checksum(record)
     lines[line] = json.dumps(record)
     path.write_text("\n".join(lines) + "\n")
 
@@ -469,22 +473,28 @@ def test_analyze_json_onto_a_full_disk_leaves_no_partial_file(tmp_path, capsys, 
 
 def test_atlas_records_of_another_grid_are_refused_on_resume(made, tmp_path, capsys, tiny_loads):
     folder = copy(made, "atlas", tmp_path)
-    edit_record(folder, 1, lambda r: r.update({k: r[k][:-1] for k in ("layer", "head", *atlas.ATLAS_METRICS)}))
+    edit_record(folder, 1, lambda r: r.update({k: r[k][:-1] for k in ("layer", "head", *atlas.ATLAS_METRICS)}), checksum=True)
     code, _, err = call(["atlas", "--jsonl", made / "data.jsonl", "--bootstrap", "20", "--results", folder, "--resume"], capsys)
     assert refused(code, err) and "grids" in err
 
 
 def test_records_of_two_rank_scopes_are_refused_and_a_missing_scope_reads_as_query(made, tmp_path):
     """The query scope is left out of the fingerprint (older folders resume), so a record whose ``rank_scope`` was lost
-    among token-scope records must be refused by the scope itself; alone, a missing scope is the query scope."""
+    among token-scope records must be refused by the scope itself; alone, a missing scope is the query scope. The records
+    are made as cwviz made them before scopes (and before checksums: version 1)."""
     folder = copy(made, "run", tmp_path)
     path = folder / "records-00000.jsonl"
     written = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["rank_scope"] for r in written] == ["query"] * len(written)
     for record in written:
-        del record["rank_scope"]
+        del record["rank_scope"], record[records.CHECKSUM]
+        record["version"] = 1
     path.write_text("".join(json.dumps(r) + "\n" for r in written))
-    assert records.read_records(folder, FAITHFULNESS) == records.read_records(made / "run", FAITHFULNESS)
+
+    def content(made: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if k not in (records.CHECKSUM, "version")} for r in made]
+
+    assert content(records.read_records(folder, FAITHFULNESS)) == content(records.read_records(made / "run", FAITHFULNESS))
     written[0]["rank_scope"] = "token"
     path.write_text("".join(json.dumps(r) + "\n" for r in written))
     with pytest.raises(InputError, match="different rank scopes"):
