@@ -27,7 +27,7 @@ from cwviz.cli import atlas as atlas_cli
 from cwviz.cli import faithfulness as faith_cli
 from cwviz.cli import sinks as sinks_cli
 from cwviz.core.util.errors import CwvizError, InputError
-from tests.helpers import call, copy, make_tiny, refused, write_jsonl
+from tests.helpers import call, copy, edit_record, make_tiny, refused, write_jsonl
 
 TEXTS = ["The quick brown fox jumps over the dog.", "A second, rather longer example sentence here."]
 FAITH = ["--rates", "10,50", "--measures", "raw,random"]
@@ -58,20 +58,6 @@ def records_file(folder: Path) -> Path:
     return path
 
 
-def edit(folder: Path, change, line: int = 0, checksum: bool = False) -> dict:
-    """Apply ``change`` (record -> None) to one line of the folder's records file; with ``checksum`` the record's
-    checksum is made again (a consistent forgery, for the field checks alone)."""
-    path = records_file(folder)
-    lines = path.read_text().splitlines()
-    record = json.loads(lines[line])
-    change(record)
-    if checksum:
-        record[records.CHECKSUM] = records.record_checksum(record)
-    lines[line] = json.dumps(record)
-    path.write_text("\n".join(lines) + "\n")
-    return record
-
-
 def resume(folder: Path, data: Path, capsys, *options: str) -> tuple[int, str]:
     code, _, err = call(["faithfulness", "--jsonl", data, *(options or FAITH), "--results", folder, "--resume"], capsys)
     return code, err
@@ -93,7 +79,7 @@ def test_a_consistent_edit_is_refused_by_the_checksum_on_resume_and_in_the_repor
         run["ppl_masked"] += 4621.3
         run["delta_ppl"] = run["ppl_masked"] - record["ppl_clean"]
 
-    edit(folder, consistent)
+    edit_record(folder, 0, consistent)
     code, err = resume(folder, made / "data.jsonl", capsys)
     assert refused(code, err) and f"line 1 of {records_file(folder)}" in err and "checksum" in err
     code, _, err = call(["report", "--results", folder, "--out", tmp_path / "r.html"], capsys)
@@ -106,7 +92,7 @@ def test_records_written_before_checksums_are_still_read(made, tmp_path):
     old = [{k: v for k, v in json.loads(line).items() if k != records.CHECKSUM} | {"version": 1} for line in path.read_text().splitlines()]
     path.write_text("".join(json.dumps(r) + "\n" for r in old))
     assert [r["example"] for r in records.read_records(folder, FAITHFULNESS)] == [0, 1]
-    edit(folder, lambda r: r.pop("ppl_clean"))  # a field check still applies to them
+    edit_record(folder, 0, lambda r: r.pop("ppl_clean"))  # a field check still applies to them
     with pytest.raises(InputError, match="ppl_clean"):
         records.read_records(folder, FAITHFULNESS)
 
@@ -114,7 +100,7 @@ def test_records_written_before_checksums_are_still_read(made, tmp_path):
 # -- field checks and identities (a forged checksum: the checks beneath it) --------------------------------
 def test_a_delta_ppl_that_contradicts_the_perplexities_is_refused_naming_file_and_line(made, tmp_path, capsys, tiny_loads):
     folder = copy(made, "run", tmp_path)
-    edit(folder, lambda r: r["runs"][0].update(delta_ppl=r["runs"][0]["delta_ppl"] * 10 + 1), line=1, checksum=True)
+    edit_record(folder, 1, lambda r: r["runs"][0].update(delta_ppl=r["runs"][0]["delta_ppl"] * 10 + 1), checksum=True)
     code, err = resume(folder, made / "data.jsonl", capsys)
     assert refused(code, err) and f"line 2 of {records_file(folder)}" in err and "'delta_ppl'" in err
     code, _, err = call(["report", "--results", folder, "--out", tmp_path / "r.html"], capsys)
@@ -123,7 +109,7 @@ def test_a_delta_ppl_that_contradicts_the_perplexities_is_refused_naming_file_an
 
 def test_an_atlas_share_above_one_is_refused_not_pooled(made, tmp_path, capsys, tiny_loads):
     folder = copy(made, "atlas", tmp_path)
-    edit(folder, lambda r: r["sink_attention"].__setitem__(0, 5.12), checksum=True)
+    edit_record(folder, 0, lambda r: r["sink_attention"].__setitem__(0, 5.12), checksum=True)
     with pytest.raises(CwvizError, match=r"line 1 of .*'sink_attention' must be a share from 0 to 1.*5\.12"):
         records.read_records(folder, ATLAS)
     code, _, err = call(["atlas", "--jsonl", made / "data.jsonl", "--bootstrap", "20", "--results", folder, "--resume"], capsys)
@@ -142,14 +128,14 @@ def test_an_atlas_share_above_one_is_refused_not_pooled(made, tmp_path, capsys, 
 )
 def test_a_faithfulness_record_out_of_range_is_refused(made, tmp_path, change, named):
     folder = copy(made, "run", tmp_path)
-    edit(folder, change, checksum=True)
+    edit_record(folder, 0, change, checksum=True)
     with pytest.raises(InputError, match=rf"line 1 of .*{named}"):
         records.read_records(folder, FAITHFULNESS)
 
 
 def test_a_sinks_record_out_of_range_is_refused(made, tmp_path):
     folder = copy(made, "run/sinks", tmp_path)
-    edit(folder, lambda r: r["table"]["sink_ratio"].__setitem__(0, 1.7), checksum=True)
+    edit_record(folder, 0, lambda r: r["table"]["sink_ratio"].__setitem__(0, 1.7), checksum=True)
     with pytest.raises(InputError, match=r"line 1 of .*'sink_ratio' must be a share"):
         records.read_records(folder, SINKS)
 
@@ -267,7 +253,7 @@ def test_any_single_field_edit_is_refused_never_used(made, tmp_path_factory, nam
                 target = target[key]
             target[path[-1]] = value
 
-        edit(folder, change)
+        edit_record(folder, 0, change)
         with pytest.raises(InputError, match=rf"line 1 of {records_file(folder)}"):
             records.read_records(folder, codec)
 

@@ -29,7 +29,7 @@ from cwviz.cli import atlas as atlas_cli
 from cwviz.cli import faithfulness as faith_cli
 from cwviz.cli import sinks as sinks_cli
 from cwviz.core.util.errors import CwvizError, InputError
-from tests.helpers import ENV, call, copy, make_tiny, refused, save_tiny_model, write_jsonl
+from tests.helpers import ENV, call, copy, edit_record, make_tiny, refused, save_tiny_model, write_jsonl
 
 TEXTS = ["The quick brown fox jumps over the dog.", "A second, rather longer example sentence here."]
 OTHER = ["Another run's first text, not this one.", "And its second text, also different."]
@@ -145,19 +145,6 @@ def test_two_runs_in_threads_of_one_process_are_refused_too(made, tmp_path):
 # -- records checked on read -------------------------------------------------------------------------------
 def records_file(folder: Path) -> Path:
     return records.records_path(folder, 0)
-
-
-def edit_record(folder: Path, line: int, change, checksum: bool = False) -> None:
-    """``change`` one line's record; with ``checksum`` its checksum is made again (a forged record: the checks beneath
-    the checksum alone)."""
-    path = records_file(folder)
-    lines = path.read_text().splitlines()
-    record = json.loads(lines[line])
-    change(record)
-    if checksum:
-        record[records.CHECKSUM] = records.record_checksum(record)
-    lines[line] = json.dumps(record)
-    path.write_text("\n".join(lines) + "\n")
 
 
 def test_a_hand_added_record_of_example_minus_one_is_refused_not_counted(made, tmp_path, capsys, tiny_loads):

@@ -428,3 +428,18 @@ def refused(code: int, err: str) -> bool:
 def copy(made: Path, name: str, to: Path) -> Path:
     """A copy of the folder ``made / name`` at ``to / name`` (a test damages the copy)."""
     return Path(shutil.copytree(made / name, to / name))
+
+
+def edit_record(folder: Path, line: int, change, checksum: bool = False) -> None:
+    """``change`` (record -> anything) the record on line ``line`` (0 the first) of process 0's records file in
+    ``folder``; with ``checksum`` its checksum is made again (a forged record: the checks beneath the checksum alone)."""
+    from cwviz.analyses import records
+
+    path = records.records_path(folder, 0)
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[line])
+    change(record)
+    if checksum:
+        record[records.CHECKSUM] = records.record_checksum(record)
+    lines[line] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
