@@ -137,6 +137,14 @@ def check_confidence(confidence, name: str = "the confidence") -> float:
     return float(confidence)
 
 
+def check_seed(seed, name: str = "the seed") -> int:
+    """The bootstrap's seed when it is a non-negative integer (numpy's generators take no other); InputError otherwise,
+    before any forward pass (a run must not end in the bootstrap, its prompts computed and lost)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InputError(f"{name} must be a non-negative integer, not {seed!r}")
+    return int(seed)
+
+
 def pool(
     per_prompt: pd.DataFrame, bootstrap: int = ATLAS_BOOTSTRAP, confidence: float = ATLAS_CONFIDENCE, seed: int = ATLAS_SEED
 ) -> pd.DataFrame:
@@ -147,6 +155,7 @@ def pool(
     if per_prompt.empty:
         raise InputError("no prompt was analysed; nothing to pool")
     check_confidence(confidence)
+    seed = check_seed(seed)
     frame = per_prompt.sort_values(["prompt", "layer", "head"], kind="stable")
     prompts = frame["prompt"].unique()
     keys = frame[frame["prompt"] == prompts[0]][["layer", "head"]].reset_index(drop=True)
@@ -245,6 +254,7 @@ def run(
         raise InputError("no prompts to pool; give a JSONL file with at least one prompt")
     check_bootstrap(bootstrap, len(texts), bundle.info.layers * bundle.info.heads)  # before the forward passes
     check_confidence(confidence)
+    check_seed(seed)
     steps = 2 * bundle.info.layers
 
     def compute(index: int) -> dict:

@@ -21,6 +21,7 @@ item's sink statistics (:meth:`ClaimsCodec.encode`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -65,6 +66,32 @@ def model_settings(provenance: dict) -> dict:
 def _same_length(columns: dict, where: str, fix: str) -> None:
     if len({len(v) for v in columns.values()}) > 1:
         raise InputError(f"{where}: its columns differ in length (a cut or edited record); {fix}")
+
+
+#: Room for rounding at a range's ends (a share summed in float32 may reach 1 + 1e-7).
+SLACK = 1e-5
+
+
+def in_range(values, low: float, high: float, where: str, name: str, fix: str, nan: bool = False, what: str = "") -> None:
+    """InputError naming ``where`` and ``name`` unless every value (one, or a list) lies in [low, high] (within
+    :data:`SLACK`) and is finite; with ``nan``, NaN is allowed too (a statistic with no row to average), and so is an
+    infinite bound reached (a perplexity that overflowed)."""
+    for value in values if isinstance(values, list) else [values]:
+        if math.isnan(value) or math.isinf(value):
+            if nan and (math.isnan(value) or value in (low, high)):
+                continue
+        elif low - SLACK <= value <= high + SLACK:
+            continue
+        span = f"from {low:g} to {high:g}" if high != math.inf else f"{low:g} or more"
+        raise InputError(f"{where}: {name!r} must be {what or 'a number'} {span}{' or NaN' if nan else ''}, not {shown(value)}; {fix}")
+
+
+def agrees(stated: float, computed: float) -> bool:
+    """Does a stored result equal what its own fields give (NaN where they give NaN)? The tolerance covers only the
+    rounding of one float64 subtraction: the record holds the operands as written."""
+    if math.isnan(computed) or math.isnan(stated):
+        return math.isnan(computed) and math.isnan(stated)
+    return math.isclose(stated, computed, rel_tol=1e-9, abs_tol=1e-12)
 
 
 class Codec:
@@ -150,13 +177,39 @@ class FaithfulnessCodec(Codec):
         return {**record, "tokens": int(first.tokens), "ppl_clean": float(first.ppl_clean), "correct_clean": clean, "runs": runs, **scope}
 
     def validate(self, record: dict, where: str, fix: str) -> None:
+        """Types, ranges and identities: a skipped example holds no runs and no perplexity; a finished one a finite
+        positive ``ppl_clean``, and in each run a known measure and curve, a rate from 0 to 100 %, a positive (or NaN)
+        ``ppl_masked``, ``delta_ppl`` = ``ppl_masked`` - ``ppl_clean``, and answers of 0 or 1 (set for a
+        multiple-choice task's runs, null for text's)."""
         for number, run in enumerate(record["runs"], start=1):
             check_fields(run, RUN, f"{where}, run {number}", fix)
-        if not record["skipped"] and not is_number(record["ppl_clean"]):
-            raise InputError(f"{where}: a finished example's 'ppl_clean' must be a number, not null; {fix}")
+        in_range(record["tokens"], 0, math.inf, where, "tokens", fix, what="a count")
         scope = record.setdefault("rank_scope", RANK_SCOPES[0])  # absent in records made before scopes: query
         if scope not in RANK_SCOPES:
             raise InputError(f"{where}: 'rank_scope' must be one of {', '.join(RANK_SCOPES)}, not {shown(scope)}; {fix}")
+        if record["skipped"]:
+            if record["runs"] or record["ppl_clean"] is not None or record["correct_clean"] is not None:
+                raise InputError(f"{where}: a skipped example holds no runs, perplexity or answer; {fix}")
+            return
+        clean = record["ppl_clean"]
+        if not is_number(clean) or not math.isfinite(clean) or clean <= 0:
+            raise InputError(f"{where}: a finished example's 'ppl_clean' must be a finite positive number, not {shown(clean)}; {fix}")
+        answers = record["correct_clean"] is not None
+        if answers and record["correct_clean"] not in (0, 1):
+            raise InputError(f"{where}: 'correct_clean' must be 0 or 1, not {shown(record['correct_clean'])}; {fix}")
+        for number, run in enumerate(record["runs"], start=1):
+            at = f"{where}, run {number}"
+            if run["measure"] not in faithfulness.ALL_MEASURES or run["curve"] not in faithfulness.CURVES:
+                raise InputError(f"{at}: unknown measure or curve ({shown(run['measure'])}, {shown(run['curve'])}); {fix}")
+            in_range(run["rate"], 0, 100, at, "rate", fix, what="a percentage")
+            in_range(run["ppl_masked"], 0, math.inf, at, "ppl_masked", fix, nan=True)
+            if not agrees(run["delta_ppl"], run["ppl_masked"] - clean):
+                raise InputError(
+                    f"{at}: 'delta_ppl' {run['delta_ppl']:g} is not ppl_masked - ppl_clean "
+                    f"({run['ppl_masked']:g} - {clean:g} = {run['ppl_masked'] - clean:g}); {fix}"
+                )
+            if (run["correct_masked"] is not None) != answers or run["correct_masked"] not in (None, 0, 1):
+                raise InputError(f"{at}: 'correct_masked' must be 0 or 1 where 'correct_clean' is set, null where not; {fix}")
 
     def validate_run(self, records: list[dict], manifest: dict | None, folder: Path, fix: str) -> None:
         """One rank scope, and every finished record holds the same masked runs (measure, curve, rate), once each:
@@ -281,6 +334,23 @@ class SinksCodec(Codec):
         if not 0 <= record["sink"] < tokens or any(not 0 <= q < tokens for q in columns["query"]):
             raise InputError(f"{where}: its sink or queries lie outside its {tokens} tokens; {fix}")
         _same_length(columns, where, fix)
+        for name in ("layer", "head", "other_keys"):
+            in_range(columns[name], 0, math.inf, f"{where}, table", name, fix, what="a count")
+        for name in ("sink_ratio", "learned_sink_share"):  # shares of a head's attention
+            in_range(columns[name], 0, 1, f"{where}, table", name, fix, what="a share")
+        for name in ("output_norm", "sink_value_norm", "rest_norm"):
+            in_range(columns[name], 0, math.inf, f"{where}, table", name, fix, nan=True, what="a norm")  # NaN: no other key
+        in_range(columns["cos_sink_rest"], -1, 1, f"{where}, table", "cos_sink_rest", fix, nan=True, what="a cosine")
+        for name in ("sink_contribution_share", "sink_contribution_inter"):  # signed weights, of any size
+            in_range(columns[name], -math.inf, math.inf, f"{where}, table", name, fix, nan=True)
+        clean, ppl = record["ppl_clean"], record["ppl"]
+        if (clean is None) != (ppl is None):
+            raise InputError(f"{where}: 'ppl' and 'ppl_clean' are both set (with ΔPPL) or both null; {fix}")
+        if ppl is not None:
+            layers = len(set(columns["layer"]))
+            if columns["layer"] and len(ppl) != max(columns["layer"]) + 2 and len(ppl) != layers + 1:
+                raise InputError(f"{where}: 'ppl' must hold one perplexity per layer and one for all layers; {fix}")
+            in_range([clean, *ppl], 0, math.inf, where, "ppl", fix, nan=True, what="a perplexity")
 
     def decode(self, record: dict) -> pd.DataFrame:
         """The :func:`~cwviz.analyses.sinks.sink_table` a record holds, columns and dtypes as made."""
@@ -327,7 +397,18 @@ class AtlasCodec(Codec):
         }
 
     def validate(self, record: dict, where: str, fix: str) -> None:
+        """Columns of one length; counts ≥ 0; the attention and negative shares in [0, 1], the divergence and norm ≥ 0,
+        the cosine in [-1, 1] or NaN (no query saw the sink); the contribution share (signed weights) finite."""
         _same_length({k: record[k] for k in ("layer", "head", *ATLAS_METRICS)}, where, fix)
+        in_range(record["tokens"], 1, math.inf, where, "tokens", fix, what="a count")
+        for name in ("layer", "head"):
+            in_range(record[name], 0, math.inf, where, name, fix, what="an index")
+        for name in ("sink_attention", "negative_share"):
+            in_range(record[name], 0, 1, where, name, fix, what="a share")
+        for name in ("divergence", "output_norm"):
+            in_range(record[name], 0, math.inf, where, name, fix)
+        in_range(record["cos_sink_rest"], -1, 1, where, "cos_sink_rest", fix, nan=True, what="a cosine")
+        in_range(record["sink_contribution"], -math.inf, math.inf, where, "sink_contribution", fix)
 
     def validate_run(self, records: list[dict], manifest: dict | None, folder: Path, fix: str) -> None:
         if len({(tuple(r["layer"]), tuple(r["head"])) for r in records}) > 1:
@@ -354,11 +435,29 @@ class AtlasCodec(Codec):
 
 
 # -- claims ----------------------------------------------------------------------------------------------
+#: A claims record's sink statistics (:func:`cwviz.analyses.claims.sink_statistics`) and the range of each.
+SINK_STAT_RANGES: dict[str, tuple[float, float]] = {
+    "rho_geometry": (-1, 1),
+    "rho_attention": (-1, 1),
+    "cos_sink_rest": (-1, 1),
+    "interior_minimum_share": (0, 1),
+    "median_minimiser": (-math.inf, math.inf),
+    "cone_change": (-math.inf, math.inf),
+    "delta_ppl": (-math.inf, math.inf),
+}
+SINK_STATS = tuple(SINK_STAT_RANGES)
+
+
 class ClaimsCodec(Codec):
     """``cwviz claims`` and the Claims page: one item's faithfulness runs under every rank scope and its sink statistics."""
 
     name = "claims"
-    payload = {}
+    payload = {
+        "skipped": FLAG,
+        "tokens": INT,
+        "faithfulness": ((lambda v: isinstance(v, dict)), "an object of rank scopes"),
+        "sinks": ((lambda v: isinstance(v, dict)), "an object of statistics"),
+    }
     manifest_fields = {"fingerprint": TEXT, "seed": INT, "rates": _NUMBERS, "scopes": _NAMES, "data": _data_count("examples")}
 
     def settings(self, protocol, scopes: Sequence[str], sink, provenance: dict) -> dict:
@@ -373,6 +472,25 @@ class ClaimsCodec(Codec):
             return {"skipped": True, "tokens": tokens, "faithfulness": {}, "sinks": {}}
         faithful = {scope: FAITHFULNESS.encode("text", table) for scope, table in tables.items()}
         return {"skipped": False, "tokens": tokens, "faithfulness": faithful, "sinks": stats or {}}
+
+    def validate(self, record: dict, where: str, fix: str) -> None:
+        """A skipped item holds nothing; a finished one a faithfulness payload per known rank scope (each checked as a
+        faithfulness record is: :meth:`FaithfulnessCodec.validate`) and its sink statistics, numbers in their ranges."""
+        in_range(record["tokens"], 0, math.inf, where, "tokens", fix, what="a count")
+        if record["skipped"]:
+            if record["faithfulness"] or record["sinks"]:
+                raise InputError(f"{where}: a skipped item holds no runs or statistics; {fix}")
+            return
+        for scope, payload in record["faithfulness"].items():
+            at = f"{where}, scope {scope}"
+            if scope not in RANK_SCOPES or not isinstance(payload, dict):
+                raise InputError(f"{at}: a rank scope ({', '.join(RANK_SCOPES)}) with a faithfulness payload, not {shown(scope)}; {fix}")
+            check_fields(payload, FAITHFULNESS.payload, at, fix)
+            FAITHFULNESS.validate({**payload, "rank_scope": scope}, at, fix)
+        stats = record["sinks"]
+        check_fields(stats, {name: NUMBER for name in SINK_STATS}, f"{where}, sinks", fix)
+        for name, (low, high) in SINK_STAT_RANGES.items():
+            in_range(stats[name], low, high, f"{where}, sinks", name, fix, nan=True)
 
     def decode(self, records: Sequence[dict], scope: str) -> pd.DataFrame:
         """ΔPPL of each finished item under ``scope``: rows item, columns (curve, rate, measure)."""

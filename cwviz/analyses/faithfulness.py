@@ -446,6 +446,9 @@ def summarize(per_example: pd.DataFrame, level: float = 0.95, resamples: int = 2
     For a multiple-choice task (``per_example`` has ``correct_clean`` and ``correct_masked``), also
     :data:`ACCURACY_COLUMNS`: clean and masked accuracy, their difference and its paired bootstrap interval
     (the examples are resampled, each keeping its clean and masked answer together).
+
+    The mean and its interval are over the finite ΔPPL values only, and ``n`` counts exactly those: an example whose
+    masked perplexity is NaN or infinite (an overflow) is left out of the mean and of ``n`` alike.
     """
     missing = [c for c in ("measure", "curve", "rate", "delta_ppl") if c not in per_example]
     if missing:
@@ -453,8 +456,10 @@ def summarize(per_example: pd.DataFrame, level: float = 0.95, resamples: int = 2
     accuracy = "correct_masked" in per_example and per_example["correct_masked"].notna().all()
     rows = []
     for (measure, curve, rate), group in per_example.groupby(["measure", "curve", "rate"], sort=False):
-        low, high = bootstrap_ci(group["delta_ppl"].to_numpy(), level, resamples, seed)
-        row = (measure, curve, rate, float(group["delta_ppl"].mean()), low, high, len(group))
+        values = group["delta_ppl"].to_numpy(np.float64)
+        values = values[np.isfinite(values)]  # the values the mean is of; n counts them
+        low, high = bootstrap_ci(values, level, resamples, seed)
+        row = (measure, curve, rate, float(values.mean()) if len(values) else math.nan, low, high, len(values))
         if accuracy:
             clean, masked = group["correct_clean"].to_numpy(float), group["correct_masked"].to_numpy(float)
             row += (clean.mean(), masked.mean(), (masked - clean).mean(), *bootstrap_ci(masked - clean, level, resamples, seed))

@@ -5,8 +5,14 @@ A results folder holds ``manifest.json`` (how the run was made: :func:`manifest`
 ``records-<process>.jsonl`` per process. Each line is one finished item, in an envelope every record type shares
 (:func:`make_record`):
 
-    {"schema": "cwviz.<type>.record", "version": 1, "fingerprint": sha256 of the run's settings,
-     "example": index of the item in the run's data, "text_sha256": sha256 of its text, ...the type's payload}
+    {"schema": "cwviz.<type>.record", "version": 2, "fingerprint": sha256 of the run's settings,
+     "example": index of the item in the run's data, "text_sha256": sha256 of its text, ...the type's payload,
+     "checksum": sha256 of the canonical JSON of every other field}
+
+The ``checksum`` (:func:`record_checksum`: the record without it, keys sorted, no spaces) makes a record prove
+itself: a line edited by hand, even one whose numbers still agree with each other, is refused on read naming its
+file and line. Records of version 1 were written before checksums existed: they are read without one (their
+fields and identities are still checked), and a version-1 line that carries a checksum has it checked.
 
 What a payload holds, how it is made from a type's tables and read back into them, is the record type's codec
 (:mod:`cwviz.analyses.codecs`); this module knows a type only through :class:`RecordType`, what reading checks.
@@ -17,8 +23,8 @@ mid-write) is ignored when read and cut off before the file is appended to again
 is an error naming the file and line. :func:`read_records` is the one place records are read back (and
 checked); summaries are always recomputed from the records.
 
-Checked on read (:func:`read_records`, :func:`read_manifest`): every record has its type's keys with the types
-cwviz writes (the codec's ``payload`` and ``validate``), an example index in the run's range (0 .. the manifest's
+Checked on read (:func:`read_records`, :func:`read_manifest`): every record's checksum, and its type's keys with the
+types cwviz writes, their ranges and the identities between them (the codec's ``payload`` and ``validate``), an example index in the run's range (0 .. the manifest's
 item count - 1), and every record and the manifest share one fingerprint and, per example, one text: a folder holding
 two runs' records (other settings, other data) is refused by every command that reads it, naming what differs.
 
@@ -45,7 +51,12 @@ from ..core.util.errors import InputError
 from ..core.util.locks import lock
 from ..core.util.texts import write_text_atomic
 
-VERSION = 1
+#: The records' version: 2 carries a checksum (:func:`record_checksum`); 1, written before checksums, is still read.
+VERSION = 2
+#: The versions :func:`check_record` reads.
+READABLE_VERSIONS = (1, 2)
+#: The key of a record's checksum (:func:`record_checksum`).
+CHECKSUM = "checksum"
 MANIFEST = "manifest.json"
 RECORD_GLOB = "records-*.jsonl"
 SUMMARY = "summary.csv"
@@ -87,7 +98,8 @@ def records_path(folder: str | PathLike, process: int) -> Path:
 
 
 def make_record(record_type: RecordType, example: int, text: str, key: str, payload: dict) -> dict:
-    """One item's record: the envelope every record type shares (module docstring), then ``payload``."""
+    """One item's record: the envelope every record type shares (module docstring), then ``payload``, then the
+    checksum of both (:func:`record_checksum`)."""
     envelope = {
         "schema": record_type.schema,
         "version": VERSION,
@@ -95,7 +107,20 @@ def make_record(record_type: RecordType, example: int, text: str, key: str, payl
         "example": int(example),
         "text_sha256": text_hash(text),
     }
-    return {**envelope, **payload}
+    record = {**envelope, **payload}
+    return {**record, CHECKSUM: record_checksum(record)}
+
+
+def canonical_json(value: object) -> str:
+    """The one text of a JSON value the checksum is taken of: keys sorted, no spaces, numpy columns as the file
+    holds them (:func:`as_json`), so a record made in memory and the same record read back give the same text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=True, default=as_json)
+
+
+def record_checksum(record: dict) -> str:
+    """sha256 of the canonical JSON (:func:`canonical_json`) of ``record`` without its checksum."""
+    content = {k: v for k, v in record.items() if k != CHECKSUM}
+    return hashlib.sha256(canonical_json(content).encode("utf-8")).hexdigest()
 
 
 def as_json(value: object) -> list:
@@ -212,15 +237,30 @@ def check_record(record: object, record_type: RecordType, where: str, examples: 
     fix = "remove the line (the run recomputes it with --resume) or rerun into a fresh folder"
     if not isinstance(record, dict) or record.get("schema") != record_type.schema:
         raise InputError(f"{where} is not a cwviz {record_type.name} record; {fix}")
-    if record.get("version") != VERSION:
-        raise InputError(f"{where} is a record of version {record.get('version')}; this cwviz reads version {VERSION}")
+    if record.get("version") not in READABLE_VERSIONS:
+        raise InputError(
+            f"{where} is a record of version {shown(record.get('version'))}; this cwviz reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}; {fix}"
+        )
+    intact = checksum_holds(record)  # before validate, which may fill a key records made before it lack
     example = record.get("example")
     if not is_int(example) or example < 0 or (examples is not None and example >= examples):
         span = f"0..{examples - 1}" if examples is not None else "0 or more"
         raise InputError(f"{where}: 'example' must be an example index ({span}) of the run, not {shown(example)}; {fix}")
     check_fields(record, ENVELOPE | record_type.payload, where, fix)
     record_type.validate(record, where, fix)
+    if not intact:  # every field is well formed, yet not what was written: a consistent edit by hand
+        raise InputError(f"{where} does not match its checksum: the record was edited after it was written; {fix}")
     return record
+
+
+def checksum_holds(record: dict) -> bool:
+    """Does ``record`` match its checksum (:func:`record_checksum`)? A record of version 1 (written before checksums)
+    may have none; any other must."""
+    stated = record.get(CHECKSUM)
+    if stated is None:
+        return record.get("version") == 1
+    return stated == record_checksum(record)
 
 
 def read_records(folder: str | PathLike, record_type: RecordType) -> list[dict]:
@@ -237,6 +277,11 @@ def read_records(folder: str | PathLike, record_type: RecordType) -> list[dict]:
     examples = manifest_items(manifest)
     every: list[dict] = []
     for path in sorted(folder.glob(RECORD_GLOB)):
+        if not path.is_file():  # a folder or a socket by a records file's name: no line of it can be read
+            raise InputError(
+                f"{path} is not a records file but a {'folder' if path.is_dir() else 'special file'}; "
+                "move it out of the results folder (a run writes its records file again), or rerun into a fresh folder"
+            )
         try:
             lines = list(iter_jsonl(path, own=True))
         except InputError as err:
@@ -278,18 +323,49 @@ def check_one_run(records: list[dict], manifest: dict | None, folder: Path, reco
             raise InputError(f"{folder} holds two records of example {record['example']} made from different texts (other data); {fix}")
 
 
-def check_resumable(records: Iterable[dict], key: str, hashes: Sequence[str], folder: str | PathLike) -> set[int]:
+def _flat(value: object, prefix: str = "") -> dict[str, object]:
+    """A settings object as ``{"protocol.rates": [1, 5], ...}``, tuples as lists (as JSON reads them back)."""
+    value = json.loads(json.dumps(value, default=str))
+    if not isinstance(value, dict):
+        return {prefix: value}
+    flat: dict[str, object] = {}
+    for key, item in value.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        flat |= _flat(item, name) if isinstance(item, dict) else {name: item}
+    return flat
+
+
+def setting_changes(old: object, new: dict) -> list[str]:
+    """Each setting that differs between a run's settings ``old`` (a manifest's ``settings``) and ``new``, as
+    ``"name: old -> new"`` (``(none)`` for one the other lacks), in name order."""
+    before, after = _flat(old), _flat(new)
+    return [
+        f"{name}: {shown(before.get(name, '(none)'))} -> {shown(after.get(name, '(none)'))}"
+        for name in sorted(before.keys() | after.keys())
+        if before.get(name, "(none)") != after.get(name, "(none)")
+    ]
+
+
+def check_resumable(
+    records: Iterable[dict], key: str, hashes: Sequence[str], folder: str | PathLike, changes: Sequence[str] = ()
+) -> set[int]:
     """The examples already finished, after checking that every record was made by the same settings
-    (``key``) on the same texts (``hashes[i]`` of example i); InputError naming the mismatch otherwise. Records
-    beyond this run's examples mean a smaller ``--n`` than the run's, not other data: that is what it says."""
+    (``key``) on the same texts (``hashes[i]`` of example i); InputError naming the mismatch otherwise (each setting
+    that differs, old and new, when ``changes`` names them: :func:`setting_changes`). Records beyond this run's
+    examples mean a smaller ``--n`` than the run's, not other data: that is what it says."""
     records = list(records)
     beyond = sorted(r["example"] for r in records if r["example"] >= len(hashes))
     done = set()
     for record in records:
         example = record["example"]
         if record["fingerprint"] != key:
+            which = (
+                f": {'; '.join(changes)}"
+                if changes
+                else " (protocol, model, task or sink; its manifest.json, written before manifests named the settings, cannot say which)"
+            )
             raise InputError(
-                f"the records in {folder} were made with other settings (protocol, model, task or sink) than this run; "
+                f"the records in {folder} were made with other settings than this run{which}; "
                 "rerun with the same options, or give a fresh --results folder"
             )
         if example < len(hashes) and record["text_sha256"] != hashes[example]:
@@ -310,11 +386,18 @@ def write_manifest(folder: str | PathLike, manifest: dict) -> None:
     write_text_atomic(Path(folder) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def manifest(record_type: RecordType, key: str, provenance: dict, **fields) -> dict:
-    """A run's ``manifest.json``: the record type's manifest schema, the run's fingerprint (``key``) and model
-    (:func:`cwviz.core.util.parallel.model_provenance`), then ``fields`` (the type's own: :data:`RecordType.manifest_fields`,
-    and how the run was made)."""
-    return {"schema": f"cwviz.{record_type.name}.manifest", "fingerprint": key, "model": provenance, **fields}
+def manifest(record_type: RecordType, settings: dict, provenance: dict, **fields) -> dict:
+    """A run's ``manifest.json``: the record type's manifest schema, the run's ``settings`` (what decides its numbers:
+    the record type's ``settings``) and their fingerprint, its model (:func:`cwviz.core.util.parallel.model_provenance`),
+    then ``fields`` (the type's own: :data:`RecordType.manifest_fields`, and how the run was made). A refused resume
+    names each setting that differs from the manifest's (:func:`setting_changes`)."""
+    return {
+        "schema": f"cwviz.{record_type.name}.manifest",
+        "fingerprint": fingerprint(settings),
+        "settings": settings,
+        "model": provenance,
+        **fields,
+    }
 
 
 def read_manifest(folder: str | PathLike, record_type: RecordType) -> dict | None:
@@ -328,6 +411,12 @@ def read_manifest(folder: str | PathLike, record_type: RecordType) -> dict | Non
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InputError(f"{path} is not valid JSON ({getattr(err, 'msg', err)}); {fix}") from None
+    other = _other_command(manifest, record_type)
+    if other is not None:  # a valid manifest of another command: named as such, and kept
+        raise InputError(
+            f"{Path(folder)} holds the results of `cwviz {other}`, not of `cwviz {record_type.name}`; it is left as it is: "
+            f"give the folder a `cwviz {record_type.name} --results` run wrote, or a fresh folder"
+        )
     if not isinstance(manifest, dict) or manifest.get("schema") != f"cwviz.{record_type.name}.manifest":
         what = f"a JSON {type(manifest).__name__}" if not isinstance(manifest, dict) else f"schema {shown(manifest.get('schema'))}"
         raise InputError(f"{path} is not a cwviz {record_type.name} manifest ({what}); {fix}")
@@ -335,6 +424,19 @@ def read_manifest(folder: str | PathLike, record_type: RecordType) -> dict | Non
     if any(isinstance(v, float) and not math.isfinite(v) for v in manifest.values()):
         raise InputError(f"{path} holds a number that is not finite; {fix}")
     return manifest
+
+
+def _other_command(manifest: object, record_type: RecordType) -> str | None:
+    """The command whose results folder ``manifest`` is (``cwviz.<name>.manifest``, or an atlas ``--out`` folder's
+    ``cwviz.atlas``) when it is not ``record_type``'s; None otherwise."""
+    schema = manifest.get("schema") if isinstance(manifest, dict) else None
+    if not isinstance(schema, str):
+        return None
+    parts = schema.split(".")
+    if parts[0] != "cwviz" or len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "manifest"):
+        return None
+    name = parts[1]
+    return name if name != record_type.name and name.isidentifier() else None
 
 
 def manifest_items(manifest: dict | None) -> int | None:

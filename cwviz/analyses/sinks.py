@@ -87,6 +87,18 @@ def detect_sink(analysis: Analysis) -> int:
     return int(torch.argmax(mean))
 
 
+#: A change of perplexity counts as one (:func:`raised_ppl`) only above this share of the clean perplexity: the
+#: λ = 1 pass, which changes nothing, differs from the clean one by float noise (about 1e-5 of it).
+PPL_TOLERANCE = 1e-3
+
+
+def raised_ppl(ppl: np.ndarray, clean: np.ndarray, tolerance: float = PPL_TOLERANCE) -> int:
+    """How many prompts' perplexity ``ppl`` [prompt] exceeds the clean one ``clean`` [prompt] by more than
+    ``tolerance`` × the clean one (:data:`PPL_TOLERANCE`): a raise, not float noise."""
+    ppl, clean = np.asarray(ppl, dtype=np.float64), np.asarray(clean, dtype=np.float64)
+    return int((ppl - clean > tolerance * np.abs(clean)).sum())
+
+
 def check_factor(factor) -> float:
     """λ as a float: a finite real number (not a bool, not text) of at most :data:`MAX_FACTOR` in size, else InputError."""
     if isinstance(factor, (bool, np.bool_)) or not isinstance(factor, (int, float, np.integer, np.floating)):

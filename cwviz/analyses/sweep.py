@@ -120,7 +120,9 @@ def run(
         existing = records.read_records(folder, sweep.record_type)
         if existing and not resume:
             raise InputError(f"{folder} already holds {len(existing)} record(s); add --resume to continue that run, or give a fresh folder")
-        done = records.check_resumable(existing, key, hashes, folder)
+        made = records.read_manifest(folder, sweep.record_type) or {}
+        changes = records.setting_changes(made["settings"], sweep.settings) if "settings" in made else ()
+        done = records.check_resumable(existing, key, hashes, folder, changes)
         procs.barrier()  # every process has read the records before any appends
     mine = shard([i for i in range(len(sweep.texts)) if i not in done], procs.index, procs.count)
     if folder is not None and procs.is_main:

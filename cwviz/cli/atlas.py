@@ -8,7 +8,7 @@ import sys
 
 import pandas as pd
 
-from ..analyses import atlas, records, sweep
+from ..analyses import atlas, sweep
 from ..analyses.codecs import ATLAS
 from ..analyses.schema import ATLAS_CONFIDENCE, ATLAS_METRICS, DEFAULT_SINK
 from ..core.util.errors import InputError
@@ -28,6 +28,7 @@ from .common import (
 def run(args: argparse.Namespace) -> int:
     atlas.check_bootstrap(args.bootstrap, name="--bootstrap")  # before anything is read or loaded
     atlas.check_confidence(args.confidence, name="--confidence")
+    atlas.check_seed(args.seed, name="--seed")  # as faithfulness and claims do: never after the sweep, in the bootstrap
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
     if args.load is not None:
@@ -95,7 +96,7 @@ def manifest(args: argparse.Namespace, provenance: dict, settings: dict, prompts
     data = {"jsonl": str(jsonl_path(args)), "n": args.n, "field": args.field}
     data = {k: v for k, v in data.items() if v is not None} | {"prompts": prompts}
     fields = {"sink": DEFAULT_SINK, "bootstrap": args.bootstrap, "confidence": args.confidence, "seed": args.seed, "data": data}
-    return run_manifest(args, ATLAS, records.fingerprint(settings), provenance, count, **fields)
+    return run_manifest(args, ATLAS, settings, provenance, count, **fields)
 
 
 def _report(result, per_prompt: pd.DataFrame, args: argparse.Namespace) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..analyses import claims, faithfulness, records, sweep
+from ..analyses import claims, faithfulness, sweep
 from ..analyses.codecs import CLAIMS
 from ..core.util.errors import InputError
 from ..core.util.parallel import model_provenance
@@ -59,7 +59,7 @@ def run_sweep(args: argparse.Namespace, protocol, scopes: tuple[str, ...], sink,
     fields = {"seed": protocol.seed, "rates": list(protocol.rates), "measures": list(protocol.measures), "scopes": list(scopes)}
     fields |= {"sink": str(sink), "protocol": {"max_tokens": protocol.max_tokens, "rank_scopes": ", ".join(scopes)}}
     fields |= {"data": {"jsonl": str(jsonl_path(args)), "examples": len(texts)}}
-    made = run_manifest(args, CLAIMS, records.fingerprint(settings), provenance, procs.count, **fields)
+    made = run_manifest(args, CLAIMS, settings, provenance, procs.count, **fields)
     plan = sweep.Sweep(CLAIMS, settings, texts, args.results / claims.RECORDS_FOLDER, made)
 
     def compute(index: int) -> dict:

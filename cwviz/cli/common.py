@@ -102,10 +102,10 @@ def launched_command(made: dict, count: int) -> dict:
     return made
 
 
-def run_manifest(args: argparse.Namespace, record_type: records.RecordType, key: str, provenance: dict, count: int, **fields) -> dict:
+def run_manifest(args: argparse.Namespace, record_type: records.RecordType, settings: dict, provenance: dict, count: int, **fields) -> dict:
     """A results folder's ``manifest.json`` (:func:`cwviz.analyses.records.manifest`): the record type's ``fields``,
     the processes that ran and how the run was made (:func:`how_run`, with the launcher when ``count`` > 1)."""
-    return records.manifest(record_type, key, provenance, **fields, processes=count, **launched_command(how_run(args), count))
+    return records.manifest(record_type, settings, provenance, **fields, processes=count, **launched_command(how_run(args), count))
 
 
 def how_run(args: argparse.Namespace) -> dict:

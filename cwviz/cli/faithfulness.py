@@ -172,7 +172,7 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
     faithfulness.check_causal(bundle)  # before the progress bar: an encoder gets one error line
     provenance = model_provenance(bundle)
     settings = FAITHFULNESS.settings(protocol, provenance, args.task)
-    made = manifest(args, protocol, provenance, len(texts), procs.count, records.fingerprint(settings)) if folder is not None else None
+    made = manifest(args, protocol, provenance, len(texts), procs.count, settings) if folder is not None else None
     plan = sweep.Sweep(FAITHFULNESS, settings, [tasks.item_text(t) for t in texts], folder, made)
     store: dict[int, dict] = {}
     with cli_bar(f"faithfulness [{procs.index}]", unit="example", enabled=procs.is_main) as bar:
@@ -211,7 +211,9 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
     return 0
 
 
-def manifest(args: argparse.Namespace, protocol: faithfulness.Protocol, provenance: dict, examples: int, count: int, key: str) -> dict:
+def manifest(
+    args: argparse.Namespace, protocol: faithfulness.Protocol, provenance: dict, examples: int, count: int, settings: dict
+) -> dict:
     """How this run was made and how to rerun it (``manifest.json``; the report shows it)."""
     split = split_of(args) if args.dataset else None
     data = {"jsonl": str(jsonl_path(args)) if jsonl_path(args) else None, "file": args.file, "dataset": args.dataset, "split": split}
@@ -219,7 +221,7 @@ def manifest(args: argparse.Namespace, protocol: faithfulness.Protocol, provenan
     return run_manifest(
         args,
         FAITHFULNESS,
-        key,
+        settings,
         provenance,
         count,
         seed=protocol.seed,

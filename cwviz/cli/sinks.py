@@ -103,7 +103,7 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     provenance = model_provenance(bundle)
     settings = SINKS.settings(args.sink, args.factor, not args.no_ppl and bundle.arch.causal, provenance)
     folder = None if args.results is None else args.results / RESULTS_FOLDER
-    made = None if folder is None else manifest(args, provenance, records.fingerprint(settings), len(texts), procs.count)
+    made = None if folder is None else manifest(args, provenance, settings, len(texts), procs.count)
     plan = sweep.Sweep(SINKS, settings, texts, folder, made)
 
     def compute(index: int) -> dict:
@@ -160,10 +160,11 @@ def finish(args: argparse.Namespace, bundle, prompts: list[Prompt], total: int, 
     print(_format(summary))
     if ppl is not None:
         removed_all = ppl[:, -1]
-        raised = int((removed_all > clean).sum())
+        raised = sinks.raised_ppl(removed_all, clean)
         print(
             f"all layers, sink value x{args.factor:g}: PPL {clean.mean():.3f} -> {removed_all.mean():.3f} "
-            f"(dPPL {np.mean(removed_all - clean):+.3f}, mean over prompts); raised PPL on {raised} of {len(clean)} prompt(s)"
+            f"(dPPL {np.mean(removed_all - clean):+.3f}, mean over prompts); raised PPL by more than "
+            f"{sinks.PPL_TOLERANCE:.1%} of the clean PPL on {raised} of {len(clean)} prompt(s)"
         )
     elif not bundle.arch.causal:
         print("no dPPL: perplexity is defined for causal language models only")
@@ -178,12 +179,12 @@ def finish(args: argparse.Namespace, bundle, prompts: list[Prompt], total: int, 
 RESULTS_FOLDER = "sinks"
 
 
-def manifest(args: argparse.Namespace, provenance: dict, key: str, prompts: int, count: int) -> dict:
+def manifest(args: argparse.Namespace, provenance: dict, settings: dict, prompts: int, count: int) -> dict:
     """How the sinks were made (``DIR/sinks/manifest.json``; the report shows it); :func:`write_results` adds the
     sinks found and the prompts counted."""
     data = {"jsonl": str(args.jsonl) if args.jsonl else None, "file": str(args.file) if args.file else None, "n": args.n}
     data = {k: v for k, v in data.items() if v is not None} | {"prompts": prompts}  # the records' example indices lie below it
-    return run_manifest(args, SINKS, key, provenance, count, sink=str(args.sink), factor=args.factor, data=data)
+    return run_manifest(args, SINKS, settings, provenance, count, sink=str(args.sink), factor=args.factor, data=data)
 
 
 def write_results(args: argparse.Namespace, table: pd.DataFrame, layers: pd.DataFrame, sink: str, prompts: int, made: dict) -> Path:

@@ -29,7 +29,7 @@ from cwviz.cli import atlas as atlas_cli
 from cwviz.cli import faithfulness as faith_cli
 from cwviz.cli import sinks as sinks_cli
 from cwviz.core.util.errors import CwvizError, InputError
-from tests.helpers import ENV, make_tiny, save_tiny_model, write_jsonl
+from tests.helpers import ENV, call, copy, edit_record, make_tiny, refused, save_tiny_model, write_jsonl
 
 TEXTS = ["The quick brown fox jumps over the dog.", "A second, rather longer example sentence here."]
 OTHER = ["Another run's first text, not this one.", "And its second text, also different."]
@@ -54,23 +54,6 @@ def made(tmp_path_factory):
         for folder, jsonl in ((root / "atlas", data), (root / "other_atlas", other)):
             assert cli.main(["atlas", "--jsonl", str(jsonl), "--bootstrap", "20", "--results", str(folder)]) == 0
     return root
-
-
-def call(argv: list[str], capsys) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def refused(code: int, err: str) -> bool:
-    """Exit status 2 and exactly one line, ``error: ...``."""
-    lines = err.strip().splitlines()
-    return code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
-
-
-def copy(made: Path, name: str, to: Path) -> Path:
-    return Path(shutil.copytree(made / name, to / name))
 
 
 def without_date(html: str) -> str:
@@ -162,15 +145,6 @@ def test_two_runs_in_threads_of_one_process_are_refused_too(made, tmp_path):
 # -- records checked on read -------------------------------------------------------------------------------
 def records_file(folder: Path) -> Path:
     return records.records_path(folder, 0)
-
-
-def edit_record(folder: Path, line: int, change) -> None:
-    path = records_file(folder)
-    lines = path.read_text().splitlines()
-    record = json.loads(lines[line])
-    change(record)
-    lines[line] = json.dumps(record)
-    path.write_text("\n".join(lines) + "\n")
 
 
 def test_a_hand_added_record_of_example_minus_one_is_refused_not_counted(made, tmp_path, capsys, tiny_loads):
@@ -486,22 +460,28 @@ def test_analyze_json_onto_a_full_disk_leaves_no_partial_file(tmp_path, capsys, 
 
 def test_atlas_records_of_another_grid_are_refused_on_resume(made, tmp_path, capsys, tiny_loads):
     folder = copy(made, "atlas", tmp_path)
-    edit_record(folder, 1, lambda r: r.update({k: r[k][:-1] for k in ("layer", "head", *atlas.ATLAS_METRICS)}))
+    edit_record(folder, 1, lambda r: r.update({k: r[k][:-1] for k in ("layer", "head", *atlas.ATLAS_METRICS)}), checksum=True)
     code, _, err = call(["atlas", "--jsonl", made / "data.jsonl", "--bootstrap", "20", "--results", folder, "--resume"], capsys)
     assert refused(code, err) and "grids" in err
 
 
 def test_records_of_two_rank_scopes_are_refused_and_a_missing_scope_reads_as_query(made, tmp_path):
     """The query scope is left out of the fingerprint (older folders resume), so a record whose ``rank_scope`` was lost
-    among token-scope records must be refused by the scope itself; alone, a missing scope is the query scope."""
+    among token-scope records must be refused by the scope itself; alone, a missing scope is the query scope. The records
+    are made as cwviz made them before scopes (and before checksums: version 1)."""
     folder = copy(made, "run", tmp_path)
     path = folder / "records-00000.jsonl"
     written = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["rank_scope"] for r in written] == ["query"] * len(written)
     for record in written:
-        del record["rank_scope"]
+        del record["rank_scope"], record[records.CHECKSUM]
+        record["version"] = 1
     path.write_text("".join(json.dumps(r) + "\n" for r in written))
-    assert records.read_records(folder, FAITHFULNESS) == records.read_records(made / "run", FAITHFULNESS)
+
+    def content(made: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if k not in (records.CHECKSUM, "version")} for r in made]
+
+    assert content(records.read_records(folder, FAITHFULNESS)) == content(records.read_records(made / "run", FAITHFULNESS))
     written[0]["rank_scope"] = "token"
     path.write_text("".join(json.dumps(r) + "\n" for r in written))
     with pytest.raises(InputError, match="different rank scopes"):

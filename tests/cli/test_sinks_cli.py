@@ -22,6 +22,13 @@ def _layer_rows(out: str) -> list[list[str]]:
     return [line.split() for line in out.splitlines() if line.strip() and line.split()[0].isdigit()]
 
 
+def test_factor_one_changes_nothing_and_raises_ppl_on_no_prompt(capsys):
+    """λ = 1 leaves the model as it is: its pass differs from the clean one by float noise only (about 1e-5 of the
+    perplexity), which the count of prompts with a raised PPL does not take for a raise."""
+    assert main(["sinks", "--text", PROMPT, "--factor", "1"]) == 0
+    assert "raised PPL by more than 0.1% of the clean PPL on 0 of 1 prompt(s)" in capsys.readouterr().out
+
+
 def test_text_prints_one_row_per_layer_with_dppl_and_writes_the_full_table(capsys, tmp_path):
     csv = tmp_path / "sinks.csv"
     assert main(["sinks", "--text", PROMPT, "--csv", str(csv)]) == 0
@@ -29,7 +36,7 @@ def test_text_prints_one_row_per_layer_with_dppl_and_writes_the_full_table(capsy
     rows = _layer_rows(out)
     assert [int(r[0]) for r in rows] == list(range(30))
     assert "dPPL" in out.splitlines()[4] and all(len(r) == 7 for r in rows)
-    assert "all layers, sink value x0" in out and "raised PPL on" in out
+    assert "all layers, sink value x0" in out and "raised PPL by more than 0.1% of the clean PPL on" in out
     table = pd.read_csv(csv)
     assert {"prompt", *sinks.TABLE_COLUMNS} <= set(table.columns)
     assert table[["layer", "head"]].drop_duplicates().shape[0] == 30 * 9

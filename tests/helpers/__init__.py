@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -288,9 +289,15 @@ def window(tokens: int, size: int | None = None, causal: bool = True) -> np.ndar
 
 # -- claims records (cwviz claims, its page) ----------------------------------------------------------
 def record(example: int, ppl: dict, sinks: dict | None = None, scope: str = "query") -> dict:
-    """A claims record with ΔPPL ``ppl[(curve, measure)]`` at rate 10 under ``scope``."""
-    runs = [{"measure": m, "curve": c, "rate": 10.0, "delta_ppl": v, "ppl_masked": v + 5} for (c, m), v in ppl.items()]
-    return {"example": example, "skipped": False, "faithfulness": {scope: {"runs": runs}}, "sinks": sinks or {}}
+    """A whole claims record (one a results folder's reader accepts) with ΔPPL ``ppl[(curve, measure)]`` at rate 10
+    under ``scope``: clean perplexity 50, each masked one 50 + ΔPPL."""
+    clean = 50.0
+    runs = [
+        {"measure": m, "curve": c, "rate": 10.0, "ppl_masked": clean + v, "delta_ppl": (clean + v) - clean, "correct_masked": None}
+        for (c, m), v in ppl.items()
+    ]
+    payload = {"task": "text", "skipped": False, "tokens": 12, "ppl_clean": clean, "correct_clean": None, "runs": runs}
+    return {"example": example, "skipped": False, "tokens": 12, "faithfulness": {scope: payload}, "sinks": sinks or {}}
 
 
 def ordered(i: int, step: float, noise: float = 0.0) -> dict:
@@ -399,3 +406,40 @@ def write_tiny_gguf(path, layers: int = 2, hidden: int = 32, heads: int = 4, kv_
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+# -- the CLI in-process, on copies of results folders ---------------------------------------------------------
+def call(argv: list, capsys) -> tuple[int, str, str]:
+    """``cli.main(argv)`` in this process: its exit status, stdout and stderr."""
+    from cwviz import cli
+
+    capsys.readouterr()
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(code: int, err: str) -> bool:
+    """Exit status 2 and exactly one line, ``error: ...``."""
+    lines = err.strip().splitlines()
+    return code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
+
+
+def copy(made: Path, name: str, to: Path) -> Path:
+    """A copy of the folder ``made / name`` at ``to / name`` (a test damages the copy)."""
+    return Path(shutil.copytree(made / name, to / name))
+
+
+def edit_record(folder: Path, line: int, change, checksum: bool = False) -> None:
+    """``change`` (record -> anything) the record on line ``line`` (0 the first) of process 0's records file in
+    ``folder``; with ``checksum`` its checksum is made again (a forged record: the checks beneath the checksum alone)."""
+    from cwviz.analyses import records
+
+    path = records.records_path(folder, 0)
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[line])
+    change(record)
+    if checksum:
+        record[records.CHECKSUM] = records.record_checksum(record)
+    lines[line] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
