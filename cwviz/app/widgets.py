@@ -166,9 +166,13 @@ def query_heatmaps(
     ``stacked``); a clicked cell of either selects its query (the sidebar's query picker and the link follow).
     Positions from ``generated_from`` on are labelled as generated.
 
+    In presenter mode the maps are stacked, each the page's width and :func:`~cwviz.charts.heatmaps.presenter_height`
+    tall: cells of 16 px or more and every token labelled up to 40 tokens, for the back row of a room.
+
     The downloads (PNG, SVG, CSV) hold the pair as one chart (:func:`cwviz.charts.heatmaps.heatmap_pair`)."""
     px = label_px()
-    side = heatmaps.PRESENTER_SIDE if presenter() else heatmaps.SCREEN_SIDE
+    stacked = stacked or presenter()
+    side = heatmaps.presenter_height(cells.frame["query"].nunique()) if presenter() else heatmaps.SCREEN_SIDE
     columns = [st.container(), st.container()] if stacked else st.columns(2, gap="small")
     for column, which in zip(columns, ("attention", "measure")):
         view = heatmaps.heatmap_view(

@@ -17,10 +17,11 @@ import numpy as np
 import pandas as pd
 
 from ..analyses.schema import FAMILIES, HeatmapCells, is_signed
+from .palette import ATTENTION_SCHEME, DIVERGING, OTHER_SCHEME
 
-#: Diverging scale for signed measures: red positive, blue negative, white at zero.
-DIVERGING = "redblue"
-SEQUENTIAL = "blues"
+#: Diverging scale for signed measures (:mod:`cwviz.charts.palette`): red positive, blue negative, white at zero.
+#: Attention's sequential scale: green, neither red nor blue.
+SEQUENTIAL = ATTENTION_SCHEME
 SIDE = 330  # px, the least a heatmap axis gets in a notebook or an export
 CELL = 15  # px per position in a notebook or an export: a 12 px label per row or column without overlap
 #: How the heatmap pair is laid out in a notebook or an export: side by side when it fits (``"auto"``), or as asked.
@@ -39,6 +40,12 @@ LABEL_PX, PRESENTER_LABEL_PX = 12, 16
 #: A text label's line box, in units of its font size: labels of neighbouring rows closer than this would
 #: overlap, so only every n-th row is labelled (:func:`label_stride`).
 LINE_BOX = 1.15
+#: The attention map's legend: what its green means (it is never a sign).
+ATTENTION_LEGEND = ["green:", "attention", "(darker:", "more)"]
+#: In presenter mode every token is labelled up to this many positions, each row and column
+#: :data:`PRESENTER_ROW` px: a cell of at least 16 px and a 16 px label per row, legible from the back row.
+PRESENTER_ALL_LABELS = 40
+PRESENTER_ROW = math.ceil(16 * 1.15)
 #: Height (px) of each map's plot area on the dashboard: the pair, with its titles, rotated key labels and legends,
 #: fits a 1280 x 720 window with the sidebar open (the first screen).
 SCREEN_SIDE = 240
@@ -128,7 +135,8 @@ def contribution_scale(values: pd.Series, sink: pd.Series | None = None, colour_
     bound = contribution_bound(values, sink, colour_range)
     finite = values[values.map(math.isfinite)] if len(values) else values
     clamped = bool(len(finite)) and float(finite.abs().max()) > bound * (1 + 1e-9)
-    title = ["clamped" if clamped else "range", f"±{bound:.2g}", "symlog"]
+    # The last lines say what the colours mean, on every signed legend (the rule's lines first, as tests and pages read).
+    title = ["clamped" if clamped else "range", f"±{bound:.2g}", "symlog", "red: adds", "blue: subtracts"]
     scale = alt.Scale(
         type="symlog", constant=SYMLOG_CONSTANT, scheme=DIVERGING, reverse=True, domain=[-bound, bound], domainMid=0, clamp=True
     )
@@ -139,6 +147,22 @@ def sequential_scale(values: pd.Series) -> alt.Scale:
     top = float(values.max()) if len(values) else 1.0
     top = top if math.isfinite(top) and top > 0 else 1.0
     return alt.Scale(scheme=SEQUENTIAL, domain=[0, top])
+
+
+def summary_scale(values: pd.Series, metric: str, signed: bool) -> alt.Scale:
+    """The colour scale of a per-head statistic on a layer x head grid: a signed one (a contribution share, a cosine)
+    on :func:`signed_scale` even where none is negative, so red always adds; an attention share in attention's green;
+    anything else (a divergence) in :data:`~cwviz.charts.palette.OTHER_SCHEME`."""
+    if signed:
+        return signed_scale(values)
+    return alt.Scale(scheme=ATTENTION_SCHEME if "attention" in metric else OTHER_SCHEME)
+
+
+def presenter_height(rows: int) -> int:
+    """Plot height (px) of a map of ``rows`` query rows in presenter mode, where the two maps are stacked, each as wide
+    as the page: :data:`PRESENTER_ROW` px a row up to :data:`PRESENTER_ALL_LABELS` rows (every token labelled), never
+    less than :data:`PRESENTER_SIDE`; a longer map is as tall as 40 rows and labels every n-th row."""
+    return max(PRESENTER_SIDE, PRESENTER_ROW * min(rows, PRESENTER_ALL_LABELS))
 
 
 def label_stride(count: int, extent: float, label_px: int = LABEL_PX) -> int:
@@ -258,7 +282,7 @@ def heatmap_view(
     # The legend stands right of the map, as tall as it: below it, it would push the pair past a 720 px screen.
     legend = dict(orient="right", direction="vertical", gradientLength=height, labelFontSize=label_px, titleFontSize=label_px)
     if which == "attention":
-        colour = alt.Color("attention:Q", scale=sequential_scale(frame["attention"]), legend=alt.Legend(title=None, **legend))
+        colour = alt.Color("attention:Q", scale=sequential_scale(frame["attention"]), legend=alt.Legend(title=ATTENTION_LEGEND, **legend))
         title = "Attention weights"
     elif is_signed(cells.measure):
         scale, rule = contribution_scale(frame["value"], frame["key"] == SINK_KEY, colour_range)
@@ -370,8 +394,10 @@ def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int 
     if metric not in OVERVIEW_METRICS:
         raise ValueError(f"metric must be one of {', '.join(OVERVIEW_METRICS)}, not {metric!r}")
     pick = head_pick()
-    signed = metric == "sink_contribution" and bool((summary[metric] < 0).any())
-    scale = signed_scale(summary[metric]) if signed else alt.Scale(scheme="viridis", reverse=metric == "divergence")
+    # A contribution share is signed (red adds, blue subtracts) even where no head's is negative; attention shares in
+    # attention's green; the divergence (neither) in the other sequential hue.
+    signed = metric == "sink_contribution"
+    scale = signed_scale(summary[metric]) if signed else alt.Scale(scheme=ATTENTION_SCHEME if metric == "sink_attention" else OTHER_SCHEME)
     layers = int(summary["layer"].max()) + 1 if len(summary) else 1
     heads = int(summary["head"].max()) + 1 if len(summary) else 1
     cell = max(10, min(22, 520 // max(layers, 1)))

@@ -7,6 +7,7 @@ import pandas as pd
 
 from ..analyses.schema import TokenFactors
 from .heatmaps import PAIR_FITS, SYMLOG_CONSTANT, TITLE_PX_PER_CHAR, contribution_scale, label_expr, wrap
+from .palette import KEY, NEGATIVE, POSITIVE, SINK
 
 FACTOR_TITLES = {
     "attention": "attention α",
@@ -15,11 +16,10 @@ FACTOR_TITLES = {
     "contribution": "contribution = product",
 }
 #: Bar colours of the attention, norm ratio and cosine panels: outside the maps' red and blue, which the
-#: contribution panel uses for its sign.
-SINK_COLOUR = "#7b4ea3"  # purple
-KEY_COLOUR = "#6f6f6f"  # dark grey (gridlines are light grey)
+#: contribution panel uses for its sign (the sink purple, other keys dark grey; gridlines are light grey).
+SINK_COLOUR, KEY_COLOUR = SINK, KEY
 #: The contribution panel's bars: the ends of the maps' diverging scale, so a bar's colour says its sign.
-POSITIVE_COLOUR, NEGATIVE_COLOUR = "#b2182b", "#2166ac"
+POSITIVE_COLOUR, NEGATIVE_COLOUR = POSITIVE, NEGATIVE
 #: Pixels the key labels of a token chart take; the narrowest column a layer gets in the top keys chart (its rank,
 #: two digits, still fits).
 KEY_LABELS, MIN_LAYER_STEP = 160, 16
