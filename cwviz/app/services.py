@@ -210,9 +210,10 @@ def head_summary(request: Request) -> pd.DataFrame:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def token_factors(request: Request, layer: int, query: int, head: int | None, kind: str) -> tables.TokenFactors:
-    """The factors of each key's contribution to one query (see :func:`cwviz.analyses.tables.token_factors`)."""
-    return tables.token_factors(get_analysis(request).analysis, layer, query, head, kind)
+def token_factors(request: Request, layer: int, query: int, head: int | None, kind: str, also: int | None = None) -> tables.TokenFactors:
+    """The factors of each key's contribution to one query, the key ``also`` among them (see
+    :func:`cwviz.analyses.tables.token_factors`)."""
+    return tables.token_factors(get_analysis(request).analysis, layer, query, head, kind, also=also)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

@@ -161,10 +161,11 @@ def query_heatmaps(
     stacked: bool = False,
     colour_range: str = "robust",
     generated_from: int | None = None,
+    key_mark: int | None = None,
 ) -> None:
     """Attention beside the picked measure, each map as wide as its column of the page (one above the other when
     ``stacked``); a clicked cell of either selects its query (the sidebar's query picker and the link follow).
-    Positions from ``generated_from`` on are labelled as generated.
+    Positions from ``generated_from`` on are labelled as generated; ``key_mark``'s cell in the query's row is ringed.
 
     In presenter mode the maps are stacked, each the page's width and :func:`~cwviz.charts.heatmaps.presenter_height`
     tall: cells of 16 px or more and every token labelled up to 40 tokens, for the back row of a room.
@@ -176,7 +177,7 @@ def query_heatmaps(
     columns = [st.container(), st.container()] if stacked else st.columns(2, gap="small")
     for column, which in zip(columns, ("attention", "measure")):
         view = heatmaps.heatmap_view(
-            cells, which, query, height=side, label_px=px, colour_range=colour_range, generated_from=generated_from
+            cells, which, query, height=side, label_px=px, colour_range=colour_range, generated_from=generated_from, key=key_mark
         )
         with column:
             event = st.vega_lite_chart(
