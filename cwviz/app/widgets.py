@@ -113,14 +113,14 @@ def downloads(spec: Callable[[], dict], data, name: str, key: str) -> None:
     def rendered(fmt: str) -> bytes:
         return render_spec(_inline(spec()), fmt)
 
-    cols = st.columns([1, 1, 1, 5])
-    cols[0].download_button(
-        "PNG", data=lambda: rendered("png"), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore"
-    )
-    cols[1].download_button(
+    # A row of buttons each as wide as its label (columns of a share of the width squeezed them to "P." in a half column
+    # at 1,280 px); they wrap rather than overflow.
+    row = st.container(horizontal=True, gap="small")
+    row.download_button("PNG", data=lambda: rendered("png"), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore")
+    row.download_button(
         "SVG", data=lambda: rendered("svg"), file_name=f"{name}.svg", mime="image/svg+xml", key=f"{key}_svg", on_click="ignore"
     )
-    cols[2].download_button("CSV", data=lambda: to_csv(data), file_name=f"{name}.csv", mime="text/csv", key=f"{key}_csv", on_click="ignore")
+    row.download_button("CSV", data=lambda: to_csv(data), file_name=f"{name}.csv", mime="text/csv", key=f"{key}_csv", on_click="ignore")
 
 
 def _picked(chart_obj, data, name: str, key: str, param: str) -> dict | None:

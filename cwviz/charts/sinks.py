@@ -14,6 +14,9 @@ import pandas as pd
 from .heatmaps import head_pick, outline, signed_scale
 from .palette import ACCENT, ATTENTION, KEY, MUTED, NEUTRAL
 
+#: Plot width (px) of a chart that shares the page's width with another: it, its axis labels and title fit half the
+#: main area of a 1,280 px window with the sidebar open.
+HALF_WIDTH = 320
 #: Most points drawn in the ratio/norm scatter (Altair's limit is 5000 rows); beyond it an even sample.
 MAX_POINTS = 4000
 
