@@ -93,8 +93,8 @@ def both_true(neg: tour.NegativeKey) -> str:
         return ""
     if not scale.sink_dominates:
         return (
-            f" Here the first token makes {scale.sink_intra:.0%} of this head's output for the query, and {scale.sink_inter:.0%} "
-            "of the layer's."
+            f" Here the first token's contribution is {scale.sink_intra:+.2f} of this head's output for the query, and "
+            f"{scale.sink_inter:+.2f} of the layer's."
         )
     why = (
         f"this head's output is short (‖o‖ = {scale.head_norm:.1f} against the layer's {scale.layer_norm:.1f}, "
@@ -102,9 +102,10 @@ def both_true(neg: tour.NegativeKey) -> str:
         if scale.small_head
         else "this head's output points largely away from the layer's"
     )
+    part = "nearly all of it" if scale.sink_intra >= 0.9 else "the largest part"
     return (
-        f" Both pictures are true: the first token is {scale.sink_intra:.0%} of this head's output (its red column and bar), "
-        f"but {why}, so it adds only {scale.sink_inter:.0%} of the layer's output, as step 2 says."
+        f" Both pictures are true: the first token's contribution to this head's output is {scale.sink_intra:+.2f}, {part} "
+        f"(its red column and bar), but {why}, so it adds only {scale.sink_inter:.0%} of the layer's output, as step 2 says."
     )
 
 

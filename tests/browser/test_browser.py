@@ -921,7 +921,7 @@ def test_every_tour_step_marks_what_its_sentences_name_and_reads_from_the_back_r
                 assert "(ringed)" in text
                 if presenter and prompt == "short":
                     top, bottom = maps
-                    assert bottom["box"]["y"] >= top["box"]["y"] + top["box"]["h"] - 1, "presenter mode stacks the maps"
+                    assert bottom["box"]["y"] >= top["box"]["y"] + top["box"]["height"] - 1, "presenter mode stacks the maps"
                     for m in maps:
                         assert m["box"]["width"] >= 0.6 * (screen["width"] - 320), "each map about as wide as the page"
                         assert all(label["px"] >= 16 for label in m["labels"])
