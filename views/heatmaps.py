@@ -95,9 +95,10 @@ with more_col, st.popover("More", width="stretch"):
     )
 measure = tables.measure_name(family, kind)
 cells = services.heatmap_cells(sel.request, sel.layer, sel.head, measure, kind, sel.query, view)
-# All heads summed rarely subtract: where this map has no blue, name the head whose key does, one click away.
+# All heads summed rarely subtract: where this map shows no clear blue (no cell below -SYMLOG_CONSTANT), name the head
+# whose key does, one click away.
 subtracts = None
-if sel.head is None and family == "contribution" and not (cells.frame["value"] < 0).any():
+if sel.head is None and family == "contribution" and not (cells.frame["value"] < -charts.SYMLOG_CONSTANT).any():
     subtracts = services.subtracting_key(sel.request, sel.layer, kind)
     subtracts = subtracts if subtracts is not None and subtracts.contribution < 0 else None
 st.caption(
@@ -105,7 +106,7 @@ st.caption(
     + "; click a cell to select its query"
     + ("; the right map repeats the left one (raw attention is the measure)" if family == "raw" else "")
     + (
-        f"; no key subtracts with all heads summed (no blue): in head {subtracts.head}, key {subtracts.key} does "
+        f"; with all heads summed no key clearly subtracts (no blue): in head {subtracts.head}, key {subtracts.key} does "
         f"({subtracts.contribution:+.3f} for query {subtracts.query})"
         if subtracts is not None
         else ""
