@@ -40,6 +40,8 @@ LABEL_PX, PRESENTER_LABEL_PX = 12, 16
 #: A text label's line box, in units of its font size: labels of neighbouring rows closer than this would
 #: overlap, so only every n-th row is labelled (:func:`label_stride`).
 LINE_BOX = 1.15
+#: The same across a rotated key label (its glyph box, in units of its font size).
+ROTATED_BOX = 1.3
 #: The attention map's legend: what its green means (it is never a sign).
 ATTENTION_LEGEND = ["green:", "attention", "(darker:", "more)"]
 #: In presenter mode every token is labelled up to this many positions, each row and column
@@ -285,10 +287,12 @@ def heatmap_view(
     keys, queries = sorted(frame["key"].unique().tolist()), sorted(frame["query"].unique().tolist())
     value_title = measure_label(cells.measure)
     tooltips = _tooltips(frame, value_title, cells.measure != f"contribution_{cells.kind}")
+    # A rotated key label takes its whole glyph box across the axis: a little more than a row label's line box.
+    x_box = label_px * ROTATED_BOX
     if width == "container":
-        x_stride: int | str = f"max(1, ceil({label_px * LINE_BOX:.2f} * {len(keys)} / width))"
+        x_stride: int | str = f"max(1, ceil({x_box:.2f} * {len(keys)} / width))"
     else:
-        x_stride = label_stride(len(keys), width, label_px)
+        x_stride = max(1, math.ceil(x_box * len(keys) / max(width, 1)))
     y_stride = label_stride(len(queries), height, label_px)
     what = "bin" if cells.binned else "position token"
     axis = dict(labelLimit=LABEL_LIMIT, labelOverlap=False, labelFontSize=label_px, titleFontSize=label_px, labelColor="#31333f")
@@ -299,6 +303,8 @@ def heatmap_view(
     y_axis = alt.Axis(labelExpr=thinned_label_expr(labels, queries, row, y_stride), **axis)
     # The legend stands right of the map, as tall as it: below it, it would push the pair past a 720 px screen.
     legend = dict(orient="right", direction="vertical", gradientLength=height, labelFontSize=label_px, titleFontSize=label_px)
+    if label_px >= PRESENTER_LABEL_PX:  # presenter mode: the maps are stacked, and the legend above gives the cells its width
+        legend = dict(legend, orient="top", direction="horizontal", gradientLength=min(height, 300), titleOrient="left")
     if which == "attention":
         colour = alt.Color("attention:Q", scale=sequential_scale(frame["attention"]), legend=alt.Legend(title=ATTENTION_LEGEND, **legend))
         title = "Attention weights"
