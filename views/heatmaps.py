@@ -19,7 +19,7 @@ MORE = (
     "o_q: contribution = attention × (‖ṽ_k‖ / ‖o_q‖) × cos(o_q, ṽ_k). Each row of contributions sums to 1, but single "
     "contributions can be **negative**, when a value points against the output (destructive interference). The first "
     "token (the *sink*) usually takes most of the attention, yet its contribution shows what it really writes.\n\n"
-    "**Colours.** Attention uses a sequential scale (darker = more). Contributions use a diverging scale centred at "
+    "**Colours.** Attention uses a green sequential scale (darker = more), never a sign. Contributions use a diverging scale centred at "
     "zero: red positive, blue negative, white zero. Its end is the 99th percentile of |contribution| outside the sink "
     "column, so that the sink's +1 does not wash out the small negative values; larger values are drawn at the end "
     "colour (the legend says *clamped*), and the scale is symmetric-log, so that −0.03 is clearly blue. Choose "
@@ -95,10 +95,22 @@ with more_col, st.popover("More", width="stretch"):
     )
 measure = tables.measure_name(family, kind)
 cells = services.heatmap_cells(sel.request, sel.layer, sel.head, measure, kind, sel.query, view)
+# All heads summed rarely subtract: where this map shows no clear blue (no cell below -SYMLOG_CONSTANT), name the head
+# whose key does, one click away.
+subtracts = None
+if sel.head is None and family == "contribution" and not (cells.frame["value"] < -charts.SYMLOG_CONSTANT).any():
+    subtracts = services.subtracting_key(sel.request, sel.layer, kind)
+    subtracts = subtracts if subtracts is not None and subtracts.contribution < 0 else None
 st.caption(
     cells.note
     + "; click a cell to select its query"
     + ("; the right map repeats the left one (raw attention is the measure)" if family == "raw" else "")
+    + (
+        f"; with all heads summed no key clearly subtracts (no blue): in head {subtracts.head}, key {subtracts.key} does "
+        f"({subtracts.contribution:+.3f} for query {subtracts.query})"
+        if subtracts is not None
+        else ""
+    )
 )
 generated = sel.prompt_tokens if sel.analysis.num_tokens > sel.prompt_tokens else None
 widgets.query_heatmaps(
@@ -110,6 +122,13 @@ widgets.query_heatmaps(
     colour_range=colour_range,
     generated_from=generated,
 )
+if subtracts is not None:
+    st.button(
+        f"Show head {subtracts.head}, where key {sel.token_label(subtracts.key)} subtracts (blue)",
+        on_click=select,
+        kwargs={"layer": sel.layer, "head": subtracts.head, "query": subtracts.query},
+        key="heatmaps_subtracts",
+    )
 if any("\\x" in token or "\\u" in token for token in sel.analysis.tokens):
     st.caption(
         "Labels such as `\\xd7` are bytes: the tokenizer split a character (an emoji, an accent, a non-Latin letter) "

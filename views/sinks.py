@@ -125,7 +125,9 @@ with left:
 with right:
     st.subheader("(c) Attention vs contribution share")
     st.caption("Attention averaged over heads; contribution: the layer-level (inter-head) weight, summed over heads.")
-    widgets.chart(charts.share_chart(tables.layers, sel.layer), tables.layers, "cwviz-sink-shares", key="sinks_shares")
+    # Half the page: at 1,280 px with the sidebar open a half column is about 420 px, labels and legend included.
+    share = charts.share_chart(tables.layers, sel.layer, width=charts.HALF_WIDTH)
+    widgets.chart(share, tables.layers, "cwviz-sink-shares", key="sinks_shares")
 
 
 # A fragment: moving λ (or the scope, or the per-layer toggle) reruns this section only, not the sidebar and the

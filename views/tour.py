@@ -85,6 +85,30 @@ SHORT = "type a prompt of two tokens or more in the sidebar and press Analyze."
 WIDE = (3, 4, 6)
 
 
+def both_true(neg: tour.NegativeKey) -> str:
+    """The sentence that reconciles a head's picture with step 2's, from the plan's numbers (:class:`~cwviz.analyses.tour.HeadScale`):
+    the sink can be nearly all of a head's output and still a small part of the layer's."""
+    scale = neg.scale
+    if scale is None:
+        return ""
+    if not scale.sink_dominates:
+        return (
+            f" Here the first token's contribution is {scale.sink_intra:+.2f} of this head's output for the query, and "
+            f"{scale.sink_inter:+.2f} of the layer's."
+        )
+    why = (
+        f"this head's output is short (‖o‖ = {scale.head_norm:.1f} against the layer's {scale.layer_norm:.1f}, "
+        f"{scale.head_fraction:.0%} of it)"
+        if scale.small_head
+        else "this head's output points largely away from the layer's"
+    )
+    part = "nearly all of it" if scale.sink_intra >= 0.9 else "the largest part"
+    return (
+        f" Both pictures are true: the first token's contribution to this head's output is {scale.sink_intra:+.2f}, {part} "
+        f"(its red column and bar), but {why}, so it adds only {scale.sink_inter:.0%} of the layer's output, as step 2 says."
+    )
+
+
 def sync(layer: int, head: int | None, query: int | None) -> None:
     """On entering a step, point the sidebar's selection (and so the other pages) at what the step shows, once."""
     entered = (sel.request, step)
@@ -136,8 +160,9 @@ elif step == 2:
     show(
         "A contribution weight measures how much of what the layer writes comes from a token: attention × the length "
         f"of the token's projected value × its direction. In layer {layer} (dashed line) the first token gets "
-        f"{plan.layer.attention_share:.0%} of the attention but makes only {plan.layer.contribution_share:.0%} of the "
-        "layer's output: the gap between the two lines is how far attention overstates it.",
+        f"{plan.layer.attention_share:.0%} of the attention but makes {'only ' if plan.layer.writes_little else ''}"
+        f"{plan.layer.contribution_share:.0%} of the layer's output: the gap between the two lines is how far attention "
+        "overstates it.",
         link,
         "Sinks",
         sink_charts.share_chart(tables.layers, layer),
@@ -155,15 +180,14 @@ elif step == 3:
             f"Head {neg_head} of layer {layer}, query {sel.token_label(neg.query)} (outlined row)"
             + ("" if neg_head == head else f"; head {head} has no negative contribution here")
             + f". Key {key} gets "
-            f"{neg.attention:.1%} of the attention, yet its contribution is **{neg.contribution:+.3f}**: its value points "
-            "against the head's output and takes something away from it (blue in the contribution map). Each row of "
-            "contributions still adds up to 1."
+            f"{neg.attention:.1%} of the attention, yet its contribution is **{neg.contribution:+.3f}** (ringed): its value "
+            "points against the head's output and takes something away from it (blue subtracts, red adds)." + both_true(neg)
         )
     else:
         text = (
             f"Layer {layer}: no key writes against its heads' outputs on this prompt; the smallest "
-            f"contribution is key {key}'s, {neg.contribution:+.3f}, for query {sel.token_label(neg.query)}. Try a "
-            "longer prompt, or another head on the Heatmaps page."
+            f"contribution is key {key}'s (ringed), {neg.contribution:+.3f}, for query {sel.token_label(neg.query)}. Try a "
+            "longer prompt, or another head on the Heatmaps page." + both_true(neg)
         )
     cells = services.heatmap_cells(sel.request, layer, neg_head, "contribution_intra", tour.KIND, neg.query, "window")
     show(
@@ -173,7 +197,7 @@ elif step == 3:
         cells,
         cells.frame,
         # The Heatmaps page's two maps, each as wide as its column; a click selects the query as there.
-        lambda cells, _data, name, key: widgets.query_heatmaps(cells, neg.query, name, key),
+        lambda cells, _data, name, key: widgets.query_heatmaps(cells, neg.query, name, key, key_mark=neg.key),
     )
 elif step == 4:
     sync(layer, neg_head, query)
@@ -181,16 +205,16 @@ elif step == 4:
     if neg is None:
         show(f"With one key, its contribution is the whole output: {SHORT}", link, "Token")
         st.stop()
-    factors = services.token_factors(sel.request, layer, neg.query, neg_head, tour.KIND)
+    factors = services.token_factors(sel.request, layer, neg.query, neg_head, tour.KIND, also=neg.key)
     show(
         f"Every contribution is the product of three numbers, drawn here for query {sel.token_label(neg.query)} in "
         f"head {neg_head} of layer {layer}: the attention, the norm ratio (how long the key's projected value is compared "
         f"with the head's output) and the cosine (its direction). For key {sel.token_label(neg.key)}: "
-        f"{neg.attention:.3f} × {neg.norm_ratio:.2f} × {neg.cosine:+.2f} = {neg.contribution:+.3f}. Only the cosine "
-        "can be negative, so it alone decides the sign; the first token is purple.",
+        f"{neg.attention:.3f} × {neg.norm_ratio:.2f} × {neg.cosine:+.2f} = {neg.contribution:+.3f} (▶, outlined). Only the "
+        "cosine can be negative, so it alone decides the sign; the first token's bars are purple." + both_true(neg),
         link,
         "Token",
-        token_charts.factor_bars(factors),
+        token_charts.factor_bars(factors, mark=neg.key),
         factors.wide,
     )
 elif step == 5:

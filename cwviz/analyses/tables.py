@@ -317,12 +317,14 @@ def decomposition(analysis: Analysis, layer: int, query: int, head: int | None =
     return pd.concat(frames, ignore_index=True)
 
 
-def token_factors(analysis: Analysis, layer: int, query: int, head: int | None, kind: str = "inter", top: int = TOP_KEYS) -> TokenFactors:
+def token_factors(
+    analysis: Analysis, layer: int, query: int, head: int | None, kind: str = "inter", top: int = TOP_KEYS, also: int | None = None
+) -> TokenFactors:
     """contribution = attention × norm_ratio × cosine for each key of ``query`` (one head).
 
     With ``head=None`` the factorisation does not exist (it is per head): the table has attention
-    (mean over heads) and the layer-level contribution only. Only the ``top`` keys by |contribution|
-    and the sink are kept.
+    (mean over heads) and the layer-level contribution only. Only the ``top`` keys by |contribution|,
+    the sink and the key ``also`` (the one a page's sentence names) are kept.
     """
     layer = analysis.check_layer(layer)
     query = analysis.check_token(query)
@@ -342,6 +344,7 @@ def token_factors(analysis: Analysis, layer: int, query: int, head: int | None, 
     n = len(wide)
     magnitude = wide["contribution"].abs().to_numpy()
     keep = set(np.argsort(-magnitude, kind="stable")[:top].tolist()) | {DEFAULT_SINK}
+    keep |= set(np.flatnonzero(wide["key"].to_numpy() == also).tolist()) if also is not None else set()
     wide = wide.iloc[sorted(keep)].sort_values("contribution", ascending=False, kind="stable").reset_index(drop=True)
     wide["is_sink"] = wide["key"] == DEFAULT_SINK
     wide["order"] = np.arange(len(wide))

@@ -39,6 +39,11 @@ class SinkLayer:
     attention_share: float
     contribution_share: float
 
+    @property
+    def writes_little(self) -> bool:
+        """Whether step 2's "writes little" holds: the sink's contribution share is under half its attention share."""
+        return self.contribution_share < 0.5 * self.attention_share
+
 
 @dataclass(frozen=True)
 class NegativeKey:
@@ -53,6 +58,55 @@ class NegativeKey:
     cosine: float
     contribution: float
     kind: str = KIND
+    scale: HeadScale | None = None
+
+
+#: Below this ratio of the head's output to the layer's (‖o^h‖ / ‖o‖), steps 3 and 4 call the head's output small.
+SMALL_HEAD = 0.5
+
+
+@dataclass(frozen=True)
+class HeadScale:
+    """Why the sink can be a head's largest contribution and still write little (steps 3 and 4): the absolute scale of
+    one query of one head. ``sink_intra`` is the sink's share of the head's output o^h (what the tour's maps and bars
+    draw), ``sink_inter`` its share of the layer's output o (what step 2 counts), ``head_norm`` ‖o^h‖ and
+    ``layer_norm`` ‖o‖; sink_inter = sink_intra × cos(o^h, o) ‖o^h‖ / ‖o‖ up to rounding."""
+
+    sink_attention: float
+    sink_intra: float
+    sink_inter: float
+    head_norm: float
+    layer_norm: float
+
+    @property
+    def head_fraction(self) -> float:
+        """‖o^h‖ / ‖o‖: how long the head's output is against the layer's."""
+        return self.head_norm / self.layer_norm if self.layer_norm > 0 else math.nan
+
+    @property
+    def small_head(self) -> bool:
+        """Whether the sentence may call the head's output small (:data:`SMALL_HEAD`)."""
+        return self.head_fraction < SMALL_HEAD
+
+    @property
+    def sink_dominates(self) -> bool:
+        """Whether the sink is the head's largest positive share while its share of the layer is much smaller: the case
+        where the head's map seems to refute step 2, and the step must say why both hold."""
+        return self.sink_intra > 0.5 and self.sink_inter < 0.5 * self.sink_intra
+
+
+def head_scale(analysis: Analysis, layer: int, head: int, query: int, sink: int = DEFAULT_SINK) -> HeadScale:
+    """The :class:`HeadScale` of ``query`` in ``head`` of ``layer``, the sink at ``sink``."""
+    intra = decomposition(analysis, layer, query, head, "intra")
+    inter = decomposition(analysis, layer, query, head, "inter")
+    at_intra, at_inter = intra[intra["key"] == sink].iloc[0], inter[inter["key"] == sink].iloc[0]
+    return HeadScale(
+        sink_attention=float(at_intra["attention"]),
+        sink_intra=float(at_intra["contribution"]),
+        sink_inter=float(at_inter["contribution"]),
+        head_norm=float(at_intra["output_norm"]),
+        layer_norm=float(at_inter["output_norm"]),
+    )
 
 
 @dataclass(frozen=True)
@@ -156,6 +210,7 @@ def negative_key(analysis: Analysis, layer: int, head: int | None, kind: str = K
         cosine=float(cell["cosine"]),
         contribution=float(cell["contribution"]),
         kind=kind,
+        scale=head_scale(analysis, layer, head, query, sink),
     )
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from ..analyses import tables
+from ..analyses import tables, tour
 from ..core.loading.generate import greedy_continuation
 from ..core.loading.inputs import max_tokens, tokenize
 from ..core.loading.models import Bundle, load_model
@@ -210,9 +210,17 @@ def head_summary(request: Request) -> pd.DataFrame:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def token_factors(request: Request, layer: int, query: int, head: int | None, kind: str) -> tables.TokenFactors:
-    """The factors of each key's contribution to one query (see :func:`cwviz.analyses.tables.token_factors`)."""
-    return tables.token_factors(get_analysis(request).analysis, layer, query, head, kind)
+def token_factors(request: Request, layer: int, query: int, head: int | None, kind: str, also: int | None = None) -> tables.TokenFactors:
+    """The factors of each key's contribution to one query, the key ``also`` among them (see
+    :func:`cwviz.analyses.tables.token_factors`)."""
+    return tables.token_factors(get_analysis(request).analysis, layer, query, head, kind, also=also)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def subtracting_key(request: Request, layer: int, kind: str) -> tour.NegativeKey | None:
+    """The most negative single head's ``kind`` contribution of ``layer`` (:func:`cwviz.analyses.tour.negative_key`):
+    where the map of all heads summed shows no blue, the cell a page points to so that "blue subtracts" is seen."""
+    return tour.negative_key(get_analysis(request).analysis, layer, None, kind)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

@@ -113,14 +113,14 @@ def downloads(spec: Callable[[], dict], data, name: str, key: str) -> None:
     def rendered(fmt: str) -> bytes:
         return render_spec(_inline(spec()), fmt)
 
-    cols = st.columns([1, 1, 1, 5])
-    cols[0].download_button(
-        "PNG", data=lambda: rendered("png"), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore"
-    )
-    cols[1].download_button(
+    # A row of buttons each as wide as its label (columns of a share of the width squeezed them to "P." in a half column
+    # at 1,280 px); they wrap rather than overflow.
+    row = st.container(horizontal=True, gap="small")
+    row.download_button("PNG", data=lambda: rendered("png"), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore")
+    row.download_button(
         "SVG", data=lambda: rendered("svg"), file_name=f"{name}.svg", mime="image/svg+xml", key=f"{key}_svg", on_click="ignore"
     )
-    cols[2].download_button("CSV", data=lambda: to_csv(data), file_name=f"{name}.csv", mime="text/csv", key=f"{key}_csv", on_click="ignore")
+    row.download_button("CSV", data=lambda: to_csv(data), file_name=f"{name}.csv", mime="text/csv", key=f"{key}_csv", on_click="ignore")
 
 
 def _picked(chart_obj, data, name: str, key: str, param: str) -> dict | None:
@@ -161,18 +161,23 @@ def query_heatmaps(
     stacked: bool = False,
     colour_range: str = "robust",
     generated_from: int | None = None,
+    key_mark: int | None = None,
 ) -> None:
     """Attention beside the picked measure, each map as wide as its column of the page (one above the other when
     ``stacked``); a clicked cell of either selects its query (the sidebar's query picker and the link follow).
-    Positions from ``generated_from`` on are labelled as generated.
+    Positions from ``generated_from`` on are labelled as generated; ``key_mark``'s cell in the query's row is ringed.
+
+    In presenter mode the maps are stacked, each the page's width and :func:`~cwviz.charts.heatmaps.presenter_height`
+    tall: cells of 16 px or more and every token labelled up to 40 tokens, for the back row of a room.
 
     The downloads (PNG, SVG, CSV) hold the pair as one chart (:func:`cwviz.charts.heatmaps.heatmap_pair`)."""
     px = label_px()
-    side = heatmaps.PRESENTER_SIDE if presenter() else heatmaps.SCREEN_SIDE
+    stacked = stacked or presenter()
+    side = heatmaps.presenter_height(cells.frame["query"].nunique()) if presenter() else heatmaps.SCREEN_SIDE
     columns = [st.container(), st.container()] if stacked else st.columns(2, gap="small")
     for column, which in zip(columns, ("attention", "measure")):
         view = heatmaps.heatmap_view(
-            cells, which, query, height=side, label_px=px, colour_range=colour_range, generated_from=generated_from
+            cells, which, query, height=side, label_px=px, colour_range=colour_range, generated_from=generated_from, key=key_mark
         )
         with column:
             event = st.vega_lite_chart(

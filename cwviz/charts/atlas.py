@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 
 from ..analyses.schema import ATLAS_METRICS
-from .heatmaps import head_pick, outlined_grid, signed_scale
+from .heatmaps import head_pick, outlined_grid, summary_scale
 
 #: Statistics that can be negative, drawn on the diverging scale centred at zero.
 SIGNED = ("cos_sink_rest", "sink_contribution")
@@ -20,8 +20,7 @@ def atlas_map(pooled: pd.DataFrame, metric: str = "sink_attention", layer: int |
     layers = int(pooled["layer"].max()) + 1 if len(pooled) else 1
     heads = int(pooled["head"].max()) + 1 if len(pooled) else 1
     cell = max(10, min(22, 520 // max(layers, 1)))
-    signed = metric in SIGNED and bool((pooled[metric] < 0).any())
-    scale = signed_scale(pooled[metric]) if signed else alt.Scale(scheme="viridis")
+    scale = summary_scale(pooled[metric], metric, signed=metric in SIGNED)
     prompts = int(pooled["prompts"].iloc[0]) if "prompts" in pooled and len(pooled) else 0
     grid = (
         alt.Chart(pooled)

@@ -29,6 +29,7 @@ from .heatmaps import (
     thinned_label_expr,
     wrap,
 )
+from .palette import NEGATIVE, POSITIVE
 
 #: Most aligned keys for which A, B and B − A stand in one row when the page is asked to put maps side by side
 #: (``layout="side"``): 3 x (16 x 13 px + ~150 px of labels) fit the dashboard's main area in a 1600 px window;
@@ -46,8 +47,6 @@ SIDE_FITS = 1180
 #: Characters a title line holds: about 700 px at 13 px, narrower than the narrowest grid of maps.
 TITLE_CHARS = 100
 LABEL_LIMIT = 110  # px, the longest axis label ("12 lighthouse / 12 keeper" is cut with an ellipsis)
-#: Bar colours of a change: the ends of the diverging scale (red: larger in B, blue: smaller).
-POSITIVE, NEGATIVE = "#b2182b", "#2166ac"
 
 
 def _extent(count: int) -> int:

@@ -14,6 +14,8 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from .palette import CATEGORIES
+
 CURVE_TITLES = {
     "comprehensiveness": "Comprehensiveness: most important keys removed (higher = more faithful)",
     "sufficiency": "Sufficiency: least important keys removed (lower = more faithful)",
@@ -36,6 +38,11 @@ def symlog_ticks(values) -> list[float]:
     return sorted([-d for d in decades(-bottom)] + [0.0] + (decades(top) or [1.0]))
 
 
+def measure_colours(order: list[str]) -> alt.Scale:
+    """The measures' line colours (:data:`~cwviz.charts.palette.CATEGORIES`): neither red nor blue, which mean a sign."""
+    return alt.Scale(domain=order, range=list(CATEGORIES))
+
+
 def curve_chart(summary: pd.DataFrame, curve: str, scale: str = "linear") -> alt.LayerChart:
     """ΔPPL against removal rate for one curve (columns of ``cwviz.analyses.faithfulness.SUMMARY_COLUMNS``).
 
@@ -48,7 +55,7 @@ def curve_chart(summary: pd.DataFrame, curve: str, scale: str = "linear") -> alt
     # The legend stands to the right (a bottom legend takes its rows from the plot's height) and belongs
     # to the lines alone, so its swatches are opaque, not the bands' 15 %.
     legend = alt.Legend(orient="right", symbolOpacity=1, symbolStrokeWidth=3, labelLimit=260)
-    color = alt.Color("measure:N", sort=order, title="measure", legend=legend)
+    color = alt.Color("measure:N", sort=order, title="measure", legend=legend, scale=measure_colours(order))
     x = alt.X("rate:Q", title="keys removed per query (%)", scale=alt.Scale(zero=True))
     y_scale = alt.Scale(type=scale)
     # Vega's default ticks on a symlog axis are a linear few (0, 20,000, 40,000): label its decades instead.
@@ -60,7 +67,7 @@ def curve_chart(summary: pd.DataFrame, curve: str, scale: str = "linear") -> alt
     )
     base = alt.Chart(data).encode(x=x, color=color)
     band = base.mark_area(opacity=0.15).encode(
-        color=alt.Color("measure:N", sort=order, legend=None),
+        color=alt.Color("measure:N", sort=order, legend=None, scale=measure_colours(order)),
         y=alt.Y("ci_low:Q", title="ΔPPL = PPL(masked) − PPL(clean)", scale=y_scale, axis=axis),
         y2="ci_high:Q",
     )
@@ -94,7 +101,7 @@ def accuracy_chart(summary: pd.DataFrame, curve: str) -> alt.LayerChart:
     x = alt.X("rate:Q", title="keys removed per query (%)", scale=alt.Scale(zero=True))
     base = alt.Chart(data).encode(x=x)
     band = base.mark_area(opacity=0.15).encode(
-        color=alt.Color("measure:N", sort=order, legend=None),
+        color=alt.Color("measure:N", sort=order, legend=None, scale=measure_colours(order)),
         y=alt.Y("low_points:Q", title="Δaccuracy (points) = masked − clean"),
         y2="high_points:Q",
     )
@@ -106,7 +113,9 @@ def accuracy_chart(summary: pd.DataFrame, curve: str) -> alt.LayerChart:
         alt.Tooltip("n:Q", title="items"),
     ]
     line = base.mark_line(point=True).encode(
-        y=alt.Y("delta_points:Q"), color=alt.Color("measure:N", sort=order, title="measure", legend=legend), tooltip=tooltip
+        y=alt.Y("delta_points:Q"),
+        color=alt.Color("measure:N", sort=order, title="measure", legend=legend, scale=measure_colours(order)),
+        tooltip=tooltip,
     )
     title = {"comprehensiveness": "Accuracy, most important keys removed", "sufficiency": "Accuracy, least important keys removed"}
     return alt.layer(band, line).resolve_legend(color="independent").properties(title=title.get(curve, curve), width=WIDTH, height=HEIGHT)

@@ -17,10 +17,11 @@ import numpy as np
 import pandas as pd
 
 from ..analyses.schema import FAMILIES, HeatmapCells, is_signed
+from .palette import ATTENTION_SCHEME, DIVERGING, OTHER_SCHEME
 
-#: Diverging scale for signed measures: red positive, blue negative, white at zero.
-DIVERGING = "redblue"
-SEQUENTIAL = "blues"
+#: Diverging scale for signed measures (:mod:`cwviz.charts.palette`): red positive, blue negative, white at zero.
+#: Attention's sequential scale: green, neither red nor blue.
+SEQUENTIAL = ATTENTION_SCHEME
 SIDE = 330  # px, the least a heatmap axis gets in a notebook or an export
 CELL = 15  # px per position in a notebook or an export: a 12 px label per row or column without overlap
 #: How the heatmap pair is laid out in a notebook or an export: side by side when it fits (``"auto"``), or as asked.
@@ -39,6 +40,14 @@ LABEL_PX, PRESENTER_LABEL_PX = 12, 16
 #: A text label's line box, in units of its font size: labels of neighbouring rows closer than this would
 #: overlap, so only every n-th row is labelled (:func:`label_stride`).
 LINE_BOX = 1.15
+#: The same across a rotated key label (its glyph box, in units of its font size).
+ROTATED_BOX = 1.3
+#: The attention map's legend: what its green means (it is never a sign).
+ATTENTION_LEGEND = ["green:", "attention", "(darker:", "more)"]
+#: In presenter mode every token is labelled up to this many positions, each row and column
+#: :data:`PRESENTER_ROW` px: a cell of at least 16 px and a 16 px label per row, legible from the back row.
+PRESENTER_ALL_LABELS = 40
+PRESENTER_ROW = math.ceil(16 * 1.15)
 #: Height (px) of each map's plot area on the dashboard: the pair, with its titles, rotated key labels and legends,
 #: fits a 1280 x 720 window with the sidebar open (the first screen).
 SCREEN_SIDE = 240
@@ -128,7 +137,8 @@ def contribution_scale(values: pd.Series, sink: pd.Series | None = None, colour_
     bound = contribution_bound(values, sink, colour_range)
     finite = values[values.map(math.isfinite)] if len(values) else values
     clamped = bool(len(finite)) and float(finite.abs().max()) > bound * (1 + 1e-9)
-    title = ["clamped" if clamped else "range", f"±{bound:.2g}", "symlog"]
+    # The last lines say what the colours mean, on every signed legend (the rule's lines first, as tests and pages read).
+    title = ["clamped" if clamped else "range", f"±{bound:.2g}", "symlog", "red: adds", "blue: subtracts"]
     scale = alt.Scale(
         type="symlog", constant=SYMLOG_CONSTANT, scheme=DIVERGING, reverse=True, domain=[-bound, bound], domainMid=0, clamp=True
     )
@@ -139,6 +149,22 @@ def sequential_scale(values: pd.Series) -> alt.Scale:
     top = float(values.max()) if len(values) else 1.0
     top = top if math.isfinite(top) and top > 0 else 1.0
     return alt.Scale(scheme=SEQUENTIAL, domain=[0, top])
+
+
+def summary_scale(values: pd.Series, metric: str, signed: bool) -> alt.Scale:
+    """The colour scale of a per-head statistic on a layer x head grid: a signed one (a contribution share, a cosine)
+    on :func:`signed_scale` even where none is negative, so red always adds; an attention share in attention's green;
+    anything else (a divergence) in :data:`~cwviz.charts.palette.OTHER_SCHEME`."""
+    if signed:
+        return signed_scale(values)
+    return alt.Scale(scheme=ATTENTION_SCHEME if "attention" in metric else OTHER_SCHEME)
+
+
+def presenter_height(rows: int) -> int:
+    """Plot height (px) of a map of ``rows`` query rows in presenter mode, where the two maps are stacked, each as wide
+    as the page: :data:`PRESENTER_ROW` px a row up to :data:`PRESENTER_ALL_LABELS` rows (every token labelled), never
+    less than :data:`PRESENTER_SIDE`; a longer map is as tall as 40 rows and labels every n-th row."""
+    return max(PRESENTER_SIDE, PRESENTER_ROW * min(rows, PRESENTER_ALL_LABELS))
 
 
 def label_stride(count: int, extent: float, label_px: int = LABEL_PX) -> int:
@@ -195,6 +221,22 @@ def query_outline(row: int) -> alt.Chart:
     )
 
 
+#: The ring's colour around a marked cell: near-black, apart from the query row's black outline.
+RING = "#111111"
+
+
+def cell_ring(query: int, key: int) -> alt.Chart:
+    """A ring around the cell (``query``, ``key``), layered over a heatmap from its own data: a circle of fixed size,
+    so the cell a sentence names is found at any prompt length, however small its rect is drawn."""
+    return (
+        alt.Chart()
+        .transform_filter((alt.datum.query == query) & (alt.datum.key == key))
+        .mark_point(shape="circle", size=260, filled=False, stroke=RING, strokeWidth=3)
+        .encode(x="key:O", y="query:O")
+        .properties(name="marked_cell")
+    )
+
+
 def query_pick() -> alt.Parameter:
     """Clicking a heatmap cell selects its query (the parameter :data:`QUERY_PICK`, field ``query_position``)."""
     return alt.selection_point(name=QUERY_PICK, fields=["query_position"], on="click", clear=False)
@@ -225,6 +267,7 @@ def heatmap_view(
     colour_range: str = "robust",
     pick: bool = True,
     generated_from: int | None = None,
+    key: int | None = None,
 ) -> alt.LayerChart:
     """One map of a heatmap pair: ``which="attention"`` (sequential scale) or ``"measure"`` (the picked measure;
     :func:`contribution_scale` when it can be negative).
@@ -234,7 +277,8 @@ def heatmap_view(
     every n-th where ``height`` is too short for all (:func:`label_stride`), always with the first token and the
     selected query (``cells.query``, or ``query`` when given), whose row is outlined. A click on a cell selects
     its query (:data:`QUERY_PICK`; ``pick=False`` leaves the parameter to a chart that holds this one). Positions
-    from ``generated_from`` on were generated by the model, and their labels say so (``"31 the (gen)"``).
+    from ``generated_from`` on were generated by the model, and their labels say so (``"31 the (gen)"``). ``key``: a
+    key whose cell in the query's row is ringed (:func:`cell_ring`), the cell a page's sentence names.
     """
     if which not in ("attention", "measure"):
         raise ValueError(f"which must be 'attention' or 'measure', not {which!r}")
@@ -243,10 +287,12 @@ def heatmap_view(
     keys, queries = sorted(frame["key"].unique().tolist()), sorted(frame["query"].unique().tolist())
     value_title = measure_label(cells.measure)
     tooltips = _tooltips(frame, value_title, cells.measure != f"contribution_{cells.kind}")
+    # A rotated key label takes its whole glyph box across the axis: a little more than a row label's line box.
+    x_box = label_px * ROTATED_BOX
     if width == "container":
-        x_stride: int | str = f"max(1, ceil({label_px * LINE_BOX:.2f} * {len(keys)} / width))"
+        x_stride: int | str = f"max(1, ceil({x_box:.2f} * {len(keys)} / width))"
     else:
-        x_stride = label_stride(len(keys), width, label_px)
+        x_stride = max(1, math.ceil(x_box * len(keys) / max(width, 1)))
     y_stride = label_stride(len(queries), height, label_px)
     what = "bin" if cells.binned else "position token"
     axis = dict(labelLimit=LABEL_LIMIT, labelOverlap=False, labelFontSize=label_px, titleFontSize=label_px, labelColor="#31333f")
@@ -257,8 +303,10 @@ def heatmap_view(
     y_axis = alt.Axis(labelExpr=thinned_label_expr(labels, queries, row, y_stride), **axis)
     # The legend stands right of the map, as tall as it: below it, it would push the pair past a 720 px screen.
     legend = dict(orient="right", direction="vertical", gradientLength=height, labelFontSize=label_px, titleFontSize=label_px)
+    if label_px >= PRESENTER_LABEL_PX:  # presenter mode: the maps are stacked, and the legend above gives the cells its width
+        legend = dict(legend, orient="top", direction="horizontal", gradientLength=min(height, 300), titleOrient="left")
     if which == "attention":
-        colour = alt.Color("attention:Q", scale=sequential_scale(frame["attention"]), legend=alt.Legend(title=None, **legend))
+        colour = alt.Color("attention:Q", scale=sequential_scale(frame["attention"]), legend=alt.Legend(title=ATTENTION_LEGEND, **legend))
         title = "Attention weights"
     elif is_signed(cells.measure):
         scale, rule = contribution_scale(frame["value"], frame["key"] == SINK_KEY, colour_range)
@@ -280,6 +328,8 @@ def heatmap_view(
     )
     rects = rects.add_params(query_pick()) if pick else rects
     layers = [rects] + ([query_outline(row)] if row is not None else [])
+    if row is not None and key is not None and not cells.binned:
+        layers.append(cell_ring(row, key))
     return alt.layer(*layers, data=frame).properties(
         width=width, height=height, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 2)
     )
@@ -370,8 +420,10 @@ def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int 
     if metric not in OVERVIEW_METRICS:
         raise ValueError(f"metric must be one of {', '.join(OVERVIEW_METRICS)}, not {metric!r}")
     pick = head_pick()
-    signed = metric == "sink_contribution" and bool((summary[metric] < 0).any())
-    scale = signed_scale(summary[metric]) if signed else alt.Scale(scheme="viridis", reverse=metric == "divergence")
+    # A contribution share is signed (red adds, blue subtracts) even where no head's is negative; attention shares in
+    # attention's green; the divergence (neither) in the other sequential hue.
+    signed = metric == "sink_contribution"
+    scale = signed_scale(summary[metric]) if signed else alt.Scale(scheme=ATTENTION_SCHEME if metric == "sink_attention" else OTHER_SCHEME)
     layers = int(summary["layer"].max()) + 1 if len(summary) else 1
     heads = int(summary["head"].max()) + 1 if len(summary) else 1
     cell = max(10, min(22, 520 // max(layers, 1)))

@@ -1,6 +1,7 @@
 """Charts of docs/METHOD.md section 4 (attention sinks): tidy tables from :mod:`cwviz.analyses.sinks` in, ``alt.Chart`` out.
 
-Colour convention of the dashboard: diverging scales are centred at zero, red positive, blue negative.
+Colour convention of the dashboard (:mod:`cwviz.charts.palette`): diverging scales are centred at zero, red positive,
+blue negative; attention is green; other lines are neutral grey and gold.
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ import altair as alt
 import pandas as pd
 
 from .heatmaps import head_pick, outline, signed_scale
+from .palette import ACCENT, ATTENTION, KEY, MUTED, NEUTRAL
 
+#: Plot width (px) of a chart that shares the page's width with another: it, its axis labels and title fit half the
+#: main area of a 1,280 px window with the sidebar open.
+HALF_WIDTH = 320
 #: Most points drawn in the ratio/norm scatter (Altair's limit is 5000 rows); beyond it an even sample.
 MAX_POINTS = 4000
 
@@ -54,13 +59,13 @@ def ratio_norm_chart(
         .encode(
             x=x,
             y=y,
-            color=alt.Color("prompt:N", title="prompt") if pooled else alt.value("#4c78a8"),
+            color=alt.Color("prompt:N", title="prompt") if pooled else alt.value(KEY),
             tooltip=tooltip,
         )
     )
     line = (
         alt.Chart(curve.assign(label="‖s ṽ_sink + (1 − s) m‖, typical m"))
-        .mark_line(color="#e45756", strokeWidth=2)
+        .mark_line(color=ACCENT, strokeWidth=2)
         .encode(
             x=x,
             y=y,
@@ -74,10 +79,8 @@ def ratio_norm_chart(
     layers = [dots, line]
     if math.isfinite(minimiser):
         marker = pd.DataFrame({"sink_ratio": [minimiser], "label": [f"min at s* = {minimiser:.2f}"]})
-        rule = alt.Chart(marker).mark_rule(color="#e45756", strokeDash=[4, 3]).encode(x="sink_ratio:Q", tooltip=["label:N"])
-        text = (
-            alt.Chart(marker).mark_text(align="left", dx=4, dy=-6, color="#e45756").encode(x="sink_ratio:Q", y=alt.value(8), text="label:N")
-        )
+        rule = alt.Chart(marker).mark_rule(color=ACCENT, strokeDash=[4, 3]).encode(x="sink_ratio:Q", tooltip=["label:N"])
+        text = alt.Chart(marker).mark_text(align="left", dx=4, dy=-6, color=ACCENT).encode(x="sink_ratio:Q", y=alt.value(8), text="label:N")
         layers += [rule, text]
     if query is not None:
         ringed = data[data["query"] == query]
@@ -152,7 +155,10 @@ def share_chart(layers: pd.DataFrame, layer: int | None = None, width: int = 460
             y=alt.Y("share:Q", title="the sink's share of the layer output"),
             # Legend below the plot: the chart shares the page's width with chart (b).
             color=alt.Color(
-                "measure:N", title="share under", scale=alt.Scale(range=["#4c78a8", "#e45756"]), legend=alt.Legend(orient="bottom")
+                "measure:N",
+                title="share under",
+                scale=alt.Scale(domain=["attention", "contribution weight"], range=[ATTENTION, NEUTRAL]),
+                legend=alt.Legend(orient="bottom"),
             ),
             tooltip=[alt.Tooltip("layer:Q"), alt.Tooltip("measure:N"), alt.Tooltip("share:Q", format=".3f")],
         )
@@ -184,9 +190,7 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
         .encode(
             x=x,
             y=alt.Y("output_norm_change:Q", title="Δ mean ‖o^h‖"),
-            color=alt.Color(
-                "sink_value:N", title="sink's value", scale=alt.Scale(domain=[SCALED, UNCHANGED], range=["#e45756", "#bab0ac"])
-            ),
+            color=alt.Color("sink_value:N", title="sink's value", scale=alt.Scale(domain=[SCALED, UNCHANGED], range=[ACCENT, MUTED])),
             tooltip=[
                 alt.Tooltip("layer:O"),
                 alt.Tooltip("sink_value:N", title="sink's value"),
@@ -206,7 +210,7 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
             x=x,
             # Not from zero: a cosine has no zero baseline, and the lines (the difference is what counts) fill the plot.
             y=alt.Y("cone:Q", title="mean pairwise cos of head outputs", scale=alt.Scale(zero=False)),
-            color=alt.Color("pass:N", title="pass", scale=alt.Scale(domain=["clean", "intervened"], range=["#4c78a8", "#e45756"])),
+            color=alt.Color("pass:N", title="pass", scale=alt.Scale(domain=["clean", "intervened"], range=[MUTED, ACCENT])),
             tooltip=[alt.Tooltip("layer:O"), alt.Tooltip("pass:N"), alt.Tooltip("cone:Q", format=".3f")],
         )
         .properties(title="Semantic cone (higher: outputs collapse into a narrower cone)", width=width, height=height)

@@ -7,6 +7,7 @@ import pandas as pd
 
 from ..analyses.schema import TokenFactors
 from .heatmaps import PAIR_FITS, SYMLOG_CONSTANT, TITLE_PX_PER_CHAR, contribution_scale, label_expr, wrap
+from .palette import KEY, NEGATIVE, POSITIVE, SINK
 
 FACTOR_TITLES = {
     "attention": "attention α",
@@ -15,11 +16,10 @@ FACTOR_TITLES = {
     "contribution": "contribution = product",
 }
 #: Bar colours of the attention, norm ratio and cosine panels: outside the maps' red and blue, which the
-#: contribution panel uses for its sign.
-SINK_COLOUR = "#7b4ea3"  # purple
-KEY_COLOUR = "#6f6f6f"  # dark grey (gridlines are light grey)
+#: contribution panel uses for its sign (the sink purple, other keys dark grey; gridlines are light grey).
+SINK_COLOUR, KEY_COLOUR = SINK, KEY
 #: The contribution panel's bars: the ends of the maps' diverging scale, so a bar's colour says its sign.
-POSITIVE_COLOUR, NEGATIVE_COLOUR = "#b2182b", "#2166ac"
+POSITIVE_COLOUR, NEGATIVE_COLOUR = POSITIVE, NEGATIVE
 #: Pixels the key labels of a token chart take; the narrowest column a layer gets in the top keys chart (its rank,
 #: two digits, still fits).
 KEY_LABELS, MIN_LAYER_STEP = 160, 16
@@ -35,14 +35,22 @@ def _labels(keys: pd.Series, tokens: pd.Series) -> list[str]:
     return labels
 
 
-def factor_bars(factors: TokenFactors) -> alt.HConcatChart:
+#: How the key a page's sentence names is labelled on the factor bars' key axis (its bars are outlined too).
+MARKED = "▶ "
+
+
+def factor_bars(factors: TokenFactors, mark: int | None = None) -> alt.HConcatChart:
     """One panel of horizontal bars per factor, keys sorted by contribution (largest on top), the sink in purple.
 
-    The panels share one dataset (``factors.frame``, one row per key and factor).
+    The panels share one dataset (``factors.frame``, one row per key and factor). ``mark``: a key whose bars are
+    outlined in black and whose label starts with :data:`MARKED` (the key a page's sentence names).
     """
     frame = factors.frame
     order = factors.wide["key"].astype(int).tolist()
     labels = _labels(factors.wide["key"], factors.wide["token"])
+    if mark is not None and 0 <= mark < len(labels) and labels[mark]:
+        labels[mark] = MARKED + labels[mark]
+    outlined = {"stroke": alt.condition(alt.datum.key == mark, alt.value("black"), alt.value(None)), "strokeWidth": alt.value(2)}
     height = max(120, 18 * len(order))
     colour = alt.condition("datum.is_sink", alt.value(SINK_COLOUR), alt.value(KEY_COLOUR))
     tooltip = [
@@ -79,7 +87,13 @@ def factor_bars(factors: TokenFactors) -> alt.HConcatChart:
             alt.Chart(frame)
             .transform_filter(alt.datum.factor == name)
             .mark_bar()
-            .encode(y=alt.Y("key:O", sort=order, title="key" if i == 0 else None, axis=axis), x=x, color=fill, tooltip=tooltip)
+            .encode(
+                y=alt.Y("key:O", sort=order, title="key" if i == 0 else None, axis=axis),
+                x=x,
+                color=fill,
+                tooltip=tooltip,
+                **(outlined if mark is not None else {}),
+            )
             .properties(width=PANEL_WIDTH, height=height, title=titles.get(name, name))
         )
     width = len(panels) * (PANEL_WIDTH + 8) + KEY_LABELS

@@ -3,6 +3,7 @@ and prompt; and the links to the full pages (cwviz.app.links) carry the pages' o
 
 from __future__ import annotations
 
+import json
 import math
 from urllib.parse import parse_qs, urlsplit
 
@@ -178,3 +179,73 @@ def test_a_link_to_the_default_page_goes_to_the_root_and_all_heads_is_spelled_al
     assert ")" not in url and " " not in url  # safe inside Markdown and HTML attributes
     with pytest.raises(ValueError, match="heatmaps, token, sinks"):
         links.page_url("nowhere", REQUEST, 0, None)
+
+
+def _embedded_prompts() -> list[str]:
+    """Prompts of different lengths: the dashboard's first two examples (about 30 and 44 tokens) and a ~300-token
+    text of a researcher's own (the examples repeated)."""
+    texts = [example.text for example in state.examples()[:2]]
+    return [*texts, " ".join(texts * 4)]
+
+
+@pytest.fixture(scope="module")
+def embedded_model():
+    from cwviz import load_model
+
+    return load_model("embedded")
+
+
+@pytest.mark.parametrize("prompt", range(3), ids=["short", "medium", "long"])
+def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold(embedded_model, prompt):
+    """On the embedded model and prompts of three lengths: step 2's shares are the share chart's points at its layer;
+    step 3's contribution is the contribution map's cell (query, key), ringed, and the sink's share its sink cell;
+    step 4's factors are the bars of the marked key; the sentences' claims ("writes little", "writes against", "both
+    are true") hold for the numbers printed."""
+    from cwviz.charts import heatmaps, token
+    from cwviz.charts import sinks as sink_charts
+
+    analysis = analyze(embedded_model, _embedded_prompts()[prompt])
+    table = sinks.sink_table(analysis, sinks.DEFAULT_SINK)
+    layers = sinks.sink_layer_summary(table)
+    plan = tour.plan(analysis, tables.head_summary(analysis), layers, sinks.sink_head_summary(table))
+    neg, scale = plan.negative, plan.negative.scale
+
+    # Step 2: the printed shares are the chart's two points at the dashed layer; "only" is printed when it holds.
+    drawn = sink_charts.share_chart(layers, plan.layer.layer).layer[0].data
+    at = dict(drawn.loc[drawn["layer"] == plan.layer.layer, ["measure", "share"]].itertuples(index=False))
+    assert f"{at['attention']:.0%}" == f"{plan.layer.attention_share:.0%}"
+    assert f"{at['contribution weight']:.0%}" == f"{plan.layer.contribution_share:.0%}"
+    assert plan.layer.writes_little == (plan.layer.contribution_share < 0.5 * plan.layer.attention_share)
+    assert plan.layer.contribution_share < plan.layer.attention_share, "attention overstates the sink in the tour's layer"
+
+    # Step 3: the map the step draws holds the printed cell, and rings it; the sink cell is the printed share.
+    cells = tables.heatmap_cells(
+        analysis, plan.layer.layer, neg.head, "contribution_intra", tour.KIND, neg.query, "window", max_cells=tables.screen_cells(True)
+    )
+    frame = cells.frame.set_index(["query", "key"])
+    assert f"{frame.loc[(neg.query, neg.key), 'value']:+.3f}" == f"{neg.contribution:+.3f}"
+    assert f"{frame.loc[(neg.query, sinks.DEFAULT_SINK), 'value']:.0%}" == f"{scale.sink_intra:.0%}"
+    assert neg.contribution < 0, "the key printed as writing against the output has a negative contribution"
+    view = heatmaps.heatmap_view(cells, "measure", neg.query, key=neg.key).to_dict()
+    assert any(layer.get("name") == "marked_cell" for layer in view["layer"]), "the step's key is ringed on the map"
+
+    # Step 4: the marked key's bars are the printed factors, and they multiply out to the printed contribution.
+    factors = tables.token_factors(analysis, plan.layer.layer, neg.query, neg.head, tour.KIND, also=neg.key)
+    row = factors.wide[factors.wide["key"] == neg.key].iloc[0]
+    printed = f"{neg.attention:.3f} × {neg.norm_ratio:.2f} × {neg.cosine:+.2f} = {neg.contribution:+.3f}"
+    assert printed == f"{row['attention']:.3f} × {row['norm_ratio']:.2f} × {row['cosine']:+.2f} = {row['contribution']:+.3f}"
+    assert row["attention"] * row["norm_ratio"] * row["cosine"] == pytest.approx(row["contribution"], rel=1e-3, abs=1e-6)
+    sink_row = factors.wide[factors.wide["is_sink"]].iloc[0]
+    assert f"{sink_row['contribution']:.0%}" == f"{scale.sink_intra:.0%}"
+    bars = token.factor_bars(factors, mark=neg.key).to_dict()
+    label = bars["hconcat"][0]["encoding"]["y"]["axis"]["labelExpr"]  # the labels as a JSON list, in ASCII
+    assert json.dumps(token.MARKED)[1:-1] in label and bars["hconcat"][0]["encoding"]["stroke"]
+
+    # "Both are true": the sink's share of this head's output, of the layer's output, and the two lengths that reconcile them.
+    head = tables.decomposition(analysis, plan.layer.layer, neg.query, neg.head, "inter")
+    assert scale.sink_inter == pytest.approx(float(head.loc[head["key"] == sinks.DEFAULT_SINK, "contribution"].iloc[0]))
+    assert scale.layer_norm > 0 and scale.head_norm > 0
+    if scale.sink_dominates:
+        assert scale.sink_intra > 0.5 and scale.sink_inter < 0.5 * scale.sink_intra
+        # The reconciliation: the sink's share of the layer is its share of the head, scaled by the head's length.
+        assert abs(scale.sink_inter) <= abs(scale.sink_intra) * scale.head_fraction * (1 + 1e-4)

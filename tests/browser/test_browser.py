@@ -390,7 +390,8 @@ FIRST_SCREENS = [{"width": 1280, "height": 720}, {"width": 1600, "height": 1000}
 @pytest.mark.parametrize("presenter", [False, True], ids=["", "presenter"])
 def test_the_first_screen_shows_both_maps_side_by_side(server, browser, screen, presenter):
     """With the sidebar open and the default prompt, the attention and contribution maps stand side by side and
-    wholly inside the window, without scrolling; labels are at least 12 px (16 in presenter mode)."""
+    wholly inside the window, without scrolling; labels are at least 12 px. In presenter mode (16 px labels) they
+    are stacked, each as wide as the page, and the attention map begins on the first screen."""
     if presenter and screen["width"] != 1280:
         pytest.skip("presenter mode is for a 1280 x 720 projector")
     page = browser.new_page(viewport=screen)
@@ -403,13 +404,18 @@ def test_the_first_screen_shows_both_maps_side_by_side(server, browser, screen, 
         maps = page.evaluate(PLOTS_JS)[:2]
         boxes = [plot["box"] for chart in maps for plot in chart["plots"]]
         assert len(boxes) == 2, boxes
-        for box in boxes:
-            assert box["y"] >= 0 and box["y"] + box["h"] <= screen["height"], f"a map's plot box {box} is not on the first screen"
-            assert box["x"] + box["w"] <= screen["width"] and box["h"] >= MIN_PLOT_PX
-        left, right = boxes
-        assert left["x"] + left["w"] < right["x"] and abs(left["y"] - right["y"]) < 2, "the maps stand side by side"
-        for chart in maps:  # the legends too
-            assert chart["box"]["y"] + chart["box"]["h"] <= screen["height"], "a map's legend or labels are below the fold"
+        if presenter:  # for a room: stacked, each the page's width, the attention map begins on the first screen
+            top, bottom = boxes
+            assert bottom["y"] > top["y"] + top["h"] and top["y"] + MIN_PLOT_PX <= screen["height"], "presenter mode stacks the maps"
+            assert all(box["x"] + box["w"] <= screen["width"] and box["h"] >= MIN_PLOT_PX for box in boxes)
+        else:
+            for box in boxes:
+                assert box["y"] >= 0 and box["y"] + box["h"] <= screen["height"], f"a map's plot box {box} is not on the first screen"
+                assert box["x"] + box["w"] <= screen["width"] and box["h"] >= MIN_PLOT_PX
+            left, right = boxes
+            assert left["x"] + left["w"] < right["x"] and abs(left["y"] - right["y"]) < 2, "the maps stand side by side"
+            for chart in maps:  # the legends too
+                assert chart["box"]["y"] + chart["box"]["h"] <= screen["height"], "a map's legend or labels are below the fold"
         _labels_check(page.evaluate(HEATMAP_LABELS_JS), 16 if presenter else 12)
         name = f"first-screen-{screen['width']}x{screen['height']}" + ("-presenter" if presenter else "")
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
@@ -825,3 +831,110 @@ def test_every_tour_step_draws_its_chart_and_its_link_opens_its_view(server, bro
                 page.get_by_role("button", name="Next →").click()
     finally:
         context.close()
+
+
+# Issue 44: the tour in front of a class, at a projector's 1,280 x 720 and a researcher's 1,600 x 1,000.
+PROJECTOR = {"width": 1280, "height": 720}
+#: Every chart's SVG and every button, with their right edges and whether a button's label is cut ("P." for "PNG").
+EDGES_JS = """
+() => ({
+  charts: [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')].map(s => s.getBoundingClientRect().right),
+  buttons: [...document.querySelectorAll('[data-testid="stMain"] button, [data-testid="stMain"] a[data-testid^="stBaseLinkButton"]')]
+    .filter(b => b.offsetParent !== null)
+    .map(b => ({text: b.innerText, right: b.getBoundingClientRect().right,
+                cut: [...b.querySelectorAll('p, div')].some(e => e.scrollWidth > e.clientWidth + 1)})),
+})
+"""
+
+
+@pytest.mark.parametrize("name, charts", [("heatmaps", 3), ("token", 2), ("sinks", 4), ("compare", 3), ("faithfulness", 0), ("atlas", 0)])
+def test_at_a_projectors_width_every_chart_and_button_lies_inside_the_window(server, browser, name, charts):
+    """At 1,280 x 720 with the sidebar open, every chart and every button of each page ends inside the window, and
+    no button's label is cut short (the Sinks page's downloads read "P.", "S.", "C." in a half column)."""
+    page = browser.new_page(viewport=PROJECTOR)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, name))
+        _settle(page, charts)
+        _assert_no_error_text(page)
+        edges = page.evaluate(EDGES_JS)
+        assert len(edges["charts"]) >= charts
+        assert all(right <= PROJECTOR["width"] for right in edges["charts"]), (name, edges["charts"])
+        outside = [b["text"] for b in edges["buttons"] if b["right"] > PROJECTOR["width"]]
+        cut = [b["text"] for b in edges["buttons"] if b["cut"]]
+        assert not outside and not cut, (name, outside, cut)
+        page.screenshot(path=str(ARTIFACTS / f"projector-{name}.png"), full_page=True)
+    finally:
+        page.close()
+    watch.check()
+
+
+def _researcher_prompt() -> str:
+    """About 300 tokens of a researcher's own text (the first two examples, four times over)."""
+    from cwviz.app import state
+
+    texts = [example.text for example in state.examples()[:2]]
+    return " ".join(texts * 4)
+
+
+#: The ring around the step's key on a map (:data:`cwviz.charts.heatmaps.RING`), the query row's outline, the cells.
+TOUR_MAPS_JS = """
+() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')].slice(0, 2).map(svg => ({
+  box: svg.getBoundingClientRect().toJSON(),
+  ring: [...svg.querySelectorAll('g.role-mark path[stroke="#111111"]')].map(p => p.getBoundingClientRect().toJSON()),
+  cells: [...svg.querySelectorAll('g.role-mark path[aria-label*="contribution: "]')].slice(0, 3).map(p => p.getBoundingClientRect().toJSON()),
+  labels: [...svg.querySelectorAll('g.role-axis-label text')].filter(t => t.textContent !== '')
+    .map(t => ({text: t.textContent, px: parseFloat(getComputedStyle(t).fontSize)})),
+}))
+"""
+
+
+@pytest.mark.parametrize(
+    "screen, presenter, prompt",
+    [(PROJECTOR, True, "short"), (PROJECTOR, False, "long"), (VIEWPORT, False, "short"), (VIEWPORT, True, "long")],
+    ids=["1280-presenter-short", "1280-long", "1600-short", "1600-presenter-long"],
+)
+def test_every_tour_step_marks_what_its_sentences_name_and_reads_from_the_back_row(server, browser, screen, presenter, prompt):
+    """Each tour step on a short (30 tokens) and a long (~300 tokens) prompt: its chart lies inside the window; step 3
+    rings the key its sentence names on both maps and step 4 marks its bars (▶); steps 3 and 4 say why the head's
+    red sink column and step 2's "writes little" are both true where they seem to disagree; in presenter mode the
+    maps are stacked, each as wide as the page, every token labelled (up to 40) in 16 px labels, cells 16 px or more."""
+    params = {"presenter": "true"} if presenter else {}
+    if prompt == "long":
+        params["prompt"] = _researcher_prompt()
+    name = f"tour-{screen['width']}" + ("-presenter" if presenter else "") + f"-{prompt}"
+    page = browser.new_page(viewport=screen)
+    watch = Watch(page)
+    try:
+        page.goto(f"{server}/tour" + (f"?{urlencode(params)}" if params else ""))
+        _settle(page, 1)
+        for step in range(1, TOUR_STEPS + 1):
+            page.locator("h3", has_text=f"{step}. ").wait_for(timeout=120_000)
+            _settle(page, 1)
+            _assert_no_error_text(page)
+            edges = page.evaluate(EDGES_JS)
+            assert all(right <= screen["width"] for right in edges["charts"]), (step, edges["charts"])
+            text = page.inner_text('[data-testid="stMain"]')
+            if step == 3:
+                maps = page.evaluate(TOUR_MAPS_JS)
+                assert len(maps) == 2 and all(len(m["ring"]) == 1 for m in maps), "the step's key is ringed on both maps"
+                assert "(ringed)" in text
+                if presenter and prompt == "short":
+                    top, bottom = maps
+                    assert bottom["box"]["y"] >= top["box"]["y"] + top["box"]["height"] - 1, "presenter mode stacks the maps"
+                    for m in maps:
+                        assert m["box"]["width"] >= 0.6 * (screen["width"] - 320), "each map about as wide as the page"
+                        assert all(label["px"] >= 16 for label in m["labels"])
+                        assert len(m["labels"]) >= 2 * 30, f"every token labelled on both axes: {len(m['labels'])}"
+                    cell = maps[1]["cells"][0]
+                    assert cell["width"] >= 16 and cell["height"] >= 16, cell
+            if step == 4:
+                assert page.locator(f"{CHART} text", has_text="▶").count() >= 1, "the step's key is marked on the bars"
+            if step in (3, 4) and "Both pictures are true" in text:
+                assert "of the layer's output, as step 2 says" in text
+            page.screenshot(path=str(ARTIFACTS / f"{name}-step{step}.png"), full_page=True)
+            if step < TOUR_STEPS:
+                page.get_by_role("button", name="Next →").click()
+    finally:
+        page.close()
+    watch.check()
