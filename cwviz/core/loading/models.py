@@ -18,6 +18,7 @@ Choices (also in docs/api.md and docs/models.md):
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -72,18 +73,23 @@ class Bundle:
     def gram(self, layer: int) -> torch.Tensor:
         """W_Oᵀ W_O of ``layer``, float32 [heads * d_head, heads * d_head], computed once per model.
 
-        Cached because the weights never change: (heads * d_head)² floats per layer (SmolLM2: 40 MB in
-        all; a Llama-8B shape: 2.1 GB), in exchange for two d_model-wide products per analysed layer.
+        Cached, (heads * d_head)² floats per layer (SmolLM2: 40 MB in all; a Llama-8B shape: 2.1 GB), in exchange for
+        two d_model-wide products per analysed layer; under the weight's device, dtype, pointer and version counter, so
+        that a model moved or changed in place gets its own (an older analysis refuses to go on:
+        :meth:`cwviz.core.method.analysis.Analysis.check_model`).
         """
+        weight = architectures.out_proj_weight(self.out_projections[layer], self.arch)
+        key = (weight.device, weight.dtype, weight.data_ptr(), weight._version)
         with self._lock:
             cached = self._grams.get(layer)
-        if cached is None:
-            proj = self.out_projections[layer]
+        if cached is None or cached[0] != key:
             with torch.inference_mode():
-                cached = full_gram(architectures.out_proj_weight(proj, self.arch))
+                made = (key, full_gram(weight))
             with self._lock:
-                cached = self._grams.setdefault(layer, cached)
-        return cached
+                if self._grams.get(layer, (None,))[0] != key:
+                    self._grams[layer] = made
+                cached = self._grams[layer]
+        return cached[1]
 
     def final_hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The base model's final hidden states [batch, T, d_model] for ``input_ids`` [batch, T].
@@ -115,8 +121,9 @@ class Bundle:
     def attention_modules(self) -> list[nn.Module]:
         return architectures.attention_modules(self.model, self.arch)
 
-    @property
+    @functools.cached_property
     def out_projections(self) -> list[nn.Module]:
+        """Every layer's output projection W_O (found once: moving a model keeps its modules)."""
         return architectures.out_projections(self.model, self.arch)
 
 
@@ -180,6 +187,10 @@ def _source(name: str) -> str:
             f"{path} holds weights only; give the folder that holds it together with its config.json and tokenizer "
             "(a folder written by save_pretrained), or a .gguf file"
         )
+    if path.exists() and not path.is_dir():
+        raise ModelLoadError(
+            f"{path} is a file, not a model: give a folder written by save_pretrained (config.json, weights and tokenizer) or a .gguf file"
+        )
     if not path.is_dir():
         raise ModelLoadError(f"no model at {path}: the path does not exist")
     if not (path / "config.json").is_file():
@@ -188,6 +199,33 @@ def _source(name: str) -> str:
         )
     check_folder(path)
     return str(path)
+
+
+#: The files that hold a tokenizer's vocabulary (fast tokenizers, SentencePiece, WordPiece, BPE, tiktoken), as
+#: save_pretrained writes them: a model folder needs one of them.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.txt", "vocab.json", "tekken.json")
+
+
+def check_tokenizer_files(path: Path) -> None:
+    """Refuse a model folder without its tokenizer's vocabulary (:data:`TOKENIZER_FILES`, or a ``*.tiktoken`` file).
+
+    Without them transformers builds a tokenizer from the config alone, with an empty vocabulary: every word
+    becomes ``[UNK]`` and the analysis is silently of another prompt. A tokenizer shipped as code (``auto_map`` in
+    tokenizer_config.json, run only with trust_remote_code) is left to transformers."""
+    import json
+
+    if any((path / name).is_file() for name in TOKENIZER_FILES) or any(path.glob("*.tiktoken")):
+        return
+    config = path / "tokenizer_config.json"
+    try:
+        if config.is_file() and "auto_map" in json.loads(config.read_text(encoding="utf-8")):
+            return
+    except (ValueError, UnicodeDecodeError, AttributeError, TypeError):
+        pass
+    raise ModelLoadError(
+        f"{path} has no tokenizer files (tokenizer.json, tokenizer.model or vocab.txt); save the model's tokenizer "
+        "into the folder too (tokenizer.save_pretrained(folder)) or copy its tokenizer files there from the model's source"
+    )
 
 
 #: Config fields that count something (heads, layers, widths; the names of several families): each must be a whole
@@ -319,7 +357,13 @@ def load_model(
     """
     import transformers
 
-    if not isinstance(name, str) or not name.strip():
+    if not isinstance(name, (str, os.PathLike)):
+        raise ModelLoadError(
+            f"the model name must be text (a name, hub id or path), not {type(name).__name__}; "
+            "use 'embedded', 'embedded-gemma', 'embedded-encoder', a hub id or a local path"
+        )
+    name = os.fspath(name)
+    if not name.strip():
         raise ModelLoadError("model name is empty; use 'embedded', 'embedded-gemma', 'embedded-encoder', a hub id or a local path")
     name = name.strip()
     settings.check_environment()
@@ -328,6 +372,8 @@ def load_model(
     source = _source(name)
     config = _fetch_config(source, name, trust_remote_code)
     architectures.check_supported(config)
+    if Path(source).is_dir():
+        check_tokenizer_files(Path(source))  # a family cwviz cannot analyse is named first
     arch = architectures.architecture_for(getattr(config, "model_type", "?"))
     auto_class = getattr(transformers, "AutoModel" if headless_encoder(config, arch) else auto_class_name(config, arch))
     try:
