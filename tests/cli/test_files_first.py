@@ -12,7 +12,6 @@ import errno
 import io
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from cwviz.cli import compare as compare_command
 from cwviz.cli import main
 from cwviz.core.util.progress import print_line
 from cwviz.core.util.settings import os_error_message
-from tests.helpers import ENV, default_signals, save_tiny_model, write_jsonl
+from tests.helpers import ENV, save_tiny_model, start_command, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["The cat sat on the mat.", "A dog ran in the park.", "Birds fly south in winter."]
@@ -51,18 +50,10 @@ def one_error(code: int, capsys) -> str:
 def head_1(args: list[str]) -> tuple[int, str]:
     """Run ``cwviz ARGS | head -1``: standard output is a pipe closed after its first line (unbuffered, so every
     print reaches the pipe at once). Returns the exit status and stderr."""
-    env = dict(ENV, PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cwviz", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        preexec_fn=default_signals,
-    )
+    process = start_command(args, ENV)
     process.stdout.readline()
     process.stdout.close()  # the reader leaves
-    stderr = process.stderr.read().decode()
+    stderr = process.stderr.read()
     return process.wait(timeout=300), stderr
 
 
@@ -197,16 +188,7 @@ def test_the_interrupted_line_is_a_line_of_its_own_after_a_progress_bar(monkeypa
 
 def test_a_second_ctrl_c_ends_the_run_at_once_without_a_traceback(tiny, tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", PROMPTS * 30)
-    env = dict(ENV, PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cwviz", "-v", "sinks", "--model", str(tiny), "--device", "cpu", "--jsonl", str(data), "--no-ppl"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        preexec_fn=default_signals,
-    )
+    process = start_command(["-v", "sinks", "--model", str(tiny), "--device", "cpu", "--jsonl", str(data), "--no-ppl"], ENV)
     lines = []
     deadline = time.monotonic() + 240
     while not any(line.startswith("prompt 3/") for line in lines):
