@@ -27,8 +27,8 @@ def env_int(name: str, default: int) -> int:
 def cache_dir() -> Path:
     """Where cwviz keeps converted models and spill files: ``$CWVIZ_CACHE`` or the platform's user cache dir.
 
-    InputError naming the variable when it points at something that is not a folder, before anything is converted
-    into it."""
+    InputError naming the variable when it points at something that is not a folder, under a file, or at a folder that
+    cannot be made (its folder is not writable, or in /proc), before anything is converted into it."""
     env = os.environ.get("CWVIZ_CACHE")
     if env:
         path = Path(env).expanduser()
@@ -39,7 +39,7 @@ def cache_dir() -> Path:
             raise InputError(
                 f"CWVIZ_CACHE is {path}, under {made}, which is a file; point CWVIZ_CACHE at a folder (made if missing) or unset it"
             )
-        if not can_write_in(made):
+        if made != path and not can_write_in(made):  # a cache folder that exists may be read-only (filled once, shared)
             raise InputError(
                 f"CWVIZ_CACHE is {path}, in {made}, which you cannot write to; point CWVIZ_CACHE at a folder you can write to or unset it"
             )
