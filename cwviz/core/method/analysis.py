@@ -12,7 +12,6 @@ memory check (:mod:`cwviz.core.method.memory`) refuses a prompt whose working se
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -24,7 +23,7 @@ from ...vocabulary import KINDS, check_kind
 from ..loading import architectures
 from ..loading.inputs import check_agree, check_layer, check_length, integer_index, tokenize
 from ..loading.models import Bundle
-from ..util.errors import InputError, ModelChangedError, SelectionError
+from ..util.errors import InputError, SelectionError
 from ..util.progress import Progress
 from ..util.tokens import display_tokens
 from . import memory
@@ -43,6 +42,7 @@ from .measures import (
 )
 from .reading import attention_rows, for_blocks, record_blocks
 from .spill import SpilledRecords, spill_for
+from .state import ModelState, checked
 from .stream import BlockConsumer, block_streamer
 
 
@@ -115,41 +115,11 @@ def by_layer(records: dict[int, LayerRecord] | SpilledRecords, layers: int) -> S
     return records if isinstance(records, SpilledRecords) else tuple(records[layer] for layer in range(layers))
 
 
-def _checked(method):
-    """``method`` of :class:`Analysis` after :meth:`Analysis.check_model` (at the call, also for a generator)."""
-
-    @functools.wraps(method)
-    def checked(self, *args, **kwargs):
-        self.check_model()
-        return method(self, *args, **kwargs)
-
-    return checked
-
-
-def watched_modules(model: torch.nn.Module, arch: architectures.Architecture) -> tuple[torch.nn.Module, ...]:
-    """The modules whose weights an analysis reads after its pass: the input and output embeddings and every layer's
-    output projection W_O (the Gram matrices, the perplexity)."""
-    modules = (model.get_input_embeddings(), model.get_output_embeddings(), *architectures.out_projections(model, arch))
-    return tuple(m for m in modules if m is not None)
-
-
-def weights_state(modules: Sequence[torch.nn.Module]) -> tuple:
-    """A cheap fingerprint of the weights of ``modules`` (:func:`watched_modules`): per weight its device, dtype, data
-    pointer and version counter. Moving the model (``.to("meta")``, ``.cpu()``, ``.half()``) changes the device,
-    dtype or pointer, freeing it the pointer, and an in-place change (``load_state_dict``, ``copy_``, an edit under
-    ``no_grad``) bumps the version counter. The weights are read afresh from the modules each time (an analysis keeps
-    no weight alive) and no weight's values are read: a few dozen tensors' metadata (tens of microseconds)."""
-    weights = (getattr(m, "weight", None) for m in modules)
-    return tuple((w.device, w.dtype, w.data_ptr(), w._version) for w in weights if isinstance(w, torch.Tensor))
-
-
 class Analysis:
     """The result of :func:`analyze`: tokens, and every measure on demand.
 
-    An Analysis belongs to the model as it was when it was made: it records :func:`weights_state` then, and every
-    method that reads its records or its model checks it first (:meth:`check_model`), raising
-    :class:`~cwviz.core.util.errors.ModelChangedError` once the model was freed, moved or changed, rather than
-    mixing the recorded pass with other weights (a wrong perplexity, a Gram matrix on another device).
+    It belongs to its model as it was: every method that reads it checks the model's state first, itself or through
+    another (:mod:`cwviz.core.method.state`; ModelChangedError once the model was freed, moved or changed).
 
     The records of a long prompt on the CPU are on disk (:mod:`cwviz.core.method.spill`): a layer is read back when
     one of its measures is asked for, bit for bit as recorded. ``spilled`` says whether they are.
@@ -189,16 +159,11 @@ class Analysis:
         self._value_norms: dict[int, torch.Tensor] = {}
         self._lock = threading.Lock()  # the kept layers
         self._logprobs_lock = threading.Lock()
-        self._watched = watched_modules(bundle.model, bundle.arch)  # modules, not weights: moving a model replaces its weights
-        self._weights_state = weights_state(self._watched)
+        self._model_state = ModelState(bundle)
 
     def check_model(self) -> None:
-        """ModelChangedError unless the model is as it was when this analysis was made (:func:`weights_state`)."""
-        if weights_state(self._watched) != self._weights_state:
-            raise ModelChangedError(
-                f"the model {self.info.id!r} was freed, moved to another device or dtype, or had its weights changed after "
-                "this analysis was made; run analyze again on the model as it is now (or load it again)"
-            )
+        """ModelChangedError unless the model is as it was when this analysis was made (:class:`ModelState`)."""
+        self._model_state.check()
 
     # -- sizes and selection checks ---------------------------------------------------------------
     @property
@@ -218,7 +183,7 @@ class Analysis:
         return len(self.input_ids)
 
     @property
-    @_checked
+    @checked
     def next_token_logprobs(self) -> np.ndarray:
         """log p(token_{t+1} | tokens ..t), float32 [T - 1]; empty for encoders.
 
@@ -259,20 +224,20 @@ class Analysis:
         return position
 
     # -- measures ---------------------------------------------------------------------------------
-    @_checked
+    @checked
     def w_heads(self, layer: int) -> torch.Tensor:
         """W_O of ``layer`` split per head, float32 [head, d_model, d_head], on the layer's device."""
         proj = architectures.out_projections(self.bundle.model, self.bundle.arch)[layer]
         w_o = architectures.out_proj_weight(proj, self.bundle.arch)
         return head_weights(w_o, self.num_heads).to(self.layer_device(layer))
 
-    @_checked
+    @checked
     def attention_tensor(self, layer: int) -> torch.Tensor:
         """α for ``layer``, float32 torch [head, query, key]."""
         rec = self._layer_records[self.check_layer(layer)]
         return rec.probabilities(rec.query.float(), rec.key.float(), rec.mask, rec.causal)
 
-    @_checked
+    @checked
     def layer(self, layer: int) -> LayerMeasures:
         """Every measure of one layer as float32 torch tensors (the last two layers asked for are kept)."""
         layer = self.check_layer(layer)
@@ -299,7 +264,7 @@ class Analysis:
                 self._layers.popitem(last=False)
         return measures
 
-    @_checked
+    @checked
     def value_norms(self, layer: int) -> torch.Tensor:
         """‖ṽ_j^h‖ of ``layer``, float32 [head, key] on the layer's device: computed once per layer and kept
         (H x T floats), so that reading a layer in row blocks does not redo the Gram products per block."""
@@ -312,7 +277,7 @@ class Analysis:
             self._value_norms[layer] = cached  # a race computes the same tensor twice, never a wrong one
         return cached
 
-    @_checked
+    @checked
     def rows(self, layer: int, start: int, stop: int) -> LayerMeasures:
         """Every measure of one layer for the query rows ``start..stop-1`` only (not cached).
 
@@ -358,7 +323,7 @@ class Analysis:
         with memory.guard(rec.value.device), torch.inference_mode():
             return query_side(rec.output, self.bundle.gram(layer).to(rec.value.device))
 
-    @_checked
+    @checked
     def row_blocks(self, layer: int, start: int = 0, kinds: tuple[str, ...] = KINDS) -> Iterator[tuple[int, int, LayerMeasures]]:
         """``(first, stop, measures)`` for consecutive blocks of query rows ``first..stop-1`` from ``start`` to
         the last, each of about :data:`ROW_BLOCK_CELLS` cells a head: the streamed reductions (head summary,
@@ -377,7 +342,7 @@ class Analysis:
         for first, stop, keys in record_blocks(rec, start):
             yield first, stop, self._rows(layer, first, stop, keys, None if side is None else side.rows(first, stop), kinds, rec)
 
-    @_checked
+    @checked
     def attention_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, torch.Tensor]]:
         """``(first, stop, α)`` in the blocks of :meth:`row_blocks`, attention only (float32 [head, rows, keys])."""
         with torch.inference_mode():
@@ -391,32 +356,31 @@ class Analysis:
         """Whether any layer has learned sink logits (gpt-oss): there α over the real keys sums to less than 1."""
         return any(self.learned_sink_logits(layer) is not None for layer in range(self.num_layers))
 
-    @_checked
+    @checked
     def learned_sink_logits(self, layer: int) -> torch.Tensor | None:
         """The learned sink logit of each head of ``layer`` (gpt-oss ``s_aux``), float32 [head]; None in a layer
         without them. Nothing of a layer on disk is read."""
         return self._shell(self.check_layer(layer)).learned_sinks
 
-    @_checked
+    @checked
     def layer_device(self, layer: int) -> torch.device:
         """The device ``layer``'s tensors are on (a model spread over devices puts layers on several); the CPU for
         records on disk. Nothing of a layer on disk is read."""
         return torch.device("cpu") if self.spilled else self._layer_records[self.check_layer(layer)].query.device
 
-    @_checked
     def key_mask(self, layer: int, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Which keys each query may attend to in ``layer``: the model's own mask (causal, sliding window), bool
         [query, key] on :meth:`layer_device`, True where a key is visible; with ``start`` and ``stop``, the query rows
         ``start..stop-1`` only (never the whole T x T). Nothing of a layer on disk is read."""
         return self._shell(self.check_layer(layer)).key_mask(start, stop, device=self.layer_device(layer))
 
-    @_checked
+    @checked
     def values(self, layer: int) -> torch.Tensor:
         """The values v_j^h = x_j W_V^h + b_V^h of ``layer``, one per head (a grouped-query kv head repeated for each
         head that shares it), float32 [head, key, d_head] on :meth:`layer_device`."""
         return expand_kv(self._layer_records[self.check_layer(layer)].value.float(), self.num_heads)
 
-    @_checked
+    @checked
     def layer_record(self, layer: int) -> LayerRecord:
         """``layer``'s :class:`~cwviz.core.method.capture.LayerRecord` as the pass recorded it (a layer on disk is
         read back whole): for the checks of the seam itself. Tables read through the methods above and the row
@@ -432,7 +396,6 @@ class Analysis:
         """Whether the records are on disk (:mod:`cwviz.core.method.spill`) rather than in memory."""
         return isinstance(self._layer_records, SpilledRecords)
 
-    @_checked
     def learned_sink_attention(self, layer: int) -> np.ndarray:
         """The learned sink's share of each query's softmax, 1 − Σ_j α_ij^h, numpy float32 [head, query].
 
@@ -447,7 +410,6 @@ class Analysis:
             share = torch.cat([1 - alpha.sum(-1) for _, _, alpha in self.attention_blocks(layer)], dim=1).clamp_(min=0)
         return _np(share)
 
-    @_checked
     def head_outputs(self, layer: int) -> torch.Tensor:
         """z_i^h = Σ_j α_ij^h v_j^h recomputed in float32 from the records, [head, query, d_head] (the output
         projection's input per head), in row blocks: O(block x T) working memory, never the T x T attention."""
@@ -458,31 +420,26 @@ class Analysis:
                 [grouped_matmul(alpha, value[:, : alpha.shape[-1]].float()) for _, _, alpha in self.attention_blocks(layer)], dim=1
             )
 
-    @_checked
     def attention(self, layer: int) -> np.ndarray:
         """Raw attention α, [head, query, key]."""
         return _np(self.layer(layer).attention)
 
-    @_checked
     def contributions(self, layer: int, kind: str = "inter") -> np.ndarray:
         """Contribution weights, intra-head c (each head sums to 1) or inter-head C (heads sum to 1)."""
         return _np(self.layer(layer).contribution(check_kind(kind)))
 
-    @_checked
     def measure(self, layer: int, name: str) -> np.ndarray:
         """One of :data:`cwviz.core.method.measures.MEASURES` per head, [head, query, key]."""
         if name not in MEASURES:
             raise InputError(f"unknown measure {name!r}; choose one of: {', '.join(MEASURES)}")
         return _np(self.layer(layer).per_head(name))
 
-    @_checked
     def layer_scores(self, layer: int, name: str) -> np.ndarray:
         """The layer-level (all heads) score of docs/METHOD.md, [query, key]."""
         if name not in MEASURES:
             raise InputError(f"unknown measure {name!r}; choose one of: {', '.join(MEASURES)}")
         return _np(self.layer(layer).layer_level(name))
 
-    @_checked
     def output_norms(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """(‖o_i^h‖ [head, query], ‖o_i‖ [query])."""
         m = self.layer(layer)
