@@ -33,6 +33,7 @@ _NAMES = {
     "decomposition": "cwviz.analyses.tables",
     "CwvizError": "cwviz.core.util.errors",
     "InputError": "cwviz.core.util.errors",
+    "ModelChangedError": "cwviz.core.util.errors",
     "ModelLoadError": "cwviz.core.util.errors",
     "ResourceError": "cwviz.core.util.errors",
     "SelectionError": "cwviz.core.util.errors",
@@ -46,6 +47,7 @@ __all__ = [
     "CwvizError",
     "InputError",
     "MEASURES",
+    "ModelChangedError",
     "ModelInfo",
     "ModelLoadError",
     "ResourceError",
@@ -71,7 +73,15 @@ if TYPE_CHECKING:
     from .core.method.analysis import Analysis, analyze
     from .core.method.export import to_dict, to_json
     from .core.method.measures import MEASURES
-    from .core.util.errors import CwvizError, InputError, ModelLoadError, ResourceError, SelectionError, UnsupportedModelError
+    from .core.util.errors import (
+        CwvizError,
+        InputError,
+        ModelChangedError,
+        ModelLoadError,
+        ResourceError,
+        SelectionError,
+        UnsupportedModelError,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
 from ..core.method.analysis import analyze
 from ..core.method.export import to_json
 from ..core.util.progress import cli_bar
-from .common import load, read_text
+from .common import check_output_file, load, read_text
 
 TOP = 5
 
@@ -46,30 +47,35 @@ def _top(scores: np.ndarray, tokens: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-
+    """Analyse the prompt; write ``--json`` first, then print the summary (a reader that leaves early, ``| head -1``,
+    loses no file)."""
     text = read_text(args)
+    json_path = Path(args.json_path) if args.json_path else None
+    check_output_file(json_path, "--json", "analysis.json")  # before the model loads
     bundle = load(args)
     with cli_bar("analysing", enabled=sys.stderr.isatty()) as progress:
         analysis = analyze(bundle, text, progress=progress)
     attention, contribution, scope = last_token_scores(analysis, args.layer, args.head)
     info = bundle.info
     tokens = analysis.tokens
-    print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
     if not info.causal:
         ppl = "none (an encoder does not predict next tokens)"
     elif analysis.num_tokens < 2:
         ppl = "n/a (needs at least two tokens)"
     else:
         ppl = f"{analysis.perplexity:.3f}"
+    written = None
+    if json_path is not None:
+        layers = None if args.layer is None else [args.layer]
+        heads = None if args.head is None else [args.head]
+        written = to_json(analysis, json_path, layers=layers, heads=heads)
+    print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
     print(f"tokens: {analysis.num_tokens}; perplexity: {ppl}")
     print(f"last token #{analysis.num_tokens - 1} {tokens[-1]!r}; {scope}")
     print(f"  {'top keys by attention':42} top keys by contribution")
     for left, right in zip(_top(attention, tokens), _top(contribution, tokens)):
         print(f"  {left:42} {right}")
     print(f"first token's share: attention {attention[0]:.4f}, contribution {contribution[0]:+.4f}")
-    if args.json_path:
-        layers = None if args.layer is None else [args.layer]
-        heads = None if args.head is None else [args.head]
-        path = to_json(analysis, args.json_path, layers=layers, heads=heads)
-        print(f"wrote {path}")
+    if written is not None:
+        print(f"wrote {written}")
     return 0

@@ -16,6 +16,7 @@ from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
 from ..core.util.texts import read_texts
 from .common import (
+    check_output_folder,
     check_resume,
     jsonl_path,
     load,
@@ -31,14 +32,16 @@ def run(args: argparse.Namespace) -> int:
     atlas.check_seed(args.seed, name="--seed")  # as faithfulness and claims do: never after the sweep, in the bootstrap
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
+    check_output_folder(args.out, "--out")  # before anything is read or loaded
     if args.load is not None:
         if args.results is not None or args.resume:
             raise InputError("--load reads a finished atlas; --results and --resume run one (give --jsonl or --gsm8k)")
         result = atlas.load(args.load)  # checked whole: a cut or edited folder is refused, never printed in part
+        if args.out is not None:
+            atlas.save(result, args.out)  # --out with --load: a copy of the checked results, written before anything prints
         print(f"loaded {args.load}: {result.manifest.get('model')}, {len(result.prompts)} prompt(s)")
         _print(result, args.top)
         if args.out is not None:
-            atlas.save(result, args.out)  # --out with --load: a copy of the checked results
             print(f"wrote {args.out}")
         return 0
     check_resume(args)
@@ -100,12 +103,14 @@ def manifest(args: argparse.Namespace, provenance: dict, settings: dict, prompts
 
 
 def _report(result, per_prompt: pd.DataFrame, args: argparse.Namespace) -> None:
-    """Print the atlas's top heads, and save it into --out when given."""
+    """Save the atlas into --out when given, then print its top heads (files first: a reader that leaves early,
+    ``| head -1``, loses none)."""
+    if args.out is not None:
+        atlas.save(result, args.out)
     tokens = int(per_prompt.groupby("prompt")["tokens"].first().sum())
     print(f"model: {result.manifest['model']}; prompts: {len(result.prompts)} ({tokens:,} tokens) from {args.jsonl or 'the GSM8K sample'}")
     _print(result, args.top)
     if args.out is not None:
-        atlas.save(result, args.out)
         print(f"wrote {args.out}")
 
 

@@ -13,6 +13,8 @@ from ..analyses import records
 from ..core.loading.models import load_model
 from ..core.util.errors import InputError
 from ..core.util.parallel import processes, versions
+from ..core.util.progress import print_line
+from ..core.util.settings import can_write_in
 from ..core.util.texts import check_text, gsm8k_path, read_standard_input, read_text_file
 
 
@@ -47,11 +49,33 @@ def check_output_file(path: Path | None, flag: str, example: str) -> None:
     there)."""
     if path is None:
         return
+    path = Path(path)
     if not path.parent.is_dir():
         raise InputError(f"no folder {path.parent} for {flag}; create it first")
     if path.is_dir():
         file_type = Path(example).suffix.lstrip(".").upper()
         raise InputError(f"{flag} {path} is a folder; give the {file_type} file to write, e.g. {path / example}")
+    _check_writable(path.parent, flag, path)
+
+
+def check_output_folder(path: Path | None, flag: str) -> None:
+    """Before any model loads, InputError unless the folder ``path`` given with ``flag`` (None: not asked for) can be
+    written, or made where it does not exist yet: not a file, and in a folder you may write to."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{flag} {path} is a file; give a folder to write the results into")
+    made = next(p for p in (path, *path.parents) if p.exists())  # the part of the path that exists
+    if not made.is_dir():
+        raise InputError(f"{flag} {path} is under {made}, which is a file; give a folder to write the results into")
+    _check_writable(made, flag, path)
+
+
+def _check_writable(folder: Path, flag: str, path: Path) -> None:
+    """InputError unless ``folder`` (where ``path`` of ``flag`` goes) can be written to."""
+    if not can_write_in(folder):
+        raise InputError(f"cannot write {flag} {path}: you have no permission to write in {folder}; choose a folder you can write to")
 
 
 def load(args: argparse.Namespace):
@@ -70,10 +94,10 @@ def report_interrupt(kept: int, total: int, noun: str, written: Path | None = No
     """The last line of a long command stopped by Ctrl-C or SIGTERM (:mod:`cwviz.cli.main`): what it kept
     (``noun``: "example", "prompt") and where it wrote it. Returns the exit status, 130."""
     if kept == 0:
-        print(f"interrupted: no {noun} had finished; nothing kept", file=sys.stderr)
+        print_line(f"interrupted: no {noun} had finished; nothing kept")
     else:
         where = f" (in {written})" if written is not None else ""
-        print(f"interrupted: kept the {kept} finished {noun}(s) of {total}{where}", file=sys.stderr)
+        print_line(f"interrupted: kept the {kept} finished {noun}(s) of {total}{where}")
     return 130
 
 

@@ -15,7 +15,7 @@ from ..core.method.analysis import analyze
 from ..core.util.errors import CwvizError, InputError
 from ..core.util.progress import cli_bar
 from ..core.util.texts import write_text_atomic
-from .common import prompt_text
+from .common import check_output_folder, prompt_text
 from .parsers import COMPARE_TOP
 
 #: The map cells with the largest change that are listed.
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
     texts = read_inputs(args)
+    check_output_folder(args.out, "--out")  # before any model loads
     text_a, text_b = texts[0], texts[-1]
     bundle_a = load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     bundle_b = bundle_a
@@ -68,33 +69,35 @@ def run(args: argparse.Namespace) -> int:
     layer = a.num_layers // 2 if args.layer is None else a.check_layer(args.layer)
     head = None if args.head is None else a.check_head(args.head)
 
-    print(f"A: {a.info.id}, {a.num_tokens} tokens; B: {b.info.id}, {b.num_tokens} tokens")
-    print(f"tokens {cmp.alignment.describe(a.num_tokens, b.num_tokens)}")
+    lines: list[str] = []
+    say = lines.append
+    say(f"A: {a.info.id}, {a.num_tokens} tokens; B: {b.info.id}, {b.num_tokens} tokens")
+    say(f"tokens {cmp.alignment.describe(a.num_tokens, b.num_tokens)}")
     differing = cmp.alignment.table[cmp.alignment.table["op"] != "equal"]
     for row in differing.head(40).itertuples(index=False):
         left = f"A {row.position_a} {row.token_a!r}" if row.token_a or row.op != "insert" else ""
         right = f"B {row.position_b} {row.token_b!r}" if row.op != "delete" else ""
-        print(f"  {row.op:8} {left:28} {right}")
+        say(f"  {row.op:8} {left:28} {right}")
     if len(differing) > 40:
-        print(f"  ... and {len(differing) - 40} more (--out writes the whole alignment)")
+        say(f"  ... and {len(differing) - 40} more (--out writes the whole alignment)")
 
     with cli_bar("summarising heads", enabled=sys.stderr.isatty()) as progress:
         changes = compare.head_changes(cmp, progress=progress)
     ranked = compare.rank_changes(changes, args.rank_by, top=args.top)
-    print(f"\nheads by |change B - A| in {HEAD_METRICS[args.rank_by]} (top {len(ranked)}):")
-    print(f"  {'layer':>5} {'head':>4} " + " ".join(f"{'d ' + m:>20}" for m in HEAD_METRICS))
+    say(f"\nheads by |change B - A| in {HEAD_METRICS[args.rank_by]} (top {len(ranked)}):")
+    say(f"  {'layer':>5} {'head':>4} " + " ".join(f"{'d ' + m:>20}" for m in HEAD_METRICS))
     for row in ranked.itertuples(index=False):
-        print(f"  {row.layer:>5} {row.head:>4} " + " ".join(f"{getattr(row, m + '_change'):>+20.4f}" for m in HEAD_METRICS))
+        say(f"  {row.layer:>5} {row.head:>4} " + " ".join(f"{getattr(row, m + '_change'):>+20.4f}" for m in HEAD_METRICS))
 
     cells = compare.map_cells(cmp, layer, head, args.kind)
     frame = cells.frame
-    print(f"\nmaps: {cells.note}")
+    say(f"\nmaps: {cells.note}")
     for what in ("attention", "contribution"):
         diff = frame[f"{what}_diff"].abs()
-        print(f"  max |B - A| {what}: {diff.max():.4f}, mean {diff.mean():.4f}")
+        say(f"  max |B - A| {what}: {diff.max():.4f}, mean {diff.mean():.4f}")
     top = frame.loc[frame["contribution_diff"].abs().sort_values(ascending=False, kind="stable").index[:TOP_CELLS]]
     for row in top.itertuples(index=False):
-        print(
+        say(
             f"    query {row.query_token!r:24} key {row.key_token!r:24} contribution {row.contribution_a:+.4f} -> {row.contribution_b:+.4f}"
         )
 
@@ -104,13 +107,13 @@ def run(args: argparse.Namespace) -> int:
         shown = logprobs.dropna(subset=["change"])
         order = shown["change"].abs().sort_values(ascending=False, kind="stable").index[:COMPARE_TOP]
         total = np.nansum(shown["change"])
-        print(f"\nnext-token log-probability, B - A, at the aligned positions (sum {total:+.3f} nats); largest changes:")
+        say(f"\nnext-token log-probability, B - A, at the aligned positions (sum {total:+.3f} nats); largest changes:")
         for row in shown.loc[order].itertuples(index=False):
-            print(f"  {row.label!r:28} {row.logprob_a:8.3f} -> {row.logprob_b:8.3f}  ({row.change:+.3f})")
+            say(f"  {row.label!r:28} {row.logprob_a:8.3f} -> {row.logprob_b:8.3f}  ({row.change:+.3f})")
     else:
-        print("\nno log-probabilities: an encoder predicts no next token")
+        say("\nno log-probabilities: an encoder predicts no next token")
 
-    if args.out is not None:
+    if args.out is not None:  # the files first, then the summary: a reader that leaves early (| head -1) loses none
         try:
             args.out.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -120,6 +123,6 @@ def run(args: argparse.Namespace) -> int:
             tables["logprobs.csv"] = logprobs
         for name, table in tables.items():  # each file whole or not at all
             write_text_atomic(args.out / name, table.to_csv(index=False))
-        written = list(tables)
-        print(f"\nwrote {', '.join(written)} in {args.out}")
+        say(f"\nwrote {', '.join(tables)} in {args.out}")
+    print("\n".join(lines))
     return 0

@@ -25,7 +25,8 @@ import threading
 
 from ..core.util.errors import CwvizError
 from ..core.util.heap import tune_heap
-from ..core.util.settings import check_environment
+from ..core.util.progress import print_line
+from ..core.util.settings import check_environment, os_error_message
 from .parsers import build_parser
 
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(argv)
     except KeyboardInterrupt:  # during start-up: the parsing, the command's imports (a command's own run handles its own)
-        print("interrupted", file=sys.stderr)
+        print_line("interrupted")
         return 130
 
 
@@ -103,15 +104,19 @@ def _run(argv: list[str] | None) -> int:
         # a program the broken pipe ended (as `set -o pipefail` expects), rather than 0, which would hide it.
         _silence_stdout()
         return 141
-    except (OSError, UnicodeDecodeError) as err:
+    except OSError as err:
+        print(_error_line(os_error_message(err)), file=sys.stderr)
+        return 2
+    except UnicodeDecodeError as err:
         print(_error_line(err), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print_line("interrupted")
         return 130
     finally:
         if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def _quiet_transformers() -> None:
@@ -133,13 +138,31 @@ def _silence_stdout() -> None:
         pass
 
 
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+class _Interrupt:
+    """The handler of SIGINT and SIGTERM while a command runs: the first raises KeyboardInterrupt (the command keeps what
+    is finished and says so); a second, while it does that, ends the process at once with one line and status 130,
+    never a traceback from wherever it landed (a closing progress bar, the error handler)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, signum, frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            raise KeyboardInterrupt
+        sys.stderr.write("\ninterrupted again: stopped at once (the files written before are kept)\n")
+        sys.stderr.flush()
+        os._exit(130)
 
 
-def _sigterm_as_interrupt():
-    """Make SIGTERM raise KeyboardInterrupt (as SIGINT does); returns the handler it replaced, or None off
-    the main thread (where signals cannot be handled)."""
+def _sigterm_as_interrupt() -> dict | None:
+    """Make SIGTERM raise KeyboardInterrupt as SIGINT does, and a second signal end the process at once
+    (:class:`_Interrupt`); returns the handlers it replaced, or None off the main thread (where signals cannot be
+    handled). SIGINT is left alone where it is ignored (a job started in the background)."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.signal(signal.SIGTERM, _raise_interrupt)
+    handler = _Interrupt()
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, handler)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, handler)
+    return previous

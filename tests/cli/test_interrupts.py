@@ -8,31 +8,20 @@ SIGTERM."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 
-from tests.helpers import default_signals
+from tests.helpers import start_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _start(args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "cwviz", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        preexec_fn=default_signals,
-    )
+    return start_command(args)
 
 
 def _wait_for(predicate, process: subprocess.Popen, timeout: float = 240) -> None:

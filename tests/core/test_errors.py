@@ -139,7 +139,12 @@ def test_prompt_that_would_not_fit_is_refused_with_the_estimate(llama, monkeypat
     from cwviz.core.util.errors import ResourceError
 
     monkeypatch.setenv("CWVIZ_MEMORY_BYTES", "200000")  # 0.2 MB "available"
-    with pytest.raises(ResourceError, match=r"needs about .* GB .* only 0\.0 GB is available"):
+    # the variable named, and a size that does not read "0.0 GB"
+    with pytest.raises(ResourceError, match=r"needs about .* only 0\.2 MB is available on cpu, as CWVIZ_MEMORY_BYTES=200000 says") as err:
+        cwviz.analyze(llama, "a" * 200)
+    assert "raise or unset CWVIZ_MEMORY_BYTES" in str(err.value) and "0.0 GB" not in str(err.value)
+    monkeypatch.setenv("CWVIZ_MEMORY_BYTES", "1000")
+    with pytest.raises(ResourceError, match=r"only 1\.0 kB is available .* CWVIZ_MEMORY_BYTES=1000"):
         cwviz.analyze(llama, "a" * 200)
     monkeypatch.setenv("CWVIZ_MEMORY_BYTES", str(10**10))
     assert cwviz.analyze(llama, "a" * 200).num_tokens == 200

@@ -197,6 +197,23 @@ def default_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def start_command(args: list[str], env: dict | None = None):
+    """``python -m cwviz ARGS`` started in a subprocess at the checkout's root, standard output and error pipes (text),
+    unbuffered (each print reaches the pipe at once), with the signals a shell gives (:func:`default_signals`)."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "cwviz", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
+        preexec_fn=default_signals,
+    )
+
+
 def no_hooks(model) -> bool:
     """Nothing is registered on any module of ``model`` (cwviz never registers hooks)."""
     return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

@@ -54,22 +54,36 @@ def check_agree(bundle: Bundle, text: object, ids: list[int]) -> str:
     They agree when the tokenizer makes ``ids`` of ``text`` exactly (with its special tokens, as :func:`tokenize`
     does), when ``text`` is the decoding of ``ids``, special tokens kept or skipped (what ``analyze`` records as the
     text of ids given alone; the dashboard's prompt and its generated continuation), or
-    when ``ids`` decode to the same string as the text's own tokens do (special tokens skipped): ids of
+    when ``ids`` decode to the same string as the text's own tokens do (special tokens kept): ids of
     the same text tokenised another way (a prompt and its generated continuation, tokenised apart) agree; ids of
     another text do not. Comparing decoded strings, not ``decode(ids) == text``, lets the tokenizer's own
-    normalisation (a BERT encoder's lower case and spacing) apply to both sides."""
+    normalisation (a BERT encoder's lower case and spacing) apply to both sides. Special tokens count: the decoded
+    strings are compared with them kept, so ``"<|im_start|>hello"`` and the ids of ``"hello"`` do not agree."""
     if not isinstance(text, str):
         raise InputError(f"the prompt must be text, not {type(text).__name__}")
+    ids = list(ids)
     own = list(bundle.tokenizer(text, add_special_tokens=True)["input_ids"])
     decode = bundle.tokenizer.decode
     # Its own tokens, or its ids' own text (what analyze records for ids alone; the dashboard's prompt + continuation)
-    if own == list(ids) or text in (decode(list(ids)), decode(list(ids), skip_special_tokens=True)):
+    if own == ids or text in (decode(ids), decode(ids, skip_special_tokens=True)):
         return text
-    if decode(list(ids), skip_special_tokens=True) != decode(own, skip_special_tokens=True):
-        shown = decode(list(ids), skip_special_tokens=True)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        raise InputError(f"input_ids are the tokens of {shown!r}, not of the text given; give the text or its ids, or both of one prompt")
-    return text
+    plain = list(bundle.tokenizer(text, add_special_tokens=False)["input_ids"])  # the ids may leave out a BOS the tokenizer adds
+    if decode(ids) in (decode(own), decode(plain)):
+        return text
+    if decode(ids, skip_special_tokens=True) == decode(own, skip_special_tokens=True):
+        raise InputError(
+            f"the text and input_ids differ in their special tokens: the text's tokens are {_shown(decode(own))}, the ids "
+            f"{_shown(decode(ids))}; give the text or its ids, or both of one prompt"
+        )
+    raise InputError(
+        f"input_ids are the tokens of {_shown(decode(ids, skip_special_tokens=True))}, not of the text given; give the text or its ids, "
+        "or both of one prompt"
+    )
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted, cut to 40 characters."""
+    return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
 def token_ids(value) -> list[int]:

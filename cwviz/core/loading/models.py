@@ -18,6 +18,7 @@ Choices (also in docs/api.md and docs/models.md):
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -35,6 +36,7 @@ from . import architectures, checkpoints
 from .architectures import Architecture
 from .checkpoints import EMBEDDED, EMBEDDED_IDS
 from .derive import derive_architecture
+from .folders import check_folder, check_tokenizer_files
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +74,23 @@ class Bundle:
     def gram(self, layer: int) -> torch.Tensor:
         """W_Oᵀ W_O of ``layer``, float32 [heads * d_head, heads * d_head], computed once per model.
 
-        Cached because the weights never change: (heads * d_head)² floats per layer (SmolLM2: 40 MB in
-        all; a Llama-8B shape: 2.1 GB), in exchange for two d_model-wide products per analysed layer.
+        Cached, (heads * d_head)² floats per layer (SmolLM2: 40 MB in all; a Llama-8B shape: 2.1 GB), in exchange for
+        two d_model-wide products per analysed layer; under the weight's device, dtype, pointer and version counter, so
+        that a model moved or changed in place gets its own (an older analysis refuses to go on:
+        :meth:`cwviz.core.method.analysis.Analysis.check_model`).
         """
+        weight = architectures.out_proj_weight(self.out_projections[layer], self.arch)
+        key = (weight.device, weight.dtype, weight.data_ptr(), weight._version)
         with self._lock:
             cached = self._grams.get(layer)
-        if cached is None:
-            proj = self.out_projections[layer]
+        if cached is None or cached[0] != key:
             with torch.inference_mode():
-                cached = full_gram(architectures.out_proj_weight(proj, self.arch))
+                made = (key, full_gram(weight))
             with self._lock:
-                cached = self._grams.setdefault(layer, cached)
-        return cached
+                if self._grams.get(layer, (None,))[0] != key:
+                    self._grams[layer] = made
+                cached = self._grams[layer]
+        return cached[1]
 
     def final_hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The base model's final hidden states [batch, T, d_model] for ``input_ids`` [batch, T].
@@ -115,8 +122,9 @@ class Bundle:
     def attention_modules(self) -> list[nn.Module]:
         return architectures.attention_modules(self.model, self.arch)
 
-    @property
+    @functools.cached_property
     def out_projections(self) -> list[nn.Module]:
+        """Every layer's output projection W_O (found once: moving a model keeps its modules)."""
         return architectures.out_projections(self.model, self.arch)
 
 
@@ -166,7 +174,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 def _source(name: str) -> str:
     """Where from_pretrained should read ``name``: the cache folder of an embedded name or a ``.gguf`` file
-    (converted there on first use, :mod:`cwviz.core.loading.checkpoints`), a local folder (checked: :func:`check_folder`), or
+    (converted there on first use, :mod:`cwviz.core.loading.checkpoints`), a local folder (checked: :func:`~cwviz.core.loading.folders.check_folder`), or
     a hub id as it is."""
     folder = checkpoints.converted_source(name)
     if folder is not None:
@@ -180,6 +188,10 @@ def _source(name: str) -> str:
             f"{path} holds weights only; give the folder that holds it together with its config.json and tokenizer "
             "(a folder written by save_pretrained), or a .gguf file"
         )
+    if path.exists() and not path.is_dir():
+        raise ModelLoadError(
+            f"{path} is a file, not a model: give a folder written by save_pretrained (config.json, weights and tokenizer) or a .gguf file"
+        )
     if not path.is_dir():
         raise ModelLoadError(f"no model at {path}: the path does not exist")
     if not (path / "config.json").is_file():
@@ -188,55 +200,6 @@ def _source(name: str) -> str:
         )
     check_folder(path)
     return str(path)
-
-
-#: Config fields that count something (heads, layers, widths; the names of several families): each must be a whole
-#: number of at least 1 where it is given, or a list of such per layer (transformers divides by some of them while
-#: building the model).
-COUNT_FIELDS = (
-    "num_attention_heads",
-    "num_key_value_heads",
-    "num_hidden_layers",
-    "hidden_size",
-    "head_dim",
-    "vocab_size",
-    "n_head",
-    "n_layer",
-    "n_embd",
-    "n_heads",
-    "n_layers",
-    "dim",
-)
-
-
-def check_folder(path: Path) -> None:
-    """Refuse a model folder whose config or weights are broken, before transformers builds the model: config.json
-    not a JSON object, a count field (:data:`COUNT_FIELDS`) below 1, or a ``.safetensors`` file whose header cannot
-    be read or does not cover the file (truncated, or not safetensors). Reads the headers only (milliseconds)."""
-    import json
-
-    from safetensors import SafetensorError, safe_open
-
-    config_file = path / "config.json"
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ModelLoadError(f"{config_file} is not valid JSON ({err}); restore it from the model's source") from None
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{config_file} must hold a JSON object of settings, not a {type(config).__name__}")
-    sections = [config] + [v for v in config.values() if isinstance(v, dict)]  # a composite model's text_config too
-    for section in sections:
-        for key in COUNT_FIELDS:
-            value = section.get(key)
-            counts = value if isinstance(value, list) else [value]
-            if value is not None and not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts):
-                raise ModelLoadError(f"{config_file} has {key}: {json.dumps(value)}; it must be a whole number of at least 1")
-    for weights in sorted(path.glob("*.safetensors")):
-        try:
-            with safe_open(weights, framework="pt"):
-                pass
-        except (SafetensorError, OSError) as err:
-            raise ModelLoadError(f"{weights} is damaged or truncated ({err}); copy or save the model again") from None
 
 
 def _hub_error(name: str, err: Exception) -> ModelLoadError:
@@ -319,7 +282,13 @@ def load_model(
     """
     import transformers
 
-    if not isinstance(name, str) or not name.strip():
+    if not isinstance(name, (str, os.PathLike)):
+        raise ModelLoadError(
+            f"the model name must be text (a name, hub id or path), not {type(name).__name__}; "
+            "use 'embedded', 'embedded-gemma', 'embedded-encoder', a hub id or a local path"
+        )
+    name = os.fspath(name)
+    if not name.strip():
         raise ModelLoadError("model name is empty; use 'embedded', 'embedded-gemma', 'embedded-encoder', a hub id or a local path")
     name = name.strip()
     settings.check_environment()
@@ -328,6 +297,8 @@ def load_model(
     source = _source(name)
     config = _fetch_config(source, name, trust_remote_code)
     architectures.check_supported(config)
+    if Path(source).is_dir():
+        check_tokenizer_files(Path(source))  # a family cwviz cannot analyse is named first
     arch = architectures.architecture_for(getattr(config, "model_type", "?"))
     auto_class = getattr(transformers, "AutoModel" if headless_encoder(config, arch) else auto_class_name(config, arch))
     try:

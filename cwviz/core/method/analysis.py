@@ -42,6 +42,7 @@ from .measures import (
 )
 from .reading import attention_rows, for_blocks, record_blocks
 from .spill import SpilledRecords, spill_for
+from .state import ModelState, checked
 from .stream import BlockConsumer, block_streamer
 
 
@@ -117,6 +118,9 @@ def by_layer(records: dict[int, LayerRecord] | SpilledRecords, layers: int) -> S
 class Analysis:
     """The result of :func:`analyze`: tokens, and every measure on demand.
 
+    It belongs to its model as it was: every method that reads it checks the model's state first, itself or through
+    another (:mod:`cwviz.core.method.state`; ModelChangedError once the model was freed, moved or changed).
+
     The records of a long prompt on the CPU are on disk (:mod:`cwviz.core.method.spill`): a layer is read back when
     one of its measures is asked for, bit for bit as recorded. ``spilled`` says whether they are.
 
@@ -155,6 +159,11 @@ class Analysis:
         self._value_norms: dict[int, torch.Tensor] = {}
         self._lock = threading.Lock()  # the kept layers
         self._logprobs_lock = threading.Lock()
+        self._model_state = ModelState(bundle)
+
+    def check_model(self) -> None:
+        """ModelChangedError unless the model is as it was when this analysis was made (:class:`ModelState`)."""
+        self._model_state.check()
 
     # -- sizes and selection checks ---------------------------------------------------------------
     @property
@@ -174,6 +183,7 @@ class Analysis:
         return len(self.input_ids)
 
     @property
+    @checked
     def next_token_logprobs(self) -> np.ndarray:
         """log p(token_{t+1} | tokens ..t), float32 [T - 1]; empty for encoders.
 
@@ -214,17 +224,20 @@ class Analysis:
         return position
 
     # -- measures ---------------------------------------------------------------------------------
+    @checked
     def w_heads(self, layer: int) -> torch.Tensor:
         """W_O of ``layer`` split per head, float32 [head, d_model, d_head], on the layer's device."""
         proj = architectures.out_projections(self.bundle.model, self.bundle.arch)[layer]
         w_o = architectures.out_proj_weight(proj, self.bundle.arch)
         return head_weights(w_o, self.num_heads).to(self.layer_device(layer))
 
+    @checked
     def attention_tensor(self, layer: int) -> torch.Tensor:
         """α for ``layer``, float32 torch [head, query, key]."""
         rec = self._layer_records[self.check_layer(layer)]
         return rec.probabilities(rec.query.float(), rec.key.float(), rec.mask, rec.causal)
 
+    @checked
     def layer(self, layer: int) -> LayerMeasures:
         """Every measure of one layer as float32 torch tensors (the last two layers asked for are kept)."""
         layer = self.check_layer(layer)
@@ -251,6 +264,7 @@ class Analysis:
                 self._layers.popitem(last=False)
         return measures
 
+    @checked
     def value_norms(self, layer: int) -> torch.Tensor:
         """‖ṽ_j^h‖ of ``layer``, float32 [head, key] on the layer's device: computed once per layer and kept
         (H x T floats), so that reading a layer in row blocks does not redo the Gram products per block."""
@@ -263,6 +277,7 @@ class Analysis:
             self._value_norms[layer] = cached  # a race computes the same tensor twice, never a wrong one
         return cached
 
+    @checked
     def rows(self, layer: int, start: int, stop: int) -> LayerMeasures:
         """Every measure of one layer for the query rows ``start..stop-1`` only (not cached).
 
@@ -308,6 +323,7 @@ class Analysis:
         with memory.guard(rec.value.device), torch.inference_mode():
             return query_side(rec.output, self.bundle.gram(layer).to(rec.value.device))
 
+    @checked
     def row_blocks(self, layer: int, start: int = 0, kinds: tuple[str, ...] = KINDS) -> Iterator[tuple[int, int, LayerMeasures]]:
         """``(first, stop, measures)`` for consecutive blocks of query rows ``first..stop-1`` from ``start`` to
         the last, each of about :data:`ROW_BLOCK_CELLS` cells a head: the streamed reductions (head summary,
@@ -326,6 +342,7 @@ class Analysis:
         for first, stop, keys in record_blocks(rec, start):
             yield first, stop, self._rows(layer, first, stop, keys, None if side is None else side.rows(first, stop), kinds, rec)
 
+    @checked
     def attention_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, torch.Tensor]]:
         """``(first, stop, α)`` in the blocks of :meth:`row_blocks`, attention only (float32 [head, rows, keys])."""
         with torch.inference_mode():
@@ -339,11 +356,13 @@ class Analysis:
         """Whether any layer has learned sink logits (gpt-oss): there α over the real keys sums to less than 1."""
         return any(self.learned_sink_logits(layer) is not None for layer in range(self.num_layers))
 
+    @checked
     def learned_sink_logits(self, layer: int) -> torch.Tensor | None:
         """The learned sink logit of each head of ``layer`` (gpt-oss ``s_aux``), float32 [head]; None in a layer
         without them. Nothing of a layer on disk is read."""
         return self._shell(self.check_layer(layer)).learned_sinks
 
+    @checked
     def layer_device(self, layer: int) -> torch.device:
         """The device ``layer``'s tensors are on (a model spread over devices puts layers on several); the CPU for
         records on disk. Nothing of a layer on disk is read."""
@@ -355,11 +374,13 @@ class Analysis:
         ``start..stop-1`` only (never the whole T x T). Nothing of a layer on disk is read."""
         return self._shell(self.check_layer(layer)).key_mask(start, stop, device=self.layer_device(layer))
 
+    @checked
     def values(self, layer: int) -> torch.Tensor:
         """The values v_j^h = x_j W_V^h + b_V^h of ``layer``, one per head (a grouped-query kv head repeated for each
         head that shares it), float32 [head, key, d_head] on :meth:`layer_device`."""
         return expand_kv(self._layer_records[self.check_layer(layer)].value.float(), self.num_heads)
 
+    @checked
     def layer_record(self, layer: int) -> LayerRecord:
         """``layer``'s :class:`~cwviz.core.method.capture.LayerRecord` as the pass recorded it (a layer on disk is
         read back whole): for the checks of the seam itself. Tables read through the methods above and the row

@@ -38,6 +38,7 @@ and tests/core/test_long.py checks an 8,192-token prompt through the dashboard's
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,7 +125,22 @@ def available(device: torch.device) -> int | None:
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB"
+    """``n`` bytes in the largest unit that leaves a whole number above 0.1 (``2.5 GB``, ``40.0 MB``, ``1000 bytes``):
+    a small ``CWVIZ_MEMORY_BYTES`` must not read as "0.0 GB"."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= 0.1 * size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:,} bytes"
+
+
+def _short_of(have: int, device: torch.device, advice: str) -> str:
+    """ "only N is available on DEVICE; ``advice``", naming ``CWVIZ_MEMORY_BYTES`` when that set N."""
+    if memory_override() is not None:
+        return (
+            f"only {_gb(have)} is available on {device.type}, as CWVIZ_MEMORY_BYTES={os.environ['CWVIZ_MEMORY_BYTES'].strip()} says; "
+            f"raise or unset CWVIZ_MEMORY_BYTES, or {advice}"
+        )
+    return f"only {_gb(have)} is available on {device.type}; {advice}"
 
 
 def check(config, info, tokens: int, device: torch.device, spilled: bool = False) -> None:
@@ -137,8 +153,8 @@ def check(config, info, tokens: int, device: torch.device, spilled: bool = False
     if need["total"] > HEADROOM * have:
         raise ResourceError(
             f"a prompt of {tokens:,} tokens needs about {_gb(need['total'])} (forward pass {_gb(need['forward'])}, "
-            f"recorded layers {_gb(need['recorded'])}, per-layer maps {_gb(need['maps'])}) but only "
-            f"{_gb(have)} is available on {device.type}; use a shorter prompt or a smaller model"
+            f"recorded layers {_gb(need['recorded'])}, per-layer maps {_gb(need['maps'])}) but "
+            + _short_of(have, device, "use a shorter prompt or a smaller model")
         )
 
 
@@ -147,7 +163,7 @@ def check_fits(need: int, device: torch.device, what: str, advice: str) -> None:
     ``need`` bytes exceed the share of the available memory an analysis may use."""
     have = _have(device)
     if have is not None and need > HEADROOM * have:
-        raise ResourceError(f"{what} needs about {_gb(need)} but only {_gb(have)} is available on {device.type}; {advice}")
+        raise ResourceError(f"{what} needs about {_gb(need)} but {_short_of(have, device, advice)}")
 
 
 def check_layer_maps(info, tokens: int, device: torch.device) -> None:

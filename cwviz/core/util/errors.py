@@ -29,3 +29,8 @@ class SelectionError(InputError, IndexError):
 
 class ResourceError(CwvizError):
     """The request would not fit in memory (estimate given in the message)."""
+
+
+class ModelChangedError(CwvizError):
+    """An :class:`~cwviz.core.method.analysis.Analysis` was asked for more after its model was freed, moved to another
+    device or dtype, or had its weights changed: what it would compute would mix two models."""

@@ -52,3 +52,17 @@ def cli_bar(description: str, unit: str = "layer", enabled: bool = True) -> Iter
             bar.update(done - bar.n)  # through update, which tqdm's delay and its closing line count on
 
         yield update
+
+
+def print_line(text: str) -> None:
+    """``text`` on stderr on a line of its own (an ``interrupted`` line): on a terminal the line is first cleared of
+    the ``^C`` it echoed and of any progress bar; in a log, a bar still drawn gets its line ended first."""
+    stream = sys.stderr
+    std = sys.modules.get("tqdm.std")  # imported only where a bar was made
+    bars = [bar for bar in getattr(getattr(std, "tqdm", None), "_instances", ()) if not getattr(bar, "disable", True)]
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    prefix = "\r\033[K" if tty else "\n" if bars else ""
+    print(prefix + text, file=stream, flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 from pathlib import Path
@@ -26,17 +27,65 @@ def env_int(name: str, default: int) -> int:
 def cache_dir() -> Path:
     """Where cwviz keeps converted models and spill files: ``$CWVIZ_CACHE`` or the platform's user cache dir.
 
-    InputError naming the variable when it points at something that is not a folder, before anything is converted
-    into it."""
+    InputError naming the variable when it points at something that is not a folder, under a file, or at a folder that
+    cannot be made (its folder is not writable, or in /proc), before anything is converted into it."""
     env = os.environ.get("CWVIZ_CACHE")
     if env:
         path = Path(env).expanduser()
         if path.exists() and not path.is_dir():
             raise InputError(f"CWVIZ_CACHE is {path}, which is not a folder; point CWVIZ_CACHE at a folder (made if missing) or unset it")
+        made = next(p for p in (path, *path.parents) if p.exists())  # the part of the path that exists
+        if not made.is_dir():
+            raise InputError(
+                f"CWVIZ_CACHE is {path}, under {made}, which is a file; point CWVIZ_CACHE at a folder (made if missing) or unset it"
+            )
+        if made != path and not can_write_in(made):  # a cache folder that exists may be read-only (filled once, shared)
+            raise InputError(
+                f"CWVIZ_CACHE is {path}, in {made}, which you cannot write to; point CWVIZ_CACHE at a folder you can write to or unset it"
+            )
         return path
     import platformdirs  # third-party, needed only when no folder is set
 
     return Path(platformdirs.user_cache_dir("cwviz"))
+
+
+#: Folders no cache can be made in, whatever the permissions say (root may "write" /proc; the kernel refuses).
+UNWRITABLE = ("/proc", "/sys")
+
+
+def can_write_in(folder: Path) -> bool:
+    """Whether files can be made in the existing ``folder``: its permissions allow it and it is not in /proc or /sys
+    (:data:`UNWRITABLE`; there root's permissions say yes and the kernel says no)."""
+    real = Path(folder).resolve()
+    return os.access(folder, os.W_OK | os.X_OK) and not any(real == Path(u) or Path(u) in real.parents for u in UNWRITABLE)
+
+
+def os_error_message(err: OSError) -> str:
+    """What went wrong with a file, named as the user named it, and what to do: the file a failed write was replacing
+    (not its ``.tmp``), ``CWVIZ_CACHE`` when the file is in that folder, a full disk, a folder without write
+    permission or on a read-only system."""
+    name = err.filename if isinstance(err.filename, str) else None
+    if name is None:
+        return f"{err.strerror or err}"
+    path = Path(name[: -len(".tmp")] if name.endswith(".tmp") else name)
+    env = os.environ.get("CWVIZ_CACHE", "").strip()
+    where = str(path)
+    fix = "choose a folder you can write to"
+    if env and (path == Path(env).expanduser() or Path(env).expanduser() in path.parents):
+        where = f"{path} (in CWVIZ_CACHE={env})"
+        fix = "point CWVIZ_CACHE at a folder you can write to, or unset it"
+    code = err.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the disk that holds {where}; free some space, or {fix}"
+    if code in (errno.EACCES, errno.EPERM):
+        return f"no permission to use {where}; {fix} (or change its permissions)"
+    if code == errno.EROFS:
+        return f"{where} is on a read-only file system; {fix}"
+    if code == errno.ENOTDIR:
+        return f"a part of {where} is a file, not a folder; {fix}"
+    if code == errno.ENOENT:
+        return f"{where} does not exist; check the path"
+    return f"cannot use {where}: {err.strerror or type(err).__name__}; {fix}"
 
 
 def memory_override() -> int | None:

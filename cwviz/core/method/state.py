@@ -1,0 +1,54 @@
+"""The model an :class:`~cwviz.core.method.analysis.Analysis` was made from, as it was then: an analysis that outlives a
+change of its model (freed, moved to another device or dtype, weights edited in place) refuses to go on rather than mix
+its recorded pass with other weights (a wrong perplexity, a Gram matrix on another device, an overflow)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..loading import architectures
+from ..loading.models import Bundle
+from ..util.errors import ModelChangedError
+
+
+class ModelState:
+    """A cheap fingerprint of a bundle's model, taken when it is made; :meth:`check` compares the model with it.
+
+    The fingerprint is, per weight the analysis reads after its pass (the input and output embeddings, every layer's
+    output projection W_O: the Gram matrices and the perplexity), its device, dtype, data pointer and version counter.
+    Moving the model (``.to("meta")``, ``.cpu()``, ``.half()``) changes the device, dtype or pointer, freeing it the
+    pointer, and an in-place change (``load_state_dict``, ``copy_``, an edit under ``no_grad``) bumps the version
+    counter. The modules are kept, not their weights (a moved model has new weights; none is kept alive), and no
+    weight's values are read: a few dozen tensors' metadata per check (tens of microseconds)."""
+
+    def __init__(self, bundle: Bundle) -> None:
+        model = bundle.model
+        modules = (model.get_input_embeddings(), model.get_output_embeddings(), *architectures.out_projections(model, bundle.arch))
+        self._modules = tuple(m for m in modules if m is not None)
+        self._model_id = bundle.info.id
+        self._state = self._now()
+
+    def _now(self) -> tuple:
+        weights = (getattr(m, "weight", None) for m in self._modules)
+        return tuple((w.device, w.dtype, w.data_ptr(), w._version) for w in weights if isinstance(w, torch.Tensor))
+
+    def check(self) -> None:
+        """ModelChangedError unless the model is as it was when this state was taken."""
+        if self._now() != self._state:
+            raise ModelChangedError(
+                f"the model {self._model_id!r} was freed, moved to another device or dtype, or had its weights changed after "
+                "this analysis was made; run analyze again on the model as it is now (or load it again)"
+            )
+
+
+def checked(method):
+    """``method`` of an Analysis after its ``check_model()``, at the call (for a generator too, before any block)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        self.check_model()
+        return method(self, *args, **kwargs)
+
+    return run
