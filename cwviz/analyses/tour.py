@@ -95,10 +95,13 @@ class HeadScale:
         return self.sink_intra > 0.5 and self.sink_inter < 0.5 * self.sink_intra
 
 
-def head_scale(analysis: Analysis, layer: int, head: int, query: int, sink: int = DEFAULT_SINK) -> HeadScale:
-    """The :class:`HeadScale` of ``query`` in ``head`` of ``layer``, the sink at ``sink``."""
+def head_scale(analysis: Analysis, layer: int, head: int, query: int, sink: int = DEFAULT_SINK) -> HeadScale | None:
+    """The :class:`HeadScale` of ``query`` in ``head`` of ``layer``, the sink at ``sink``; None where the query does
+    not see the sink (a sliding window that has left it behind): there is no sink share to reconcile."""
     intra = decomposition(analysis, layer, query, head, "intra")
     inter = decomposition(analysis, layer, query, head, "inter")
+    if not (intra["key"] == sink).any():
+        return None
     at_intra, at_inter = intra[intra["key"] == sink].iloc[0], inter[inter["key"] == sink].iloc[0]
     return HeadScale(
         sink_attention=float(at_intra["attention"]),

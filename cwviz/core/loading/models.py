@@ -60,6 +60,13 @@ class ModelInfo:
     causal: bool
 
 
+def weight_state(weight: torch.Tensor) -> tuple:
+    """What tells a weight moved, freed or changed in place: its device, dtype, data pointer and version counter (an
+    inference tensor, made under ``torch.inference_mode`` as accelerate's offloaded weights are, counts no versions:
+    None). The key of the Gram matrices' cache and of an analysis's model state."""
+    return (weight.device, weight.dtype, weight.data_ptr(), None if weight.is_inference() else weight._version)
+
+
 @dataclass(frozen=True)
 class Bundle:
     """A loaded model ready for analysis. Immutable and safe to share between threads."""
@@ -80,7 +87,7 @@ class Bundle:
         :meth:`cwviz.core.method.analysis.Analysis.check_model`).
         """
         weight = architectures.out_proj_weight(self.out_projections[layer], self.arch)
-        key = (weight.device, weight.dtype, weight.data_ptr(), weight._version)
+        key = weight_state(weight)
         with self._lock:
             cached = self._grams.get(layer)
         if cached is None or cached[0] != key:

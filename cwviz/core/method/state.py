@@ -9,7 +9,7 @@ import functools
 import torch
 
 from ..loading import architectures
-from ..loading.models import Bundle
+from ..loading.models import Bundle, weight_state
 from ..util.errors import ModelChangedError
 
 
@@ -32,7 +32,7 @@ class ModelState:
 
     def _now(self) -> tuple:
         weights = (getattr(m, "weight", None) for m in self._modules)
-        return tuple((w.device, w.dtype, w.data_ptr(), w._version) for w in weights if isinstance(w, torch.Tensor))
+        return tuple(weight_state(w) for w in weights if isinstance(w, torch.Tensor))
 
     def check(self) -> None:
         """ModelChangedError unless the model is as it was when this state was taken."""
