@@ -1,5 +1,5 @@
 """Streamlit caching for the Atlas page: an atlas run (:func:`cwviz.analyses.atlas.run` of the prompts of a file,
-one forward pass each through the one runner, a progress bar with the layer steps done) and a saved one reloaded."""
+one forward pass each through the one runner, a bar with the prompt in progress and an estimate) and a saved one reloaded."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def run_atlas(model: str, device: str, dtype: str, source: str, path: str, n: in
     bundle = services.get_bundle(model, device, dtype)
     texts = services.pooled_prompts(bundle, file, n, MAX_PROMPTS)
     kept = run_services.store(ATLAS.name, f"{model}|{device}|{dtype}", texts)  # a stopped run's prompts: Run resumes
-    with services.progress_bar(f"Atlas of {len(texts)} prompts", "layer steps") as progress:
+    steps = 2 * bundle.info.layers  # atlas.run's steps a prompt: its pass and its reduction, a layer each
+    with services.item_bar(f"Atlas on {model}", len(texts), len(kept), "prompt", per_item=steps) as progress:
         result = atlas.run(bundle, texts, progress=progress, store=kept)
     if out.strip():
         atlas.save(result, out.strip())
