@@ -4,7 +4,7 @@ one forward pass each through the one runner, a bar with the prompt in progress 
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlencode
+from dataclasses import replace
 
 import streamlit as st
 
@@ -12,7 +12,7 @@ from ..analyses import atlas
 from ..analyses.codecs import ATLAS
 from ..core.util.errors import InputError
 from ..core.util.texts import gsm8k_path
-from . import hosting, run_services, services
+from . import hosting, links, run_services, services
 
 #: Most prompts the page pools (each costs a forward pass); the CLI has no limit.
 MAX_PROMPTS = 64
@@ -61,5 +61,4 @@ def stamp(folder: str) -> float:
 def heatmaps_link(request: services.Request, text: str, layer: int, head: int) -> str:
     """A link that opens the Heatmaps page on ``text`` with ``layer`` and ``head`` selected (a fresh session
     reads the link: :mod:`cwviz.app.state`)."""
-    params = {"model": request.model, "device": request.device, "dtype": request.dtype, "prompt": text, "layer": layer, "head": head}
-    return "/?" + urlencode(params)
+    return links.page_url("heatmaps", replace(request, text=text), layer, head)
