@@ -3,8 +3,8 @@ one forward pass each through the one runner, a bar with the prompt in progress 
 
 from __future__ import annotations
 
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
 import streamlit as st
 

@@ -111,7 +111,9 @@ def intervention(request: services.Request, sink: int, factor: float, layers: tu
     """:func:`cwviz.analyses.sinks.intervene_on_sink` on the sidebar prompt (its clean side from :func:`clean_outputs`)."""
     analysis = services.get_analysis(request).analysis
     clean = clean_outputs(request, sink)
-    with services.progress_bar(f"λ = {factor:g}: a forward pass of {analysis.info.id} with the sink's value scaled, then comparing", "layer steps") as progress:
+    with services.progress_bar(
+        f"λ = {factor:g}: a forward pass of {analysis.info.id} with the sink's value scaled, then comparing", "layer steps"
+    ) as progress:
         return sinks.intervene_on_sink(analysis, sink, factor, layers, progress=progress, clean=clean)
 
 
