@@ -128,7 +128,7 @@ def _sinks(page, url: str, prompt: str, repeats: int) -> tuple[float, float]:
     page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[DRAWN, 3], timeout=600_000)
     first = time.perf_counter() - start
     _settle(page)
-    thumb = page.locator('[data-testid="stMain"] [data-testid="stSlider"] [role="slider"]').first  # λ, in its form
+    thumb = page.locator('[data-testid="stMain"] [data-testid="stSlider"] input[type="range"]').first  # λ, in its form
     apply = page.get_by_role("button", name="Apply λ")
     times = []
     for _ in range(repeats):

@@ -844,7 +844,7 @@ def test_lambda_applies_once_per_chosen_value_not_per_key_press(server, browser)
         _settle(page, 4)
         before = page.locator('[data-testid="stMetric"]', has_text="PPL intervened").inner_text()
         page.evaluate(COUNT_RUNS_JS)
-        thumb = page.locator('[data-testid="stMain"] [data-testid="stSlider"] [role="slider"]').first
+        thumb = page.locator('[data-testid="stMain"] [data-testid="stSlider"] input[type="range"]').first
         thumb.focus()
         for _ in range(4):
             page.keyboard.press("ArrowRight")
