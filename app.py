@@ -26,7 +26,9 @@ if "cwviz.app.services" in sys.modules:
     page.run()
 else:
     starting = st.empty()
-    starting.info("Starting cwviz: loading PyTorch and the model. Only the server's first page waits for this.", icon=":material/hourglass_top:")
+    starting.info(
+        "Starting cwviz: loading PyTorch and the model. Only the server's first page waits for this.", icon=":material/hourglass_top:"
+    )
     try:
         page.run()
     finally:
