@@ -1,5 +1,7 @@
 """cwviz dashboard: ``make run`` (= ``cwviz app`` = ``streamlit run app.py``). Pages share the sidebar in cwviz.app.sidebar."""
 
+import sys
+
 import streamlit as st
 
 from cwviz.app.launch import start_server
@@ -18,4 +20,16 @@ pages = [
     st.Page("views/compare.py", title="Compare"),
     st.Page("views/atlas.py", title="Atlas"),
 ]
-st.navigation(pages).run()
+page = st.navigation(pages)  # the page frame (the page list) is drawn now, before any page's imports
+# A server's first page imports PyTorch and transformers (seconds): say so at once, not a blank page.
+if "cwviz.app.services" in sys.modules:
+    page.run()
+else:
+    starting = st.empty()
+    starting.info(
+        "Starting cwviz: loading PyTorch and the model. Only the server's first page waits for this.", icon=":material/hourglass_top:"
+    )
+    try:
+        page.run()
+    finally:
+        starting.empty()

@@ -70,7 +70,11 @@ def run_here() -> list[dict] | None:
         run_services.run_claims(asked)
         stop.empty()
     if st.session_state.get(ASKED) != asked:
-        st.caption(f"Run checks the claims on the first {int(n)} GSM8K items on {sel.model} (about a minute an item on a CPU).")
+        st.caption(
+            f"Run checks the claims on the first {int(n)} GSM8K items on {sel.model}: several forward passes an item, "
+            "minutes each on a CPU. Its bar says which item runs and, from the items timed, how long is left; Stop keeps "
+            "the finished items, and Run resumes."
+        )
         return None
     made = run_services.finished(run_services.claims_plan(asked))
     if len(made) < len(asked.texts):

@@ -7,7 +7,7 @@ from cwviz.analyses import compare, schema
 from cwviz.app import compare_services as services
 from cwviz.app import widgets
 from cwviz.app.sidebar import sidebar
-from cwviz.app.state import parse_kind, select, url_widget
+from cwviz.app.state import examples, parse_kind, select, url_widget
 from cwviz.charts import compare as charts
 from cwviz.charts.heatmaps import LAYOUT_LABELS, LAYOUTS
 from cwviz.vocabulary import KIND_LABELS, KINDS
@@ -27,7 +27,7 @@ if not sel.ok:
 
 left, right = st.columns([3, 1])
 with left:
-    text_b = url_widget(st.text_area, "prompt_b", "Prompt B", services.DEFAULT_PROMPT_B, height=100)
+    text_b = url_widget(st.text_area, "prompt_b", "Prompt B", services.default_prompt_b(sel.request.text), height=100)
 with right:
     model_b = url_widget(
         st.text_input,
@@ -38,6 +38,11 @@ with right:
         help="Empty: the sidebar's model. Another model must share its tokenizer (one prompt on two models).",
     )
 request_b = services.request_b(sel.request, text_b, model_b)
+if text_b == services.DEFAULT_PROMPT_B and sel.request.text != text_b:
+    what = "the first example" if sel.request.text == examples()[0].text else "not the sidebar's prompt"
+    st.caption(f"Prompt B is an example ({what}, with “evening” changed to “morning”): type your own B to compare.")
+elif text_b == sel.request.text and not model_b.strip():
+    st.info("Prompt B starts as the sidebar's prompt: change a word or two in it to see what the change does.")
 try:
     described, alignment = services.alignment(sel.request, request_b)
 except CwvizError as err:

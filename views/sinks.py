@@ -140,7 +140,9 @@ def intervention_section() -> None:
         "forward pass is changed: the shared model is untouched."
     )
     left, right = st.columns(2)
-    with left:
+    # In a form: λ applies once, with Apply (or Enter), whatever the slider passed through on the way (each
+    # value is a forward pass; ten arrow presses were ten of them).
+    with left, st.form("sinks_lambda_form", border=False, enter_to_submit=True):
         factor = url_widget(
             st.slider,
             "lambda",
@@ -151,7 +153,9 @@ def intervention_section() -> None:
             min_value=0.0,
             max_value=2.0,
             step=0.05,
+            help="Move it, then Apply: each value is one forward pass with the sink's value scaled.",
         )
+        st.form_submit_button("Apply λ", key="sinks_lambda_apply")
     with right:
         scope = url_widget(
             st.radio,

@@ -462,18 +462,38 @@ def _head_outputs(analysis: Analysis, layer: int) -> torch.Tensor:
     return torch.einsum("hqd,hmd->hqm", analysis.head_outputs(layer), analysis.w_heads(layer))
 
 
+def head_output_stats(analysis: Analysis, sink: int | str = DEFAULT_SINK, progress: Progress | None = None) -> pd.DataFrame:
+    """Per layer, the mean head-output norm and the semantic cone over the queries that see the sink and another key:
+    columns ``layer, output_norm, cone``; ``progress(done, L)`` a layer at a time. The clean side of
+    :func:`intervene_on_sink`, which does not depend on λ: a caller trying several λ computes it once."""
+    sink = resolve_sink(analysis, sink)
+    rows = []
+    with torch.inference_mode():
+        for layer in range(analysis.num_layers):
+            visible = analysis.key_mask(layer).cpu()
+            positions = visible[:, sink] & (visible.sum(-1) > 1)  # (Q,)
+            out = _head_outputs(analysis, layer)  # (H, Q, d_model)
+            norm = out.norm(dim=-1)[:, positions.to(out.device)].mean()
+            rows.append({"layer": layer, "output_norm": float(norm), "cone": float(semantic_cone(out, positions).nanmean())})
+            if progress is not None:
+                progress(layer + 1, analysis.num_layers)
+    return pd.DataFrame(rows)
+
+
 def intervene_on_sink(
     analysis: Analysis,
     sink: int | str = DEFAULT_SINK,
     factor: float = DEFAULT_FACTOR,
     layers: Iterable[int] | None = None,
     progress: Progress | None = None,
+    clean: pd.DataFrame | None = None,
 ) -> SinkIntervention:
     """Scale the sink's value by ``factor`` (λ; 0 removes ṽ_σ, attention kept) in ``layers`` (None = all)
     and compare head outputs and perplexity with the clean pass. One recorded forward pass.
 
-    ``progress(done, 2 L)`` (:mod:`cwviz.core.util.progress`): 1..L as the pass runs each layer, L+1..2L as
-    each layer's outputs are compared."""
+    ``clean``: :func:`head_output_stats` of ``analysis`` and this sink, when the caller has it (it does not change
+    with λ); computed here otherwise. ``progress(done, 2 L)`` (:mod:`cwviz.core.util.progress`): 1..L as the pass
+    runs each layer, L+1..2L as each layer's outputs are compared."""
     factor = check_factor(factor)
     sink = resolve_sink(analysis, sink)
     chosen = _layers(analysis, layers)
@@ -483,35 +503,25 @@ def intervene_on_sink(
     after = analyze(
         analysis.bundle, analysis.text, input_ids=analysis.input_ids, progress=phase(progress, 0, steps), intervention=intervention
     )
-    rows = []
-    with torch.inference_mode():
-        for layer in range(analysis.num_layers):
-            visible = analysis.key_mask(layer).cpu()
-            positions = visible[:, sink] & (visible.sum(-1) > 1)  # (Q,)
-            before_out, after_out = _head_outputs(analysis, layer), _head_outputs(after, layer)
-            norm_before = before_out.norm(dim=-1)[:, positions.to(before_out.device)].mean()
-            norm_after = after_out.norm(dim=-1)[:, positions.to(after_out.device)].mean()
-            cone_before = semantic_cone(before_out, positions).nanmean()
-            cone_after = semantic_cone(after_out, positions).nanmean()
-            if progress is not None:
-                progress(analysis.num_layers + layer + 1, steps)
-            rows.append(
-                {
-                    "layer": layer,
-                    "intervened": layer in chosen,
-                    "output_norm_before": float(norm_before),
-                    "output_norm_after": float(norm_after),
-                    "output_norm_change": float(norm_after - norm_before),
-                    "cone_before": float(cone_before),
-                    "cone_after": float(cone_after),
-                    "cone_change": float(cone_after - cone_before),
-                }
-            )
+    before = head_output_stats(analysis, sink) if clean is None else clean
+    changed = head_output_stats(after, sink, phase(progress, analysis.num_layers, steps))
+    table = pd.DataFrame(
+        {
+            "layer": changed["layer"],
+            "intervened": [layer in chosen for layer in changed["layer"]],
+            "output_norm_before": before["output_norm"].to_numpy(),
+            "output_norm_after": changed["output_norm"],
+            "output_norm_change": changed["output_norm"] - before["output_norm"].to_numpy(),
+            "cone_before": before["cone"].to_numpy(),
+            "cone_after": changed["cone"],
+            "cone_change": changed["cone"] - before["cone"].to_numpy(),
+        }
+    )
     return SinkIntervention(
         sink=sink,
         factor=float(factor),
         layers=chosen,
-        table=pd.DataFrame(rows),
+        table=table,
         perplexity_clean=analysis.perplexity,
         perplexity=after.perplexity,
     )

@@ -1,10 +1,10 @@
 """Streamlit caching for the Atlas page: an atlas run (:func:`cwviz.analyses.atlas.run` of the prompts of a file,
-one forward pass each through the one runner, a progress bar with the layer steps done) and a saved one reloaded."""
+one forward pass each through the one runner, a bar with the prompt in progress and an estimate) and a saved one reloaded."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from urllib.parse import urlencode
 
 import streamlit as st
 
@@ -12,7 +12,7 @@ from ..analyses import atlas
 from ..analyses.codecs import ATLAS
 from ..core.util.errors import InputError
 from ..core.util.texts import gsm8k_path
-from . import hosting, run_services, services
+from . import hosting, links, run_services, services
 
 #: Most prompts the page pools (each costs a forward pass); the CLI has no limit.
 MAX_PROMPTS = 64
@@ -37,7 +37,8 @@ def run_atlas(model: str, device: str, dtype: str, source: str, path: str, n: in
     bundle = services.get_bundle(model, device, dtype)
     texts = services.pooled_prompts(bundle, file, n, MAX_PROMPTS)
     kept = run_services.store(ATLAS.name, f"{model}|{device}|{dtype}", texts)  # a stopped run's prompts: Run resumes
-    with services.progress_bar(f"Atlas of {len(texts)} prompts", "layer steps") as progress:
+    steps = 2 * bundle.info.layers  # atlas.run's steps a prompt: its pass and its reduction, a layer each
+    with services.item_bar(f"Atlas on {model}", len(texts), len(kept), "prompt", per_item=steps) as progress:
         result = atlas.run(bundle, texts, progress=progress, store=kept)
     if out.strip():
         atlas.save(result, out.strip())
@@ -60,5 +61,4 @@ def stamp(folder: str) -> float:
 def heatmaps_link(request: services.Request, text: str, layer: int, head: int) -> str:
     """A link that opens the Heatmaps page on ``text`` with ``layer`` and ``head`` selected (a fresh session
     reads the link: :mod:`cwviz.app.state`)."""
-    params = {"model": request.model, "device": request.device, "dtype": request.dtype, "prompt": text, "layer": layer, "head": head}
-    return "/?" + urlencode(params)
+    return links.page_url("heatmaps", replace(request, text=text), layer, head)

@@ -18,8 +18,14 @@ from ..core.util.errors import CwvizError
 from . import services
 from .state import examples
 
-#: Prompt B until the user types one: the first example prompt with one word changed (a minimal pair).
+#: Prompt B while the sidebar shows the first example: that example with one word changed (a minimal pair).
 DEFAULT_PROMPT_B = examples()[0].text.replace("every evening", "every morning")
+
+
+def default_prompt_b(text_a: str) -> str:
+    """Prompt B until the user types one: the minimal pair of the first example when A is that example, else A's own
+    prompt, to edit (never an example compared with the user's prompt without a word)."""
+    return DEFAULT_PROMPT_B if text_a == examples()[0].text else text_a
 
 
 def request_b(request_a: services.Request, text: str, model: str = "") -> services.Request:

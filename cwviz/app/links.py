@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
+from . import prompt_store
 from .services import Request
+from .state import PRESENTER, presenter
 
 #: Each page's URL path, relative to the page showing the link: ``st.Page`` infers it from the script's name, and
 #: serves the default page (Heatmaps, in app.py) at the app's root only ("heatmaps" gives "Page not found").
@@ -29,7 +31,9 @@ def selection_params(request: Request, layer: int, head: int | None, query: int 
     }
     if query is not None:
         params["token"] = str(query)
-    params["prompt"] = request.text
+    params |= prompt_store.link_params(request.text)  # a long prompt by its hash (links stay under 8 kB)
+    if presenter():  # presenter mode goes with every link
+        params[PRESENTER] = "true"
     return params
 
 

@@ -45,15 +45,17 @@ def finished(plan: sweep.Sweep) -> list[dict]:
 
 def run(plan: sweep.Sweep, compute: Callable[[int], dict], label: str, unit: str) -> sweep.Outcome:
     """``plan``'s unfinished items (:func:`cwviz.analyses.sweep.run`, in memory), each in the shared server's slot
-    (:func:`cwviz.app.hosting.analysis_slot`), a bar ("label: 2 of 5 unit") while they run."""
+    (:func:`cwviz.app.hosting.analysis_slot`), a bar drawn at once ("label: item 2 of 5, about 3 min left",
+    :func:`cwviz.app.services.item_bar`) while they run."""
     policy = hosting.policy_from_env()
+    store = kept(plan)
 
     def slotted(index: int) -> dict:
         with hosting.analysis_slot(policy):  # a shared server runs at most CWVIZ_MAX_CONCURRENT at once
             return compute(index)
 
-    with services.progress_bar(label, unit) as progress:
-        return sweep.run(plan, slotted, progress=progress, store=kept(plan))
+    with services.item_bar(label, len(plan.texts), len(store), unit) as progress:
+        return sweep.run(plan, slotted, progress=progress, store=store)
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ def run_faithfulness(asked: Asked) -> sweep.Outcome:
     faithfulness.check_causal(bundle)
     with services.progress_bar("The example in progress", "forward passes") as passes:
         compute = tasks.example_compute(bundle, asked.texts, asked.protocol, progress=passes)
-        return run(faithfulness_plan(asked), compute, "Faithfulness", "examples")
+        return run(faithfulness_plan(asked), compute, f"Faithfulness on {asked.model[0]}", "example")
 
 
 def claims_plan(asked: Asked, scopes: Sequence[str] = faithfulness.RANK_SCOPES, sink: int = 0) -> sweep.Sweep:
@@ -94,4 +96,4 @@ def run_claims(asked: Asked) -> sweep.Outcome:
     def compute(index: int) -> dict:
         return claims.item_payload(bundle, asked.texts[index], asked.protocol, faithfulness.RANK_SCOPES, 0, index)
 
-    return run(claims_plan(asked), compute, "Items", "items")
+    return run(claims_plan(asked), compute, f"Claims on {asked.model[0]}", "item")

@@ -39,7 +39,7 @@ from ..core.method import export
 from ..core.method.analysis import Analysis, analyze
 from ..core.util.errors import InputError
 from ..core.util.heap import trim_heap
-from ..core.util.progress import Progress
+from ..core.util.progress import Progress, items_left_text
 from ..core.util.settings import env_int
 from ..core.util.texts import read_texts
 from . import hosting
@@ -110,6 +110,40 @@ def progress_bar(label: str, unit: str = "layers") -> Iterator[Progress]:
     finally:
         if shown["drawn"]:
             shown["bar"].empty()
+
+
+@contextlib.contextmanager
+def item_bar(label: str, total: int, done: int = 0, unit: str = "item", per_item: int = 0) -> Iterator[Progress]:
+    """A :data:`~cwviz.core.util.progress.Progress` callback for a run over ``total`` items (``done`` of them finished
+    before), drawn at once: "label: item 3 of 5, about 4 min left" (:func:`cwviz.core.util.progress.items_left_text`,
+    from the measured times of the items finished in this run). The callback gets this run's items done, as
+    :func:`cwviz.analyses.sweep.run` reports them; or, with ``per_item``, the steps done of all ``total`` items
+    (``per_item`` steps an item, finished items included), as :func:`cwviz.analyses.atlas.run` reports them. Removed
+    when the block ends."""
+    bar = st.empty()
+    seconds: list[float] = []  # each finished item's time in this run
+    shown = {"items": done, "at": time.monotonic(), "drawn": 0.0}
+
+    def draw(value: float, items: int) -> None:
+        bar.progress(min(value, 1.0), text=f"{label}: {items_left_text(items, total, seconds, unit)}")
+        shown["drawn"] = time.monotonic()
+
+    def update(count: int, count_total: int) -> None:
+        items = count // per_item if per_item else done + count
+        now = time.monotonic()
+        if items > shown["items"]:
+            finished = items - shown["items"]
+            seconds.extend([(now - shown["at"]) / finished] * finished)
+            shown["items"], shown["at"] = items, now
+            draw(items / total, items)
+        elif per_item and count_total and now - shown["drawn"] >= PROGRESS_EVERY_S:
+            draw(count / count_total, items)
+
+    draw(done / total if total else 0.0, done)
+    try:
+        yield update
+    finally:
+        bar.empty()
 
 
 def get_bundle(model: str, device: str = "auto", dtype: str = "auto") -> Bundle:

@@ -22,6 +22,7 @@ from typing import Any
 import streamlit as st
 
 from ..vocabulary import KINDS
+from . import prompt_store
 
 EXAMPLES = Path(__file__).resolve().parent / "examples.json"
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
@@ -29,6 +30,8 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 MAX_GENERATE = 64
 _STATE = "_cwviz_state"
 URL_KEYS = ("model", "device", "dtype", "gen", "layer", "head", "token", "prompt")
+#: The parameter that names a long prompt kept on the server instead of the prompt itself (:mod:`cwviz.app.prompt_store`).
+PROMPT_SHA = "prompt_sha"
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,16 @@ def parse_url(params: dict[str, str], cur: dict) -> None:
                 notes.append(f"{name}={params[name]!r} in the link is not one of {', '.join(allowed)}; using auto")
     if "prompt" in params:
         cur["text"] = params["prompt"]
+    elif PROMPT_SHA in params:
+        kept = prompt_store.find(params[PROMPT_SHA])
+        if kept is None:
+            notes.append(
+                f"{PROMPT_SHA}={params[PROMPT_SHA][:12]}… in the link names a long prompt this server does not have (it keeps the "
+                "long prompts of its links for a while, on the server that made them); showing the example prompt instead: "
+                "paste the prompt into the sidebar"
+            )
+        else:
+            cur["text"] = kept
     if "gen" in params:
         value = parse_int(params["gen"])
         if value is None or not 0 <= value <= MAX_GENERATE:
@@ -120,7 +133,7 @@ def parse_int(raw: str) -> int | None:
 def current() -> dict:
     if _STATE not in st.session_state:
         cur = defaults()
-        parse_url({k: st.query_params.get(k) for k in URL_KEYS if k in st.query_params}, cur)
+        parse_url({k: st.query_params.get(k) for k in (*URL_KEYS, PROMPT_SHA) if k in st.query_params}, cur)
         st.session_state[_STATE] = cur
     return st.session_state[_STATE]
 
@@ -222,8 +235,9 @@ def write_url(cur: dict) -> None:
         "layer": "" if cur["layer"] is None else str(cur["layer"]),
         "head": "all" if cur["head"] is None else str(cur["head"]),
         "token": "" if cur["query"] is None else str(cur["query"]),
-        "prompt": cur["text"],
-    }
+        "prompt": "",
+        PROMPT_SHA: "",
+    } | prompt_store.link_params(cur["text"])  # a long prompt by its hash: links stay under 8 kB
     for name, value in wanted.items():  # only the sidebar's keys: the pages' pickers keep theirs (url_widget)
         if value == "":
             if name in st.query_params:

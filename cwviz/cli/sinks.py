@@ -222,7 +222,6 @@ def _format(summary: pd.DataFrame) -> str:
         "sink_ratio": ("sink_ratio", "{:.3f}"),
         "cos_sink_rest": ("cos(v_sink,m)", "{:+.3f}"),
         "negative_cos_share": ("cos<0", "{:.2f}"),
-        "sink_attention_share": ("attn_share", "{:.3f}"),
         "sink_contribution_share": ("contrib_share", "{:+.3f}"),
         "learned_sink_share": ("learned_sink", "{:.3f}"),
         "delta_ppl": ("dPPL", "{:+.3f}"),

@@ -101,8 +101,10 @@ def test_a_run_shows_its_progress_and_leaves_no_bar_behind(tiny_model, tmp_path,
     at = open_page({"atlas_source": "path", "atlas_path": str(source), "atlas_n": "2"})
     at.button(key="atlas_run").click().run()
     assert_clean(at)
-    steps = 2 * 2 * tiny_model.info.layers  # two prompts: a forward pass and a reduction a layer
-    assert f"Atlas of 2 prompts: {steps} of {steps} layer steps" in texts
+    # Drawn at once (before any prompt is done), then with an estimate from the measured prompts, then done.
+    assert texts[0] == "Atlas on tiny-long: prompt 1 of 2 (an estimate follows the first prompt)"
+    assert any(t.startswith("Atlas on tiny-long: prompt 2 of 2, about") for t in texts)
+    assert texts[-1] == "Atlas on tiny-long: 2 of 2 prompts done"
     assert not at.get("progress")
 
 

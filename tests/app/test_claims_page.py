@@ -83,3 +83,31 @@ def test_a_run_here_on_the_embedded_model_judges_every_claim_from_the_records_th
     made = run_services.finished(run_services.claims_plan(at.session_state["_claims_asked"]))
     assert cli.main(["claims", "--gsm8k", "--n", "1", "--max-tokens", "10", "--results", str(tmp_path)]) == 0
     assert made == records.read_records(tmp_path / claims.RECORDS_FOLDER, CLAIMS)  # the same fingerprint and numbers
+
+
+def test_stop_keeps_the_finished_items_and_run_resumes_from_them(app, monkeypatch):
+    """Stop (like any click during a run) interrupts the script at its next Streamlit call, as st.stop does here: the
+    rerun says how many items are kept, and Run with the same settings computes only the rest."""
+    import streamlit as st
+
+    ran: list[int] = []
+
+    def stopped_on_the_second(bundle, text, protocol, scopes, sink, index):
+        ran.append(index)
+        if len(ran) == 2:
+            st.stop()
+        payload = record(index, ordered(index, 1.0, noise=0.1), sinks(index, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0))
+        return {k: v for k, v in payload.items() if k != "example"}
+
+    monkeypatch.setattr(claims, "item_payload", stopped_on_the_second)
+    app.number_input(key="claims_n").set_value(3)
+    app.button(key="claims_run").click()
+    at = app.run()
+    assert not at.exception and not at.dataframe  # stopped: nothing judged
+    at.run()
+    assert any("Stopped after 1 of 3 items: Run resumes." in c.value for c in at.caption)
+    at.button(key="claims_run").click()
+    at.run()
+    assert not at.exception and not at.error
+    assert ran == [0, 1, 1, 2]  # the finished item is not run again
+    assert list(at.dataframe[0].value.index) == [1, 2, 3, 4, 5] and any(c.value.startswith("3 item(s);") for c in at.caption)

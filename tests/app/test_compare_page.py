@@ -114,3 +114,18 @@ def test_an_encoder_is_compared_without_log_probabilities():
     assert "sequence alignment" in title(maps) and "Change B" in title(grid)
     aligned = 7  # [CLS] the ... mat [SEP] against [CLS] the big dog ...: the paired tokens
     assert maps["_rows"] == aligned * aligned  # an encoder's maps are full squares
+
+
+def test_prompt_b_starts_from_the_sidebar_prompt_not_the_example(tiny_models):
+    at = open_page({"model": "tiny-long", "prompt": TINY_A})
+    assert_clean(at)
+    assert at.text_area(key="prompt_b").value == TINY_A  # the user's own prompt to edit, never the example beside it
+    assert any("starts as the sidebar's prompt" in i.value for i in at.info)
+    at.text_area(key="prompt_b").set_value(TINY_B).run()
+    assert_clean(at)
+    assert not any("starts as the sidebar's prompt" in i.value for i in at.info)
+
+
+def test_the_example_b_says_it_is_an_example():
+    at = open_page()
+    assert any(c.value.startswith("Prompt B is an example (the first example") for c in at.caption)

@@ -98,3 +98,45 @@ def test_a_link_with_a_kind_pickers_earlier_label_still_picks_that_kind():
         state.parse_kind("sideways")
     at = _open("views/token.py", {**SIDEBAR, "token_kind": "head output ‖o_q^h‖ (intra)"})
     assert _value(at, "token_kind") == "intra"
+
+
+def test_a_long_prompt_goes_into_the_link_by_its_hash_and_an_unknown_hash_is_said(monkeypatch, tmp_path):
+    """A prompt of 20,000 words made a 111 kB link: it is kept on the server and the link names its sha256, so links
+    stay under 8 kB; a link whose prompt this server does not have says so, rather than show another prompt."""
+    from urllib.parse import urlencode
+
+    from cwviz.app import prompt_store
+
+    monkeypatch.setenv("CWVIZ_CACHE", str(tmp_path))
+    long = " ".join(f"word{i}" for i in range(20_000))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params["prompt"] = "short one"
+    at.run()
+    cur = at.session_state["_cwviz_state"]
+    cur["text"] = cur["draft_text"] = long
+    at.run()
+    url = dict(at.query_params)
+    assert "prompt" not in url and len(urlencode(url)) < 8000
+    assert prompt_store.find(url[state.PROMPT_SHA]) == long
+
+    cur = state.defaults()
+    state.parse_url({state.PROMPT_SHA: url[state.PROMPT_SHA]}, cur)
+    assert cur["text"] == long and not cur["notes"]
+    cur = state.defaults()
+    state.parse_url({state.PROMPT_SHA: "0" * 64}, cur)
+    assert cur["text"] == state.defaults()["text"] and "does not have" in cur["notes"][0]
+
+
+def test_every_link_to_a_page_keeps_presenter_mode_and_a_short_prompt():
+    from cwviz.app import links, services
+
+    request = services.Request("embedded", text="a cat")
+    at = AppTest.from_string(
+        "import streamlit as st\nfrom cwviz.app import links, services, state\n"
+        "state.presenter_toggle()\n"
+        "st.write(links.page_url('sinks', services.Request('embedded', text='a cat'), 1, 2))"
+    )
+    at.query_params[state.PRESENTER] = "true"
+    at.run()
+    assert "presenter=true" in at.markdown[0].value and "prompt=a+cat" in at.markdown[0].value
+    assert "presenter" not in links.page_url("sinks", request, 1, 2)  # off (no session): not in the link

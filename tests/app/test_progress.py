@@ -14,7 +14,7 @@ import cwviz
 from cwviz.analyses import sinks, tables
 from cwviz.app import services
 from cwviz.core.loading.generate import greedy_continuation
-from cwviz.core.util.progress import cli_bar, counted
+from cwviz.core.util.progress import cli_bar, counted, items_left_text
 from tests.helpers import make_tiny
 
 TEXT = "the quick brown fox jumps"
@@ -148,3 +148,30 @@ def test_the_binned_heatmap_reports_its_row_blocks_and_keeps_its_cells(case, mon
     pd.testing.assert_frame_equal(
         cells.frame, tables.heatmap_cells(analysis, 0, None, "contribution_inter", "inter", 2, "binned", max_cells=6).frame
     )
+
+
+def test_the_estimate_of_a_run_over_items_comes_from_the_items_timed_after_the_first():
+    assert items_left_text(0, 5, []) == "item 1 of 5 (an estimate follows the first item)"  # no guess before one is timed
+    assert items_left_text(1, 5, [200.0]) == "item 2 of 5, about 13 min left"  # one timed: 4 x 200 s
+    # The first item's warm-up (200 s) leaves the estimate once another is timed: 3 left x 60 s.
+    assert items_left_text(2, 5, [200.0, 60.0]) == "item 3 of 5, about 3 min left"
+    assert items_left_text(4, 5, [200.0, 20.0, 22.0, 21.0]) == "item 5 of 5, about 20 s left"
+    assert items_left_text(4, 5, [1.0, 0.1, 0.1, 0.1], unit="prompt") == "prompt 5 of 5, about 5 s left"
+    assert items_left_text(5, 5, [1.0] * 5, unit="example") == "5 of 5 examples done"
+
+
+def test_the_bar_of_a_run_over_items_shows_at_once_and_counts_resumed_items(monkeypatch):
+    fake = FakeSt()
+    monkeypatch.setattr(services, "st", fake)
+    with services.item_bar("Claims on embedded", 4, done=1) as progress:  # one item kept from a stopped run
+        assert fake.log[-1] == ("progress", 0.25, "Claims on embedded: item 2 of 4 (an estimate follows the first item)")
+        progress(1, 3)  # the runner counts this run's items
+        assert fake.log[-1][:2] == ("progress", 0.5) and fake.log[-1][2].startswith("Claims on embedded: item 3 of 4, about ")
+    assert fake.log[-1] == ("empty",)
+
+    fake.log.clear()
+    with services.item_bar("Atlas on embedded", 2, unit="prompt", per_item=10) as progress:  # steps of every prompt
+        progress(10, 20)
+        progress(20, 20)
+    texts = [entry[2] for entry in fake.log if entry[0] == "progress"]
+    assert texts[1].startswith("Atlas on embedded: prompt 2 of 2, about") and texts[-1] == "Atlas on embedded: 2 of 2 prompts done"

@@ -45,7 +45,8 @@ def test_default_load_draws_the_ratio_map_share_and_intervention_charts(app):
 
 
 def test_lambda_one_changes_nothing_and_the_sink_can_be_moved(app):
-    app.slider(key="lambda").set_value(1.0).run()
+    app.slider(key="lambda").set_value(1.0)
+    app.button(key="sinks_lambda_apply").click().run()  # λ is in a form: it applies with Apply λ
     assert not app.exception
     delta = [m for m in app.metric if m.label == "PPL intervened"][0]
     assert float(delta.delta) == 0.0

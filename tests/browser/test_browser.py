@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import time
 import urllib.request
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse
@@ -938,3 +939,59 @@ def test_every_tour_step_marks_what_its_sentences_name_and_reads_from_the_back_r
     finally:
         page.close()
     watch.check()
+
+
+#: Counts the runs of the page's script from now on (Streamlit marks its root with the run state as it changes).
+COUNT_RUNS_JS = """() => { window.cwvizRuns = 0; const app = document.querySelector('[data-testid="stApp"]');
+  new MutationObserver(() => { if (app.dataset.testScriptState === "running") window.cwvizRuns += 1; })
+    .observe(app, {attributes: true, attributeFilter: ["data-test-script-state"]}); }"""
+
+
+def test_lambda_applies_once_per_chosen_value_not_per_key_press(server, browser):
+    """Ten arrow presses on the λ slider were ten forward passes (95 s): in its form they run nothing, and Apply
+    runs the page once with the value chosen, which the link then holds."""
+    page = browser.new_page(viewport=VIEWPORT)
+    watch = Watch(page)
+    try:
+        page.goto(_url(server, "sinks"))
+        _settle(page, 4)
+        before = page.locator('[data-testid="stMetric"]', has_text="PPL intervened").inner_text()
+        page.evaluate(COUNT_RUNS_JS)
+        thumb = page.locator('[data-testid="stMain"] [data-testid="stSlider"] input[type="range"]').first
+        thumb.focus()
+        for _ in range(4):
+            page.keyboard.press("ArrowRight")
+        page.wait_for_timeout(1500)
+        assert page.evaluate("() => window.cwvizRuns") == 0, "an arrow press on λ ran the page"
+        page.get_by_role("button", name="Apply λ").click()
+        page.wait_for_function("() => window.cwvizRuns >= 1", timeout=30_000)
+        _settle(page, 4)
+        _assert_no_error_text(page)
+        assert page.evaluate("() => window.cwvizRuns") == 1
+        assert parse_qs(urlparse(page.url).query)["lambda"] == ["0.2"]
+        after = page.locator('[data-testid="stMetric"]', has_text="PPL intervened").inner_text()
+        assert after != before
+        page.screenshot(path=str(ARTIFACTS / "sinks-lambda-applied.png"))
+    finally:
+        page.close()
+    watch.check()
+
+
+def test_a_cold_open_shows_the_page_frame_and_says_it_is_starting_at_once(browser):
+    """A fresh server's first page was a blank white page for about 12 s: now its page list and a loading message
+    show within a second or two of the page's arrival, and the message is gone once the page is drawn."""
+    with _serve("cold-open.log") as url:
+        page = browser.new_page(viewport=VIEWPORT)
+        try:
+            page.goto(url, wait_until="domcontentloaded")
+            start = time.monotonic()
+            page.get_by_text("Starting cwviz").wait_for(timeout=10_000)
+            waited = time.monotonic() - start
+            assert page.locator('[data-testid="stSidebarNav"] a').count() == 9
+            page.screenshot(path=str(ARTIFACTS / "cold-open.png"))
+            _settle(page, 3)
+            _assert_no_error_text(page)
+            assert page.get_by_text("Starting cwviz").count() == 0
+            assert waited < 5, f"the first words took {waited:.1f} s"
+        finally:
+            page.close()

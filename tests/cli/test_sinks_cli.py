@@ -35,7 +35,8 @@ def test_text_prints_one_row_per_layer_with_dppl_and_writes_the_full_table(capsy
     out = capsys.readouterr().out
     rows = _layer_rows(out)
     assert [int(r[0]) for r in rows] == list(range(30))
-    assert "dPPL" in out.splitlines()[4] and all(len(r) == 7 for r in rows)
+    assert "dPPL" in out.splitlines()[4] and all(len(r) == 6 for r in rows)
+    assert "attn_share" not in out  # the sink ratio is the attention share: one column, not two equal ones
     assert "all layers, sink value x0" in out and "raised PPL by more than 0.1% of the clean PPL on" in out
     table = pd.read_csv(csv)
     assert {"prompt", *sinks.TABLE_COLUMNS} <= set(table.columns)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 Progress = Callable[[int, int], None]
@@ -66,3 +66,21 @@ def print_line(text: str) -> None:
         tty = False
     prefix = "\r\033[K" if tty else "\n" if bars else ""
     print(prefix + text, file=stream, flush=True)
+
+
+def items_left_text(done: int, total: int, seconds: Sequence[float], unit: str = "item") -> str:
+    """What a run over many items says while item ``done + 1`` of ``total`` runs: "item 3 of 5, about 4 min left".
+
+    ``seconds`` are the measured times of the items this run finished, in order. The first item carries the warm-up
+    (the first conversion, caches) and is left out of the estimate once another has been timed; before any has
+    finished the text says no estimate yet, rather than guess."""
+    if done >= total:
+        return f"{total} of {total} {unit}s done"
+    where = f"{unit} {done + 1} of {total}"
+    if not seconds:
+        return f"{where} (an estimate follows the first {unit})"
+    typical = seconds[1:] if len(seconds) > 1 else seconds
+    left = sum(typical) / len(typical) * (total - done)
+    if left < 60:
+        return f"{where}, about {max(5, round(left / 5) * 5):.0f} s left"
+    return f"{where}, about {round(left / 60):.0f} min left"
