@@ -95,9 +95,10 @@ def wide(summary: pd.DataFrame, value: str, scale: float = 1.0, digits: str = "{
 
 
 # -- sections --------------------------------------------------------------------------------------------
-def manifest_section(manifest: dict, title: str = "Run", anchor: str = "run") -> Section:
+def manifest_section(manifest: dict, title: str = "Run", anchor: str = "run", recorded: str | None = None) -> Section:
     """Model (id, revision, weight hash), dtype, device, seed, rates, measures, versions, command and date, and
-    how to rerun it."""
+    how to rerun it; ``recorded``: what the records hold (how many items were measured and how many skipped), so
+    that the header and the tables' ``n`` count the same items."""
     model = manifest.get("model", {}) or {}
     versions = manifest.get("versions", {}) or {}
     rows = {
@@ -109,6 +110,7 @@ def manifest_section(manifest: dict, title: str = "Run", anchor: str = "run") ->
         "device": model.get("device"),
         "task": manifest.get("task"),
         "data": ", ".join(f"{k}: {v}" for k, v in (manifest.get("data") or {}).items()),
+        "recorded": recorded,
         "seed": manifest.get("seed"),
         "rates (%)": ", ".join(f"{r:g}" for r in manifest.get("rates", [])),
         "measures": ", ".join(manifest.get("measures", [])),

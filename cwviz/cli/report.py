@@ -31,13 +31,15 @@ def faithfulness_sections(folder: Path) -> list:
     table = FAITHFULNESS.decode(made)
     manifest = records.read_manifest(folder, FAITHFULNESS) or {}
     total = records.manifest_items(manifest)
+    measured = sum(1 for record in made if not record["skipped"])
+    recorded = f"{len(made)} example(s): {measured} measured (the tables' n), {len(made) - measured} skipped (fewer than two tokens)"
     if total is not None and len(made) < total:  # an unfinished run: the report says so (and how to finish it)
         print(f"note: {folder} holds {len(made)} of the run's {total} examples; add --resume to the run's command to finish it")
     if not len(table):
         raise InputError(f"the records in {folder} hold no finished example; run the sweep (with --resume) first")
     summary = faithfulness.summarize(table, seed=manifest.get("seed", 0))
     areas = faithfulness.curve_areas(summary)
-    sections = [report.manifest_section(manifest)] if manifest else []
+    sections = [report.manifest_section(manifest, recorded=recorded)] if manifest else []
     sections.append(
         report.faithfulness_section(summary, areas, faithfulness.order_check(areas), faithfulness.order_check(summary, value="delta_ppl"))
     )

@@ -137,3 +137,19 @@ def test_report_opens_in_chromium_offline_and_draws_its_figures(tmp_path, monkey
         browser.close()
     assert all(url.startswith("file:") for url in requests), requests
     assert not errors, errors
+
+
+def test_the_reports_header_counts_the_examples_its_tables_measure(tmp_path, monkeypatch):
+    """A one-token example is recorded but skipped: the header says how many were measured and skipped, and the
+    measured count is the tables' n (they differed: 3 examples in the header, n = 2 in the tables)."""
+    monkeypatch.setattr(faithfulness_command, "load", lambda _args: make_tiny("llama"))
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in [TEXTS[0], "x", TEXTS[1]]), encoding="utf-8")
+    results = tmp_path / "results"
+    argv = ["faithfulness", "--jsonl", str(data), "--rates", "10,50", "--measures", "raw", "--results", str(results)]
+    assert cli.main(argv) == 0
+    page = write_report(results, tmp_path / "report.html")
+    assert (
+        "3 example(s): 2 measured (the tables&#x27; n), 1 skipped" in page or "3 example(s): 2 measured (the tables' n), 1 skipped" in page
+    )
+    assert "mean ΔPPL over 2 example(s)" in page
