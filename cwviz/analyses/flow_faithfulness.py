@@ -326,4 +326,3 @@ def format_verdicts(table: pd.DataFrame, primary_only: bool = True) -> str:
         f"{row.statistic}: {row.first} vs {row.second}: {row.verdict.upper()}: {row.evidence} (n={row.n})"
         for row in shown.itertuples(index=False)
     )
-

@@ -70,7 +70,9 @@ def _attention_writes(bundle, ids):
     for layer, block in enumerate(architectures.layer_modules(bundle.model, bundle.arch)):
         norm = B.attention_output_norm(block)
         module = norm if norm is not None else bundle.attention_modules[layer]
-        handles.append(module.register_forward_hook(lambda m, i, o, layer=layer: writes.__setitem__(layer, (o[0] if isinstance(o, tuple) else o)[0])))
+        handles.append(
+            module.register_forward_hook(lambda m, i, o, layer=layer: writes.__setitem__(layer, (o[0] if isinstance(o, tuple) else o)[0]))
+        )
     try:
         with torch.inference_mode():
             bundle.model(input_ids=torch.tensor([ids]), use_cache=False)
