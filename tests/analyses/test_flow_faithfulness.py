@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import cwviz
+from cwviz import cli
 from cwviz.analyses import flow_faithfulness as FF
 from cwviz.analyses.faithfulness import example_ids
 from cwviz.cli import flow_faithfulness as command
-from cwviz import cli
 from cwviz.core.knockout import last_logits
 from tests.conftest import make_tiny
 
