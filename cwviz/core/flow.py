@@ -113,7 +113,7 @@ def _token_id(bundle, token: int | str | None, name: str) -> int | None:
         if token is not None and not 0 <= int(token) < size:
             raise InputError(f"the {name} token id {token} is outside the vocabulary 0..{size - 1}")
         return None if token is None else int(token)
-    ids = bundle.tokenizer.encode(token, add_special_tokens=False)
+    ids = list(bundle.tokenizer(token, add_special_tokens=False)["input_ids"])
     if len(ids) != 1:
         shown = [bundle.tokenizer.decode([i]) for i in ids]
         raise InputError(
