@@ -35,7 +35,9 @@ SIGNED = frozenset({"flow"})
 BASELINES = ("alti", "rollout", "raw")
 CURVES = ("comprehensiveness", "sufficiency")
 RATES: tuple[float, ...] = (10.0, 30.0)
-DEFAULT_MAX_TOKENS = 64
+DEFAULT_MAX_TOKENS = 32
+#: Knockouts per forward pass: on a CPU, 32 rows a pass ran 64 knockouts five times faster than 8 (per-layer overhead).
+DEFAULT_BATCH_SIZE = 32
 #: Random rankings per item; their drops and ρ are averaged.
 DRAWS = 5
 #: An item with fewer tokens (after the cap) is skipped: ρ needs 3 input tokens besides the target position.
@@ -123,7 +125,7 @@ def item_payload(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     seed: int = 0,
     draws: int = DRAWS,
-    batch_size: int = 8,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     flow: Callable | None = None,
 ) -> dict:
     """One item's record payload (module docstring). ``flow(analysis, position, target, foil) -> [T]``: the signed
@@ -133,11 +135,11 @@ def item_payload(
 
     from ..core import baselines
     from ..core.analysis import analyze
+    from ..core.flow import token_totals
     from ..core.knockout import last_logits
     from .faithfulness import example_ids
 
-    if flow is None:
-        from ..core.flow import token_totals as flow
+    flow = token_totals if flow is None else flow
     ids = example_ids(bundle, text, max_tokens)
     if ids is None or len(ids) < MIN_TOKENS:
         return skipped(0 if ids is None else len(ids), f"fewer than {MIN_TOKENS} tokens")

@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--draws", type=int, default=FF.DRAWS, help=f"random rankings per item (default {FF.DRAWS})")
     parser.add_argument(
-        "--batch-size", type=int, default=F.DEFAULT_BATCH_SIZE, help=f"knockouts per forward pass (default {F.DEFAULT_BATCH_SIZE})"
+        "--batch-size", type=int, default=FF.DEFAULT_BATCH_SIZE, help=f"knockouts per forward pass (default {FF.DEFAULT_BATCH_SIZE})"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random rankings and the bootstrap (default 0)")
     add_model_args(parser)
