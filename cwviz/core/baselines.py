@@ -101,13 +101,19 @@ def alti_contributions(transformed: torch.Tensor, resultant: torch.Tensor) -> to
 
 
 # -- the model's side -------------------------------------------------------------------------------------
-def attention_output_norm(layer: nn.Module) -> nn.Module | None:
-    """The norm a block applies to its attention output before the residual add, or None. Gemma 2 and 3 name it
-    ``post_attention_layernorm`` and have a ``pre_feedforward_layernorm``; Llama-like blocks use the first name for
-    their MLP's input norm, and have no second one."""
-    if getattr(layer, "pre_feedforward_layernorm", None) is not None:
-        return layer.post_attention_layernorm
+def attention_output_norm(bundle, layer: nn.Module) -> nn.Module | None:
+    """The norm a block applies to its attention output before the residual add (a ``"sandwich"`` block of
+    :data:`cwviz.core.architectures.BLOCKS`: Gemma 2 and 3, OLMo 2), or None."""
+    if bundle.arch.block == "sandwich" and bundle.arch.attention_norm:
+        return architectures.submodule(layer, bundle.arch.attention_norm)
     return None
+
+
+def residual_multiplier(bundle) -> float:
+    """The factor a block multiplies its writes by before the residual add (Granite's ``residual_multiplier``), else 1."""
+    name = bundle.arch.residual_multiplier
+    value = getattr(bundle.model.config, name, None) if name else None
+    return 1.0 if value is None else float(value)
 
 
 def rms_scale(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -139,7 +145,7 @@ def projected_values(analysis: Analysis, layer: int) -> torch.Tensor:
 
 
 def check_decoder(analysis: Analysis) -> None:
-    if not analysis.bundle.arch.causal:
+    if not analysis.bundle.arch.causal or analysis.bundle.arch.block == "post_norm":
         raise InputError("ALTI is implemented for pre-norm decoders; this model is an encoder (post-norm): choose a causal model")
 
 
@@ -149,6 +155,7 @@ def alti_maps(analysis: Analysis) -> list[torch.Tensor]:
     bundle = analysis.bundle
     blocks = architectures.layer_modules(bundle.model, bundle.arch)
     projections = bundle.out_projections
+    multiplier = residual_multiplier(bundle)
     maps = []
     for layer, x in enumerate(residual_streams(analysis)):
         with torch.inference_mode():
@@ -157,10 +164,12 @@ def alti_maps(analysis: Analysis) -> list[torch.Tensor]:
             x = x.to(projected.device)
             bias = getattr(projections[layer], "bias", None)
             bias = None if bias is None else bias.detach().float().to(projected.device)
-            norm, scale = attention_output_norm(blocks[layer]), None
+            norm, scale = attention_output_norm(bundle, blocks[layer]), None
             if norm is not None:  # the norm's input is the attention block's output, o_i + b_O
                 output = torch.einsum("hij,hjd->id", alpha, projected) + (0 if bias is None else bias)
                 scale = rms_scale(norm, output.to(next(norm.parameters()).dtype))
+            if multiplier != 1.0:
+                scale = torch.full_like(x, multiplier) if scale is None else scale * multiplier
             rows = []
             for start in range(0, alpha.shape[1], ALTI_ROWS):
                 block = slice(start, min(start + ALTI_ROWS, alpha.shape[1]))

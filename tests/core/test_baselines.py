@@ -68,7 +68,7 @@ def _attention_writes(bundle, ids):
     result, through the block's attention-output norm where it has one."""
     writes, handles = {}, []
     for layer, block in enumerate(architectures.layer_modules(bundle.model, bundle.arch)):
-        norm = B.attention_output_norm(block)
+        norm = B.attention_output_norm(bundle, block)
         module = norm if norm is not None else bundle.attention_modules[layer]
         handles.append(
             module.register_forward_hook(lambda m, i, o, layer=layer: writes.__setitem__(layer, (o[0] if isinstance(o, tuple) else o)[0]))
@@ -82,24 +82,26 @@ def _attention_writes(bundle, ids):
     return writes
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen2", "olmo2", "granite"])
 def test_alti_resultant_is_the_residual_stream_after_attention(family):
     bundle = make_tiny(family) if family in ("llama", "qwen2") else cwviz.bundle_from_model(family_model(family), CharTokenizer(100))
     ids = list(range(3, 15))
     analysis = cwviz.analyze(bundle, input_ids=ids)
     writes = _attention_writes(bundle, ids)
     blocks = architectures.layer_modules(bundle.model, bundle.arch)
-    assert (B.attention_output_norm(blocks[0]) is not None) == (family == "gemma3_text")
+    assert (B.attention_output_norm(bundle, blocks[0]) is not None) == (family in ("gemma3_text", "olmo2"))
     maps = B.alti_maps(analysis)
     for layer, x in enumerate(B.residual_streams(analysis)):
         alpha, projected = analysis.attention_tensor(layer), B.projected_values(analysis, layer)
         bias = getattr(bundle.out_projections[layer], "bias", None)
-        norm = B.attention_output_norm(blocks[layer])
+        norm = B.attention_output_norm(bundle, blocks[layer])
         scale = None
         if norm is not None:
             scale = B.rms_scale(norm, torch.einsum("hij,hjd->id", alpha, projected))
+        if B.residual_multiplier(bundle) != 1.0:
+            scale = torch.full_like(x, B.residual_multiplier(bundle)) if scale is None else scale * B.residual_multiplier(bundle)
         vectors, resultant = B.transformed_vectors(alpha, projected, x, norm_scale=scale, bias=None if bias is None else bias.detach())
-        assert torch.allclose(resultant, x + writes[layer].float(), atol=1e-4, rtol=1e-4)
+        assert torch.allclose(resultant, x + B.residual_multiplier(bundle) * writes[layer].float(), atol=1e-4, rtol=1e-4)
         assert torch.count_nonzero(torch.triu(vectors.abs().sum(-1), diagonal=1)) == 0  # causal: no future source
         assert torch.allclose(maps[layer].sum(-1), torch.ones(len(ids)), atol=1e-5)
 
