@@ -226,3 +226,25 @@ def test_embedded_analysis_is_not_needed_for_the_tables():
     assert FF.verdict_table([]).verdict.eq("unresolved").all()
     assert FF.item_statistics([]).empty
     assert cwviz  # the package imports without the flow
+
+
+@pytest.mark.slow
+def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tmp_path):
+    """The flow's own token totals (no stand-in) on a saved tiny model, one process and two under torchrun."""
+    from cwviz.analyses import records as R
+    from tests.analyses.test_sweep import TEXTS, launch, run_here, save_tiny_model, write_jsonl
+
+    model = save_tiny_model(tmp_path / "model")
+    data = write_jsonl(tmp_path / "items.jsonl", TEXTS[:4])
+    single, double = tmp_path / "single", tmp_path / "double"
+    argv = ["flow-faithfulness", "--jsonl", str(data), "--examples", "4", "--model", str(model), "--device", "cpu"]
+    argv += ["--max-tokens", "12", "--draws", "2"]
+    run_here([*argv, "--results", str(single)])
+    launch([*argv, "--results", str(double)], processes=2)
+    folder = double / FF.RECORDS_FOLDER
+    assert sorted(p.name for p in folder.glob(R.RECORD_GLOB)) == ["records-00000.jsonl", "records-00001.jsonl"]
+    records = R.read_records(folder, FF.KIND)
+    assert records == R.read_records(single / FF.RECORDS_FOLDER, FF.KIND)
+    assert (double / FF.CSV_NAME).read_text() == (single / FF.CSV_NAME).read_text()
+    finished = [r for r in records if not r["skipped"]]
+    assert finished and all(len(r["scores"]["flow"]) == r["tokens"] - 1 for r in finished)
