@@ -48,11 +48,15 @@ def _mixing_blocks(analysis, stream: Stream, layer: int) -> Iterator[tuple[int, 
             target = part.target[first:stop].to(device)  # (rows, D): L_iᵀ h_i
             pulled = torch.einsum("hdk,rd->hrk", w_heads, target)  # (H, rows, dh)
             norm2 = part.norm2[first:stop].to(device)
-            parts = alpha * grouped_matmul(pulled, values[..., :keys], rec.copies) / norm2[:, None]  # (H, rows, keys)
-            mix = parts.sum(0)
+            dots = grouped_matmul(pulled, values[..., :keys], rec.copies).mul_(alpha)  # (H, rows, keys): α ⟨L ṽ_j, h_i⟩
+            mix = dots.sum(0).div_(norm2[:, None])
+            if rec.output.dtype == torch.float32:  # Σ_j α_ij (u_i · v_j) = u_i · z_i: the model's own z, no pass over keys
+                heads = (pulled * rec.output[:, first:stop]).sum(-1) / norm2
+            else:
+                heads = dots.sum(-1) / norm2
             rows = torch.arange(stop - first, device=device)
             mix[rows, rows + first] += part.residual[first:stop].to(device) / norm2
-            yield first, stop, mix, part.bias[first:stop].to(device) / norm2, parts.sum(-1)
+            yield first, stop, mix, part.bias[first:stop].to(device) / norm2, heads
 
 
 def mixing(analysis, layer: int, stream: Stream | None = None) -> np.ndarray:
@@ -192,32 +196,61 @@ def _route(analysis, stream: Stream, start: np.ndarray, direct: np.ndarray) -> d
     with torch.inference_mode():
         for layer in reversed(range(layers)):
             below = torch.zeros_like(vector)
-            kept = (torch.zeros(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+            largest = _Largest(EDGE_LIMIT)
             for first, stop, mix, col, head_rows in _mixing_blocks(analysis, stream, layer):
                 rows = vector[:, first:stop].to(mix.device)
                 below[:, : mix.shape[1]] += (rows @ mix).cpu()
                 bias += (rows @ col).cpu()
                 heads[layer] += (head_rows @ rows[0]).cpu().numpy()
-                flows = (rows[0][:, None] * mix).cpu()  # (rows, keys): edge (layer, j) -> (layer + 1, i)
-                mass[layer] += float(flows.abs().sum())
-                kept = _keep_largest(kept, flows, first)
+                mass[layer] += largest.add(rows[0][:, None] * mix, first)  # edge (layer, j) -> (layer + 1, i)
             vector = below + torch.tensor(np.stack([direct[layer], np.zeros(tokens, np.float32)]))
             nodes[layer] = vector[0].numpy()
-            edges.append((layer, *kept))
+            edges.append((layer, *largest.result()))
     return dict(nodes=nodes, vector=vector.numpy(), bias=bias.numpy(), heads=heads, edges=edges[::-1], mass=mass)
 
 
-def _keep_largest(kept, flows: torch.Tensor, first: int):
-    """The :data:`EDGE_LIMIT` largest |weight| of the kept edges and a block's ``flows`` [rows, keys]:
-    (weights, targets i, sources j)."""
-    flat = flows.reshape(-1)
-    count = min(EDGE_LIMIT, flat.numel())
-    top = flat.abs().topk(count).indices
-    weights = torch.cat([kept[0], flat[top]])
-    targets = torch.cat([kept[1], top // flows.shape[1] + first])
-    sources = torch.cat([kept[2], top % flows.shape[1]])
-    order = weights.abs().topk(min(EDGE_LIMIT, weights.numel())).indices  # sorted, largest first
-    return weights[order], targets[order], sources[order]
+class _Largest:
+    """The ``limit`` largest |weight| edges of one layer, kept as its row blocks stream: a block's entries above the
+    running threshold (the limit-th largest |weight| so far) join a buffer, cut back to the limit when it doubles."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.threshold, self.size = limit, 0.0, 0
+        self.weights: list[torch.Tensor] = []
+        self.targets: list[torch.Tensor] = []
+        self.sources: list[torch.Tensor] = []
+
+    def add(self, flows: torch.Tensor, first: int) -> float:
+        """Offer a block's edges ``flows`` [rows, keys] (rows from ``first``); returns their total |weight|."""
+        size = flows.abs()
+        picked = size > self.threshold
+        where = picked.nonzero()  # (n, 2): target row, source
+        if len(where):
+            self.weights.append(flows[picked].cpu())
+            self.targets.append(where[:, 0].cpu() + first)
+            self.sources.append(where[:, 1].cpu())
+            self.size += len(where)
+            if self.size > 2 * self.limit:
+                self._cut()
+        return float(size.sum())
+
+    def _cut(self) -> None:
+        if not self.weights:
+            self.weights, self.targets, self.sources = (
+                [torch.zeros(0)],
+                [torch.zeros(0, dtype=torch.long)],
+                [torch.zeros(0, dtype=torch.long)],
+            )
+        weights, targets, sources = (torch.cat(x) for x in (self.weights, self.targets, self.sources))
+        order = weights.abs().topk(min(self.limit, len(weights))).indices  # sorted, largest first
+        self.weights, self.targets, self.sources = [weights[order]], [targets[order]], [sources[order]]
+        self.size = len(order)
+        if self.size == self.limit:
+            self.threshold = float(weights[order[-1]].abs())
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(weights, targets i, sources j), largest |weight| first."""
+        self._cut()
+        return self.weights[0], self.targets[0], self.sources[0]
 
 
 def flow(
