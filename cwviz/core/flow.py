@@ -290,7 +290,7 @@ def _flow(analysis, position: int, target: int | None, foil: int | None, vocabul
             target = int(_top_token(analysis, stream))
         w, final_bias, unembed, uncapped = _logit_direction(analysis, stream, target, foil)
         attention, attn_bias, mlp, writes = _direct_parts(analysis, stream, w)
-        embedding = float(stream.embedding @ w)
+        embedding = float(stream.embedding.to(w.device) @ w)
         direct[:layers] = attention.sum(1)
         direct[0, position] += embedding
         mlp_layer = np.arange(layers) + (0 if stream.block == "parallel" else 1)  # the MLP reads h (x in a parallel block)
