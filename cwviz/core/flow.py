@@ -181,11 +181,11 @@ def _direct_parts(analysis, stream: Stream, w: torch.Tensor) -> tuple[np.ndarray
     return attention, bias, mlp, torch.stack(writes).numpy()
 
 
-def _route(analysis, stream: Stream, start: np.ndarray, direct: np.ndarray) -> dict:
+def _route(analysis, stream: Stream, start: np.ndarray, direct: np.ndarray, edge_limit: int = EDGE_LIMIT) -> dict:
     """Horner's rule down the layers (docs/METHOD.md section 6.4): v^L = ``start`` [2, T], v^l = v^{l+1} M^l + d^l.
     Row 0 is the routed value (``direct`` d^l [layer + 1, T] added on the way), row 1 the share of p's final
     representation (the rollout row, nothing added). Returns the node values [layer + 1, T], the bias totals [2],
-    each head's routed value [layer, head], and each layer's kept edges and total |mass|."""
+    each head's routed value [layer, head], and each layer's kept edges (at most ``edge_limit``) and total |mass|."""
     layers, tokens = analysis.num_layers, analysis.num_tokens
     nodes = np.zeros((layers + 1, tokens), np.float32)
     heads = np.zeros((layers, analysis.num_heads), np.float32)
@@ -196,13 +196,14 @@ def _route(analysis, stream: Stream, start: np.ndarray, direct: np.ndarray) -> d
     with torch.inference_mode():
         for layer in reversed(range(layers)):
             below = torch.zeros_like(vector)
-            largest = _Largest(EDGE_LIMIT)
+            largest = _Largest(edge_limit)
             for first, stop, mix, col, head_rows in _mixing_blocks(analysis, stream, layer):
                 rows = vector[:, first:stop].to(mix.device)
                 below[:, : mix.shape[1]] += (rows @ mix).cpu()
                 bias += (rows @ col).cpu()
                 heads[layer] += (head_rows @ rows[0]).cpu().numpy()
-                mass[layer] += largest.add(rows[0][:, None] * mix, first)  # edge (layer, j) -> (layer + 1, i)
+                if edge_limit:
+                    mass[layer] += largest.add(rows[0][:, None] * mix, first)  # edge (layer, j) -> (layer + 1, i)
             vector = below + torch.tensor(np.stack([direct[layer], np.zeros(tokens, np.float32)]))
             nodes[layer] = vector[0].numpy()
             edges.append((layer, *largest.result()))
@@ -244,7 +245,7 @@ class _Largest:
         order = weights.abs().topk(min(self.limit, len(weights))).indices  # sorted, largest first
         self.weights, self.targets, self.sources = [weights[order]], [targets[order]], [sources[order]]
         self.size = len(order)
-        if self.size == self.limit:
+        if self.limit and self.size == self.limit:
             self.threshold = float(weights[order[-1]].abs())
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -269,10 +270,10 @@ def flow(
     """
     position, target, foil = _resolve(analysis, position, target, foil)
     with torch.inference_mode():
-        return _flow(analysis, position, target, foil, vocabulary)
+        return _flow(analysis, position, target, foil, vocabulary, EDGE_LIMIT)
 
 
-def _flow(analysis, position: int, target: int | None, foil: int | None, vocabulary: int) -> Flow:
+def _flow(analysis, position: int, target: int | None, foil: int | None, vocabulary: int, edge_limit: int) -> Flow:
     """:func:`flow` after its checks, in inference mode."""
     stream = record_stream(analysis.bundle, analysis.input_ids, position)
     tokens, layers = analysis.num_tokens, analysis.num_layers
@@ -300,7 +301,7 @@ def _flow(analysis, position: int, target: int | None, foil: int | None, vocabul
         frozen = embedding + float(attention.sum()) + float(attn_bias.sum()) + float(mlp.sum()) + final_bias
         logit = dict(logit_difference=_model_difference(analysis, stream, target, foil), frozen=frozen, norm_error=uncapped - frozen)
         vocab = _head_vocabulary(analysis, stream, writes, vocabulary) if vocabulary else None
-    routed = _route(analysis, stream, start, direct)
+    routed = _route(analysis, stream, start, direct, edge_limit)
     bias_total = float(routed["bias"][0]) + (0.0 if parts is None else float(parts["attention_bias"].sum()) + parts["final_bias"])
     decode = analysis.bundle.tokenizer.decode
     return Flow(
@@ -370,4 +371,10 @@ def token_totals(analysis, position: int, target: int | str, foil: int | str | N
     """Each input token's signed total toward logit(target) − logit(foil) at ``position`` (docs/METHOD.md section
     6.4), float32 numpy [T]: Σ_k totals_k plus the bias's total is the frozen-norm logit difference. ``target`` and
     ``foil`` are token ids or one-token strings. The causal evaluation compares these with interventions."""
-    return flow(analysis, position, target, foil, vocabulary=0).totals
+    position, target, foil = _resolve(analysis, position, target, foil)
+    if target is None:
+        raise InputError(
+            "token_totals needs a target token (an encoder has none: its flow into a representation is flow(analysis, position).totals)"
+        )
+    with torch.inference_mode():
+        return _flow(analysis, position, target, foil, 0, 0).totals  # no vocabulary, no graph: the totals alone
