@@ -126,9 +126,9 @@ def _token_id(bundle, token: int | str | None, name: str) -> int | None:
     return ids[0]
 
 
-def _logit_direction(analysis, stream: Stream, target: int, foil: int | None) -> tuple[torch.Tensor, float, torch.Tensor, float]:
-    """(w, the final biases' part, the unembedding difference s (U_t − U_f), the model's own logit difference before
-    the soft-cap) with w = L_p^Fᵀ s (U_t − U_f) [d_model] (docs/METHOD.md section 6.3)."""
+def _logit_direction(analysis, stream: Stream, target: int, foil: int | None) -> tuple[torch.Tensor, float, float]:
+    """(w, the final biases' part, the model's own logit difference before the soft-cap) with w = L_p^Fᵀ s (U_t − U_f)
+    [d_model] (docs/METHOD.md section 6.3)."""
     bundle = analysis.bundle
     arch, config = bundle.arch, bundle.model.config
     head = bundle.model.get_output_embeddings()
@@ -150,7 +150,7 @@ def _logit_direction(analysis, stream: Stream, target: int, foil: int | None) ->
     w = unembed if norm is None else norm.pullback(unembed[None])[0]
     if norm is not None and norm.bias is not None:
         bias_part += float(unembed @ norm.bias)
-    return w, bias_part, unembed, uncapped
+    return w, bias_part, uncapped
 
 
 def _direct_parts(analysis, stream: Stream, w: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -289,7 +289,9 @@ def _flow(analysis, position: int, target: int | None, foil: int | None, vocabul
     else:
         if target is None:
             target = int(_top_token(analysis, stream))
-        w, final_bias, unembed, uncapped = _logit_direction(analysis, stream, target, foil)
+            if target == foil:
+                raise InputError(f"the foil (token {foil}) is the model's top next token, the default target: name another target")
+        w, final_bias, uncapped = _logit_direction(analysis, stream, target, foil)
         attention, attn_bias, mlp, writes = _direct_parts(analysis, stream, w)
         embedding = float(stream.embedding.to(w.device) @ w)
         direct[:layers] = attention.sum(1)
@@ -341,15 +343,22 @@ def _vocabulary_rows(vocab, decode) -> tuple[tuple, ...]:
 
 
 def _top_token(analysis, stream: Stream) -> int:
+    """The model's top next token at p."""
     with torch.inference_mode():
-        return int(analysis.bundle.output_logits(stream.final_output[None].to(analysis.bundle.input_device))[0].argmax())
+        return int(_own_logits(analysis, stream).argmax())
 
 
 def _model_difference(analysis, stream: Stream, target: int, foil: int | None) -> float:
     """The model's own logit difference at p (after the family's scaling and any soft-cap)."""
-    with torch.inference_mode():
-        logits = analysis.bundle.output_logits(stream.final_output[None].to(analysis.bundle.input_device))[0].float()
+    logits = _own_logits(analysis, stream)
     return float(logits[target] - (0 if foil is None else logits[foil]))
+
+
+def _own_logits(analysis, stream: Stream) -> torch.Tensor:
+    """The model's own logits at p [vocab], float32: its output layer, scaling and soft-cap on the final output."""
+    device = analysis.bundle.model.get_output_embeddings().weight.device
+    with torch.inference_mode():
+        return analysis.bundle.output_logits(stream.final_output[None].to(device))[0].float()
 
 
 def _head_vocabulary(analysis, stream: Stream, writes: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
