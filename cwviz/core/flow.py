@@ -40,23 +40,24 @@ def _mixing_blocks(analysis, stream: Stream, layer: int) -> Iterator[tuple[int, 
     with torch.inference_mode():
         rec = for_blocks(analysis.records[layer])
         part = stream.layers[layer]
-        w_heads = analysis.w_heads(layer)  # (H, D, dh)
+        w_o = analysis.w_heads(layer).permute(1, 0, 2).flatten(1)  # (D, H * dh): W_O, head after head
+        heads = analysis.num_heads
         device = rec.value.device
         values = rec.value.transpose(-1, -2)  # (kv * copies, dh, T)
         for first, stop, keys in record_blocks(rec):
             alpha = attention_rows(rec, first, stop, keys)  # (H, rows, keys)
             target = part.target[first:stop].to(device)  # (rows, D): L_iᵀ h_i
-            pulled = torch.einsum("hdk,rd->hrk", w_heads, target)  # (H, rows, dh)
+            pulled = (target @ w_o).view(stop - first, heads, -1).transpose(0, 1).contiguous()  # (H, rows, dh): (W_O^h)ᵀ L_iᵀ h_i
             norm2 = part.norm2[first:stop].to(device)
             dots = grouped_matmul(pulled, values[..., :keys], rec.copies).mul_(alpha)  # (H, rows, keys): α ⟨L ṽ_j, h_i⟩
             mix = dots.sum(0).div_(norm2[:, None])
             if rec.output.dtype == torch.float32:  # Σ_j α_ij (u_i · v_j) = u_i · z_i: the model's own z, no pass over keys
-                heads = (pulled * rec.output[:, first:stop]).sum(-1) / norm2
+                per_head = (pulled * rec.output[:, first:stop]).sum(-1) / norm2
             else:
-                heads = dots.sum(-1) / norm2
+                per_head = dots.sum(-1) / norm2
             rows = torch.arange(stop - first, device=device)
             mix[rows, rows + first] += part.residual[first:stop].to(device) / norm2
-            yield first, stop, mix, part.bias[first:stop].to(device) / norm2, heads
+            yield first, stop, mix, part.bias[first:stop].to(device) / norm2, per_head
 
 
 def mixing(analysis, layer: int, stream: Stream | None = None) -> np.ndarray:
@@ -234,23 +235,22 @@ class _Largest:
                 self._cut()
         return float(size.sum())
 
-    def _cut(self) -> None:
-        if not self.weights:
-            self.weights, self.targets, self.sources = (
-                [torch.zeros(0)],
-                [torch.zeros(0, dtype=torch.long)],
-                [torch.zeros(0, dtype=torch.long)],
-            )
-        weights, targets, sources = (torch.cat(x) for x in (self.weights, self.targets, self.sources))
-        order = weights.abs().topk(min(self.limit, len(weights))).indices  # sorted, largest first
+    def _cut(self, ordered: bool = False) -> None:
+        """Keep the ``limit`` largest; sorted, largest first, when ``ordered`` (sorting is most of a cut's cost)."""
+        empty = torch.zeros(0, dtype=torch.long)
+        weights = torch.cat(self.weights) if self.weights else torch.zeros(0)
+        targets = torch.cat(self.targets) if self.targets else empty
+        sources = torch.cat(self.sources) if self.sources else empty
+        size = weights.abs()
+        order = size.topk(min(self.limit, len(weights)), sorted=ordered).indices
         self.weights, self.targets, self.sources = [weights[order]], [targets[order]], [sources[order]]
         self.size = len(order)
         if self.limit and self.size == self.limit:
-            self.threshold = float(weights[order[-1]].abs())
+            self.threshold = float(size[order].min())
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(weights, targets i, sources j), largest |weight| first."""
-        self._cut()
+        self._cut(ordered=True)
         return self.weights[0], self.targets[0], self.sources[0]
 
 
