@@ -29,12 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``cwviz`` parser. Each command is a module with ``register(subparsers)``; add a command by listing its
     module here. They are imported here, not at the top of this module: importing them imports torch and transformers
     (seconds), and :func:`main` must be already running to turn a Ctrl-C in that time into one line, not a traceback."""
-    from . import analyze, app, atlas, claims, compare, faithfulness, flow_faithfulness, report, sinks
+    from . import analyze, app, atlas, claims, compare, faithfulness, flow, flow_faithfulness, report, sinks
 
     parser = argparse.ArgumentParser(prog="cwviz", description="Contribution weights for attention layers.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (analyze, sinks, faithfulness, claims, flow_faithfulness, report, compare, atlas, app):
+    for module in (analyze, sinks, faithfulness, claims, flow_faithfulness, report, compare, atlas, flow, app):
         module.register(sub)
     return parser
 

@@ -26,6 +26,8 @@ from ..vocabulary import KINDS
 from . import architectures, export, memory
 from .capture import Intervention, LayerRecord, forward_pass
 from .errors import InputError, SelectionError
+from .flow import flow
+from .flow_tables import Flow
 from .inputs import check_agree, check_layer, check_length, integer_index, tokenize
 from .logprobs import logprobs_from_hidden, perplexity_of
 from .measures import MEASURES, LayerMeasures, QuerySide, grouped_matmul, head_weights, layer_measures, query_side, value_norms
@@ -439,6 +441,15 @@ class Analysis:
         return pd.concat(frames, ignore_index=True)
 
     # -- export -----------------------------------------------------------------------------------
+    def flow(
+        self, position: int | None = None, target: int | str | None = None, foil: int | str | None = None, *, vocabulary: int = 5
+    ) -> Flow:
+        """The signed flow across layers into ``position`` (docs/METHOD.md section 6): :func:`cwviz.core.flow.flow`,
+        a :class:`~cwviz.core.flow_tables.Flow` whose tables are ``tokens``, ``heads``, ``parts``, ``node_table`` and
+        ``edges(share)``. A causal LM: toward logit(``target``) − logit(``foil``) (default: the last position and its
+        top next token); an encoder: into the position's representation (default 0, [CLS])."""
+        return flow(self, position, target, foil, vocabulary=vocabulary)
+
     def to_dict(self, layers: list[int] | int | None = None, heads: list[int] | int | None = None, digits: int = 6) -> dict:
         """The JSON export (schema in docs/cli.md; :mod:`cwviz.core.export`): tokens, and per layer and head the
         attention and inter-head contribution rows and the output norms. Causal rows keep only keys 0..i.

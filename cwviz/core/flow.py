@@ -40,19 +40,24 @@ def _mixing_blocks(analysis, stream: Stream, layer: int) -> Iterator[tuple[int, 
     with torch.inference_mode():
         rec = for_blocks(analysis.records[layer])
         part = stream.layers[layer]
-        w_heads = analysis.w_heads(layer)  # (H, D, dh)
+        w_o = analysis.w_heads(layer).permute(1, 0, 2).flatten(1)  # (D, H * dh): W_O, head after head
+        heads = analysis.num_heads
         device = rec.value.device
         values = rec.value.transpose(-1, -2)  # (kv * copies, dh, T)
         for first, stop, keys in record_blocks(rec):
             alpha = attention_rows(rec, first, stop, keys)  # (H, rows, keys)
             target = part.target[first:stop].to(device)  # (rows, D): L_iᵀ h_i
-            pulled = torch.einsum("hdk,rd->hrk", w_heads, target)  # (H, rows, dh)
+            pulled = (target @ w_o).view(stop - first, heads, -1).transpose(0, 1).contiguous()  # (H, rows, dh): (W_O^h)ᵀ L_iᵀ h_i
             norm2 = part.norm2[first:stop].to(device)
-            parts = alpha * grouped_matmul(pulled, values[..., :keys], rec.copies) / norm2[:, None]  # (H, rows, keys)
-            mix = parts.sum(0)
+            dots = grouped_matmul(pulled, values[..., :keys], rec.copies).mul_(alpha)  # (H, rows, keys): α ⟨L ṽ_j, h_i⟩
+            mix = dots.sum(0).div_(norm2[:, None])
+            if rec.output.dtype == torch.float32:  # Σ_j α_ij (u_i · v_j) = u_i · z_i: the model's own z, no pass over keys
+                per_head = (pulled * rec.output[:, first:stop]).sum(-1) / norm2
+            else:
+                per_head = dots.sum(-1) / norm2
             rows = torch.arange(stop - first, device=device)
             mix[rows, rows + first] += part.residual[first:stop].to(device) / norm2
-            yield first, stop, mix, part.bias[first:stop].to(device) / norm2, parts.sum(-1)
+            yield first, stop, mix, part.bias[first:stop].to(device) / norm2, per_head
 
 
 def mixing(analysis, layer: int, stream: Stream | None = None) -> np.ndarray:
@@ -122,9 +127,9 @@ def _token_id(bundle, token: int | str | None, name: str) -> int | None:
     return ids[0]
 
 
-def _logit_direction(analysis, stream: Stream, target: int, foil: int | None) -> tuple[torch.Tensor, float, torch.Tensor, float]:
-    """(w, the final biases' part, the unembedding difference s (U_t − U_f), the model's own logit difference before
-    the soft-cap) with w = L_p^Fᵀ s (U_t − U_f) [d_model] (docs/METHOD.md section 6.3)."""
+def _logit_direction(analysis, stream: Stream, target: int, foil: int | None) -> tuple[torch.Tensor, float, float]:
+    """(w, the final biases' part, the model's own logit difference before the soft-cap) with w = L_p^Fᵀ s (U_t − U_f)
+    [d_model] (docs/METHOD.md section 6.3)."""
     bundle = analysis.bundle
     arch, config = bundle.arch, bundle.model.config
     head = bundle.model.get_output_embeddings()
@@ -146,7 +151,7 @@ def _logit_direction(analysis, stream: Stream, target: int, foil: int | None) ->
     w = unembed if norm is None else norm.pullback(unembed[None])[0]
     if norm is not None and norm.bias is not None:
         bias_part += float(unembed @ norm.bias)
-    return w, bias_part, unembed, uncapped
+    return w, bias_part, uncapped
 
 
 def _direct_parts(analysis, stream: Stream, w: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -177,11 +182,11 @@ def _direct_parts(analysis, stream: Stream, w: torch.Tensor) -> tuple[np.ndarray
     return attention, bias, mlp, torch.stack(writes).numpy()
 
 
-def _route(analysis, stream: Stream, start: np.ndarray, direct: np.ndarray) -> dict:
+def _route(analysis, stream: Stream, start: np.ndarray, direct: np.ndarray, edge_limit: int = EDGE_LIMIT) -> dict:
     """Horner's rule down the layers (docs/METHOD.md section 6.4): v^L = ``start`` [2, T], v^l = v^{l+1} M^l + d^l.
     Row 0 is the routed value (``direct`` d^l [layer + 1, T] added on the way), row 1 the share of p's final
     representation (the rollout row, nothing added). Returns the node values [layer + 1, T], the bias totals [2],
-    each head's routed value [layer, head], and each layer's kept edges and total |mass|."""
+    each head's routed value [layer, head], and each layer's kept edges (at most ``edge_limit``) and total |mass|."""
     layers, tokens = analysis.num_layers, analysis.num_tokens
     nodes = np.zeros((layers + 1, tokens), np.float32)
     heads = np.zeros((layers, analysis.num_heads), np.float32)
@@ -192,32 +197,61 @@ def _route(analysis, stream: Stream, start: np.ndarray, direct: np.ndarray) -> d
     with torch.inference_mode():
         for layer in reversed(range(layers)):
             below = torch.zeros_like(vector)
-            kept = (torch.zeros(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+            largest = _Largest(edge_limit)
             for first, stop, mix, col, head_rows in _mixing_blocks(analysis, stream, layer):
                 rows = vector[:, first:stop].to(mix.device)
                 below[:, : mix.shape[1]] += (rows @ mix).cpu()
                 bias += (rows @ col).cpu()
                 heads[layer] += (head_rows @ rows[0]).cpu().numpy()
-                flows = (rows[0][:, None] * mix).cpu()  # (rows, keys): edge (layer, j) -> (layer + 1, i)
-                mass[layer] += float(flows.abs().sum())
-                kept = _keep_largest(kept, flows, first)
+                if edge_limit:
+                    mass[layer] += largest.add(rows[0][:, None] * mix, first)  # edge (layer, j) -> (layer + 1, i)
             vector = below + torch.tensor(np.stack([direct[layer], np.zeros(tokens, np.float32)]))
             nodes[layer] = vector[0].numpy()
-            edges.append((layer, *kept))
+            edges.append((layer, *largest.result()))
     return dict(nodes=nodes, vector=vector.numpy(), bias=bias.numpy(), heads=heads, edges=edges[::-1], mass=mass)
 
 
-def _keep_largest(kept, flows: torch.Tensor, first: int):
-    """The :data:`EDGE_LIMIT` largest |weight| of the kept edges and a block's ``flows`` [rows, keys]:
-    (weights, targets i, sources j)."""
-    flat = flows.reshape(-1)
-    count = min(EDGE_LIMIT, flat.numel())
-    top = flat.abs().topk(count).indices
-    weights = torch.cat([kept[0], flat[top]])
-    targets = torch.cat([kept[1], top // flows.shape[1] + first])
-    sources = torch.cat([kept[2], top % flows.shape[1]])
-    order = weights.abs().topk(min(EDGE_LIMIT, weights.numel())).indices  # sorted, largest first
-    return weights[order], targets[order], sources[order]
+class _Largest:
+    """The ``limit`` largest |weight| edges of one layer, kept as its row blocks stream: a block's entries above the
+    running threshold (the limit-th largest |weight| so far) join a buffer, cut back to the limit when it doubles."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.threshold, self.size = limit, 0.0, 0
+        self.weights: list[torch.Tensor] = []
+        self.targets: list[torch.Tensor] = []
+        self.sources: list[torch.Tensor] = []
+
+    def add(self, flows: torch.Tensor, first: int) -> float:
+        """Offer a block's edges ``flows`` [rows, keys] (rows from ``first``); returns their total |weight|."""
+        size = flows.abs()
+        picked = size > self.threshold
+        where = picked.nonzero()  # (n, 2): target row, source
+        if len(where):
+            self.weights.append(flows[picked].cpu())
+            self.targets.append(where[:, 0].cpu() + first)
+            self.sources.append(where[:, 1].cpu())
+            self.size += len(where)
+            if self.size > 2 * self.limit:
+                self._cut()
+        return float(size.sum())
+
+    def _cut(self, ordered: bool = False) -> None:
+        """Keep the ``limit`` largest; sorted, largest first, when ``ordered`` (sorting is most of a cut's cost)."""
+        empty = torch.zeros(0, dtype=torch.long)
+        weights = torch.cat(self.weights) if self.weights else torch.zeros(0)
+        targets = torch.cat(self.targets) if self.targets else empty
+        sources = torch.cat(self.sources) if self.sources else empty
+        size = weights.abs()
+        order = size.topk(min(self.limit, len(weights)), sorted=ordered).indices
+        self.weights, self.targets, self.sources = [weights[order]], [targets[order]], [sources[order]]
+        self.size = len(order)
+        if self.limit and self.size == self.limit:
+            self.threshold = float(size[order].min())
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(weights, targets i, sources j), largest |weight| first."""
+        self._cut(ordered=True)
+        return self.weights[0], self.targets[0], self.sources[0]
 
 
 def flow(
@@ -236,10 +270,10 @@ def flow(
     """
     position, target, foil = _resolve(analysis, position, target, foil)
     with torch.inference_mode():
-        return _flow(analysis, position, target, foil, vocabulary)
+        return _flow(analysis, position, target, foil, vocabulary, EDGE_LIMIT)
 
 
-def _flow(analysis, position: int, target: int | None, foil: int | None, vocabulary: int) -> Flow:
+def _flow(analysis, position: int, target: int | None, foil: int | None, vocabulary: int, edge_limit: int) -> Flow:
     """:func:`flow` after its checks, in inference mode."""
     stream = record_stream(analysis.bundle, analysis.input_ids, position)
     tokens, layers = analysis.num_tokens, analysis.num_layers
@@ -255,9 +289,11 @@ def _flow(analysis, position: int, target: int | None, foil: int | None, vocabul
     else:
         if target is None:
             target = int(_top_token(analysis, stream))
-        w, final_bias, unembed, uncapped = _logit_direction(analysis, stream, target, foil)
+            if target == foil:
+                raise InputError(f"the foil (token {foil}) is the model's top next token, the default target: name another target")
+        w, final_bias, uncapped = _logit_direction(analysis, stream, target, foil)
         attention, attn_bias, mlp, writes = _direct_parts(analysis, stream, w)
-        embedding = float(stream.embedding @ w)
+        embedding = float(stream.embedding.to(w.device) @ w)
         direct[:layers] = attention.sum(1)
         direct[0, position] += embedding
         mlp_layer = np.arange(layers) + (0 if stream.block == "parallel" else 1)  # the MLP reads h (x in a parallel block)
@@ -267,7 +303,7 @@ def _flow(analysis, position: int, target: int | None, foil: int | None, vocabul
         frozen = embedding + float(attention.sum()) + float(attn_bias.sum()) + float(mlp.sum()) + final_bias
         logit = dict(logit_difference=_model_difference(analysis, stream, target, foil), frozen=frozen, norm_error=uncapped - frozen)
         vocab = _head_vocabulary(analysis, stream, writes, vocabulary) if vocabulary else None
-    routed = _route(analysis, stream, start, direct)
+    routed = _route(analysis, stream, start, direct, edge_limit)
     bias_total = float(routed["bias"][0]) + (0.0 if parts is None else float(parts["attention_bias"].sum()) + parts["final_bias"])
     decode = analysis.bundle.tokenizer.decode
     return Flow(
@@ -307,15 +343,22 @@ def _vocabulary_rows(vocab, decode) -> tuple[tuple, ...]:
 
 
 def _top_token(analysis, stream: Stream) -> int:
+    """The model's top next token at p."""
     with torch.inference_mode():
-        return int(analysis.bundle.output_logits(stream.final_output[None].to(analysis.bundle.input_device))[0].argmax())
+        return int(_own_logits(analysis, stream).argmax())
 
 
 def _model_difference(analysis, stream: Stream, target: int, foil: int | None) -> float:
     """The model's own logit difference at p (after the family's scaling and any soft-cap)."""
-    with torch.inference_mode():
-        logits = analysis.bundle.output_logits(stream.final_output[None].to(analysis.bundle.input_device))[0].float()
+    logits = _own_logits(analysis, stream)
     return float(logits[target] - (0 if foil is None else logits[foil]))
+
+
+def _own_logits(analysis, stream: Stream) -> torch.Tensor:
+    """The model's own logits at p [vocab], float32: its output layer, scaling and soft-cap on the final output."""
+    device = analysis.bundle.model.get_output_embeddings().weight.device
+    with torch.inference_mode():
+        return analysis.bundle.output_logits(stream.final_output[None].to(device))[0].float()
 
 
 def _head_vocabulary(analysis, stream: Stream, writes: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -337,4 +380,10 @@ def token_totals(analysis, position: int, target: int | str, foil: int | str | N
     """Each input token's signed total toward logit(target) − logit(foil) at ``position`` (docs/METHOD.md section
     6.4), float32 numpy [T]: Σ_k totals_k plus the bias's total is the frozen-norm logit difference. ``target`` and
     ``foil`` are token ids or one-token strings. The causal evaluation compares these with interventions."""
-    return flow(analysis, position, target, foil, vocabulary=0).totals
+    position, target, foil = _resolve(analysis, position, target, foil)
+    if target is None:
+        raise InputError(
+            "token_totals needs a target token (an encoder has none: its flow into a representation is flow(analysis, position).totals)"
+        )
+    with torch.inference_mode():
+        return _flow(analysis, position, target, foil, 0, 0).totals  # no vocabulary, no graph: the totals alone

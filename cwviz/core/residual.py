@@ -173,6 +173,7 @@ def record_stream(bundle: Bundle, input_ids: list[int], position: int) -> Stream
     block = check_flow_supported(bundle)
     arch, model = bundle.arch, bundle.model
     layers = architectures.layer_modules(model, arch)
+    projections = architectures.out_projections(model, arch)
     base = architectures.base_model(model)
     multiplier = float(getattr(model.config, arch.residual_multiplier, 1.0) or 1.0) if arch.residual_multiplier else 1.0
     seen: dict = {}
@@ -181,8 +182,7 @@ def record_stream(bundle: Bundle, input_ids: list[int], position: int) -> Stream
 
     def reduce(layer: int, x: torch.Tensor, out: torch.Tensor, following: torch.Tensor) -> None:
         """Reduce layer ``layer`` from its input x, the output projection's output (a + b_O) and its output."""
-        proj = architectures.out_projections(model, arch)[layer]
-        b_o = getattr(proj, "bias", None)
+        b_o = getattr(projections[layer], "bias", None)
         b_o = torch.zeros_like(x[0]) if b_o is None else b_o.detach().float().to(x.device)
         if block == "pre_norm":
             h, landing, resid_of = seen.pop("mid"), FrozenNorm(torch.full_like(x[:, 0], multiplier)), x

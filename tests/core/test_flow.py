@@ -346,6 +346,8 @@ def test_selection_errors_name_the_fix():
         flow(analysis, target=11, foil=11)
     with pytest.raises(InputError, match="vocabulary"):
         flow(analysis, target=1000)
+    with pytest.raises(InputError, match="needs a target"):
+        token_totals(analysis, 3, None)
 
 
 def test_a_derived_row_is_refused_saying_what_to_add():
