@@ -19,7 +19,8 @@ from cwviz.analyses import flow_faithfulness as FF
 from cwviz.analyses.faithfulness import example_ids
 from cwviz.cli import flow_faithfulness as command
 from cwviz.core.method.knockout import last_logits
-from tests.conftest import make_tiny
+from tests.helpers import SWEEP_TEXTS as TEXTS
+from tests.helpers import launch, make_tiny, run_here, save_tiny_model, write_jsonl
 
 
 def _hand_masked_logits(bundle, ids, removed):
@@ -232,7 +233,6 @@ def test_embedded_analysis_is_not_needed_for_the_tables():
 def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tmp_path):
     """The flow's own token totals (no stand-in) on a saved tiny model, one process and two under torchrun."""
     from cwviz.analyses import records as R
-    from tests.analyses.test_sweep import TEXTS, launch, run_here, save_tiny_model, write_jsonl
 
     model = save_tiny_model(tmp_path / "model")
     data = write_jsonl(tmp_path / "items.jsonl", TEXTS[:4])

@@ -10,7 +10,7 @@ import torch
 import cwviz
 from cwviz.core.loading import architectures
 from cwviz.core.method import baselines as B
-from tests.conftest import CharTokenizer, family_model, make_tiny
+from tests.helpers import CharTokenizer, family_model, make_tiny
 
 
 def test_rollout_of_a_three_token_case_worked_by_hand():

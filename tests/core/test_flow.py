@@ -14,7 +14,7 @@ from cwviz.core.method import blocks
 from cwviz.core.method import flow as flow_module
 from cwviz.core.method.flow import flow, mixing, rollout, token_totals
 from cwviz.core.util.errors import InputError, SelectionError, UnsupportedModelError
-from tests.conftest import DERIVED_FAMILIES, FAMILY_CONFIGS, CharTokenizer, family_model, no_hooks
+from tests.helpers import DERIVED_FAMILIES, FAMILY_CONFIGS, CharTokenizer, family_model, no_hooks
 
 FAMILIES = [family for family in FAMILY_CONFIGS if family not in DERIVED_FAMILIES]
 IDS = [3, 17, 5, 42, 9, 11, 23]
