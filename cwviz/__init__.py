@@ -31,6 +31,7 @@ _NAMES = {
     "to_dict": "cwviz.core.method.export",
     "to_json": "cwviz.core.method.export",
     "decomposition": "cwviz.analyses.tables",
+    "flow": "cwviz.core.method.flow",
     "CwvizError": "cwviz.core.util.errors",
     "InputError": "cwviz.core.util.errors",
     "ModelLoadError": "cwviz.core.util.errors",
@@ -55,6 +56,7 @@ __all__ = [
     "bundle_from_model",
     "decomposition",
     "faithfulness",
+    "flow",
     "load_model",
     "max_tokens",
     "plot",
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
     from .core.loading.models import Bundle, ModelInfo, bundle_from_model, load_model
     from .core.method.analysis import Analysis, analyze
     from .core.method.export import to_dict, to_json
+    from .core.method.flow import flow
     from .core.method.measures import MEASURES
     from .core.util.errors import CwvizError, InputError, ModelLoadError, ResourceError, SelectionError, UnsupportedModelError
 

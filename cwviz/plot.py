@@ -49,6 +49,8 @@ from .charts import heatmaps as heatmap_charts
 from .charts import sinks as sink_charts
 from .charts import token as token_charts
 from .core.method.analysis import Analysis
+from .core.method.flow import flow as signed_flow
+from .core.method.flow_tables import Flow
 from .core.method.measures import MEASURES
 from .core.util.errors import InputError, SelectionError
 from .vocabulary import check_kind
@@ -189,10 +191,7 @@ def flow(
     """The signed flow into ``position``: each input token's total (red adds, blue subtracts), the layer x head map
     of direct parts (an encoder: routed shares) and the graph pruned to ``share`` of each layer's |mass|
     (:func:`cwviz.charts.flow.flow_chart`). ``source``: an Analysis (``position``, ``target`` and ``foil`` as
-    :func:`cwviz.core.method.flow.flow` takes them) or a :class:`~cwviz.core.method.flow_tables.Flow` already made."""
-    from .core.method.flow import flow as signed_flow
-    from .core.method.flow_tables import Flow
-
+    :func:`cwviz.flow` takes them) or a :class:`~cwviz.core.method.flow_tables.Flow` already made."""
     if isinstance(source, Analysis):
         result = signed_flow(source, position, target, foil)
     elif isinstance(source, Flow):
