@@ -36,7 +36,6 @@ from ..loading import architectures
 from ..util.errors import InputError
 from .analysis import Analysis
 from .capture import forward_pass
-from .measures import expand_kv
 
 #: The query rows of ALTI's transformed vectors built at once: [rows, T, d_model] floats per block.
 ALTI_ROWS = 32
@@ -140,7 +139,7 @@ def residual_streams(analysis: Analysis) -> list[torch.Tensor]:
 
 def projected_values(analysis: Analysis, layer: int) -> torch.Tensor:
     """ṽ_j^h = W_O^h v_j^h of one layer, float32 [head, key, d_model]."""
-    value = expand_kv(analysis.records[layer].value.float(), analysis.num_heads)  # (head, key, d_head)
+    value = analysis.values(layer)  # (head, key, d_head)
     return torch.einsum("hdk,hjk->hjd", analysis.w_heads(layer), value)
 
 

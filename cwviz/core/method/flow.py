@@ -38,7 +38,7 @@ def _mixing_blocks(analysis, stream: Stream, layer: int) -> Iterator[tuple[int, 
     ``first..stop-1`` against the keys ``0..keys-1`` they can see), the bias column [rows], and each head's part of
     the rows [head, rows] (Σ_j of its attention parts)."""
     with torch.inference_mode():
-        rec = for_blocks(analysis.records[layer])
+        rec = for_blocks(analysis.layer_record(layer))
         part = stream.layers[layer]
         w_o = analysis.w_heads(layer).permute(1, 0, 2).flatten(1)  # (D, H * dh): W_O, head after head
         heads = analysis.num_heads
@@ -79,7 +79,7 @@ def rollout(analysis, stream: Stream | None = None) -> np.ndarray:
     stream = stream or record_stream(analysis.bundle, analysis.input_ids, analysis.num_tokens - 1)
     tokens = analysis.num_tokens
     with torch.inference_mode():
-        device = analysis.records[0].value.device if not analysis.spilled else torch.device("cpu")
+        device = analysis.layer_device(0)
         below = torch.eye(tokens, tokens + 1, device=device)
         for layer in range(analysis.num_layers):
             above = torch.zeros_like(below)
@@ -162,13 +162,12 @@ def _direct_parts(analysis, stream: Stream, w: torch.Tensor) -> tuple[np.ndarray
     bias, mlp, writes = np.zeros(layers, np.float32), np.zeros(layers, np.float32), []
     with torch.inference_mode():
         for layer in range(layers):
-            rec, part = analysis.records[layer], stream.layers[layer]
-            device = rec.value.device
+            rec, part = analysis.layer_record(layer), stream.layers[layer]
+            device = analysis.layer_device(layer)
             alpha = attention_rows(rec, p, p + 1, analysis.num_tokens)[:, 0]  # (H, T)
             w_heads = analysis.w_heads(layer)  # (H, D, dh)
             w_layer = part.landing.pullback(w[None].to(device))[0]  # L_p^lᵀ w
-            value = rec.value.float()
-            value = value.repeat_interleave(analysis.num_heads // value.shape[0], 0)  # (H, T, dh)
+            value = analysis.values(layer)  # (H, T, dh)
             pulled = torch.einsum("hdk,d->hk", w_heads, w_layer)
             attention[layer] = (alpha * torch.einsum("hk,htk->ht", pulled, value)).cpu().numpy()
             proj = analysis.bundle.out_projections[layer]
