@@ -19,12 +19,19 @@ from fractions import Fraction
 
 import numpy as np
 import pandas as pd
+import torch
 
+from ..core.method import baselines
+from ..core.method.analysis import analyze
+from ..core.method.flow import token_totals
+from ..core.method.knockout import last_logits
 from .claims import MIN_ITEMS, UNRESOLVED, mean_interval, spearman, verdict
+from .codecs import FLOW_FAITHFULNESS
+from .faithfulness import example_ids
+from .schema import FLOW_BATCH_SIZE, FLOW_DRAWS, FLOW_MAX_TOKENS, FLOW_MIN_TOKENS
 
-#: The record kind (``cwviz.flow_faithfulness.record``) and the sub-folder of ``--results DIR`` holding the records.
-KIND = "flow_faithfulness"
-RECORDS_FOLDER = KIND
+#: The sub-folder of ``--results DIR`` holding the records (of :data:`cwviz.analyses.codecs.FLOW_FAITHFULNESS`).
+RECORDS_FOLDER = FLOW_FAITHFULNESS.name
 #: The files ``cwviz flow-faithfulness --results DIR`` writes: the verdicts, and each method's means.
 CSV_NAME = "flow_faithfulness.csv"
 METHODS_CSV_NAME = "flow_faithfulness_methods.csv"
@@ -35,13 +42,9 @@ SIGNED = frozenset({"flow"})
 BASELINES = ("alti", "rollout", "raw")
 CURVES = ("comprehensiveness", "sufficiency")
 RATES: tuple[float, ...] = (10.0, 30.0)
-DEFAULT_MAX_TOKENS = 32
-#: Knockouts per forward pass: on a CPU, 32 rows a pass ran 64 knockouts five times faster than 8 (per-layer overhead).
-DEFAULT_BATCH_SIZE = 32
-#: Random rankings per item; their drops and ρ are averaged.
-DRAWS = 5
-#: An item with fewer tokens (after the cap) is skipped: ρ needs 3 input tokens besides the target position.
-MIN_TOKENS = 4
+#: The token cap, knockouts per forward pass, random rankings per item and the fewest tokens an item needs (fewer:
+#: skipped): :mod:`cwviz.analyses.schema`, where the command line's parser reads them.
+DEFAULT_MAX_TOKENS, DEFAULT_BATCH_SIZE, DRAWS, MIN_TOKENS = FLOW_MAX_TOKENS, FLOW_BATCH_SIZE, FLOW_DRAWS, FLOW_MIN_TOKENS
 #: Scores closer than this share of an item's largest |score| tie; ties keep position order (earlier first).
 TIE_TOLERANCE = 1e-6
 #: Bumped when what an item's record means changes, so a resume refuses records of another version.
@@ -106,7 +109,7 @@ def random_scores(seed: int, example: int, draws: int, n: int) -> list[np.ndarra
     return [np.random.default_rng([seed, example, draw]).random(n) for draw in range(draws)]
 
 
-# -- one item (torch: imported when called) ---------------------------------------------------------------
+# -- one item ---------------------------------------------------------------
 def top_two(logits) -> tuple[int, int]:
     """The target and foil: the largest and second-largest logit, equal logits taken in token-id order."""
     values = np.asarray(logits, dtype=np.float64)
@@ -115,7 +118,7 @@ def top_two(logits) -> tuple[int, int]:
 
 
 def skipped(tokens: int, why: str) -> dict:
-    return {"skipped": True, "why": why, "tokens": tokens}
+    return FLOW_FAITHFULNESS.encode({"skipped": True, "why": why, "tokens": tokens})
 
 
 def item_payload(
@@ -131,14 +134,6 @@ def item_payload(
     """One item's record payload (module docstring). ``flow(analysis, position, target, foil) -> [T]``: the signed
     flow's token totals (default :func:`cwviz.core.method.flow.token_totals`). Skipped (``skipped`` true, ``why``) when the
     item has fewer than :data:`MIN_TOKENS` tokens after the cap, or its target and foil tie exactly."""
-    import torch
-
-    from ..core.method import baselines
-    from ..core.method.analysis import analyze
-    from ..core.method.flow import token_totals
-    from ..core.method.knockout import last_logits
-    from .faithfulness import example_ids
-
     flow = token_totals if flow is None else flow
     ids = example_ids(bundle, text, max_tokens)
     if ids is None or len(ids) < MIN_TOKENS:
@@ -170,20 +165,22 @@ def item_payload(
     curves["random"] = {
         curve: {f"{rate:g}": float(np.mean([drop[p[curve, rate]] for p in random_plans])) for rate in RATES} for curve in CURVES
     }
-    return {
-        "skipped": False,
-        "tokens": len(ids),
-        "target": target,
-        "foil": foil,
-        "ld_clean": ld_clean,
-        "logp_clean": logp_clean,
-        "full_drop": drop[full],
-        "effects": [drop[(k,)] for k in range(n)],
-        "logp_effects": [logp_drop[(k,)] for k in range(n)],
-        "scores": {name: [float(v) for v in s] for name, s in scores.items()},
-        "random_scores": [[float(v) for v in s] for s in draws_],
-        "curves": curves,
-    }
+    return FLOW_FAITHFULNESS.encode(
+        {
+            "skipped": False,
+            "tokens": len(ids),
+            "target": target,
+            "foil": foil,
+            "ld_clean": ld_clean,
+            "logp_clean": logp_clean,
+            "full_drop": drop[full],
+            "effects": [drop[(k,)] for k in range(n)],
+            "logp_effects": [logp_drop[(k,)] for k in range(n)],
+            "scores": {name: [float(v) for v in s] for name, s in scores.items()},
+            "random_scores": [[float(v) for v in s] for s in draws_],
+            "curves": curves,
+        }
+    )
 
 
 def _curve(plan: dict, drop: dict) -> dict:

@@ -149,7 +149,7 @@ def writes(analysis, layer):
     """α [H, T, T], the per-head W_O^h [H, D, dh], the values per head [H, T, dh] and b_O [D], float64 numpy."""
     alpha = analysis.attention(layer).astype(np.float64)
     w_heads = analysis.w_heads(layer).detach().double().numpy()
-    value = analysis.records[layer].value.double()
+    value = analysis.layer_record(layer).value.double()
     value = value.repeat_interleave(analysis.num_heads // value.shape[0], 0).numpy()
     proj = analysis.bundle.out_projections[layer]
     bias = np.zeros(w_heads.shape[1]) if getattr(proj, "bias", None) is None else proj.bias.detach().double().numpy()
@@ -260,11 +260,11 @@ def test_totals_are_the_parts_routed_through_the_rollout(family):
     direct = np.zeros((layers + 1, tokens))
     parts = result.parts
     for row in parts.itertuples():
-        if row.kind == "attention":
+        if row.part == "attention":
             direct[row.layer, row.source] += row.value
-        elif row.kind == "embedding":
+        elif row.part == "embedding":
             direct[0, row.source] += row.value
-        elif row.kind == "mlp":
+        elif row.part == "mlp":
             direct[row.layer + (0 if block == "parallel" else 1), row.source] += row.value
     np.testing.assert_allclose(result.direct, direct, atol=1e-6)
     below, expected = np.eye(tokens + 1), np.zeros(tokens + 1)
@@ -364,7 +364,7 @@ def test_tables_are_tidy():
     heads = result.heads
     assert list(heads.columns) == ["layer", "head", "direct", "routed", "promoted", "suppressed"]
     assert len(heads) == analysis.num_layers * analysis.num_heads and heads["promoted"].str.count(r"\|").eq(2).all()
-    np.testing.assert_allclose(heads["direct"].sum(), result.parts.query("kind == 'attention'")["value"].sum(), atol=1e-5)
+    np.testing.assert_allclose(heads["direct"].sum(), result.parts.query("part == 'attention'")["value"].sum(), atol=1e-5)
     vocab = result.vocabulary_table
     assert len(vocab) == analysis.num_layers * analysis.num_heads * 3 * 2
     assert list(result.edges().columns) == ["layer", "source", "target", "weight"]

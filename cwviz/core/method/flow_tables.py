@@ -111,18 +111,18 @@ class Flow:
 
     @property
     def parts(self) -> pd.DataFrame:
-        """Every direct part toward t over f: ``kind, layer, head, source, value`` (kind: embedding, attention,
+        """Every direct part toward t over f: ``part, layer, head, source, value`` (part: embedding, attention,
         attention bias, mlp, final bias; layer/head/source -1 where they do not apply). Sums to
         ``frozen_logit_difference``. Empty for an encoder."""
         import pandas as pd
 
-        columns = ["kind", "layer", "head", "source", "value"]
+        columns = ["part", "layer", "head", "source", "value"]
         if self.other_parts is None:
             return pd.DataFrame(columns=columns)
         layers, heads, keys = self.attention_parts.shape
         grid = np.indices((layers, heads, keys)).reshape(3, -1)
         attention = pd.DataFrame(
-            {"kind": "attention", "layer": grid[0], "head": grid[1], "source": grid[2], "value": self.attention_parts.reshape(-1)}
+            {"part": "attention", "layer": grid[0], "head": grid[1], "source": grid[2], "value": self.attention_parts.reshape(-1)}
         )
         other = self.other_parts
         rows = [("embedding", -1, -1, self.position, other["embedding"])]

@@ -132,7 +132,7 @@ def _first(output) -> torch.Tensor:
 
 @contextlib.contextmanager
 def _hooks(entries):
-    """Register ``(module, kind, fn)`` hooks (``kind``: "pre" with kwargs, or "post") that run only in this thread;
+    """Register ``(module, when, fn)`` hooks (``when``: "pre" with kwargs, or "post") that run only in this thread;
     always removed on leaving."""
     owner = threading.get_ident()
     handles = []
@@ -145,8 +145,8 @@ def _hooks(entries):
         return hook
 
     try:
-        for module, kind, fn in entries:
-            if kind == "pre":
+        for module, when, fn in entries:
+            if when == "pre":
                 handles.append(module.register_forward_pre_hook(guarded(fn), with_kwargs=True))
             else:
                 handles.append(module.register_forward_hook(guarded(fn)))
