@@ -6,34 +6,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
+from ..analyses.schema import FLOW_TABLES
+from ..core.method.analysis import analyze
+from ..core.method.flow import flow
 from ..core.util.errors import InputError
-from .common import add_model_args, add_text_args, check_output_file, load, read_text
+from ..core.util.progress import cli_bar
+from ..core.util.texts import write_text_atomic
+from .common import check_output_file, load, read_text
 
-TOP = 5
 #: The tables ``--csv DIR`` writes, by file name (``Flow`` attributes; edges at ``--share``).
-CSV_TABLES = ("tokens", "heads", "edges", "nodes", "parts", "vocabulary")
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "flow",
-        help="signed flow across layers: which input tokens and heads push one prediction up or down",
-        description="The signed flow of docs/METHOD.md section 6. A causal LM: toward logit(target) - logit(foil) at a "
-        "position (default: the last position and the model's top next token there, no foil). An encoder: into a "
-        "position's final representation (default 0, [CLS]); a target cannot be asked of it.",
-    )
-    add_text_args(parser)
-    add_model_args(parser)
-    parser.add_argument("--target", help="the target token, exactly one token of the model's vocabulary (mind a leading space)")
-    parser.add_argument("--foil", help="a foil token: the flow is toward logit(target) - logit(foil)")
-    parser.add_argument("--position", type=int, help="the position predicted from (default: the last; an encoder's 0, [CLS])")
-    parser.add_argument("--top", type=int, default=TOP, help=f"tokens and heads listed each way (default {TOP})")
-    parser.add_argument("--share", type=float, default=0.9, help="share of each layer's |mass| the graph's edges keep (default 0.9)")
-    parser.add_argument("--json", dest="json_path", type=Path, help="write the summary and every table as one JSON file")
-    parser.add_argument("--csv", dest="csv_dir", type=Path, help=f"write {', '.join(t + '.csv' for t in CSV_TABLES)} into this folder")
-    parser.set_defaults(func=run)
+CSV_TABLES = FLOW_TABLES
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -95,11 +78,6 @@ def _columns(left: list[str], right: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..core.method.analysis import analyze
-    from ..core.method.flow import flow
-    from ..core.util.progress import cli_bar
-    from ..core.util.texts import write_text_atomic
-
     check_args(args)
     text = read_text(args)
     bundle = load(args)

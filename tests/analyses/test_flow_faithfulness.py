@@ -15,8 +15,10 @@ import torch
 
 import cwviz
 from cwviz import cli
-from cwviz.analyses import flow_faithfulness as FF
+from cwviz.analyses import flow_faithfulness
+from cwviz.analyses.codecs import FLOW_FAITHFULNESS
 from cwviz.analyses.faithfulness import example_ids
+from cwviz.analyses.records import RECORD_GLOB, read_records
 from cwviz.cli import flow_faithfulness as command
 from cwviz.core.method.knockout import last_logits
 from tests.helpers import SWEEP_TEXTS as TEXTS
@@ -62,10 +64,10 @@ def test_knockout_effects_equal_a_masked_forward_built_by_hand(arch):
 def test_rankings_break_ties_by_position_and_count_with_the_ceiling():
     scores = np.array([0.5, 2.0, 0.5 + 1e-9, -1.0, 2.0, np.nan])
     # 0.5 and 0.5 + 1e-9 tie (within 1e-6 of the largest |score|): earlier first; NaN last
-    assert FF.ranking(scores).tolist() == [1, 4, 0, 2, 3, 5]
-    assert [FF.removed_count(10, r) for r in (10, 30, 1)] == [1, 3, 1]
-    assert FF.removed_count(3, 10) == 1 and FF.removed_count(31, 30) == 10
-    sets = FF.removal_sets(np.array([0.1, 0.9, 0.5, 0.3, 0.7, 0.2, 0.8, 0.0, 0.6, 0.4]))
+    assert flow_faithfulness.ranking(scores).tolist() == [1, 4, 0, 2, 3, 5]
+    assert [flow_faithfulness.removed_count(10, r) for r in (10, 30, 1)] == [1, 3, 1]
+    assert flow_faithfulness.removed_count(3, 10) == 1 and flow_faithfulness.removed_count(31, 30) == 10
+    sets = flow_faithfulness.removal_sets(np.array([0.1, 0.9, 0.5, 0.3, 0.7, 0.2, 0.8, 0.0, 0.6, 0.4]))
     assert sets["comprehensiveness", 10.0] == (1,) and sets["sufficiency", 10.0] == (7,)
     assert sets["comprehensiveness", 30.0] == (1, 4, 6) and sets["sufficiency", 30.0] == (0, 5, 7)
 
@@ -75,15 +77,15 @@ def test_the_random_controls_expectation_on_an_additive_case():
     expectation k/n of the total, as does its sufficiency, and its ρ with the effects has expectation 0."""
     effects = np.array([3.0, -1.0, 0.5, 2.0, 0.0, 1.5, -0.5, 4.0, 1.0, 0.25])
     n, total = len(effects), effects.sum()
-    draws = FF.random_scores(seed=0, example=3, draws=4000, n=n)
-    assert np.array_equal(draws[0], FF.random_scores(0, 3, 1, n)[0])  # seeded by (seed, example, draw)
-    assert not np.array_equal(draws[0], FF.random_scores(0, 4, 1, n)[0])
-    for rate in FF.RATES:
-        k = FF.removed_count(n, rate)
-        for curve in FF.CURVES:
-            mean = np.mean([effects[list(FF.removal_sets(d)[curve, rate])].sum() for d in draws])
+    draws = flow_faithfulness.random_scores(seed=0, example=3, draws=4000, n=n)
+    assert np.array_equal(draws[0], flow_faithfulness.random_scores(0, 3, 1, n)[0])  # seeded by (seed, example, draw)
+    assert not np.array_equal(draws[0], flow_faithfulness.random_scores(0, 4, 1, n)[0])
+    for rate in flow_faithfulness.RATES:
+        k = flow_faithfulness.removed_count(n, rate)
+        for curve in flow_faithfulness.CURVES:
+            mean = np.mean([effects[list(flow_faithfulness.removal_sets(d)[curve, rate])].sum() for d in draws])
             assert math.isclose(mean, k / n * total, abs_tol=0.05 * abs(total)), (curve, rate)
-    rhos = [FF.correlation("random", d, effects) for d in draws]
+    rhos = [flow_faithfulness.correlation("random", d, effects) for d in draws]
     assert abs(np.mean(rhos)) < 0.02
 
 
@@ -93,7 +95,10 @@ def _record(example, flow, alti, effects, drops=None, skipped=False):
         return {"example": example, "skipped": True, "why": "fewer than 4 tokens", "tokens": 2}
     n = len(effects)
     drops = drops or {}
-    curves = {m: {c: {f"{r:g}": float(drops.get(m, {}).get(c, 0.0)) for r in FF.RATES} for c in FF.CURVES} for m in FF.METHODS}
+    curves = {
+        m: {c: {f"{r:g}": float(drops.get(m, {}).get(c, 0.0)) for r in flow_faithfulness.RATES} for c in flow_faithfulness.CURVES}
+        for m in flow_faithfulness.METHODS
+    }
     return {
         "example": example,
         "skipped": False,
@@ -122,8 +127,8 @@ def test_verdicts_hold_fail_and_stay_unresolved_where_constructed():
         drops["rollout"] = {"comprehensiveness": 2.0 + (0.5 if item % 2 else -0.5), "sufficiency": 0.1}
         records.append(_record(item, effects, -np.abs(effects) + 1e-3 * noise, effects, drops))
     records.append(_record(12, [], [], [], skipped=True))
-    table = FF.verdict_table(records)
-    assert set(table.columns) == set(FF.CSV_COLUMNS)
+    table = flow_faithfulness.verdict_table(records)
+    assert set(table.columns) == set(flow_faithfulness.CSV_COLUMNS)
     assert _row(table, "flow", "alti", "rho").verdict == "holds"
     assert _row(table, "flow", "alti", "aopc_comprehensiveness").verdict == "holds"
     assert _row(table, "flow", "alti", "aopc_sufficiency").verdict == "holds"  # a smaller sufficiency drop wins
@@ -134,14 +139,14 @@ def test_verdicts_hold_fail_and_stay_unresolved_where_constructed():
     tie = _row(table, "flow", "rollout", "aopc_sufficiency")
     assert tie.verdict == "unresolved" and tie.evidence == "tie on every item"
     assert set(table.n) == {12}
-    assert FF.skipped_counts(records) == {"fewer than 4 tokens": 1}
-    assert table.primary.sum() == 7 * len(FF.PRIMARY)  # flow_abs rows are secondary
-    methods = FF.method_table(records)
+    assert flow_faithfulness.skipped_counts(records) == {"fewer than 4 tokens": 1}
+    assert table.primary.sum() == 7 * len(flow_faithfulness.PRIMARY)  # flow_abs rows are secondary
+    methods = flow_faithfulness.method_table(records)
     flow = methods[(methods.method == "flow") & (methods.statistic == "aopc_comprehensiveness")].iloc[0]
     assert flow["mean"] == pytest.approx(2.0) and flow["normalised"] == pytest.approx(1.0)  # D = 2
     assert math.isnan(methods[(methods.method == "flow") & (methods.statistic == "rho")].iloc[0]["normalised"])
     # four items decide nothing, however clear
-    few = FF.verdict_table(records[:4])
+    few = flow_faithfulness.verdict_table(records[:4])
     assert set(few.verdict) == {"unresolved"} and few.evidence.str.startswith("too few items").all()
 
 
@@ -160,25 +165,25 @@ def _oracle_flow(bundle):
 def test_an_item_with_an_oracle_flow_correlates_perfectly_and_skips_short_items():
     bundle = make_tiny("llama")
     text = "Tom has three apples and buys four more."
-    payload = FF.item_payload(bundle, text, example=0, max_tokens=12, flow=_oracle_flow(bundle), batch_size=5)
+    payload = flow_faithfulness.item_payload(bundle, text, example=0, max_tokens=12, flow=_oracle_flow(bundle), batch_size=5)
     assert not payload["skipped"] and payload["tokens"] == 12 and len(payload["effects"]) == 11
     assert np.allclose(payload["scores"]["flow"], payload["effects"], atol=1e-6)
-    stats = FF.item_statistics([payload | {"example": 0}])
+    stats = flow_faithfulness.item_statistics([payload | {"example": 0}])
     assert stats["flow", "rho"].iloc[0] == pytest.approx(1.0)
     assert stats["flow_abs", "rho"].iloc[0] == pytest.approx(1.0)
     # comprehensiveness at 10 % of 11 input tokens removes the oracle's best two together: their joint drop
-    best = tuple(sorted(np.argsort(payload["effects"])[::-1][: FF.removed_count(11, 10)].tolist()))
+    best = tuple(sorted(np.argsort(payload["effects"])[::-1][: flow_faithfulness.removed_count(11, 10)].tolist()))
     logits = last_logits(bundle, example_ids(bundle, text, 12), [(), best])
     target, foil = payload["target"], payload["foil"]
     joint = float((logits[0, target] - logits[0, foil]) - (logits[1, target] - logits[1, foil]))
     assert len(best) == 2 and payload["curves"]["flow"]["comprehensiveness"]["10"] == pytest.approx(joint, abs=1e-5)
-    assert FF.item_payload(bundle, "abc", flow=_oracle_flow(bundle))["skipped"]
+    assert flow_faithfulness.item_payload(bundle, "abc", flow=_oracle_flow(bundle))["skipped"]
 
 
 def test_command_end_to_end_resumes_and_refuses_other_settings(tmp_path, monkeypatch, capsys):
     bundle = make_tiny("llama")
     monkeypatch.setattr(command, "load", lambda _args: bundle)
-    monkeypatch.setattr(FF, "item_payload", functools.partial(FF.item_payload, flow=_oracle_flow(bundle)))
+    monkeypatch.setattr(flow_faithfulness, "item_payload", functools.partial(flow_faithfulness.item_payload, flow=_oracle_flow(bundle)))
     data = tmp_path / "items.jsonl"
     texts = ["Tom has three apples and buys four more.", "The river flows past the old mill.", "ab", "A cat sat on a warm mat."]
     data.write_text("\n".join(json.dumps({"text": t}) for t in texts) + "\n", encoding="utf-8")
@@ -187,19 +192,33 @@ def test_command_end_to_end_resumes_and_refuses_other_settings(tmp_path, monkeyp
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     assert "skipped: 1 fewer than 4 tokens" in out and "rho: flow vs random:" in out
-    table = pd.read_csv(folder / FF.CSV_NAME)
-    assert list(table.columns) == FF.CSV_COLUMNS and set(table.n) == {3}
+    table = pd.read_csv(folder / flow_faithfulness.CSV_NAME)
+    assert list(table.columns) == flow_faithfulness.CSV_COLUMNS and set(table.n) == {3}
     assert set(table.verdict) == {"unresolved"}  # 3 items < MIN_ITEMS
-    methods = pd.read_csv(folder / FF.METHODS_CSV_NAME)
-    assert set(methods.method) == set(FF.METHODS)
+    methods = pd.read_csv(folder / flow_faithfulness.METHODS_CSV_NAME)
+    assert set(methods.method) == set(flow_faithfulness.METHODS)
     assert methods[(methods.method == "flow") & (methods.statistic == "rho")]["mean"].iloc[0] == pytest.approx(1.0)
     assert cli.main(args) == 2  # a folder with records needs --resume
     assert "--resume" in capsys.readouterr().err
     assert cli.main([*args, "--resume"]) == 0
     assert cli.main([*args, "--resume", "--draws", "3"]) == 2  # other settings are refused
     assert "other settings" in capsys.readouterr().err
-    lines = sum(len(p.read_text().splitlines()) for p in (folder / FF.RECORDS_FOLDER).glob("records-*.jsonl"))
+    lines = sum(len(p.read_text().splitlines()) for p in (folder / flow_faithfulness.RECORDS_FOLDER).glob("records-*.jsonl"))
     assert lines == 4
+    made = read_records(folder / flow_faithfulness.RECORDS_FOLDER, FLOW_FAITHFULNESS)  # the codec reads them back, checked
+    assert [r["skipped"] for r in made] == [False, False, True, False]
+    knockouts = FLOW_FAITHFULNESS.decode(made)
+    assert len(knockouts) == sum(r["tokens"] - 1 for r in made if not r["skipped"])
+    assert {"example", "position", "effect", "logp_effect", "flow", "alti"} <= set(knockouts.columns)
+
+
+def test_the_codec_refuses_a_record_out_of_range():
+    good = {"skipped": False, "tokens": 5, "target": 1, "foil": 2, "ld_clean": 1.0, "logp_clean": -1.0, "full_drop": 0.5}
+    good |= {"effects": [0.1] * 4, "logp_effects": [0.0] * 4, "scores": {"flow": [1.0] * 4}, "random_scores": [[0.5] * 4], "curves": {}}
+    assert FLOW_FAITHFULNESS.encode(good) == good
+    for bad in ({"foil": 1}, {"effects": [0.1] * 3}, {"tokens": 3}, {"scores": {"alti": [1.0] * 4}}, {"effects": "many"}):
+        with pytest.raises(cwviz.InputError):
+            FLOW_FAITHFULNESS.encode(good | bad)
 
 
 def test_bad_arguments_are_one_error_line_before_any_model_loads(tmp_path, monkeypatch, capsys):
@@ -224,16 +243,14 @@ def test_bad_arguments_are_one_error_line_before_any_model_loads(tmp_path, monke
 
 def test_embedded_analysis_is_not_needed_for_the_tables():
     """The tables and verdicts are torch-free: they read records alone (an empty list gives empty tables)."""
-    assert FF.verdict_table([]).verdict.eq("unresolved").all()
-    assert FF.item_statistics([]).empty
+    assert flow_faithfulness.verdict_table([]).verdict.eq("unresolved").all()
+    assert flow_faithfulness.item_statistics([]).empty
     assert cwviz  # the package imports without the flow
 
 
 @pytest.mark.slow
 def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tmp_path):
     """The flow's own token totals (no stand-in) on a saved tiny model, one process and two under torchrun."""
-    from cwviz.analyses import records as R
-
     model = save_tiny_model(tmp_path / "model")
     data = write_jsonl(tmp_path / "items.jsonl", TEXTS[:4])
     single, double = tmp_path / "single", tmp_path / "double"
@@ -241,10 +258,10 @@ def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tm
     argv += ["--max-tokens", "12", "--draws", "2"]
     run_here([*argv, "--results", str(single)])
     launch([*argv, "--results", str(double)], processes=2)
-    folder = double / FF.RECORDS_FOLDER
-    assert sorted(p.name for p in folder.glob(R.RECORD_GLOB)) == ["records-00000.jsonl", "records-00001.jsonl"]
-    records = R.read_records(folder, FF.KIND)
-    assert records == R.read_records(single / FF.RECORDS_FOLDER, FF.KIND)
-    assert (double / FF.CSV_NAME).read_text() == (single / FF.CSV_NAME).read_text()
+    folder = double / flow_faithfulness.RECORDS_FOLDER
+    assert sorted(p.name for p in folder.glob(RECORD_GLOB)) == ["records-00000.jsonl", "records-00001.jsonl"]
+    records = read_records(folder, FLOW_FAITHFULNESS)
+    assert records == read_records(single / flow_faithfulness.RECORDS_FOLDER, FLOW_FAITHFULNESS)
+    assert (double / flow_faithfulness.CSV_NAME).read_text() == (single / flow_faithfulness.CSV_NAME).read_text()
     finished = [r for r in records if not r["skipped"]]
     assert finished and all(len(r["scores"]["flow"]) == r["tokens"] - 1 for r in finished)
