@@ -17,7 +17,7 @@ from ..core.util.errors import InputError
 from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
 from ..core.util.texts import read_texts, write_text_atomic
-from .common import jsonl_path, load, report_interrupt, run_manifest, sweep_processes
+from .common import early_exit, jsonl_path, load, report_interrupt, run_manifest, sweep_processes
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -70,14 +70,13 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
 
     with cli_bar(f"flow-faithfulness [{procs.index}]", unit="item", enabled=procs.is_main) as progress:
         outcome = sweep.run(plan, compute, procs, resume=args.resume, progress=progress)
-    if not outcome.is_main:
-        return 130 if outcome.interrupted else 0
+    stop = early_exit(
+        outcome, len(texts), f"no item had {flow_faithfulness.MIN_TOKENS} or more tokens and a clear top token; nothing to judge"
+    )
+    if stop is not None:
+        return stop
     made_records = outcome.records
     finished = sum(1 for r in made_records if not r["skipped"])
-    if not finished:
-        if outcome.interrupted:
-            return report_interrupt(0, len(texts), "item")
-        raise InputError(f"no item had {flow_faithfulness.MIN_TOKENS} or more tokens and a clear top token; nothing to judge")
     verdicts = flow_faithfulness.verdict_table(made_records, seed=args.seed)
     methods = flow_faithfulness.method_table(made_records, seed=args.seed)
     verdicts_path, methods_path = args.results / flow_faithfulness.CSV_NAME, args.results / flow_faithfulness.METHODS_CSV_NAME

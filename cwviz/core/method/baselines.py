@@ -36,6 +36,7 @@ from ..loading import architectures
 from ..util.errors import InputError
 from .analysis import Analysis
 from .capture import forward_pass
+from .residual import residual_multiplier
 
 #: The query rows of ALTI's transformed vectors built at once: [rows, T, d_model] floats per block.
 ALTI_ROWS = 32
@@ -106,13 +107,6 @@ def attention_output_norm(bundle, layer: nn.Module) -> nn.Module | None:
     if bundle.arch.block == "sandwich" and bundle.arch.attention_norm:
         return architectures.submodule(layer, bundle.arch.attention_norm)
     return None
-
-
-def residual_multiplier(bundle) -> float:
-    """The factor a block multiplies its writes by before the residual add (Granite's ``residual_multiplier``), else 1."""
-    name = bundle.arch.residual_multiplier
-    value = getattr(bundle.model.config, name, None) if name else None
-    return 1.0 if value is None else float(value)
 
 
 def rms_scale(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -156,6 +156,13 @@ def _hooks(entries):
             handle.remove()
 
 
+def residual_multiplier(bundle: Bundle) -> float:
+    """The factor a block multiplies its writes by before the residual add (Granite's ``residual_multiplier``), else 1."""
+    name = bundle.arch.residual_multiplier
+    value = getattr(bundle.model.config, name, None) if name else None
+    return 1.0 if value is None else float(value)
+
+
 def check_flow_supported(bundle: Bundle) -> str:
     """The row's block for this model, or UnsupportedModelError for a derived row (it does not know the block)."""
     arch = bundle.arch
@@ -175,7 +182,7 @@ def record_stream(bundle: Bundle, input_ids: list[int], position: int) -> Stream
     layers = architectures.layer_modules(model, arch)
     projections = architectures.out_projections(model, arch)
     base = architectures.base_model(model)
-    multiplier = float(getattr(model.config, arch.residual_multiplier, 1.0) or 1.0) if arch.residual_multiplier else 1.0
+    multiplier = residual_multiplier(bundle)
     seen: dict = {}
     reduced: list[LayerStream] = []
     final: dict = {}
