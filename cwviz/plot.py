@@ -50,7 +50,7 @@ from .charts import sinks as sink_charts
 from .charts import token as token_charts
 from .core.method.analysis import Analysis
 from .core.method.flow import flow as signed_flow
-from .core.method.flow_tables import Flow
+from .core.method.flow_tables import EDGE_SHARE, Flow
 from .core.method.measures import MEASURES
 from .core.util.errors import InputError, SelectionError
 from .vocabulary import check_kind
@@ -186,7 +186,7 @@ def flow(
     position: int | None = None,
     target: int | str | None = None,
     foil: int | str | None = None,
-    share: float = 0.9,
+    share: float = EDGE_SHARE,
 ) -> alt.VConcatChart:
     """The signed flow into ``position``: each input token's total (red adds, blue subtracts), the layer x head map
     of direct parts (an encoder: routed shares) and the graph pruned to ``share`` of each layer's |mass|

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import cwviz
+from cwviz.analyses.schema import FLOW_SHARE
 from cwviz.core.loading import architectures
-from cwviz.core.method import blocks
+from cwviz.core.method import blocks, flow_tables
 from cwviz.core.method import flow as flow_module
 from cwviz.core.method.flow import flow, mixing, rollout, token_totals
 from cwviz.core.util.errors import InputError, SelectionError, UnsupportedModelError
@@ -392,3 +393,8 @@ def test_embedded_models_satisfy_the_identities(name):
     else:
         assert abs(result.totals.sum() + result.bias_total - 1) < 1e-5
     assert no_hooks(bundle.model)
+
+
+def test_the_top_level_flow_and_the_command_line_s_defaults_are_the_core_s():
+    """``cwviz.flow`` is the core's function; the CLI's --share default (torch-free) is ``Flow.edges``' own."""
+    assert cwviz.flow is flow and FLOW_SHARE == flow_tables.EDGE_SHARE
