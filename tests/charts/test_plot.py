@@ -15,7 +15,9 @@ import pytest
 import cwviz
 from cwviz import plot
 from cwviz.analyses import faithfulness, sinks, tables
+from cwviz.charts import flow as flow_charts
 from cwviz.charts import heatmaps as heatmap_charts
+from cwviz.charts.token import NEGATIVE_COLOUR, POSITIVE_COLOUR
 from tests.helpers import TEXT, assert_drawn_from, datasets, make_tiny
 
 
@@ -189,9 +191,7 @@ def test_plot_is_a_top_level_name():
 
 # -- the signed flow (docs/METHOD.md section 6) ------------------------------------------------------------
 def test_flow_draws_the_token_totals_the_head_map_and_the_graph(analysis):
-    from cwviz.core.method.flow import flow
-
-    result = flow(analysis, target=11, foil=60)
+    result = cwviz.flow(analysis, target=11, foil=60)
     chart = plot.flow(result, share=0.5)
     assert isinstance(chart, alt.VConcatChart)
     rows = datasets(chart)
@@ -209,9 +209,6 @@ def test_flow_draws_the_token_totals_the_head_map_and_the_graph(analysis):
 
 
 def test_flow_charts_colour_adds_red_and_subtracts_blue():
-    from cwviz.charts import flow as flow_charts
-    from cwviz.charts.token import NEGATIVE_COLOUR, POSITIVE_COLOUR
-
     tokens = pd.DataFrame({"position": [0, 1, 2], "token": ["a", "b", "c"], "total": [0.5, -0.25, 0.0]})
     spec = flow_charts.token_totals(tokens).to_dict()
     assert spec["encoding"]["color"]["scale"] == {"domain": ["adds", "subtracts"], "range": [POSITIVE_COLOUR, NEGATIVE_COLOUR]}

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..util.errors import InputError
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -147,8 +149,6 @@ class Flow:
         import pandas as pd
 
         if not 0 < share <= 1:
-            from ..util.errors import InputError
-
             raise InputError(f"the share of each layer's mass the graph keeps must lie in (0, 1], not {share}")
         frames = []
         for layer, weights, targets, sources in self.edge_list:
