@@ -1,7 +1,7 @@
 """Child process for one peak-memory figure: ``python -m benchmarks.memory_probe WHAT TOKENS``.
 
 Loads the embedded model, runs WHAT on 8 tokens (weights are memory-mapped: this pages them in), resets the kernel's peak-RSS mark (``/proc/self/clear_refs``, Linux), runs
-WHAT once (sdpa | plain | full | naive | dashboard) and prints JSON with the peak increase in MiB.
+WHAT once (sdpa | plain | full | naive | dashboard | flow) and prints JSON with the peak increase in MiB.
 """
 
 from __future__ import annotations
@@ -25,16 +25,21 @@ def main() -> int:
 
     import cwviz
     from benchmarks.dashboard import dashboard_steps
-    from benchmarks.run import full_analysis, long_ids, naive_contributions, plain_forward, sdpa_forward
+    from benchmarks.run import flow_of_prompt, full_analysis, long_ids, naive_contributions, plain_forward, sdpa_forward
     from cwviz.core.util.heap import tune_heap
 
     transformers.utils.logging.disable_progress_bar()
     tune_heap()  # measured as the dashboard's server and the cwviz command run: with their heap settings
     bundle = cwviz.load_model("embedded", device="cpu")
     ids = long_ids(bundle, tokens)
-    fn = {"sdpa": sdpa_forward, "plain": plain_forward, "full": full_analysis, "naive": naive_contributions, "dashboard": dashboard_steps}[
-        what
-    ]
+    fn = {
+        "sdpa": sdpa_forward,
+        "plain": plain_forward,
+        "full": full_analysis,
+        "naive": naive_contributions,
+        "dashboard": dashboard_steps,
+        "flow": flow_of_prompt,
+    }[what]
     fn(bundle, ids[:8])  # page in the memory-mapped weights, so that only the run itself is measured
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS

@@ -179,6 +179,15 @@ def value_zeroing(bundle, ids, layer: int):
     return w
 
 
+def flow_of_prompt(bundle, ids):
+    """The signed flow of the whole model into the last position (docs/METHOD.md section 6), its analysis included
+    (the memory probe's ``flow``)."""
+    from cwviz import analyze
+    from cwviz.core.method.flow import flow
+
+    return flow(analyze(bundle, input_ids=ids))
+
+
 def one_layer_analysis(bundle, ids, layer: int):
     from cwviz import analyze
 
@@ -268,6 +277,40 @@ def bench_overhead(bundle, lengths, repeats) -> list[str]:
             f"| {with_logprobs / base:.2f} {eager}"
         )
         print(rows[-1], flush=True)
+    return rows
+
+
+def bench_flow(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
+    """The signed flow of the whole model (``cwviz.core.method.flow.flow`` of an analysis: its own forward pass for the
+    residual stream, every layer's M in row blocks, the parts, the routing, the graph) against the one-pass analysis
+    of the same prompt, and the peak memory of analysis + flow at ``memory_tokens``."""
+    from cwviz import analyze
+    from cwviz.core.method.flow import flow
+
+    rows = [
+        "| T | one-pass analysis (s, baseline) | flow of an analysis (s) | ratio | target | analyze() alone (s) | flow / analyze() |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for tokens in lengths:
+        ids = long_ids(bundle, tokens)
+        analysis = analyze(bundle, input_ids=ids)
+        cand, base, recorded = interleaved(
+            lambda: flow(analysis),
+            lambda: one_pass_analysis(bundle, ids),
+            max(1, repeats if tokens <= 512 else 1),
+            lambda: analyze(bundle, input_ids=ids),
+        )
+        rows.append(f"| {tokens} | {base:.2f} | {cand:.2f} | **{cand / base:.2f}** | ≤ 1.3 | {recorded:.2f} | {cand / recorded:.2f} |")
+        print(rows[-1], flush=True)
+    if memory_tokens:
+        full, flowed = memory_probe("full", memory_tokens), memory_probe("flow", memory_tokens)
+        rows += [
+            "",
+            f"| T = {memory_tokens} | full analysis (MiB above the loaded model, baseline) | analysis + flow (MiB) | ratio | target |",
+            "|---|---|---|---|---|",
+            f"| peak memory | {full:.0f} | {flowed:.0f} | **{flowed / full:.2f}** | ≤ 2 GB |",
+        ]
+        print("\n".join(rows[-3:]), flush=True)
     return rows
 
 
@@ -471,6 +514,7 @@ def machine() -> str:
 SECTIONS = [
     "overhead",
     "memory",
+    "flow",
     "naive",
     "zeroing",
     "cold",
@@ -510,6 +554,12 @@ def main(argv=None) -> int:
         sections.append(("Full analysis against a plain forward pass (time)", bench_overhead(bundle, lengths, args.repeats)))
     if "memory" in only:
         sections.append(("Full analysis against a plain forward pass (peak memory)", bench_memory(bundle, lengths)))
+    if "flow" in only:
+        flow_lengths = [t for t in lengths if t in (512, 2048)] or [512]
+        memory_tokens = 8192 if 8192 in lengths else 0  # the issue's long prompt, when the run's lengths include it
+        sections.append(
+            ("Signed flow across layers against the one-pass analysis", bench_flow(bundle, flow_lengths, args.repeats, memory_tokens))
+        )
     if "window" in only:
         sections.append(
             (

@@ -31,6 +31,7 @@ _NAMES = {
     "to_dict": "cwviz.core.method.export",
     "to_json": "cwviz.core.method.export",
     "decomposition": "cwviz.analyses.tables",
+    "flow": "cwviz.core.method.flow",
     "CwvizError": "cwviz.core.util.errors",
     "InputError": "cwviz.core.util.errors",
     "ModelChangedError": "cwviz.core.util.errors",
@@ -57,6 +58,7 @@ __all__ = [
     "bundle_from_model",
     "decomposition",
     "faithfulness",
+    "flow",
     "load_model",
     "max_tokens",
     "plot",
@@ -72,6 +74,7 @@ if TYPE_CHECKING:
     from .core.loading.models import Bundle, ModelInfo, bundle_from_model, load_model
     from .core.method.analysis import Analysis, analyze
     from .core.method.export import to_dict, to_json
+    from .core.method.flow import flow
     from .core.method.measures import MEASURES
     from .core.util.errors import (
         CwvizError,

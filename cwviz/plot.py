@@ -44,10 +44,13 @@ from .analyses import compare as compare_analyses
 from .analyses import faithfulness, sinks, tables
 from .charts import compare as compare_charts
 from .charts import faithfulness as faithfulness_charts
+from .charts import flow as flow_charts
 from .charts import heatmaps as heatmap_charts
 from .charts import sinks as sink_charts
 from .charts import token as token_charts
 from .core.method.analysis import Analysis
+from .core.method.flow import flow as signed_flow
+from .core.method.flow_tables import EDGE_SHARE, Flow
 from .core.method.measures import MEASURES
 from .core.util.errors import InputError, SelectionError
 from .vocabulary import check_kind
@@ -58,6 +61,7 @@ __all__ = [
     "compare_logprobs",
     "compare_maps",
     "faithfulness_curves",
+    "flow",
     "head_overview",
     "heatmaps",
     "sink_intervention",
@@ -174,6 +178,36 @@ def top_keys(analysis: Analysis, query: int, head: int | None = None, kind: str 
         f"Query {query} {analysis.tokens[query]!r}: its top {k} keys by {kind}-head contribution in every layer ({who}); numbers are ranks"
     )
     return token_charts.top_keys_chart(frame, note)
+
+
+# -- the signed flow (docs/METHOD.md section 6) -------------------------------------------------------
+def flow(
+    source,
+    position: int | None = None,
+    target: int | str | None = None,
+    foil: int | str | None = None,
+    share: float = EDGE_SHARE,
+) -> alt.VConcatChart:
+    """The signed flow into ``position``: each input token's total (red adds, blue subtracts), the layer x head map
+    of direct parts (an encoder: routed shares) and the graph pruned to ``share`` of each layer's |mass|
+    (:func:`cwviz.charts.flow.flow_chart`). ``source``: an Analysis (``position``, ``target`` and ``foil`` as
+    :func:`cwviz.flow` takes them) or a :class:`~cwviz.core.method.flow_tables.Flow` already made."""
+    if isinstance(source, Analysis):
+        result = signed_flow(source, position, target, foil)
+    elif isinstance(source, Flow):
+        result = source
+    else:
+        raise InputError(f"expected an Analysis or a Flow, not {type(source).__name__}")
+    where = f"position {result.position} {result.token_strings[result.position]!r}"
+    if result.encoder:
+        note = f"The signed flow into {where}'s final representation: each input token's share (with the bias's, they sum to 1)."
+    else:
+        foil_text = "" if result.foil is None else f" over {result.foil_token!r}"
+        note = (
+            f"The signed flow from {where} toward {result.target_token!r}{foil_text}: each input token's total "
+            f"(they and the biases sum to the logit difference {result.frozen_logit_difference:+.3f})."
+        )
+    return flow_charts.flow_chart(result.tokens, result.heads, result.node_table, result.edges(share), note)
 
 
 # -- the Sinks page ------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ record whose ``task`` names it and whose ``correct_*`` fields are set) is
 
 a sinks record's a prompt's whole sink table (:meth:`SinksCodec.encode`), an atlas record's a prompt's per-head
 statistics (:meth:`AtlasCodec.encode`), and a claims record's every rank scope's faithfulness payload and the
-item's sink statistics (:meth:`ClaimsCodec.encode`).
+item's sink statistics (:meth:`ClaimsCodec.encode`), and a flow-faithfulness record's an item's knockout effects, each
+method's scores and the drops of its removals (:meth:`FlowFaithfulnessCodec.encode`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from .records import (
     optional,
     shown,
 )
-from .schema import ATLAS_METRICS, RANK_SCOPES
+from .schema import ATLAS_METRICS, FLOW_MIN_TOKENS, RANK_SCOPES
 from .sinks import TABLE_COLUMNS
 
 _COUNT: Field = (lambda v: is_int(v) and v >= 1, "a positive integer")
@@ -504,6 +505,110 @@ class ClaimsCodec(Codec):
         return frame.pivot_table(index="example", columns=["curve", "rate", "measure"], values="delta_ppl", aggfunc="first")
 
 
+# -- flow faithfulness ----------------------------------------------------------------------------------
+_SCORES: Field = (lambda v: isinstance(v, dict) and all(list_of(is_number)(s) for s in v.values()), "an object of score lists")
+_CURVES: Field = (
+    lambda v: (
+        isinstance(v, dict)
+        and all(
+            isinstance(c, dict) and all(isinstance(r, dict) and all(is_number(x) for x in r.values()) for r in c.values())
+            for c in v.values()
+        )
+    ),
+    "an object: method -> curve -> rate -> drop",
+)
+#: The keys and types of a finished flow-faithfulness item (a skipped one holds ``why`` and ``tokens`` alone).
+FLOW_ITEM: dict[str, Field] = {
+    "target": INT,
+    "foil": INT,
+    "ld_clean": NUMBER,
+    "logp_clean": NUMBER,
+    "full_drop": NUMBER,
+    "effects": _NUMBERS,
+    "logp_effects": _NUMBERS,
+    "scores": _SCORES,
+    "random_scores": (list_of(list_of(is_number)), "a list of score lists"),
+    "curves": _CURVES,
+}
+
+
+class FlowFaithfulnessCodec(Codec):
+    """``cwviz flow-faithfulness``: one item's knockout effects, each method's scores of its input tokens and the
+    drops of each method's removals (:func:`cwviz.analyses.flow_faithfulness.item_payload`)."""
+
+    name = "flow_faithfulness"
+    payload = {"skipped": FLAG, "tokens": INT}
+    manifest_fields = {"fingerprint": TEXT, "seed": INT, "data": _data_count("examples")}
+
+    def settings(self, max_tokens: int, draws: int, seed: int, rates, tie_tolerance: float, version: int, provenance: dict) -> dict:
+        """What decides a record's numbers: the cap, the random draws and seed, the rates, the tie rule, the record's
+        version and the model (not the batch size or the device)."""
+        made = {"max_tokens": max_tokens, "draws": draws, "seed": seed, "rates": list(rates)}
+        return made | {"tie_tolerance": tie_tolerance, "version": version, "model": model_settings(provenance)}
+
+    def encode(self, payload: dict) -> dict:
+        """One item's payload as :func:`~cwviz.analyses.flow_faithfulness.item_payload` made it (plain numbers and
+        lists already): checked here so that a record that could not be read back is never written."""
+        check_fields(payload, self.payload, "a flow-faithfulness item", "this is a bug in cwviz")
+        self.validate(payload, "a flow-faithfulness item", "this is a bug in cwviz")
+        return payload
+
+    def validate(self, record: dict, where: str, fix: str) -> None:
+        if record["tokens"] < 0:
+            raise InputError(f"{where}: 'tokens' must not be negative, not {shown(record['tokens'])}; {fix}")
+        if record["skipped"]:
+            check_fields(record, {"why": TEXT}, where, fix)
+            return
+        check_fields(record, FLOW_ITEM, where, fix)
+        inputs = record["tokens"] - 1  # the input tokens 0 .. t - 1 before the target position t
+        if record["tokens"] < FLOW_MIN_TOKENS:
+            raise InputError(f"{where}: a finished item has {FLOW_MIN_TOKENS} or more tokens, not {record['tokens']}; {fix}")
+        if record["target"] < 0 or record["foil"] < 0 or record["target"] == record["foil"]:
+            raise InputError(f"{where}: 'target' and 'foil' must be two token ids, not {record['target']} and {record['foil']}; {fix}")
+        lists = {
+            "effects": record["effects"],
+            "logp_effects": record["logp_effects"],
+            **record["scores"],
+            **dict(enumerate(record["random_scores"])),
+        }
+        if any(len(v) != inputs for v in lists.values()) or "flow" not in record["scores"]:
+            raise InputError(
+                f"{where}: its effects and scores must hold one number per input token ({inputs}), the flow's among them; {fix}"
+            )
+
+    def validate_run(self, records: list[dict], manifest: dict | None, folder: Path, fix: str) -> None:
+        """Every finished item holds the same methods, curves and rates."""
+        grids = {
+            (
+                frozenset(r["scores"]),
+                frozenset((m, c, rate) for m, curves in r["curves"].items() for c, rates in curves.items() for rate in rates),
+            )
+            for r in records
+            if not r["skipped"]
+        }
+        if len(grids) > 1:
+            raise InputError(f"{folder} holds flow-faithfulness records of different methods, curves or rates; {fix}")
+
+    def decode(self, records: Sequence[dict]) -> pd.DataFrame:
+        """The knockouts of the finished items: one row per item and input token (example, position, effect,
+        logp_effect, then each method's score)."""
+        frames = [
+            pd.DataFrame(
+                {
+                    "example": record["example"],
+                    "position": np.arange(record["tokens"] - 1, dtype=np.int64),
+                    "effect": np.asarray(record["effects"], dtype=np.float64),
+                    "logp_effect": np.asarray(record["logp_effects"], dtype=np.float64),
+                    **{name: np.asarray(v, dtype=np.float64) for name, v in record["scores"].items()},
+                }
+            )
+            for record in records
+            if not record["skipped"]
+        ]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["example", "position", "effect", "logp_effect"])
+
+
 FAITHFULNESS, SINKS, ATLAS, CLAIMS = FaithfulnessCodec(), SinksCodec(), AtlasCodec(), ClaimsCodec()
+FLOW_FAITHFULNESS = FlowFaithfulnessCodec()
 #: Every record type by its name (``cwviz.<name>.record``).
-BY_NAME: dict[str, Codec] = {codec.name: codec for codec in (FAITHFULNESS, SINKS, ATLAS, CLAIMS)}
+BY_NAME: dict[str, Codec] = {codec.name: codec for codec in (FAITHFULNESS, SINKS, ATLAS, CLAIMS, FLOW_FAITHFULNESS)}

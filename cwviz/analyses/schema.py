@@ -62,6 +62,20 @@ DEFAULT_FACTOR = 0.0
 ATLAS_BOOTSTRAP = 1000
 ATLAS_CONFIDENCE = 0.95
 ATLAS_SEED = 0
+#: The signed flow (:mod:`cwviz.core.method.flow`, ``cwviz flow``): the share of each layer's |mass| a graph's edges
+#: keep (``Flow.edges``' default, :data:`cwviz.core.method.flow_tables.EDGE_SHARE`, which the core cannot import from
+#: here; tests/core/test_flow.py checks they agree), the tokens and heads listed each way, and the tables
+#: ``--csv DIR`` writes, by file name (``Flow`` attributes).
+FLOW_SHARE = 0.9
+FLOW_TOP = 5
+FLOW_TABLES = ("tokens", "heads", "edges", "nodes", "parts", "vocabulary")
+#: Its causal test (:mod:`cwviz.analyses.flow_faithfulness`): the token cap per item, knockouts per forward pass (on
+#: a CPU, 32 rows a pass ran 64 knockouts five times faster than 8: per-layer overhead), random rankings per item
+#: (their drops and ρ averaged), and the fewest tokens an item needs (ρ needs 3 input tokens besides the target's).
+FLOW_MAX_TOKENS = 32
+FLOW_BATCH_SIZE = 32
+FLOW_DRAWS = 5
+FLOW_MIN_TOKENS = 4
 
 #: How tables and files (DataFrames, CSV, JSON) name the layer-level rows; in code "all heads" is None.
 ALL_HEADS = "all heads"

@@ -17,6 +17,7 @@ from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
 from ..core.util.texts import read_texts, write_text_atomic
 from .common import (
+    early_exit,
     jsonl_path,
     load,
     report_interrupt,
@@ -67,14 +68,11 @@ def run_sweep(args: argparse.Namespace, protocol, scopes: tuple[str, ...], sink,
 
     with cli_bar(f"claims [{procs.index}]", unit="item", enabled=procs.is_main) as progress:
         outcome = sweep.run(plan, compute, procs, resume=args.resume, progress=progress)
-    if not outcome.is_main:
-        return 130 if outcome.interrupted else 0
+    stop = early_exit(outcome, len(texts), "no item had three or more tokens; nothing to judge")
+    if stop is not None:
+        return stop
     made_records = outcome.records
     finished = sum(1 for r in made_records if not r["skipped"])
-    if not finished:
-        if outcome.interrupted:
-            return report_interrupt(0, len(texts), "item")
-        raise InputError("no item had three or more tokens; nothing to judge")
     table = claims.claims_table(made_records, seed=protocol.seed)
     path = args.results / claims.CSV_NAME
     write_text_atomic(path, table.to_csv(index=False, float_format="%.6g"))

@@ -101,6 +101,19 @@ def report_interrupt(kept: int, total: int, noun: str, written: Path | None = No
     return 130
 
 
+def early_exit(outcome, total: int, nothing: str) -> int | None:
+    """Where an item sweep into a folder (``cwviz claims``, ``cwviz flow-faithfulness``) ends before its summary: a
+    process other than the main one (0, or 130 when it was interrupted), or a main process with no finished item
+    (130 when interrupted, else InputError ``nothing``); None when the main process has items to summarise."""
+    if not outcome.is_main:
+        return 130 if outcome.interrupted else 0
+    if not any(not r["skipped"] for r in outcome.records):
+        if outcome.interrupted:
+            return report_interrupt(0, total, "item")
+        raise InputError(nothing)
+    return None
+
+
 def check_resume(args: argparse.Namespace) -> None:
     """Before anything is read: InputError for ``--resume`` without ``--results``."""
     if args.resume and args.results is None:

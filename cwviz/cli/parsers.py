@@ -26,6 +26,12 @@ from ..analyses.schema import (
     DEFAULT_RATES,
     DEFAULT_SINK,
     EXAMPLE_MAX_TOKENS,
+    FLOW_BATCH_SIZE,
+    FLOW_DRAWS,
+    FLOW_MAX_TOKENS,
+    FLOW_SHARE,
+    FLOW_TABLES,
+    FLOW_TOP,
     HEAD_METRICS,
     RANK_BY,
     RANK_SCOPES,
@@ -70,12 +76,14 @@ def add_jsonl_args(group: argparse._MutuallyExclusiveGroup, help: str) -> None:
     )
 
 
-def add_sweep_args(parser: argparse.ArgumentParser, results: str) -> None:
-    """``--results DIR`` (``results``: what the command keeps there) and ``--resume``: the options of every command
-    that runs through the sweep runner (:mod:`cwviz.analyses.sweep`)."""
+def add_sweep_args(parser: argparse.ArgumentParser, results: str, required: bool = False) -> None:
+    """``--results DIR`` (``results``: what the command keeps there; ``required`` for a command that runs into a
+    folder only) and ``--resume``: the options of every command that runs through the sweep runner
+    (:mod:`cwviz.analyses.sweep`)."""
     parser.add_argument(
         "--results",
         type=Path,
+        required=required,
         help=f"{results}; each item's record is appended (JSON Lines, one file per process) and fsynced as it finishes; "
         "needed for data-parallel runs (accelerate launch / torchrun)",
     )
@@ -311,6 +319,56 @@ def _add_claims(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(command_module="cwviz.cli.claims")
 
 
+def _add_flow(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "flow",
+        help="signed flow across layers: which input tokens and heads push one prediction up or down",
+        description="The signed flow of docs/METHOD.md section 6. A causal LM: toward logit(target) - logit(foil) at a "
+        "position (default: the last position and the model's top next token there, no foil). An encoder: into a "
+        "position's final representation (default 0, [CLS]); a target cannot be asked of it.",
+    )
+    add_text_args(parser)
+    add_model_args(parser)
+    parser.add_argument("--target", help="the target token, exactly one token of the model's vocabulary (mind a leading space)")
+    parser.add_argument("--foil", help="a foil token: the flow is toward logit(target) - logit(foil)")
+    parser.add_argument("--position", type=int, help="the position predicted from (default: the last; an encoder's 0, [CLS])")
+    parser.add_argument("--top", type=int, default=FLOW_TOP, help=f"tokens and heads listed each way (default {FLOW_TOP})")
+    parser.add_argument(
+        "--share", type=float, default=FLOW_SHARE, help=f"share of each layer's |mass| the graph's edges keep (default {FLOW_SHARE:g})"
+    )
+    parser.add_argument("--json", dest="json_path", type=Path, help="write the summary and every table as one JSON file")
+    parser.add_argument("--csv", dest="csv_dir", type=Path, help=f"write {', '.join(t + '.csv' for t in FLOW_TABLES)} into this folder")
+    parser.set_defaults(command_module="cwviz.cli.flow")
+
+
+def _add_flow_faithfulness(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "flow-faithfulness",
+        help="is the signed flow faithful? knockouts of each input token, deletion curves, verdicts against baselines",
+        description="On each item: knock out each input token in every layer and correlate the effects on the logit "
+        "difference (top token − second) with the signed flow, ALTI, attention rollout, raw attention and a random "
+        "ranking; run comprehensiveness and sufficiency at 10 and 30%% of the input tokens; judge the pre-registered "
+        "comparisons holds / fails / unresolved from 95%% paired bootstrap intervals over the items (docs/METHOD.md "
+        "section 6.6). Writes DIR/flow_faithfulness.csv and DIR/flow_faithfulness_methods.csv.",
+    )
+    data = parser.add_mutually_exclusive_group(required=True)
+    add_jsonl_args(data, "JSON Lines: a 'text' field per line, or GSM8K's question and answer")
+    parser.add_argument("--field", help="the JSONL field holding the text (default: text, or question+answer)")
+    add_examples_arg(parser, f"number of items (default {DEFAULT_EXAMPLES})", DEFAULT_EXAMPLES)
+    add_sweep_args(parser, "results folder: DIR/flow_faithfulness/ (records, manifest) and the CSV files", required=True)
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=FLOW_MAX_TOKENS,
+        help=f"token cap per item: longer ones are cut, the target is the next token after the cut (default {FLOW_MAX_TOKENS})",
+    )
+    parser.add_argument("--draws", type=int, default=FLOW_DRAWS, help=f"random rankings per item (default {FLOW_DRAWS})")
+    parser.add_argument("--batch-size", type=int, default=FLOW_BATCH_SIZE, help=f"knockouts per forward pass (default {FLOW_BATCH_SIZE})")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random rankings and the bootstrap (default 0)")
+    add_model_args(parser)
+    parser.set_defaults(command_module="cwviz.cli.flow_faithfulness")
+
+
 def _add_report(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "report",
@@ -413,7 +471,18 @@ def _add_app(sub: argparse._SubParsersAction) -> None:
 
 
 #: The commands, in the order ``cwviz --help`` lists them.
-COMMANDS = (_add_analyze, _add_sinks, _add_faithfulness, _add_claims, _add_report, _add_compare, _add_atlas, _add_app)
+COMMANDS = (
+    _add_analyze,
+    _add_flow,
+    _add_sinks,
+    _add_faithfulness,
+    _add_claims,
+    _add_flow_faithfulness,
+    _add_report,
+    _add_compare,
+    _add_atlas,
+    _add_app,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,10 +19,10 @@ from cwviz.analyses.codecs import BY_NAME, CLAIMS, FAITHFULNESS
 from cwviz.cli import faithfulness as command
 from cwviz.core.util.errors import InputError
 from cwviz.core.util.parallel import shard
-from tests.helpers import ENV, make_tiny, save_tiny_model, write_jsonl
+from tests.helpers import ENV, cwviz_process, launch, make_tiny, run_here, save_tiny_model, write_jsonl
+from tests.helpers import SWEEP_TEXTS as TEXTS
 
 ROOT = Path(__file__).resolve().parents[2]
-TEXTS = [f"Example {i}: the {'quick ' * (i % 4)}brown fox jumps over dog {i}." for i in range(6)] + ["a"]
 
 
 def run_faithfulness(tmp_path, monkeypatch, results: Path, *extra: str) -> int:
@@ -225,31 +224,6 @@ def records_folder(results: Path, command: str) -> Path:
 def summaries(results: Path, command: str) -> dict[str, str]:
     """The files a command's summary is in, recomputed from the records."""
     return {name: (records_folder(results, command) / name).read_text() for name in COMMANDS[command][0]}
-
-
-def cwviz_process(argv: list[str], processes: int = 1) -> list[str]:
-    """``python -m cwviz ARGV`` in one process, or under ``torchrun --nproc_per_node N`` (gloo on the CPU)."""
-    if processes == 1:
-        return [sys.executable, "-m", "cwviz", *argv]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "-m", "cwviz", *argv]
-
-
-def launch(argv: list[str], processes: int = 1, timeout: int = 600) -> None:
-    done = subprocess.run(cwviz_process(argv, processes), env=ENV, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
-def run_here(argv: list[str]) -> None:
-    """The single-process reference, in this process (``cli.main``, the path ``python -m cwviz`` takes), on one
-    thread as the launched processes run (ENV), so that the floats are summed in the same order."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert cli.main(argv) == 0
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.slow

@@ -15,7 +15,9 @@ import pytest
 import cwviz
 from cwviz import plot
 from cwviz.analyses import faithfulness, sinks, tables
+from cwviz.charts import flow as flow_charts
 from cwviz.charts import heatmaps as heatmap_charts
+from cwviz.charts.token import NEGATIVE_COLOUR, POSITIVE_COLOUR
 from tests.helpers import TEXT, assert_drawn_from, datasets, make_tiny
 
 
@@ -185,3 +187,29 @@ def test_importing_plot_does_not_import_streamlit():
 
 def test_plot_is_a_top_level_name():
     assert cwviz.plot is plot
+
+
+# -- the signed flow (docs/METHOD.md section 6) ------------------------------------------------------------
+def test_flow_draws_the_token_totals_the_head_map_and_the_graph(analysis):
+    result = cwviz.flow(analysis, target=11, foil=60)
+    chart = plot.flow(result, share=0.5)
+    assert isinstance(chart, alt.VConcatChart)
+    rows = datasets(chart)
+    drawn_totals = [r for rows_ in rows for r in rows_ if "total" in r]
+    assert sorted(r["total"] for r in drawn_totals) == pytest.approx(sorted(result.totals.tolist()), abs=1e-6)
+    assert all(r["sign"] == ("adds" if r["total"] >= 0 else "subtracts") for r in drawn_totals)
+    drawn_heads = [r for rows_ in rows for r in rows_ if "head" in r]
+    assert len(drawn_heads) == analysis.num_layers * analysis.num_heads
+    drawn_edges = [r for rows_ in rows for r in rows_ if "weight" in r]
+    assert len(drawn_edges) == len(result.edges(0.5))
+    assert "toward" in json.dumps(chart.to_dict()["title"])
+    assert isinstance(plot.flow(analysis, position=5), alt.VConcatChart)  # from an Analysis
+    with pytest.raises(cwviz.InputError):
+        plot.flow(pd.DataFrame())
+
+
+def test_flow_charts_colour_adds_red_and_subtracts_blue():
+    tokens = pd.DataFrame({"position": [0, 1, 2], "token": ["a", "b", "c"], "total": [0.5, -0.25, 0.0]})
+    spec = flow_charts.token_totals(tokens).to_dict()
+    assert spec["encoding"]["color"]["scale"] == {"domain": ["adds", "subtracts"], "range": [POSITIVE_COLOUR, NEGATIVE_COLOUR]}
+    assert [r["sign"] for r in list(spec["datasets"].values())[0]] == ["adds", "subtracts", "adds"]

@@ -56,6 +56,8 @@ def test_help_imports_neither_torch_nor_transformers(argv):
         (["analyze"], "one of the arguments --text --file is required"),
         (["sinks", "--text", "hi", "--sink", "first"], "--sink takes a token position"),
         (["faithfulness", "--text", "hi", "--batch-size", "0"], "positive integer or auto"),
+        (["flow", "--text", "hi", "--top", "many"], "invalid int value"),
+        (["flow-faithfulness", "--gsm8k"], "the following arguments are required: --results"),
         (["nonsense"], "invalid choice"),
     ],
 )

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import torch
 import transformers
 
 import cwviz
+import cwviz.cli
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The environment of a ``python -m cwviz`` subprocess: one thread, offline, this checkout first on the path.
@@ -460,3 +463,30 @@ def edit_record(folder: Path, line: int, change, checksum: bool = False) -> None
         record[records.CHECKSUM] = records.record_checksum(record)
     lines[line] = json.dumps(record)
     path.write_text("\n".join(lines) + "\n")
+
+
+#: The prompts of the sweep tests (the last one a single token: skipped where two are needed).
+SWEEP_TEXTS = [f"Example {i}: the {'quick ' * (i % 4)}brown fox jumps over dog {i}." for i in range(6)] + ["a"]
+
+
+def cwviz_process(argv: list[str], processes: int = 1) -> list[str]:
+    """``python -m cwviz ARGV`` in one process, or under ``torchrun --nproc_per_node N`` (gloo on the CPU)."""
+    if processes == 1:
+        return [sys.executable, "-m", "cwviz", *argv]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "-m", "cwviz", *argv]
+
+
+def launch(argv: list[str], processes: int = 1, timeout: int = 600) -> None:
+    done = subprocess.run(cwviz_process(argv, processes), env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def run_here(argv: list[str]) -> None:
+    """The single-process reference, in this process (``cli.main``, the path ``python -m cwviz`` takes), on one
+    thread as the launched processes run (ENV), so that the floats are summed in the same order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert cwviz.cli.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)

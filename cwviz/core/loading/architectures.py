@@ -46,6 +46,14 @@ class Architecture:
     layer's result, in that order (Cohere's ``logit_scale`` multiplies, Granite's ``logits_scaling`` divides,
     Gemma 2/3's ``final_logit_softcapping`` c gives c tanh(logits / c)); None or a missing value: not applied.
     ``derived``: the row was derived from the model and checked by a probe (:mod:`cwviz.core.loading.derive`).
+
+    The residual stream (the signed flow, docs/METHOD.md section 6): ``block`` says where the attention write lands,
+    one of :data:`BLOCKS`; ``parallel_attribute`` a config attribute that, when true, makes the block ``"parallel"``
+    (GPT-NeoX's and StableLM's ``use_parallel_residual``); ``mid`` (``"pre_norm"`` blocks) the module, relative to a
+    layer, whose input is the post-attention state h (the norm before the MLP); ``attention_norm`` (``"sandwich"``
+    and ``"post_norm"``) the norm the attention write goes through, relative to a layer; ``residual_multiplier`` a
+    config attribute that scales each write before the residual add (Granite); ``final_norm`` the norm before the
+    output layer, relative to the base model (None: none).
     """
 
     family: str
@@ -59,15 +67,31 @@ class Architecture:
     logit_divisor: str | None = None
     logit_softcap: str | None = None
     derived: bool = False
+    block: str = "pre_norm"
+    parallel_attribute: str | None = None
+    mid: str | None = "post_attention_layernorm"
+    attention_norm: str | None = None
+    residual_multiplier: str | None = None
+    final_norm: str | None = "norm"
 
+
+#: Where a block's attention write lands (docs/METHOD.md section 6.1): h = x + m(a + b) and the MLP reads h
+#: (``pre_norm``); h = x + N(a + b) (``sandwich``, a norm after attention); the block's output x + a + b + MLP(x)
+#: (``parallel``: the MLP reads x); h = N(x + a + b) (``post_norm``, BERT).
+BLOCKS = ("pre_norm", "sandwich", "parallel", "post_norm")
 
 _LLAMA_LIKE = dict(layers="layers", attention="self_attn", out_proj="self_attn.o_proj")
+_SANDWICH = dict(block="sandwich", mid=None, attention_norm="post_attention_layernorm")
 _BERT_LIKE = dict(
     layers="encoder.layer",
     attention="attention.self",
     out_proj="attention.output.dense",
     auto_class="AutoModelForMaskedLM",
     causal=False,
+    block="post_norm",
+    mid=None,
+    attention_norm="attention.output.LayerNorm",
+    final_norm=None,
 )
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -78,7 +102,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen2": Architecture("qwen2", **_LLAMA_LIKE),
     # q/k norms before rotary.
     "qwen3": Architecture("qwen3", **_LLAMA_LIKE),
-    "olmo2": Architecture("olmo2", **_LLAMA_LIKE),
+    "olmo2": Architecture("olmo2", **_LLAMA_LIKE, **_SANDWICH),  # a norm after attention, none before
     # Mixtures of experts: the experts are in the MLP; attention is Llama's (Qwen2-MoE with q/k/v biases).
     "mixtral": Architecture("mixtral", **_LLAMA_LIKE),
     "qwen2_moe": Architecture("qwen2_moe", **_LLAMA_LIKE),
@@ -86,24 +110,31 @@ ARCHITECTURES: dict[str, Architecture] = {
     # Gemma: scaled embeddings; Gemma 2: attention logit soft-capping, alternating sliding/global layers and
     # final logit soft-capping; Gemma 3: q/k norms, sliding/global layers by layer_types.
     "gemma": Architecture("gemma", **_LLAMA_LIKE),
-    "gemma2": Architecture("gemma2", **_LLAMA_LIKE, logit_softcap="final_logit_softcapping"),
-    "gemma3_text": Architecture("gemma3_text", **_LLAMA_LIKE, logit_softcap="final_logit_softcapping"),
+    "gemma2": Architecture("gemma2", **_LLAMA_LIKE, **_SANDWICH, logit_softcap="final_logit_softcapping"),
+    "gemma3_text": Architecture("gemma3_text", **_LLAMA_LIKE, **_SANDWICH, logit_softcap="final_logit_softcapping"),
     # Phi-3: fused qkv_proj, partial rotary.
     "phi3": Architecture("phi3", **_LLAMA_LIKE),
     # Granite: the attention multiplier is the scaling; the logits are divided by logits_scaling.
-    "granite": Architecture("granite", **_LLAMA_LIKE, logit_divisor="logits_scaling"),
+    "granite": Architecture("granite", **_LLAMA_LIKE, logit_divisor="logits_scaling", residual_multiplier="residual_multiplier"),
     # StableLM: partial rotary, optional qkv biases and per-head q/k norms, parallel residual.
-    "stablelm": Architecture("stablelm", **_LLAMA_LIKE),
+    "stablelm": Architecture("stablelm", **_LLAMA_LIKE, parallel_attribute="use_parallel_residual"),
     # StarCoder2: biases everywhere, sliding window.
     "starcoder2": Architecture("starcoder2", **_LLAMA_LIKE),
     # Cohere (Command-R): parallel block, optional q/k norms, logits multiplied by logit_scale.
-    "cohere": Architecture("cohere", **_LLAMA_LIKE, logit_scale="logit_scale"),
+    "cohere": Architecture("cohere", **_LLAMA_LIKE, logit_scale="logit_scale", block="parallel", mid=None),
     # gpt-oss: learned attention sinks (s_aux), alternating sliding/global layers, biases, mixture of experts.
     "gpt_oss": Architecture("gpt_oss", **_LLAMA_LIKE),
     # GPT-2: fused c_attn, Conv1D layout, biases on values and on the output projection.
-    "gpt2": Architecture("gpt2", layers="h", attention="attn", out_proj="attn.c_proj", conv1d=True),
+    "gpt2": Architecture("gpt2", layers="h", attention="attn", out_proj="attn.c_proj", conv1d=True, mid="ln_2", final_norm="ln_f"),
     # GPT-NeoX / Pythia: fused per-head query_key_value, partial rotary.
-    "gpt_neox": Architecture("gpt_neox", layers="layers", attention="attention", out_proj="attention.dense"),
+    "gpt_neox": Architecture(
+        "gpt_neox",
+        layers="layers",
+        attention="attention",
+        out_proj="attention.dense",
+        parallel_attribute="use_parallel_residual",
+        final_norm="final_layer_norm",
+    ),
     # Encoders: bidirectional attention; in the BERT layout W_O is the attention's output.dense.
     "bert": Architecture("bert", **_BERT_LIKE),
     "roberta": Architecture("roberta", **_BERT_LIKE),
@@ -116,10 +147,21 @@ ARCHITECTURES: dict[str, Architecture] = {
         out_proj="attention.out_lin",
         auto_class="AutoModelForMaskedLM",
         causal=False,
+        block="post_norm",
+        mid=None,
+        attention_norm="sa_layer_norm",
+        final_norm=None,
     ),
     # ModernBERT: fused Wqkv, rotary, alternating local (sliding, both sides) and global layers.
     "modernbert": Architecture(
-        "modernbert", layers="layers", attention="attn", out_proj="attn.Wo", auto_class="AutoModelForMaskedLM", causal=False
+        "modernbert",
+        layers="layers",
+        attention="attn",
+        out_proj="attn.Wo",
+        auto_class="AutoModelForMaskedLM",
+        causal=False,
+        mid="mlp_norm",
+        final_norm="final_norm",
     ),
 }
 
@@ -270,6 +312,14 @@ def output_logits(model: nn.Module, arch: Architecture, hidden: torch.Tensor) ->
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     return logits
+
+
+def block_of(config, arch: Architecture) -> str:
+    """The row's :data:`BLOCKS` entry for this config: ``"parallel"`` where the row's ``parallel_attribute`` is set
+    and true in the config, else the row's ``block``."""
+    if arch.parallel_attribute is not None and getattr(config, arch.parallel_attribute, False):
+        return "parallel"
+    return arch.block
 
 
 #: Config attributes that, when set, change a causal LM's logits after its output layer (the row fields they fill).

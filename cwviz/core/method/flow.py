@@ -1,0 +1,388 @@
+"""The signed flow across layers (docs/METHOD.md section 6): each layer's token mixing M, the signed rollout, the
+direct parts of one logit difference and their routing back to the input tokens.
+
+The residual stream comes from one extra forward pass (:mod:`cwviz.core.method.residual`); attention and values are the
+analysis's records, read in row blocks (:mod:`cwviz.core.method.reading`). No [T, T, d_model] tensor exists: a write's
+dot product with h_i is taken in the head's d_head space, ⟨L_i(ṽ_j^h), h_i⟩ = ((W_O^h)ᵀ L_iᵀ h_i) · v_j^h, and the
+routing is a vector times each layer's M, block by block (T² a layer), never the rollout R itself.
+
+| function                          | returns                                                     |
+|-----------------------------------|-------------------------------------------------------------|
+| ``flow(analysis, ...)``           | :class:`Flow` (tables; pure numpy and pandas, no torch)      |
+| ``token_totals(analysis, ...)``   | numpy [T]: each input token's signed total toward t over f  |
+| ``mixing(analysis, layer)``       | numpy [query, key + 1]: M of one layer, the bias last       |
+| ``rollout(analysis)``             | numpy [query, key + 1]: R = M^{L-1} ⋯ M^0, the bias last    |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from ..util.errors import InputError
+from .flow_tables import Flow
+from .measures import grouped_matmul
+from .reading import attention_rows, for_blocks, record_blocks
+from .residual import Stream, record_stream
+
+#: Edges kept per layer while the rows stream (the largest |weight| first); ``Flow.edges(share)`` prunes from them.
+EDGE_LIMIT = 20_000
+#: Vocabulary tokens listed per head as most promoted and most suppressed by its write at the position.
+VOCABULARY = 5
+
+
+def _mixing_blocks(analysis, stream: Stream, layer: int) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Row blocks of layer ``layer``'s M: ``(first, stop, mix, bias, heads)`` with mix [rows, keys] (rows
+    ``first..stop-1`` against the keys ``0..keys-1`` they can see), the bias column [rows], and each head's part of
+    the rows [head, rows] (Σ_j of its attention parts)."""
+    with torch.inference_mode():
+        rec = for_blocks(analysis.layer_record(layer))
+        part = stream.layers[layer]
+        w_o = analysis.w_heads(layer).permute(1, 0, 2).flatten(1)  # (D, H * dh): W_O, head after head
+        heads = analysis.num_heads
+        device = rec.value.device
+        values = rec.value.transpose(-1, -2)  # (kv * copies, dh, T)
+        for first, stop, keys in record_blocks(rec):
+            alpha = attention_rows(rec, first, stop, keys)  # (H, rows, keys)
+            target = part.target[first:stop].to(device)  # (rows, D): L_iᵀ h_i
+            pulled = (target @ w_o).view(stop - first, heads, -1).transpose(0, 1).contiguous()  # (H, rows, dh): (W_O^h)ᵀ L_iᵀ h_i
+            norm2 = part.norm2[first:stop].to(device)
+            dots = grouped_matmul(pulled, values[..., :keys], rec.copies).mul_(alpha)  # (H, rows, keys): α ⟨L ṽ_j, h_i⟩
+            mix = dots.sum(0).div_(norm2[:, None])
+            if rec.output.dtype == torch.float32:  # Σ_j α_ij (u_i · v_j) = u_i · z_i: the model's own z, no pass over keys
+                per_head = (pulled * rec.output[:, first:stop]).sum(-1) / norm2
+            else:
+                per_head = dots.sum(-1) / norm2
+            rows = torch.arange(stop - first, device=device)
+            mix[rows, rows + first] += part.residual[first:stop].to(device) / norm2
+            yield first, stop, mix, part.bias[first:stop].to(device) / norm2, per_head
+
+
+def mixing(analysis, layer: int, stream: Stream | None = None) -> np.ndarray:
+    """M of layer ``layer`` (docs/METHOD.md section 6.1), float32 [query, key + 1], the last column the bias; every
+    row sums to 1. ``stream``: the prompt's :func:`~cwviz.core.method.residual.record_stream` when the caller has it."""
+    layer = analysis.check_layer(layer)
+    stream = stream or record_stream(analysis.bundle, analysis.input_ids, analysis.num_tokens - 1)
+    tokens = analysis.num_tokens
+    out = np.zeros((tokens, tokens + 1), dtype=np.float32)
+    for first, stop, mix, bias, _ in _mixing_blocks(analysis, stream, layer):
+        out[first:stop, : mix.shape[1]] = mix.cpu().numpy()
+        out[first:stop, tokens] = bias.cpu().numpy()
+    return out
+
+
+def rollout(analysis, stream: Stream | None = None) -> np.ndarray:
+    """R = M^{L-1} ⋯ M^0 (docs/METHOD.md section 6.2), float32 [query, key + 1], the bias last: row i is position
+    i's signed composition from the input tokens; every row sums to 1. T³ a layer: asked for, never implied."""
+    stream = stream or record_stream(analysis.bundle, analysis.input_ids, analysis.num_tokens - 1)
+    tokens = analysis.num_tokens
+    with torch.inference_mode():
+        device = analysis.layer_device(0)
+        below = torch.eye(tokens, tokens + 1, device=device)
+        for layer in range(analysis.num_layers):
+            above = torch.zeros_like(below)
+            for first, stop, mix, bias, _ in _mixing_blocks(analysis, stream, layer):
+                mix, bias = mix.to(device), bias.to(device)
+                above[first:stop] = mix @ below[: mix.shape[1]]
+                above[first:stop, tokens] += bias
+            below = above
+    return below.cpu().numpy()
+
+
+def _resolve(analysis, position: int | None, target: int | str | None, foil: int | str | None) -> tuple[int, int | None, int | None]:
+    """The position (default: the last; an encoder's [CLS], 0), and the target and foil token ids, checked."""
+    bundle = analysis.bundle
+    causal = bundle.has_logits
+    if position is None:
+        position = analysis.num_tokens - 1 if causal else 0
+    position = analysis.check_token(position)
+    if not causal:
+        if target is not None or foil is not None:
+            raise InputError(
+                "an encoder has no next-token logits, so no target or foil can be asked of it: ask for the flow into a "
+                "position's representation instead (leave out the target and foil; choose the position, 0 is [CLS])"
+            )
+        return position, None, None
+    target, foil = (_token_id(bundle, token, name) for token, name in ((target, "target"), (foil, "foil")))
+    if foil is not None and foil == target:
+        raise InputError(f"the foil is the target (token {target}): choose another foil, or none for the target's logit alone")
+    return position, target, foil
+
+
+def _token_id(bundle, token: int | str | None, name: str) -> int | None:
+    """A token id from an id or a string that is exactly one token of the model's vocabulary (InputError otherwise)."""
+    if token is None or isinstance(token, int | np.integer):
+        size = bundle.model.get_output_embeddings().weight.shape[0]
+        if token is not None and not 0 <= int(token) < size:
+            raise InputError(f"the {name} token id {token} is outside the vocabulary 0..{size - 1}")
+        return None if token is None else int(token)
+    ids = list(bundle.tokenizer(token, add_special_tokens=False)["input_ids"])
+    if len(ids) != 1:
+        shown = [bundle.tokenizer.decode([i]) for i in ids]
+        raise InputError(
+            f"the {name} {token!r} is {len(ids)} tokens {shown}, not one: give one token (with its leading space if it has one)"
+        )
+    return ids[0]
+
+
+def _logit_direction(analysis, stream: Stream, target: int, foil: int | None) -> tuple[torch.Tensor, float, float]:
+    """(w, the final biases' part, the model's own logit difference before the soft-cap) with w = L_p^Fᵀ s (U_t − U_f)
+    [d_model] (docs/METHOD.md section 6.3)."""
+    bundle = analysis.bundle
+    arch, config = bundle.arch, bundle.model.config
+    head = bundle.model.get_output_embeddings()
+    weight = head.weight
+    scale = 1.0
+    if arch.logit_scale and getattr(config, arch.logit_scale, None) is not None:
+        scale *= float(getattr(config, arch.logit_scale))
+    if arch.logit_divisor and getattr(config, arch.logit_divisor, None) is not None:
+        scale /= float(getattr(config, arch.logit_divisor))
+    device = stream.final.device
+    unembed = weight[target].float().to(device) - (0 if foil is None else weight[foil].float().to(device))
+    unembed = scale * unembed
+    lm_bias = getattr(head, "bias", None)
+    bias_part = 0.0
+    if lm_bias is not None:
+        bias_part = scale * float(lm_bias[target] - (0 if foil is None else lm_bias[foil]))
+    uncapped = float(unembed @ stream.final_output) + bias_part  # the final output holds the norm's bias
+    norm = stream.final_norm
+    w = unembed if norm is None else norm.pullback(unembed[None])[0]
+    if norm is not None and norm.bias is not None:
+        bias_part += float(unembed @ norm.bias)
+    return w, bias_part, uncapped
+
+
+def _direct_parts(analysis, stream: Stream, w: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The direct parts toward w: attention [layer, head, key], attention bias [layer], mlp [layer], and each head's
+    write at p landed in the residual, [layer, head, d_model] (for its vocabulary)."""
+    p, layers = stream.position, analysis.num_layers
+    attention = np.zeros((layers, analysis.num_heads, analysis.num_tokens), dtype=np.float32)
+    bias, mlp, writes = np.zeros(layers, np.float32), np.zeros(layers, np.float32), []
+    with torch.inference_mode():
+        for layer in range(layers):
+            rec, part = analysis.layer_record(layer), stream.layers[layer]
+            device = analysis.layer_device(layer)
+            alpha = attention_rows(rec, p, p + 1, analysis.num_tokens)[:, 0]  # (H, T)
+            w_heads = analysis.w_heads(layer)  # (H, D, dh)
+            w_layer = part.landing.pullback(w[None].to(device))[0]  # L_p^lᵀ w
+            value = analysis.values(layer)  # (H, T, dh)
+            pulled = torch.einsum("hdk,d->hk", w_heads, w_layer)
+            attention[layer] = (alpha * torch.einsum("hk,htk->ht", pulled, value)).cpu().numpy()
+            proj = analysis.bundle.out_projections[layer]
+            b_o = getattr(proj, "bias", None)
+            bias[layer] = (0.0 if b_o is None else float(b_o.float().to(device) @ w_layer)) + (
+                0.0 if part.landing.bias is None else float(part.landing.bias @ w.to(device))
+            )
+            mlp[layer] = float(part.mlp.to(device) @ w.to(device))
+            z = torch.einsum("ht,htk->hk", alpha, value)  # (H, dh): z_p^h
+            writes.append(part.landing.apply(torch.einsum("hdk,hk->hd", w_heads, z)).cpu())  # (H, D)
+    return attention, bias, mlp, torch.stack(writes).numpy()
+
+
+def _route(analysis, stream: Stream, start: np.ndarray, direct: np.ndarray, edge_limit: int = EDGE_LIMIT) -> dict:
+    """Horner's rule down the layers (docs/METHOD.md section 6.4): v^L = ``start`` [2, T], v^l = v^{l+1} M^l + d^l.
+    Row 0 is the routed value (``direct`` d^l [layer + 1, T] added on the way), row 1 the share of p's final
+    representation (the rollout row, nothing added). Returns the node values [layer + 1, T], the bias totals [2],
+    each head's routed value [layer, head], and each layer's kept edges (at most ``edge_limit``) and total |mass|."""
+    layers, tokens = analysis.num_layers, analysis.num_tokens
+    nodes = np.zeros((layers + 1, tokens), np.float32)
+    heads = np.zeros((layers, analysis.num_heads), np.float32)
+    edges, mass = [], np.zeros(layers, np.float64)
+    vector = torch.tensor(start, dtype=torch.float32)
+    nodes[layers] = start[0]
+    bias = torch.zeros(2)
+    with torch.inference_mode():
+        for layer in reversed(range(layers)):
+            below = torch.zeros_like(vector)
+            largest = _Largest(edge_limit)
+            for first, stop, mix, col, head_rows in _mixing_blocks(analysis, stream, layer):
+                rows = vector[:, first:stop].to(mix.device)
+                below[:, : mix.shape[1]] += (rows @ mix).cpu()
+                bias += (rows @ col).cpu()
+                heads[layer] += (head_rows @ rows[0]).cpu().numpy()
+                if edge_limit:
+                    mass[layer] += largest.add(rows[0][:, None] * mix, first)  # edge (layer, j) -> (layer + 1, i)
+            vector = below + torch.tensor(np.stack([direct[layer], np.zeros(tokens, np.float32)]))
+            nodes[layer] = vector[0].numpy()
+            edges.append((layer, *largest.result()))
+    return dict(nodes=nodes, vector=vector.numpy(), bias=bias.numpy(), heads=heads, edges=edges[::-1], mass=mass)
+
+
+class _Largest:
+    """The ``limit`` largest |weight| edges of one layer, kept as its row blocks stream: a block's entries above the
+    running threshold (the limit-th largest |weight| so far) join a buffer, cut back to the limit when it doubles."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.threshold, self.size = limit, 0.0, 0
+        self.weights: list[torch.Tensor] = []
+        self.targets: list[torch.Tensor] = []
+        self.sources: list[torch.Tensor] = []
+
+    def add(self, flows: torch.Tensor, first: int) -> float:
+        """Offer a block's edges ``flows`` [rows, keys] (rows from ``first``); returns their total |weight|."""
+        size = flows.abs()
+        picked = size > self.threshold
+        where = picked.nonzero()  # (n, 2): target row, source
+        if len(where):
+            self.weights.append(flows[picked].cpu())
+            self.targets.append(where[:, 0].cpu() + first)
+            self.sources.append(where[:, 1].cpu())
+            self.size += len(where)
+            if self.size > 2 * self.limit:
+                self._cut()
+        return float(size.sum())
+
+    def _cut(self, ordered: bool = False) -> None:
+        """Keep the ``limit`` largest; sorted, largest first, when ``ordered`` (sorting is most of a cut's cost)."""
+        empty = torch.zeros(0, dtype=torch.long)
+        weights = torch.cat(self.weights) if self.weights else torch.zeros(0)
+        targets = torch.cat(self.targets) if self.targets else empty
+        sources = torch.cat(self.sources) if self.sources else empty
+        size = weights.abs()
+        order = size.topk(min(self.limit, len(weights)), sorted=ordered).indices
+        self.weights, self.targets, self.sources = [weights[order]], [targets[order]], [sources[order]]
+        self.size = len(order)
+        if self.limit and self.size == self.limit:
+            self.threshold = float(size[order].min())
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(weights, targets i, sources j), largest |weight| first."""
+        self._cut(ordered=True)
+        return self.weights[0], self.targets[0], self.sources[0]
+
+
+def flow(
+    analysis, position: int | None = None, target: int | str | None = None, foil: int | str | None = None, *, vocabulary: int = VOCABULARY
+) -> Flow:
+    """The signed flow of ``analysis``'s prompt into position ``position`` (docs/METHOD.md section 6).
+
+    A causal LM: toward logit(``target``) − logit(``foil``) at ``position`` (default: the last position, the model's
+    top next token there, no foil: the target's logit alone). ``target`` and ``foil`` are token ids or strings of one
+    token. An encoder: into the position's final representation (default 0, [CLS]); a target is refused.
+    ``vocabulary``: tokens listed per head as most promoted and suppressed (0: none).
+
+    Raises :class:`~cwviz.core.util.errors.InputError` (a target of several tokens, a foil equal to the target, a target
+    asked of an encoder), :class:`~cwviz.core.util.errors.SelectionError` (a position out of range) and
+    :class:`~cwviz.core.util.errors.UnsupportedModelError` (a derived row, whose block layout is not known).
+    """
+    position, target, foil = _resolve(analysis, position, target, foil)
+    with torch.inference_mode():
+        return _flow(analysis, position, target, foil, vocabulary, EDGE_LIMIT)
+
+
+def _flow(analysis, position: int, target: int | None, foil: int | None, vocabulary: int, edge_limit: int) -> Flow:
+    """:func:`flow` after its checks, in inference mode."""
+    stream = record_stream(analysis.bundle, analysis.input_ids, position)
+    tokens, layers = analysis.num_tokens, analysis.num_layers
+    start = np.zeros((2, tokens), np.float32)
+    start[1, position] = 1.0
+    direct = np.zeros((layers + 1, tokens), np.float32)
+    parts = None
+    if not analysis.bundle.has_logits:  # an encoder: the flow into the position's representation
+        start[0, position] = 1.0
+        logit = dict(logit_difference=float("nan"), frozen=float("nan"), norm_error=float("nan"), final_bias=0.0)
+        attention = np.zeros((layers, analysis.num_heads, tokens), np.float32)
+        vocab = None
+    else:
+        if target is None:
+            target = int(_top_token(analysis, stream))
+            if target == foil:
+                raise InputError(f"the foil (token {foil}) is the model's top next token, the default target: name another target")
+        w, final_bias, uncapped = _logit_direction(analysis, stream, target, foil)
+        attention, attn_bias, mlp, writes = _direct_parts(analysis, stream, w)
+        embedding = float(stream.embedding.to(w.device) @ w)
+        direct[:layers] = attention.sum(1)
+        direct[0, position] += embedding
+        mlp_layer = np.arange(layers) + (0 if stream.block == "parallel" else 1)  # the MLP reads h (x in a parallel block)
+        np.add.at(direct[:, position], mlp_layer, mlp)
+        start[0] = direct[layers]
+        parts = dict(embedding=embedding, attention=attention, attention_bias=attn_bias, mlp=mlp, final_bias=final_bias)
+        frozen = embedding + float(attention.sum()) + float(attn_bias.sum()) + float(mlp.sum()) + final_bias
+        logit = dict(logit_difference=_model_difference(analysis, stream, target, foil), frozen=frozen, norm_error=uncapped - frozen)
+        vocab = _head_vocabulary(analysis, stream, writes, vocabulary) if vocabulary else None
+    routed = _route(analysis, stream, start, direct, edge_limit)
+    bias_total = float(routed["bias"][0]) + (0.0 if parts is None else float(parts["attention_bias"].sum()) + parts["final_bias"])
+    decode = analysis.bundle.tokenizer.decode
+    return Flow(
+        token_strings=tuple(analysis.tokens),
+        position=position,
+        target=target,
+        foil=foil,
+        target_token=None if target is None else decode([target]),
+        foil_token=None if foil is None else decode([foil]),
+        totals=routed["vector"][0].astype(np.float32),
+        share=routed["vector"][1].astype(np.float32),
+        bias_total=bias_total,
+        share_bias=float(routed["bias"][1]),
+        nodes=routed["nodes"],
+        direct=direct,
+        head_direct=attention.sum(-1),
+        head_routed=routed["heads"],
+        attention_parts=attention,
+        other_parts=parts and {k: v for k, v in parts.items() if k != "attention"},
+        vocabulary=None if vocab is None else _vocabulary_rows(vocab, decode),
+        edge_list=tuple((layer, w.numpy(), i.numpy(), j.numpy()) for layer, w, i, j in routed["edges"]),
+        edge_mass=routed["mass"],
+        logit_difference=logit["logit_difference"],
+        frozen_logit_difference=logit["frozen"],
+        norm_error=logit["norm_error"],
+    )
+
+
+def _vocabulary_rows(vocab, decode) -> tuple[tuple, ...]:
+    """(layer, head, direction, rank, token id, token, logit) for each head's promoted and suppressed tokens."""
+    top_ids, top_logits, bottom_ids, bottom_logits = vocab
+    rows = []
+    for direction, ids, logits in (("promoted", top_ids, top_logits), ("suppressed", bottom_ids, bottom_logits)):
+        for (layer, head, rank), token in np.ndenumerate(ids):
+            rows.append((layer, head, direction, rank, int(token), decode([int(token)]), float(logits[layer, head, rank])))
+    return tuple(rows)
+
+
+def _top_token(analysis, stream: Stream) -> int:
+    """The model's top next token at p."""
+    with torch.inference_mode():
+        return int(_own_logits(analysis, stream).argmax())
+
+
+def _model_difference(analysis, stream: Stream, target: int, foil: int | None) -> float:
+    """The model's own logit difference at p (after the family's scaling and any soft-cap)."""
+    logits = _own_logits(analysis, stream)
+    return float(logits[target] - (0 if foil is None else logits[foil]))
+
+
+def _own_logits(analysis, stream: Stream) -> torch.Tensor:
+    """The model's own logits at p [vocab], float32: its output layer, scaling and soft-cap on the final output."""
+    device = analysis.bundle.model.get_output_embeddings().weight.device
+    with torch.inference_mode():
+        return analysis.bundle.output_logits(stream.final_output[None].to(device))[0].float()
+
+
+def _head_vocabulary(analysis, stream: Stream, writes: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each head's write at p read through the frozen final norm and the output layer: the ids and logits of its
+    ``count`` most promoted and most suppressed tokens, each [layer, head, count]."""
+    with torch.inference_mode():
+        weight = analysis.bundle.model.get_output_embeddings().weight
+        flat = torch.from_numpy(writes.reshape(-1, writes.shape[-1]))
+        if stream.final_norm is not None:
+            norm = stream.final_norm
+            flat = type(norm)(norm.scale.cpu().expand(flat.shape[0]), norm.gain.cpu(), None, norm.centred).apply(flat)
+        logits = flat.to(weight.device) @ weight.float().T  # (layer * head, vocab)
+        top, bottom = logits.topk(count, -1), logits.topk(count, -1, largest=False)
+    shape = (*writes.shape[:2], count)
+    return tuple(x.reshape(shape).cpu().numpy() for x in (top.indices, top.values, bottom.indices, bottom.values))
+
+
+def token_totals(analysis, position: int, target: int | str, foil: int | str | None = None) -> np.ndarray:
+    """Each input token's signed total toward logit(target) − logit(foil) at ``position`` (docs/METHOD.md section
+    6.4), float32 numpy [T]: Σ_k totals_k plus the bias's total is the frozen-norm logit difference. ``target`` and
+    ``foil`` are token ids or one-token strings. The causal evaluation compares these with interventions."""
+    position, target, foil = _resolve(analysis, position, target, foil)
+    if target is None:
+        raise InputError(
+            "token_totals needs a target token (an encoder has none: its flow into a representation is flow(analysis, position).totals)"
+        )
+    with torch.inference_mode():
+        return _flow(analysis, position, target, foil, 0, 0).totals  # no vocabulary, no graph: the totals alone

@@ -1,0 +1,50 @@
+"""Token knockout: input tokens removed from every layer at once, and the logits at the last position
+(docs/METHOD.md section 6.6).
+
+Removing token k zeroes its value, hence its projected value ṽ_k^h in every head, for every query in every layer
+(:class:`cwviz.core.method.interventions.KeepKeys` with keep weight 0 in key column k, the attention knockout of section 3
+applied to a whole column). Attention probabilities are not renormalised; the residual stream at position k itself
+stays. Each batch row removes its own set of tokens, so one forward pass runs many knockouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..loading.models import Bundle
+from ..util.errors import InputError
+from .capture import forward_pass
+from .interventions import KeepKeys
+
+
+def removal_masks(removed: Sequence[Sequence[int]], num_tokens: int) -> torch.Tensor:
+    """Keep weights [batch, 1, 1, key] (float32, broadcast over heads and queries): row b is 0 in the columns of
+    ``removed[b]`` and 1 elsewhere. InputError for a position outside 0 .. ``num_tokens`` - 1."""
+    keep = torch.ones(len(removed), 1, 1, num_tokens)
+    for row, positions in enumerate(removed):
+        positions = list(positions)
+        if any(not 0 <= p < num_tokens for p in positions):
+            raise InputError(f"a removed token lies outside the prompt's tokens 0..{num_tokens - 1}: {positions}")
+        keep[row, 0, 0, positions] = 0.0
+    return keep
+
+
+def last_logits(bundle: Bundle, input_ids: Sequence[int], removed: Sequence[Sequence[int]], batch_size: int = 8) -> torch.Tensor:
+    """The logits at the last position, float32 [len(removed), vocab] on the CPU, of ``input_ids`` with the tokens of
+    each ``removed[b]`` knocked out in every layer (an empty set: the clean pass), ``batch_size`` rows a pass.
+
+    Only the last position goes through the output layer: a [batch, T, vocab] tensor never exists (Gemma's
+    vocabulary is 262,144 wide)."""
+    if batch_size < 1:
+        raise InputError(f"the batch size must be at least 1, not {batch_size}")
+    ids = torch.tensor([list(input_ids)])  # (1, T)
+    out = []
+    for start in range(0, len(removed), batch_size):
+        chunk = removed[start : start + batch_size]
+        keep = KeepKeys({}, default=removal_masks(chunk, ids.shape[1]))
+        with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=keep):
+            hidden = bundle.final_hidden(ids.expand(len(chunk), -1))  # (B, T, d_model)
+            out.append(bundle.output_logits(hidden[:, -1]).float().cpu())  # (B, vocab)
+    return torch.cat(out) if out else torch.zeros(0, 0)
