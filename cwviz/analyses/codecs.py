@@ -32,6 +32,7 @@ import pandas as pd
 
 from ..core.util.errors import InputError
 from . import faithfulness
+from .codec import COUNT, NAMES, NUMBERS, Codec, agrees, data_count, in_range, model_settings, same_length
 from .records import (
     FLAG,
     INT,
@@ -48,76 +49,6 @@ from .records import (
 )
 from .schema import ATLAS_METRICS, FLOW_MIN_TOKENS, RANK_SCOPES
 from .sinks import TABLE_COLUMNS
-
-_COUNT: Field = (lambda v: is_int(v) and v >= 1, "a positive integer")
-_NUMBERS: Field = (list_of(is_number), "a list of numbers")
-_NAMES: Field = (list_of(lambda v: isinstance(v, str)), "a list of names")
-
-
-def _data_count(key: str) -> Field:
-    """The manifest's ``data`` object, with its positive ``key`` count (the run's examples or prompts)."""
-    return (lambda v: isinstance(v, dict) and _COUNT[0](v.get(key)), f"an object with its '{key}' count")
-
-
-def model_settings(provenance: dict) -> dict:
-    """What of the model's provenance (:func:`cwviz.core.util.parallel.model_provenance`) decides the numbers (not the device)."""
-    return {k: provenance[k] for k in ("id", "architecture", "revision", "weights_sha256", "dtype")}
-
-
-def _same_length(columns: dict, where: str, fix: str) -> None:
-    if len({len(v) for v in columns.values()}) > 1:
-        raise InputError(f"{where}: its columns differ in length (a cut or edited record); {fix}")
-
-
-#: Room for rounding at a range's ends (a share summed in float32 may reach 1 + 1e-7).
-SLACK = 1e-5
-
-
-def in_range(values, low: float, high: float, where: str, name: str, fix: str, nan: bool = False, what: str = "") -> None:
-    """InputError naming ``where`` and ``name`` unless every value (one, or a list) lies in [low, high] (within
-    :data:`SLACK`) and is finite; with ``nan``, NaN is allowed too (a statistic with no row to average), and so is an
-    infinite bound reached (a perplexity that overflowed)."""
-    for value in values if isinstance(values, list) else [values]:
-        if math.isnan(value) or math.isinf(value):
-            if nan and (math.isnan(value) or value in (low, high)):
-                continue
-        elif low - SLACK <= value <= high + SLACK:
-            continue
-        span = f"from {low:g} to {high:g}" if high != math.inf else f"{low:g} or more"
-        raise InputError(f"{where}: {name!r} must be {what or 'a number'} {span}{' or NaN' if nan else ''}, not {shown(value)}; {fix}")
-
-
-def agrees(stated: float, computed: float) -> bool:
-    """Does a stored result equal what its own fields give (NaN where they give NaN)? The tolerance covers only the
-    rounding of one float64 subtraction: the record holds the operands as written."""
-    if math.isnan(computed) or math.isnan(stated):
-        return math.isnan(computed) and math.isnan(stated)
-    return math.isclose(stated, computed, rel_tol=1e-9, abs_tol=1e-12)
-
-
-class Codec:
-    """What every record type has; a type with no check beyond its fields' types keeps these (module docstring)."""
-
-    name: str
-    payload: dict[str, Field]
-    manifest_fields: dict[str, Field]
-
-    @property
-    def schema(self) -> str:
-        return f"cwviz.{self.name}.record"
-
-    def validate(self, record: dict, where: str, fix: str) -> None:
-        """Nothing beyond the fields' types (:data:`payload`)."""
-
-    def validate_run(self, records: list[dict], manifest: dict | None, folder: Path, fix: str) -> None:
-        """Nothing beyond one fingerprint and one text per example (:func:`cwviz.analyses.records.check_one_run`)."""
-
-    def describe(self, records: list[dict]) -> str:
-        return ""
-
-    def __repr__(self) -> str:
-        return f"<codec {self.name}>"
-
 
 # -- faithfulness (and multiple-choice tasks) ------------------------------------------------------------
 #: The keys and types of one masked run of a faithfulness record.
@@ -143,7 +74,7 @@ class FaithfulnessCodec(Codec):
         "correct_clean": (optional(is_int), "an integer or null"),
         "runs": (list_of(lambda v: isinstance(v, dict)), "a list of runs"),
     }
-    manifest_fields = {"fingerprint": TEXT, "seed": INT, "rates": _NUMBERS, "measures": _NAMES, "data": _data_count("examples")}
+    manifest_fields = {"fingerprint": TEXT, "seed": INT, "rates": NUMBERS, "measures": NAMES, "data": data_count("examples")}
 
     def settings(self, protocol, provenance: dict, task: str = "text") -> dict:
         """What decides a record's numbers: the protocol (not its batch size), the model, the task. The query rank
@@ -334,7 +265,7 @@ class SinksCodec(Codec):
         tokens = len(record["tokens"])
         if not 0 <= record["sink"] < tokens or any(not 0 <= q < tokens for q in columns["query"]):
             raise InputError(f"{where}: its sink or queries lie outside its {tokens} tokens; {fix}")
-        _same_length(columns, where, fix)
+        same_length(columns, where, fix)
         for name in ("layer", "head", "other_keys"):
             in_range(columns[name], 0, math.inf, f"{where}, table", name, fix, what="a count")
         for name in ("sink_ratio", "learned_sink_share"):  # shares of a head's attention
@@ -378,10 +309,10 @@ class AtlasCodec(Codec):
     }
     manifest_fields = {
         "fingerprint": TEXT,
-        "bootstrap": _COUNT,
+        "bootstrap": COUNT,
         "confidence": (lambda v: is_number(v) and 0 < v < 1, "a number between 0 and 1"),
         "seed": INT,
-        "data": _data_count("prompts"),
+        "data": data_count("prompts"),
     }
 
     def settings(self, sink: int, provenance: dict) -> dict:
@@ -400,7 +331,7 @@ class AtlasCodec(Codec):
     def validate(self, record: dict, where: str, fix: str) -> None:
         """Columns of one length; counts ≥ 0; the attention and negative shares in [0, 1], the divergence and norm ≥ 0,
         the cosine in [-1, 1] or NaN (no query saw the sink); the contribution share (signed weights) finite."""
-        _same_length({k: record[k] for k in ("layer", "head", *ATLAS_METRICS)}, where, fix)
+        same_length({k: record[k] for k in ("layer", "head", *ATLAS_METRICS)}, where, fix)
         in_range(record["tokens"], 1, math.inf, where, "tokens", fix, what="a count")
         for name in ("layer", "head"):
             in_range(record[name], 0, math.inf, where, name, fix, what="an index")
@@ -459,7 +390,7 @@ class ClaimsCodec(Codec):
         "faithfulness": ((lambda v: isinstance(v, dict)), "an object of rank scopes"),
         "sinks": ((lambda v: isinstance(v, dict)), "an object of statistics"),
     }
-    manifest_fields = {"fingerprint": TEXT, "seed": INT, "rates": _NUMBERS, "scopes": _NAMES, "data": _data_count("examples")}
+    manifest_fields = {"fingerprint": TEXT, "seed": INT, "rates": NUMBERS, "scopes": NAMES, "data": data_count("examples")}
 
     def settings(self, protocol, scopes: Sequence[str], sink, provenance: dict) -> dict:
         """What decides a record's numbers: the protocol (not its batch size or scope), the scopes, the sink, the model."""
@@ -524,8 +455,8 @@ FLOW_ITEM: dict[str, Field] = {
     "ld_clean": NUMBER,
     "logp_clean": NUMBER,
     "full_drop": NUMBER,
-    "effects": _NUMBERS,
-    "logp_effects": _NUMBERS,
+    "effects": NUMBERS,
+    "logp_effects": NUMBERS,
     "scores": _SCORES,
     "random_scores": (list_of(list_of(is_number)), "a list of score lists"),
     "curves": _CURVES,
@@ -538,7 +469,7 @@ class FlowFaithfulnessCodec(Codec):
 
     name = "flow_faithfulness"
     payload = {"skipped": FLAG, "tokens": INT}
-    manifest_fields = {"fingerprint": TEXT, "seed": INT, "data": _data_count("examples")}
+    manifest_fields = {"fingerprint": TEXT, "seed": INT, "data": data_count("examples")}
 
     def settings(self, max_tokens: int, draws: int, seed: int, rates, tie_tolerance: float, version: int, provenance: dict) -> dict:
         """What decides a record's numbers: the cap, the random draws and seed, the rates, the tie rule, the record's

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..analyses import faithfulness, flow_faithfulness, records, sweep
+from ..analyses import faithfulness, flow_faithfulness, sweep
 from ..analyses.codecs import FLOW_FAITHFULNESS
 from ..core.util.errors import InputError
 from ..core.util.parallel import model_provenance
@@ -60,9 +60,7 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     provenance = model_provenance(bundle)
     settings = settings_of(args, provenance)
     data = {"jsonl": str(jsonl_path(args)), "examples": len(texts)}
-    made = run_manifest(
-        args, FLOW_FAITHFULNESS, records.fingerprint(settings), provenance, procs.count, seed=args.seed, settings=settings, data=data
-    )
+    made = run_manifest(args, FLOW_FAITHFULNESS, settings, provenance, procs.count, seed=args.seed, data=data)
     plan = sweep.Sweep(FLOW_FAITHFULNESS, settings, texts, args.results / flow_faithfulness.RECORDS_FOLDER, made)
 
     def compute(index: int) -> dict:
