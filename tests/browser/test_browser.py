@@ -27,7 +27,7 @@ import os
 import time
 import urllib.request
 from pathlib import Path
-from urllib.parse import parse_qs, urlencode, urlparse
+from urllib.parse import parse_qs, urlencode, urljoin, urlparse
 
 import pytest
 
@@ -657,7 +657,7 @@ def test_atlas_runs_draws_its_map_and_links_a_prompt_to_its_heatmaps(server, bro
 
         text = read_texts(gsm8k_path(), n=1)[0]
         link = atlas_services.heatmaps_link(services.Request(device="auto", dtype="auto"), text, 19, 3)
-        page.goto(server + link)
+        page.goto(urljoin(server + "/", link))  # a relative link, as the page writes it
         _settle(page, 3)
         _assert_no_error_text(page)
         assert page.get_by_text("layer 19, head 3;").count() >= 1  # the maps' caption
