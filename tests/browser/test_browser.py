@@ -553,25 +553,33 @@ CHART_EDGES_JS = """
 """
 
 
-@pytest.mark.parametrize("name, charts", [("heatmaps", 3), ("token", 2), ("compare", 3)])
-def test_at_a_laptops_width_every_chart_stays_inside_the_page(server, browser, name, charts):
-    """At 1,366 x 768 with the sidebar open, the default prompt's heatmap pair, the token page's factor panels and
-    the compare page's maps lie inside the page's content column: nothing a user must scroll sideways to find."""
-    page = browser.new_page(viewport=LAPTOP)
+@contextlib.contextmanager
+def _settled_page(browser, server: str, name: str, charts: int, viewport: dict):
+    """Page ``name`` in a new tab at ``viewport``, drawn (``charts`` charts) and free of error text; closed, and its
+    console checked, after the block."""
+    page = browser.new_page(viewport=viewport)
     watch = Watch(page)
     try:
         page.goto(_url(server, name))
         _settle(page, charts)
         _assert_no_error_text(page)
+        yield page
+    finally:
+        page.close()
+    watch.check()
+
+
+@pytest.mark.parametrize("name, charts", [("heatmaps", 3), ("token", 2), ("compare", 3)])
+def test_at_a_laptops_width_every_chart_stays_inside_the_page(server, browser, name, charts):
+    """At 1,366 x 768 with the sidebar open, the default prompt's heatmap pair, the token page's factor panels and
+    the compare page's maps lie inside the page's content column: nothing a user must scroll sideways to find."""
+    with _settled_page(browser, server, name, charts, LAPTOP) as page:
         edges = page.evaluate(CHART_EDGES_JS)
         assert len(edges["charts"]) >= charts
         assert max(edges["charts"]) <= edges["content"] + 1, (
             f"{name}: a chart ends at {max(edges['charts']):.0f} px, the page at {edges['content']:.0f}"
         )
         page.screenshot(path=str(ARTIFACTS / f"laptop-{name}.png"))
-    finally:
-        page.close()
-    watch.check()
 
 
 def test_clicking_a_head_in_the_overview_selects_it(server, browser):
@@ -852,12 +860,7 @@ EDGES_JS = """
 def test_at_a_projectors_width_every_chart_and_button_lies_inside_the_window(server, browser, name, charts):
     """At 1,280 x 720 with the sidebar open, every chart and every button of each page ends inside the window, and
     no button's label is cut short (the Sinks page's downloads read "P.", "S.", "C." in a half column)."""
-    page = browser.new_page(viewport=PROJECTOR)
-    watch = Watch(page)
-    try:
-        page.goto(_url(server, name))
-        _settle(page, charts)
-        _assert_no_error_text(page)
+    with _settled_page(browser, server, name, charts, PROJECTOR) as page:
         edges = page.evaluate(EDGES_JS)
         assert len(edges["charts"]) >= charts
         assert all(right <= PROJECTOR["width"] for right in edges["charts"]), (name, edges["charts"])
@@ -865,9 +868,6 @@ def test_at_a_projectors_width_every_chart_and_button_lies_inside_the_window(ser
         cut = [b["text"] for b in edges["buttons"] if b["cut"]]
         assert not outside and not cut, (name, outside, cut)
         page.screenshot(path=str(ARTIFACTS / f"projector-{name}.png"), full_page=True)
-    finally:
-        page.close()
-    watch.check()
 
 
 def _researcher_prompt() -> str:
