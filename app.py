@@ -11,6 +11,7 @@ st.set_page_config(page_title="cwviz — contribution weights", layout="wide")
 
 pages = [
     st.Page("views/heatmaps.py", title="Heatmaps", default=True),
+    st.Page("views/flow.py", title="Flow"),
     st.Page("views/tour.py", title="Tour"),
     st.Page("views/token.py", title="Token"),
     st.Page("views/bertviz_view.py", title="bertviz"),

@@ -1,8 +1,8 @@
 """Links to a dashboard page on a given selection: the URL parameters each page reads, as a relative URL.
 
 A link opened in a new tab starts a fresh session, which reads the sidebar's parameters (:data:`cwviz.app.state.URL_KEYS`)
-and each page picker's own (``measure``, ``kind`` on Heatmaps; ``token_kind`` on Token; ``sink``, ``lambda``, ``scope``
-on Sinks): so a link restores the whole view. The URL is relative to the page showing it, so it works under any
+and each page picker's own (``measure``, ``kind`` on Heatmaps; ``flow_at``, ``target``, ``foil_on``, ``foil``, ``share`` on
+Flow; ``token_kind`` on Token; ``sink``, ``lambda``, ``scope`` on Sinks): so a link restores the whole view. The URL is relative to the page showing it, so it works under any
 server base path.
 """
 
@@ -16,7 +16,7 @@ from .state import PRESENTER, presenter
 
 #: Each page's URL path, relative to the page showing the link: ``st.Page`` infers it from the script's name, and
 #: serves the default page (Heatmaps, in app.py) at the app's root only ("heatmaps" gives "Page not found").
-PAGES = {"heatmaps": "./", "token": "token", "sinks": "sinks"}
+PAGES = {"heatmaps": "./", "flow": "flow", "token": "token", "sinks": "sinks"}
 
 
 def selection_params(request: Request, layer: int, head: int | None, query: int | None) -> dict[str, str]:

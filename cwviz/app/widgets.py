@@ -11,6 +11,7 @@ import streamlit as st
 
 from ..analyses.schema import HeatmapCells
 from ..charts import heatmaps
+from ..charts.flow import NODE_PICK
 from ..charts.heatmaps import PICK, QUERY_PICK
 from . import services
 from .sidebar import Selection
@@ -151,6 +152,16 @@ def query_chart(chart_obj, frame, name: str, key: str) -> None:
     picked = _picked(chart_obj, frame, name, key, QUERY_PICK)
     if picked and "query_position" in picked:
         select(query=int(picked["query_position"]))
+
+
+def node_graph(chart_obj, data, name: str, key: str, layers: int) -> None:
+    """Show the Flow page's graph; a clicked node (layer, position) selects that layer and query token in the sidebar
+    (the final residual, drawn as layer ``layers``, selects the last layer)."""
+    picked = _picked(chart_obj, data, name, key, NODE_PICK)
+    if picked and "layer" in picked and "position" in picked:
+        layer = min(int(picked["layer"]), layers - 1)
+        toast_next_run(f"Selected layer {layer} and query token {int(picked['position'])}: Heatmaps and Token open there.")
+        select(layer=layer, query=int(picked["position"]))
 
 
 def query_heatmaps(

@@ -11,10 +11,12 @@ Pure: no torch. Red adds to the target (or to the representation), blue subtract
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import altair as alt
 import pandas as pd
 
-from .heatmaps import contribution_scale, label_expr, wrap
+from .heatmaps import contribution_scale, head_pick, label_expr, outline, wrap
 from .token import NEGATIVE_COLOUR, POSITIVE_COLOUR
 
 #: Width (px) of the token bars and of the graph; the head map's cells.
@@ -51,14 +53,14 @@ def token_totals(tokens: pd.DataFrame, value: str = "total", title: str = "each 
     )
 
 
-def head_map(heads: pd.DataFrame, value: str = "direct", title: str = "each head's direct part") -> alt.Chart:
+def head_map(heads: pd.DataFrame, value: str = "direct", title: str | None = "each head's direct part") -> alt.Chart:
     """The layer x head map of ``value`` on the maps' signed symmetric-log scale (red adds, blue subtracts)."""
     scale, rule = contribution_scale(heads[value], colour_range="full")
     tooltip = [alt.Tooltip("layer:O"), alt.Tooltip("head:O"), alt.Tooltip(f"{value}:Q", format="+.4f")]
     tooltip += [alt.Tooltip(f"{c}:N") for c in ("promoted", "suppressed") if c in heads.columns]
     layers, count = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
     return (
-        alt.Chart(heads, title=title)
+        (alt.Chart(heads, title=title) if title else alt.Chart(heads))
         .mark_rect()
         .encode(
             x=alt.X("head:O", title="head"),
@@ -122,3 +124,203 @@ def flow_chart(
         alt.hconcat(head_map(heads, head_value, f"each head's {head_value} part"), flow_graph(nodes, edges)),
         title=alt.TitleParams(wrap(note, 110), anchor="start"),
     ).resolve_scale(color="independent", size="independent", strokeWidth="independent")
+
+
+# -- the Flow page (docs/dashboard.md): the pruned graph beside the tokens' totals ------------------------------
+#: The page's graph: plot width and height (px), the most edges it draws, the most input positions across it.
+PAGE_WIDTH, PAGE_HEIGHT = 440, 270
+EDGE_CAP = 300
+PAGE_POSITIONS = 32
+#: An edge's width (px) from the smallest |weight| drawn to the largest: a small negative edge still reads as blue.
+EDGE_WIDTHS = (1.5, 7.0)
+#: Rows of the totals' bars: every input token up to this many, else the ones with the largest |total|.
+TOTAL_ROWS = 20
+#: The click selection of a node of the graph; the page passes it to Streamlit as ``selection_mode``.
+NODE_PICK = "node_pick"
+
+
+@dataclass(frozen=True)
+class Graph:
+    """What the page's graph draws. ``nodes``: ``layer, position, label, token, value, direct, sign, size``;
+    ``edges``: ``layer, source, target, weight, top, source_label, target_label, sign, size`` (the edge (layer,
+    source) → (layer + 1, target)). ``pruned`` and ``pruned_mass``: the edges of the pruned table and their |mass|;
+    ``mass``: the |mass| of every edge of every layer (the share the drawn edges carry is ``drawn_mass / mass``)."""
+
+    nodes: pd.DataFrame
+    edges: pd.DataFrame
+    pruned: int
+    pruned_mass: float
+    drawn_mass: float
+    mass: float
+
+    @property
+    def capped(self) -> bool:
+        """Whether edges of the pruned table were left out (the cap, or positions beyond :data:`PAGE_POSITIONS`)."""
+        return len(self.edges) < self.pruned
+
+
+def _sign(values: pd.Series) -> pd.Series:
+    return (values >= 0).map({True: "adds", False: "subtracts"})
+
+
+def graph_tables(
+    nodes: pd.DataFrame,
+    edges: pd.DataFrame,
+    tokens: pd.DataFrame,
+    mass: float,
+    position: int,
+    cap: int = EDGE_CAP,
+    positions: int = PAGE_POSITIONS,
+) -> Graph:
+    """The graph the page draws from the flow's pruned edges (``Flow.edges(share)``) and nodes (``Flow.node_table``).
+
+    Of the positions the pruned edges touch, the ``positions`` that carry the most |weight| (``position``, the
+    prediction's, always among them); of the edges among those, the ``cap`` largest |weight|; the nodes are those
+    edges' ends and the prediction's node at the top. ``tokens``: ``position, token``; ``mass``: Σ |weight| over
+    every edge of every layer (``Flow.edge_mass.sum()``)."""
+    token = dict(zip(tokens["position"], tokens["token"], strict=True))
+    size = edges["weight"].abs()
+    touched = pd.concat([size.groupby(edges["source"]).sum(), size.groupby(edges["target"]).sum()]).groupby(level=0).sum()
+    keep = set(touched.drop(position, errors="ignore").nlargest(max(positions - 1, 0)).index) | {position}
+    inside = edges[edges["source"].isin(keep) & edges["target"].isin(keep)]
+    drawn = inside.loc[inside["weight"].abs().sort_values(ascending=False, kind="stable").index[:cap]]
+    drawn = drawn.iloc[::-1].reset_index(drop=True)  # the largest drawn last, on top
+    label = {p: f"{p} {token[p]}" for p in keep}
+    drawn = drawn.assign(
+        top=drawn["layer"] + 1,
+        source_label=drawn["source"].map(label),
+        target_label=drawn["target"].map(label),
+        sign=_sign(drawn["weight"]),
+        size=drawn["weight"].abs(),
+    )
+    top = int(nodes["layer"].max())
+    ends = pd.concat(
+        [
+            drawn[["layer", "source"]].set_axis(["layer", "position"], axis=1),
+            drawn[["top", "target"]].set_axis(["layer", "position"], axis=1),
+        ]
+    )
+    ends = pd.concat([ends, pd.DataFrame({"layer": [top], "position": [position]})]).drop_duplicates()
+    picked = nodes.merge(ends, on=["layer", "position"]).sort_values(["layer", "position"], ignore_index=True)
+    picked = picked.assign(
+        label=picked["position"].map(label),
+        token=picked["position"].map(token),
+        sign=_sign(picked["value"]),
+        size=picked["value"].abs(),
+    )
+    return Graph(
+        nodes=picked,
+        edges=drawn,
+        pruned=len(edges),
+        pruned_mass=float(size.sum()),
+        drawn_mass=float(drawn["size"].sum()),
+        mass=float(mass),
+    )
+
+
+def _axis_order(graph: Graph) -> list[str]:
+    """The x axis's labels: the graph's positions in the text's order."""
+    ordered = graph.nodes.drop_duplicates("position").sort_values("position")
+    return list(ordered["label"])
+
+
+def route_graph(
+    graph: Graph, layers: int, title: str, label_px: int = 12, height: int = PAGE_HEIGHT, width: int = PAGE_WIDTH
+) -> alt.LayerChart:
+    """The page's graph: the input positions across the bottom (labelled ``"12 token"``), the layers upward (0: the
+    embedding entering layer 0; ``layers``: the final residual, where the prediction is read), a rule per edge of
+    ``graph`` coloured by its sign (red adds, blue subtracts) and as wide as its |weight|, and a circle per node
+    (its value's sign and size). A click on a node is the selection :data:`NODE_PICK` (fields ``layer, position``)."""
+    order = _axis_order(graph)
+    x_scale = alt.Scale(type="point", domain=order, padding=0.5)
+    y_scale = alt.Scale(domain=[0, layers], nice=False, zero=False)
+    x_axis = alt.Axis(labelAngle=-60, labelLimit=90, labelFontSize=label_px, labelOverlap=False)
+    y_axis = alt.Axis(values=list(range(0, layers + 1, 5 if layers > 12 else 1)), labelFontSize=label_px)
+    colour = alt.Color(
+        "sign:N",
+        scale=alt.Scale(domain=["adds", "subtracts"], range=[POSITIVE_COLOUR, NEGATIVE_COLOUR]),
+        legend=alt.Legend(
+            title=None, orient="top", labelFontSize=label_px, labelExpr="datum.label == 'adds' ? 'adds (red)' : 'subtracts (blue)'"
+        ),
+    )
+    lines = (
+        alt.Chart(graph.edges)
+        .mark_rule(opacity=0.85, strokeCap="round")
+        .encode(
+            x=alt.X("source_label:N", title=None, scale=x_scale, axis=x_axis),
+            x2="target_label:N",
+            y=alt.Y("layer:Q", title="layer", scale=y_scale, axis=y_axis),
+            y2="top:Q",
+            color=colour,
+            strokeWidth=alt.StrokeWidth("size:Q", scale=alt.Scale(range=list(EDGE_WIDTHS), zero=False), legend=None),
+            tooltip=[
+                alt.Tooltip("layer:O", title="from layer"),
+                alt.Tooltip("source_label:N", title="from"),
+                alt.Tooltip("target_label:N", title="to"),
+                alt.Tooltip("weight:Q", format="+.4f"),
+            ],
+        )
+    )
+    pick = alt.selection_point(name=NODE_PICK, fields=["layer", "position"], on="click", clear=False)
+    points = (
+        alt.Chart(graph.nodes)
+        .mark_circle(opacity=1, stroke="#31333f", strokeWidth=0.6)
+        .encode(
+            x=alt.X("label:N", scale=x_scale, axis=x_axis, title=None),
+            y=alt.Y("layer:Q", scale=y_scale, axis=y_axis, title="layer"),
+            color=colour,
+            size=alt.Size("size:Q", scale=alt.Scale(range=[30, 260]), legend=None),
+            tooltip=[
+                alt.Tooltip("layer:O"),
+                alt.Tooltip("position:O"),
+                alt.Tooltip("token:N"),
+                alt.Tooltip("value:Q", format="+.4f", title="value through it"),
+                alt.Tooltip("direct:Q", format="+.4f", title="written here directly"),
+            ],
+        )
+        .add_params(pick)
+    )
+    return (
+        alt.layer(lines, points, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 1))
+        .resolve_scale(strokeWidth="independent", size="independent")
+        .properties(width=width, height=height)
+    )
+
+
+def total_rows(tokens: pd.DataFrame, value: str = "total", rows: int = TOTAL_ROWS) -> pd.DataFrame:
+    """The rows the totals' bars draw: every input token up to ``rows``, else the ``rows`` largest |``value``|; in
+    the text's order, with ``label`` (``"12 token"``) and ``sign``."""
+    shown = tokens if len(tokens) <= rows else tokens.loc[tokens[value].abs().nlargest(rows).index]
+    shown = shown.sort_values("position")
+    labels = [f"{p} {t}" for p, t in zip(shown["position"], shown["token"], strict=True)]
+    return shown[["position", "token", value]].assign(label=labels, sign=_sign(shown[value])).reset_index(drop=True)
+
+
+def totals_bars(rows: pd.DataFrame, title: str, value: str = "total", label_px: int = 12, width: int = 150, bar: int = 13) -> alt.Chart:
+    """Horizontal bars of :func:`total_rows` (one a token, top to bottom in the text's order), red adding and blue
+    subtracting, on a zero line."""
+    colour = alt.Color("sign:N", scale=alt.Scale(domain=["adds", "subtracts"], range=[POSITIVE_COLOUR, NEGATIVE_COLOUR]), legend=None)
+    bars = (
+        alt.Chart(rows)
+        .mark_bar()
+        .encode(
+            y=alt.Y("label:N", sort=list(rows["label"]), title=None, axis=alt.Axis(labelLimit=110, labelFontSize=label_px)),
+            x=alt.X(f"{value}:Q", title=value, axis=alt.Axis(labelFontSize=label_px, tickCount=3)),
+            color=colour,
+            tooltip=[alt.Tooltip("position:O"), alt.Tooltip("token:N"), alt.Tooltip(f"{value}:Q", format="+.4f")],
+        )
+    )
+    zero = alt.Chart(pd.DataFrame({"zero": [0.0]})).mark_rule(color="#31333f").encode(x="zero:Q")
+    height = max(bar * len(rows), 60)
+    return alt.layer(bars, zero, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 1)).properties(width=width, height=height)
+
+
+def head_pick_map(heads: pd.DataFrame, value: str, layer: int | None, head: int | None, title: str) -> alt.LayerChart:
+    """:func:`head_map` as the page draws it: a click on a cell is the selection ``pick`` (fields ``layer, head``, as on
+    every layer x head grid), and the head ``(layer, head)`` is outlined (``head`` None: nothing is)."""
+    cells = head_map(heads, value, title=None).add_params(head_pick())
+    drawn = [cells]
+    if layer is not None and head is not None:
+        ring = pd.DataFrame({"layer": [layer], "head": [head]})
+        drawn.append(outline(ring).encode(y=alt.Y("layer:O", sort="descending")))
+    return alt.layer(*drawn, title=alt.TitleParams(title, anchor="start"))
