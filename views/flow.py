@@ -32,18 +32,13 @@ causal = analysis.info.causal
 last = analysis.num_tokens - 1
 tokens = analysis.tokens
 
-if causal:
-    st.markdown(
-        "Which input tokens carried the model's next-token prediction, through which layers, and which worked against "
-        "it: **red adds** to the target token, **blue subtracts**; click a node to select its layer and token."
-    )
-else:
-    st.markdown(
-        f"{analysis.info.id} is an encoder: it predicts no next token, so this page shows what one position's final "
-        "representation is made of ([CLS], position 0, unless you choose another): **red adds**, **blue subtracts**."
-    )
-with st.expander("How to read the graph"):
-    st.markdown(MORE)
+st.markdown(
+    "Which input tokens carried the model's next-token prediction through the layers, and which worked against it: "
+    "**red adds** to the target, **blue subtracts**; click a node to select its layer and token."
+    if causal
+    else f"{analysis.info.id} is an encoder and predicts no next token: this is what one position's final "
+    "representation is made of ([CLS] unless you choose another); **red adds**, **blue subtracts**."
+)
 
 at_col, target_col, foil_col, share_col = st.columns([3, 3, 3, 3], vertical_alignment="bottom")
 with at_col:
@@ -60,13 +55,14 @@ with share_col:
     share = url_widget(
         st.slider,
         "share",
-        "Edges kept (share of each layer's |mass|)",
+        "Edges kept",
         0.8,
         parse=float,
         valid=lambda v: 0.05 <= v <= 1.0,
         min_value=0.05,
         max_value=1.0,
         step=0.05,
+        help="Each layer keeps its largest edges until they hold this share of its |mass| (Σ |weight|).",
     )
 target, foil = "", None
 if causal:
@@ -93,10 +89,6 @@ if causal:
             help="The flow of logit(target) − logit(foil): what favours the target over this token. Empty: the next most likely token.",
         )
         foil = foil_text if foil_on else None
-    st.caption(
-        "The model's most likely next tokens: "
-        + ", ".join(f"{token!r} {p:.0%}" for token, p in zip(top["token"], top["probability"], strict=True))
-    )
 
 choice = flow_services.choose(sel.request, position, target, foil)
 for problem in choice.problems:
@@ -116,6 +108,27 @@ else:
         f"(the model's own {result.logit_difference:+.3f}; frozen-norm error {result.norm_error:+.1e}): the tokens' "
         f"totals and the biases' {result.bias_total:+.3f} sum to it"
     )
+px = widgets.label_px()
+graph_col, totals_col = st.columns([13, 6], gap="small")
+with graph_col:
+    title = f"{'Signed flow' if not result.encoder else 'Signed composition'} {what} (click a node)"
+    widgets.node_graph(
+        charts.route_graph(graph, analysis.num_layers, title, label_px=px, **charts.page_sizes(px)),
+        graph.edges,
+        f"cwviz-flow-graph-{result.position}",
+        key="flow_graph",
+        layers=analysis.num_layers,
+    )
+with totals_col:
+    rows = charts.total_rows(result.tokens, value, charts.total_row_count(px))
+    some = "every token" if len(rows) == len(result.tokens) else f"the {len(rows)} largest of {len(result.tokens)}"
+    widgets.chart(
+        charts.totals_bars(rows, f"Each token's {value}", f"{some}, in text order", value, label_px=px),
+        result.tokens,
+        f"cwviz-flow-totals-{result.position}",
+        key="flow_totals",
+    )
+
 drawn = f"{len(graph.edges)} of the {graph.pruned} edges kept at {share:.0%} of each layer's |mass|"
 drawn += f" ({graph.drawn_mass / graph.mass:.0%} of all |mass|)" if graph.mass > 0 else ""
 complete = result.edges_complete(share)
@@ -124,28 +137,14 @@ st.caption(
     + ("" if not graph.capped else f", the largest (at most {charts.EDGE_CAP} edges, {charts.PAGE_POSITIONS} positions)")
     + ("" if complete else "; some layers' edges stop short of the share (the flow keeps the largest 20,000 a layer)")
     + "."
+    + (
+        ""
+        if result.encoder
+        else " The model's most likely next tokens: "
+        + ", ".join(f"{t!r} {p:.0%}" for t, p in zip(choice.predictions["token"], choice.predictions["probability"], strict=True))
+        + "."
+    )
 )
-
-px = widgets.label_px()
-graph_col, totals_col = st.columns([13, 6], gap="small")
-with graph_col:
-    title = f"{'Signed flow' if not result.encoder else 'Signed composition'} {what} (click a node)"
-    widgets.node_graph(
-        charts.route_graph(graph, analysis.num_layers, title, label_px=px),
-        graph.edges,
-        f"cwviz-flow-graph-{result.position}",
-        key="flow_graph",
-        layers=analysis.num_layers,
-    )
-with totals_col:
-    rows = charts.total_rows(result.tokens, value)
-    some = "" if len(rows) == len(result.tokens) else f"the {len(rows)} largest of {len(result.tokens)}, "
-    widgets.chart(
-        charts.totals_bars(rows, f"Each token's {value} ({some}in text order)", value, label_px=px),
-        result.tokens,
-        f"cwviz-flow-totals-{result.position}",
-        key="flow_totals",
-    )
 
 links = st.container(horizontal=True, gap="small")
 query_label = sel.token_label(sel.query, markdown=False)
@@ -155,6 +154,10 @@ links.link_button(
     help="The sidebar's layer and query token (a click on a node sets them), in a new tab.",
 )
 links.link_button(f"Token at layer {sel.layer}, query {query_label} ↗", page_url("token", sel.request, sel.layer, sel.head, sel.query))
+
+
+with st.expander("How to read the graph"):
+    st.markdown(MORE)
 
 st.subheader("Every head")
 heads = result.heads

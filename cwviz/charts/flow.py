@@ -128,13 +128,13 @@ def flow_chart(
 
 # -- the Flow page (docs/dashboard.md): the pruned graph beside the tokens' totals ------------------------------
 #: The page's graph: plot width and height (px), the most edges it draws, the most input positions across it.
-PAGE_WIDTH, PAGE_HEIGHT = 440, 270
+PAGE_WIDTH, PAGE_HEIGHT = 440, 250
 EDGE_CAP = 300
 PAGE_POSITIONS = 32
 #: An edge's width (px) from the smallest |weight| drawn to the largest: a small negative edge still reads as blue.
 EDGE_WIDTHS = (1.5, 7.0)
-#: Rows of the totals' bars: every input token up to this many, else the ones with the largest |total|.
-TOTAL_ROWS = 20
+#: Rows of the totals' bars: every input token up to this many, else the ones with the largest |total|; (px) a row.
+TOTAL_ROWS, TOTAL_ROW_PX = 20, 15
 #: The click selection of a node of the graph; the page passes it to Streamlit as ``selection_mode``.
 NODE_PICK = "node_pick"
 
@@ -269,7 +269,7 @@ def route_graph(
             x=alt.X("label:N", scale=x_scale, axis=x_axis, title=None),
             y=alt.Y("layer:Q", scale=y_scale, axis=y_axis, title="layer"),
             color=colour,
-            size=alt.Size("size:Q", scale=alt.Scale(range=[30, 260]), legend=None),
+            size=alt.Size("size:Q", scale=alt.Scale(range=[12, 150]), legend=None),
             tooltip=[
                 alt.Tooltip("layer:O"),
                 alt.Tooltip("position:O"),
@@ -296,23 +296,39 @@ def total_rows(tokens: pd.DataFrame, value: str = "total", rows: int = TOTAL_ROW
     return shown[["position", "token", value]].assign(label=labels, sign=_sign(shown[value])).reset_index(drop=True)
 
 
-def totals_bars(rows: pd.DataFrame, title: str, value: str = "total", label_px: int = 12, width: int = 150, bar: int = 13) -> alt.Chart:
+def page_sizes(label_px: int) -> dict[str, int]:
+    """The graph's plot size on the page: at 12 px labels, or smaller with presenter mode's 16 px labels, so that the
+    graph and the totals stand whole on a 1280 x 720 screen beside the sidebar."""
+    return {"width": PAGE_WIDTH, "height": PAGE_HEIGHT} if label_px <= 12 else {"width": PAGE_WIDTH - 40, "height": PAGE_HEIGHT - 50}
+
+
+def total_row_count(label_px: int) -> int:
+    """How many tokens the totals' bars show at ``label_px`` labels (each row a line of its label)."""
+    return TOTAL_ROWS if label_px <= 12 else (TOTAL_ROWS * TOTAL_ROW_PX) // (label_px + 4)
+
+
+def totals_bars(
+    rows: pd.DataFrame, title: str, subtitle: str = "", value: str = "total", label_px: int = 12, width: int = 120
+) -> alt.Chart:
     """Horizontal bars of :func:`total_rows` (one a token, top to bottom in the text's order), red adding and blue
-    subtracting, on a zero line."""
+    subtracting, on a zero line; each row as tall as its label (``label_px`` + 3)."""
     colour = alt.Color("sign:N", scale=alt.Scale(domain=["adds", "subtracts"], range=[POSITIVE_COLOUR, NEGATIVE_COLOUR]), legend=None)
     bars = (
         alt.Chart(rows)
         .mark_bar()
         .encode(
-            y=alt.Y("label:N", sort=list(rows["label"]), title=None, axis=alt.Axis(labelLimit=110, labelFontSize=label_px)),
+            y=alt.Y(
+                "label:N", sort=list(rows["label"]), title=None, axis=alt.Axis(labelLimit=100, labelFontSize=label_px, labelOverlap=False)
+            ),
             x=alt.X(f"{value}:Q", title=value, axis=alt.Axis(labelFontSize=label_px, tickCount=3)),
             color=colour,
             tooltip=[alt.Tooltip("position:O"), alt.Tooltip("token:N"), alt.Tooltip(f"{value}:Q", format="+.4f")],
         )
     )
     zero = alt.Chart(pd.DataFrame({"zero": [0.0]})).mark_rule(color="#31333f").encode(x="zero:Q")
-    height = max(bar * len(rows), 60)
-    return alt.layer(bars, zero, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 1)).properties(width=width, height=height)
+    height = max((label_px + 3) * len(rows), 60)
+    heading = alt.TitleParams(title, subtitle=subtitle or alt.Undefined, anchor="start", fontSize=label_px + 1, subtitleFontSize=label_px)
+    return alt.layer(bars, zero, title=heading).properties(width=width, height=height)
 
 
 def head_pick_map(heads: pd.DataFrame, value: str, layer: int | None, head: int | None, title: str) -> alt.LayerChart:
