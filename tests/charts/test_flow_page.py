@@ -21,7 +21,9 @@ def result():
 
 
 def _graph(result, share: float, **limits) -> charts.Graph:
-    return charts.graph_tables(result.node_table, result.edges(share), result.tokens, float(result.edge_mass.sum()), result.position, **limits)
+    return charts.graph_tables(
+        result.node_table, result.edges(share), result.tokens, float(result.edge_mass.sum()), result.position, **limits
+    )
 
 
 def _layer_rows(spec: dict, mark: str) -> list[dict]:
