@@ -43,7 +43,7 @@ def browser():
 
 # -- the slow marker ---------------------------------------------------------------------------------
 #: Modules that serve the app or drive the browser in every test (AppTest modules are found by name).
-SLOW_MODULES = {"test_browser", "test_packaging", "test_interrupts", "test_load"}
+SLOW_MODULES = {"test_browser", "test_browser_flow", "test_packaging", "test_interrupts", "test_load"}
 
 
 #: What a test's own code names when it loads a real model, runs a page or starts a Python process (a fresh

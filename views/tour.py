@@ -1,4 +1,4 @@
-"""Tour: seven steps that tell docs/METHOD.md's story on the sidebar's model and prompt, for a class.
+"""Tour: eight steps that tell docs/METHOD.md's story on the sidebar's model and prompt, for a class.
 
 Each step: one chart, a few plain sentences, Back/Next, and a link that opens the full page on the same view.
 What each step shows is picked from the analysis (:mod:`cwviz.analyses.tour`), never fixed in advance.
@@ -7,10 +7,11 @@ What each step shows is picked from the analysis (:mod:`cwviz.analyses.tour`), n
 import streamlit as st
 
 from cwviz.analyses import tour
-from cwviz.app import services, sink_services, widgets
+from cwviz.app import flow_services, services, sink_services, widgets
 from cwviz.app.links import page_url
 from cwviz.app.sidebar import escape_markdown, sidebar
 from cwviz.app.state import select
+from cwviz.charts import flow as flow_charts
 from cwviz.charts import heatmaps as heatmap_charts
 from cwviz.charts import sinks as sink_charts
 from cwviz.charts import token as token_charts
@@ -24,6 +25,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("Anti-aligned", "The sink's value opposes the rest"),
     ("Removal", "Remove the sink's value (λ = 0)"),
     ("Encoder", "An encoder's [CLS] token"),
+    ("Flow", "Where the answer came from"),
 )
 COUNT = len(STEPS)
 GLOSSARY = """
@@ -51,7 +53,7 @@ if not sel.ok:
 picker, back, forward, about = st.columns([3, 1, 1, 3], vertical_alignment="center")
 with about.expander("What the tour shows · glossary"):
     st.markdown(
-        "Seven steps through what attention weights hide, on the sidebar's model and prompt: change them, press Analyze, and every step follows."
+        "Eight steps through what attention weights hide, on the sidebar's model and prompt: change them, press Analyze, and every step follows."
     )
     st.markdown(GLOSSARY)
 
@@ -267,7 +269,7 @@ elif step == 6:
         sink_charts.intervention_chart(table),
         table,
     )
-else:
+elif step == 7:
     encoder = sink_services.tour_encoder(sel.request)
     if encoder.error is not None or encoder.layer is None:
         why = encoder.error or "no query sees a key besides the first token: type a longer prompt"
@@ -285,4 +287,40 @@ else:
         "Sinks",
         sink_charts.share_chart(encoder.tables.layers, encoder.layer.layer),
         encoder.tables.layers,
+    )
+else:
+    position = sel.analysis.num_tokens - 1 if plan.causal else 0
+    link = page_url("flow", sel.request, sel.layer, sel.head, position)
+    if sel.analysis.num_tokens < 2:
+        show(f"With one token there is nothing to trace the prediction back to: {SHORT}", link, "Flow")
+        st.stop()
+    sync(sel.layer, sel.head, position)
+    result = flow_services.choose(sel.request, position).flow
+    story = tour.flow_story(result)
+    layers = sel.analysis.num_layers
+    support = f"Token {sel.token_label(story.support[0])} adds the most ({story.support[2]:+.2f})"
+    if story.against is None:
+        against = "; on this prompt no token works against it."
+    else:
+        against = f", and {sel.token_label(story.against[0])} works most against it ({story.against[2]:+.2f}, blue)."
+    if plan.causal:
+        first = (
+            f"Followed back through all {layers} layers, the logit of the model's most likely next token here, "
+            f"{escape_markdown(repr(story.target))}, {story.logit:+.2f}, splits into a signed share from every input token "
+            "(the biases take the rest): red adds, blue subtracts."
+        )
+    else:
+        first = (
+            f"An encoder predicts no next token, so here the final representation of {sel.token_label(0)} is followed back "
+            f"through all {layers} layers and split into a signed share from every input token (with the biases they add up to 1)."
+        )
+    keep = [story.support[0]] + ([] if story.against is None else [story.against[0]])
+    rows = flow_charts.total_rows(result.tokens, "share" if result.encoder else "total", keep=keep)
+    value = "share" if result.encoder else "total"
+    show(
+        f"{first} {support}{against}",
+        link,
+        "Flow",
+        flow_charts.totals_bars(rows, f"Each input token's {value}", "red adds, blue subtracts", value, label_px=widgets.label_px()),
+        result.tokens,
     )

@@ -10,6 +10,7 @@ constant: every pick is an arg-max or arg-min over the analysis's own tables.
 | negative key | in that head, the (query, key) cell with the most negative intra-head contribution, the sink column and queries that see one key only left out; if none is negative there, the most negative cell of any head of the layer | the layer, read in row blocks |
 | anti-aligned head | the most negative mean cos(ṽ_sink, m) among heads whose mean sink ratio is at least the median over heads | :func:`cwviz.analyses.sinks.sink_head_summary` |
 | encoder layer | where the first token ([CLS]) takes the largest share of attention | :func:`cwviz.analyses.sinks.sink_layer_summary` |
+| flow tokens (step 8) | the input tokens with the largest and the most negative signed total toward the model's top next token | :func:`cwviz.flow` |
 
 The sink is the first position (docs/METHOD.md section 4; :data:`cwviz.analyses.sinks.DEFAULT_SINK`), as on the Sinks page's default.
 """
@@ -23,6 +24,7 @@ import pandas as pd
 import torch
 
 from ..core.method.analysis import Analysis
+from ..core.method.flow_tables import Flow
 from .sinks import DEFAULT_SINK
 from .tables import decomposition
 
@@ -264,3 +266,24 @@ def plan(analysis: Analysis, summary: pd.DataFrame, layers: pd.DataFrame, heads:
         negative=_negative(analysis, layer.layer, head),
         anti=anti_aligned_head(heads),
     )
+
+
+@dataclass(frozen=True)
+class FlowStory:
+    """Step 8's numbers, from the signed flow into the prediction's position (:func:`cwviz.flow`): the target and its
+    logit (an encoder: None and nan), and the input tokens that add most to it and work most against it, each
+    ``(position, token, total)``; ``against`` is None when no token's total is negative."""
+
+    target: str | None
+    logit: float
+    support: tuple[int, str, float]
+    against: tuple[int, str, float] | None
+
+
+def flow_story(flow: Flow) -> FlowStory:
+    """The largest and the most negative input-token totals of ``flow`` (ties: the first position)."""
+    totals = flow.totals
+    best, worst = int(totals.argmax()), int(totals.argmin())
+    support = (best, flow.token_strings[best], float(totals[best]))
+    against = (worst, flow.token_strings[worst], float(totals[worst])) if totals[worst] < 0 else None
+    return FlowStory(flow.target_token, flow.frozen_logit_difference, support, against)

@@ -11,6 +11,7 @@ Pure: no torch. Red adds to the target (or to the representation), blue subtract
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import altair as alt
@@ -287,10 +288,14 @@ def route_graph(
     )
 
 
-def total_rows(tokens: pd.DataFrame, value: str = "total", rows: int = TOTAL_ROWS) -> pd.DataFrame:
-    """The rows the totals' bars draw: every input token up to ``rows``, else the ``rows`` largest |``value``|; in
-    the text's order, with ``label`` (``"12 token"``) and ``sign``."""
-    shown = tokens if len(tokens) <= rows else tokens.loc[tokens[value].abs().nlargest(rows).index]
+def total_rows(tokens: pd.DataFrame, value: str = "total", rows: int = TOTAL_ROWS, keep: Sequence[int] = ()) -> pd.DataFrame:
+    """The rows the totals' bars draw: every input token up to ``rows``, else the ``rows`` largest |``value``| and the
+    positions ``keep`` (those a sentence names); in the text's order, with ``label`` (``"12 token"``) and ``sign``."""
+    if len(tokens) <= rows:
+        shown = tokens
+    else:
+        picked = set(tokens[value].abs().nlargest(rows).index) | set(tokens.index[tokens["position"].isin(keep)])
+        shown = tokens.loc[sorted(picked)]
     shown = shown.sort_values("position")
     labels = [f"{p} {t}" for p, t in zip(shown["position"], shown["token"], strict=True)]
     return shown[["position", "token", value]].assign(label=labels, sign=_sign(shown[value])).reset_index(drop=True)

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from cwviz import analyze
+from cwviz import flow as cwviz_flow
 from cwviz.analyses import sinks, tables, tour
 from cwviz.app import links, state
 from cwviz.app.services import Request
@@ -249,3 +250,24 @@ def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold
         assert scale.sink_intra > 0.5 and scale.sink_inter < 0.5 * scale.sink_intra
         # The reconciliation: the sink's share of the layer is its share of the head, scaled by the head's length.
         assert abs(scale.sink_inter) <= abs(scale.sink_intra) * scale.head_fraction * (1 + 1e-4)
+
+
+@pytest.mark.parametrize("prompt", range(3), ids=["short", "medium", "long"])
+def test_the_flow_steps_numbers_are_what_its_bars_draw(embedded_model, prompt):
+    """Step 8 on the embedded model and prompts of three lengths: the target and logit it prints are the flow's, the
+    token that "adds the most" and the one that "works most against it" are the largest and the most negative totals,
+    and both are among the bars, with those values and colours."""
+    from cwviz.charts import flow as flow_charts
+
+    analysis = analyze(embedded_model, _embedded_prompts()[prompt])
+    result = cwviz_flow(analysis)
+    story = tour.flow_story(result)
+    assert story.target == result.target_token and story.logit == result.frozen_logit_difference
+    assert story.support[2] == pytest.approx(float(result.totals.max())) and story.support[2] > 0
+    assert story.against is not None and story.against[2] == pytest.approx(float(result.totals.min())) and story.against[2] < 0
+    rows = flow_charts.total_rows(result.tokens, "total", keep=[story.support[0], story.against[0]])
+    bars = flow_charts.totals_bars(rows, "totals").to_dict()
+    drawn = pd.DataFrame(next(data for data in bars["datasets"].values() if len(data) == len(rows))).set_index("position")
+    for position, _, total in (story.support, story.against):
+        assert f"{drawn.loc[position, 'total']:+.2f}" == f"{total:+.2f}"
+    assert drawn.loc[story.support[0], "sign"] == "adds" and drawn.loc[story.against[0], "sign"] == "subtracts"

@@ -13,10 +13,10 @@ from cwviz.app.services import Request
 from tests.helpers.app import assert_clean, charts, run_app, widget
 
 PAGE = "views/tour.py"
-STEPS = 7
+STEPS = 8
 TEXT = state.examples()[0].text
 #: The page a link's path opens (the default page, Heatmaps, is the app's root).
-TARGETS = {"./": "views/heatmaps.py", "token": "views/token.py", "sinks": "views/sinks.py"}
+TARGETS = {"./": "views/heatmaps.py", "token": "views/token.py", "sinks": "views/sinks.py", "flow": "views/flow.py"}
 
 
 def link(at) -> tuple[str, dict[str, str]]:
@@ -38,6 +38,7 @@ def expected_links(plan) -> dict[int, tuple[str, dict[str, str]]]:
         5: ("sinks", {"layer": str(anti.layer), "head": str(anti.head), "sink": "first"}),
         6: ("sinks", {"layer": str(anti.layer), "head": str(anti.head), "sink": "first", "lambda": "0", "scope": "all"}),
         7: ("sinks", {"model": "embedded-encoder", "head": "all", "sink": "first"}),
+        8: ("flow", {"model": "embedded", "token": "29"}),
     }
 
 
@@ -60,7 +61,7 @@ def walk() -> dict[int, tuple[str, dict[str, str]]]:
         path, params = drawn[step] = link(at)
         assert params["prompt"] == TEXT and params["model"] in ("embedded", "embedded-encoder")
         assert path == wanted[step][0] and params.items() >= wanted[step][1].items(), (step, params)
-        if step < 7:  # the sidebar follows the step, so the other pages open on it in this session too
+        if step != 7:  # the sidebar follows the step, so the other pages open on it in this session too
             assert (at.query_params["layer"], at.query_params["head"]) == (params["layer"], params["head"])
         assert at.query_params.get("step", "1") == str(step)
         assert at.button(key="tour_next").disabled == (step == STEPS)
@@ -78,7 +79,7 @@ def test_every_step_draws_its_chart_and_its_link(walk):
     assert sorted(walk) == list(range(1, STEPS + 1))
 
 
-@pytest.mark.parametrize("step", [3, 4, 6, 7])
+@pytest.mark.parametrize("step", [3, 4, 6, 7, 8])
 def test_a_step_link_opens_the_full_page_on_its_view(walk, step):
     path, params = walk[step]
     at = run_app(page=TARGETS[path], params=params)
@@ -97,6 +98,8 @@ def test_a_step_link_opens_the_full_page_on_its_view(walk, step):
     if step == 7:
         assert widget(at, "selectbox", "Model").value == "embedded-encoder"
         assert "encoder" in " ".join(i.value for i in at.info)
+    if step == 8:
+        assert at.title[0].value == "Where the prediction came from" and len(charts(at)) == 3
 
 
 @pytest.mark.parametrize(("raw", "step"), [("5", 5), ("abc", 1), ("99", 1), ("0", 1), ("2.5", 1)])
@@ -118,6 +121,11 @@ def test_an_encoder_gets_the_causal_steps_explained():
     assert "This model is an encoder" in text and "CLS" in text and len(charts(at)) == 1
     path, params = link(at)
     assert params["model"] == "embedded-encoder" and at.query_params["layer"] == params["layer"]  # the sidebar followed
+    at.button(key="tour_next").click().run()  # step 8: the flow into [CLS], its own question
+    assert_clean(at)
+    text = " ".join(m.value for m in at.markdown)
+    assert "An encoder predicts no next token" in text and "adds the most" in text and len(charts(at)) == 1
+    assert link(at)[0] == "flow" and at.query_params["token"] == "0"
 
 
 def test_a_one_token_prompt_says_what_each_step_needs():

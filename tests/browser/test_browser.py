@@ -38,11 +38,13 @@ from tests.helpers.browser import (
     CHART,
     ERROR_SELECTORS,
     HEATMAP_LABELS_JS,
-    RENDERED,
+    PLOTS_JS,
     VIEWPORT,
+    _assert_no_error_text,
     _labels_check,
     _overlapping,
     _serve,
+    _settle,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,48 +66,6 @@ PAGE_PATHS = {
     "atlas": "atlas",
     "claims": "claims",
 }
-
-# The plot areas of every chart on the page, from Vega's SVG scenegraph: a plot area is a group (the root
-# frame or a view's scope) with a non-empty background that is not a legend, axis, title or line-series
-# group; its marks are the role-mark elements whose nearest plot area it is.
-PLOTS_JS = """
-() => {
-  const box = e => { const r = e.getBoundingClientRect(); return {x: r.x, y: r.y, w: r.width, h: r.height}; };
-  const decoration = e => e.closest('.role-legend, .role-axis, .role-title');
-  const main = document.querySelector('[data-testid="stMain"]').getBoundingClientRect();
-  return [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map((el, index) => {
-    const svg = el.querySelector('svg.marks');
-    const plotOf = new Map();
-    const plots = [];
-    for (const g of svg.querySelectorAll('g.mark-group')) {
-      if (decoration(g) || /pathgroup/.test(g.getAttribute('class'))) continue;
-      const bg = g.querySelector(':scope > g > path.background');
-      if (!bg) continue;
-      const b = box(bg);
-      if (b.w < 1 || b.h < 1) continue;
-      plotOf.set(g, plots.length);
-      plots.push({box: b, marks: null, name: g.getAttribute('class')});
-    }
-    for (const m of svg.querySelectorAll('g.role-mark')) {
-      if (decoration(m)) continue;
-      let g = m.parentElement;
-      while (g && !plotOf.has(g)) g = g.parentElement;
-      if (!g) continue;
-      for (const shape of m.children) {
-        const b = box(shape);
-        if (b.w <= 0 && b.h <= 0) continue;
-        const plot = plots[plotOf.get(g)];
-        const u = plot.marks;
-        plot.marks = u === null ? b : (() => {
-          const x = Math.min(u.x, b.x), y = Math.min(u.y, b.y);
-          return {x, y, w: Math.max(u.x + u.w, b.x + b.w) - x, h: Math.max(u.y + u.h, b.y + b.h) - y};
-        })();
-      }
-    }
-    return {index, box: box(svg), plots: plots.filter(p => p.marks !== null), mainRight: main.right};
-  });
-}
-"""
 
 # The cells of the contribution map (the page's second chart): each cell's value (from its aria label, which holds
 # the tooltip's fields) and its fill colour.
@@ -169,37 +129,6 @@ class Watch:
 
 def _url(server: str, page: str, params: dict | None = None) -> str:
     return f"{server}/{PAGE_PATHS[page]}" + (f"?{urlencode(params)}" if params else "")
-
-
-#: Whether the page has drawn ``n`` charts and its script has not run for ``quiet`` ms: Streamlit marks its root with
-#: the script's run state (``data-test-script-state``, what Streamlit's own browser tests wait on), set the moment a
-#: run starts or ends, where the status widget it shows is drawn late and is missing from short runs.
-SETTLED_JS = """([sel, n, quiet]) => {
-  const app = document.querySelector('[data-testid="stApp"]');
-  const idle = app !== null && app.dataset.testConnectionState === "CONNECTED" && app.dataset.testScriptState === "notRunning"
-    && document.querySelector('[data-testid="stSpinner"]') === null && document.querySelectorAll(sel).length >= n;
-  if (!idle) { window.cwvizIdleSince = undefined; return false; }
-  window.cwvizIdleSince ??= performance.now();
-  return performance.now() - window.cwvizIdleSince >= quiet;
-}"""
-#: How long the script must stay idle: a rerun that a drawn chart or a changed widget asks for starts well within it.
-QUIET_MS = 500
-
-
-def _settle(page, charts: int, timeout_ms: int = 240_000) -> None:
-    """Wait until ``charts`` charts are drawn and the script has stayed idle for :data:`QUIET_MS`."""
-    try:
-        page.evaluate("() => { window.cwvizIdleSince = undefined; }")  # a quiet time of an earlier wait does not count
-        page.wait_for_function(SETTLED_JS, arg=[RENDERED, charts, QUIET_MS], polling=100, timeout=timeout_ms)
-    except Exception:
-        page.screenshot(path=str(ARTIFACTS / "timeout.png"))  # what the page showed instead
-        raise
-
-
-def _assert_no_error_text(page) -> None:
-    assert page.locator(ERROR_SELECTORS).count() == 0, page.locator(ERROR_SELECTORS).all_inner_texts()
-    body = page.inner_text("body")
-    assert "Traceback" not in body and "Error:" not in body
 
 
 def _drawn_rows(image, box) -> tuple[float, float]:
@@ -745,6 +674,7 @@ def test_a_page_link_opened_first_on_a_fresh_server_runs_through_the_navigation(
             nav = page.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
             assert [n.strip() for n in nav] == [
                 "Heatmaps",
+                "Flow",
                 "Tour",
                 "Token",
                 "bertviz",
@@ -790,7 +720,7 @@ def test_a_binary_upload_gets_a_message_and_the_server_keeps_serving(server, bro
     watch.check()
 
 
-TOUR_STEPS = 7
+TOUR_STEPS = 8
 #: The tour step the README shows: attention against contribution, per layer.
 TOUR_README_STEP = 2
 #: Tour steps whose link is followed, and the title of the page it opens.
@@ -799,6 +729,7 @@ TOUR_FOLLOWED = {
     4: "One query token",
     6: "Attention sinks as active suppressors",
     7: "Attention sinks",
+    8: "Where the prediction came from",
 }
 
 
@@ -987,7 +918,7 @@ def test_a_cold_open_shows_the_page_frame_and_says_it_is_starting_at_once(browse
             start = time.monotonic()
             page.get_by_text("Starting cwviz").wait_for(timeout=10_000)
             waited = time.monotonic() - start
-            assert page.locator('[data-testid="stSidebarNav"] a').count() == 9
+            assert page.locator('[data-testid="stSidebarNav"] a').count() == 10
             page.screenshot(path=str(ARTIFACTS / "cold-open.png"))
             _settle(page, 3)
             _assert_no_error_text(page)

@@ -60,6 +60,79 @@ HEATMAP_LABELS_JS = """
 """
 
 
+# The plot areas of every chart on the page, from Vega's SVG scenegraph: a plot area is a group (the root
+# frame or a view's scope) with a non-empty background that is not a legend, axis, title or line-series
+# group; its marks are the role-mark elements whose nearest plot area it is.
+PLOTS_JS = """
+() => {
+  const box = e => { const r = e.getBoundingClientRect(); return {x: r.x, y: r.y, w: r.width, h: r.height}; };
+  const decoration = e => e.closest('.role-legend, .role-axis, .role-title');
+  const main = document.querySelector('[data-testid="stMain"]').getBoundingClientRect();
+  return [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map((el, index) => {
+    const svg = el.querySelector('svg.marks');
+    const plotOf = new Map();
+    const plots = [];
+    for (const g of svg.querySelectorAll('g.mark-group')) {
+      if (decoration(g) || /pathgroup/.test(g.getAttribute('class'))) continue;
+      const bg = g.querySelector(':scope > g > path.background');
+      if (!bg) continue;
+      const b = box(bg);
+      if (b.w < 1 || b.h < 1) continue;
+      plotOf.set(g, plots.length);
+      plots.push({box: b, marks: null, name: g.getAttribute('class')});
+    }
+    for (const m of svg.querySelectorAll('g.role-mark')) {
+      if (decoration(m)) continue;
+      let g = m.parentElement;
+      while (g && !plotOf.has(g)) g = g.parentElement;
+      if (!g) continue;
+      for (const shape of m.children) {
+        const b = box(shape);
+        if (b.w <= 0 && b.h <= 0) continue;
+        const plot = plots[plotOf.get(g)];
+        const u = plot.marks;
+        plot.marks = u === null ? b : (() => {
+          const x = Math.min(u.x, b.x), y = Math.min(u.y, b.y);
+          return {x, y, w: Math.max(u.x + u.w, b.x + b.w) - x, h: Math.max(u.y + u.h, b.y + b.h) - y};
+        })();
+      }
+    }
+    return {index, box: box(svg), plots: plots.filter(p => p.marks !== null), mainRight: main.right};
+  });
+}
+"""
+
+#: Whether the page has drawn ``n`` charts and its script has not run for ``quiet`` ms: Streamlit marks its root with
+#: the script's run state (``data-test-script-state``, what Streamlit's own browser tests wait on), set the moment a
+#: run starts or ends, where the status widget it shows is drawn late and is missing from short runs.
+SETTLED_JS = """([sel, n, quiet]) => {
+  const app = document.querySelector('[data-testid="stApp"]');
+  const idle = app !== null && app.dataset.testConnectionState === "CONNECTED" && app.dataset.testScriptState === "notRunning"
+    && document.querySelector('[data-testid="stSpinner"]') === null && document.querySelectorAll(sel).length >= n;
+  if (!idle) { window.cwvizIdleSince = undefined; return false; }
+  window.cwvizIdleSince ??= performance.now();
+  return performance.now() - window.cwvizIdleSince >= quiet;
+}"""
+#: How long the script must stay idle: a rerun that a drawn chart or a changed widget asks for starts well within it.
+QUIET_MS = 500
+
+
+def _settle(page, charts: int, timeout_ms: int = 240_000) -> None:
+    """Wait until ``charts`` charts are drawn and the script has stayed idle for :data:`QUIET_MS`."""
+    try:
+        page.evaluate("() => { window.cwvizIdleSince = undefined; }")  # a quiet time of an earlier wait does not count
+        page.wait_for_function(SETTLED_JS, arg=[RENDERED, charts, QUIET_MS], polling=100, timeout=timeout_ms)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "timeout.png"))  # what the page showed instead
+        raise
+
+
+def _assert_no_error_text(page) -> None:
+    assert page.locator(ERROR_SELECTORS).count() == 0, page.locator(ERROR_SELECTORS).all_inner_texts()
+    body = page.inner_text("body")
+    assert "Traceback" not in body and "Error:" not in body
+
+
 def _require_browser():
     """playwright's sync API, or skip (fail under CWVIZ_REQUIRE_BROWSER=1)."""
     required = os.environ.get("CWVIZ_REQUIRE_BROWSER") == "1"

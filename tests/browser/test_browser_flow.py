@@ -1,0 +1,123 @@
+"""The Flow page in headless Chromium (issue 47): the graph draws both colours on a prompt whose flow has suppressing
+edges, a small negative edge still reads as blue, a click on a node moves the sidebar's layer and query token, a
+changed picker reaches the address bar, and the graph and the totals stand whole on the first screen at 1,280 x 720
+(12 px labels; 16 px in presenter mode) and 1,600 x 1,000. Screenshots go to ``tests/artifacts/flow-*.png``."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlencode, urlparse
+
+import pytest
+
+from cwviz.charts.palette import NEGATIVE, POSITIVE
+from tests.helpers.browser import ARTIFACTS, CHART, PLOTS_JS, _assert_no_error_text, _serve, _settle
+
+#: The page draws three charts: the graph, the totals' bars and the head map.
+CHARTS = 3
+#: The graph's edges (Vega draws a rule as a line or path with its stroke) and nodes, from the first chart's SVG.
+GRAPH_JS = """
+() => {
+  const svg = document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')[0];
+  const edges = [...svg.querySelectorAll('g.mark-rule.role-mark > *')].map(e => ({
+    stroke: e.getAttribute('stroke'), width: parseFloat(e.getAttribute('stroke-width') || '1'),
+    opacity: parseFloat(e.getAttribute('stroke-opacity') || e.getAttribute('opacity') || '1'), label: e.getAttribute('aria-label') || ''}));
+  const nodes = [...svg.querySelectorAll('g.mark-symbol.role-mark > path')].map(e => e.getAttribute('aria-label') || '');
+  const labels = [...svg.querySelectorAll('g.role-axis-label text')].filter(t => t.textContent !== '')
+    .map(t => parseFloat(getComputedStyle(t).fontSize));
+  return {edges, nodes, labels};
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def server():
+    with _serve("flow-server.log") as url:
+        yield url
+
+
+def _open(browser, server: str, viewport: dict, params: dict | None = None):
+    page = browser.new_page(viewport=viewport)
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.goto(f"{server}/flow" + (f"?{urlencode(params)}" if params else ""))
+    _settle(page, CHARTS)
+    _assert_no_error_text(page)
+    return page, errors
+
+
+def test_the_graph_draws_both_colours_and_a_click_on_a_node_moves_the_sidebar(server, browser):
+    """The default prompt against a foil (its flow has suppressing edges): edges in the palette's red and blue, the
+    smallest blue one still 1.5 px wide and opaque; a click on a node selects its layer and token (the address bar, the
+    sidebar's slider and the links to Heatmaps and Token follow); a changed share reaches the address bar."""
+    page, errors = _open(browser, server, {"width": 1600, "height": 1000}, {"foil_on": "true"})
+    try:
+        graph = page.evaluate(GRAPH_JS)
+        strokes = {edge["stroke"] for edge in graph["edges"]}
+        assert {POSITIVE, NEGATIVE} <= strokes, strokes
+        blue = [edge for edge in graph["edges"] if edge["stroke"] == NEGATIVE]
+        thinnest = min(blue, key=lambda edge: edge["width"])
+        assert thinnest["width"] >= 1.5 and thinnest["opacity"] >= 0.8, thinnest
+        assert all(px >= 12 for px in graph["labels"])
+        page.screenshot(path=str(ARTIFACTS / "flow-both-colours.png"))
+
+        # A node inside the graph (not the prediction's column, not the bottom row): the first such node drawn.
+        fields = [dict(part.split(": ", 1) for part in label.split("; ")) for label in graph["nodes"]]
+        pick = next(f for f in fields if 1 < int(f["layer"]) < 29 and 0 < int(f["position"]) < 29)
+        layer, position = pick["layer"], pick["position"]
+        node = page.locator(CHART).first.locator(
+            f'g.mark-symbol path[aria-label*="; layer: {layer}; "][aria-label*="; position: {position}; "]'
+        )
+        assert node.count() == 1, (layer, position)
+        node.click()
+        page.wait_for_url(lambda url: parse_qs(urlparse(url).query).get("token") == [position], timeout=60_000)
+        _settle(page, CHARTS)
+        query = parse_qs(urlparse(page.url).query)
+        assert query["layer"] == [layer] and query["token"] == [position]
+        slider = page.locator('[data-testid="stSidebar"] [data-testid="stSliderThumbValue"]').first
+        assert slider.text_content() == layer
+        links = page.locator('a[data-testid^="stBaseLinkButton"]:visible', has_text=f"at layer {layer}, query {position} ")
+        hrefs = [urlparse(links.nth(i).get_attribute("href")) for i in range(links.count())]
+        assert sorted(h.path for h in hrefs) == ["./", "token"], hrefs  # Heatmaps (the app's root) and Token
+        assert all(parse_qs(h.query)["layer"] == [layer] and parse_qs(h.query)["token"] == [position] for h in hrefs)
+
+        share = page.locator('[data-testid="stMain"] [data-testid="stSlider"] input[type="range"]').first
+        share.focus()
+        page.keyboard.press("ArrowLeft")
+        page.wait_for_url(lambda url: parse_qs(urlparse(url).query).get("share") == ["0.75"], timeout=60_000)
+        _settle(page, CHARTS)
+        _assert_no_error_text(page)
+        assert parse_qs(urlparse(page.url).query)["foil_on"] == ["true"]
+        page.screenshot(path=str(ARTIFACTS / "flow-node-picked.png"))
+    finally:
+        page.close()
+    assert not errors, errors
+
+
+@pytest.mark.parametrize(
+    ("screen", "presenter"),
+    [({"width": 1280, "height": 720}, False), ({"width": 1280, "height": 720}, True), ({"width": 1600, "height": 1000}, False)],
+    ids=["1280x720", "1280x720-presenter", "1600x1000"],
+)
+def test_the_graph_and_the_totals_stand_whole_on_the_first_screen(server, browser, screen, presenter):
+    page, errors = _open(browser, server, screen, {"presenter": "true"} if presenter else None)
+    try:
+        assert page.locator('[data-testid="stSidebar"]').first.is_visible()
+        graph, totals = page.evaluate(PLOTS_JS)[:2]
+        for chart in (graph, totals):
+            box = chart["box"]
+            assert box["y"] >= 0 and box["y"] + box["h"] <= screen["height"], f"a chart ends below the first screen: {box}"
+            assert box["x"] + box["w"] <= screen["width"], f"a chart ends past the window: {box}"
+            assert all(plot["box"]["h"] >= 150 for plot in chart["plots"]), chart["plots"]
+        assert graph["box"]["x"] + graph["box"]["w"] <= totals["box"]["x"], "the totals stand beside the graph"
+        least = 16 if presenter else 12
+        sizes = page.evaluate(
+            """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')].slice(0, 2)
+                .flatMap(svg => [...svg.querySelectorAll('g.role-axis-label text, g.role-legend-label text')])
+                .filter(t => t.textContent !== '').map(t => parseFloat(getComputedStyle(t).fontSize))"""
+        )
+        assert sizes and min(sizes) >= least, sorted(set(sizes))
+        name = f"flow-first-screen-{screen['width']}x{screen['height']}" + ("-presenter" if presenter else "")
+        page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+    finally:
+        page.close()
+    assert not errors, errors
