@@ -1,6 +1,8 @@
 """What a person waits for in a real browser (headless Chromium): the first visible words of a cold open (a fresh
-server's first page), a layer, head or query change on the Heatmaps page at about 30 and 300 tokens, and a λ change
-on the Sinks page at about 30 and 300 tokens (the λ slider moved one step, then Apply λ).
+server's first page), a layer, head or query change on the Heatmaps page at about 30 and 300 tokens, a λ change
+on the Sinks page at about 30 and 300 tokens (the λ slider moved one step, then Apply λ), and the Flow page (issue 47:
+:func:`bench_flow`): opened on about 300 tokens that Heatmaps has analysed, a target, foil or pruning share changed, and
+opened on about 2,000 tokens, with the longest stall of the browser's main thread.
 
 A wait is measured from the input (a key press on the layer slider, the Enter that takes a choice typed into the head
 or query picker, an arrow key on the λ slider) to the moment the page has stopped running and the charts the change
@@ -34,7 +36,12 @@ VIEWPORT = {"width": 1600, "height": 1000}
 MAPS = 2
 #: The issues' targets (seconds): a selection change at about 30 and 300 tokens, a λ change at 30 and at 300 tokens
 #: (issue 44: on a quiet machine), and a cold open's first visible words.
-TARGETS = {30: 0.5, 300: 1.0, "lambda": 1.5, "lambda300": 2.0, "cold": 1.0}
+TARGETS = {30: 0.5, 300: 1.0, "lambda": 1.5, "lambda300": 2.0, "cold": 1.0, "flow_open": 2.0, "flow_change": 1.0, "stall": 2.0}
+#: Charts the Flow page draws (the graph, the totals, the head map), and those a change of the pruning share redraws.
+FLOW_CHARTS, SHARE_CHARTS = 3, 1
+#: Records the browser's long tasks (main-thread stalls over 50 ms), from the page's first script on.
+LONG_TASKS_JS = """window.__cwvizLong = []; new PerformanceObserver(list => { for (const e of list.getEntries())
+  window.__cwvizLong.push(e.duration); }).observe({entryTypes: ['longtask']});"""
 
 
 @contextlib.contextmanager
@@ -147,6 +154,77 @@ def _cold_open(page, url: str) -> float:
         "() => (document.querySelector('[data-testid=\"stMain\"]')?.innerText || '').trim().length > 0", timeout=600_000, polling=50
     )
     return time.perf_counter() - start
+
+
+def _flow_page(page, url: str, prompt: str, repeats: int) -> dict[str, float]:
+    """Heatmaps on ``prompt`` (its analysis, not timed), then the Flow page from the navigation (timed to its three
+    charts), then ``repeats`` target, foil and share changes (medians). Each target is a token not asked before, so
+    each change computes a new flow, as a user's first choice of it does; the foil is turned on with it."""
+    page.goto(f"{url}/?{urlencode({'prompt': prompt})}")
+    page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[DRAWN, 3], timeout=900_000)
+    _settle(page)
+    page.evaluate("() => { window.__cwvizLong = []; }")
+    start = time.perf_counter()
+    page.get_by_role("link", name="Flow").click()
+    page.get_by_text("Where the prediction came from").wait_for(timeout=900_000)
+    page.wait_for_function(
+        "([sel, n]) => document.querySelectorAll(sel).length >= n && !document.querySelector('[data-testid=\"stStatusWidget\"]')",
+        arg=[DRAWN, FLOW_CHARTS],
+        timeout=900_000,
+        polling=50,
+    )
+    waits: dict[str, list[float]] = {"open": [time.perf_counter() - start], "target": [], "foil": [], "share": []}
+    _settle(page)
+    target = page.locator('[data-testid="stMain"] [data-testid="stTextInput"]', has_text="Target token").locator("input")
+    foil = page.locator('[data-testid="stMain"] [data-testid="stCheckbox"]', has_text="Against a foil")
+    share = page.locator('[data-testid="stMain"] [data-testid="stSlider"] input[type="range"]').first
+    for i, token in zip(range(repeats), (" the", " a", " it", " one", " and")):
+        target.fill(token)
+        waits["target"].append(_timed_change(page, lambda: page.keyboard.press("Enter"), 2))
+        _settle(page)
+        waits["foil"].append(_timed_change(page, foil.click, 2))  # on with this target: a new flow; off: cached
+        _settle(page)
+        share.focus()
+        waits["share"].append(_timed_change(page, lambda: page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight"), SHARE_CHARTS))
+        _settle(page)
+    result = {name: statistics.median(times) for name, times in waits.items()}
+    result["stall"] = max(page.evaluate("() => window.__cwvizLong"), default=0.0) / 1000
+    return result
+
+
+def bench_flow(repeats: int = 3) -> list[str]:
+    """The Flow page's rows (issue 47): on about 300 tokens, opened after Heatmaps analysed them and each change; on
+    about 2,000 tokens, opened the same way. ``stall``: the longest long task of the browser's main thread meanwhile."""
+    from playwright.sync_api import sync_playwright
+
+    import cwviz
+    from cwviz.app import state
+    from cwviz.core.loading.inputs import tokenize
+
+    bundle = cwviz.load_model("embedded")
+    words = " ".join(e.text for e in state.examples()).split()
+    prompts = {"300": " ".join(words[:230]), "2000": " ".join((words * 8)[:1550])}
+    rows = [
+        "| prompt | opened after Heatmaps (s) | target / foil / share change, median (s) | longest browser stall (s) | targets |",
+        "|---|---|---|---|---|",
+    ]
+    with _server() as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            for name, prompt in prompts.items():
+                page = browser.new_page(viewport=VIEWPORT)
+                page.add_init_script(LONG_TASKS_JS)
+                got = _flow_page(page, url, prompt, repeats if name == "300" else 1)
+                page.close()
+                rows.append(
+                    f"| Flow, {len(tokenize(bundle, prompt))} tokens | {got['open']:.2f} | {got['target']:.2f} / {got['foil']:.2f} / "
+                    f"{got['share']:.2f} | {got['stall']:.2f} | open ≤ {TARGETS['flow_open']} s, change ≤ {TARGETS['flow_change']} s, "
+                    f"stall ≤ {TARGETS['stall']} s |"
+                )
+        finally:
+            browser.close()
+    print("\n".join(rows), flush=True)
+    return rows
 
 
 def bench(repeats: int = 3) -> list[str]:

@@ -523,6 +523,7 @@ SECTIONS = [
     "dashboard",
     "dashboard-long",
     "browser",
+    "browser-flow",
     "window",
     "masked",
 ]
@@ -592,6 +593,10 @@ def main(argv=None) -> int:
         from benchmarks import browser
 
         sections.append(("Waits in the browser (Chromium)", browser.bench(repeats=args.repeats)))
+    if "browser" in only or "browser-flow" in only:
+        from benchmarks import browser
+
+        sections.append(("The Flow page in the browser (Chromium)", browser.bench_flow(repeats=args.repeats)))
     if "masked" in only:
         masked_lengths = [t for t in lengths if t <= 1024] or [256]
         sections.append(

@@ -113,7 +113,7 @@ graph_col, totals_col = st.columns([13, 6], gap="small")
 with graph_col:
     title = f"{'Signed flow' if not result.encoder else 'Signed composition'} {what} (click a node)"
     widgets.node_graph(
-        charts.route_graph(graph, analysis.num_layers, title, label_px=px, **charts.page_sizes(px)),
+        charts.route_graph(graph, analysis.num_layers, title, label_px=px, selected=(sel.layer, sel.query), **charts.page_sizes(px)),
         graph.edges,
         f"cwviz-flow-graph-{result.position}",
         key="flow_graph",

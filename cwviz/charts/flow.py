@@ -226,12 +226,19 @@ def _axis_order(graph: Graph) -> list[str]:
 
 
 def route_graph(
-    graph: Graph, layers: int, title: str, label_px: int = 12, height: int = PAGE_HEIGHT, width: int = PAGE_WIDTH
+    graph: Graph,
+    layers: int,
+    title: str,
+    label_px: int = 12,
+    height: int = PAGE_HEIGHT,
+    width: int = PAGE_WIDTH,
+    selected: tuple[int, int] | None = None,
 ) -> alt.LayerChart:
     """The page's graph: the input positions across the bottom (labelled ``"12 token"``), the layers upward (0: the
     embedding entering layer 0; ``layers``: the final residual, where the prediction is read), a rule per edge of
     ``graph`` coloured by its sign (red adds, blue subtracts) and as wide as its |weight|, and a circle per node
-    (its value's sign and size). A click on a node is the selection :data:`NODE_PICK` (fields ``layer, position``)."""
+    (its value's sign and size). A click on a node is the selection :data:`NODE_PICK` (fields ``layer, position``);
+    ``selected`` (layer, position), the sidebar's, is ringed where the graph has that node."""
     order = _axis_order(graph)
     x_scale = alt.Scale(type="point", domain=order, padding=0.5)
     y_scale = alt.Scale(domain=[0, layers], nice=False, zero=False)
@@ -281,8 +288,19 @@ def route_graph(
         )
         .add_params(pick)
     )
+    drawn = [lines, points]
+    layer, position = selected if selected is not None else (-1, -1)
+    ring = graph.nodes[(graph.nodes["layer"] == layer) & (graph.nodes["position"] == position)]
+    if len(ring):
+        drawn.append(
+            alt.Chart(ring[["layer", "label"]])
+            .mark_point(shape="circle", size=420, filled=False, stroke="#111111", strokeWidth=2.5)
+            .encode(
+                x=alt.X("label:N", scale=x_scale, axis=x_axis, title=None), y=alt.Y("layer:Q", scale=y_scale, axis=y_axis, title="layer")
+            )
+        )
     return (
-        alt.layer(lines, points, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 1))
+        alt.layer(*drawn, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 1))
         .resolve_scale(strokeWidth="independent", size="independent")
         .properties(width=width, height=height)
     )

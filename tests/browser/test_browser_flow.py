@@ -62,7 +62,7 @@ def test_the_graph_draws_both_colours_and_a_click_on_a_node_moves_the_sidebar(se
 
         # A node inside the graph (not the prediction's column, not the bottom row): the first such node drawn.
         fields = [dict(part.split(": ", 1) for part in label.split("; ")) for label in graph["nodes"]]
-        pick = next(f for f in fields if 1 < int(f["layer"]) < 29 and 0 < int(f["position"]) < 29)
+        pick = next(f for f in fields if "position" in f and 1 < int(f["layer"]) < 29 and 0 < int(f["position"]) < 29)
         layer, position = pick["layer"], pick["position"]
         node = page.locator(CHART).first.locator(
             f'g.mark-symbol path[aria-label*="; layer: {layer}; "][aria-label*="; position: {position}; "]'

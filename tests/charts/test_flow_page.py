@@ -97,3 +97,13 @@ def test_the_totals_bars_are_the_tokens_totals_largest_first_when_there_are_many
     assert (drawn["sign"] == np.where(drawn["total"] >= 0, "adds", "subtracts")).all()
     every = charts.total_rows(result.tokens, "total", rows=len(result.tokens))
     assert len(every) == len(result.tokens)
+
+
+def test_the_sidebars_node_is_ringed_where_the_graph_has_it(result):
+    graph = _graph(result, 0.8)
+    layer, position = int(graph.edges["layer"].iloc[-1]), int(graph.edges["source"].iloc[-1])
+    spec = charts.route_graph(graph, int(result.nodes.shape[0]) - 1, "graph", selected=(layer, position)).to_dict()
+    (ring,) = [view for view in spec["layer"] if view["mark"]["type"] == "point"]
+    assert spec["datasets"][ring["data"]["name"]] == [{"layer": layer, "label": f"{position} {result.token_strings[position]}"}]
+    unringed = charts.route_graph(graph, int(result.nodes.shape[0]) - 1, "graph", selected=(99, 99)).to_dict()
+    assert len(unringed["layer"]) == 2
