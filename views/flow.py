@@ -41,16 +41,21 @@ st.markdown(
 )
 
 at_col, target_col, foil_col, share_col = st.columns([3, 3, 3, 3], vertical_alignment="bottom")
+default = last if causal else 0  # the prediction after the last token; an encoder's [CLS]
 with at_col:
-    position = url_widget(
+    # None is "the default position" (not a number), so that a new prompt's flow is again of its last token.
+    picked_at = url_widget(
         st.selectbox,
         "flow_at",
         "Prediction after token" if causal else "Into the representation of",
-        last if causal else 0,
+        None,
         parse=int,
-        options=list(range(analysis.num_tokens)),
-        format_func=lambda i: f"{i}: {tokens[i]}",
+        options=[None, *range(analysis.num_tokens)],
+        format_func=lambda i: (
+            f"{'the last' if causal else 'the first'}: {default}: {tokens[default]}" if i is None else f"{i}: {tokens[i]}"
+        ),
     )
+    position = default if picked_at is None else picked_at
 with share_col:
     share = url_widget(
         st.slider,

@@ -8,7 +8,7 @@ import pytest
 
 from cwviz.app import flow_services, state
 from cwviz.app.services import Request
-from tests.helpers.app import assert_clean, charts, run_app
+from tests.helpers.app import assert_clean, charts, run_app, widget
 
 PAGE = "views/flow.py"
 TEXT = state.examples()[0].text
@@ -40,7 +40,8 @@ def test_the_page_draws_the_graph_the_totals_and_the_heads_with_the_flows_number
     drawn = _drawn(page)
     assert set(drawn) == {"graph", "totals", "heads"}, list(drawn)
     assert all(spec["_rows"] > 0 for spec in drawn.values())
-    choice = flow_services.choose(Request(text=TEXT), page.selectbox(key="flow_at").value)
+    assert page.selectbox(key="flow_at").value is None  # the default: the prediction after the last token, 29
+    choice = flow_services.choose(Request(text=TEXT), 29)
     result = choice.flow
     assert result.target_token == choice.predictions["token"].iloc[0] and result.foil is None
     said = _caption(page)
@@ -111,3 +112,14 @@ def test_changing_the_share_reads_the_cached_flow(monkeypatch):
     at.slider(key="share").set_value(0.9).run()
     assert_clean(at)
     assert calls == []
+
+
+def test_a_new_prompt_is_explained_after_its_own_last_token():
+    """The position picker's default is "the last token", not a number: after Analyze on a longer prompt the flow is
+    of the new last token, not of the old one's position."""
+    at = run_app(page=PAGE)
+    widget(at, "text_area", "Prompt").input("The lamp was lit, and the keeper wrote one line in the logbook again. " * 3)
+    at.sidebar.button(key="_cwviz_analyze").click().run()
+    assert_clean(at)
+    last = widget(at, "selectbox", "Query token").value
+    assert last > 29 and f"after {last} " in _caption(at)
