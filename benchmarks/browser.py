@@ -65,6 +65,19 @@ def _server():
         process.wait(timeout=30)
 
 
+@contextlib.contextmanager
+def _chromium():
+    """The dashboard's server (:func:`_server`) and headless Chromium, both closed when the block ends: (url, browser)."""
+    from playwright.sync_api import sync_playwright
+
+    with _server() as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            yield url, browser
+        finally:
+            browser.close()
+
+
 def _tag(page) -> int:
     """Remember each drawn chart's SVG (Streamlit may redraw a chart in place, into the same element); their count."""
     return page.evaluate(f"() => (window.__cwvizOld = [...document.querySelectorAll('{DRAWN}')].map(e => e.innerHTML)).length")
@@ -206,8 +219,6 @@ def _flow_page(page, url: str, prompt: str, repeats: int) -> dict[str, float]:
 def bench_flow(repeats: int = 3) -> list[str]:
     """The Flow page's rows (issue 47): on about 300 tokens, opened after Heatmaps analysed them and each change; on
     about 2,000 tokens, opened the same way. ``stall``: the longest long task of the browser's main thread meanwhile."""
-    from playwright.sync_api import sync_playwright
-
     import cwviz
     from cwviz.app import state
     from cwviz.core.loading.inputs import tokenize
@@ -219,28 +230,22 @@ def bench_flow(repeats: int = 3) -> list[str]:
         "| prompt | opened after Heatmaps (s) | target / foil / share change, median (s) | longest browser stall (s) | targets |",
         "|---|---|---|---|---|",
     ]
-    with _server() as url, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        try:
-            for name, prompt in prompts.items():
-                page = browser.new_page(viewport=VIEWPORT)
-                page.add_init_script(LONG_TASKS_JS)
-                got = _flow_page(page, url, prompt, repeats if name == "300" else 1)
-                page.close()
-                rows.append(
-                    f"| Flow, {len(tokenize(bundle, prompt))} tokens | {got['open']:.2f} | {got['target']:.2f} / {got['foil']:.2f} / "
-                    f"{got['share']:.2f} | {got['stall']:.2f} | open ≤ {TARGETS['flow_open']} s, change ≤ {TARGETS['flow_change']} s, "
-                    f"stall ≤ {TARGETS['stall']} s |"
-                )
-        finally:
-            browser.close()
+    with _chromium() as (url, browser):
+        for name, prompt in prompts.items():
+            page = browser.new_page(viewport=VIEWPORT)
+            page.add_init_script(LONG_TASKS_JS)
+            got = _flow_page(page, url, prompt, repeats if name == "300" else 1)
+            page.close()
+            rows.append(
+                f"| Flow, {len(tokenize(bundle, prompt))} tokens | {got['open']:.2f} | {got['target']:.2f} / {got['foil']:.2f} / "
+                f"{got['share']:.2f} | {got['stall']:.2f} | open ≤ {TARGETS['flow_open']} s, change ≤ {TARGETS['flow_change']} s, "
+                f"stall ≤ {TARGETS['stall']} s |"
+            )
     print("\n".join(rows), flush=True)
     return rows
 
 
 def bench(repeats: int = 3) -> list[str]:
-    from playwright.sync_api import sync_playwright
-
     import cwviz
     from cwviz.app import state
     from cwviz.core.loading.inputs import tokenize
@@ -253,28 +258,24 @@ def bench(repeats: int = 3) -> list[str]:
         "| page, prompt | first draw (s, baseline) | change | median wait (s) | ratio to first draw | target |",
         "|---|---|---|---|---|---|",
     ]
-    with _server() as url, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        try:
-            warm = browser.new_page(viewport=VIEWPORT)  # the model's load and first conversion are not a change's wait
-            cold = _cold_open(warm, url)
-            warm.wait_for_selector(DRAWN, timeout=600_000)
-            warm.close()
-            rows.append(f"| Cold open (fresh server), first words | {cold:.2f} | — | — | — | ≤ {TARGETS['cold']} s |")
-            for name, prompt, target in (("short", short, TARGETS[30]), ("long", long, TARGETS[300])):
-                page = browser.new_page(viewport=VIEWPORT)
-                first, waits = _heatmaps(page, url, prompt, repeats)
-                page.close()
-                label = f"Heatmaps, {name} prompt ({len(tokenize(bundle, prompt))} tokens)"
-                for change, wait in waits.items():
-                    rows.append(f"| {label} | {first:.2f} | {change} | {wait:.2f} | {wait / first:.2f} | ≤ {target} s |")
-            for name, prompt, target in (("short", short, TARGETS["lambda"]), ("long", long, TARGETS["lambda300"])):
-                page = browser.new_page(viewport=VIEWPORT)
-                first, wait = _sinks(page, url, prompt, repeats)
-                page.close()
-                label = f"Sinks, {name} prompt ({len(tokenize(bundle, prompt))} tokens)"
-                rows.append(f"| {label} | {first:.2f} | λ (Apply) | {wait:.2f} | {wait / first:.2f} | ≤ {target} s |")
-        finally:
-            browser.close()
+    with _chromium() as (url, browser):
+        warm = browser.new_page(viewport=VIEWPORT)  # the model's load and first conversion are not a change's wait
+        cold = _cold_open(warm, url)
+        warm.wait_for_selector(DRAWN, timeout=600_000)
+        warm.close()
+        rows.append(f"| Cold open (fresh server), first words | {cold:.2f} | — | — | — | ≤ {TARGETS['cold']} s |")
+        for name, prompt, target in (("short", short, TARGETS[30]), ("long", long, TARGETS[300])):
+            page = browser.new_page(viewport=VIEWPORT)
+            first, waits = _heatmaps(page, url, prompt, repeats)
+            page.close()
+            label = f"Heatmaps, {name} prompt ({len(tokenize(bundle, prompt))} tokens)"
+            for change, wait in waits.items():
+                rows.append(f"| {label} | {first:.2f} | {change} | {wait:.2f} | {wait / first:.2f} | ≤ {target} s |")
+        for name, prompt, target in (("short", short, TARGETS["lambda"]), ("long", long, TARGETS["lambda300"])):
+            page = browser.new_page(viewport=VIEWPORT)
+            first, wait = _sinks(page, url, prompt, repeats)
+            page.close()
+            label = f"Sinks, {name} prompt ({len(tokenize(bundle, prompt))} tokens)"
+            rows.append(f"| {label} | {first:.2f} | λ (Apply) | {wait:.2f} | {wait / first:.2f} | ≤ {target} s |")
     print("\n".join(rows), flush=True)
     return rows
