@@ -3,6 +3,7 @@ graph beside the input tokens' totals, then each head's direct part and what the
 
 import streamlit as st
 
+from cwviz import CwvizError
 from cwviz.app import flow_services, widgets
 from cwviz.app.links import page_url
 from cwviz.app.sidebar import escape_markdown, sidebar
@@ -95,7 +96,11 @@ if causal:
         )
         foil = foil_text if foil_on else None
 
-choice = flow_services.choose(sel.request, position, target, foil)
+try:
+    choice = flow_services.choose(sel.request, position, target, foil)
+except CwvizError as err:  # a model whose block layout the flow does not know (a derived row), say
+    st.error(f"The flow cannot be computed for {analysis.info.id}: {err}")
+    st.stop()
 for problem in choice.problems:
     st.warning(problem)
 result = choice.flow

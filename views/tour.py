@@ -6,6 +6,7 @@ What each step shows is picked from the analysis (:mod:`cwviz.analyses.tour`), n
 
 import streamlit as st
 
+from cwviz import CwvizError
 from cwviz.analyses import tour
 from cwviz.app import flow_services, services, sink_services, widgets
 from cwviz.app.links import page_url
@@ -44,6 +45,9 @@ GLOSSARY = """
 - **Semantic cone**: how much a head's outputs at different positions point the same way (their mean pairwise cosine);
   a narrower cone means the outputs look more alike.
 - **Perplexity**: how surprised a language model is by each next token of the text, on average; lower is better.
+- **Logit**: the model's score for one possible next token, before the scores become probabilities; higher is likelier.
+- **Signed flow**: a next token's logit split over the input tokens, followed back through every layer; a token's
+  share is negative when it pushes the model away from that token.
 """
 
 sel = sidebar("A guided tour")
@@ -295,7 +299,11 @@ else:
         show(f"With one token there is nothing to trace the prediction back to: {SHORT}", link, "Flow")
         st.stop()
     sync(sel.layer, sel.head, position)
-    result = flow_services.choose(sel.request, position).flow
+    try:
+        result = flow_services.choose(sel.request, position).flow
+    except CwvizError as err:  # a model whose block layout the flow does not know (a derived row)
+        show(f"The flow cannot be computed for this model: {err}", None, "Flow")
+        st.stop()
     story = tour.flow_story(result)
     layers = sel.analysis.num_layers
     support = f"Token {sel.token_label(story.support[0])} adds the most ({story.support[2]:+.2f})"
