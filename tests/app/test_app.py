@@ -284,6 +284,7 @@ def test_navigation_lists_every_page():
     source = (ROOT / "app.py").read_text(encoding="utf-8")
     for page, name in [
         ("heatmaps", "Heatmaps"),
+        ("flow", "Flow"),
         ("token", "Token"),
         ("bertviz_view", "bertviz"),
         ("sinks", "Sinks"),
