@@ -170,7 +170,7 @@ with st.expander("How to read the graph"):
     st.markdown(MORE)
 
 st.subheader("Every head")
-heads = result.heads
+heads = flow_services.heads(sel.request, result.position, *choice.asked)
 head_value = "direct" if not result.encoder else "routed"
 picked = sel.head
 if picked is None:  # all heads in the sidebar: the layer's head with the largest |part|

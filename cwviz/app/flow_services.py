@@ -32,6 +32,8 @@ class FlowChoice:
     flow: Flow
     predictions: pd.DataFrame
     problems: tuple[str, ...] = ()
+    #: The target and foil as :func:`get_flow` was called with them (its cache key, for :func:`heads`).
+    asked: tuple[int | str | None, int | str | None] = (None, None)
 
 
 @st.cache_resource(show_spinner="Following the prediction through every layer…", max_entries=FLOW_ENTRIES, ttl=3600)
@@ -40,6 +42,13 @@ def get_flow(request: services.Request, position: int, target: int | str | None,
     strings). Raises :class:`~cwviz.core.util.errors.InputError` for a target or foil that is not one token (not
     cached: it is checked before any work)."""
     return flow(services.get_analysis(request).analysis, position, target, foil)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def heads(request: services.Request, position: int, target: int | str | None, foil: int | str | None) -> pd.DataFrame:
+    """``Flow.heads`` of :func:`get_flow` (the target and foil as ``FlowChoice.asked`` holds them, its cache key): the
+    layer x head table with each head's vocabulary, made once a flow rather than on every rerun of the page."""
+    return get_flow(request, position, target, foil).heads
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -63,7 +72,8 @@ def choose(request: services.Request, position: int, target: str = "", foil: str
     wanted_foil = foils.pop(0) if foils else None
     while True:
         try:
-            return FlowChoice(get_flow(request, position, wanted_target, wanted_foil), top, tuple(problems))
+            made = get_flow(request, position, wanted_target, wanted_foil)
+            return FlowChoice(made, top, tuple(problems), (wanted_target, wanted_foil))
         except InputError as err:
             message = str(err)
             if message.startswith("the foil") and foils:
