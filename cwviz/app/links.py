@@ -16,7 +16,7 @@ from .state import PRESENTER, presenter
 
 #: Each page's URL path, relative to the page showing the link: ``st.Page`` infers it from the script's name, and
 #: serves the default page (Heatmaps, in app.py) at the app's root only ("heatmaps" gives "Page not found").
-PAGES = {"heatmaps": "./", "flow": "flow", "token": "token", "sinks": "sinks"}
+PAGES = {"heatmaps": "./", "token": "token", "sinks": "sinks", "flow": "flow"}
 
 
 def selection_params(request: Request, layer: int, head: int | None, query: int | None) -> dict[str, str]:
