@@ -54,7 +54,7 @@ sel = sidebar("A guided tour")
 if not sel.ok:
     st.stop()
 
-picker, back, forward, about = st.columns([3, 1, 1, 3], vertical_alignment="center")
+picker, back, forward, about = st.columns([7, 2, 2, 5], vertical_alignment="center")
 with about.expander("What the tour shows · glossary"):
     st.markdown(
         "Eight steps through what attention weights hide, on the sidebar's model and prompt: change them, press Analyze, and every step follows."
