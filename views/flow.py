@@ -115,7 +115,7 @@ else:
     what = f"toward {result.target_token!r}{over} after {where}"
     summary = (
         f"logit{' difference' if result.foil is not None else ''} {result.frozen_logit_difference:+.3f} "
-        f"(the model's own {result.logit_difference:+.3f}; frozen-norm error {result.norm_error:+.1e}): the tokens' "
+        f"(the model's own, after any soft-cap, {result.logit_difference:+.3f}; frozen-norm error {result.norm_error:+.1e}): the tokens' "
         f"totals and the biases' {result.bias_total:+.3f} sum to it"
     )
 px = widgets.label_px()
