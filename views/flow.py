@@ -72,14 +72,13 @@ with share_col:
     )
 target, foil = "", None
 if causal:
-    top = flow_services.predictions(sel.request, position)
     with target_col:
         target = url_widget(
             st.text_input,
             "target",
             "Target token",
             "",
-            placeholder=f"top next token: {top['token'].iloc[0]!r}",
+            placeholder="empty: the top next token",
             help="One token of the model's vocabulary, with its leading space if it has one; empty: the model's top next token.",
         )
     with foil_col:
@@ -89,7 +88,7 @@ if causal:
             "foil",
             "Foil token",
             "",
-            placeholder=f"the next most likely: {top['token'].iloc[1]!r}",
+            placeholder="empty: the next most likely",
             label_visibility="collapsed",
             disabled=not foil_on,
             help="The flow of logit(target) − logit(foil): what favours the target over this token. Empty: the next most likely token.",
@@ -151,7 +150,10 @@ st.caption(
         ""
         if result.encoder
         else " The model's most likely next tokens: "
-        + ", ".join(f"{t!r} {p:.0%}" for t, p in zip(choice.predictions["token"], choice.predictions["probability"], strict=True))
+        + ", ".join(
+            f"{t!r} {p:.0%}"
+            for t, p in flow_services.predictions(sel.request, result.position)[["token", "probability"]].itertuples(index=False)
+        )
         + "."
     )
 )

@@ -9,6 +9,7 @@ is not one token gives the library's message and the default in its place, never
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pandas as pd
@@ -27,10 +28,9 @@ FLOW_ENTRIES = 8
 @dataclass(frozen=True)
 class FlowChoice:
     """The flow the page shows and why: ``problems`` says what of the typed target or foil could not be used (each
-    replaced by its default); ``predictions`` are the model's top next tokens at the position (empty for an encoder)."""
+    replaced by its default)."""
 
     flow: Flow
-    predictions: pd.DataFrame
     problems: tuple[str, ...] = ()
     #: The target and foil as :func:`get_flow` was called with them (its cache key, for :func:`heads`).
     asked: tuple[int | str | None, int | str | None] = (None, None)
@@ -60,28 +60,43 @@ def predictions(request: services.Request, position: int) -> pd.DataFrame:
 def choose(request: services.Request, position: int, target: str = "", foil: str | None = None) -> FlowChoice:
     """The flow for what the pickers hold: ``target`` typed ("" = the model's top next token), ``foil`` typed ("" = the
     most likely next token other than the target; None = no foil). A typed token the model cannot use as one token (or
-    a foil equal to the target) is replaced by its default, and the message says so."""
-    top = predictions(request, position)
-    if top.empty:  # an encoder: the flow into the position's representation
-        return FlowChoice(get_flow(request, position, None, None), top)
-    ids = [int(i) for i in top["token_id"]]
-    wanted_target: int | str = target if target.strip() else ids[0]
+    a foil equal to the target) is replaced by its default, and the message says so. The model's top next tokens
+    (:func:`predictions`, a forward pass of the prefix) are read only where a default foil or a message needs them."""
+    if not services.get_analysis(request).analysis.bundle.has_logits:  # an encoder: the flow into the representation
+        return FlowChoice(get_flow(request, position, None, None))
+    wanted_target: str | None = target if target.strip() else None  # None: the flow's own default, the top next token
+    foils = _foils(request, position, foil)
+    wanted_foil = next(foils, None)
     problems: list[str] = []
-    # Foil candidates after the typed one: the top next tokens in order (the one equal to the target is refused below).
-    foils: list[int | str | None] = [] if foil is None else ([foil] if foil.strip() else []) + ids
-    wanted_foil = foils.pop(0) if foils else None
     while True:
         try:
             made = get_flow(request, position, wanted_target, wanted_foil)
-            return FlowChoice(made, top, tuple(problems), (wanted_target, wanted_foil))
+            return FlowChoice(made, tuple(problems), (wanted_target, wanted_foil))
         except InputError as err:
             message = str(err)
-            if message.startswith("the foil") and foils:
+            if message.startswith("the foil") and (following := next(foils, None)) is not None:
                 if isinstance(wanted_foil, str):
-                    problems.append(f"{message}; showing the foil {top.loc[top['token_id'] == foils[0], 'token'].iloc[0]!r} instead")
-                wanted_foil = foils.pop(0)
+                    shown = _token(request, position, following)
+                    problems.append(f"{message}; showing the foil {shown!r} instead")
+                wanted_foil = following
             elif isinstance(wanted_target, str):
-                problems.append(f"{message}; showing the model's top next token {top['token'].iloc[0]!r} instead")
-                wanted_target = ids[0]
+                problems.append(f"{message}; showing the model's top next token {_token(request, position, None)!r} instead")
+                wanted_target = None
             else:
                 raise
+
+
+def _foils(request: services.Request, position: int, foil: str | None) -> Iterator[int | str]:
+    """The foils to try in turn: the typed one, then the model's top next tokens (the one equal to the target is
+    refused by the flow, and the next is tried)."""
+    if foil is None:
+        return
+    if foil.strip():
+        yield foil
+    yield from (int(i) for i in predictions(request, position)["token_id"])
+
+
+def _token(request: services.Request, position: int, token_id: int | None) -> str:
+    """A top next token's text (``None``: the top one)."""
+    top = predictions(request, position)
+    return str(top["token"].iloc[0] if token_id is None else top.loc[top["token_id"] == token_id, "token"].iloc[0])

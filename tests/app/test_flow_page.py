@@ -43,7 +43,7 @@ def test_the_page_draws_the_graph_the_totals_and_the_heads_with_the_flows_number
     assert page.selectbox(key="flow_at").value is None  # the default: the prediction after the last token, 29
     choice = flow_services.choose(Request(text=TEXT), 29)
     result = choice.flow
-    assert result.target_token == choice.predictions["token"].iloc[0] and result.foil is None
+    assert result.target_token == flow_services.predictions(Request(text=TEXT), 29)["token"].iloc[0] and result.foil is None
     said = _caption(page)
     assert f"logit {result.frozen_logit_difference:+.3f}" in said and f"biases' {result.bias_total:+.3f}" in said
     assert "kept at 80% of each layer's |mass|" in said
