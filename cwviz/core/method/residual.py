@@ -250,7 +250,11 @@ def record_stream(bundle: Bundle, input_ids: list[int], position: int, outputs: 
             final["io"] = (args[0].detach()[0].float(), _first(output).detach()[0].float())
 
         entries.append((norm, "post", on_final))
-    replay = forward_pass(bundle.attention_modules, record=False, attend=lambda layer, _: outputs(layer)) if outputs else contextlib.nullcontext()
+    replay = (
+        forward_pass(bundle.attention_modules, record=False, attend=lambda layer, _: outputs(layer))
+        if outputs
+        else contextlib.nullcontext()
+    )
     with torch.inference_mode(), _hooks(entries), replay:
         hidden = bundle.final_hidden(torch.tensor([input_ids], device=bundle.input_device))[0].float()
     if norm is not None:
