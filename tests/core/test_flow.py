@@ -4,7 +4,10 @@ embedded models (slow)."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -14,7 +17,7 @@ from cwviz.core.loading import architectures
 from cwviz.core.method import blocks, flow_tables
 from cwviz.core.method import flow as flow_module
 from cwviz.core.method.flow import flow, mixing, rollout, token_totals
-from cwviz.core.util.errors import InputError, SelectionError, UnsupportedModelError
+from cwviz.core.util.errors import InputError, ModelChangedError, SelectionError, UnsupportedModelError
 from tests.helpers import DERIVED_FAMILIES, FAMILY_CONFIGS, CharTokenizer, family_model, no_hooks
 
 FAMILIES = [family for family in FAMILY_CONFIGS if family not in DERIVED_FAMILIES]
@@ -221,7 +224,8 @@ def test_parts_equal_the_definition_with_plain_loops(family):
     block = architectures.block_of(model.config, arch)
     states, final = model_states(analysis)
     position, target, foil = 4, 11, 60
-    result = flow(analysis, position=position, target=target, foil=foil)
+    result = flow(analysis, position=position, target=target, foil=foil, vocabulary=3)
+    vocabulary = result.vocabulary_table.set_index(["layer", "head", "direction"]).sort_values("rank")
     unembed = model.get_output_embeddings().weight.detach().double().numpy()
     scale = getattr(model.config, arch.logit_scale) if arch.logit_scale else 1.0
     difference = (unembed[target] - unembed[foil]) * scale
@@ -247,6 +251,13 @@ def test_parts_equal_the_definition_with_plain_loops(family):
             for source in range(analysis.num_tokens):
                 expected = freeze(land(alpha[head, position, source] * (w_heads[head] @ value[head, source]))) @ difference
                 assert result.attention_parts[layer, head, source] == pytest.approx(expected, abs=1e-5)
+            # its vocabulary: the head's whole write at p through the frozen final norm and the output layer
+            write = sum(alpha[head, position, source] * (w_heads[head] @ value[head, source]) for source in range(analysis.num_tokens))
+            logits = unembed @ freeze(land(write))
+            for direction, order in (("promoted", np.argsort(-logits)[:3]), ("suppressed", np.argsort(logits)[:3])):
+                listed = vocabulary.loc[(layer, head, direction)]
+                np.testing.assert_allclose(listed["logit"], logits[order], atol=1e-5)
+                assert list(listed["token_id"]) == list(order)
         mlp = state["y"][position] - h  # a parallel block's h here is x + a + b_O: the MLP adds the rest
         assert result.other_parts["mlp"][layer] == pytest.approx(freeze(mlp) @ difference, abs=1e-5)
 
@@ -369,6 +380,25 @@ def test_tables_are_tidy():
     vocab = result.vocabulary_table
     assert len(vocab) == analysis.num_layers * analysis.num_heads * 3 * 2
     assert list(result.edges().columns) == ["layer", "source", "target", "weight"]
+
+
+def test_the_vocabulary_waits_for_its_first_reader_and_is_pickled_as_its_rows():
+    """The heads' vocabulary (the flow's largest product) runs when first read, once; a pickled Flow holds its rows."""
+    analysis = family_analysis("llama")
+    result = flow(analysis, target=11, vocabulary=3)
+    calls = []
+    compute = result.head_vocabulary._compute
+    result.head_vocabulary._compute = lambda: calls.append(1) or compute()
+    copy = pickle.loads(pickle.dumps(result))  # pickling computes it
+    assert result.vocabulary == copy.vocabulary and len(calls) == 1
+    pd.testing.assert_frame_equal(result.heads, copy.heads)
+    assert len(calls) == 1 and copy.head_vocabulary._compute is None
+    assert flow(analysis, target=11, vocabulary=0).vocabulary is None
+    pending = flow(analysis, target=11, vocabulary=3)
+    with torch.no_grad():
+        analysis.bundle.model.get_output_embeddings().weight.mul_(2)  # the model changes before the first read
+    with pytest.raises(ModelChangedError):
+        _ = pending.heads
 
 
 # -- the embedded models -------------------------------------------------------------------------------------------

@@ -119,8 +119,8 @@ class Intervention(Protocol):
 
 
 class Attend(Protocol):
-    """Computes a recorded layer's attention output in place of SDPA: given the layer's index and its
-    :class:`LayerRecord` (with ``output=None``), returns z [head, query, d_head] in float32."""
+    """Computes a layer's attention output in place of SDPA: given the layer's index and its :class:`LayerRecord`
+    (with ``output=None``), returns z [head, query, d_head] (float32, or the model's dtype)."""
 
     def __call__(self, layer: int, record: LayerRecord) -> torch.Tensor: ...
 
@@ -260,7 +260,7 @@ def _cwviz_attention(
         raise ValueError("cwviz records one sequence at a time (batch of one)")
     mask = attention_mask[0, 0] if attention_mask is not None else None
     softcap = None if softcap is None else float(softcap)
-    if layer is not None and active.attend is not None and active.record and active.intervention is None:
+    if layer is not None and active.attend is not None and active.intervention is None:
         record = LayerRecord(query[0], key[0], value[0], mask, scaling, causal, output=None, softcap=softcap, learned_sinks=learned_sinks)
         out = active.attend(layer, record).to(query.dtype).transpose(0, 1)[None].contiguous()  # (1, Q, H, d)
     elif keep is None and plain:
@@ -307,8 +307,9 @@ def forward_pass(
     :class:`LayerRecord` per layer, or ``spill`` (:func:`cwviz.core.method.spill.spill_for`), which writes each layer
     to disk as it runs. Only the calling thread (and context) is affected. ``progress``
     (:mod:`cwviz.core.util.progress`) is told after each attention layer has run (one pass: done 1..L). ``attend``
-    (:class:`Attend`, recording passes without an intervention): each layer's output is what it returns, cast to
-    the model's dtype, instead of SDPA's (how :func:`cwviz.analyze` streams measures during the pass).
+    (:class:`Attend`, passes without an intervention): each layer's output is what it returns, cast to the model's
+    dtype, instead of SDPA's (how :func:`cwviz.analyze` streams measures during the pass, and how the signed flow
+    replays a recorded pass's outputs without recomputing its attention, ``record=False``).
     """
     active = _Pass({id(m): i for i, m in enumerate(attention_modules)}, record, intervention, progress=progress, attend=attend)
     if spill is not None:

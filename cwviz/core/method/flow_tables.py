@@ -15,8 +15,10 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +31,24 @@ if TYPE_CHECKING:
 EDGE_SHARE = 0.9
 
 
+class Deferred:
+    """A value computed on first use by ``compute`` (a function of no arguments), once, under a lock, then kept: the
+    part of a :class:`Flow` that costs most and not every caller reads (each head's vocabulary). Pickled or copied as
+    the value (computed then), so a pickled Flow holds its tables and nothing of the model they came from."""
+
+    def __init__(self, compute: Callable[[], Any] | None, value: Any = None) -> None:
+        self._compute, self._value, self._lock = compute, value, threading.Lock()
+
+    def __call__(self) -> Any:
+        with self._lock:
+            if self._compute is not None:
+                self._value, self._compute = self._compute(), None
+            return self._value
+
+    def __reduce__(self):
+        return Deferred, (None, self())
+
+
 @dataclass(frozen=True)
 class Flow:
     """The signed flow into one position (docs/METHOD.md section 6): arrays in the module docstring's table, and
@@ -36,7 +56,8 @@ class Flow:
     ``logit_difference`` is the model's own (after any soft-cap), ``frozen_logit_difference`` the sum of the parts
     (before the soft-cap), ``norm_error`` the model's own difference before the soft-cap minus the parts' sum (the
     final norm's linearisation error: rounding-sized); NaN for an encoder. ``bias_total``: the biases' part,
-    so that Σ totals + bias_total = frozen_logit_difference (an encoder: Σ totals + bias_total = 1)."""
+    so that Σ totals + bias_total = frozen_logit_difference (an encoder: Σ totals + bias_total = 1).
+    ``head_vocabulary``: the rows of :attr:`vocabulary`, computed when first read (:class:`Deferred`)."""
 
     token_strings: tuple[str, ...]
     position: int
@@ -54,12 +75,18 @@ class Flow:
     head_routed: np.ndarray
     attention_parts: np.ndarray
     other_parts: dict | None
-    vocabulary: tuple[tuple, ...] | None
+    head_vocabulary: Deferred | None
     edge_list: tuple[tuple[int, np.ndarray, np.ndarray, np.ndarray], ...]
     edge_mass: np.ndarray
     logit_difference: float
     frozen_logit_difference: float
     norm_error: float
+
+    @property
+    def vocabulary(self) -> tuple[tuple, ...] | None:
+        """(layer, head, direction, rank, token id, token, logit) for each head's most promoted and suppressed tokens
+        (None: none were asked for, or an encoder), computed when first read (:func:`cwviz.core.method.flow.flow`)."""
+        return None if self.head_vocabulary is None else self.head_vocabulary()
 
     @property
     def encoder(self) -> bool:

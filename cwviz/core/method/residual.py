@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,7 @@ from torch import nn
 from ..loading import architectures
 from ..loading.models import Bundle
 from ..util.errors import UnsupportedModelError
+from .capture import forward_pass
 
 
 @dataclass(frozen=True)
@@ -175,8 +177,13 @@ def check_flow_supported(bundle: Bundle) -> str:
     return architectures.block_of(bundle.model.config, arch)
 
 
-def record_stream(bundle: Bundle, input_ids: list[int], position: int) -> Stream:
-    """Run the model once on ``input_ids`` and reduce its residual stream (the module docstring); p = ``position``."""
+def record_stream(bundle: Bundle, input_ids: list[int], position: int, outputs: Callable[[int], torch.Tensor] | None = None) -> Stream:
+    """Run the model once on ``input_ids`` and reduce its residual stream (the module docstring); p = ``position``.
+
+    ``outputs(layer)``: the attention output z [head, query, d_head] a recorded pass of this prompt gave layer
+    ``layer`` (:attr:`~cwviz.core.method.capture.LayerRecord.output`). Given it, the pass replays those outputs instead of
+    computing attention again (no scores, no softmax, no weighted values), so the residual stream is that recorded
+    pass's own, bit for bit; the projections, norms and MLPs still run. None: the model's own attention."""
     block = check_flow_supported(bundle)
     arch, model = bundle.arch, bundle.model
     layers = architectures.layer_modules(model, arch)
@@ -243,7 +250,12 @@ def record_stream(bundle: Bundle, input_ids: list[int], position: int) -> Stream
             final["io"] = (args[0].detach()[0].float(), _first(output).detach()[0].float())
 
         entries.append((norm, "post", on_final))
-    with torch.inference_mode(), _hooks(entries):
+    replay = (
+        forward_pass(bundle.attention_modules, record=False, attend=lambda layer, _: outputs(layer))
+        if outputs
+        else contextlib.nullcontext()
+    )
+    with torch.inference_mode(), _hooks(entries), replay:
         hidden = bundle.final_hidden(torch.tensor([input_ids], device=bundle.input_device))[0].float()
     if norm is not None:
         x_last, out_last = final["io"]
