@@ -1,14 +1,18 @@
 """Reference code for the sink tests: the split o = s ṽ_σ + (1 − s) m made in d_model space, the plain way, against
-which :func:`cwviz.analyses.sinks.sink_norms` (the same numbers through each head's Gram matrix) is checked."""
+which :func:`cwviz.analyses.sinks.sink_norms` (the same numbers through each head's Gram matrix) is checked; and the
+sinks intervention the recorded way (a whole analysis of the intervened pass, head outputs recomputed from its
+records), against which :func:`cwviz.analyses.sinks.intervene_on_sink` (one pass that records nothing) is checked."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
 
 from cwviz.analyses.sinks import DEFAULT_SINK
-from cwviz.core.method.analysis import Analysis
+from cwviz.core.method.analysis import Analysis, analyze
+from cwviz.core.method.interventions import ScaleValues
 from cwviz.core.method.measures import expand_kv
 
 
@@ -90,3 +94,40 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Cosine along the last axis; NaN where either vector is zero or NaN."""
     norms = a.norm(dim=-1) * b.norm(dim=-1)
     return torch.where(norms > 0, (a * b).sum(-1) / norms.clamp_min(1e-38), torch.nan)
+
+
+def cone(head_output: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Mean pairwise cosine of each head's outputs [head, query, d_model] at ``positions`` (i ≠ j), zero outputs left
+    out, [head]: the unit vectors summed in d_model space, (‖Σ u_i‖² − n) / (n(n − 1))."""
+    out = head_output[:, positions.to(head_output.device)].float()  # (H, P, D)
+    norms = out.norm(dim=-1, keepdim=True)
+    nonzero = norms > 0
+    unit = torch.where(nonzero, out / norms.clamp_min(1e-38), 0.0)
+    n = nonzero[..., 0].sum(-1).double()
+    total = unit.double().sum(1).pow(2).sum(-1)
+    return torch.where(n > 1, (total - n) / (n * (n - 1)).clamp_min(1), torch.nan).float()
+
+
+def recorded_output_stats(analysis: Analysis, sink: int) -> pd.DataFrame:
+    """Per layer, the mean ‖o_i^h‖ and the semantic cone over the queries that see ``sink`` and another key (columns
+    ``layer, output_norm, cone``), from ``analysis``'s records: z recomputed in float32 from α and v, then W_O^h."""
+    rows = []
+    with torch.inference_mode():
+        for layer in range(analysis.num_layers):
+            visible = analysis.key_mask(layer).cpu()
+            positions = visible[:, sink] & (visible.sum(-1) > 1)  # (Q,)
+            out = torch.einsum("hqd,hmd->hqm", analysis.head_outputs(layer), analysis.w_heads(layer))  # (H, Q, D)
+            norm = out.norm(dim=-1)[:, positions.to(out.device)].mean()
+            rows.append({"layer": layer, "output_norm": float(norm), "cone": float(cone(out, positions).nanmean())})
+    return pd.DataFrame(rows)
+
+
+def recorded_intervention(
+    analysis: Analysis, sink: int, factor: float, layers: tuple[int, ...] | None
+) -> tuple[pd.DataFrame, pd.DataFrame, float]:
+    """The intervention as cwviz computed it before its one-pass path: the clean and the intervened
+    :func:`recorded_output_stats`, and the intervened pass's perplexity (a whole :func:`cwviz.analyze` under
+    :class:`~cwviz.core.method.interventions.ScaleValues`)."""
+    chosen = frozenset(range(analysis.num_layers) if layers is None else layers)
+    after = analyze(analysis.bundle, analysis.text, input_ids=analysis.input_ids, intervention=ScaleValues((sink,), factor, chosen))
+    return recorded_output_stats(analysis, sink), recorded_output_stats(after, sink), after.perplexity

@@ -39,8 +39,8 @@ import pandas as pd
 import torch
 
 from ..core.loading.inputs import integer_index
-from ..core.method.analysis import Analysis, analyze
-from ..core.method.interventions import ScaleValues, ScaleValuesPerItem, batch_perplexity
+from ..core.method.analysis import Analysis
+from ..core.method.interventions import ScaleValues, ScaleValuesPerItem, batch_perplexity, observed_pass
 from ..core.method.measures import head_grams
 from ..core.util.errors import InputError, SelectionError
 from ..core.util.progress import Progress, counted, phase
@@ -405,18 +405,25 @@ def head_curve(table: pd.DataFrame, layer: int, head: int) -> SinkCurve:
 
 
 # -- interventions ----------------------------------------------------------------------------------
-def semantic_cone(head_output: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Mean pairwise cosine between one head's outputs at ``positions`` (i ≠ j), per head: [head].
+def head_output_norms(z: torch.Tensor, grams: torch.Tensor) -> torch.Tensor:
+    """‖o_i^h‖ = ‖W_O^h z_i^h‖ = sqrt(z_iᵀ G^h z_i), float32 [head, query], from z [head, query, d_head] and G^h
+    [head, d_head, d_head] (:func:`cwviz.core.method.measures.head_grams`): made in each head's value space."""
+    z = z.float()
+    return ((z @ grams) * z).sum(-1).clamp_min(0).sqrt()
 
-    head_output [head, query, d_model]; positions bool [query]. Zero outputs are left out. Computed as
-    (‖Σ u_i‖² − n) / (n(n − 1)) with u_i = o_i / ‖o_i‖, linear in the number of positions.
-    """
-    out = head_output[:, positions.to(head_output.device)].float()  # (H, P, D)
-    norms = out.norm(dim=-1, keepdim=True)  # (H, P, 1)
+
+def semantic_cone(z: torch.Tensor, grams: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Mean pairwise cosine between one head's outputs o_i^h = W_O^h z_i^h at ``positions`` (i ≠ j), per head: [head].
+
+    z [head, query, d_head]; grams G^h [head, d_head, d_head]; positions bool [query]. Zero outputs are left out.
+    Computed as (‖Σ u_i‖² − n) / (n(n − 1)) with u_i = o_i / ‖o_i‖, linear in the number of positions, and in each
+    head's value space: Σ u_i = W_O^h w with w = Σ z_i / ‖o_i‖, so ‖Σ u_i‖² = wᵀ G^h w (float64)."""
+    z = z[:, positions.to(z.device)].float()  # (H, P, d)
+    norms = head_output_norms(z, grams)[..., None]  # (H, P, 1)
     nonzero = norms > 0
-    unit = torch.where(nonzero, out / norms.clamp_min(1e-38), 0.0)
+    w = torch.where(nonzero, z.double() / norms.double().clamp_min(1e-300), 0.0).sum(1)  # (H, d)
     n = nonzero[..., 0].sum(-1).double()  # (H,)
-    total = unit.double().sum(1).pow(2).sum(-1)  # ‖Σ u‖², (H,)
+    total = ((w[:, None] @ grams.double()) * w[:, None]).sum((-2, -1))  # ‖Σ u‖², (H,)
     return torch.where(n > 1, (total - n) / (n * (n - 1)).clamp_min(1), torch.nan).float()
 
 
@@ -457,27 +464,39 @@ def _input_ids(analysis: Analysis, batch: int = 1) -> torch.Tensor:
     return torch.tensor([analysis.input_ids] * batch, device=device)
 
 
-def _head_outputs(analysis: Analysis, layer: int) -> torch.Tensor:
-    """o_i^h of ``layer``, [head, query, d_model], from the records (whatever values they hold)."""
-    return torch.einsum("hqd,hmd->hqm", analysis.head_outputs(layer), analysis.w_heads(layer))
+def _sink_positions(analysis: Analysis, layer: int, sink: int) -> torch.Tensor:
+    """The queries of ``layer`` that see the sink and another key, bool [query] on the layer's device (the positions
+    :func:`head_output_stats` averages over; the mask is the model's own, whatever the values)."""
+    visible = analysis.key_mask(layer)
+    return visible[:, sink] & (visible.sum(-1) > 1)
+
+
+def _observed_stats(
+    analysis: Analysis, sink: int, intervention: ScaleValues | None, progress: Progress | None
+) -> tuple[pd.DataFrame, float]:
+    """:func:`head_output_stats` columns, and the perplexity, of one pass of the prompt under ``intervention``
+    (None = clean) that records nothing: each layer's outputs are reduced as the layer runs
+    (:func:`cwviz.core.method.interventions.observed_pass`)."""
+    rows: dict[int, dict] = {}
+
+    def reduce(layer: int, z: torch.Tensor) -> None:
+        z = z[0].transpose(0, 1).float()  # (H, Q, d_head)
+        grams = head_grams(analysis.bundle.gram(layer).to(z.device), analysis.num_heads)  # (H, d_head, d_head)
+        positions = _sink_positions(analysis, layer, sink).to(z.device)
+        norm = head_output_norms(z[:, positions], grams).mean()
+        rows[layer] = {"layer": layer, "output_norm": float(norm), "cone": float(semantic_cone(z, grams, positions).nanmean())}
+
+    perplexity = observed_pass(analysis.bundle, analysis.input_ids, reduce, intervention, progress)
+    return pd.DataFrame([rows[layer] for layer in range(analysis.num_layers)]), perplexity
 
 
 def head_output_stats(analysis: Analysis, sink: int | str = DEFAULT_SINK, progress: Progress | None = None) -> pd.DataFrame:
-    """Per layer, the mean head-output norm and the semantic cone over the queries that see the sink and another key:
-    columns ``layer, output_norm, cone``; ``progress(done, L)`` a layer at a time. The clean side of
-    :func:`intervene_on_sink`, which does not depend on λ: a caller trying several λ computes it once."""
-    sink = resolve_sink(analysis, sink)
-    rows = []
-    with torch.inference_mode():
-        for layer in range(analysis.num_layers):
-            visible = analysis.key_mask(layer).cpu()
-            positions = visible[:, sink] & (visible.sum(-1) > 1)  # (Q,)
-            out = _head_outputs(analysis, layer)  # (H, Q, d_model)
-            norm = out.norm(dim=-1)[:, positions.to(out.device)].mean()
-            rows.append({"layer": layer, "output_norm": float(norm), "cone": float(semantic_cone(out, positions).nanmean())})
-            if progress is not None:
-                progress(layer + 1, analysis.num_layers)
-    return pd.DataFrame(rows)
+    """Per layer, the mean head-output norm ‖o_i^h‖ and the semantic cone over the queries that see the sink and another
+    key: columns ``layer, output_norm, cone``; one clean pass of the prompt that records nothing, ``progress(done, L)``
+    a layer at a time. The clean side of :func:`intervene_on_sink`, which does not depend on λ: a caller trying
+    several λ computes it once."""
+    analysis.check_model()
+    return _observed_stats(analysis, resolve_sink(analysis, sink), None, progress)[0]
 
 
 def intervene_on_sink(
@@ -489,22 +508,23 @@ def intervene_on_sink(
     clean: pd.DataFrame | None = None,
 ) -> SinkIntervention:
     """Scale the sink's value by ``factor`` (λ; 0 removes ṽ_σ, attention kept) in ``layers`` (None = all)
-    and compare head outputs and perplexity with the clean pass. One recorded forward pass.
+    and compare head outputs and perplexity with the clean pass.
 
-    ``clean``: :func:`head_output_stats` of ``analysis`` and this sink, when the caller has it (it does not change
-    with λ); computed here otherwise. ``progress(done, 2 L)`` (:mod:`cwviz.core.util.progress`): 1..L as the pass
-    runs each layer, L+1..2L as each layer's outputs are compared."""
+    One forward pass under the intervention that records nothing: each layer's head outputs are reduced to the
+    table's two numbers as the layer runs, so a λ costs about one plain pass of the model. ``clean``:
+    :func:`head_output_stats` of ``analysis`` and this sink, when the caller has it (it does not change with λ);
+    a clean pass makes it here otherwise. ``progress(done, L)`` (:mod:`cwviz.core.util.progress`) a layer at a time
+    of the intervened pass; without ``clean``, ``progress(done, 2 L)``: the clean pass, then the intervened one.
+    The clean pass is the analysis's own (the same attention function, nothing changed), so λ = 1 gives exactly its
+    perplexity and a change of 0."""
     factor = check_factor(factor)
     sink = resolve_sink(analysis, sink)
     chosen = _layers(analysis, layers)
+    analysis.check_model()
     intervention = ScaleValues(positions=(sink,), factor=float(factor), layers=frozenset(chosen))
-    steps = 2 * analysis.num_layers
-    # The same pass as the clean analysis's but for the intervention, so that λ = 1 gives exactly its perplexity.
-    after = analyze(
-        analysis.bundle, analysis.text, input_ids=analysis.input_ids, progress=phase(progress, 0, steps), intervention=intervention
-    )
-    before = head_output_stats(analysis, sink) if clean is None else clean
-    changed = head_output_stats(after, sink, phase(progress, analysis.num_layers, steps))
+    steps = analysis.num_layers * (1 if clean is not None else 2)
+    before = clean if clean is not None else _observed_stats(analysis, sink, None, phase(progress, 0, steps))[0]
+    changed, perplexity = _observed_stats(analysis, sink, intervention, phase(progress, steps - analysis.num_layers, steps))
     table = pd.DataFrame(
         {
             "layer": changed["layer"],
@@ -523,7 +543,7 @@ def intervene_on_sink(
         layers=chosen,
         table=table,
         perplexity_clean=analysis.perplexity,
-        perplexity=after.perplexity,
+        perplexity=perplexity,
     )
 
 

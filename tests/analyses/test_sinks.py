@@ -22,8 +22,8 @@ from cwviz.core.method.interventions import KeepKeys, batch_perplexity, logits
 from cwviz.core.method.measures import expand_kv
 from cwviz.core.util.errors import InputError, SelectionError
 from cwviz.core.util.texts import read_texts
-from tests.helpers import TEXT, make_tiny
-from tests.sink_reference import cosine, sink_split
+from tests.helpers import FAMILY_CONFIGS, TEXT, CharTokenizer, family_model, make_tiny
+from tests.sink_reference import cosine, recorded_intervention, sink_split
 
 GSM8K = Path(__file__).resolve().parents[2] / "data" / "gsm8k" / "sample.jsonl"  # shipped with cwviz
 
@@ -228,17 +228,23 @@ def test_head_curve_uses_the_heads_medians(llama):
 
 # -- interventions -------------------------------------------------------------------------------------
 def test_semantic_cone_is_the_mean_pairwise_cosine():
+    """Made in each head's value space through G^h, it is the mean pairwise cosine of the outputs o_i^h = W_O^h z_i^h
+    in d_model space (a zero output left out)."""
     torch.manual_seed(0)
-    out = torch.randn(3, 7, 5)
-    out[1, 2] = 0  # a zero output is left out
+    z = torch.randn(3, 7, 4)  # (H, Q, d_head)
+    w = torch.randn(3, 6, 4)  # W_O^h, (H, d_model, d_head)
+    z[1, 2] = 0  # a zero output is left out
+    out = torch.einsum("hqd,hmd->hqm", z, w)
+    grams = w.transpose(1, 2) @ w  # (H, d_head, d_head)
     positions = torch.tensor([False, True, True, True, True, True, True])
-    cone = sinks.semantic_cone(out, positions)
+    cone = sinks.semantic_cone(z, grams, positions)
+    np.testing.assert_allclose(sinks.head_output_norms(z, grams), out.norm(dim=-1), rtol=1e-5, atol=1e-6)
     for h in range(3):
         vecs = [out[h, i] for i in range(7) if positions[i] and out[h, i].norm() > 0]
         pairs = [torch.cosine_similarity(u, v, dim=0) for i, u in enumerate(vecs) for j, v in enumerate(vecs) if i != j]
         assert float(cone[h]) == pytest.approx(float(torch.stack(pairs).mean()), abs=1e-6)
     same = torch.ones(1, 4, 3)
-    assert float(sinks.semantic_cone(same, torch.ones(4, dtype=torch.bool))[0]) == pytest.approx(1.0)
+    assert float(sinks.semantic_cone(same, torch.eye(3)[None], torch.ones(4, dtype=torch.bool))[0]) == pytest.approx(1.0)
 
 
 def _clean_logits(bundle, analysis):
@@ -301,6 +307,35 @@ def test_batched_removal_matches_single_interventions(llama):
     assert list(layerwise["layer"]) == list(range(analysis.num_layers))
     np.testing.assert_allclose(layerwise["delta_ppl"], layerwise["perplexity"] - analysis.perplexity)
     assert torch.equal(_clean_logits(bundle, analysis), before)
+
+
+def _assert_same_intervention(analysis, sink, factor, layers, rtol=1e-5, atol=1e-6):
+    """intervene_on_sink (one pass that records nothing) against the recorded way (tests/sink_reference.py)."""
+    result = sinks.intervene_on_sink(analysis, sink, factor, layers)
+    before, after, perplexity = recorded_intervention(analysis, sink, factor, layers)
+    table = result.table
+    for column, expected in (("before", before), ("after", after)):
+        np.testing.assert_allclose(table[f"output_norm_{column}"], expected["output_norm"], rtol=rtol, atol=atol)
+        np.testing.assert_allclose(table[f"cone_{column}"], expected["cone"], rtol=rtol, atol=atol, equal_nan=True)
+    np.testing.assert_allclose(result.perplexity, perplexity, rtol=rtol, equal_nan=True)
+    assert result.perplexity_clean == analysis.perplexity or math.isnan(analysis.perplexity)
+
+
+@pytest.mark.parametrize("family", list(FAMILY_CONFIGS))
+def test_the_one_pass_intervention_equals_the_recorded_one_in_every_family(family):
+    """Every row of the architecture table and the derived ones (sliding windows, soft-capping, learned sinks,
+    encoders): the intervention reduced during a pass that records nothing gives the numbers of a whole recorded
+    analysis of the intervened pass, in every layer and in the perplexity."""
+    bundle = cwviz.bundle_from_model(family_model(family), CharTokenizer(100), model_id=f"tiny-{family}")
+    analysis = analyze(bundle, TEXT)
+    _assert_same_intervention(analysis, 0, 0.0, None)
+    _assert_same_intervention(analysis, 3, 0.5, (1,))
+
+
+def test_the_one_pass_intervention_equals_the_recorded_one_on_the_embedded_model(embedded):
+    analysis = analyze(embedded, "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.")
+    _assert_same_intervention(analysis, 0, 0.0, None, rtol=1e-4, atol=1e-5)
+    _assert_same_intervention(analysis, 0, 1.5, (3, 4), rtol=1e-4, atol=1e-5)
 
 
 def test_intervention_input_errors(llama):
@@ -407,7 +442,6 @@ def test_the_table_read_in_row_blocks_equals_the_whole_layer_table(arch, monkeyp
 def test_cli_shows_the_learned_sink_share_for_a_model_with_learned_sinks(monkeypatch, capsys):
     from cwviz.cli import main
     from cwviz.cli import sinks as command
-    from tests.helpers import CharTokenizer, family_model
 
     for model_type, shown in (("gpt_oss", True), ("llama", False)):
         bundle = cwviz.bundle_from_model(family_model(model_type), CharTokenizer(100), model_id=f"tiny-{model_type}")

@@ -125,6 +125,13 @@ class Attend(Protocol):
     def __call__(self, layer: int, record: LayerRecord) -> torch.Tensor: ...
 
 
+class Observe(Protocol):
+    """Sees each layer's attention output as the pass runs: z [batch, query, head, d_head] in the model's dtype, what
+    the attention function returns (the output projection's input), after any intervention. It must not change z."""
+
+    def __call__(self, layer: int, output: torch.Tensor) -> None: ...
+
+
 @dataclass
 class _Pass:
     layer_of: dict[int, int]
@@ -137,6 +144,7 @@ class _Pass:
     seen: list | None = None  # the modules that called the attention function, in order (:func:`attention_callers`)
     attend: Attend | None = None  # computes each recorded layer's output in place of SDPA (:func:`forward_pass`)
     called: set[int] = field(default_factory=set)  # the layers that have run in this recording pass
+    observe: Observe | None = None  # sees each layer's output (:func:`forward_pass`)
 
     def kept(self, layer: int, parts: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         """What a record keeps of ``parts``: on a CPU, contiguous copies side by side in one buffer for the
@@ -269,6 +277,8 @@ def _cwviz_attention(
         out = weighted_values(query, key, value, attention_mask, causal, scaling, softcap, learned_sinks, keep)
     if layer is None:
         return out, None
+    if active.observe is not None:
+        active.observe(layer, out)
     if active.record:
         q, k, v, z = active.kept(layer, (query[0], key[0], value[0], out[0].transpose(0, 1)))
         active.records[layer] = LayerRecord(
@@ -300,6 +310,7 @@ def forward_pass(
     progress: Progress | None = None,
     spill: SpilledRecords | None = None,
     attend: Attend | None = None,
+    observe: Observe | None = None,
 ) -> Iterator[dict[int, LayerRecord] | SpilledRecords]:
     """Within this block, forward passes of the model record and/or intervene.
 
@@ -309,9 +320,13 @@ def forward_pass(
     (:mod:`cwviz.core.util.progress`) is told after each attention layer has run (one pass: done 1..L). ``attend``
     (:class:`Attend`, passes without an intervention): each layer's output is what it returns, cast to the model's
     dtype, instead of SDPA's (how :func:`cwviz.analyze` streams measures during the pass, and how the signed flow
-    replays a recorded pass's outputs without recomputing its attention, ``record=False``).
+    replays a recorded pass's outputs without recomputing its attention, ``record=False``). ``observe``
+    (:class:`Observe`) sees each layer's output as it runs, recorded or not: a pass that keeps only a reduction of the
+    head outputs (:func:`cwviz.core.method.interventions.observed_pass`) records nothing.
     """
-    active = _Pass({id(m): i for i, m in enumerate(attention_modules)}, record, intervention, progress=progress, attend=attend)
+    active = _Pass(
+        {id(m): i for i, m in enumerate(attention_modules)}, record, intervention, progress=progress, attend=attend, observe=observe
+    )
     if spill is not None:
         active.records = spill
     token = _ACTIVE.set(active)

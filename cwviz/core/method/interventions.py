@@ -9,10 +9,14 @@ the clean ones afterwards (tested).
   :class:`ScaleValuesPerItem` does the same with chosen layers per batch item (many interventions a pass).
 * :class:`KeepKeys`: multiply each attention probability by a keep weight (0 removes key j's write
   to query i in every head, docs/METHOD.md section 3); probabilities are not renormalised.
+
+:func:`observed_pass` runs one such pass recording nothing: each layer's head outputs are handed to a reduction as
+the layer runs (what the sinks intervention compares), and the perplexity comes out as an analysis computes it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +25,8 @@ import torch
 from ..loading.inputs import token_ids
 from ..loading.models import Bundle
 from ..util.errors import InputError
-from .capture import forward_pass
+from ..util.progress import Progress
+from .capture import Observe, forward_pass
 from .logprobs import logprobs_from_hidden, perplexity_of
 
 
@@ -88,6 +93,26 @@ def logits(bundle: Bundle, input_ids: torch.Tensor, intervention=None) -> torch.
     device = bundle.input_device
     with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
         return bundle.model(input_ids=input_ids.to(device), use_cache=False).logits
+
+
+def observed_pass(bundle: Bundle, input_ids: list[int], observe: Observe, intervention=None, progress: Progress | None = None) -> float:
+    """One forward pass of ``input_ids`` (one sequence) under ``intervention`` (None = clean) that records nothing:
+    ``observe(layer, z)`` sees each attention layer's output z [1, query, head, d_head] (the output projection's input,
+    model dtype) as the layer runs, and ``progress(done, L)`` is told after each layer. Returns the prompt's
+    perplexity, as :attr:`cwviz.core.method.analysis.Analysis.perplexity` computes it from the same pass (NaN for a
+    model without next-token logits, or one token).
+
+    Why not :func:`cwviz.analyze` with the intervention: its records ([head, T, d_head] a layer) and the measures
+    recomputed from them cost several times the pass itself, for a caller that keeps one number a layer."""
+    ids = torch.tensor([list(input_ids)])
+    with (
+        torch.inference_mode(),
+        forward_pass(bundle.attention_modules, record=False, intervention=intervention, progress=progress, observe=observe),
+    ):
+        hidden = bundle.final_hidden(ids)[0]  # (T, d_model)
+        if not bundle.has_logits:
+            return math.nan
+        return perplexity_of(logprobs_from_hidden(hidden, bundle.output_logits, ids[0]))
 
 
 def batch_logprobs(bundle: Bundle, input_ids, intervention=None) -> torch.Tensor:
