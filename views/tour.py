@@ -115,6 +115,17 @@ def both_true(neg: tour.NegativeKey) -> str:
     )
 
 
+def scale_aside(neg: tour.NegativeKey) -> tuple | None:
+    """Steps 3 and 4's absolute scale, drawn beside the sentence where the head's picture and step 2's disagree
+    (:attr:`~cwviz.analyses.tour.HeadScale.sink_dominates`): the head's output and the layer's as bars of their length,
+    each with the first token's part (:func:`cwviz.charts.sinks.scale_bars`); None elsewhere."""
+    scale = neg.scale
+    if scale is None or not scale.sink_dominates:
+        return None
+    table = scale.table(layer, neg.head)
+    return sink_charts.scale_bars(table, f"Lengths for query {sel.token_label(neg.query)}"), table
+
+
 def sync(layer: int, head: int | None, query: int | None) -> None:
     """On entering a step, point the sidebar's selection (and so the other pages) at what the step shows, once."""
     entered = (sel.request, step)
@@ -125,13 +136,18 @@ def sync(layer: int, head: int | None, query: int | None) -> None:
         select(layer=layer, head=head, query=query)
 
 
-def show(text: str, link: str | None, page: str, chart=None, data=None, draw=widgets.chart) -> None:
+def show(text: str, link: str | None, page: str, chart=None, data=None, draw=widgets.chart, aside=None) -> None:
     """The step: its title, the sentences and the link to the full page, then its chart (beside the text, or below
     it for a wide chart). ``chart`` None: the step has nothing to draw on this prompt (``text`` says why).
     ``draw``: the widget that shows it (:func:`cwviz.app.widgets.chart`; ``head_grid`` and ``query_heatmaps`` make a
-    click select the head or the query in the sidebar, as those charts' titles say)."""
+    click select the head or the query in the sidebar, as those charts' titles say). ``aside``: a small chart and its
+    rows drawn beside the sentences (:func:`scale_aside`)."""
     wide = step in WIDE or chart is None
     left, right = (st.container(), st.container()) if wide else st.columns([1, 2], gap="medium")
+    if aside is not None:
+        left, beside = left.columns([3, 2], gap="medium")
+        with beside:
+            widgets.chart(*aside, f"cwviz-tour-step{step}-scale", key=f"tour_scale_{step}")
     with left:
         st.subheader(f"{step}. {STEPS[step - 1][1]}")
         (st.markdown if chart is not None else st.info)(text)
@@ -204,6 +220,7 @@ elif step == 3:
         cells.frame,
         # The Heatmaps page's two maps, each as wide as its column; a click selects the query as there.
         lambda cells, _data, name, key: widgets.query_heatmaps(cells, neg.query, name, key, key_mark=neg.key),
+        aside=scale_aside(neg),
     )
 elif step == 4:
     sync(layer, neg_head, query)
@@ -222,6 +239,7 @@ elif step == 4:
         "Token",
         token_charts.factor_bars(factors, mark=neg.key),
         factors.wide,
+        aside=scale_aside(neg),
     )
 elif step == 5:
     target = (anti.layer, anti.head) if anti is not None else (layer, head)

@@ -96,6 +96,23 @@ class HeadScale:
         where the head's map seems to refute step 2, and the step must say why both hold."""
         return self.sink_intra > 0.5 and self.sink_inter < 0.5 * self.sink_intra
 
+    def table(self, layer: int, head: int) -> pd.DataFrame:
+        """The absolute scale as four bars, in the model's stream (lengths of d_model vectors), top to bottom: the
+        head's output ‖o^h‖, the sink's part of it (c_intra ‖o^h‖, the length of α ṽ_sink along o^h), the layer's
+        output ‖o‖ and the sink's part of it through this head (c_inter ‖o‖). Columns: ``row`` (0..3), ``part``
+        ("output" or "first token"), ``length``, ``share`` (a sink part's share of the output above it; 1 for an
+        output), ``text`` (the bar's number, formatted as the tour's sentence prints it) and ``label`` (the bar's
+        name and that number: what the chart writes beside it)."""
+        rows = [
+            (f"head {head}", "output", self.head_norm, 1.0, f"‖o‖ = {self.head_norm:.1f}"),
+            ("first token", "first token", self.sink_intra * self.head_norm, self.sink_intra, f"{self.sink_intra:+.2f}"),
+            (f"layer {layer}", "output", self.layer_norm, 1.0, f"‖o‖ = {self.layer_norm:.1f}"),
+            ("first token", "first token", self.sink_inter * self.layer_norm, self.sink_inter, f"{self.sink_inter:.0%}"),
+        ]
+        frame = pd.DataFrame(rows, columns=["name", "part", "length", "share", "text"])
+        frame["label"] = frame["name"] + ": " + frame["text"]
+        return frame.assign(row=range(len(frame)))[["row", "label", "part", "length", "share", "text"]]
+
 
 def head_scale(analysis: Analysis, layer: int, head: int, query: int, sink: int = DEFAULT_SINK) -> HeadScale | None:
     """The :class:`HeadScale` of ``query`` in ``head`` of ``layer``, the sink at ``sink``; None where the query does

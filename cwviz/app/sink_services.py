@@ -101,19 +101,20 @@ def head_view(request: services.Request, sink: str, pool_path: str, pool_n: int,
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def clean_outputs(request: services.Request, sink: int) -> pd.DataFrame:
-    """:func:`cwviz.analyses.sinks.head_output_stats` of the sidebar prompt: the intervention's clean side, made once
-    for every λ."""
-    return sinks.head_output_stats(services.get_analysis(request).analysis, sink)
+    """:func:`cwviz.analyses.sinks.head_output_stats` of the sidebar prompt: the intervention's clean side (a clean
+    pass that records nothing), made once for every λ."""
+    analysis = services.get_analysis(request).analysis
+    with services.progress_bar(f"A clean pass of {analysis.info.id}, head outputs compared as it runs") as progress:
+        return sinks.head_output_stats(analysis, sink, progress=progress)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def intervention(request: services.Request, sink: int, factor: float, layers: tuple[int, ...] | None) -> sinks.SinkIntervention:
-    """:func:`cwviz.analyses.sinks.intervene_on_sink` on the sidebar prompt (its clean side from :func:`clean_outputs`)."""
+    """:func:`cwviz.analyses.sinks.intervene_on_sink` on the sidebar prompt (its clean side from :func:`clean_outputs`):
+    one forward pass a λ, recording nothing."""
     analysis = services.get_analysis(request).analysis
     clean = clean_outputs(request, sink)
-    with services.progress_bar(
-        f"λ = {factor:g}: a forward pass of {analysis.info.id} with the sink's value scaled, then comparing", "layer steps"
-    ) as progress:
+    with services.progress_bar(f"λ = {factor:g}: a forward pass of {analysis.info.id} with the sink's value scaled") as progress:
         return sinks.intervene_on_sink(analysis, sink, factor, layers, progress=progress, clean=clean)
 
 

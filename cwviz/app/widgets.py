@@ -32,10 +32,28 @@ def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, se
     height. Charts are drawn as SVG. Returns the selection state when ``on_select`` is given.
     """
     spec = _spec(chart_obj, width)
+    if width == "content" and presenter() and _continuous_view(spec):
+        # Presenter mode: a chart of one view (or layers of one) along a continuous axis is as wide as its column
+        # (Vega's fit-x: labels and legend included), whatever the window; maps and concatenated panels keep their size.
+        width = "stretch"
+        spec["autosize"] = {"type": "fit-x", "contains": "padding"}
     kwargs = {} if on_select is None else {"on_select": on_select, "selection_mode": selection_mode}
     event = st.vega_lite_chart(spec=spec, key=key, width=width, **kwargs)
     downloads(lambda: spec, data, name, key)
     return event
+
+
+def _continuous_view(spec: dict) -> bool:
+    """Whether the spec is one view or a layer of views (no concatenation, facet or repeat) whose x axes are all
+    continuous: what Vega's fit-x autosize can stretch to a column's width (a discrete axis keeps its step)."""
+    if any(key in spec for key in ("hconcat", "vconcat", "concat", "facet", "repeat", "spec")):
+        return False
+    views = spec.get("layer", [spec])
+    if any(not isinstance(view, dict) or "layer" in view or "mark" not in view for view in views):
+        return False
+    types = [(view.get("encoding") or spec.get("encoding") or {}).get("x", {}).get("type") for view in views]
+    types = [kind for kind in types if kind is not None]
+    return bool(types) and all(kind in ("quantitative", "temporal") for kind in types)
 
 
 #: Altair's data transformer is one setting for the whole process; conversions of several sessions take turns.
@@ -90,7 +108,28 @@ def _spec(chart_obj: alt.TopLevelMixin, width: str = "stretch") -> dict:
     config["axisDiscrete"] = {"labelFlush": False}
     config["legend"] = {"labelFontSize": px, "titleFontSize": px, "titleLimit": 400}
     config["title"] = {"fontSize": px + 2}
+    if px >= heatmaps.PRESENTER_LABEL_PX:
+        # Presenter mode: every text of the chart at least as large as its axis labels, the sizes a builder set
+        # itself too (titles, the numbers written on bars, a note above a map), and text marks that set none.
+        config["text"] = {"fontSize": px}
+        _at_least(spec, px)
     return spec
+
+
+def _at_least(node, px: int) -> None:
+    """Raise every font size in the spec ``node`` (``fontSize``, ``labelFontSize``, ...) below ``px`` to ``px``, in
+    place; the datasets are not read."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasets":
+                continue
+            if key.endswith(("fontSize", "FontSize")) and isinstance(value, int | float) and value < px:
+                node[key] = px
+            else:
+                _at_least(value, px)
+    elif isinstance(node, list):
+        for item in node:
+            _at_least(item, px)
 
 
 def _inline(spec: dict) -> dict:

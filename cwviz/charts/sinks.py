@@ -6,13 +6,14 @@ blue negative; attention is green; other lines are neutral grey and gold.
 
 from __future__ import annotations
 
+import json
 import math
 
 import altair as alt
 import pandas as pd
 
 from .heatmaps import head_pick, outline, signed_scale
-from .palette import ACCENT, ATTENTION, KEY, MUTED, NEUTRAL
+from .palette import ACCENT, ATTENTION, KEY, MUTED, NEGATIVE, NEUTRAL, POSITIVE
 
 #: Plot width (px) of a chart that shares the page's width with another: it, its axis labels and title fit half the
 #: main area of a 1,280 px window with the sidebar open.
@@ -216,3 +217,35 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
         .properties(title="Semantic cone (higher: outputs collapse into a narrower cone)", width=width, height=height)
     )
     return alt.vconcat(norm, cone).resolve_scale(color="independent")
+
+
+#: Height (px) of one bar's row in :func:`scale_bars`: a 16 px label (presenter mode) and its gap.
+SCALE_ROW_PX = 26
+
+
+def scale_bars(table: pd.DataFrame, title: str, width: int = 180) -> alt.Chart:
+    """The absolute scale beside a head's picture (tour steps 3 and 4): the head's output and the layer's as grey bars
+    of their length in the model's stream, each followed by the sink's part of it, red where it adds and blue where it
+    subtracts; each bar's label holds the number the step's sentence prints (written beside the axis, not at the bar's
+    end, so that no number runs past the plot however narrow its column).
+
+    ``table``: :meth:`cwviz.analyses.tour.HeadScale.table` (one row per bar, ``row`` top to bottom). A sink that is
+    nearly all of a short head output and a small part of the layer's is then seen as such: two bars of nearly equal
+    length, against a layer bar many times longer.
+    """
+    labels = table.sort_values("row")["label"].tolist()
+    y = alt.Y("row:O", title=None, axis=alt.Axis(labelExpr=f"{json.dumps(labels)}[datum.value]", labelLimit=260, ticks=False))
+    # An output's bar grey; the sink's part red where it adds, blue where it subtracts (scale None: the colours as given).
+    fill = f"datum.part == 'output' ? '{MUTED}' : datum.length < 0 ? '{NEGATIVE}' : '{POSITIVE}'"
+    tooltip = [
+        alt.Tooltip("label:N", title="bar"),
+        alt.Tooltip("length:Q", format=".3f"),
+        alt.Tooltip("share:Q", title="share of the output above", format="+.3f"),
+    ]
+    return (
+        alt.Chart(table)
+        .transform_calculate(fill=fill)
+        .mark_bar()
+        .encode(y=y, x=alt.X("length:Q", title="length in the stream"), color=alt.Color("fill:N", scale=None), tooltip=tooltip)
+        .properties(title=alt.TitleParams(title, anchor="start", fontSize=13), width=width, height=SCALE_ROW_PX * max(len(table), 1))
+    )

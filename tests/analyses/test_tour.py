@@ -202,7 +202,7 @@ def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold
     step 3's contribution is the contribution map's cell (query, key), ringed, and the sink's share its sink cell;
     step 4's factors are the bars of the marked key; the sentences' claims ("writes little", "writes against", "both
     are true") hold for the numbers printed."""
-    from cwviz.charts import heatmaps, token
+    from cwviz.charts import heatmaps, palette, token
     from cwviz.charts import sinks as sink_charts
 
     analysis = analyze(embedded_model, _embedded_prompts()[prompt])
@@ -250,6 +250,24 @@ def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold
         assert scale.sink_intra > 0.5 and scale.sink_inter < 0.5 * scale.sink_intra
         # The reconciliation: the sink's share of the layer is its share of the head, scaled by the head's length.
         assert abs(scale.sink_inter) <= abs(scale.sink_intra) * scale.head_fraction * (1 + 1e-4)
+        # The absolute scale drawn beside the sentence: its bars are the printed lengths and shares, and each bar's label
+        # holds the number the sentence prints (views/tour.py both_true's formats).
+        bars = sink_charts.scale_bars(scale.table(plan.layer.layer, neg.head), "query")
+        drawn = bars.data.set_index("row")
+        assert drawn["label"].tolist() == [
+            f"head {neg.head}: ‖o‖ = {scale.head_norm:.1f}",
+            f"first token: {scale.sink_intra:+.2f}",
+            f"layer {plan.layer.layer}: ‖o‖ = {scale.layer_norm:.1f}",
+            f"first token: {scale.sink_inter:.0%}",
+        ]
+        assert drawn["length"].tolist() == pytest.approx(
+            [scale.head_norm, scale.sink_intra * scale.head_norm, scale.layer_norm, scale.sink_inter * scale.layer_norm]
+        )
+        assert json.dumps(drawn["label"].tolist()) in bars.to_dict()["encoding"]["y"]["axis"]["labelExpr"]
+        # What the bars show: the first token's part is most of the head's bar and a small part of the layer's.
+        assert drawn.loc[1, "length"] > 0.5 * drawn.loc[0, "length"] and drawn.loc[3, "length"] < 0.5 * drawn.loc[2, "length"]
+        fill = bars.to_dict()["transform"][0]["calculate"]  # outputs grey, the sink's part by its sign
+        assert all(colour in fill for colour in (palette.MUTED, palette.POSITIVE, palette.NEGATIVE))
 
 
 @pytest.mark.parametrize("prompt", range(3), ids=["short", "medium", "long"])

@@ -829,7 +829,8 @@ TOUR_MAPS_JS = """
 def test_every_tour_step_marks_what_its_sentences_name_and_reads_from_the_back_row(server, browser, screen, presenter, prompt):
     """Each tour step on a short (30 tokens) and a long (~300 tokens) prompt: its chart lies inside the window; step 3
     rings the key its sentence names on both maps and step 4 marks its bars (▶); steps 3 and 4 say why the head's
-    red sink column and step 2's "writes little" are both true where they seem to disagree; in presenter mode the
+    red sink column and step 2's "writes little" are both true where they seem to disagree, and draw the absolute
+    scale that reconciles them (the head's and the layer's output lengths, and the sink's part of each); in presenter mode the
     maps are stacked, each as wide as the page, every token labelled (up to 40) in 16 px labels, cells 16 px or more."""
     params = {"presenter": "true"} if presenter else {}
     if prompt == "long":
@@ -864,6 +865,8 @@ def test_every_tour_step_marks_what_its_sentences_name_and_reads_from_the_back_r
                 assert page.locator(f"{CHART} text", has_text="▶").count() >= 1, "the step's key is marked on the bars"
             if step in (3, 4) and "Both pictures are true" in text:
                 assert "of the layer's output, as step 2 says" in text
+                # The absolute scale beside the sentence: the head's and the layer's output lengths, drawn as bars.
+                assert page.locator(f"{CHART} text", has_text="‖o‖ = ").count() == 2, "the absolute scale is drawn"
             page.screenshot(path=str(ARTIFACTS / f"{name}-step{step}.png"), full_page=True)
             if step < TOUR_STEPS:
                 page.get_by_role("button", name="Next →").click()
