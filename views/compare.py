@@ -103,7 +103,10 @@ with col_layout:
     )
 cells = services.map_cells(sel.request, request_b, sel.layer, sel.head, kind, sel.query)
 widgets.query_chart(
-    charts.compare_maps(cells, what, layout=layout), cells.frame, f"cwviz-compare-{what}-layer{sel.layer}", key="compare_maps"
+    charts.compare_maps(cells, what, layout=layout, label_px=widgets.label_px()),
+    cells.frame,
+    f"cwviz-compare-{what}-layer{sel.layer}",
+    key="compare_maps",
 )
 
 st.subheader("Every head: change B − A")

@@ -16,12 +16,14 @@ from .heatmaps import (
     CELL,
     LABEL_PX,
     PAIR_FITS,
+    PRESENTER_LABEL_PX,
     check_layout,
     contribution_scale,
     head_pick,
     label_expr,
     label_stride,
     outlined_grid,
+    presenter_height,
     query_outline,
     query_pick,
     sequential_scale,
@@ -47,6 +49,9 @@ SIDE_FITS = 1180
 #: Characters a title line holds: about 700 px at 13 px, narrower than the narrowest grid of maps.
 TITLE_CHARS = 100
 LABEL_LIMIT = 110  # px, the longest axis label ("12 lighthouse / 12 keeper" is cut with an ellipsis)
+#: Width (px) a map may take with its labels in presenter mode: the page of a projector's 1,280 px window with the
+#: sidebar open (about 820 px), less a margin.
+PRESENTER_FITS = 800
 
 
 def _extent(count: int) -> int:
@@ -63,30 +68,38 @@ def per_row(keys: int, layout: str = "auto") -> int:
     return next((n for n in (3, 2) if n * (_extent(keys) + VIEW_EXTRA) <= PAIR_FITS), 1)
 
 
-def compare_maps(cells: CompareCells, what: str = "contribution", query: int | None = None, layout: str = "auto") -> alt.ConcatChart:
+def compare_maps(
+    cells: CompareCells, what: str = "contribution", query: int | None = None, layout: str = "auto", label_px: int = LABEL_PX
+) -> alt.ConcatChart:
     """A, B and B − A of one map (``what``: ``"contribution"`` or ``"attention"``) on the aligned grid.
 
     A and B share one colour scale (sequential for attention, diverging at zero for contributions); the
     difference has its own, diverging at zero. The selected query's pair (``cells.query``) is outlined on each
     view; a click on a cell selects its query in A (:data:`~cwviz.charts.heatmaps.QUERY_PICK`, field
-    ``query_position``).
+    ``query_position``). ``label_px``: the axis labels' size; presenter mode's
+    (:data:`~cwviz.charts.heatmaps.PRESENTER_LABEL_PX`) stacks the maps, each as large as the Heatmaps page's in
+    presenter mode (:func:`~cwviz.charts.heatmaps.presenter_height`) within :data:`PRESENTER_FITS`.
     """
     if what not in COMPARE_MAPS:
         raise ValueError(f"what must be one of {', '.join(COMPARE_MAPS)}, not {what!r}")
     frame = cells.frame
     row = cells.query if query is None else query
     keys, queries = frame["key"].nunique(), frame["query"].nunique()
-    rows = per_row(keys, layout)
+    presenter = label_px >= PRESENTER_LABEL_PX
+    rows = 1 if presenter else per_row(keys, layout)
     width, height = _extent(keys), _extent(queries)
-    if layout == "side":
+    if presenter:
+        width = min(presenter_height(keys), PRESENTER_FITS - VIEW_EXTRA)
+        height = width if queries == keys else presenter_height(queries)
+    elif layout == "side":
         width = min(width, SIDE_FITS // rows - VIEW_EXTRA)
         height = min(height, width) if queries == keys else height
 
     def axis(field: str, extent: int, **more) -> alt.Axis:
         positions = sorted(frame[field].unique())
-        stride = label_stride(len(positions), extent)
+        stride = label_stride(len(positions), extent, label_px)
         labels = thinned_label_expr(cells.labels, positions, row, stride) if stride > 1 else label_expr(cells.labels)
-        return alt.Axis(labelExpr=labels, labelLimit=LABEL_LIMIT, labelOverlap=False, labelFontSize=LABEL_PX, **more)
+        return alt.Axis(labelExpr=labels, labelLimit=LABEL_LIMIT, labelOverlap=False, labelFontSize=label_px, **more)
 
     tooltips = [
         alt.Tooltip("query_token:N", title="query (A / B)"),

@@ -345,3 +345,48 @@ def test_a_downloaded_chart_draws_the_rows_the_page_sent_as_arrow():
     assert rows(inline) == rows(view.to_dict())
     svg = export.render_spec(inline, "svg").decode()
     assert len(re.findall(r'aria-label="[^"]*; contribution: [^"]*"', svg)) == len(cells.frame)
+
+
+def _font_sizes(node) -> list[float]:
+    """Every font size a chart spec sets (``fontSize``, ``labelFontSize``, ...), its datasets left out."""
+    if isinstance(node, dict):
+        return [
+            size
+            for key, value in node.items()
+            if key != "datasets"
+            for size in ([value] if key.endswith(("fontSize", "FontSize")) and isinstance(value, int | float) else _font_sizes(value))
+        ]
+    return [size for item in node for size in _font_sizes(item)] if isinstance(node, list) else []
+
+
+@pytest.mark.parametrize(
+    "page, params",
+    [
+        ("views/heatmaps.py", {}),
+        ("views/token.py", {}),
+        ("views/sinks.py", {}),
+        ("views/compare.py", {}),
+        ("views/tour.py", {"step": "3"}),
+        ("views/tour.py", {"step": "4"}),
+        ("views/tour.py", {"step": "6"}),
+    ],
+    ids=["heatmaps", "token", "sinks", "compare", "tour3", "tour4", "tour6"],
+)
+def test_presenter_mode_draws_every_chart_text_at_16_px_and_stretches_one_view_charts(page, params):
+    """In presenter mode every text a chart sets (axes, legends, titles, numbers written on it, text marks) is 16 px
+    or more, and a chart of one view along a continuous axis fills its column (Vega's fit-x autosize)."""
+    at = run_app(page=page, params={"presenter": "true", **params})
+    at.query_params["presenter"] = "true"  # AppTest's page switch leaves the URL's parameters behind
+    at.run()
+    assert_clean(at)
+    specs = charts(at)
+    assert specs
+    for spec in specs:
+        sizes = _font_sizes(spec)
+        assert sizes and min(sizes) >= 16, (spec.get("title"), sorted(set(sizes)))
+        assert spec["config"]["text"]["fontSize"] >= 16
+    if page == "views/sinks.py":  # (a) and (c): one layered view each, along the sink ratio and the layer
+        assert sum(spec["autosize"]["type"] == "fit-x" for spec in specs) >= 2
+    if page == "views/compare.py":  # the maps stacked, each as large as the Heatmaps page's in presenter mode
+        maps = specs[0]
+        assert "vconcat" in maps and all(view["width"] >= 16 * 20 for view in maps["vconcat"])
