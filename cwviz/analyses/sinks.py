@@ -515,8 +515,8 @@ def intervene_on_sink(
     :func:`head_output_stats` of ``analysis`` and this sink, when the caller has it (it does not change with λ);
     a clean pass makes it here otherwise. ``progress(done, L)`` (:mod:`cwviz.core.util.progress`) a layer at a time
     of the intervened pass; without ``clean``, ``progress(done, 2 L)``: the clean pass, then the intervened one.
-    The clean pass is the analysis's own (the same attention function, nothing changed), so λ = 1 gives exactly its
-    perplexity and a change of 0."""
+    Both passes run the model as :func:`cwviz.analyze` does (its attention function, nothing else changed), so λ = 1
+    gives a plain analysis's perplexity and a change of 0."""
     factor = check_factor(factor)
     sink = resolve_sink(analysis, sink)
     chosen = _layers(analysis, layers)
