@@ -412,14 +412,16 @@ def head_output_norms(z: torch.Tensor, grams: torch.Tensor) -> torch.Tensor:
     return ((z @ grams) * z).sum(-1).clamp_min(0).sqrt()
 
 
-def semantic_cone(z: torch.Tensor, grams: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def semantic_cone(z: torch.Tensor, grams: torch.Tensor, positions: torch.Tensor, norms: torch.Tensor | None = None) -> torch.Tensor:
     """Mean pairwise cosine between one head's outputs o_i^h = W_O^h z_i^h at ``positions`` (i ≠ j), per head: [head].
 
-    z [head, query, d_head]; grams G^h [head, d_head, d_head]; positions bool [query]. Zero outputs are left out.
-    Computed as (‖Σ u_i‖² − n) / (n(n − 1)) with u_i = o_i / ‖o_i‖, linear in the number of positions, and in each
-    head's value space: Σ u_i = W_O^h w with w = Σ z_i / ‖o_i‖, so ‖Σ u_i‖² = wᵀ G^h w (float64)."""
-    z = z[:, positions.to(z.device)].float()  # (H, P, d)
-    norms = head_output_norms(z, grams)[..., None]  # (H, P, 1)
+    z [head, query, d_head]; grams G^h [head, d_head, d_head]; positions bool [query]; ``norms``: ‖o_i^h‖ [head,
+    query] (:func:`head_output_norms`) when the caller has them. Zero outputs are left out. Computed as
+    (‖Σ u_i‖² − n) / (n(n − 1)) with u_i = o_i / ‖o_i‖, linear in the number of positions, and in each head's value
+    space: Σ u_i = W_O^h w with w = Σ z_i / ‖o_i‖, so ‖Σ u_i‖² = wᵀ G^h w (float64)."""
+    positions = positions.to(z.device)
+    z = z[:, positions].float()  # (H, P, d)
+    norms = (head_output_norms(z, grams) if norms is None else norms[:, positions])[..., None]  # (H, P, 1)
     nonzero = norms > 0
     w = torch.where(nonzero, z.double() / norms.double().clamp_min(1e-300), 0.0).sum(1)  # (H, d)
     n = nonzero[..., 0].sum(-1).double()  # (H,)
@@ -483,8 +485,9 @@ def _observed_stats(
         z = z[0].transpose(0, 1).float()  # (H, Q, d_head)
         grams = head_grams(analysis.bundle.gram(layer).to(z.device), analysis.num_heads)  # (H, d_head, d_head)
         positions = _sink_positions(analysis, layer, sink).to(z.device)
-        norm = head_output_norms(z[:, positions], grams).mean()
-        rows[layer] = {"layer": layer, "output_norm": float(norm), "cone": float(semantic_cone(z, grams, positions).nanmean())}
+        norms = head_output_norms(z, grams)  # (H, Q)
+        cone = semantic_cone(z, grams, positions, norms)
+        rows[layer] = {"layer": layer, "output_norm": float(norms[:, positions].mean()), "cone": float(cone.nanmean())}
 
     perplexity = observed_pass(analysis.bundle, analysis.input_ids, reduce, intervention, progress)
     return pd.DataFrame([rows[layer] for layer in range(analysis.num_layers)]), perplexity
