@@ -531,6 +531,7 @@ SECTIONS = [
     "dashboard-long",
     "browser",
     "browser-flow",
+    "lambda",
     "window",
     "masked",
 ]
@@ -604,6 +605,10 @@ def main(argv=None) -> int:
         from benchmarks import browser
 
         sections.append(("The Flow page in the browser (Chromium)", browser.bench_flow(repeats=args.repeats)))
+    if "lambda" in only:
+        from benchmarks import lambda_pass
+
+        sections.append(("One λ of the sinks intervention, before and after the one-pass λ", lambda_pass.bench(bundle, args.repeats)))
     if "masked" in only:
         masked_lengths = [t for t in lengths if t <= 1024] or [256]
         sections.append(
