@@ -219,8 +219,9 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
     return alt.vconcat(norm, cone).resolve_scale(color="independent")
 
 
-#: Height (px) of one bar's row in :func:`scale_bars`: a 16 px label (presenter mode) and its gap.
-SCALE_ROW_PX = 26
+#: Height (px) of one bar's row in :func:`scale_bars`: a 16 px label (presenter mode) with room around it, the four
+#: rows a plot of at least 150 px, as every chart's (tests/browser).
+SCALE_ROW_PX = 38
 
 
 def scale_bars(table: pd.DataFrame, title: str, width: int = 180) -> alt.Chart:

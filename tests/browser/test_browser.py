@@ -745,7 +745,9 @@ def test_every_tour_step_draws_its_chart_and_its_link_opens_its_view(server, bro
             page.locator("h3", has_text=f"{step}. ").wait_for(timeout=60_000)
             _settle(page, 1)
             _assert_no_error_text(page)
-            assert _check_charts(page, f"tour step {step}") == (2 if step == 3 else 1)  # step 3: the two maps
+            # Step 3: the two maps; steps 3 and 4 also draw the absolute scale beside a sentence that reconciles two pictures.
+            scale = step in (3, 4) and "Both pictures are true" in page.inner_text('[data-testid="stMain"]')
+            assert _check_charts(page, f"tour step {step}") == (2 if step == 3 else 1) + scale
             page.screenshot(path=str(ARTIFACTS / f"tour-step{step}.png"))
             if step == TOUR_README_STEP and os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1":
                 page.screenshot(path=str(ASSETS / "tour.png"))  # the README's, as tests/browser/test_browser.py refreshes the others
@@ -809,9 +811,10 @@ def _researcher_prompt() -> str:
     return " ".join(texts * 4)
 
 
-#: The ring around the step's key on a map (:data:`cwviz.charts.heatmaps.RING`), the query row's outline, the cells.
+#: The ring around the step's key on a map (:data:`cwviz.charts.heatmaps.RING`), the query row's outline, the cells: of
+#: the page's last two charts, the maps (the absolute scale, where drawn, stands above them beside the sentence).
 TOUR_MAPS_JS = """
-() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')].slice(0, 2).map(svg => ({
+() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')].slice(-2).map(svg => ({
   box: svg.getBoundingClientRect().toJSON(),
   ring: [...svg.querySelectorAll('g.role-mark path[stroke="#111111"]')].map(p => p.getBoundingClientRect().toJSON()),
   cells: [...svg.querySelectorAll('g.role-mark path[aria-label*="contribution: "]')].slice(0, 3).map(p => p.getBoundingClientRect().toJSON()),
