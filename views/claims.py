@@ -61,7 +61,7 @@ def run_here() -> list[dict] | None:
             min_value=3,
             max_value=512,
         )
-    protocol = faithfulness.Protocol(rates=CLAIMS_RATES, measures=claims.ORDER, max_tokens=int(cap))
+    protocol = faithfulness.Protocol(rates=CLAIMS_RATES, measures=claims.MEASURES, max_tokens=int(cap))
     asked = run_services.Asked((sel.model, sel.device, sel.dtype), tuple(claims.gsm8k_items(int(n))), protocol)
     if st.button("Run", type="primary", key="claims_run"):  # True in the click's rerun, which has the widgets' values
         st.session_state[ASKED] = asked
