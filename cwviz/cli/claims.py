@@ -96,8 +96,12 @@ def format_table(table) -> str:
     for row in table.itertuples(index=False):
         where = f" [{row.scope}, {row.curve}, {row.rate:g}%]" if row.claim == 1 else ""
         if row.role == claims.VERDICT:
-            lines.append(f"claim {row.claim}{row.part}{where}: {row.verdict.upper()}: {row.statistic} {row.estimate:+.3g} [{row.ci_low:+.3g}, {row.ci_high:+.3g}]; {row.evidence}")
+            lines.append(
+                f"claim {row.claim}{row.part}{where}: {row.verdict.upper()}: {row.statistic} {row.estimate:+.3g} [{row.ci_low:+.3g}, {row.ci_high:+.3g}]; {row.evidence}"
+            )
         else:
             judged = f" ({row.verdict})" if row.verdict else ""
-            lines.append(f"  {row.role} {row.claim}{where}: {row.statistic} {row.estimate:+.3g} [{row.ci_low:+.3g}, {row.ci_high:+.3g}]{judged}")
+            lines.append(
+                f"  {row.role} {row.claim}{where}: {row.statistic} {row.estimate:+.3g} [{row.ci_low:+.3g}, {row.ci_high:+.3g}]{judged}"
+            )
     return "\n".join(lines)

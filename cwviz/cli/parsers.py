@@ -277,7 +277,9 @@ def _add_faithfulness(sub: argparse._SubParsersAction) -> None:
         help=f"masked runs per forward pass (default {DEFAULT_BATCH_SIZE}), or auto: as many as memory allows "
         f"(every distinct run of an example on a GPU, at most {DEFAULT_BATCH_SIZE} on a CPU)",
     )
-    parser.add_argument("--draws", type=int, default=DEFAULT_DRAWS, help=f"random rankings per example, the control (default {DEFAULT_DRAWS})")
+    parser.add_argument(
+        "--draws", type=int, default=DEFAULT_DRAWS, help=f"random rankings per example, the control (default {DEFAULT_DRAWS})"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random rankings and the bootstrap (default 0)")
     parser.add_argument("--out", type=Path, help="summary CSV, rewritten after every example")
     add_sweep_args(parser, "results folder: per-example records, manifest.json and summary.csv")
