@@ -50,6 +50,15 @@ ORDER: tuple[str, ...] = ("raw", "value_weighted", "value_weighted_output_normal
 #: What ``cwviz claims`` ranks: :data:`ORDER` and the random control.
 MEASURES: tuple[str, ...] = (*ORDER, "random")
 SHORT = {"raw": "raw", "value_weighted": "VW", "value_weighted_output_normalized": "VW/‖o‖", "contribution_inter": "CW", "random": "random"}
+#: What the verdict rows of claims 2–5 are called on the forest plot.
+LABELS = {
+    "2": "sink vs other keys",
+    "3": "sink-active heads",
+    "4": "U-shaped heads",
+    "5a": "spread",
+    "5b": "toward centroid",
+    "5c": "perplexity",
+}
 #: Claim 4: the share of heads must be above this.
 MAJORITY = 0.5
 #: Columns of ``claims.csv`` (and of :func:`claims_table`).
@@ -282,7 +291,8 @@ def verdicts(table: pd.DataFrame) -> pd.DataFrame:
     rows = table[table["role"] == VERDICT].copy()
     rate = rows["rate"].map(lambda r: "" if pd.isna(r) else f" {r:g} %")
     where = rows["scope"].where(rows["scope"] == "", " " + rows["scope"] + " " + rows["curve"].str[:4] + ".")
-    rows["label"] = rows["claim"].astype(str) + rows["part"] + where + rate
+    names = rows["claim"].astype(str) + rows["part"]
+    rows["label"] = names + where + rate + names.map(lambda k: f" {LABELS[k]}" if k in LABELS else "")
     return rows.reset_index(drop=True)
 
 

@@ -239,7 +239,7 @@ def test_cwviz_claims_end_to_end_on_a_tiny_model_resumes_and_refuses_other_setti
     assert set(table[table.claim == 1].scope) == set(faithfulness.RANK_SCOPES)
     assert set(table.role) == {"verdict", "control", "evidence"}
     assert set(table[table.role == "verdict"].verdict) <= {"holds", "fails", "unresolved"}
-    assert set(table.n) <= {0, 2}
+    assert table.n.max() == 2  # two items (a row with fewer: a statistic some item had none of, e.g. no sink-active head)
     out = capsys.readouterr().out
     assert "claim 5a:" in out and "claim 5c:" in out
     # a second run without --resume is refused; with it nothing reruns; another scope list is refused

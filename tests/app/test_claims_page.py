@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
+from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from cwviz.analyses import claims, records
@@ -53,10 +55,9 @@ def test_a_saved_folder_draws_every_verdict_and_gives_one_row_per_claim_and_the_
     at = app.run()
     assert not at.exception and not at.error
     # the forest plot: one row per verdict (claim 1's two curves, 2, 3, 4, 5a, 5b, 5c), each coloured by its verdict
-    (chart,) = at.get("arrow_vega_lite_chart")
-    spec = json.loads(chart.proto.spec)
-    drawn = [row for rows in spec["datasets"].values() for row in rows]
-    assert sorted({row["label"] for row in drawn}) == sorted(at.dataframe[0].value.index)
+    (chart,) = at.get("vega_lite_chart")
+    drawn = pd.concat([convert_arrow_bytes_to_pandas_df(d.data.data) for d in chart.proto.datasets])
+    assert sorted(set(drawn["label"])) == sorted(at.dataframe[0].value.index)
     assert len(at.dataframe[0].value) == 8 and set(at.dataframe[0].value.verdict) == {"holds"}
     assert "#5e3c99" in chart.proto.spec and "#b2182b" not in chart.proto.spec and "#2166ac" not in chart.proto.spec
     overview = at.dataframe[1].value
