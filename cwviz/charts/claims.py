@@ -53,7 +53,7 @@ def forest(rows: pd.DataFrame) -> alt.VConcatChart:
         order = list(group["label"])
         y = alt.Y("label:N", sort=order, title=None, axis=alt.Axis(labelLimit=220))
         base = alt.Chart(group).encode(y=y)
-        x = alt.X("ci_low:Q", title=None, scale=alt.Scale(zero=False, nice=True))
+        x = alt.X("ci_low:Q", title=None, scale=alt.Scale(zero=False, nice=True), axis=alt.Axis(tickCount=6))
         bars = base.mark_rule(strokeWidth=3).encode(x=x, x2="ci_high:Q", color=colour, tooltip=tooltip)
         dots = base.mark_point(filled=True, size=60).encode(x="estimate:Q", color=colour, tooltip=tooltip)
         lines = base.mark_tick(color=NEUTRAL, thickness=2, size=ROW_HEIGHT).encode(x="line:Q")
