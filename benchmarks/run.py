@@ -207,7 +207,10 @@ def masked_batch(bundle, tokens: int, batch: int):
     runs = [run for run in protocol.runs() if run[0] != "value_weighted_output_normalized"][:batch]
     masks = {}
     for layer, visible in ranked.num_visible.items():
-        parts = [faithfulness.keep_mask(ranked.ranks[m][layer], faithfulness.masked_counts(visible, r), visible, c) for m, c, r in runs]
+        parts = [
+            faithfulness.keep_mask(ranked.ranks[m, d][layer], faithfulness.masked_counts(visible, r), visible, c, ranked.visible[layer])
+            for m, c, r, d in runs
+        ]
         masks[layer] = torch.stack(parts)  # (B, 1, Q, K)
     return torch.tensor([ids] * len(runs)), masks
 

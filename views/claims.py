@@ -12,6 +12,7 @@ from cwviz.analyses.schema import CLAIMS_RATES
 from cwviz.app import hosting, run_services
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import url_widget
+from cwviz.charts import claims as charts_claims
 
 #: Items a run on this page may take (the CLI takes any number, resumably).
 MAX_ITEMS = 10
@@ -24,11 +25,14 @@ st.markdown(
 )
 with st.expander("How the claims are tested"):
     st.markdown(
-        "Claim 1 by the faithfulness curves under each rank scope (query, token, layer), claims 2–5 by the sink "
-        "tables, head curves and the sink intervention. A verdict is **holds** when the 95 % bootstrap interval over "
-        "the items lies wholly on the paper's side, **fails** when it lies wholly on the other, **unresolved** when it "
-        "does not decide (criteria: docs/METHOD.md section 5). For many items run `cwviz claims --results DIR` (it "
-        "resumes) and open its folder here."
+        "Claim 1 by the faithfulness curves under each rank scope (query, token, layer) on the log-perplexity ratio, "
+        "with random rankings as the control; claim 2 by the sink against the other keys; claim 3 on the sink-active "
+        "heads (mean sink ratio ≥ 0.3); claim 4 by a quadratic fit of each head's output norms against its sink ratios; "
+        "claim 5 as three verdicts on the low-norm outputs with the sink's value removed: (a) their spread narrows, "
+        "(b) they turn toward the semantic tokens' centroid, (c) perplexity rises. A verdict is **holds** when the "
+        "95 % bootstrap interval over the items lies wholly on the paper's side of its line, **fails** when it lies "
+        "wholly on the other, **unresolved** when it does not decide (protocol: docs/METHOD.md section 5). For many "
+        "items run `cwviz claims --results DIR` (it resumes) and open its folder here."
     )
 files = hosting.policy_from_env().server_files  # off in hosting mode: the server's files are not the users'
 sources = {"run": "run here (GSM8K sample)", "saved": "a results folder of cwviz claims"} if files else {"run": "run here (GSM8K sample)"}
@@ -61,7 +65,7 @@ def run_here() -> list[dict] | None:
             min_value=3,
             max_value=512,
         )
-    protocol = faithfulness.Protocol(rates=CLAIMS_RATES, measures=claims.ORDER, max_tokens=int(cap))
+    protocol = faithfulness.Protocol(rates=CLAIMS_RATES, measures=claims.MEASURES, max_tokens=int(cap))
     asked = run_services.Asked((sel.model, sel.device, sel.dtype), tuple(claims.gsm8k_items(int(n))), protocol)
     if st.button("Run", type="primary", key="claims_run"):  # True in the click's rerun, which has the widgets' values
         st.session_state[ASKED] = asked
@@ -107,16 +111,31 @@ table = claims.claims_table(made)
 st.caption(
     f"{len(finished)} item(s); 95 % percentile bootstrap intervals over the items ({claims.RESAMPLES} resamples, paired within an item)."
 )
+rows = claims.verdicts(table)
+st.subheader("Every verdict: estimate and 95 % interval against its line")
+st.altair_chart(charts_claims.forest(rows), width="content")
+st.caption(
+    "Purple: holds (the interval lies wholly on the paper's side of the grey tick), orange: fails (wholly on the other "
+    "side), grey: unresolved. Each claim has its own scale: its statistic's unit differs."
+)
+st.dataframe(
+    rows[["label", "verdict", "statistic", "estimate", "ci_low", "ci_high", "line", "n", "evidence"]].set_index("label"), width="stretch"
+)
 st.subheader("One row per claim")
 st.dataframe(claims.overview(table).set_index("claim"), width="stretch")
-st.subheader("Claim 1 per rank scope, curve and rate")
+st.subheader("The random control: each measure's gap to random")
 st.caption(
-    "Each adjacent pair's paired ΔPPL difference, oriented so that > 0 is the paper's order. Under the query scope "
-    "value-weighted and its output-normalised form rank alike (one ‖o_i‖ divides a query's row), so that pair ties."
+    "Log-perplexity ratio of the measure minus that of random rankings (comprehensiveness; the reverse for "
+    "sufficiency): > 0 means the measure finds the keys the model needs better than chance."
 )
-one = table[table.claim == 1][["scope", "curve", "rate", "verdict", "evidence", "n"]]
-st.dataframe(one.reset_index(drop=True), width="stretch")
-st.subheader("Claims 2–5")
-rest = table[table.claim > 1][["claim", "verdict", "statistic", "estimate", "ci_low", "ci_high", "evidence", "n"]]
-st.dataframe(rest.set_index("claim"), width="stretch")
+control = table[table.role == claims.CONTROL]
+st.dataframe(
+    control[["scope", "curve", "rate", "part", "estimate", "ci_low", "ci_high", "verdict", "n", "evidence"]]
+    .rename(columns={"part": "measure", "estimate": "gap"})
+    .reset_index(drop=True),
+    width="stretch",
+)
+st.subheader("Evidence: the first protocol's statistics, other thresholds, ΔPPL")
+evidence = table[table.role == claims.EVIDENCE]
+st.dataframe(evidence[["claim", "statistic", "estimate", "ci_low", "ci_high", "line", "verdict", "n"]].set_index("claim"), width="stretch")
 st.download_button("claims.csv", table.to_csv(index=False, float_format="%.6g"), file_name="claims.csv", mime="text/csv", key="claims_csv")

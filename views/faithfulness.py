@@ -46,8 +46,9 @@ with st.expander("How to read this page"):
         "ΔPPL = PPL(masked) − PPL(clean) says how much the model needed them: a faithful measure gives a large "
         "ΔPPL when its top keys go and a small one when its bottom keys go. Removing key *j* for query *i* "
         "takes its write α·ṽ out of the layer output in every head (attention is not renormalised). Default "
-        "protocol: layer-level scores from the clean pass, masks in every layer at once, at least one key per "
-        "query; `random` is the control."
+        "protocol: layer-level scores from the clean pass, masks in every layer at once, no query loses every key "
+        "(query 0, which sees only the first token, is never masked); `random` is the control (3 random rankings "
+        "an example, averaged)."
     )
 if sel.ok and not sel.analysis.info.causal:
     info = sel.analysis.info

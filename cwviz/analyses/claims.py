@@ -1,16 +1,18 @@
 """Does the paper hold on this model? The five claims of Cunningham and Muça Cirone (ICML 2026), each checked on a
-sweep's items with a bootstrap interval over the items and a verdict (docs/METHOD.md section 5, where the criteria
-are written down).
+sweep's items with a bootstrap interval over the items and a verdict (docs/METHOD.md section 5, where the protocol is
+written down: issue 45's, pre-registered).
 
 Each item (one text) gives one record (:func:`item_payload`, run through the sweep runner
 :mod:`cwviz.analyses.sweep` by ``cwviz claims``): its faithfulness runs under each rank scope (the per-example table
-of :func:`cwviz.analyses.faithfulness.run_example`, as a faithfulness record's payload) and a few numbers per item
-from its sink table, head curves and sink intervention (:func:`sink_statistics`). :func:`claims_table` turns the
-records into one row per claim (claim 1: per scope, curve and rate) with the estimate, its interval and the
-verdict; it and everything below it compute no model, so they are tested on constructed records.
+of :func:`cwviz.analyses.faithfulness.run_example`, the random control among the measures, as a faithfulness record's
+payload) and the numbers claims 2–5 are judged by (:func:`cwviz.analyses.claim_items.sink_statistics`).
+:func:`claims_table` turns the records into one row per statistic, each with its ``role``: ``verdict`` (the
+pre-registered test of a claim; claim 1 per scope, curve and rate; claim 5 as three verdicts a, b, c), ``control``
+(claim 1: each measure's gap to random) or ``evidence`` (the first protocol's statistics, other thresholds, ΔPPL);
+it and everything below it compute no model, so they are tested on constructed records.
 
-Verdicts: ``holds`` when the 95 % interval lies wholly on the paper's side, ``fails`` when it lies wholly on the
-other, ``unresolved`` when it straddles the line (or every item ties exactly).
+Verdicts: ``holds`` when the 95 % interval lies wholly on the paper's side of the row's ``line``, ``fails`` when it
+lies wholly on the other, ``unresolved`` when it straddles the line (or every item ties exactly, or too few items).
 """
 
 from __future__ import annotations
@@ -23,15 +25,17 @@ import numpy as np
 import pandas as pd
 
 from ..core.method.analysis import analyze
-from . import faithfulness, sinks
+from ..core.method.interventions import ScaleValues
+from . import claim_items, faithfulness, sinks
 from .bootstrap import bootstrap_interval
-from .codecs import CLAIMS
+from .codecs import CLAIMS, SINK_STATS
 
 #: The sub-folder of ``--results DIR`` that holds the records (:data:`cwviz.analyses.codecs.CLAIMS`) and manifest.
 RECORDS_FOLDER = CLAIMS.name
 #: The file ``cwviz claims --results DIR`` writes (atomically): :data:`CSV_COLUMNS`.
 CSV_NAME = "claims.csv"
 HOLDS, FAILS, UNRESOLVED = "holds", "fails", "unresolved"
+VERDICT, CONTROL, EVIDENCE = "verdict", "control", "evidence"
 #: The paper's statements, by claim number (docs/METHOD.md section 5).
 STATEMENTS: dict[int, str] = {
     1: "Faithfulness rises raw attention < value-weighted < value-weighted output-normalised < contribution weights, "
@@ -39,16 +43,29 @@ STATEMENTS: dict[int, str] = {
     2: "The first token's (the sink's) contributions are driven by value geometry (norm ratio and cosine), not by attention",
     3: "Sink values are anti-aligned with the semantic tokens' (negative cosine)",
     4: "The output norm against the sink ratio is convex, its minimum at a sink ratio below 1",
-    5: "Removing the sink's value collapses the heads' outputs into a semantic cone and raises perplexity",
+    5: "Removing the sink's value collapses the low-norm head outputs into the semantic cone and raises perplexity",
 }
 #: Claim 1's measures in the paper's order (least to most faithful); each adjacent pair is tested.
 ORDER: tuple[str, ...] = ("raw", "value_weighted", "value_weighted_output_normalized", "contribution_inter")
-SHORT = {"raw": "raw", "value_weighted": "VW", "value_weighted_output_normalized": "VW/‖o‖", "contribution_inter": "CW"}
-#: Claim 4: the share of heads whose curve has its minimum inside (0, 1) must be above this.
+#: What ``cwviz claims`` ranks: :data:`ORDER` and the random control.
+MEASURES: tuple[str, ...] = (*ORDER, "random")
+SHORT = {"raw": "raw", "value_weighted": "VW", "value_weighted_output_normalized": "VW/‖o‖", "contribution_inter": "CW", "random": "random"}
+#: What the verdict rows of claims 2–5 are called on the forest plot.
+LABELS = {
+    "2": "sink vs other keys",
+    "3": "sink-active heads",
+    "4": "U-shaped heads",
+    "5a": "spread",
+    "5b": "toward centroid",
+    "5c": "perplexity",
+}
+#: Claim 4: the share of heads must be above this.
 MAJORITY = 0.5
 #: Columns of ``claims.csv`` (and of :func:`claims_table`).
 CSV_COLUMNS = [
     "claim",
+    "part",
+    "role",
     "scope",
     "curve",
     "rate",
@@ -57,12 +74,11 @@ CSV_COLUMNS = [
     "estimate",
     "ci_low",
     "ci_high",
+    "line",
     "n",
     "evidence",
     "statement",
 ]
-#: The per-item numbers of :func:`sink_statistics`.
-SINK_STATS = ("rho_geometry", "rho_attention", "cos_sink_rest", "interior_minimum_share", "median_minimiser", "cone_change", "delta_ppl")
 LEVEL, RESAMPLES = 0.95, 2000
 #: Fewer items than this decide nothing: a bootstrap over one or two items has (nearly) no spread, so its interval
 #: would look decisive while it measures nothing. Such a row is unresolved, its evidence saying why.
@@ -72,8 +88,8 @@ MIN_ITEMS = 5
 # -- one item ---------------------------------------------------------------------------------------------
 def item_payload(bundle, text: str, protocol, scopes: Sequence[str], sink=0, example: int = 0) -> dict:
     """One item's claims record payload: ``{"skipped", "tokens", "faithfulness": {scope: faithfulness payload},
-    "sinks": {name: float for SINK_STATS}}``. One clean pass is shared by every scope's masked runs, the sink table and
-    the intervention (the sink's value removed in every layer, attention kept: one more pass)."""
+    "sinks": {name: float for SINK_STATS}}``. One clean pass is shared by every scope's masked runs and the sink table;
+    one more pass removes the sink's value in every layer (attention kept) for claim 5."""
     ids = faithfulness.example_ids(bundle, text, protocol.max_tokens)
     if ids is None or len(ids) < 3:  # the sink statistics need a query that sees the sink and another key
         return CLAIMS.encode(0 if ids is None else len(ids))
@@ -82,10 +98,10 @@ def item_payload(bundle, text: str, protocol, scopes: Sequence[str], sink=0, exa
         scope: faithfulness.run_example(bundle, ids, replace(protocol, rank_scope=scope), example=example, analysis=analysis)
         for scope in scopes
     }
-    table = sinks.sink_table(analysis, sink)
-    heads = sinks.sink_head_summary(table)
-    after = sinks.intervene_on_sink(analysis, sink, 0.0)
-    return CLAIMS.encode(len(ids), tables, sink_statistics(table, heads, after.table, after.delta_ppl))
+    sink = sinks.resolve_sink(analysis, sink)
+    after = analyze(bundle, input_ids=ids, intervention=ScaleValues(positions=(sink,), factor=0.0))
+    stats = claim_items.sink_statistics(analysis, after, sinks.sink_table(analysis, sink), sink)
+    return CLAIMS.encode(len(ids), tables, stats)
 
 
 def gsm8k_items(n: int) -> list[str]:
@@ -93,48 +109,6 @@ def gsm8k_items(n: int) -> list[str]:
     from ..core.util.texts import gsm8k_path, read_texts
 
     return read_texts(gsm8k_path(), n=n)
-
-
-# -- per-item numbers (torch-free) ----------------------------------------------------------------------
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rank correlation (average ranks for ties); NaN with fewer than 3 pairs or a constant side."""
-    frame = pd.DataFrame({"a": a, "b": b}).dropna()
-    if len(frame) < 3:
-        return math.nan
-    ra, rb = frame["a"].rank().to_numpy(), frame["b"].rank().to_numpy()
-    if ra.std() == 0 or rb.std() == 0:
-        return math.nan
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
-def sink_statistics(table: pd.DataFrame, heads: pd.DataFrame, intervention: pd.DataFrame, delta_ppl: float) -> dict:
-    """The per-item numbers claims 2–5 are judged by (docs/METHOD.md section 5).
-
-    ``table``: :func:`cwviz.analyses.sinks.sink_table`; ``heads``: :func:`~cwviz.analyses.sinks.sink_head_summary`
-    (its ``minimising_ratio``: the minimiser of each head's typical curve); ``intervention``: the per-layer table of
-    :func:`~cwviz.analyses.sinks.intervene_on_sink` with λ = 0 in every layer; ``delta_ppl``: its ΔPPL.
-
-    * ``rho_geometry``, ``rho_attention``: over the rows (layer, head, query) whose query sees another key and puts
-      attention on the sink, Spearman's correlation of the sink's contribution c = α × (‖ṽ_σ‖/‖o‖) × cos with its
-      geometric factor c / α, and with its attention α;
-    * ``cos_sink_rest``: the mean of cos(ṽ_σ, m) over those rows;
-    * ``interior_minimum_share``, ``median_minimiser``: the share of heads whose curve's minimiser s* lies inside
-      (0, 1), and the median s*;
-    * ``cone_change``: the semantic cone's change (after − before), averaged over layers; ``delta_ppl``.
-    """
-    rows = table[(table["other_keys"] > 0) & (table["sink_ratio"] > 0)]
-    c, alpha = rows["sink_contribution_share"].to_numpy(np.float64), rows["sink_ratio"].to_numpy(np.float64)
-    minimiser = heads["minimising_ratio"].to_numpy(np.float64)
-    minimiser = minimiser[np.isfinite(minimiser)]
-    return {
-        "rho_geometry": spearman(c, c / alpha),
-        "rho_attention": spearman(c, alpha),
-        "cos_sink_rest": float(rows["cos_sink_rest"].mean()) if len(rows) else math.nan,
-        "interior_minimum_share": float(((minimiser > 0) & (minimiser < 1)).mean()) if len(minimiser) else math.nan,
-        "median_minimiser": float(np.median(minimiser)) if len(minimiser) else math.nan,
-        "cone_change": float(np.nanmean(intervention["cone_change"])) if intervention["cone_change"].notna().any() else math.nan,
-        "delta_ppl": float(delta_ppl),
-    }
 
 
 # -- verdicts (torch-free) ------------------------------------------------------------------------------
@@ -161,128 +135,178 @@ def mean_interval(values: np.ndarray, seed: int = 0) -> tuple[float, np.ndarray,
     return np.nanmean(values, axis=0), low, high, len(values)
 
 
-def _row(claim: int, verdict_: str, statistic: str, estimate, low, high, n: int, evidence: str, **keys) -> dict:
-    row = {"claim": claim, "scope": "n/a", "curve": "", "rate": math.nan, "verdict": verdict_, "statistic": statistic}
-    row |= {"estimate": float(estimate), "ci_low": float(low), "ci_high": float(high), "n": int(n), "evidence": evidence}
-    return row | keys | {"statement": STATEMENTS[claim]}
+def _row(claim: int, role: str, statistic: str, estimate, low, high, n: int, evidence: str, line: float = 0.0, **keys) -> dict:
+    """One row of :data:`CSV_COLUMNS`; its verdict is the side of ``line`` its interval lies on (``positive``: the
+    paper's side is above; NaN line: a descriptive row, no verdict)."""
+    positive = keys.pop("positive", True)
+    decided = keys.pop("verdict", None)
+    if decided is None:
+        decided = "" if not math.isfinite(line) else verdict(float(low) - line, float(high) - line, positive)
+    row = {"claim": claim, "part": "", "role": role, "scope": "", "curve": "", "rate": math.nan, "verdict": decided}
+    row |= {"statistic": statistic, "estimate": float(estimate), "ci_low": float(low), "ci_high": float(high), "line": float(line)}
+    return row | {"n": int(n), "evidence": evidence} | keys | {"statement": STATEMENTS[claim]}
 
 
 def _interval(estimate: float, low: float, high: float, digits: int = 3) -> str:
     return f"{estimate:+.{digits}g} [{low:+.{digits}g}, {high:+.{digits}g}]"
 
 
+def _pairs(frame: pd.DataFrame, curve: str, rate: float, have: list[str], seed: int):
+    """The paired differences of each adjacent pair of ``have`` (> 0: the paper's order), their means and intervals."""
+    values = frame[[(curve, rate, m) for m in have]].to_numpy(np.float64)  # (item, measure)
+    sign = 1.0 if curve == "comprehensiveness" else -1.0
+    diffs = sign * (values[:, 1:] - values[:, :-1])  # (item, pair)
+    return (diffs, *mean_interval(diffs, seed))
+
+
 def claim1_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
-    """Claim 1 per scope, curve and rate: the paired difference of each adjacent pair of :data:`ORDER`, oriented so
-    that > 0 is the paper's direction (comprehensiveness: later − earlier ΔPPL; sufficiency: earlier − later).
-    ``holds`` when every pair's interval is above 0, ``fails`` when one pair's is below 0, ``unresolved`` otherwise;
-    a pair that ties on every item (the same ranking, e.g. VW and VW/‖o‖ under the query scope) cannot hold."""
+    """Claim 1 per scope, curve and rate (verdict rows), on the log-perplexity ratio: the paired difference of each
+    adjacent pair of :data:`ORDER`, oriented so that > 0 is the paper's direction (comprehensiveness: later − earlier;
+    sufficiency: earlier − later). ``holds`` when every pair's interval is above 0, ``fails`` when one pair's is below
+    0, ``unresolved`` otherwise; a pair that ties on every item (e.g. VW and VW/‖o‖ under the query scope) cannot hold.
+    The ΔPPL differences go into the evidence; each measure's gap to the random control is a ``control`` row."""
     scopes = list(dict.fromkeys(s for r in records if not r.get("skipped") for s in r["faithfulness"]))
     out = []
     for scope in scopes:
-        frame = CLAIMS.decode(records, scope)
+        frame, ppl = CLAIMS.decode(records, scope), CLAIMS.decode(records, scope, "delta_ppl")
         for curve, rate in dict.fromkeys((c, r) for c, r, _ in frame.columns):
             have = [m for m in ORDER if (curve, rate, m) in frame.columns]
-            if len(have) < 2:
-                continue
-            values = frame[[(curve, rate, m) for m in have]].to_numpy(np.float64)  # (item, measure)
-            sign = 1.0 if curve == "comprehensiveness" else -1.0
-            diffs = sign * (values[:, 1:] - values[:, :-1])  # (item, pair): > 0 is the paper's direction
-            mean, low, high, n = mean_interval(diffs, seed)
-            pairs, verdicts = [], []
-            for i, (a, b) in enumerate(zip(have, have[1:])):
-                tie = bool(np.all(diffs[:, i] == 0))
-                v = UNRESOLVED if tie else verdict(low[i], high[i])
-                verdicts.append(v)
-                text = "tie on every item (same ranking)" if tie else _interval(mean[i], low[i], high[i])
-                pairs.append(f"{SHORT[a]}→{SHORT[b]} {text} {v}")
-            overall = FAILS if FAILS in verdicts else HOLDS if all(v == HOLDS for v in verdicts) else UNRESOLVED
-            # the deciding pair: the failing one furthest below 0, else the one closest to (or below) 0
-            pick = int(np.nanargmin(high)) if overall == FAILS else int(np.nanargmin(low)) if np.isfinite(low).any() else 0
-            statistic = f"paired ΔPPL difference, {SHORT[have[pick]]}→{SHORT[have[pick + 1]]} (the deciding pair; > 0: paper's order)"
-            out.append(
-                _row(
-                    1,
-                    overall,
-                    statistic,
-                    mean[pick],
-                    low[pick],
-                    high[pick],
-                    n,
-                    "; ".join(pairs),
-                    scope=scope,
-                    curve=curve,
-                    rate=float(rate),
-                )
-            )
+            where = {"scope": scope, "curve": curve, "rate": float(rate)}
+            if len(have) >= 2:
+                diffs, mean, low, high, n = _pairs(frame, curve, rate, have, seed)
+                _, pmean, plow, phigh, _ = _pairs(ppl, curve, rate, have, seed)
+                pairs, verdicts = [], []
+                for i, (a, b) in enumerate(zip(have, have[1:])):
+                    tie = bool(np.all(diffs[:, i] == 0))
+                    v = UNRESOLVED if tie else verdict(low[i], high[i])
+                    verdicts.append(v)
+                    text = "tie on every item (same ranking)" if tie else f"log ratio {_interval(mean[i], low[i], high[i])}"
+                    pairs.append(f"{SHORT[a]}→{SHORT[b]} {text} {v} (ΔPPL {_interval(pmean[i], plow[i], phigh[i])})")
+                overall = FAILS if FAILS in verdicts else HOLDS if all(v == HOLDS for v in verdicts) else UNRESOLVED
+                # the deciding pair: the failing one furthest below 0, else the one closest to (or below) 0
+                pick = int(np.nanargmin(high)) if overall == FAILS else int(np.nanargmin(low)) if np.isfinite(low).any() else 0
+                statistic = f"paired log-perplexity ratio difference, {SHORT[have[pick]]}→{SHORT[have[pick + 1]]} (the deciding pair; > 0: paper's order)"
+                out.append(_row(1, VERDICT, statistic, mean[pick], low[pick], high[pick], n, "; ".join(pairs), verdict=overall, **where))
+            if (curve, rate, "random") in frame.columns:
+                out += _control_rows(frame, ppl, curve, rate, where, seed)
     return out
 
 
-def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
-    """Claims 2–5 from the items' :func:`sink_statistics` (criteria in docs/METHOD.md section 5)."""
+def _control_rows(frame: pd.DataFrame, ppl: pd.DataFrame, curve: str, rate: float, where: dict, seed: int) -> list[dict]:
+    """Each measure's gap to the random control at one scope, curve and rate (> 0: better than chance)."""
+    measures = [m for m in ORDER if (curve, rate, m) in frame.columns]
+    sign = 1.0 if curve == "comprehensiveness" else -1.0
+    gaps = sign * (frame[[(curve, rate, m) for m in measures]].to_numpy(np.float64) - frame[[(curve, rate, "random")]].to_numpy(np.float64))
+    mean, low, high, n = mean_interval(gaps, seed)
+    rand, rlow, rhigh, _ = mean_interval(ppl[[(curve, rate, "random")]].to_numpy(np.float64), seed)
+    rows = []
+    for i, m in enumerate(measures):
+        evidence = f"random's ΔPPL {_interval(rand[0], rlow[0], rhigh[0])} (mean over draws and items)"
+        statistic = f"{SHORT[m]}: gap to random, log-perplexity ratio (> 0: better than chance)"
+        rows.append(_row(1, CONTROL, statistic, mean[i], low[i], high[i], n, evidence, part=SHORT[m], **where))
+    return rows
+
+
+def _stats(records: Sequence[dict]) -> pd.DataFrame:
     items = [r["sinks"] for r in records if not r.get("skipped") and r.get("sinks")]
-    if not items:
+    return pd.DataFrame(items).reindex(columns=list(SINK_STATS)).astype(np.float64)
+
+
+def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
+    """Claims 2–5 from the items' sink statistics (criteria in docs/METHOD.md section 5): verdict rows and evidence."""
+    stats = _stats(records)
+    if not len(stats):
         return []
-    stats = pd.DataFrame(items).reindex(columns=list(SINK_STATS)).astype(np.float64)
-    out = []
-    # 2: the sink's contribution follows its geometric factor more than its attention
-    diff = (stats["rho_geometry"] - stats["rho_attention"]).to_numpy()[:, None]
-    both = stats[["rho_geometry", "rho_attention"]].to_numpy()
-    (m,), (lo,), (hi,), n = mean_interval(diff, seed)
-    mb, lb, hb, _ = mean_interval(both, seed)
-    evidence = f"ρ(c, geometry) {_interval(mb[0], lb[0], hb[0])}; ρ(c, attention) {_interval(mb[1], lb[1], hb[1])}"
-    out.append(_row(2, verdict(lo, hi), "ρ(c, norm ratio × cos) − ρ(c, attention), the sink's rows", m, lo, hi, n, evidence))
-    # 3: negative cosine
-    (m,), (lo,), (hi,), n = mean_interval(stats[["cos_sink_rest"]].to_numpy(), seed)
-    out.append(
-        _row(
-            3, verdict(lo, hi, positive=False), "mean cos(ṽ_σ, m) over heads and queries", m, lo, hi, n, f"mean cos {_interval(m, lo, hi)}"
-        )
-    )
-    # 4: most heads' curves have an interior minimum
-    values = stats[["interior_minimum_share", "median_minimiser"]].to_numpy()
-    mm, ll, hh, n = mean_interval(values, seed)
-    evidence = f"share of heads with 0 < s* < 1: {_interval(mm[0], ll[0], hh[0])}; median s*: {_interval(mm[1], ll[1], hh[1])}"
-    out.append(
-        _row(
+
+    def one(claim: int, role: str, name: str, values, evidence: str = "", **keys) -> dict:
+        (m,), (lo,), (hi,), n = mean_interval(np.asarray(values, np.float64)[:, None], seed)
+        return _row(claim, role, name, m, lo, hi, n, evidence or _interval(m, lo, hi), **keys)
+
+    d_sink = stats["rho_geometry"] - stats["rho_attention"]
+    d_other = stats["rho_geometry_other"] - stats["rho_attention_other"]
+    out = [
+        one(2, VERDICT, "d_σ − d_other: [ρ(c, geometry) − ρ(c, attention)] of the sink minus that of the other keys", d_sink - d_other),
+        one(2, EVIDENCE, "d_σ = ρ(c, geometry) − ρ(c, attention), the sink's rows (the first protocol)", d_sink),
+        one(2, EVIDENCE, "d_other, every other visible key", d_other),
+        one(3, VERDICT, "mean cos(ṽ_σ, m), sink-active heads (mean sink ratio ≥ 0.3)", stats["cos_active_0.3"], positive=False),
+        one(3, EVIDENCE, "mean cos(ṽ_σ, m), every head (the first protocol)", stats["cos_sink_rest"], positive=False),
+    ]
+    out += [
+        one(3, EVIDENCE, f"mean cos(ṽ_σ, m), heads with mean sink ratio ≥ {t:g}", stats[f"cos_active_{t:g}"], positive=False)
+        for t in (0.1, 0.5, 0.7)
+    ]
+    out.append(one(3, EVIDENCE, "mean cos(ṽ_σ, m) weighted by the sink ratio, every head", stats["cos_weighted"], positive=False))
+    out += [
+        one(
             4,
-            verdict(ll[0] - MAJORITY, hh[0] - MAJORITY),
-            "share of heads whose curve's minimum lies inside (0, 1)",
-            mm[0],
-            ll[0],
-            hh[0],
-            n,
-            evidence,
-        )
-    )
-    # 5: the cone narrows (mean pairwise cosine rises) and perplexity rises
-    mm, ll, hh, n = mean_interval(stats[["cone_change", "delta_ppl"]].to_numpy(), seed)
-    parts = [verdict(ll[0], hh[0]), verdict(ll[1], hh[1])]
-    overall = FAILS if FAILS in parts else HOLDS if parts == [HOLDS, HOLDS] else UNRESOLVED
-    evidence = f"cone change {_interval(mm[0], ll[0], hh[0])} {parts[0]}; ΔPPL {_interval(mm[1], ll[1], hh[1])} {parts[1]}"
-    pick = 1 if parts[1] != HOLDS and parts[0] == HOLDS else 0
-    names = ("semantic cone change (mean pairwise cosine, after − before), mean over layers", "ΔPPL with the sink's value removed")
-    out.append(_row(5, overall, names[pick], mm[pick], ll[pick], hh[pick], n, evidence))
+            VERDICT,
+            "share of fitted heads whose ‖o‖² against s is U-shaped (β2 > 0, minimiser inside (0, 1))",
+            stats["u_shaped_share"],
+            line=MAJORITY,
+        ),
+        one(
+            4,
+            EVIDENCE,
+            "share of heads whose medians' curve has its minimiser inside (0, 1) (the first protocol)",
+            stats["interior_minimum_share"],
+            line=MAJORITY,
+        ),
+        one(4, EVIDENCE, "U-shaped heads: median minimiser s*", stats["fit_minimiser"], line=math.nan),
+        one(4, EVIDENCE, "U-shaped heads: median operating sink ratio", stats["operating_ratio"], line=math.nan),
+        one(4, EVIDENCE, "U-shaped heads: share operating above their minimiser", stats["above_minimum_share"], line=math.nan),
+        one(4, EVIDENCE, "heads fitted per item", stats["fitted_heads"], line=math.nan),
+        one(
+            5,
+            VERDICT,
+            "(a) spread narrows: mean pairwise cosine of the low-norm outputs, after − before",
+            stats["low_cone_change"],
+            part="a",
+        ),
+        one(
+            5,
+            VERDICT,
+            "(b) toward the semantic centroid: mean cos(o, c) of the low-norm outputs, after − before",
+            stats["low_centroid_change"],
+            part="b",
+        ),
+        one(5, VERDICT, "(c) perplexity rises: log(PPL(sink removed) / PPL(clean))", stats["log_ppl_ratio"], part="c"),
+        one(5, EVIDENCE, "mean pairwise cosine of every output, after − before (the first protocol)", stats["cone_change"]),
+        one(5, EVIDENCE, "ΔPPL with the sink's value removed", stats["delta_ppl"]),
+    ]
     return out
 
 
 def claims_table(records: Sequence[dict], seed: int = 0) -> pd.DataFrame:
-    """One row per claim (claim 1: per scope, curve and rate) from the records of ``cwviz claims``: :data:`CSV_COLUMNS`."""
+    """Every row of ``claims.csv`` from the records of ``cwviz claims``: :data:`CSV_COLUMNS`."""
     rows = claim1_rows(records, seed) + sink_rows(records, seed)
     for row in rows:
-        if row["n"] < MIN_ITEMS:
+        if row["n"] < MIN_ITEMS and row["verdict"]:
             row["verdict"] = UNRESOLVED
             row["evidence"] = f"too few items to decide ({row['n']} < {MIN_ITEMS}): " + row["evidence"]
     return pd.DataFrame(rows, columns=CSV_COLUMNS)
 
 
+def verdicts(table: pd.DataFrame) -> pd.DataFrame:
+    """The verdict rows of :func:`claims_table` (the forest plot's), each with a ``label`` naming it."""
+    rows = table[table["role"] == VERDICT].copy()
+    rate = rows["rate"].map(lambda r: "" if pd.isna(r) else f" {r:g} %")
+    where = rows["scope"].where(rows["scope"] == "", " " + rows["scope"] + " " + rows["curve"].str[:4] + ".")
+    names = rows["claim"].astype(str) + rows["part"]
+    rows["label"] = names + where + rate + names.map(lambda k: f" {LABELS[k]}" if k in LABELS else "")
+    return rows.reset_index(drop=True)
+
+
 def overview(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per claim: its statement, the verdicts of its rows (claim 1: counted over scopes, curves and rates),
-    and the evidence of a single-row claim (the page's and the report's first table)."""
+    """One row per claim: its statement, the verdicts of its verdict rows (claim 1: counted over scopes, curves and
+    rates; claim 5: a, b, c), and the evidence of a single-verdict claim (the page's and the report's first table)."""
     rows = []
-    for claim, group in table.groupby("claim", sort=True):
+    for claim, group in table[table["role"] == VERDICT].groupby("claim", sort=True):
         counts = group["verdict"].value_counts()
         if len(group) == 1:
-            shown, evidence = group["verdict"].iloc[0], group["evidence"].iloc[0]
+            shown, evidence = group["verdict"].iloc[0], f"{group['statistic'].iloc[0]}: {group['evidence'].iloc[0]}"
+        elif (group["part"] != "").all():
+            shown = "; ".join(f"{p}: {v}" for p, v in zip(group["part"], group["verdict"]))
+            evidence = "; ".join(f"{s}: {e}" for s, e in zip(group["statistic"], group["evidence"]))
         else:
             shown = ", ".join(f"{counts.get(v, 0)} {v}" for v in (HOLDS, FAILS, UNRESOLVED))
             by_scope = group.groupby("scope", sort=False)["verdict"].agg(lambda v: "/".join(sorted(set(v))))

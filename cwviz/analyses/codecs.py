@@ -59,6 +59,7 @@ RUN: dict[str, Field] = {
     "ppl_masked": NUMBER,
     "delta_ppl": NUMBER,
     "correct_masked": (optional(is_int), "an integer or null"),
+    "draw": (lambda v: is_int(v) and v >= 0, "a draw number (0 or more)"),
 }
 
 
@@ -102,6 +103,7 @@ class FaithfulnessCodec(Codec):
                 "ppl_masked": float(row.ppl_masked),
                 "delta_ppl": float(row.delta_ppl),
                 "correct_masked": int(row.correct_masked) if correct else None,
+                "draw": int(getattr(row, "draw", 0)),
             }
             for row in table.itertuples(index=False)
         ]
@@ -114,6 +116,7 @@ class FaithfulnessCodec(Codec):
         ``ppl_masked``, ``delta_ppl`` = ``ppl_masked`` - ``ppl_clean``, and answers of 0 or 1 (set for a
         multiple-choice task's runs, null for text's)."""
         for number, run in enumerate(record["runs"], start=1):
+            run.setdefault("draw", 0)  # absent in records made before the random control had draws: one draw
             check_fields(run, RUN, f"{where}, run {number}", fix)
         in_range(record["tokens"], 0, math.inf, where, "tokens", fix, what="a count")
         scope = record.setdefault("rank_scope", RANK_SCOPES[0])  # absent in records made before scopes: query
@@ -153,7 +156,7 @@ class FaithfulnessCodec(Codec):
         for record in records:
             if record["skipped"]:
                 continue
-            runs = [(run["measure"], run["curve"], run["rate"]) for run in record["runs"]]
+            runs = [(run["measure"], run["curve"], run["rate"], run["draw"]) for run in record["runs"]]
             if len(set(runs)) != len(runs) or not runs:
                 raise InputError(f"{folder}: the record of example {record['example']} holds a masked run twice, or none; {fix}")
             grids.setdefault(frozenset(runs), record["example"])
@@ -162,7 +165,7 @@ class FaithfulnessCodec(Codec):
             raise InputError(f"{folder}: examples {first} and {second} hold different masked runs (measures, curves or rates); {fix}")
         if grids and manifest is not None:
             (grid,) = grids
-            measures, rates = {m for m, _, _ in grid}, {float(r) for _, _, r in grid}
+            measures, rates = {m for m, _, _, _ in grid}, {float(r) for _, _, r, _ in grid}
             if measures != set(manifest["measures"]) or rates != {float(r) for r in manifest["rates"]}:
                 raise InputError(
                     f"{folder / MANIFEST} names measures {', '.join(manifest['measures'])} at rates "
@@ -189,10 +192,12 @@ class FaithfulnessCodec(Codec):
                     "measure": run["measure"],
                     "curve": run["curve"],
                     "rate": run["rate"],
+                    "draw": run.get("draw", 0),
                     "tokens": record["tokens"],
                     "ppl_clean": record["ppl_clean"],
                     "ppl_masked": run["ppl_masked"],
                     "delta_ppl": run["delta_ppl"],
+                    "log_ppl_ratio": float(faithfulness.log_ratio(run["ppl_masked"], record["ppl_clean"])),
                 }
                 if record.get("correct_clean") is not None:
                     row["correct_clean"], row["correct_masked"] = record["correct_clean"], run["correct_masked"]
@@ -367,17 +372,32 @@ class AtlasCodec(Codec):
 
 
 # -- claims ----------------------------------------------------------------------------------------------
-#: A claims record's sink statistics (:func:`cwviz.analyses.claims.sink_statistics`) and the range of each.
+#: A claims record's sink statistics (:func:`cwviz.analyses.claim_items.sink_statistics`) and the range of each.
+_COS, _CHANGE, _SHARE, _ANY = (-1, 1), (-2, 2), (0, 1), (-math.inf, math.inf)
 SINK_STAT_RANGES: dict[str, tuple[float, float]] = {
-    "rho_geometry": (-1, 1),
-    "rho_attention": (-1, 1),
-    "cos_sink_rest": (-1, 1),
-    "interior_minimum_share": (0, 1),
-    "median_minimiser": (-math.inf, math.inf),
-    "cone_change": (-math.inf, math.inf),
-    "delta_ppl": (-math.inf, math.inf),
+    "rho_geometry": _COS,
+    "rho_attention": _COS,
+    "rho_geometry_other": _COS,
+    "rho_attention_other": _COS,
+    "cos_sink_rest": _COS,
+    **{f"cos_active_{tau:g}": _COS for tau in (0.1, 0.3, 0.5, 0.7)},
+    "cos_weighted": _COS,
+    "interior_minimum_share": _SHARE,
+    "median_minimiser": _ANY,
+    "u_shaped_share": _SHARE,
+    "fitted_heads": (0, math.inf),
+    "fit_minimiser": _ANY,
+    "operating_ratio": _SHARE,
+    "above_minimum_share": _SHARE,
+    "cone_change": _CHANGE,
+    "low_cone_change": _CHANGE,
+    "low_centroid_change": _CHANGE,
+    "log_ppl_ratio": _ANY,
+    "delta_ppl": _ANY,
 }
 SINK_STATS = tuple(SINK_STAT_RANGES)
+#: Bumped when what a claims record means changes (2: issue 45's protocol), so a resume refuses older records.
+CLAIMS_VERSION = 2
 
 
 class ClaimsCodec(Codec):
@@ -395,11 +415,12 @@ class ClaimsCodec(Codec):
     def settings(self, protocol, scopes: Sequence[str], sink, provenance: dict) -> dict:
         """What decides a record's numbers: the protocol (not its batch size or scope), the scopes, the sink, the model."""
         kept = {k: v for k, v in asdict(protocol).items() if k not in ("batch_size", "rank_scope")}
-        return {"protocol": kept, "scopes": list(scopes), "sink": str(sink), "model": model_settings(provenance)}
+        made = {"protocol": kept, "scopes": list(scopes), "sink": str(sink), "version": CLAIMS_VERSION}
+        return made | {"model": model_settings(provenance)}
 
     def encode(self, tokens: int, tables: dict[str, pd.DataFrame] | None = None, stats: dict | None = None) -> dict:
         """One item's payload: each rank scope's per-example table (a faithfulness payload) and its sink statistics
-        (:func:`cwviz.analyses.claims.sink_statistics`); ``tables`` None: skipped (too short)."""
+        (:func:`cwviz.analyses.claim_items.sink_statistics`); ``tables`` None: skipped (too short)."""
         if tables is None:
             return {"skipped": True, "tokens": tokens, "faithfulness": {}, "sinks": {}}
         faithful = {scope: FAITHFULNESS.encode("text", table) for scope, table in tables.items()}
@@ -424,16 +445,25 @@ class ClaimsCodec(Codec):
         for name, (low, high) in SINK_STAT_RANGES.items():
             in_range(stats[name], low, high, f"{where}, sinks", name, fix, nan=True)
 
-    def decode(self, records: Sequence[dict], scope: str) -> pd.DataFrame:
-        """ΔPPL of each finished item under ``scope``: rows item, columns (curve, rate, measure)."""
+    def decode(self, records: Sequence[dict], scope: str, value: str = "log_ppl_ratio") -> pd.DataFrame:
+        """``value`` (``log_ppl_ratio`` or ``delta_ppl``) of each finished item under ``scope``, the random control's
+        draws averaged within the item: rows item, columns (curve, rate, measure)."""
         rows = [
-            (record["example"], run["curve"], run["rate"], run["measure"], run["delta_ppl"])
+            (
+                record["example"],
+                run["curve"],
+                run["rate"],
+                run["measure"],
+                run["delta_ppl"],
+                float(faithfulness.log_ratio(run["ppl_masked"], payload["ppl_clean"])),
+            )
             for record in records
             if not record.get("skipped")
-            for run in record["faithfulness"].get(scope, {}).get("runs", [])
+            for payload in [record["faithfulness"].get(scope, {})]
+            for run in payload.get("runs", [])
         ]
-        frame = pd.DataFrame(rows, columns=["example", "curve", "rate", "measure", "delta_ppl"])
-        return frame.pivot_table(index="example", columns=["curve", "rate", "measure"], values="delta_ppl", aggfunc="first")
+        frame = pd.DataFrame(rows, columns=["example", "curve", "rate", "measure", "delta_ppl", "log_ppl_ratio"])
+        return frame.pivot_table(index="example", columns=["curve", "rate", "measure"], values=value, aggfunc="mean")
 
 
 # -- flow faithfulness ----------------------------------------------------------------------------------

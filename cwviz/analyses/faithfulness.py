@@ -12,11 +12,13 @@ Protocol (our defaults; the paper's exact protocol is not public):
   raw attention averaged, value-weighted and inter-head measures summed, intra-head contributions
   averaged), or per head with ``per_head=True`` (each head masks its own top keys).
 * **Ranking**: by the signed score (``rank_by="signed"``: a negative contribution ranks below every
-  positive one) or by its magnitude (``rank_by="absolute"``). Ties keep key order (stable sort).
-  ``random`` draws uniform scores from a generator seeded by ``(seed, example index)``.
+  positive one) or by its magnitude (``rank_by="absolute"``). Scores within :data:`cwviz.analyses.masks.TIE_TOLERANCE` of the pool's
+  largest |score| tie, and ties keep key order (:func:`cwviz.analyses.masks.rank_keys`).
+  ``random`` is the control: ``draws`` rankings of uniform scores, draw d seeded by ``(seed, example index, d)``,
+  averaged within each example (:func:`per_example_means`).
 * **Share**: for query i with n_i visible keys (keys 0..i in a causal model; fewer under a sliding
-  window) a removal rate r% masks k_i = ceil(r/100 · n_i) keys, at least one (so query 0 always
-  loses its only key); rate 0 masks nothing.
+  window) a removal rate r% masks k_i = min(ceil(r/100 · n_i), n_i − 1) keys; a query that sees a single key
+  (query 0) is never masked (:func:`cwviz.analyses.masks.maskable`); rate 0 masks nothing.
 * **Scope** (``rank_scope``, docs/METHOD.md section 3): ``query`` ranks each query's keys (k_i of them masked
   per query, as above); ``token`` ranks the keys by their score averaged over the queries that see them and
   masks the top ceil(r/100 · T) keys for every query; ``layer`` ranks all visible (query, key) pairs of a
@@ -25,7 +27,9 @@ Protocol (our defaults; the paper's exact protocol is not public):
 * **Where**: rankings from the clean pass of each layer, the masks applied in every layer at once in
   one forward pass (``layer=L``: only in layer L). Masking key j for query i removes
   α_ij^h ṽ_j^h from the layer output in every head; attention is not renormalised.
-* **ΔPPL** = PPL(masked) − PPL(clean), perplexity of the example's own next tokens (all positions).
+* **ΔPPL** = PPL(masked) − PPL(clean), perplexity of the example's own next tokens (all positions), and the
+  scale-free **log-perplexity ratio** log(PPL(masked) / PPL(clean)) (:func:`log_ratio`); each measure's gap to the
+  random control in the latter (:func:`random_gaps`).
 * **Summary**: mean ΔPPL over examples with a seeded percentile-bootstrap 95 % interval; the area under
   each curve by the trapezoid rule over the rates given as fractions (rate / 100), from the first rate to
   the last (from 0 when rate 0 is given; :func:`curve_areas`).
@@ -55,10 +59,12 @@ from ..core.util.errors import InputError, UnsupportedModelError
 from ..core.util.progress import Progress
 from ..core.util.texts import check_text
 from .bootstrap import bootstrap_interval
+from .masks import CURVES, keep_mask, maskable, masked_counts, scope_ranks
 from .schema import (
     ALL_MEASURES,
     AUTO_BATCH,
     DEFAULT_BATCH_SIZE,
+    DEFAULT_DRAWS,
     DEFAULT_RATES,
     EXAMPLE_MAX_TOKENS,
     RANK_BY,
@@ -68,14 +74,14 @@ from .schema import (
 
 log = logging.getLogger(__name__)
 
-CURVES: tuple[str, ...] = ("comprehensiveness", "sufficiency")
-
 #: Columns of :func:`summarize` (and of the CLI's CSV).
-SUMMARY_COLUMNS = ["measure", "curve", "rate", "delta_ppl", "ci_low", "ci_high", "n"]
+SUMMARY_COLUMNS = ["measure", "curve", "rate", "delta_ppl", "ci_low", "ci_high", "n", "log_ppl_ratio", "log_ci_low", "log_ci_high"]
+#: Columns of :func:`random_gaps`: each measure's gap to the random control (> 0: better than chance).
+GAP_COLUMNS = ["measure", "curve", "rate", "gap", "ci_low", "ci_high", "n"]
 #: Columns :func:`summarize` adds for a multiple-choice task (accuracies as fractions of the examples).
 ACCURACY_COLUMNS = ["accuracy_clean", "accuracy_masked", "delta_accuracy", "accuracy_ci_low", "accuracy_ci_high"]
 #: Columns of the per-example table :func:`run_example` returns.
-EXAMPLE_COLUMNS = ["example", "measure", "curve", "rate", "tokens", "ppl_clean", "ppl_masked", "delta_ppl"]
+EXAMPLE_COLUMNS = ["example", "measure", "curve", "rate", "draw", "tokens", "ppl_clean", "ppl_masked", "delta_ppl", "log_ppl_ratio"]
 #: The order the paper reports for comprehensiveness (least to most faithful).
 PAPER_ORDER: tuple[str, ...] = ("raw", "value_weighted", "value_weighted_output_normalized", "contribution_inter")
 
@@ -93,6 +99,7 @@ class Protocol:
     seed: int = 0
     batch_size: int = DEFAULT_BATCH_SIZE
     max_tokens: int = EXAMPLE_MAX_TOKENS
+    draws: int = DEFAULT_DRAWS  # random rankings per example (the control)
 
     def __post_init__(self) -> None:
         if isinstance(self.rates, (str, bytes)) or not isinstance(self.rates, Iterable):
@@ -104,10 +111,12 @@ class Protocol:
                 raise InputError(f"removal rates are percentages in 0..100 (numbers), not {rate!r} ({type(rate).__name__})")
             if not 0 <= rate <= 100:
                 raise InputError(f"removal rates are percentages in 0..100, not {rate:g}")
-        for name in ("seed", "batch_size", "max_tokens"):
+        for name in ("seed", "batch_size", "max_tokens", "draws"):
             value = getattr(self, name)
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
                 raise InputError(f"{name} must be an integer, not {value!r} ({type(value).__name__})")
+        if self.draws < 1:
+            raise InputError(f"the random control needs at least one draw, not {self.draws}")
         if self.seed < 0:  # numpy's generators take non-negative seeds only
             raise InputError(f"the seed must be a non-negative integer, not {self.seed}")
         object.__setattr__(self, "rates", tuple(sorted({float(r) for r in self.rates})))
@@ -124,95 +133,13 @@ class Protocol:
         if self.max_tokens < 2:
             raise InputError(f"the token cap must be at least 2 (perplexity needs a next token), not {self.max_tokens}")
 
-    def runs(self) -> list[tuple[str, str, float]]:
-        """Every masked run of one example: (measure, curve, rate)."""
-        return [(m, c, r) for m in self.measures for c in CURVES for r in self.rates]
+    def ranked(self) -> list[tuple[str, int]]:
+        """Every ranking of one example: (measure, draw), draw 0 for a measure, 0..draws-1 for ``random``."""
+        return [(m, d) for m in self.measures for d in range(self.draws if m == "random" else 1)]
 
-
-# -- masks: pure tensor functions ----------------------------------------------------------------------
-def masked_counts(num_visible: torch.Tensor, rate: float) -> torch.Tensor:
-    """Keys to mask per query: k_i = ceil(rate/100 · n_i), at least 1, at most n_i; rate 0 masks none.
-
-    ``num_visible`` [query] (n_i); returns [query] long. Rounding to 9 digits first keeps 30 % of 10
-    keys at 3 (float products such as 0.3 · 10 = 3.0000000000000004 would otherwise round up).
-    """
-    n = num_visible.to(torch.float64)
-    if rate <= 0:
-        return torch.zeros_like(num_visible, dtype=torch.long)
-    k = torch.ceil(torch.round(n * (rate / 100.0), decimals=9))
-    return torch.minimum(k.clamp_min(1), n).to(torch.long)
-
-
-def rank_keys(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """Rank of each key among the visible keys of its query, 0 = highest score.
-
-    | arg     | shape                        |
-    |---------|------------------------------|
-    | scores  | [..., query, key]            |
-    | visible | broadcastable to ``scores``, bool |
-    | return  | [..., query, key] int16 (int32 beyond 32 767 keys) |
-
-    Invisible keys rank after every visible one. Ties keep key order; NaN ranks last among visible keys.
-    """
-    s = scores.float()
-    visible = visible.expand_as(s)
-    s = torch.where(torch.isnan(s), torch.full_like(s, -torch.finfo(torch.float32).max), s)
-    s = s.masked_fill(~visible, float("-inf"))
-    order = torch.argsort(s, dim=-1, descending=True, stable=True)  # (..., Q, K) key indices, best first
-    positions = torch.arange(s.shape[-1], device=s.device).expand_as(order)
-    ranks = torch.empty_like(order).scatter_(-1, order, positions)
-    return ranks.to(torch.int16 if s.shape[-1] <= torch.iinfo(torch.int16).max else torch.int32)
-
-
-def keep_mask(
-    ranks: torch.Tensor, counts: torch.Tensor, num_visible: torch.Tensor, curve: str, visible: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Keep weights (True = keep) for one curve, bool [..., query, key].
-
-    ``ranks`` [..., query, key] from :func:`rank_keys` (or :func:`scope_ranks`); ``counts`` (k) and ``num_visible``
-    (n, the size of what was ranked together): [query] (one per query, the query scope) or [query, 1] / [1, 1]
-    (one pool for every query: the token and layer scopes). Comprehensiveness masks ranks 0..k-1 (the most
-    important), sufficiency ranks n-k..n-1 (the least important). Keys a query cannot see are always kept (their
-    attention is 0 anyway): by their rank (n or more) in the query and layer scopes, by ``visible`` [query, key] in
-    the token scope, where a key's one rank holds for every query.
-    """
-    ranks = ranks.long()
-    if counts.dim() == 1:
-        counts, num_visible = counts[:, None], num_visible[:, None]
-    if curve == "comprehensiveness":
-        keep = ranks >= counts
-    elif curve == "sufficiency":
-        keep = (ranks < (num_visible - counts)) | (ranks >= num_visible)
-    else:
-        raise ValueError(f"curve must be one of {', '.join(CURVES)}, not {curve!r}")
-    return keep if visible is None else keep | ~visible
-
-
-def scope_ranks(scores: torch.Tensor, visible: torch.Tensor, scope: str = "query") -> tuple[torch.Tensor, torch.Tensor]:
-    """The ranks of one layer's ``scores`` [..., query, key] under a ranking scope, and the size of each ranked pool.
-
-    | scope | ranks [..., query, key]                                           | pool             |
-    |-------|-------------------------------------------------------------------|------------------|
-    | query | each key among its query's visible keys (:func:`rank_keys`)       | [query]: n_i     |
-    | token | each key among all keys by its score averaged over the queries that see it, the same rank in every row | [1, 1]: keys seen by some query |
-    | layer | each visible (query, key) pair among all the layer's visible pairs | [1, 1]: visible pairs |
-
-    ``visible`` bool [query, key]. A scope's masks then take the top (bottom) ceil(r · pool) of its ranking
-    (:func:`masked_counts`, :func:`keep_mask`).
-    """
-    visible = visible.to(scores.device)
-    if scope == "query":
-        return rank_keys(scores, visible), visible.sum(-1)
-    if scope == "token":
-        s = scores.float().masked_fill(~visible, 0.0)
-        seen = visible.sum(-2)  # (K,) queries that see each key
-        key_scores = s.sum(-2) / seen.clamp_min(1)  # (..., K): the mean over the queries that see the key
-        ranks = rank_keys(key_scores[..., None, :], (seen > 0)[None, :])  # (..., 1, K)
-        return ranks.expand(*scores.shape), (seen > 0).sum().reshape(1, 1)
-    if scope == "layer":
-        flat = rank_keys(scores.flatten(-2)[..., None, :], visible.flatten()[None, :])  # (..., 1, Q*K)
-        return flat.reshape(scores.shape), visible.sum().reshape(1, 1)
-    raise InputError(f"rank_scope must be one of {', '.join(RANK_SCOPES)}, not {scope!r}")
+    def runs(self) -> list[tuple[str, str, float, int]]:
+        """Every masked run of one example: (measure, curve, rate, draw)."""
+        return [(m, c, r, d) for m, d in self.ranked() for c in CURVES for r in self.rates]
 
 
 # -- one example ---------------------------------------------------------------------------------------
@@ -220,37 +147,40 @@ def scope_ranks(scores: torch.Tensor, visible: torch.Tensor, scope: str = "query
 class Rankings:
     """Every measure's key ranks in the masked layers of one example.
 
-    ``ranks[measure][layer]``: [1 or head, query, key] (1 = layer-level scores);
+    ``ranks[measure, draw][layer]``: [1 or head, query, key] (1 = layer-level scores);
     ``num_visible[layer]``: the size of each ranked pool (:func:`scope_ranks`): [query] (n_i) under the query
     scope, [1, 1] under the token and layer scopes; ``visible[layer]``: [query, key] bool.
     """
 
-    ranks: dict[str, dict[int, torch.Tensor]]
+    ranks: dict[tuple[str, int], dict[int, torch.Tensor]]
     num_visible: dict[int, torch.Tensor]
     visible: dict[int, torch.Tensor] | None = None
 
 
 def rankings(analysis: Analysis, protocol: Protocol, example: int = 0) -> Rankings:
-    """The rankings of :class:`Protocol`'s measures from the clean pass of ``analysis``."""
+    """The rankings of :class:`Protocol`'s measures from the clean pass of ``analysis``, keyed by (measure, draw)
+    (:meth:`Protocol.ranked`). Random draw d of example e is seeded by (seed, e, d). Only :func:`maskable` pairs are
+    ranked: a query that sees a single key is never masked (docs/METHOD.md section 3, the sufficiency rule)."""
     layers = masked_layers(analysis.num_layers, protocol.layer)
-    rng = np.random.default_rng([protocol.seed, example])
-    ranks: dict[str, dict[int, torch.Tensor]] = {m: {} for m in protocol.measures}
+    ranked = protocol.ranked()
+    rngs = {d: np.random.default_rng([protocol.seed, example, d]) for m, d in ranked if m == "random"}
+    ranks: dict[tuple[str, int], dict[int, torch.Tensor]] = {key: {} for key in ranked}
     num_visible: dict[int, torch.Tensor] = {}
     visibility: dict[int, torch.Tensor] = {}
     for layer in layers:
-        visible = analysis.key_mask(layer)  # (Q, K)
+        visible = maskable(analysis.key_mask(layer))  # (Q, K)
         visibility[layer] = visible
         measures = analysis.layer(layer)
         heads = analysis.num_heads if protocol.per_head else 1
-        for name in protocol.measures:
+        for name, draw in ranked:
             if name == "random":
                 shape = (heads, *visible.shape)
-                scores = torch.from_numpy(rng.random(shape, dtype=np.float32)).to(visible.device)
+                scores = torch.from_numpy(rngs[draw].random(shape, dtype=np.float32)).to(visible.device)
             else:
                 scores = measures.per_head(name) if protocol.per_head else measures.layer_level(name)[None]
                 if protocol.rank_by == "absolute":
                     scores = scores.abs()
-            ranks[name][layer], num_visible[layer] = scope_ranks(scores, visible, protocol.rank_scope)
+            ranks[name, draw][layer], num_visible[layer] = scope_ranks(scores, visible, protocol.rank_scope)
     return Rankings(ranks, num_visible, visibility)
 
 
@@ -283,7 +213,7 @@ def example_ids(bundle: Bundle, text: str, max_tokens: int) -> list[int] | None:
 
 def masked_logprobs(
     bundle: Bundle, analysis: Analysis, protocol: Protocol, example: int = 0, progress: Progress | None = None
-) -> dict[tuple[str, str, float], np.ndarray]:
+) -> dict[tuple[str, str, float, int], np.ndarray]:
     """Next-token log-probabilities [T - 1] of every masked run of one example (the keys of
     :meth:`Protocol.runs`), the rankings taken from the clean pass ``analysis``.
 
@@ -300,12 +230,12 @@ def masked_logprobs(
     ranked = rankings(analysis, protocol, example)
     layers = list(ranked.num_visible)
     counts = {rate: {l: masked_counts(ranked.num_visible[l], rate) for l in layers} for rate in protocol.rates}
-    same_measure = _first_equal(protocol.measures, lambda a, b: all(torch.equal(ranked.ranks[a][l], ranked.ranks[b][l]) for l in layers))
+    same_measure = _first_equal(protocol.ranked(), lambda a, b: all(torch.equal(ranked.ranks[a][l], ranked.ranks[b][l]) for l in layers))
     same_rate = _first_equal(protocol.rates, lambda a, b: all(torch.equal(counts[a][l], counts[b][l]) for l in layers))
     runs = protocol.runs()
-    distinct = list(dict.fromkeys((same_measure[m], c, same_rate[r]) for m, c, r in runs if r > 0))
+    distinct = list(dict.fromkeys((same_measure[m, d], c, same_rate[r]) for m, c, r, d in runs if r > 0))
     ids = torch.tensor([analysis.input_ids])  # (1, T)
-    out: dict[tuple[str, str, float], np.ndarray] = {}
+    out: dict[tuple[tuple[str, int], str, float], np.ndarray] = {}
     size = batch_size_for(bundle, analysis.num_tokens, protocol, len(distinct))
     passes = 1 + -(-len(distinct) // size)
     if progress is not None:
@@ -321,7 +251,7 @@ def masked_logprobs(
         if progress is not None:
             progress(done, passes)
     clean = analysis.next_token_logprobs
-    return {(m, c, r): clean if r <= 0 else out[same_measure[m], c, same_rate[r]] for m, c, r in runs}
+    return {(m, c, r, d): clean if r <= 0 else out[same_measure[m, d], c, same_rate[r]] for m, c, r, d in runs}
 
 
 def masked_run_bytes(bundle: Bundle, tokens: int, per_head: bool = False) -> int:
@@ -377,16 +307,25 @@ def run_example(
     return pd.DataFrame(
         {
             "example": example,
-            "measure": [m for m, _, _ in runs],
-            "curve": [c for _, c, _ in runs],
-            "rate": [r for _, _, r in runs],
+            "measure": [m for m, _, _, _ in runs],
+            "curve": [c for _, c, _, _ in runs],
+            "rate": [r for _, _, r, _ in runs],
+            "draw": [d for _, _, _, d in runs],
             "tokens": analysis.num_tokens,
             "ppl_clean": clean,
             "ppl_masked": ppl_masked,
             "delta_ppl": ppl_masked - clean,
+            "log_ppl_ratio": log_ratio(ppl_masked, clean),
         },
         columns=EXAMPLE_COLUMNS,
     )
+
+
+def log_ratio(masked, clean):
+    """The scale-free statistic (docs/METHOD.md section 3): log(PPL(masked) / PPL(clean)), the change of the mean
+    next-token negative log-likelihood in nats per token."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(np.asarray(masked, dtype=np.float64)) - np.log(np.asarray(clean, dtype=np.float64))
 
 
 def _first_equal(items: Sequence, equal: Callable) -> dict:
@@ -440,8 +379,29 @@ def bootstrap_ci(values: np.ndarray, level: float = 0.95, resamples: int = 2000,
     return float(low), float(high)
 
 
+def per_example_means(per_example: pd.DataFrame) -> pd.DataFrame:
+    """One row per (example, measure, curve, rate): the random control's draws averaged within each example (so a
+    mean over examples counts examples, not draws), and ``log_ppl_ratio`` derived where a table predates it."""
+    frame = per_example
+    if "log_ppl_ratio" not in frame and {"ppl_masked", "ppl_clean"} <= set(frame.columns):
+        frame = frame.assign(log_ppl_ratio=log_ratio(frame["ppl_masked"], frame["ppl_clean"]))
+    if "draw" not in frame or "example" not in frame or not (frame["draw"] > 0).any():
+        return frame
+    keys = ["example", "measure", "curve", "rate"]
+    numbers = [c for c in frame.columns if c not in keys and c != "draw" and pd.api.types.is_numeric_dtype(frame[c])]
+    return frame.groupby(keys, sort=False, as_index=False)[numbers].mean()
+
+
+def _mean_ci(values: np.ndarray, level: float, resamples: int, seed: int) -> tuple[float, float, float, int]:
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]  # the values the mean is of; n counts them
+    low, high = bootstrap_ci(values, level, resamples, seed)
+    return (float(values.mean()) if len(values) else math.nan), low, high, len(values)
+
+
 def summarize(per_example: pd.DataFrame, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Mean ΔPPL over examples per (measure, curve, rate) with its bootstrap interval: :data:`SUMMARY_COLUMNS`.
+    """Mean ΔPPL and mean log-perplexity ratio over examples per (measure, curve, rate), each with its bootstrap
+    interval: :data:`SUMMARY_COLUMNS` (the random control's draws averaged within an example first).
 
     For a multiple-choice task (``per_example`` has ``correct_clean`` and ``correct_masked``), also
     :data:`ACCURACY_COLUMNS`: clean and masked accuracy, their difference and its paired bootstrap interval
@@ -453,19 +413,38 @@ def summarize(per_example: pd.DataFrame, level: float = 0.95, resamples: int = 2
     missing = [c for c in ("measure", "curve", "rate", "delta_ppl") if c not in per_example]
     if missing:
         raise InputError(f"the per-example table has no column(s) {', '.join(missing)}; give the rows of run_example or iter_examples")
+    per_example = per_example_means(per_example)
     accuracy = "correct_masked" in per_example and per_example["correct_masked"].notna().all()
     rows = []
     for (measure, curve, rate), group in per_example.groupby(["measure", "curve", "rate"], sort=False):
-        values = group["delta_ppl"].to_numpy(np.float64)
-        values = values[np.isfinite(values)]  # the values the mean is of; n counts them
-        low, high = bootstrap_ci(values, level, resamples, seed)
-        row = (measure, curve, rate, float(values.mean()) if len(values) else math.nan, low, high, len(values))
+        row = (measure, curve, rate, *_mean_ci(group["delta_ppl"], level, resamples, seed))
+        ratio = group["log_ppl_ratio"] if "log_ppl_ratio" in group else np.full(len(group), np.nan)
+        mean, low, high, _ = _mean_ci(ratio, level, resamples, seed)
+        row += (mean, low, high)
         if accuracy:
             clean, masked = group["correct_clean"].to_numpy(float), group["correct_masked"].to_numpy(float)
             row += (clean.mean(), masked.mean(), (masked - clean).mean(), *bootstrap_ci(masked - clean, level, resamples, seed))
         rows.append(row)
     summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS + (ACCURACY_COLUMNS if accuracy else []))
     return _ordered(summary)
+
+
+def random_gaps(per_example: pd.DataFrame, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Each measure's gap to the random control (docs/METHOD.md section 3), paired per example: the log-perplexity
+    ratio L(measure) − L(random) under comprehensiveness, L(random) − L(measure) under sufficiency, so > 0 is better
+    than chance; mean over examples with its bootstrap interval (:data:`GAP_COLUMNS`). Empty without a random run."""
+    frame = per_example_means(per_example)
+    if "random" not in set(frame.get("measure", ())) or "log_ppl_ratio" not in frame:
+        return pd.DataFrame(columns=GAP_COLUMNS)
+    wide = frame.pivot_table(index="example", columns=["curve", "rate", "measure"], values="log_ppl_ratio", aggfunc="first")
+    rows = []
+    for curve, rate, measure in wide.columns:
+        if measure == "random":
+            continue
+        gap = wide[curve, rate, measure] - wide[curve, rate, "random"]
+        gap = gap if curve == "comprehensiveness" else -gap
+        rows.append((measure, curve, rate, *_mean_ci(gap.to_numpy(), level, resamples, seed)))
+    return _ordered(pd.DataFrame(rows, columns=GAP_COLUMNS))
 
 
 def curve_areas(summary: pd.DataFrame) -> pd.DataFrame:

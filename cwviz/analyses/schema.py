@@ -39,6 +39,8 @@ ALL_MEASURES: tuple[str, ...] = RANKED_MEASURES[:3] + ("value_weighted_output_no
 DEFAULT_RATES: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)  # percent of each query's keys
 EXAMPLE_MAX_TOKENS = 256
 DEFAULT_BATCH_SIZE = 8
+#: Random rankings per example (the control, docs/METHOD.md section 3): each seeded by (seed, example, draw).
+DEFAULT_DRAWS = 3
 #: ``Protocol.batch_size`` for as many masked runs per forward pass as memory allows (``--batch-size auto``):
 #: every distinct run of an example on a GPU, at most :data:`DEFAULT_BATCH_SIZE` on a CPU (where a larger batch
 #: is no faster), fewer where :func:`cwviz.analyses.faithfulness.masked_run_bytes` says they would not fit.
@@ -50,7 +52,7 @@ RANK_BY = ("signed", "absolute")
 TASKS: tuple[str, ...] = ("mmlu", "boolq", "winogrande")
 #: The claims check (:mod:`cwviz.analyses.claims`): claim 1's removal rates in percent, and the token cap per item.
 CLAIMS_RATES: tuple[float, ...] = (10.0, 30.0)
-CLAIMS_MAX_TOKENS = 128
+CLAIMS_MAX_TOKENS = 48
 #: Sinks (:mod:`cwviz.analyses.sinks`): the word that asks for the detected sink, the sink unless the user picks one
 #: (the first position, docs/METHOD.md section 4), and λ, the factor on the sink's value in interventions unless
 #: given (0 removes its write).

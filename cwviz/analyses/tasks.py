@@ -37,7 +37,7 @@ from ..core.util.errors import InputError
 from ..core.util.texts import check_text
 from . import faithfulness
 from .codecs import FAITHFULNESS
-from .faithfulness import EXAMPLE_COLUMNS, Protocol, check_causal, masked_layers, masked_logprobs
+from .faithfulness import EXAMPLE_COLUMNS, Protocol, check_causal, log_ratio, masked_layers, masked_logprobs
 from .schema import TASKS
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ def choice_ids(bundle: Bundle, context: str, continuation: str, max_tokens: int)
 
 
 def run_item(bundle: Bundle, item: Item, protocol: Protocol = Protocol(), example: int = 0) -> pd.DataFrame | None:
-    """Every masked run of one item: :data:`TASK_COLUMNS`, one row per (measure, curve, rate); None when a
+    """Every masked run of one item: :data:`TASK_COLUMNS`, one row per (measure, curve, rate, draw); None when a
     choice does not fit in the token cap.
 
     ``ppl_*`` and ``tokens`` are those of the correct choice's sequence; ``correct_*`` say whether the
@@ -212,13 +212,15 @@ def run_item(bundle: Bundle, item: Item, protocol: Protocol = Protocol(), exampl
     return pd.DataFrame(
         {
             "example": example,
-            "measure": [m for m, _, _ in runs],
-            "curve": [c for _, c, _ in runs],
-            "rate": [r for _, _, r in runs],
+            "measure": [m for m, _, _, _ in runs],
+            "curve": [c for _, c, _, _ in runs],
+            "rate": [r for _, _, r, _ in runs],
+            "draw": [d for _, _, _, d in runs],
             "tokens": tokens,
             "ppl_clean": ppl_clean,
             "ppl_masked": ppl_masked,
             "delta_ppl": ppl_masked - ppl_clean,
+            "log_ppl_ratio": log_ratio(ppl_masked, ppl_clean),
             "correct_clean": correct[0],
             "correct_masked": correct[1:],
         },

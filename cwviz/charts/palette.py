@@ -23,5 +23,8 @@ SINK, KEY = "#7b4ea3", "#6f6f6f"
 NEUTRAL, ACCENT, MUTED = "#31333f", "#d08c00", "#bab0ac"
 #: Categorical lines (the faithfulness page's measures): Dark2 without its orange-red, then neutrals.
 CATEGORIES = ("#1b9e77", "#7570b3", "#d08c00", "#66a61e", "#a6761d", "#e7298a", "#666666", "#31333f")
+#: A verdict (the Claims page's forest plot): holds, fails, unresolved. Purple and orange (the ends of ColorBrewer's
+#: PuOr, readable with red-green colour blindness) and grey: not red or blue (a sign), not green (attention).
+VERDICT_COLOURS = {"holds": "#5e3c99", "fails": "#e66101", "unresolved": "#9e9e9e"}
 #: What the colours mean, in the words of every signed legend and page sentence.
 SIGNED_MEANING = "red adds, blue subtracts"

@@ -31,7 +31,12 @@ def protocol_of(args: argparse.Namespace) -> faithfulness.Protocol:
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, not {args.batch_size}")
     return faithfulness.Protocol(
-        rates=parse_rates(args.rates), measures=claims.ORDER, seed=args.seed, batch_size=args.batch_size, max_tokens=args.max_tokens
+        rates=parse_rates(args.rates),
+        measures=claims.MEASURES,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+        draws=args.draws,
     )
 
 
@@ -58,6 +63,7 @@ def run_sweep(args: argparse.Namespace, protocol, scopes: tuple[str, ...], sink,
     provenance = model_provenance(bundle)
     settings = CLAIMS.settings(protocol, scopes, sink, provenance)
     fields = {"seed": protocol.seed, "rates": list(protocol.rates), "measures": list(protocol.measures), "scopes": list(scopes)}
+    fields |= {"draws": protocol.draws}
     fields |= {"sink": str(sink), "protocol": {"max_tokens": protocol.max_tokens, "rank_scopes": ", ".join(scopes)}}
     fields |= {"data": {"jsonl": str(jsonl_path(args)), "examples": len(texts)}}
     made = run_manifest(args, CLAIMS, settings, provenance, procs.count, **fields)
@@ -89,5 +95,13 @@ def format_table(table) -> str:
     lines = []
     for row in table.itertuples(index=False):
         where = f" [{row.scope}, {row.curve}, {row.rate:g}%]" if row.claim == 1 else ""
-        lines.append(f"claim {row.claim}{where}: {row.verdict.upper()}: {row.evidence}")
+        if row.role == claims.VERDICT:
+            lines.append(
+                f"claim {row.claim}{row.part}{where}: {row.verdict.upper()}: {row.statistic} {row.estimate:+.3g} [{row.ci_low:+.3g}, {row.ci_high:+.3g}]; {row.evidence}"
+            )
+        else:
+            judged = f" ({row.verdict})" if row.verdict else ""
+            lines.append(
+                f"  {row.role} {row.claim}{where}: {row.statistic} {row.estimate:+.3g} [{row.ci_low:+.3g}, {row.ci_high:+.3g}]{judged}"
+            )
     return "\n".join(lines)

@@ -123,6 +123,16 @@ def format_order(summary: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def format_gaps(gaps: pd.DataFrame, draws: int) -> str:
+    """Each measure's gap to the random control (log-perplexity ratio; > 0: better than chance), beside the order."""
+    if not len(gaps):
+        return "gap to random: no random run (add random to --measures)"
+    lines = [f"gap to random ({draws} draw(s) an example; log-perplexity ratio, > 0: better than chance; 95 % CI):"]
+    for row in gaps.itertuples(index=False):
+        lines.append(f"  {row.curve} {row.rate:g}% {row.measure}: {row.gap:+.4g} [{row.ci_low:+.4g}, {row.ci_high:+.4g}]")
+    return "\n".join(lines)
+
+
 def protocol_of(args: argparse.Namespace) -> faithfulness.Protocol:
     return faithfulness.Protocol(
         rates=parse_rates(args.rates),
@@ -134,6 +144,7 @@ def protocol_of(args: argparse.Namespace) -> faithfulness.Protocol:
         seed=args.seed,
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
+        draws=args.draws,
     )
 
 
@@ -200,6 +211,7 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
             return report_interrupt(0, len(texts), "example")
         raise InputError("no example had two or more tokens; nothing to measure")
     print_summary(bundle.info.id, finished, protocol, summary)
+    print(format_gaps(faithfulness.random_gaps(FAITHFULNESS.decode(made_records), seed=args.seed), protocol.draws))
     if folder is not None:
         print(
             f"wrote {folder / records.SUMMARY} ({len(made_records)} record(s) from {len(list(folder.glob(records.RECORD_GLOB)))} file(s))"
@@ -217,7 +229,7 @@ def manifest(
     """How this run was made and how to rerun it (``manifest.json``; the report shows it)."""
     split = split_of(args) if args.dataset else None
     data = {"jsonl": str(jsonl_path(args)) if jsonl_path(args) else None, "file": args.file, "dataset": args.dataset, "split": split}
-    protocol_fields = {k: getattr(protocol, k) for k in ("layer", "per_head", "rank_by", "rank_scope", "max_tokens")}
+    protocol_fields = {k: getattr(protocol, k) for k in ("layer", "per_head", "rank_by", "rank_scope", "max_tokens", "draws")}
     return run_manifest(
         args,
         FAITHFULNESS,

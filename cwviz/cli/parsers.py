@@ -21,6 +21,7 @@ from ..analyses.schema import (
     CLAIMS_MAX_TOKENS,
     CLAIMS_RATES,
     DEFAULT_BATCH_SIZE,
+    DEFAULT_DRAWS,
     DEFAULT_EXAMPLES,
     DEFAULT_FACTOR,
     DEFAULT_RATES,
@@ -276,7 +277,10 @@ def _add_faithfulness(sub: argparse._SubParsersAction) -> None:
         help=f"masked runs per forward pass (default {DEFAULT_BATCH_SIZE}), or auto: as many as memory allows "
         f"(every distinct run of an example on a GPU, at most {DEFAULT_BATCH_SIZE} on a CPU)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random ranking and the bootstrap (default 0)")
+    parser.add_argument(
+        "--draws", type=int, default=DEFAULT_DRAWS, help=f"random rankings per example, the control (default {DEFAULT_DRAWS})"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random rankings and the bootstrap (default 0)")
     parser.add_argument("--out", type=Path, help="summary CSV, rewritten after every example")
     add_sweep_args(parser, "results folder: per-example records, manifest.json and summary.csv")
     add_model_args(parser)
@@ -314,7 +318,8 @@ def _add_claims(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help=f"masked runs per forward pass (default {DEFAULT_BATCH_SIZE})"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+    parser.add_argument("--draws", type=int, default=DEFAULT_DRAWS, help=f"random rankings per item, the control (default {DEFAULT_DRAWS})")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random rankings and the bootstrap (default 0)")
     add_model_args(parser)
     parser.set_defaults(command_module="cwviz.cli.claims")
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cwviz
-from cwviz.analyses import faithfulness
+from cwviz.analyses import faithfulness, masks
 from cwviz.core.method.interventions import KeepKeys, logits
 from cwviz.core.util.errors import InputError, UnsupportedModelError
 from tests.helpers import make_tiny
@@ -26,17 +26,18 @@ def causal(n: int) -> torch.Tensor:
 # -- masks and rankings on hand-made tensors -------------------------------------------------------------
 def test_masked_counts_take_the_ceiling_with_at_least_one_key():
     n = torch.arange(1, 11)
-    assert faithfulness.masked_counts(n, 30).tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 3, 3]
-    assert faithfulness.masked_counts(n, 1).tolist() == [1] * 10
-    assert faithfulness.masked_counts(n, 50).tolist() == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
-    assert faithfulness.masked_counts(n, 100).tolist() == n.tolist()
+    # min(ceil(r n), n - 1): a pool of one loses nothing, and no pool loses every member (the sufficiency rule)
+    assert faithfulness.masked_counts(n, 30).tolist() == [0, 1, 1, 2, 2, 2, 3, 3, 3, 3]
+    assert faithfulness.masked_counts(n, 1).tolist() == [0] + [1] * 9
+    assert faithfulness.masked_counts(n, 50).tolist() == [0, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert faithfulness.masked_counts(n, 100).tolist() == (n - 1).tolist()
     assert faithfulness.masked_counts(n, 0).tolist() == [0] * 10
 
 
 def test_ranks_and_masks_of_hand_made_scores():
     scores = torch.tensor([[5.0, 9.0, 9.0], [1.0, 3.0, 9.0], [2.0, -1.0, 4.0]])  # (Q, K); 9 = future keys
     visible = causal(3)
-    ranks = faithfulness.rank_keys(scores, visible)
+    ranks = masks.rank_keys(scores, visible)
     assert ranks.tolist() == [[0, 1, 2], [1, 0, 2], [1, 2, 0]]  # future keys rank last, whatever their score
     n = visible.sum(-1)
     one = torch.ones(3, dtype=torch.long)
@@ -59,14 +60,14 @@ def test_ranks_and_masks_of_hand_made_scores():
 
 def test_ties_keep_key_order_and_nan_ranks_last():
     visible = torch.ones(1, 4, dtype=torch.bool)
-    assert faithfulness.rank_keys(torch.tensor([[1.0, 2.0, 2.0, 1.0]]), visible).tolist() == [[2, 0, 1, 3]]
-    assert faithfulness.rank_keys(torch.tensor([[NAN, -5.0, 0.0, 1.0]]), visible).tolist() == [[3, 2, 1, 0]]
+    assert masks.rank_keys(torch.tensor([[1.0, 2.0, 2.0, 1.0]]), visible).tolist() == [[2, 0, 1, 3]]
+    assert masks.rank_keys(torch.tensor([[NAN, -5.0, 0.0, 1.0]]), visible).tolist() == [[3, 2, 1, 0]]
 
 
 def test_sliding_window_counts_only_visible_keys():
     # keys 0..i within a window of two: query 3 sees keys 2 and 3 only
     visible = causal(4) & ~causal(4).tril(-2)
-    ranks = faithfulness.rank_keys(torch.tensor([[0.0, 0, 0, 0], [9, 1, 0, 0], [9, 9, 1, 0], [9, 9, 1, 2]]), visible)
+    ranks = masks.rank_keys(torch.tensor([[0.0, 0, 0, 0], [9, 1, 0, 0], [9, 9, 1, 0], [9, 9, 1, 2]]), visible)
     n = visible.sum(-1)
     assert n.tolist() == [1, 2, 2, 2]
     keep = faithfulness.keep_mask(ranks, faithfulness.masked_counts(n, 50), n, "comprehensiveness")
@@ -84,7 +85,7 @@ def test_masks_remove_exactly_the_top_or_bottom_share(seed, num, heads, rate):
     torch.manual_seed(seed)
     scores = torch.randn(heads, num, num)
     visible = causal(num)
-    ranks = faithfulness.rank_keys(scores, visible)
+    ranks = masks.rank_keys(scores, visible)
     n = visible.sum(-1)
     k = faithfulness.masked_counts(n, rate)
     comp = ~faithfulness.keep_mask(ranks, k, n, "comprehensiveness")
@@ -96,10 +97,11 @@ def test_masks_remove_exactly_the_top_or_bottom_share(seed, num, heads, rate):
         for i in range(num):
             seen = scores[h, i, : i + 1]
             removed, kept = scores[h, i][comp[h, i]], seen[~comp[h, i, : i + 1]]
-            if len(kept):
+            assert len(kept) >= 1  # no query loses every key (the sufficiency rule)
+            if len(removed):
                 assert removed.min() >= kept.max()  # comprehensiveness removes the highest scores
             removed, kept = scores[h, i][suff[h, i]], seen[~suff[h, i, : i + 1]]
-            if len(kept):
+            if len(removed):
                 assert removed.max() <= kept.min()  # sufficiency removes the lowest
 
 
@@ -128,7 +130,7 @@ def test_masking_nothing_reproduces_the_clean_logits(llama):
     masks = {}
     for layer, n in ranked.num_visible.items():
         masks[layer] = torch.stack(
-            [faithfulness.keep_mask(ranked.ranks["contribution_inter"][layer], torch.zeros_like(n), n, c) for c in faithfulness.CURVES]
+            [faithfulness.keep_mask(ranked.ranks["contribution_inter", 0][layer], torch.zeros_like(n), n, c) for c in faithfulness.CURVES]
         )  # (2, H, Q, K)
     ids = torch.tensor([IDS, IDS])
     clean = logits(llama, ids)
@@ -136,15 +138,17 @@ def test_masking_nothing_reproduces_the_clean_logits(llama):
     torch.testing.assert_close(masked, clean, atol=1e-5, rtol=1e-5)
 
 
-def test_rate_zero_gives_zero_delta_ppl_and_full_removal_is_the_same_for_every_measure(llama):
+def test_rate_zero_gives_zero_delta_ppl_and_full_removal_keeps_one_key_a_query(llama):
     table = faithfulness.run_example(llama, IDS, faithfulness.Protocol(rates=(0, 100), batch_size=5))
     assert set(table.columns) == set(faithfulness.EXAMPLE_COLUMNS)
-    assert len(table) == len(faithfulness.RANKED_MEASURES) * 2 * 2
+    assert len(table) == (len(faithfulness.RANKED_MEASURES) - 1 + faithfulness.Protocol().draws) * 2 * 2
     zero = table[table.rate == 0]
     np.testing.assert_allclose(zero.delta_ppl, 0, atol=1e-4 * zero.ppl_clean.iloc[0])
-    full = table[table.rate == 100]  # every key of every query removed: rankings no longer matter
-    np.testing.assert_allclose(full.ppl_masked, full.ppl_masked.iloc[0], rtol=1e-5)
-    assert abs(full.delta_ppl.iloc[0]) > 1e-3
+    np.testing.assert_allclose(zero.log_ppl_ratio, 0, atol=1e-4)
+    # at 100 % every query keeps one key (the sufficiency rule): comprehensiveness keeps its lowest-ranked, sufficiency
+    # its highest-ranked, so the two curves differ for a measure
+    full = table[(table.rate == 100) & (table.measure == "raw")].set_index("curve")
+    assert abs(full.delta_ppl["comprehensiveness"] - full.delta_ppl["sufficiency"]) > 1e-6
 
 
 def test_masks_change_the_model_and_batching_does_not(llama):
@@ -170,12 +174,13 @@ def test_rankings_per_head_and_random_control(llama):
     analysis = cwviz.analyze(llama, input_ids=IDS)
     layer_level = faithfulness.rankings(analysis, faithfulness.Protocol())
     per_head = faithfulness.rankings(analysis, faithfulness.Protocol(per_head=True))
-    assert layer_level.ranks["raw"][0].shape == (1, len(IDS), len(IDS))
-    assert per_head.ranks["raw"][0].shape == (llama.info.heads, len(IDS), len(IDS))
+    assert layer_level.ranks["raw", 0][0].shape == (1, len(IDS), len(IDS))
+    assert per_head.ranks["raw", 0][0].shape == (llama.info.heads, len(IDS), len(IDS))
     again = faithfulness.rankings(analysis, faithfulness.Protocol(), example=0)
     other = faithfulness.rankings(analysis, faithfulness.Protocol(), example=1)
-    assert torch.equal(layer_level.ranks["random"][0], again.ranks["random"][0])  # seeded
-    assert not torch.equal(layer_level.ranks["random"][0], other.ranks["random"][0])  # fresh per example
+    assert torch.equal(layer_level.ranks["random", 0][0], again.ranks["random", 0][0])  # seeded
+    assert not torch.equal(layer_level.ranks["random", 0][0], other.ranks["random", 0][0])  # fresh per example
+    assert not torch.equal(layer_level.ranks["random", 0][0], layer_level.ranks["random", 1][0])  # fresh per draw
 
 
 def test_output_normalisation_by_the_layer_norm_ranks_as_value_weighted(llama):
@@ -183,7 +188,7 @@ def test_output_normalisation_by_the_layer_norm_ranks_as_value_weighted(llama):
     analysis = cwviz.analyze(llama, input_ids=IDS)
     ranked = faithfulness.rankings(analysis, faithfulness.Protocol(measures=("value_weighted", "value_weighted_output_normalized")))
     for layer in range(llama.info.layers):
-        assert torch.equal(ranked.ranks["value_weighted"][layer], ranked.ranks["value_weighted_output_normalized"][layer])
+        assert torch.equal(ranked.ranks["value_weighted", 0][layer], ranked.ranks["value_weighted_output_normalized", 0][layer])
 
 
 def test_token_cap_and_encoders(llama):
@@ -318,9 +323,10 @@ def test_iter_examples_resumes_at_start_and_enters_the_guard_around_each_example
 
 def test_each_example_reports_its_forward_passes_from_the_clean_one_to_the_last_batch(llama):
     """``progress(done, total)`` counts an example's clean pass and its batches of distinct masked runs, afresh for
-    each example: 2 measures x 2 curves x 2 rates = 8 distinct runs in batches of 3 is 1 + 3 passes."""
+    each example: 2 rankings (raw, one random draw) x 2 curves x 2 rates = 8 distinct runs in batches of 3 is 1 + 3
+    passes."""
     calls = []
-    protocol = faithfulness.Protocol(rates=(10, 50), measures=("raw", "random"), batch_size=3)
+    protocol = faithfulness.Protocol(rates=(10, 50), measures=("raw", "random"), batch_size=3, draws=1)
     out = list(
         faithfulness.iter_examples(llama, ["abcdefghij", "klmnopqrst"], protocol, progress=lambda done, total: calls.append((done, total)))
     )

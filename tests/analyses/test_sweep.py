@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from cwviz import cli
-from cwviz.analyses import records, sweep
+from cwviz.analyses import faithfulness, records, sweep
 from cwviz.analyses.codecs import BY_NAME, CLAIMS, FAITHFULNESS
 from cwviz.cli import faithfulness as command
 from cwviz.core.util.errors import InputError
@@ -43,7 +43,7 @@ def test_a_sweep_writes_one_record_per_example_and_the_summary_from_them(tmp_pat
     assert [r["example"] for r in written] == list(range(len(TEXTS)))
     assert written[-1]["skipped"] and not written[0]["skipped"]  # "a" has one token: recorded as skipped
     assert {r["text_sha256"] for r in written} == {records.text_hash(t) for t in TEXTS}
-    assert len(written[0]["runs"]) == 2 * 2 * 2
+    assert len(written[0]["runs"]) == (1 + faithfulness.Protocol().draws) * 2 * 2  # raw and each random draw, 2 curves, 2 rates
     summary = pd.read_csv(results / records.SUMMARY)
     assert set(summary.n) == {len(TEXTS) - 1}
     manifest = json.loads((results / records.MANIFEST).read_text())

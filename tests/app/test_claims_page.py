@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
+from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from cwviz.analyses import claims, records
@@ -25,12 +27,14 @@ def app() -> AppTest:
 
 def saved_folder(tmp_path: Path) -> Path:
     """A results folder as ``cwviz claims --results DIR`` leaves it, of constructed records where claim 1 holds
-    under the query scope and claims 2–5 hold."""
+    under the query scope, every measure but raw beats the random control, and claims 2–5 hold."""
     where = tmp_path / "run" / "claims"
     where.mkdir(parents=True)
     lines = []
     for i in range(12):
-        payload = record(i, ordered(i, 1.0, noise=0.1), sinks(i, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0))
+        ppl = ordered(i, 1.0, noise=0.1)
+        ppl["comprehensiveness", "random"], ppl["sufficiency", "random"] = 1.5, 9.5
+        payload = record(i, ppl, sinks(i))
         lines.append(
             json.dumps(records.make_record(claims.CLAIMS, i, f"item {i}", "key", {k: v for k, v in payload.items() if k != "example"}))
         )
@@ -44,16 +48,25 @@ def test_default_load_offers_a_run_and_shows_no_table(app):
     assert not app.dataframe
 
 
-def test_a_saved_folder_gives_one_row_per_claim_with_its_verdict(app, tmp_path):
+def test_a_saved_folder_draws_every_verdict_and_gives_one_row_per_claim_and_the_control(app, tmp_path):
     app.radio(key="claims_source").set_value("saved")
     app.run()
     app.text_input(key="claims_dir").set_value(str(saved_folder(tmp_path)))
     at = app.run()
     assert not at.exception and not at.error
-    overview = at.dataframe[0].value
+    # the forest plot: one row per verdict (claim 1's two curves, 2, 3, 4, 5a, 5b, 5c), each coloured by its verdict
+    (chart,) = at.get("vega_lite_chart")
+    drawn = pd.concat([convert_arrow_bytes_to_pandas_df(d.data.data) for d in chart.proto.datasets])
+    assert sorted(set(drawn["label"])) == sorted(at.dataframe[0].value.index)
+    assert len(at.dataframe[0].value) == 8 and set(at.dataframe[0].value.verdict) == {"holds"}
+    assert "#5e3c99" in chart.proto.spec and "#b2182b" not in chart.proto.spec and "#2166ac" not in chart.proto.spec
+    overview = at.dataframe[1].value
     assert list(overview.index) == [1, 2, 3, 4, 5]
-    assert list(overview.loc[[2, 3, 4, 5], "verdict"]) == ["holds"] * 4
+    assert list(overview.loc[[2, 3, 4], "verdict"]) == ["holds"] * 3
+    assert overview.loc[5, "verdict"] == "a: holds; b: holds; c: holds"
     assert overview.loc[1, "verdict"] == "2 holds, 0 fails, 0 unresolved"
+    control = at.dataframe[2].value.set_index(["curve", "measure"])
+    assert len(control) == 8 and control.loc[("comprehensiveness", "CW"), "verdict"] == "holds"
     assert overview.loc[3, "statement"] == claims.STATEMENTS[3]
     assert any("12 item(s)" in c.value for c in at.caption)
 
@@ -77,9 +90,9 @@ def test_a_run_here_on_the_embedded_model_judges_every_claim_from_the_records_th
     app.button(key="claims_run").click()
     at = app.run()
     assert not at.exception and not at.error
-    overview = at.dataframe[0].value
+    overview = at.dataframe[1].value
     assert list(overview.index) == [1, 2, 3, 4, 5]
-    assert set(at.dataframe[1].value["scope"]) == {"query", "token", "layer"}
+    assert set(at.dataframe[2].value["scope"]) == {"query", "token", "layer"}  # the random control under every scope
     made = run_services.finished(run_services.claims_plan(at.session_state["_claims_asked"]))
     assert cli.main(["claims", "--gsm8k", "--n", "1", "--max-tokens", "10", "--results", str(tmp_path)]) == 0
     assert made == records.read_records(tmp_path / claims.RECORDS_FOLDER, CLAIMS)  # the same fingerprint and numbers
@@ -96,7 +109,7 @@ def test_stop_keeps_the_finished_items_and_run_resumes_from_them(app, monkeypatc
         ran.append(index)
         if len(ran) == 2:
             st.stop()
-        payload = record(index, ordered(index, 1.0, noise=0.1), sinks(index, rho=0.9, cos=-0.3, interior=0.9, cone=0.1, ppl=2.0))
+        payload = record(index, ordered(index, 1.0, noise=0.1), sinks(index))
         return {k: v for k, v in payload.items() if k != "example"}
 
     monkeypatch.setattr(claims, "item_payload", stopped_on_the_second)
@@ -110,4 +123,4 @@ def test_stop_keeps_the_finished_items_and_run_resumes_from_them(app, monkeypatc
     at.run()
     assert not at.exception and not at.error
     assert ran == [0, 1, 1, 2]  # the finished item is not run again
-    assert list(at.dataframe[0].value.index) == [1, 2, 3, 4, 5] and any(c.value.startswith("3 item(s);") for c in at.caption)
+    assert list(at.dataframe[1].value.index) == [1, 2, 3, 4, 5] and any(c.value.startswith("3 item(s);") for c in at.caption)

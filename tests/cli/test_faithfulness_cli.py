@@ -47,7 +47,18 @@ def test_two_items_of_a_small_jsonl_with_the_embedded_model(tmp_path):
     done = subprocess.run([sys.executable, "-m", "cwviz", "faithfulness", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(out)
-    assert list(table.columns) == ["measure", "curve", "rate", "delta_ppl", "ci_low", "ci_high", "n"]
+    assert list(table.columns) == [
+        "measure",
+        "curve",
+        "rate",
+        "delta_ppl",
+        "ci_low",
+        "ci_high",
+        "n",
+        "log_ppl_ratio",
+        "log_ci_low",
+        "log_ci_high",
+    ]
     assert len(table) == 3 * 2 * 2
     assert set(table.n) == {2}
     assert set(table.rate) == {10, 50}
@@ -55,6 +66,7 @@ def test_two_items_of_a_small_jsonl_with_the_embedded_model(tmp_path):
     for curve in faithfulness.CURVES:
         assert f"{curve}: mean ΔPPL over 2 example(s)" in done.stdout
     assert "area" in done.stdout and "paper's order" in done.stdout
+    assert "gap to random (3 draw(s) an example" in done.stdout and "comprehensiveness 10% raw:" in done.stdout
     assert "2/2" in done.stderr  # the progress bar
 
 

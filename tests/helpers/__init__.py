@@ -332,17 +332,45 @@ def ordered(i: int, step: float, noise: float = 0.0) -> dict:
     return out
 
 
-def sinks(i: int, rho: float, cos: float, interior: float, cone: float, ppl: float, noise: float = 0.01) -> dict:
-    """A record's sink measures near the given values (``noise`` apart from item to item)."""
-    r = np.random.default_rng(100 + i).normal(size=6) * noise
+def sinks(
+    i: int,
+    d: float = 0.3,
+    cos: float = -0.3,
+    shape: float = 0.9,
+    spread: float = 0.1,
+    toward: float = 0.1,
+    ppl: float = 0.5,
+    noise: float = 0.01,
+    d_other: float = 0.0,
+) -> dict:
+    """A record's sink statistics (every name of ``cwviz.analyses.codecs.SINK_STATS``) near the given values of each
+    verdict (``noise`` apart from item to item): claim 2's d_σ − d_other ≈ ``d`` (d_other ≈ ``d_other``), claim 3's
+    sink-active cosine ``cos``, claim 4's U-shaped share ``shape``, claim 5's (a) ``spread``, (b) ``toward`` and (c)
+    log-perplexity ratio ``ppl``."""
+    r = np.random.default_rng(100 + i // 2).normal(size=8) * noise * (-1) ** i  # items 2k and 2k + 1 cancel: mean 0
     return {
-        "rho_geometry": rho + r[0],
+        "rho_geometry": 0.5 + d + d_other + r[0],
         "rho_attention": 0.5 + r[1],
-        "cos_sink_rest": cos + r[2],
-        "interior_minimum_share": interior + r[3],
-        "median_minimiser": 0.4,
-        "cone_change": cone + r[4],
-        "delta_ppl": ppl + r[5],
+        "rho_geometry_other": 0.5 + d_other + r[7],
+        "rho_attention_other": 0.5,
+        "cos_sink_rest": 0.0,
+        "cos_active_0.1": cos / 2,
+        "cos_active_0.3": cos + r[2],
+        "cos_active_0.5": cos,
+        "cos_active_0.7": cos,
+        "cos_weighted": cos / 2,
+        "interior_minimum_share": 0.95,
+        "median_minimiser": 0.7,
+        "u_shaped_share": min(1.0, max(0.0, shape + r[3])),
+        "fitted_heads": 30.0,
+        "fit_minimiser": 0.6,
+        "operating_ratio": 0.4,
+        "above_minimum_share": 0.2,
+        "cone_change": -0.01,
+        "low_cone_change": spread + r[4],
+        "low_centroid_change": toward + r[5],
+        "log_ppl_ratio": ppl + r[6],
+        "delta_ppl": 10 * (ppl + r[6]),
     }
 
 
