@@ -497,7 +497,8 @@ def head_output_stats(analysis: Analysis, sink: int | str = DEFAULT_SINK, progre
     """Per layer, the mean head-output norm ‖o_i^h‖ and the semantic cone over the queries that see the sink and another
     key: columns ``layer, output_norm, cone``; one clean pass of the prompt that records nothing, ``progress(done, L)``
     a layer at a time. The clean side of :func:`intervene_on_sink`, which does not depend on λ: a caller trying
-    several λ computes it once."""
+    several λ computes it once. Always the model as it is: an analysis made under an intervention (``analyze(...,
+    intervention=...)``) gets its clean pass here; :func:`intervene_on_sink` gives the changed side."""
     analysis.check_model()
     return _observed_stats(analysis, resolve_sink(analysis, sink), None, progress)[0]
 

@@ -87,3 +87,20 @@ def test_claim_five_reads_only_the_low_norm_outputs():
     # positions outside the set are never read: with only the long outputs allowed, nothing changes
     long_only = torch.tensor([False, False] + [True] * 6)
     assert claim_items.low_norm_shift(before, after, centroid, centroid, long_only) == pytest.approx((0.0, 0.0))
+
+
+def test_the_first_protocols_cone_change_is_the_removed_sinks_own_pass_against_the_clean_one():
+    """The evidence row ``cone_change`` compares the pass with the sink's value removed against the clean pass: it
+    equals the intervention's table on a tiny model and is not the zero a clean pass against itself would give."""
+    import cwviz
+    from cwviz.analyses import sinks
+    from cwviz.core.method.interventions import ScaleValues
+    from tests.helpers import make_tiny
+
+    bundle = make_tiny("llama")
+    analysis = cwviz.analyze(bundle, "the cat sat on the mat and the dog sat on the rug")
+    after = cwviz.analyze(bundle, input_ids=analysis.input_ids, intervention=ScaleValues(positions=(0,), factor=0.0))
+    stats = claim_items.sink_statistics(analysis, after, sinks.sink_table(analysis, 0), 0)
+    expected = float(np.nanmean(sinks.intervene_on_sink(analysis, 0, factor=0.0).table["cone_change"]))
+    assert stats["cone_change"] == pytest.approx(expected, abs=1e-6)
+    assert abs(stats["cone_change"]) > 1e-4
