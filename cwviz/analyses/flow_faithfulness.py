@@ -25,7 +25,8 @@ from ..core.method import baselines
 from ..core.method.analysis import analyze
 from ..core.method.flow import token_totals
 from ..core.method.knockout import last_logits
-from .claims import MIN_ITEMS, UNRESOLVED, mean_interval, spearman, verdict
+from .claim_items import spearman
+from .claims import MIN_ITEMS, UNRESOLVED, mean_interval, verdict
 from .codecs import FLOW_FAITHFULNESS
 from .faithfulness import example_ids
 from .schema import FLOW_BATCH_SIZE, FLOW_DRAWS, FLOW_MAX_TOKENS, FLOW_MIN_TOKENS

@@ -604,8 +604,9 @@ def test_atlas_runs_draws_its_map_and_links_a_prompt_to_its_heatmaps(server, bro
 
 
 def test_claims_runs_and_shows_a_verdict_for_each_claim(server, browser):
-    """The Claims page on five GSM8K items (the fewest that decide) of 16 tokens: Run shows its progress, then one row per claim with its
-    verdict, the claim-1 rows per rank scope and the CSV download; no bar is left behind."""
+    """The Claims page on five GSM8K items (the fewest that decide) of 16 tokens: Run shows its progress, then the forest
+    plot of every verdict, its table, one row per claim, the random control, the evidence and the CSV download; no bar is
+    left behind."""
     page = browser.new_page(viewport=VIEWPORT)
     watch = Watch(page)
     try:
@@ -618,7 +619,11 @@ def test_claims_runs_and_shows_a_verdict_for_each_claim(server, browser):
         _assert_no_error_text(page)
         assert page.get_by_test_id("stProgress").count() == 0
         assert page.get_by_text("5 item(s); 95 % percentile bootstrap").count() == 1
-        assert page.locator('[data-testid="stDataFrame"]').count() == 3  # per claim, claim 1 per scope, claims 2–5
+        # The forest plot above its table of verdicts, then one row per claim, the random control and the evidence.
+        assert page.get_by_text("Every verdict: estimate and 95 % interval against its line").count() == 1
+        assert page.locator("[data-testid='stVegaLiteChart']").count() == 1
+        assert page.get_by_text("The random control: each measure's gap to random").count() == 1
+        assert page.locator('[data-testid="stDataFrame"]').count() == 4
         assert page.get_by_role("button", name="claims.csv").count() == 1
         _screenshot(page, "claims")
     finally:
