@@ -12,19 +12,21 @@ from ..core.method.analysis import Analysis
 TOP = 5
 
 
-def next_tokens(analysis: Analysis, position: int, k: int = TOP) -> pd.DataFrame:
+def next_tokens(analysis: Analysis, position: int, k: int = TOP, logits: torch.Tensor | None = None) -> pd.DataFrame:
     """The ``k`` most likely next tokens after ``position``: ``rank, token_id, token, probability, logit`` (rank 0 the
-    model's top next token). One forward pass of the prompt up to ``position`` (the analysis keeps no logits); empty
-    for an encoder, which predicts no next token."""
+    model's top next token). ``logits``: the model's logits at ``position`` [vocab] when the caller has them (the flow's
+    :class:`~cwviz.core.method.flow.FlowBasis`); else one forward pass of the prompt up to ``position`` (the analysis
+    keeps no logits). Empty for an encoder, which predicts no next token."""
     columns = ["rank", "token_id", "token", "probability", "logit"]
     bundle = analysis.bundle
     if not bundle.has_logits:
         return pd.DataFrame(columns=columns)
     position = analysis.check_token(position)
-    ids = torch.tensor([analysis.input_ids[: position + 1]])
     with torch.inference_mode():
-        hidden = bundle.final_hidden(ids)[0, -1]  # (d_model,): the last position's final state
-        logits = bundle.output_logits(hidden[None])[0].float()  # (vocab,)
+        if logits is None:
+            hidden = bundle.final_hidden(torch.tensor([analysis.input_ids[: position + 1]]))[0, -1]  # (d_model,)
+            logits = bundle.output_logits(hidden[None])[0]  # (vocab,)
+        logits = logits.float()
         top = logits.topk(k)
         probabilities = torch.softmax(logits, -1)[top.indices]
     token_ids = [int(i) for i in top.indices]

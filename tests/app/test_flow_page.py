@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cwviz.app import flow_services, state
+from cwviz.app import flow_services, services, state
 from cwviz.app.services import Request
 from tests.helpers.app import assert_clean, charts, run_app, widget
 
@@ -111,7 +111,27 @@ def test_changing_the_share_reads_the_cached_flow(monkeypatch):
     at.slider(key="share").set_value(0.3).run()
     at.slider(key="share").set_value(0.9).run()
     assert_clean(at)
+    assert calls == [], "".join(calls[0])
+
+
+def test_a_new_target_or_foil_routes_again_from_the_prompts_kept_stream(monkeypatch):
+    """What does not depend on the target (``flow_basis``: the stream's forward pass, the logits the pickers and the
+    caption read, the heads' vocabulary) is made once per prompt and position: a new target and a foil only route
+    again. An analysis made again (its cache let it go) gets a basis of its own, never the old one's."""
+    at = run_app(page=PAGE)
+    at.text_input(key="target").input(" It").run()  # a flow not cached before: the basis is made (or was kept)
+    calls = []
+    real = flow_services.flow_basis
+    monkeypatch.setattr(flow_services, "flow_basis", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    at.text_input(key="target").input(" She").run()
+    at.toggle(key="foil_on").set_value(True).run()
+    assert_clean(at)
+    assert not at.warning and "toward ' She' over " in _caption(at)
     assert calls == []
+    services.get_analysis.clear()
+    at.text_input(key="target").input(" They").run()  # asked by no other test: not a cached flow
+    assert_clean(at)
+    assert calls == [1] and "toward ' They' over " in _caption(at)
 
 
 def test_a_new_prompt_is_explained_after_its_own_last_token():

@@ -401,6 +401,48 @@ def test_the_vocabulary_waits_for_its_first_reader_and_is_pickled_as_its_rows():
         _ = pending.heads
 
 
+def _flows_equal(one, other):
+    for name in ("totals", "share", "nodes", "direct", "head_direct", "head_routed", "attention_parts", "edge_mass"):
+        np.testing.assert_array_equal(getattr(one, name), getattr(other, name), err_msg=name)
+    for name in ("target", "foil", "bias_total", "logit_difference", "frozen_logit_difference", "norm_error"):
+        np.testing.assert_equal(getattr(one, name), getattr(other, name), err_msg=name)  # NaN = NaN (an encoder)
+    pd.testing.assert_frame_equal(one.edges(1.0), other.edges(1.0))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+def test_a_kept_basis_gives_each_target_the_same_flow_without_a_forward_pass(family):
+    """The Flow page keeps the target-independent part (:func:`flow_basis`) per prompt and position: a flow made from it
+    is the flow made from scratch, for every target and foil, and runs no forward pass of the model."""
+    analysis = family_analysis(family)
+    basis = flow_module.flow_basis(analysis, 4, vocabulary=3)
+    passes = []
+    handle = analysis.bundle.model.register_forward_pre_hook(lambda *_: passes.append(1))
+    try:
+        asked = [(None, None), (11, None), (11, 42)] if analysis.bundle.has_logits else [(None, None)]
+        kept = [flow(analysis, 4, t, f, vocabulary=3, basis=basis) for t, f in asked]
+    finally:
+        handle.remove()
+    assert passes == []
+    for made, (t, f) in zip(kept, asked):
+        _flows_equal(made, flow(analysis, 4, t, f, vocabulary=3))
+    if analysis.bundle.has_logits:  # one vocabulary for every target: computed once, the same rows as from scratch
+        assert all(made.head_vocabulary is basis.vocabulary for made in kept)
+        assert kept[1].vocabulary == flow(analysis, 4, 11, vocabulary=3).vocabulary
+        with torch.inference_mode():
+            logits = analysis.bundle.model(input_ids=torch.tensor([IDS[:5]])).logits[0, -1].float()
+        np.testing.assert_allclose(basis.logits, logits, atol=1e-5)  # the model's own logits at p (the page's picks)
+
+
+def test_a_basis_of_another_analysis_position_or_vocabulary_is_refused():
+    analysis = family_analysis("llama")
+    basis = flow_module.flow_basis(analysis, 4)
+    for other in (dict(analysis=family_analysis("llama"), position=4), dict(analysis=analysis, position=5)):
+        with pytest.raises(InputError, match="flow_basis"):
+            flow(other["analysis"], other["position"], 11, basis=basis)
+    with pytest.raises(InputError, match="vocabulary=2"):
+        flow(analysis, 4, 11, vocabulary=2, basis=basis)
+
+
 # -- the embedded models -------------------------------------------------------------------------------------------
 
 

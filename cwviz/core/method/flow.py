@@ -16,7 +16,9 @@ routing is a vector times each layer's M, block by block (T² a layer), never th
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -78,7 +80,7 @@ def _mixing_blocks(analysis, stream: Stream, layer: int) -> Iterator[_Block]:
 def _stream(analysis, position: int) -> Stream:
     """The prompt's residual stream (:func:`~cwviz.core.method.residual.record_stream`) from a pass that replays the
     analysis's own attention outputs: its pass exactly, without computing attention a second time."""
-    return record_stream(analysis.bundle, analysis.input_ids, position, lambda layer: analysis.layer_record(layer).output)
+    return flow_basis(analysis, position, vocabulary=0).stream
 
 
 def mixing(analysis, layer: int, stream: Stream | None = None) -> np.ndarray:
@@ -192,15 +194,12 @@ def _layer_parts(analysis, stream: Stream, w: torch.Tensor) -> tuple[np.ndarray,
 
 
 class _Direct:
-    """The direct parts of the attention writes at p toward w (docs/METHOD.md section 6.3), taken from the row block that
-    holds p as the routing reads each layer (one read of a layer's record for both): ``attention`` [layer, head, key],
-    and each head's write at p landed in the residual, ``writes`` [layer, head, d_model] (for its vocabulary)."""
+    """The direct parts of the attention writes at p toward w (docs/METHOD.md section 6.3), ``attention`` [layer, head,
+    key], taken from the row block that holds p as the routing reads each layer (one read of a layer's record)."""
 
     def __init__(self, analysis, stream: Stream, w: torch.Tensor | None) -> None:
         self.analysis, self.stream, self.w = analysis, stream, w
-        shape = (analysis.num_layers, analysis.num_heads)
-        self.attention = np.zeros((*shape, analysis.num_tokens), np.float32)
-        self.writes = np.zeros((*shape, analysis.info.d_model), np.float32)
+        self.attention = np.zeros((analysis.num_layers, analysis.num_heads, analysis.num_tokens), np.float32)
 
     def add(self, layer: int, block: _Block) -> None:
         """Take layer ``layer``'s parts from ``block`` when it holds p (nothing for an encoder's flow, w None)."""
@@ -215,8 +214,6 @@ class _Direct:
         value = rec.value[:, :keys]  # (kv * copies, keys, dh)
         dots = grouped_matmul(pulled[:, None], value.transpose(-1, -2), rec.copies)[:, 0]  # (H, keys)
         self.attention[layer, :, :keys] = (alpha * dots).cpu().numpy()
-        z = grouped_matmul(alpha[:, None], value, rec.copies)[:, 0]  # (H, dh): z_p^h
-        self.writes[layer] = landing.apply(torch.einsum("hdk,hk->hd", w_heads, z)).cpu().numpy()
 
 
 def _route(analysis, stream: Stream, start: np.ndarray, direct: np.ndarray, parts: _Direct, edge_limit: int = EDGE_LIMIT) -> dict:
@@ -295,8 +292,61 @@ class _Largest:
         return self.weights[0], self.targets[0], self.sources[0]
 
 
+@dataclass(frozen=True, eq=False)
+class FlowBasis:
+    """What the flow into one position needs whatever its target and foil (:func:`flow_basis`): the prompt's residual
+    stream frozen at p, the model's own logits at p and each head's vocabulary there. A new target or foil reuses it
+    and pays only for its own routing (docs/METHOD.md section 6: w, and with it every direct part and the routing, is
+    the only thing the target changes). ``source``: a weak reference to the analysis it was made from (:func:`flow`
+    refuses another's; a kept basis does not keep its analysis alive). The stream holds layers x T x d_model floats
+    (2,000 tokens of SmolLM2-135M: 138 MB);
+    ``logits`` [vocab] float32 (None: an encoder); ``vocabulary``: each head's most promoted and suppressed tokens,
+    ``count`` a head and direction, computed when first read (:class:`Deferred`; None: an encoder or ``count`` 0)."""
+
+    source: weakref.ref
+    position: int
+    stream: Stream
+    logits: torch.Tensor | None
+    vocabulary: Deferred | None
+    count: int
+
+
+def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCABULARY) -> FlowBasis:
+    """The target-independent part of the flow into ``position`` (default as :func:`flow`): one forward pass that
+    replays the analysis's attention outputs (its residual stream), the logits at p read from it, and each head's
+    write at p (its recorded output z_p^h through W_O^h, landed in the residual) for its ``vocabulary`` most promoted
+    and suppressed tokens. Pass it to :func:`flow` for each target and foil of the same analysis and position."""
+    position, _, _ = _resolve(analysis, position, None, None)
+    layers, heads = analysis.num_layers, analysis.num_heads
+    at_p: dict[int, torch.Tensor] = {}
+
+    def replay(layer: int) -> torch.Tensor:  # the recorded z [head, query, d_head], its row p kept on the way
+        output = analysis.layer_record(layer).output
+        at_p[layer] = output[:, position].float()
+        return output
+
+    with torch.inference_mode():
+        stream = record_stream(analysis.bundle, analysis.input_ids, position, replay)
+        if not analysis.bundle.has_logits:
+            return FlowBasis(weakref.ref(analysis), position, stream, None, None, 0)
+        logits = _own_logits(analysis, stream)
+        if not vocabulary:
+            return FlowBasis(weakref.ref(analysis), position, stream, logits, None, 0)
+        writes = np.zeros((layers, heads, analysis.info.d_model), np.float32)
+        for layer in range(layers):
+            w_heads, z = analysis.w_heads(layer), at_p[layer]  # (H, D, dh), (H, dh)
+            writes[layer] = stream.layers[layer].landing.apply(torch.einsum("hdk,hk->hd", w_heads, z.to(w_heads.device))).cpu().numpy()
+    return FlowBasis(weakref.ref(analysis), position, stream, logits, _head_vocabulary(analysis, stream, writes, vocabulary), vocabulary)
+
+
 def flow(
-    analysis, position: int | None = None, target: int | str | None = None, foil: int | str | None = None, *, vocabulary: int = VOCABULARY
+    analysis,
+    position: int | None = None,
+    target: int | str | None = None,
+    foil: int | str | None = None,
+    *,
+    vocabulary: int = VOCABULARY,
+    basis: FlowBasis | None = None,
 ) -> Flow:
     """The signed flow of ``analysis``'s prompt into position ``position`` (docs/METHOD.md section 6).
 
@@ -307,31 +357,41 @@ def flow(
     use, when ``Flow.vocabulary``, ``Flow.heads`` or ``Flow.vocabulary_table`` is first read (each head's write through
     the output layer: for a small model the flow's largest product, which a caller of the totals, the parts or the
     graph alone never pays for); the result is the same as if computed here, unless the model changed in between
-    (ModelChangedError then, as an analysis gives).
+    (ModelChangedError then, as an analysis gives). ``basis``: :func:`flow_basis` of this analysis and position, made
+    with this ``vocabulary``, when the caller keeps one (a dashboard trying several targets): the flow then runs no
+    forward pass, and its head vocabulary is the basis's, computed once for every target.
 
     Raises :class:`~cwviz.core.util.errors.InputError` (a target of several tokens, a foil equal to the target, a target
-    asked of an encoder), :class:`~cwviz.core.util.errors.SelectionError` (a position out of range) and
+    asked of an encoder, a basis of another analysis, position or vocabulary),
+    :class:`~cwviz.core.util.errors.SelectionError` (a position out of range) and
     :class:`~cwviz.core.util.errors.UnsupportedModelError` (a derived row, whose block layout is not known).
     """
     position, target, foil = _resolve(analysis, position, target, foil)
+    if basis is None:
+        basis = flow_basis(analysis, position, vocabulary=vocabulary)
+    elif basis.source() is not analysis or basis.position != position or (basis.count != vocabulary and basis.logits is not None):
+        raise InputError(
+            f"this flow basis is of position {basis.position} with {basis.count} vocabulary tokens of another analysis "
+            f"or position: make it with flow_basis(analysis, {position}, vocabulary={vocabulary})"
+        )
     with torch.inference_mode():
-        return _flow(analysis, position, target, foil, vocabulary, EDGE_LIMIT)
+        return _flow(analysis, basis, target, foil, EDGE_LIMIT)
 
 
-def _flow(analysis, position: int, target: int | None, foil: int | None, vocabulary: int, edge_limit: int) -> Flow:
+def _flow(analysis, basis: FlowBasis, target: int | None, foil: int | None, edge_limit: int) -> Flow:
     """:func:`flow` after its checks, in inference mode."""
-    stream = _stream(analysis, position)
+    stream, position = basis.stream, basis.position
     tokens, layers = analysis.num_tokens, analysis.num_layers
     start = np.zeros((2, tokens), np.float32)
     start[1, position] = 1.0
     direct = np.zeros((layers + 1, tokens), np.float32)
     parts, w = None, None
-    if not analysis.bundle.has_logits:  # an encoder: the flow into the position's representation
+    if basis.logits is None:  # an encoder: the flow into the position's representation
         start[0, position] = 1.0
         logit = dict(logit_difference=float("nan"), frozen=float("nan"), norm_error=float("nan"), final_bias=0.0)
     else:
         if target is None:
-            target = int(_top_token(analysis, stream))
+            target = int(basis.logits.argmax())
             if target == foil:
                 raise InputError(f"the foil (token {foil}) is the model's top next token, the default target: name another target")
         w, final_bias, uncapped = _logit_direction(analysis, stream, target, foil)
@@ -346,7 +406,8 @@ def _flow(analysis, position: int, target: int | None, foil: int | None, vocabul
     routed = _route(analysis, stream, start, direct, attention, edge_limit)
     if parts is not None:
         frozen = parts["embedding"] + float(attention.attention.sum()) + float(attn_bias.sum()) + float(mlp.sum()) + final_bias
-        logit = dict(logit_difference=_model_difference(analysis, stream, target, foil), frozen=frozen, norm_error=uncapped - frozen)
+        difference = float(basis.logits[target] - (0 if foil is None else basis.logits[foil]))
+        logit = dict(logit_difference=difference, frozen=frozen, norm_error=uncapped - frozen)
     bias_total = float(routed["bias"][0]) + (0.0 if parts is None else float(parts["attention_bias"].sum()) + parts["final_bias"])
     decode = analysis.bundle.tokenizer.decode
     return Flow(
@@ -366,7 +427,7 @@ def _flow(analysis, position: int, target: int | None, foil: int | None, vocabul
         head_routed=routed["heads"],
         attention_parts=attention.attention,
         other_parts=parts,
-        head_vocabulary=_head_vocabulary(analysis, stream, attention.writes, vocabulary) if parts is not None and vocabulary else None,
+        head_vocabulary=basis.vocabulary,
         edge_list=tuple((layer, w.numpy(), i.numpy(), j.numpy()) for layer, w, i, j in routed["edges"]),
         edge_mass=routed["mass"],
         logit_difference=logit["logit_difference"],
@@ -383,18 +444,6 @@ def _vocabulary_rows(vocab, decode) -> tuple[tuple, ...]:
         for (layer, head, rank), token in np.ndenumerate(ids):
             rows.append((layer, head, direction, rank, int(token), decode([int(token)]), float(logits[layer, head, rank])))
     return tuple(rows)
-
-
-def _top_token(analysis, stream: Stream) -> int:
-    """The model's top next token at p."""
-    with torch.inference_mode():
-        return int(_own_logits(analysis, stream).argmax())
-
-
-def _model_difference(analysis, stream: Stream, target: int, foil: int | None) -> float:
-    """The model's own logit difference at p (after the family's scaling and any soft-cap)."""
-    logits = _own_logits(analysis, stream)
-    return float(logits[target] - (0 if foil is None else logits[foil]))
 
 
 def _own_logits(analysis, stream: Stream) -> torch.Tensor:
@@ -440,4 +489,4 @@ def token_totals(analysis, position: int, target: int | str, foil: int | str | N
             "token_totals needs a target token (an encoder has none: its flow into a representation is flow(analysis, position).totals)"
         )
     with torch.inference_mode():
-        return _flow(analysis, position, target, foil, 0, 0).totals  # no vocabulary, no graph: the totals alone
+        return _flow(analysis, flow_basis(analysis, position, vocabulary=0), target, foil, 0).totals  # no vocabulary, no graph
