@@ -192,9 +192,8 @@ def sink_statistics(analysis: Analysis, after: Analysis, table: pd.DataFrame, si
     stats["interior_minimum_share"] = float(((minimiser > 0) & (minimiser < 1)).mean()) if len(minimiser) else math.nan
     stats["median_minimiser"] = float(np.median(minimiser)) if len(minimiser) else math.nan
     stats |= fit_statistics(head_fits(table))
-    # The intervention's own passes: ``after``'s records hold the changed pass, but head_output_stats runs a fresh,
-    # clean pass of whatever analysis it is given (the Sinks page's one-pass λ), so it cannot read ``after``.
-    cones = sinks.intervene_on_sink(analysis, sink, factor=0.0).table["cone_change"].to_numpy()
+    # Each pass's own records (head_output_stats reads them, no forward pass): ``after`` is the sink-removed pass.
+    cones = sinks.head_output_stats(after, sink)["cone"].to_numpy() - sinks.head_output_stats(analysis, sink)["cone"].to_numpy()
     stats["cone_change"] = float(np.nanmean(cones)) if np.isfinite(cones).any() else math.nan
     spread, toward = [], []
     with torch.inference_mode():

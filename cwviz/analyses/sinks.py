@@ -40,7 +40,7 @@ import torch
 
 from ..core.loading.inputs import integer_index
 from ..core.method.analysis import Analysis
-from ..core.method.interventions import ScaleValues, ScaleValuesPerItem, batch_perplexity, observed_pass
+from ..core.method.interventions import ScaleValues, ScaleValuesPerItem, also, batch_perplexity, observed_pass
 from ..core.method.measures import head_grams
 from ..core.util.errors import InputError, SelectionError
 from ..core.util.progress import Progress, counted, phase
@@ -437,6 +437,8 @@ class SinkIntervention:
     changes) with ``intervened, output_norm_before, output_norm_after, output_norm_change,
     cone_before, cone_after, cone_change``; output norms are ‖o_i^h‖ averaged over heads and the
     queries that see the sink and another key, cones are :func:`semantic_cone` averaged over heads.
+    Before is the analysis's own pass and ``perplexity_clean`` its perplexity: the clean model's for a plain
+    analysis, the intervened pass's for one made under an intervention (:func:`intervene_on_sink`).
     """
 
     sink: int
@@ -473,34 +475,42 @@ def _sink_positions(analysis: Analysis, layer: int, sink: int) -> torch.Tensor:
     return visible[:, sink] & (visible.sum(-1) > 1)
 
 
-def _observed_stats(
-    analysis: Analysis, sink: int, intervention: ScaleValues | None, progress: Progress | None
-) -> tuple[pd.DataFrame, float]:
-    """:func:`head_output_stats` columns, and the perplexity, of one pass of the prompt under ``intervention``
-    (None = clean) that records nothing: each layer's outputs are reduced as the layer runs
-    (:func:`cwviz.core.method.interventions.observed_pass`)."""
+def _layer_stats(analysis: Analysis, layer: int, sink: int, z: torch.Tensor) -> dict:
+    """One row of :func:`head_output_stats` from ``layer``'s head outputs z [head, query, d_head] (any dtype and
+    layout): the one reduction of both sides of :func:`intervene_on_sink`, the records' and the intervened pass's."""
+    z = z.float().contiguous()  # (H, Q, d_head): one layout, so both sides run the same arithmetic
+    grams = head_grams(analysis.bundle.gram(layer).to(z.device), analysis.num_heads)  # (H, d_head, d_head)
+    positions = _sink_positions(analysis, layer, sink).to(z.device)
+    norms = head_output_norms(z, grams)  # (H, Q)
+    cone = semantic_cone(z, grams, positions, norms)
+    return {"layer": layer, "output_norm": float(norms[:, positions].mean()), "cone": float(cone.nanmean())}
+
+
+def _observed_stats(analysis: Analysis, sink: int, intervention: ScaleValues, progress: Progress | None) -> tuple[pd.DataFrame, float]:
+    """:func:`head_output_stats` columns, and the perplexity, of one pass of the prompt under ``intervention`` on top of
+    the analysis's own (:attr:`Analysis.intervention`) that records nothing: each layer's outputs are reduced as the
+    layer runs (:func:`cwviz.core.method.interventions.observed_pass`)."""
     rows: dict[int, dict] = {}
 
     def reduce(layer: int, z: torch.Tensor) -> None:
-        z = z[0].transpose(0, 1).float()  # (H, Q, d_head)
-        grams = head_grams(analysis.bundle.gram(layer).to(z.device), analysis.num_heads)  # (H, d_head, d_head)
-        positions = _sink_positions(analysis, layer, sink).to(z.device)
-        norms = head_output_norms(z, grams)  # (H, Q)
-        cone = semantic_cone(z, grams, positions, norms)
-        rows[layer] = {"layer": layer, "output_norm": float(norms[:, positions].mean()), "cone": float(cone.nanmean())}
+        rows[layer] = _layer_stats(analysis, layer, sink, z[0].transpose(0, 1))  # (1, Q, H, d) -> (H, Q, d)
 
-    perplexity = observed_pass(analysis.bundle, analysis.input_ids, reduce, intervention, progress)
+    perplexity = observed_pass(analysis.bundle, analysis.input_ids, reduce, also(analysis.intervention, intervention), progress)
     return pd.DataFrame([rows[layer] for layer in range(analysis.num_layers)]), perplexity
 
 
 def head_output_stats(analysis: Analysis, sink: int | str = DEFAULT_SINK, progress: Progress | None = None) -> pd.DataFrame:
     """Per layer, the mean head-output norm ‖o_i^h‖ and the semantic cone over the queries that see the sink and another
-    key: columns ``layer, output_norm, cone``; one clean pass of the prompt that records nothing, ``progress(done, L)``
-    a layer at a time. The clean side of :func:`intervene_on_sink`, which does not depend on λ: a caller trying
-    several λ computes it once. Always the model as it is: an analysis made under an intervention (``analyze(...,
-    intervention=...)``) gets its clean pass here; :func:`intervene_on_sink` gives the changed side."""
-    analysis.check_model()
-    return _observed_stats(analysis, resolve_sink(analysis, sink), None, progress)[0]
+    key: columns ``layer, output_norm, cone``; ``progress(done, L)`` a layer at a time.
+
+    Reduced from the head outputs z the analysis recorded (:meth:`Analysis.recorded_outputs`): no forward pass, and
+    the numbers are those of the analysis's own pass, under its intervention if it was made under one
+    (``analyze(..., intervention=...)``). The before side of :func:`intervene_on_sink`, which does not depend on λ: a
+    caller trying several λ computes it once."""
+    sink = resolve_sink(analysis, sink)
+    with torch.inference_mode():
+        layers = counted(range(analysis.num_layers), analysis.num_layers, progress)
+        return pd.DataFrame([_layer_stats(analysis, layer, sink, analysis.recorded_outputs(layer)) for layer in layers])
 
 
 def intervene_on_sink(
@@ -512,22 +522,28 @@ def intervene_on_sink(
     clean: pd.DataFrame | None = None,
 ) -> SinkIntervention:
     """Scale the sink's value by ``factor`` (λ; 0 removes ṽ_σ, attention kept) in ``layers`` (None = all)
-    and compare head outputs and perplexity with the clean pass.
+    and compare head outputs and perplexity with the analysis's own pass.
 
-    One forward pass under the intervention that records nothing: each layer's head outputs are reduced to the
-    table's two numbers as the layer runs, so a λ costs about one plain pass of the model. ``clean``:
-    :func:`head_output_stats` of ``analysis`` and this sink, when the caller has it (it does not change with λ);
-    a clean pass makes it here otherwise. ``progress(done, L)`` (:mod:`cwviz.core.util.progress`) a layer at a time
-    of the intervened pass; without ``clean``, ``progress(done, 2 L)``: the clean pass, then the intervened one.
-    Both passes run the model as :func:`cwviz.analyze` does (its attention function, nothing else changed), so λ = 1
-    gives a plain analysis's perplexity and a change of 0."""
+    Before: the analysis as recorded (:func:`head_output_stats`, :attr:`Analysis.perplexity`), no pass. After: one
+    forward pass that repeats the analysis's (its intervention too, :attr:`Analysis.intervention`) with the sink's
+    value scaled on top, and records nothing: each layer's head outputs are reduced to the table's two numbers as the
+    layer runs, through the same reduction as the before side, so a λ costs about one plain pass of the model. So
+    for a plain analysis the change is the λ's against the clean model; for one made under an intervention (e.g. the
+    sink already removed) it is the λ's on top of that one, and λ = 1 gives a change of 0 and the analysis's
+    perplexity either way (the after pass is then the analysis's own pass, run the same way, with nothing changed; an
+    analysis made with ``each_block`` computed its z in row blocks, so there it is 0 to float32 rounding).
+
+    ``clean``: :func:`head_output_stats` of ``analysis`` and this sink, when the caller has it (it does not change
+    with λ); it is reduced from the records here otherwise. ``progress(done, L)`` (:mod:`cwviz.core.util.progress`) a
+    layer at a time of the intervened pass; without ``clean``, ``progress(done, 2 L)``: the records' layers, then
+    the intervened pass's."""
     factor = check_factor(factor)
     sink = resolve_sink(analysis, sink)
     chosen = _layers(analysis, layers)
     analysis.check_model()
     intervention = ScaleValues(positions=(sink,), factor=float(factor), layers=frozenset(chosen))
     steps = analysis.num_layers * (1 if clean is not None else 2)
-    before = clean if clean is not None else _observed_stats(analysis, sink, None, phase(progress, 0, steps))[0]
+    before = clean if clean is not None else head_output_stats(analysis, sink, phase(progress, 0, steps))
     changed, perplexity = _observed_stats(analysis, sink, intervention, phase(progress, steps - analysis.num_layers, steps))
     table = pd.DataFrame(
         {

@@ -101,10 +101,10 @@ def head_view(request: services.Request, sink: str, pool_path: str, pool_n: int,
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def clean_outputs(request: services.Request, sink: int) -> pd.DataFrame:
-    """:func:`cwviz.analyses.sinks.head_output_stats` of the sidebar prompt: the intervention's clean side (a clean
-    pass that records nothing), made once for every λ."""
+    """:func:`cwviz.analyses.sinks.head_output_stats` of the sidebar prompt: the intervention's clean side (the
+    analysis's recorded head outputs reduced, no forward pass), made once for every λ."""
     analysis = services.get_analysis(request).analysis
-    with services.progress_bar(f"A clean pass of {analysis.info.id}, head outputs compared as it runs") as progress:
+    with services.progress_bar(f"Head outputs of {analysis.info.id}'s pass, as recorded") as progress:
         return sinks.head_output_stats(analysis, sink, progress=progress)
 
 

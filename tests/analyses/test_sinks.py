@@ -18,7 +18,7 @@ from cwviz import analyze
 from cwviz.analyses import sinks
 from cwviz.charts import sinks as charts
 from cwviz.core.method import blocks
-from cwviz.core.method.interventions import KeepKeys, batch_perplexity, logits
+from cwviz.core.method.interventions import KeepKeys, ScaleValues, batch_perplexity, logits
 from cwviz.core.method.measures import expand_kv
 from cwviz.core.util.errors import InputError, SelectionError
 from cwviz.core.util.texts import read_texts
@@ -252,13 +252,91 @@ def _clean_logits(bundle, analysis):
 
 
 def test_factor_one_changes_nothing_and_the_model_stays_clean(llama):
+    """λ = 1: a change of exactly 0 and the analysis's perplexity. Exact, not to a tolerance: the before side reduces the
+    z the analysis's pass recorded and the after side the z of a pass run the same way with nothing changed (ScaleValues
+    at λ = 1 returns the values as they are), through one reduction (sinks._layer_stats) on the same layout, so the
+    arithmetic is the same to the bit; a difference would mean the record is not what the model continued with."""
     bundle, analysis = llama
     before = _clean_logits(bundle, analysis)
     result = sinks.intervene_on_sink(analysis, factor=1.0)
-    assert result.delta_ppl == pytest.approx(0.0, abs=1e-6 * result.perplexity_clean)
-    assert (result.table["output_norm_change"].abs() < 1e-6).all()
-    assert (result.table["cone_change"].abs() < 1e-6).all()
+    assert result.delta_ppl == 0.0
+    assert (result.table["output_norm_change"] == 0).all()
+    assert (result.table["cone_change"] == 0).all()
     assert torch.equal(_clean_logits(bundle, analysis), before)
+
+
+class _Passes:
+    """Counts the forward passes of ``bundle`` in the block: every pass runs layer 0's attention once (a forward
+    pre-hook, always removed)."""
+
+    def __init__(self, bundle):
+        self.module, self.count = bundle.attention_modules[0], 0
+
+    def __enter__(self):
+        self.handle = self.module.register_forward_pre_hook(lambda *_: setattr(self, "count", self.count + 1))
+        return self
+
+    def __exit__(self, *_):
+        self.handle.remove()
+
+
+def test_head_output_stats_runs_no_forward_pass_and_a_factor_runs_one(llama):
+    """The clean side is the analysis's records reduced: no pass of the model; a λ without it given costs one pass."""
+    bundle, analysis = llama
+    with _Passes(bundle) as passes:
+        stats = sinks.head_output_stats(analysis, 0)
+    assert passes.count == 0 and len(stats) == analysis.num_layers
+    with _Passes(bundle) as passes:
+        sinks.intervene_on_sink(analysis, 0, 0.0)
+    assert passes.count == 1
+
+
+def _without_key(tokens: int, key: int, layer: int) -> KeepKeys:
+    keep = torch.ones(1, 1, tokens, tokens)
+    keep[..., key] = 0
+    return KeepKeys({layer: keep})
+
+
+#: Interventions an analysis is made under, by the number of tokens: the sink's value removed in layer 0 (what
+#: λ = 0 there does), and key 2's write removed in layer 1 (a keep weight, which λ's ScaleValues does not have).
+UNDER = {
+    "sink removed": lambda tokens: ScaleValues(positions=(0,), factor=0.0, layers=frozenset({0})),
+    "key removed": lambda tokens: _without_key(tokens, 2, 1),
+}
+
+
+def test_head_output_stats_of_an_intervened_analysis_are_its_own_pass(llama):
+    """An analysis made under the sink intervention gets its own numbers (not the clean model's): those of the
+    intervened pass as intervene_on_sink reduces it, to the bit (one reduction, the same z)."""
+    bundle, analysis = llama
+    removed = analyze(bundle, input_ids=analysis.input_ids, intervention=ScaleValues(positions=(0,), factor=0.0))
+    own, clean = sinks.head_output_stats(removed, 0), sinks.head_output_stats(analysis, 0)
+    assert (own["cone"] - clean["cone"]).abs().max() > 1e-3
+    assert (own["output_norm"] - clean["output_norm"]).abs().max() > 1e-3
+    after = sinks.intervene_on_sink(analysis, 0, 0.0).table
+    np.testing.assert_array_equal(own["output_norm"], after["output_norm_after"])
+    np.testing.assert_array_equal(own["cone"], after["cone_after"])
+
+
+@pytest.mark.parametrize("name", list(UNDER))
+def test_intervening_on_an_intervened_analysis_changes_it_on_top_of_its_own(llama, name):
+    """intervene_on_sink of an analysis made under an intervention compares against that analysis (its records and its
+    perplexity), and its after side repeats the analysis's intervention with λ on top: λ = 1 changes nothing (exactly,
+    as for a plain analysis), and the sink removed in layer 1 on top of layer 0 is the analysis of both layers removed."""
+    bundle, analysis = llama
+    under = analyze(bundle, input_ids=analysis.input_ids, intervention=UNDER[name](analysis.num_tokens))
+    one = sinks.intervene_on_sink(under, 0, 1.0)
+    assert one.perplexity_clean == under.perplexity != analysis.perplexity
+    assert one.perplexity == under.perplexity
+    assert (one.table["output_norm_change"] == 0).all() and (one.table["cone_change"] == 0).all()
+    np.testing.assert_array_equal(one.table["cone_before"], sinks.head_output_stats(under, 0)["cone"])
+    if name == "sink removed":
+        on_top = sinks.intervene_on_sink(under, 0, 0.0, layers=[1])
+        both = analyze(bundle, input_ids=analysis.input_ids, intervention=ScaleValues((0,), 0.0, frozenset({0, 1})))
+        expected = sinks.head_output_stats(both, 0)
+        np.testing.assert_array_equal(on_top.table["output_norm_after"], expected["output_norm"])
+        np.testing.assert_array_equal(on_top.table["cone_after"], expected["cone"])
+        assert on_top.perplexity == both.perplexity
 
 
 def test_factor_zero_equals_explicit_removal_of_the_sinks_write(llama):

@@ -40,7 +40,10 @@ def _both(bundle, text, monkeypatch):
 
 def _same_records(spilled, whole):
     for layer in range(whole.num_layers):
+        # the recorded head outputs alone, read before the layer is (only their bytes) and after (the loaded record's)
+        assert torch.equal(spilled.recorded_outputs(layer), whole.recorded_outputs(layer)), layer
         a, b = spilled.layer_record(layer), whole.layer_record(layer)
+        assert torch.equal(spilled.recorded_outputs(layer), b.output), layer
         for name in FIELDS:
             x, y = getattr(a, name), getattr(b, name)
             assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), (layer, name)

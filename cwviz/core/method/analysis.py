@@ -63,7 +63,9 @@ def analyze(
 
     ``intervention`` (:mod:`cwviz.core.method.interventions`, e.g. ``ScaleValues``) changes the pass from inside the
     attention function, for this call only: the records, measures and log-probabilities are those of the changed
-    pass (what the sink intervention compares with the clean one). None: the model as it is.
+    pass (what the sink intervention compares with the clean one), and :attr:`Analysis.intervention` keeps it, so
+    a later pass of the same analysis (:func:`cwviz.analyses.sinks.intervene_on_sink`) runs it too. None: the model
+    as it is.
 
     ``each_block(layer, first, stop, measures)``: a reader of every layer (a whole-prompt reduction, an
     evaluation over a dataset) gets each layer's row blocks *during* the pass, in the blocks and with the
@@ -106,6 +108,7 @@ def analyze(
         input_ids=ids,
         layer_records=by_layer(records, bundle.info.layers),
         final_hidden=hidden if bundle.arch.causal else None,
+        intervention=intervention,
     )
 
 
@@ -145,9 +148,11 @@ class Analysis:
         layer_records: Sequence[LayerRecord],
         next_token_logprobs: np.ndarray | None = None,
         final_hidden: torch.Tensor | None = None,
+        intervention: Intervention | None = None,
     ) -> None:
         """Give ``next_token_logprobs`` [T - 1], or the final hidden states ``final_hidden``
-        [T, d_model] to compute them from on first use; with neither there are none (encoders)."""
+        [T, d_model] to compute them from on first use; with neither there are none (encoders).
+        ``intervention``: the one the recorded pass ran under (None: the model as it is)."""
         self.bundle = bundle
         self.text = text
         self.input_ids = list(input_ids)
@@ -160,6 +165,8 @@ class Analysis:
         self._lock = threading.Lock()  # the kept layers
         self._logprobs_lock = threading.Lock()
         self._model_state = ModelState(bundle)
+        #: The intervention the recorded pass ran under (:func:`analyze`), None for the model as it is.
+        self.intervention = intervention
 
     def check_model(self) -> None:
         """ModelChangedError unless the model is as it was when this analysis was made (:class:`ModelState`)."""
@@ -386,6 +393,16 @@ class Analysis:
         read back whole): for the checks of the seam itself. Tables read through the methods above and the row
         blocks, which read no more of a layer than they need."""
         return self._layer_records[self.check_layer(layer)]
+
+    @checked
+    def recorded_outputs(self, layer: int) -> torch.Tensor:
+        """z_i^h of ``layer`` as the pass recorded it: what the attention function returned and the output projection
+        received, in the model's dtype, [head, query, d_head] on :meth:`layer_device` (of a layer on disk only these
+        bytes are read). :meth:`head_outputs` recomputes them from α and v in float32 instead: equal to rounding."""
+        layer = self.check_layer(layer)
+        if self.spilled:
+            return self._layer_records.field(layer, "output")
+        return self._layer_records[layer].output
 
     def _shell(self, layer: int) -> LayerRecord:
         """Layer ``layer``'s record for its metadata (mask, scaling, learned sinks): a spilled layer is not read."""

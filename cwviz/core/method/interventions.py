@@ -9,6 +9,7 @@ the clean ones afterwards (tested).
   :class:`ScaleValuesPerItem` does the same with chosen layers per batch item (many interventions a pass).
 * :class:`KeepKeys`: multiply each attention probability by a keep weight (0 removes key j's write
   to query i in every head, docs/METHOD.md section 3); probabilities are not renormalised.
+* :class:`Both`: one intervention, then another in the same pass (an analysis made under one, changed again).
 
 :func:`observed_pass` runs one such pass recording nothing: each layer's head outputs are handed to a reduction as
 the layer runs (what the sinks intervention compares), and the perplexity comes out as an analysis computes it.
@@ -26,7 +27,7 @@ from ..loading.inputs import token_ids
 from ..loading.models import Bundle
 from ..util.errors import InputError
 from ..util.progress import Progress
-from .capture import Observe, forward_pass
+from .capture import Intervention, Observe, forward_pass
 from .logprobs import logprobs_from_hidden, perplexity_of
 
 
@@ -86,6 +87,28 @@ class KeepKeys:
 
     def keep(self, layer: int, num_queries: int, num_keys: int) -> torch.Tensor | None:
         return self.masks.get(layer, self.default)
+
+
+@dataclass(frozen=True)
+class Both:
+    """``first``, then ``then``, in one pass: the values ``first`` gives are what ``then`` scales, and the keep weights
+    of both multiply (a layer neither changes runs as it is)."""
+
+    first: Intervention
+    then: Intervention
+
+    def values(self, layer: int, value: torch.Tensor) -> torch.Tensor:
+        return self.then.values(layer, self.first.values(layer, value))
+
+    def keep(self, layer: int, num_queries: int, num_keys: int) -> torch.Tensor | None:
+        keeps = [k for k in (i.keep(layer, num_queries, num_keys) for i in (self.first, self.then)) if k is not None]
+        return None if not keeps else keeps[0] if len(keeps) == 1 else keeps[0] * keeps[1]
+
+
+def also(before: Intervention | None, then: Intervention) -> Intervention:
+    """``then`` on top of ``before`` (None: the model as it is): the intervention of a pass that repeats one made under
+    ``before`` and changes it by ``then``."""
+    return then if before is None else Both(before, then)
 
 
 def logits(bundle: Bundle, input_ids: torch.Tensor, intervention=None) -> torch.Tensor:

@@ -155,6 +155,20 @@ class SpilledRecords(Sequence):
     def __iter__(self) -> Iterator:
         return (self[k] for k in range(len(self)))
 
+    def field(self, layer: int, name: str) -> torch.Tensor:
+        """One tensor (``name``, of :data:`_FIELDS`) of layer ``layer``'s record, bit for bit as written: the loaded
+        record's when the layer is loaded, else only that tensor's bytes are read (and not kept), so a reader of one
+        field (the recorded head outputs, a quarter of a layer) reads no more of the file than it needs."""
+        layer = range(len(self))[layer]
+        with self._lock:
+            record = self._loaded.get(layer)
+            if record is not None:
+                return getattr(record, name)
+            offset, shape, dtype = self._places[layer].parts[_FIELDS.index(name)]
+        buffer = torch.empty(shape.numel() * dtype.itemsize, dtype=torch.uint8)
+        _read(self._file.fileno(), buffer, offset)
+        return buffer.view(dtype).view(shape)
+
     def shell(self, layer: int):
         """Layer ``layer``'s record without its tensors (they are on the ``meta`` device): nothing is read."""
         layer = range(len(self))[layer]
