@@ -320,8 +320,8 @@ def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCAB
     layers, heads = analysis.num_layers, analysis.num_heads
     at_p: dict[int, torch.Tensor] = {}
 
-    def replay(layer: int) -> torch.Tensor:  # the recorded z [head, query, d_head], its row p kept on the way
-        output = analysis.layer_record(layer).output
+    def replay(layer: int) -> torch.Tensor:  # the recorded z [head, query, d_head] (of a spilled layer, only its bytes)
+        output = analysis.recorded_outputs(layer)
         at_p[layer] = output[:, position].float()
         return output
 
