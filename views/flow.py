@@ -130,9 +130,9 @@ with graph_col:
     )
 with totals_col:
     rows = charts.total_rows(result.tokens, value, charts.total_row_count(px))
-    some = "every token" if len(rows) == len(result.tokens) else f"the {len(rows)} largest of {len(result.tokens)}"
-    widgets.chart(
-        charts.totals_bars(rows, f"Each token's {value}", f"{some}, in text order", value, label_px=px),
+    some = "every token" if len(rows) == len(result.tokens) else f"the {len(rows)} largest of {len(result.tokens)},"
+    widgets.chart(  # the subtitle on two lines: one would be cut at the bars' width in presenter mode
+        charts.totals_bars(rows, f"Each token's {value}", [some, "in text order"], value, label_px=px),
         result.tokens,
         f"cwviz-flow-totals-{result.position}",
         key="flow_totals",

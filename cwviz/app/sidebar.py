@@ -26,6 +26,7 @@ from .state import (
     current,
     examples,
     pick_example,
+    presenter,
     presenter_toggle,
     show_toast,
     write_url,
@@ -99,6 +100,12 @@ COMPACT_CSS = (
     '[data-testid="stMainBlockContainer"] {padding-top: 2rem;} '
     '[data-testid="stMainBlockContainer"] h1 {font-size: 2rem; padding-top: 0.25rem; padding-bottom: 0.5rem;}'
 )
+#: Presenter mode's text beside the charts: the main area's widget labels and captions (Streamlit's 14 px, where a
+#: page's numbers are often stated) at 16 px, as the charts' labels are.
+PRESENTER_CSS = (
+    '[data-testid="stMain"] [data-testid="stWidgetLabel"] p, [data-testid="stMain"] [data-testid="stCaptionContainer"], '
+    '[data-testid="stMain"] [data-testid="stCaptionContainer"] p {font-size: 1rem;}'
+)
 
 
 def model_label(name: str) -> str:
@@ -118,7 +125,7 @@ def sidebar(title: str | None = None) -> Selection:
     # The first screen is the product: Streamlit's 6 rem above the page and its 2.75 rem title would push the
     # Heatmaps page's maps below a 1280 x 720 window. Streamlit has no setting for either, so a style (sent
     # to the page's head, taking no room) trims them.
-    st.html(f"<style>{COMPACT_CSS}</style>")
+    st.html(f"<style>{COMPACT_CSS}{PRESENTER_CSS if presenter() else ''}</style>")
     show_toast()
     if title is not None:
         st.title(title)

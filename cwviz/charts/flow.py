@@ -331,10 +331,10 @@ def total_row_count(label_px: int) -> int:
 
 
 def totals_bars(
-    rows: pd.DataFrame, title: str, subtitle: str = "", value: str = "total", label_px: int = 12, width: int = 120
+    rows: pd.DataFrame, title: str, subtitle: str | list[str] = "", value: str = "total", label_px: int = 12, width: int = 120
 ) -> alt.Chart:
     """Horizontal bars of :func:`total_rows` (one a token, top to bottom in the text's order), red adding and blue
-    subtracting, on a zero line; each row as tall as its label (``label_px`` + 3)."""
+    subtracting, on a zero line; each row as tall as its label (``label_px`` + 3). ``subtitle``: a line, or lines."""
     colour = alt.Color("sign:N", scale=alt.Scale(domain=["adds", "subtracts"], range=[POSITIVE_COLOUR, NEGATIVE_COLOUR]), legend=None)
     bars = (
         alt.Chart(rows)

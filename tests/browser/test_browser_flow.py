@@ -120,6 +120,16 @@ def test_the_graph_and_the_totals_stand_whole_on_the_first_screen(server, browse
                 .filter(t => t.textContent !== '').map(t => parseFloat(getComputedStyle(t).fontSize))"""
         )
         assert sizes and min(sizes) >= least, sorted(set(sizes))
+        titles = page.evaluate(
+            """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')].slice(0, 2)
+                .flatMap(svg => [...svg.querySelectorAll('g.role-title text')]).map(t => t.textContent)"""
+        )
+        assert titles and not [t for t in titles if t.endswith("…")], f"a title cut short: {titles}"
+        words = page.evaluate(  # the text beside the charts: the pickers' labels and the caption with the flow's numbers
+            """() => [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stWidgetLabel"] p,'
+                + ' [data-testid="stMain"] [data-testid="stCaptionContainer"] p')].map(e => parseFloat(getComputedStyle(e).fontSize))"""
+        )
+        assert words and min(words) >= (16 if presenter else 14), sorted(set(words))
         name = f"flow-first-screen-{screen['width']}x{screen['height']}" + ("-presenter" if presenter else "")
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
         if screen["width"] == 1600 and os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1":
