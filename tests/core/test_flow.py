@@ -409,12 +409,14 @@ def _flows_equal(one, other):
     pd.testing.assert_frame_equal(one.edges(1.0), other.edges(1.0))
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
-def test_a_kept_basis_gives_each_target_the_same_flow_without_a_forward_pass(family):
+@pytest.mark.parametrize(("family", "keep_mixing"), [("llama", True), ("llama", False), ("gpt2", True), ("bert", True)])
+def test_a_kept_basis_gives_each_target_the_same_flow_without_a_forward_pass(family, keep_mixing):
     """The Flow page keeps the target-independent part (:func:`flow_basis`) per prompt and position: a flow made from it
-    is the flow made from scratch, for every target and foil, and runs no forward pass of the model."""
+    is the flow made from scratch, for every target and foil, and runs no forward pass of the model; with every
+    layer's M kept in it (a causal model within ``MIXING_BYTES``) or made again from the records."""
     analysis = family_analysis(family)
-    basis = flow_module.flow_basis(analysis, 4, vocabulary=3)
+    basis = flow_module.flow_basis(analysis, 4, vocabulary=3, keep_mixing=keep_mixing)
+    assert (basis.mixing is not None) == (keep_mixing and analysis.bundle.has_logits)
     passes = []
     handle = analysis.bundle.model.register_forward_pre_hook(lambda *_: passes.append(1))
     try:

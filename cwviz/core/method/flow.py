@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from ..util.errors import InputError
-from .capture import LayerRecord
 from .flow_tables import Deferred, Flow
 from .measures import grouped_matmul
 from .reading import attention_rows, for_blocks, record_blocks
@@ -36,31 +35,38 @@ from .state import ModelState
 EDGE_LIMIT = 20_000
 #: Vocabulary tokens listed per head as most promoted and most suppressed by its write at the position.
 VOCABULARY = 5
+#: The most bytes of layers x T² float32 a :class:`FlowBasis` spends on keeping every layer's M (above it, M is made
+#: again from the records for each target): SmolLM2-135M's 30 layers up to about 730 tokens.
+MIXING_BYTES = 64 * 2**20
 
 
 class _Block(NamedTuple):
     """One row block of a layer's M (:func:`_mixing_blocks`): rows ``first..stop-1`` against the keys ``0..keys-1``
     they can see. ``mix`` [rows, keys], ``bias`` the bias column [rows], ``heads`` each head's part of the rows
-    [head, rows] (Σ_j of its attention parts), ``alpha`` [head, rows, keys], ``record`` the layer read for blocks."""
+    [head, rows] (Σ_j of its attention parts). In the block that holds the stream's position p (else None): ``alpha_p``
+    p's attention [head, keys] and the ``values`` it reads [kv_head, keys, d_head], what the direct parts at p need
+    (:class:`_Direct`)."""
 
     first: int
     stop: int
     mix: torch.Tensor
     bias: torch.Tensor
     heads: torch.Tensor
-    alpha: torch.Tensor
-    record: LayerRecord
+    alpha_p: torch.Tensor | None
+    values: torch.Tensor | None
 
 
 def _mixing_blocks(analysis, stream: Stream, layer: int) -> Iterator[_Block]:
     """Row blocks of layer ``layer``'s M (:class:`_Block`), the layer's record read once."""
     with torch.inference_mode():
-        rec = for_blocks(analysis.layer_record(layer))
+        recorded = analysis.layer_record(layer)
+        rec = for_blocks(recorded)
         part = stream.layers[layer]
         w_o = analysis.w_heads(layer).permute(1, 0, 2).flatten(1)  # (D, H * dh): W_O, head after head
         heads = analysis.num_heads
         device = rec.value.device
         values = rec.value.transpose(-1, -2)  # (kv * copies, dh, T)
+        p = stream.position
         for first, stop, keys in record_blocks(rec):
             alpha = attention_rows(rec, first, stop, keys)  # (H, rows, keys)
             target = part.target[first:stop].to(device)  # (rows, D): L_iᵀ h_i
@@ -74,13 +80,22 @@ def _mixing_blocks(analysis, stream: Stream, layer: int) -> Iterator[_Block]:
                 per_head = dots.sum(-1) / norm2
             rows = torch.arange(stop - first, device=device)
             mix[rows, rows + first] += part.residual[first:stop].to(device) / norm2
-            yield _Block(first, stop, mix, part.bias[first:stop].to(device) / norm2, per_head, alpha, rec)
+            holds_p = first <= p < stop
+            yield _Block(
+                first,
+                stop,
+                mix,
+                part.bias[first:stop].to(device) / norm2,
+                per_head,
+                alpha[:, p - first].clone() if holds_p else None,  # a copy: the block's α [H, rows, keys] is let go
+                recorded.value[:, :keys].float() if holds_p else None,  # as recorded: each kv head once
+            )
 
 
 def _stream(analysis, position: int) -> Stream:
     """The prompt's residual stream (:func:`~cwviz.core.method.residual.record_stream`) from a pass that replays the
     analysis's own attention outputs: its pass exactly, without computing attention a second time."""
-    return flow_basis(analysis, position, vocabulary=0).stream
+    return flow_basis(analysis, position, vocabulary=0, keep_mixing=False).stream
 
 
 def mixing(analysis, layer: int, stream: Stream | None = None) -> np.ndarray:
@@ -203,20 +218,18 @@ class _Direct:
 
     def add(self, layer: int, block: _Block) -> None:
         """Take layer ``layer``'s parts from ``block`` when it holds p (nothing for an encoder's flow, w None)."""
-        p = self.stream.position
-        if self.w is None or not block.first <= p < block.stop:
+        if self.w is None or block.alpha_p is None:
             return
-        rec, alpha = block.record, block.alpha[:, p - block.first]  # (H, keys)
+        alpha = block.alpha_p  # (H, keys)
         keys = alpha.shape[-1]
         landing, w_heads = self.stream.layers[layer].landing, self.analysis.w_heads(layer)  # w_heads (H, D, dh)
         w_layer = landing.pullback(self.w[None].to(alpha.device))[0]  # L_p^lᵀ w
         pulled = torch.einsum("hdk,d->hk", w_heads, w_layer)  # (H, dh)
-        value = rec.value[:, :keys]  # (kv * copies, keys, dh)
-        dots = grouped_matmul(pulled[:, None], value.transpose(-1, -2), rec.copies)[:, 0]  # (H, keys)
+        dots = grouped_matmul(pulled[:, None], block.values.transpose(-1, -2))[:, 0]  # (H, keys)
         self.attention[layer, :, :keys] = (alpha * dots).cpu().numpy()
 
 
-def _route(analysis, stream: Stream, start: np.ndarray, direct: np.ndarray, parts: _Direct, edge_limit: int = EDGE_LIMIT) -> dict:
+def _route(analysis, basis: FlowBasis, start: np.ndarray, direct: np.ndarray, parts: _Direct, edge_limit: int = EDGE_LIMIT) -> dict:
     """Horner's rule down the layers (docs/METHOD.md section 6.4): v^L = ``start`` [2, T], v^l = v^{l+1} M^l + d^l.
     Row 0 is the routed value (``direct`` d^l [layer + 1, T] added on the way, each layer's attention parts added to
     it from ``parts`` as the layer is read), row 1 the share of p's final representation (the rollout row, nothing
@@ -233,7 +246,7 @@ def _route(analysis, stream: Stream, start: np.ndarray, direct: np.ndarray, part
         for layer in reversed(range(layers)):
             below = torch.zeros_like(vector)
             largest = _Largest(edge_limit)
-            for block in _mixing_blocks(analysis, stream, layer):
+            for block in basis.blocks(analysis, layer):
                 parts.add(layer, block)
                 mix = block.mix
                 rows = vector[:, block.first : block.stop].to(mix.device)
@@ -301,7 +314,9 @@ class FlowBasis:
     refuses another's; a kept basis does not keep its analysis alive). The stream holds layers x T x d_model floats
     (2,000 tokens of SmolLM2-135M: 138 MB);
     ``logits`` [vocab] float32 (None: an encoder); ``vocabulary``: each head's most promoted and suppressed tokens,
-    ``count`` a head and direction, computed when first read (:class:`Deferred`; None: an encoder or ``count`` 0)."""
+    ``count`` a head and direction, computed when first read (:class:`Deferred`; None: an encoder or ``count`` 0).
+    ``mixing``: every layer's M in row blocks (:class:`_Block`), kept where layers x T² floats fit in
+    :data:`MIXING_BYTES` (None: each flow makes it again from the records, as it reads them)."""
 
     source: weakref.ref
     position: int
@@ -309,13 +324,19 @@ class FlowBasis:
     logits: torch.Tensor | None
     vocabulary: Deferred | None
     count: int
+    mixing: tuple[tuple[_Block, ...], ...] | None = None
+
+    def blocks(self, analysis, layer: int) -> Iterator[_Block] | tuple[_Block, ...]:
+        """Layer ``layer``'s M in row blocks: kept (``mixing``), or made again from ``analysis``'s records."""
+        return self.mixing[layer] if self.mixing is not None else _mixing_blocks(analysis, self.stream, layer)
 
 
-def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCABULARY) -> FlowBasis:
+def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCABULARY, keep_mixing: bool = True) -> FlowBasis:
     """The target-independent part of the flow into ``position`` (default as :func:`flow`): one forward pass that
     replays the analysis's attention outputs (its residual stream), the logits at p read from it, and each head's
     write at p (its recorded output z_p^h through W_O^h, landed in the residual) for its ``vocabulary`` most promoted
-    and suppressed tokens. Pass it to :func:`flow` for each target and foil of the same analysis and position."""
+    and suppressed tokens; with ``keep_mixing``, every layer's M where it fits :data:`MIXING_BYTES` (a causal model's).
+    Pass it to :func:`flow` for each target and foil of the same analysis and position."""
     position, _, _ = _resolve(analysis, position, None, None)
     layers, heads = analysis.num_layers, analysis.num_heads
     at_p: dict[int, torch.Tensor] = {}
@@ -330,13 +351,18 @@ def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCAB
         if not analysis.bundle.has_logits:
             return FlowBasis(weakref.ref(analysis), position, stream, None, None, 0)
         logits = _own_logits(analysis, stream)
-        if not vocabulary:
-            return FlowBasis(weakref.ref(analysis), position, stream, logits, None, 0)
-        writes = np.zeros((layers, heads, analysis.info.d_model), np.float32)
-        for layer in range(layers):
-            w_heads, z = analysis.w_heads(layer), at_p[layer]  # (H, D, dh), (H, dh)
-            writes[layer] = stream.layers[layer].landing.apply(torch.einsum("hdk,hk->hd", w_heads, z.to(w_heads.device))).cpu().numpy()
-    return FlowBasis(weakref.ref(analysis), position, stream, logits, _head_vocabulary(analysis, stream, writes, vocabulary), vocabulary)
+        vocabulary_rows = None
+        if vocabulary:
+            writes = np.zeros((layers, heads, analysis.info.d_model), np.float32)
+            for layer in range(layers):
+                w_heads, z = analysis.w_heads(layer), at_p[layer]  # (H, D, dh), (H, dh)
+                landed = stream.layers[layer].landing.apply(torch.einsum("hdk,hk->hd", w_heads, z.to(w_heads.device)))
+                writes[layer] = landed.cpu().numpy()
+            vocabulary_rows = _head_vocabulary(analysis, stream, writes, vocabulary)
+        mixing = None
+        if keep_mixing and layers * analysis.num_tokens**2 * 4 <= MIXING_BYTES:  # a causal layer's M: about half of it
+            mixing = tuple(tuple(_mixing_blocks(analysis, stream, layer)) for layer in range(layers))
+    return FlowBasis(weakref.ref(analysis), position, stream, logits, vocabulary_rows, vocabulary, mixing)
 
 
 def flow(
@@ -367,8 +393,8 @@ def flow(
     :class:`~cwviz.core.util.errors.UnsupportedModelError` (a derived row, whose block layout is not known).
     """
     position, target, foil = _resolve(analysis, position, target, foil)
-    if basis is None:
-        basis = flow_basis(analysis, position, vocabulary=vocabulary)
+    if basis is None:  # made for this flow alone: M is read once, layer by layer, not kept
+        basis = flow_basis(analysis, position, vocabulary=vocabulary, keep_mixing=False)
     elif basis.source() is not analysis or basis.position != position or (basis.count != vocabulary and basis.logits is not None):
         raise InputError(
             f"this flow basis is of position {basis.position} with {basis.count} vocabulary tokens of another analysis "
@@ -403,7 +429,7 @@ def _flow(analysis, basis: FlowBasis, target: int | None, foil: int | None, edge
         start[0] = direct[layers]
         parts = dict(embedding=embedding, attention_bias=attn_bias, mlp=mlp, final_bias=final_bias)
     attention = _Direct(analysis, stream, w)  # filled by the routing, from the blocks it reads
-    routed = _route(analysis, stream, start, direct, attention, edge_limit)
+    routed = _route(analysis, basis, start, direct, attention, edge_limit)
     if parts is not None:
         frozen = parts["embedding"] + float(attention.attention.sum()) + float(attn_bias.sum()) + float(mlp.sum()) + final_bias
         difference = float(basis.logits[target] - (0 if foil is None else basis.logits[foil]))
@@ -489,4 +515,6 @@ def token_totals(analysis, position: int, target: int | str, foil: int | str | N
             "token_totals needs a target token (an encoder has none: its flow into a representation is flow(analysis, position).totals)"
         )
     with torch.inference_mode():
-        return _flow(analysis, flow_basis(analysis, position, vocabulary=0), target, foil, 0).totals  # no vocabulary, no graph
+        return _flow(
+            analysis, flow_basis(analysis, position, vocabulary=0, keep_mixing=False), target, foil, 0
+        ).totals  # no vocabulary, no graph
