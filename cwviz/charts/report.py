@@ -211,7 +211,9 @@ def sinks_section(manifest: dict, layers: pd.DataFrame, heads: pd.DataFrame | No
         svg_figure(share_chart(layers), "the sink's share of the layer output under attention and contribution weights", "sinks-share")
     )
     if heads is not None and len(heads):
-        chart = anti_alignment_map(heads).properties(title="Anti-alignment: mean cos(ṽ_sink, m) per head")  # no click on paper
+        chart = anti_alignment_map(heads).properties(  # no click on paper
+            title=alt.TitleParams("Anti-alignment per head", subtitle="mean cos(ṽ_sink, m), blue: anti-aligned")
+        )
         parts.append(svg_figure(chart, "mean cos(ṽ_sink, m) per layer and head (blue: anti-aligned)", "sinks-cos"))
     parts.append("<h3>Per layer</h3>" + table_html(layers, formats={"layer": "{:.0f}"}, name="sinks-layers"))
     body = "".join(parts) + "<h3>How it was run</h3>" + manifest_section(manifest, anchor="sinks-run").body

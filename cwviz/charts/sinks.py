@@ -129,9 +129,11 @@ def anti_alignment_map(
     if layer is not None:
         chosen = heads[(heads["layer"] == layer) & ((heads["head"] == head) if head is not None else True)]
         layers.append(outline(chosen))
-    return alt.layer(*layers).properties(
-        title="Anti-alignment: mean cos(ṽ_sink, m) per head (click a cell to pick the head)", width=width, height=height
+    # Two lines: on one, the title was cut at the map's width with presenter mode's 18 px title.
+    title = alt.TitleParams(
+        "Anti-alignment per head", subtitle=["mean cos(ṽ_sink, m), blue: anti-aligned", "click a cell to pick the head"]
     )
+    return alt.layer(*layers).properties(title=title, width=width, height=height)
 
 
 def share_chart(layers: pd.DataFrame, layer: int | None = None, width: int = 460, height: int = 260) -> alt.LayerChart:
