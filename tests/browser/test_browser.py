@@ -665,40 +665,6 @@ def test_a_long_prompt_keeps_readable_labels_with_the_query_and_the_first_token(
     watch.check()
 
 
-def test_a_page_link_opened_first_on_a_fresh_server_runs_through_the_navigation(browser):
-    """A page's link opened first on a fresh server runs through app.py's navigation (its page names, the wide
-    layout): the scripts live in ``views/``, not in a ``pages/`` folder, which Streamlit would run as its legacy
-    multipage app (file names as navigation, no page config)."""
-    with _serve("fresh-server.log") as url:
-        page = browser.new_page(viewport=VIEWPORT)
-        watch = Watch(page)
-        try:
-            page.goto(f"{url}/sinks?lambda=0.5&layer=3")
-            _settle(page, 3)
-            _assert_no_error_text(page)
-            assert page.locator("h1").first.inner_text() == "Attention sinks as active suppressors"
-            nav = page.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
-            assert [n.strip() for n in nav] == [
-                "Heatmaps",
-                "Flow",
-                "Tour",
-                "Token",
-                "bertviz",
-                "Sinks",
-                "Faithfulness",
-                "Claims",
-                "Compare",
-                "Atlas",
-            ]
-            main = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
-            assert main["width"] > 1000, f"not the wide layout of app.py: {main['width']:.0f} px"
-            query = parse_qs(urlparse(page.url).query)
-            assert query["lambda"] == ["0.5"] and query["layer"] == ["3"]
-        finally:
-            page.close()
-        watch.check()
-
-
 def test_a_binary_upload_gets_a_message_and_the_server_keeps_serving(server, browser, tmp_path):
     """A PNG uploaded as examples on the Faithfulness page: the page says what is wrong, and the server still
     answers its health check and serves the next page."""
@@ -920,13 +886,18 @@ def test_lambda_applies_once_per_chosen_value_not_per_key_press(server, browser)
     watch.check()
 
 
-def test_a_cold_open_shows_the_page_frame_and_says_it_is_starting_at_once(browser):
+def test_a_page_link_opened_first_on_a_fresh_server_shows_its_frame_at_once_and_runs_through_the_navigation(browser):
     """A fresh server's first page was a blank white page for about 12 s: now its page list and a loading message
-    show within a second or two of the page's arrival, and the message is gone once the page is drawn."""
-    with _serve("cold-open.log") as url:
+    show within a second or two of the page's arrival, and the message is gone once the page is drawn. That page, a
+    page's link opened first, runs through app.py's navigation (its page names, the wide layout): the scripts live in
+    ``views/``, not in a ``pages/`` folder, which Streamlit would run as its legacy multipage app (file names as
+    navigation, no page config). One fresh server for both: each is a property of its first page, and a server's start
+    (PyTorch imported and the model loaded in its first run) is most of either's time."""
+    with _serve("fresh-server.log") as url:
         page = browser.new_page(viewport=VIEWPORT)
+        watch = Watch(page)
         try:
-            page.goto(url, wait_until="domcontentloaded")
+            page.goto(f"{url}/sinks?lambda=0.5&layer=3", wait_until="domcontentloaded")
             start = time.monotonic()
             page.get_by_text("Starting cwviz").wait_for(timeout=10_000)
             waited = time.monotonic() - start
@@ -936,5 +907,24 @@ def test_a_cold_open_shows_the_page_frame_and_says_it_is_starting_at_once(browse
             _assert_no_error_text(page)
             assert page.get_by_text("Starting cwviz").count() == 0
             assert waited < 5, f"the first words took {waited:.1f} s"
+            assert page.locator("h1").first.inner_text() == "Attention sinks as active suppressors"
+            nav = page.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
+            assert [n.strip() for n in nav] == [
+                "Heatmaps",
+                "Flow",
+                "Tour",
+                "Token",
+                "bertviz",
+                "Sinks",
+                "Faithfulness",
+                "Claims",
+                "Compare",
+                "Atlas",
+            ]
+            main = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
+            assert main["width"] > 1000, f"not the wide layout of app.py: {main['width']:.0f} px"
+            query = parse_qs(urlparse(page.url).query)
+            assert query["lambda"] == ["0.5"] and query["layer"] == ["3"]
         finally:
             page.close()
+        watch.check()
