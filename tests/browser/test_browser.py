@@ -483,13 +483,13 @@ CHART_EDGES_JS = """
 
 
 @contextlib.contextmanager
-def _settled_page(browser, server: str, name: str, charts: int, viewport: dict):
-    """Page ``name`` in a new tab at ``viewport``, drawn (``charts`` charts) and free of error text; closed, and its
-    console checked, after the block."""
+def _settled_page(browser, server: str, name: str, charts: int, viewport: dict, params: dict | None = None):
+    """Page ``name`` (with URL ``params``) in a new tab at ``viewport``, drawn (``charts`` charts) and free of error
+    text; closed, and its console checked, after the block."""
     page = browser.new_page(viewport=viewport)
     watch = Watch(page)
     try:
-        page.goto(_url(server, name))
+        page.goto(_url(server, name, params))
         _settle(page, charts)
         _assert_no_error_text(page)
         yield page
@@ -766,17 +766,32 @@ EDGES_JS = """
 """
 
 
+#: Every chart title and subtitle line on the page, as drawn (Vega ends a line cut at its limit with "…").
+TITLES_JS = """
+() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks g.role-title text')]
+  .map(t => t.textContent).filter(t => t !== '')
+"""
+
+
+def _assert_no_cut_title(page, where) -> None:
+    """No chart's title or subtitle is cut short: each says what its chart shows, whole."""
+    cut = [title for title in page.evaluate(TITLES_JS) if title.endswith("…")]
+    assert not cut, (where, cut)
+
+
 @pytest.mark.parametrize("name, charts", [("heatmaps", 3), ("token", 2), ("sinks", 4), ("compare", 3), ("faithfulness", 0), ("atlas", 0)])
 def test_at_a_projectors_width_every_chart_and_button_lies_inside_the_window(server, browser, name, charts):
-    """At 1,280 x 720 with the sidebar open, every chart and every button of each page ends inside the window, and
-    no button's label is cut short (the Sinks page's downloads read "P.", "S.", "C." in a half column)."""
-    with _settled_page(browser, server, name, charts, PROJECTOR) as page:
+    """At 1,280 x 720 with the sidebar open, in presenter mode (its larger text is the harder case), every chart and
+    every button of each page ends inside the window, no button's label is cut short (the Sinks page's downloads
+    read "P.", "S.", "C." in a half column) and no chart title is (the anti-alignment map's read "…per hea…")."""
+    with _settled_page(browser, server, name, charts, PROJECTOR, {"presenter": "true"}) as page:
         edges = page.evaluate(EDGES_JS)
         assert len(edges["charts"]) >= charts
         assert all(right <= PROJECTOR["width"] for right in edges["charts"]), (name, edges["charts"])
         outside = [b["text"] for b in edges["buttons"] if b["right"] > PROJECTOR["width"]]
         cut = [b["text"] for b in edges["buttons"] if b["cut"]]
         assert not outside and not cut, (name, outside, cut)
+        _assert_no_cut_title(page, name)
         page.screenshot(path=str(ARTIFACTS / f"projector-{name}.png"), full_page=True)
 
 
@@ -808,6 +823,7 @@ def _check_tour_step_marks(page, step: int, screen: dict, presenter_short: bool)
     are stacked, each as wide as the page, every token labelled in 16 px labels, cells 16 px or more."""
     edges = page.evaluate(EDGES_JS)
     assert all(right <= screen["width"] for right in edges["charts"]), (step, edges["charts"])
+    _assert_no_cut_title(page, f"tour step {step}")
     text = page.inner_text('[data-testid="stMain"]')
     if step == 3:
         maps = page.evaluate(TOUR_MAPS_JS)
