@@ -16,7 +16,8 @@ from cwviz.analyses.schema import FLOW_SHARE
 from cwviz.core.loading import architectures
 from cwviz.core.method import blocks, flow_tables
 from cwviz.core.method import flow as flow_module
-from cwviz.core.method.flow import flow, mixing, rollout, token_totals
+from cwviz.core.method.flow import flow, token_totals
+from cwviz.core.method.mixing import mixing, rollout
 from cwviz.core.util.errors import InputError, ModelChangedError, SelectionError, UnsupportedModelError
 from tests.helpers import DERIVED_FAMILIES, FAMILY_CONFIGS, CharTokenizer, family_model, no_hooks
 

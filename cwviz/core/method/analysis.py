@@ -28,7 +28,7 @@ from ..util.progress import Progress
 from ..util.tokens import display_tokens
 from . import memory
 from .capture import Intervention, LayerRecord, forward_pass
-from .logprobs import logprobs_from_hidden, perplexity_of
+from .logprobs import perplexity_of, prompt_logprobs
 from .measures import (
     MEASURES,
     LayerMeasures,
@@ -41,7 +41,7 @@ from .measures import (
     value_norms,
 )
 from .reading import attention_rows, for_blocks, record_blocks
-from .spill import SpilledRecords, spill_for
+from .spill import SpilledRecords, by_layer, record_field, spill_for
 from .state import ModelState, checked
 from .stream import BlockConsumer, block_streamer
 
@@ -110,12 +110,6 @@ def analyze(
         final_hidden=hidden if bundle.arch.causal else None,
         intervention=intervention,
     )
-
-
-def by_layer(records: dict[int, LayerRecord] | SpilledRecords, layers: int) -> Sequence[LayerRecord]:
-    """A recording pass's records (:func:`cwviz.core.method.capture.forward_pass`) as a sequence by layer: on disk as they
-    are, else a tuple."""
-    return records if isinstance(records, SpilledRecords) else tuple(records[layer] for layer in range(layers))
 
 
 class Analysis:
@@ -192,22 +186,13 @@ class Analysis:
     @property
     @checked
     def next_token_logprobs(self) -> np.ndarray:
-        """log p(token_{t+1} | tokens ..t), float32 [T - 1]; empty for encoders.
-
-        Computed on first use from the final hidden states and the model's output layer (a row chunk at a
-        time), then kept.
-        """
+        """log p(token_{t+1} | tokens ..t), float32 [T - 1]; empty for encoders. Computed on first use from the final
+        hidden states (:func:`~cwviz.core.method.logprobs.prompt_logprobs`), then kept."""
         with self._logprobs_lock:
             if self._logprobs is None:
-                output_logits = self.bundle.output_logits if self._final_hidden is not None and self.bundle.has_logits else None
-                if output_logits is None:
-                    self._logprobs = np.zeros(0, dtype=np.float32)
-                else:
-                    ids = torch.tensor(self.input_ids)
-                    with memory.guard(self._final_hidden.device), torch.inference_mode():
-                        logprobs = logprobs_from_hidden(self._final_hidden, output_logits, ids)
-                    self._logprobs = logprobs.numpy()
-                    self._final_hidden = None
+                with memory.guard(torch.device("cpu") if self._final_hidden is None else self._final_hidden.device):
+                    self._logprobs = prompt_logprobs(self.bundle, self._final_hidden, self.input_ids)
+                self._final_hidden = None  # after the log-probabilities, not before: an error leaves it for a retry
             return self._logprobs
 
     @property
@@ -399,10 +384,7 @@ class Analysis:
         """z_i^h of ``layer`` as the pass recorded it: what the attention function returned and the output projection
         received, in the model's dtype, [head, query, d_head] on :meth:`layer_device` (of a layer on disk only these
         bytes are read). :meth:`head_outputs` recomputes them from α and v in float32 instead: equal to rounding."""
-        layer = self.check_layer(layer)
-        if self.spilled:
-            return self._layer_records.field(layer, "output")
-        return self._layer_records[layer].output
+        return record_field(self._layer_records, self.check_layer(layer), "output")
 
     def _shell(self, layer: int) -> LayerRecord:
         """Layer ``layer``'s record for its metadata (mask, scaling, learned sinks): a spilled layer is not read."""

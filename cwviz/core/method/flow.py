@@ -10,8 +10,9 @@ routing is a vector times each layer's M, block by block (T² a layer), never th
 |-----------------------------------|-------------------------------------------------------------|
 | ``flow(analysis, ...)``           | :class:`Flow` (tables; pure numpy and pandas, no torch)      |
 | ``token_totals(analysis, ...)``   | numpy [T]: each input token's signed total toward t over f  |
-| ``mixing(analysis, layer)``       | numpy [query, key + 1]: M of one layer, the bias last       |
-| ``rollout(analysis)``             | numpy [query, key + 1]: R = M^{L-1} ⋯ M^0, the bias last    |
+| ``flow_basis(analysis, ...)``     | :class:`FlowBasis`: what every target of one position shares |
+
+Each layer's M and the rollout are :mod:`cwviz.core.method.mixing`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -27,8 +27,8 @@ import torch
 from ..util.errors import InputError
 from .flow_tables import Deferred, Flow
 from .measures import grouped_matmul
-from .reading import attention_rows, for_blocks, record_blocks
-from .residual import Stream, record_stream
+from .mixing import Block, mixing_blocks, replayed_stream
+from .residual import Stream
 from .state import ModelState
 
 #: Edges kept per layer while the rows stream (the largest |weight| first); ``Flow.edges(share)`` prunes from them.
@@ -38,95 +38,6 @@ VOCABULARY = 5
 #: The most bytes of layers x T² float32 a :class:`FlowBasis` spends on keeping every layer's M (above it, M is made
 #: again from the records for each target): SmolLM2-135M's 30 layers up to about 730 tokens.
 MIXING_BYTES = 64 * 2**20
-
-
-class _Block(NamedTuple):
-    """One row block of a layer's M (:func:`_mixing_blocks`): rows ``first..stop-1`` against the keys ``0..keys-1``
-    they can see. ``mix`` [rows, keys], ``bias`` the bias column [rows], ``heads`` each head's part of the rows
-    [head, rows] (Σ_j of its attention parts). In the block that holds the stream's position p (else None): ``alpha_p``
-    p's attention [head, keys] and the ``values`` it reads [kv_head, keys, d_head], what the direct parts at p need
-    (:class:`_Direct`)."""
-
-    first: int
-    stop: int
-    mix: torch.Tensor
-    bias: torch.Tensor
-    heads: torch.Tensor
-    alpha_p: torch.Tensor | None
-    values: torch.Tensor | None
-
-
-def _mixing_blocks(analysis, stream: Stream, layer: int) -> Iterator[_Block]:
-    """Row blocks of layer ``layer``'s M (:class:`_Block`), the layer's record read once."""
-    with torch.inference_mode():
-        recorded = analysis.layer_record(layer)
-        rec = for_blocks(recorded)
-        part = stream.layers[layer]
-        w_o = analysis.w_heads(layer).permute(1, 0, 2).flatten(1)  # (D, H * dh): W_O, head after head
-        heads = analysis.num_heads
-        device = rec.value.device
-        values = rec.value.transpose(-1, -2)  # (kv * copies, dh, T)
-        p = stream.position
-        for first, stop, keys in record_blocks(rec):
-            alpha = attention_rows(rec, first, stop, keys)  # (H, rows, keys)
-            target = part.target[first:stop].to(device)  # (rows, D): L_iᵀ h_i
-            pulled = (target @ w_o).view(stop - first, heads, -1).transpose(0, 1).contiguous()  # (H, rows, dh): (W_O^h)ᵀ L_iᵀ h_i
-            norm2 = part.norm2[first:stop].to(device)
-            dots = grouped_matmul(pulled, values[..., :keys], rec.copies).mul_(alpha)  # (H, rows, keys): α ⟨L ṽ_j, h_i⟩
-            mix = dots.sum(0).div_(norm2[:, None])
-            if rec.output.dtype == torch.float32:  # Σ_j α_ij (u_i · v_j) = u_i · z_i: the model's own z, no pass over keys
-                per_head = (pulled * rec.output[:, first:stop]).sum(-1) / norm2
-            else:
-                per_head = dots.sum(-1) / norm2
-            rows = torch.arange(stop - first, device=device)
-            mix[rows, rows + first] += part.residual[first:stop].to(device) / norm2
-            holds_p = first <= p < stop
-            yield _Block(
-                first,
-                stop,
-                mix,
-                part.bias[first:stop].to(device) / norm2,
-                per_head,
-                alpha[:, p - first].clone() if holds_p else None,  # a copy: the block's α [H, rows, keys] is let go
-                recorded.value[:, :keys].float() if holds_p else None,  # as recorded: each kv head once
-            )
-
-
-def _stream(analysis, position: int) -> Stream:
-    """The prompt's residual stream (:func:`~cwviz.core.method.residual.record_stream`) from a pass that replays the
-    analysis's own attention outputs: its pass exactly, without computing attention a second time."""
-    return flow_basis(analysis, position, vocabulary=0, keep_mixing=False).stream
-
-
-def mixing(analysis, layer: int, stream: Stream | None = None) -> np.ndarray:
-    """M of layer ``layer`` (docs/METHOD.md section 6.1), float32 [query, key + 1], the last column the bias; every
-    row sums to 1. ``stream``: the prompt's :func:`~cwviz.core.method.residual.record_stream` when the caller has it."""
-    layer = analysis.check_layer(layer)
-    stream = stream or _stream(analysis, analysis.num_tokens - 1)
-    tokens = analysis.num_tokens
-    out = np.zeros((tokens, tokens + 1), dtype=np.float32)
-    for block in _mixing_blocks(analysis, stream, layer):
-        out[block.first : block.stop, : block.mix.shape[1]] = block.mix.cpu().numpy()
-        out[block.first : block.stop, tokens] = block.bias.cpu().numpy()
-    return out
-
-
-def rollout(analysis, stream: Stream | None = None) -> np.ndarray:
-    """R = M^{L-1} ⋯ M^0 (docs/METHOD.md section 6.2), float32 [query, key + 1], the bias last: row i is position
-    i's signed composition from the input tokens; every row sums to 1. T³ a layer: asked for, never implied."""
-    stream = stream or _stream(analysis, analysis.num_tokens - 1)
-    tokens = analysis.num_tokens
-    with torch.inference_mode():
-        device = analysis.layer_device(0)
-        below = torch.eye(tokens, tokens + 1, device=device)
-        for layer in range(analysis.num_layers):
-            above = torch.zeros_like(below)
-            for block in _mixing_blocks(analysis, stream, layer):
-                mix, first, stop = block.mix.to(device), block.first, block.stop
-                above[first:stop] = mix @ below[: mix.shape[1]]
-                above[first:stop, tokens] += block.bias.to(device)
-            below = above
-    return below.cpu().numpy()
 
 
 def _resolve(analysis, position: int | None, target: int | str | None, foil: int | str | None) -> tuple[int, int | None, int | None]:
@@ -216,7 +127,7 @@ class _Direct:
         self.analysis, self.stream, self.w = analysis, stream, w
         self.attention = np.zeros((analysis.num_layers, analysis.num_heads, analysis.num_tokens), np.float32)
 
-    def add(self, layer: int, block: _Block) -> None:
+    def add(self, layer: int, block: Block) -> None:
         """Take layer ``layer``'s parts from ``block`` when it holds p (nothing for an encoder's flow, w None)."""
         if self.w is None or block.alpha_p is None:
             return
@@ -315,7 +226,7 @@ class FlowBasis:
     (2,000 tokens of SmolLM2-135M: 138 MB);
     ``logits`` [vocab] float32 (None: an encoder); ``vocabulary``: each head's most promoted and suppressed tokens,
     ``count`` a head and direction, computed when first read (:class:`Deferred`; None: an encoder or ``count`` 0).
-    ``mixing``: every layer's M in row blocks (:class:`_Block`), kept where layers x T² floats fit in
+    ``mixing``: every layer's M in row blocks (:class:`Block`), kept where layers x T² floats fit in
     :data:`MIXING_BYTES` (None: each flow makes it again from the records, as it reads them)."""
 
     source: weakref.ref
@@ -324,11 +235,11 @@ class FlowBasis:
     logits: torch.Tensor | None
     vocabulary: Deferred | None
     count: int
-    mixing: tuple[tuple[_Block, ...], ...] | None = None
+    mixing: tuple[tuple[Block, ...], ...] | None = None
 
-    def blocks(self, analysis, layer: int) -> Iterator[_Block] | tuple[_Block, ...]:
+    def blocks(self, analysis, layer: int) -> Iterator[Block] | tuple[Block, ...]:
         """Layer ``layer``'s M in row blocks: kept (``mixing``), or made again from ``analysis``'s records."""
-        return self.mixing[layer] if self.mixing is not None else _mixing_blocks(analysis, self.stream, layer)
+        return self.mixing[layer] if self.mixing is not None else mixing_blocks(analysis, self.stream, layer)
 
 
 def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCABULARY, keep_mixing: bool = True) -> FlowBasis:
@@ -347,7 +258,7 @@ def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCAB
         return output
 
     with torch.inference_mode():
-        stream = record_stream(analysis.bundle, analysis.input_ids, position, replay)
+        stream = replayed_stream(analysis, position, replay)
         if not analysis.bundle.has_logits:
             return FlowBasis(weakref.ref(analysis), position, stream, None, None, 0)
         logits = _own_logits(analysis, stream)
@@ -361,7 +272,7 @@ def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCAB
             vocabulary_rows = _head_vocabulary(analysis, stream, writes, vocabulary)
         mixing = None
         if keep_mixing and layers * analysis.num_tokens**2 * 4 <= MIXING_BYTES:  # a causal layer's M: about half of it
-            mixing = tuple(tuple(_mixing_blocks(analysis, stream, layer)) for layer in range(layers))
+            mixing = tuple(tuple(mixing_blocks(analysis, stream, layer)) for layer in range(layers))
     return FlowBasis(weakref.ref(analysis), position, stream, logits, vocabulary_rows, vocabulary, mixing)
 
 

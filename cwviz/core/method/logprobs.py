@@ -36,3 +36,12 @@ def perplexity_of(logprobs: np.ndarray | torch.Tensor) -> float:
     """exp of the mean negative log-probability (mean taken in float64); nan when there are none."""
     logprobs = np.asarray(logprobs, dtype=np.float64)
     return math.exp(-logprobs.mean()) if logprobs.size else math.nan
+
+
+def prompt_logprobs(bundle, final_hidden: torch.Tensor | None, input_ids: list[int]) -> np.ndarray:
+    """log p(token_{t+1} | tokens ..t) of a prompt, float32 numpy [T - 1], from its final hidden states ``final_hidden``
+    [T, d_model] and ``bundle``'s output layer (a row chunk at a time); empty without them or for an encoder."""
+    if final_hidden is None or not bundle.has_logits:
+        return np.zeros(0, dtype=np.float32)
+    with torch.inference_mode():
+        return logprobs_from_hidden(final_hidden, bundle.output_logits, torch.tensor(input_ids)).numpy()

@@ -347,3 +347,27 @@ def layer_measures(
         pulled=pulled,
         kinds=kinds,
     )
+
+
+def head_output_norms(z: torch.Tensor, grams: torch.Tensor) -> torch.Tensor:
+    """‖o_i^h‖ = ‖W_O^h z_i^h‖ = sqrt(z_iᵀ G^h z_i), float32 [head, query], from z [head, query, d_head] and G^h
+    [head, d_head, d_head] (:func:`head_grams`): made in each head's value space."""
+    z = z.float()
+    return ((z @ grams) * z).sum(-1).clamp_min(0).sqrt()
+
+
+def semantic_cone(z: torch.Tensor, grams: torch.Tensor, positions: torch.Tensor, norms: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean pairwise cosine between one head's outputs o_i^h = W_O^h z_i^h at ``positions`` (i ≠ j), per head: [head].
+
+    z [head, query, d_head]; grams G^h [head, d_head, d_head]; positions bool [query]; ``norms``: ‖o_i^h‖ [head,
+    query] (:func:`head_output_norms`) when the caller has them. Zero outputs are left out. Computed as
+    (‖Σ u_i‖² − n) / (n(n − 1)) with u_i = o_i / ‖o_i‖, linear in the number of positions, and in each head's value
+    space: Σ u_i = W_O^h w with w = Σ z_i / ‖o_i‖, so ‖Σ u_i‖² = wᵀ G^h w (float64)."""
+    positions = positions.to(z.device)
+    z = z[:, positions].float()  # (H, P, d)
+    norms = (head_output_norms(z, grams) if norms is None else norms[:, positions])[..., None]  # (H, P, 1)
+    nonzero = norms > 0
+    w = torch.where(nonzero, z.double() / norms.double().clamp_min(1e-300), 0.0).sum(1)  # (H, d)
+    n = nonzero[..., 0].sum(-1).double()  # (H,)
+    total = ((w[:, None] @ grams.double()) * w[:, None]).sum((-2, -1))  # ‖Σ u‖², (H,)
+    return torch.where(n > 1, (total - n) / (n * (n - 1)).clamp_min(1), torch.nan).float()

@@ -200,3 +200,15 @@ def _read(fd: int, buffer: torch.Tensor, offset: int) -> None:
         if done == 0:
             raise OSError(f"the spill file ended early at byte {offset}")
         view, offset = view[done:], offset + done
+
+
+def by_layer(records: dict | SpilledRecords, layers: int) -> Sequence:
+    """A recording pass's records (:func:`cwviz.core.method.capture.forward_pass`: ``LayerRecord`` by layer, a dict or on
+    disk) as a sequence by layer: on disk as they are, else a tuple."""
+    return records if isinstance(records, SpilledRecords) else tuple(records[layer] for layer in range(layers))
+
+
+def record_field(records: Sequence, layer: int, name: str) -> torch.Tensor:
+    """One tensor of layer ``layer``'s record in :func:`by_layer`'s sequence: of a layer on disk, only its bytes are
+    read (:meth:`SpilledRecords.field`)."""
+    return records.field(layer, name) if isinstance(records, SpilledRecords) else getattr(records[layer], name)
