@@ -223,9 +223,9 @@ class FlowBasis:
     and pays only for its own routing (docs/METHOD.md section 6: w, and with it every direct part and the routing, is
     the only thing the target changes). ``source``: a weak reference to the analysis it was made from (:func:`flow`
     refuses another's; a kept basis does not keep its analysis alive). The stream holds layers x T x d_model floats
-    (2,000 tokens of SmolLM2-135M: 138 MB);
-    ``logits`` [vocab] float32 (None: an encoder); ``vocabulary``: each head's most promoted and suppressed tokens,
-    ``count`` a head and direction, computed when first read (:class:`Deferred`; None: an encoder or ``count`` 0).
+    (2,000 tokens of SmolLM2-135M: 138 MB). ``logits`` [vocab] float32 (None: an encoder); ``vocabulary``: each
+    head's ``count`` most promoted and suppressed tokens, computed when first read (:class:`Deferred`; None: an
+    encoder or ``count`` 0).
     ``mixing``: every layer's M in row blocks (:class:`Block`), kept where layers x T² floats fit in
     :data:`MIXING_BYTES` (None: each flow makes it again from the records, as it reads them)."""
 
@@ -308,8 +308,8 @@ def flow(
         basis = flow_basis(analysis, position, vocabulary=vocabulary, keep_mixing=False)
     elif basis.source() is not analysis or basis.position != position or (basis.count != vocabulary and basis.logits is not None):
         raise InputError(
-            f"this flow basis is of position {basis.position} with {basis.count} vocabulary tokens of another analysis "
-            f"or position: make it with flow_basis(analysis, {position}, vocabulary={vocabulary})"
+            f"this flow basis was made for another analysis, position or vocabulary (position {basis.position}, "
+            f"{basis.count} vocabulary tokens): make it with flow_basis(analysis, {position}, vocabulary={vocabulary})"
         )
     with torch.inference_mode():
         return _flow(analysis, basis, target, foil, EDGE_LIMIT)
