@@ -17,7 +17,6 @@ the layer runs (what the sinks intervention compares), and the perplexity comes 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +27,7 @@ from ..loading.models import Bundle
 from ..util.errors import InputError
 from ..util.progress import Progress
 from .capture import Intervention, Observe, forward_pass
-from .logprobs import logprobs_from_hidden, perplexity_of
+from .logprobs import logprobs_from_hidden, perplexity_of, prompt_logprobs
 
 
 @dataclass(frozen=True)
@@ -133,9 +132,7 @@ def observed_pass(bundle: Bundle, input_ids: list[int], observe: Observe, interv
         forward_pass(bundle.attention_modules, record=False, intervention=intervention, progress=progress, observe=observe),
     ):
         hidden = bundle.final_hidden(ids)[0]  # (T, d_model)
-        if not bundle.has_logits:
-            return math.nan
-        return perplexity_of(logprobs_from_hidden(hidden, bundle.output_logits, ids[0]))
+    return perplexity_of(prompt_logprobs(bundle, hidden, input_ids))  # as the analysis's: NaN without logits
 
 
 def batch_logprobs(bundle: Bundle, input_ids, intervention=None) -> torch.Tensor:
