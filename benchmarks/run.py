@@ -312,6 +312,7 @@ def bench_flow(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
             f"| {heads:.2f} | {heads / base:.2f} |"
         )
         print(rows[-1], flush=True)
+    rows += _kept_stream_rows(bundle, [t for t in lengths if t <= 970], repeats)
     if memory_tokens:
         full, flowed = memory_probe("full", memory_tokens), memory_probe("flow", memory_tokens)
         rows += [
@@ -321,6 +322,36 @@ def bench_flow(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
             f"| peak memory | {full:.0f} | {flowed:.0f} | **{flowed / full:.2f}** | ≤ 2 GB |",
         ]
         print("\n".join(rows[-3:]), flush=True)
+    return rows
+
+
+def _kept_stream_rows(bundle, lengths, repeats) -> list[str]:
+    """What an analysis that keeps its residual stream (``analyze(stream=True)``: the dashboard's, up to 64 MiB of
+    stream, about 970 tokens) costs the analysis, and what it saves the flow into its last token (no pass of its own)."""
+    from cwviz import analyze
+    from cwviz.core.method.flow import flow
+
+    rows = [
+        "",
+        "| T | analyze() (s, baseline) | analyze(stream=True) (s) | ratio | flow of the plain analysis (s, baseline) "
+        "| flow of the analysis that kept its stream (s) | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for tokens in lengths:
+        ids = long_ids(bundle, tokens)
+        plain, kept = analyze(bundle, input_ids=ids), analyze(bundle, input_ids=ids, stream=True)
+        keeping, analysing, plain_flow, kept_flow = interleaved(
+            lambda: analyze(bundle, input_ids=ids, stream=True),
+            lambda: analyze(bundle, input_ids=ids),
+            max(1, repeats),
+            lambda: flow(plain),
+            lambda: flow(kept),
+        )
+        rows.append(
+            f"| {tokens} | {analysing:.2f} | {keeping:.2f} | **{keeping / analysing:.2f}** | {plain_flow:.2f} | {kept_flow:.2f} "
+            f"| **{kept_flow / plain_flow:.2f}** |"
+        )
+        print(rows[-1], flush=True)
     return rows
 
 
@@ -567,7 +598,7 @@ def main(argv=None) -> int:
     if "memory" in only:
         sections.append(("Full analysis against a plain forward pass (peak memory)", bench_memory(bundle, lengths)))
     if "flow" in only:
-        flow_lengths = [t for t in lengths if t in (512, 2048)] or [512]
+        flow_lengths = [t for t in lengths if t in (300, 512, 2048)] or [512]
         memory_tokens = 8192 if 8192 in lengths else 0  # the issue's long prompt, when the run's lengths include it
         sections.append(
             ("Signed flow across layers against the one-pass analysis", bench_flow(bundle, flow_lengths, args.repeats, memory_tokens))

@@ -37,7 +37,8 @@ from ..core.loading.inputs import max_tokens, tokenize
 from ..core.loading.models import Bundle, load_model
 from ..core.method import export
 from ..core.method.analysis import Analysis, analyze
-from ..core.util.errors import InputError
+from ..core.method.residual import check_flow_supported
+from ..core.util.errors import InputError, UnsupportedModelError
 from ..core.util.heap import trim_heap
 from ..core.util.progress import Progress, items_left_text
 from ..core.util.settings import env_int
@@ -50,6 +51,9 @@ DEFAULT_APP_MAX_TOKENS = 8192
 DEFAULT_APP_MAX_TOKENS_GPU = 32_768
 #: Largest JSON export offered for the whole analysis; beyond it the export covers the selected layer.
 JSON_EXPORT_LIMIT = 40_000_000
+#: The most bytes of residual stream (layers x T x d_model float32) an analysis keeps for the Flow page
+#: (``analyze(stream=True)``; SmolLM2-135M up to about 970 tokens): the flow into the last token then runs no pass.
+STREAM_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -221,9 +225,19 @@ def _analyse(request: Request) -> Analyzed:
         # cwviz.core.loading.inputs.check_agree); decoding the continuation alone can drop its first space.
         text = bundle.tokenizer.decode(ids, skip_special_tokens=True)
     with progress_bar("Analysing the prompt") as progress:
-        analysis = analyze(bundle, text, input_ids=ids, progress=progress)
+        analysis = analyze(bundle, text, input_ids=ids, progress=progress, stream=keeps_stream(bundle, len(ids)))
     trim_heap()  # the server lives on between prompts: what the pass freed goes back to the system (cwviz.core.util.heap)
     return Analyzed(analysis, len(prompt_ids))
+
+
+def keeps_stream(bundle: Bundle, tokens: int) -> bool:
+    """Whether the dashboard's analysis of ``tokens`` tokens keeps its residual stream (:data:`STREAM_BYTES`; never
+    for a model whose block the flow does not know, a derived row)."""
+    try:
+        check_flow_supported(bundle)
+    except UnsupportedModelError:
+        return False
+    return bundle.info.layers * tokens * bundle.info.d_model * 4 <= STREAM_BYTES
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from cwviz.app import flow_services, services, state
+from cwviz.core.loading import architectures
 from cwviz.app.services import Request
 from tests.helpers.app import assert_clean, charts, run_app, widget
 
@@ -132,6 +133,23 @@ def test_a_new_target_or_foil_routes_again_from_the_prompts_kept_stream(monkeypa
     at.text_input(key="target").input(" They").run()  # asked by no other test: not a cached flow
     assert_clean(at)
     assert calls == [1] and "toward ' They' over " in _caption(at)
+
+
+def test_the_page_opened_after_the_analysis_runs_no_forward_pass():
+    """The dashboard's analysis keeps its pass's residual stream (``services.keeps_stream``): opening the Flow page on
+    the analysed prompt makes the basis into its last token from it, with no forward pass of the model."""
+    at = run_app()  # Heatmaps: the prompt's analysis
+    flow_services.get_basis.clear()
+    flow_services.get_flow.clear()
+    bundle = services.get_analysis(Request(text=TEXT)).analysis.bundle
+    passes = []  # the first layer's calls: any pass, the base model's (the stream's) or the whole model's
+    handle = architectures.layer_modules(bundle.model, bundle.arch)[0].register_forward_pre_hook(lambda *_: passes.append(1))
+    try:
+        at.switch_page(PAGE).run()
+    finally:
+        handle.remove()
+    assert_clean(at)
+    assert passes == [] and "logit " in _caption(at)
 
 
 def test_a_new_prompt_is_explained_after_its_own_last_token():

@@ -11,7 +11,7 @@ import torch
 import cwviz
 from cwviz.app import services
 from cwviz.core.method.export import to_dict
-from tests.helpers import TEXT, make_tiny, no_hooks, run_together
+from tests.helpers import TEXT, CharTokenizer, family_model, make_tiny, no_hooks, run_together
 
 
 @pytest.fixture
@@ -122,3 +122,20 @@ def test_concurrent_sessions_get_their_own_numbers(embedded):
     for (_, text), got in results.items():
         np.testing.assert_allclose(got, expected[text], atol=1e-5)
     assert no_hooks(bundle.model)  # the per-thread attention seam leaves nothing on the shared model
+
+
+def test_the_dashboard_keeps_a_short_prompts_residual_stream_for_the_flow(tiny_models, monkeypatch):
+    """The dashboard's analysis keeps its pass's residual stream (the Flow page's basis then runs no pass) when it fits
+    ``STREAM_BYTES``, and not for a longer prompt, nor for a model whose block the flow does not know (a derived row:
+    its analysis must not fail for the Flow page's sake)."""
+    request = services.Request(model="tiny-llama", text=TEXT)
+    kept = services.get_analysis(request).analysis
+    assert kept.stream is not None and kept.stream.position == kept.num_tokens - 1
+    info = kept.bundle.info
+    monkeypatch.setattr(services, "STREAM_BYTES", info.layers * (kept.num_tokens - 1) * info.d_model * 4)
+    assert not services.keeps_stream(kept.bundle, kept.num_tokens) and services.keeps_stream(kept.bundle, kept.num_tokens - 1)
+    services.get_analysis.clear()
+    assert services.get_analysis(request).analysis.stream is None
+    model = family_model("phi").eval()
+    derived = cwviz.bundle_from_model(model, CharTokenizer(100), model_id="tiny-phi")
+    assert derived.arch.derived and not services.keeps_stream(derived, 2)

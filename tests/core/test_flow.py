@@ -17,7 +17,7 @@ from cwviz.core.loading import architectures
 from cwviz.core.method import blocks, flow_tables
 from cwviz.core.method import flow as flow_module
 from cwviz.core.method.flow import flow, token_totals
-from cwviz.core.method.mixing import mixing, rollout
+from cwviz.core.method.mixing import mixing, mixing_blocks, replayed_stream, rollout
 from cwviz.core.util.errors import InputError, ModelChangedError, SelectionError, UnsupportedModelError
 from tests.helpers import DERIVED_FAMILIES, FAMILY_CONFIGS, CharTokenizer, family_model, no_hooks
 
@@ -330,6 +330,47 @@ def test_row_blocks_change_nothing(monkeypatch):
     np.testing.assert_allclose(np.sort(left["weight"].abs()), np.sort(right["weight"].abs()), atol=1e-6)
 
 
+def test_the_kept_edges_are_each_layers_largest_however_the_rows_stream(monkeypatch):
+    """With a limit far under a layer's edges, kept as its row blocks stream (a cut each time the buffer doubles), the
+    kept edges are exactly the layer's largest |weight| edges of all, largest first: what the graph and its share read."""
+    analysis = family_analysis("mistral", ids=list(range(3, 23)))
+    every = flow(analysis, target=11)  # 20 tokens: every edge of every layer kept
+    monkeypatch.setattr(blocks, "ROW_BLOCK_CELLS", 16)
+    monkeypatch.setattr(blocks, "READ_MIN_ROWS", 1)
+    monkeypatch.setattr(flow_module, "EDGE_LIMIT", 7)
+    few = flow(analysis, target=11)
+    for (layer, weights, targets, sources), (_, all_weights, all_targets, all_sources) in zip(few.edge_list, every.edge_list, strict=True):
+        assert len(weights) == 7 and np.all(np.diff(np.abs(weights)) <= 0), layer
+        np.testing.assert_allclose(np.abs(weights), np.sort(np.abs(all_weights))[::-1][:7], rtol=1e-5, atol=1e-7)
+        whole = {(int(i), int(j)): w for w, i, j in zip(all_weights, all_targets, all_sources, strict=True)}
+        np.testing.assert_allclose(weights, [whole[int(i), int(j)] for i, j in zip(targets, sources, strict=True)], rtol=1e-5, atol=1e-7)
+
+
+def test_a_layer_read_whole_is_its_row_blocks(monkeypatch):
+    """``mixing_blocks(whole=True)`` (a kept basis's M: one block a layer) holds what the row blocks hold, and 0 where a
+    row cannot see a key (a causal or sliding-window mask)."""
+    analysis = family_analysis("mistral", ids=list(range(3, 23)))
+    tokens = analysis.num_tokens
+    stream = replayed_stream(analysis, 13)
+    monkeypatch.setattr(blocks, "ROW_BLOCK_CELLS", 16)
+    monkeypatch.setattr(blocks, "READ_MIN_ROWS", 1)
+    for layer in range(analysis.num_layers):
+        (whole,) = mixing_blocks(analysis, stream, layer, whole=True)
+        cut = list(mixing_blocks(analysis, stream, layer))
+        assert len(cut) > 1 and whole.mix.shape == (tokens, tokens)
+        mix = torch.zeros(tokens, tokens)
+        for block in cut:
+            mix[block.first : block.stop, : block.mix.shape[1]] = block.mix
+        torch.testing.assert_close(whole.mix, mix, rtol=1e-5, atol=1e-6)
+        assert not whole.mix.triu(1).any(), "a row's later keys are 0"
+        torch.testing.assert_close(whole.bias, torch.cat([b.bias for b in cut]), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(whole.heads, torch.cat([b.heads for b in cut], 1), rtol=1e-5, atol=1e-6)
+        (at_p,) = [b for b in cut if b.alpha_p is not None]
+        keys = at_p.alpha_p.shape[1]
+        torch.testing.assert_close(whole.alpha_p[:, :keys], at_p.alpha_p, rtol=1e-5, atol=1e-6)
+        assert not whole.alpha_p[:, keys:].any()
+
+
 def test_edges_beyond_the_limit_say_they_are_incomplete(monkeypatch):
     monkeypatch.setattr(flow_module, "EDGE_LIMIT", 3)
     result = flow(family_analysis("llama"), target=11)
@@ -418,8 +459,8 @@ def test_a_kept_basis_gives_each_target_the_same_flow_without_a_forward_pass(fam
     analysis = family_analysis(family)
     basis = flow_module.flow_basis(analysis, 4, vocabulary=3, keep_mixing=keep_mixing)
     assert (basis.mixing is not None) == (keep_mixing and analysis.bundle.has_logits)
-    passes = []
-    handle = analysis.bundle.model.register_forward_pre_hook(lambda *_: passes.append(1))
+    passes = []  # the first layer's calls: the stream's pass runs the base model, not the whole
+    handle = architectures.layer_modules(analysis.bundle.model, analysis.bundle.arch)[0].register_forward_pre_hook(lambda *_: passes.append(1))
     try:
         asked = [(None, None), (11, None), (11, 42)] if analysis.bundle.has_logits else [(None, None)]
         kept = [flow(analysis, 4, t, f, vocabulary=3, basis=basis) for t, f in asked]
@@ -434,6 +475,36 @@ def test_a_kept_basis_gives_each_target_the_same_flow_without_a_forward_pass(fam
         with torch.inference_mode():
             logits = analysis.bundle.model(input_ids=torch.tensor([IDS[:5]])).logits[0, -1].float()
         np.testing.assert_allclose(basis.logits, logits, atol=1e-5)  # the model's own logits at p (the page's picks)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_analysis_that_keeps_its_stream_gives_the_flow_without_a_pass(family):
+    """``analyze(stream=True)`` keeps its own pass's residual stream into the flow's default position (the last token,
+    an encoder's first): bit for bit the stream a replayed pass gives, so the basis into that position runs no forward
+    pass and its flow is the flow made from scratch; into another position, the basis replays the pass (one)."""
+    plain = family_analysis(family)
+    bundle = plain.bundle
+    kept = cwviz.analyze(bundle, input_ids=IDS, stream=True)
+    default = len(IDS) - 1 if bundle.has_logits else 0
+    assert plain.stream is None and kept.stream.position == default
+    replayed = replayed_stream(plain, default)
+    for mine, theirs in zip(kept.stream.layers, replayed.layers, strict=True):
+        for name in ("target", "norm2", "residual", "bias", "mlp"):
+            assert torch.equal(getattr(mine, name), getattr(theirs, name)), name
+    for name in ("embedding", "final", "final_output"):
+        assert torch.equal(getattr(kept.stream, name), getattr(replayed, name)), name
+    passes = []  # the first layer's calls: a pass through the base model (the stream's) or the whole model
+    handle = architectures.layer_modules(bundle.model, bundle.arch)[0].register_forward_pre_hook(lambda *_: passes.append(1))
+    try:
+        basis = flow_module.flow_basis(kept, default)
+        assert passes == [] and basis.stream is kept.stream
+        made = flow(kept, default, basis=basis)
+        flow_module.flow_basis(kept, 2)
+        assert passes == [1]
+    finally:
+        handle.remove()
+    _flows_equal(made, flow(plain, default))
+    assert no_hooks(bundle.model)
 
 
 def test_a_basis_of_another_analysis_position_or_vocabulary_is_refused():

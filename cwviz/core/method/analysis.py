@@ -12,6 +12,7 @@ memory check (:mod:`cwviz.core.method.memory`) refuses a prompt whose working se
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -41,6 +42,7 @@ from .measures import (
     value_norms,
 )
 from .reading import attention_rows, for_blocks, record_blocks
+from .residual import Stream, stream_hooks
 from .spill import SpilledRecords, by_layer, record_field, spill_for
 from .state import ModelState, checked
 from .stream import BlockConsumer, block_streamer
@@ -55,6 +57,7 @@ def analyze(
     each_block: BlockConsumer | None = None,
     kinds: tuple[str, ...] = KINDS,
     intervention: Intervention | None = None,
+    stream: bool = False,
 ) -> Analysis:
     """Run the model once on ``text`` (or on ``input_ids``) and record every attention layer. Given both, they
     must be one prompt (:func:`~cwviz.core.loading.inputs.check_agree`), or InputError.
@@ -66,6 +69,9 @@ def analyze(
     pass (what the sink intervention compares with the clean one), and :attr:`Analysis.intervention` keeps it, so
     a later pass of the same analysis (:func:`cwviz.analyses.sinks.intervene_on_sink`) runs it too. None: the model
     as it is.
+
+    ``stream``: also keep the pass's residual stream into the flow's default position (the last token, an encoder's
+    first) as :attr:`Analysis.stream` (layers x T x d_model floats, not in the memory check): the flow there runs no pass.
 
     ``each_block(layer, first, stop, measures)``: a reader of every layer (a whole-prompt reduction, an
     evaluation over a dataset) gets each layer's row blocks *during* the pass, in the blocks and with the
@@ -92,24 +98,21 @@ def analyze(
     memory.check(bundle.model.config, bundle.info, len(ids), device, spilled=spill is not None)
     attend = block_streamer(bundle, each_block, kinds)
     batch = torch.tensor([ids], device=device)
+    at = len(ids) - 1 if bundle.arch.causal else 0
     # The base model only: the output layer (T x vocab logits, the largest product for a small model and
     # a long prompt) runs when the log-probabilities are first asked for, in chunks of rows.
     with (
         memory.guard(device),
         torch.inference_mode(),
         forward_pass(bundle.attention_modules, progress=progress, spill=spill, attend=attend, intervention=intervention) as records,
+        stream_hooks(bundle, at) if stream else contextlib.nullcontext() as finish,
     ):
         hidden = bundle.final_hidden(batch)[0]  # (T, d_model)
     if len(records) != bundle.info.layers:
         raise RuntimeError(f"recorded {len(records)} of {bundle.info.layers} layers; is the model's attention routed through cwviz?")
-    return Analysis(
-        bundle=bundle,
-        text=text or "",
-        input_ids=ids,
-        layer_records=by_layer(records, bundle.info.layers),
-        final_hidden=hidden if bundle.arch.causal else None,
-        intervention=intervention,
-    )
+    analysis = Analysis(bundle, text or "", ids, by_layer(records, bundle.info.layers), None, hidden if bundle.arch.causal else None, intervention)
+    analysis.stream = None if finish is None else finish(hidden)
+    return analysis
 
 
 class Analysis:
@@ -161,6 +164,8 @@ class Analysis:
         self._model_state = ModelState(bundle)
         #: The intervention the recorded pass ran under (:func:`analyze`), None for the model as it is.
         self.intervention = intervention
+        #: The recorded pass's residual stream into the flow's default position (``analyze(stream=True)``), else None.
+        self.stream: Stream | None = None
 
     def check_model(self) -> None:
         """ModelChangedError unless the model is as it was when this analysis was made (:class:`ModelState`)."""
@@ -204,14 +209,12 @@ class Analysis:
         return check_layer(layer, self.num_layers)
 
     def check_head(self, head: int) -> int:
-        head = integer_index(head, "a head")
-        if not 0 <= head < self.num_heads:
+        if not 0 <= (head := integer_index(head, "a head")) < self.num_heads:
             raise SelectionError(f"head {head} is out of range; this model has heads 0..{self.num_heads - 1}")
         return head
 
     def check_token(self, position: int) -> int:
-        position = integer_index(position, "a token position")
-        if not 0 <= position < self.num_tokens:
+        if not 0 <= (position := integer_index(position, "a token position")) < self.num_tokens:
             raise SelectionError(f"token {position} is out of range; the prompt has tokens 0..{self.num_tokens - 1}")
         return position
 
@@ -396,12 +399,9 @@ class Analysis:
         return isinstance(self._layer_records, SpilledRecords)
 
     def learned_sink_attention(self, layer: int) -> np.ndarray:
-        """The learned sink's share of each query's softmax, 1 − Σ_j α_ij^h, numpy float32 [head, query].
-
-        The learned sink (gpt-oss ``s_aux``) is a logit per head that joins the softmax and writes nothing: its
-        share is attention that goes nowhere, so the contributions of the real keys still sum to 1. Zeros in a
-        layer without learned sinks. Read in row blocks (never the T x T maps).
-        """
+        """The learned sink's share of each query's softmax, 1 − Σ_j α_ij^h, numpy float32 [head, query]: the learned
+        sink (gpt-oss ``s_aux``) is a logit per head that joins the softmax and writes nothing, so its share goes nowhere
+        and the real keys' contributions still sum to 1. Zeros without learned sinks. Read in row blocks."""
         layer = self.check_layer(layer)
         if self.learned_sink_logits(layer) is None:
             return np.zeros((self.num_heads, self.num_tokens), dtype=np.float32)

@@ -203,12 +203,16 @@ class _Largest:
         weights = torch.cat(self.weights) if self.weights else torch.zeros(0)
         targets = torch.cat(self.targets) if self.targets else empty
         sources = torch.cat(self.sources) if self.sources else empty
-        size = weights.abs()
-        order = size.topk(min(self.limit, len(weights)), sorted=ordered).indices
+        size = -weights.abs().numpy()  # the buffers are on the CPU; numpy's partition and sort are the fastest there
+        keep = min(self.limit, len(size))
+        order = np.argpartition(size, keep - 1)[:keep] if 0 < keep < len(size) else np.arange(keep)
+        if ordered:
+            order = order[np.argsort(size[order])]
+        order = torch.from_numpy(order)
         self.weights, self.targets, self.sources = [weights[order]], [targets[order]], [sources[order]]
         self.size = len(order)
         if self.limit and self.size == self.limit:
-            self.threshold = float(size[order].min())
+            self.threshold = float(-size[order].max())
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(weights, targets i, sources j), largest |weight| first."""
@@ -258,7 +262,9 @@ def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCAB
         return output
 
     with torch.inference_mode():
-        stream = replayed_stream(analysis, position, replay)
+        stream = replayed_stream(analysis, position, replay)  # no pass (nor replay) when the analysis kept it
+        for layer in range(layers) if not at_p else ():
+            replay(layer)
         if not analysis.bundle.has_logits:
             return FlowBasis(weakref.ref(analysis), position, stream, None, None, 0)
         logits = _own_logits(analysis, stream)
@@ -272,7 +278,7 @@ def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCAB
             vocabulary_rows = _head_vocabulary(analysis, stream, writes, vocabulary)
         mixing = None
         if keep_mixing and layers * analysis.num_tokens**2 * 4 <= MIXING_BYTES:  # a causal layer's M: about half of it
-            mixing = tuple(tuple(mixing_blocks(analysis, stream, layer)) for layer in range(layers))
+            mixing = tuple(tuple(mixing_blocks(analysis, stream, layer, whole=True)) for layer in range(layers))
     return FlowBasis(weakref.ref(analysis), position, stream, logits, vocabulary_rows, vocabulary, mixing)
 
 

@@ -38,8 +38,10 @@ class Block(NamedTuple):
     values: torch.Tensor | None
 
 
-def mixing_blocks(analysis, stream: Stream, layer: int) -> Iterator[Block]:
-    """Row blocks of layer ``layer``'s M (:class:`Block`), the layer's record read once."""
+def mixing_blocks(analysis, stream: Stream, layer: int, whole: bool = False) -> Iterator[Block]:
+    """Row blocks of layer ``layer``'s M (:class:`Block`), the layer's record read once; ``whole``: one block of every
+    row against every key (0 where a row cannot see a key; [head, T, T] floats at once), fewer, larger products for a
+    caller that keeps M of a short prompt."""
     with torch.inference_mode():
         recorded = analysis.layer_record(layer)
         rec = for_blocks(recorded)
@@ -49,7 +51,8 @@ def mixing_blocks(analysis, stream: Stream, layer: int) -> Iterator[Block]:
         device = rec.value.device
         values = rec.value.transpose(-1, -2)  # (kv * copies, dh, T)
         p = stream.position
-        for first, stop, keys in record_blocks(rec):
+        tokens = rec.query.shape[-2]
+        for first, stop, keys in [(0, tokens, tokens)] if whole else record_blocks(rec):
             alpha = attention_rows(rec, first, stop, keys)  # (H, rows, keys)
             target = part.target[first:stop].to(device)  # (rows, D): L_iᵀ h_i
             pulled = (target @ w_o).view(stop - first, heads, -1).transpose(0, 1).contiguous()  # (H, rows, dh): (W_O^h)ᵀ L_iᵀ h_i
@@ -75,9 +78,13 @@ def mixing_blocks(analysis, stream: Stream, layer: int) -> Iterator[Block]:
 
 
 def replayed_stream(analysis, position: int, replay: Callable[[int], torch.Tensor] | None = None) -> Stream:
-    """The prompt's residual stream (:func:`~cwviz.core.method.residual.record_stream`) from a pass that replays the
-    analysis's own attention outputs (``replay(layer)``, default :meth:`Analysis.recorded_outputs`): its pass exactly,
-    without computing attention a second time."""
+    """The prompt's residual stream into ``position`` (:func:`~cwviz.core.method.residual.record_stream`): the one the
+    analysis's pass kept (``analyze(stream=True)``, :attr:`Analysis.stream`) when it is into ``position``, else from a
+    pass that replays the analysis's own attention outputs (``replay(layer)``, default :meth:`Analysis.recorded_outputs`):
+    its pass exactly, without computing attention a second time."""
+    kept = analysis.stream
+    if kept is not None and kept.position == position:
+        return kept
     return record_stream(analysis.bundle, analysis.input_ids, position, replay or analysis.recorded_outputs)
 
 
@@ -85,7 +92,7 @@ def mixing(analysis, layer: int, stream: Stream | None = None) -> np.ndarray:
     """M of layer ``layer`` (docs/METHOD.md section 6.1), float32 [query, key + 1], the last column the bias; every
     row sums to 1. ``stream``: the prompt's :func:`~cwviz.core.method.residual.record_stream` when the caller has it."""
     layer = analysis.check_layer(layer)
-    stream = stream or replayed_stream(analysis, analysis.num_tokens - 1)
+    stream = stream or analysis.stream or replayed_stream(analysis, analysis.num_tokens - 1)  # M is the same for every p
     tokens = analysis.num_tokens
     out = np.zeros((tokens, tokens + 1), dtype=np.float32)
     for block in mixing_blocks(analysis, stream, layer):
@@ -97,7 +104,7 @@ def mixing(analysis, layer: int, stream: Stream | None = None) -> np.ndarray:
 def rollout(analysis, stream: Stream | None = None) -> np.ndarray:
     """R = M^{L-1} ⋯ M^0 (docs/METHOD.md section 6.2), float32 [query, key + 1], the bias last: row i is position
     i's signed composition from the input tokens; every row sums to 1. T³ a layer: asked for, never implied."""
-    stream = stream or replayed_stream(analysis, analysis.num_tokens - 1)
+    stream = stream or analysis.stream or replayed_stream(analysis, analysis.num_tokens - 1)
     tokens = analysis.num_tokens
     with torch.inference_mode():
         device = analysis.layer_device(0)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -184,6 +184,22 @@ def record_stream(bundle: Bundle, input_ids: list[int], position: int, outputs: 
     ``layer`` (:attr:`~cwviz.core.method.capture.LayerRecord.output`). Given it, the pass replays those outputs instead of
     computing attention again (no scores, no softmax, no weighted values), so the residual stream is that recorded
     pass's own, bit for bit; the projections, norms and MLPs still run. None: the model's own attention."""
+    replay = (
+        forward_pass(bundle.attention_modules, record=False, attend=lambda layer, _: outputs(layer))
+        if outputs
+        else contextlib.nullcontext()
+    )
+    with torch.inference_mode(), stream_hooks(bundle, position) as finish, replay:
+        hidden = bundle.final_hidden(torch.tensor([input_ids], device=bundle.input_device))[0]
+    return finish(hidden)
+
+
+@contextlib.contextmanager
+def stream_hooks(bundle: Bundle, position: int) -> Iterator[Callable[[torch.Tensor], Stream]]:
+    """Hooks that reduce the residual stream (the module docstring; p = ``position``) of the pass this thread runs
+    inside the block, whoever runs it (:func:`record_stream`'s own, or :func:`~cwviz.core.method.analysis.analyze`'s
+    recorded pass). Yields ``finish(hidden)``: after the pass, the :class:`Stream`, from the pass's final hidden states
+    ``hidden`` [T, d_model]. The hooks are removed on leaving, whatever happened."""
     block = check_flow_supported(bundle)
     arch, model = bundle.arch, bundle.model
     layers = architectures.layer_modules(model, arch)
@@ -246,21 +262,20 @@ def record_stream(bundle: Bundle, input_ids: list[int], position: int, outputs: 
     norm = architectures.submodule(base, arch.final_norm) if arch.final_norm else None
     if norm is not None:
 
-        def on_final(module, args, output):
-            final["io"] = (args[0].detach()[0].float(), _first(output).detach()[0].float())
+        def on_final(module, args, output):  # p's row only: [1, d_model] each
+            final["io"] = tuple(t.detach()[0, position : position + 1].float() for t in (args[0], _first(output)))
 
         entries.append((norm, "post", on_final))
-    replay = (
-        forward_pass(bundle.attention_modules, record=False, attend=lambda layer, _: outputs(layer))
-        if outputs
-        else contextlib.nullcontext()
-    )
-    with torch.inference_mode(), _hooks(entries), replay:
-        hidden = bundle.final_hidden(torch.tensor([input_ids], device=bundle.input_device))[0].float()
-    if norm is not None:
-        x_last, out_last = final["io"]
-        frozen = freeze(norm, x_last[position : position + 1], out_last[position : position + 1])
-        last, output = x_last[position], out_last[position]
-    else:
-        frozen, last, output = None, hidden[position], hidden[position]
-    return Stream(tuple(reduced), position, final["embedding"], last, frozen, output, block)
+
+    def finish(hidden: torch.Tensor) -> Stream:
+        if len(reduced) != len(layers):
+            raise RuntimeError(f"the residual stream saw {len(reduced)} of {len(layers)} layers: was the pass run inside the hooks?")
+        if norm is not None:
+            x_p, out_p = final["io"]
+            frozen, last, output = freeze(norm, x_p, out_p), x_p[0], out_p[0]
+        else:
+            frozen, last, output = None, hidden[position].float(), hidden[position].float()
+        return Stream(tuple(reduced), position, final["embedding"], last, frozen, output, block)
+
+    with _hooks(entries):
+        yield finish
