@@ -4,6 +4,7 @@ graph beside the input tokens' totals, then each head's direct part and what the
 import streamlit as st
 
 from cwviz import CwvizError
+from cwviz.analyses.schema import FLOW_SHARE
 from cwviz.app import flow_services, widgets
 from cwviz.app.links import page_url
 from cwviz.app.sidebar import escape_markdown, sidebar
@@ -62,7 +63,7 @@ with share_col:
         st.slider,
         "share",
         "Edges kept",
-        0.8,
+        FLOW_SHARE,  # the library's and the CLI's default too: one graph whoever draws it
         parse=float,
         valid=lambda v: 0.05 <= v <= 1.0,
         min_value=0.05,

@@ -60,6 +60,8 @@ CHECKSUM = "checksum"
 MANIFEST = "manifest.json"
 RECORD_GLOB = "records-*.jsonl"
 SUMMARY = "summary.csv"
+#: Beside it, each measure's gap to the random control (``cwviz faithfulness``, with ``random`` among the measures).
+GAPS = "gaps.csv"
 #: The lock file of a results folder (:func:`folder_lock`); never deleted (deleting a locked file lets a third run
 #: lock a new file of the same name while the second still holds the old one).
 LOCK = ".lock"

@@ -65,10 +65,10 @@ ATLAS_BOOTSTRAP = 1000
 ATLAS_CONFIDENCE = 0.95
 ATLAS_SEED = 0
 #: The signed flow (:mod:`cwviz.core.method.flow`, ``cwviz flow``): the share of each layer's |mass| a graph's edges
-#: keep (``Flow.edges``' default, :data:`cwviz.core.method.flow_tables.EDGE_SHARE`, which the core cannot import from
+#: keep (the Flow page's slider default, issue 47's 0.8, and ``Flow.edges``' default, :data:`cwviz.core.method.flow_tables.EDGE_SHARE`, which the core cannot import from
 #: here; tests/core/test_flow.py checks they agree), the tokens and heads listed each way, and the tables
 #: ``--csv DIR`` writes, by file name (``Flow`` attributes).
-FLOW_SHARE = 0.9
+FLOW_SHARE = 0.8
 FLOW_TOP = 5
 FLOW_TABLES = ("tokens", "heads", "edges", "nodes", "parts", "vocabulary")
 #: Its causal test (:mod:`cwviz.analyses.flow_faithfulness`): the token cap per item, knockouts per forward pass (on

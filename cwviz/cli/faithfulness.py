@@ -66,6 +66,11 @@ def write_csv(summary: pd.DataFrame, path: Path) -> None:
     write_text_atomic(path, summary.to_csv(index=False, float_format="%.6g"))
 
 
+def gaps_path(out: Path) -> Path:
+    """Where the gaps to the random control go beside the summary CSV ``out``: results.csv -> results-gaps.csv."""
+    return out.with_name(f"{out.stem}-gaps{out.suffix or '.csv'}")
+
+
 def format_table(summary: pd.DataFrame) -> str:
     """Mean ΔPPL per measure and rate, one block per curve, with the area under each curve."""
 
@@ -200,6 +205,13 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
     made_records = outcome.records
     finished = sum(1 for r in made_records if not r["skipped"])
     summary = FAITHFULNESS.summary(made_records, seed=args.seed)
+    # Each measure's gap to the random control, paired per example, in its own CSV beside the summary (written once
+    # every example is in: its bootstrap is over the examples); none without a random run.
+    gaps = faithfulness.random_gaps(FAITHFULNESS.decode(made_records), seed=args.seed) if finished else pd.DataFrame()
+    written = [] if not len(gaps) else [folder / records.GAPS] if folder is not None else []
+    written += [gaps_path(args.out)] if len(gaps) and args.out is not None else []
+    for path in written:
+        write_csv(gaps, path)
     if folder is not None:
         write_csv(summary, folder / records.SUMMARY)
         if args.out is not None:
@@ -211,13 +223,15 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
             return report_interrupt(0, len(texts), "example")
         raise InputError("no example had two or more tokens; nothing to measure")
     print_summary(bundle.info.id, finished, protocol, summary)
-    print(format_gaps(faithfulness.random_gaps(FAITHFULNESS.decode(made_records), seed=args.seed), protocol.draws))
+    print(format_gaps(gaps, protocol.draws))
     if folder is not None:
         print(
             f"wrote {folder / records.SUMMARY} ({len(made_records)} record(s) from {len(list(folder.glob(records.RECORD_GLOB)))} file(s))"
         )
     elif args.out is not None:
         print(f"wrote {args.out}")
+    if len(gaps):
+        print(f"wrote the gaps to random: {', '.join(map(str, written))}")
     if outcome.interrupted:
         return report_interrupt(finished, len(texts), "example", args.out)
     return 0

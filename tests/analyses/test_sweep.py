@@ -46,6 +46,8 @@ def test_a_sweep_writes_one_record_per_example_and_the_summary_from_them(tmp_pat
     assert len(written[0]["runs"]) == (1 + faithfulness.Protocol().draws) * 2 * 2  # raw and each random draw, 2 curves, 2 rates
     summary = pd.read_csv(results / records.SUMMARY)
     assert set(summary.n) == {len(TEXTS) - 1}
+    gaps = pd.read_csv(results / records.GAPS)  # the random control beside the summary: raw's gap, each curve and rate
+    assert set(gaps.measure) == {"raw"} and len(gaps) == 2 * 2 and set(gaps.n) == {len(TEXTS) - 1}
     manifest = json.loads((results / records.MANIFEST).read_text())
     assert manifest["model"]["id"] == "tiny-llama" and manifest["rates"] == [10.0, 50.0] and manifest["processes"] == 1
     assert manifest["command"].startswith("cwviz faithfulness --jsonl") and manifest["versions"]["torch"]
@@ -65,6 +67,7 @@ def test_resume_after_a_partial_run_and_a_truncated_line_gives_the_uninterrupted
     assert run_faithfulness(tmp_path, monkeypatch, part, "--resume") == 0
     assert [r["example"] for r in lines(part)] == list(range(len(TEXTS)))  # nothing lost, nothing twice
     assert (part / records.SUMMARY).read_text() == (whole / records.SUMMARY).read_text()
+    assert (part / records.GAPS).read_text() == (whole / records.GAPS).read_text()
 
 
 def test_resume_refuses_other_settings_and_other_texts(tmp_path, monkeypatch, capsys):
@@ -205,7 +208,7 @@ def test_ctrl_c_ends_an_in_memory_run_with_the_finished_items_and_anything_else_
 
 #: The three commands that run through the sweep runner, the files of their summary, and where their records go.
 COMMANDS = {
-    "faithfulness": ([records.SUMMARY], ""),
+    "faithfulness": ([records.SUMMARY, records.GAPS], ""),
     "sinks": (["layers.csv", "heads.csv"], "sinks"),
     "atlas": (["per_prompt.csv", "pooled.csv", "prompts.jsonl"], ""),
 }

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from cwviz.app import flow_services, services, state
-from cwviz.core.loading import architectures
 from cwviz.app.services import Request
+from cwviz.core.loading import architectures
 from tests.helpers.app import assert_clean, charts, run_app, widget
 
 PAGE = "views/flow.py"

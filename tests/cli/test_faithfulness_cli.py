@@ -67,6 +67,16 @@ def test_two_items_of_a_small_jsonl_with_the_embedded_model(tmp_path):
         assert f"{curve}: mean ΔPPL over 2 example(s)" in done.stdout
     assert "area" in done.stdout and "paper's order" in done.stdout
     assert "gap to random (3 draw(s) an example" in done.stdout and "comprehensiveness 10% raw:" in done.stdout
+    # The control beside the comparison in the files too: each measure's gap to random, per curve and rate, is the
+    # paired difference of the summary's mean log-perplexity ratios (every example has both), > 0 better than chance.
+    gaps = pd.read_csv(tmp_path / "results-gaps.csv")
+    assert list(gaps.columns) == faithfulness.GAP_COLUMNS and len(gaps) == 2 * 2 * 2 and set(gaps.n) == {2}
+    assert f"wrote the gaps to random: {tmp_path / 'results-gaps.csv'}" in done.stdout
+    means = table.set_index(["curve", "rate", "measure"])["log_ppl_ratio"]
+    for row in gaps.itertuples(index=False):
+        difference = means[row.curve, row.rate, row.measure] - means[row.curve, row.rate, "random"]
+        expected = difference if row.curve == "comprehensiveness" else -difference
+        assert row.gap == pytest.approx(expected, abs=1e-4) and row.ci_low <= row.gap + 1e-9 <= row.ci_high + 2e-9
     assert "2/2" in done.stderr  # the progress bar
 
 

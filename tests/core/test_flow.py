@@ -460,7 +460,9 @@ def test_a_kept_basis_gives_each_target_the_same_flow_without_a_forward_pass(fam
     basis = flow_module.flow_basis(analysis, 4, vocabulary=3, keep_mixing=keep_mixing)
     assert (basis.mixing is not None) == (keep_mixing and analysis.bundle.has_logits)
     passes = []  # the first layer's calls: the stream's pass runs the base model, not the whole
-    handle = architectures.layer_modules(analysis.bundle.model, analysis.bundle.arch)[0].register_forward_pre_hook(lambda *_: passes.append(1))
+    handle = architectures.layer_modules(analysis.bundle.model, analysis.bundle.arch)[0].register_forward_pre_hook(
+        lambda *_: passes.append(1)
+    )
     try:
         asked = [(None, None), (11, None), (11, 42)] if analysis.bundle.has_logits else [(None, None)]
         kept = [flow(analysis, 4, t, f, vocabulary=3, basis=basis) for t, f in asked]

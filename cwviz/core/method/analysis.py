@@ -110,7 +110,8 @@ def analyze(
         hidden = bundle.final_hidden(batch)[0]  # (T, d_model)
     if len(records) != bundle.info.layers:
         raise RuntimeError(f"recorded {len(records)} of {bundle.info.layers} layers; is the model's attention routed through cwviz?")
-    analysis = Analysis(bundle, text or "", ids, by_layer(records, bundle.info.layers), None, hidden if bundle.arch.causal else None, intervention)
+    final = hidden if bundle.arch.causal else None  # the log-probabilities' input; an encoder has none
+    analysis = Analysis(bundle, text or "", ids, by_layer(records, bundle.info.layers), None, final, intervention)
     analysis.stream = None if finish is None else finish(hidden)
     return analysis
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 #: The share of each layer's |mass| the pruned graph keeps by default.
-EDGE_SHARE = 0.9
+EDGE_SHARE = 0.8
 
 
 class Deferred:
