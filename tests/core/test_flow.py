@@ -14,7 +14,7 @@ import torch
 import cwviz
 from cwviz.analyses.schema import FLOW_SHARE
 from cwviz.core.loading import architectures
-from cwviz.core.method import blocks, flow_tables
+from cwviz.core.method import blocks, flow_tables, memory
 from cwviz.core.method import flow as flow_module
 from cwviz.core.method.flow import flow, token_totals
 from cwviz.core.method.mixing import mixing, mixing_blocks, replayed_stream, rollout
@@ -495,6 +495,11 @@ def test_an_analysis_that_keeps_its_stream_gives_the_flow_without_a_pass(family)
             assert torch.equal(getattr(mine, name), getattr(theirs, name)), name
     for name in ("embedding", "final", "final_output"):
         assert torch.equal(getattr(kept.stream, name), getattr(replayed, name)), name
+    # What it keeps is within what the memory check adds for it.
+    held = sum(t.numel() * t.element_size() for part in kept.stream.layers for t in (part.target, part.norm2, part.residual, part.bias))
+    config, info = bundle.model.config, bundle.info
+    added = memory.estimate(config, info, len(IDS), stream=True)["recorded"] - memory.estimate(config, info, len(IDS))["recorded"]
+    assert 0 < held <= added
     passes = []  # the first layer's calls: a pass through the base model (the stream's) or the whole model
     handle = architectures.layer_modules(bundle.model, bundle.arch)[0].register_forward_pre_hook(lambda *_: passes.append(1))
     try:

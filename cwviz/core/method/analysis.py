@@ -71,7 +71,7 @@ def analyze(
     as it is.
 
     ``stream``: also keep the pass's residual stream into the flow's default position (the last token, an encoder's
-    first) as :attr:`Analysis.stream` (layers x T x d_model floats, not in the memory check): the flow there runs no pass.
+    first) as :attr:`Analysis.stream` (layers x T x d_model floats, in the memory check): the flow there runs no pass.
 
     ``each_block(layer, first, stop, measures)``: a reader of every layer (a whole-prompt reduction, an
     evaluation over a dataset) gets each layer's row blocks *during* the pass, in the blocks and with the
@@ -95,7 +95,7 @@ def analyze(
             text = check_agree(bundle, text, ids)  # .text and .tokens say one prompt, or InputError
     device = bundle.input_device
     spill = spill_for(memory.records_bytes(bundle.info, len(ids)), device)
-    memory.check(bundle.model.config, bundle.info, len(ids), device, spilled=spill is not None)
+    memory.check(bundle.model.config, bundle.info, len(ids), device, spilled=spill is not None, stream=stream)
     attend = block_streamer(bundle, each_block, kinds)
     batch = torch.tensor([ids], device=device)
     at = len(ids) - 1 if bundle.arch.causal else 0
