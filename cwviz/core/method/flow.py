@@ -230,7 +230,7 @@ class FlowBasis:
     (2,000 tokens of SmolLM2-135M: 138 MB). ``logits`` [vocab] float32 (None: an encoder); ``vocabulary``: each
     head's ``count`` most promoted and suppressed tokens, computed when first read (:class:`Deferred`; None: an
     encoder or ``count`` 0).
-    ``mixing``: every layer's M in row blocks (:class:`Block`), kept where layers x T² floats fit in
+    ``mixing``: every layer's M as one :class:`Block` (``mixing_blocks(whole=True)``), kept where layers x T² floats fit in
     :data:`MIXING_BYTES` (None: each flow makes it again from the records, as it reads them)."""
 
     source: weakref.ref
@@ -242,7 +242,7 @@ class FlowBasis:
     mixing: tuple[tuple[Block, ...], ...] | None = None
 
     def blocks(self, analysis, layer: int) -> Iterator[Block] | tuple[Block, ...]:
-        """Layer ``layer``'s M in row blocks: kept (``mixing``), or made again from ``analysis``'s records."""
+        """Layer ``layer``'s M: kept (``mixing``, one block), or made again from ``analysis``'s records in row blocks."""
         return self.mixing[layer] if self.mixing is not None else mixing_blocks(analysis, self.stream, layer)
 
 
@@ -277,7 +277,7 @@ def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCAB
                 writes[layer] = landed.cpu().numpy()
             vocabulary_rows = _head_vocabulary(analysis, stream, writes, vocabulary)
         mixing = None
-        if keep_mixing and layers * analysis.num_tokens**2 * 4 <= MIXING_BYTES:  # a causal layer's M: about half of it
+        if keep_mixing and layers * analysis.num_tokens**2 * 4 <= MIXING_BYTES:  # each layer's M whole: T² floats
             mixing = tuple(tuple(mixing_blocks(analysis, stream, layer, whole=True)) for layer in range(layers))
     return FlowBasis(weakref.ref(analysis), position, stream, logits, vocabulary_rows, vocabulary, mixing)
 
