@@ -312,7 +312,9 @@ def bench_flow(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
             f"| {heads:.2f} | {heads / base:.2f} |"
         )
         print(rows[-1], flush=True)
-    rows += _kept_stream_rows(bundle, [t for t in lengths if t <= 970], repeats)
+    from cwviz.app.services import keeps_stream
+
+    rows += _kept_stream_rows(bundle, [t for t in lengths if keeps_stream(bundle, t)], repeats)
     if memory_tokens:
         full, flowed = memory_probe("full", memory_tokens), memory_probe("flow", memory_tokens)
         rows += [

@@ -35,7 +35,7 @@ from ..analyses import tables, tour
 from ..core.loading.generate import greedy_continuation
 from ..core.loading.inputs import max_tokens, tokenize
 from ..core.loading.models import Bundle, load_model
-from ..core.method import export
+from ..core.method import export, memory
 from ..core.method.analysis import Analysis, analyze
 from ..core.method.residual import check_flow_supported
 from ..core.util.errors import InputError, UnsupportedModelError
@@ -51,7 +51,7 @@ DEFAULT_APP_MAX_TOKENS = 8192
 DEFAULT_APP_MAX_TOKENS_GPU = 32_768
 #: Largest JSON export offered for the whole analysis; beyond it the export covers the selected layer.
 JSON_EXPORT_LIMIT = 40_000_000
-#: The most bytes of residual stream (layers x T x d_model float32) an analysis keeps for the Flow page
+#: The most bytes of residual stream (:func:`~cwviz.core.method.memory.stream_bytes`) an analysis keeps for the Flow page
 #: (``analyze(stream=True)``; SmolLM2-135M up to about 970 tokens): the flow into the last token then runs no pass.
 STREAM_BYTES = 64 * 2**20
 
@@ -237,7 +237,7 @@ def keeps_stream(bundle: Bundle, tokens: int) -> bool:
         check_flow_supported(bundle)
     except UnsupportedModelError:
         return False
-    return bundle.info.layers * tokens * bundle.info.d_model * 4 <= STREAM_BYTES
+    return memory.stream_bytes(bundle.info, tokens) <= STREAM_BYTES
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

@@ -208,8 +208,8 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
     # Each measure's gap to the random control, paired per example, in its own CSV beside the summary (written once
     # every example is in: its bootstrap is over the examples); none without a random run.
     gaps = faithfulness.random_gaps(FAITHFULNESS.decode(made_records), seed=args.seed) if finished else pd.DataFrame()
-    written = [] if not len(gaps) else [folder / records.GAPS] if folder is not None else []
-    written += [gaps_path(args.out)] if len(gaps) and args.out is not None else []
+    written = ([folder / records.GAPS] if folder is not None else []) + ([gaps_path(args.out)] if args.out is not None else [])
+    written = written if len(gaps) else []
     for path in written:
         write_csv(gaps, path)
     if folder is not None:

@@ -10,6 +10,7 @@ import torch
 
 import cwviz
 from cwviz.app import services
+from cwviz.core.method import memory
 from cwviz.core.method.export import to_dict
 from tests.helpers import TEXT, CharTokenizer, family_model, make_tiny, no_hooks, run_together
 
@@ -132,7 +133,7 @@ def test_the_dashboard_keeps_a_short_prompts_residual_stream_for_the_flow(tiny_m
     kept = services.get_analysis(request).analysis
     assert kept.stream is not None and kept.stream.position == kept.num_tokens - 1
     info = kept.bundle.info
-    monkeypatch.setattr(services, "STREAM_BYTES", info.layers * (kept.num_tokens - 1) * info.d_model * 4)
+    monkeypatch.setattr(services, "STREAM_BYTES", memory.stream_bytes(info, kept.num_tokens - 1))
     assert not services.keeps_stream(kept.bundle, kept.num_tokens) and services.keeps_stream(kept.bundle, kept.num_tokens - 1)
     services.get_analysis.clear()
     assert services.get_analysis(request).analysis.stream is None

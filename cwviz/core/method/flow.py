@@ -262,9 +262,7 @@ def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCAB
         return output
 
     with torch.inference_mode():
-        stream = replayed_stream(analysis, position, replay)  # no pass (nor replay) when the analysis kept it
-        for layer in range(layers) if not at_p else ():
-            replay(layer)
+        stream = replayed_stream(analysis, position, replay)  # no pass (nor replay, nor at_p) when the analysis kept it
         if not analysis.bundle.has_logits:
             return FlowBasis(weakref.ref(analysis), position, stream, None, None, 0)
         logits = _own_logits(analysis, stream)
@@ -272,7 +270,8 @@ def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCAB
         if vocabulary:
             writes = np.zeros((layers, heads, analysis.info.d_model), np.float32)
             for layer in range(layers):
-                w_heads, z = analysis.w_heads(layer), at_p[layer]  # (H, D, dh), (H, dh)
+                z = at_p[layer] if at_p else analysis.recorded_outputs(layer)[:, position].float()  # (H, dh)
+                w_heads = analysis.w_heads(layer)  # (H, D, dh)
                 landed = stream.layers[layer].landing.apply(torch.einsum("hdk,hk->hd", w_heads, z.to(w_heads.device)))
                 writes[layer] = landed.cpu().numpy()
             vocabulary_rows = _head_vocabulary(analysis, stream, writes, vocabulary)

@@ -76,17 +76,23 @@ def records_bytes(info, tokens: int) -> int:
     return info.layers * tokens * info.d_head * (2 * info.heads + 2 * info.kv_heads) * _item(info)
 
 
+def stream_bytes(info, tokens: int) -> int:
+    """Bytes of a kept residual stream (``analyze(stream=True)``, :class:`~cwviz.core.method.residual.LayerStream`):
+    each layer's [T, d_model] target and its four [T] rows, float32."""
+    return info.layers * tokens * (info.d_model + 4) * 4
+
+
 def estimate(config, info, tokens: int, device: torch.device | str = "cpu", spilled: bool = False, stream: bool = False) -> dict[str, int]:
     """Bytes needed to analyse ``tokens`` tokens with a model of this config and ModelInfo on ``device``, read
     in row blocks. ``spilled``: the records go to disk (:mod:`cwviz.core.method.spill`), so memory holds the layers read
     back and the one being written, and ``disk`` counts the file. ``stream``: the analysis keeps its residual stream
-    (``analyze(stream=True)``: layers x T x d_model floats, and four of [T] a layer)."""
+    (``analyze(stream=True)``, :func:`stream_bytes`)."""
     item = _item(info)
     whole = records_bytes(info, tokens)
     kept = whole * min(info.layers, LOADED + 1) // info.layers if spilled else whole
     recorded = kept + info.layers * tokens * 4 * info.heads  # + the value norms, float32 [head, T] a layer
     recorded += PREPARED_MAPS * info.heads * tokens * info.d_head * 4  # + the layer read in row blocks (for_blocks)
-    recorded += info.layers * tokens * (info.d_model + 4) * 4 if stream else 0  # + the kept stream (residual.LayerStream)
+    recorded += stream_bytes(info, tokens) if stream else 0
     vocab = getattr(config, "vocab_size", 0) or 0
     intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * info.d_model
     if isinstance(intermediate, (list, tuple)):  # one width per layer (Gemma 3n): the widest is the peak
