@@ -624,6 +624,9 @@ def test_claims_runs_and_shows_a_verdict_for_each_claim(server, browser):
         assert page.get_by_text("Every verdict: estimate and 95 % interval against its line").count() == 1
         assert page.locator("[data-testid='stVegaLiteChart']").count() == 1
         assert page.get_by_text("The random control: each measure's gap to random").count() == 1
+        # A table mounts after its text (its grid is a component of its own, loaded on first use): wait for the four,
+        # then count them (a clean CI run at 3b2cc3a counted 0 while they were loading).
+        page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stDataFrame\"]').length >= 4", timeout=60_000)
         assert page.locator('[data-testid="stDataFrame"]').count() == 4
         assert page.get_by_role("button", name="claims.csv").count() == 1
         _screenshot(page, "claims")
