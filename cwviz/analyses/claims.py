@@ -89,7 +89,8 @@ MIN_ITEMS = 5
 def item_payload(bundle, text: str, protocol, scopes: Sequence[str], sink=0, example: int = 0) -> dict:
     """One item's claims record payload: ``{"skipped", "tokens", "faithfulness": {scope: faithfulness payload},
     "sinks": {name: float for SINK_STATS}}``. One clean pass is shared by every scope's masked runs and the sink table;
-    one more pass removes the sink's value in every layer (attention kept) for claim 5."""
+    one more pass removes the sink's value in every layer (attention kept) for claim 5, and one its control: in each
+    layer the value of one non-sink key of about the sink's attention mass (:func:`claim_items.control_keys`)."""
     ids = faithfulness.example_ids(bundle, text, protocol.max_tokens)
     if ids is None or len(ids) < 3:  # the sink statistics need a query that sees the sink and another key
         return CLAIMS.encode(0 if ids is None else len(ids))
@@ -100,7 +101,9 @@ def item_payload(bundle, text: str, protocol, scopes: Sequence[str], sink=0, exa
     }
     sink = sinks.resolve_sink(analysis, sink)
     after = analyze(bundle, input_ids=ids, intervention=ScaleValues(positions=(sink,), factor=0.0))
-    stats = claim_items.sink_statistics(analysis, after, sinks.sink_table(analysis, sink), sink)
+    draw = claim_items.control_keys(claim_items.attention_mass(analysis), sink, protocol.seed, example)
+    control = analyze(bundle, input_ids=ids, intervention=claim_items.remove_values(draw.keys))
+    stats = claim_items.sink_statistics(analysis, after, sinks.sink_table(analysis, sink), sink, control, draw)
     return CLAIMS.encode(len(ids), tables, stats)
 
 
