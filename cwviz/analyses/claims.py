@@ -32,14 +32,12 @@ from ..core.method.interventions import ScaleValues
 from . import claim_items, faithfulness, sinks
 from .bootstrap import bootstrap_interval
 from .codecs import CLAIMS, SINK_STATS
+from .schema import FAILS, HOLDS, TIES, UNRESOLVED
 
 #: The sub-folder of ``--results DIR`` that holds the records (:data:`cwviz.analyses.codecs.CLAIMS`) and manifest.
 RECORDS_FOLDER = CLAIMS.name
 #: The file ``cwviz claims --results DIR`` writes (atomically): :data:`CSV_COLUMNS`.
 CSV_NAME = "claims.csv"
-HOLDS, FAILS, UNRESOLVED, TIES = "holds", "fails", "unresolved", "ties by construction"
-#: Every verdict state, in the order the page and the overview show them.
-STATES: tuple[str, ...] = (HOLDS, FAILS, UNRESOLVED, TIES)
 VERDICT, CONTROL, EVIDENCE = "verdict", "control", "evidence"
 #: The paper's statements, by claim number (docs/METHOD.md section 5).
 STATEMENTS: dict[int, str] = {

@@ -23,8 +23,17 @@ SINK, KEY = "#7b4ea3", "#6f6f6f"
 NEUTRAL, ACCENT, MUTED = "#31333f", "#d08c00", "#bab0ac"
 #: Categorical lines (the faithfulness page's measures): Dark2 without its orange-red, then neutrals.
 CATEGORIES = ("#1b9e77", "#7570b3", "#d08c00", "#66a61e", "#a6761d", "#e7298a", "#666666", "#31333f")
-#: A verdict (the Claims page's forest plot): holds, fails, unresolved. Purple and orange (the ends of ColorBrewer's
-#: PuOr, readable with red-green colour blindness) and grey: not red or blue (a sign), not green (attention).
-VERDICT_COLOURS = {"holds": "#5e3c99", "fails": "#e66101", "unresolved": "#9e9e9e"}
 #: What the colours mean, in the words of every signed legend and page sentence.
 SIGNED_MEANING = "red adds, blue subtracts"
+
+
+# -- The Claims page's verdicts (issue 56): one hue each, used for nothing else, and a mark shape each, so a verdict
+# -- reads without its colour (printouts, colour-blind readers). Not red or blue (a sign), green (attention), purple
+# -- (the sink) or gold (an accent).
+#: Verdict -> colour. holds: teal, the interval wholly on the paper's side; fails: dark brown, wholly on the other
+#: side; unresolved: mid grey, the interval straddles the line; ties by construction: light grey, a row that cannot
+#: hold whatever the data (claim 1's query scope).
+VERDICT_COLOURS = {"holds": "#00838f", "fails": "#5d4037", "unresolved": "#8d8d8d", "ties by construction": "#c2c2c2"}
+#: Verdict -> Vega mark shape, in the order of :data:`VERDICT_COLOURS`: a circle holds, a cross fails, a diamond is
+#: unresolved, a square ties by construction.
+VERDICT_SHAPES = {"holds": "circle", "fails": "cross", "unresolved": "diamond", "ties by construction": "square"}

@@ -13,6 +13,7 @@ import torch
 
 from cwviz import cli
 from cwviz.analyses import claims, faithfulness
+from cwviz.analyses.schema import VERDICT_STATES
 from cwviz.cli import claims as command
 from tests.helpers import make_tiny, ordered, record, sinks
 
@@ -279,7 +280,7 @@ def test_cwviz_claims_end_to_end_on_a_tiny_model_resumes_and_refuses_other_setti
     assert set(table.claim) == {1, 2, 3, 4, 5}
     assert set(table[table.claim == 1].scope) == set(faithfulness.RANK_SCOPES)
     assert set(table.role) == {"verdict", "control", "evidence"}
-    assert set(table[table.role == "verdict"].verdict) <= set(claims.STATES)
+    assert set(table[table.role == "verdict"].verdict) <= set(VERDICT_STATES)
     assert set(table[(table.role == "verdict") & (table.scope == "query")].verdict) == {claims.TIES}
     assert table.n.max() == 2  # two items (a row with fewer: a statistic some item had none of, e.g. no sink-active head)
     out = capsys.readouterr().out
