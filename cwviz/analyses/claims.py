@@ -273,7 +273,13 @@ def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
             stats["u_shaped_share"],
             line=MAJORITY,
         ),
-        one(4, EVIDENCE, "sink-active U-shaped heads: median operating ratio − s* (< 0: short of the minimum)", stats["operating_offset"]),
+        one(
+            4,
+            EVIDENCE,
+            "sink-active U-shaped heads: median operating ratio − s* (< 0: short of the minimum)",
+            stats["operating_offset"],
+            line=math.nan,
+        ),
         one(4, EVIDENCE, "sink-active U-shaped heads per item", stats["operating_heads"], line=math.nan),
         one(
             4,
