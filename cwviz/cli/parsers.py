@@ -349,12 +349,14 @@ def _add_flow(sub: argparse._SubParsersAction) -> None:
 def _add_flow_faithfulness(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "flow-faithfulness",
-        help="is the signed flow faithful? knockouts of each input token, deletion curves, verdicts against baselines",
-        description="On each item: knock out each input token in every layer and correlate the effects on the logit "
-        "difference (top token − second) with the signed flow, ALTI, attention rollout, raw attention and a random "
-        "ranking; run comprehensiveness and sufficiency at 10 and 30%% of the input tokens; judge the pre-registered "
-        "comparisons holds / fails / unresolved from 95%% paired bootstrap intervals over the items (docs/METHOD.md "
-        "section 6.6). Writes DIR/flow_faithfulness.csv and DIR/flow_faithfulness_methods.csv.",
+        help="which attribution method says what the model does? knockouts of each input token against every method",
+        description="On each item: take each input token away (relay: its value in every layer; origin: its input "
+        "embedding replaced by the mean one) and correlate the size of the effects on the logit difference (top token "
+        "minus second) with the size of every attribution method's scores (the effect flow, the share flow, input x "
+        "gradient, ALTI, attention rollout, raw attention, and a random control); the signed methods' signs against the "
+        "effects' signs; deletion curves at 10 and 30 percent of the input tokens; judge the pre-registered comparisons "
+        "holds / fails / unresolved from 95 percent paired bootstrap intervals over the items (docs/METHOD.md section "
+        "7.3). Writes DIR/flow_faithfulness.csv, DIR/flow_faithfulness_methods.csv and DIR/flow_faithfulness_items.csv.",
     )
     data = parser.add_mutually_exclusive_group(required=True)
     add_jsonl_args(data, "JSON Lines: a 'text' field per line, or GSM8K's question and answer")
