@@ -211,6 +211,8 @@ def sign_agreement(scores: np.ndarray, effects: np.ndarray, top: int = SIGN_TOP)
     """Among the ``top`` tokens with the largest |score| (ties: earlier first), the share whose score has the sign of
     its effect (an effect or score of exactly 0 disagrees); NaN with no tokens."""
     scores, effects = np.asarray(scores, np.float64), np.asarray(effects, np.float64)
+    keep = np.isfinite(scores) & np.isfinite(effects)
+    scores, effects = scores[keep], effects[keep]
     if not len(scores):
         return math.nan
     picked = ranking(np.abs(scores))[: min(top, len(scores))]
@@ -224,8 +226,11 @@ def _rows(record: dict) -> dict[tuple[str, str], np.ndarray]:
     return rows
 
 
-def _statistics_of(scores: np.ndarray, effects: np.ndarray, signed: bool) -> dict[str, float]:
-    """The per-item statistics of one method's (or one random draw's) scores [p] against the effects [p]."""
+def per_item(scores: np.ndarray, effects: np.ndarray, signed: bool) -> dict[str, float]:
+    """The per-item statistics of one method's (or one random draw's) scores [p] against the effects [p] over the input
+    tokens 0 .. p − 1 (a pair with a NaN side is left out): ρ(|score|, |Δ|) over 1 .. p − 1 (:data:`PRIMARY`) and
+    over 0 .. p − 1, and for a signed method the signed ρ and the top-3 sign agreement over 1 .. p − 1."""
+    scores, effects = np.asarray(scores, np.float64), np.asarray(effects, np.float64)
     ranked = slice(1, None)
     out = {
         PRIMARY: spearman(np.abs(scores[ranked]), np.abs(effects[ranked])),
@@ -253,10 +258,10 @@ def item_statistics(records: Sequence[dict], effect: str = "effects") -> pd.Data
             effects = np.asarray(record[effect][intervention], dtype=np.float64)
             for name, scores in _rows(record).items():
                 if name == CONTROL:
-                    draws = [_statistics_of(draw - 0.5, effects, True) for draw in scores]
+                    draws = [per_item(draw - 0.5, effects, True) for draw in scores]
                     stats = {key: _nanmean([d[key] for d in draws]) for key in draws[0]} if draws else {}
                 else:
-                    stats = _statistics_of(scores, effects, name in signed)
+                    stats = per_item(scores, effects, name in signed)
                 for key, value in stats.items():
                     row[intervention, name, key] = value
                 curves = record["curves"][intervention][name]

@@ -23,6 +23,7 @@ is the evaluation's control (:mod:`cwviz.analyses.flow_faithfulness`), drawn per
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,13 +72,65 @@ class LayerEdges:
 class Attribution:
     """One method's answer: ``scores`` [T] float64 (each input token's score toward the request's quantity),
     ``quantity`` (LD where the method computes it, else NaN), ``edges`` (per layer, where the method has them),
-    ``heads`` [layer, head] (each head's part, where it has them)."""
+    ``heads`` [layer, head] (each head's part, where it has them), ``extra``: further tables of the method by name
+    (the share flow's nodes, parts and vocabulary). :func:`run` fills in what was asked (``asked``)."""
 
     method: str
     scores: np.ndarray
     quantity: float = float("nan")
     edges: tuple[LayerEdges, ...] | None = None
     heads: np.ndarray | None = None
+    extra: tuple[tuple[str, object], ...] = ()
+    asked: Asked | None = None
+
+    def tokens_table(self):
+        """One row per input position: ``position, token, score``."""
+        import pandas as pd
+
+        return pd.DataFrame({"position": np.arange(len(self.scores)), "token": list(self.asked.token_strings), "score": self.scores})
+
+    def heads_table(self):
+        """One row per (layer, head): ``layer, head, part`` (empty for a method without heads)."""
+        import pandas as pd
+
+        if self.heads is None:
+            return pd.DataFrame(columns=["layer", "head", "part"])
+        layers, heads = self.heads.shape
+        return pd.DataFrame(
+            {"layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers), "part": self.heads.reshape(-1)}
+        )
+
+
+def edges_table(result: Attribution, share: float):
+    """``result``'s edges pruned to ``share`` of each layer's |mass| (largest |weight| first, as the share flow's graph
+    prunes: docs/METHOD.md section 6.4): ``layer, key, query, weight``, the edge (layer, key → query). Empty for a
+    method without edges. InputError for a share outside (0, 1]."""
+    import pandas as pd
+
+    from .flow_tables import kept_count
+
+    if not (isinstance(share, int | float) and 0 < share <= 1):
+        raise InputError(f"the share of each layer's mass the graph keeps must lie in (0, 1], not {str(share)[:80]}")
+    columns = ["layer", "key", "query", "weight"]
+    frames = []
+    for edges in result.edges or ():
+        count = kept_count(edges.weights, edges.mass * share)
+        frames.append(
+            pd.DataFrame({"layer": edges.layer, "key": edges.keys[:count], "query": edges.queries[:count], "weight": edges.weights[:count]})
+        )
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What an :class:`Attribution` answers: the prompt's tokens, the position, target and foil (ids and strings)."""
+
+    token_strings: tuple[str, ...]
+    position: int
+    target: int | None
+    foil: int | None
+    target_token: str | None
+    foil_token: str | None
 
 
 @dataclass(frozen=True)
@@ -120,7 +173,8 @@ def _share_flow(request: Request) -> Attribution:
         LayerEdges(layer, w.astype(np.float64), i.astype(np.int64), j.astype(np.int64), float(result.edge_mass[layer]))
         for layer, w, i, j in result.edge_list
     )
-    return Attribution("share_flow", result.totals.astype(np.float64), result.frozen_logit_difference, edges, result.head_routed)
+    extra = (("nodes", result.node_table), ("parts", result.parts))
+    return Attribution("share_flow", result.totals.astype(np.float64), result.frozen_logit_difference, edges, result.head_routed, extra)
 
 
 def _baseline(name: str) -> Callable[[Request], Attribution]:
@@ -272,9 +326,19 @@ def run(method: Method, asked: Request) -> Attribution:
     why = method.available(asked.analysis.bundle)
     if why is not None:
         raise InputError(f"{method.label} does not run on this model: {why}")
-    if method.needs_logits and not asked.analysis.bundle.has_logits:
+    analysis = asked.analysis
+    if method.needs_logits and not analysis.bundle.has_logits:
         raise InputError(f"{method.label} needs a model with next-token logits; this model is an encoder")
-    return method.compute(asked)
+    decode = analysis.bundle.tokenizer.decode
+    about = Asked(
+        tuple(analysis.tokens),
+        asked.position,
+        asked.target,
+        asked.foil,
+        None if asked.target is None else decode([asked.target]),
+        None if asked.foil is None else decode([asked.foil]),
+    )
+    return dataclasses.replace(method.compute(asked), asked=about)
 
 
 __all__ = [
