@@ -51,20 +51,22 @@ def test_scores_and_the_unrouted_rest_add_up_to_the_models_logit_difference(fami
     assert result.scores.shape == (len(IDS),) and np.isfinite(result.scores).all()
     own = _own_difference(bundle, IDS, 8, 11, 60)
     assert abs(result.scores.sum() + result.rest - own) < 1e-4 * max(1.0, abs(own))
-    np.testing.assert_allclose(result.scores.sum(), result.parts.sum(), atol=1e-5)
+    np.testing.assert_allclose(result.scores.sum(), result.parts.sum() + result.embedding, atol=1e-5)
     assert (result.parts[:, 9:] == 0).all() and (result.scores[9:] == 0).all()  # causal: no source after p
-    # the routing is the explicit rollout of ALTI's maps below each layer
+    # the routing is the explicit rollout of ALTI's maps below each layer, p's own embedding read directly added at p
     maps = baselines.alti_maps(analysis)
-    explicit = result.parts[0] + sum(
-        result.parts[layer] @ baselines.rollout(maps[:layer]).double().numpy() for layer in range(1, len(maps))
+    explicit = (
+        result.parts[0]
+        + np.eye(len(IDS))[8] * result.embedding
+        + sum(result.parts[layer] @ baselines.rollout(maps[:layer]).double().numpy() for layer in range(1, len(maps)))
     )
     np.testing.assert_allclose(result.scores, explicit, atol=1e-6)
 
 
 @torch.no_grad()
-def _parts_from_modules(bundle, analysis, position, target, foil) -> np.ndarray:
-    """d^l_j = Σ_h α_pj^h ⟨W_O^h v_j^h, w⟩ [layer, key] with w = g_F ⊙ r_F (U_t − U_f), the final RMSNorm frozen at p,
-    from a Llama's own modules and states (no cwviz code but the attention probabilities)."""
+def _parts_from_modules(bundle, analysis, position, target, foil) -> tuple[np.ndarray, float]:
+    """(d^l_j = Σ_h α_pj^h ⟨W_O^h v_j^h, w⟩ [layer, key], ⟨x_p^0, w⟩) with w = g_F ⊙ r_F (U_t − U_f), the final RMSNorm
+    frozen at p, from a Llama's own modules and states (no cwviz code but the attention probabilities)."""
     model, ids = bundle.model, analysis.input_ids
     layers = architectures.layer_modules(model, bundle.arch)
     states = model.model(input_ids=torch.tensor([ids]), use_cache=False, output_hidden_states=True).hidden_states
@@ -90,14 +92,16 @@ def _parts_from_modules(bundle, analysis, position, target, foil) -> np.ndarray:
                 g = h // (heads // kv)
                 written = w_o[:, h * dh : (h + 1) * dh] @ values[j, g * dh : (g + 1) * dh]
                 parts[layer, j] += float(alpha[h, position, j] * (written @ w))
-    return parts
+    return parts, float(inputs[0][position].double() @ w)
 
 
 def test_attention_parts_by_source_are_the_paper_decomposition_from_the_models_modules():
     bundle = make_tiny("llama")
     analysis = cwviz.analyze(bundle, input_ids=IDS)
     result = alti_logit(analysis, 8, 11, 60)
-    np.testing.assert_allclose(result.parts, _parts_from_modules(bundle, analysis, 8, 11, 60), atol=1e-5)
+    parts, embedding = _parts_from_modules(bundle, analysis, 8, 11, 60)
+    np.testing.assert_allclose(result.parts, parts, atol=1e-5)
+    assert result.embedding == pytest.approx(embedding, abs=1e-5)
 
 
 def test_the_registry_member_is_signed_answers_both_interventions_and_refuses_an_encoder():

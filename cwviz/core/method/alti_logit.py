@@ -7,7 +7,10 @@ pulled back through the final norm frozen at p are section 6.3's (:func:`cwviz.c
 ``attention_parts``), ALTI's per-layer maps C^l section 6.5's (:func:`cwviz.core.method.baselines.alti_maps`). This
 module routes one through the other:
 
-    score_k = Σ_l Σ_j d^l_j R^{<l}_jk,   R^{<l} = C^{l−1} ⋯ C^0,  R^{<0} = I
+    score_k = Σ_l Σ_j d^l_j R^{<l}_jk + [k = p] ⟨x_p^0, w⟩,   R^{<l} = C^{l−1} ⋯ C^0,  R^{<0} = I
+
+(the last term: p's own embedding, read directly through the residual, is p's: the authors' notebook adds it so,
+citing the paper's Eq. 7; their evaluation script leaves it out).
 
 | tensor | shape |
 |---|---|
@@ -15,7 +18,7 @@ module routes one through the other:
 | C^l, one layer's ALTI map | [query, key] (T x T) |
 | scores | [T] |
 
-The MLPs, the embedding of p and the biases are not routed (the paper's ``logit_aff_x_j_alti``): they are
+The MLPs and the biases are given to no token (the paper routes the attention blocks alone): they are
 :attr:`AltiLogit.rest`, so Σ_k score_k + rest is the frozen-norm logit difference wherever every row of every ALTI
 map sums to 1.
 """
@@ -36,11 +39,13 @@ from .flow_tables import Flow
 @dataclass(frozen=True)
 class AltiLogit:
     """ALTI-Logit of one position, target and foil: ``scores`` [T] float64; ``parts`` [layer, key] float64, each
-    layer's attention parts by source before routing; ``rest``: the frozen-norm logit difference's part no token is
-    given (the embedding of p, the MLPs, the attention and final biases); ``frozen_logit_difference`` (section 6.3's Δ)."""
+    layer's attention parts by source before routing; ``embedding``: ⟨x_p^0, w⟩, in p's score; ``rest``: the
+    frozen-norm logit difference's part no token is given (the MLPs, the attention and final biases);
+    ``frozen_logit_difference`` (section 6.3's Δ)."""
 
     scores: np.ndarray
     parts: np.ndarray
+    embedding: float
     rest: float
     frozen_logit_difference: float
 
@@ -68,5 +73,6 @@ def alti_logit(analysis, position: int, target: int, foil: int | None = None, fl
     with torch.inference_mode():
         scores = route(parts, baselines.alti_maps(analysis))
     other = flow.other_parts
-    rest = other["embedding"] + float(other["mlp"].sum()) + float(other["attention_bias"].sum()) + other["final_bias"]
-    return AltiLogit(scores, parts, float(rest), float(flow.frozen_logit_difference))
+    scores[flow.position] += other["embedding"]
+    rest = float(other["mlp"].sum()) + float(other["attention_bias"].sum()) + other["final_bias"]
+    return AltiLogit(scores, parts, float(other["embedding"]), rest, float(flow.frozen_logit_difference))
