@@ -117,6 +117,8 @@ def test_the_registry_member_is_signed_answers_both_interventions_and_refuses_an
     shared = attribution.run(attribution.METHODS["share_flow"], asked)
     assert asked.share_flow is kept
     np.testing.assert_allclose(shared.scores, token_totals(analysis, 8, 11, 60), atol=1e-6)
+    with pytest.raises(ValueError, match="foil 60"):  # another request's flow is not routed
+        alti_logit(analysis, 8, 11, 61, kept)
     encoder = cwviz.analyze(make_tiny("bert"), input_ids=IDS)
     with pytest.raises(InputError, match="ALTI-Logit does not run on this model"):
         attribution.attribute(encoder, "alti_logit")
