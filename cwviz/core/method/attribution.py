@@ -32,8 +32,9 @@ import numpy as np
 import torch
 
 from ..util.errors import InputError
-from . import baselines, effect
-from .flow import EDGE_LIMIT, resolve, token_totals
+from . import alti_logit, baselines, effect
+from .flow import EDGE_LIMIT, flow, resolve, token_totals
+from .flow_tables import Flow
 
 #: The interventions of section 7.3, by name.
 RELAY, ORIGIN = "relay", "origin"
@@ -44,7 +45,7 @@ INTERVENTIONS = (RELAY, ORIGIN)
 class Request:
     """What every method is asked: ``analysis``'s prompt, the position, the target and foil token ids (checked by
     :func:`request`; None for an encoder, and a foil None for the target's logit alone). Work several members share is
-    computed once, on first use (:attr:`gradients`)."""
+    computed once, on first use (:attr:`gradients`, :attr:`share_flow`)."""
 
     analysis: object
     position: int
@@ -54,6 +55,11 @@ class Request:
     @functools.cached_property
     def gradients(self) -> effect.Gradients:
         return effect.gradients(self.analysis, self.position, self.target, self.foil)
+
+    @functools.cached_property
+    def share_flow(self) -> Flow:
+        """Section 6's flow of the request (no vocabulary): ``share_flow`` reads its totals, ``alti_logit`` its direct parts."""
+        return flow(self.analysis, self.position, self.target, self.foil, vocabulary=0)
 
 
 @dataclass(frozen=True)
@@ -166,9 +172,7 @@ def _input_x_gradient(request: Request) -> Attribution:
 
 
 def _share_flow(request: Request) -> Attribution:
-    from .flow import flow  # the full share flow (tables, edges) only when asked; token_totals otherwise
-
-    result = flow(request.analysis, request.position, request.target, request.foil, vocabulary=0)
+    result = request.share_flow
     edges = tuple(
         LayerEdges(layer, w.astype(np.float64), i.astype(np.int64), j.astype(np.int64), float(result.edge_mass[layer]))
         for layer, w, i, j in result.edge_list
@@ -295,6 +299,26 @@ register(
     )
 )
 # -- alti_logit (cwviz.core.method.alti_logit) and attnlrp (cwviz.core.method.attnlrp) are registered here --
+
+
+def _alti_logit(request: Request) -> Attribution:
+    result = alti_logit.alti_logit(request.analysis, request.position, request.target, request.foil, request.share_flow)
+    return Attribution("alti_logit", result.scores, result.frozen_logit_difference)
+
+
+register(
+    Method(
+        "alti_logit",
+        "ALTI-Logit",
+        "each layer's attention write at the position, by source token, read through the logit direction and routed to "
+        "the input tokens by ALTI's rollout of the layers below (Ferrando et al. 2023)",
+        signed=True,
+        answers=frozenset(INTERVENTIONS),
+        compute=_alti_logit,
+        needs_logits=True,
+        available=_decoders_only,
+    )
+)
 
 
 def check_method(name: str) -> Method:
