@@ -13,6 +13,7 @@ import math
 import sys
 
 from ..analyses.check import Check, check
+from ..analyses.schema import FLOW_METHODS
 from ..charts.export import to_csv
 from ..core.method import attribution
 from ..core.method.analysis import analyze
@@ -24,6 +25,8 @@ from .common import check_output_file, load, read_text
 
 def check_args(args: argparse.Namespace) -> None:
     """What can be refused before a model loads."""
+    if args.method not in FLOW_METHODS:
+        raise InputError(f"no attribution method {args.method[:80]!r}: choose one of {', '.join(FLOW_METHODS)}")
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
     if not 0 < args.share <= 1:
