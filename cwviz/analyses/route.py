@@ -18,7 +18,8 @@ l1 < l2 < ... < ln. A self-edge (k = i) stays on its own position's spine: it ro
 2. τ is the largest threshold at which the drawn edges carry at least ``share`` of the cross-token |weight| on paths
    to the prediction (what step 1 draws at τ = 0; for the effect flow of a causal model that is every cross-token
    edge the method kept, as an edge on no path has no effect on the prediction), then raised while more than ``cap``
-   edges would be drawn.
+   edges would be drawn or they would touch more than ``positions`` positions (the top tokens' paths of step 3 may
+   add a few beyond).
 3. The ``connect`` input tokens with the largest |score| (a score of 0 excepted, and p itself: it is the prediction's own spine) are
    connected whatever τ is: for each, its widest path (the path to the prediction whose smallest |weight| is largest)
    is drawn too. Each such path ends at p, so the rule's property holds for the union.
@@ -37,6 +38,10 @@ import pandas as pd
 
 from ..core.util.errors import InputError
 
+#: The most edges a route draws (the threshold rises until no more are drawn): the page's graph and the CLI's table.
+ROUTE_CAP = 300
+#: The most positions a route's edges touch (the threshold rises until no more are): labels a page can still read.
+ROUTE_POSITIONS = 32
 #: The columns of :attr:`Route.edges` (the page's graph CSV and ``cwviz flow``'s ``edges`` table).
 EDGE_COLUMNS = ("layer", "key", "query", "weight", "key_token", "query_token")
 
@@ -101,10 +106,11 @@ def route(
     share: float,
     connect: int = 3,
     cap: int | None = None,
+    positions: int | None = None,
 ) -> Route:
     """The route of ``edges`` (one entry a layer, layers 0 .. L − 1 in order) into ``position`` p, by the module
-    docstring's rule: ``share`` in (0, 1] of the cross-token |weight|, at most ``cap`` edges by threshold (None: no
-    cap), and the ``connect`` tokens with the largest |``scores``| ([T]) joined by their widest paths. ``tokens``: the
+    docstring's rule: ``share`` in (0, 1] of the cross-token |weight|, at most ``cap`` edges touching at most
+    ``positions`` positions by threshold (None: no limit), and the ``connect`` tokens with the largest |``scores``| ([T]) joined by their widest paths. ``tokens``: the
     prompt's token strings [T]. InputError for a share outside (0, 1]."""
     if not (isinstance(share, int | float) and 0 < share <= 1):
         raise InputError(f"the share of the effect the drawn edges carry must lie in (0, 1], not {str(share)[:80]}")
@@ -114,9 +120,11 @@ def route(
     total = _carried(cross, position, size, 0.0)  # the cross-token |weight| on any path to the prediction
     threshold = _threshold(cross, position, size, share * total)
     capped = False
-    if cap is not None and _draw(cross, position, size, threshold)[1] > cap:
-        threshold, capped = _cap_threshold(cross, position, size, cap), True
-    drawn, _count = _draw(cross, position, size, threshold)
+    cap, positions = len(cross) * size * size if cap is None else cap, size if positions is None else positions
+    _, count, touched = _draw(cross, position, size, threshold)
+    if count > cap or touched > positions:
+        threshold, capped = _cap_threshold(cross, position, size, cap, positions), True
+    drawn, _, _ = _draw(cross, position, size, threshold)
     sizes = np.abs(np.asarray(scores, np.float64))
     top = [int(k) for k in np.argsort(-sizes, kind="stable") if k != position and sizes[k] > 0][: max(connect, 0)]
     choice = _widest(cross, position, size)
@@ -165,8 +173,9 @@ def _cross_edges(edges: Sequence[LayerEdgesLike], position: int) -> tuple[list[t
     return cross, self_mass, float(sum(e.mass for e in edges))
 
 
-def _draw(cross, position: int, size: int, threshold: float) -> tuple[list[np.ndarray], int]:
-    """Step 1 of the rule at ``threshold``: each layer's drawn mask [E] and the count drawn."""
+def _draw(cross, position: int, size: int, threshold: float) -> tuple[list[np.ndarray], int, int]:
+    """Step 1 of the rule at ``threshold``: each layer's drawn mask [E], the count drawn and the positions they touch
+    (R_0: every drawn edge's query is in it)."""
     reach = np.zeros(size, bool)  # R_{l+1}: positions with a path into the prediction from above layer l
     reach[position] = True
     drawn = [np.zeros(0, bool)] * len(cross)
@@ -177,11 +186,11 @@ def _draw(cross, position: int, size: int, threshold: float) -> tuple[list[np.nd
         drawn[layer] = keep
         reach[keys[keep]] = True
         count += int(keep.sum())
-    return drawn, count
+    return drawn, count, int(reach.sum())
 
 
 def _carried(cross, position: int, size: int, threshold: float) -> float:
-    drawn, _ = _draw(cross, position, size, threshold)
+    drawn, _, _ = _draw(cross, position, size, threshold)
     return float(sum(np.abs(w[keep]).sum() for (w, _, _), keep in zip(cross, drawn, strict=True)))
 
 
@@ -209,13 +218,14 @@ def _threshold(cross, position: int, size: int, wanted: float) -> float:
     return float(candidates[low])
 
 
-def _cap_threshold(cross, position: int, size: int, cap: int) -> float:
-    """The smallest τ among the |weight|s at which at most ``cap`` edges are drawn."""
+def _cap_threshold(cross, position: int, size: int, cap: int, positions: int) -> float:
+    """The smallest τ among the |weight|s at which at most ``cap`` edges are drawn, touching at most ``positions``."""
     candidates = _candidates(cross)
     low, high = 0, len(candidates) - 1  # the last index whose count is within the cap
     while low < high:
         middle = (low + high + 1) // 2
-        if _draw(cross, position, size, candidates[middle])[1] <= cap:
+        _, count, touched = _draw(cross, position, size, candidates[middle])
+        if count <= cap and touched <= positions:
             low = middle
         else:
             high = middle - 1
@@ -257,3 +267,11 @@ def _path(choice: np.ndarray, cross, position: int, start: int) -> list[tuple[in
             path.append((layer, int(taken)))
             at = int(cross[layer][1][taken])
     return path if at == position else []
+
+
+def of(result, share: float, cap: int | None = ROUTE_CAP, positions: int | None = ROUTE_POSITIONS) -> Route:
+    """The route of an :class:`~cwviz.core.method.attribution.Attribution` (its edges, position, scores and tokens) at
+    ``share``, capped at ``cap`` edges and ``positions`` positions: the one builder of the Flow page's graph and of ``cwviz flow``'s ``edges``
+    table. A method without edges gives an empty route."""
+    asked = result.asked
+    return route(result.edges or (), asked.position, result.scores, asked.token_strings, share, cap=cap, positions=positions)

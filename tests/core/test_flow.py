@@ -414,7 +414,8 @@ def test_a_derived_row_is_refused_saying_what_to_add():
 def test_tables_are_tidy():
     analysis = family_analysis("llama")
     result = flow(analysis, target=11, vocabulary=3)
-    assert list(result.tokens.columns) == ["position", "token", "total", "share"]
+    assert list(result.tokens.columns) == ["position", "token", "total", "rollout_share"]
+    assert (result.tokens["rollout_share"].to_numpy() == result.share).all()  # the rollout's row, not total / Σ total
     heads = result.heads
     assert list(heads.columns) == ["layer", "head", "direct", "routed", "promoted", "suppressed"]
     assert len(heads) == analysis.num_layers * analysis.num_heads and heads["promoted"].str.count(r"\|").eq(2).all()
@@ -548,6 +549,6 @@ def test_embedded_models_satisfy_the_identities(name):
     assert no_hooks(bundle.model)
 
 
-def test_the_top_level_flow_and_the_command_line_s_defaults_are_the_core_s():
-    """``cwviz.flow`` is the core's function; the CLI's --share default (torch-free) is ``Flow.edges``' own."""
-    assert cwviz.flow is flow and FLOW_SHARE == flow_tables.EDGE_SHARE
+def test_the_top_level_flow_is_the_core_s():
+    """``cwviz.flow`` is the core's function; the static plot's pruning share is a share."""
+    assert cwviz.flow is flow and 0 < flow_tables.EDGE_SHARE <= 1 and 0 < FLOW_SHARE <= 1
