@@ -55,7 +55,7 @@ def _graph_and_totals(shown, drawn: route.Route, method: flow_services.MethodCho
     """The route (for a method with edges) beside every token's score, as wide as its labels need."""
     px = widgets.label_px()
     tokens = shown.tokens_table()
-    graph_col, totals_col = st.columns([12, 7], gap="small")
+    graph_col, totals_col = st.columns([11, 8], gap="small")
     with graph_col:
         if method.has_edges:
             tables = charts.route_tables(drawn, shown.asked.token_strings)

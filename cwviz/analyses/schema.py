@@ -69,7 +69,7 @@ ATLAS_SEED = 0
 #: CLI's ``--share``: one route whoever draws it; issue 55), the tokens and heads listed each way, and the tables
 #: ``--csv DIR`` writes, by file name. (The static plot's per-layer pruning, ``Flow.edges``, keeps its own default,
 #: :data:`cwviz.core.method.flow_tables.EDGE_SHARE`.)
-FLOW_SHARE = 0.25
+FLOW_SHARE = 0.2
 FLOW_TOP = 5
 FLOW_TABLES = ("tokens", "heads", "edges", "nodes", "parts", "vocabulary")
 #: The attribution methods of :data:`cwviz.core.method.attribution.METHODS`, by name, in report order (the parsers

@@ -129,7 +129,7 @@ def flow_chart(
 
 # -- the Flow page (docs/dashboard.md): the route into the prediction beside the tokens' totals -------------------
 #: The page's graph: plot width and height (px).
-PAGE_WIDTH, PAGE_HEIGHT = 430, 250
+PAGE_WIDTH, PAGE_HEIGHT = 400, 250
 #: An edge's width (px) from the smallest |weight| drawn to the largest: a small negative edge still reads as blue.
 EDGE_WIDTHS = (1.2, 6.0)
 #: The spine: the residual carrying a position up the layers (faint: it is not an edge of the route).
@@ -137,7 +137,7 @@ SPINE_COLOUR = "#c8c9cf"
 #: Rows of the totals' bars: every input token up to this many, else the ones with the largest |total|; (px) a row.
 TOTAL_ROWS, TOTAL_ROW_PX = 20, 15
 #: The totals' bars: plot width (px; with their labels the chart is over 300 px wide).
-TOTALS_WIDTH = 190
+TOTALS_WIDTH = 230
 #: The click selection of a node of the graph; the page passes it to Streamlit as ``selection_mode``.
 NODE_PICK = "node_pick"
 
