@@ -203,9 +203,10 @@ def default_target(request: services.Request, position: int) -> str:
     return ""
 
 
-def read_test(path: Path = TEST_RESULTS) -> pd.DataFrame:
-    """The test's results (:data:`TEST_COLUMNS`, one row per model, intervention, method and statistic); empty where
-    the file is not there yet."""
+def read_test(path: Path | None = None) -> pd.DataFrame:
+    """The test's results (:data:`TEST_COLUMNS`, one row per model, intervention, method and statistic) from ``path``
+    (default :data:`TEST_RESULTS`); empty where the file is not there yet."""
+    path = TEST_RESULTS if path is None else path
     if not path.is_file():
         return pd.DataFrame(columns=list(TEST_COLUMNS))
     table = pd.read_csv(path)
