@@ -78,7 +78,9 @@ def _graph_and_totals(shown, drawn: route.Route, method: flow_services.MethodCho
         rows = charts.total_rows(tokens, "score", charts.total_row_count(px), keep=drawn.connected)
         some = "every token" if len(rows) == len(tokens) else f"the {len(rows)} largest of {len(tokens)},"
         widgets.chart(  # the subtitle on two lines: one would be cut at the bars' width in presenter mode
-            charts.totals_bars(rows, "Each token's score", [some, f"{method.label}, in text order"], "score", label_px=px),
+            charts.totals_bars(
+                rows, "Each token's score", [some, f"{method.label}, in text order"], "score", label_px=px, width=charts.totals_width(px)
+            ),
             tokens,
             f"cwviz-flow-scores-{result.position}",
             key="flow_totals",

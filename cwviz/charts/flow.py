@@ -129,15 +129,15 @@ def flow_chart(
 
 # -- the Flow page (docs/dashboard.md): the route into the prediction beside the tokens' totals -------------------
 #: The page's graph: plot width and height (px).
-PAGE_WIDTH, PAGE_HEIGHT = 400, 250
+PAGE_WIDTH, PAGE_HEIGHT = 400, 225
 #: An edge's width (px) from the smallest |weight| drawn to the largest: a small negative edge still reads as blue.
-EDGE_WIDTHS = (1.2, 6.0)
+EDGE_WIDTHS = (1.5, 6.0)
 #: The spine: the residual carrying a position up the layers (faint: it is not an edge of the route).
 SPINE_COLOUR = "#c8c9cf"
 #: Rows of the totals' bars: every input token up to this many, else the ones with the largest |total|; (px) a row.
-TOTAL_ROWS, TOTAL_ROW_PX = 20, 15
+TOTAL_ROWS, TOTAL_ROW_PX = 16, 15
 #: The totals' bars: plot width (px; with their labels the chart is over 300 px wide).
-TOTALS_WIDTH = 230
+TOTALS_WIDTH = 250
 #: The click selection of a node of the graph; the page passes it to Streamlit as ``selection_mode``.
 NODE_PICK = "node_pick"
 
@@ -302,6 +302,12 @@ def page_sizes(label_px: int) -> dict[str, int]:
     """The graph's plot size on the page: at 12 px labels, or smaller with presenter mode's 16 px labels, so that the
     graph and the totals stand whole on a 1280 x 720 screen beside the sidebar."""
     return {"width": PAGE_WIDTH, "height": PAGE_HEIGHT} if label_px <= 12 else {"width": PAGE_WIDTH - 40, "height": PAGE_HEIGHT - 50}
+
+
+def totals_width(label_px: int) -> int:
+    """The totals' bars' plot width (px): with their labels over 300 px, and within their column at 1280 px beside the
+    sidebar (presenter mode's 16 px labels take more of it)."""
+    return TOTALS_WIDTH if label_px <= 12 else TOTALS_WIDTH - 40
 
 
 def total_row_count(label_px: int) -> int:
