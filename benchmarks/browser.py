@@ -26,6 +26,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode
 
+from cwviz.analyses.schema import FLOW_SHARE
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 CHART = '[data-testid="stVegaLiteChart"]'
@@ -191,7 +193,7 @@ def _flow_page(page, url: str, prompt: str, repeats: int) -> dict[str, float]:
     page.get_by_text("Where the prediction came from").wait_for(timeout=900_000)
     # The first screen (the graph and the totals, the page's first two charts) is drawn before the heads' map below it.
     page.wait_for_function(
-        "(sel) => [...document.querySelectorAll(sel)].filter(e => /Signed flow|Each token's/.test(e.textContent)).length >= 2",
+        "(sel) => [...document.querySelectorAll(sel)].filter(e => /The route|Each token's/.test(e.textContent)).length >= 2",
         arg=DRAWN,
         timeout=900_000,
         polling=50,
@@ -216,7 +218,7 @@ def _flow_page(page, url: str, prompt: str, repeats: int) -> dict[str, float]:
         _settle(page)
         share.focus()
         # A share past the cap draws the same 300 edges: the wait ends when the caption states the new share.
-        kept = "kept at 75%" if i % 2 == 0 else "kept at 80%"
+        kept = f"asked: {FLOW_SHARE - 0.05:.0%}" if i % 2 == 0 else f"asked: {FLOW_SHARE:.0%}"
         waits["share"].append(_timed_text(page, lambda: page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight"), kept))
         _settle(page)
     result = {name: statistics.median(times) for name, times in waits.items()}
