@@ -134,3 +134,15 @@ def test_the_table_names_its_tokens_and_a_bad_share_is_refused():
     for share in (0, 1.5, "0.5"):
         with pytest.raises(InputError, match="must lie in"):
             route(_layers([], 1), 4, np.zeros(5), TOKENS, share=share)
+
+
+def test_the_positions_limit_raises_the_threshold_until_the_route_touches_few_enough_positions():
+    # p = 9; ten tokens each send an edge into p, the larger the closer to p: a limit of 4 positions keeps the 3 largest.
+    rows = [(0, k, 9, float(k + 1)) for k in range(9)]
+    drawn = route(_layers(rows, 1), 9, np.zeros(10), tuple("abcdefghij"), share=1.0, connect=0, positions=4)
+    assert drawn.capped and drawn.positions == [6, 7, 8, 9] and len(drawn.edges) == 3
+
+
+def test_a_method_without_edges_has_an_empty_route():
+    drawn = route((), 4, np.array([1.0, 0, 0, 0, 0]), TOKENS, share=0.5)
+    assert drawn.edges.empty and drawn.connected == () and drawn.carried == 0.0 and drawn.positions == [4]
