@@ -252,7 +252,7 @@ if picked_method.why_not is not None:
     picked_method = next(m for m in offered if m.why_not is None)
 asked = (sel.request, result.position, result.target, result.foil)
 shown = flow_services.get_attribution(*asked, picked_method.name)
-drawn = route.of(shown, share)
+drawn = flow_services.get_route(*asked, picked_method.name, share)
 _faithfulness(picked_method, sel)
 _graph_and_totals(shown, drawn, picked_method, result, sel)
 _caption(shown, drawn, picked_method, result, sel, default_target)

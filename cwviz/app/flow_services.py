@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from ..analyses import check
+from ..analyses import check, route
 from ..analyses.predictions import next_tokens
 from ..analyses.schema import FLOW_METHODS
 from ..core.method import attribution
@@ -185,6 +185,14 @@ def get_attribution(request: services.Request, position: int, target: int | None
     """``method``'s attribution of the flow on screen (:func:`cwviz.core.method.attribution.run`). InputError where the
     method does not run on the model."""
     return attribution.run(attribution.check_method(method), get_request(request, position, target, foil))
+
+
+@st.cache_resource(show_spinner=False, max_entries=2 * ATTRIBUTION_ENTRIES, ttl=3600)
+def get_route(request: services.Request, position: int, target: int | None, foil: int | None, method: str, share: float) -> route.Route:
+    """The route of :func:`get_attribution` at ``share`` (:func:`cwviz.analyses.route.of`, the builder ``cwviz flow``
+    exports with), kept: a click on a node or a head reruns the page and draws it again without routing (about 0.1 s at
+    280 tokens)."""
+    return route.of(get_attribution(request, position, target, foil, method), share)
 
 
 def default_target(request: services.Request, position: int) -> str:
