@@ -55,6 +55,10 @@ def test_the_page_draws_the_route_the_scores_and_the_heads_of_the_default_method
     said = _caption(page)
     assert f"Drawn: {len(drawn_route.edges)} edges on paths into the prediction" in said
     assert f"carrying {drawn_route.carried:.0%} of the" in said and f"asked: {FLOW_SHARE:.0%}" in said
+    # the three input tokens with the largest |score| are joined to the prediction by drawn paths
+    top3 = [int(k) for k in np.argsort(-np.abs(shown.scores), kind="stable") if k != 29][:3]
+    assert list(drawn_route.connected) == top3 and set(top3) <= drawn_route.reached()
+    assert all(repr(shown.asked.token_strings[k]) in said.replace("\\", "") for k in top3)
     assert "Layer 14, head" in " ".join(m.value for m in page.markdown), "the vocabulary of the layer's largest head"
     promoted, suppressed = (frame.value for frame in page.dataframe)  # the head's vocabulary: what its write pushes up and down
     assert len(promoted) == len(suppressed) == 5 and (promoted["logit"] > suppressed["logit"].max()).all()
@@ -260,3 +264,26 @@ def test_a_new_prompt_is_explained_after_its_own_last_token():
     assert_clean(at)
     last = widget(at, "selectbox", "Query token").value
     assert last > 29 and f"after {last} " in _caption(at)
+
+
+def test_a_check_interrupted_by_stop_keeps_the_passes_it_finished():
+    """The page's Stop reruns the script, which Streamlit interrupts at its next call (the progress bar): the passes
+    finished before it are kept, and the check then reads them as a stopped one."""
+    text = "The lamp was lit, and the keeper wrote one line in the logbook again. " * 3  # over 32 tokens: two passes
+    request = Request(text=text)
+    position = services.get_analysis(request).analysis.num_tokens - 1
+    target, foil = _ids(text, position)
+
+    class Interrupted(Exception):
+        pass
+
+    def progress(done: int, total: int) -> None:
+        assert total == 2
+        raise Interrupted  # as Streamlit's rerun interrupts the script at the progress bar
+
+    with pytest.raises(Interrupted):
+        flow_services.measure(request, position, target, foil, "relay", progress=progress)
+    kept = flow_services.measured(request, position, target, foil, "relay")
+    assert not kept.complete and np.isfinite(kept.effects[:32]).all() and np.isnan(kept.effects[32:]).all()
+    checked = flow_services.checked(request, position, target, foil, "effect", "relay", kept.effects)
+    assert not checked.complete and "stopped" in checked.sentence()
