@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 
 import cwviz
-
 from cwviz.analyses import route
 from cwviz.analyses.schema import FLOW_SHARE
 from cwviz.cli import main
