@@ -699,6 +699,7 @@ def main(argv=None) -> int:
         from benchmarks import browser
 
         sections.append(("The Flow page in the browser (Chromium)", browser.bench_flow(repeats=args.repeats)))
+        sections.append(("The Flow page's clicks at 30 tokens (Chromium)", browser.bench_flow_clicks(repeats=args.repeats)))
     if "lambda" in only:
         from benchmarks import lambda_pass
 

@@ -12,6 +12,7 @@ import json
 import math
 import sys
 
+from ..analyses import route
 from ..analyses.check import Check, check
 from ..analyses.schema import FLOW_METHODS
 from ..charts.export import to_csv
@@ -40,19 +41,21 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError(f"no folder {args.csv_dir.parent} for --csv; create it first")
 
 
-def tables(result: attribution.Attribution, share: float, checked: Check | None = None) -> dict:
+def tables(result: attribution.Attribution, drawn: route.Route, checked: Check | None = None) -> dict:
     """The method's tables by name: ``tokens`` (position, token, score; with ``--check`` the measured ``effect``),
-    ``heads``, ``edges`` (at ``share``), then the method's own (the share flow's ``nodes`` and ``parts``)."""
+    ``heads``, ``edges`` (the route ``drawn``: the edges the Flow page draws at the same share), then the method's own
+    (the share flow's ``nodes`` and ``parts``)."""
     tokens = result.tokens_table()
     if checked is not None:
         effect = [math.nan] * len(tokens)
         effect[: len(checked.effects)] = [float(v) for v in checked.effects]
         tokens["effect"] = effect  # the last position (the one predicted from) is never taken away
-    return {"tokens": tokens, "heads": result.heads_table(), "edges": attribution.edges_table(result, share), **dict(result.extra)}
+    return {"tokens": tokens, "heads": result.heads_table(), "edges": drawn.edges, **dict(result.extra)}
 
 
-def summary(result: attribution.Attribution, share: float, checked: Check | None) -> dict:
-    """What was asked, the method and its quantity, and the check's statistics (None without ``--check``)."""
+def summary(result: attribution.Attribution, drawn: route.Route, checked: Check | None) -> dict:
+    """What was asked, the method and its quantity, the route's rule at its share (docs/flow.md, "The route"), and the
+    check's statistics (None without ``--check``)."""
     asked = result.asked
     method = attribution.METHODS[result.method]
     return {
@@ -65,7 +68,13 @@ def summary(result: attribution.Attribution, share: float, checked: Check | None
         "foil": asked.foil,
         "foil_token": asked.foil_token,
         "quantity": result.quantity,
-        "edge_share": share,
+        "edge_share": drawn.asked,
+        "route": {
+            "threshold": drawn.threshold,
+            "carried": drawn.carried,
+            "capped": drawn.capped,
+            "connected": list(drawn.connected),
+        },
         "check": None
         if checked is None
         else {
@@ -143,11 +152,12 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         with cli_bar("knockouts", unit="pass", enabled=sys.stderr.isatty()) as progress:
             checked = check(asked, method.name, progress=progress)
-    made = tables(result, args.share, checked)
+    drawn = route.of(result, args.share)
+    made = tables(result, drawn, checked)
     written = []
     if args.json_path:
         payload = {
-            "summary": summary(result, args.share, checked),
+            "summary": summary(result, drawn, checked),
             **{name: json.loads(t.to_json(orient="records")) for name, t in made.items()},
         }
         written.append(write_text_atomic(args.json_path, json.dumps(_strict(payload), allow_nan=False)))

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from cwviz.analyses.schema import FLOW_METHODS
+import cwviz
+from cwviz.analyses import route
+from cwviz.analyses.schema import FLOW_METHODS, FLOW_SHARE
 from cwviz.cli import main
+from cwviz.core.method import attribution
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Paris is the capital of"
 
@@ -18,23 +22,30 @@ def _embedded_loaded(embedded):
     """Load the embedded model once per session (the CLI then loads from the user cache)."""
 
 
-def test_flow_prints_tokens_and_heads_and_writes_json_and_csv(capsys, tmp_path):
+def test_flow_prints_tokens_and_heads_and_writes_json_and_csv_with_the_pages_route(capsys, tmp_path, embedded):
+    """The tables: tokens (position, token, score), heads, and edges that are the route the Flow page draws at the
+    same share (``route.of``: one builder), in both the JSON and the CSV."""
     out_json, out_csv = tmp_path / "flow.json", tmp_path / "tables"
-    argv = ["flow", "--text", PROMPT, "--target", " France", "--foil", " Germany", "--method", "share_flow"]
+    argv = ["flow", "--text", PROMPT, "--method", "effect", "--target", " France", "--foil", " Germany"]
     assert main([*argv, "--json", str(out_json), "--csv", str(out_csv)]) == 0
     out = capsys.readouterr().out
     assert "toward logit(' France') - logit(' Germany')" in out
     assert "input tokens supporting" in out and "heads supporting (part)" in out
     payload = json.loads(out_json.read_text())
     summary = payload["summary"]
-    assert summary["target_token"] == " France" and summary["foil_token"] == " Germany" and summary["method"] == "share_flow"
-    assert abs(sum(row["value"] for row in payload["parts"]) - summary["quantity"]) < 1e-3
-    for name in ("tokens", "heads", "edges", "nodes", "parts"):
-        assert (out_csv / f"{name}.csv").is_file()
+    assert summary["target_token"] == " France" and summary["foil_token"] == " Germany" and summary["edge_share"] == FLOW_SHARE
     tokens = pd.read_csv(out_csv / "tokens.csv")
     assert list(tokens.columns) == ["position", "token", "score"]
-    edges = pd.read_csv(out_csv / "edges.csv")
-    assert list(edges.columns) == ["layer", "key", "query", "weight"] and len(edges) > 0
+    analysis = cwviz.analyze(embedded, PROMPT)
+    shown = attribution.attribute(analysis, "effect", target=" France", foil=" Germany")
+    expected = route.of(shown, FLOW_SHARE)
+    edges = pd.read_csv(out_csv / "edges.csv", keep_default_na=False)
+    assert list(edges.columns) == list(route.EDGE_COLUMNS) and len(edges) == len(expected.edges) > 0
+    assert edges[["layer", "key", "query"]].values.tolist() == expected.edges[["layer", "key", "query"]].values.tolist()
+    assert np.allclose(edges["weight"], expected.edges["weight"], rtol=1e-5, atol=1e-7)
+    assert [row["key"] for row in payload["edges"]] == edges["key"].tolist()
+    assert summary["route"]["connected"] == list(expected.connected) and summary["route"]["carried"] >= FLOW_SHARE - 1e-9
+    np.testing.assert_allclose(tokens["score"], shown.scores, rtol=1e-5, atol=1e-6)
 
 
 def test_every_method_answers_and_the_check_measures_every_input_token(capsys, tmp_path):
