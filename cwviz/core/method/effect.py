@@ -165,12 +165,6 @@ def head_parts(analysis, grads: Gradients) -> np.ndarray:
     return out
 
 
-def check_target(analysis, target: int | None, foil: int | None) -> None:
-    """InputError where the quantity needs a target the model cannot have (an encoder asked for one)."""
-    if not analysis.bundle.has_logits and (target is not None or foil is not None):
-        raise InputError("an encoder has no next-token logits: ask for its flow into a position's representation (no target or foil)")
-
-
 def top_token(analysis, position: int, foil: int | None = None) -> int:
     """The model's top next token at ``position`` (one forward pass without grad): the default target. InputError
     when it is the ``foil``."""
