@@ -341,7 +341,11 @@ def _add_flow(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--position", type=int, help="the position predicted from (default: the last; an encoder's 0, [CLS])")
     parser.add_argument("--top", type=int, default=FLOW_TOP, help=f"tokens and heads listed each way (default {FLOW_TOP})")
     parser.add_argument(
-        "--share", type=float, default=FLOW_SHARE, help=f"share of each layer's |mass| the graph's edges keep (default {FLOW_SHARE:g})"
+        "--share",
+        type=float,
+        default=FLOW_SHARE,
+        help="share of the cross-token |effect| on paths into the prediction that the route's edges carry, as the Flow "
+        f"page's 'Effect drawn' (docs/flow.md, 'The route'; default {FLOW_SHARE:g})",
     )
     parser.add_argument("--json", dest="json_path", type=Path, help="write the summary and every table as one JSON file")
     parser.add_argument(
