@@ -31,7 +31,7 @@ from .heatmaps import (
     thinned_label_expr,
     wrap,
 )
-from .palette import NEGATIVE, POSITIVE
+from .palette import NEGATIVE, OUTLINE, POSITIVE, RULE
 
 #: Most aligned keys for which A, B and B − A stand in one row when the page is asked to put maps side by side
 #: (``layout="side"``): 3 x (16 x 13 px + ~150 px of labels) fit the dashboard's main area in a 1600 px window;
@@ -209,10 +209,10 @@ def logprob_change_chart(changes: pd.DataFrame, query: int | None = None) -> alt
             ],
         )
     )
-    drawn = [bars, alt.Chart(pd.DataFrame({"y": [0.0]})).mark_rule(color="grey").encode(y="y:Q")]
+    drawn = [bars, alt.Chart(pd.DataFrame({"y": [0.0]})).mark_rule(color=RULE).encode(y="y:Q")]
     if query is not None and query in set(frame["pair"]):
         picked = frame[frame["pair"] == query]
-        drawn.append(alt.Chart(picked).mark_bar(fill=None, stroke="black", strokeWidth=2).encode(x=x, y="change:Q"))
+        drawn.append(alt.Chart(picked).mark_bar(fill=None, stroke=OUTLINE, strokeWidth=2).encode(x=x, y="change:Q"))
     return alt.layer(*drawn).properties(
         width=width,
         height=260,

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..analyses.schema import FAMILIES, HeatmapCells, is_signed
-from .palette import ATTENTION_SCHEME, DIVERGING, OTHER_SCHEME
+from .palette import ATTENTION_SCHEME, DIVERGING, INK, OTHER_SCHEME, OUTLINE, RING
 
 #: Diverging scale for signed measures (:mod:`cwviz.charts.palette`): red positive, blue negative, white at zero.
 #: Attention's sequential scale: green, neither red nor blue.
@@ -37,17 +37,25 @@ PAIR_FITS = 906
 VIEW_EXTRA = 115
 #: Axis and legend label size (px) of every chart, and in presenter mode: legible from the back of a room.
 LABEL_PX, PRESENTER_LABEL_PX = 12, 16
-#: A text label's line box, in units of its font size: labels of neighbouring rows closer than this would
-#: overlap, so only every n-th row is labelled (:func:`label_stride`).
-LINE_BOX = 1.15
+#: A text label's glyph box, in units of its font size (ascender to descender: a little more than the font's size,
+#: less than its 1.15 line box): labels of neighbouring rows closer than this would overlap, so only every n-th row is
+#: labelled (:func:`label_stride`). Presenter mode's 16 px labels fit its rows of :data:`PRESENTER_ROW` px.
+LINE_BOX = 1.05
 #: The same across a rotated key label (its glyph box, in units of its font size).
 ROTATED_BOX = 1.3
 #: The attention map's legend: what its green means (it is never a sign).
 ATTENTION_LEGEND = ["green:", "attention", "(darker:", "more)"]
 #: In presenter mode every token is labelled up to this many positions, each row and column
-#: :data:`PRESENTER_ROW` px: a cell of at least 16 px and a 16 px label per row, legible from the back row.
+#: :data:`PRESENTER_ROW` px: a cell of at least 16 px and a 16 px label per row, legible from the back row, 30 rows
+#: (the default prompt) 510 px, so that a map with its title, legend and key labels stands whole on a 720 px screen.
 PRESENTER_ALL_LABELS = 40
-PRESENTER_ROW = math.ceil(16 * 1.15)
+PRESENTER_ROW = 17
+#: Width (px) of the content column in presenter mode at 1,280 px: the sidebar collapsed and the page's side margins
+#: trimmed to 1.5 rem (cwviz.app.sidebar.PRESENTER_CSS).
+PRESENTER_CONTENT_WIDTH = 1280 - 2 * 24
+#: Longest row label (px) in presenter mode: a token of up to about 25 characters whole, none cut with "…" (a longer
+#: one is, and its tooltip has it whole).
+PRESENTER_LABEL_LIMIT = 240
 #: Height (px) of each map's plot area on the dashboard: the pair, with its titles, rotated key labels and legends,
 #: fits a 1280 x 720 window with the sidebar open (the first screen).
 SCREEN_SIDE = 240
@@ -145,10 +153,11 @@ def contribution_scale(values: pd.Series, sink: pd.Series | None = None, colour_
     return scale, title
 
 
-def sequential_scale(values: pd.Series) -> alt.Scale:
+def sequential_scale(values: pd.Series, scheme: str = SEQUENTIAL) -> alt.Scale:
+    """A sequential colour scale from 0 to the largest of ``values``: attention's green, or ``scheme``."""
     top = float(values.max()) if len(values) else 1.0
     top = top if math.isfinite(top) and top > 0 else 1.0
-    return alt.Scale(scheme=SEQUENTIAL, domain=[0, top])
+    return alt.Scale(scheme=scheme, domain=[0, top])
 
 
 def summary_scale(values: pd.Series, metric: str, signed: bool) -> alt.Scale:
@@ -161,9 +170,9 @@ def summary_scale(values: pd.Series, metric: str, signed: bool) -> alt.Scale:
 
 
 def presenter_height(rows: int) -> int:
-    """Plot height (px) of a map of ``rows`` query rows in presenter mode, where the two maps are stacked, each as wide
-    as the page: :data:`PRESENTER_ROW` px a row up to :data:`PRESENTER_ALL_LABELS` rows (every token labelled), never
-    less than :data:`PRESENTER_SIDE`; a longer map is as tall as 40 rows and labels every n-th row."""
+    """Plot height (px) of a map of ``rows`` query rows in presenter mode: :data:`PRESENTER_ROW` px a row up to
+    :data:`PRESENTER_ALL_LABELS` rows (every token labelled), never less than :data:`PRESENTER_SIDE`; a longer map is as
+    tall as 40 rows and labels every n-th row."""
     return max(PRESENTER_SIDE, PRESENTER_ROW * min(rows, PRESENTER_ALL_LABELS))
 
 
@@ -216,13 +225,9 @@ def query_outline(row: int) -> alt.Chart:
         alt.Chart()
         .transform_filter(alt.datum.query == row)
         .transform_aggregate(cells="count()", groupby=["query"])
-        .mark_rect(fill=None, stroke="black", strokeWidth=2)
+        .mark_rect(fill=None, stroke=OUTLINE, strokeWidth=2)
         .encode(y="query:O")
     )
-
-
-#: The ring's colour around a marked cell: near-black, apart from the query row's black outline.
-RING = "#111111"
 
 
 def cell_ring(query: int, key: int) -> alt.Chart:
@@ -268,6 +273,7 @@ def heatmap_view(
     pick: bool = True,
     generated_from: int | None = None,
     key: int | None = None,
+    row_labels: bool = True,
 ) -> alt.LayerChart:
     """One map of a heatmap pair: ``which="attention"`` (sequential scale) or ``"measure"`` (the picked measure;
     :func:`contribution_scale` when it can be negative).
@@ -279,6 +285,11 @@ def heatmap_view(
     its query (:data:`QUERY_PICK`; ``pick=False`` leaves the parameter to a chart that holds this one). Positions
     from ``generated_from`` on were generated by the model, and their labels say so (``"31 the (gen)"``). ``key``: a
     key whose cell in the query's row is ringed (:func:`cell_ring`), the cell a page's sentence names.
+
+    With presenter mode's 16 px labels (``label_px``) the rows keep their tokens, up to :data:`PRESENTER_LABEL_LIMIT`
+    px, and the key axis is labelled by position only (the row of the same position names its token): a rotated
+    token would be cut, or take a fifth of a projector's height. ``row_labels=False`` leaves the rows unlabelled, for
+    the right map of a pair side by side, whose rows are the left map's.
     """
     if which not in ("attention", "measure"):
         raise ValueError(f"which must be 'attention' or 'measure', not {which!r}")
@@ -295,32 +306,43 @@ def heatmap_view(
         x_stride = max(1, math.ceil(x_box * len(keys) / max(width, 1)))
     y_stride = label_stride(len(queries), height, label_px)
     what = "bin" if cells.binned else "position token"
-    axis = dict(labelLimit=LABEL_LIMIT, labelOverlap=False, labelFontSize=label_px, titleFontSize=label_px, labelColor="#31333f")
+    presenting = label_px >= PRESENTER_LABEL_PX
+    limit = PRESENTER_LABEL_LIMIT if presenting else LABEL_LIMIT
+    axis = dict(labelLimit=limit, labelOverlap=False, labelFontSize=label_px, titleFontSize=label_px, labelColor=INK)
     labels = list(cells.labels)
     if generated_from is not None and not cells.binned:
         labels = [label + GENERATED if i >= generated_from else label for i, label in enumerate(labels)]
-    x_axis = alt.Axis(labelAngle=-90, labelExpr=thinned_label_expr(labels, keys, row, x_stride), **axis)
-    y_axis = alt.Axis(labelExpr=thinned_label_expr(labels, queries, row, y_stride), **axis)
+    key_labels = [str(i) for i in range(len(labels))] if presenting and not cells.binned else labels
+    x_axis = alt.Axis(labelAngle=-90, labelExpr=thinned_label_expr(key_labels, keys, row, x_stride), **axis)
+    if row_labels:
+        y_axis = alt.Axis(labelExpr=thinned_label_expr(labels, queries, row, y_stride), **axis)
+    else:
+        y_axis = alt.Axis(labels=False, ticks=False, title=None, **axis)
     # The legend stands right of the map, as tall as it: below it, it would push the pair past a 720 px screen.
     legend = dict(orient="right", direction="vertical", gradientLength=height, labelFontSize=label_px, titleFontSize=label_px)
-    if label_px >= PRESENTER_LABEL_PX:  # presenter mode: the maps are stacked, and the legend above gives the cells its width
-        legend = dict(legend, orient="top", direction="horizontal", gradientLength=min(height, 300), titleOrient="left")
+    if presenting:  # presenter mode: the legend above the map, its title one line, gives the cells the column's width
+        legend = dict(legend, orient="top", direction="horizontal", gradientLength=min(height, 160), titleOrient="left", titleLimit=400)
     if which == "attention":
-        colour = alt.Color("attention:Q", scale=sequential_scale(frame["attention"]), legend=alt.Legend(title=ATTENTION_LEGEND, **legend))
+        title_lines = " ".join(ATTENTION_LEGEND) if presenting else ATTENTION_LEGEND
+        colour = alt.Color("attention:Q", scale=sequential_scale(frame["attention"]), legend=alt.Legend(title=title_lines, **legend))
         title = "Attention weights"
     elif is_signed(cells.measure):
         scale, rule = contribution_scale(frame["value"], frame["key"] == SINK_KEY, colour_range)
+        rule = f"{' '.join(rule[:3])}: {rule[3]}, {rule[4]}" if presenting else rule
         colour = alt.Color("value:Q", scale=scale, legend=alt.Legend(title=rule, **legend))
         title = value_title[:1].upper() + value_title[1:]
-    else:
-        colour = alt.Color("value:Q", scale=sequential_scale(frame["value"]), legend=alt.Legend(title=None, **legend))
+    else:  # raw attention in attention's green; value-weighted attention (a magnitude, not attention) in the other hue
+        scheme = ATTENTION_SCHEME if cells.measure == "raw" else OTHER_SCHEME
+        colour = alt.Color("value:Q", scale=sequential_scale(frame["value"], scheme), legend=alt.Legend(title=None, **legend))
         title = value_title[:1].upper() + value_title[1:]
+    if presenting and row_labels:  # the rows' axis has no title here: the map's title names them
+        title += " (rows: queries)"
     rects = (
         alt.Chart(frame)
         .mark_rect()
         .encode(
-            x=alt.X("key:O", title=f"key ({what})", axis=x_axis),
-            y=alt.Y("query:O", title=f"query ({what})", axis=y_axis),
+            x=alt.X("key:O", title=f"key ({'position' if presenting and not cells.binned else what})", axis=x_axis),
+            y=alt.Y("query:O", title=None if presenting or not row_labels else f"query ({what})", axis=y_axis),
             color=colour,
             tooltip=tooltips,
         )
@@ -396,7 +418,7 @@ def head_pick() -> alt.Parameter:
 
 def outline(cells: pd.DataFrame) -> alt.Chart:
     """A black outline on the (layer, head) cells of ``cells``, to layer over a layer x head grid."""
-    return alt.Chart(cells).mark_rect(fill=None, stroke="black", strokeWidth=2).encode(x="head:O", y="layer:O")
+    return alt.Chart(cells).mark_rect(fill=None, stroke=OUTLINE, strokeWidth=2).encode(x="head:O", y="layer:O")
 
 
 def outlined_grid(grid: alt.Chart, layer: int | None, head: int | None, layers: int, heads: int, cell: int, title: str) -> alt.LayerChart:
@@ -454,7 +476,7 @@ def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int 
             alt.Chart(summary)
             .transform_filter(alt.datum.layer == layer)
             .transform_aggregate(heads="count()", groupby=["layer"])
-            .mark_rect(fill=None, stroke="black", strokeWidth=2)
+            .mark_rect(fill=None, stroke=OUTLINE, strokeWidth=2)
             .encode(y="layer:O")
         )
     return alt.layer(*layers_out).properties(
