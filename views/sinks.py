@@ -189,13 +189,9 @@ def intervention_section() -> None:
     a, b, c = st.columns(3)
     if causal:
         a.metric("PPL clean", f"{result.perplexity_clean:.3f}")
-        # A change that rounds to zero gets a grey delta, not a red arrow.
-        b.metric(
-            "PPL intervened",
-            f"{result.perplexity:.3f}",
-            delta=f"{result.delta_ppl:+.3f}",
-            delta_color="inverse" if round(result.delta_ppl, 3) else "off",
-        )
+        # The change in grey: Streamlit's red and green arrows would give red a meaning besides a sign and green one besides
+        # attention (cwviz.charts.palette); the number says which way it went.
+        b.metric("PPL intervened", f"{result.perplexity:.3f}", delta=f"{result.delta_ppl:+.3f}", delta_color="off")
     else:
         a.metric("PPL", "n/a", help="Perplexity measures next-token prediction: it needs a causal language model, not an encoder.")
     c.metric(
@@ -208,23 +204,37 @@ def intervention_section() -> None:
     else:
         widgets.chart(charts.intervention_chart(result.table), result.table, "cwviz-sink-intervention", key="sinks_intervention")
 
-    if causal and url_widget(
+    if not causal:
+        return
+    done = services.layerwise_done(sel.request, tables.sink, float(factor))
+    if not url_widget(
         st.toggle,
         "layerwise",
         "ΔPPL with the sink's value scaled by λ in one layer at a time",
         False,
         parse=parse_bool,
-        help="One forward pass per layer (batched): slow on a CPU.",
+        help="One forward pass per layer (batched, a few layers a pass): slow on a CPU; Stop keeps the finished layers.",
     ):
-        per_layer = services.layerwise(sel.request, tables.sink, float(factor))
-        st.dataframe(
-            per_layer,
-            hide_index=True,
-            column_config={
-                "perplexity": st.column_config.NumberColumn(format="%.3f"),
-                "delta_ppl": st.column_config.NumberColumn("ΔPPL", format="%+.3f"),
-            },
-        )
+        if 0 < len(done) < sel.analysis.num_layers:
+            st.caption(f"Stopped after {len(done)} of {sel.analysis.num_layers} layers: turn the toggle on to resume.")
+        return
+    stop = st.empty()  # a click reruns the fragment, which interrupts the passes between two: the finished layers are kept
+    stop.button(
+        "Stop",
+        key="sinks_layerwise_stop",
+        on_click=lambda: st.session_state.update(layerwise=False),
+        help="Stops the passes; the finished layers are kept, and turning the toggle on again resumes.",
+    )
+    per_layer = services.layerwise(sel.request, tables.sink, float(factor))
+    stop.empty()
+    st.dataframe(
+        per_layer,
+        hide_index=True,
+        column_config={
+            "perplexity": st.column_config.NumberColumn(format="%.3f"),
+            "delta_ppl": st.column_config.NumberColumn("ΔPPL", format="%+.3f"),
+        },
+    )
 
 
 intervention_section()

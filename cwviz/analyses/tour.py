@@ -513,7 +513,7 @@ def step3(plan: TourPlan, label: Label) -> Step:
                 f" Both pictures are true: the first token makes {head_share.text} of this head's output, {part} (its red "
                 f"column), but {why}, so through this head it adds only {layer_share.text} of the layer's output for this "
                 f"query. Step 2's {overall.text} is its share of layer {layer}'s output over all heads and queries; the "
-                "bars beside show the lengths."
+                "bars below show the lengths."
             )
     return Step(3, text, tuple(states), tuple(cites))
 

@@ -107,7 +107,7 @@ COMPACT_CSS = (
 PRESENTER_CSS = (
     '[data-testid="stMain"] [data-testid="stWidgetLabel"] p, [data-testid="stMain"] [data-testid="stCaptionContainer"], '
     '[data-testid="stMain"] [data-testid="stCaptionContainer"] p {font-size: 1rem;} '
-    '[data-testid="stMainBlockContainer"] {padding-left: 1.5rem; padding-right: 1.5rem; padding-top: 1.5rem;}'
+    '[data-testid="stMainBlockContainer"] {padding-left: 1.5rem; padding-right: 1.5rem; padding-top: 3.25rem;}'
 )
 
 
