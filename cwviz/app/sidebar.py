@@ -101,13 +101,17 @@ COMPACT_CSS = (
     '[data-testid="stMainBlockContainer"] h1 {font-size: 2rem; padding-top: 0.25rem; padding-bottom: 0.5rem;}'
 )
 #: Presenter mode's text beside the charts: the main area's widget labels and captions (Streamlit's 14 px, where a
-#: page's numbers are often stated) at 16 px, as the charts' labels are; and the page's side margins trimmed to 1.5 rem
+#: page's numbers are often stated) at 16 px, as the charts' labels are; the page's side margins trimmed to 1.5 rem
 #: (Streamlit's 5 rem took 160 of a projector's 1,280 px; the heatmap pair side by side needs them,
-#: :data:`cwviz.charts.heatmaps.PRESENTER_CONTENT_WIDTH`).
+#: :data:`cwviz.charts.heatmaps.PRESENTER_CONTENT_WIDTH`); and the header band made transparent.
 PRESENTER_CSS = (
     '[data-testid="stMain"] [data-testid="stWidgetLabel"] p, [data-testid="stMain"] [data-testid="stCaptionContainer"], '
     '[data-testid="stMain"] [data-testid="stCaptionContainer"] p {font-size: 1rem;} '
-    '[data-testid="stMainBlockContainer"] {padding-left: 1.5rem; padding-right: 1.5rem; padding-top: 3.25rem;}'
+    '[data-testid="stMainBlockContainer"] {padding-left: 1.5rem; padding-right: 1.5rem; padding-top: 3.25rem;} '
+    # Streamlit's header is a white band of 3.75 rem over the top of the page: scrolled to a map, it hid the map's
+    # first rows. Transparent (its buttons stay, and take clicks), the window's whole height shows the page.
+    '[data-testid="stHeader"] {background: transparent; pointer-events: none;} '
+    '[data-testid="stHeader"] button, [data-testid="stHeader"] a {pointer-events: auto;}'
 )
 
 

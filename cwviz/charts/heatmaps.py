@@ -37,19 +37,19 @@ PAIR_FITS = 906
 VIEW_EXTRA = 115
 #: Axis and legend label size (px) of every chart, and in presenter mode: legible from the back of a room.
 LABEL_PX, PRESENTER_LABEL_PX = 12, 16
-#: A text label's glyph box, in units of its font size (ascender to descender: a little more than the font's size,
-#: less than its 1.15 line box): labels of neighbouring rows closer than this would overlap, so only every n-th row is
-#: labelled (:func:`label_stride`). Presenter mode's 16 px labels fit its rows of :data:`PRESENTER_ROW` px.
-LINE_BOX = 1.05
+#: A text label's line box, in units of its font size: labels of neighbouring rows closer than this would
+#: overlap, so only every n-th row is labelled (:func:`label_stride`).
+LINE_BOX = 1.15
 #: The same across a rotated key label (its glyph box, in units of its font size).
 ROTATED_BOX = 1.3
 #: The attention map's legend: what its green means (it is never a sign).
 ATTENTION_LEGEND = ["green:", "attention", "(darker:", "more)"]
 #: In presenter mode every token is labelled up to this many positions, each row and column
-#: :data:`PRESENTER_ROW` px: a cell of at least 16 px and a 16 px label per row, legible from the back row, 30 rows
-#: (the default prompt) 510 px, so that a map with its title, legend and key labels stands whole on a 720 px screen.
+#: :data:`PRESENTER_ROW` px: a cell of at least 16 px and a 16 px label per row, legible from the back row; 30 rows
+#: (the default prompt) are 570 px, and a map with its title and key labels (its legend inside the empty future
+#: triangle) stands whole on a 720 px screen.
 PRESENTER_ALL_LABELS = 40
-PRESENTER_ROW = 17
+PRESENTER_ROW = math.ceil(16 * LINE_BOX)
 #: Width (px) of the content column in presenter mode at 1,280 px: the sidebar collapsed and the page's side margins
 #: trimmed to 1.5 rem (cwviz.app.sidebar.PRESENTER_CSS).
 PRESENTER_CONTENT_WIDTH = 1280 - 2 * 24
@@ -320,8 +320,12 @@ def heatmap_view(
         y_axis = alt.Axis(labels=False, ticks=False, title=None, **axis)
     # The legend stands right of the map, as tall as it: below it, it would push the pair past a 720 px screen.
     legend = dict(orient="right", direction="vertical", gradientLength=height, labelFontSize=label_px, titleFontSize=label_px)
-    if presenting:  # presenter mode: the legend above the map, its title one line, gives the cells the column's width
-        legend = dict(legend, orient="top", direction="horizontal", gradientLength=min(height, 160), titleOrient="left", titleLimit=400)
+    if presenting:  # presenter mode: the legend's title one line, the legend above the map (the cells get the column's
+        # width), or inside its top right corner where a causal model's future leaves that triangle empty (no cell with
+        # key > query), so that a map of 30 rows stands whole on a 720 px screen
+        causal = not bool((frame["key"] > frame["query"]).any())
+        legend = dict(legend, orient="top-right" if causal else "top", direction="horizontal", titleOrient="top", titleLimit=400)
+        legend["gradientLength"] = min(height // 2, 200)
     if which == "attention":
         title_lines = " ".join(ATTENTION_LEGEND) if presenting else ATTENTION_LEGEND
         colour = alt.Color("attention:Q", scale=sequential_scale(frame["attention"]), legend=alt.Legend(title=title_lines, **legend))
