@@ -19,10 +19,10 @@ from .state import (
     DEVICE_CHOICES,
     DTYPE_CHOICES,
     MAX_GENERATE,
+    analyze_clicked,
     bound,
     clamp,
     clear_notes,
-    commit,
     current,
     examples,
     pick_example,
@@ -146,7 +146,7 @@ def sidebar(title: str | None = None) -> Selection:
         # the page list. The selection follows (layer, head, query), then the rest of the inputs.
         st.header("Input")
         bound(st.text_area, "draft_text", "Prompt", height=110)
-        st.button("Analyze", type="primary", on_click=commit, key="_cwviz_analyze", width="stretch")
+        st.button("Analyze", type="primary", on_click=analyze_clicked, key="_cwviz_analyze", width="stretch")
         picks = st.container()
         st.header("Model and examples")
         if cur["example"] not in names:
