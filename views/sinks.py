@@ -77,12 +77,21 @@ if hosting.policy_from_env().server_files:  # off in hosting mode: the server's 
         pool_n = st.number_input("First N prompts", min_value=0, max_value=services.MAX_POOLED, value=0, key="sinks_pool_n")
 sink = {"first": "0", "last": str(last), "auto": "auto", "position": str(position)}[choice]
 
+stop = st.empty()
+if pool_n:  # a few forward passes a prompt: a Stop (its click reruns the page, interrupting the run) keeps the finished ones
+    stop.button(
+        "Stop pooling",
+        key="sinks_pool_stop",
+        on_click=lambda: st.session_state.update(sinks_pool_n=0),
+        help="Stops pooling; the prompts finished are kept, and asking for them again resumes.",
+    )
 try:
     tables = services.sink_tables(sel.request, sink, pool_path, int(pool_n))
     view = services.head_view(sel.request, sink, pool_path, int(pool_n), sel.layer, sel.head)
 except CwvizError as err:
     st.error(str(err))
     st.stop()
+stop.empty()
 pooled = f" pooled over {tables.prompts} prompts (the sidebar prompt and {tables.prompts - 1} from the file)" if tables.prompts > 1 else ""
 st.caption(f"Sink: position {tables.sink} {tables.sink_token!r}{pooled}. Means over heads and the queries that see a key besides the sink.")
 learned = tables.layers["learned_sink_share"] if "learned_sink_share" in tables.layers else None

@@ -20,7 +20,7 @@ from ..core.method.analysis import analyze
 from ..core.util.errors import CwvizError
 from ..core.util.parallel import model_provenance
 from ..core.util.progress import phase
-from . import hosting, services
+from . import hosting, run_services, services
 
 #: Most extra prompts the page pools (each costs a forward pass and a table).
 MAX_POOLED = 16
@@ -71,7 +71,8 @@ def sink_tables(request: services.Request, sink: str, pool_path: str = "", pool_
 
 
 def pooled_tables(request: services.Request, sink: str, path: str, n: int) -> list[pd.DataFrame]:
-    """The sink tables of the first ``n`` prompts of the JSONL file ``path``, through the one runner (in memory)."""
+    """The sink tables of the first ``n`` prompts of the JSONL file ``path``, through the one runner (in memory), each
+    prompt's record kept as it ends, so that a run stopped part-way resumes."""
     hosting.policy_from_env().check_server_file(path)
     bundle = services.get_bundle(request.model, request.device, request.dtype)
     texts = services.pooled_prompts(bundle, path, n, MAX_POOLED)
@@ -84,7 +85,10 @@ def pooled_tables(request: services.Request, sink: str, path: str, n: int) -> li
             position = sinks.resolve_sink(pooled, sink)
             return SINKS.encode(sinks.sink_table(pooled, position, progress=phase(progress, steps // 2, steps)), position, pooled.tokens)
 
-    return [SINKS.decode(record) for record in sweep.run(plan, compute).records]
+    # The records kept in this server process (run_services.kept): a run stopped part-way (the page's Stop) resumes.
+    with services.item_bar(f"Pooling {len(texts)} prompts", len(texts), len(run_services.kept(plan)), "prompt") as progress:
+        outcome = sweep.run(plan, compute, progress=progress, store=run_services.kept(plan))
+    return [SINKS.decode(record) for record in outcome.records]
 
 
 @st.cache_data(max_entries=32, show_spinner=False)

@@ -66,6 +66,7 @@ def test_pooling_from_jsonl_and_a_malformed_file(app, tmp_path):
     app.number_input(key="sinks_pool_n").set_value(2).run()
     assert not app.exception and not app.error
     assert any("pooled over 3 prompts" in c.value for c in app.caption)
+    assert [b for b in app.button if b.key == "sinks_pool_stop"] == [], "the Stop goes once the prompts are pooled"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"text": \n')
     app.text_input(key="sinks_pool_path").set_value(str(bad)).run()
@@ -127,3 +128,33 @@ def test_the_layer_by_layer_delta_ppl_runs_a_few_layers_a_pass_and_resumes_after
     assert [b for b in at.button if b.key == "sinks_layerwise_stop"] == [], "the Stop goes once the passes end"
     per_layer = next(frame.value for frame in at.dataframe if "delta_ppl" in frame.value.columns)
     assert per_layer["layer"].tolist() == list(range(analysis.num_layers))
+
+
+def test_pooled_prompts_are_kept_as_each_ends_so_a_stopped_run_resumes(monkeypatch, tmp_path):
+    """Pooling runs through the one runner with the records kept in the server process: a run interrupted after its
+    first prompt (a Stop click interrupts the page between two Streamlit calls) keeps that prompt, and asked again runs
+    only the rest."""
+    from cwviz.app import services, sink_services
+
+    path = tmp_path / "items.jsonl"
+    path.write_text("\n".join(json.dumps({"text": f"Prompt number {i} is here."}) for i in range(3)))
+    request = services.Request(text="The sidebar prompt.")
+    runs: list[str] = []
+    real = sink_services.analyze
+
+    class Stopped(Exception):
+        pass
+
+    def analyze(bundle, text, **kwargs):
+        if text.endswith("1 is here.") and not any(r.endswith("1 is here.") for r in runs):
+            runs.append(text)
+            raise Stopped  # the first time: the page is interrupted while prompt 1 runs
+        runs.append(text)
+        return real(bundle, text, **kwargs)
+
+    monkeypatch.setattr(sink_services, "analyze", analyze)
+    with pytest.raises(Stopped):
+        sink_services.pooled_tables(request, "0", str(path), 2)
+    assert runs == ["Prompt number 0 is here.", "Prompt number 1 is here."]
+    tables = sink_services.pooled_tables(request, "0", str(path), 2)
+    assert len(tables) == 2 and runs[2:] == ["Prompt number 1 is here."], "prompt 0 was kept, only prompt 1 runs again"

@@ -320,7 +320,8 @@ FIRST_SCREENS = [{"width": 1280, "height": 720}, {"width": 1600, "height": 1000}
 @pytest.mark.parametrize("presenter", [False, True], ids=["", "presenter"])
 def test_the_first_screen_shows_both_maps_side_by_side(server, browser, screen, presenter):
     """With the sidebar open and the default prompt, the attention and contribution maps stand side by side and
-    wholly inside the window, without scrolling; labels are at least 12 px. In presenter mode (16 px labels) the
+    wholly inside the window, without scrolling, and the sidebar's prompt box and Analyze button are on the first screen
+    too; labels are at least 12 px. In presenter mode (16 px labels) the
     sidebar is collapsed and the maps stand side by side, both whole on one screen (scrolled to them), with cells of
     16 px or more and every token labelled."""
     if presenter and screen["width"] != 1280:
@@ -338,6 +339,9 @@ def test_the_first_screen_shows_both_maps_side_by_side(server, browser, screen, 
             page.wait_for_timeout(300)
         else:
             assert page.locator('[data-testid="stSidebar"]').first.is_visible()
+            # A newcomer finds the prompt box and Analyze on the first screen, below the page list (issue 56: 1,227 px down).
+            for box in (page.get_by_label("Prompt").bounding_box(), page.get_by_role("button", name="Analyze").bounding_box()):
+                assert box is not None and box["y"] + box["height"] <= screen["height"], box
         maps = page.evaluate(PLOTS_JS)[:2]
         boxes = [plot["box"] for chart in maps for plot in chart["plots"]]
         assert len(boxes) == 2, boxes
