@@ -340,7 +340,8 @@ def test_the_first_screen_shows_both_maps_side_by_side(server, browser, screen, 
         else:
             assert page.locator('[data-testid="stSidebar"]').first.is_visible()
             # A newcomer finds the prompt box and Analyze on the first screen, below the page list (issue 56: 1,227 px down).
-            for box in (page.get_by_label("Prompt").bounding_box(), page.get_by_role("button", name="Analyze").bounding_box()):
+            prompt = page.get_by_role("textbox", name="Prompt", exact=True).bounding_box()
+            for box in (prompt, page.get_by_role("button", name="Analyze").bounding_box()):
                 assert box is not None and box["y"] + box["height"] <= screen["height"], box
         maps = page.evaluate(PLOTS_JS)[:2]
         boxes = [plot["box"] for chart in maps for plot in chart["plots"]]
