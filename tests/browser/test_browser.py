@@ -448,6 +448,7 @@ def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser,
 
     context, page, watch = opened(_url(server, name, link))
     try:
+        _open_sidebar(page)  # presenter mode collapsed it
         page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"]').filter(has_text="Presenter mode").locator("label").click()
         page.wait_for_function("() => !new URLSearchParams(location.search).has('presenter')", timeout=60_000)
         _settle(page, 3 if name == "heatmaps" else 2)
@@ -836,6 +837,13 @@ def _assert_projector_text(page, where) -> None:
     assert not small, (where, small[:8])
     assert not cut, (where, cut[:8])
     assert not drawn["past"], (where, drawn["column"], drawn["past"])
+
+
+def _open_sidebar(page) -> None:
+    """Open the sidebar where presenter mode has collapsed it (its arrow, top left)."""
+    if _sidebar_collapsed(page):
+        page.locator('[data-testid="stExpandSidebarButton"], [data-testid="stSidebarCollapsedControl"] button').first.click()
+        page.wait_for_function("() => document.querySelector('[data-testid=\"stSidebar\"]').getBoundingClientRect().right > 1")
 
 
 def _sidebar_collapsed(page) -> bool:
