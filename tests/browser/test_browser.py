@@ -564,13 +564,17 @@ def test_compare_draws_a_b_and_their_difference_and_picks_a_head(server, browser
     page = browser.new_page(viewport=VIEWPORT)
     watch = Watch(page)
     try:
-        page.goto(_url(server, "compare", {"layer": "3", "head": "all", "cmp_layout": "side"}))  # A and B side by side at 1600 px
+        page.goto(_url(server, "compare", {"layer": "3", "head": "all"}))  # the default layout
         _settle(page, 3)
         _assert_no_error_text(page)
         assert page.get_by_text("Compare two inputs").count() == 1
         assert _check_charts(page, "Compare", save_as="compare") == 3
         maps = page.evaluate(PLOTS_JS)[0]
         assert len(maps["plots"]) == 3, maps["plots"]  # A, B and B − A, each with its cells
+        # docs/dashboard.md: A and B side by side above the difference up to 32 aligned positions (here 30), at 1600 px.
+        a, b, difference = (plot["box"] for plot in maps["plots"])
+        assert a["x"] + a["w"] < b["x"] and abs(a["y"] - b["y"]) < 2 and difference["y"] > a["y"] + a["h"], (a, b, difference)
+        assert b["x"] + b["w"] <= maps["mainRight"], "A and B inside the page"
 
         layer, head = 20, 4
         cell = page.locator(CHART).nth(1).locator(f'path[aria-label^="head: {head}; layer: {layer};"]')
