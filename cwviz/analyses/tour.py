@@ -13,6 +13,11 @@ constant: every pick is an arg-max or arg-min over the analysis's own tables.
 | flow tokens (step 8) | the input tokens with the largest and the most negative signed total toward the model's top next token | :func:`cwviz.flow` |
 
 The sink is the first position (docs/METHOD.md section 4; :data:`cwviz.analyses.sinks.DEFAULT_SINK`), as on the Sinks page's default.
+
+Every step's sentences are written here too (:func:`step1` ... :func:`step8`, :func:`story`), from the plan's numbers as
+named facts (:data:`FACTS`, :class:`Fact`): one format a fact, so that two steps that state the same fact print it
+alike, and a sentence that refers to another step for a number names the fact it cites (:class:`Cite`), which
+tests/analyses/test_tour.py checks against what that step shows.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ causal language model explained."""
 
 from __future__ import annotations
 
+import json
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -77,6 +78,9 @@ def walk() -> dict[int, tuple[str, dict[str, str]]]:
         assert at.subheader[0].value.startswith(f"{step}. ")
         if step in printed:
             assert printed[step].text in [m.value for m in at.markdown], f"step {step} prints the plan's sentences"
+        if step == 3:  # the map's colour domain covers what it shows: the first token's +1.03 is not painted as +0.01
+            (colour,) = [spec["layer"][0]["encoding"]["color"] for spec in charts(at) if "layer" in spec and "heatmap" in json.dumps(spec)]
+            assert colour["scale"]["domain"][1] >= abs(plan.negative.scale.sink_intra) - 1e-6, colour["scale"]["domain"]
         specs = charts(at)
         assert len(specs) == expected_charts(step, plan) and all(spec["_rows"] > 0 for spec in specs), f"step {step} draws its chart"
         path, params = drawn[step] = link(at)
