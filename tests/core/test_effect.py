@@ -158,6 +158,7 @@ def test_the_registry_lists_every_method_the_parsers_offer_and_each_answers_one_
         assert edges.mass == pytest.approx(np.abs(edges.weights).sum(), rel=1e-5)
     np.testing.assert_allclose(by_key, effect_result.scores, atol=1e-4)
 
+
 def test_the_registry_refuses_what_it_cannot_answer():
     analysis = family_analysis("llama")
     with pytest.raises(InputError, match="no attribution method 'nope'"):
