@@ -351,7 +351,7 @@ FACTS: dict[str, tuple[str, str]] = {
     "perplexity": ("the perplexity of the prompt (clean, or with the sink's value removed)", ".1f"),
     "norm_change": ("the mean change of the head outputs' length when the sink's value is removed", "+.2f"),
     "cone_change": ("the mean change of the head outputs' mean pairwise cosine when the sink's value is removed", "+.3f"),
-    "logit": ("the logit of the model's most likely next token, as the flow splits it", "+.2f"),
+    "logit": ("the logit of the model's most likely next word, as the flow splits it", "+.2f"),
     "flow_total": ("one input token's signed flow total toward the prediction, over every layer and head", "+.2f"),
 }
 
@@ -621,7 +621,7 @@ def step8(plan: TourPlan, story: FlowStory, layers: int, label: Label, quote: Qu
         logit = Fact("logit", target, story.logit)
         states.append(logit)
         text = (
-            f"Followed back through all {layers} layers, the logit of the model's most likely next token here, "
+            f"Followed back through all {layers} layers, the logit of the model's most likely next word here, "
             f"{quote(story.target)}, {logit.text}, splits into a signed share from every input token (the biases take "
             "the rest): red adds, blue subtracts."
         )

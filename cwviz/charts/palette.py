@@ -43,6 +43,8 @@ SIGNED_MEANING = "red adds, blue subtracts"
 INK, PAPER, OUTLINE, RING = "#31333f", "white", "black", "#111111"
 #: A reference rule (zero, or the layer a sentence names), and the grid lines of a table in the HTML report.
 RULE, FAINT = "gray", "#dddddd"
+#: The Flow page's spine: the residual carrying a position up the layers (faint: not an edge of the route).
+SPINE = "#c8c9cf"
 #: The HTML report's page: its text, a caption's and a table header's background.
 REPORT_TEXT, REPORT_CAPTION, REPORT_SHADE = "#222222", "#555555", "#f5f5f5"
 
@@ -73,6 +75,7 @@ MEANINGS: tuple[tuple[str, str], ...] = (
     (RING, "the ring around the cell a sentence names"),
     (RULE, "a reference rule: zero, or the layer a sentence names"),
     (FAINT, "the grid lines of a table in the HTML report"),
+    (SPINE, "the residual carrying a position up the layers (the Flow page's route)"),
     (REPORT_TEXT, "the HTML report's text"),
     (REPORT_CAPTION, "the HTML report's captions"),
     (REPORT_SHADE, "the HTML report's table headers and code"),
