@@ -119,9 +119,9 @@ rows = claims.verdicts(table)
 st.subheader("Every verdict: estimate and 95 % interval against its line")
 st.altair_chart(charts_claims.forest(rows), width="content")
 st.caption(
-    "Teal circle: holds (the interval lies wholly on the paper's side of the dark tick); brown cross: fails (wholly on "
-    "the other side); grey diamond: unresolved; light grey square, in a panel of its own: ties by construction (cannot "
-    "hold, not counted). Each claim has its own scale: its statistic's unit differs."
+    "Magenta circle: holds (the interval lies wholly on the paper's side of the dark tick); black cross: fails (wholly "
+    "on the other side); grey diamond: unresolved; light grey square, in a panel of its own: ties by construction "
+    "(cannot hold, not counted). Each claim has its own scale: its statistic's unit differs."
 )
 st.caption(
     f"Judged on {len(finished)} item(s). Verdicts on few items may differ from the 50-item runs in docs/claims.md; "

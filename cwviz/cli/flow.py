@@ -1,32 +1,39 @@
-"""``cwviz flow``: the signed flow of one prompt into one position (docs/METHOD.md section 6): the input tokens and
-heads that support and suppress the target most, and the tables as JSON or CSV."""
+"""``cwviz flow``: where one prediction came from (docs/METHOD.md sections 6 and 7): the input tokens and heads that
+support and suppress the target most under one attribution method of the registry (``--method``; every member gives
+the same tables), optionally checked against the measured knockouts of every input token (``--check``), and the
+tables as JSON or CSV.
+
+Every output is written before anything is printed (a closed pipe cannot lose a file)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
-from ..analyses.schema import FLOW_TABLES
+from ..analyses import route
+from ..analyses.check import Check, check
+from ..analyses.schema import FLOW_METHODS
+from ..charts.export import to_csv
+from ..core.method import attribution
 from ..core.method.analysis import analyze
-from ..core.method.flow import flow
 from ..core.util.errors import InputError
 from ..core.util.progress import cli_bar
 from ..core.util.texts import write_text_atomic
 from .common import check_output_file, load, read_text
 
-#: The tables ``--csv DIR`` writes, by file name (``Flow`` attributes; edges at ``--share``).
-CSV_TABLES = FLOW_TABLES
-
 
 def check_args(args: argparse.Namespace) -> None:
     """What can be refused before a model loads."""
+    if args.method not in FLOW_METHODS:
+        raise InputError(f"no attribution method {args.method[:80]!r}: choose one of {', '.join(FLOW_METHODS)}")
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
     if not 0 < args.share <= 1:
         raise InputError(f"--share must lie in (0, 1], not {args.share}")
     if args.foil is not None and args.foil == args.target:
-        raise InputError(f"the foil is the target ({args.target!r}): choose another foil, or none for the target's logit alone")
+        raise InputError(f"the foil is the target ({args.target[:80]!r}): choose another foil, or none for the target's logit alone")
     check_output_file(args.json_path, "--json", "flow.json")
     if args.csv_dir is not None and args.csv_dir.exists() and not args.csv_dir.is_dir():
         raise InputError(f"--csv {args.csv_dir} is a file; give a folder to write the CSV tables into")
@@ -34,35 +41,61 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError(f"no folder {args.csv_dir.parent} for --csv; create it first")
 
 
-def tables(result, share: float) -> dict:
-    """The flow's tables by name (:data:`CSV_TABLES`)."""
+def tables(result: attribution.Attribution, drawn: route.Route, checked: Check | None = None) -> dict:
+    """The method's tables by name: ``tokens`` (position, token, score; with ``--check`` the measured ``effect``),
+    ``heads``, ``edges`` (the route ``drawn``: the edges the Flow page draws at the same share), then the method's own
+    (the share flow's ``nodes`` and ``parts``)."""
+    tokens = result.tokens_table()
+    if checked is not None:
+        effect = [math.nan] * len(tokens)
+        effect[: len(checked.effects)] = [float(v) for v in checked.effects]
+        tokens["effect"] = effect  # the last position (the one predicted from) is never taken away
+    return {"tokens": tokens, "heads": result.heads_table(), "edges": drawn.edges, **dict(result.extra)}
+
+
+def summary(result: attribution.Attribution, drawn: route.Route, checked: Check | None) -> dict:
+    """What was asked, the method and its quantity, the route's rule at its share (docs/flow.md, "The route"), and the
+    check's statistics (None without ``--check``)."""
+    asked = result.asked
+    method = attribution.METHODS[result.method]
     return {
-        "tokens": result.tokens,
-        "heads": result.heads,
-        "edges": result.edges(share),
-        "nodes": result.node_table,
-        "parts": result.parts,
-        "vocabulary": result.vocabulary_table,
+        "method": result.method,
+        "signed": method.signed,
+        "position": asked.position,
+        "token": asked.token_strings[asked.position],
+        "target": asked.target,
+        "target_token": asked.target_token,
+        "foil": asked.foil,
+        "foil_token": asked.foil_token,
+        "quantity": result.quantity,
+        "edge_share": drawn.asked,
+        "route": {
+            "threshold": drawn.threshold,
+            "carried": drawn.carried,
+            "capped": drawn.capped,
+            "connected": list(drawn.connected),
+        },
+        "check": None
+        if checked is None
+        else {
+            "intervention": checked.intervention,
+            "rho": checked.rho,
+            "rho_signed": checked.rho_signed,
+            "sign_agreement": checked.sign_agreement,
+            "complete": checked.complete,
+        },
     }
 
 
-def summary(result, share: float) -> dict:
-    """The flow's scalars: what was asked and its identities' numbers."""
-    return {
-        "position": result.position,
-        "token": result.token_strings[result.position],
-        "target": result.target,
-        "target_token": result.target_token,
-        "foil": result.foil,
-        "foil_token": result.foil_token,
-        "logit_difference": result.logit_difference,
-        "frozen_logit_difference": result.frozen_logit_difference,
-        "norm_error": result.norm_error,
-        "bias_total": result.bias_total,
-        "rollout_cancellation": result.rollout_cancellation,
-        "edge_share": share,
-        "edges_complete": result.edges_complete(share),
-    }
+def _strict(value):
+    """JSON has no NaN or infinity: null in their place (as the analysis JSON writes them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict(v) for v in value]
+    return value
 
 
 def _lines(frame, label, value: str, count: int, largest: bool) -> list[str]:
@@ -77,50 +110,65 @@ def _columns(left: list[str], right: list[str]) -> list[str]:
     return [f"  {a:40} {b}" for a, b in zip(left, right, strict=True)]
 
 
+def report(result: attribution.Attribution, checked: Check | None, top: int) -> list[str]:
+    """The printed lines: what was asked, the tokens (and heads) each way, the check's sentence."""
+    asked, method = result.asked, attribution.METHODS[result.method]
+    where = f"position {asked.position} {asked.token_strings[asked.position]!r}"
+    if asked.target is None:
+        toward = "its final representation"
+    else:
+        toward = f"logit({asked.target_token!r})" + ("" if asked.foil is None else f" - logit({asked.foil_token!r})")
+    lines = [f"{method.label} ({result.method}): from {where} toward {toward}"]
+    if math.isfinite(result.quantity):
+        lines.append(f"the quantity explained: {result.quantity:+.4f}")
+    tokens = result.tokens_table()
+    label = lambda row: f"#{row.position:<5} {row.token[:16]!r}"  # noqa: E731
+    if method.signed:
+        lines.append(f"  {'input tokens supporting (score)':40} suppressing")
+        lines += _columns(_lines(tokens, label, "score", top, True), _lines(tokens, label, "score", top, False))
+    else:
+        lines.append("  input tokens scored highest (an unsigned method)")
+        lines += [f"  {line}" for line in _lines(tokens, label, "score", top, True)]
+    if result.heads is not None:
+        heads = result.heads_table()
+        head_label = lambda row: f"layer {row.layer:<3} head {row.head:<3}"  # noqa: E731
+        lines.append(f"  {'heads supporting (part)':40} suppressing")
+        lines += _columns(_lines(heads, head_label, "part", top, True), _lines(heads, head_label, "part", top, False))
+    if checked is not None:
+        lines.append(f"check against knockouts: {checked.sentence()}")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     check_args(args)
     text = read_text(args)
     bundle = load(args)
+    method = attribution.check_method(args.method)
     with cli_bar("analysing", enabled=sys.stderr.isatty()) as progress:
         analysis = analyze(bundle, text, progress=progress)
-    result = flow(analysis, args.position, args.target, args.foil)
-    info = bundle.info
-    print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
-    where = f"position {result.position} {result.token_strings[result.position]!r}"
-    if result.encoder:
-        print(f"flow into {where}: its final representation (each input token's signed share; with the bias's, they sum to 1)")
-        value, what = "total", "share"
-    else:
-        toward = f"logit({result.target_token!r})" + ("" if result.foil is None else f" - logit({result.foil_token!r})")
-        print(f"flow from {where} toward {toward}")
-        print(
-            f"frozen-norm logit difference {result.frozen_logit_difference:+.4f} (the sum of the parts); the model's own "
-            f"{result.logit_difference:+.4f}; final norm linearisation error {result.norm_error:+.2e}; biases {result.bias_total:+.4f}"
-        )
-        value, what = "total", "total"
-    print(f"rollout cancellation index of the position: {result.rollout_cancellation:.3f} (1 = no cancellation)")
-    token_label = lambda row: f"#{row.position:<5} {row.token[:16]!r}"  # noqa: E731
-    print(f"  {'input tokens supporting (' + what + ')':40} suppressing")
-    for line in _columns(
-        _lines(result.tokens, token_label, value, args.top, True), _lines(result.tokens, token_label, value, args.top, False)
-    ):
-        print(line)
-    column = "routed" if result.encoder else "direct"
-    head_label = lambda row: f"layer {row.layer:<3} head {row.head:<3}"  # noqa: E731
-    print(f"  {'heads supporting (' + column + ')':40} suppressing")
-    for line in _columns(
-        _lines(result.heads, head_label, column, args.top, True), _lines(result.heads, head_label, column, args.top, False)
-    ):
-        print(line)
+    asked = attribution.request(analysis, args.position, args.target, args.foil)
+    result = attribution.run(method, asked)
+    checked = None
+    if args.check:
+        with cli_bar("knockouts", unit="pass", enabled=sys.stderr.isatty()) as progress:
+            checked = check(asked, method.name, progress=progress)
+    drawn = route.of(result, args.share)
+    made = tables(result, drawn, checked)
+    written = []
     if args.json_path:
         payload = {
-            "summary": summary(result, args.share),
-            **{name: json.loads(t.to_json(orient="records")) for name, t in tables(result, args.share).items()},
+            "summary": summary(result, drawn, checked),
+            **{name: json.loads(t.to_json(orient="records")) for name, t in made.items()},
         }
-        print(f"wrote {write_text_atomic(args.json_path, json.dumps(payload, allow_nan=True))}")
+        written.append(write_text_atomic(args.json_path, json.dumps(_strict(payload), allow_nan=False)))
     if args.csv_dir:
         args.csv_dir.mkdir(exist_ok=True)
-        for name, table in tables(result, args.share).items():
-            write_text_atomic(args.csv_dir / f"{name}.csv", table.to_csv(index=False, float_format="%.6g"))
-        print(f"wrote {len(CSV_TABLES)} tables into {args.csv_dir}")
+        for name, table in made.items():
+            write_text_atomic(args.csv_dir / f"{name}.csv", to_csv(table).decode("utf-8"))
+        written.append(f"{len(made)} tables into {args.csv_dir}")
+    info = bundle.info
+    lines = [f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})"]
+    lines += report(result, checked, args.top)
+    lines += [f"wrote {what}" for what in written]
+    print("\n".join(lines))
     return 0

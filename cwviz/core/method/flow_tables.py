@@ -100,11 +100,17 @@ class Flow:
 
     @property
     def tokens(self) -> pd.DataFrame:
-        """One row per input position: ``position, token, total, share``."""
+        """One row per input position: ``position, token, total, rollout_share`` (``rollout_share``: row p of the signed
+        rollout, :attr:`share`, each token's share of p's final representation; not total / Σ total)."""
         import pandas as pd
 
         return pd.DataFrame(
-            {"position": np.arange(len(self.token_strings)), "token": list(self.token_strings), "total": self.totals, "share": self.share}
+            {
+                "position": np.arange(len(self.token_strings)),
+                "token": list(self.token_strings),
+                "total": self.totals,
+                "rollout_share": self.share,
+            }
         )
 
     @property
@@ -179,7 +185,7 @@ class Flow:
             raise InputError(f"the share of each layer's mass the graph keeps must lie in (0, 1], not {share}")
         frames = []
         for layer, weights, targets, sources in self.edge_list:
-            count = _needed(weights, self.edge_mass[layer] * share)
+            count = kept_count(weights, self.edge_mass[layer] * share)
             frames.append(pd.DataFrame({"layer": layer, "source": sources[:count], "target": targets[:count], "weight": weights[:count]}))
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["layer", "source", "target", "weight"])
 
@@ -188,7 +194,7 @@ class Flow:
         return all(np.abs(weights).sum() >= self.edge_mass[layer] * share * (1 - 1e-6) for layer, weights, _, _ in self.edge_list)
 
 
-def _needed(weights: np.ndarray, mass: float) -> int:
+def kept_count(weights: np.ndarray, mass: float) -> int:
     """How many of ``weights`` (sorted by |weight|, largest first) reach ``mass`` together (all if they do not)."""
     reached = np.cumsum(np.abs(weights)) >= mass * (1 - 1e-6)
     return int(reached.argmax()) + 1 if reached.any() else len(weights)
