@@ -1,13 +1,14 @@
 """Tour: eight steps that tell docs/METHOD.md's story on the sidebar's model and prompt, for a class.
 
 Each step: one chart, a few plain sentences, Back/Next, and a link that opens the full page on the same view.
-What each step shows is picked from the analysis (:mod:`cwviz.analyses.tour`), never fixed in advance.
+What each step shows is picked from the analysis (:mod:`cwviz.analyses.tour`), never fixed in advance, and its
+sentences are written from those picks (:mod:`cwviz.analyses.tour_story`).
 """
 
 import streamlit as st
 
 from cwviz import CwvizError
-from cwviz.analyses import tour
+from cwviz.analyses import tour, tour_story
 from cwviz.app import flow_services, services, sink_services, widgets
 from cwviz.app.links import page_url
 from cwviz.app.sidebar import escape_markdown, sidebar
@@ -109,7 +110,7 @@ def scale_aside(neg: tour.NegativeKey) -> tuple | None:
     scale = neg.scale
     if scale is None or not scale.sink_dominates:
         return None
-    table = scale.table(layer, neg.head)
+    table = tour_story.scale_table(scale, layer, neg.head)
     return sink_charts.scale_bars(table, f"Lengths for query {sel.token_label(neg.query, markdown=False)}"), table
 
 
@@ -147,7 +148,7 @@ if step == 1:
     sync(layer, head, query)
     summary = services.head_summary(sel.request)
     show(
-        tour.step1(plan).text,
+        tour_story.step1(plan).text,
         page_url("heatmaps", sel.request, layer, head, query, colour="sink_attention"),
         "Heatmaps",
         heatmap_charts.head_overview(summary, "sink_attention", layer, head),
@@ -161,7 +162,7 @@ elif step == 2:
         show(f"With one token there is nothing but the first token to attend to: {SHORT}", link, "Sinks")
         st.stop()
     tables = sink_services.sink_tables(sel.request, sink_services.TOUR_SINK)
-    show(tour.step2(plan).text, link, "Sinks", sink_charts.share_chart(tables.layers, layer), tables.layers)
+    show(tour_story.step2(plan).text, link, "Sinks", sink_charts.share_chart(tables.layers, layer), tables.layers)
 elif step == 3:
     sync(layer, neg_head, query)
     link = page_url("heatmaps", sel.request, layer, neg_head, query, measure="contribution", kind="intra", range="full")
@@ -170,7 +171,7 @@ elif step == 3:
         st.stop()
     cells = services.heatmap_cells(sel.request, layer, neg_head, "contribution_intra", tour.KIND, neg.query, "window")
     show(
-        tour.step3(plan, sel.token_label).text,
+        tour_story.step3(plan, sel.token_label).text,
         link,
         "Heatmaps",
         cells,
@@ -187,7 +188,7 @@ elif step == 4:
         show(f"With one key, its contribution is the whole output: {SHORT}", link, "Token")
         st.stop()
     factors = services.token_factors(sel.request, layer, neg.query, neg_head, tour.KIND, also=neg.key)
-    show(tour.step4(plan, sel.token_label).text, link, "Token", token_charts.factor_bars(factors, mark=neg.key), factors.wide)
+    show(tour_story.step4(plan, sel.token_label).text, link, "Token", token_charts.factor_bars(factors, mark=neg.key), factors.wide)
 elif step == 5:
     target = (anti.layer, anti.head) if anti is not None else (layer, head)
     sync(*target, None)
@@ -196,7 +197,7 @@ elif step == 5:
         show(f"No query sees a key besides the sink, so its value has nothing to point against: {SHORT}", link, "Sinks")
         st.stop()
     tables = sink_services.sink_tables(sel.request, sink_services.TOUR_SINK)
-    show(tour.step5(plan).text, link, "Sinks", sink_charts.anti_alignment_map(tables.heads, *target), tables.heads)
+    show(tour_story.step5(plan).text, link, "Sinks", sink_charts.anti_alignment_map(tables.heads, *target), tables.heads)
 elif step == 6:
     target = (anti.layer, anti.head) if anti is not None else (layer, head)
     sync(*target, None)
@@ -206,7 +207,7 @@ elif step == 6:
         st.stop()
     result = sink_services.intervention(sel.request, plan.sink, 0.0, None)
     removal = tour.Removal.of(sel.analysis.info.id, plan.causal, result)
-    show(tour.step6(removal).text, link, "Sinks", sink_charts.intervention_chart(result.table), result.table)
+    show(tour_story.step6(removal).text, link, "Sinks", sink_charts.intervention_chart(result.table), result.table)
 elif step == 7:
     encoder = sink_services.tour_encoder(sel.request)
     if encoder.error is not None or encoder.layer is None:
@@ -217,7 +218,7 @@ elif step == 7:
         sync(encoder.layer.layer, None, None)
     shown = tour.Encoder(encoder.request.model, encoder.own_model, encoder.tables.sink_token, encoder.layer)
     show(
-        tour.step7(shown, quote).text,
+        tour_story.step7(shown, quote).text,
         page_url("sinks", encoder.request, encoder.layer.layer, None, sink="first"),
         "Sinks",
         sink_charts.share_chart(encoder.tables.layers, encoder.layer.layer),
@@ -242,7 +243,7 @@ else:
     tokens = result.tokens[["position", "token", "total"]].rename(columns={"total": value})
     rows = flow_charts.total_rows(tokens, value, keep=keep)
     show(
-        tour.step8(plan, story, sel.analysis.num_layers, sel.token_label, quote).text,
+        tour_story.step8(plan, story, sel.analysis.num_layers, sel.token_label, quote).text,
         link,
         "Flow",
         flow_charts.totals_bars(rows, f"Each input token's {value}", "red adds, blue subtracts", value, label_px=widgets.label_px()),

@@ -232,7 +232,7 @@ def scale_bars(table: pd.DataFrame, title: str, width: int = 180) -> alt.Chart:
     subtracts; each bar's label holds the number the step's sentence prints (written beside the axis, not at the bar's
     end, so that no number runs past the plot however narrow its column).
 
-    ``table``: :meth:`cwviz.analyses.tour.HeadScale.table` (one row per bar, ``row`` top to bottom). A sink that is
+    ``table``: :func:`cwviz.analyses.tour_story.scale_table` (one row per bar, ``row`` top to bottom). A sink that is
     nearly all of a short head output and a small part of the layer's is then seen as such: two bars of nearly equal
     length, against a layer bar many times longer.
     """

@@ -100,7 +100,7 @@ def factor_bars(factors: TokenFactors, mark: int | None = None) -> alt.HConcatCh
 
 
 #: How each factor's number is written beside its bar (the tour's sentences print them alike:
-#: :data:`cwviz.analyses.tour.FACTS`).
+#: :data:`cwviz.analyses.tour_story.FACTS`).
 VALUE_FORMATS = {"attention": ".3f", "norm_ratio": ".2f", "cosine": "+.2f", "contribution": "+.3f"}
 
 

@@ -1,5 +1,6 @@
-"""The guided tour's picks (cwviz.analyses.tour): each step shows what the analysis says it should, on any model
-and prompt; and the links to the full pages (cwviz.app.links) carry the pages' own URL parameters."""
+"""The guided tour's picks (cwviz.analyses.tour) and sentences (cwviz.analyses.tour_story): each step shows what the
+analysis says it should, on any model and prompt, and its steps agree on every fact they print; and the links to the
+full pages (cwviz.app.links) carry the pages' own URL parameters."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from cwviz import analyze
 from cwviz import flow as cwviz_flow
-from cwviz.analyses import sinks, tables, tour
+from cwviz.analyses import sinks, tables, tour, tour_story
 from cwviz.app import links, state
 from cwviz.app.services import Request
 from cwviz.core.method import blocks
@@ -253,7 +254,7 @@ def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold
         assert abs(scale.sink_inter) <= abs(scale.sink_intra) * scale.head_fraction * (1 + 1e-4)
         # The absolute scale drawn beside the sentence: its bars are the printed lengths, each labelled with its length
         # (an axis of lengths) and the share the sentence prints.
-        bars = sink_charts.scale_bars(scale.table(plan.layer.layer, neg.head), "query")
+        bars = sink_charts.scale_bars(tour_story.scale_table(scale, plan.layer.layer, neg.head), "query")
         drawn = bars.data.set_index("row")
         head_part, layer_part = scale.sink_intra * scale.head_norm, scale.sink_inter * scale.layer_norm
         assert drawn["label"].tolist() == [
@@ -275,7 +276,7 @@ def _label(position: int) -> str:
     return f"[{position}]"
 
 
-def _story(embedded_model, prompt: int) -> tuple[tour.TourPlan, tuple[tour.Step, ...]]:
+def _story(embedded_model, prompt: int) -> tuple[tour.TourPlan, tuple[tour_story.Step, ...]]:
     """Every step of the tour on the embedded model and one of three prompts, as the Tour page writes it: the plan, the
     flow into the last position, λ = 0 in every layer and the embedded encoder's layer where [CLS] takes most attention."""
     from cwviz import load_model
@@ -288,19 +289,19 @@ def _story(embedded_model, prompt: int) -> tuple[tour.TourPlan, tuple[tour.Step,
     layers = sinks.sink_layer_summary(sinks.sink_table(encoder_analysis, sinks.DEFAULT_SINK))
     encoder = tour.Encoder(encoder_analysis.info.id, False, encoder_analysis.tokens[0], tour.most_attended_layer(layers))
     flow = tour.flow_story(cwviz_flow(analysis))
-    steps = tour.story(plan, _label, repr, flow, analysis.num_layers, removal, encoder)
+    steps = tour_story.story(plan, _label, repr, flow, analysis.num_layers, removal, encoder)
     return plan, steps
 
 
-def check_facts(steps: tuple[tour.Step, ...]) -> list[str]:
+def check_facts(steps: tuple[tour_story.Step, ...]) -> list[str]:
     """What is wrong with a tour's facts: a stated or cited fact its sentence does not print, two steps that print
     different values for one fact (same name and subject), a citation of a step that does not show that fact or shows
-    another value, a fact whose name has no meaning in :data:`cwviz.analyses.tour.FACTS`. Empty when all agree."""
+    another value, a fact whose name has no meaning in :data:`cwviz.analyses.tour_story.FACTS`. Empty when all agree."""
     problems: list[str] = []
     shown: dict[tuple, dict[int, str]] = {}  # (name, subject) -> {step: printed value}
     for step in steps:
         for fact in step.states:
-            if fact.name not in tour.FACTS:
+            if fact.name not in tour_story.FACTS:
                 problems.append(f"step {step.number}: {fact.name!r} has no named meaning")
                 continue
             if fact.text not in step.text:
@@ -347,12 +348,14 @@ def test_the_fact_check_fails_on_the_contradictions_of_issue_56():
     """The check itself: step 3 citing step 2 for the head's 5% as "the layer's output" (step 2 prints 27%), a step that
     cites a step that does not show the fact, and two steps that print one fact differently, are each caught."""
     layer = ("m", 20)
-    two = tour.Step(2, "makes 27% of the layer", (tour.Fact("layer_share", layer, 0.27),))
-    three = tour.Step(3, "adds only 5% of the layer's output, as step 2 says", (), (tour.Cite(tour.Fact("layer_share", layer, 0.05), 2),))
+    two = tour_story.Step(2, "makes 27% of the layer", (tour_story.Fact("layer_share", layer, 0.27),))
+    three = tour_story.Step(
+        3, "adds only 5% of the layer's output, as step 2 says", (), (tour_story.Cite(tour_story.Fact("layer_share", layer, 0.05), 2),)
+    )
     assert any("that step prints 27%" in p for p in check_facts((two, three)))
-    four = tour.Step(4, "its 27%", (), (tour.Cite(tour.Fact("layer_share", layer, 0.27), 1),))
+    four = tour_story.Step(4, "its 27%", (), (tour_story.Cite(tour_story.Fact("layer_share", layer, 0.27), 1),))
     assert any("does not show" in p for p in check_facts((two, four)))
-    five = tour.Step(5, "makes 30% of the layer", (tour.Fact("layer_share", layer, 0.3),))
+    five = tour_story.Step(5, "makes 30% of the layer", (tour_story.Fact("layer_share", layer, 0.3),))
     assert any("steps print" in p for p in check_facts((two, five)))
     assert check_facts((two,)) == []
 

@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from cwviz.analyses import tour
+from cwviz.analyses import tour_story
 from cwviz.app import flow_services, services, sink_services, state
 from cwviz.app.services import Request
 from cwviz.app.sidebar import escape_markdown
@@ -70,8 +70,14 @@ def walk() -> dict[int, tuple[str, dict[str, str]]]:
     def label(position: int) -> str:  # as the sidebar's Selection.token_label writes a position
         return escape_markdown(f"{position} {tokens[position]!r}")
 
-    # The sentences of the steps drawn from the plan alone: the page prints them as cwviz.analyses.tour writes them.
-    printed = {1: tour.step1(plan), 2: tour.step2(plan), 3: tour.step3(plan, label), 4: tour.step4(plan, label), 5: tour.step5(plan)}
+    # The sentences of the steps drawn from the plan alone: the page prints them as cwviz.analyses.tour_story writes them.
+    printed = {
+        1: tour_story.step1(plan),
+        2: tour_story.step2(plan),
+        3: tour_story.step3(plan, label),
+        4: tour_story.step4(plan, label),
+        5: tour_story.step5(plan),
+    }
     drawn = {}
     for step in range(1, STEPS + 1):
         assert_clean(at)
