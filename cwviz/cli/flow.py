@@ -4,7 +4,6 @@ heads that support and suppress the target most, and the tables as JSON or CSV."
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ..analyses.schema import FLOW_TABLES
@@ -12,26 +11,19 @@ from ..core.method.analysis import analyze
 from ..core.method.flow import flow
 from ..core.util.errors import InputError
 from ..core.util.progress import cli_bar
-from ..core.util.texts import write_text_atomic
-from .common import check_output_file, load, read_text
+from . import outputs
+from .common import load, read_text
 
 #: The tables ``--csv DIR`` writes, by file name (``Flow`` attributes; edges at ``--share``).
 CSV_TABLES = FLOW_TABLES
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """What can be refused before a model loads."""
-    if args.top < 1:
-        raise InputError(f"--top must be at least 1, not {args.top}")
-    if not 0 < args.share <= 1:
-        raise InputError(f"--share must lie in (0, 1], not {args.share}")
+    """What can be refused before a model loads (``--top`` and ``--share``: by the parser, before torch is imported)."""
     if args.foil is not None and args.foil == args.target:
         raise InputError(f"the foil is the target ({args.target!r}): choose another foil, or none for the target's logit alone")
-    check_output_file(args.json_path, "--json", "flow.json")
-    if args.csv_dir is not None and args.csv_dir.exists() and not args.csv_dir.is_dir():
-        raise InputError(f"--csv {args.csv_dir} is a file; give a folder to write the CSV tables into")
-    if args.csv_dir is not None and not args.csv_dir.parent.is_dir():
-        raise InputError(f"no folder {args.csv_dir.parent} for --csv; create it first")
+    outputs.check_file(args.json_path, "--json", "flow.json")
+    outputs.check_folder(args.csv_dir, "--csv")
 
 
 def tables(result, share: float) -> dict:
@@ -84,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     with cli_bar("analysing", enabled=sys.stderr.isatty()) as progress:
         analysis = analyze(bundle, text, progress=progress)
     result = flow(analysis, args.position, args.target, args.foil)
+    written = write_files(args, result)  # the files first: a reader that leaves early (| head -1) loses none
     info = bundle.info
     print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
     where = f"position {result.position} {result.token_strings[result.position]!r}"
@@ -112,15 +105,22 @@ def run(args: argparse.Namespace) -> int:
         _lines(result.heads, head_label, column, args.top, True), _lines(result.heads, head_label, column, args.top, False)
     ):
         print(line)
-    if args.json_path:
-        payload = {
-            "summary": summary(result, args.share),
-            **{name: json.loads(t.to_json(orient="records")) for name, t in tables(result, args.share).items()},
-        }
-        print(f"wrote {write_text_atomic(args.json_path, json.dumps(payload, allow_nan=True))}")
-    if args.csv_dir:
-        args.csv_dir.mkdir(exist_ok=True)
-        for name, table in tables(result, args.share).items():
-            write_text_atomic(args.csv_dir / f"{name}.csv", table.to_csv(index=False, float_format="%.6g"))
-        print(f"wrote {len(CSV_TABLES)} tables into {args.csv_dir}")
+    for line in written:
+        print(line)
     return 0
+
+
+def write_files(args: argparse.Namespace, result) -> list[str]:
+    """Write ``--json`` and ``--csv`` (:mod:`cwviz.cli.outputs`: whole files, strict JSON, neutralised CSV cells);
+    the lines that say what was written."""
+    written = []
+    if args.json_path:
+        made = tables(result, args.share)
+        payload = {"summary": summary(result, args.share), **{name: outputs.table_records(t) for name, t in made.items()}}
+        written.append(f"wrote {outputs.write(args.json_path, outputs.json_text(payload))}")
+    if args.csv_dir:
+        outputs.make_folder(args.csv_dir)
+        for name, table in tables(result, args.share).items():
+            outputs.write(args.csv_dir / f"{name}.csv", outputs.csv_text(table))
+        written.append(f"wrote {len(CSV_TABLES)} tables into {args.csv_dir}")
+    return written

@@ -39,6 +39,7 @@ from ..analyses.schema import (
     RANKED_MEASURES,
     TASKS,
 )
+from ..core.method import flow_arguments
 from ..core.util.errors import InputError
 from ..vocabulary import KINDS
 
@@ -141,6 +142,30 @@ def parse_batch_size(value: str) -> int:
     if size < 1:
         raise argparse.ArgumentTypeError(f"takes a positive integer or auto, not {value!r}")
     return size
+
+
+def parse_share(value: str) -> float:
+    """A ``--share`` of each layer's |mass|: a number in (0, 1], by the flow API's own rule
+    (:func:`cwviz.core.method.flow_arguments.share`), refused here before torch is imported."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number in (0, 1], not {flow_arguments.quoted(value)}") from None
+    try:
+        return flow_arguments.share(number, "--share")
+    except InputError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def parse_positive(value: str) -> int:
+    """A whole number of at least 1 (``--top``)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {flow_arguments.quoted(value)}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
 
 
 def parse_rates(value: str) -> tuple[float, ...]:
@@ -293,7 +318,7 @@ def _add_claims(sub: argparse._SubParsersAction) -> None:
         "claims",
         help="check the paper's five claims on a model: a verdict per claim with bootstrap intervals over items",
         description="Run the faithfulness curves under each rank scope, the sink tables, head curves and the sink "
-        "intervention on each item, and judge each of the paper's five claims holds / fails / unresolved from 95%% "
+        "intervention on each item, and judge each of the paper's five claims holds / fails / unresolved from 95% "
         "bootstrap intervals over the items (criteria: docs/METHOD.md section 5). Writes DIR/claims.csv.",
     )
     data = parser.add_mutually_exclusive_group(required=True)
@@ -337,9 +362,12 @@ def _add_flow(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--target", help="the target token, exactly one token of the model's vocabulary (mind a leading space)")
     parser.add_argument("--foil", help="a foil token: the flow is toward logit(target) - logit(foil)")
     parser.add_argument("--position", type=int, help="the position predicted from (default: the last; an encoder's 0, [CLS])")
-    parser.add_argument("--top", type=int, default=FLOW_TOP, help=f"tokens and heads listed each way (default {FLOW_TOP})")
+    parser.add_argument("--top", type=parse_positive, default=FLOW_TOP, help=f"tokens and heads listed each way (default {FLOW_TOP})")
     parser.add_argument(
-        "--share", type=float, default=FLOW_SHARE, help=f"share of each layer's |mass| the graph's edges keep (default {FLOW_SHARE:g})"
+        "--share",
+        type=parse_share,
+        default=FLOW_SHARE,
+        help=f"share of each layer's |mass| the graph's edges keep (default {FLOW_SHARE:g})",
     )
     parser.add_argument("--json", dest="json_path", type=Path, help="write the summary and every table as one JSON file")
     parser.add_argument("--csv", dest="csv_dir", type=Path, help=f"write {', '.join(t + '.csv' for t in FLOW_TABLES)} into this folder")
@@ -352,8 +380,8 @@ def _add_flow_faithfulness(sub: argparse._SubParsersAction) -> None:
         help="is the signed flow faithful? knockouts of each input token, deletion curves, verdicts against baselines",
         description="On each item: knock out each input token in every layer and correlate the effects on the logit "
         "difference (top token − second) with the signed flow, ALTI, attention rollout, raw attention and a random "
-        "ranking; run comprehensiveness and sufficiency at 10 and 30%% of the input tokens; judge the pre-registered "
-        "comparisons holds / fails / unresolved from 95%% paired bootstrap intervals over the items (docs/METHOD.md "
+        "ranking; run comprehensiveness and sufficiency at 10 and 30% of the input tokens; judge the pre-registered "
+        "comparisons holds / fails / unresolved from 95% paired bootstrap intervals over the items (docs/METHOD.md "
         "section 6.6). Writes DIR/flow_faithfulness.csv and DIR/flow_faithfulness_methods.csv.",
     )
     data = parser.add_mutually_exclusive_group(required=True)
