@@ -3,7 +3,8 @@
 ``cwviz --help``, ``cwviz COMMAND --help`` and an argument error come from here alone, so they never import torch or
 transformers (seconds). Each command's parser names the module that runs it (``command_module``, a module of
 :mod:`cwviz.cli` with ``run(args) -> int``); :func:`cwviz.cli.main.main` imports that one module once the arguments
-are parsed. Add a command by writing its module and its ``_add_<name>`` here, listed in :data:`COMMANDS`.
+are parsed, after the parser's ``check`` where it has one (values refused before torch is imported, with one
+``error:`` line). Add a command by writing its module and its ``_add_<name>`` here, listed in :data:`COMMANDS`.
 """
 
 from __future__ import annotations
@@ -144,28 +145,12 @@ def parse_batch_size(value: str) -> int:
     return size
 
 
-def parse_share(value: str) -> float:
-    """A ``--share`` of each layer's |mass|: a number in (0, 1], by the flow API's own rule
-    (:func:`cwviz.core.method.flow_arguments.share`), refused here before torch is imported."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a number in (0, 1], not {flow_arguments.quoted(value)}") from None
-    try:
-        return flow_arguments.share(number, "--share")
-    except InputError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def parse_positive(value: str) -> int:
-    """A whole number of at least 1 (``--top``)."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {flow_arguments.quoted(value)}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
-    return number
+def check_flow(args: argparse.Namespace) -> None:
+    """``cwviz flow``'s refusals that need no model, run by :func:`cwviz.cli.main.main` before torch is imported:
+    ``--top`` of at least 1, and ``--share`` by the flow API's own rule (:func:`cwviz.core.method.flow_arguments.share`)."""
+    if args.top < 1:
+        raise InputError(f"--top must be at least 1, not {args.top}")
+    flow_arguments.share(args.share, "--share")
 
 
 def parse_rates(value: str) -> tuple[float, ...]:
@@ -362,16 +347,16 @@ def _add_flow(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--target", help="the target token, exactly one token of the model's vocabulary (mind a leading space)")
     parser.add_argument("--foil", help="a foil token: the flow is toward logit(target) - logit(foil)")
     parser.add_argument("--position", type=int, help="the position predicted from (default: the last; an encoder's 0, [CLS])")
-    parser.add_argument("--top", type=parse_positive, default=FLOW_TOP, help=f"tokens and heads listed each way (default {FLOW_TOP})")
+    parser.add_argument("--top", type=int, default=FLOW_TOP, help=f"tokens and heads listed each way (default {FLOW_TOP})")
     parser.add_argument(
         "--share",
-        type=parse_share,
+        type=float,
         default=FLOW_SHARE,
         help=f"share of each layer's |mass| the graph's edges keep (default {FLOW_SHARE:g})",
     )
     parser.add_argument("--json", dest="json_path", type=Path, help="write the summary and every table as one JSON file")
     parser.add_argument("--csv", dest="csv_dir", type=Path, help=f"write {', '.join(t + '.csv' for t in FLOW_TABLES)} into this folder")
-    parser.set_defaults(command_module="cwviz.cli.flow")
+    parser.set_defaults(command_module="cwviz.cli.flow", check=check_flow)
 
 
 def _add_flow_faithfulness(sub: argparse._SubParsersAction) -> None:
