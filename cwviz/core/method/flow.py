@@ -69,7 +69,7 @@ def _token_id(bundle, token: int | str | None, name: str) -> int | None:
         return None if token is None else arguments.token_id(token, _vocabulary_size(bundle), name)
     ids = list(bundle.tokenizer(token, add_special_tokens=False)["input_ids"])
     if len(ids) != 1:
-        shown = arguments.quoted([bundle.tokenizer.decode([i]) for i in ids])
+        shown = arguments.quoted([bundle.tokenizer.decode([i]) for i in ids[:20]])  # a long text: its first tokens
         raise ArgumentError(
             name,
             f"the {name} {arguments.quoted(token)} is {len(ids)} tokens {shown}, not one: give one token (with its leading space if it has one)",
