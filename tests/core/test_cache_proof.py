@@ -14,7 +14,7 @@ import pytest
 from safetensors import SafetensorError
 
 import cwviz
-from cwviz.core.loading import checkpoints
+from cwviz.core.loading import cache_records, checkpoints
 from cwviz.core.util.errors import ModelLoadError
 from tests.helpers import call, write_tiny_gguf
 
@@ -33,13 +33,13 @@ def sha256(path: Path) -> str:
 
 
 def recorded(folder: Path) -> dict:
-    return json.loads((folder / checkpoints.FILES_RECORD).read_text())["files"]
+    return json.loads((folder / cache_records.FILES_RECORD).read_text())["files"]
 
 
 def test_a_conversion_records_every_files_size_and_checksum(gguf):
     folder = checkpoints.gguf_dir(gguf)
     files = recorded(folder)
-    on_disk = {p.name for p in folder.iterdir() if p.name != checkpoints.FILES_RECORD}
+    on_disk = {p.name for p in folder.iterdir() if p.name != cache_records.FILES_RECORD}
     assert set(files) == on_disk and "model.safetensors" in on_disk
     for name, made in files.items():
         assert made["size"] == (folder / name).stat().st_size and made["sha256"] == sha256(folder / name)
@@ -68,24 +68,24 @@ def test_a_changed_cache_is_said_in_one_line_and_converted_again(gguf, caplog, d
         bundle = cwviz.load_model(str(gguf), device="cpu")
     said = [r.getMessage() for r in caplog.records if "not as it was converted" in r.getMessage()]
     assert len(said) == 1 and words in said[0] and "converting it again" in said[0] and "\n" not in said[0], said
-    assert sha256(weights) == good and checkpoints.changed(folder) is None
+    assert sha256(weights) == good and cache_records.changed(folder) is None
     assert cwviz.analyze(bundle, "the cat sat").perplexity < 1e6
     assert not [p for p in folder.parent.iterdir() if p.name.startswith((".stale-", ".write-"))]
 
 
 def test_an_untouched_cache_reads_no_weights_to_prove_itself(gguf, monkeypatch):
     folder = checkpoints.gguf_dir(gguf)
-    monkeypatch.setattr(checkpoints, "_sha256", lambda path: pytest.fail(f"{path} was hashed on a load of an untouched cache"))
-    assert checkpoints.changed(folder) is None
+    monkeypatch.setattr(cache_records, "_sha256", lambda path: pytest.fail(f"{path} was hashed on a load of an untouched cache"))
+    assert cache_records.changed(folder) is None
 
 
 def test_a_cache_converted_before_the_record_is_checked_by_its_headers_and_recorded(gguf):
     folder = checkpoints.gguf_dir(gguf)
-    (folder / checkpoints.FILES_RECORD).unlink()
-    assert checkpoints.changed(folder) is None and (folder / checkpoints.FILES_RECORD).is_file()
-    (folder / checkpoints.FILES_RECORD).unlink()
+    (folder / cache_records.FILES_RECORD).unlink()
+    assert cache_records.changed(folder) is None and (folder / cache_records.FILES_RECORD).is_file()
+    (folder / cache_records.FILES_RECORD).unlink()
     cut(folder / "model.safetensors")
-    assert "model.safetensors" in checkpoints.changed(folder)
+    assert "model.safetensors" in cache_records.changed(folder)
 
 
 def one_error(code: int, err: str) -> str:
@@ -102,7 +102,7 @@ def _cache_left(gguf: Path) -> list[str]:
 
 def test_a_disk_without_room_is_one_line_naming_cwviz_cache_and_the_space_needed(gguf, monkeypatch, capsys):
     """The issue's full disk under CWVIZ_CACHE gave a 15-frame SafetensorError traceback."""
-    monkeypatch.setattr(checkpoints, "free_bytes", lambda folder: 1000)
+    monkeypatch.setattr(cache_records, "free_bytes", lambda folder: 1000)
     with pytest.raises(ModelLoadError, match=r"needs about [\d,]+ MB in .*\(CWVIZ_CACHE=.*\), and its disk has 0 MB free"):
         checkpoints.gguf_dir(gguf)
     assert _cache_left(gguf) == []

@@ -15,7 +15,7 @@ later load reads the safetensors folder and never opens the GGUF. Every cache fo
 folder and renamed (:func:`written_once`), so an interrupted or concurrent first use never leaves a half-written cache,
 and a disk too small for it is one error naming CWVIZ_CACHE and the space needed (:func:`check_space`).
 
-A cache folder proves itself: the conversion records each file's size and SHA-256 (:data:`FILES_RECORD`), and a load
+A cache folder proves itself: the conversion records each file's size and SHA-256 (:mod:`cwviz.core.loading.cache_records`), and a load
 that finds a file changed, cut or missing says so in one line and converts again (:func:`changed`, :func:`made_once`).
 """
 
@@ -25,9 +25,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
-import json
 import logging
-import os
 import shutil
 import struct
 import tempfile
@@ -41,7 +39,8 @@ from safetensors import SafetensorError
 
 from ..util.errors import ModelLoadError
 from ..util.locks import lock
-from ..util.settings import cache_dir, os_error_message
+from ..util.settings import cache_dir
+from .cache_records import changed, check_space, discard, record_files, write_error
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +90,7 @@ def written_once(target: Path) -> Iterator[Path]:
             yield tmp
             record_files(tmp)
         except (OSError, SafetensorError) as err:  # a full disk, a quota: the folder is removed below
-            raise ModelLoadError(f"could not write the converted model into {target}: {_write_error(err)}") from None
+            raise ModelLoadError(f"could not write the converted model into {target}: {write_error(err)}") from None
         try:
             tmp.rename(target)
         except OSError:
@@ -121,129 +120,6 @@ def made_once(target: Path, ready: Callable[[Path], bool], make: Callable[[], ob
             discard(target)
         make()
     return target
-
-
-#: The file of a converted model's folder that records every other file's size and SHA-256, written at conversion.
-FILES_RECORD = "cwviz-files.json"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def record_files(folder: Path) -> None:
-    """Record each file of ``folder`` (a conversion's output, before it is renamed into place) in
-    :data:`FILES_RECORD`: its size, modification time (ns) and SHA-256."""
-    files = {}
-    for path in sorted(folder.iterdir()):
-        if path.is_file() and path.name != FILES_RECORD and not path.name.startswith("."):
-            done = path.stat()
-            files[path.name] = {"size": done.st_size, "mtime_ns": done.st_mtime_ns, "sha256": _sha256(path)}
-    # A file of its own, then renamed: two processes that record an older cache at once never leave half a record.
-    handle, tmp = tempfile.mkstemp(prefix=f".{FILES_RECORD}-", dir=folder)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(json.dumps({"files": files}, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, folder / FILES_RECORD)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def changed(folder: Path) -> str | None:
-    """What of the converted model in ``folder`` is not as its conversion wrote it (one phrase: a file missing, of
-    another size, or with another SHA-256), None when every file is as recorded. A file's SHA-256 is read again only
-    when its modification time changed (a load of an untouched cache reads no weights for this).
-
-    A folder converted by a cwviz that kept no record is checked for what it can prove without one (each safetensors
-    file as long as its own header says) and recorded when whole."""
-    record = folder / FILES_RECORD
-    try:
-        files = json.loads(record.read_text(encoding="utf-8"))["files"]
-        if not isinstance(files, dict):
-            raise TypeError
-    except FileNotFoundError:
-        problem = next(filter(None, (_cut_safetensors(path) for path in sorted(folder.glob("*.safetensors")))), None)
-        if problem is None:
-            with contextlib.suppress(OSError):  # a read-only cache, filled once and shared: checked each load
-                record_files(folder)
-        return problem
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"{FILES_RECORD} is not readable"
-    for name, made in files.items():
-        path = folder / name
-        try:
-            now = path.stat()
-        except OSError:
-            return f"{name} is missing"
-        if now.st_size != made["size"]:
-            return f"{name} is {now.st_size:,} bytes, {made['size']:,} when converted"
-        if now.st_mtime_ns != made["mtime_ns"] and _sha256(path) != made["sha256"]:
-            return f"{name} has changed since it was converted (its SHA-256 differs)"
-    return None
-
-
-def _cut_safetensors(path: Path) -> str | None:
-    """Why the safetensors file ``path`` is cut (its length is not the 8 + header + data bytes its header declares),
-    None when it is whole."""
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as handle:
-            length = struct.unpack("<Q", handle.read(8))[0]
-            if length > size:
-                raise ValueError
-            header = json.loads(handle.read(length))
-        end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
-    except (struct.error, ValueError, KeyError, TypeError, IndexError):
-        return f"{path.name} has no whole safetensors header"
-    if size != 8 + length + end:
-        return f"{path.name} is {size:,} bytes, {8 + length + end:,} by its header"
-    return None
-
-
-def discard(target: Path) -> None:
-    """Remove the cache folder ``target`` (renamed aside first, so that no reader finds half of it); ModelLoadError
-    saying to delete it by hand when it cannot be removed."""
-    aside = target.with_name(f".stale-{target.name}-{os.getpid()}")
-    try:
-        target.rename(aside)
-    except OSError as err:
-        raise ModelLoadError(f"{os_error_message(err)}; delete {target} and load the model again") from None
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def check_space(folder: Path, needed: int) -> None:
-    """ModelLoadError naming CWVIZ_CACHE and the space needed when the disk of the cache folder ``folder`` has fewer
-    than ``needed`` bytes free: refused before anything is written."""
-    free = free_bytes(folder)
-    if free < needed:
-        raise ModelLoadError(
-            f"the converted model needs about {needed / 1e6:,.0f} MB in {_cache_named(folder)}, and its disk has "
-            f"{free / 1e6:,.0f} MB free; free some space, or point CWVIZ_CACHE at a disk with room"
-        )
-
-
-def free_bytes(folder: Path) -> int:
-    """The bytes free on the disk that holds ``folder``."""
-    return shutil.disk_usage(folder).free
-
-
-def _cache_named(folder: Path) -> str:
-    """``folder`` with the variable that chose it: CWVIZ_CACHE, set or not."""
-    chosen = os.environ.get("CWVIZ_CACHE", "").strip()
-    return f"{folder} (CWVIZ_CACHE={chosen})" if chosen else f"{folder} (the default cache folder; CWVIZ_CACHE chooses another)"
-
-
-def _write_error(err: BaseException) -> str:
-    """What stopped the writing of a converted model: the OS's reason, or the safetensors writer's type (its message
-    holds the OS error's text: it is shown, never read)."""
-    if isinstance(err, OSError):
-        return os_error_message(err)
-    return f"{type(err).__name__}: {' '.join(str(err).split())[:200]}; free some space, or point CWVIZ_CACHE at a disk with room"
 
 
 def converted(target: Path) -> bool:

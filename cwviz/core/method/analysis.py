@@ -24,12 +24,12 @@ from ...vocabulary import KINDS, check_kind
 from ..loading import architectures
 from ..loading.inputs import check_agree, check_layer, check_length, integer_index, tokenize
 from ..loading.models import Bundle
-from ..util.errors import InputError, ModelLoadError, SelectionError
+from ..util.errors import InputError, SelectionError
 from ..util.progress import Progress
 from ..util.tokens import display_tokens
 from . import memory
 from .capture import Intervention, LayerRecord, forward_pass
-from .logprobs import perplexity_of, prompt_logprobs
+from .logprobs import final_states, perplexity_of, prompt_logprobs
 from .measures import (
     MEASURES,
     LayerMeasures,
@@ -108,28 +108,12 @@ def analyze(
         stream_hooks(bundle, at) if stream else contextlib.nullcontext() as finish,
     ):
         hidden = bundle.final_hidden(batch)[0]  # (T, d_model)
-    if intervention is None and not bool(torch.isfinite(hidden).all()):
-        raise ModelLoadError(_damaged(bundle, "hidden states that are not finite (NaN or infinite)"))
     if len(records) != bundle.info.layers:
         raise RuntimeError(f"recorded {len(records)} of {bundle.info.layers} layers; is the model's attention routed through cwviz?")
-    final = hidden if bundle.arch.causal else None  # the log-probabilities' input; an encoder has none
+    final = final_states(bundle, hidden, intervention)  # the log-probabilities' input, checked; an encoder has none
     analysis = Analysis(bundle, text or "", ids, by_layer(records, bundle.info.layers), None, final, intervention)
     analysis.stream = None if finish is None else finish(hidden)
     return analysis
-
-
-#: The largest mean negative log-likelihood (nats a token) a model's own pass may give: exp of more overflows a float64
-#: perplexity, and a model that guesses uniformly from its whole vocabulary gives about 11 (SmolLM2's 49,152 tokens).
-MAX_NLL = 700.0
-
-
-def _damaged(bundle: Bundle, what: str) -> str:
-    """The message that refuses a pass whose outputs no working model gives (``what``), naming the model."""
-    return (
-        f"{bundle.info.id} gave {what} on this prompt, which no working model gives: its weights look damaged or overflow "
-        f"in {bundle.info.dtype}; load it again (a cached conversion is checked and converted again), download it again, "
-        "or try --dtype float32"
-    )
 
 
 class Analysis:
@@ -213,10 +197,7 @@ class Analysis:
         with self._logprobs_lock:
             if self._logprobs is None:
                 with memory.guard(torch.device("cpu") if self._final_hidden is None else self._final_hidden.device):
-                    logprobs = prompt_logprobs(self.bundle, self._final_hidden, self.input_ids)
-                if self.intervention is None and logprobs.size and not -MAX_NLL < float(logprobs.astype(np.float64).mean()) <= 0:
-                    raise ModelLoadError(_damaged(self.bundle, f"a mean next-token log-probability of {logprobs.mean():.4g}"))
-                self._logprobs = logprobs
+                    self._logprobs = prompt_logprobs(self.bundle, self._final_hidden, self.input_ids, own=self.intervention is None)
                 self._final_hidden = None  # after the log-probabilities, not before: an error leaves it for a retry
             return self._logprobs
 
