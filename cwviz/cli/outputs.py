@@ -94,7 +94,7 @@ def _named(err: OSError, path: Path) -> str:
     device's write fails at its close, without one)."""
     if not isinstance(err.filename, str):
         err = OSError(err.errno, err.strerror, str(path))
-    return f"cannot write {path}: {os_error_message(err)}"
+    return os_error_message(err)
 
 
 def strict(value: object) -> object:
