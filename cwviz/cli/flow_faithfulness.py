@@ -13,28 +13,11 @@ import argparse
 
 from ..analyses import faithfulness, flow_faithfulness, sweep
 from ..analyses.codecs import FLOW_FAITHFULNESS
-from ..core.util.errors import InputError
 from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
 from ..core.util.texts import read_texts
 from . import outputs
 from .common import early_exit, jsonl_path, load, report_interrupt, run_manifest, sweep_processes
-
-
-def check_args(args: argparse.Namespace) -> None:
-    """Before any file is read: InputError for a setting out of range."""
-    for flag, value, least in (
-        ("--n", args.n, 1),
-        ("--batch-size", args.batch_size, 1),
-        ("--draws", args.draws, 1),
-        ("--seed", args.seed, 0),
-    ):
-        if value < least:
-            raise InputError(f"{flag} must be at least {least}, not {value}")
-    if args.max_tokens < flow_faithfulness.MIN_TOKENS:
-        raise InputError(
-            f"--max-tokens must be at least {flow_faithfulness.MIN_TOKENS} (the target and three input tokens), not {args.max_tokens}"
-        )
 
 
 def settings_of(args: argparse.Namespace, provenance: dict) -> dict:
@@ -51,7 +34,6 @@ def settings_of(args: argparse.Namespace, provenance: dict) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_args(args)
     texts = read_texts(jsonl_path(args), n=args.n, field=args.field)
     sweep.check_folder(args.results)
     outputs.check_folder(args.results, "--results")

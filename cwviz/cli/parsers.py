@@ -31,6 +31,7 @@ from ..analyses.schema import (
     FLOW_BATCH_SIZE,
     FLOW_DRAWS,
     FLOW_MAX_TOKENS,
+    FLOW_MIN_TOKENS,
     FLOW_SHARE,
     FLOW_TABLES,
     FLOW_TOP,
@@ -151,6 +152,21 @@ def check_flow(args: argparse.Namespace) -> None:
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
     flow_arguments.share(args.share, "--share")
+
+
+def check_flow_faithfulness(args: argparse.Namespace) -> None:
+    """``cwviz flow-faithfulness``'s settings out of range, refused before torch is imported (a ``--seed -1`` ended in
+    numpy's traceback once the model had loaded)."""
+    for flag, value, least in (
+        ("--n", args.n, 1),
+        ("--batch-size", args.batch_size, 1),
+        ("--draws", args.draws, 1),
+        ("--seed", args.seed, 0),
+    ):
+        if value < least:
+            raise InputError(f"{flag} must be at least {least}, not {value}")
+    if args.max_tokens < FLOW_MIN_TOKENS:
+        raise InputError(f"--max-tokens must be at least {FLOW_MIN_TOKENS} (the target and three input tokens), not {args.max_tokens}")
 
 
 def parse_rates(value: str) -> tuple[float, ...]:
@@ -384,7 +400,7 @@ def _add_flow_faithfulness(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=FLOW_BATCH_SIZE, help=f"knockouts per forward pass (default {FLOW_BATCH_SIZE})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random rankings and the bootstrap (default 0)")
     add_model_args(parser)
-    parser.set_defaults(command_module="cwviz.cli.flow_faithfulness")
+    parser.set_defaults(command_module="cwviz.cli.flow_faithfulness", check=check_flow_faithfulness)
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:
