@@ -468,26 +468,35 @@ class ClaimsCodec(Codec):
 
 # -- flow faithfulness ----------------------------------------------------------------------------------
 _SCORES: Field = (lambda v: isinstance(v, dict) and all(list_of(is_number)(s) for s in v.values()), "an object of score lists")
+
+
+def _RATES_OF(r) -> bool:  # noqa: N802 - read as the field checks beside it
+    return isinstance(r, dict) and all(is_number(x) for x in r.values())
+
+
 _CURVES: Field = (
     lambda v: (
         isinstance(v, dict)
         and all(
-            isinstance(c, dict) and all(isinstance(r, dict) and all(is_number(x) for x in r.values()) for r in c.values())
-            for c in v.values()
+            isinstance(m, dict) and all(isinstance(c, dict) and all(_RATES_OF(r) for r in c.values()) for c in m.values())
+            for m in v.values()
         )
     ),
-    "an object: method -> curve -> rate -> drop",
+    "an object: intervention -> method -> curve -> rate -> drop",
 )
+_PER_INTERVENTION: Field = (lambda v: isinstance(v, dict) and all(list_of(is_number)(s) for s in v.values()), "an object of number lists")
+_NUMBER_PER_INTERVENTION: Field = (lambda v: isinstance(v, dict) and all(is_number(x) for x in v.values()), "an object of numbers")
 #: The keys and types of a finished flow-faithfulness item (a skipped one holds ``why`` and ``tokens`` alone).
 FLOW_ITEM: dict[str, Field] = {
     "target": INT,
     "foil": INT,
     "ld_clean": NUMBER,
     "logp_clean": NUMBER,
-    "full_drop": NUMBER,
-    "effects": NUMBERS,
-    "logp_effects": NUMBERS,
+    "full_drop": _NUMBER_PER_INTERVENTION,
+    "effects": _PER_INTERVENTION,
+    "logp_effects": _PER_INTERVENTION,
     "scores": _SCORES,
+    "signed": (list_of(lambda x: isinstance(x, str)), "a list of method names"),
     "random_scores": (list_of(list_of(is_number)), "a list of score lists"),
     "curves": _CURVES,
 }
@@ -527,14 +536,14 @@ class FlowFaithfulnessCodec(Codec):
         if record["target"] < 0 or record["foil"] < 0 or record["target"] == record["foil"]:
             raise InputError(f"{where}: 'target' and 'foil' must be two token ids, not {record['target']} and {record['foil']}; {fix}")
         lists = {
-            "effects": record["effects"],
-            "logp_effects": record["logp_effects"],
+            **{("effects", k): v for k, v in record["effects"].items()},
+            **{("logp_effects", k): v for k, v in record["logp_effects"].items()},
             **record["scores"],
             **dict(enumerate(record["random_scores"])),
         }
-        if any(len(v) != inputs for v in lists.values()) or "flow" not in record["scores"]:
+        if any(len(v) != inputs for v in lists.values()) or "effect" not in record["scores"]:
             raise InputError(
-                f"{where}: its effects and scores must hold one number per input token ({inputs}), the flow's among them; {fix}"
+                f"{where}: its effects and scores must hold one number per input token ({inputs}), the effect flow's among them; {fix}"
             )
 
     def validate_run(self, records: list[dict], manifest: dict | None, folder: Path, fix: str) -> None:
@@ -542,7 +551,13 @@ class FlowFaithfulnessCodec(Codec):
         grids = {
             (
                 frozenset(r["scores"]),
-                frozenset((m, c, rate) for m, curves in r["curves"].items() for c, rates in curves.items() for rate in rates),
+                frozenset(
+                    (i, m, c, rate)
+                    for i, methods in r["curves"].items()
+                    for m, curves in methods.items()
+                    for c, rates in curves.items()
+                    for rate in rates
+                ),
             )
             for r in records
             if not r["skipped"]
@@ -551,22 +566,22 @@ class FlowFaithfulnessCodec(Codec):
             raise InputError(f"{folder} holds flow-faithfulness records of different methods, curves or rates; {fix}")
 
     def decode(self, records: Sequence[dict]) -> pd.DataFrame:
-        """The knockouts of the finished items: one row per item and input token (example, position, effect,
-        logp_effect, then each method's score)."""
+        """The effects of the finished items: one row per item and input token (example, position, each
+        intervention's effect ``effect_<intervention>`` and ``logp_effect_<intervention>``, then each method's score)."""
         frames = [
             pd.DataFrame(
                 {
                     "example": record["example"],
                     "position": np.arange(record["tokens"] - 1, dtype=np.int64),
-                    "effect": np.asarray(record["effects"], dtype=np.float64),
-                    "logp_effect": np.asarray(record["logp_effects"], dtype=np.float64),
+                    **{f"effect_{k}": np.asarray(v, dtype=np.float64) for k, v in record["effects"].items()},
+                    **{f"logp_effect_{k}": np.asarray(v, dtype=np.float64) for k, v in record["logp_effects"].items()},
                     **{name: np.asarray(v, dtype=np.float64) for name, v in record["scores"].items()},
                 }
             )
             for record in records
             if not record["skipped"]
         ]
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["example", "position", "effect", "logp_effect"])
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["example", "position"])
 
 
 FAITHFULNESS, SINKS, ATLAS, CLAIMS = FaithfulnessCodec(), SinksCodec(), AtlasCodec(), ClaimsCodec()

@@ -1,30 +1,34 @@
-"""Is the signed flow faithful? The causal test pre-registered in docs/METHOD.md section 6.6.
+"""Which attribution method says what the model does? The fair test pre-registered in docs/METHOD.md section 7.3
+(protocol version 2; version 1, section 6.6, judged the share flow alone).
 
-Per item (a text cut to ``max_tokens``; t its last position), one record (:func:`item_payload`, run through the sweep
-runner :mod:`cwviz.analyses.sweep` by ``cwviz flow-faithfulness``): the target (the top next token at t) and foil (the
-second), the logit difference LD = logit(target) − logit(foil), every input token's knockout effect
-Δ_k = LD(clean) − LD(token k removed) (k = 0 .. t − 1; removal: :mod:`cwviz.core.method.knockout`), each method's scores
-of the input tokens, and the comprehensiveness and sufficiency drops of each method's ranking.
+Per item (a text cut to ``max_tokens``; p its last position), one record (:func:`item_payload`, run through the sweep
+runner :mod:`cwviz.analyses.sweep` by ``cwviz flow-faithfulness``): the target (the top next token at p) and foil (the
+second), LD = logit(target) − logit(foil), every input token's effect Δ_k = LD(clean) − LD(token k taken away) under
+both interventions (relay: its value in every layer; origin: its input embedding replaced by the mean one; k = 0 ..
+p − 1, :mod:`cwviz.core.method.knockout`), every registry member's scores (:mod:`cwviz.core.method.attribution`; no
+member is named here), and the comprehensiveness and sufficiency drops of each member's ranking by |score| over the
+ranked tokens 1 .. p − 1, under both interventions.
 
-From the records, torch-free: :func:`item_statistics` (per item and method: Spearman's ρ with the effects, the drops,
-AOPC), :func:`method_table` (means, intervals, normalised AOPC) and :func:`verdict_table` (the pre-registered
-paired comparisons, each holds / fails / unresolved as ``cwviz claims`` judges: :mod:`cwviz.analyses.claims`).
+From the records, torch-free: :func:`item_statistics` (per item, method and intervention: ρ of |score| with |Δ| with
+and without the first token, the signed ρ and top-3 sign agreement of signed members, the drops and AOPC),
+:func:`method_table` (means and intervals) and :func:`verdict_table` (the pre-registered paired comparisons, each
+holds / fails / unresolved as ``cwviz claims`` judges: :mod:`cwviz.analyses.claims`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..core.method import baselines
+from ..core.method import attribution
 from ..core.method.analysis import analyze
-from ..core.method.flow import token_totals
 from ..core.method.knockout import last_logits
+from ..core.util.errors import InputError
 from .claim_items import spearman
 from .claims import MIN_ITEMS, UNRESOLVED, mean_interval, verdict
 from .codecs import FLOW_FAITHFULNESS
@@ -33,14 +37,14 @@ from .schema import FLOW_BATCH_SIZE, FLOW_DRAWS, FLOW_MAX_TOKENS, FLOW_MIN_TOKEN
 
 #: The sub-folder of ``--results DIR`` holding the records (of :data:`cwviz.analyses.codecs.FLOW_FAITHFULNESS`).
 RECORDS_FOLDER = FLOW_FAITHFULNESS.name
-#: The files ``cwviz flow-faithfulness --results DIR`` writes: the verdicts, and each method's means.
+#: The files ``cwviz flow-faithfulness --results DIR`` writes: the verdicts, each method's means, and each item's
+#: primary ρ per method and intervention (the per-item table docs/flow.md publishes).
 CSV_NAME = "flow_faithfulness.csv"
 METHODS_CSV_NAME = "flow_faithfulness_methods.csv"
-#: The methods in report order; ``flow_abs`` ranks by the flow's size, ``random`` is the control.
-METHODS = ("flow", "flow_abs", "alti", "rollout", "raw", "random")
-#: Methods whose scores are signed: correlated with the signed effects (the others with the effects' size).
-SIGNED = frozenset({"flow"})
-BASELINES = ("alti", "rollout", "raw")
+ITEMS_CSV_NAME = "flow_faithfulness_items.csv"
+#: The method every other member is compared with, and the control's name.
+FOCUS, CONTROL = "effect", "random"
+INTERVENTIONS = attribution.INTERVENTIONS
 CURVES = ("comprehensiveness", "sufficiency")
 RATES: tuple[float, ...] = (10.0, 30.0)
 #: The token cap, knockouts per forward pass, random rankings per item and the fewest tokens an item needs (fewer:
@@ -48,33 +52,31 @@ RATES: tuple[float, ...] = (10.0, 30.0)
 DEFAULT_MAX_TOKENS, DEFAULT_BATCH_SIZE, DRAWS, MIN_TOKENS = FLOW_MAX_TOKENS, FLOW_BATCH_SIZE, FLOW_DRAWS, FLOW_MIN_TOKENS
 #: Scores closer than this share of an item's largest |score| tie; ties keep position order (earlier first).
 TIE_TOLERANCE = 1e-6
-#: Bumped when what an item's record means changes, so a resume refuses records of another version.
-VERSION = 1
-#: The pre-registered comparisons (first, second): > 0 means the first is more faithful.
-COMPARISONS: tuple[tuple[str, str], ...] = (
-    ("flow", "alti"),
-    ("flow", "rollout"),
-    ("flow", "raw"),
-    ("flow", "random"),
-    ("alti", "random"),
-    ("rollout", "random"),
-    ("raw", "random"),
-    ("flow_abs", "alti"),
-    ("flow_abs", "random"),
-)
-SECONDARY_METHODS = frozenset({"flow_abs"})
-#: The primary statistics; the per-rate rows are reported alongside.
-PRIMARY = ("rho", "aopc_comprehensiveness", "aopc_sufficiency")
+#: Bumped when what an item's record means changes, so a resume refuses records of another version (2: section 7.3).
+VERSION = 2
+#: The tokens whose largest |score| the sign agreement reads.
+SIGN_TOP = 3
+#: Per-item statistics: the primary ρ (|score| with |Δ|, tokens 1 .. p − 1), its sensitivity row with the first token,
+#: the signed ρ and top-3 sign agreement (signed members), the drops at each rate and the two AOPCs.
+PRIMARY = "rho"
 STATISTICS = (
-    "rho",
+    PRIMARY,
+    "rho_with_first",
+    "rho_signed",
+    "sign_agreement",
     *(f"{curve}@{rate:g}" for curve in CURVES for rate in RATES),
     "aopc_comprehensiveness",
     "aopc_sufficiency",
 )
+SIGNED_STATISTICS = frozenset({"rho_signed", "sign_agreement"})
 #: Statistics where larger is more faithful (the others: sufficiency, smaller is).
-LARGER_IS_BETTER = frozenset({"rho", "aopc_comprehensiveness", *(f"comprehensiveness@{r:g}" for r in RATES)})
-CSV_COLUMNS = ["statistic", "first", "second", "primary", "verdict", "estimate", "ci_low", "ci_high", "n", "evidence"]
-METHOD_COLUMNS = ["method", "statistic", "mean", "ci_low", "ci_high", "n", "normalised"]
+LARGER_IS_BETTER = frozenset(
+    {PRIMARY, "rho_with_first", "rho_signed", "sign_agreement", "aopc_comprehensiveness", *(f"comprehensiveness@{r:g}" for r in RATES)}
+)
+#: The statistics each comparison is judged on (the per-rate rows are in the methods table).
+JUDGED = (PRIMARY, "rho_with_first", "aopc_comprehensiveness", "aopc_sufficiency", "rho_signed", "sign_agreement")
+CSV_COLUMNS = ["intervention", "statistic", "first", "second", "primary", "verdict", "estimate", "ci_low", "ci_high", "n", "evidence"]
+METHOD_COLUMNS = ["intervention", "method", "statistic", "mean", "ci_low", "ci_high", "n", "signed", "answers"]
 
 
 # -- rankings (torch-free) ------------------------------------------------------------------------------
@@ -122,6 +124,12 @@ def skipped(tokens: int, why: str) -> dict:
     return FLOW_FAITHFULNESS.encode({"skipped": True, "why": why, "tokens": tokens})
 
 
+def members(bundle, names: Sequence[str] | None = None) -> dict[str, attribution.Method]:
+    """The registry members an item scores (default: every member that runs on ``bundle``), by name."""
+    chosen = attribution.METHODS if names is None else {name: attribution.check_method(name) for name in names}
+    return {name: method for name, method in chosen.items() if method.available(bundle) is None}
+
+
 def item_payload(
     bundle,
     text: str,
@@ -130,42 +138,46 @@ def item_payload(
     seed: int = 0,
     draws: int = DRAWS,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    flow: Callable | None = None,
+    methods: Mapping[str, attribution.Method] | None = None,
 ) -> dict:
-    """One item's record payload (module docstring). ``flow(analysis, position, target, foil) -> [T]``: the signed
-    flow's token totals (default :func:`cwviz.core.method.flow.token_totals`). Skipped (``skipped`` true, ``why``) when the
-    item has fewer than :data:`MIN_TOKENS` tokens after the cap, or its target and foil tie exactly."""
-    flow = token_totals if flow is None else flow
+    """One item's record payload (module docstring). ``methods``: the members scored, by name (default
+    :func:`members`). Skipped (``skipped`` true, ``why``) when the item has fewer than :data:`MIN_TOKENS` tokens after
+    the cap, or its target and foil tie exactly."""
+    methods = members(bundle) if methods is None else methods
     ids = example_ids(bundle, text, max_tokens)
     if ids is None or len(ids) < MIN_TOKENS:
         return skipped(0 if ids is None else len(ids), f"fewer than {MIN_TOKENS} tokens")
     analysis = analyze(bundle, input_ids=ids)
-    t = n = len(ids) - 1  # the input tokens are 0 .. t - 1
+    p = n = len(ids) - 1  # the input tokens are 0 .. p - 1; the ranked ones 1 .. p - 1
     clean = last_logits(bundle, ids, [()])[0]
     target, foil = top_two(clean.numpy())
     if clean[target] == clean[foil]:
         return skipped(len(ids), "target and foil tie")
-    scores = {"flow": np.asarray(flow(analysis, t, target, foil), dtype=np.float64)[:n]}
-    scores |= {name: baselines.BASELINES[name](analysis, t).astype(np.float64)[:n] for name in BASELINES}
-    ranked = {"flow": scores["flow"], "flow_abs": np.abs(scores["flow"]), **{name: scores[name] for name in BASELINES}}
-    draws_ = random_scores(seed, example, draws, n)
-    plans = {name: removal_sets(s) for name, s in ranked.items()}
-    random_plans = [removal_sets(s) for s in draws_]
+    asked = attribution.Request(analysis, p, target, foil)
+    scores = {name: np.asarray(attribution.run(method, asked).scores, dtype=np.float64)[:n] for name, method in methods.items()}
+    random = random_scores(seed, example, draws, n)
+    ranked = slice(1, n)  # the ranked tokens: the first and the predicted position left out (section 7.3)
+    plans = {name: _shifted(removal_sets(np.abs(s[ranked]))) for name, s in scores.items()}
+    random_plans = [_shifted(removal_sets(r[ranked])) for r in random]
     full = tuple(range(n))
-    sets = [(k,) for k in range(n)] + [full]
-    sets += [s for plan in (*plans.values(), *random_plans) for s in plan.values()]
+    sets = [(k,) for k in range(n)] + [full] + [s for plan in (*plans.values(), *random_plans) for s in plan.values()]
     unique = list(dict.fromkeys(sets))
-    logits = last_logits(bundle, ids, unique, batch_size)  # (set, vocab)
-    ld = (logits[:, target] - logits[:, foil]).double().numpy()
-    logp = torch.log_softmax(logits.double(), -1)[:, target].numpy()
     ld_clean = float(clean[target] - clean[foil])
     logp_clean = float(torch.log_softmax(clean.double(), -1)[target])
-    drop = {s: ld_clean - float(v) for s, v in zip(unique, ld)}
-    logp_drop = {s: logp_clean - float(v) for s, v in zip(unique, logp)}
-    curves = {name: _curve(plan, drop) for name, plan in plans.items()}
-    curves["random"] = {
-        curve: {f"{rate:g}": float(np.mean([drop[p[curve, rate]] for p in random_plans])) for rate in RATES} for curve in CURVES
-    }
+    effects, logp_effects, full_drops, curves = {}, {}, {}, {}
+    for intervention in INTERVENTIONS:
+        logits = last_logits(bundle, ids, unique, batch_size, intervention)  # (set, vocab)
+        ld = (logits[:, target] - logits[:, foil]).double().numpy()
+        logp = torch.log_softmax(logits.double(), -1)[:, target].numpy()
+        drop = {s: ld_clean - float(v) for s, v in zip(unique, ld)}
+        effects[intervention] = [drop[(k,)] for k in range(n)]
+        logp_effects[intervention] = [logp_clean - float(logp[unique.index((k,))]) for k in range(n)]
+        full_drops[intervention] = drop[full]
+        made = {name: _curve(plan, drop) for name, plan in plans.items()}
+        made[CONTROL] = {
+            curve: {f"{rate:g}": float(np.mean([drop[plan[curve, rate]] for plan in random_plans])) for rate in RATES} for curve in CURVES
+        }
+        curves[intervention] = made
     return FLOW_FAITHFULNESS.encode(
         {
             "skipped": False,
@@ -174,14 +186,20 @@ def item_payload(
             "foil": foil,
             "ld_clean": ld_clean,
             "logp_clean": logp_clean,
-            "full_drop": drop[full],
-            "effects": [drop[(k,)] for k in range(n)],
-            "logp_effects": [logp_drop[(k,)] for k in range(n)],
+            "full_drop": full_drops,
+            "effects": effects,
+            "logp_effects": logp_effects,
             "scores": {name: [float(v) for v in s] for name, s in scores.items()},
-            "random_scores": [[float(v) for v in s] for s in draws_],
+            "signed": sorted(name for name, method in methods.items() if method.signed),
+            "random_scores": [[float(v) for v in s] for s in random],
             "curves": curves,
         }
     )
+
+
+def _shifted(plan: dict) -> dict:
+    """A removal plan over the ranked tokens 1 .. p − 1 (indices from 0) as prompt positions."""
+    return {key: tuple(i + 1 for i in removed) for key, removed in plan.items()}
 
 
 def _curve(plan: dict, drop: dict) -> dict:
@@ -189,73 +207,128 @@ def _curve(plan: dict, drop: dict) -> dict:
 
 
 # -- from records to statistics and verdicts (torch-free) ------------------------------------------------
-def method_scores(record: dict) -> dict[str, np.ndarray]:
-    """The scores each method correlates with the effects: the flow signed, ``flow_abs`` its size, the baselines."""
-    scores = {name: np.asarray(v, dtype=np.float64) for name, v in record["scores"].items()}
-    return {"flow": scores["flow"], "flow_abs": np.abs(scores["flow"]), **{name: scores[name] for name in BASELINES}}
+def sign_agreement(scores: np.ndarray, effects: np.ndarray, top: int = SIGN_TOP) -> float:
+    """Among the ``top`` tokens with the largest |score| (ties: earlier first), the share whose score has the sign of
+    its effect (an effect or score of exactly 0 disagrees); NaN with no tokens."""
+    scores, effects = np.asarray(scores, np.float64), np.asarray(effects, np.float64)
+    keep = np.isfinite(scores) & np.isfinite(effects)
+    scores, effects = scores[keep], effects[keep]
+    if not len(scores):
+        return math.nan
+    picked = ranking(np.abs(scores))[: min(top, len(scores))]
+    return float(np.mean(np.sign(scores[picked]) * np.sign(effects[picked]) > 0))
 
 
-def correlation(method: str, scores: np.ndarray, effects: np.ndarray) -> float:
-    """Spearman's ρ of a method's scores with the effects: signed methods with the signed effects, unsigned ones with
-    their size (docs/METHOD.md section 6.6 (a))."""
-    return spearman(scores, effects if method in SIGNED else np.abs(effects))
+def _rows(record: dict) -> dict[tuple[str, str], np.ndarray]:
+    """Each method's scores over the input tokens 0 .. p − 1 (the control: its draws, stacked [draw, token])."""
+    rows = {name: np.asarray(v, dtype=np.float64) for name, v in record["scores"].items()}
+    rows[CONTROL] = np.asarray(record["random_scores"], dtype=np.float64)
+    return rows
+
+
+def per_item(scores: np.ndarray, effects: np.ndarray, signed: bool) -> dict[str, float]:
+    """The per-item statistics of one method's (or one random draw's) scores [p] against the effects [p] over the input
+    tokens 0 .. p − 1 (a pair with a NaN side is left out): ρ(|score|, |Δ|) over 1 .. p − 1 (:data:`PRIMARY`) and
+    over 0 .. p − 1, and for a signed method the signed ρ and the top-3 sign agreement over 1 .. p − 1."""
+    scores, effects = np.asarray(scores, np.float64), np.asarray(effects, np.float64)
+    ranked = slice(1, None)
+    out = {
+        PRIMARY: spearman(np.abs(scores[ranked]), np.abs(effects[ranked])),
+        "rho_with_first": spearman(np.abs(scores), np.abs(effects)),
+        "rho_signed": math.nan,
+        "sign_agreement": math.nan,
+    }
+    if signed:
+        out["rho_signed"] = spearman(scores[ranked], effects[ranked])
+        out["sign_agreement"] = sign_agreement(scores[ranked], effects[ranked])
+    return out
 
 
 def item_statistics(records: Sequence[dict], effect: str = "effects") -> pd.DataFrame:
-    """One row per finished item (index: its example number), columns (method, statistic) for :data:`METHODS` and
-    :data:`STATISTICS`. ``effect``: ``"effects"`` (Δ logit difference, primary) or ``"logp_effects"`` (Δ log p of
-    the target, secondary: ρ only, the drops are of the logit difference)."""
-    rows = {}
+    """One row per finished item (index: its example number), columns (intervention, method, statistic).
+    ``effect``: ``"effects"`` (Δ LD, primary) or ``"logp_effects"`` (Δ log p of the target, secondary: the ρ rows
+    only; the drops are always of LD). The control's ρ is the mean of its draws' (its signed reading: scores − ½)."""
+    rows, methods = {}, []
     for record in records:
         if record.get("skipped"):
             continue
-        effects = np.asarray(record[effect], dtype=np.float64)
+        signed = set(record["signed"])
         row = {}
-        for name, scores in method_scores(record).items():
-            row[name, "rho"] = correlation(name, scores, effects)
-        rhos = [correlation("random", np.asarray(s), effects) for s in record["random_scores"]]
-        row["random", "rho"] = float(np.nanmean(rhos)) if np.isfinite(rhos).any() else math.nan
-        for name in METHODS:
-            curves = record["curves"][name]
-            for curve in CURVES:
-                values = [float(curves[curve][f"{rate:g}"]) for rate in RATES]
-                for rate, value in zip(RATES, values):
-                    row[name, f"{curve}@{rate:g}"] = value
-                row[name, f"aopc_{curve}"] = float(np.mean(values))
+        for intervention in INTERVENTIONS:
+            effects = np.asarray(record[effect][intervention], dtype=np.float64)
+            for name, scores in _rows(record).items():
+                if name == CONTROL:
+                    draws = [per_item(draw - 0.5, effects, True) for draw in scores]
+                    stats = {key: _nanmean([d[key] for d in draws]) for key in draws[0]} if draws else {}
+                else:
+                    stats = per_item(scores, effects, name in signed)
+                for key, value in stats.items():
+                    row[intervention, name, key] = value
+                curves = record["curves"][intervention][name]
+                for curve in CURVES:
+                    values = [float(curves[curve][f"{rate:g}"]) for rate in RATES]
+                    for rate, value in zip(RATES, values):
+                        row[intervention, name, f"{curve}@{rate:g}"] = value
+                    row[intervention, name, f"aopc_{curve}"] = float(np.mean(values))
+        methods.extend(m for m in _rows(record) if m not in methods)
         rows[record["example"]] = row
-    columns = pd.MultiIndex.from_product([METHODS, STATISTICS], names=["method", "statistic"])
+    columns = pd.MultiIndex.from_product([INTERVENTIONS, methods, STATISTICS], names=["intervention", "method", "statistic"])
     return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=columns).sort_index()
 
 
-def full_drop(records: Sequence[dict]) -> float:
-    """D, the mean over finished items of LD(clean) − LD(every input token removed): normalised AOPC's denominator."""
-    values = [r["full_drop"] for r in records if not r.get("skipped")]
+def _nanmean(values: Sequence[float]) -> float:
+    values = np.asarray(values, np.float64)
+    return float(np.nanmean(values)) if np.isfinite(values).any() else math.nan
+
+
+def _methods_of(stats: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(stats.columns.get_level_values("method")))
+
+
+def _answers(records: Sequence[dict]) -> dict[str, str]:
+    """Each scored member's declared interventions, as text (the control answers both)."""
+    out = {CONTROL: ", ".join(INTERVENTIONS)}
+    for name, method in attribution.METHODS.items():
+        out[name] = ", ".join(i for i in INTERVENTIONS if i in method.answers)
+    return out
+
+
+def full_drop(records: Sequence[dict], intervention: str = attribution.RELAY) -> float:
+    """D, the mean over finished items of LD(clean) − LD(every input token taken away)."""
+    values = [r["full_drop"][intervention] for r in records if not r.get("skipped")]
     return float(np.mean(values)) if values else math.nan
 
 
 def method_table(records: Sequence[dict], seed: int = 0, effect: str = "effects") -> pd.DataFrame:
-    """Each method's mean of each statistic over the items, its 95 % bootstrap interval and n; ``normalised``: the
-    mean divided by :func:`full_drop` for the drops and AOPCs (NaN for ρ, and where D ≤ 0)."""
+    """Each (intervention, method)'s mean of each statistic over the items, its 95 % bootstrap interval and n."""
     stats = item_statistics(records, effect)
-    scale = full_drop(records)
+    signed = {name for r in records if not r.get("skipped") for name in r["signed"]}
+    answers = _answers(records)
     rows = []
-    for method in METHODS:
-        values = stats[method].to_numpy(np.float64) if len(stats) else np.zeros((0, len(STATISTICS)))
-        mean, low, high, n = mean_interval(values, seed) if len(values) else (None, None, None, 0)
-        for i, statistic in enumerate(STATISTICS):
-            m = float(mean[i]) if n else math.nan
-            normalised = m / scale if statistic != "rho" and scale > 0 else math.nan
-            rows.append(
-                {
-                    "method": method,
-                    "statistic": statistic,
-                    "mean": m,
-                    "ci_low": float(low[i]) if n else math.nan,
-                    "ci_high": float(high[i]) if n else math.nan,
-                    "n": int(np.isfinite(values[:, i]).sum()) if n else 0,
-                    "normalised": normalised,
-                }
-            )
+    for intervention in INTERVENTIONS:
+        for method in _methods_of(stats):
+            values = stats[intervention, method].to_numpy(np.float64) if len(stats) else np.zeros((0, len(STATISTICS)))
+            for i, statistic in enumerate(STATISTICS):
+                column = values[:, i]
+                column = column[np.isfinite(column)]
+                if len(column):
+                    (m,), (lo,), (hi,), n = mean_interval(column[:, None], seed)
+                else:
+                    m = lo = hi = math.nan
+                    n = 0
+                rows.append(
+                    {
+                        "intervention": intervention,
+                        "method": method,
+                        "statistic": statistic,
+                        "mean": float(m),
+                        "ci_low": float(lo),
+                        "ci_high": float(hi),
+                        "n": int(n),
+                        "signed": method in signed or method == CONTROL,
+                        "answers": answers.get(method, ""),
+                    }
+                )
     return pd.DataFrame(rows, columns=METHOD_COLUMNS)
 
 
@@ -263,42 +336,55 @@ def _text(estimate: float, low: float, high: float) -> str:
     return f"{estimate:+.3g} [{low:+.3g}, {high:+.3g}]"
 
 
+def comparisons(methods: Sequence[str], signed: set[str]) -> list[tuple[str, str, str]]:
+    """The pre-registered comparisons (first, second, statistic) of section 7.3: :data:`FOCUS` against every other
+    member and every member against the control, on each judged statistic (the signed ones among signed members)."""
+    pairs = [(FOCUS, m) for m in methods if m != FOCUS] + [(m, CONTROL) for m in methods if m not in (CONTROL, FOCUS)]
+    out = []
+    for first, second in pairs:
+        for statistic in JUDGED:
+            if statistic in SIGNED_STATISTICS and not ({first, second} <= signed | {CONTROL}):
+                continue
+            out.append((first, second, statistic))
+    return out
+
+
 def verdict_table(records: Sequence[dict], seed: int = 0, effect: str = "effects") -> pd.DataFrame:
-    """One row per pre-registered comparison (:data:`COMPARISONS`) and statistic (:data:`STATISTICS`): the paired
-    difference per item oriented so that > 0 means ``first`` is more faithful (ρ, comprehensiveness: first − second;
-    sufficiency: second − first), its mean over the items that give both, the 95 % paired bootstrap interval, and the
-    verdict: holds above 0, fails below, unresolved when the interval contains 0, when the two tie on every item, or
-    with fewer than :data:`cwviz.analyses.claims.MIN_ITEMS` items. ``primary``: a :data:`PRIMARY` statistic of a
-    comparison without a secondary method."""
+    """One row per intervention and pre-registered comparison (:func:`comparisons`): the paired difference per item
+    oriented so that > 0 means ``first`` is more faithful, its mean over the items that give both, the 95 % paired
+    bootstrap interval, and the verdict: holds above 0, fails below, unresolved when the interval contains 0, when the
+    two tie on every item, or with fewer than :data:`cwviz.analyses.claims.MIN_ITEMS` items. ``primary``: the primary
+    ρ row."""
     stats = item_statistics(records, effect)
+    signed = {name for r in records if not r.get("skipped") for name in r["signed"]}
+    methods = _methods_of(stats) if len(stats) else []
     rows = []
-    for first, second in COMPARISONS:
-        for statistic in STATISTICS:
-            a = stats[first, statistic].to_numpy(np.float64) if len(stats) else np.zeros(0)
-            b = stats[second, statistic].to_numpy(np.float64) if len(stats) else np.zeros(0)
+    for intervention in INTERVENTIONS:
+        for first, second, statistic in comparisons(methods, signed):
+            a = stats[intervention, first, statistic].to_numpy(np.float64) if len(stats) else np.zeros(0)
+            b = stats[intervention, second, statistic].to_numpy(np.float64) if len(stats) else np.zeros(0)
             sign = 1.0 if statistic in LARGER_IS_BETTER else -1.0
             diff = sign * (a - b)
             diff = diff[np.isfinite(diff)]
-            primary = statistic in PRIMARY and first not in SECONDARY_METHODS
             if len(diff):
                 (m,), (lo,), (hi,), n = mean_interval(diff[:, None], seed)
             else:
                 m = lo = hi = math.nan
                 n = 0
-            tie = bool(len(diff)) and bool(np.all(diff == 0))
             if n < MIN_ITEMS:
                 result, evidence = UNRESOLVED, f"too few items to decide ({n} < {MIN_ITEMS})"
-            elif tie:
+            elif np.all(diff == 0):
                 result, evidence = UNRESOLVED, "tie on every item"
             else:
                 result = verdict(lo, hi)
                 evidence = f"{first} − {second} {_text(m, lo, hi)}" if sign > 0 else f"{second} − {first} {_text(m, lo, hi)}"
             rows.append(
                 {
+                    "intervention": intervention,
                     "statistic": statistic,
                     "first": first,
                     "second": second,
-                    "primary": primary,
+                    "primary": statistic == PRIMARY,
                     "verdict": result,
                     "estimate": float(m),
                     "ci_low": float(lo),
@@ -308,6 +394,25 @@ def verdict_table(records: Sequence[dict], seed: int = 0, effect: str = "effects
                 }
             )
     return pd.DataFrame(rows, columns=CSV_COLUMNS)
+
+
+def item_table(records: Sequence[dict]) -> pd.DataFrame:
+    """The per-item primary ρ: one row per finished item, intervention and method (example, intervention, method,
+    rho, rho_signed, sign_agreement): the table docs/flow.md publishes beside its means."""
+    stats = item_statistics(records)
+    rows = []
+    for example, row in stats.iterrows():
+        for intervention in INTERVENTIONS:
+            for method in _methods_of(stats):
+                rows.append(
+                    {
+                        "example": int(example),
+                        "intervention": intervention,
+                        "method": method,
+                        **{key: float(row[intervention, method, key]) for key in (PRIMARY, "rho_signed", "sign_agreement")},
+                    }
+                )
+    return pd.DataFrame(rows, columns=["example", "intervention", "method", PRIMARY, "rho_signed", "sign_agreement"])
 
 
 def skipped_counts(records: Sequence[dict]) -> dict[str, int]:
@@ -323,6 +428,15 @@ def format_verdicts(table: pd.DataFrame, primary_only: bool = True) -> str:
     """The verdicts, one line per row (the primary rows only by default)."""
     shown = table[table["primary"]] if primary_only else table
     return "\n".join(
-        f"{row.statistic}: {row.first} vs {row.second}: {row.verdict.upper()}: {row.evidence} (n={row.n})"
+        f"{row.intervention}: {row.statistic}: {row.first} vs {row.second}: {row.verdict.upper()}: {row.evidence} (n={row.n})"
         for row in shown.itertuples(index=False)
     )
+
+
+def check_methods(names: Sequence[str]) -> tuple[str, ...]:
+    """The names of ``--methods``, checked against the registry (InputError naming the choices)."""
+    for name in names:
+        attribution.check_method(name)
+    if FOCUS not in names:
+        raise InputError(f"the methods compared must include {FOCUS!r}, which every comparison is made with")
+    return tuple(names)

@@ -71,6 +71,11 @@ ATLAS_SEED = 0
 FLOW_SHARE = 0.8
 FLOW_TOP = 5
 FLOW_TABLES = ("tokens", "heads", "edges", "nodes", "parts", "vocabulary")
+#: The attribution methods of :data:`cwviz.core.method.attribution.METHODS`, by name, in report order (the parsers
+#: list them without importing torch; a test keeps the two equal), and the one ``cwviz flow`` and the Flow page show
+#: by default (docs/METHOD.md section 7.3 decides it).
+FLOW_METHODS = ("effect", "effect_origin", "share_flow", "input_x_gradient", "alti", "rollout", "raw")
+FLOW_METHOD = "share_flow"
 #: Its causal test (:mod:`cwviz.analyses.flow_faithfulness`): the token cap per item, knockouts per forward pass (on
 #: a CPU, 32 rows a pass ran 64 knockouts five times faster than 8: per-layer overhead), random rankings per item
 #: (their drops and ρ averaged), and the fewest tokens an item needs (ρ needs 3 input tokens besides the target's).

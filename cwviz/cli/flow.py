@@ -1,59 +1,69 @@
-"""``cwviz flow``: the signed flow of one prompt into one position (docs/METHOD.md section 6): the input tokens and
-heads that support and suppress the target most, and the tables as JSON or CSV."""
+"""``cwviz flow``: where one prediction came from (docs/METHOD.md sections 6 and 7): the input tokens and heads that
+support and suppress the target most under one attribution method of the registry (``--method``; every member gives
+the same tables), optionally checked against the measured knockouts of every input token (``--check``), and the
+tables as JSON or CSV.
+
+Every output is written before anything is printed (a closed pipe cannot lose a file)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
-from ..analyses.schema import FLOW_TABLES
+from ..analyses.check import Check, check
+from ..core.method import attribution
 from ..core.method.analysis import analyze
-from ..core.method.flow import flow
 from ..core.util.errors import InputError
 from ..core.util.progress import cli_bar
 from . import outputs
 from .common import load, read_text
 
-#: The tables ``--csv DIR`` writes, by file name (``Flow`` attributes; edges at ``--share``).
-CSV_TABLES = FLOW_TABLES
-
 
 def check_args(args: argparse.Namespace) -> None:
-    """What can be refused before a model loads (``--top`` and ``--share``: by the parser, before torch is imported)."""
+    """What can be refused before a model loads (``--top`` and ``--share``: by the parser's check, before torch is
+    imported, :func:`cwviz.cli.parsers.check_flow`)."""
     if args.foil is not None and args.foil == args.target:
-        raise InputError(f"the foil is the target ({args.target!r}): choose another foil, or none for the target's logit alone")
+        raise InputError(f"the foil is the target ({args.target[:80]!r}): choose another foil, or none for the target's logit alone")
     outputs.check_file(args.json_path, "--json", "flow.json")
     outputs.check_folder(args.csv_dir, "--csv")
 
 
-def tables(result, share: float) -> dict:
-    """The flow's tables by name (:data:`CSV_TABLES`)."""
-    return {
-        "tokens": result.tokens,
-        "heads": result.heads,
-        "edges": result.edges(share),
-        "nodes": result.node_table,
-        "parts": result.parts,
-        "vocabulary": result.vocabulary_table,
-    }
+def tables(result: attribution.Attribution, share: float, checked: Check | None = None) -> dict:
+    """The method's tables by name: ``tokens`` (position, token, score; with ``--check`` the measured ``effect``),
+    ``heads``, ``edges`` (at ``share``), then the method's own (the share flow's ``nodes`` and ``parts``)."""
+    tokens = result.tokens_table()
+    if checked is not None:
+        effect = [math.nan] * len(tokens)
+        effect[: len(checked.effects)] = [float(v) for v in checked.effects]
+        tokens["effect"] = effect  # the last position (the one predicted from) is never taken away
+    return {"tokens": tokens, "heads": result.heads_table(), "edges": attribution.edges_table(result, share), **dict(result.extra)}
 
 
-def summary(result, share: float) -> dict:
-    """The flow's scalars: what was asked and its identities' numbers."""
+def summary(result: attribution.Attribution, share: float, checked: Check | None) -> dict:
+    """What was asked, the method and its quantity, and the check's statistics (None without ``--check``)."""
+    asked = result.asked
+    method = attribution.METHODS[result.method]
     return {
-        "position": result.position,
-        "token": result.token_strings[result.position],
-        "target": result.target,
-        "target_token": result.target_token,
-        "foil": result.foil,
-        "foil_token": result.foil_token,
-        "logit_difference": result.logit_difference,
-        "frozen_logit_difference": result.frozen_logit_difference,
-        "norm_error": result.norm_error,
-        "bias_total": result.bias_total,
-        "rollout_cancellation": result.rollout_cancellation,
+        "method": result.method,
+        "signed": method.signed,
+        "position": asked.position,
+        "token": asked.token_strings[asked.position],
+        "target": asked.target,
+        "target_token": asked.target_token,
+        "foil": asked.foil,
+        "foil_token": asked.foil_token,
+        "quantity": result.quantity,
         "edge_share": share,
-        "edges_complete": result.edges_complete(share),
+        "check": None
+        if checked is None
+        else {
+            "intervention": checked.intervention,
+            "rho": checked.rho,
+            "rho_signed": checked.rho_signed,
+            "sign_agreement": checked.sign_agreement,
+            "complete": checked.complete,
+        },
     }
 
 
@@ -69,58 +79,64 @@ def _columns(left: list[str], right: list[str]) -> list[str]:
     return [f"  {a:40} {b}" for a, b in zip(left, right, strict=True)]
 
 
+def report(result: attribution.Attribution, checked: Check | None, top: int) -> list[str]:
+    """The printed lines: what was asked, the tokens (and heads) each way, the check's sentence."""
+    asked, method = result.asked, attribution.METHODS[result.method]
+    where = f"position {asked.position} {asked.token_strings[asked.position]!r}"
+    if asked.target is None:
+        toward = "its final representation"
+    else:
+        toward = f"logit({asked.target_token!r})" + ("" if asked.foil is None else f" - logit({asked.foil_token!r})")
+    lines = [f"{method.label} ({result.method}): from {where} toward {toward}"]
+    if math.isfinite(result.quantity):
+        lines.append(f"the quantity explained: {result.quantity:+.4f}")
+    tokens = result.tokens_table()
+    label = lambda row: f"#{row.position:<5} {row.token[:16]!r}"  # noqa: E731
+    if method.signed:
+        lines.append(f"  {'input tokens supporting (score)':40} suppressing")
+        lines += _columns(_lines(tokens, label, "score", top, True), _lines(tokens, label, "score", top, False))
+    else:
+        lines.append("  input tokens scored highest (an unsigned method)")
+        lines += [f"  {line}" for line in _lines(tokens, label, "score", top, True)]
+    if result.heads is not None:
+        heads = result.heads_table()
+        head_label = lambda row: f"layer {row.layer:<3} head {row.head:<3}"  # noqa: E731
+        lines.append(f"  {'heads supporting (part)':40} suppressing")
+        lines += _columns(_lines(heads, head_label, "part", top, True), _lines(heads, head_label, "part", top, False))
+    if checked is not None:
+        lines.append(f"check against knockouts: {checked.sentence()}")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     check_args(args)
     text = read_text(args)
     bundle = load(args)
+    method = attribution.check_method(args.method)
     with cli_bar("analysing", enabled=sys.stderr.isatty()) as progress:
         analysis = analyze(bundle, text, progress=progress)
-    result = flow(analysis, args.position, args.target, args.foil)
-    written = write_files(args, result)  # the files first: a reader that leaves early (| head -1) loses none
-    info = bundle.info
-    print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
-    where = f"position {result.position} {result.token_strings[result.position]!r}"
-    if result.encoder:
-        print(f"flow into {where}: its final representation (each input token's signed share; with the bias's, they sum to 1)")
-        value, what = "total", "share"
-    else:
-        toward = f"logit({result.target_token!r})" + ("" if result.foil is None else f" - logit({result.foil_token!r})")
-        print(f"flow from {where} toward {toward}")
-        print(
-            f"frozen-norm logit difference {result.frozen_logit_difference:+.4f} (the sum of the parts); the model's own "
-            f"{result.logit_difference:+.4f}; final norm linearisation error {result.norm_error:+.2e}; biases {result.bias_total:+.4f}"
-        )
-        value, what = "total", "total"
-    print(f"rollout cancellation index of the position: {result.rollout_cancellation:.3f} (1 = no cancellation)")
-    token_label = lambda row: f"#{row.position:<5} {row.token[:16]!r}"  # noqa: E731
-    print(f"  {'input tokens supporting (' + what + ')':40} suppressing")
-    for line in _columns(
-        _lines(result.tokens, token_label, value, args.top, True), _lines(result.tokens, token_label, value, args.top, False)
-    ):
-        print(line)
-    column = "routed" if result.encoder else "direct"
-    head_label = lambda row: f"layer {row.layer:<3} head {row.head:<3}"  # noqa: E731
-    print(f"  {'heads supporting (' + column + ')':40} suppressing")
-    for line in _columns(
-        _lines(result.heads, head_label, column, args.top, True), _lines(result.heads, head_label, column, args.top, False)
-    ):
-        print(line)
-    for line in written:
-        print(line)
-    return 0
-
-
-def write_files(args: argparse.Namespace, result) -> list[str]:
-    """Write ``--json`` and ``--csv`` (:mod:`cwviz.cli.outputs`: whole files, strict JSON, neutralised CSV cells);
-    the lines that say what was written."""
+    asked = attribution.request(analysis, args.position, args.target, args.foil)
+    result = attribution.run(method, asked)
+    checked = None
+    if args.check:
+        with cli_bar("knockouts", unit="pass", enabled=sys.stderr.isatty()) as progress:
+            checked = check(asked, method.name, progress=progress)
+    made = tables(result, args.share, checked)
     written = []
     if args.json_path:
-        made = tables(result, args.share)
-        payload = {"summary": summary(result, args.share), **{name: outputs.table_records(t) for name, t in made.items()}}
-        written.append(f"wrote {outputs.write(args.json_path, outputs.json_text(payload))}")
+        payload = {
+            "summary": summary(result, args.share, checked),
+            **{name: outputs.table_records(t) for name, t in made.items()},
+        }
+        written.append(outputs.write(args.json_path, outputs.json_text(payload)))
     if args.csv_dir:
         outputs.make_folder(args.csv_dir)
-        for name, table in tables(result, args.share).items():
-            outputs.write(args.csv_dir / f"{name}.csv", outputs.csv_text(table))
-        written.append(f"wrote {len(CSV_TABLES)} tables into {args.csv_dir}")
-    return written
+        for name, table in made.items():
+            outputs.write(args.csv_dir / f"{name}.csv", outputs.csv_text(table, float_format=None))
+        written.append(f"{len(made)} tables into {args.csv_dir}")
+    info = bundle.info
+    lines = [f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})"]
+    lines += report(result, checked, args.top)
+    lines += [f"wrote {what}" for what in written]
+    print("\n".join(lines))
+    return 0

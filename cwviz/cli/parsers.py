@@ -31,9 +31,10 @@ from ..analyses.schema import (
     FLOW_BATCH_SIZE,
     FLOW_DRAWS,
     FLOW_MAX_TOKENS,
+    FLOW_METHOD,
+    FLOW_METHODS,
     FLOW_MIN_TOKENS,
     FLOW_SHARE,
-    FLOW_TABLES,
     FLOW_TOP,
     HEAD_METRICS,
     RANK_BY,
@@ -353,10 +354,11 @@ def _add_claims(sub: argparse._SubParsersAction) -> None:
 def _add_flow(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "flow",
-        help="signed flow across layers: which input tokens and heads push one prediction up or down",
-        description="The signed flow of docs/METHOD.md section 6. A causal LM: toward logit(target) - logit(foil) at a "
-        "position (default: the last position and the model's top next token there, no foil). An encoder: into a "
-        "position's final representation (default 0, [CLS]); a target cannot be asked of it.",
+        help="where one prediction came from: which input tokens and heads push it up or down, by one attribution method",
+        description="One attribution method of docs/METHOD.md section 7.2 on one prompt. A causal LM: toward "
+        "logit(target) - logit(foil) at a position (default: the last position and the model's top next token there, no "
+        "foil). An encoder: into a position's final representation (default 0, [CLS]); a target cannot be asked of it. "
+        "--check takes every input token away in turn and prints how well the method's scores follow the measured effects.",
     )
     add_text_args(parser)
     add_model_args(parser)
@@ -371,19 +373,35 @@ def _add_flow(sub: argparse._SubParsersAction) -> None:
         help=f"share of each layer's |mass| the graph's edges keep (default {FLOW_SHARE:g})",
     )
     parser.add_argument("--json", dest="json_path", type=Path, help="write the summary and every table as one JSON file")
-    parser.add_argument("--csv", dest="csv_dir", type=Path, help=f"write {', '.join(t + '.csv' for t in FLOW_TABLES)} into this folder")
+    parser.add_argument(
+        "--csv", dest="csv_dir", type=Path, help="write tokens.csv, heads.csv, edges.csv (and the method's own tables) into this folder"
+    )
+    parser.add_argument(
+        "--method",
+        choices=FLOW_METHODS,
+        default=FLOW_METHOD,
+        help=f"the attribution method (docs/METHOD.md section 7.2; default {FLOW_METHOD}): {', '.join(FLOW_METHODS)}",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="also take every input token away in turn (one forward pass each, batched) and print the method's rank "
+        "correlation and sign agreement with the measured effects; the effects go into --json and --csv",
+    )
     parser.set_defaults(command_module="cwviz.cli.flow", check=check_flow)
 
 
 def _add_flow_faithfulness(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "flow-faithfulness",
-        help="is the signed flow faithful? knockouts of each input token, deletion curves, verdicts against baselines",
-        description="On each item: knock out each input token in every layer and correlate the effects on the logit "
-        "difference (top token − second) with the signed flow, ALTI, attention rollout, raw attention and a random "
-        "ranking; run comprehensiveness and sufficiency at 10 and 30% of the input tokens; judge the pre-registered "
-        "comparisons holds / fails / unresolved from 95% paired bootstrap intervals over the items (docs/METHOD.md "
-        "section 6.6). Writes DIR/flow_faithfulness.csv and DIR/flow_faithfulness_methods.csv.",
+        help="which attribution method says what the model does? knockouts of each input token against every method",
+        description="On each item: take each input token away (relay: its value in every layer; origin: its input "
+        "embedding replaced by the mean one) and correlate the size of the effects on the logit difference (top token "
+        "minus second) with the size of every attribution method's scores (the effect flow, the share flow, input x "
+        "gradient, ALTI, attention rollout, raw attention, and a random control); the signed methods' signs against the "
+        "effects' signs; deletion curves at 10 and 30 percent of the input tokens; judge the pre-registered comparisons "
+        "holds / fails / unresolved from 95 percent paired bootstrap intervals over the items (docs/METHOD.md section "
+        "7.3). Writes DIR/flow_faithfulness.csv, DIR/flow_faithfulness_methods.csv and DIR/flow_faithfulness_items.csv.",
     )
     data = parser.add_mutually_exclusive_group(required=True)
     add_jsonl_args(data, "JSON Lines: a 'text' field per line, or GSM8K's question and answer")

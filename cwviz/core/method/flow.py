@@ -41,7 +41,7 @@ VOCABULARY = 5
 MIXING_BYTES = 64 * 2**20
 
 
-def _resolve(analysis, position: int | None, target: int | str | None, foil: int | str | None) -> tuple[int, int | None, int | None]:
+def resolve(analysis, position: int | None, target: int | str | None, foil: int | str | None) -> tuple[int, int | None, int | None]:
     """The position (default: the last; an encoder's [CLS], 0), and the target and foil token ids, checked."""
     bundle = analysis.bundle
     causal = bundle.has_logits
@@ -259,7 +259,7 @@ def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCAB
     write at p (its recorded output z_p^h through W_O^h, landed in the residual) for its ``vocabulary`` most promoted
     and suppressed tokens; with ``keep_mixing``, every layer's M where it fits :data:`MIXING_BYTES` (a causal model's).
     Pass it to :func:`flow` for each target and foil of the same analysis and position."""
-    position, _, _ = _resolve(analysis, position, None, None)
+    position, _, _ = resolve(analysis, position, None, None)
     vocabulary = arguments.vocabulary(vocabulary, _vocabulary_size(analysis.bundle))
     layers, heads = analysis.num_layers, analysis.num_heads
     at_p: dict[int, torch.Tensor] = {}
@@ -316,7 +316,7 @@ def flow(
     :class:`~cwviz.core.util.errors.SelectionError` (a position out of range) and
     :class:`~cwviz.core.util.errors.UnsupportedModelError` (a derived row, whose block layout is not known).
     """
-    position, target, foil = _resolve(analysis, position, target, foil)
+    position, target, foil = resolve(analysis, position, target, foil)
     vocabulary = arguments.vocabulary(vocabulary, _vocabulary_size(analysis.bundle))
     if basis is None:  # made for this flow alone: M is read once, layer by layer, not kept
         basis = flow_basis(analysis, position, vocabulary=vocabulary, keep_mixing=False)
@@ -436,7 +436,7 @@ def token_totals(analysis, position: int, target: int | str, foil: int | str | N
     """Each input token's signed total toward logit(target) − logit(foil) at ``position`` (docs/METHOD.md section
     6.4), float32 numpy [T]: Σ_k totals_k plus the bias's total is the frozen-norm logit difference. ``target`` and
     ``foil`` are token ids or one-token strings. The causal evaluation compares these with interventions."""
-    position, target, foil = _resolve(analysis, position, target, foil)
+    position, target, foil = resolve(analysis, position, target, foil)
     if target is None:
         raise InputError(
             "token_totals needs a target token (an encoder has none: its flow into a representation is flow(analysis, position).totals)"

@@ -178,7 +178,7 @@ class Flow:
         share = arguments.share(share)
         frames = []
         for layer, weights, targets, sources in self.edge_list:
-            count = _needed(weights, self.edge_mass[layer] * share)
+            count = kept_count(weights, self.edge_mass[layer] * share)
             frames.append(pd.DataFrame({"layer": layer, "source": sources[:count], "target": targets[:count], "weight": weights[:count]}))
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["layer", "source", "target", "weight"])
 
@@ -188,7 +188,7 @@ class Flow:
         return all(np.abs(weights).sum() >= self.edge_mass[layer] * share * (1 - 1e-6) for layer, weights, _, _ in self.edge_list)
 
 
-def _needed(weights: np.ndarray, mass: float) -> int:
+def kept_count(weights: np.ndarray, mass: float) -> int:
     """How many of ``weights`` (sorted by |weight|, largest first) reach ``mass`` together (all if they do not)."""
     reached = np.cumsum(np.abs(weights)) >= mass * (1 - 1e-6)
     return int(reached.argmax()) + 1 if reached.any() else len(weights)

@@ -1,0 +1,379 @@
+"""One registry of input-token attribution methods (docs/METHOD.md section 7.2), each implemented once.
+
+Every member maps a :class:`Request` (an analysis, a position p, a target and an optional foil, all checked) to an
+:class:`Attribution`: one score per input token [T] (signed or not), and edges where the method has them. ``cwviz flow
+--method``, the Flow page's method picker and ``cwviz flow-faithfulness`` read only :data:`METHODS`; none of them
+branches on a method's name. Members that share work share it through the request: the effect flow, its origin
+reading and input × gradient come from one backward pass (:attr:`Request.gradients`).
+
+| name               | signed | answers        | edges |
+|--------------------|--------|----------------|-------|
+| ``effect``         | yes    | relay          | yes   |
+| ``effect_origin``  | yes    | origin         | no    |
+| ``share_flow``     | yes    | relay          | yes   |
+| ``input_x_gradient``| yes   | origin         | no    |
+| ``alti``           | no     | relay, origin  | no    |
+| ``alti_logit``     | yes    | relay, origin  | no    |
+| ``rollout``, ``raw``| no    | relay, origin  | no    |
+| ``attnlrp``        | yes    | origin         | no    |
+
+The random control is not a member: it
+is the evaluation's control (:mod:`cwviz.analyses.flow_faithfulness`), drawn per item.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..util.errors import InputError
+from . import alti_logit, baselines, effect, flow_arguments
+from .flow import EDGE_LIMIT, flow, resolve, token_totals
+from .flow_tables import Flow
+
+#: The interventions of section 7.3, by name.
+RELAY, ORIGIN = "relay", "origin"
+INTERVENTIONS = (RELAY, ORIGIN)
+
+
+@dataclass(frozen=True, eq=False)
+class Request:
+    """What every method is asked: ``analysis``'s prompt, the position, the target and foil token ids (checked by
+    :func:`request`; None for an encoder, and a foil None for the target's logit alone). Work several members share is
+    computed once, on first use (:attr:`gradients`, :attr:`share_flow`)."""
+
+    analysis: object
+    position: int
+    target: int | None
+    foil: int | None
+
+    @functools.cached_property
+    def gradients(self) -> effect.Gradients:
+        return effect.gradients(self.analysis, self.position, self.target, self.foil)
+
+    @functools.cached_property
+    def share_flow(self) -> Flow:
+        """Section 6's flow of the request (no vocabulary): ``share_flow`` reads its totals, ``alti_logit`` its direct parts."""
+        return flow(self.analysis, self.position, self.target, self.foil, vocabulary=0)
+
+
+@dataclass(frozen=True)
+class LayerEdges:
+    """One layer's kept edges, largest |weight| first: ``weights`` [n], ``queries`` i [n], ``keys`` k [n] (edge
+    (layer, k → i)); ``mass``: Σ |weight| over all of the layer's edges, kept or not."""
+
+    layer: int
+    weights: np.ndarray
+    queries: np.ndarray
+    keys: np.ndarray
+    mass: float
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """One method's answer: ``scores`` [T] float64 (each input token's score toward the request's quantity),
+    ``quantity`` (LD where the method computes it, else NaN), ``edges`` (per layer, where the method has them),
+    ``heads`` [layer, head] (each head's part, where it has them), ``extra``: further tables of the method by name
+    (the share flow's nodes, parts and vocabulary). :func:`run` fills in what was asked (``asked``)."""
+
+    method: str
+    scores: np.ndarray
+    quantity: float = float("nan")
+    edges: tuple[LayerEdges, ...] | None = None
+    heads: np.ndarray | None = None
+    extra: tuple[tuple[str, object], ...] = ()
+    asked: Asked | None = None
+
+    def tokens_table(self):
+        """One row per input position: ``position, token, score``."""
+        import pandas as pd
+
+        return pd.DataFrame({"position": np.arange(len(self.scores)), "token": list(self.asked.token_strings), "score": self.scores})
+
+    def heads_table(self):
+        """One row per (layer, head): ``layer, head, part`` (empty for a method without heads)."""
+        import pandas as pd
+
+        if self.heads is None:
+            return pd.DataFrame(columns=["layer", "head", "part"])
+        layers, heads = self.heads.shape
+        return pd.DataFrame(
+            {"layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers), "part": self.heads.reshape(-1)}
+        )
+
+
+def edges_table(result: Attribution, share: float):
+    """``result``'s edges pruned to ``share`` of each layer's |mass| (largest |weight| first, as the share flow's graph
+    prunes: docs/METHOD.md section 6.4): ``layer, key, query, weight``, the edge (layer, key → query). Empty for a
+    method without edges. InputError for a share outside (0, 1]."""
+    import pandas as pd
+
+    from .flow_tables import kept_count
+
+    share = flow_arguments.share(share)  # the flow API's one rule (a bool, NaN or text refused too)
+    columns = ["layer", "key", "query", "weight"]
+    frames = []
+    for edges in result.edges or ():
+        count = kept_count(edges.weights, edges.mass * share)
+        frames.append(
+            pd.DataFrame({"layer": edges.layer, "key": edges.keys[:count], "query": edges.queries[:count], "weight": edges.weights[:count]})
+        )
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What an :class:`Attribution` answers: the prompt's tokens, the position, target and foil (ids and strings)."""
+
+    token_strings: tuple[str, ...]
+    position: int
+    target: int | None
+    foil: int | None
+    target_token: str | None
+    foil_token: str | None
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registry member: ``compute(request) -> Attribution``; ``signed``: its scores have a sign that means something;
+    ``answers``: the interventions (section 7.3) whose effects it claims to estimate; ``needs_logits``: it is defined
+    for causal LMs only; ``available(bundle)``: None where it runs on this model, else why not (one sentence)."""
+
+    name: str
+    label: str
+    description: str
+    signed: bool
+    answers: frozenset[str]
+    compute: Callable[[Request], Attribution]
+    needs_logits: bool = False
+    has_edges: bool = False
+    available: Callable[[object], str | None] = field(default=lambda bundle: None)
+
+
+def _effect(request: Request) -> Attribution:
+    grads = request.gradients
+    analysis = request.analysis
+    edges = tuple(_kept_edges(layer, effect.edges_of_layer(analysis, grads, layer)) for layer in range(analysis.num_layers))
+    return Attribution("effect", grads.totals.astype(np.float64), grads.quantity, edges, effect.head_parts(analysis, grads))
+
+
+def _effect_origin(request: Request) -> Attribution:
+    return Attribution("effect_origin", request.gradients.origin.astype(np.float64), request.gradients.quantity)
+
+
+def _input_x_gradient(request: Request) -> Attribution:
+    return Attribution("input_x_gradient", request.gradients.input_x_gradient.astype(np.float64), request.gradients.quantity)
+
+
+def _share_flow(request: Request) -> Attribution:
+    result = request.share_flow
+    edges = tuple(
+        LayerEdges(layer, w.astype(np.float64), i.astype(np.int64), j.astype(np.int64), float(result.edge_mass[layer]))
+        for layer, w, i, j in result.edge_list
+    )
+    extra = (("nodes", result.node_table), ("parts", result.parts))
+    return Attribution("share_flow", result.totals.astype(np.float64), result.frozen_logit_difference, edges, result.head_routed, extra)
+
+
+def _baseline(name: str) -> Callable[[Request], Attribution]:
+    def compute(request: Request) -> Attribution:
+        return Attribution(name, baselines.BASELINES[name](request.analysis, request.position).astype(np.float64))
+
+    return compute
+
+
+def _decoders_only(bundle) -> str | None:
+    if not bundle.arch.causal or bundle.arch.block == "post_norm":
+        return "it is implemented for decoders (causal, pre-norm or sandwich blocks); this model is an encoder"
+    return None
+
+
+def _kept_edges(layer: int, blocks, limit: int = EDGE_LIMIT) -> LayerEdges:
+    """The ``limit`` largest |weight| edges of one layer from its row blocks ``(first, stop, weights [rows, keys])``."""
+    weights, queries, keys, mass = [], [], [], 0.0
+    for first, _stop, block in blocks:
+        block = block.float().cpu()
+        mass += float(block.abs().sum())
+        size = block.abs().flatten()
+        count = min(limit, size.numel())
+        top = torch.topk(size, count).indices if count < size.numel() else torch.arange(size.numel())
+        rows, cols = top // block.shape[1], top % block.shape[1]
+        weights.append(block[rows, cols])
+        queries.append(rows + first)
+        keys.append(cols)
+    w, i, k = torch.cat(weights), torch.cat(queries), torch.cat(keys)
+    order = torch.argsort(w.abs(), descending=True, stable=True)[:limit]
+    return LayerEdges(layer, w[order].double().numpy(), i[order].numpy(), k[order].numpy(), mass)
+
+
+#: Every member, in report order (more join from their own modules through :func:`register`).
+METHODS: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    """Add ``method`` to :data:`METHODS` (a name taken twice is a programming error)."""
+    if method.name in METHODS:
+        raise ValueError(f"attribution method {method.name!r} is registered twice")
+    METHODS[method.name] = method
+    return method
+
+
+register(
+    Method(
+        "effect",
+        "effect flow",
+        "each contribution vector read against the gradient of the prediction where it lands (METHOD.md 7.1): "
+        "the first-order effect of removing the token's value everywhere",
+        signed=True,
+        answers=frozenset({RELAY}),
+        compute=_effect,
+        has_edges=True,
+    )
+)
+register(
+    Method(
+        "effect_origin",
+        "effect flow, origin reading",
+        "(input embedding − mean embedding) · gradient: the first-order effect of replacing the token by the mean one",
+        signed=True,
+        answers=frozenset({ORIGIN}),
+        compute=_effect_origin,
+    )
+)
+register(
+    Method(
+        "share_flow",
+        "share flow",
+        "each part's scalar share of the residual it joins, routed down the layers (METHOD.md section 6)",
+        signed=True,
+        answers=frozenset({RELAY}),
+        compute=_share_flow,
+        has_edges=True,
+    )
+)
+register(
+    Method(
+        "input_x_gradient",
+        "input × gradient",
+        "input embedding · gradient of the prediction (Shrikumar et al. 2016)",
+        signed=True,
+        answers=frozenset({ORIGIN}),
+        compute=_input_x_gradient,
+    )
+)
+register(
+    Method(
+        "alti",
+        "ALTI",
+        "L1-proximity contributions, clipped at 0 and rolled out (Ferrando et al. 2022)",
+        signed=False,
+        answers=frozenset(INTERVENTIONS),
+        compute=_baseline("alti"),
+        available=_decoders_only,
+    )
+)
+register(
+    Method(
+        "rollout",
+        "attention rollout",
+        "½ (mean-head attention + I), rolled out (Abnar and Zuidema 2020)",
+        signed=False,
+        answers=frozenset(INTERVENTIONS),
+        compute=_baseline("rollout"),
+    )
+)
+register(
+    Method(
+        "raw",
+        "raw attention",
+        "the last layer's attention of the position, averaged over heads",
+        signed=False,
+        answers=frozenset(INTERVENTIONS),
+        compute=_baseline("raw"),
+    )
+)
+# -- alti_logit (cwviz.core.method.alti_logit) and attnlrp (cwviz.core.method.attnlrp) are registered here --
+
+
+def _alti_logit(request: Request) -> Attribution:
+    result = alti_logit.alti_logit(request.analysis, request.position, request.target, request.foil, request.share_flow)
+    return Attribution("alti_logit", result.scores, result.frozen_logit_difference)
+
+
+register(
+    Method(
+        "alti_logit",
+        "ALTI-Logit",
+        "each layer's attention write at the position, by source token, read through the logit direction and routed to "
+        "the input tokens by ALTI's rollout of the layers below (Ferrando et al. 2023)",
+        signed=True,
+        answers=frozenset(INTERVENTIONS),
+        compute=_alti_logit,
+        needs_logits=True,
+        available=_decoders_only,
+    )
+)
+
+
+def check_method(name: str) -> Method:
+    """The member called ``name``; InputError naming the choices otherwise."""
+    method = METHODS.get(name) if isinstance(name, str) else None
+    if method is None:
+        raise InputError(f"no attribution method {str(name)[:80]!r}: choose one of {', '.join(METHODS)}")
+    return method
+
+
+def request(analysis, position: int | None = None, target=None, foil=None) -> Request:
+    """A checked :class:`Request`: the position (default: the last; an encoder's 0), and the target (default: the
+    model's top next token at the position) and foil as token ids, as :func:`cwviz.core.method.flow.flow` checks them."""
+    position, target, foil = resolve(analysis, position, target, foil)
+    if analysis.bundle.has_logits and target is None:
+        target = effect.top_token(analysis, position, foil)
+    return Request(analysis, position, target, foil)
+
+
+def attribute(analysis, method: str = "effect", position: int | None = None, target=None, foil=None) -> Attribution:
+    """``method``'s attribution of ``analysis``'s prompt at ``position`` toward ``target`` over ``foil`` (defaults as
+    :func:`request`). InputError for an unknown method, one the model does not support, or a bad target/foil."""
+    chosen = check_method(method)
+    return run(chosen, request(analysis, position, target, foil))
+
+
+def run(method: Method, asked: Request) -> Attribution:
+    """``method`` on an already checked request (several members on one request share its backward pass)."""
+    why = method.available(asked.analysis.bundle)
+    if why is not None:
+        raise InputError(f"{method.label} does not run on this model: {why}")
+    analysis = asked.analysis
+    if method.needs_logits and not analysis.bundle.has_logits:
+        raise InputError(f"{method.label} needs a model with next-token logits; this model is an encoder")
+    decode = analysis.bundle.tokenizer.decode
+    about = Asked(
+        tuple(analysis.tokens),
+        asked.position,
+        asked.target,
+        asked.foil,
+        None if asked.target is None else decode([asked.target]),
+        None if asked.foil is None else decode([asked.foil]),
+    )
+    return dataclasses.replace(method.compute(asked), asked=about)
+
+
+__all__ = [
+    "METHODS",
+    "Attribution",
+    "LayerEdges",
+    "Method",
+    "Request",
+    "attribute",
+    "check_method",
+    "register",
+    "request",
+    "run",
+    "token_totals",
+]

@@ -1,0 +1,183 @@
+"""The effect flow (docs/METHOD.md section 7): the paper's contribution vectors read against the gradient of the
+prediction where they land.
+
+One forward pass with grad, in which a leaf m = 1 [T] scales every layer's values inside cwviz's attention function
+(:class:`ScaleValueColumns`; nothing is registered on the model) and the input embeddings are a leaf too; one
+``torch.autograd.grad`` gives
+
+| quantity                 | shape               | meaning                                                        |
+|--------------------------|---------------------|----------------------------------------------------------------|
+| ``totals``               | [key]               | ∂LD/∂m_k: first-order estimate of the relay knockout's effect  |
+| ``origin``               | [key]               | ⟨e_k − ē, ∂LD/∂e_k⟩: the origin intervention's estimate        |
+| ``input_x_gradient``     | [key]               | ⟨e_k, ∂LD/∂e_k⟩                                                 |
+| head-output gradients    | [layer][head, query, d_head] | ∂LD/∂z: g_i^l pulled back through W_O                  |
+
+and from those and the analysis's records, each layer's edges ⟨c_ik^{lh}, g_i^l⟩ summed over heads, [query, key] a
+row block at a time (:func:`edges_of_layer`): α_ik^{lh} (∂LD/∂z_i^{lh}) · v_k^{lh}, in d_head space.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..loading import architectures
+from ..util.errors import InputError
+from .capture import forward_pass
+from .state import ModelState
+
+#: Edges kept per layer (the largest |weight| first): as the share flow keeps (``flow.EDGE_LIMIT``).
+EDGE_LIMIT = 20_000
+
+_MEAN_EMBEDDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True, eq=False)
+class ScaleValueColumns:
+    """An intervention (:class:`cwviz.core.method.capture.Intervention`): v_k ← scale_k v_k for every key k in every
+    layer and head, for every query. ``scale`` [key] may require grad (the effect flow's m)."""
+
+    scale: torch.Tensor
+
+    def values(self, layer: int, value: torch.Tensor) -> torch.Tensor:
+        # value (B, H_kv, K, d)
+        return value * self.scale.to(value.device, value.dtype)[None, None, :, None]
+
+    def keep(self, layer: int, num_queries: int, num_keys: int) -> torch.Tensor | None:
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class Gradients:
+    """What one backward pass of :func:`gradients` gives (module docstring). ``quantity``: LD in the clean pass;
+    ``head_gradients[layer]``: ∂LD/∂z [head, query, d_head], float32 on the layer's device."""
+
+    position: int
+    target: int | None
+    foil: int | None
+    quantity: float
+    totals: np.ndarray
+    origin: np.ndarray
+    input_x_gradient: np.ndarray
+    head_gradients: tuple[torch.Tensor, ...]
+
+
+def mean_embedding(bundle) -> torch.Tensor:
+    """ē [d_model]: the mean of the input embedding module's outputs over the whole vocabulary (its scaling included,
+    as Gemma's scaled embedding applies it), float32, computed once per embedding module (chunks of 16,384 rows)."""
+    module = bundle.model.get_input_embeddings()
+    cached = _MEAN_EMBEDDINGS.get(module)
+    if cached is not None:
+        return cached
+    rows = module.weight.shape[0]
+    total = torch.zeros(module.weight.shape[1], dtype=torch.float64)
+    with torch.inference_mode():
+        for start in range(0, rows, 16_384):
+            ids = torch.arange(start, min(rows, start + 16_384), device=module.weight.device)
+            total += module(ids).double().sum(0).cpu()
+    mean = (total / rows).float()
+    _MEAN_EMBEDDINGS[module] = mean
+    return mean
+
+
+def quantity(bundle, hidden: torch.Tensor, position: int, target: int | None, foil: int | None, direction=None) -> torch.Tensor:
+    """LD of section 7.1 for each batch row of ``hidden`` (the base model's final states [batch, T, d_model]): a causal
+    LM's logit(target) − logit(foil) at ``position`` (the target's logit alone without a foil); an encoder's ⟨y_p, u⟩
+    with ``direction`` u [d_model] (None: the clean y_p's own, returned detached)."""
+    at_p = hidden[:, position]  # (B, d_model)
+    if bundle.has_logits:
+        logits = bundle.output_logits(at_p).float()  # (B, vocab)
+        return logits[:, target] - (0 if foil is None else logits[:, foil])
+    at_p = at_p.float()
+    if direction is None:
+        direction = (at_p[0] / at_p[0].norm()).detach()
+    return at_p @ direction.to(at_p.device)
+
+
+def gradients(analysis, position: int, target: int | None, foil: int | None) -> Gradients:
+    """One forward pass with grad and one backward (module docstring), for the prompt of ``analysis`` (its model, as
+    it was: ModelChangedError otherwise). ``target``/``foil``: checked token ids (None for an encoder)."""
+    analysis.check_model()
+    bundle = analysis.bundle
+    state = ModelState(bundle)
+    ids = torch.tensor([analysis.input_ids], device=bundle.input_device)  # (1, T)
+    tokens = ids.shape[1]
+    embed = bundle.model.get_input_embeddings()
+    outputs: dict[int, torch.Tensor] = {}
+
+    def keep_output(layer: int, output: torch.Tensor) -> None:  # z (1, query, head, d_head), in the graph
+        outputs[layer] = output
+
+    with torch.enable_grad():
+        embeddings = embed(ids).detach().requires_grad_(True)  # (1, T, d_model)
+        scale = torch.ones(tokens, device=bundle.input_device, requires_grad=True)  # m
+        with forward_pass(bundle.attention_modules, record=False, intervention=ScaleValueColumns(scale), observe=keep_output):
+            body = architectures.base_model(bundle.model)
+            hidden = body(inputs_embeds=embeddings, use_cache=False).last_hidden_state  # (1, T, d_model)
+        value = quantity(bundle, hidden, position, target, foil)[0]
+        layers = sorted(outputs)
+        grads = torch.autograd.grad(value, [scale, embeddings, *(outputs[layer] for layer in layers)], allow_unused=True)
+    state.check()
+    d_scale, d_embed = grads[0], grads[1][0]  # (T,), (T, d_model)
+    mean = mean_embedding(bundle).to(d_embed.device)
+    e = embeddings[0].detach().float()
+    d_embed = d_embed.float()
+    head_grads = []
+    for layer, grad in zip(layers, grads[2:]):
+        z = outputs[layer]
+        grad = torch.zeros_like(z) if grad is None else grad
+        head_grads.append(grad[0].transpose(0, 1).float().detach())  # (head, query, d_head)
+    return Gradients(
+        position=position,
+        target=target,
+        foil=foil,
+        quantity=float(value.detach()),
+        totals=d_scale.detach().float().cpu().numpy(),
+        origin=((e - mean) * d_embed).sum(-1).cpu().numpy(),
+        input_x_gradient=(e * d_embed).sum(-1).cpu().numpy(),
+        head_gradients=tuple(head_grads),
+    )
+
+
+def edges_of_layer(analysis, grads: Gradients, layer: int):
+    """Layer ``layer``'s edges summed over heads, one row block at a time: yields (first, stop, weights [rows, keys]
+    float32) with weights[i, k] = Σ_h α_ik^h (∂LD/∂z_i^h) · v_k^h = edge(layer, k → first + i) (section 7.1)."""
+    values = analysis.values(layer)  # (H, T, dh)
+    grad = grads.head_gradients[layer].to(values.device)  # (H, T, dh)
+    with torch.inference_mode():
+        for first, stop, alpha in analysis.attention_blocks(layer):  # alpha (H, rows, keys)
+            keys = alpha.shape[-1]
+            dots = grad[:, first:stop] @ values[:, :keys].transpose(-1, -2)  # (H, rows, keys)
+            yield first, stop, (alpha * dots).sum(0)
+
+
+def head_parts(analysis, grads: Gradients) -> np.ndarray:
+    """head(l, h) = Σ_i (∂LD/∂z_i^h) · z_i^h [layer, head] (Σ_k α_ik v_k = z_i: the edges of a head summed without
+    forming them), from the recorded outputs."""
+    out = np.zeros((analysis.num_layers, analysis.num_heads), np.float32)
+    with torch.inference_mode():
+        for layer in range(analysis.num_layers):
+            z = analysis.recorded_outputs(layer).float()  # (H, T, dh)
+            out[layer] = (grads.head_gradients[layer].to(z.device) * z).sum((-1, -2)).cpu().numpy()
+    return out
+
+
+def check_target(analysis, target: int | None, foil: int | None) -> None:
+    """InputError where the quantity needs a target the model cannot have (an encoder asked for one)."""
+    if not analysis.bundle.has_logits and (target is not None or foil is not None):
+        raise InputError("an encoder has no next-token logits: ask for its flow into a position's representation (no target or foil)")
+
+
+def top_token(analysis, position: int, foil: int | None = None) -> int:
+    """The model's top next token at ``position`` (one forward pass without grad): the default target. InputError
+    when it is the ``foil``."""
+    bundle = analysis.bundle
+    with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False):
+        hidden = bundle.final_hidden(torch.tensor([analysis.input_ids]))  # (1, T, d_model)
+        target = int(bundle.output_logits(hidden[0, position]).float().argmax())
+    if target == foil:
+        raise InputError(f"the foil (token {foil}) is the model's top next token, the default target: name another target")
+    return target
