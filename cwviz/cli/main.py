@@ -84,8 +84,8 @@ def _run(argv: list[str] | None) -> int:
         args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
-        if getattr(args, "check", None) is not None:
-            args.check(args)  # the values that need no model, refused before torch is imported (cwviz.cli.parsers)
+        if getattr(args, "early_check", None) is not None:
+            args.early_check(args)  # the values that need no model, refused before torch is imported (cwviz.cli.parsers)
     except CwvizError as err:
         print(_error_line(err), file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@
 ``cwviz --help``, ``cwviz COMMAND --help`` and an argument error come from here alone, so they never import torch or
 transformers (seconds). Each command's parser names the module that runs it (``command_module``, a module of
 :mod:`cwviz.cli` with ``run(args) -> int``); :func:`cwviz.cli.main.main` imports that one module once the arguments
-are parsed, after the parser's ``check`` where it has one (values refused before torch is imported, with one
+are parsed, after the parser's ``early_check`` where it has one (values refused before torch is imported, with one
 ``error:`` line). Add a command by writing its module and its ``_add_<name>`` here, listed in :data:`COMMANDS`.
 """
 
@@ -388,7 +388,7 @@ def _add_flow(sub: argparse._SubParsersAction) -> None:
         help="also take every input token away in turn (one forward pass each, batched) and print the method's rank "
         "correlation and sign agreement with the measured effects; the effects go into --json and --csv",
     )
-    parser.set_defaults(command_module="cwviz.cli.flow", check=check_flow)
+    parser.set_defaults(command_module="cwviz.cli.flow", early_check=check_flow)
 
 
 def _add_flow_faithfulness(sub: argparse._SubParsersAction) -> None:
@@ -418,7 +418,7 @@ def _add_flow_faithfulness(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=FLOW_BATCH_SIZE, help=f"knockouts per forward pass (default {FLOW_BATCH_SIZE})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random rankings and the bootstrap (default 0)")
     add_model_args(parser)
-    parser.set_defaults(command_module="cwviz.cli.flow_faithfulness", check=check_flow_faithfulness)
+    parser.set_defaults(command_module="cwviz.cli.flow_faithfulness", early_check=check_flow_faithfulness)
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:
