@@ -285,8 +285,8 @@ def _methods_of(stats: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(stats.columns.get_level_values("method")))
 
 
-def _answers(records: Sequence[dict]) -> dict[str, str]:
-    """Each scored member's declared interventions, as text (the control answers both)."""
+def _answers() -> dict[str, str]:
+    """Each member's declared interventions, as text (the control answers both)."""
     out = {CONTROL: ", ".join(INTERVENTIONS)}
     for name, method in attribution.METHODS.items():
         out[name] = ", ".join(i for i in INTERVENTIONS if i in method.answers)
@@ -303,10 +303,12 @@ def method_table(records: Sequence[dict], seed: int = 0, effect: str = "effects"
     """Each (intervention, method)'s mean of each statistic over the items, its 95 % bootstrap interval and n."""
     stats = item_statistics(records, effect)
     signed = {name for r in records if not r.get("skipped") for name in r["signed"]}
-    answers = _answers(records)
+    answers = _answers()
+    methods = _methods_of(stats)
+    stats = stats.sort_index(axis=1)  # a lexsorted column index: each (intervention, method) read without a scan
     rows = []
     for intervention in INTERVENTIONS:
-        for method in _methods_of(stats):
+        for method in methods:
             values = stats[intervention, method].to_numpy(np.float64) if len(stats) else np.zeros((0, len(STATISTICS)))
             for i, statistic in enumerate(STATISTICS):
                 column = values[:, i]
@@ -358,6 +360,7 @@ def verdict_table(records: Sequence[dict], seed: int = 0, effect: str = "effects
     stats = item_statistics(records, effect)
     signed = {name for r in records if not r.get("skipped") for name in r["signed"]}
     methods = _methods_of(stats) if len(stats) else []
+    stats = stats.sort_index(axis=1)
     rows = []
     for intervention in INTERVENTIONS:
         for first, second, statistic in comparisons(methods, signed):

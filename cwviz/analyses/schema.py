@@ -74,7 +74,7 @@ FLOW_TABLES = ("tokens", "heads", "edges", "nodes", "parts", "vocabulary")
 #: The attribution methods of :data:`cwviz.core.method.attribution.METHODS`, by name, in report order (the parsers
 #: list them without importing torch; a test keeps the two equal), and the one ``cwviz flow`` and the Flow page show
 #: by default (docs/METHOD.md section 7.3 decides it).
-FLOW_METHODS = ("effect", "effect_origin", "share_flow", "input_x_gradient", "alti", "rollout", "raw")
+FLOW_METHODS = ("effect", "effect_origin", "share_flow", "input_x_gradient", "alti", "rollout", "raw", "alti_logit")
 FLOW_METHOD = "share_flow"
 #: Its causal test (:mod:`cwviz.analyses.flow_faithfulness`): the token cap per item, knockouts per forward pass (on
 #: a CPU, 32 rows a pass ran 64 knockouts five times faster than 8: per-layer overhead), random rankings per item

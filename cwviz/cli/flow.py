@@ -12,6 +12,7 @@ import math
 import sys
 
 from ..analyses.check import Check, check
+from ..analyses.schema import FLOW_METHODS
 from ..core.method import attribution
 from ..core.method.analysis import analyze
 from ..core.util.errors import InputError
@@ -21,8 +22,10 @@ from .common import load, read_text
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """What can be refused before a model loads (``--top`` and ``--share``: by the parser's check, before torch is
+    """What can be refused before a model loads (``--top`` and ``--share``: by the parser's early check, before torch is
     imported, :func:`cwviz.cli.parsers.check_flow`)."""
+    if args.method not in FLOW_METHODS:
+        raise InputError(f"no attribution method {args.method[:80]!r}: choose one of {', '.join(FLOW_METHODS)}")
     if args.foil is not None and args.foil == args.target:
         raise InputError(f"the foil is the target ({args.target[:80]!r}): choose another foil, or none for the target's logit alone")
     outputs.check_file(args.json_path, "--json", "flow.json")

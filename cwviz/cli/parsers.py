@@ -378,7 +378,6 @@ def _add_flow(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--method",
-        choices=FLOW_METHODS,
         default=FLOW_METHOD,
         help=f"the attribution method (docs/METHOD.md section 7.2; default {FLOW_METHOD}): {', '.join(FLOW_METHODS)}",
     )

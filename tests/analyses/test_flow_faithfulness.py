@@ -1,4 +1,4 @@
-"""The causal test of the signed flow (docs/METHOD.md section 6.6): knockouts against a masked forward built by hand,
+"""The fair test of every attribution method (docs/METHOD.md section 7.3): knockouts against a masked forward built by hand,
 the random control's expectation, rankings and their ties, verdicts on constructed records, and the command end to
 end on a tiny model (resume, errors)."""
 
@@ -16,10 +16,12 @@ import torch
 import cwviz
 from cwviz import cli
 from cwviz.analyses import flow_faithfulness
+from cwviz.analyses.claim_items import spearman
 from cwviz.analyses.codecs import FLOW_FAITHFULNESS
 from cwviz.analyses.faithfulness import example_ids
 from cwviz.analyses.records import RECORD_GLOB, read_records
 from cwviz.cli import flow_faithfulness as command
+from cwviz.core.method import attribution
 from cwviz.core.method.knockout import last_logits
 from tests.helpers import SWEEP_TEXTS as TEXTS
 from tests.helpers import launch, make_tiny, run_here, save_tiny_model, write_jsonl
@@ -85,105 +87,134 @@ def test_the_random_controls_expectation_on_an_additive_case():
         for curve in flow_faithfulness.CURVES:
             mean = np.mean([effects[list(flow_faithfulness.removal_sets(d)[curve, rate])].sum() for d in draws])
             assert math.isclose(mean, k / n * total, abs_tol=0.05 * abs(total)), (curve, rate)
-    rhos = [flow_faithfulness.correlation("random", d, effects) for d in draws]
+    rhos = [spearman(d, effects) for d in draws]
     assert abs(np.mean(rhos)) < 0.02
 
 
-def _record(example, flow, alti, effects, drops=None, skipped=False):
-    """A constructed record: scores given, every curve's drops from ``drops[method]`` (default 0)."""
+METHODS = ("effect", "alti", "share_flow")
+
+
+def _record(example, scores, effects, drops=None, skipped=False, signed=("effect", "share_flow")):
+    """A constructed record over input tokens 0 .. n − 1: ``scores`` by method, the same effects under both
+    interventions, every curve's drops from ``drops[method]`` (default 0)."""
     if skipped:
         return {"example": example, "skipped": True, "why": "fewer than 4 tokens", "tokens": 2}
     n = len(effects)
     drops = drops or {}
+    methods = (*scores, "random")
     curves = {
         m: {c: {f"{r:g}": float(drops.get(m, {}).get(c, 0.0)) for r in flow_faithfulness.RATES} for c in flow_faithfulness.CURVES}
-        for m in flow_faithfulness.METHODS
+        for m in methods
     }
+    both = dict.fromkeys(flow_faithfulness.INTERVENTIONS)
     return {
         "example": example,
         "skipped": False,
         "tokens": n + 1,
-        "full_drop": 2.0,
-        "effects": list(effects),
-        "logp_effects": list(effects),
-        "scores": {"flow": list(flow), "alti": list(alti), "rollout": list(alti), "raw": list(np.arange(n, dtype=float))},
+        "full_drop": {i: 2.0 for i in both},
+        "effects": {i: list(effects) for i in both},
+        "logp_effects": {i: list(effects) for i in both},
+        "scores": {name: list(v) for name, v in scores.items()},
+        "signed": list(signed),
         "random_scores": [list(np.random.default_rng(example).random(n))],
-        "curves": curves,
+        "curves": {i: curves for i in both},
     }
 
 
-def _row(table, first, second, statistic):
-    return table[(table["first"] == first) & (table["second"] == second) & (table["statistic"] == statistic)].iloc[0]
+def _row(table, first, second, statistic, intervention="relay"):
+    picked = (table["first"] == first) & (table["second"] == second) & (table["statistic"] == statistic)
+    return table[picked & (table["intervention"] == intervention)].iloc[0]
 
 
 def test_verdicts_hold_fail_and_stay_unresolved_where_constructed():
     rng = np.random.default_rng(0)
     records = []
     for item in range(12):
-        effects = rng.normal(size=8)
-        noise = rng.normal(size=8)
-        # the flow is the effects themselves (ρ = 1); ALTI ranks the sizes backwards (ρ = -1)
-        drops = {"flow": {"comprehensiveness": 2.0, "sufficiency": 0.1}, "alti": {"comprehensiveness": 1.0, "sufficiency": 0.5}}
-        drops["rollout"] = {"comprehensiveness": 2.0 + (0.5 if item % 2 else -0.5), "sufficiency": 0.1}
-        records.append(_record(item, effects, -np.abs(effects) + 1e-3 * noise, effects, drops))
-    records.append(_record(12, [], [], [], skipped=True))
+        effects = rng.normal(size=9)
+        noise = rng.normal(size=9)
+        # the effect flow is the effects themselves; ALTI ranks the sizes backwards; the share flow has their sizes
+        # with every sign flipped (so it ties with the effect flow on the size and loses on the sign)
+        drops = {"effect": {"comprehensiveness": 2.0, "sufficiency": 0.1}, "alti": {"comprehensiveness": 1.0, "sufficiency": 0.5}}
+        drops["share_flow"] = {"comprehensiveness": 2.0 + (0.5 if item % 2 else -0.5), "sufficiency": 0.1}
+        scores = {"effect": effects, "alti": 1 / (np.abs(effects) + 0.1) + 1e-3 * noise, "share_flow": -effects}
+        records.append(_record(item, scores, effects, drops))
+    records.append(_record(12, {}, [], skipped=True))
     table = flow_faithfulness.verdict_table(records)
-    assert set(table.columns) == set(flow_faithfulness.CSV_COLUMNS)
-    assert _row(table, "flow", "alti", "rho").verdict == "holds"
-    assert _row(table, "flow", "alti", "aopc_comprehensiveness").verdict == "holds"
-    assert _row(table, "flow", "alti", "aopc_sufficiency").verdict == "holds"  # a smaller sufficiency drop wins
+    assert list(table.columns) == flow_faithfulness.CSV_COLUMNS
+    assert _row(table, "effect", "alti", "rho").verdict == "holds"
+    assert _row(table, "effect", "alti", "rho", "origin").verdict == "holds"
+    assert _row(table, "effect", "alti", "aopc_comprehensiveness").verdict == "holds"
+    assert _row(table, "effect", "alti", "aopc_sufficiency").verdict == "holds"  # a smaller sufficiency drop wins
     assert _row(table, "alti", "random", "aopc_comprehensiveness").verdict == "holds"
     assert _row(table, "alti", "random", "rho").verdict == "fails"
     assert _row(table, "alti", "random", "aopc_sufficiency").verdict == "fails"
-    assert _row(table, "flow", "rollout", "aopc_comprehensiveness").verdict == "unresolved"  # ±0.5 around 0
-    tie = _row(table, "flow", "rollout", "aopc_sufficiency")
-    assert tie.verdict == "unresolved" and tie.evidence == "tie on every item"
+    # on size the two flows tie on every item; on sign the effect flow wins; ALTI has no sign to compare
+    size = _row(table, "effect", "share_flow", "rho")
+    assert size.verdict == "unresolved" and size.evidence == "tie on every item"
+    assert _row(table, "effect", "share_flow", "sign_agreement").verdict == "holds"
+    assert _row(table, "effect", "share_flow", "rho_signed").verdict == "holds"
+    assert not ((table["second"] == "alti") & table["statistic"].isin(["rho_signed", "sign_agreement"])).any()
+    assert _row(table, "effect", "share_flow", "aopc_comprehensiveness").verdict == "unresolved"  # ±0.5 around 0
     assert set(table.n) == {12}
     assert flow_faithfulness.skipped_counts(records) == {"fewer than 4 tokens": 1}
-    assert table.primary.sum() == 7 * len(flow_faithfulness.PRIMARY)  # flow_abs rows are secondary
+    assert set(table[table.primary].statistic) == {"rho"}
     methods = flow_faithfulness.method_table(records)
-    flow = methods[(methods.method == "flow") & (methods.statistic == "aopc_comprehensiveness")].iloc[0]
-    assert flow["mean"] == pytest.approx(2.0) and flow["normalised"] == pytest.approx(1.0)  # D = 2
-    assert math.isnan(methods[(methods.method == "flow") & (methods.statistic == "rho")].iloc[0]["normalised"])
+    effect = methods[(methods.method == "effect") & (methods.statistic == "aopc_comprehensiveness")].iloc[0]
+    assert effect["mean"] == pytest.approx(2.0)
+    sign = methods[(methods.method == "effect") & (methods.statistic == "sign_agreement")].iloc[0]
+    assert sign["mean"] == pytest.approx(1.0)
+    assert methods[(methods.method == "alti") & (methods.statistic == "sign_agreement")]["mean"].isna().all()
     # four items decide nothing, however clear
     few = flow_faithfulness.verdict_table(records[:4])
     assert set(few.verdict) == {"unresolved"} and few.evidence.str.startswith("too few items").all()
 
 
-def _oracle_flow(bundle):
-    """A stand-in for the signed flow that knows the answer: each input token's own knockout effect."""
-
-    def flow(analysis, position, target, foil):
-        ids = analysis.input_ids
-        logits = last_logits(bundle, ids, [()] + [(k,) for k in range(position)])
-        ld = (logits[:, target] - logits[:, foil]).double().numpy()
-        return np.append(ld[0] - ld[1:], 0.0)
-
-    return flow
+def test_the_first_token_and_the_position_are_left_out_of_the_primary_rho():
+    """The primary ρ reads tokens 1 .. p − 1; the sensitivity row includes the first token, here the only disagreement."""
+    effects = np.array([10.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    scores = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])  # right on every token but the first
+    stats = flow_faithfulness.per_item(scores, effects, signed=True)
+    assert stats["rho"] == pytest.approx(1.0) and stats["rho_with_first"] < 0.9
+    assert flow_faithfulness.sign_agreement(np.array([3.0, -2.0, 1.0, 0.1]), np.array([1.0, 1.0, 1.0, -1.0])) == pytest.approx(2 / 3)
 
 
-def test_an_item_with_an_oracle_flow_correlates_perfectly_and_skips_short_items():
+def _oracle(bundle) -> attribution.Method:
+    """A registry member that knows the answer: each input token's own relay knockout effect."""
+
+    def compute(request):
+        ids = request.analysis.input_ids
+        logits = last_logits(bundle, ids, [()] + [(k,) for k in range(request.position)])
+        ld = (logits[:, request.target] - logits[:, request.foil]).double().numpy()
+        return attribution.Attribution("effect", np.append(ld[0] - ld[1:], 0.0))
+
+    return attribution.Method("effect", "oracle", "the knockouts themselves", True, frozenset({"relay"}), compute)
+
+
+def test_an_item_with_an_oracle_method_correlates_perfectly_and_skips_short_items():
     bundle = make_tiny("llama")
     text = "Tom has three apples and buys four more."
-    payload = flow_faithfulness.item_payload(bundle, text, example=0, max_tokens=12, flow=_oracle_flow(bundle), batch_size=5)
-    assert not payload["skipped"] and payload["tokens"] == 12 and len(payload["effects"]) == 11
-    assert np.allclose(payload["scores"]["flow"], payload["effects"], atol=1e-6)
+    methods = {"effect": _oracle(bundle), "alti": attribution.METHODS["alti"]}
+    payload = flow_faithfulness.item_payload(bundle, text, example=0, max_tokens=12, methods=methods, batch_size=5)
+    assert not payload["skipped"] and payload["tokens"] == 12 and len(payload["effects"]["relay"]) == 11
+    assert np.allclose(payload["scores"]["effect"], payload["effects"]["relay"], atol=1e-6)
     stats = flow_faithfulness.item_statistics([payload | {"example": 0}])
-    assert stats["flow", "rho"].iloc[0] == pytest.approx(1.0)
-    assert stats["flow_abs", "rho"].iloc[0] == pytest.approx(1.0)
-    # comprehensiveness at 10 % of 11 input tokens removes the oracle's best two together: their joint drop
-    best = tuple(sorted(np.argsort(payload["effects"])[::-1][: flow_faithfulness.removed_count(11, 10)].tolist()))
+    assert stats["relay", "effect", "rho"].iloc[0] == pytest.approx(1.0)
+    assert stats["relay", "effect", "sign_agreement"].iloc[0] == pytest.approx(1.0)
+    # comprehensiveness at 10 % of the 10 ranked tokens (1 .. 10) removes the oracle's largest |effect| among them
+    ranked = np.abs(np.asarray(payload["effects"]["relay"])[1:])
+    best = (int(np.argmax(ranked)) + 1,)
     logits = last_logits(bundle, example_ids(bundle, text, 12), [(), best])
     target, foil = payload["target"], payload["foil"]
-    joint = float((logits[0, target] - logits[0, foil]) - (logits[1, target] - logits[1, foil]))
-    assert len(best) == 2 and payload["curves"]["flow"]["comprehensiveness"]["10"] == pytest.approx(joint, abs=1e-5)
-    assert flow_faithfulness.item_payload(bundle, "abc", flow=_oracle_flow(bundle))["skipped"]
+    drop = float((logits[0, target] - logits[0, foil]) - (logits[1, target] - logits[1, foil]))
+    assert payload["curves"]["relay"]["effect"]["comprehensiveness"]["10"] == pytest.approx(drop, abs=1e-5)
+    assert flow_faithfulness.item_payload(bundle, "abc", methods=methods)["skipped"]
 
 
 def test_command_end_to_end_resumes_and_refuses_other_settings(tmp_path, monkeypatch, capsys):
     bundle = make_tiny("llama")
     monkeypatch.setattr(command, "load", lambda _args: bundle)
-    monkeypatch.setattr(flow_faithfulness, "item_payload", functools.partial(flow_faithfulness.item_payload, flow=_oracle_flow(bundle)))
+    methods = {"effect": _oracle(bundle), "alti": attribution.METHODS["alti"]}
+    monkeypatch.setattr(flow_faithfulness, "item_payload", functools.partial(flow_faithfulness.item_payload, methods=methods))
     data = tmp_path / "items.jsonl"
     texts = ["Tom has three apples and buys four more.", "The river flows past the old mill.", "ab", "A cat sat on a warm mat."]
     data.write_text("\n".join(json.dumps({"text": t}) for t in texts) + "\n", encoding="utf-8")
@@ -191,13 +222,17 @@ def test_command_end_to_end_resumes_and_refuses_other_settings(tmp_path, monkeyp
     args = ["flow-faithfulness", "--jsonl", str(data), "--n", "4", "--results", str(folder), "--max-tokens", "10", "--draws", "2"]
     assert cli.main(args) == 0
     out = capsys.readouterr().out
-    assert "skipped: 1 fewer than 4 tokens" in out and "rho: flow vs random:" in out
+    assert "skipped: 1 fewer than 4 tokens" in out and "relay: rho: effect vs random:" in out
     table = pd.read_csv(folder / flow_faithfulness.CSV_NAME)
     assert list(table.columns) == flow_faithfulness.CSV_COLUMNS and set(table.n) == {3}
     assert set(table.verdict) == {"unresolved"}  # 3 items < MIN_ITEMS
-    methods = pd.read_csv(folder / flow_faithfulness.METHODS_CSV_NAME)
-    assert set(methods.method) == set(flow_faithfulness.METHODS)
-    assert methods[(methods.method == "flow") & (methods.statistic == "rho")]["mean"].iloc[0] == pytest.approx(1.0)
+    means = pd.read_csv(folder / flow_faithfulness.METHODS_CSV_NAME)
+    assert set(means.method) == {"effect", "alti", "random"}
+    assert means[(means.method == "effect") & (means.statistic == "rho") & (means.intervention == "relay")]["mean"].iloc[
+        0
+    ] == pytest.approx(1.0)
+    items = pd.read_csv(folder / flow_faithfulness.ITEMS_CSV_NAME)
+    assert len(items) == 3 * 2 * 3 and set(items.columns) == {"example", "intervention", "method", "rho", "rho_signed", "sign_agreement"}
     assert cli.main(args) == 2  # a folder with records needs --resume
     assert "--resume" in capsys.readouterr().err
     assert cli.main([*args, "--resume"]) == 0
@@ -209,14 +244,24 @@ def test_command_end_to_end_resumes_and_refuses_other_settings(tmp_path, monkeyp
     assert [r["skipped"] for r in made] == [False, False, True, False]
     knockouts = FLOW_FAITHFULNESS.decode(made)
     assert len(knockouts) == sum(r["tokens"] - 1 for r in made if not r["skipped"])
-    assert {"example", "position", "effect", "logp_effect", "flow", "alti"} <= set(knockouts.columns)
+    assert {"example", "position", "effect_relay", "effect_origin", "effect", "alti"} <= set(knockouts.columns)
 
 
 def test_the_codec_refuses_a_record_out_of_range():
-    good = {"skipped": False, "tokens": 5, "target": 1, "foil": 2, "ld_clean": 1.0, "logp_clean": -1.0, "full_drop": 0.5}
-    good |= {"effects": [0.1] * 4, "logp_effects": [0.0] * 4, "scores": {"flow": [1.0] * 4}, "random_scores": [[0.5] * 4], "curves": {}}
+    both = ("relay", "origin")
+    good = {"skipped": False, "tokens": 5, "target": 1, "foil": 2, "ld_clean": 1.0, "logp_clean": -1.0}
+    good |= {"full_drop": dict.fromkeys(both, 0.5), "effects": dict.fromkeys(both, [0.1] * 4)}
+    good |= {"logp_effects": dict.fromkeys(both, [0.0] * 4), "scores": {"effect": [1.0] * 4}, "signed": ["effect"]}
+    good |= {"random_scores": [[0.5] * 4], "curves": {}}
     assert FLOW_FAITHFULNESS.encode(good) == good
-    for bad in ({"foil": 1}, {"effects": [0.1] * 3}, {"tokens": 3}, {"scores": {"alti": [1.0] * 4}}, {"effects": "many"}):
+    for bad in (
+        {"foil": 1},
+        {"effects": dict.fromkeys(both, [0.1] * 3)},
+        {"tokens": 3},
+        {"scores": {"alti": [1.0] * 4}},
+        {"effects": "many"},
+        {"full_drop": 0.5},
+    ):
         with pytest.raises(cwviz.InputError):
             FLOW_FAITHFULNESS.encode(good | bad)
 
@@ -250,7 +295,7 @@ def test_embedded_analysis_is_not_needed_for_the_tables():
 
 @pytest.mark.slow
 def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tmp_path):
-    """The flow's own token totals (no stand-in) on a saved tiny model, one process and two under torchrun."""
+    """Every registry member (no stand-in) on a saved tiny model, one process and two under torchrun."""
     model = save_tiny_model(tmp_path / "model")
     data = write_jsonl(tmp_path / "items.jsonl", TEXTS[:4])
     single, double = tmp_path / "single", tmp_path / "double"
@@ -264,4 +309,4 @@ def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tm
     assert records == read_records(single / flow_faithfulness.RECORDS_FOLDER, FLOW_FAITHFULNESS)
     assert (double / flow_faithfulness.CSV_NAME).read_text() == (single / flow_faithfulness.CSV_NAME).read_text()
     finished = [r for r in records if not r["skipped"]]
-    assert finished and all(len(r["scores"]["flow"]) == r["tokens"] - 1 for r in finished)
+    assert finished and all(len(r["scores"]["effect"]) == r["tokens"] - 1 for r in finished)

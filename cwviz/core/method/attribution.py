@@ -15,7 +15,6 @@ reading and input × gradient come from one backward pass (:attr:`Request.gradie
 | ``alti``           | no     | relay, origin  | no    |
 | ``alti_logit``     | yes    | relay, origin  | no    |
 | ``rollout``, ``raw``| no    | relay, origin  | no    |
-| ``attnlrp``        | yes    | origin         | no    |
 
 The random control is not a member: it
 is the evaluation's control (:mod:`cwviz.analyses.flow_faithfulness`), drawn per item.
@@ -297,7 +296,7 @@ register(
         compute=_baseline("raw"),
     )
 )
-# -- alti_logit (cwviz.core.method.alti_logit) and attnlrp (cwviz.core.method.attnlrp) are registered here --
+# -- alti_logit (cwviz.core.method.alti_logit); AttnLRP waits for an lxt that imports under transformers 5 (METHOD.md 7.2) --
 
 
 def _alti_logit(request: Request) -> Attribution:
