@@ -26,6 +26,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode
 
+from cwviz.analyses.schema import FLOW_SHARE
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 CHART = '[data-testid="stVegaLiteChart"]'
@@ -191,7 +193,7 @@ def _flow_page(page, url: str, prompt: str, repeats: int) -> dict[str, float]:
     page.get_by_text("Where the prediction came from").wait_for(timeout=900_000)
     # The first screen (the graph and the totals, the page's first two charts) is drawn before the heads' map below it.
     page.wait_for_function(
-        "(sel) => [...document.querySelectorAll(sel)].filter(e => /Signed flow|Each token's/.test(e.textContent)).length >= 2",
+        "(sel) => [...document.querySelectorAll(sel)].filter(e => /The route|Each token's/.test(e.textContent)).length >= 2",
         arg=DRAWN,
         timeout=900_000,
         polling=50,
@@ -216,12 +218,57 @@ def _flow_page(page, url: str, prompt: str, repeats: int) -> dict[str, float]:
         _settle(page)
         share.focus()
         # A share past the cap draws the same 300 edges: the wait ends when the caption states the new share.
-        kept = "kept at 75%" if i % 2 == 0 else "kept at 80%"
+        kept = f"asked: {FLOW_SHARE - 0.05:.0%}" if i % 2 == 0 else f"asked: {FLOW_SHARE:.0%}"
         waits["share"].append(_timed_text(page, lambda: page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight"), kept))
         _settle(page)
     result = {name: statistics.median(times) for name, times in waits.items()}
     result["stall"] = max(page.evaluate("() => window.__cwvizLong"), default=0.0) / 1000
     return result
+
+
+def _flow_clicks(page, url: str, repeats: int) -> dict[str, float]:
+    """The Flow page on the default prompt (30 tokens), settled; then ``repeats`` each of: the *Effect drawn* setting
+    moved (to the caption's new share), a click on a node of the route (to the sidebar's token in the address bar and
+    the script done) and a click on a head of the map (to the head's line below it). Medians (s)."""
+    page.goto(f"{url}/flow")
+    page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[DRAWN, FLOW_CHARTS], timeout=900_000)
+    _settle(page)
+    idle = "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+    waits: dict[str, list[float]] = {"share": [], "node": [], "head": []}
+    share = page.locator('[data-testid="stMain"] [data-testid="stSlider"] input[type="range"]').first
+    for i in range(repeats):
+        share.focus()
+        shown = f"asked: {FLOW_SHARE - 0.05:.0%}" if i % 2 == 0 else f"asked: {FLOW_SHARE:.0%}"
+        waits["share"].append(_timed_text(page, lambda: page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight"), shown))
+        _settle(page)
+        node = page.locator(CHART).first.locator('g.mark-symbol.role-mark > path[aria-label*="role: passes"]').nth(i)
+        position = dict(part.split(": ", 1) for part in node.get_attribute("aria-label").split("; "))["position"]
+        start = time.perf_counter()
+        node.click()
+        page.wait_for_url(lambda u, p=position: f"token={p}" in u, timeout=120_000)
+        page.wait_for_function(idle, timeout=120_000, polling=50)
+        waits["node"].append(time.perf_counter() - start)
+        _settle(page)
+        cell = page.locator(CHART).nth(2).locator('g.mark-rect path[aria-label*="head: "]').nth(3 + i)
+        fields = dict(part.split(": ", 1) for part in cell.get_attribute("aria-label").split("; "))
+        waits["head"].append(_timed_text(page, cell.click, f"Layer {fields['layer']}, head {fields['head']}"))
+        _settle(page)
+    return {name: statistics.median(times) for name, times in waits.items()}
+
+
+def bench_flow_clicks(repeats: int = 3) -> list[str]:
+    """Issue 55's rows at 30 tokens: the edge setting, a node click and a head click on the Flow page."""
+    with _chromium() as (url, browser):
+        page = browser.new_page(viewport=VIEWPORT)
+        got = _flow_clicks(page, url, repeats)
+        page.close()
+    rows = [
+        "| prompt | effect drawn / node click / head click, median (s) | targets |",
+        "|---|---|---|",
+        f"| Flow, 30 tokens (the default prompt) | {got['share']:.2f} / {got['node']:.2f} / {got['head']:.2f} | each ≤ 0.5 s |",
+    ]
+    print("\n".join(rows), flush=True)
+    return rows
 
 
 def bench_flow(repeats: int = 3) -> list[str]:

@@ -1,7 +1,7 @@
 """Child process for one peak-memory figure: ``python -m benchmarks.memory_probe WHAT TOKENS``.
 
 Loads the embedded model, runs WHAT on 8 tokens (weights are memory-mapped: this pages them in), resets the kernel's peak-RSS mark (``/proc/self/clear_refs``, Linux), runs
-WHAT once (sdpa | plain | full | naive | dashboard | flow) and prints JSON with the peak increase in MiB.
+WHAT once (sdpa | plain | full | naive | dashboard | flow | effect) and prints JSON with the peak increase in MiB.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main() -> int:
 
     import cwviz
     from benchmarks.dashboard import dashboard_steps
-    from benchmarks.run import flow_of_prompt, full_analysis, long_ids, naive_contributions, plain_forward, sdpa_forward
+    from benchmarks.run import effect_of_prompt, flow_of_prompt, full_analysis, long_ids, naive_contributions, plain_forward, sdpa_forward
     from cwviz.core.util.heap import tune_heap
 
     transformers.utils.logging.disable_progress_bar()
@@ -39,6 +39,7 @@ def main() -> int:
         "naive": naive_contributions,
         "dashboard": dashboard_steps,
         "flow": flow_of_prompt,
+        "effect": effect_of_prompt,
     }[what]
     fn(bundle, ids[:8])  # page in the memory-mapped weights, so that only the run itself is measured
     gc.collect()

@@ -188,6 +188,15 @@ def flow_of_prompt(bundle, ids):
     return flow(analyze(bundle, input_ids=ids))
 
 
+def effect_of_prompt(bundle, ids):
+    """The effect flow of the whole prompt into its last position (docs/METHOD.md section 7.1: one backward pass, every
+    layer's edges and each head's part), its analysis included (the memory probe's ``effect``)."""
+    from cwviz import analyze
+    from cwviz.core.method.attribution import attribute
+
+    return attribute(analyze(bundle, input_ids=ids), "effect")
+
+
 def one_layer_analysis(bundle, ids, layer: int):
     from cwviz import analyze
 
@@ -322,6 +331,48 @@ def bench_flow(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
             f"| T = {memory_tokens} | full analysis (MiB above the loaded model, baseline) | analysis + flow (MiB) | ratio | target |",
             "|---|---|---|---|---|",
             f"| peak memory | {full:.0f} | {flowed:.0f} | **{flowed / full:.2f}** | ≤ 2 GB |",
+        ]
+        print("\n".join(rows[-3:]), flush=True)
+    return rows
+
+
+def bench_effect(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
+    """The effect flow of an analysis (its pass with grad, one backward, every layer's edges and each head's part:
+    ``attribute(analysis, "effect")``) against the one-pass analysis of the same prompt; the check on a 30-token
+    prompt (every input token taken away, 32 a pass) against the same baseline; the peak memory of analysis + effect
+    flow at ``memory_tokens`` (issue 54's targets: ≤ 2.5, ≤ 3 s, ≤ 2 GB)."""
+    from cwviz import analyze
+    from cwviz.analyses.check import check
+    from cwviz.core.method.attribution import attribute, request
+
+    rows = [
+        "| T | one-pass analysis (s, baseline) | effect flow of an analysis (s) | ratio | target |",
+        "|---|---|---|---|---|",
+    ]
+    for tokens in lengths:
+        ids = long_ids(bundle, tokens)
+        analysis = analyze(bundle, input_ids=ids)
+        cand, base = interleaved(lambda: attribute(analysis, "effect"), lambda: one_pass_analysis(bundle, ids), max(1, repeats))
+        rows.append(f"| {tokens} | {base:.2f} | {cand:.2f} | **{cand / base:.2f}** | ≤ 2.5 |")
+        print(rows[-1], flush=True)
+    ids = long_ids(bundle, 30)
+    analysis = analyze(bundle, input_ids=ids)
+    asked = request(analysis)
+    cand, base = interleaved(lambda: check(asked, "effect"), lambda: one_pass_analysis(bundle, ids), max(3, repeats))
+    rows += [
+        "",
+        "| T | one-pass analysis (s, baseline) | check against knockouts (s) | ratio | target |",
+        "|---|---|---|---|---|",
+        f"| 30 | {base:.3f} | **{cand:.2f}** | {cand / base:.1f} | ≤ 3 s |",
+    ]
+    print(rows[-1], flush=True)
+    if memory_tokens:
+        full, effected = memory_probe("full", memory_tokens), memory_probe("effect", memory_tokens)
+        rows += [
+            "",
+            f"| T = {memory_tokens} | full analysis (MiB above the loaded model, baseline) | analysis + effect flow (MiB) | ratio | target |",
+            "|---|---|---|---|---|",
+            f"| peak memory | {full:.0f} | **{effected:.0f}** | {effected / full:.2f} | ≤ 2 GB |",
         ]
         print("\n".join(rows[-3:]), flush=True)
     return rows
@@ -558,6 +609,7 @@ SECTIONS = [
     "overhead",
     "memory",
     "flow",
+    "effect",
     "naive",
     "zeroing",
     "cold",
@@ -605,6 +657,12 @@ def main(argv=None) -> int:
         sections.append(
             ("Signed flow across layers against the one-pass analysis", bench_flow(bundle, flow_lengths, args.repeats, memory_tokens))
         )
+    if "effect" in only:
+        effect_lengths = [t for t in lengths if t in (300, 512)] or [512]
+        memory_tokens = 2048 if 2048 in lengths else 0
+        sections.append(
+            ("The effect flow against the one-pass analysis", bench_effect(bundle, effect_lengths, args.repeats, memory_tokens))
+        )
     if "window" in only:
         sections.append(
             (
@@ -641,6 +699,7 @@ def main(argv=None) -> int:
         from benchmarks import browser
 
         sections.append(("The Flow page in the browser (Chromium)", browser.bench_flow(repeats=args.repeats)))
+        sections.append(("The Flow page's clicks at 30 tokens (Chromium)", browser.bench_flow_clicks(repeats=args.repeats)))
     if "lambda" in only:
         from benchmarks import lambda_pass
 

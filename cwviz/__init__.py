@@ -32,6 +32,7 @@ _NAMES = {
     "to_json": "cwviz.core.method.export",
     "decomposition": "cwviz.analyses.tables",
     "flow": "cwviz.core.method.flow",
+    "attribute": "cwviz.core.method.attribution",
     "CwvizError": "cwviz.core.util.errors",
     "InputError": "cwviz.core.util.errors",
     "ModelChangedError": "cwviz.core.util.errors",
@@ -55,6 +56,7 @@ __all__ = [
     "SelectionError",
     "UnsupportedModelError",
     "analyze",
+    "attribute",
     "bundle_from_model",
     "decomposition",
     "faithfulness",
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
     from .core.loading.inputs import max_tokens
     from .core.loading.models import Bundle, ModelInfo, bundle_from_model, load_model
     from .core.method.analysis import Analysis, analyze
+    from .core.method.attribution import attribute
     from .core.method.export import to_dict, to_json
     from .core.method.flow import flow
     from .core.method.measures import MEASURES

@@ -1,10 +1,15 @@
-"""Flow: where the model's prediction came from, signed, through every layer (docs/METHOD.md section 6): the pruned
-graph beside the input tokens' totals, then each head's direct part and what the selected head's write promotes."""
+"""Flow: where the model's prediction came from (docs/METHOD.md sections 6 and 7): one attribution method of the
+registry (the picker; the test's choice by default) gives each input token a score, and, for a method with edges, the
+route of edges on paths into the prediction (cwviz.analyses.route, the graph ``cwviz flow`` exports); one sentence says
+how faithful the method was in the test; a check measures every token's knockout on this prompt; then each head's
+direct part and what the selected head's write promotes."""
 
+import pandas as pd
 import streamlit as st
 
 from cwviz import CwvizError
-from cwviz.analyses.schema import FLOW_SHARE
+from cwviz.analyses import route
+from cwviz.analyses.schema import FLOW_METHOD, FLOW_SHARE
 from cwviz.app import flow_services, widgets
 from cwviz.app.links import page_url
 from cwviz.app.sidebar import escape_markdown, sidebar
@@ -12,19 +17,141 @@ from cwviz.app.state import parse_bool, url_widget
 from cwviz.charts import flow as charts
 
 MORE = (
-    "**The graph.** A node is the residual stream at one position entering one layer (the top row is the final "
-    "residual, where the prediction is read); its value is the part of the logit difference that passes through it. "
-    "An edge (layer l, token j) → (layer l + 1, token i) is the part of i's value that came from j through layer l's "
-    "attention (j = i: the token's own residual). Red adds to the target (over the foil), blue subtracts; an edge's "
-    "width is its |weight|. Each layer keeps its largest edges until they hold the chosen share of that layer's |mass|; "
-    f"at most {charts.EDGE_CAP} edges and {charts.PAGE_POSITIONS} positions are drawn (the largest). MLPs act on each "
-    "position alone: they pass a position's composition through unchanged.\n\n"
-    "**The totals.** Each input token's signed total is its share of the logit difference, routed down every layer: "
-    "with the biases' part they sum to the logit difference (through the final norm frozen at its value; its "
-    "linearisation error is printed beside it). **The heads.** Each head's direct part is what its write at the "
-    "prediction's position adds to the logit difference; its vocabulary is that write read through the output layer. "
-    "The method: docs/METHOD.md section 6; whether it is faithful: docs/flow.md."
+    "**The graph: the route into the prediction.** A node is the residual stream at one position entering one layer "
+    "(the top row is the final residual, where the prediction is read; the large dot is the prediction). An edge "
+    "(layer l, token k) → (layer l + 1, token i) is layer l's attention moving token k's value into position i, "
+    "weighted by the method (the effect flow: its first-order effect on the prediction). The grey vertical lines are "
+    "the residual stream carrying a position up the layers. Only edges on a path into the prediction are drawn: the "
+    "largest ones until the drawn edges carry the chosen share of the |effect| of all edges between tokens on such "
+    "paths, and the paths that join the three tokens with the largest |score| to the prediction; at most "
+    f"{route.ROUTE_CAP} edges and about {route.ROUTE_POSITIONS} positions (the largest). Red adds to the target (over "
+    "the foil), blue subtracts; an edge's width is its |weight|. A token's value staying on its own position (a "
+    "self-edge) is not drawn: it routes nothing. `cwviz flow --csv` writes the same edges.\n\n"
+    "**The scores.** Each input token's score under the chosen method: for the effect flow, the first-order estimate of "
+    "how much the prediction's logit (difference) drops when the token's value is taken away in every layer. "
+    "**Check against knockouts** measures that drop for every token (one forward pass a batch) and prints how well the "
+    "scores follow it. **The heads** (below): each head's direct part is what its write at the prediction's position "
+    "adds to the logit difference; its vocabulary is that write read through the output layer. The methods: "
+    "docs/METHOD.md sections 6 and 7; the test: docs/flow.md."
 )
+
+
+def _faithfulness(method: flow_services.MethodChoice, sel) -> None:
+    """The first screen's sentence: how faithful the shown method was in the test on this model (docs/flow.md)."""
+    models = (sel.request.model, sel.analysis.info.id)
+    st.markdown(flow_services.faithfulness_sentence(flow_services.tested(), models, method, method.intervention))
+
+
+def _what(result) -> str:
+    """What is explained: toward the target (over the foil) after the position, or into an encoder's position."""
+    where = f"{result.position} {result.token_strings[result.position]!r}"
+    if result.encoder:
+        return f"into {where}'s final representation"
+    over = "" if result.foil is None else f" over {result.foil_token!r}"
+    return f"toward {result.target_token!r}{over} after {where}"
+
+
+def _graph_and_totals(shown, drawn: route.Route, method: flow_services.MethodChoice, result, sel) -> None:
+    """The route (for a method with edges) beside every token's score, as wide as its labels need."""
+    px = widgets.label_px()
+    tokens = shown.tokens_table()
+    graph_col, totals_col = st.columns([11, 8], gap="small")
+    with graph_col:
+        if method.has_edges:
+            tables = charts.route_tables(drawn, shown.asked.token_strings)
+            title = f"The route {_what(result)} (click a node)"
+            widgets.node_graph(
+                charts.route_graph(
+                    tables, sel.analysis.num_layers, title, label_px=px, selected=(sel.layer, sel.query), **charts.page_sizes(px)
+                ),
+                drawn.edges,
+                f"cwviz-flow-route-{result.position}",
+                key="flow_graph",
+                layers=sel.analysis.num_layers,
+            )
+        else:
+            st.info(
+                f"The {method.label} gives each token a score but has no edges, so there is no route to draw: the effect "
+                "flow and the share flow have one."
+            )
+    with totals_col:
+        rows = charts.total_rows(tokens, "score", charts.total_row_count(px), keep=drawn.connected)
+        some = "every token" if len(rows) == len(tokens) else f"the {len(rows)} largest of {len(tokens)},"
+        widgets.chart(  # the subtitle on two lines: one would be cut at the bars' width in presenter mode
+            charts.totals_bars(
+                rows, "Each token's score", [some, f"{method.label}, in text order"], "score", label_px=px, width=charts.totals_width(px)
+            ),
+            tokens,
+            f"cwviz-flow-scores-{result.position}",
+            key="flow_totals",
+        )
+
+
+def _caption(shown, drawn: route.Route, method: flow_services.MethodChoice, result, sel, default_target: str) -> None:
+    """What the graph and the bars hold, in numbers: the quantity, the route's share, the top next tokens."""
+    said = f"The {method.label} {_what(result)}"
+    if pd.notna(shown.quantity):
+        said += f": the quantity explained is {shown.quantity:+.3f}"
+    if method.has_edges:
+        said += (
+            f". Drawn: {len(drawn.edges)} edges on paths into the prediction, carrying {drawn.carried:.0%} of the |effect| "
+            f"of the edges between tokens on such paths (asked: {drawn.asked:.0%}"
+            + (f"; the largest {route.ROUTE_CAP} edges or {route.ROUTE_POSITIONS} positions" if drawn.capped else "")
+            + ")"
+        )
+        if drawn.mass > 0:
+            said += f"; {drawn.self_mass / drawn.mass:.0%} of all |effect| stays on a token's own position (not drawn)"
+        if drawn.connected:
+            joined = ", ".join(repr(shown.asked.token_strings[k]) for k in drawn.connected)
+            said += f"; joined to the prediction: {joined} (the largest |score|)"
+    said += "."
+    if not result.encoder:
+        top = flow_services.predictions(sel.request, result.position)
+        said += " The model's most likely next tokens: " + ", ".join(
+            f"{t!r} {p:.0%}" for t, p in top[["token", "probability"]].itertuples(index=False)
+        )
+        said += (
+            "."
+            if not default_target or top["token"].iloc[0] == default_target
+            else (f"; the first that is a word, {default_target!r}, is the default target.")
+        )
+    st.caption(escape_markdown(said))
+
+
+def _check(asked: tuple, method: flow_services.MethodChoice, shown) -> None:
+    """Check against knockouts: every input token taken away in turn (batched, with progress and a Stop), kept per
+    prompt, position, target, foil and intervention; the method's scores against the measured effects."""
+    if asked[2] is None:  # an encoder: no next-token prediction to knock out
+        return
+    kept = flow_services.measured(*asked, method.intervention)
+    row = st.container(horizontal=True, gap="small", vertical_alignment="center")
+    run = row.button(
+        "Check against knockouts",
+        key="flow_check",
+        help="Take every input token away in turn (its value "
+        "zeroed in every layer, or its embedding replaced by the mean one, as the method answers) and measure "
+        "the change in the logit (difference): one forward pass a batch.",
+    )
+    if run:
+        row.button("Stop", key="flow_check_stop", help="Stop after the current pass: what is measured is kept.")
+        bar = st.progress(0.0, text="Knockouts: starting…")
+        kept = flow_services.measure(
+            *asked, method.intervention, progress=lambda done, total: bar.progress(done / total, text=f"Knockouts: pass {done} of {total}")
+        )
+        bar.empty()
+    if kept is None:
+        row.caption("measures every token's effect on this prompt and compares it with the scores above.")
+        return
+    result = flow_services.checked(*asked, method.name, method.intervention, kept.effects)
+    st.markdown(f"**Check on this prompt** ({method.label}): {escape_markdown(result.sentence())}.")
+    frame = shown.tokens_table().iloc[: len(result.effects)].assign(effect=result.effects).dropna()
+    widgets.chart(
+        charts.check_scatter(frame, "Each token: the method's score against the measured effect", label_px=widgets.label_px()),
+        frame,
+        f"cwviz-flow-check-{asked[1]}",
+        key="flow_check_chart",
+    )
+
 
 sel = sidebar("Where the prediction came from")
 if not sel.ok:
@@ -42,7 +169,7 @@ st.markdown(
     "representation is made of ([CLS] unless you choose another); **red adds**, **blue subtracts**."
 )
 
-at_col, target_col, foil_col, share_col = st.columns([3, 3, 3, 3], vertical_alignment="bottom")
+at_col, method_col, target_col, foil_col, share_col = st.columns([3, 3, 3, 3, 3], vertical_alignment="bottom")
 default = last if causal else 0  # the prediction after the last token; an encoder's [CLS]
 with at_col:
     # None is "the default position" (not a number), so that a new prompt's flow is again of its last token.
@@ -62,14 +189,27 @@ with share_col:
     share = url_widget(
         st.slider,
         "share",
-        "Edges kept",
-        FLOW_SHARE,  # the library's and the CLI's default too: one graph whoever draws it
+        "Effect drawn",
+        FLOW_SHARE,  # the CLI's default too: one route whoever draws it
         parse=float,
         valid=lambda v: 0.05 <= v <= 1.0,
         min_value=0.05,
         max_value=1.0,
         step=0.05,
-        help="Each layer keeps its largest edges until they hold this share of its |mass| (Σ |weight|).",
+        help="The drawn edges carry at least this share of the |effect| of the edges between tokens that lie on paths "
+        "into the prediction (the largest first); the three tokens with the largest |score| are always joined to it.",
+    )
+with method_col:
+    offered = flow_services.methods(sel.request)
+    method = url_widget(
+        st.selectbox,
+        "method",
+        "Method",
+        FLOW_METHOD,  # the test's choice (docs/METHOD.md 7.3), set where the test's results are
+        options=[m.name for m in offered],
+        format_func=lambda name: next(m.label for m in offered if m.name == name),
+        help="The attribution method (docs/METHOD.md 7.2). The effect flow and the share flow have edges (the graph); "
+        "the others give each token a score only.",
     )
 target, foil = "", None
 if causal:
@@ -79,8 +219,9 @@ if causal:
             "target",
             "Target token",
             "",
-            placeholder="empty: the top next token",
-            help="One token of the model's vocabulary, with its leading space if it has one; empty: the model's top next token.",
+            placeholder="empty: the most likely next word",
+            help="One token of the model's vocabulary, with its leading space if it has one; empty: the model's most likely "
+            "next token that is a word (not a line break or punctuation).",
         )
     with foil_col:
         foil_on = url_widget(st.toggle, "foil_on", "Against a foil", False, parse=parse_bool)
@@ -96,68 +237,26 @@ if causal:
         )
         foil = foil_text if foil_on else None
 
+default_target = "" if target.strip() or not causal else flow_services.default_target(sel.request, position)
 try:
-    choice = flow_services.choose(sel.request, position, target, foil)
+    choice = flow_services.choose(sel.request, position, target or default_target, foil)
 except CwvizError as err:  # a model whose block layout the flow does not know (a derived row), say
     st.error(f"The flow cannot be computed for {analysis.info.id}: {err}")
     st.stop()
 for problem in choice.problems:
     st.warning(problem)
 result = choice.flow
-value = "total" if not result.encoder else "share"
-graph = charts.graph_tables(result.node_table, result.edges(share), result.tokens, float(result.edge_mass.sum()), result.position)
-where = f"{result.position} {result.token_strings[result.position]!r}"
-if result.encoder:
-    what = f"into {where}'s final representation"
-    summary = f"the tokens' shares and the biases' {result.bias_total:+.3f} sum to 1"
-else:
-    over = "" if result.foil is None else f" over {result.foil_token!r}"
-    what = f"toward {result.target_token!r}{over} after {where}"
-    summary = (
-        f"logit{' difference' if result.foil is not None else ''} {result.frozen_logit_difference:+.3f} "
-        f"(the model's own, after any soft-cap, {result.logit_difference:+.3f}; frozen-norm error {result.norm_error:+.1e}): the tokens' "
-        f"totals and the biases' {result.bias_total:+.3f} sum to it"
-    )
-px = widgets.label_px()
-graph_col, totals_col = st.columns([13, 6], gap="small")
-with graph_col:
-    title = f"{'Signed flow' if not result.encoder else 'Signed composition'} {what} (click a node)"
-    widgets.node_graph(
-        charts.route_graph(graph, analysis.num_layers, title, label_px=px, selected=(sel.layer, sel.query), **charts.page_sizes(px)),
-        graph.edges,
-        f"cwviz-flow-graph-{result.position}",
-        key="flow_graph",
-        layers=analysis.num_layers,
-    )
-with totals_col:
-    rows = charts.total_rows(result.tokens, value, charts.total_row_count(px))
-    some = "every token" if len(rows) == len(result.tokens) else f"the {len(rows)} largest of {len(result.tokens)},"
-    widgets.chart(  # the subtitle on two lines: one would be cut at the bars' width in presenter mode
-        charts.totals_bars(rows, f"Each token's {value}", [some, "in text order"], value, label_px=px),
-        result.tokens,
-        f"cwviz-flow-totals-{result.position}",
-        key="flow_totals",
-    )
-
-drawn = f"{len(graph.edges)} of the {graph.pruned} edges kept at {share:.0%} of each layer's |mass|"
-drawn += f" ({graph.drawn_mass / graph.mass:.0%} of all |mass|)" if graph.mass > 0 else ""
-complete = result.edges_complete(share)
-st.caption(
-    f"The flow {escape_markdown(what)}: {summary}. Drawn: {drawn}"
-    + ("" if not graph.capped else f", the largest (at most {charts.EDGE_CAP} edges, {charts.PAGE_POSITIONS} positions)")
-    + ("" if complete else "; some layers' edges stop short of the share (the flow keeps the largest 20,000 a layer)")
-    + "."
-    + (
-        ""
-        if result.encoder
-        else " The model's most likely next tokens: "
-        + ", ".join(
-            f"{t!r} {p:.0%}"
-            for t, p in flow_services.predictions(sel.request, result.position)[["token", "probability"]].itertuples(index=False)
-        )
-        + "."
-    )
-)
+picked_method = next(m for m in offered if m.name == method)
+if picked_method.why_not is not None:
+    st.warning(f"The {picked_method.label} does not run on this model: {picked_method.why_not}. Showing the {offered[0].label}.")
+    picked_method = next(m for m in offered if m.why_not is None)
+asked = (sel.request, result.position, result.target, result.foil)
+shown = flow_services.get_attribution(*asked, picked_method.name)
+drawn = flow_services.get_route(*asked, picked_method.name, share)
+_faithfulness(picked_method, sel)
+_graph_and_totals(shown, drawn, picked_method, result, sel)
+_caption(shown, drawn, picked_method, result, sel, default_target)
+_check(asked, picked_method, shown)
 
 links = st.container(horizontal=True, gap="small")
 query_label = sel.token_label(sel.query, markdown=False)

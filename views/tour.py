@@ -318,7 +318,8 @@ else:
         st.stop()
     sync(sel.layer, sel.head, position)
     try:
-        result = flow_services.choose(sel.request, position).flow
+        # the Flow page's default target: the most likely next word (a demo that starts on a word, issue 55)
+        result = flow_services.choose(sel.request, position, flow_services.default_target(sel.request, position)).flow
     except CwvizError as err:  # a model whose block layout the flow does not know (a derived row)
         show(f"The flow cannot be computed for this model: {err}", None, "Flow")
         st.stop()
@@ -331,7 +332,7 @@ else:
         against = f", and {sel.token_label(story.against[0])} works most against it ({story.against[2]:+.2f}, blue)."
     if plan.causal:
         first = (
-            f"Followed back through all {layers} layers, the logit of the model's most likely next token here, "
+            f"Followed back through all {layers} layers, the logit of the model's most likely next word here, "
             f"{escape_markdown(repr(story.target))}, {story.logit:+.2f}, splits into a signed share from every input token "
             "(the biases take the rest): red adds, blue subtracts."
         )
@@ -341,12 +342,13 @@ else:
             f"through all {layers} layers and split into a signed share from every input token (with the biases they add up to 1)."
         )
     keep = [story.support[0]] + ([] if story.against is None else [story.against[0]])
-    rows = flow_charts.total_rows(result.tokens, "share" if result.encoder else "total", keep=keep)
-    value = "share" if result.encoder else "total"
+    value = "share" if result.encoder else "total"  # an encoder's totals are shares of its representation (sum to 1)
+    tokens = result.tokens[["position", "token", "total"]].rename(columns={"total": value})
+    rows = flow_charts.total_rows(tokens, value, keep=keep)
     show(
         f"{first} {support}{against}",
         link,
         "Flow",
         flow_charts.totals_bars(rows, f"Each input token's {value}", "red adds, blue subtracts", value, label_px=widgets.label_px()),
-        result.tokens,
+        tokens,
     )

@@ -66,10 +66,12 @@ def effects(
     batch_size: int = FLOW_BATCH_SIZE,
     progress: Progress | None = None,
     stop: Callable[[], bool] | None = None,
+    keep: Callable[[np.ndarray], None] | None = None,
 ) -> tuple[np.ndarray, bool]:
     """Δ_k for the input tokens k = 0 .. p − 1 of ``request`` ([p] float64) and whether all were measured: ``batch_size``
     knockouts a forward pass (the prompt cut after p: later tokens cannot change a causal prediction at p),
-    ``progress(done, total)`` after each pass, ``stop()`` asked before each (true: the rest stay NaN)."""
+    ``progress(done, total)`` after each pass, ``stop()`` asked before each (true: the rest stay NaN). ``keep``: given a
+    copy of the effects so far after each pass, before ``progress`` (a page whose run is interrupted keeps them)."""
     analysis, p = request.analysis, request.position
     if not analysis.bundle.has_logits:
         raise InputError("the check measures knockouts of a next-token prediction; an encoder has none: choose a causal model")
@@ -88,6 +90,8 @@ def effects(
         logits = last_logits(analysis.bundle, ids, removed, batch_size, intervention).double()
         ld = logits[:, target] - (0 if foil is None else logits[:, foil])
         out[start : start + len(removed)] = ld_clean - ld.numpy()
+        if keep is not None:
+            keep(out.copy())
         if progress is not None:
             progress(done, len(batches))
     return out, True

@@ -309,7 +309,11 @@ def method_table(records: Sequence[dict], seed: int = 0, effect: str = "effects"
     rows = []
     for intervention in INTERVENTIONS:
         for method in methods:
-            values = stats[intervention, method].to_numpy(np.float64) if len(stats) else np.zeros((0, len(STATISTICS)))
+            values = (
+                stats[intervention, method].reindex(columns=list(STATISTICS)).to_numpy(np.float64)
+                if len(stats)
+                else np.zeros((0, len(STATISTICS)))
+            )
             for i, statistic in enumerate(STATISTICS):
                 column = values[:, i]
                 column = column[np.isfinite(column)]

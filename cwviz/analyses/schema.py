@@ -64,11 +64,12 @@ DEFAULT_FACTOR = 0.0
 ATLAS_BOOTSTRAP = 1000
 ATLAS_CONFIDENCE = 0.95
 ATLAS_SEED = 0
-#: The signed flow (:mod:`cwviz.core.method.flow`, ``cwviz flow``): the share of each layer's |mass| a graph's edges
-#: keep (the Flow page's slider default, issue 47's 0.8, and ``Flow.edges``' default, :data:`cwviz.core.method.flow_tables.EDGE_SHARE`, which the core cannot import from
-#: here; tests/core/test_flow.py checks they agree), the tokens and heads listed each way, and the tables
-#: ``--csv DIR`` writes, by file name (``Flow`` attributes).
-FLOW_SHARE = 0.8
+#: The flow (``cwviz flow``, the Flow page): the share of the |effect| of the edges between tokens on paths into the
+#: prediction that the drawn route carries (:func:`cwviz.analyses.route.route`; the page's setting's default and the
+#: CLI's ``--share``: one route whoever draws it; issue 55), the tokens and heads listed each way, and the tables
+#: ``--csv DIR`` writes, by file name. (The static plot's per-layer pruning, ``Flow.edges``, keeps its own default,
+#: :data:`cwviz.core.method.flow_tables.EDGE_SHARE`.)
+FLOW_SHARE = 0.2
 FLOW_TOP = 5
 FLOW_TABLES = ("tokens", "heads", "edges", "nodes", "parts", "vocabulary")
 #: The attribution methods of :data:`cwviz.core.method.attribution.METHODS`, by name, in report order (the parsers

@@ -13,13 +13,19 @@ is not one token gives the library's message and the default in its place, never
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
+from ..analyses import check, route
 from ..analyses.predictions import next_tokens
+from ..analyses.schema import FLOW_METHODS
+from ..core.method import attribution
 from ..core.method.flow import FlowBasis, flow, flow_basis
 from ..core.method.flow_tables import Flow
 from ..core.util.errors import ArgumentError
@@ -128,3 +134,175 @@ def _token(request: services.Request, position: int, token_id: int | None) -> st
     """A top next token's text (``None``: the top one)."""
     top = predictions(request, position)
     return str(top["token"].iloc[0] if token_id is None else top.loc[top["token_id"] == token_id, "token"].iloc[0])
+
+
+# -- the registry's methods on the page (issue 54): one attribution per (request, position, target, foil, method) ------
+
+#: Attributions kept (each holds up to ``EDGE_LIMIT`` edges a layer for a method with edges: a few MB).
+ATTRIBUTION_ENTRIES = 8
+#: Where the test's results are (docs/flow.md; a small torch-free table the page reads, committed with the runs).
+TEST_RESULTS = Path(__file__).with_name("flow_test.csv")
+#: The test's table's columns.
+TEST_COLUMNS = ("model", "intervention", "method", "statistic", "mean", "ci_low", "ci_high", "n")
+
+
+@dataclass(frozen=True)
+class MethodChoice:
+    """A registry member as the picker offers it: ``why_not``, None where it runs on the sidebar's model."""
+
+    name: str
+    label: str
+    description: str
+    signed: bool
+    has_edges: bool
+    why_not: str | None
+    #: The intervention its scores are checked against (the first it answers, docs/METHOD.md 7.2).
+    intervention: str
+
+
+def methods(request: services.Request) -> tuple[MethodChoice, ...]:
+    """The registry's members in report order (:data:`cwviz.analyses.schema.FLOW_METHODS`), each with whether it runs
+    on the request's model."""
+    bundle = services.get_analysis(request).analysis.bundle
+    out = []
+    for name in FLOW_METHODS:
+        method = attribution.METHODS[name]
+        why = method.available(bundle)
+        if why is None and method.needs_logits and not bundle.has_logits:
+            why = "it needs next-token logits; this model is an encoder"
+        intervention = next(i for i in attribution.INTERVENTIONS if i in method.answers)
+        out.append(MethodChoice(name, method.label, method.description, method.signed, method.has_edges, why, intervention))
+    return tuple(out)
+
+
+@st.cache_resource(show_spinner=False, max_entries=ATTRIBUTION_ENTRIES, ttl=3600)
+def get_request(request: services.Request, position: int, target: int | None, foil: int | None) -> attribution.Request:
+    """The registry's request for the flow on screen (target and foil as the chosen flow resolved them): the methods
+    asked of it share its backward pass, and the share flow reads the kept basis (no forward pass)."""
+    analysis = services.get_analysis(request).analysis
+    basis = _basis(request, position) if analysis.bundle.has_logits else None
+    return attribution.request(analysis, position, target, foil, basis=basis)
+
+
+@st.cache_resource(show_spinner="Attributing the prediction…", max_entries=ATTRIBUTION_ENTRIES, ttl=3600)
+def get_attribution(request: services.Request, position: int, target: int | None, foil: int | None, method: str) -> attribution.Attribution:
+    """``method``'s attribution of the flow on screen (:func:`cwviz.core.method.attribution.run`). InputError where the
+    method does not run on the model."""
+    return attribution.run(attribution.check_method(method), get_request(request, position, target, foil))
+
+
+@st.cache_resource(show_spinner=False, max_entries=2 * ATTRIBUTION_ENTRIES, ttl=3600)
+def get_route(request: services.Request, position: int, target: int | None, foil: int | None, method: str, share: float) -> route.Route:
+    """The route of :func:`get_attribution` at ``share`` (:func:`cwviz.analyses.route.of`, the builder ``cwviz flow``
+    exports with), kept: a click on a node or a head reruns the page and draws it again without routing (about 0.1 s at
+    280 tokens)."""
+    return route.of(get_attribution(request, position, target, foil, method), share)
+
+
+def default_target(request: services.Request, position: int) -> str:
+    """The target the page draws when none is typed: the model's most likely next token that is a word (holds a letter
+    or a digit: not a line break, a space or punctuation) among its top next tokens, as exactly one token; else the
+    top next token. The demo then starts on a word (issue 55). "" for an encoder."""
+    analysis = services.get_analysis(request).analysis
+    if not analysis.bundle.has_logits:
+        return ""
+    top = predictions(request, position)
+    tokenizer = analysis.bundle.tokenizer
+    for token_id, token in zip(top["token_id"], top["token"], strict=True):
+        one = list(tokenizer(token, add_special_tokens=False)["input_ids"]) == [int(token_id)]
+        if one and any(c.isalnum() for c in str(token)):
+            return str(token)
+    return ""
+
+
+def read_test(path: Path | None = None) -> pd.DataFrame:
+    """The test's results (:data:`TEST_COLUMNS`, one row per model, intervention, method and statistic) from ``path``
+    (default :data:`TEST_RESULTS`); empty where the file is not there yet."""
+    path = TEST_RESULTS if path is None else path
+    if not path.is_file():
+        return pd.DataFrame(columns=list(TEST_COLUMNS))
+    table = pd.read_csv(path)
+    missing = set(TEST_COLUMNS) - set(table.columns)
+    if missing:
+        raise ValueError(f"{path} lacks the columns {sorted(missing)}: it needs {', '.join(TEST_COLUMNS)}")
+    return table
+
+
+def faithfulness_sentence(table: pd.DataFrame, models: tuple[str, ...], method: MethodChoice, intervention: str) -> str:
+    """One sentence: how faithful ``method`` was in the test on this model (``models``: the names a row may give it,
+    the dashboard's and the model's id), on ``intervention``: its primary ρ (|score| against |effect|) with the
+    interval, and for a signed method its top-3 sign agreement. A model or method without a row: a plain sentence
+    saying it was not tested."""
+    rows = table[table["model"].isin(models) & (table["method"] == method.name) & (table["intervention"] == intervention)]
+    stat = {row.statistic: row for row in rows.itertuples(index=False)}
+    if "rho" not in stat:
+        return f"The method shown, {method.label}, was not tested on this model (docs/flow.md: the test ran on SmolLM2 and Gemma 3)."
+    rho = stat["rho"]
+    said = (
+        f"In the test on {int(rho.n)} GSM8K items ({rho.model}), the {method.label}'s scores followed the {intervention} "
+        f"knockouts at ρ {rho.mean:.2f} (95 % interval {rho.ci_low:.2f} to {rho.ci_high:.2f}; |score| against |effect|, "
+        "1 is a perfect ranking, 0 none)"
+    )
+    if method.signed and "sign_agreement" in stat:
+        said += f"; its signs agreed on {stat['sign_agreement'].mean:.0%} of the top-3 tokens"
+    return said + "."
+
+
+@st.cache_data(show_spinner=False, ttl=3600)
+def tested() -> pd.DataFrame:
+    """:func:`read_test` of the committed file, read once."""
+    return read_test()
+
+
+# -- the check against knockouts (issue 54): measured once per prompt, position, target, foil and intervention -------
+
+#: Checks kept (each: p effects).
+CHECK_ENTRIES = 16
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The knockout effects of one request and intervention ([p], NaN where not measured) and whether all were."""
+
+    effects: np.ndarray
+    complete: bool
+
+
+@st.cache_resource(show_spinner=False)
+def _measured_store() -> tuple[dict, threading.Lock]:
+    """The measured effects by (request, position, target, foil, intervention), the latest :data:`CHECK_ENTRIES`
+    (shared: a knockout of a prompt is the same for every session)."""
+    return {}, threading.Lock()
+
+
+def measured(request: services.Request, position: int, target: int | None, foil: int | None, intervention: str) -> Measured | None:
+    """The effects already measured for this flow and intervention (a partial set after a Stop), or None."""
+    store, lock = _measured_store()
+    with lock:
+        return store.get((request, position, target, foil, intervention))
+
+
+def measure(request: services.Request, position: int, target: int | None, foil: int | None, intervention: str, progress=None) -> Measured:
+    """Every input token's knockout effect (:func:`cwviz.analyses.check.effects`), ``progress(done, total)`` after each
+    pass; what is finished is kept after every pass, so a run the page interrupts (its Stop) keeps it."""
+    store, lock = _measured_store()
+    key = (request, position, target, foil, intervention)
+
+    def keep(effects: np.ndarray, complete: bool = False) -> None:
+        with lock:
+            store.pop(key, None)
+            store[key] = Measured(effects, complete)
+            while len(store) > CHECK_ENTRIES:
+                store.pop(next(iter(store)))
+
+    effects, complete = check.effects(get_request(request, position, target, foil), intervention, progress=progress, keep=keep)
+    keep(effects, complete)
+    return Measured(effects, complete)
+
+
+@st.cache_data(show_spinner=False, max_entries=CHECK_ENTRIES, ttl=3600)
+def checked(
+    request: services.Request, position: int, target: int | None, foil: int | None, method: str, intervention: str, effects: np.ndarray
+) -> check.Check:
+    """``method``'s scores against ``effects`` (the test's statistics: :func:`cwviz.analyses.check.check`)."""
+    return check.check(get_request(request, position, target, foil), method, intervention, measured=effects)

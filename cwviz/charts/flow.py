@@ -127,106 +127,62 @@ def flow_chart(
     ).resolve_scale(color="independent", size="independent", strokeWidth="independent")
 
 
-# -- the Flow page (docs/dashboard.md): the pruned graph beside the tokens' totals ------------------------------
-#: The page's graph: plot width and height (px), the most edges it draws, the most input positions across it.
-PAGE_WIDTH, PAGE_HEIGHT = 440, 250
-EDGE_CAP = 300
-PAGE_POSITIONS = 32
+# -- the Flow page (docs/dashboard.md): the route into the prediction beside the tokens' totals -------------------
+#: The page's graph: plot width and height (px).
+PAGE_WIDTH, PAGE_HEIGHT = 400, 225
 #: An edge's width (px) from the smallest |weight| drawn to the largest: a small negative edge still reads as blue.
-EDGE_WIDTHS = (1.5, 7.0)
+EDGE_WIDTHS = (1.5, 6.0)
+#: The spine: the residual carrying a position up the layers (faint: it is not an edge of the route).
+SPINE_COLOUR = "#c8c9cf"
 #: Rows of the totals' bars: every input token up to this many, else the ones with the largest |total|; (px) a row.
-TOTAL_ROWS, TOTAL_ROW_PX = 20, 15
+TOTAL_ROWS, TOTAL_ROW_PX = 16, 15
+#: The totals' bars: plot width (px; with their labels the chart is over 300 px wide).
+TOTALS_WIDTH = 250
 #: The click selection of a node of the graph; the page passes it to Streamlit as ``selection_mode``.
 NODE_PICK = "node_pick"
 
 
 @dataclass(frozen=True)
-class Graph:
-    """What the page's graph draws. ``nodes``: ``layer, position, label, token, value, direct, sign, size``;
-    ``edges``: ``layer, source, target, weight, top, source_label, target_label, sign, size`` (the edge (layer,
-    source) → (layer + 1, target)). ``pruned`` and ``pruned_mass``: the edges of the pruned table and their |mass|;
-    ``mass``: the |mass| of every edge of every layer (the share the drawn edges carry is ``drawn_mass / mass``)."""
+class RouteTables:
+    """What the page's graph draws of a :class:`cwviz.analyses.route.Route`: ``edges`` (the route's table with
+    ``top`` = layer + 1, ``key_label``, ``query_label``, ``sign``, ``size``), ``spines`` (``position, label, bottom,
+    top``) and ``nodes`` (``layer, position, label, token, role``: each drawn edge's ends, each drawn position's input
+    and the prediction, role "prediction", "input" or "passes"). Labels are ``"12 token"``."""
 
-    nodes: pd.DataFrame
     edges: pd.DataFrame
-    pruned: int
-    pruned_mass: float
-    drawn_mass: float
-    mass: float
-
-    @property
-    def capped(self) -> bool:
-        """Whether edges of the pruned table were left out (the cap, or positions beyond :data:`PAGE_POSITIONS`)."""
-        return len(self.edges) < self.pruned
+    spines: pd.DataFrame
+    nodes: pd.DataFrame
+    order: list[str]
 
 
 def _sign(values: pd.Series) -> pd.Series:
     return (values >= 0).map({True: "adds", False: "subtracts"})
 
 
-def graph_tables(
-    nodes: pd.DataFrame,
-    edges: pd.DataFrame,
-    tokens: pd.DataFrame,
-    mass: float,
-    position: int,
-    cap: int = EDGE_CAP,
-    positions: int = PAGE_POSITIONS,
-) -> Graph:
-    """The graph the page draws from the flow's pruned edges (``Flow.edges(share)``) and nodes (``Flow.node_table``).
-
-    Of the positions the pruned edges touch, the ``positions`` that carry the most |weight| (``position``, the
-    prediction's, always among them); of the edges among those, the ``cap`` largest |weight|; the nodes are those
-    edges' ends and the prediction's node at the top. ``tokens``: ``position, token``; ``mass``: Σ |weight| over
-    every edge of every layer (``Flow.edge_mass.sum()``)."""
-    token = dict(zip(tokens["position"], tokens["token"], strict=True))
-    size = edges["weight"].abs()
-    touched = pd.concat([size.groupby(edges["source"]).sum(), size.groupby(edges["target"]).sum()]).groupby(level=0).sum()
-    keep = set(touched.drop(position, errors="ignore").nlargest(max(positions - 1, 0)).index) | {position}
-    inside = edges[edges["source"].isin(keep) & edges["target"].isin(keep)]
-    drawn = inside.loc[inside["weight"].abs().sort_values(ascending=False, kind="stable").index[:cap]]
-    drawn = drawn.iloc[::-1].reset_index(drop=True)  # the largest drawn last, on top
-    label = {p: f"{p} {token[p]}" for p in keep}
-    drawn = drawn.assign(
-        top=drawn["layer"] + 1,
-        source_label=drawn["source"].map(label),
-        target_label=drawn["target"].map(label),
-        sign=_sign(drawn["weight"]),
-        size=drawn["weight"].abs(),
+def route_tables(drawn, tokens: Sequence[str]) -> RouteTables:
+    """The tables :func:`route_graph` draws from the route ``drawn`` (:class:`cwviz.analyses.route.Route`; its edge
+    rows unchanged, in its order) and the prompt's token strings."""
+    label = {p: f"{p} {tokens[p]}" for p in drawn.positions}
+    edges = drawn.edges.assign(
+        top=drawn.edges["layer"] + 1,
+        key_label=drawn.edges["key"].map(label),
+        query_label=drawn.edges["query"].map(label),
+        sign=_sign(drawn.edges["weight"]),
+        size=drawn.edges["weight"].abs(),
     )
-    top = int(nodes["layer"].max())
-    ends = pd.concat(
-        [
-            drawn[["layer", "source"]].set_axis(["layer", "position"], axis=1),
-            drawn[["top", "target"]].set_axis(["layer", "position"], axis=1),
-        ]
-    )
-    ends = pd.concat([ends, pd.DataFrame({"layer": [top], "position": [position]})]).drop_duplicates()
-    picked = nodes.merge(ends, on=["layer", "position"]).sort_values(["layer", "position"], ignore_index=True)
-    picked = picked.assign(
-        label=picked["position"].map(label),
-        token=picked["position"].map(token),
-        sign=_sign(picked["value"]),
-        size=picked["value"].abs(),
-    )
-    return Graph(
-        nodes=picked,
-        edges=drawn,
-        pruned=len(edges),
-        pruned_mass=float(size.sum()),
-        drawn_mass=float(drawn["size"].sum()),
-        mass=float(mass),
-    )
-
-
-def _axis_order(graph: Graph) -> list[str]:
-    """The x axis's labels: the graph's positions in the text's order."""
-    ordered = graph.nodes.drop_duplicates("position").sort_values("position")
-    return list(ordered["label"])
+    spines = drawn.spines()
+    spines = spines.assign(label=spines["position"].map(label))
+    ends = [(int(r.layer), int(r.key)) for r in edges.itertuples()] + [(int(r.top), int(r.query)) for r in edges.itertuples()]
+    ends += [(0, p) for p in drawn.positions]
+    ends = sorted(set(ends) - {(drawn.layers, drawn.position)}) + [(drawn.layers, drawn.position)]
+    nodes = pd.DataFrame(ends, columns=["layer", "position"])
+    role = ["prediction" if (layer, p) == (drawn.layers, drawn.position) else "input" if layer == 0 else "passes" for layer, p in ends]
+    nodes = nodes.assign(label=nodes["position"].map(label), token=[tokens[p] for p in nodes["position"]], role=role)
+    return RouteTables(edges.iloc[::-1].reset_index(drop=True), spines, nodes, [label[p] for p in drawn.positions])
 
 
 def route_graph(
-    graph: Graph,
+    tables: RouteTables,
     layers: int,
     title: str,
     label_px: int = 12,
@@ -234,16 +190,19 @@ def route_graph(
     width: int = PAGE_WIDTH,
     selected: tuple[int, int] | None = None,
 ) -> alt.LayerChart:
-    """The page's graph: the input positions across the bottom (labelled ``"12 token"``), the layers upward (0: the
-    embedding entering layer 0; ``layers``: the final residual, where the prediction is read), a rule per edge of
-    ``graph`` coloured by its sign (red adds, blue subtracts) and as wide as its |weight|, and a circle per node
-    (its value's sign and size). A click on a node is the selection :data:`NODE_PICK` (fields ``layer, position``);
-    ``selected`` (layer, position), the sidebar's, is ringed where the graph has that node."""
-    order = _axis_order(graph)
-    x_scale = alt.Scale(type="point", domain=order, padding=0.5)
+    """The page's graph: the route's positions across the bottom (labelled ``"12 token"``, in the text's order), the
+    layers upward (0: the input entering layer 0; ``layers``: the final residual, where the prediction is read); each
+    position's spine a faint vertical line (the residual carrying it up), each edge of the route a rule from (layer,
+    key) to (layer + 1, query) coloured by its sign (red adds, blue subtracts) and as wide as its |weight| (the largest
+    drawn on top), the nodes small dots and the prediction a large one. A click on a node is the selection
+    :data:`NODE_PICK` (fields ``layer, position``); ``selected`` (layer, position), the sidebar's, is ringed where the
+    graph has that node."""
+    x_scale = alt.Scale(type="point", domain=tables.order, padding=0.5)
     y_scale = alt.Scale(domain=[0, layers], nice=False, zero=False)
     x_axis = alt.Axis(labelAngle=-60, labelLimit=90, labelFontSize=label_px, labelOverlap=False)
     y_axis = alt.Axis(values=list(range(0, layers + 1, 5 if layers > 12 else 1)), labelFontSize=label_px)
+    x = alt.X("label:N", scale=x_scale, axis=x_axis, title=None)
+    y = alt.Y("layer:Q", scale=y_scale, axis=y_axis, title="layer")
     colour = alt.Color(
         "sign:N",
         scale=alt.Scale(domain=["adds", "subtracts"], range=[POSITIVE_COLOUR, NEGATIVE_COLOUR]),
@@ -251,59 +210,79 @@ def route_graph(
             title=None, orient="top", labelFontSize=label_px, labelExpr="datum.label == 'adds' ? 'adds (red)' : 'subtracts (blue)'"
         ),
     )
+    spines = (
+        alt.Chart(tables.spines)
+        .mark_rule(color=SPINE_COLOUR, strokeWidth=2)
+        .encode(
+            x=alt.X("label:N", scale=x_scale, axis=x_axis, title=None),
+            y=alt.Y("bottom:Q", scale=y_scale, axis=y_axis, title="layer"),
+            y2="top:Q",
+        )
+    )
     lines = (
-        alt.Chart(graph.edges)
+        alt.Chart(tables.edges)
         .mark_rule(opacity=0.85, strokeCap="round")
         .encode(
-            x=alt.X("source_label:N", title=None, scale=x_scale, axis=x_axis),
-            x2="target_label:N",
+            x=alt.X("key_label:N", title=None, scale=x_scale, axis=x_axis),
+            x2="query_label:N",
             y=alt.Y("layer:Q", title="layer", scale=y_scale, axis=y_axis),
             y2="top:Q",
             color=colour,
             strokeWidth=alt.StrokeWidth("size:Q", scale=alt.Scale(range=list(EDGE_WIDTHS), zero=False), legend=None),
             tooltip=[
-                alt.Tooltip("layer:O", title="from layer"),
-                alt.Tooltip("source_label:N", title="from"),
-                alt.Tooltip("target_label:N", title="to"),
+                alt.Tooltip("layer:O", title="layer"),
+                alt.Tooltip("key_label:N", title="from"),
+                alt.Tooltip("query_label:N", title="to"),
                 alt.Tooltip("weight:Q", format="+.4f"),
             ],
         )
     )
     pick = alt.selection_point(name=NODE_PICK, fields=["layer", "position"], on="click", clear=False)
     points = (
-        alt.Chart(graph.nodes)
-        .mark_circle(opacity=1, stroke="#31333f", strokeWidth=0.6)
+        alt.Chart(tables.nodes)
+        .mark_circle(opacity=1, color="#31333f")
         .encode(
-            x=alt.X("label:N", scale=x_scale, axis=x_axis, title=None),
-            y=alt.Y("layer:Q", scale=y_scale, axis=y_axis, title="layer"),
-            color=colour,
-            size=alt.Size("size:Q", scale=alt.Scale(range=[12, 150]), legend=None),
-            tooltip=[
-                alt.Tooltip("layer:O"),
-                alt.Tooltip("position:O"),
-                alt.Tooltip("token:N"),
-                alt.Tooltip("value:Q", format="+.4f", title="value through it"),
-                alt.Tooltip("direct:Q", format="+.4f", title="written here directly"),
-            ],
+            x=x,
+            y=y,
+            size=alt.Size("role:N", scale=alt.Scale(domain=["prediction", "input", "passes"], range=[180, 22, 14]), legend=None),
+            tooltip=[alt.Tooltip("layer:O"), alt.Tooltip("position:O"), alt.Tooltip("token:N"), alt.Tooltip("role:N")],
         )
         .add_params(pick)
     )
-    drawn = [lines, points]
+    drawn = [spines, lines, points]
     layer, position = selected if selected is not None else (-1, -1)
-    ring = graph.nodes[(graph.nodes["layer"] == layer) & (graph.nodes["position"] == position)]
+    ring = tables.nodes[(tables.nodes["layer"] == layer) & (tables.nodes["position"] == position)]
     if len(ring):
         drawn.append(
             alt.Chart(ring[["layer", "label"]])
             .mark_point(shape="circle", size=420, filled=False, stroke="#111111", strokeWidth=2.5)
-            .encode(
-                x=alt.X("label:N", scale=x_scale, axis=x_axis, title=None), y=alt.Y("layer:Q", scale=y_scale, axis=y_axis, title="layer")
-            )
+            .encode(x=x, y=y)
         )
     return (
         alt.layer(*drawn, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 1))
         .resolve_scale(strokeWidth="independent", size="independent")
         .properties(width=width, height=height)
     )
+
+
+def check_scatter(frame: pd.DataFrame, title: str, label_px: int = 12) -> alt.LayerChart:
+    """The check against knockouts: one point a token (``position, token, score, effect``), the measured effect across
+    and the method's score up, coloured by the score's sign (red adds, blue subtracts), on zero lines."""
+    data = frame.assign(sign=_sign(frame["score"]), label=[f"{p} {t}" for p, t in zip(frame["position"], frame["token"], strict=True)])
+    colour = alt.Color("sign:N", scale=alt.Scale(domain=["adds", "subtracts"], range=[POSITIVE_COLOUR, NEGATIVE_COLOUR]), legend=None)
+    points = (
+        alt.Chart(data)
+        .mark_circle(size=60, opacity=0.9)
+        .encode(
+            x=alt.X("effect:Q", title="measured effect of taking the token away (Δ)", axis=alt.Axis(labelFontSize=label_px)),
+            y=alt.Y("score:Q", title="the method's score", axis=alt.Axis(labelFontSize=label_px)),
+            color=colour,
+            tooltip=[alt.Tooltip("label:N", title="token"), alt.Tooltip("score:Q", format="+.4f"), alt.Tooltip("effect:Q", format="+.4f")],
+        )
+    )
+    zero = pd.DataFrame({"zero": [0.0]})
+    rules = [alt.Chart(zero).mark_rule(color="#9a9ba3").encode(x="zero:Q"), alt.Chart(zero).mark_rule(color="#9a9ba3").encode(y="zero:Q")]
+    return alt.layer(points, *rules, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 1)).properties(width=360, height=220)
 
 
 def total_rows(tokens: pd.DataFrame, value: str = "total", rows: int = TOTAL_ROWS, keep: Sequence[int] = ()) -> pd.DataFrame:
@@ -325,13 +304,19 @@ def page_sizes(label_px: int) -> dict[str, int]:
     return {"width": PAGE_WIDTH, "height": PAGE_HEIGHT} if label_px <= 12 else {"width": PAGE_WIDTH - 40, "height": PAGE_HEIGHT - 50}
 
 
+def totals_width(label_px: int) -> int:
+    """The totals' bars' plot width (px): with their labels over 300 px, and within their column at 1280 px beside the
+    sidebar (presenter mode's 16 px labels take more of it)."""
+    return TOTALS_WIDTH if label_px <= 12 else TOTALS_WIDTH - 40
+
+
 def total_row_count(label_px: int) -> int:
     """How many tokens the totals' bars show at ``label_px`` labels (each row a line of its label)."""
     return TOTAL_ROWS if label_px <= 12 else (TOTAL_ROWS * TOTAL_ROW_PX) // (label_px + 4)
 
 
 def totals_bars(
-    rows: pd.DataFrame, title: str, subtitle: str | list[str] = "", value: str = "total", label_px: int = 12, width: int = 120
+    rows: pd.DataFrame, title: str, subtitle: str | list[str] = "", value: str = "total", label_px: int = 12, width: int = TOTALS_WIDTH
 ) -> alt.Chart:
     """Horizontal bars of :func:`total_rows` (one a token, top to bottom in the text's order), red adding and blue
     subtracting, on a zero line; each row as tall as its label (``label_px`` + 3). ``subtitle``: a line, or lines."""
@@ -341,7 +326,7 @@ def totals_bars(
         .mark_bar()
         .encode(
             y=alt.Y(
-                "label:N", sort=list(rows["label"]), title=None, axis=alt.Axis(labelLimit=100, labelFontSize=label_px, labelOverlap=False)
+                "label:N", sort=list(rows["label"]), title=None, axis=alt.Axis(labelLimit=120, labelFontSize=label_px, labelOverlap=False)
             ),
             x=alt.X(f"{value}:Q", title=value, axis=alt.Axis(labelFontSize=label_px, tickCount=3)),
             color=colour,

@@ -11,6 +11,7 @@ import argparse
 import math
 import sys
 
+from ..analyses import route
 from ..analyses.check import Check, check
 from ..analyses.schema import FLOW_METHODS
 from ..core.method import attribution
@@ -32,19 +33,21 @@ def check_args(args: argparse.Namespace) -> None:
     outputs.check_folder(args.csv_dir, "--csv")
 
 
-def tables(result: attribution.Attribution, share: float, checked: Check | None = None) -> dict:
+def tables(result: attribution.Attribution, drawn: route.Route, checked: Check | None = None) -> dict:
     """The method's tables by name: ``tokens`` (position, token, score; with ``--check`` the measured ``effect``),
-    ``heads``, ``edges`` (at ``share``), then the method's own (the share flow's ``nodes`` and ``parts``)."""
+    ``heads``, ``edges`` (the route ``drawn``: the edges the Flow page draws at the same share), then the method's own
+    (the share flow's ``nodes`` and ``parts``)."""
     tokens = result.tokens_table()
     if checked is not None:
         effect = [math.nan] * len(tokens)
         effect[: len(checked.effects)] = [float(v) for v in checked.effects]
         tokens["effect"] = effect  # the last position (the one predicted from) is never taken away
-    return {"tokens": tokens, "heads": result.heads_table(), "edges": attribution.edges_table(result, share), **dict(result.extra)}
+    return {"tokens": tokens, "heads": result.heads_table(), "edges": drawn.edges, **dict(result.extra)}
 
 
-def summary(result: attribution.Attribution, share: float, checked: Check | None) -> dict:
-    """What was asked, the method and its quantity, and the check's statistics (None without ``--check``)."""
+def summary(result: attribution.Attribution, drawn: route.Route, checked: Check | None) -> dict:
+    """What was asked, the method and its quantity, the route's rule at its share (docs/flow.md, "The route"), and the
+    check's statistics (None without ``--check``)."""
     asked = result.asked
     method = attribution.METHODS[result.method]
     return {
@@ -57,7 +60,13 @@ def summary(result: attribution.Attribution, share: float, checked: Check | None
         "foil": asked.foil,
         "foil_token": asked.foil_token,
         "quantity": result.quantity,
-        "edge_share": share,
+        "edge_share": drawn.asked,
+        "route": {
+            "threshold": drawn.threshold,
+            "carried": drawn.carried,
+            "capped": drawn.capped,
+            "connected": list(drawn.connected),
+        },
         "check": None
         if checked is None
         else {
@@ -124,11 +133,12 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         with cli_bar("knockouts", unit="pass", enabled=sys.stderr.isatty()) as progress:
             checked = check(asked, method.name, progress=progress)
-    made = tables(result, args.share, checked)
+    drawn = route.of(result, args.share)
+    made = tables(result, drawn, checked)
     written = []
     if args.json_path:
         payload = {
-            "summary": summary(result, args.share, checked),
+            "summary": summary(result, drawn, checked),
             **{name: outputs.table_records(t) for name, t in made.items()},
         }
         written.append(outputs.write(args.json_path, outputs.json_text(payload)))

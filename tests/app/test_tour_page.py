@@ -8,7 +8,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from cwviz.app import sink_services, state
+from cwviz.app import flow_services, sink_services, state
 from cwviz.app.services import Request
 from tests.helpers.app import assert_clean, charts, run_app, widget
 
@@ -154,3 +154,14 @@ def test_an_encoder_that_cannot_be_loaded_is_explained_at_the_last_step(monkeypa
     said = " ".join(i.value for i in at.info)
     assert "could not be done here" in said and "no-such-encoder" in said
     assert not charts(at) and not at.get("link_button")
+
+
+def test_the_last_step_follows_a_word_not_a_line_break():
+    """Step 8 on the default prompt (whose top next token after its final '.' is a line break) follows the Flow page's
+    default target: the most likely next word (issue 55)."""
+    word = flow_services.default_target(Request(text=TEXT), 29)
+    assert any(c.isalpha() for c in word)
+    at = run_app(page=PAGE, params={"step": "8"})
+    assert_clean(at)
+    text = " ".join(m.value for m in at.markdown).replace("\\", "")
+    assert f"the model's most likely next word here, {word!r}" in text and len(charts(at)) == 1

@@ -1,7 +1,8 @@
-"""The Flow page in headless Chromium (issue 47): the graph draws both colours on a prompt whose flow has suppressing
-edges, a small negative edge still reads as blue, a click on a node moves the sidebar's layer and query token, a
-changed picker reaches the address bar, and the graph and the totals stand whole on the first screen at 1,280 x 720
-(12 px labels; 16 px in presenter mode) and 1,600 x 1,000. Screenshots go to ``tests/artifacts/flow-*.png``; with
+"""The Flow page in headless Chromium (issues 47, 55): the route draws both colours on a prompt whose flow has
+suppressing edges, a small negative edge still reads as blue, a click on a node moves the sidebar's layer and query
+token, a changed picker reaches the address bar, and the graph, the totals (over 300 px wide, no label cut) and the
+test's sentence stand whole on the first screen at 1,280 x 720 (12 px labels; 16 px in presenter mode) and 1,600 x
+1,000, on the default prompt and on "The capital of France is". Screenshots go to ``tests/artifacts/flow-*.png``; with
 ``CWVIZ_UPDATE_SCREENSHOT=1`` the 1,600 x 1,000 first screen refreshes ``assets/flow.png`` (docs/dashboard.md)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
 
+from cwviz.analyses.schema import FLOW_SHARE
 from cwviz.charts.palette import NEGATIVE, POSITIVE
 from tests.helpers.browser import ARTIFACTS, CHART, PLOTS_JS, _assert_no_error_text, _serve, _settle
 
@@ -87,7 +89,7 @@ def test_the_graph_draws_both_colours_and_a_click_on_a_node_moves_the_sidebar(se
         share = page.locator('[data-testid="stMain"] [data-testid="stSlider"] input[type="range"]').first
         share.focus()
         page.keyboard.press("ArrowLeft")
-        page.wait_for_url(lambda url: parse_qs(urlparse(url).query).get("share") == ["0.75"], timeout=60_000)
+        page.wait_for_url(lambda url: parse_qs(urlparse(url).query).get("share") == [f"{FLOW_SHARE - 0.05:g}"], timeout=60_000)
         _settle(page, CHARTS)
         _assert_no_error_text(page)
         assert parse_qs(urlparse(page.url).query)["foil_on"] == ["true"]
@@ -97,21 +99,45 @@ def test_the_graph_draws_both_colours_and_a_click_on_a_node_moves_the_sidebar(se
     assert not errors, errors
 
 
+FRANCE = "The capital of France is"
+
+
 @pytest.mark.parametrize(
-    ("screen", "presenter"),
-    [({"width": 1280, "height": 720}, False), ({"width": 1280, "height": 720}, True), ({"width": 1600, "height": 1000}, False)],
-    ids=["1280x720", "1280x720-presenter", "1600x1000"],
+    ("screen", "params"),
+    [
+        ({"width": 1280, "height": 720}, {}),
+        ({"width": 1280, "height": 720}, {"presenter": "true"}),
+        ({"width": 1600, "height": 1000}, {}),
+        ({"width": 1280, "height": 720}, {"prompt": FRANCE}),
+        ({"width": 1600, "height": 1000}, {"prompt": FRANCE}),
+    ],
+    ids=["1280x720", "1280x720-presenter", "1600x1000", "france-1280x720", "france-1600x1000"],
 )
-def test_the_graph_and_the_totals_stand_whole_on_the_first_screen(server, browser, screen, presenter):
-    page, errors = _open(browser, server, screen, {"presenter": "true"} if presenter else None)
+def test_the_graph_the_totals_and_the_tests_sentence_stand_whole_on_the_first_screen(server, browser, screen, params):
+    presenter = "presenter" in params
+    page, errors = _open(browser, server, screen, params)
     try:
         assert page.locator('[data-testid="stSidebar"]').first.is_visible()
         graph, totals = page.evaluate(PLOTS_JS)[:2]
+        assert totals["box"]["w"] >= 300, totals["box"]
+        cut = page.evaluate(
+            """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')][1]
+                .querySelectorAll('g.role-axis-label text').length === 0 ? ['no labels'] :
+                [...[...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')][1]
+                .querySelectorAll('g.role-axis-label text')].map(t => t.textContent).filter(t => t.endsWith('…'))"""
+        )
+        assert cut == [], f"token labels cut short: {cut}"
+        sentence = page.locator('[data-testid="stMarkdownContainer"] p', has_text="tested on this model").or_(
+            page.locator('[data-testid="stMarkdownContainer"] p', has_text="In the test on")
+        )
+        box = sentence.first.bounding_box()
+        assert box is not None and box["y"] + box["height"] <= screen["height"], f"the test's sentence is below the first screen: {box}"
         for chart in (graph, totals):
             box = chart["box"]
             assert box["y"] >= 0 and box["y"] + box["h"] <= screen["height"], f"a chart ends below the first screen: {box}"
             assert box["x"] + box["w"] <= screen["width"], f"a chart ends past the window: {box}"
-            assert all(plot["box"]["h"] >= 150 for plot in chart["plots"]), chart["plots"]
+        assert all(plot["box"]["h"] >= 150 for plot in graph["plots"]), graph["plots"]
+        assert all(plot["box"]["h"] >= 5 * 15 for plot in totals["plots"]), totals["plots"]  # a row a token; 5 tokens at least
         assert graph["box"]["x"] + graph["box"]["w"] <= totals["box"]["x"], "the totals stand beside the graph"
         least = 16 if presenter else 12
         sizes = page.evaluate(
@@ -130,10 +156,31 @@ def test_the_graph_and_the_totals_stand_whole_on_the_first_screen(server, browse
                 + ' [data-testid="stMain"] [data-testid="stCaptionContainer"] p')].map(e => parseFloat(getComputedStyle(e).fontSize))"""
         )
         assert words and min(words) >= (16 if presenter else 14), sorted(set(words))
-        name = f"flow-first-screen-{screen['width']}x{screen['height']}" + ("-presenter" if presenter else "")
+        name = (
+            f"flow-first-screen-{screen['width']}x{screen['height']}"
+            + ("-presenter" if presenter else "")
+            + ("-france" if params.get("prompt") else "")
+        )
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
-        if screen["width"] == 1600 and os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1":
+        if screen["width"] == 1600 and not params and os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1":
             page.screenshot(path=str(ASSETS / "flow.png"))  # docs/dashboard.md's, as test_browser.py refreshes the others
+    finally:
+        page.close()
+    assert not errors, errors
+
+
+def test_the_route_into_paris_draws_paths_from_the_input_with_both_colours(server, browser):
+    """ "The capital of France is" under the effect flow: edges of both colours, every input token's spine drawn, and
+    the prediction's node at the top of the last position."""
+    page, errors = _open(browser, server, {"width": 1280, "height": 720}, {"prompt": FRANCE, "method": "effect"})
+    try:
+        graph = page.evaluate(GRAPH_JS)
+        strokes = {edge["stroke"] for edge in graph["edges"]}
+        assert {POSITIVE, NEGATIVE} <= strokes, strokes
+        fields = [dict(part.split(": ", 1) for part in label.split("; ")) for label in graph["nodes"]]
+        assert {"0", "1", "2", "3"} <= {f["position"] for f in fields if f.get("layer") == "0"}, "the input tokens' nodes"
+        assert any(f.get("role") == "prediction" and f["position"] == "4" for f in fields)
+        page.screenshot(path=str(ARTIFACTS / "flow-france-effect.png"))
     finally:
         page.close()
     assert not errors, errors

@@ -150,9 +150,13 @@ def test_the_registry_lists_every_method_the_parsers_offer_and_each_answers_one_
         assert method.answers <= set(attribution.INTERVENTIONS) and method.answers
     effect_result = attribution.run(attribution.METHODS["effect"], asked)
     np.testing.assert_allclose(effect_result.scores, asked.gradients.totals, rtol=1e-6)
-    table = attribution.edges_table(effect_result, 1.0)
-    assert list(table.columns) == ["layer", "key", "query", "weight"]
-    np.testing.assert_allclose(table.groupby("key")["weight"].sum().reindex(range(7), fill_value=0), effect_result.scores, atol=1e-4)
+    by_key = np.zeros(analysis.num_tokens)  # every kept edge (all of them on a tiny model), summed by its key
+    for edges in effect_result.edges:
+        assert len(edges.weights) == analysis.num_tokens**2  # every (key, query) pair is kept on a tiny model
+        assert not edges.weights[edges.keys > edges.queries].any()  # causal: no edge from a later key
+        np.add.at(by_key, edges.keys, edges.weights)
+        assert edges.mass == pytest.approx(np.abs(edges.weights).sum(), rel=1e-5)
+    np.testing.assert_allclose(by_key, effect_result.scores, atol=1e-4)
 
 
 def test_the_registry_refuses_what_it_cannot_answer():
@@ -170,5 +174,3 @@ def test_the_registry_refuses_what_it_cannot_answer():
         attribution.attribute(encoder, "effect", 0, 5)
     result = attribution.attribute(encoder, "effect", 0)  # an encoder's quantity: its representation's own direction
     assert result.asked.target is None and np.isfinite(result.scores).all()
-    with pytest.raises(InputError, match="share"):
-        attribution.edges_table(result, 0.0)

@@ -14,7 +14,7 @@ import torch
 import cwviz
 from cwviz.analyses.schema import FLOW_SHARE
 from cwviz.core.loading import architectures
-from cwviz.core.method import blocks, flow_tables, memory
+from cwviz.core.method import attribution, blocks, flow_tables, memory
 from cwviz.core.method import flow as flow_module
 from cwviz.core.method.flow import flow, token_totals
 from cwviz.core.method.mixing import mixing, mixing_blocks, replayed_stream, rollout
@@ -414,7 +414,8 @@ def test_a_derived_row_is_refused_saying_what_to_add():
 def test_tables_are_tidy():
     analysis = family_analysis("llama")
     result = flow(analysis, target=11, vocabulary=3)
-    assert list(result.tokens.columns) == ["position", "token", "total", "share"]
+    assert list(result.tokens.columns) == ["position", "token", "total", "rollout_share"]
+    assert (result.tokens["rollout_share"].to_numpy() == result.share).all()  # the rollout's row, not total / Σ total
     heads = result.heads
     assert list(heads.columns) == ["layer", "head", "direct", "routed", "promoted", "suppressed"]
     assert len(heads) == analysis.num_layers * analysis.num_heads and heads["promoted"].str.count(r"\|").eq(2).all()
@@ -548,6 +549,19 @@ def test_embedded_models_satisfy_the_identities(name):
     assert no_hooks(bundle.model)
 
 
-def test_the_top_level_flow_and_the_command_line_s_defaults_are_the_core_s():
-    """``cwviz.flow`` is the core's function; the CLI's --share default (torch-free) is ``Flow.edges``' own."""
-    assert cwviz.flow is flow and FLOW_SHARE == flow_tables.EDGE_SHARE
+def test_the_top_level_flow_is_the_core_s():
+    """``cwviz.flow`` is the core's function; the static plot's pruning share is a share."""
+    assert cwviz.flow is flow and 0 < flow_tables.EDGE_SHARE <= 1 and 0 < FLOW_SHARE <= 1
+
+
+def test_the_registrys_share_flow_from_a_kept_basis_is_the_share_flow_without_one():
+    """``attribution.request(..., basis=)`` (the dashboard's kept stream): the share flow's scores and edges are those
+    of a flow made from scratch (tests/app/test_flow_page.py: the page then runs no forward pass)."""
+    analysis = family_analysis("llama")
+    last = analysis.num_tokens - 1
+    basis = flow_module.flow_basis(analysis, last)
+    plain = attribution.run(attribution.METHODS["share_flow"], attribution.request(analysis, last, 11, 60))
+    kept = attribution.run(attribution.METHODS["share_flow"], attribution.request(analysis, last, 11, 60, basis=basis))
+    np.testing.assert_allclose(kept.scores, plain.scores, rtol=1e-5, atol=1e-6)
+    for a, b in zip(kept.edges, plain.edges, strict=True):
+        np.testing.assert_allclose(a.weights, b.weights, rtol=1e-5, atol=1e-6)

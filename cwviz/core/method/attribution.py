@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..util.errors import InputError
-from . import alti_logit, baselines, effect, flow_arguments
+from . import alti_logit, baselines, effect
 from .flow import EDGE_LIMIT, flow, resolve, token_totals
 from .flow_tables import Flow
 
@@ -50,6 +50,9 @@ class Request:
     position: int
     target: int | None
     foil: int | None
+    #: :func:`~cwviz.core.method.flow.flow_basis` of this analysis and position, where the caller keeps one (the
+    #: dashboard): the share flow then runs no forward pass.
+    basis: object | None = None
 
     @functools.cached_property
     def gradients(self) -> effect.Gradients:
@@ -58,7 +61,8 @@ class Request:
     @functools.cached_property
     def share_flow(self) -> Flow:
         """Section 6's flow of the request (no vocabulary): ``share_flow`` reads its totals, ``alti_logit`` its direct parts."""
-        return flow(self.analysis, self.position, self.target, self.foil, vocabulary=0)
+        vocabulary = 0 if self.basis is None else self.basis.count  # a kept basis is checked against its own count
+        return flow(self.analysis, self.position, self.target, self.foil, vocabulary=vocabulary, basis=self.basis)
 
 
 @dataclass(frozen=True)
@@ -104,25 +108,6 @@ class Attribution:
         return pd.DataFrame(
             {"layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers), "part": self.heads.reshape(-1)}
         )
-
-
-def edges_table(result: Attribution, share: float):
-    """``result``'s edges pruned to ``share`` of each layer's |mass| (largest |weight| first, as the share flow's graph
-    prunes: docs/METHOD.md section 6.4): ``layer, key, query, weight``, the edge (layer, key → query). Empty for a
-    method without edges. InputError for a share outside (0, 1]."""
-    import pandas as pd
-
-    from .flow_tables import kept_count
-
-    share = flow_arguments.share(share)  # the flow API's one rule (a bool, NaN or text refused too)
-    columns = ["layer", "key", "query", "weight"]
-    frames = []
-    for edges in result.edges or ():
-        count = kept_count(edges.weights, edges.mass * share)
-        frames.append(
-            pd.DataFrame({"layer": edges.layer, "key": edges.keys[:count], "query": edges.queries[:count], "weight": edges.weights[:count]})
-        )
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
 @dataclass(frozen=True)
@@ -327,13 +312,14 @@ def check_method(name: str) -> Method:
     return method
 
 
-def request(analysis, position: int | None = None, target=None, foil=None) -> Request:
+def request(analysis, position: int | None = None, target=None, foil=None, basis=None) -> Request:
     """A checked :class:`Request`: the position (default: the last; an encoder's 0), and the target (default: the
-    model's top next token at the position) and foil as token ids, as :func:`cwviz.core.method.flow.flow` checks them."""
+    model's top next token at the position) and foil as token ids, as :func:`cwviz.core.method.flow.flow` checks them.
+    ``basis``: a kept :func:`~cwviz.core.method.flow.flow_basis` of this analysis and position (:attr:`Request.basis`)."""
     position, target, foil = resolve(analysis, position, target, foil)
     if analysis.bundle.has_logits and target is None:
         target = effect.top_token(analysis, position, foil)
-    return Request(analysis, position, target, foil)
+    return Request(analysis, position, target, foil, basis)
 
 
 def attribute(analysis, method: str = "effect", position: int | None = None, target=None, foil=None) -> Attribution:

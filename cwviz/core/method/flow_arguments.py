@@ -4,7 +4,7 @@
 
 * a target or a foil: None, an int (a numpy integer too), a str, or a one-element integer tensor; never a bool (an
   int to Python, but ``target=True`` means no token);
-* a share of each layer's |mass|: a real number in (0, 1];
+* a share (of each layer's |mass| the graph keeps, of the effect a route carries): a real number in (0, 1];
 * a vocabulary count: a whole number from 0 to the vocabulary's size.
 
 Anything else is an :class:`~cwviz.core.util.errors.ArgumentError` naming the argument, whose message quotes at most
@@ -65,12 +65,12 @@ def token_id(value: int, size: int, name: str) -> int:
 
 
 def share(value: object, name: str = "share") -> float:
-    """A share of each layer's |mass| (:meth:`Flow.edges <cwviz.core.method.flow_tables.Flow.edges>`): a real number
-    in (0, 1]; ArgumentError otherwise (a str, None, a bool, NaN, 0, a negative or one above 1)."""
+    """A share (:meth:`Flow.edges <cwviz.core.method.flow_tables.Flow.edges>`, :func:`cwviz.analyses.route.route`): a
+    real number in (0, 1]; ArgumentError otherwise (a str, None, a bool, NaN, 0, a negative or one above 1)."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
         raise ArgumentError(name, f"{name} must be a number in (0, 1], not a {type(value).__name__}: {quoted(value)}")
     if not (math.isfinite(value) and 0 < value <= 1):
-        raise ArgumentError(name, f"{name} (the share of each layer's |mass| the graph keeps) must lie in (0, 1], not {value}")
+        raise ArgumentError(name, f"{name} must lie in (0, 1], not {value}")
     return float(value)
 
 

@@ -100,11 +100,17 @@ class Flow:
 
     @property
     def tokens(self) -> pd.DataFrame:
-        """One row per input position: ``position, token, total, share``."""
+        """One row per input position: ``position, token, total, rollout_share`` (``rollout_share``: row p of the signed
+        rollout, :attr:`share`, each token's share of p's final representation; not total / Σ total)."""
         import pandas as pd
 
         return pd.DataFrame(
-            {"position": np.arange(len(self.token_strings)), "token": list(self.token_strings), "total": self.totals, "share": self.share}
+            {
+                "position": np.arange(len(self.token_strings)),
+                "token": list(self.token_strings),
+                "total": self.totals,
+                "rollout_share": self.share,
+            }
         )
 
     @property
