@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import cwviz
+from cwviz.analyses import route
 from cwviz.core.method.flow import flow, flow_basis
 from cwviz.core.util.errors import ArgumentError, ModelLoadError
 from tests.helpers import CharTokenizer, family_model
@@ -75,10 +76,11 @@ BAD_SHARES = [0, -1, 2, math.nan, math.inf, "0.5", None, True]
 
 
 @pytest.mark.parametrize("share", BAD_SHARES, ids=[repr(s) for s in BAD_SHARES])
-def test_edges_and_edges_complete_refuse_the_same_shares(made, share):
+def test_edges_edges_complete_and_the_route_refuse_the_same_shares(made, share):
     """``edges_complete`` answered for shares that ``edges`` refused (0, -1, 2, NaN, inf); ``edges("0.5")`` and
-    ``edges(None)`` raised a raw TypeError."""
-    for method in (made.edges, made.edges_complete):
+    ``edges(None)`` raised a raw TypeError. The route the page and ``cwviz flow`` draw takes the same rule."""
+    drawn = lambda value: route.route((), 0, np.zeros(len(IDS)), ["x"] * len(IDS), value)  # noqa: E731
+    for method in (made.edges, made.edges_complete, drawn):
         with pytest.raises(ArgumentError) as raised:
             method(share)
         assert raised.value.argument == "share"
