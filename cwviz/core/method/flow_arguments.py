@@ -68,7 +68,7 @@ def share(value: object, name: str = "share") -> float:
     """A share (:meth:`Flow.edges <cwviz.core.method.flow_tables.Flow.edges>`, :func:`cwviz.analyses.route.route`): a
     real number in (0, 1]; ArgumentError otherwise (a str, None, a bool, NaN, 0, a negative or one above 1)."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
-        raise ArgumentError(name, f"{name} must be a number in (0, 1], not a {type(value).__name__}: {quoted(value)}")
+        raise ArgumentError(name, f"{name} must lie in (0, 1] (a number), not a {type(value).__name__}: {quoted(value)}")
     if not (math.isfinite(value) and 0 < value <= 1):
         raise ArgumentError(name, f"{name} must lie in (0, 1], not {value}")
     return float(value)
