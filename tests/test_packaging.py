@@ -53,13 +53,14 @@ def venv(wheel, tmp_path_factory) -> Path:
     return folder
 
 
-def test_the_wheel_carries_the_dashboard_the_examples_and_the_gsm8k_sample(wheel):
+def test_the_wheel_carries_the_dashboard_the_examples_the_flow_test_and_the_gsm8k_sample(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in (
         "cwviz/_dashboard/app.py",
         "cwviz/_dashboard/views/heatmaps.py",
         "cwviz/_dashboard/.streamlit/config.toml",
         "cwviz/app/examples.json",
+        "cwviz/app/flow_test.csv",  # the Flow page's sentence on how faithful the shown method was in the test
         "cwviz/_data/gsm8k/sample.jsonl",
         "cwviz/_data/gsm8k/LICENSE",
     ):

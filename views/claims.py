@@ -8,7 +8,7 @@ import streamlit as st
 from cwviz import CwvizError
 from cwviz.analyses import claims, faithfulness, records
 from cwviz.analyses.codecs import CLAIMS
-from cwviz.analyses.schema import CLAIMS_RATES
+from cwviz.analyses.schema import CLAIMS_MAX_TOKENS, CLAIMS_RATES
 from cwviz.app import hosting, run_services
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import url_widget
@@ -21,18 +21,22 @@ ASKED = "_claims_asked"
 
 sel = sidebar("Claims of the paper")
 st.markdown(
-    "Does the paper hold on this model? Each of its five claims gets a verdict from GSM8K items: **holds**, **fails** or **unresolved**."
+    "Does the paper hold on this model? Each of its five claims gets a verdict from GSM8K items: **holds**, **fails** "
+    "or **unresolved** (and, for claim 1's rows that cannot hold, **ties by construction**)."
 )
 with st.expander("How the claims are tested"):
     st.markdown(
         "Claim 1 by the faithfulness curves under each rank scope (query, token, layer) on the log-perplexity ratio, "
-        "with random rankings as the control; claim 2 by the sink against the other keys; claim 3 on the sink-active "
-        "heads (mean sink ratio ≥ 0.3); claim 4 by a quadratic fit of each head's output norms against its sink ratios; "
-        "claim 5 as three verdicts on the low-norm outputs with the sink's value removed: (a) their spread narrows, "
-        "(b) they turn toward the semantic tokens' centroid, (c) perplexity rises. A verdict is **holds** when the "
-        "95 % bootstrap interval over the items lies wholly on the paper's side of its line, **fails** when it lies "
-        "wholly on the other, **unresolved** when it does not decide (protocol: docs/METHOD.md section 5). For many "
-        "items run `cwviz claims --results DIR` (it resumes) and open its folder here."
+        "with random rankings as the control; under the query scope VW and VW/‖o‖ rank every query's keys alike, so "
+        "those rows **tie by construction**: they cannot hold and are counted apart. Claim 2 by the sink against the "
+        "other keys; claim 3 on the sink-active heads (mean sink ratio ≥ 0.3); claim 4 by where the sink-active heads "
+        "operate: their median sink ratio against the minimiser of a quadratic fit of their output norms (the U shape "
+        "itself is nearly algebraic, so it is evidence); claim 5 as three verdicts with the sink's value removed: (a) "
+        "the low-norm outputs' spread narrows, (b) they turn toward the semantic tokens' centroid, (c) perplexity "
+        "rises more than when one other key of about the sink's attention mass loses its value (the control). A "
+        "verdict is **holds** when the 95 % bootstrap interval over the items lies wholly on the paper's side of its "
+        "line, **fails** when it lies wholly on the other, **unresolved** when it does not decide (protocol: "
+        "docs/METHOD.md section 5). For many items run `cwviz claims --results DIR` (it resumes) and open its folder here."
     )
 files = hosting.policy_from_env().server_files  # off in hosting mode: the server's files are not the users'
 sources = {"run": "run here (GSM8K sample)", "saved": "a results folder of cwviz claims"} if files else {"run": "run here (GSM8K sample)"}
@@ -59,7 +63,7 @@ def run_here() -> list[dict] | None:
             st.number_input,
             "claims_cap",
             "Tokens per item (at most)",
-            64,
+            CLAIMS_MAX_TOKENS,
             parse=int,
             valid=lambda v: 3 <= v <= 512,
             min_value=3,
@@ -115,8 +119,13 @@ rows = claims.verdicts(table)
 st.subheader("Every verdict: estimate and 95 % interval against its line")
 st.altair_chart(charts_claims.forest(rows), width="content")
 st.caption(
-    "Purple: holds (the interval lies wholly on the paper's side of the grey tick), orange: fails (wholly on the other "
-    "side), grey: unresolved. Each claim has its own scale: its statistic's unit differs."
+    "Magenta circle: holds (the interval lies wholly on the paper's side of the dark tick); black cross: fails (wholly "
+    "on the other side); grey diamond: unresolved; light grey square, in a panel of its own: ties by construction "
+    "(cannot hold, not counted). Each claim has its own scale: its statistic's unit differs."
+)
+st.caption(
+    f"Judged on {len(finished)} item(s). Verdicts on few items may differ from the 50-item runs in docs/claims.md; "
+    f"with fewer than {claims.MIN_ITEMS} items every verdict is unresolved by rule."
 )
 st.dataframe(
     rows[["label", "verdict", "statistic", "estimate", "ci_low", "ci_high", "line", "n", "evidence"]].set_index("label"), width="stretch"
@@ -128,14 +137,16 @@ st.caption(
     "Log-perplexity ratio of the measure minus that of random rankings (comprehensiveness; the reverse for "
     "sufficiency): > 0 means the measure finds the keys the model needs better than chance."
 )
-control = table[table.role == claims.CONTROL]
+control = table[(table.role == claims.CONTROL) & (table.claim == 1)]
 st.dataframe(
     control[["scope", "curve", "rate", "part", "estimate", "ci_low", "ci_high", "verdict", "n", "evidence"]]
     .rename(columns={"part": "measure", "estimate": "gap"})
     .reset_index(drop=True),
     width="stretch",
 )
-st.subheader("Evidence: the first protocol's statistics, other thresholds, ΔPPL")
-evidence = table[table.role == claims.EVIDENCE]
-st.dataframe(evidence[["claim", "statistic", "estimate", "ci_low", "ci_high", "line", "verdict", "n"]].set_index("claim"), width="stretch")
+st.subheader("Evidence, and claim 5's control beside (a) and (b)")
+evidence = table[(table.role == claims.EVIDENCE) | ((table.role == claims.CONTROL) & (table.claim == 5))]
+st.dataframe(
+    evidence[["claim", "role", "statistic", "estimate", "ci_low", "ci_high", "line", "verdict", "n"]].set_index("claim"), width="stretch"
+)
 st.download_button("claims.csv", table.to_csv(index=False, float_format="%.6g"), file_name="claims.csv", mime="text/csv", key="claims_csv")

@@ -146,4 +146,6 @@ if not sel.analysis.info.causal:
     st.info(f"{sel.analysis.info.id} is an encoder: it predicts no next token, so there are no log-probabilities to compare.")
 else:
     logprobs = services.logprob_changes(sel.request, request_b)
-    widgets.chart(charts.logprob_change_chart(logprobs, cells.query), logprobs, "cwviz-compare-logprobs", key="compare_logprobs")
+    widgets.chart(
+        charts.logprob_change_chart(logprobs, cells.query, widgets.label_px()), logprobs, "cwviz-compare-logprobs", key="compare_logprobs"
+    )

@@ -77,12 +77,21 @@ if hosting.policy_from_env().server_files:  # off in hosting mode: the server's 
         pool_n = st.number_input("First N prompts", min_value=0, max_value=services.MAX_POOLED, value=0, key="sinks_pool_n")
 sink = {"first": "0", "last": str(last), "auto": "auto", "position": str(position)}[choice]
 
+stop = st.empty()
+if pool_n:  # a few forward passes a prompt: a Stop (its click reruns the page, interrupting the run) keeps the finished ones
+    stop.button(
+        "Stop pooling",
+        key="sinks_pool_stop",
+        on_click=lambda: st.session_state.update(sinks_pool_n=0),
+        help="Stops pooling; the prompts finished are kept, and asking for them again resumes.",
+    )
 try:
     tables = services.sink_tables(sel.request, sink, pool_path, int(pool_n))
     view = services.head_view(sel.request, sink, pool_path, int(pool_n), sel.layer, sel.head)
 except CwvizError as err:
     st.error(str(err))
     st.stop()
+stop.empty()
 pooled = f" pooled over {tables.prompts} prompts (the sidebar prompt and {tables.prompts - 1} from the file)" if tables.prompts > 1 else ""
 st.caption(f"Sink: position {tables.sink} {tables.sink_token!r}{pooled}. Means over heads and the queries that see a key besides the sink.")
 learned = tables.layers["learned_sink_share"] if "learned_sink_share" in tables.layers else None
@@ -189,13 +198,9 @@ def intervention_section() -> None:
     a, b, c = st.columns(3)
     if causal:
         a.metric("PPL clean", f"{result.perplexity_clean:.3f}")
-        # A change that rounds to zero gets a grey delta, not a red arrow.
-        b.metric(
-            "PPL intervened",
-            f"{result.perplexity:.3f}",
-            delta=f"{result.delta_ppl:+.3f}",
-            delta_color="inverse" if round(result.delta_ppl, 3) else "off",
-        )
+        # The change in grey: Streamlit's red and green arrows would give red a meaning besides a sign and green one besides
+        # attention (cwviz.charts.palette); the number says which way it went.
+        b.metric("PPL intervened", f"{result.perplexity:.3f}", delta=f"{result.delta_ppl:+.3f}", delta_color="off")
     else:
         a.metric("PPL", "n/a", help="Perplexity measures next-token prediction: it needs a causal language model, not an encoder.")
     c.metric(
@@ -208,23 +213,37 @@ def intervention_section() -> None:
     else:
         widgets.chart(charts.intervention_chart(result.table), result.table, "cwviz-sink-intervention", key="sinks_intervention")
 
-    if causal and url_widget(
+    if not causal:
+        return
+    done = services.layerwise_done(sel.request, tables.sink, float(factor))
+    if not url_widget(
         st.toggle,
         "layerwise",
         "ΔPPL with the sink's value scaled by λ in one layer at a time",
         False,
         parse=parse_bool,
-        help="One forward pass per layer (batched): slow on a CPU.",
+        help="One forward pass per layer (batched, a few layers a pass): slow on a CPU; Stop keeps the finished layers.",
     ):
-        per_layer = services.layerwise(sel.request, tables.sink, float(factor))
-        st.dataframe(
-            per_layer,
-            hide_index=True,
-            column_config={
-                "perplexity": st.column_config.NumberColumn(format="%.3f"),
-                "delta_ppl": st.column_config.NumberColumn("ΔPPL", format="%+.3f"),
-            },
-        )
+        if 0 < len(done) < sel.analysis.num_layers:
+            st.caption(f"Stopped after {len(done)} of {sel.analysis.num_layers} layers: turn the toggle on to resume.")
+        return
+    stop = st.empty()  # a click reruns the fragment, which interrupts the passes between two: the finished layers are kept
+    stop.button(
+        "Stop",
+        key="sinks_layerwise_stop",
+        on_click=lambda: st.session_state.update(layerwise=False),
+        help="Stops the passes; the finished layers are kept, and turning the toggle on again resumes.",
+    )
+    per_layer = services.layerwise(sel.request, tables.sink, float(factor))
+    stop.empty()
+    st.dataframe(
+        per_layer,
+        hide_index=True,
+        column_config={
+            "perplexity": st.column_config.NumberColumn(format="%.3f"),
+            "delta_ppl": st.column_config.NumberColumn("ΔPPL", format="%+.3f"),
+        },
+    )
 
 
 intervention_section()

@@ -2,19 +2,24 @@
 pass with the sink's value removed in every layer in, a dict of floats out (:func:`sink_statistics`).
 
 The statistics are made by pure functions, each tested on constructed inputs: :func:`geometry_rhos` (claim 2),
-:func:`active_cosines` (claim 3), :func:`head_fits` (claim 4), :func:`low_norm_shift` (claim 5). Only
-:func:`sink_statistics` and :func:`other_keys` read an :class:`~cwviz.core.method.analysis.Analysis`.
+:func:`active_cosines` (claim 3), :func:`head_fits` and :func:`operating_point` (claim 4), :func:`low_norm_shift` and
+:func:`control_keys` (claim 5 and its control). Only :func:`sink_statistics`, :func:`other_keys`,
+:func:`attention_mass` and :func:`removal_shift` read an :class:`~cwviz.core.method.analysis.Analysis`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import reduce
 
 import numpy as np
 import pandas as pd
 import torch
 
 from ..core.method.analysis import Analysis
+from ..core.method.interventions import Both, ScaleValues
 from . import sinks
 
 #: Claim 3: a head is sink-active when its mean sink ratio over the item's queries is at least this (pre-registered).
@@ -25,6 +30,12 @@ THRESHOLDS = (0.1, 0.3, 0.5, 0.7)
 FIT_MIN_QUERIES, FIT_MIN_RANGE = 8, 0.05
 #: Claim 5: the low-norm outputs of a head are its queries at or below this quantile of its clean output norms.
 LOW_NORM_QUANTILE = 0.25
+#: Claim 4's operating-point test: a sink-active U-shaped head operates *near* its minimiser when its median sink ratio
+#: is within this of s* (pre-registered, docs/METHOD.md section 5).
+NEAR_MINIMISER = 0.1
+#: Claim 5's control: the key whose value is removed instead of the sink's is drawn among the non-sink keys whose
+#: attention mass in the layer is within this fraction of the sink's (else the nearest in mass).
+CONTROL_BAND = 0.25
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -67,7 +78,8 @@ def head_fits(table: pd.DataFrame) -> pd.DataFrame:
     """Claim 4: per layer and head, the least-squares fit ‖o_i^h‖² ≈ β0 + β1 s + β2 s² across the queries that see
     another key (s: their sink ratios). Columns ``layer, head, queries, fitted`` (≥ :data:`FIT_MIN_QUERIES` queries
     and a sink-ratio range ≥ :data:`FIT_MIN_RANGE`), ``b0, b1, b2``, ``minimiser`` (−β1 / 2β2), ``u_shaped`` (β2 > 0
-    and the minimiser inside (0, 1)) and ``operating`` (the head's median sink ratio)."""
+    and the minimiser inside (0, 1)), ``operating`` (the head's median sink ratio) and ``mean_ratio`` (its mean sink
+    ratio: claim 3's sink-active rule)."""
     rows = table[(table["other_keys"] > 0) & np.isfinite(table["output_norm"])]
     s = rows["sink_ratio"].to_numpy(np.float64)
     y = rows["output_norm"].to_numpy(np.float64) ** 2
@@ -95,6 +107,7 @@ def head_fits(table: pd.DataFrame) -> pd.DataFrame:
     out["minimiser"] = minimiser
     out["u_shaped"] = fitted & (beta[:, 2] > 0) & (minimiser > 0) & (minimiser < 1)
     out["operating"] = group["s"].median().to_numpy()
+    out["mean_ratio"] = group["s"].mean().to_numpy()
     return out
 
 
@@ -110,6 +123,21 @@ def fit_statistics(fits: pd.DataFrame) -> dict[str, float]:
         "fit_minimiser": float(shaped["minimiser"].median()) if len(shaped) else nan,
         "operating_ratio": float(shaped["operating"].median()) if len(shaped) else nan,
         "above_minimum_share": float((shaped["operating"] > shaped["minimiser"]).mean()) if len(shaped) else nan,
+    }
+
+
+def operating_point(fits: pd.DataFrame, threshold: float = ACTIVE_THRESHOLD) -> dict[str, float]:
+    """Claim 4's verdict statistic from :func:`head_fits`: over the sink-active (mean sink ratio ≥ ``threshold``)
+    U-shaped heads, the median distance |operating − s*| between where a head operates (its median sink ratio) and
+    its fitted minimiser (``operating_distance``), the median signed offset operating − s* (< 0: short of the
+    minimum; ``operating_offset``) and how many such heads there are (``operating_heads``); NaN with none."""
+    heads = fits[fits["u_shaped"] & (fits["mean_ratio"] >= threshold)]
+    offset = (heads["operating"] - heads["minimiser"]).to_numpy(np.float64)
+    nan = math.nan
+    return {
+        "operating_distance": float(np.median(np.abs(offset))) if len(offset) else nan,
+        "operating_offset": float(np.median(offset)) if len(offset) else nan,
+        "operating_heads": float(len(offset)),
     }
 
 
@@ -161,6 +189,49 @@ def _outputs_and_centroid(analysis: Analysis, layer: int, sink: int) -> tuple[to
     return out, torch.einsum("hd,hmd->hm", values[:, others].mean(1), w)
 
 
+def attention_mass(analysis: Analysis) -> np.ndarray:
+    """The attention mass of every key in every layer: Σ over heads and queries of α_ij^h, float64 [layer, key]."""
+    out = np.zeros((analysis.num_layers, analysis.num_tokens))
+    with torch.inference_mode():
+        for layer in range(analysis.num_layers):
+            for _, _, alpha in analysis.attention_blocks(layer):  # alpha (H, rows, K)
+                out[layer, : alpha.shape[-1]] += alpha.double().sum((0, 1)).cpu().numpy()
+    return out
+
+
+@dataclass(frozen=True)
+class ControlDraw:
+    """Claim 5's control keys of one item, one per layer: the key (``keys``), whether it came from the mass band
+    (``in_band``) and its attention mass over the sink's (``mass_ratio``)."""
+
+    keys: tuple[int, ...]
+    in_band: tuple[bool, ...]
+    mass_ratio: tuple[float, ...]
+
+
+def control_keys(mass: np.ndarray, sink: int, seed: int, example: int) -> ControlDraw:
+    """Claim 5's control, per layer: the key whose value is removed in place of the sink's. Drawn at random (seeded per
+    ``seed``, item ``example`` and layer) among the non-sink keys whose attention mass is within
+    :data:`CONTROL_BAND` of the sink's; where none is, the non-sink key nearest to the sink's mass (the lowest
+    position among equals). ``mass``: [layer, key] (:func:`attention_mass`)."""
+    keys, in_band, ratio = [], [], []
+    for layer, row in enumerate(np.asarray(mass, np.float64)):
+        others = np.array([k for k in range(len(row)) if k != sink])
+        gap = np.abs(row[others] - row[sink])
+        band = others[gap <= CONTROL_BAND * row[sink]]
+        rng = np.random.default_rng([seed, example, layer])
+        key = int(rng.choice(band)) if len(band) else int(others[np.argmin(gap)])
+        keys.append(key)
+        in_band.append(bool(len(band)))
+        ratio.append(float(row[key] / row[sink]) if row[sink] > 0 else math.nan)
+    return ControlDraw(tuple(keys), tuple(in_band), tuple(ratio))
+
+
+def remove_values(keys: Sequence[int]) -> Both | ScaleValues:
+    """The intervention v_k ← 0 for ``keys[layer]`` in each layer (attention kept): claim 5's control pass."""
+    return reduce(Both, [ScaleValues(positions=(k,), factor=0.0, layers=frozenset({layer})) for layer, k in enumerate(keys)])
+
+
 def other_keys(analysis: Analysis, sink: int) -> tuple[np.ndarray, np.ndarray]:
     """The intra-head contribution c and the attention α of every visible (layer, head, query, key ≠ σ) of a query
     that sees the sink, pooled over layers: two float32 arrays (claim 2's comparison)."""
@@ -177,10 +248,34 @@ def other_keys(analysis: Analysis, sink: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(cs), np.concatenate(alphas)
 
 
-def sink_statistics(analysis: Analysis, after: Analysis, table: pd.DataFrame, sink: int) -> dict[str, float]:
+def removal_shift(analysis: Analysis, after: Analysis, sink: int) -> dict[str, float]:
+    """Claim 5's three numbers for one removal pass ``after`` against the clean ``analysis``: the low-norm outputs'
+    spread change (``low_cone_change``) and turn toward the semantic centroid (``low_centroid_change``), each averaged
+    over layers (:func:`low_norm_shift`), and ``log_ppl_ratio`` = log(PPL(after) / PPL(clean)). The low-norm outputs
+    are those of the queries that see the sink and another key, whatever the pass removed."""
+    spread, toward = [], []
+    with torch.inference_mode():
+        for layer in range(analysis.num_layers):
+            visible = analysis.key_mask(layer)
+            positions = visible[:, sink] & (visible.sum(-1) > 1)  # (Q,)
+            (clean, centre), (removed, moved) = _outputs_and_centroid(analysis, layer, sink), _outputs_and_centroid(after, layer, sink)
+            a, b = low_norm_shift(clean, removed.to(clean.device), centre, moved.to(clean.device), positions.to(clean.device))
+            spread.append(a)
+            toward.append(b)
+    return {
+        "low_cone_change": float(np.nanmean(spread)) if np.isfinite(spread).any() else math.nan,
+        "low_centroid_change": float(np.nanmean(toward)) if np.isfinite(toward).any() else math.nan,
+        "log_ppl_ratio": float(math.log(after.perplexity) - math.log(analysis.perplexity)),
+    }
+
+
+def sink_statistics(
+    analysis: Analysis, after: Analysis, table: pd.DataFrame, sink: int, control: Analysis, draw: ControlDraw
+) -> dict[str, float]:
     """The per-item numbers claims 2–5 are judged by (docs/METHOD.md section 5; names: ``SINK_STATS`` of
     :mod:`cwviz.analyses.codecs`). ``analysis``: the item's clean pass; ``after``: the same tokens with the sink's value
-    removed in every layer (attention kept); ``table``: :func:`cwviz.analyses.sinks.sink_table` of ``analysis``."""
+    removed in every layer (attention kept); ``table``: :func:`cwviz.analyses.sinks.sink_table` of ``analysis``;
+    ``control``: the same tokens with the value of ``draw``'s key removed in each layer (:func:`control_keys`)."""
     rows = table[(table["other_keys"] > 0) & (table["sink_ratio"] > 0)]
     c, alpha = rows["sink_contribution_share"].to_numpy(np.float64), rows["sink_ratio"].to_numpy(np.float64)
     stats = dict(zip(("rho_geometry", "rho_attention"), geometry_rhos(c, alpha)))
@@ -191,21 +286,15 @@ def sink_statistics(analysis: Analysis, after: Analysis, table: pd.DataFrame, si
     minimiser = minimiser[np.isfinite(minimiser)]
     stats["interior_minimum_share"] = float(((minimiser > 0) & (minimiser < 1)).mean()) if len(minimiser) else math.nan
     stats["median_minimiser"] = float(np.median(minimiser)) if len(minimiser) else math.nan
-    stats |= fit_statistics(head_fits(table))
+    fits = head_fits(table)
+    stats |= fit_statistics(fits) | operating_point(fits)
     # Each pass's own records (head_output_stats reads them, no forward pass): ``after`` is the sink-removed pass.
     cones = sinks.head_output_stats(after, sink)["cone"].to_numpy() - sinks.head_output_stats(analysis, sink)["cone"].to_numpy()
     stats["cone_change"] = float(np.nanmean(cones)) if np.isfinite(cones).any() else math.nan
-    spread, toward = [], []
-    with torch.inference_mode():
-        for layer in range(analysis.num_layers):
-            visible = analysis.key_mask(layer)
-            positions = visible[:, sink] & (visible.sum(-1) > 1)  # (Q,)
-            (clean, centre), (removed, moved) = _outputs_and_centroid(analysis, layer, sink), _outputs_and_centroid(after, layer, sink)
-            a, b = low_norm_shift(clean, removed.to(clean.device), centre, moved.to(clean.device), positions.to(clean.device))
-            spread.append(a)
-            toward.append(b)
-    stats["low_cone_change"] = float(np.nanmean(spread)) if np.isfinite(spread).any() else math.nan
-    stats["low_centroid_change"] = float(np.nanmean(toward)) if np.isfinite(toward).any() else math.nan
-    stats["log_ppl_ratio"] = float(math.log(after.perplexity) - math.log(analysis.perplexity))
+    stats |= removal_shift(analysis, after, sink)
     stats["delta_ppl"] = float(after.perplexity - analysis.perplexity)
+    stats |= {f"control_{name}": value for name, value in removal_shift(analysis, control, sink).items()}
+    stats["control_delta_ppl"] = float(control.perplexity - analysis.perplexity)
+    stats["control_in_band_share"] = float(np.mean(draw.in_band))
+    stats["control_mass_ratio"] = float(np.nanmean(draw.mass_ratio)) if np.isfinite(draw.mass_ratio).any() else math.nan
     return stats

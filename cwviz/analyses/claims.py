@@ -12,7 +12,9 @@ pre-registered test of a claim; claim 1 per scope, curve and rate; claim 5 as th
 it and everything below it compute no model, so they are tested on constructed records.
 
 Verdicts: ``holds`` when the 95 % interval lies wholly on the paper's side of the row's ``line``, ``fails`` when it
-lies wholly on the other, ``unresolved`` when it straddles the line (or every item ties exactly, or too few items).
+lies wholly on the other, ``unresolved`` when it straddles the line (or every item ties exactly, or too few items);
+a claim-1 row whose scope ranks two of its measures identically by construction is ``ties by construction``: it
+cannot hold, and is counted apart, never as unresolved.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -29,12 +32,12 @@ from ..core.method.interventions import ScaleValues
 from . import claim_items, faithfulness, sinks
 from .bootstrap import bootstrap_interval
 from .codecs import CLAIMS, SINK_STATS
+from .schema import FAILS, HOLDS, TIES, UNRESOLVED
 
 #: The sub-folder of ``--results DIR`` that holds the records (:data:`cwviz.analyses.codecs.CLAIMS`) and manifest.
 RECORDS_FOLDER = CLAIMS.name
 #: The file ``cwviz claims --results DIR`` writes (atomically): :data:`CSV_COLUMNS`.
 CSV_NAME = "claims.csv"
-HOLDS, FAILS, UNRESOLVED = "holds", "fails", "unresolved"
 VERDICT, CONTROL, EVIDENCE = "verdict", "control", "evidence"
 #: The paper's statements, by claim number (docs/METHOD.md section 5).
 STATEMENTS: dict[int, str] = {
@@ -54,11 +57,14 @@ SHORT = {"raw": "raw", "value_weighted": "VW", "value_weighted_output_normalized
 LABELS = {
     "2": "sink vs other keys",
     "3": "sink-active heads",
-    "4": "U-shaped heads",
+    "4": "operating near minimiser",
     "5a": "spread",
     "5b": "toward centroid",
-    "5c": "perplexity",
+    "5c": "perplexity, sink − control",
 }
+#: Claim 1: the adjacent pair each rank scope ranks identically whatever the data. VW/‖o‖ divides a query's VW row by
+#: one positive number ‖o_i‖, so under the query scope (each query's keys ranked on their own) the two orders agree.
+IDENTICAL_BY_CONSTRUCTION: dict[str, tuple[str, str]] = {"query": ("value_weighted", "value_weighted_output_normalized")}
 #: Claim 4: the share of heads must be above this.
 MAJORITY = 0.5
 #: Columns of ``claims.csv`` (and of :func:`claims_table`).
@@ -89,7 +95,8 @@ MIN_ITEMS = 5
 def item_payload(bundle, text: str, protocol, scopes: Sequence[str], sink=0, example: int = 0) -> dict:
     """One item's claims record payload: ``{"skipped", "tokens", "faithfulness": {scope: faithfulness payload},
     "sinks": {name: float for SINK_STATS}}``. One clean pass is shared by every scope's masked runs and the sink table;
-    one more pass removes the sink's value in every layer (attention kept) for claim 5."""
+    one more pass removes the sink's value in every layer (attention kept) for claim 5, and one its control: in each
+    layer the value of one non-sink key of about the sink's attention mass (:func:`claim_items.control_keys`)."""
     ids = faithfulness.example_ids(bundle, text, protocol.max_tokens)
     if ids is None or len(ids) < 3:  # the sink statistics need a query that sees the sink and another key
         return CLAIMS.encode(0 if ids is None else len(ids))
@@ -100,7 +107,9 @@ def item_payload(bundle, text: str, protocol, scopes: Sequence[str], sink=0, exa
     }
     sink = sinks.resolve_sink(analysis, sink)
     after = analyze(bundle, input_ids=ids, intervention=ScaleValues(positions=(sink,), factor=0.0))
-    stats = claim_items.sink_statistics(analysis, after, sinks.sink_table(analysis, sink), sink)
+    draw = claim_items.control_keys(claim_items.attention_mass(analysis), sink, protocol.seed, example)
+    control = analyze(bundle, input_ids=ids, intervention=claim_items.remove_values(draw.keys))
+    stats = claim_items.sink_statistics(analysis, after, sinks.sink_table(analysis, sink), sink, control, draw)
     return CLAIMS.encode(len(ids), tables, stats)
 
 
@@ -163,7 +172,8 @@ def claim1_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
     """Claim 1 per scope, curve and rate (verdict rows), on the log-perplexity ratio: the paired difference of each
     adjacent pair of :data:`ORDER`, oriented so that > 0 is the paper's direction (comprehensiveness: later − earlier;
     sufficiency: earlier − later). ``holds`` when every pair's interval is above 0, ``fails`` when one pair's is below
-    0, ``unresolved`` otherwise; a pair that ties on every item (e.g. VW and VW/‖o‖ under the query scope) cannot hold.
+    0, ``unresolved`` otherwise; a pair that ties on every item cannot hold. A row with a pair its scope ranks alike by
+    construction (:data:`IDENTICAL_BY_CONSTRUCTION`) is ``ties by construction``, its other pairs in the evidence.
     The ΔPPL differences go into the evidence; each measure's gap to the random control is a ``control`` row."""
     scopes = list(dict.fromkeys(s for r in records if not r.get("skipped") for s in r["faithfulness"]))
     out = []
@@ -178,13 +188,19 @@ def claim1_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
                 pairs, verdicts = [], []
                 for i, (a, b) in enumerate(zip(have, have[1:])):
                     tie = bool(np.all(diffs[:, i] == 0))
-                    v = UNRESOLVED if tie else verdict(low[i], high[i])
+                    if IDENTICAL_BY_CONSTRUCTION.get(scope) == (a, b):
+                        v, text = TIES, f"identical rankings under the {scope} scope"
+                        low[i] = high[i] = np.nan  # never the deciding pair: its interval says nothing
+                    else:
+                        v = UNRESOLVED if tie else verdict(low[i], high[i])
+                        text = "tie on every item (same ranking)" if tie else f"log ratio {_interval(mean[i], low[i], high[i])}"
                     verdicts.append(v)
-                    text = "tie on every item (same ranking)" if tie else f"log ratio {_interval(mean[i], low[i], high[i])}"
                     pairs.append(f"{SHORT[a]}→{SHORT[b]} {text} {v} (ΔPPL {_interval(pmean[i], plow[i], phigh[i])})")
-                overall = FAILS if FAILS in verdicts else HOLDS if all(v == HOLDS for v in verdicts) else UNRESOLVED
+                overall = (
+                    TIES if TIES in verdicts else FAILS if FAILS in verdicts else HOLDS if all(v == HOLDS for v in verdicts) else UNRESOLVED
+                )
                 # the deciding pair: the failing one furthest below 0, else the one closest to (or below) 0
-                pick = int(np.nanargmin(high)) if overall == FAILS else int(np.nanargmin(low)) if np.isfinite(low).any() else 0
+                pick = int(np.nanargmin(high)) if FAILS in verdicts else int(np.nanargmin(low)) if np.isfinite(low).any() else 0
                 statistic = f"paired log-perplexity ratio difference, {SHORT[have[pick]]}→{SHORT[have[pick + 1]]} (the deciding pair; > 0: paper's order)"
                 out.append(_row(1, VERDICT, statistic, mean[pick], low[pick], high[pick], n, "; ".join(pairs), verdict=overall, **where))
             if (curve, rate, "random") in frame.columns:
@@ -207,6 +223,12 @@ def _control_rows(frame: pd.DataFrame, ppl: pd.DataFrame, curve: str, rate: floa
     return rows
 
 
+def _judged(claim: int, role: str, name: str, values, seed: int = 0, evidence: str = "", **keys) -> dict:
+    """One row of a per-item statistic (claims 2–5): its mean over items, interval and verdict (:func:`_row`)."""
+    (m,), (lo,), (hi,), n = mean_interval(np.asarray(values, np.float64)[:, None], seed)
+    return _row(claim, role, name, m, lo, hi, n, evidence or _interval(m, lo, hi), **keys)
+
+
 def _stats(records: Sequence[dict]) -> pd.DataFrame:
     items = [r["sinks"] for r in records if not r.get("skipped") and r.get("sinks")]
     return pd.DataFrame(items).reindex(columns=list(SINK_STATS)).astype(np.float64)
@@ -218,10 +240,7 @@ def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
     if not len(stats):
         return []
 
-    def one(claim: int, role: str, name: str, values, evidence: str = "", **keys) -> dict:
-        (m,), (lo,), (hi,), n = mean_interval(np.asarray(values, np.float64)[:, None], seed)
-        return _row(claim, role, name, m, lo, hi, n, evidence or _interval(m, lo, hi), **keys)
-
+    one = partial(_judged, seed=seed)
     d_sink = stats["rho_geometry"] - stats["rho_attention"]
     d_other = stats["rho_geometry_other"] - stats["rho_attention_other"]
     out = [
@@ -240,10 +259,28 @@ def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
         one(
             4,
             VERDICT,
-            "share of fitted heads whose ‖o‖² against s is U-shaped (β2 > 0, minimiser inside (0, 1))",
+            "operating point (the empirical part): median |operating sink ratio − fitted minimiser s*| over the "
+            f"sink-active U-shaped heads (< {claim_items.NEAR_MINIMISER:g}: near their minimum)",
+            stats["operating_distance"],
+            line=claim_items.NEAR_MINIMISER,
+            positive=False,
+        ),
+        one(
+            4,
+            EVIDENCE,
+            "share of fitted heads whose ‖o‖² against s is U-shaped (β2 > 0, minimiser inside (0, 1); issue 45's verdict, "
+            "close to an algebraic consequence: METHOD.md section 5)",
             stats["u_shaped_share"],
             line=MAJORITY,
         ),
+        one(
+            4,
+            EVIDENCE,
+            "sink-active U-shaped heads: median operating ratio − s* (< 0: short of the minimum)",
+            stats["operating_offset"],
+            line=math.nan,
+        ),
+        one(4, EVIDENCE, "sink-active U-shaped heads per item", stats["operating_heads"], line=math.nan),
         one(
             4,
             EVIDENCE,
@@ -255,23 +292,49 @@ def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
         one(4, EVIDENCE, "U-shaped heads: median operating sink ratio", stats["operating_ratio"], line=math.nan),
         one(4, EVIDENCE, "U-shaped heads: share operating above their minimiser", stats["above_minimum_share"], line=math.nan),
         one(4, EVIDENCE, "heads fitted per item", stats["fitted_heads"], line=math.nan),
+    ]
+    out += removal_rows(stats, seed)
+    return out
+
+
+#: Claim 5's three statistics: (part, what it measures, the sink pass's per-item name; the control's is ``control_``
+#: + that name).
+REMOVAL_PARTS: tuple[tuple[str, str, str], ...] = (
+    ("a", "spread narrows: mean pairwise cosine of the low-norm outputs, after − before", "low_cone_change"),
+    ("b", "toward the semantic centroid: mean cos(o, c) of the low-norm outputs, after − before", "low_centroid_change"),
+    ("c", "perplexity rises: log(PPL(removed) / PPL(clean))", "log_ppl_ratio"),
+)
+
+
+def removal_rows(stats: pd.DataFrame, seed: int = 0) -> list[dict]:
+    """Claim 5 beside its control (docs/METHOD.md section 5): (a) and (b) are judged on the sink's removal, with the
+    paired difference sink − control as a ``control`` row; (c) is judged on that paired difference of log-perplexity
+    ratios (the sink's removal raises perplexity more than the control's), the sink's own ratio as evidence.
+    ``stats``: one row per item, the names of ``SINK_STATS``."""
+    one = partial(_judged, seed=seed)
+    out = []
+    for part, what, name in REMOVAL_PARTS:
+        sink, control = stats[name], stats[f"control_{name}"]
+        if part == "c":
+            out.append(one(5, VERDICT, f"({part}) {what}, sink − control (paired)", sink - control, part=part))
+            out.append(one(5, EVIDENCE, f"({part}) {what}, the sink's removal alone (issue 45's verdict)", sink))
+        else:
+            out.append(one(5, VERDICT, f"({part}) {what}", sink, part=part))
+            out.append(one(5, CONTROL, f"({part}) sink − control (paired; > 0: the sink's removal moves more)", sink - control, part=part))
+        out.append(one(5, EVIDENCE, f"({part}) {what}, the control's removal", control))
+    mass, band = stats["control_mass_ratio"], stats["control_in_band_share"]
+    out += [
+        one(5, EVIDENCE, "control key's attention mass over the sink's, mean over layers", mass, line=math.nan),
         one(
             5,
-            VERDICT,
-            "(a) spread narrows: mean pairwise cosine of the low-norm outputs, after − before",
-            stats["low_cone_change"],
-            part="a",
+            EVIDENCE,
+            f"share of layers whose control key was within ±{claim_items.CONTROL_BAND:.0%} of the sink's mass",
+            band,
+            line=math.nan,
         ),
-        one(
-            5,
-            VERDICT,
-            "(b) toward the semantic centroid: mean cos(o, c) of the low-norm outputs, after − before",
-            stats["low_centroid_change"],
-            part="b",
-        ),
-        one(5, VERDICT, "(c) perplexity rises: log(PPL(sink removed) / PPL(clean))", stats["log_ppl_ratio"], part="c"),
         one(5, EVIDENCE, "mean pairwise cosine of every output, after − before (the first protocol)", stats["cone_change"]),
         one(5, EVIDENCE, "ΔPPL with the sink's value removed", stats["delta_ppl"]),
+        one(5, EVIDENCE, "ΔPPL with the control's value removed", stats["control_delta_ppl"]),
     ]
     return out
 
@@ -280,7 +343,7 @@ def claims_table(records: Sequence[dict], seed: int = 0) -> pd.DataFrame:
     """Every row of ``claims.csv`` from the records of ``cwviz claims``: :data:`CSV_COLUMNS`."""
     rows = claim1_rows(records, seed) + sink_rows(records, seed)
     for row in rows:
-        if row["n"] < MIN_ITEMS and row["verdict"]:
+        if row["n"] < MIN_ITEMS and row["verdict"] not in ("", TIES):  # a tie by construction needs no items
             row["verdict"] = UNRESOLVED
             row["evidence"] = f"too few items to decide ({row['n']} < {MIN_ITEMS}): " + row["evidence"]
     return pd.DataFrame(rows, columns=CSV_COLUMNS)
@@ -296,19 +359,28 @@ def verdicts(table: pd.DataFrame) -> pd.DataFrame:
     return rows.reset_index(drop=True)
 
 
+def headline(verdicts: pd.Series) -> str:
+    """Many rows' verdicts counted over the rows that can hold ("0 holds, 4 fails, 4 unresolved of 8 that can
+    hold"), the rows that tie by construction named apart, never among the unresolved."""
+    counts = verdicts.value_counts()
+    judged = ", ".join(f"{counts.get(v, 0)} {v}" for v in (HOLDS, FAILS, UNRESOLVED))
+    can_hold = int(sum(counts.get(v, 0) for v in (HOLDS, FAILS, UNRESOLVED)))
+    ties = int(counts.get(TIES, 0))
+    return f"{judged} of {can_hold} that can hold" + (f"; {ties} {TIES} (cannot hold)" if ties else "")
+
+
 def overview(table: pd.DataFrame) -> pd.DataFrame:
     """One row per claim: its statement, the verdicts of its verdict rows (claim 1: counted over scopes, curves and
     rates; claim 5: a, b, c), and the evidence of a single-verdict claim (the page's and the report's first table)."""
     rows = []
     for claim, group in table[table["role"] == VERDICT].groupby("claim", sort=True):
-        counts = group["verdict"].value_counts()
         if len(group) == 1:
             shown, evidence = group["verdict"].iloc[0], f"{group['statistic'].iloc[0]}: {group['evidence'].iloc[0]}"
         elif (group["part"] != "").all():
             shown = "; ".join(f"{p}: {v}" for p, v in zip(group["part"], group["verdict"]))
             evidence = "; ".join(f"{s}: {e}" for s, e in zip(group["statistic"], group["evidence"]))
         else:
-            shown = ", ".join(f"{counts.get(v, 0)} {v}" for v in (HOLDS, FAILS, UNRESOLVED))
+            shown = headline(group["verdict"])
             by_scope = group.groupby("scope", sort=False)["verdict"].agg(lambda v: "/".join(sorted(set(v))))
             evidence = "; ".join(f"{scope}: {v}" for scope, v in by_scope.items()) + " (per curve and rate below)"
         rows.append({"claim": int(claim), "statement": STATEMENTS[int(claim)], "verdict": shown, "evidence": evidence})

@@ -389,15 +389,25 @@ SINK_STAT_RANGES: dict[str, tuple[float, float]] = {
     "fit_minimiser": _ANY,
     "operating_ratio": _SHARE,
     "above_minimum_share": _SHARE,
+    "operating_distance": _SHARE,
+    "operating_offset": (-1, 1),
+    "operating_heads": (0, math.inf),
     "cone_change": _CHANGE,
     "low_cone_change": _CHANGE,
     "low_centroid_change": _CHANGE,
     "log_ppl_ratio": _ANY,
     "delta_ppl": _ANY,
+    "control_low_cone_change": _CHANGE,
+    "control_low_centroid_change": _CHANGE,
+    "control_log_ppl_ratio": _ANY,
+    "control_delta_ppl": _ANY,
+    "control_in_band_share": _SHARE,
+    "control_mass_ratio": (0, math.inf),
 }
 SINK_STATS = tuple(SINK_STAT_RANGES)
-#: Bumped when what a claims record means changes (2: issue 45's protocol), so a resume refuses older records.
-CLAIMS_VERSION = 2
+#: Bumped when what a claims record means changes (2: issue 45's protocol; 3: issue 59's claim-4 operating point and
+#: claim-5 control), so a resume refuses older records.
+CLAIMS_VERSION = 3
 
 
 class ClaimsCodec(Codec):

@@ -53,6 +53,10 @@ TASKS: tuple[str, ...] = ("mmlu", "boolq", "winogrande")
 #: The claims check (:mod:`cwviz.analyses.claims`): claim 1's removal rates in percent, and the token cap per item.
 CLAIMS_RATES: tuple[float, ...] = (10.0, 30.0)
 CLAIMS_MAX_TOKENS = 48
+#: A claims verdict's states (docs/METHOD.md section 5): the interval on the paper's side of the line, on the other,
+#: straddling it; and a claim-1 row that cannot hold because its rank scope ranks two of its measures alike.
+HOLDS, FAILS, UNRESOLVED, TIES = "holds", "fails", "unresolved", "ties by construction"
+VERDICT_STATES: tuple[str, ...] = (HOLDS, FAILS, UNRESOLVED, TIES)
 #: Sinks (:mod:`cwviz.analyses.sinks`): the word that asks for the detected sink, the sink unless the user picks one
 #: (the first position, docs/METHOD.md section 4), and λ, the factor on the sink's value in interventions unless
 #: given (0 removes its write).
@@ -76,7 +80,7 @@ FLOW_TABLES = ("tokens", "heads", "edges", "nodes", "parts", "vocabulary")
 #: list them without importing torch; a test keeps the two equal), and the one ``cwviz flow`` and the Flow page show
 #: by default (docs/METHOD.md section 7.3 decides it).
 FLOW_METHODS = ("effect", "effect_origin", "share_flow", "input_x_gradient", "alti", "rollout", "raw", "alti_logit")
-FLOW_METHOD = "share_flow"
+FLOW_METHOD = "effect"
 #: Its causal test (:mod:`cwviz.analyses.flow_faithfulness`): the token cap per item, knockouts per forward pass (on
 #: a CPU, 32 rows a pass ran 64 knockouts five times faster than 8: per-layer overhead), random rankings per item
 #: (their drops and ρ averaged), and the fewest tokens an item needs (ρ needs 3 input tokens besides the target's).

@@ -580,4 +580,10 @@ def layerwise_removal(
     """ΔPPL of the prompt when the sink's value is scaled by ``factor`` in one layer at a time:
     columns ``layer, perplexity, delta_ppl``. ``progress(done, L)``: layers whose pass has run."""
     ppl = removal_perplexity(analysis, [[l] for l in range(analysis.num_layers)], sink, factor, progress=progress)
-    return pd.DataFrame({"layer": np.arange(analysis.num_layers), "perplexity": ppl, "delta_ppl": ppl - analysis.perplexity})
+    return layerwise_table(analysis, ppl)
+
+
+def layerwise_table(analysis: Analysis, perplexities: Sequence[float]) -> pd.DataFrame:
+    """:func:`layerwise_removal`'s table from the perplexities of layers 0..n-1 (n <= L: a run stopped part-way)."""
+    ppl = np.asarray(perplexities, dtype=np.float64)
+    return pd.DataFrame({"layer": np.arange(len(ppl)), "perplexity": ppl, "delta_ppl": ppl - analysis.perplexity})

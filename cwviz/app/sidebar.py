@@ -19,10 +19,10 @@ from .state import (
     DEVICE_CHOICES,
     DTYPE_CHOICES,
     MAX_GENERATE,
+    analyze_clicked,
     bound,
     clamp,
     clear_notes,
-    commit,
     current,
     examples,
     pick_example,
@@ -101,10 +101,17 @@ COMPACT_CSS = (
     '[data-testid="stMainBlockContainer"] h1 {font-size: 2rem; padding-top: 0.25rem; padding-bottom: 0.5rem;}'
 )
 #: Presenter mode's text beside the charts: the main area's widget labels and captions (Streamlit's 14 px, where a
-#: page's numbers are often stated) at 16 px, as the charts' labels are.
+#: page's numbers are often stated) at 16 px, as the charts' labels are; the page's side margins trimmed to 1.5 rem
+#: (Streamlit's 5 rem took 160 of a projector's 1,280 px; the heatmap pair side by side needs them,
+#: :data:`cwviz.charts.heatmaps.PRESENTER_CONTENT_WIDTH`); and the header band made transparent.
 PRESENTER_CSS = (
     '[data-testid="stMain"] [data-testid="stWidgetLabel"] p, [data-testid="stMain"] [data-testid="stCaptionContainer"], '
-    '[data-testid="stMain"] [data-testid="stCaptionContainer"] p {font-size: 1rem;}'
+    '[data-testid="stMain"] [data-testid="stCaptionContainer"] p {font-size: 1rem;} '
+    '[data-testid="stMainBlockContainer"] {padding-left: 1.5rem; padding-right: 1.5rem; padding-top: 3.25rem;} '
+    # Streamlit's header is a white band of 3.75 rem over the top of the page: scrolled to a map, it hid the map's
+    # first rows. Transparent (its buttons stay, and take clicks), the window's whole height shows the page.
+    '[data-testid="stHeader"] {background: transparent; pointer-events: none;} '
+    '[data-testid="stHeader"] button, [data-testid="stHeader"] a {pointer-events: auto;}'
 )
 
 
@@ -126,15 +133,22 @@ def sidebar(title: str | None = None) -> Selection:
     # Heatmaps page's maps below a 1280 x 720 window. Streamlit has no setting for either, so a style (sent
     # to the page's head, taking no room) trims them.
     st.html(f"<style>{COMPACT_CSS}{PRESENTER_CSS if presenter() else ''}</style>")
+    # Presenter mode collapses the sidebar (its arrow opens it again): a projector's 1,280 px go to the maps. Streamlit
+    # applies a changed initial state when the page config changes, so switching the mode on collapses it, off opens it.
+    st.set_page_config(initial_sidebar_state="collapsed" if presenter() else "expanded")
     show_toast()
     if title is not None:
         st.title(title)
     cur = current()
     names = [e.name for e in examples()]
     with st.sidebar:
-        # The selection comes first, above the inputs: changing layer, head or query never needs a scroll.
-        picks = st.container()
+        # The prompt comes first, with Analyze: a newcomer finds it on the first screen of a 1,280 x 720 window, below
+        # the page list. The selection follows (layer, head, query), then the rest of the inputs.
         st.header("Input")
+        bound(st.text_area, "draft_text", "Prompt", height=110)
+        st.button("Analyze", type="primary", on_click=analyze_clicked, key="_cwviz_analyze", width="stretch")
+        picks = st.container()
+        st.header("Model and examples")
         if cur["example"] not in names:
             cur["example"] = None
         bound(
@@ -178,7 +192,6 @@ def sidebar(title: str | None = None) -> Selection:
             bound(st.selectbox, "draft_device", "Device", options=DEVICE_CHOICES)
         with right:
             bound(st.selectbox, "draft_dtype", "Dtype", options=DTYPE_CHOICES)
-        bound(st.text_area, "draft_text", "Prompt", height=140)
         bound(
             st.number_input,
             "draft_generate",
@@ -188,7 +201,6 @@ def sidebar(title: str | None = None) -> Selection:
             step=1,
             help="Greedily generate this many tokens after the prompt and analyse prompt plus continuation (causal language models only).",
         )
-        st.button("Analyze", type="primary", on_click=commit, key="_cwviz_analyze", width="stretch")
 
     edited = any(cur[f"draft_{name}"] != cur[name] for name in ("model", "device", "dtype", "text", "generate"))
     if edited:

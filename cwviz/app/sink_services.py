@@ -20,7 +20,7 @@ from ..core.method.analysis import analyze
 from ..core.util.errors import CwvizError
 from ..core.util.parallel import model_provenance
 from ..core.util.progress import phase
-from . import hosting, services
+from . import hosting, run_services, services
 
 #: Most extra prompts the page pools (each costs a forward pass and a table).
 MAX_POOLED = 16
@@ -71,7 +71,8 @@ def sink_tables(request: services.Request, sink: str, pool_path: str = "", pool_
 
 
 def pooled_tables(request: services.Request, sink: str, path: str, n: int) -> list[pd.DataFrame]:
-    """The sink tables of the first ``n`` prompts of the JSONL file ``path``, through the one runner (in memory)."""
+    """The sink tables of the first ``n`` prompts of the JSONL file ``path``, through the one runner (in memory), each
+    prompt's record kept as it ends, so that a run stopped part-way resumes."""
     hosting.policy_from_env().check_server_file(path)
     bundle = services.get_bundle(request.model, request.device, request.dtype)
     texts = services.pooled_prompts(bundle, path, n, MAX_POOLED)
@@ -84,7 +85,10 @@ def pooled_tables(request: services.Request, sink: str, path: str, n: int) -> li
             position = sinks.resolve_sink(pooled, sink)
             return SINKS.encode(sinks.sink_table(pooled, position, progress=phase(progress, steps // 2, steps)), position, pooled.tokens)
 
-    return [SINKS.decode(record) for record in sweep.run(plan, compute).records]
+    # The records kept in this server process (run_services.kept): a run stopped part-way (the page's Stop) resumes.
+    with services.item_bar(f"Pooling {len(texts)} prompts", len(texts), len(run_services.kept(plan)), "prompt") as progress:
+        outcome = sweep.run(plan, compute, progress=progress, store=run_services.kept(plan))
+    return [SINKS.decode(record) for record in outcome.records]
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -118,12 +122,35 @@ def intervention(request: services.Request, sink: int, factor: float, layers: tu
         return sinks.intervene_on_sink(analysis, sink, factor, layers, progress=progress, clean=clean)
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
+#: Layers a batched pass of the layer-by-layer ΔPPL holds: a pass ends within seconds on a CPU, so Stop (which
+#: interrupts the page between two passes) takes effect soon and keeps every finished layer. One pass of all 30 layers
+#: of the embedded model ran 123 s with nothing to stop it.
+LAYERWISE_CHUNK = 3
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def layerwise_done(request: services.Request, sink: int, factor: float) -> dict[int, float]:
+    """The perplexities of the layers finished so far (layer -> perplexity) of :func:`layerwise` in this server process:
+    a run stopped part-way resumes from them."""
+    return {}
+
+
 def layerwise(request: services.Request, sink: int, factor: float) -> pd.DataFrame:
-    """:func:`cwviz.analyses.sinks.layerwise_removal` on the sidebar prompt."""
+    """:func:`cwviz.analyses.sinks.layerwise_removal` on the sidebar prompt, :data:`LAYERWISE_CHUNK` layers a pass, each
+    pass's perplexities kept as it ends (:func:`layerwise_done`), with a bar saying which layer runs and how long is
+    left. Stopped (any click interrupts the page between passes), it keeps the finished layers and resumes from them."""
     analysis = services.get_analysis(request).analysis
-    with services.progress_bar("Removing the sink's value one layer at a time") as progress:
-        return sinks.layerwise_removal(analysis, sink, factor, progress=progress)
+    done = layerwise_done(request, sink, factor)
+    todo = [layer for layer in range(analysis.num_layers) if layer not in done]
+    if not todo:
+        return sinks.layerwise_table(analysis, [done[layer] for layer in range(analysis.num_layers)])
+    with services.item_bar("ΔPPL with the sink's value scaled, one layer at a time", analysis.num_layers, len(done), "layer") as progress:
+        for start in range(0, len(todo), LAYERWISE_CHUNK):
+            chunk = todo[start : start + LAYERWISE_CHUNK]
+            perplexities = sinks.removal_perplexity(analysis, [[layer] for layer in chunk], sink, factor)
+            done.update(zip(chunk, perplexities.tolist()))
+            progress(start + len(chunk), len(todo))
+    return sinks.layerwise_table(analysis, [done[layer] for layer in range(analysis.num_layers)])
 
 
 #: The sink the tour shows: the first token, as the Sinks page's default "first" (the same cache entries).

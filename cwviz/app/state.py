@@ -138,8 +138,20 @@ def current() -> dict:
     return st.session_state[_STATE]
 
 
+def analyze_clicked() -> None:
+    """The Analyze button's callback: each draft read from its widget (:func:`bound`'s key), whose value Streamlit has
+    set before any callback of the run (the button stands above some inputs in the sidebar, and its callback may run
+    before theirs), then :func:`commit`."""
+    cur = current()
+    for name in ("model", "device", "dtype", "text", "generate"):
+        key = f"_cwviz_w_draft_{name}"
+        if key in st.session_state:
+            cur[f"draft_{name}"] = st.session_state[key]
+    commit()
+
+
 def commit() -> None:
-    """The Analyze button: the drafts become the analysed inputs; the query returns to the last token."""
+    """The drafts become the analysed inputs (Analyze, or an example picked); the query returns to the last token."""
     cur = current()
     for name in ("model", "device", "dtype", "text", "generate"):
         cur[name] = cur[f"draft_{name}"]

@@ -13,6 +13,7 @@ from ..analyses.schema import HeatmapCells
 from ..charts import heatmaps
 from ..charts.flow import NODE_PICK
 from ..charts.heatmaps import PICK, QUERY_PICK
+from ..charts.palette import INK
 from . import services
 from .sidebar import Selection
 from .state import presenter, select, toast_next_run
@@ -104,10 +105,10 @@ def _spec(chart_obj: alt.TopLevelMixin, width: str = "stretch") -> dict:
     # Labels of at least 12 px (16 in presenter mode) in dark grey, legible from the back of a room.
     px = label_px()
     config = spec.setdefault("config", {})
-    config["axis"] = {"labelFontSize": px, "titleFontSize": px, "labelColor": "#31333f", "titleColor": "#31333f"}
+    config["axis"] = {"labelFontSize": px, "titleFontSize": px, "labelColor": INK, "titleColor": INK}
     config["axisDiscrete"] = {"labelFlush": False}
     config["legend"] = {"labelFontSize": px, "titleFontSize": px, "titleLimit": 400}
-    config["title"] = {"fontSize": px + 2}
+    config["title"] = {"fontSize": px + 2, "subtitleFontSize": px}
     if px >= heatmaps.PRESENTER_LABEL_PX:
         # Presenter mode: every text of the chart at least as large as its axis labels, the sizes a builder set
         # itself too (titles, the numbers written on bars, a note above a map), and text marks that set none.
@@ -203,6 +204,57 @@ def node_graph(chart_obj, data, name: str, key: str, layers: int) -> None:
         select(layer=layer, query=int(picked["position"]))
 
 
+def query_map(
+    cells: HeatmapCells,
+    which: str,
+    query: int,
+    name: str,
+    key: str,
+    colour_range: str = "robust",
+    generated_from: int | None = None,
+    key_mark: int | None = None,
+    height: int | None = None,
+    row_labels: bool = True,
+    downloads_too: bool = True,
+) -> None:
+    """One map of the heatmap pair (:func:`~cwviz.charts.heatmaps.heatmap_view`, ``which`` "attention" or "measure"),
+    as wide as its column; a clicked cell selects its query (the sidebar's query picker and the link follow).
+    ``key_mark``'s cell in the query's row is ringed. ``height``: the plot's, by default the first screen's
+    (:data:`~cwviz.charts.heatmaps.SCREEN_SIDE`, or in presenter mode a 16 px cell or more a row,
+    :func:`~cwviz.charts.heatmaps.presenter_height`). ``downloads_too``: the map's PNG, SVG and CSV below it."""
+    px = label_px()
+    if height is None:
+        height = heatmaps.presenter_height(cells.frame["query"].nunique()) if presenter() else heatmaps.SCREEN_SIDE
+    view = heatmaps.heatmap_view(
+        cells,
+        which,
+        query,
+        height=height,
+        label_px=px,
+        colour_range=colour_range,
+        generated_from=generated_from,
+        key=key_mark,
+        row_labels=row_labels,
+    )
+    spec = _spec(view)
+    event = st.vega_lite_chart(spec=spec, key=f"{key}_map_{which}", width="stretch", on_select="rerun", selection_mode=QUERY_PICK)
+    picked = (event.selection.get(QUERY_PICK) or [None])[0] if event is not None else None
+    if picked and picked != st.session_state.get(f"_{key}_map_{which}_last_pick") and "query_position" in picked:
+        st.session_state[f"_{key}_map_{which}_last_pick"] = picked
+        select(query=int(picked["query_position"]))
+    if downloads_too:
+        downloads(lambda: _spec(view, "content"), cells.frame, name, key)
+
+
+def presenter_columns(labels: list[str], px: int) -> list[float]:
+    """Widths of the two columns of the heatmap pair side by side in presenter mode: the left map's row labels (about
+    0.6 ``px`` a character) beside its plot, the right map's plot alone (its rows are the left map's), so that both
+    plots get the same width and the cells are as wide as the content column allows."""
+    label = 0.6 * px * max((len(text) for text in labels), default=4) + 16
+    plot = (heatmaps.PRESENTER_CONTENT_WIDTH - label - 60) / 2
+    return [label + plot, plot + 30]
+
+
 def query_heatmaps(
     cells: HeatmapCells,
     query: int,
@@ -217,26 +269,34 @@ def query_heatmaps(
     ``stacked``); a clicked cell of either selects its query (the sidebar's query picker and the link follow).
     Positions from ``generated_from`` on are labelled as generated; ``key_mark``'s cell in the query's row is ringed.
 
-    In presenter mode the maps are stacked, each the page's width and :func:`~cwviz.charts.heatmaps.presenter_height`
-    tall: cells of 16 px or more and every token labelled up to 40 tokens, for the back row of a room.
+    In presenter mode the maps stand side by side, the right one without row labels (its rows are the left map's),
+    each :func:`~cwviz.charts.heatmaps.presenter_height` tall: cells of 16 px or more and every token labelled up to
+    40 tokens, both whole on a 1280 x 720 projector's screen.
 
     The downloads (PNG, SVG, CSV) hold the pair as one chart (:func:`cwviz.charts.heatmaps.heatmap_pair`)."""
     px = label_px()
-    stacked = stacked or presenter()
     side = heatmaps.presenter_height(cells.frame["query"].nunique()) if presenter() else heatmaps.SCREEN_SIDE
-    columns = [st.container(), st.container()] if stacked else st.columns(2, gap="small")
+    if stacked:
+        columns = [st.container(), st.container()]
+    elif presenter():
+        columns = st.columns(presenter_columns(list(cells.labels), px), gap="small")
+    else:
+        columns = st.columns(2, gap="small")
     for column, which in zip(columns, ("attention", "measure")):
-        view = heatmaps.heatmap_view(
-            cells, which, query, height=side, label_px=px, colour_range=colour_range, generated_from=generated_from, key=key_mark
-        )
         with column:
-            event = st.vega_lite_chart(
-                spec=_spec(view), key=f"{key}_map_{which}", width="stretch", on_select="rerun", selection_mode=QUERY_PICK
+            query_map(
+                cells,
+                which,
+                query,
+                name,
+                key,
+                colour_range=colour_range,
+                generated_from=generated_from,
+                key_mark=key_mark,
+                height=side,
+                row_labels=stacked or not presenter() or which == "attention",
+                downloads_too=False,
             )
-        picked = (event.selection.get(QUERY_PICK) or [None])[0] if event is not None else None
-        if picked and picked != st.session_state.get(f"_{key}_map_{which}_last_pick") and "query_position" in picked:
-            st.session_state[f"_{key}_map_{which}_last_pick"] = picked
-            select(query=int(picked["query_position"]))
 
     def pair() -> dict:  # a third chart, never drawn on the page: built only when a download is clicked
         return _spec(heatmaps.heatmap_pair(cells, query, label_px=px, colour_range=colour_range), "content")

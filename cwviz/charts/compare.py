@@ -16,14 +16,16 @@ from .heatmaps import (
     CELL,
     LABEL_PX,
     PAIR_FITS,
+    PRESENTER_CONTENT_WIDTH,
+    PRESENTER_LABEL_LIMIT,
     PRESENTER_LABEL_PX,
+    PRESENTER_ROW,
     check_layout,
     contribution_scale,
     head_pick,
     label_expr,
     label_stride,
     outlined_grid,
-    presenter_height,
     query_outline,
     query_pick,
     sequential_scale,
@@ -31,16 +33,17 @@ from .heatmaps import (
     thinned_label_expr,
     wrap,
 )
-from .palette import NEGATIVE, POSITIVE
+from .palette import NEGATIVE, OUTLINE, POSITIVE, RULE
 
-#: Most aligned keys for which A, B and B − A stand in one row when the page is asked to put maps side by side
-#: (``layout="side"``): 3 x (16 x 13 px + ~150 px of labels) fit the dashboard's main area in a 1600 px window;
-#: wider grids put A and B in a row above the difference. Under ``layout="auto"`` (:func:`per_row`) as many maps
-#: share a row as fit :data:`~cwviz.charts.heatmaps.PAIR_FITS`, the page of a 1,366 px window.
+#: Most aligned keys for which A, B and B − A stand in one row (``layout="auto"`` or ``"side"``); up to
+#: :data:`TWO_UP` keys A and B stand side by side above the difference; beyond, the three are stacked (docs/dashboard.md).
 THREE_UP = 16
-#: Pixels a compared map adds to its plot area in a row: its labels ("12 lighthouse / 12 keeper", cut at
-#: :data:`LABEL_LIMIT`), its axis title and the gap to the next (its legend lies below it).
+TWO_UP = 32
+#: Pixels the first map of a row adds to its plot area: its row labels ("12 lighthouse / 12 keeper", cut at
+#: :data:`LABEL_LIMIT`) and axis title; a map beside it shows the same aligned rows and has no row labels, only
+#: :data:`GAP` px before it (every legend lies below its map).
 VIEW_EXTRA = 155
+GAP = 24
 SIDE = 220  # px, the least a compared map's axis gets
 #: Width (px) the maps of a row may take under ``layout="side"``: the dashboard's main area in a 1,600 px window
 #: with the sidebar open (about 1,220 px in Chromium), less a margin. A wider map is drawn smaller, its labels
@@ -49,9 +52,9 @@ SIDE_FITS = 1180
 #: Characters a title line holds: about 700 px at 13 px, narrower than the narrowest grid of maps.
 TITLE_CHARS = 100
 LABEL_LIMIT = 110  # px, the longest axis label ("12 lighthouse / 12 keeper" is cut with an ellipsis)
-#: Width (px) a map may take with its labels in presenter mode: the page of a projector's 1,280 px window with the
-#: sidebar open (about 820 px), less a margin.
-PRESENTER_FITS = 800
+#: Width (px) the maps of a row may take in presenter mode: the content column of a projector's 1,280 px window with
+#: the sidebar collapsed (:data:`~cwviz.charts.heatmaps.PRESENTER_CONTENT_WIDTH`), less a margin.
+PRESENTER_FITS = PRESENTER_CONTENT_WIDTH - 40
 
 
 def _extent(count: int) -> int:
@@ -60,12 +63,21 @@ def _extent(count: int) -> int:
 
 def per_row(keys: int, layout: str = "auto") -> int:
     """How many of A, B and B − A share a row for ``keys`` aligned keys under ``layout`` (:data:`~cwviz.charts.heatmaps.LAYOUTS`): 3 (one
-    row), 2 (A and B above the difference) or 1 (stacked)."""
+    row) up to :data:`THREE_UP` keys, 2 (A and B above the difference) up to :data:`TWO_UP`, else 1 (stacked); always
+    1 under ``"stacked"``. The maps are drawn as small as the row needs to fit the page (:func:`map_size`)."""
     if check_layout(layout) == "stacked":
         return 1
-    if layout == "side":
-        return 3 if keys <= THREE_UP else 2
-    return next((n for n in (3, 2) if n * (_extent(keys) + VIEW_EXTRA) <= PAIR_FITS), 1)
+    return 3 if keys <= THREE_UP else 2 if keys <= TWO_UP else 1
+
+
+def map_size(keys: int, queries: int, rows: int, fits: int, least_cell: int = 0, label_room: int = VIEW_EXTRA) -> tuple[int, int]:
+    """Plot width and height (px) of each compared map, ``rows`` of them in a row of at most ``fits`` px: the first
+    with ``label_room`` px of row labels, the others :data:`GAP` px apart. At most :data:`CELL` px a key (at least
+    :data:`SIDE` a map), at least ``least_cell`` px a key (presenter mode's 16); a square grid stays square."""
+    width = min(_extent(keys), (fits - label_room - (rows - 1) * GAP) // rows)
+    width = max(width, least_cell * keys)
+    height = width if queries == keys else max(_extent(queries) if not least_cell else least_cell * queries, SIDE)
+    return width, height
 
 
 def compare_maps(
@@ -76,9 +88,11 @@ def compare_maps(
     A and B share one colour scale (sequential for attention, diverging at zero for contributions); the
     difference has its own, diverging at zero. The selected query's pair (``cells.query``) is outlined on each
     view; a click on a cell selects its query in A (:data:`~cwviz.charts.heatmaps.QUERY_PICK`, field
-    ``query_position``). ``label_px``: the axis labels' size; presenter mode's
-    (:data:`~cwviz.charts.heatmaps.PRESENTER_LABEL_PX`) stacks the maps, each as large as the Heatmaps page's in
-    presenter mode (:func:`~cwviz.charts.heatmaps.presenter_height`) within :data:`PRESENTER_FITS`.
+    ``query_position``). As many maps share a row as :func:`per_row` says, the row's width
+    :data:`~cwviz.charts.heatmaps.PAIR_FITS` (``"auto"``: a 1,366 px window's page), :data:`SIDE_FITS` (``"side"``)
+    or :data:`PRESENTER_FITS`; a map beside another has no row labels (its rows are the first map's). ``label_px``:
+    the axis labels' size; presenter mode's (:data:`~cwviz.charts.heatmaps.PRESENTER_LABEL_PX`) keeps cells of
+    16 px or more and the row labels whole, and labels the keys by position.
     """
     if what not in COMPARE_MAPS:
         raise ValueError(f"what must be one of {', '.join(COMPARE_MAPS)}, not {what!r}")
@@ -86,20 +100,21 @@ def compare_maps(
     row = cells.query if query is None else query
     keys, queries = frame["key"].nunique(), frame["query"].nunique()
     presenter = label_px >= PRESENTER_LABEL_PX
-    rows = 1 if presenter else per_row(keys, layout)
-    width, height = _extent(keys), _extent(queries)
+    rows = per_row(keys, layout) if not presenter or check_layout(layout) == "stacked" else min(per_row(keys, layout), 2)
+    limit = PRESENTER_LABEL_LIMIT if presenter else LABEL_LIMIT
     if presenter:
-        width = min(presenter_height(keys), PRESENTER_FITS - VIEW_EXTRA)
-        height = width if queries == keys else presenter_height(queries)
-    elif layout == "side":
-        width = min(width, SIDE_FITS // rows - VIEW_EXTRA)
-        height = min(height, width) if queries == keys else height
+        room = min(limit, round(0.6 * label_px * max((len(str(label)) for label in cells.labels), default=4))) + 30
+        width, _ = map_size(keys, queries, rows, PRESENTER_FITS, least_cell=PRESENTER_LABEL_PX, label_room=room)
+        height = max(PRESENTER_ROW * queries, SIDE)  # a row as tall as its 16 px label needs: every row labelled
+    else:
+        width, height = map_size(keys, queries, rows, SIDE_FITS if layout == "side" else PAIR_FITS)
+    key_labels = [str(i) for i in range(len(cells.labels))] if presenter else cells.labels
 
-    def axis(field: str, extent: int, **more) -> alt.Axis:
+    def axis(field: str, extent: int, labels=cells.labels, **more) -> alt.Axis:
         positions = sorted(frame[field].unique())
         stride = label_stride(len(positions), extent, label_px)
-        labels = thinned_label_expr(cells.labels, positions, row, stride) if stride > 1 else label_expr(cells.labels)
-        return alt.Axis(labelExpr=labels, labelLimit=LABEL_LIMIT, labelOverlap=False, labelFontSize=label_px, **more)
+        text = thinned_label_expr(labels, positions, row, stride) if stride > 1 else label_expr(labels)
+        return alt.Axis(labelExpr=text, labelLimit=limit, labelOverlap=False, labelFontSize=label_px, **more)
 
     tooltips = [
         alt.Tooltip("query_token:N", title="query (A / B)"),
@@ -112,7 +127,7 @@ def compare_maps(
         alt.Chart(frame)
         .mark_rect()
         .encode(
-            x=alt.X("key:O", title="key (aligned position)", axis=axis("key", width, labelAngle=-90)),
+            x=alt.X("key:O", title="key (aligned position)", axis=axis("key", width, key_labels, labelAngle=-90)),
             y=alt.Y("query:O", title="query (aligned position)", axis=axis("query", height)),
             tooltip=tooltips,
         )
@@ -134,6 +149,8 @@ def compare_maps(
         (f"{what}_diff", f"B − A: {label} (red: larger in B)", diff_scale, alt.Legend(title=diff_rule, **below)),
     ):
         chart = base.encode(color=alt.Color(f"{field}:Q", scale=scale, legend=legend)).properties(name=f"compare_{field}")
+        if (field == f"{what}_b" and rows > 1) or (field == f"{what}_diff" and rows == 3):  # beside A: its rows, unlabelled
+            chart = chart.encode(y=alt.Y("query:O", title=None, axis=alt.Axis(labels=False, ticks=False)))
         layers = [chart] + ([query_outline(row)] if row is not None else [])
         views.append(alt.layer(*layers).properties(title=title))
     if rows == 3:
@@ -182,16 +199,23 @@ def head_change_grid(
     return outlined_grid(grid, layer, head, layers, heads, cell, f"Change B − A in {HEAD_METRICS[metric]} (click a cell to pick the head)")
 
 
-def logprob_change_chart(changes: pd.DataFrame, query: int | None = None) -> alt.LayerChart:
+def logprob_change_chart(changes: pd.DataFrame, query: int | None = None, label_px: int = LABEL_PX) -> alt.LayerChart:
     """One bar per aligned position: log p_B − log p_A of its token given the tokens before it (red: more
-    likely in B, blue: less); the selected query's pair ringed. Positions nothing predicts (the first) are left out."""
+    likely in B, blue: less); the selected query's pair ringed. Positions nothing predicts (the first) are left out.
+    ``label_px``: presenter mode's 16 px labels keep each position's label whole (up to
+    :data:`~cwviz.charts.heatmaps.PRESENTER_LABEL_LIMIT` px)."""
     frame = changes.dropna(subset=["change"])
     labels = tuple(changes["label"]) if len(changes) else ()
     width = max(400, 16 * len(changes))
     x = alt.X(
         "pair:O",
         title="aligned position",
-        axis=alt.Axis(labelExpr=label_expr(labels), labelAngle=-90, labelLimit=LABEL_LIMIT, labelFontSize=LABEL_PX),
+        axis=alt.Axis(
+            labelExpr=label_expr(labels),
+            labelAngle=-90,
+            labelLimit=PRESENTER_LABEL_LIMIT if label_px >= PRESENTER_LABEL_PX else LABEL_LIMIT,
+            labelFontSize=label_px,
+        ),
     )
     bars = (
         alt.Chart(frame)
@@ -209,10 +233,10 @@ def logprob_change_chart(changes: pd.DataFrame, query: int | None = None) -> alt
             ],
         )
     )
-    drawn = [bars, alt.Chart(pd.DataFrame({"y": [0.0]})).mark_rule(color="grey").encode(y="y:Q")]
+    drawn = [bars, alt.Chart(pd.DataFrame({"y": [0.0]})).mark_rule(color=RULE).encode(y="y:Q")]
     if query is not None and query in set(frame["pair"]):
         picked = frame[frame["pair"] == query]
-        drawn.append(alt.Chart(picked).mark_bar(fill=None, stroke="black", strokeWidth=2).encode(x=x, y="change:Q"))
+        drawn.append(alt.Chart(picked).mark_bar(fill=None, stroke=OUTLINE, strokeWidth=2).encode(x=x, y="change:Q"))
     return alt.layer(*drawn).properties(
         width=width,
         height=260,

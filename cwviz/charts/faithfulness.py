@@ -14,6 +14,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from ..analyses.schema import ALL_MEASURES
 from .palette import CATEGORIES
 
 CURVE_TITLES = {
@@ -39,8 +40,11 @@ def symlog_ticks(values) -> list[float]:
 
 
 def measure_colours(order: list[str]) -> alt.Scale:
-    """The measures' line colours (:data:`~cwviz.charts.palette.CATEGORIES`): neither red nor blue, which mean a sign."""
-    return alt.Scale(domain=order, range=list(CATEGORIES))
+    """The measures' line colours (:data:`~cwviz.charts.palette.CATEGORIES`), one a measure whichever are drawn: hues
+    that mean nothing else (not a sign's red or blue, attention's green, the sink's purple). A measure that is not one of
+    :data:`~cwviz.analyses.schema.ALL_MEASURES` is drawn in the random keys' grey."""
+    colours = [CATEGORIES[ALL_MEASURES.index(m)] if m in ALL_MEASURES else CATEGORIES[-1] for m in order]
+    return alt.Scale(domain=order, range=colours)
 
 
 def curve_chart(summary: pd.DataFrame, curve: str, scale: str = "linear") -> alt.LayerChart:

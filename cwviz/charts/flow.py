@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import altair as alt
 import pandas as pd
 
+from . import palette
 from .heatmaps import contribution_scale, head_pick, label_expr, outline, wrap
 from .token import NEGATIVE_COLOUR, POSITIVE_COLOUR
 
@@ -132,8 +133,6 @@ def flow_chart(
 PAGE_WIDTH, PAGE_HEIGHT = 400, 225
 #: An edge's width (px) from the smallest |weight| drawn to the largest: a small negative edge still reads as blue.
 EDGE_WIDTHS = (1.5, 6.0)
-#: The spine: the residual carrying a position up the layers (faint: it is not an edge of the route).
-SPINE_COLOUR = "#c8c9cf"
 #: Rows of the totals' bars: every input token up to this many, else the ones with the largest |total|; (px) a row.
 TOTAL_ROWS, TOTAL_ROW_PX = 16, 15
 #: The totals' bars: plot width (px; with their labels the chart is over 300 px wide).
@@ -212,7 +211,7 @@ def route_graph(
     )
     spines = (
         alt.Chart(tables.spines)
-        .mark_rule(color=SPINE_COLOUR, strokeWidth=2)
+        .mark_rule(color=palette.SPINE, strokeWidth=2)
         .encode(
             x=alt.X("label:N", scale=x_scale, axis=x_axis, title=None),
             y=alt.Y("bottom:Q", scale=y_scale, axis=y_axis, title="layer"),
@@ -281,7 +280,10 @@ def check_scatter(frame: pd.DataFrame, title: str, label_px: int = 12) -> alt.La
         )
     )
     zero = pd.DataFrame({"zero": [0.0]})
-    rules = [alt.Chart(zero).mark_rule(color="#9a9ba3").encode(x="zero:Q"), alt.Chart(zero).mark_rule(color="#9a9ba3").encode(y="zero:Q")]
+    rules = [
+        alt.Chart(zero).mark_rule(color=palette.RULE).encode(x="zero:Q"),
+        alt.Chart(zero).mark_rule(color=palette.RULE).encode(y="zero:Q"),
+    ]
     return alt.layer(points, *rules, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 1)).properties(width=360, height=220)
 
 

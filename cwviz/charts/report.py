@@ -22,17 +22,18 @@ import pandas as pd
 from ..analyses.schema import area_span
 from .export import to_svg
 from .faithfulness import accuracy_chart, curve_chart
+from .palette import FAINT, REPORT_CAPTION, REPORT_SHADE, REPORT_TEXT, VERDICT_COLOURS
 
-STYLE = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
-h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
-table { border-collapse: collapse; margin: .8em 0; font-variant-numeric: tabular-nums; }
-th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: right; } th { background: #f5f5f5; }
-td:first-child, th:first-child { text-align: left; }
-figure { margin: 1em 0; overflow-x: auto; } figcaption { color: #555; font-size: .9em; }
-pre { background: #f5f5f5; padding: .8em; overflow-x: auto; white-space: pre-wrap; word-break: break-all; }
-dl { display: grid; grid-template-columns: max-content 1fr; gap: .2em 1em; } dt { font-weight: 600; } dd { margin: 0; }
-.holds { color: #1a7f37; } .fails { color: #c62828; } .equal { color: #8a6d00; }
+STYLE = f"""
+body {{ font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px; color: {REPORT_TEXT}; }}
+h1 {{ font-size: 1.6em; }} h2 {{ border-bottom: 1px solid {FAINT}; padding-bottom: .2em; margin-top: 2em; }}
+table {{ border-collapse: collapse; margin: .8em 0; font-variant-numeric: tabular-nums; }}
+th, td {{ border: 1px solid {FAINT}; padding: .25em .6em; text-align: right; }} th {{ background: {REPORT_SHADE}; }}
+td:first-child, th:first-child {{ text-align: left; }}
+figure {{ margin: 1em 0; overflow-x: auto; }} figcaption {{ color: {REPORT_CAPTION}; font-size: .9em; }}
+pre {{ background: {REPORT_SHADE}; padding: .8em; overflow-x: auto; white-space: pre-wrap; word-break: break-all; }}
+dl {{ display: grid; grid-template-columns: max-content 1fr; gap: .2em 1em; }} dt {{ font-weight: 600; }} dd {{ margin: 0; }}
+.holds {{ color: {VERDICT_COLOURS["holds"]}; }} .fails {{ color: {VERDICT_COLOURS["fails"]}; }} .equal {{ color: {VERDICT_COLOURS["unresolved"]}; }}
 """
 
 

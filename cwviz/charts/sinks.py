@@ -13,7 +13,7 @@ import altair as alt
 import pandas as pd
 
 from .heatmaps import head_pick, outline, signed_scale
-from .palette import ACCENT, ATTENTION, KEY, MUTED, NEGATIVE, NEUTRAL, POSITIVE
+from .palette import ACCENT, ATTENTION, KEY, MUTED, NEGATIVE, NEUTRAL, OUTLINE, POSITIVE, RULE
 
 #: Plot width (px) of a chart that shares the page's width with another: it, its axis labels and title fit half the
 #: main area of a 1,280 px window with the sidebar open.
@@ -90,7 +90,7 @@ def ratio_norm_chart(
         if not ringed.empty:
             layers.append(
                 alt.Chart(ringed)
-                .mark_point(size=160, shape="circle", filled=False, color="black", strokeWidth=2)
+                .mark_point(size=160, shape="circle", filled=False, color=OUTLINE, strokeWidth=2)
                 .encode(x=x, y=y, tooltip=tooltip)
             )
     return alt.layer(*layers).properties(title=title, width=width, height=height)
@@ -168,7 +168,7 @@ def share_chart(layers: pd.DataFrame, layer: int | None = None, width: int = 460
     )
     charts = [lines]
     if layer is not None:
-        charts.append(alt.Chart(pd.DataFrame({"layer": [layer]})).mark_rule(color="gray", strokeDash=[4, 3]).encode(x="layer:Q"))
+        charts.append(alt.Chart(pd.DataFrame({"layer": [layer]})).mark_rule(color=RULE, strokeDash=[4, 3]).encode(x="layer:Q"))
     return alt.layer(*charts).properties(title="How far attention overstates the sink", width=width, height=height)
 
 

@@ -6,8 +6,8 @@ import altair as alt
 import pandas as pd
 
 from ..analyses.schema import TokenFactors
-from .heatmaps import PAIR_FITS, SYMLOG_CONSTANT, TITLE_PX_PER_CHAR, contribution_scale, label_expr, wrap
-from .palette import KEY, NEGATIVE, POSITIVE, SINK
+from .heatmaps import PAIR_FITS, TITLE_PX_PER_CHAR, label_expr, wrap
+from .palette import INK, KEY, NEGATIVE, OTHER_SCHEME, OUTLINE, PAPER, POSITIVE, SINK
 
 FACTOR_TITLES = {
     "attention": "attention α",
@@ -50,7 +50,7 @@ def factor_bars(factors: TokenFactors, mark: int | None = None) -> alt.HConcatCh
     labels = _labels(factors.wide["key"], factors.wide["token"])
     if mark is not None and 0 <= mark < len(labels) and labels[mark]:
         labels[mark] = MARKED + labels[mark]
-    outlined = {"stroke": alt.condition(alt.datum.key == mark, alt.value("black"), alt.value(None)), "strokeWidth": alt.value(2)}
+    outlined = {"stroke": alt.condition(alt.datum.key == mark, alt.value(OUTLINE), alt.value(None)), "strokeWidth": alt.value(2)}
     height = max(120, 18 * len(order))
     colour = alt.condition("datum.is_sink", alt.value(SINK_COLOUR), alt.value(KEY_COLOUR))
     tooltip = [
@@ -63,50 +63,50 @@ def factor_bars(factors: TokenFactors, mark: int | None = None) -> alt.HConcatCh
     titles = dict(FACTOR_TITLES)
     if "norm_ratio" not in factors.factors:
         titles["contribution"] = "contribution (all heads)"
-    # The contribution panel's bars are red (adds) or blue (subtracts), at full strength whatever their length, on a
-    # symmetric-log axis: beside the sink's +1, a key's -0.003 is a bar a reader sees, not a hairline.
-    contributions = factors.wide["contribution"]
+    # Every panel is linear, each bar with its value written beside it: a class compares the bars' lengths, and a
+    # symmetric-log axis made a key's -0.033 look like -0.6 beside the sink's +1.03. A small bar is read by its number;
+    # the contribution panel's bars are red (adds) or blue (subtracts).
     panels = []
     for i, name in enumerate(factors.factors):
         axis = alt.Axis(labelExpr=label_expr(labels), labelLimit=140, labelOverlap=False) if i == 0 else None
-        x = alt.X("value:Q", title=titles.get(name, name))
+        values = factors.wide[name] if name in factors.wide else pd.Series(dtype=float)
+        low, high = min(0.0, float(values.min()) if len(values) else 0.0), max(0.0, float(values.max()) if len(values) else 1.0)
+        # Room beyond the longest bars for their numbers (about a fifth of the panel each side where bars point there).
+        pad = 0.35 * max(high - low, 1e-9)
+        scale = alt.Scale(domain=[low - (pad if low < 0 else 0.0), high + (pad if high > 0 else 0.0)], nice=False, zero=True)
+        x = alt.X("value:Q", title=titles.get(name, name), scale=scale, axis=alt.Axis(tickCount=3))
         fill = colour
         if name == "contribution":
-            bound = float(contributions.abs().max()) if len(contributions) else 1.0
-            # The axis is linear up to the typical key's |contribution| and logarithmic beyond: a typical key's bar
-            # is a tenth of the sink's, however small both are.
-            typical = contributions[~factors.wide["is_sink"]].abs().median()
-            constant = float(typical) if len(contributions) > 1 and typical > 0 else SYMLOG_CONSTANT
-            x = alt.X(
-                "value:Q",
-                title=f"{titles.get(name, name)} (symlog)",
-                scale=alt.Scale(type="symlog", constant=constant, domain=[-bound, bound], nice=False),
-            )
             fill = alt.condition("datum.value < 0", alt.value(NEGATIVE_COLOUR), alt.value(POSITIVE_COLOUR))
-        panels.append(
+        base = (
             alt.Chart(frame)
             .transform_filter(alt.datum.factor == name)
-            .mark_bar()
-            .encode(
-                y=alt.Y("key:O", sort=order, title="key" if i == 0 else None, axis=axis),
-                x=x,
-                color=fill,
-                tooltip=tooltip,
-                **(outlined if mark is not None else {}),
-            )
-            .properties(width=PANEL_WIDTH, height=height, title=titles.get(name, name))
+            .encode(y=alt.Y("key:O", sort=order, title="key" if i == 0 else None, axis=axis))
         )
+        bars = base.mark_bar().encode(x=x, color=fill, tooltip=tooltip, **(outlined if mark is not None else {}))
+        numbers = (
+            base.transform_calculate(text=f"format(datum.value, '{VALUE_FORMATS.get(name, '+.3f')}')")
+            .mark_text(align={"expr": "datum.value < 0 ? 'right' : 'left'"}, dx={"expr": "datum.value < 0 ? -3 : 3"}, color=INK)
+            .encode(x=alt.X("value:Q", scale=scale), text="text:N")
+        )
+        panels.append(alt.layer(bars, numbers).properties(width=PANEL_WIDTH, height=height, title=titles.get(name, name)))
     width = len(panels) * (PANEL_WIDTH + 8) + KEY_LABELS
     lines = wrap(
-        factors.note + "; the sink (first token) in purple; contributions red (adds) or blue (subtracts) on a symmetric-log axis",
+        factors.note
+        + "; the sink (first token) in purple; contributions red (adds) or blue (subtracts); linear axes, each bar's value beside it",
         width // TITLE_PX_PER_CHAR,
     )
     return alt.hconcat(*panels, data=frame, spacing=8).properties(title=alt.TitleParams(lines, anchor="start", fontSize=13))
 
 
+#: How each factor's number is written beside its bar (the tour's sentences print them alike:
+#: :data:`cwviz.analyses.tour.FACTS`).
+VALUE_FORMATS = {"attention": ".3f", "norm_ratio": ".2f", "cosine": "+.2f", "contribution": "+.3f"}
+
+
 def top_keys_chart(frame: pd.DataFrame, note: str) -> alt.LayerChart:
-    """Layers (x) against the keys that rank in the query's top k anywhere (y), coloured by contribution,
-    each cell marked with its rank in that layer."""
+    """Layers (x) against the keys that rank in the query's top k anywhere (y), each cell marked with its rank in that
+    layer and shaded by it (greys, darker: higher; the contribution itself in the tooltip)."""
     labels = _labels(frame["key"], frame["token"])
     y = alt.Y("key:O", title="key", sort="ascending", axis=alt.Axis(labelExpr=label_expr(labels), labelLimit=140, labelOverlap=False))
     base = alt.Chart(frame).encode(
@@ -121,14 +121,19 @@ def top_keys_chart(frame: pd.DataFrame, note: str) -> alt.LayerChart:
             alt.Tooltip("attention:Q", format=".4f"),
         ],
     )
-    scale, rule = contribution_scale(frame["contribution"], frame["key"] == 0)
-    legend = alt.Legend(orient="bottom", direction="horizontal", title=f"contribution ({', '.join(rule)})", titleLimit=400)
-    rects = base.mark_rect().encode(color=alt.Color("contribution:Q", scale=scale, legend=legend))
-    ranks = base.mark_text(fontSize=11).encode(text="rank:O")
+    # The cells are coloured by rank (greys: darker, higher), not by the contribution's red: a rank is no sign, and a
+    # reader took the red shades for the rank. The contribution is in the tooltip and on the factor bars above.
+    ranks = int(frame["rank"].max()) if len(frame) else 1
+    legend = alt.Legend(orient="bottom", direction="horizontal", title="rank in the layer (1: the largest contribution)", titleLimit=400)
+    scale = alt.Scale(scheme=OTHER_SCHEME, reverse=True, domain=[1, max(ranks, 2)])
+    rects = base.mark_rect().encode(color=alt.Color("rank:Q", scale=scale, legend=legend))
+    text = base.mark_text(fontSize=11).encode(
+        text="rank:O", color=alt.condition(f"datum.rank <= {max(1, ranks // 2)}", alt.value(PAPER), alt.value(INK))
+    )
     # A step per row and column (not a total height): every key row is 24 px, however few there are; a layer's
     # column is narrower for a deep model, so that the layers fit the page (its legend lies below).
     layers = max(1, frame["layer"].nunique())
-    return alt.layer(rects, ranks, data=frame).properties(
+    return alt.layer(rects, text, data=frame).properties(
         width=alt.Step(max(MIN_LAYER_STEP, min(24, (PAIR_FITS - KEY_LABELS) // layers))),
         height=alt.Step(24),
         title=alt.TitleParams(note, anchor="start", fontSize=13),

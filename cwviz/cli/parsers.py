@@ -370,7 +370,8 @@ def _add_flow(sub: argparse._SubParsersAction) -> None:
         "--share",
         type=float,
         default=FLOW_SHARE,
-        help=f"share of each layer's |mass| the graph's edges keep (default {FLOW_SHARE:g})",
+        help="share of the cross-token |effect| on paths into the prediction that the route's edges carry, as the Flow "
+        f"page's 'Effect drawn' (docs/flow.md, 'The route'; default {FLOW_SHARE:g})",
     )
     parser.add_argument("--json", dest="json_path", type=Path, help="write the summary and every table as one JSON file")
     parser.add_argument(

@@ -72,6 +72,49 @@ def test_claim_four_fits_each_heads_norms_and_finds_u_shapes_with_interior_minim
     assert stats["fit_minimiser"] == pytest.approx(0.4) and stats["above_minimum_share"] == 1.0
 
 
+def test_claim_four_operating_point_measures_the_distance_to_the_minimiser():
+    """Three hand-built U-shaped heads, ‖o‖² exactly quadratic in s so the fit finds s* exactly: head 0 operates at its
+    minimiser (queries' s from 0.3 to 0.5, median 0.4 = s*), head 1 short of it (median 0.4, s* = 0.7), head 2 also
+    short (median 0.45, s* = 0.85) but head 3 is not sink-active (mean s 0.1 < 0.3) and is left out however far it
+    operates. The median distance is head 1's 0.3 (median of 0, 0.3, 0.4), the signed offset −0.3."""
+    table = pd.DataFrame(
+        curve_rows(0, lambda s: np.sqrt(1 + 4 * (s - 0.4) ** 2), low=0.3, high=0.5)
+        + curve_rows(1, lambda s: np.sqrt(1 + 4 * (s - 0.7) ** 2), low=0.2, high=0.6)
+        + curve_rows(2, lambda s: np.sqrt(1 + 4 * (s - 0.85) ** 2), low=0.3, high=0.6)
+        + curve_rows(3, lambda s: np.sqrt(1 + 4 * (s - 0.9) ** 2), low=0.0, high=0.2)
+    )
+    fits = claim_items.head_fits(table)
+    assert fits.u_shaped.all() and fits.mean_ratio.tolist() == pytest.approx([0.4, 0.4, 0.45, 0.1])
+    point = claim_items.operating_point(fits)
+    assert point["operating_heads"] == 3
+    assert point["operating_distance"] == pytest.approx(0.3) and point["operating_offset"] == pytest.approx(-0.3)
+    # only head 0: it operates at its minimum, within the pre-registered line
+    near = claim_items.operating_point(fits[fits["head"] == 0])
+    assert near["operating_distance"] < 1e-6
+    assert np.isnan(claim_items.operating_point(fits[fits["head"] == 3])["operating_distance"])
+
+
+def test_claim_five_control_keys_come_from_the_mass_band_else_the_nearest():
+    """Layer 0: keys 1 (mass 9) and 2 (12) are within ±25 % of the sink's 10, keys 3 and 4 are not: the draw is one of
+    the two, seeded (the same item draws the same key; items differ). Layer 1: none is in the band, so the nearest
+    (key 2, mass 6). Layer 2: the sink at position 2; keys 0 and 1 equally near, so the lower."""
+    mass = np.array([[10.0, 9, 12, 2, 1], [10, 4, 6, 1, 0.5], [5, 15, 10, 2, 1]])
+    draws = [claim_items.control_keys(mass[:2], 0, seed=0, example=e) for e in range(20)]
+    assert {d.keys[0] for d in draws} == {1, 2} and {d.keys[1] for d in draws} == {2}
+    assert draws[3] == claim_items.control_keys(mass[:2], 0, seed=0, example=3)
+    assert draws[0].in_band == (True, False) and draws[0].mass_ratio[1] == pytest.approx(0.6)
+    assert claim_items.control_keys(mass[2:], 2, seed=0, example=0).keys == (0,)
+
+
+def test_the_control_removes_each_layers_own_key_and_nothing_else():
+    """remove_values((1, 3)) zeroes the value of key 1 in layer 0 and of key 3 in layer 1, every other value kept."""
+    removal = claim_items.remove_values((1, 3))
+    value = torch.ones(1, 2, 4, 3)  # (B, H_kv, K, d)
+    for layer, key in enumerate((1, 3)):
+        out = removal.values(layer, value)
+        assert (out[..., key, :] == 0).all() and out.sum() == value.sum() - 2 * 3
+
+
 def test_claim_five_reads_only_the_low_norm_outputs():
     """Eight outputs of one head, the two shortest (the bottom quarter) at right angles to each other; the sink's
     removal turns those two onto the centroid's direction (spread narrows: their cosine 0 -> 1; toward the centroid:
@@ -100,7 +143,9 @@ def test_the_first_protocols_cone_change_is_the_removed_sinks_own_pass_against_t
     bundle = make_tiny("llama")
     analysis = cwviz.analyze(bundle, "the cat sat on the mat and the dog sat on the rug")
     after = cwviz.analyze(bundle, input_ids=analysis.input_ids, intervention=ScaleValues(positions=(0,), factor=0.0))
-    stats = claim_items.sink_statistics(analysis, after, sinks.sink_table(analysis, 0), 0)
+    draw = claim_items.control_keys(claim_items.attention_mass(analysis), 0, seed=0, example=0)
+    control = cwviz.analyze(bundle, input_ids=analysis.input_ids, intervention=claim_items.remove_values(draw.keys))
+    stats = claim_items.sink_statistics(analysis, after, sinks.sink_table(analysis, 0), 0, control, draw)
     expected = float(np.nanmean(sinks.intervene_on_sink(analysis, 0, factor=0.0).table["cone_change"]))
     assert stats["cone_change"] == pytest.approx(expected, abs=1e-6)
     assert abs(stats["cone_change"]) > 1e-4

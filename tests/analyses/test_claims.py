@@ -13,6 +13,7 @@ import torch
 
 from cwviz import cli
 from cwviz.analyses import claims, faithfulness
+from cwviz.analyses.schema import VERDICT_STATES
 from cwviz.cli import claims as command
 from tests.helpers import make_tiny, ordered, record, sinks
 
@@ -167,16 +168,33 @@ def test_the_random_control_gives_each_measure_its_gap_to_random():
         assert control.loc[(curve, "CW"), "estimate"] > 0 > control.loc[(curve, "raw"), "estimate"]
 
 
-def test_claim_one_with_a_tie_by_construction_is_unresolved_never_holds():
-    tied = []
-    for i in range(20):
+def tied(scope: str, n: int = 20) -> list[dict]:
+    """Records in the paper's order except that VW and VW/‖o‖ give the same log ratio on every item, under ``scope``."""
+    made = []
+    for i in range(n):
         ppl = ordered(i, 1.0, noise=0.1)
         for curve in faithfulness.CURVES:
             ppl[curve, "value_weighted_output_normalized"] = ppl[curve, "value_weighted"]
-        tied.append(record(i, ppl))
-    table = claims.claims_table(tied)
-    assert set(table.verdict) == {"unresolved"}
-    assert table.evidence.str.contains("tie on every item").all()
+        made.append(record(i, ppl, scope=scope))
+    return made
+
+
+def test_a_tie_by_construction_is_its_own_state_never_unresolved():
+    """Under the query scope VW and VW/‖o‖ rank alike by construction: the row is "ties by construction", whatever
+    the other pairs show and however few the items, and a headline counts it apart from the rows that can hold. The
+    same tie under the token scope is the data's: unresolved, never holds."""
+    for n in (20, claims.MIN_ITEMS - 1):
+        table = claims.claims_table(tied("query", n))
+        one = table[(table.claim == 1) & (table.role == claims.VERDICT)]
+        assert set(one.verdict) == {claims.TIES}
+        assert one.evidence.str.contains("identical rankings under the query scope").all()
+    token = claims.claims_table(tied("token"))
+    token = token[(token.claim == 1) & (token.role == claims.VERDICT)]
+    assert set(token.verdict) == {"unresolved"} and token.evidence.str.contains("tie on every item").all()
+    both = claims.claims_table(tied("query") + [{**r, "example": r["example"] + 100} for r in tied("token")])
+    assert claims.overview(both).set_index("claim").loc[1, "verdict"] == (
+        "0 holds, 0 fails, 2 unresolved of 2 that can hold; 2 ties by construction (cannot hold)"
+    )
 
 
 def test_too_few_items_decide_nothing_however_clear_they_look():
@@ -199,10 +217,34 @@ def sink_verdicts(noise: float = 0.01, **values) -> dict:
 
 def test_claims_two_to_five_hold_fail_or_stay_unresolved_as_constructed():
     parts = [(2, ""), (3, ""), (4, ""), (5, "a"), (5, "b"), (5, "c")]
-    assert sink_verdicts(d=0.3, cos=-0.3, shape=0.9, spread=0.1, toward=0.1, ppl=0.5) == dict.fromkeys(parts, "holds")
-    assert sink_verdicts(d=-0.3, cos=0.3, shape=0.1, spread=-0.1, toward=-0.1, ppl=-0.5) == dict.fromkeys(parts, "fails")
-    noisy = sink_verdicts(d=0.0, cos=0.0, shape=0.5, spread=0.0, toward=0.0, ppl=0.0, noise=1.0)
+    assert sink_verdicts(d=0.3, cos=-0.3, near=0.05, spread=0.1, toward=0.1, ppl=0.5) == dict.fromkeys(parts, "holds")
+    assert sink_verdicts(d=-0.3, cos=0.3, near=0.3, spread=-0.1, toward=-0.1, ppl=-0.5) == dict.fromkeys(parts, "fails")
+    noisy = sink_verdicts(d=0.0, cos=0.0, near=0.1, spread=0.0, toward=0.0, ppl=0.0, noise=1.0)
     assert noisy == dict.fromkeys(parts, "unresolved")
+
+
+def test_claim_four_is_judged_on_the_operating_point_not_the_u_shape():
+    """Every head U-shaped (the near-algebraic share, now evidence) yet operating 0.3 from its minimiser: claim 4
+    fails, its U-shape evidence row still above 0.5."""
+    table = claims.claims_table([record(i, ordered(i, 1.0), sinks(i, shape=1.0, near=0.3)) for i in range(20)])
+    four = table[table.claim == 4]
+    assert four[four.role == claims.VERDICT].verdict.tolist() == ["fails"]
+    shape = four[four.statistic.str.startswith("share of fitted heads whose ‖o‖²")]
+    assert shape.role.tolist() == [claims.EVIDENCE] and shape.verdict.tolist() == ["holds"]
+
+
+def test_claim_five_c_is_decided_by_the_control_each_way():
+    """The sink's removal raises perplexity (log ratio 0.5) in both runs; the control's removal raises it less (0.2)
+    in one, more (0.8) in the other: (c) holds and fails on the paired difference, while the sink's ratio alone (issue
+    45's verdict, now evidence) holds in both. (a) and (b) get the paired difference as a control row."""
+    for control, expected in ((0.2, "holds"), (0.8, "fails")):
+        table = claims.claims_table([record(i, ordered(i, 1.0), sinks(i, ppl=0.5, control=control)) for i in range(20)])
+        five = table[table.claim == 5]
+        c = five[(five.role == claims.VERDICT) & (five.part == "c")].iloc[0]
+        assert c.verdict == expected and c.estimate == pytest.approx(0.5 - control, abs=0.01)
+        alone = five[five.statistic.str.contains("the sink's removal alone")].iloc[0]
+        assert alone.role == claims.EVIDENCE and alone.verdict == "holds"
+        assert set(five[five.role == claims.CONTROL].part) == {"a", "b"}
 
 
 def test_claim_five_is_three_verdicts_each_on_its_own():
@@ -238,7 +280,8 @@ def test_cwviz_claims_end_to_end_on_a_tiny_model_resumes_and_refuses_other_setti
     assert set(table.claim) == {1, 2, 3, 4, 5}
     assert set(table[table.claim == 1].scope) == set(faithfulness.RANK_SCOPES)
     assert set(table.role) == {"verdict", "control", "evidence"}
-    assert set(table[table.role == "verdict"].verdict) <= {"holds", "fails", "unresolved"}
+    assert set(table[table.role == "verdict"].verdict) <= set(VERDICT_STATES)
+    assert set(table[(table.role == "verdict") & (table.scope == "query")].verdict) == {claims.TIES}
     assert table.n.max() == 2  # two items (a row with fewer: a statistic some item had none of, e.g. no sink-active head)
     out = capsys.readouterr().out
     assert "claim 5a:" in out and "claim 5c:" in out

@@ -169,15 +169,20 @@ def test_models_that_do_not_share_a_tokenizer_or_a_shape_are_refused(llama):
 # -- charts -------------------------------------------------------------------------------------------
 
 
-def test_as_many_maps_share_a_row_as_fit_the_page_or_as_asked():
+def test_a_and_b_stand_side_by_side_up_to_32_keys_within_the_page():
+    """docs/dashboard.md: three maps in a row up to 16 aligned keys, A and B above the difference up to 32, stacked
+    beyond; each row fits its page (a 1,366 px window's under auto, a projector's in presenter mode, whose cells stay
+    16 px or more)."""
     from cwviz.charts.heatmaps import PAIR_FITS
 
-    for keys in (1, 16, 17, 22, 40, 400):
+    assert [charts.per_row(keys) for keys in (1, 16, 17, 32, 33, 400)] == [3, 3, 2, 2, 1, 1]
+    assert charts.per_row(5, "side") == 3 and charts.per_row(30, "side") == 2 and charts.per_row(5, "stacked") == 1
+    for keys in (1, 16, 17, 22, 32, 40):
         rows = charts.per_row(keys)
-        assert rows * (max(charts.SIDE, charts.CELL * keys) + charts.VIEW_EXTRA) <= PAIR_FITS or rows == 1
-        if rows < 3:  # one more would not fit
-            assert (rows + 1) * (max(charts.SIDE, charts.CELL * keys) + charts.VIEW_EXTRA) > PAIR_FITS
-    assert charts.per_row(5, "side") == 3 and charts.per_row(40, "side") == 2 and charts.per_row(5, "stacked") == 1
+        width, height = charts.map_size(keys, keys, rows, PAIR_FITS)
+        assert charts.VIEW_EXTRA + rows * width + (rows - 1) * charts.GAP <= PAIR_FITS and width == height
+        width, _ = charts.map_size(keys, keys, min(rows, 2), charts.PRESENTER_FITS, least_cell=16, label_room=200)
+        assert width >= 16 * keys and (keys > 30 or 200 + 2 * width + charts.GAP <= charts.PRESENTER_FITS or rows == 1)
     with pytest.raises(ValueError, match="layout must be one of"):
         charts.per_row(5, "grid")
 

@@ -239,8 +239,9 @@ def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold
     sink_row = factors.wide[factors.wide["is_sink"]].iloc[0]
     assert f"{sink_row['contribution']:.0%}" == f"{scale.sink_intra:.0%}"
     bars = token.factor_bars(factors, mark=neg.key).to_dict()
-    label = bars["hconcat"][0]["encoding"]["y"]["axis"]["labelExpr"]  # the labels as a JSON list, in ASCII
-    assert json.dumps(token.MARKED)[1:-1] in label and bars["hconcat"][0]["encoding"]["stroke"]
+    first_bars = bars["hconcat"][0]["layer"][0]
+    label = first_bars["encoding"]["y"]["axis"]["labelExpr"]  # the labels as a JSON list, in ASCII
+    assert json.dumps(token.MARKED)[1:-1] in label and first_bars["encoding"]["stroke"]
 
     # "Both are true": the sink's share of this head's output, of the layer's output, and the two lengths that reconcile them.
     head = tables.decomposition(analysis, plan.layer.layer, neg.query, neg.head, "inter")
@@ -250,24 +251,110 @@ def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold
         assert scale.sink_intra > 0.5 and scale.sink_inter < 0.5 * scale.sink_intra
         # The reconciliation: the sink's share of the layer is its share of the head, scaled by the head's length.
         assert abs(scale.sink_inter) <= abs(scale.sink_intra) * scale.head_fraction * (1 + 1e-4)
-        # The absolute scale drawn beside the sentence: its bars are the printed lengths and shares, and each bar's label
-        # holds the number the sentence prints (views/tour.py both_true's formats).
+        # The absolute scale drawn beside the sentence: its bars are the printed lengths, each labelled with its length
+        # (an axis of lengths) and the share the sentence prints.
         bars = sink_charts.scale_bars(scale.table(plan.layer.layer, neg.head), "query")
         drawn = bars.data.set_index("row")
+        head_part, layer_part = scale.sink_intra * scale.head_norm, scale.sink_inter * scale.layer_norm
         assert drawn["label"].tolist() == [
             f"head {neg.head}: ‖o‖ = {scale.head_norm:.1f}",
-            f"first token: {scale.sink_intra:+.2f}",
+            f"first token: {head_part:.1f} ({scale.sink_intra:.0%} of it)",
             f"layer {plan.layer.layer}: ‖o‖ = {scale.layer_norm:.1f}",
-            f"first token: {scale.sink_inter:.0%}",
+            f"first token: {layer_part:.1f} ({scale.sink_inter:.0%} of it)",
         ]
-        assert drawn["length"].tolist() == pytest.approx(
-            [scale.head_norm, scale.sink_intra * scale.head_norm, scale.layer_norm, scale.sink_inter * scale.layer_norm]
-        )
+        assert drawn["length"].tolist() == pytest.approx([scale.head_norm, head_part, scale.layer_norm, layer_part])
         assert json.dumps(drawn["label"].tolist()) in bars.to_dict()["encoding"]["y"]["axis"]["labelExpr"]
         # What the bars show: the first token's part is most of the head's bar and a small part of the layer's.
         assert drawn.loc[1, "length"] > 0.5 * drawn.loc[0, "length"] and drawn.loc[3, "length"] < 0.5 * drawn.loc[2, "length"]
         fill = bars.to_dict()["transform"][0]["calculate"]  # outputs grey, the sink's part by its sign
         assert all(colour in fill for colour in (palette.MUTED, palette.POSITIVE, palette.NEGATIVE))
+
+
+# -- one tour, one set of facts ------------------------------------------------------------------------------------
+def _label(position: int) -> str:
+    return f"[{position}]"
+
+
+def _story(embedded_model, prompt: int) -> tuple[tour.TourPlan, tuple[tour.Step, ...]]:
+    """Every step of the tour on the embedded model and one of three prompts, as the Tour page writes it: the plan, the
+    flow into the last position, λ = 0 in every layer and the embedded encoder's layer where [CLS] takes most attention."""
+    from cwviz import load_model
+
+    text = _embedded_prompts()[prompt]
+    analysis = analyze(embedded_model, text)
+    plan = _plan(analysis)
+    removal = tour.Removal.of(analysis.info.id, plan.causal, sinks.intervene_on_sink(analysis, plan.sink, 0.0))
+    encoder_analysis = analyze(load_model("embedded-encoder"), text)
+    layers = sinks.sink_layer_summary(sinks.sink_table(encoder_analysis, sinks.DEFAULT_SINK))
+    encoder = tour.Encoder(encoder_analysis.info.id, False, encoder_analysis.tokens[0], tour.most_attended_layer(layers))
+    flow = tour.flow_story(cwviz_flow(analysis))
+    steps = tour.story(plan, _label, repr, flow, analysis.num_layers, removal, encoder)
+    return plan, steps
+
+
+def check_facts(steps: tuple[tour.Step, ...]) -> list[str]:
+    """What is wrong with a tour's facts: a stated or cited fact its sentence does not print, two steps that print
+    different values for one fact (same name and subject), a citation of a step that does not show that fact or shows
+    another value, a fact whose name has no meaning in :data:`cwviz.analyses.tour.FACTS`. Empty when all agree."""
+    problems: list[str] = []
+    shown: dict[tuple, dict[int, str]] = {}  # (name, subject) -> {step: printed value}
+    for step in steps:
+        for fact in step.states:
+            if fact.name not in tour.FACTS:
+                problems.append(f"step {step.number}: {fact.name!r} has no named meaning")
+                continue
+            if fact.text not in step.text:
+                problems.append(f"step {step.number} states {fact.name} {fact.text} but does not print it")
+            shown.setdefault((fact.name, fact.subject), {})[step.number] = fact.text
+    for key, printed in shown.items():
+        if len(set(printed.values())) > 1:
+            problems.append(f"{key[0]} of {key[1]}: steps print {printed}")
+    for step in steps:
+        for cite in step.cites:
+            fact = cite.fact
+            if fact.text not in step.text:
+                problems.append(f"step {step.number} cites {fact.name} {fact.text} but does not print it")
+            there = shown.get((fact.name, fact.subject), {}).get(cite.step)
+            if there is None:
+                problems.append(f"step {step.number} cites step {cite.step} for {fact.name}, which that step does not show")
+            elif there != fact.text:
+                problems.append(f"step {step.number} cites step {cite.step}'s {fact.name} as {fact.text}; that step prints {there}")
+    return problems
+
+
+@pytest.mark.parametrize("prompt", range(3), ids=["short", "medium", "long"])
+def test_the_tours_steps_agree_on_every_fact(embedded_model, prompt):
+    """On three prompts, every step's printed numbers come from one plan with a named meaning: no two steps print
+    different values for the same fact, every sentence that cites another step cites a fact that step shows with the
+    value it shows, and step 8 reconciles the first token's flow total with step 2's share in words."""
+    plan, steps = _story(embedded_model, prompt)
+    assert [step.number for step in steps] == list(range(1, 9))
+    assert check_facts(steps) == []
+    by = {step.number: step for step in steps}
+    # Step 3 names the head's share and the layer's share through it, and cites step 2 for the layer's whole share.
+    names = {fact.name for fact in by[3].states}
+    assert {"head_share", "head_layer_share", "key_contribution"} <= names
+    # Step 8: the first token's total with step 2's share beside it, and why both hold.
+    first = [fact for fact in by[8].states if fact.subject[-1] == plan.sink and fact.name == "flow_total"]
+    assert first and any(cite.step == 2 and cite.fact.name == "layer_share" for cite in by[8].cites)
+    assert "A small write can still matter to one prediction" in by[8].text
+    # No paragraph is said twice: every sentence of every step is its own.
+    sentences = [s.strip() for step in steps for s in step.text.split(". ") if len(s.strip()) > 40]
+    assert len(sentences) == len(set(sentences)), [s for s in sentences if sentences.count(s) > 1]
+
+
+def test_the_fact_check_fails_on_the_contradictions_of_issue_56():
+    """The check itself: step 3 citing step 2 for the head's 5% as "the layer's output" (step 2 prints 27%), a step that
+    cites a step that does not show the fact, and two steps that print one fact differently, are each caught."""
+    layer = ("m", 20)
+    two = tour.Step(2, "makes 27% of the layer", (tour.Fact("layer_share", layer, 0.27),))
+    three = tour.Step(3, "adds only 5% of the layer's output, as step 2 says", (), (tour.Cite(tour.Fact("layer_share", layer, 0.05), 2),))
+    assert any("that step prints 27%" in p for p in check_facts((two, three)))
+    four = tour.Step(4, "its 27%", (), (tour.Cite(tour.Fact("layer_share", layer, 0.27), 1),))
+    assert any("does not show" in p for p in check_facts((two, four)))
+    five = tour.Step(5, "makes 30% of the layer", (tour.Fact("layer_share", layer, 0.3),))
+    assert any("steps print" in p for p in check_facts((two, five)))
+    assert check_facts((two,)) == []
 
 
 @pytest.mark.parametrize("prompt", range(3), ids=["short", "medium", "long"])

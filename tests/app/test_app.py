@@ -387,6 +387,7 @@ def test_presenter_mode_draws_every_chart_text_at_16_px_and_stretches_one_view_c
         assert spec["config"]["text"]["fontSize"] >= 16
     if page == "views/sinks.py":  # (a) and (c): one layered view each, along the sink ratio and the layer
         assert sum(spec["autosize"]["type"] == "fit-x" for spec in specs) >= 2
-    if page == "views/compare.py":  # the maps stacked, each as large as the Heatmaps page's in presenter mode
+    if page == "views/compare.py":  # A and B side by side above B − A (30 aligned positions), cells of 16 px or more
         maps = specs[0]
-        assert "vconcat" in maps and all(view["width"] >= 16 * 20 for view in maps["vconcat"])
+        top, difference = maps["vconcat"]
+        assert len(top["hconcat"]) == 2 and all(view["width"] >= 16 * 30 for view in [*top["hconcat"], difference])

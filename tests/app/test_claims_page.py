@@ -12,6 +12,8 @@ from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from cwviz.analyses import claims, records
+from cwviz.analyses.schema import CLAIMS_MAX_TOKENS
+from cwviz.charts.palette import VERDICT_COLOURS
 from tests.helpers import ordered, record, sinks
 
 PAGE = str(Path(__file__).resolve().parents[2] / "views" / "claims.py")
@@ -25,16 +27,17 @@ def app() -> AppTest:
     return at
 
 
-def saved_folder(tmp_path: Path) -> Path:
+def saved_folder(tmp_path: Path, scope: str = "token") -> Path:
     """A results folder as ``cwviz claims --results DIR`` leaves it, of constructed records where claim 1 holds
-    under the query scope, every measure but raw beats the random control, and claims 2–5 hold."""
+    under ``scope`` (under the query scope it ties by construction), every measure but raw beats the random control,
+    and claims 2–5 hold."""
     where = tmp_path / "run" / "claims"
     where.mkdir(parents=True)
     lines = []
     for i in range(12):
         ppl = ordered(i, 1.0, noise=0.1)
         ppl["comprehensiveness", "random"], ppl["sufficiency", "random"] = 1.5, 9.5
-        payload = record(i, ppl, sinks(i))
+        payload = record(i, ppl, sinks(i), scope=scope)
         lines.append(
             json.dumps(records.make_record(claims.CLAIMS, i, f"item {i}", "key", {k: v for k, v in payload.items() if k != "example"}))
         )
@@ -45,6 +48,7 @@ def saved_folder(tmp_path: Path) -> Path:
 def test_default_load_offers_a_run_and_shows_no_table(app):
     assert not app.exception and not app.error
     assert app.button(key="claims_run").label == "Run"
+    assert app.number_input(key="claims_cap").value == CLAIMS_MAX_TOKENS  # the CLI's cap, one constant
     assert not app.dataframe
 
 
@@ -59,16 +63,32 @@ def test_a_saved_folder_draws_every_verdict_and_gives_one_row_per_claim_and_the_
     drawn = pd.concat([convert_arrow_bytes_to_pandas_df(d.data.data) for d in chart.proto.datasets])
     assert sorted(set(drawn["label"])) == sorted(at.dataframe[0].value.index)
     assert len(at.dataframe[0].value) == 8 and set(at.dataframe[0].value.verdict) == {"holds"}
-    assert "#5e3c99" in chart.proto.spec and "#b2182b" not in chart.proto.spec and "#2166ac" not in chart.proto.spec
+    assert VERDICT_COLOURS["holds"] in chart.proto.spec and "#b2182b" not in chart.proto.spec and "#2166ac" not in chart.proto.spec
     overview = at.dataframe[1].value
     assert list(overview.index) == [1, 2, 3, 4, 5]
     assert list(overview.loc[[2, 3, 4], "verdict"]) == ["holds"] * 3
     assert overview.loc[5, "verdict"] == "a: holds; b: holds; c: holds"
-    assert overview.loc[1, "verdict"] == "2 holds, 0 fails, 0 unresolved"
+    assert overview.loc[1, "verdict"] == "2 holds, 0 fails, 0 unresolved of 2 that can hold"
     control = at.dataframe[2].value.set_index(["curve", "measure"])
     assert len(control) == 8 and control.loc[("comprehensiveness", "CW"), "verdict"] == "holds"
     assert overview.loc[3, "statement"] == claims.STATEMENTS[3]
     assert any("12 item(s)" in c.value for c in at.caption)
+    judged = [c.value for c in at.caption if c.value.startswith("Judged on 12 item(s)")]
+    assert len(judged) == 1 and "50-item runs in docs/claims.md" in judged[0] and f"fewer than {claims.MIN_ITEMS} items" in judged[0]
+
+
+def test_query_scope_rows_are_drawn_as_ties_by_construction_and_counted_apart(app, tmp_path):
+    app.radio(key="claims_source").set_value("saved")
+    app.run()
+    app.text_input(key="claims_dir").set_value(str(saved_folder(tmp_path, scope="query")))
+    at = app.run()
+    assert not at.exception and not at.error
+    (chart,) = at.get("vega_lite_chart")
+    drawn = pd.concat([convert_arrow_bytes_to_pandas_df(d.data.data) for d in chart.proto.datasets])
+    assert set(drawn.loc[drawn["claim"] == 1, "verdict"]) == {claims.TIES}
+    assert VERDICT_COLOURS[claims.TIES] in chart.proto.spec and "cannot hold" in chart.proto.spec
+    overview = at.dataframe[1].value
+    assert overview.loc[1, "verdict"] == "0 holds, 0 fails, 0 unresolved of 0 that can hold; 2 ties by construction (cannot hold)"
 
 
 def test_a_folder_that_is_not_a_claims_run_shows_an_error(app, tmp_path):

@@ -4,12 +4,15 @@ causal language model explained."""
 
 from __future__ import annotations
 
+import json
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from cwviz.app import flow_services, sink_services, state
+from cwviz.analyses import tour
+from cwviz.app import flow_services, services, sink_services, state
 from cwviz.app.services import Request
+from cwviz.app.sidebar import escape_markdown
 from tests.helpers.app import assert_clean, charts, run_app, widget
 
 PAGE = "views/tour.py"
@@ -33,7 +36,10 @@ def expected_links(plan) -> dict[int, tuple[str, dict[str, str]]]:
     return {
         1: ("./", {"layer": layer, "head": head, "colour": "sink_attention"}),
         2: ("sinks", {"layer": layer, "head": head, "sink": "first"}),
-        3: ("./", {"layer": layer, "head": str(neg.head), "token": str(neg.query), "measure": "contribution", "kind": "intra"}),
+        3: (
+            "./",
+            {"layer": layer, "head": str(neg.head), "token": str(neg.query), "measure": "contribution", "kind": "intra", "range": "full"},
+        ),
         4: ("token", {"layer": layer, "head": str(neg.head), "token": str(neg.query), "token_kind": "intra"}),
         5: ("sinks", {"layer": str(anti.layer), "head": str(anti.head), "sink": "first"}),
         6: ("sinks", {"layer": str(anti.layer), "head": str(anti.head), "sink": "first", "lambda": "0", "scope": "all"}),
@@ -42,15 +48,15 @@ def expected_links(plan) -> dict[int, tuple[str, dict[str, str]]]:
     }
 
 
-#: Charts a step draws where it is not one: step 3 shows the Heatmaps page's two maps side by side.
-CHARTS = {3: 2}
+#: Charts a step draws where it is not one: none; step 3's contribution map is its one chart (step 1 showed attention).
+CHARTS: dict[int, int] = {}
 
 
 def expected_charts(step: int, plan) -> int:
-    """Charts ``step`` draws: :data:`CHARTS`, and beside the sentence of steps 3 and 4 the absolute scale where the
-    head's picture and step 2's disagree (the default prompt's case)."""
+    """Charts ``step`` draws: :data:`CHARTS`, and under step 3's sentence the absolute scale where the head's picture and
+    step 2's seem to disagree (the default prompt's case). Step 4 does not repeat it."""
     scale = plan.negative.scale if plan.negative is not None else None
-    return CHARTS.get(step, 1) + (step in (3, 4) and scale is not None and scale.sink_dominates)
+    return CHARTS.get(step, 1) + (step == 3 and scale is not None and scale.sink_dominates)
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +65,22 @@ def walk() -> dict[int, tuple[str, dict[str, str]]]:
     at = run_app(page=PAGE)
     plan = sink_services.tour_plan(Request(text=TEXT))
     wanted = expected_links(plan)
+    tokens = services.get_analysis(Request(text=TEXT)).analysis.tokens
+
+    def label(position: int) -> str:  # as the sidebar's Selection.token_label writes a position
+        return escape_markdown(f"{position} {tokens[position]!r}")
+
+    # The sentences of the steps drawn from the plan alone: the page prints them as cwviz.analyses.tour writes them.
+    printed = {1: tour.step1(plan), 2: tour.step2(plan), 3: tour.step3(plan, label), 4: tour.step4(plan, label), 5: tour.step5(plan)}
     drawn = {}
     for step in range(1, STEPS + 1):
         assert_clean(at)
         assert at.subheader[0].value.startswith(f"{step}. ")
+        if step in printed:
+            assert printed[step].text in [m.value for m in at.markdown], f"step {step} prints the plan's sentences"
+        if step == 3:  # the map's colour domain covers what it shows: the first token's +1.03 is not painted as +0.01
+            (colour,) = [spec["layer"][0]["encoding"]["color"] for spec in charts(at) if "layer" in spec and "heatmap" in json.dumps(spec)]
+            assert colour["scale"]["domain"][1] >= abs(plan.negative.scale.sink_intra) - 1e-6, colour["scale"]["domain"]
         specs = charts(at)
         assert len(specs) == expected_charts(step, plan) and all(spec["_rows"] > 0 for spec in specs), f"step {step} draws its chart"
         path, params = drawn[step] = link(at)
@@ -98,6 +116,7 @@ def test_a_step_link_opens_the_full_page_on_its_view(walk, step):
         assert widget(at, "selectbox", "Query token").value == int(params["token"])
     if step == 3:
         assert at.selectbox(key="measure").value == "contribution" and at.selectbox(key="kind").value == "intra"
+        assert at.selectbox(key="range").value == "full"
     if step == 4:
         assert at.radio(key="token_kind").value == "intra"
     if step == 6:

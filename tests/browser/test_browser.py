@@ -320,8 +320,10 @@ FIRST_SCREENS = [{"width": 1280, "height": 720}, {"width": 1600, "height": 1000}
 @pytest.mark.parametrize("presenter", [False, True], ids=["", "presenter"])
 def test_the_first_screen_shows_both_maps_side_by_side(server, browser, screen, presenter):
     """With the sidebar open and the default prompt, the attention and contribution maps stand side by side and
-    wholly inside the window, without scrolling; labels are at least 12 px. In presenter mode (16 px labels) they
-    are stacked, each as wide as the page, and the attention map begins on the first screen."""
+    wholly inside the window, without scrolling, and the sidebar's prompt box and Analyze button are on the first screen
+    too; labels are at least 12 px. In presenter mode (16 px labels) the
+    sidebar is collapsed and the maps stand side by side, both whole on one screen (scrolled to them), with cells of
+    16 px or more and every token labelled."""
     if presenter and screen["width"] != 1280:
         pytest.skip("presenter mode is for a 1280 x 720 projector")
     page = browser.new_page(viewport=screen)
@@ -330,14 +332,28 @@ def test_the_first_screen_shows_both_maps_side_by_side(server, browser, screen, 
         page.goto(_url(server, "heatmaps", {"presenter": "true"} if presenter else None))
         _settle(page, 3)
         _assert_no_error_text(page)
-        assert page.locator('[data-testid="stSidebar"]').first.is_visible()
+        if presenter:  # for a room: the sidebar collapsed, the maps side by side, both whole once scrolled to
+            assert _sidebar_collapsed(page), "presenter mode collapses the sidebar"
+            page.locator(CHART).first.scroll_into_view_if_needed()
+            page.evaluate(f"() => document.querySelectorAll('{CHART}')[0].scrollIntoView({{block: 'start'}})")
+            page.wait_for_timeout(300)
+        else:
+            assert page.locator('[data-testid="stSidebar"]').first.is_visible()
+            # A newcomer finds the prompt box and Analyze on the first screen, below the page list (issue 56: 1,227 px down).
+            prompt = page.get_by_role("textbox", name="Prompt", exact=True).bounding_box()
+            for box in (prompt, page.get_by_role("button", name="Analyze").bounding_box()):
+                assert box is not None and box["y"] + box["height"] <= screen["height"], box
         maps = page.evaluate(PLOTS_JS)[:2]
         boxes = [plot["box"] for chart in maps for plot in chart["plots"]]
         assert len(boxes) == 2, boxes
-        if presenter:  # for a room: stacked, each the page's width, the attention map begins on the first screen
-            top, bottom = boxes
-            assert bottom["y"] > top["y"] + top["h"] and top["y"] + MIN_PLOT_PX <= screen["height"], "presenter mode stacks the maps"
-            assert all(box["x"] + box["w"] <= screen["width"] and box["h"] >= MIN_PLOT_PX for box in boxes)
+        if presenter:
+            left, right = boxes
+            assert left["x"] + left["w"] < right["x"] and abs(left["y"] - right["y"]) < 2, "the maps stand side by side"
+            for chart in maps:  # each chart whole (title, legend, labels) in the one screen
+                assert chart["box"]["y"] >= -1 and chart["box"]["y"] + chart["box"]["h"] <= screen["height"] + 1, chart["box"]
+            cells = page.evaluate(CELL_SIZES_JS)
+            assert cells and min(min(w, h) for w, h in cells) >= 16, "cells of 16 px or more"
+            _assert_projector_text(page, "heatmaps")
         else:
             for box in boxes:
                 assert box["y"] >= 0 and box["y"] + box["h"] <= screen["height"], f"a map's plot box {box} is not on the first screen"
@@ -346,7 +362,13 @@ def test_the_first_screen_shows_both_maps_side_by_side(server, browser, screen, 
             assert left["x"] + left["w"] < right["x"] and abs(left["y"] - right["y"]) < 2, "the maps stand side by side"
             for chart in maps:  # the legends too
                 assert chart["box"]["y"] + chart["box"]["h"] <= screen["height"], "a map's legend or labels are below the fold"
-        _labels_check(page.evaluate(HEATMAP_LABELS_JS), 16 if presenter else 12)
+        views = page.evaluate(HEATMAP_LABELS_JS)
+        if presenter:  # the right map's rows are the left map's: it labels its keys only; the left one every row
+            rows = next(a for a in views[0]["axes"] if a["along"] == "y")["labels"]
+            assert len(rows) == 30 and all(t["px"] >= 16 for t in rows), len(rows)
+            assert not _overlapping(rows, "y"), _overlapping(rows, "y")[:3]
+        else:
+            _labels_check(views, 12)
         name = f"first-screen-{screen['width']}x{screen['height']}" + ("-presenter" if presenter else "")
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
     finally:
@@ -426,6 +448,7 @@ def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser,
 
     context, page, watch = opened(_url(server, name, link))
     try:
+        _open_sidebar(page)  # presenter mode collapsed it
         page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"]').filter(has_text="Presenter mode").locator("label").click()
         page.wait_for_function("() => !new URLSearchParams(location.search).has('presenter')", timeout=60_000)
         _settle(page, 3 if name == "heatmaps" else 2)
@@ -541,13 +564,17 @@ def test_compare_draws_a_b_and_their_difference_and_picks_a_head(server, browser
     page = browser.new_page(viewport=VIEWPORT)
     watch = Watch(page)
     try:
-        page.goto(_url(server, "compare", {"layer": "3", "head": "all", "cmp_layout": "side"}))  # A and B side by side at 1600 px
+        page.goto(_url(server, "compare", {"layer": "3", "head": "all"}))  # the default layout
         _settle(page, 3)
         _assert_no_error_text(page)
         assert page.get_by_text("Compare two inputs").count() == 1
         assert _check_charts(page, "Compare", save_as="compare") == 3
         maps = page.evaluate(PLOTS_JS)[0]
         assert len(maps["plots"]) == 3, maps["plots"]  # A, B and B − A, each with its cells
+        # docs/dashboard.md: A and B side by side above the difference up to 32 aligned positions (here 30), at 1600 px.
+        a, b, difference = (plot["box"] for plot in maps["plots"])
+        assert a["x"] + a["w"] < b["x"] and abs(a["y"] - b["y"]) < 2 and difference["y"] > a["y"] + a["h"], (a, b, difference)
+        assert b["x"] + b["w"] <= maps["mainRight"], "A and B inside the page"
 
         layer, head = 20, 4
         cell = page.locator(CHART).nth(1).locator(f'path[aria-label^="head: {head}; layer: {layer};"]')
@@ -724,9 +751,9 @@ def test_every_tour_step_draws_its_chart_and_its_link_opens_its_view(server, bro
             _assert_no_error_text(page)
             _check_tour_step_marks(page, step, VIEWPORT, presenter_short=False)
             page.screenshot(path=str(ARTIFACTS / f"tour-1600-short-step{step}.png"), full_page=True)
-            # Step 3: the two maps; steps 3 and 4 also draw the absolute scale beside a sentence that reconciles two pictures.
-            scale = step in (3, 4) and "Both pictures are true" in page.inner_text('[data-testid="stMain"]')
-            assert _check_charts(page, f"tour step {step}") == (2 if step == 3 else 1) + scale
+            # One chart a step; step 3 also draws the absolute scale under a sentence that reconciles two pictures.
+            scale = step == 3 and "Both pictures are true" in page.inner_text('[data-testid="stMain"]')
+            assert _check_charts(page, f"tour step {step}") == 1 + scale
             page.screenshot(path=str(ARTIFACTS / f"tour-step{step}.png"))
             if step == TOUR_README_STEP and os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1":
                 page.screenshot(path=str(ASSETS / "tour.png"))  # the README's, as tests/browser/test_browser.py refreshes the others
@@ -782,12 +809,76 @@ def _assert_no_cut_title(page, where) -> None:
     assert not cut, (where, cut)
 
 
-@pytest.mark.parametrize("name, charts", [("heatmaps", 3), ("token", 2), ("sinks", 4), ("compare", 3), ("faithfulness", 0), ("atlas", 0)])
+#: Every text a chart draws (titles, axis and legend labels, numbers on marks): its text, font size and right edge;
+#: the content column's right edge; and every element of the main block that reaches past it.
+PROJECTOR_TEXT_JS = """
+() => {
+  const block = document.querySelector('[data-testid="stMainBlockContainer"]');
+  const r = block.getBoundingClientRect(), column = r.right - parseFloat(getComputedStyle(block).paddingRight);
+  const texts = [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg text')].filter(t => t.textContent !== '')
+    .map(t => ({text: t.textContent, px: parseFloat(getComputedStyle(t).fontSize)}));
+  // A data grid clips what it scrolls: its frame is checked, not the rows and scrollers inside it.
+  const clipped = e => e.parentElement && e.parentElement.closest('[data-testid="stDataFrameResizable"]');
+  const past = [...block.querySelectorAll('*')].filter(e => e.offsetParent !== null && e.getBoundingClientRect().width > 0 && !clipped(e))
+    .filter(e => e.getBoundingClientRect().right > column + 1).map(e => e.tagName + '.' + (e.getAttribute('data-testid') || e.getAttribute('class') || '').slice(0, 40) + ' '
+      + Math.round(e.getBoundingClientRect().right) + ' in ' + ((e.parentElement.closest('[data-testid]') || {}).dataset || {}).testid);
+  return {texts, past: past.slice(0, 5), column};
+}
+"""
+#: The drawn width and height of the cells of every heatmap on the page (each cell's rect path, up to 200 a map).
+CELL_SIZES_JS = """
+() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks g.role-mark path[aria-label*="query"]')]
+  .slice(0, 400).map(p => { const b = p.getBoundingClientRect(); return [b.width, b.height]; }).filter(([w, h]) => w > 0 && h > 0)
+"""
+
+
+def _assert_projector_text(page, where) -> None:
+    """Presenter mode's promises for a room: every text a chart draws is 16 px or more and none is cut with "…", and
+    nothing on the page reaches past the content column."""
+    drawn = page.evaluate(PROJECTOR_TEXT_JS)
+    small = [f"{t['text']} ({t['px']:g} px)" for t in drawn["texts"] if t["px"] < 16]
+    cut = [t["text"] for t in drawn["texts"] if t["text"].endswith("…")]
+    assert not small, (where, small[:8])
+    assert not cut, (where, cut[:8])
+    assert not drawn["past"], (where, drawn["column"], drawn["past"])
+
+
+def _open_sidebar(page) -> None:
+    """Open the sidebar where presenter mode has collapsed it (its arrow, top left)."""
+    if _sidebar_collapsed(page):
+        page.locator('[data-testid="stExpandSidebarButton"], [data-testid="stSidebarCollapsedControl"] button').first.click()
+        page.wait_for_function("() => document.querySelector('[data-testid=\"stSidebar\"]').getBoundingClientRect().right > 1")
+
+
+def _sidebar_collapsed(page) -> bool:
+    """Whether the sidebar is closed: no part of it lies inside the window."""
+    box = page.locator('[data-testid="stSidebar"]').first.bounding_box()
+    return box is None or box["x"] + box["width"] <= 1
+
+
+@pytest.mark.parametrize(
+    "name, charts",
+    [("heatmaps", 3), ("token", 2), ("sinks", 4), ("compare", 3), ("faithfulness", 0), ("atlas", 0), ("claims", 0), ("bertviz", 0)],
+)
 def test_at_a_projectors_width_every_chart_and_button_lies_inside_the_window(server, browser, name, charts):
-    """At 1,280 x 720 with the sidebar open, in presenter mode (its larger text is the harder case), every chart and
-    every button of each page ends inside the window, no button's label is cut short (the Sinks page's downloads
-    read "P.", "S.", "C." in a half column) and no chart title is (the anti-alignment map's read "…per hea…")."""
+    """At 1,280 x 720 in presenter mode, on every page (the Tour's steps in their own test; the Flow page's in
+    tests/browser/test_browser_flow.py): the sidebar is collapsed, every chart and every button ends inside the
+    content column, nothing else reaches past it, no button's label is cut short (the Sinks page's downloads read
+    "P.", "S.", "C." in a half column), every text a chart draws is 16 px or more and none is cut with "…" (the
+    anti-alignment map's subtitle was 12 px, titles read "click a h…", labels "lightho…")."""
     with _settled_page(browser, server, name, charts, PROJECTOR, {"presenter": "true"}) as page:
+        assert _sidebar_collapsed(page), "presenter mode collapses the sidebar"
+        _assert_projector_text(page, name)
+        if name == "compare":  # A and B side by side (30 aligned positions), both whole on one screen once scrolled to
+            page.evaluate(f"() => document.querySelectorAll('{CHART}')[0].scrollIntoView({{block: 'start'}})")
+            page.wait_for_timeout(300)
+            a, b = page.evaluate(PLOTS_JS)[0]["plots"][:2]
+            assert a["box"]["x"] + a["box"]["w"] < b["box"]["x"] and abs(a["box"]["y"] - b["box"]["y"]) < 2, "A and B side by side"
+            assert all(-1 <= p["box"]["y"] and p["box"]["y"] + p["box"]["h"] <= PROJECTOR["height"] + 1 for p in (a, b)), (
+                a["box"],
+                b["box"],
+            )
+            page.screenshot(path=str(ARTIFACTS / "projector-compare-maps.png"))
         edges = page.evaluate(EDGES_JS)
         assert len(edges["charts"]) >= charts
         assert all(right <= PROJECTOR["width"] for right in edges["charts"]), (name, edges["charts"])
@@ -807,9 +898,10 @@ def _researcher_prompt() -> str:
 
 
 #: The ring around the step's key on a map (:data:`cwviz.charts.heatmaps.RING`), the query row's outline, the cells: of
-#: the page's last two charts, the maps (the absolute scale, where drawn, stands above them beside the sentence).
+#: the page's maps (the charts with heatmap cells; the absolute scale, where drawn, stands under the sentence).
 TOUR_MAPS_JS = """
-() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')].slice(-2).map(svg => ({
+() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')]
+  .filter(svg => svg.querySelector('g.role-mark path[aria-label*="contribution: "][aria-label*="query"]')).map(svg => ({
   box: svg.getBoundingClientRect().toJSON(),
   ring: [...svg.querySelectorAll('g.role-mark path[stroke="#111111"]')].map(p => p.getBoundingClientRect().toJSON()),
   cells: [...svg.querySelectorAll('g.role-mark path[aria-label*="contribution: "]')].slice(0, 3).map(p => p.getBoundingClientRect().toJSON()),
@@ -819,33 +911,47 @@ TOUR_MAPS_JS = """
 """
 
 
-def _check_tour_step_marks(page, step: int, screen: dict, presenter_short: bool) -> None:
+#: The top of the step's sentences (its first paragraph under the step's title).
+SENTENCE_TOP_JS = """() => document.querySelector('[data-testid="stMain"] h3').parentElement.closest('[data-testid="stVerticalBlock"]')
+  .querySelector('[data-testid="stMarkdownContainer"] p').getBoundingClientRect().top"""
+
+
+def _check_tour_step_marks(page, step: int, screen: dict, presenter_short: bool, presenter: bool = False) -> None:
     """A settled tour step, as the back row reads it: its charts lie inside the window; step 3 rings the key its sentence
-    names on both maps and step 4 marks its bars (▶); where steps 3 and 4 say why two pictures seem to disagree, the
-    absolute scale that reconciles them is drawn. ``presenter_short``: presenter mode on the short prompt, whose maps
-    are stacked, each as wide as the page, every token labelled in 16 px labels, cells 16 px or more."""
+    names on its contribution map and step 4 marks its bars (▶); where step 3 says why two pictures seem to disagree,
+    the absolute scale that reconciles them is drawn (step 4 does not repeat it). ``presenter``: every chart's text
+    16 px or more and uncut, nothing past the content column, the sidebar collapsed, and step 3's ringed cell on the
+    first screen with its sentence. ``presenter_short``: presenter mode on the short prompt, every token labelled in
+    16 px labels, cells 16 px or more."""
     edges = page.evaluate(EDGES_JS)
     assert all(right <= screen["width"] for right in edges["charts"]), (step, edges["charts"])
     _assert_no_cut_title(page, f"tour step {step}")
+    if presenter:
+        assert _sidebar_collapsed(page), "presenter mode collapses the sidebar"
+        _assert_projector_text(page, f"tour step {step}")
     text = page.inner_text('[data-testid="stMain"]')
     if step == 3:
         maps = page.evaluate(TOUR_MAPS_JS)
-        assert len(maps) == 2 and all(len(m["ring"]) == 1 for m in maps), "the step's key is ringed on both maps"
+        assert len(maps) == 1 and len(maps[0]["ring"]) == 1, "the step's key is ringed on its map"
         assert "(ringed)" in text
+        if presenter:  # the first screen, unscrolled: the ringed cell and the sentence that names it
+            ring = maps[0]["ring"][0]
+            assert 0 <= ring["y"] and ring["y"] + ring["height"] <= screen["height"], f"the ring is below the first screen: {ring}"
+            assert page.evaluate(SENTENCE_TOP_JS) < screen["height"] - 100, "the sentence starts on the first screen"
         if presenter_short:
-            top, bottom = maps
-            assert bottom["box"]["y"] >= top["box"]["y"] + top["box"]["height"] - 1, "presenter mode stacks the maps"
-            for m in maps:
-                assert m["box"]["width"] >= 0.6 * (screen["width"] - 320), "each map about as wide as the page"
-                assert all(label["px"] >= 16 for label in m["labels"])
-                assert len(m["labels"]) >= 2 * 30, f"every token labelled on both axes: {len(m['labels'])}"
-            cell = maps[1]["cells"][0]
+            (m,) = maps
+            assert all(label["px"] >= 16 for label in m["labels"])
+            # Every row labelled with its token; the keys by position (a row names each position's token), every
+            # other one at least.
+            assert len(m["labels"]) >= 30 + 15, f"every row and every other key labelled: {len(m['labels'])}"
+            cell = m["cells"][0]
             assert cell["width"] >= 16 and cell["height"] >= 16, cell
     if step == 4:
         assert page.locator(f"{CHART} text", has_text="▶").count() >= 1, "the step's key is marked on the bars"
-    if step in (3, 4) and "Both pictures are true" in text:
-        assert "of the layer's output, as step 2 says" in text
-        # The absolute scale beside the sentence: the head's and the layer's output lengths, drawn as bars.
+        assert "Both pictures are true" not in text, "step 4 does not repeat step 3's paragraph"
+    if step == 3 and "Both pictures are true" in text:
+        assert "Step 2's" in text and "over all heads and queries" in text
+        # The absolute scale under the sentence: the head's and the layer's output lengths, drawn as bars.
         assert page.locator(f"{CHART} text", has_text="‖o‖ = ").count() == 2, "the absolute scale is drawn"
 
 
@@ -856,10 +962,12 @@ def _check_tour_step_marks(page, step: int, screen: dict, presenter_short: bool)
 )
 def test_every_tour_step_marks_what_its_sentences_name_and_reads_from_the_back_row(server, browser, screen, presenter, prompt):
     """Each tour step on a short (30 tokens) and a long (~300 tokens) prompt: its chart lies inside the window; step 3
-    rings the key its sentence names on both maps and step 4 marks its bars (▶); steps 3 and 4 say why the head's
-    red sink column and step 2's "writes little" are both true where they seem to disagree, and draw the absolute
-    scale that reconciles them (the head's and the layer's output lengths, and the sink's part of each); in presenter mode the
-    maps are stacked, each as wide as the page, every token labelled (up to 40) in 16 px labels, cells 16 px or more.
+    rings the key its sentence names on its contribution map and step 4 marks its bars (▶); step 3 says why the head's
+    red sink column and step 2's "writes little" are both true where they seem to disagree, and draws the absolute
+    scale that reconciles them (the head's and the layer's output lengths, and the sink's part of each); in presenter
+    mode (the sidebar collapsed) step 3's ringed cell is on the first screen with its sentence, every chart's text is
+    16 px or more and uncut, nothing reaches past the content column, and on the short prompt every row is labelled
+    with its token in 16 px labels, cells 16 px or more.
     The fourth case, 1,600 x 1,000 on the short prompt without presenter mode, is the walk of
     :func:`test_every_tour_step_draws_its_chart_and_its_link_opens_its_view`, which makes the same checks at each step."""
     params = {"presenter": "true"} if presenter else {}
@@ -875,7 +983,7 @@ def test_every_tour_step_marks_what_its_sentences_name_and_reads_from_the_back_r
             page.locator("h3", has_text=f"{step}. ").wait_for(timeout=120_000)
             _settle(page, 1)
             _assert_no_error_text(page)
-            _check_tour_step_marks(page, step, screen, presenter and prompt == "short")
+            _check_tour_step_marks(page, step, screen, presenter and prompt == "short", presenter)
             page.screenshot(path=str(ARTIFACTS / f"{name}-step{step}.png"), full_page=True)
             if step < TOUR_STEPS:
                 page.get_by_role("button", name="Next →").click()

@@ -13,7 +13,7 @@ import pytest
 import cwviz
 from cwviz.analyses import bertviz as bertviz_html
 from cwviz.analyses import tables
-from cwviz.charts import export, heatmaps, token
+from cwviz.charts import export, heatmaps, palette, token
 from tests.helpers import LONG_TEXT, TEXT, CharTokenizer, make_tiny, tiny_long_bundle
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -125,10 +125,14 @@ def _vega_label(expr: str, value: int) -> bool:
 
 
 def test_unsigned_measures_get_a_sequential_scale(analysis):
+    """Value-weighted attention is a magnitude, not attention: its map is not attention's green (issue 56: green drew
+    the value-weighted right map); raw attention is attention, and green."""
     cells = tables.heatmap_cells(analysis, 0, None, "value_weighted", "inter")
     right = heatmaps.heatmap_pair(cells).to_dict()["hconcat"][1]["layer"][0]
-    assert right["encoding"]["color"]["scale"]["scheme"] == heatmaps.SEQUENTIAL
+    assert right["encoding"]["color"]["scale"]["scheme"] == palette.OTHER_SCHEME != palette.ATTENTION_SCHEME
     assert "value" in {t["field"] for t in right["encoding"]["tooltip"]}
+    raw = heatmaps.heatmap_pair(tables.heatmap_cells(analysis, 0, None, "raw", "inter")).to_dict()["hconcat"][1]["layer"][0]
+    assert raw["encoding"]["color"]["scale"]["scheme"] == palette.ATTENTION_SCHEME
 
 
 @pytest.mark.parametrize("view", tables.VIEWS)
@@ -167,24 +171,33 @@ def test_factor_bars_sort_keys_by_contribution_and_mark_the_sink(analysis):
     spec = token.factor_bars(factors).to_dict()
     panels = spec["hconcat"]
     assert len(panels) == 4
-    order = panels[0]["encoding"]["y"]["sort"]
+    bars = [panel["layer"][0] for panel in panels]  # each panel: its bars, and each bar's number beside it
+    order = panels[0]["encoding"]["y"]["sort"] if "encoding" in panels[0] else bars[0]["encoding"]["y"]["sort"]
     assert order == factors.wide["key"].tolist()
-    colour = json.dumps(panels[0]["encoding"]["color"])
+    colour = json.dumps(bars[0]["encoding"]["color"])
     assert "is_sink" in colour and token.SINK_COLOUR in colour and token.KEY_COLOUR in colour
     for hex_colour in (token.SINK_COLOUR, token.KEY_COLOUR):  # no bar looks like a heatmap's sign (red +, blue −)
         r, g, b = (int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5))
         hue, lightness, saturation = colorsys.rgb_to_hls(r, g, b)
         assert saturation < 0.15 or 0.72 < hue < 0.9, hex_colour  # grey, or purple
     assert _rows(spec) == len(factors.frame)
-    filters = [p["transform"][0]["filter"] for p in panels]
-    assert all(name in json.dumps(f) for name, f in zip(factors.factors, filters))
+    filters = [json.dumps(panel["layer"][0]["transform"]) for panel in panels]
+    assert all(name in f for name, f in zip(factors.factors, filters))
+    # Linear axes a class can compare (issue 56: a symlog axis drew -0.033 as long as -0.6), each bar's value written.
+    assert "symlog" not in json.dumps(spec)
+    for panel in panels:
+        bar, numbers = panel["layer"]
+        assert bar["mark"]["type"] == "bar" and numbers["mark"]["type"] == "text"
+        assert bar["encoding"]["x"]["scale"].get("type", "linear") == "linear"
 
 
-def test_top_keys_chart_rows_and_diverging_colour(analysis):
+def test_top_keys_chart_rows_and_its_rank_in_greys(analysis):
+    """The rank is no sign: its cells are shaded in greys by rank, not in the contribution's red (issue 56)."""
     top = tables.top_keys_across_layers(analysis, 10, 1, "intra", k=4)
     spec = token.top_keys_chart(top, "note").to_dict()
     assert _rows(spec) == len(top) == analysis.num_layers * 4
-    assert spec["layer"][0]["encoding"]["color"]["scale"]["domainMid"] == 0
+    colour = spec["layer"][0]["encoding"]["color"]
+    assert colour["field"] == "rank" and colour["scale"]["scheme"] == palette.OTHER_SCHEME
 
 
 def test_exports_are_png_svg_and_csv(analysis):

@@ -1,4 +1,5 @@
-"""The claims forest plot: one row per verdict, its interval, estimate and line, coloured by the verdict."""
+"""The claims forest plot: one row per verdict, its interval, estimate and line, coloured and shaped by the verdict;
+claim 1's ties by construction drawn apart."""
 
 from __future__ import annotations
 
@@ -7,33 +8,56 @@ import json
 import pandas as pd
 import pytest
 
+from cwviz.analyses.schema import VERDICT_STATES
 from cwviz.charts import claims as charts_claims
-from cwviz.charts.palette import NEGATIVE, POSITIVE, VERDICT_COLOURS
+from cwviz.charts import palette
+from cwviz.charts.palette import NEGATIVE, POSITIVE, VERDICT_COLOURS, VERDICT_SHAPES
 
 ROWS = pd.DataFrame(
     {
-        "claim": [1, 1, 4, 5],
-        "label": ["1 query comp. 10 %", "1 query suff. 10 %", "4", "5a"],
-        "verdict": ["holds", "fails", "unresolved", "holds"],
-        "statistic": ["a", "b", "c", "d"],
-        "estimate": [0.2, -0.1, 0.5, 0.03],
-        "ci_low": [0.1, -0.2, 0.3, 0.01],
-        "ci_high": [0.3, -0.05, 0.7, 0.05],
-        "line": [0.0, 0.0, 0.5, 0.0],
-        "n": [50, 50, 50, 50],
+        "claim": [1, 1, 1, 4, 5],
+        "label": ["1 token comp. 10 %", "1 token suff. 10 %", "1 query comp. 10 %", "4", "5a"],
+        "verdict": ["holds", "fails", "ties by construction", "unresolved", "holds"],
+        "statistic": ["a", "b", "e", "c", "d"],
+        "estimate": [0.2, -0.1, 0.05, 0.5, 0.03],
+        "ci_low": [0.1, -0.2, -0.02, 0.3, 0.01],
+        "ci_high": [0.3, -0.05, 0.1, 0.7, 0.05],
+        "line": [0.0, 0.0, 0.0, 0.1, 0.0],
+        "n": [50, 50, 50, 50, 50],
     }
 )
 
 
 def test_the_forest_draws_one_row_per_verdict_in_a_panel_per_claim_against_its_line():
     spec = charts_claims.forest(ROWS).to_dict()
-    assert len(spec["vconcat"]) == 3  # claims 1, 4, 5
+    assert len(spec["vconcat"]) == 4  # claim 1, claim 1's ties by construction, 4, 5
     drawn = [row for rows in spec["datasets"].values() for row in rows]
     assert {row["label"] for row in drawn} == set(ROWS.label)
-    assert {row["line"] for row in drawn if row["claim"] == 4} == {0.5}
+    assert {row["line"] for row in drawn if row["claim"] == 4} == {0.1}
     text = json.dumps(spec)
     assert all(colour in text for colour in VERDICT_COLOURS.values())
     assert POSITIVE not in text and NEGATIVE not in text  # red and blue mean a sign, never a verdict
+
+
+def test_the_ties_by_construction_get_a_panel_of_their_own_after_claim_ones_other_rows():
+    spec = charts_claims.forest(ROWS).to_dict()
+    titles = [panel["title"]["text"] for panel in spec["vconcat"]]
+    assert titles[1] == charts_claims.TIES_TITLE and titles[0] == charts_claims.TITLES[1]
+    datasets = spec["datasets"]
+    panel_labels = [{row["label"] for row in datasets[panel["data"]["name"]]} for panel in spec["vconcat"]]
+    assert panel_labels[:2] == [{"1 token comp. 10 %", "1 token suff. 10 %"}, {"1 query comp. 10 %"}]
+
+
+def test_each_verdict_has_its_own_colour_and_shape_and_its_hue_means_nothing_else():
+    """Every verdict state has a colour and a mark shape, no two alike, and no verdict colour is another palette
+    entry's (the sink, a sign, attention, an accent, a category)."""
+    assert set(VERDICT_COLOURS) == set(VERDICT_SHAPES) == set(VERDICT_STATES)
+    assert len(set(VERDICT_COLOURS.values())) == len(set(VERDICT_SHAPES.values())) == len(VERDICT_STATES)
+    others = {v.lower() for k, v in vars(palette).items() if k.isupper() and isinstance(v, str) and v.startswith("#")}
+    others |= {c.lower() for c in palette.CATEGORIES}
+    assert not others & {c.lower() for c in VERDICT_COLOURS.values()}
+    spec = json.dumps(charts_claims.forest(ROWS).to_dict())
+    assert all(shape in spec for shape in VERDICT_SHAPES.values())
 
 
 def test_rows_without_the_verdict_columns_are_refused_with_the_fix():

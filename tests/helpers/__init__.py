@@ -308,7 +308,7 @@ def window(tokens: int, size: int | None = None, causal: bool = True) -> np.ndar
 
 
 # -- claims records (cwviz claims, its page) ----------------------------------------------------------
-def record(example: int, ppl: dict, sinks: dict | None = None, scope: str = "query") -> dict:
+def record(example: int, ppl: dict, sinks: dict | None = None, scope: str = "token") -> dict:
     """A whole claims record (one a results folder's reader accepts) with ΔPPL ``ppl[(curve, measure)]`` at rate 10
     under ``scope``: clean perplexity 50, each masked one 50 + ΔPPL."""
     clean = 50.0
@@ -342,12 +342,15 @@ def sinks(
     ppl: float = 0.5,
     noise: float = 0.01,
     d_other: float = 0.0,
+    near: float = 0.05,
+    control: float = 0.0,
 ) -> dict:
     """A record's sink statistics (every name of ``cwviz.analyses.codecs.SINK_STATS``) near the given values of each
     verdict (``noise`` apart from item to item): claim 2's d_σ − d_other ≈ ``d`` (d_other ≈ ``d_other``), claim 3's
-    sink-active cosine ``cos``, claim 4's U-shaped share ``shape``, claim 5's (a) ``spread``, (b) ``toward`` and (c)
-    log-perplexity ratio ``ppl``."""
-    r = np.random.default_rng(100 + i // 2).normal(size=8) * noise * (-1) ** i  # items 2k and 2k + 1 cancel: mean 0
+    sink-active cosine ``cos``, claim 4's U-shaped share ``shape`` and operating distance ``near``, claim 5's (a)
+    ``spread``, (b) ``toward`` and (c) log-perplexity ratio ``ppl`` with the sink's value removed, and the control's
+    log-perplexity ratio ``control`` (its spread and turn half the sink's)."""
+    r = np.random.default_rng(100 + i // 2).normal(size=10) * noise * (-1) ** i  # items 2k and 2k + 1 cancel: mean 0
     return {
         "rho_geometry": 0.5 + d + d_other + r[0],
         "rho_attention": 0.5 + r[1],
@@ -366,11 +369,20 @@ def sinks(
         "fit_minimiser": 0.6,
         "operating_ratio": 0.4,
         "above_minimum_share": 0.2,
+        "operating_distance": near + r[8],
+        "operating_offset": -near,
+        "operating_heads": 12.0,
         "cone_change": -0.01,
         "low_cone_change": spread + r[4],
         "low_centroid_change": toward + r[5],
         "log_ppl_ratio": ppl + r[6],
         "delta_ppl": 10 * (ppl + r[6]),
+        "control_low_cone_change": spread / 2,
+        "control_low_centroid_change": toward / 2,
+        "control_log_ppl_ratio": control + r[9],
+        "control_delta_ppl": 10 * control,
+        "control_in_band_share": 0.5,
+        "control_mass_ratio": 0.9,
     }
 
 

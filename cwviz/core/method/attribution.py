@@ -16,8 +16,8 @@ reading and input × gradient come from one backward pass (:attr:`Request.gradie
 | ``alti_logit``     | yes    | relay, origin  | no    |
 | ``rollout``, ``raw``| no    | relay, origin  | no    |
 
-The random control is not a member: it
-is the evaluation's control (:mod:`cwviz.analyses.flow_faithfulness`), drawn per item.
+The random control is not a member: it is the evaluation's control (:mod:`cwviz.analyses.flow_faithfulness`), drawn
+per item. AttnLRP waits for an ``lxt`` that imports under transformers 5 (docs/METHOD.md section 7.2).
 """
 
 from __future__ import annotations

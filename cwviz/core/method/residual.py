@@ -124,16 +124,18 @@ class Stream:
     block: str
 
 
-def _hidden(args, kwargs) -> torch.Tensor:
+def hidden_of(args, kwargs) -> torch.Tensor:
+    """The hidden states a block is called with (its first argument, or ``hidden_states=``)."""
     return args[0] if args else kwargs["hidden_states"]
 
 
-def _first(output) -> torch.Tensor:
+def first_of(output) -> torch.Tensor:
+    """A module's main output (the first of a tuple)."""
     return output[0] if isinstance(output, tuple | list) else output
 
 
 @contextlib.contextmanager
-def _hooks(entries):
+def thread_hooks(entries):
     """Register ``(module, when, fn)`` hooks (``when``: "pre" with kwargs, or "post") that run only in this thread;
     always removed on leaving."""
     owner = threading.get_ident()
@@ -236,34 +238,34 @@ def stream_hooks(bundle: Bundle, position: int) -> Iterator[Callable[[torch.Tens
     for index, layer in enumerate(layers):
 
         def on_input(module, args, kwargs, index=index):
-            seen["x"] = _hidden(args, kwargs).detach()[0].float()
+            seen["x"] = hidden_of(args, kwargs).detach()[0].float()
             if index == 0:
                 final["embedding"] = seen["x"][position].clone()
 
         def on_output(module, args, output, index=index):
-            reduce(index, seen.pop("x"), seen.pop("out"), _first(output).detach()[0].float())
+            reduce(index, seen.pop("x"), seen.pop("out"), first_of(output).detach()[0].float())
 
         def on_proj(module, args, output):
-            seen["out"] = _first(output).detach()[0].float()
+            seen["out"] = first_of(output).detach()[0].float()
 
         entries += [(layer, "pre", on_input), (layer, "post", on_output), (architectures.submodule(layer, arch.out_proj), "post", on_proj)]
         if block == "pre_norm":
 
             def on_mid(module, args, kwargs):
-                seen["mid"] = _hidden(args, kwargs).detach()[0].float()
+                seen["mid"] = hidden_of(args, kwargs).detach()[0].float()
 
             entries.append((architectures.submodule(layer, arch.mid), "pre", on_mid))
         elif block in ("sandwich", "post_norm"):
 
             def on_norm(module, args, output):
-                seen["norm"] = (args[0].detach()[0].float(), _first(output).detach()[0].float())
+                seen["norm"] = (args[0].detach()[0].float(), first_of(output).detach()[0].float())
 
             entries.append((architectures.submodule(layer, arch.attention_norm), "post", on_norm))
     norm = architectures.submodule(base, arch.final_norm) if arch.final_norm else None
     if norm is not None:
 
         def on_final(module, args, output):  # p's row only: [1, d_model] each
-            final["io"] = tuple(t.detach()[0, position : position + 1].float() for t in (args[0], _first(output)))
+            final["io"] = tuple(t.detach()[0, position : position + 1].float() for t in (args[0], first_of(output)))
 
         entries.append((norm, "post", on_final))
 
@@ -277,5 +279,5 @@ def stream_hooks(bundle: Bundle, position: int) -> Iterator[Callable[[torch.Tens
             frozen, last, output = None, hidden[position].float(), hidden[position].float()
         return Stream(tuple(reduced), position, final["embedding"], last, frozen, output, block)
 
-    with _hooks(entries):
+    with thread_hooks(entries):
         yield finish
