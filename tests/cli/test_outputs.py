@@ -154,8 +154,19 @@ def test_the_encoders_flow_json_is_strict_json_with_null_for_nan(tmp_path, capsy
         raise ValueError(f"{constant} is not JSON")
 
     payload = json.loads(out.read_text(), parse_constant=refuse)
-    assert payload["summary"]["target"] is None and payload["summary"]["quantity"] is None  # no logit: NaN in the result
-    assert all(row["score"] is not None for row in payload["tokens"])
+    assert payload["summary"]["target"] is None and all(row["score"] is not None for row in payload["tokens"])
+
+
+def test_json_text_writes_every_number_that_is_not_finite_as_null():
+    """What every command's JSON goes through (the flow's file above, whatever its summary holds)."""
+    import math
+
+    import numpy as np
+
+    from cwviz.cli.outputs import json_text
+
+    value = {"nan": math.nan, "inf": [math.inf, -math.inf, np.float32("nan")], "kept": (np.int64(3), np.float64(0.5), True, "=x")}
+    assert json.loads(json_text(value)) == {"nan": None, "inf": [None, None, None], "kept": [3, 0.5, True, "=x"]}
 
 
 def test_flow_csv_cells_that_start_like_a_formula_are_neutralised_as_the_dashboards(tiny, tmp_path, capsys):
