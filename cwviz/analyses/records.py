@@ -238,7 +238,7 @@ def check_record(record: object, record_type: RecordType, where: str, examples: 
     line) and the fix otherwise. Every record read back passes here (:func:`read_records`)."""
     fix = "remove the line (the run recomputes it with --resume) or rerun into a fresh folder"
     if not isinstance(record, dict) or record.get("schema") != record_type.schema:
-        raise InputError(f"{where} is not a cwviz {record_type.name} record; {fix}")
+        raise InputError(f"{where} is not a cwviz {command(record_type.name)} record; {fix}")
     if record.get("version") not in READABLE_VERSIONS:
         raise InputError(
             f"{where} is a record of version {shown(record.get('version'))}; this cwviz reads versions "
@@ -416,16 +416,22 @@ def read_manifest(folder: str | PathLike, record_type: RecordType) -> dict | Non
     other = _other_command(manifest, record_type)
     if other is not None:  # a valid manifest of another command: named as such, and kept
         raise InputError(
-            f"{Path(folder)} holds the results of `cwviz {other}`, not of `cwviz {record_type.name}`; it is left as it is: "
-            f"give the folder a `cwviz {record_type.name} --results` run wrote, or a fresh folder"
+            f"{Path(folder)} holds the results of `cwviz {command(other)}`, not of `cwviz {command(record_type.name)}`; it is left "
+            f"as it is: give the folder a `cwviz {command(record_type.name)} --results` run wrote, or a fresh folder"
         )
     if not isinstance(manifest, dict) or manifest.get("schema") != f"cwviz.{record_type.name}.manifest":
         what = f"a JSON {type(manifest).__name__}" if not isinstance(manifest, dict) else f"schema {shown(manifest.get('schema'))}"
-        raise InputError(f"{path} is not a cwviz {record_type.name} manifest ({what}); {fix}")
+        raise InputError(f"{path} is not a cwviz {command(record_type.name)} manifest ({what}); {fix}")
     check_fields(manifest, record_type.manifest_fields, str(path), fix)
     if any(isinstance(v, float) and not math.isfinite(v) for v in manifest.values()):
         raise InputError(f"{path} holds a number that is not finite; {fix}")
     return manifest
+
+
+def command(name: str) -> str:
+    """The command a user types for the record type ``name`` (``flow_faithfulness`` -> ``flow-faithfulness``): a record
+    type's name is an identifier (its schema, its folder), a command's is spelt with hyphens."""
+    return name.replace("_", "-")
 
 
 def _other_command(manifest: object, record_type: RecordType) -> str | None:

@@ -36,7 +36,7 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
-from ..core.util.errors import InputError
+from ..core.method import flow_arguments
 
 #: The most edges a route draws (the threshold rises until no more are drawn): the page's graph and the CLI's table.
 ROUTE_CAP = 300
@@ -112,8 +112,7 @@ def route(
     docstring's rule: ``share`` in (0, 1] of the cross-token |weight|, at most ``cap`` edges touching at most
     ``positions`` positions by threshold (None: no limit), and the ``connect`` tokens with the largest |``scores``| ([T]) joined by their widest paths. ``tokens``: the
     prompt's token strings [T]. InputError for a share outside (0, 1]."""
-    if not (isinstance(share, int | float) and 0 < share <= 1):
-        raise InputError(f"the share of the effect the drawn edges carry must lie in (0, 1], not {str(share)[:80]}")
+    share = flow_arguments.share(share)  # the flow API's one rule (a bool, NaN or text refused too)
     layers = len(edges)
     size = len(tokens)
     cross, self_mass, mass = _cross_edges(edges, position)

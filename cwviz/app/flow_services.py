@@ -28,7 +28,7 @@ from ..analyses.schema import FLOW_METHODS
 from ..core.method import attribution
 from ..core.method.flow import FlowBasis, flow, flow_basis
 from ..core.method.flow_tables import Flow
-from ..core.util.errors import InputError
+from ..core.util.errors import ArgumentError
 from . import services
 
 #: Flows kept (each holds up to ``flow.EDGE_LIMIT`` edges a layer: a few MB).
@@ -91,29 +91,33 @@ def predictions(request: services.Request, position: int) -> pd.DataFrame:
 def choose(request: services.Request, position: int, target: str = "", foil: str | None = None) -> FlowChoice:
     """The flow for what the pickers hold: ``target`` typed ("" = the model's top next token), ``foil`` typed ("" = the
     most likely next token other than the target; None = no foil). A typed token the model cannot use as one token (or
-    a foil equal to the target) is replaced by its default, and the message says so."""
+    a foil equal to the target, or to the model's top token when that is the target) is replaced by its default, and the
+    message names the token drawn in its place. Which argument was refused is read from the error's ``argument``
+    (:class:`~cwviz.core.util.errors.ArgumentError`), never from its message."""
     if not services.get_analysis(request).analysis.bundle.has_logits:  # an encoder: the flow into the representation
         return FlowChoice(get_flow(request, position, None, None))
     wanted_target: str | None = target if target.strip() else None  # None: the flow's own default, the top next token
     foils = _foils(request, position, foil)
     wanted_foil = next(foils, None)
     problems: list[str] = []
+    foil_refused: str | None = None  # why the typed foil was not used; said once the foil drawn instead is known
     while True:
         try:
             made = get_flow(request, position, wanted_target, wanted_foil)
-            return FlowChoice(made, tuple(problems), (wanted_target, wanted_foil))
-        except InputError as err:
-            message = str(err)
-            if message.startswith("the foil") and (following := next(foils, None)) is not None:
+        except ArgumentError as err:
+            if err.argument == "foil" and (following := next(foils, None)) is not None:
                 if isinstance(wanted_foil, str):
-                    shown = _token(request, position, following)
-                    problems.append(f"{message}; showing the foil {shown!r} instead")
-                wanted_foil = following
-            elif isinstance(wanted_target, str):
-                problems.append(f"{message}; showing the model's top next token {_token(request, position, None)!r} instead")
+                    foil_refused = str(err)
+                wanted_foil = following  # the next top token; one equal to the target is refused in turn
+            elif err.argument == "target" and isinstance(wanted_target, str):
+                problems.append(f"{err}; showing the model's top next token {_token(request, position, None)!r} instead")
                 wanted_target = None
             else:
                 raise
+            continue
+        if foil_refused is not None:
+            problems.append(f"{foil_refused}; showing the foil {made.foil_token!r} instead")
+        return FlowChoice(made, tuple(problems), (wanted_target, wanted_foil))
 
 
 def _foils(request: services.Request, position: int, foil: str | None) -> Iterator[int | str]:

@@ -38,12 +38,19 @@ def neutralise(value: object) -> object:
     return value
 
 
-def to_csv(frame: pd.DataFrame) -> bytes:
-    """UTF-8 CSV of ``frame`` (no index) with every text cell and column name passed through :func:`neutralise`:
-    tokens are user text, and a token like ``=cmd|...`` must not run as a formula when the file is opened."""
+def csv_text(frame: pd.DataFrame, float_format: str | None = None) -> str:
+    """CSV of ``frame`` (no index) with every text cell and column name passed through :func:`neutralise`: tokens are
+    user text, and a token like ``=cmd|...`` must not run as a formula when the file is opened. The dashboard's
+    downloads and every CSV file a command writes (:mod:`cwviz.cli.outputs`) come from here; ``float_format`` as
+    pandas takes it (the commands write ``%.6g``)."""
     safe = frame.rename(columns=lambda c: neutralise(str(c)))
     text_columns = [c for c in safe.columns if safe[c].dtype == object or pd.api.types.is_string_dtype(safe[c])]
     safe[text_columns] = safe[text_columns].map(neutralise) if text_columns else safe[text_columns]
     # CRLF line ends (RFC 4180): with pandas' default "\n" a carriage return inside a token is left
     # unquoted and splits the row; with "\r\n" both characters make the cell quoted.
-    return safe.to_csv(index=False, lineterminator="\r\n").encode("utf-8")
+    return safe.to_csv(index=False, lineterminator="\r\n", float_format=float_format)
+
+
+def to_csv(frame: pd.DataFrame) -> bytes:
+    """:func:`csv_text` as UTF-8 bytes (a download)."""
+    return csv_text(frame).encode("utf-8")

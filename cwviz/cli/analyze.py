@@ -11,7 +11,8 @@ import numpy as np
 from ..core.method.analysis import analyze
 from ..core.method.export import to_json
 from ..core.util.progress import cli_bar
-from .common import check_output_file, load, read_text
+from . import outputs
+from .common import load, read_text
 
 TOP = 5
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     loses no file)."""
     text = read_text(args)
     json_path = Path(args.json_path) if args.json_path else None
-    check_output_file(json_path, "--json", "analysis.json")  # before the model loads
+    outputs.check_file(json_path, "--json", "analysis.json")  # before the model loads
     bundle = load(args)
     with cli_bar("analysing", enabled=sys.stderr.isatty()) as progress:
         analysis = analyze(bundle, text, progress=progress)

@@ -15,8 +15,8 @@ from ..core.util.errors import InputError
 from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
 from ..core.util.texts import read_texts
+from . import outputs
 from .common import (
-    check_output_folder,
     check_resume,
     jsonl_path,
     load,
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     atlas.check_seed(args.seed, name="--seed")  # as faithfulness and claims do: never after the sweep, in the bootstrap
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
-    check_output_folder(args.out, "--out")  # before anything is read or loaded
+    outputs.check_folder(args.out, "--out")  # before anything is read or loaded
     if args.load is not None:
         if args.results is not None or args.resume:
             raise InputError("--load reads a finished atlas; --results and --resume run one (give --jsonl or --gsm8k)")
@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     texts = read_texts(jsonl_path(args), n=args.n, field=args.field)  # before any model loads: a bad file fails fast
     if args.results is not None:
         sweep.check_folder(args.results)
+    outputs.check_folder(args.results, "--results")
     procs = sweep_processes(args)
     if args.results is None:
         return run_sweep(args, texts, procs)  # in memory

@@ -15,7 +15,8 @@ from ..analyses.codecs import CLAIMS
 from ..core.util.errors import InputError
 from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
-from ..core.util.texts import read_texts, write_text_atomic
+from ..core.util.texts import read_texts
+from . import outputs
 from .common import (
     early_exit,
     jsonl_path,
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     protocol, scopes, sink = protocol_of(args), parse_scopes(args.scopes), args.sink
     texts = read_items(args)
     sweep.check_folder(args.results)
+    outputs.check_folder(args.results, "--results")
     procs = sweep_processes(args)
     with sweep.owned(args.results / claims.RECORDS_FOLDER, procs):  # before the model loads: a busy folder is refused at once
         return run_sweep(args, protocol, scopes, sink, texts, procs)
@@ -81,7 +83,7 @@ def run_sweep(args: argparse.Namespace, protocol, scopes: tuple[str, ...], sink,
     finished = sum(1 for r in made_records if not r["skipped"])
     table = claims.claims_table(made_records, seed=protocol.seed)
     path = args.results / claims.CSV_NAME
-    write_text_atomic(path, table.to_csv(index=False, float_format="%.6g"))
+    outputs.write(path, outputs.csv_text(table))
     print(f"model: {bundle.info.id}; {finished} item(s), at most {protocol.max_tokens} tokens each; rank scopes: {', '.join(scopes)}")
     print(format_table(table))
     print(f"wrote {path} ({len(made_records)} record(s); add it to a report: cwviz report --results {args.results})")

@@ -14,7 +14,6 @@ from ..core.loading.models import load_model
 from ..core.util.errors import InputError
 from ..core.util.parallel import processes, versions
 from ..core.util.progress import print_line
-from ..core.util.settings import can_write_in
 from ..core.util.texts import check_text, gsm8k_path, read_standard_input, read_text_file
 
 
@@ -41,41 +40,6 @@ def prompt_text(how: str, value: str) -> tuple[str, str]:
     if value == "-":
         return read_standard_input(sys.stdin.buffer), " (standard input held no text)"
     return check_text(value, "--text"), ""
-
-
-def check_output_file(path: Path | None, flag: str, example: str) -> None:
-    """Before any model loads, InputError unless the file ``path`` given with ``flag`` (None: not asked for) can be
-    written: its folder exists and it is not a folder itself (``example``, a file name, is what the error suggests
-    there)."""
-    if path is None:
-        return
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise InputError(f"no folder {path.parent} for {flag}; create it first")
-    if path.is_dir():
-        file_type = Path(example).suffix.lstrip(".").upper()
-        raise InputError(f"{flag} {path} is a folder; give the {file_type} file to write, e.g. {path / example}")
-    _check_writable(path.parent, flag, path)
-
-
-def check_output_folder(path: Path | None, flag: str) -> None:
-    """Before any model loads, InputError unless the folder ``path`` given with ``flag`` (None: not asked for) can be
-    written, or made where it does not exist yet: not a file, and in a folder you may write to."""
-    if path is None:
-        return
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise InputError(f"{flag} {path} is a file; give a folder to write the results into")
-    made = next(p for p in (path, *path.parents) if p.exists())  # the part of the path that exists
-    if not made.is_dir():
-        raise InputError(f"{flag} {path} is under {made}, which is a file; give a folder to write the results into")
-    _check_writable(made, flag, path)
-
-
-def _check_writable(folder: Path, flag: str, path: Path) -> None:
-    """InputError unless ``folder`` (where ``path`` of ``flag`` goes) can be written to."""
-    if not can_write_in(folder):
-        raise InputError(f"cannot write {flag} {path}: you have no permission to write in {folder}; choose a folder you can write to")
 
 
 def load(args: argparse.Namespace):

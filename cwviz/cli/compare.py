@@ -14,8 +14,8 @@ from ..core.loading.models import load_model
 from ..core.method.analysis import analyze
 from ..core.util.errors import CwvizError, InputError
 from ..core.util.progress import cli_bar
-from ..core.util.texts import write_text_atomic
-from .common import check_output_folder, prompt_text
+from . import outputs
+from .common import prompt_text
 from .parsers import COMPARE_TOP
 
 #: The map cells with the largest change that are listed.
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
     texts = read_inputs(args)
-    check_output_folder(args.out, "--out")  # before any model loads
+    outputs.check_folder(args.out, "--out")  # before any model loads
     text_a, text_b = texts[0], texts[-1]
     bundle_a = load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     bundle_b = bundle_a
@@ -114,15 +114,12 @@ def run(args: argparse.Namespace) -> int:
         say("\nno log-probabilities: an encoder predicts no next token")
 
     if args.out is not None:  # the files first, then the summary: a reader that leaves early (| head -1) loses none
-        try:
-            args.out.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise InputError(f"cannot create {str(args.out)!r}: {err.strerror or err}; choose a folder you can write to") from None
+        outputs.make_folder(args.out)
         tables = {"alignment.csv": cmp.alignment.table, "heads.csv": changes, "maps.csv": frame}
         if logprobs is not None:
             tables["logprobs.csv"] = logprobs
         for name, table in tables.items():  # each file whole or not at all
-            write_text_atomic(args.out / name, table.to_csv(index=False))
+            outputs.write(args.out / name, outputs.csv_text(table, float_format=None))
         say(f"\nwrote {', '.join(tables)} in {args.out}")
     print("\n".join(lines))
     return 0

@@ -19,9 +19,9 @@ from ..analyses.schema import area_span
 from ..core.util.errors import InputError
 from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
-from ..core.util.texts import read_texts, write_text_atomic
+from ..core.util.texts import read_texts
+from . import outputs
 from .common import (
-    check_output_file,
     check_resume,
     jsonl_path,
     load,
@@ -62,8 +62,8 @@ def read_examples(args: argparse.Namespace) -> list:
 
 
 def write_csv(summary: pd.DataFrame, path: Path) -> None:
-    """Replace ``path`` atomically (:func:`~cwviz.core.util.texts.write_text_atomic`)."""
-    write_text_atomic(path, summary.to_csv(index=False, float_format="%.6g"))
+    """Replace ``path`` whole (:func:`cwviz.cli.outputs.write`)."""
+    outputs.write(path, outputs.csv_text(summary))
 
 
 def gaps_path(out: Path) -> Path:
@@ -157,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     protocol = protocol_of(args)
     check_resume(args)
     texts = read_examples(args)
-    check_output_file(args.out, "--out", "summary.csv")
+    outputs.check_file(args.out, "--out", "summary.csv")
+    outputs.check_folder(args.results, "--results")
     procs = sweep_processes(args)
     if args.results is None:
         return run_sweep(args, protocol, texts, procs)  # in memory
@@ -230,7 +231,7 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
         )
     elif args.out is not None:
         print(f"wrote {args.out}")
-    if len(gaps):
+    if written:  # none without --out or --results: nothing is said to be written that was not
         print(f"wrote the gaps to random: {', '.join(map(str, written))}")
     if outcome.interrupted:
         return report_interrupt(finished, len(texts), "example", args.out)

@@ -8,37 +8,29 @@ Every output is written before anything is printed (a closed pipe cannot lose a 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 
 from ..analyses import route
 from ..analyses.check import Check, check
 from ..analyses.schema import FLOW_METHODS
-from ..charts.export import to_csv
 from ..core.method import attribution
 from ..core.method.analysis import analyze
 from ..core.util.errors import InputError
 from ..core.util.progress import cli_bar
-from ..core.util.texts import write_text_atomic
-from .common import check_output_file, load, read_text
+from . import outputs
+from .common import load, read_text
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """What can be refused before a model loads."""
+    """What can be refused before a model loads (``--top`` and ``--share``: by the parser's early check, before torch is
+    imported, :func:`cwviz.cli.parsers.check_flow`)."""
     if args.method not in FLOW_METHODS:
         raise InputError(f"no attribution method {args.method[:80]!r}: choose one of {', '.join(FLOW_METHODS)}")
-    if args.top < 1:
-        raise InputError(f"--top must be at least 1, not {args.top}")
-    if not 0 < args.share <= 1:
-        raise InputError(f"--share must lie in (0, 1], not {args.share}")
     if args.foil is not None and args.foil == args.target:
         raise InputError(f"the foil is the target ({args.target[:80]!r}): choose another foil, or none for the target's logit alone")
-    check_output_file(args.json_path, "--json", "flow.json")
-    if args.csv_dir is not None and args.csv_dir.exists() and not args.csv_dir.is_dir():
-        raise InputError(f"--csv {args.csv_dir} is a file; give a folder to write the CSV tables into")
-    if args.csv_dir is not None and not args.csv_dir.parent.is_dir():
-        raise InputError(f"no folder {args.csv_dir.parent} for --csv; create it first")
+    outputs.check_file(args.json_path, "--json", "flow.json")
+    outputs.check_folder(args.csv_dir, "--csv")
 
 
 def tables(result: attribution.Attribution, drawn: route.Route, checked: Check | None = None) -> dict:
@@ -85,17 +77,6 @@ def summary(result: attribution.Attribution, drawn: route.Route, checked: Check 
             "complete": checked.complete,
         },
     }
-
-
-def _strict(value):
-    """JSON has no NaN or infinity: null in their place (as the analysis JSON writes them)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_strict(v) for v in value]
-    return value
 
 
 def _lines(frame, label, value: str, count: int, largest: bool) -> list[str]:
@@ -158,13 +139,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json_path:
         payload = {
             "summary": summary(result, drawn, checked),
-            **{name: json.loads(t.to_json(orient="records")) for name, t in made.items()},
+            **{name: outputs.table_records(t) for name, t in made.items()},
         }
-        written.append(write_text_atomic(args.json_path, json.dumps(_strict(payload), allow_nan=False)))
+        written.append(outputs.write(args.json_path, outputs.json_text(payload)))
     if args.csv_dir:
-        args.csv_dir.mkdir(exist_ok=True)
+        outputs.make_folder(args.csv_dir)
         for name, table in made.items():
-            write_text_atomic(args.csv_dir / f"{name}.csv", to_csv(table).decode("utf-8"))
+            outputs.write(args.csv_dir / f"{name}.csv", outputs.csv_text(table, float_format=None))
         written.append(f"{len(made)} tables into {args.csv_dir}")
     info = bundle.info
     lines = [f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})"]

@@ -14,22 +14,11 @@ import argparse
 
 from ..analyses import faithfulness, flow_faithfulness, sweep
 from ..analyses.codecs import FLOW_FAITHFULNESS
-from ..core.util.errors import InputError
 from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
-from ..core.util.texts import read_texts, write_text_atomic
+from ..core.util.texts import read_texts
+from . import outputs
 from .common import early_exit, jsonl_path, load, report_interrupt, run_manifest, sweep_processes
-
-
-def check_args(args: argparse.Namespace) -> None:
-    """Before any file is read: InputError for a setting out of range."""
-    for flag, value, least in (("--n", args.n, 1), ("--batch-size", args.batch_size, 1), ("--draws", args.draws, 1)):
-        if value < least:
-            raise InputError(f"{flag} must be at least {least}, not {value}")
-    if args.max_tokens < flow_faithfulness.MIN_TOKENS:
-        raise InputError(
-            f"--max-tokens must be at least {flow_faithfulness.MIN_TOKENS} (the target and three input tokens), not {args.max_tokens}"
-        )
 
 
 def settings_of(args: argparse.Namespace, provenance: dict) -> dict:
@@ -46,9 +35,9 @@ def settings_of(args: argparse.Namespace, provenance: dict) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_args(args)
     texts = read_texts(jsonl_path(args), n=args.n, field=args.field)
     sweep.check_folder(args.results)
+    outputs.check_folder(args.results, "--results")
     procs = sweep_processes(args)
     with sweep.owned(args.results / flow_faithfulness.RECORDS_FOLDER, procs):  # before the model loads: a busy folder is refused at once
         return run_sweep(args, texts, procs)
@@ -81,9 +70,9 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     items = flow_faithfulness.item_table(made_records)
     verdicts_path, methods_path = args.results / flow_faithfulness.CSV_NAME, args.results / flow_faithfulness.METHODS_CSV_NAME
     items_path = args.results / flow_faithfulness.ITEMS_CSV_NAME
-    write_text_atomic(verdicts_path, verdicts.to_csv(index=False, float_format="%.6g"))
-    write_text_atomic(methods_path, methods.to_csv(index=False, float_format="%.6g"))
-    write_text_atomic(items_path, items.to_csv(index=False, float_format="%.6g"))
+    outputs.write(verdicts_path, outputs.csv_text(verdicts))
+    outputs.write(methods_path, outputs.csv_text(methods))
+    outputs.write(items_path, outputs.csv_text(items))
     skips = ", ".join(f"{count} {why}" for why, count in flow_faithfulness.skipped_counts(made_records).items()) or "none"
     print(f"model: {bundle.info.id}; {finished} item(s), at most {args.max_tokens} tokens each; skipped: {skips}")
     print(flow_faithfulness.format_verdicts(verdicts))

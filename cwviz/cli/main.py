@@ -83,6 +83,12 @@ def _run(argv: list[str] | None) -> int:
     else:
         args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    try:
+        if getattr(args, "early_check", None) is not None:
+            args.early_check(args)  # the values that need no model, refused before torch is imported (cwviz.cli.parsers)
+    except CwvizError as err:
+        print(_error_line(err), file=sys.stderr)
+        return 2
     with _exit_at_once_on_ctrl_c():
         command = importlib.import_module(args.command_module)  # the one command's module: torch, for most
     if not args.verbose:

@@ -3,7 +3,8 @@
 ``cwviz --help``, ``cwviz COMMAND --help`` and an argument error come from here alone, so they never import torch or
 transformers (seconds). Each command's parser names the module that runs it (``command_module``, a module of
 :mod:`cwviz.cli` with ``run(args) -> int``); :func:`cwviz.cli.main.main` imports that one module once the arguments
-are parsed. Add a command by writing its module and its ``_add_<name>`` here, listed in :data:`COMMANDS`.
+are parsed, after the parser's ``early_check`` where it has one (values refused before torch is imported, with one
+``error:`` line). Add a command by writing its module and its ``_add_<name>`` here, listed in :data:`COMMANDS`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..analyses.schema import (
     FLOW_MAX_TOKENS,
     FLOW_METHOD,
     FLOW_METHODS,
+    FLOW_MIN_TOKENS,
     FLOW_SHARE,
     FLOW_TOP,
     HEAD_METRICS,
@@ -40,6 +42,7 @@ from ..analyses.schema import (
     RANKED_MEASURES,
     TASKS,
 )
+from ..core.method import flow_arguments
 from ..core.util.errors import InputError
 from ..vocabulary import KINDS
 
@@ -142,6 +145,29 @@ def parse_batch_size(value: str) -> int:
     if size < 1:
         raise argparse.ArgumentTypeError(f"takes a positive integer or auto, not {value!r}")
     return size
+
+
+def check_flow(args: argparse.Namespace) -> None:
+    """``cwviz flow``'s refusals that need no model, run by :func:`cwviz.cli.main.main` before torch is imported:
+    ``--top`` of at least 1, and ``--share`` by the flow API's own rule (:func:`cwviz.core.method.flow_arguments.share`)."""
+    if args.top < 1:
+        raise InputError(f"--top must be at least 1, not {args.top}")
+    flow_arguments.share(args.share, "--share")
+
+
+def check_flow_faithfulness(args: argparse.Namespace) -> None:
+    """``cwviz flow-faithfulness``'s settings out of range, refused before torch is imported (a ``--seed -1`` ended in
+    numpy's traceback once the model had loaded)."""
+    for flag, value, least in (
+        ("--n", args.n, 1),
+        ("--batch-size", args.batch_size, 1),
+        ("--draws", args.draws, 1),
+        ("--seed", args.seed, 0),
+    ):
+        if value < least:
+            raise InputError(f"{flag} must be at least {least}, not {value}")
+    if args.max_tokens < FLOW_MIN_TOKENS:
+        raise InputError(f"--max-tokens must be at least {FLOW_MIN_TOKENS} (the target and three input tokens), not {args.max_tokens}")
 
 
 def parse_rates(value: str) -> tuple[float, ...]:
@@ -294,7 +320,7 @@ def _add_claims(sub: argparse._SubParsersAction) -> None:
         "claims",
         help="check the paper's five claims on a model: a verdict per claim with bootstrap intervals over items",
         description="Run the faithfulness curves under each rank scope, the sink tables, head curves and the sink "
-        "intervention on each item, and judge each of the paper's five claims holds / fails / unresolved from 95%% "
+        "intervention on each item, and judge each of the paper's five claims holds / fails / unresolved from 95% "
         "bootstrap intervals over the items (criteria: docs/METHOD.md section 5). Writes DIR/claims.csv.",
     )
     data = parser.add_mutually_exclusive_group(required=True)
@@ -362,7 +388,7 @@ def _add_flow(sub: argparse._SubParsersAction) -> None:
         help="also take every input token away in turn (one forward pass each, batched) and print the method's rank "
         "correlation and sign agreement with the measured effects; the effects go into --json and --csv",
     )
-    parser.set_defaults(command_module="cwviz.cli.flow")
+    parser.set_defaults(command_module="cwviz.cli.flow", early_check=check_flow)
 
 
 def _add_flow_faithfulness(sub: argparse._SubParsersAction) -> None:
@@ -392,7 +418,7 @@ def _add_flow_faithfulness(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=FLOW_BATCH_SIZE, help=f"knockouts per forward pass (default {FLOW_BATCH_SIZE})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random rankings and the bootstrap (default 0)")
     add_model_args(parser)
-    parser.set_defaults(command_module="cwviz.cli.flow_faithfulness")
+    parser.set_defaults(command_module="cwviz.cli.flow_faithfulness", early_check=check_flow_faithfulness)
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:

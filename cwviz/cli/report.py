@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analyses import claims, faithfulness, records
+from ..analyses import claims, faithfulness, flow_faithfulness, records
 from ..analyses.codecs import CLAIMS, FAITHFULNESS, SINKS
 from ..charts import report
 from ..core.util.errors import InputError
-from ..core.util.texts import write_text_atomic
-from .common import check_output_file
+from . import outputs
 from .sinks import RESULTS_FOLDER
 
 
@@ -123,11 +122,18 @@ def claims_section(folder: Path):
     return report.claims_section(manifest, claims.overview(table), table)
 
 
+#: Where a flow-faithfulness run's results are read instead of in a report.
+FLOW_RESULTS = (
+    f"its verdicts are in {flow_faithfulness.CSV_NAME} and each method's means in {flow_faithfulness.METHODS_CSV_NAME} "
+    "there, and the command prints them"
+)
+
+
 def run(args: argparse.Namespace) -> int:
     folder: Path = args.results
     if not folder.is_dir():
         raise InputError(f"no results folder at {folder}; give the folder a sweep wrote with --results")
-    check_output_file(args.out, "--out", "report.html")
+    outputs.check_file(args.out, "--out", "report.html")
     sections = faithfulness_sections(folder)
     sinks = sinks_section(folder)
     if sinks is not None:
@@ -135,12 +141,17 @@ def run(args: argparse.Namespace) -> int:
     claims = claims_section(folder)
     if claims is not None:
         sections.append(claims)
+    flow_results = (folder / flow_faithfulness.RECORDS_FOLDER).is_dir()
     if not sections:
+        if flow_results:
+            raise InputError(f"{folder} holds the results of `cwviz flow-faithfulness`, which the report does not cover: {FLOW_RESULTS}")
         raise InputError(
             f"{folder} holds no results: run `cwviz faithfulness --results {folder}` or `cwviz sinks --results {folder}` first"
         )
+    if flow_results:
+        print(f"note: the report leaves out the `cwviz flow-faithfulness` results in {folder}: {FLOW_RESULTS}")
     generated = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     text = report.page(sections, title=args.title, generated=generated)
-    write_text_atomic(args.out, text)
+    outputs.write(args.out, text)
     print(f"wrote {args.out} ({len(text) / 1024:,.0f} KiB; sections: {', '.join(s.title for s in sections)})")
     return 0

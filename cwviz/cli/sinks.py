@@ -18,9 +18,9 @@ from ..core.method.analysis import analyze
 from ..core.util.errors import CwvizError, InputError
 from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
-from ..core.util.texts import read_texts, write_text_atomic
+from ..core.util.texts import read_texts
+from . import outputs
 from .common import (
-    check_output_file,
     check_resume,
     jsonl_path,
     load,
@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     texts = read_prompts(args)
     if args.results is not None:
         sweep.check_folder(args.results)
-    check_output_file(args.csv, "--csv", "sinks.csv")
+    outputs.check_folder(args.results, "--results")
+    outputs.check_file(args.csv, "--csv", "sinks.csv")
     procs = sweep_processes(args)
     if args.results is None:
         return run_sweep(args, texts, procs)  # in memory
@@ -138,7 +139,7 @@ def finish(args: argparse.Namespace, bundle, prompts: list[Prompt], total: int, 
     # The files first, then the printout: a reader that stops early (`| head`) loses no file (cwviz.cli.main).
     written = []
     if args.csv is not None:
-        write_text_atomic(args.csv, table.to_csv(index=False))
+        outputs.write(args.csv, outputs.csv_text(table, float_format=None))
         written.append(f"wrote {args.csv} ({len(table):,} rows)")
     if args.results is not None:
         folder = write_results(args, table, summary, _describe_sinks(positions, args.sink), finished, made)
@@ -194,14 +195,14 @@ def write_results(args: argparse.Namespace, table: pd.DataFrame, layers: pd.Data
     folder = args.results / RESULTS_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     files = {
-        "layers.csv": layers.to_csv(index=False, float_format="%.6g"),
-        "heads.csv": sinks.sink_head_summary(table).to_csv(index=False, float_format="%.6g"),
+        "layers.csv": outputs.csv_text(layers),
+        "heads.csv": outputs.csv_text(sinks.sink_head_summary(table)),
     }
     # The manifest names each table's sha256: the report refuses a table edited, cut or copied from another run.
     made = made | {"sink": sink, "prompts": prompts, "files": records.file_sums(files)}
     files["manifest.json"] = json.dumps(made, indent=2, sort_keys=True, default=str) + "\n"
     for name, text in files.items():
-        write_text_atomic(folder / name, text)
+        outputs.write(folder / name, text)
     return folder
 
 

@@ -15,6 +15,7 @@ from cwviz.analyses.schema import FLOW_METHOD, FLOW_SHARE
 from cwviz.app import flow_services, services, state, widgets
 from cwviz.app.services import Request
 from cwviz.core.loading import architectures
+from cwviz.core.util.errors import ArgumentError
 from tests.helpers.app import assert_clean, charts, run_app, widget
 
 PAGE = "views/flow.py"
@@ -264,6 +265,61 @@ def test_a_new_prompt_is_explained_after_its_own_last_token():
     assert_clean(at)
     last = widget(at, "selectbox", "Query token").value
     assert last > 29 and f"after {last} " in _caption(at)
+
+
+def _drawn_foil_named(choice) -> str:
+    """The one message of a choice whose typed foil was replaced, checked to name the foil the flow was drawn with."""
+    (said,) = choice.problems
+    assert said.endswith(f"; showing the foil {choice.flow.foil_token!r} instead"), said
+    return said
+
+
+def _typeable_top(request: Request) -> tuple[int, list[str]]:
+    """A position whose top next token can be typed (after the last it is a newline, which reads as an empty foil: the
+    default), and its top tokens."""
+    return next((p, top) for p in range(28, 0, -1) if (top := flow_services.predictions(request, p)["token"].tolist())[0].strip())
+
+
+def test_a_foil_equal_to_the_target_names_the_foil_drawn_instead():
+    """The issue: with target = foil = the top token (' Paris') the page said "showing the foil ' Paris' instead" and
+    drew the next token."""
+    request = Request(text=TEXT)
+    position, top = _typeable_top(request)
+    choice = flow_services.choose(request, position, top[0], top[0])
+    said = _drawn_foil_named(choice)
+    assert "the foil is the target" in said and choice.flow.foil_token == top[1]
+
+
+def test_a_foil_equal_to_the_models_top_token_names_the_foil_drawn_instead():
+    request = Request(text=TEXT)
+    position, top = _typeable_top(request)
+    choice = flow_services.choose(request, position, "", top[0])
+    said = _drawn_foil_named(choice)
+    assert "the model's top next token" in said and choice.flow.foil_token == top[1]
+
+
+def test_a_foil_of_several_tokens_names_the_one_token_drawn():
+    choice = flow_services.choose(Request(text=TEXT), 29, "", " 50,000 lighthouse")
+    said = _drawn_foil_named(choice)
+    assert "is 4 tokens" in said or "tokens [" in said
+    assert choice.flow.foil_token == flow_services.predictions(Request(text=TEXT), 29)["token"].iloc[1]
+
+
+def test_which_argument_was_refused_is_read_from_the_error_not_its_message(monkeypatch):
+    """An ArgumentError of the foil whose message says nothing of a foil is still the foil's (control flow reads the
+    field)."""
+    real = flow_services.get_flow
+    refused = []
+
+    def once(request, position, target, foil):
+        if not refused:
+            refused.append(foil)
+            raise ArgumentError("foil", "no such token")
+        return real(request, position, target, foil)
+
+    monkeypatch.setattr(flow_services, "get_flow", once)
+    choice = flow_services.choose(Request(text=TEXT), 29, "", "anything")
+    assert refused == ["anything"] and choice.problems[0].startswith("no such token; showing the foil")
 
 
 def test_a_check_interrupted_by_stop_keeps_the_passes_it_finished():

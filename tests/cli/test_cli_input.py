@@ -195,7 +195,7 @@ def test_faithfulness_out_as_a_folder_is_refused_before_the_model_loads(tmp_path
 
 def test_write_csv_leaves_no_temporary_file_when_it_fails(tmp_path):
     (tmp_path / "adir").mkdir()
-    with pytest.raises(OSError):
+    with pytest.raises(InputError, match="adir"):  # named in one line (cwviz.cli.outputs.write)
         faithfulness_command.write_csv(pd.DataFrame({"a": [1]}), tmp_path / "adir")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]
 

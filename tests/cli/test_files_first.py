@@ -1,8 +1,7 @@
 """Files first, then print; bad outputs refused before the model loads; messages that name the cause (issue 48).
 
 Every command that writes files writes them before it prints, so a reader that leaves after one line (``| head -1``)
-loses none: the real command runs in a subprocess on a tiny saved model with its standard output a pipe closed after
-the first line. An output path that cannot be written, ``CWVIZ_CACHE`` under a file or in /proc and a small
+loses none (each command's run is in tests/cli/test_outputs.py). An output path that cannot be written, ``CWVIZ_CACHE`` under a file or in /proc and a small
 ``CWVIZ_MEMORY_BYTES`` get one ``error:`` line (status 2) naming the path or the variable; a second Ctrl-C ends the
 run at once without a traceback; an ``interrupted`` line is on a line of its own."""
 
@@ -46,48 +45,7 @@ def one_error(code: int, capsys) -> str:
     return errors[0]
 
 
-# -- files first: | head -1 ------------------------------------------------------------------------------------
-def head_1(args: list[str]) -> tuple[int, str]:
-    """Run ``cwviz ARGS | head -1``: standard output is a pipe closed after its first line (unbuffered, so every
-    print reaches the pipe at once). Returns the exit status and stderr."""
-    process = start_command(args, ENV)
-    process.stdout.readline()
-    process.stdout.close()  # the reader leaves
-    stderr = process.stderr.read()
-    return process.wait(timeout=300), stderr
-
-
-def test_analyze_json_is_written_when_the_reader_leaves(tiny, tmp_path):
-    out = tmp_path / "a.json"
-    code, stderr = head_1(["analyze", "--model", str(tiny), "--device", "cpu", "--text", "hello there", "--json", str(out)])
-    assert code in (0, 141) and "Traceback" not in stderr and "error" not in stderr, stderr
-    assert out.is_file() and out.read_text().startswith("{")
-
-
-def test_compare_out_is_written_when_the_reader_leaves(tiny, tmp_path):
-    out = tmp_path / "cmp"
-    code, stderr = head_1(
-        ["compare", "--model", str(tiny), "--device", "cpu", "--text", "hello there", "--text", "hello world", "--out", str(out)]
-    )
-    assert code in (0, 141) and "Traceback" not in stderr, stderr
-    assert {p.name for p in out.iterdir()} == {"alignment.csv", "heads.csv", "maps.csv", "logprobs.csv"}
-
-
-def test_atlas_out_is_written_when_the_reader_leaves(tiny, tmp_path):
-    out = tmp_path / "atlas"
-    data = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
-    code, stderr = head_1(["atlas", "--model", str(tiny), "--device", "cpu", "--jsonl", str(data), "--bootstrap", "50", "--out", str(out)])
-    assert code in (0, 141) and "Traceback" not in stderr, stderr
-    assert (out / "pooled.csv").is_file() and (out / "atlas.json").is_file()
-
-
-def test_claims_csv_is_written_when_the_reader_leaves(tiny, tmp_path):
-    results = tmp_path / "results"
-    data = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
-    args = ["claims", "--model", str(tiny), "--device", "cpu", "--jsonl", str(data), "--n", "3", "--results", str(results)]
-    code, stderr = head_1([*args, "--rates", "50"])
-    assert code in (0, 141) and "Traceback" not in stderr, stderr
-    assert (results / "claims.csv").is_file()
+# -- files first: every command's `| head -1` is tests/cli/test_outputs.py -----------------------------------------
 
 
 # -- outputs checked before the model loads ----------------------------------------------------------------------

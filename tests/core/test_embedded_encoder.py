@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 import cwviz
 from cwviz import cli
-from cwviz.core.loading import checkpoints
+from cwviz.core.loading import cache_records, checkpoints
 from cwviz.core.method.export import to_dict
 from cwviz.core.util.errors import ModelLoadError
 from tests.helpers.app import APP, TIMEOUT, assert_clean, charts, widget
@@ -34,7 +34,8 @@ def test_unzips_once_and_loads_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     bundle = cwviz.load_model(ENCODER, device="cpu")
     folder = tmp_path / "models" / "all-minilm-l6-v2"
-    assert sorted(p.name for p in folder.iterdir()) == sorted(checkpoints.EMBEDDED_ENCODER_FILES)
+    # The files transformers reads, and the record of their sizes and checksums (cache_records.FILES_RECORD).
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*checkpoints.EMBEDDED_ENCODER_FILES, cache_records.FILES_RECORD])
     # No temporary folder left; only the lock of the first use (checkpoints.made_once), kept as a results folder's is.
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".")] == [".lock-all-minilm-l6-v2"]
     info = bundle.info

@@ -12,7 +12,11 @@
 A GGUF is dequantised to float32 safetensors with its tokenizer by :func:`convert_gguf` (11 s for SmolLM2, 20 s
 for Gemma 3 on 2 cores, its header parsed once, :func:`parsed_once`, through a plain array, :func:`plain_reader`); every
 later load reads the safetensors folder and never opens the GGUF. Every cache folder is written into a temporary
-folder and renamed (:func:`written_once`), so an interrupted or concurrent first use never leaves a half-written cache.
+folder and renamed (:func:`written_once`), so an interrupted or concurrent first use never leaves a half-written cache,
+and a disk too small for it is one error naming CWVIZ_CACHE and the space needed (:func:`check_space`).
+
+A cache folder proves itself: the conversion records each file's size and SHA-256 (:mod:`cwviz.core.loading.cache_records`), and a load
+that finds a file changed, cut or missing says so in one line and converts again (:func:`changed`, :func:`made_once`).
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from ..util.errors import ModelLoadError
 from ..util.locks import lock
 from ..util.settings import cache_dir
+from .cache_records import changed, check_space, discard, record_files, write_error
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +86,11 @@ def written_once(target: Path) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".write-", dir=target.parent))
     try:
-        yield tmp
+        try:
+            yield tmp
+            record_files(tmp)
+        except (OSError, SafetensorError) as err:  # a full disk, a quota: the folder is removed below
+            raise ModelLoadError(f"could not write the converted model into {target}: {write_error(err)}") from None
         try:
             tmp.rename(target)
         except OSError:
@@ -91,18 +101,24 @@ def written_once(target: Path) -> Iterator[Path]:
 
 
 def made_once(target: Path, ready: Callable[[Path], bool], make: Callable[[], object]) -> Path:
-    """``target``, calling ``make`` first unless ``ready(target)``; returns ``target``.
+    """``target``, calling ``make`` first unless ``ready(target)`` and its files are as converted (:func:`changed`);
+    returns ``target``. A folder whose files changed is said in one line, removed and made again.
 
     ``make`` runs under a lock file beside ``target`` (``.lock-<name>``, :func:`cwviz.core.util.locks.lock`), and ``ready`` is
     asked again once the lock is held: processes that start at once on an empty cache (two dashboards, the test
     suite's workers) convert once, and the others wait, then find it made."""
-    if ready(target):
+    if ready(target) and changed(target) is None:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".lock-{target.name}", "a+b") as handle:
         lock(handle, wait=True)
-        if not ready(target):
-            make()
+        if ready(target):
+            problem = changed(target)
+            if problem is None:
+                return target
+            log.warning("the converted model in %s is not as it was converted (%s): converting it again", target, problem)
+            discard(target)
+        make()
     return target
 
 
@@ -223,6 +239,8 @@ def save_converted(model, tokenizer, target: Path, model_id: str) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.name_or_path = model_id
+    target.parent.mkdir(parents=True, exist_ok=True)
+    check_space(target.parent, sum(t.numel() * t.element_size() for t in model.state_dict().values()))
     with written_once(target) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -250,11 +268,9 @@ def embedded_gguf() -> Path:
 def embedded_dir() -> Path:
     """The converted embedded model, converting it on first use."""
     target = cache_dir() / "models" / "smollm2-135m-instruct"
-    if converted(target):
-        return target
-    gguf = embedded_gguf()
 
     def make() -> None:
+        gguf = embedded_gguf()
         log.warning("converting the embedded model to safetensors in %s (once, about 15 s)", target)
         convert_gguf(gguf, target, EMBEDDED_ID)
 
@@ -327,10 +343,9 @@ def embedded_encoder_zip() -> Path:
 def embedded_encoder_dir() -> Path:
     """The unzipped embedded encoder, unzipping it on first use (about a second)."""
     target = cache_dir() / "models" / "all-minilm-l6-v2"
-    if _has_files(target, EMBEDDED_ENCODER_FILES):
-        return target
-    archive = embedded_encoder_zip()
-    return made_once(target, lambda folder: _has_files(folder, EMBEDDED_ENCODER_FILES), lambda: _unzip_encoder(archive, target))
+    return made_once(
+        target, lambda folder: _has_files(folder, EMBEDDED_ENCODER_FILES), lambda: _unzip_encoder(embedded_encoder_zip(), target)
+    )
 
 
 def _unzip_encoder(archive: Path, target: Path) -> None:
@@ -342,6 +357,8 @@ def _unzip_encoder(archive: Path, target: Path) -> None:
     with written_once(target) as tmp:
         try:
             with zipfile.ZipFile(archive) as zipped:
+                needed = sum(zipped.getinfo(name).file_size for name in EMBEDDED_ENCODER_FILES if name in zipped.namelist())
+                check_space(target.parent, needed)
                 # Named members only, each written under tmp by its own name: no path from the archive is trusted.
                 for name in EMBEDDED_ENCODER_FILES:
                     with zipped.open(name) as source, open(tmp / name, "wb") as out:

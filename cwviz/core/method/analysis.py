@@ -29,7 +29,7 @@ from ..util.progress import Progress
 from ..util.tokens import display_tokens
 from . import memory
 from .capture import Intervention, LayerRecord, forward_pass
-from .logprobs import perplexity_of, prompt_logprobs
+from .logprobs import final_states, perplexity_of, prompt_logprobs
 from .measures import (
     MEASURES,
     LayerMeasures,
@@ -110,7 +110,7 @@ def analyze(
         hidden = bundle.final_hidden(batch)[0]  # (T, d_model)
     if len(records) != bundle.info.layers:
         raise RuntimeError(f"recorded {len(records)} of {bundle.info.layers} layers; is the model's attention routed through cwviz?")
-    final = hidden if bundle.arch.causal else None  # the log-probabilities' input; an encoder has none
+    final = final_states(bundle, hidden, intervention)  # the log-probabilities' input, checked; an encoder has none
     analysis = Analysis(bundle, text or "", ids, by_layer(records, bundle.info.layers), None, final, intervention)
     analysis.stream = None if finish is None else finish(hidden)
     return analysis
@@ -197,7 +197,7 @@ class Analysis:
         with self._logprobs_lock:
             if self._logprobs is None:
                 with memory.guard(torch.device("cpu") if self._final_hidden is None else self._final_hidden.device):
-                    self._logprobs = prompt_logprobs(self.bundle, self._final_hidden, self.input_ids)
+                    self._logprobs = prompt_logprobs(self.bundle, self._final_hidden, self.input_ids, own=self.intervention is None)
                 self._final_hidden = None  # after the log-probabilities, not before: an error leaves it for a retry
             return self._logprobs
 

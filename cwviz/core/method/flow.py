@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..util.errors import InputError
+from ..util.errors import ArgumentError, InputError
+from . import flow_arguments as arguments
 from .flow_tables import Deferred, Flow
 from .measures import grouped_matmul
 from .mixing import Block, mixing_blocks, replayed_stream
@@ -56,24 +57,30 @@ def resolve(analysis, position: int | None, target: int | str | None, foil: int 
         return position, None, None
     target, foil = (_token_id(bundle, token, name) for token, name in ((target, "target"), (foil, "foil")))
     if foil is not None and foil == target:
-        raise InputError(f"the foil is the target (token {target}): choose another foil, or none for the target's logit alone")
+        raise ArgumentError("foil", f"the foil is the target (token {target}): choose another foil, or none for the target's logit alone")
     return position, target, foil
 
 
 def _token_id(bundle, token: int | str | None, name: str) -> int | None:
-    """A token id from an id or a string that is exactly one token of the model's vocabulary (InputError otherwise)."""
-    if token is None or isinstance(token, int | np.integer):
-        size = bundle.model.get_output_embeddings().weight.shape[0]
-        if token is not None and not 0 <= int(token) < size:
-            raise InputError(f"the {name} token id {token} is outside the vocabulary 0..{size - 1}")
-        return None if token is None else int(token)
+    """A token id from an id or a string that is exactly one token of the model's vocabulary (ArgumentError otherwise:
+    :mod:`~cwviz.core.method.flow_arguments`)."""
+    token = arguments.token(token, name)
+    if token is None or isinstance(token, int):
+        return None if token is None else arguments.token_id(token, _vocabulary_size(bundle), name)
     ids = list(bundle.tokenizer(token, add_special_tokens=False)["input_ids"])
     if len(ids) != 1:
-        shown = [bundle.tokenizer.decode([i]) for i in ids]
-        raise InputError(
-            f"the {name} {token!r} is {len(ids)} tokens {shown}, not one: give one token (with its leading space if it has one)"
+        shown = arguments.quoted([bundle.tokenizer.decode([i]) for i in ids[:20]])  # a long text: its first tokens
+        raise ArgumentError(
+            name,
+            f"the {name} {arguments.quoted(token)} is {len(ids)} tokens {shown}, not one: give one token (with its leading space if it has one)",
         )
     return ids[0]
+
+
+def _vocabulary_size(bundle) -> int:
+    """The tokens the model's output layer scores (an encoder without one: its config's vocabulary)."""
+    head = bundle.model.get_output_embeddings()
+    return head.weight.shape[0] if head is not None else int(bundle.model.config.vocab_size)
 
 
 def _logit_direction(analysis, stream: Stream, target: int, foil: int | None) -> tuple[torch.Tensor, float, float]:
@@ -253,6 +260,7 @@ def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCAB
     and suppressed tokens; with ``keep_mixing``, every layer's M where it fits :data:`MIXING_BYTES` (a causal model's).
     Pass it to :func:`flow` for each target and foil of the same analysis and position."""
     position, _, _ = resolve(analysis, position, None, None)
+    vocabulary = arguments.vocabulary(vocabulary, _vocabulary_size(analysis.bundle))
     layers, heads = analysis.num_layers, analysis.num_heads
     at_p: dict[int, torch.Tensor] = {}
 
@@ -309,6 +317,7 @@ def flow(
     :class:`~cwviz.core.util.errors.UnsupportedModelError` (a derived row, whose block layout is not known).
     """
     position, target, foil = resolve(analysis, position, target, foil)
+    vocabulary = arguments.vocabulary(vocabulary, _vocabulary_size(analysis.bundle))
     if basis is None:  # made for this flow alone: M is read once, layer by layer, not kept
         basis = flow_basis(analysis, position, vocabulary=vocabulary, keep_mixing=False)
     elif basis.source() is not analysis or basis.position != position or (basis.count != vocabulary and basis.logits is not None):
@@ -335,7 +344,9 @@ def _flow(analysis, basis: FlowBasis, target: int | None, foil: int | None, edge
         if target is None:
             target = int(basis.logits.argmax())
             if target == foil:
-                raise InputError(f"the foil (token {foil}) is the model's top next token, the default target: name another target")
+                raise ArgumentError(
+                    "foil", f"the foil (token {foil}) is the model's top next token, the default target: name another target"
+                )
         w, final_bias, uncapped = _logit_direction(analysis, stream, target, foil)
         attn_bias, mlp = _layer_parts(analysis, stream, w)
         embedding = float(stream.embedding.to(w.device) @ w)

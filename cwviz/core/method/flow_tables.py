@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..util.errors import InputError
+from . import flow_arguments as arguments
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -181,8 +181,7 @@ class Flow:
         target, weight``, the edge (layer, source) → (layer + 1, target), largest |weight| first within a layer."""
         import pandas as pd
 
-        if not 0 < share <= 1:
-            raise InputError(f"the share of each layer's mass the graph keeps must lie in (0, 1], not {share}")
+        share = arguments.share(share)
         frames = []
         for layer, weights, targets, sources in self.edge_list:
             count = kept_count(weights, self.edge_mass[layer] * share)
@@ -191,6 +190,7 @@ class Flow:
 
     def edges_complete(self, share: float = EDGE_SHARE) -> bool:
         """Whether the kept edges reach ``share`` of every layer's |mass| (else :meth:`edges` returns all it kept)."""
+        share = arguments.share(share)
         return all(np.abs(weights).sum() >= self.edge_mass[layer] * share * (1 - 1e-6) for layer, weights, _, _ in self.edge_list)
 
 

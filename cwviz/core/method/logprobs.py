@@ -8,6 +8,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ..util.errors import ModelLoadError
+
 #: Rows of logits made at a time: [LOGIT_CHUNK, vocab] is the largest tensor, whatever the prompt's length.
 LOGIT_CHUNK = 256
 
@@ -38,10 +40,38 @@ def perplexity_of(logprobs: np.ndarray | torch.Tensor) -> float:
     return math.exp(-logprobs.mean()) if logprobs.size else math.nan
 
 
-def prompt_logprobs(bundle, final_hidden: torch.Tensor | None, input_ids: list[int]) -> np.ndarray:
+def prompt_logprobs(bundle, final_hidden: torch.Tensor | None, input_ids: list[int], own: bool = False) -> np.ndarray:
     """log p(token_{t+1} | tokens ..t) of a prompt, float32 numpy [T - 1], from its final hidden states ``final_hidden``
-    [T, d_model] and ``bundle``'s output layer (a row chunk at a time); empty without them or for an encoder."""
+    [T, d_model] and ``bundle``'s output layer (a row chunk at a time); empty without them or for an encoder. ``own``:
+    the pass of the model as it is, whose mean must lie in (-:data:`MAX_NLL`, 0] (ModelLoadError naming the model
+    otherwise: NaN, or so low that its perplexity overflows)."""
     if final_hidden is None or not bundle.has_logits:
         return np.zeros(0, dtype=np.float32)
     with torch.inference_mode():
-        return logprobs_from_hidden(final_hidden, bundle.output_logits, torch.tensor(input_ids)).numpy()
+        logprobs = logprobs_from_hidden(final_hidden, bundle.output_logits, torch.tensor(input_ids)).numpy()
+    if own and logprobs.size and not -MAX_NLL < float(logprobs.astype(np.float64).mean()) <= 0:
+        raise damaged(bundle, f"a mean next-token log-probability of {logprobs.mean():.4g}")
+    return logprobs
+
+
+#: The largest mean negative log-likelihood (nats a token) a model's own pass may give: exp of more overflows a float64
+#: perplexity, and a model that guesses uniformly from its whole vocabulary gives about 11 (SmolLM2's 49,152 tokens).
+MAX_NLL = 700.0
+
+
+def final_states(bundle, hidden: torch.Tensor, intervention: object | None) -> torch.Tensor | None:
+    """The log-probabilities' input from a pass's final hidden states ``hidden`` [T, d_model]: ``hidden`` itself, None
+    for an encoder (it has no next-token logits). ModelLoadError naming the model when a pass of the model as it is
+    (no ``intervention``) gave states that are not finite: a table of NaN is never returned as results."""
+    if intervention is None and not bool(torch.isfinite(hidden).all()):
+        raise damaged(bundle, "hidden states that are not finite (NaN or infinite)")
+    return hidden if bundle.arch.causal else None
+
+
+def damaged(bundle, what: str) -> ModelLoadError:
+    """The error that refuses a pass whose outputs no working model gives (``what``), naming the model."""
+    return ModelLoadError(
+        f"{bundle.info.id} gave {what} on this prompt, which no working model gives: its weights look damaged or overflow "
+        f"in {bundle.info.dtype}; load it again (a cached conversion is checked and converted again), download it again, "
+        "or try --dtype float32"
+    )

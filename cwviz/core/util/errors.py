@@ -34,3 +34,15 @@ class ResourceError(CwvizError):
 class ModelChangedError(CwvizError):
     """An :class:`~cwviz.core.method.analysis.Analysis` was asked for more after its model was freed, moved to another
     device or dtype, or had its weights changed: what it would compute would mix two models."""
+
+
+class ArgumentError(InputError):
+    """A bad value of one named argument of a call: ``argument`` says which ("target", "foil", "share", ...), so that a
+    caller that replaces it with its default (the Flow page) reads this field, never the message."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+    def __reduce__(self):  # pickled whole (a cache, a worker process): the field as well as the message
+        return type(self), (self.argument, str(self))
