@@ -83,7 +83,10 @@ def main(argv=None) -> int:
                 )
     table = pd.DataFrame(out)
     table.to_csv(args.results / "flow_supplement.csv", index=False, float_format="%.6g")
-    print(table.to_markdown(index=False, floatfmt=".3f"))
+    print("| " + " | ".join(table.columns) + " |")
+    print("|" + "---|" * len(table.columns))
+    for row in table.itertuples(index=False):
+        print("| " + " | ".join(f"{v:+.3f}" if isinstance(v, float) else str(v) for v in row) + " |")
     return 0
 
 
