@@ -229,22 +229,19 @@ def read_test(path: Path | None = None) -> pd.DataFrame:
 
 
 def faithfulness_sentence(table: pd.DataFrame, models: tuple[str, ...], method: MethodChoice, intervention: str) -> str:
-    """One sentence: how faithful ``method`` was in the test on this model (``models``: the names a row may give it,
-    the dashboard's and the model's id), on ``intervention``: its primary ρ (|score| against |effect|) with the
-    interval, and for a signed method its top-3 sign agreement. A model or method without a row: a plain sentence
-    saying it was not tested."""
+    """One sentence, one line at 1280 px: how faithful ``method`` was in the test on this model (``models``: the names a
+    row may give it, the dashboard's and the model's id), on ``intervention``: its primary ρ (|score| against |effect|,
+    1 a perfect ranking, 0 none) with the interval, and for a signed method the share of its top-3 tokens whose sign
+    was the knockout's. A model or method without a row: a plain sentence saying it was not tested."""
     rows = table[table["model"].isin(models) & (table["method"] == method.name) & (table["intervention"] == intervention)]
     stat = {row.statistic: row for row in rows.itertuples(index=False)}
     if "rho" not in stat:
-        return f"The method shown, {method.label}, was not tested on this model (docs/flow.md: the test ran on SmolLM2 and Gemma 3)."
+        return f"This method ({method.label}) was not tested on this model (docs/flow.md: the test ran on SmolLM2 and Gemma 3)."
     rho = stat["rho"]
-    said = (
-        f"In the test on {int(rho.n)} GSM8K items ({rho.model}), the {method.label}'s scores followed the {intervention} "
-        f"knockouts at ρ {rho.mean:.2f} (95 % interval {rho.ci_low:.2f} to {rho.ci_high:.2f}; |score| against |effect|, "
-        "1 is a perfect ranking, 0 none)"
-    )
+    # one line at 1280 px (the first screen holds it, the graph and the totals): the words are few on purpose
+    said = f"Tested on {int(rho.n)} GSM8K items: ρ {rho.mean:.2f} [{rho.ci_low:.2f}, {rho.ci_high:.2f}] against the {intervention} knockouts' size"
     if method.signed and "sign_agreement" in stat:
-        said += f"; its signs agreed on {stat['sign_agreement'].mean:.0%} of the top-3 tokens"
+        said += f"; top-3 signs right {stat['sign_agreement'].mean:.0%}"
     return said + "."
 
 

@@ -130,7 +130,7 @@ def flow_chart(
 
 # -- the Flow page (docs/dashboard.md): the route into the prediction beside the tokens' totals -------------------
 #: The page's graph: plot width and height (px).
-PAGE_WIDTH, PAGE_HEIGHT = 400, 225
+PAGE_WIDTH, PAGE_HEIGHT = 400, 215
 #: An edge's width (px) from the smallest |weight| drawn to the largest: a small negative edge still reads as blue.
 EDGE_WIDTHS = (1.5, 6.0)
 #: Rows of the totals' bars: every input token up to this many, else the ones with the largest |total|; (px) a row.

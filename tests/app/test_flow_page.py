@@ -120,11 +120,11 @@ def test_the_first_screen_says_how_faithful_the_shown_method_was_in_the_test(mon
     try:
         at = run_app(page=PAGE, params={"method": "effect"})
         said = " ".join(m.value for m in at.markdown)
-        assert "In the test on 100 GSM8K items (embedded), the effect flow's scores followed the relay knockouts at ρ 0.41" in said
-        assert "0.35 to 0.47" in said and "its signs agreed on 70% of the top-3 tokens" in said
+        assert "Tested on 100 GSM8K items: ρ 0.41 [0.35, 0.47] against the relay knockouts' size" in said
+        assert "top-3 signs right 70%" in said
         at.selectbox(key="method").set_value("share_flow").run()
         said = " ".join(m.value for m in at.markdown)
-        assert "The method shown, share flow, was not tested on this model" in said and "ρ 0.20" not in said
+        assert "This method (share flow) was not tested on this model" in said and "ρ 0.20" not in said
     finally:
         flow_services.tested.clear()
 

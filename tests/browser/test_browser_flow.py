@@ -129,7 +129,7 @@ def test_the_graph_the_totals_and_the_tests_sentence_stand_whole_on_the_first_sc
         )
         assert cut == [], f"token labels cut short: {cut}"
         sentence = page.locator('[data-testid="stMarkdownContainer"] p', has_text="tested on this model").or_(
-            page.locator('[data-testid="stMarkdownContainer"] p', has_text="In the test on")
+            page.locator('[data-testid="stMarkdownContainer"] p', has_text="Tested on")
         )
         box = sentence.first.bounding_box()
         assert box is not None and box["y"] + box["height"] <= screen["height"], f"the test's sentence is below the first screen: {box}"

@@ -10,7 +10,7 @@ One forward pass with grad, in which a leaf m = 1 [T] scales every layer's value
 | ``totals``               | [key]               | ∂LD/∂m_k: first-order estimate of the relay knockout's effect  |
 | ``origin``               | [key]               | ⟨e_k − ē, ∂LD/∂e_k⟩: the origin intervention's estimate        |
 | ``input_x_gradient``     | [key]               | ⟨e_k, ∂LD/∂e_k⟩                                                 |
-| head-output gradients    | [layer][head, query, d_head] | ∂LD/∂z: g_i^l pulled back through W_O                  |
+| head-output gradients    | per layer: head x query x d_head | ∂LD/∂z: g_i^l pulled back through W_O              |
 
 and from those and the analysis's records, each layer's edges ⟨c_ik^{lh}, g_i^l⟩ summed over heads, [query, key] a
 row block at a time (:func:`edges_of_layer`): α_ik^{lh} (∂LD/∂z_i^{lh}) · v_k^{lh}, in d_head space.
