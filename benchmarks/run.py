@@ -325,14 +325,21 @@ def bench_flow(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
 
     rows += _kept_stream_rows(bundle, [t for t in lengths if keeps_stream(bundle, t)], repeats)
     if memory_tokens:
-        full, flowed = memory_probe("full", memory_tokens), memory_probe("flow", memory_tokens)
-        rows += [
-            "",
-            f"| T = {memory_tokens} | full analysis (MiB above the loaded model, baseline) | analysis + flow (MiB) | ratio | target |",
-            "|---|---|---|---|---|",
-            f"| peak memory | {full:.0f} | {flowed:.0f} | **{flowed / full:.2f}** | ≤ 2 GB |",
-        ]
-        print("\n".join(rows[-3:]), flush=True)
+        rows += memory_rows("flow", "analysis + flow", memory_tokens)
+    return rows
+
+
+def memory_rows(what: str, label: str, tokens: int) -> list[str]:
+    """The peak memory of ``what`` (a :mod:`benchmarks.memory_probe` job) at ``tokens`` beside the full analysis's, each
+    in a fresh process, as table rows (the target: 2 GB)."""
+    full, measured = memory_probe("full", tokens), memory_probe(what, tokens)
+    rows = [
+        "",
+        f"| T = {tokens} | full analysis (MiB above the loaded model, baseline) | {label} (MiB) | ratio | target |",
+        "|---|---|---|---|---|",
+        f"| peak memory | {full:.0f} | **{measured:.0f}** | {measured / full:.2f} | ≤ 2 GB |",
+    ]
+    print("\n".join(rows[-3:]), flush=True)
     return rows
 
 
@@ -367,14 +374,7 @@ def bench_effect(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
     ]
     print(rows[-1], flush=True)
     if memory_tokens:
-        full, effected = memory_probe("full", memory_tokens), memory_probe("effect", memory_tokens)
-        rows += [
-            "",
-            f"| T = {memory_tokens} | full analysis (MiB above the loaded model, baseline) | analysis + effect flow (MiB) | ratio | target |",
-            "|---|---|---|---|---|",
-            f"| peak memory | {full:.0f} | **{effected:.0f}** | {effected / full:.2f} | ≤ 2 GB |",
-        ]
-        print("\n".join(rows[-3:]), flush=True)
+        rows += memory_rows("effect", "analysis + effect flow", memory_tokens)
     return rows
 
 
