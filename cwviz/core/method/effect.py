@@ -1,9 +1,10 @@
 """The effect flow (docs/METHOD.md section 7): the paper's contribution vectors read against the gradient of the
 prediction where they land.
 
-One forward pass with grad, in which a leaf m = 1 [T] scales every layer's values inside cwviz's attention function
-(:class:`ScaleValueColumns`; nothing is registered on the model) and the input embeddings are a leaf too; one
-``torch.autograd.grad`` gives
+A leaf m = 1 [T] scales every layer's values inside cwviz's attention function (:class:`ScaleValueColumns`: the
+model's weights and forward are untouched), and the input embeddings are a leaf too. One forward pass without grad
+keeps each block's input; the backward then runs block by block, each block recomputed with grad from its input
+(one block's activations held at a time, :func:`gradients`), and gives
 
 | quantity                 | shape               | meaning                                                        |
 |--------------------------|---------------------|----------------------------------------------------------------|
