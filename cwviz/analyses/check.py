@@ -110,7 +110,7 @@ def check(
     method answers, section 7.2). ``measured``: effects already measured for this request and intervention (a page's
     cache: a method changed needs no new knockouts)."""
     chosen = attribution.check_method(method)
-    intervention = next(i for i in attribution.INTERVENTIONS if i in chosen.answers) if intervention is None else intervention
+    intervention = chosen.intervention if intervention is None else intervention
     if intervention not in attribution.INTERVENTIONS:
         raise InputError(f"no intervention {str(intervention)[:80]!r}: choose one of {', '.join(attribution.INTERVENTIONS)}")
     complete = True

@@ -170,7 +170,7 @@ def methods(request: services.Request) -> tuple[MethodChoice, ...]:
         why = method.available(bundle)
         if why is None and method.needs_logits and not bundle.has_logits:
             why = "it needs next-token logits; this model is an encoder"
-        intervention = next(i for i in attribution.INTERVENTIONS if i in method.answers)
+        intervention = method.intervention
         out.append(MethodChoice(name, method.label, method.description, method.signed, method.has_edges, why, intervention))
     return tuple(out)
 

@@ -28,11 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from ..util.errors import InputError
 from . import alti_logit, baselines, effect
-from .flow import EDGE_LIMIT, flow, resolve, token_totals
+from .flow import EDGE_LIMIT, LargestEdges, flow, resolve, token_totals
 from .flow_tables import Flow
 
 #: The interventions of section 7.3, by name.
@@ -138,6 +137,12 @@ class Method:
     has_edges: bool = False
     available: Callable[[object], str | None] = field(default=lambda bundle: None)
 
+    @property
+    def intervention(self) -> str:
+        """The intervention the method is checked against by default: the first it answers, in :data:`INTERVENTIONS`'
+        order."""
+        return next(i for i in INTERVENTIONS if i in self.answers)
+
 
 def _effect(request: Request) -> Attribution:
     grads = request.gradients
@@ -178,21 +183,13 @@ def _decoders_only(bundle) -> str | None:
 
 
 def _kept_edges(layer: int, blocks, limit: int = EDGE_LIMIT) -> LayerEdges:
-    """The ``limit`` largest |weight| edges of one layer from its row blocks ``(first, stop, weights [rows, keys])``."""
-    weights, queries, keys, mass = [], [], [], 0.0
+    """The ``limit`` largest |weight| edges of one layer from its row blocks ``(first, stop, weights [rows, keys])``,
+    kept as the share flow keeps its own (:class:`cwviz.core.method.flow.LargestEdges`)."""
+    largest, mass = LargestEdges(limit), 0.0
     for first, _stop, block in blocks:
-        block = block.float().cpu()
-        mass += float(block.abs().sum())
-        size = block.abs().flatten()
-        count = min(limit, size.numel())
-        top = torch.topk(size, count).indices if count < size.numel() else torch.arange(size.numel())
-        rows, cols = top // block.shape[1], top % block.shape[1]
-        weights.append(block[rows, cols])
-        queries.append(rows + first)
-        keys.append(cols)
-    w, i, k = torch.cat(weights), torch.cat(queries), torch.cat(keys)
-    order = torch.argsort(w.abs(), descending=True, stable=True)[:limit]
-    return LayerEdges(layer, w[order].double().numpy(), i[order].numpy(), k[order].numpy(), mass)
+        mass += largest.add(block.float(), first)
+    weights, queries, keys = largest.result()
+    return LayerEdges(layer, weights.double().numpy(), queries.numpy(), keys.numpy(), mass)
 
 
 #: Every member, in report order (more join from their own modules through :func:`register`).

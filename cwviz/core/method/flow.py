@@ -163,7 +163,7 @@ def _route(analysis, basis: FlowBasis, start: np.ndarray, direct: np.ndarray, pa
     with torch.inference_mode():
         for layer in reversed(range(layers)):
             below = torch.zeros_like(vector)
-            largest = _Largest(edge_limit)
+            largest = LargestEdges(edge_limit)
             for block in basis.blocks(analysis, layer):
                 parts.add(layer, block)
                 mix = block.mix
@@ -180,7 +180,7 @@ def _route(analysis, basis: FlowBasis, start: np.ndarray, direct: np.ndarray, pa
     return dict(nodes=nodes, vector=vector.numpy(), bias=bias.numpy(), heads=heads, edges=edges[::-1], mass=mass)
 
 
-class _Largest:
+class LargestEdges:
     """The ``limit`` largest |weight| edges of one layer, kept as its row blocks stream: a block's entries above the
     running threshold (the limit-th largest |weight| so far) join a buffer, cut back to the limit when it doubles."""
 
