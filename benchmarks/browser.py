@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode
 
-from cwviz.analyses.schema import FLOW_SHARE
+from cwviz.core.defaults import KEPT
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -218,7 +218,7 @@ def _flow_page(page, url: str, prompt: str, repeats: int) -> dict[str, float]:
         _settle(page)
         share.focus()
         # A share past the cap draws the same 300 edges: the wait ends when the caption states the new share.
-        kept = f"asked: {FLOW_SHARE - 0.05:.0%}" if i % 2 == 0 else f"asked: {FLOW_SHARE:.0%}"
+        kept = f"asked: {KEPT - 0.05:.0%}" if i % 2 == 0 else f"asked: {KEPT:.0%}"
         waits["share"].append(_timed_text(page, lambda: page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight"), kept))
         _settle(page)
     result = {name: statistics.median(times) for name, times in waits.items()}
@@ -238,7 +238,7 @@ def _flow_clicks(page, url: str, repeats: int) -> dict[str, float]:
     share = page.locator('[data-testid="stMain"] [data-testid="stSlider"] input[type="range"]').first
     for i in range(repeats):
         share.focus()
-        shown = f"asked: {FLOW_SHARE - 0.05:.0%}" if i % 2 == 0 else f"asked: {FLOW_SHARE:.0%}"
+        shown = f"asked: {KEPT - 0.05:.0%}" if i % 2 == 0 else f"asked: {KEPT:.0%}"
         waits["share"].append(_timed_text(page, lambda: page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight"), shown))
         _settle(page)
         node = page.locator(CHART).first.locator('g.mark-symbol.role-mark > path[aria-label*="role: passes"]').nth(i)

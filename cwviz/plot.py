@@ -48,9 +48,10 @@ from .charts import flow as flow_charts
 from .charts import heatmaps as heatmap_charts
 from .charts import sinks as sink_charts
 from .charts import token as token_charts
+from .core import defaults
 from .core.method.analysis import Analysis
 from .core.method.flow import flow as signed_flow
-from .core.method.flow_tables import EDGE_SHARE, Flow
+from .core.method.flow_tables import Flow
 from .core.method.measures import MEASURES
 from .core.util.errors import InputError, SelectionError
 from .vocabulary import check_kind
@@ -186,7 +187,7 @@ def flow(
     position: int | None = None,
     target: int | str | None = None,
     foil: int | str | None = None,
-    share: float = EDGE_SHARE,
+    share: float = defaults.LAYER_KEPT,
 ) -> alt.VConcatChart:
     """The signed flow into ``position``: each input token's total (red adds, blue subtracts), the layer x head map
     of direct parts (an encoder: routed shares) and the graph pruned to ``share`` of each layer's |mass|
@@ -247,7 +248,7 @@ def sink_ratio(
     source: Analysis | pd.DataFrame,
     layer: int,
     head: int | None = None,
-    sink: int | str = sinks.DEFAULT_SINK,
+    sink: int | str = defaults.DEFAULT_SINK,
     query: int | None = None,
 ) -> alt.LayerChart:
     """Sink ratio against head-output norm for one head, with its typical convex curve and minimiser
@@ -275,7 +276,7 @@ def sink_ratio(
 
 
 def anti_alignment(
-    source: Analysis | pd.DataFrame, sink: int | str = sinks.DEFAULT_SINK, layer: int | None = None, head: int | None = None
+    source: Analysis | pd.DataFrame, sink: int | str = defaults.DEFAULT_SINK, layer: int | None = None, head: int | None = None
 ) -> alt.LayerChart:
     """Layers x heads map of the mean cos(ṽ_sink, m) (blue: anti-aligned), from
     :func:`cwviz.analyses.sinks.sink_head_summary`, drawn by :func:`cwviz.charts.sinks.anti_alignment_map`;
@@ -285,7 +286,7 @@ def anti_alignment(
     return sink_charts.anti_alignment_map(sinks.sink_head_summary(table), layer=layer, head=head)
 
 
-def sink_shares(source: Analysis | pd.DataFrame, sink: int | str = sinks.DEFAULT_SINK, layer: int | None = None) -> alt.LayerChart:
+def sink_shares(source: Analysis | pd.DataFrame, sink: int | str = defaults.DEFAULT_SINK, layer: int | None = None) -> alt.LayerChart:
     """Per layer, the sink's share under attention against its share under contribution weights
     (:func:`cwviz.analyses.sinks.sink_layer_summary`, drawn by :func:`cwviz.charts.sinks.share_chart`)."""
     table = _sink_table(source, sink)
@@ -294,7 +295,10 @@ def sink_shares(source: Analysis | pd.DataFrame, sink: int | str = sinks.DEFAULT
 
 
 def sink_intervention(
-    analysis: Analysis, sink: int | str = sinks.DEFAULT_SINK, factor: float = sinks.DEFAULT_FACTOR, layers: Iterable[int] | None = None
+    analysis: Analysis,
+    sink: int | str = defaults.DEFAULT_SINK,
+    factor: float = defaults.DEFAULT_FACTOR,
+    layers: Iterable[int] | None = None,
 ) -> alt.VConcatChart:
     """The effect of scaling the sink's value by ``factor`` in ``layers`` (None: every layer): head-output
     norms and the semantic cone per layer (:func:`cwviz.analyses.sinks.intervene_on_sink`, drawn by

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from cwviz.analyses.sinks import DEFAULT_SINK
+from cwviz.core.defaults import DEFAULT_SINK
 from cwviz.core.method.analysis import Analysis, analyze
 from cwviz.core.method.interventions import ScaleValues
 from cwviz.core.method.measures import expand_kv

@@ -20,6 +20,7 @@ TORCH_FREE = [
     "cwviz.charts",
     *(f"cwviz.charts.{m.name}" for m in pkgutil.iter_modules([str(CHARTS_DIR)])),
     "cwviz.analyses.schema",
+    "cwviz.core.defaults",
     "cwviz.vocabulary",
     "cwviz.cli.main",
     "cwviz.cli.parsers",
@@ -39,20 +40,22 @@ def test_module_imports_neither_torch_nor_transformers(module):
 
 
 #: What each room may import (cwviz rooms and the heavy third-party packages; docs/ARCHITECTURE.md, "What may import
-#: what"). ``vocabulary`` (the words every room shares) imports nothing but the errors (which import nothing), so every
-#: room may import it.
+#: what"). ``vocabulary`` (the words every room shares) imports nothing but the errors (which import nothing), and
+#: ``core.defaults`` (every default value, once) imports nothing at all, so every room may import both.
+SHARED = {"vocabulary", "core.defaults"}
 ROOMS: dict[str, set[str]] = {
     "vocabulary": {"core.util.errors"},
-    "core": {"core", "torch", "transformers", "vocabulary"},
-    "analyses": {"core", "analyses", "torch", "vocabulary"},
-    "analyses.schema": {"vocabulary"},
-    "charts": {"charts", "analyses.schema", "altair", "vocabulary"},
-    "app": {"core", "analyses", "charts", "app", "torch", "streamlit", "altair", "vocabulary"},
-    "cli": {"core", "analyses", "charts", "cli", "app.launch", "torch", "vocabulary"},
-    "plot": {"core", "analyses", "charts", "torch", "altair", "vocabulary"},
+    "core.defaults": set(),
+    "core": {"core", "torch", "transformers"} | SHARED,
+    "analyses": {"core", "analyses", "torch"} | SHARED,
+    "analyses.schema": SHARED,
+    "charts": {"charts", "analyses.schema", "altair"} | SHARED,
+    "app": {"core", "analyses", "charts", "app", "torch", "streamlit", "altair"} | SHARED,
+    "cli": {"core", "analyses", "charts", "cli", "app.launch", "torch"} | SHARED,
+    "plot": {"core", "analyses", "charts", "torch", "altair"} | SHARED,
     # app.py and views/*.py: the dashboard's scripts reach the library through the app, the tables and charts, and
-    # cwviz's top-level names (its errors); never the core, torch or transformers.
-    "views": {"top", "app", "analyses", "charts", "streamlit", "altair", "vocabulary"},
+    # cwviz's top-level names (its errors); never the rest of the core, torch or transformers.
+    "views": {"top", "app", "analyses", "charts", "streamlit", "altair"} | SHARED,
 }
 #: Imports outside the rules, each with its reason.
 EXCEPTIONS = {
@@ -109,7 +112,7 @@ def _room_of(name: str) -> str | None:
         if module == "cwviz":
             return "top"
         rest = module.removeprefix("cwviz.")
-        for special in ("analyses.schema", "app.launch", "core.util.errors"):
+        for special in ("analyses.schema", "app.launch", "core.util.errors", "core.defaults"):
             if rest == special or rest.startswith(special + "."):
                 return special
         return rest.split(".")[0]
@@ -132,7 +135,8 @@ def test_rooms_import_only_what_they_may():
     the table types import nothing of cwviz but the shared words; the pages never reach into the core."""
     wrong = []
     for module, path in CWVIZ_MODULES.items():
-        room = "analyses.schema" if module == "cwviz.analyses.schema" else module.split(".")[1] if "." in module else None
+        special = module.removeprefix("cwviz.")
+        room = special if special in ("analyses.schema", "core.defaults") else module.split(".")[1] if "." in module else None
         if room not in ROOMS:
             continue  # cwviz/__init__.py (lazy names) and __main__.py
         wrong += _check(module, room, _imports(path, module))

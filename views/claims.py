@@ -8,11 +8,11 @@ import streamlit as st
 from cwviz import CwvizError
 from cwviz.analyses import claims, faithfulness, records
 from cwviz.analyses.codecs import CLAIMS
-from cwviz.analyses.schema import CLAIMS_MAX_TOKENS, CLAIMS_RATES
 from cwviz.app import hosting, run_services
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import url_widget
 from cwviz.charts import claims as charts_claims
+from cwviz.core.defaults import CLAIMS_MAX_TOKENS, CLAIMS_RATES, SINK_ACTIVE
 
 #: Items a run on this page may take (the CLI takes any number, resumably).
 MAX_ITEMS = 10
@@ -29,7 +29,8 @@ with st.expander("How the claims are tested"):
         "Claim 1 by the faithfulness curves under each rank scope (query, token, layer) on the log-perplexity ratio, "
         "with random rankings as the control; under the query scope VW and VW/‖o‖ rank every query's keys alike, so "
         "those rows **tie by construction**: they cannot hold and are counted apart. Claim 2 by the sink against the "
-        "other keys; claim 3 on the sink-active heads (mean sink ratio ≥ 0.3); claim 4 by where the sink-active heads "
+        f"other keys; claim 3 on the sink-active heads (mean sink ratio ≥ {SINK_ACTIVE:g}); claim 4 by where the "
+        "sink-active heads "
         "operate: their median sink ratio against the minimiser of a quadratic fit of their output norms (the U shape "
         "itself is nearly algebraic, so it is evidence); claim 5 as three verdicts with the sink's value removed: (a) "
         "the low-norm outputs' spread narrows, (b) they turn toward the semantic tokens' centroid, (c) perplexity "

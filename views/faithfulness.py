@@ -21,6 +21,7 @@ from cwviz.app.sidebar import sidebar
 from cwviz.app.state import parse_bool, url_widget
 from cwviz.charts import faithfulness as charts
 from cwviz.charts.export import to_csv
+from cwviz.core import defaults
 
 #: What the page last ran (:class:`cwviz.app.run_services.Asked`); its records are the runner's.
 ASKED = "_faithfulness_asked"
@@ -95,14 +96,14 @@ def asked() -> run_services.Asked:
         value("split", "test"),
     )
     protocol = faithfulness.Protocol(
-        rates=tuple(value("rates", faithfulness.DEFAULT_RATES)),
-        measures=tuple(value("measures", faithfulness.RANKED_MEASURES)),
+        rates=tuple(value("rates", defaults.DEFAULT_RATES)),
+        measures=tuple(value("measures", defaults.RANKED_MEASURES)),
         layer=None if layer == "all" else int(layer),
         per_head=bool(value("per_head", False)),
         rank_by=value("rank_by", "signed"),
         rank_scope=value("rank_scope", faithfulness.RANK_SCOPES[0]),
         seed=int(value("seed", 0)),
-        max_tokens=int(value("cap", faithfulness.EXAMPLE_MAX_TOKENS)),
+        max_tokens=int(value("cap", defaults.EXAMPLE_MAX_TOKENS)),
     )
     return run_services.Asked((sel.model, sel.device, sel.dtype), tuple(texts), protocol)
 
@@ -142,7 +143,7 @@ with st.expander("Data and protocol", expanded=True):
             st.number_input,
             "cap",
             "Token cap per example",
-            min(faithfulness.EXAMPLE_MAX_TOKENS, MAX_CAP),
+            min(defaults.EXAMPLE_MAX_TOKENS, MAX_CAP),
             parse=int,
             valid=lambda v: 2 <= v <= MAX_CAP,
             min_value=2,
@@ -154,7 +155,7 @@ with st.expander("Data and protocol", expanded=True):
             st.multiselect,
             "rates",
             "Removal rates (% of each query's keys)",
-            list(faithfulness.DEFAULT_RATES),
+            list(defaults.DEFAULT_RATES),
             parse=float,
             options=RATE_CHOICES,
             format_func=lambda r: f"{r:g} %",
@@ -201,7 +202,7 @@ with st.expander("Data and protocol", expanded=True):
         st.pills,
         "measures",
         "Measures (the names of the results table and CSV)",
-        list(faithfulness.RANKED_MEASURES),
+        list(defaults.RANKED_MEASURES),
         options=list(faithfulness.ALL_MEASURES),
         selection_mode="multi",
     )

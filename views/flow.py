@@ -9,12 +9,12 @@ import streamlit as st
 
 from cwviz import CwvizError
 from cwviz.analyses import route
-from cwviz.analyses.schema import FLOW_METHOD, FLOW_SHARE
 from cwviz.app import flow_services, widgets
 from cwviz.app.links import page_url
 from cwviz.app.sidebar import escape_markdown, sidebar
 from cwviz.app.state import parse_bool, url_widget
 from cwviz.charts import flow as charts
+from cwviz.core.defaults import FLOW_METHOD, KEPT
 
 MORE = (
     "**The graph: the route into the prediction.** A node is the residual stream at one position entering one layer "
@@ -190,7 +190,7 @@ with share_col:
         st.slider,
         "share",
         "Effect drawn",
-        FLOW_SHARE,  # the CLI's default too: one route whoever draws it
+        KEPT,  # the CLI's default too: one route whoever draws it
         parse=float,
         valid=lambda v: 0.05 <= v <= 1.0,
         min_value=0.05,

@@ -18,7 +18,7 @@ sink_attention, sink_contribution, divergence and output_norm are those of
 
 Pooled (:func:`pool`): each prompt counts once (the mean of its per-prompt values, not of all queries
 together, so a long prompt does not outweigh short ones), with a percentile bootstrap interval over prompts
-(:data:`~cwviz.analyses.schema.ATLAS_BOOTSTRAP` resamples, seeded). Results are a folder (:func:`save`, :func:`load`): the per-prompt table,
+(:data:`~cwviz.core.defaults.ATLAS_BOOTSTRAP` resamples, seeded). Results are a folder (:func:`save`, :func:`load`): the per-prompt table,
 the pooled table, the prompts and a manifest, so the maps are reloaded without a forward pass.
 """
 
@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.defaults import ATLAS_BOOTSTRAP, ATLAS_CONFIDENCE, ATLAS_SEED, DEFAULT_SINK
 from ..core.loading.models import Bundle
 from ..core.method.analysis import Analysis, analyze
 from ..core.util.errors import CwvizError, InputError
@@ -44,8 +45,8 @@ from . import sweep
 from .bootstrap import bootstrap_interval
 from .codecs import ATLAS
 from .records import changed_files, file_sums
-from .schema import ATLAS_BOOTSTRAP, ATLAS_CONFIDENCE, ATLAS_METRICS, ATLAS_SEED
-from .sinks import DEFAULT_SINK, head_space, sink_norms
+from .schema import ATLAS_METRICS
+from .sinks import head_space, sink_norms
 
 #: The most bootstrap resamples (:func:`check_bootstrap`): far beyond what a 95% interval needs (1,000 fix its ends
 #: to about a percent), and the pooled means of the resamples are held at once, resamples x prompts x heads x 8 bytes.

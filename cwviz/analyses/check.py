@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.defaults import FLOW_BATCH_SIZE
 from ..core.method import attribution
 from ..core.method.knockout import last_logits
 from ..core.util.errors import InputError
 from ..core.util.progress import Progress
 from . import flow_faithfulness
-from .schema import FLOW_BATCH_SIZE
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.defaults import SINK_ACTIVE, SINK_ACTIVE_THRESHOLDS
 from ..core.method.analysis import Analysis
 from ..core.method.interventions import Both, ScaleValues
 from . import sinks
 
-#: Claim 3: a head is sink-active when its mean sink ratio over the item's queries is at least this (pre-registered).
-ACTIVE_THRESHOLD = 0.3
-#: Claim 3's other thresholds, reported beside it (0: every head, the first protocol's statistic).
-THRESHOLDS = (0.1, 0.3, 0.5, 0.7)
 #: Claim 4: a head's quadratic fit needs this many queries and this range of sink ratios among them.
 FIT_MIN_QUERIES, FIT_MIN_RANGE = 8, 0.05
 #: Claim 5: the low-norm outputs of a head are its queries at or below this quantile of its clean output norms.
@@ -58,7 +55,7 @@ def geometry_rhos(contribution: np.ndarray, attention: np.ndarray) -> tuple[floa
     return spearman(c, c / alpha), spearman(c, alpha)
 
 
-def active_cosines(table: pd.DataFrame, thresholds=THRESHOLDS) -> dict[str, float]:
+def active_cosines(table: pd.DataFrame, thresholds=SINK_ACTIVE_THRESHOLDS) -> dict[str, float]:
     """Claim 3 from one item's :func:`cwviz.analyses.sinks.sink_table`: over the rows whose query sees another key,
     the mean cos(ṽ_σ, m) of the heads whose mean sink ratio is at least each threshold (``cos_active_<τ>``; NaN when
     no head is that active), and the mean over every row weighted by its sink ratio (``cos_weighted``)."""
@@ -126,7 +123,7 @@ def fit_statistics(fits: pd.DataFrame) -> dict[str, float]:
     }
 
 
-def operating_point(fits: pd.DataFrame, threshold: float = ACTIVE_THRESHOLD) -> dict[str, float]:
+def operating_point(fits: pd.DataFrame, threshold: float = SINK_ACTIVE) -> dict[str, float]:
     """Claim 4's verdict statistic from :func:`head_fits`: over the sink-active (mean sink ratio ≥ ``threshold``)
     U-shaped heads, the median distance |operating − s*| between where a head operates (its median sink ratio) and
     its fitted minimiser (``operating_distance``), the median signed offset operating − s* (< 0: short of the

@@ -27,6 +27,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
+from ..core.defaults import SINK_ACTIVE, SINK_ACTIVE_THRESHOLDS
 from ..core.method.analysis import analyze
 from ..core.method.interventions import ScaleValues
 from . import claim_items, faithfulness, sinks
@@ -241,18 +242,26 @@ def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
         return []
 
     one = partial(_judged, seed=seed)
+    active = SINK_ACTIVE
     d_sink = stats["rho_geometry"] - stats["rho_attention"]
     d_other = stats["rho_geometry_other"] - stats["rho_attention_other"]
     out = [
         one(2, VERDICT, "d_σ − d_other: [ρ(c, geometry) − ρ(c, attention)] of the sink minus that of the other keys", d_sink - d_other),
         one(2, EVIDENCE, "d_σ = ρ(c, geometry) − ρ(c, attention), the sink's rows (the first protocol)", d_sink),
         one(2, EVIDENCE, "d_other, every other visible key", d_other),
-        one(3, VERDICT, "mean cos(ṽ_σ, m), sink-active heads (mean sink ratio ≥ 0.3)", stats["cos_active_0.3"], positive=False),
+        one(
+            3,
+            VERDICT,
+            f"mean cos(ṽ_σ, m), sink-active heads (mean sink ratio ≥ {active:g})",
+            stats[f"cos_active_{active:g}"],
+            positive=False,
+        ),
         one(3, EVIDENCE, "mean cos(ṽ_σ, m), every head (the first protocol)", stats["cos_sink_rest"], positive=False),
     ]
     out += [
         one(3, EVIDENCE, f"mean cos(ṽ_σ, m), heads with mean sink ratio ≥ {t:g}", stats[f"cos_active_{t:g}"], positive=False)
-        for t in (0.1, 0.5, 0.7)
+        for t in SINK_ACTIVE_THRESHOLDS
+        if t != active
     ]
     out.append(one(3, EVIDENCE, "mean cos(ṽ_σ, m) weighted by the sink ratio, every head", stats["cos_weighted"], positive=False))
     out += [

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.defaults import SINK_ACTIVE_THRESHOLDS
 from ..core.util.errors import InputError
 from . import faithfulness
 from .codec import COUNT, NAMES, NUMBERS, Codec, agrees, data_count, in_range, model_settings, same_length
@@ -380,7 +381,7 @@ SINK_STAT_RANGES: dict[str, tuple[float, float]] = {
     "rho_geometry_other": _COS,
     "rho_attention_other": _COS,
     "cos_sink_rest": _COS,
-    **{f"cos_active_{tau:g}": _COS for tau in (0.1, 0.3, 0.5, 0.7)},
+    **{f"cos_active_{tau:g}": _COS for tau in SINK_ACTIVE_THRESHOLDS},
     "cos_weighted": _COS,
     "interior_minimum_share": _SHARE,
     "median_minimiser": _ANY,

@@ -50,6 +50,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.defaults import DEFAULT_BATCH_SIZE, DEFAULT_DRAWS, DEFAULT_RATES, EXAMPLE_MAX_TOKENS, RANKED_MEASURES
 from ..core.loading.inputs import check_layer, check_length
 from ..core.loading.models import Bundle
 from ..core.method.analysis import Analysis, analyze
@@ -60,17 +61,7 @@ from ..core.util.progress import Progress
 from ..core.util.texts import check_text
 from .bootstrap import bootstrap_interval
 from .masks import CURVES, keep_mask, maskable, masked_counts, scope_ranks
-from .schema import (
-    ALL_MEASURES,
-    AUTO_BATCH,
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_DRAWS,
-    DEFAULT_RATES,
-    EXAMPLE_MAX_TOKENS,
-    RANK_BY,
-    RANK_SCOPES,
-    RANKED_MEASURES,
-)
+from .schema import ALL_MEASURES, AUTO_BATCH, RANK_BY, RANK_SCOPES
 
 log = logging.getLogger(__name__)
 

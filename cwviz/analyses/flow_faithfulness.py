@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.defaults import FLOW_BATCH_SIZE, FLOW_DRAWS, FLOW_MAX_TOKENS
 from ..core.method import attribution
 from ..core.method.analysis import analyze
 from ..core.method.knockout import last_logits
@@ -33,7 +34,7 @@ from .claim_items import spearman
 from .claims import MIN_ITEMS, UNRESOLVED, mean_interval, verdict
 from .codecs import FLOW_FAITHFULNESS
 from .faithfulness import example_ids
-from .schema import FLOW_BATCH_SIZE, FLOW_DRAWS, FLOW_MAX_TOKENS, FLOW_MIN_TOKENS
+from .schema import FLOW_MIN_TOKENS
 
 #: The sub-folder of ``--results DIR`` holding the records (of :data:`cwviz.analyses.codecs.FLOW_FAITHFULNESS`).
 RECORDS_FOLDER = FLOW_FAITHFULNESS.name

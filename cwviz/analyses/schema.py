@@ -1,11 +1,11 @@
-"""The tables that analyses hand to charts: their types, the measure picker's vocabulary, and the defaults of the
-analyses' settings.
+"""The tables that analyses hand to charts: their types, the measure picker's vocabulary, and the words of the
+analyses' settings (their defaults: :mod:`cwviz.core.defaults`).
 
 Torch-free on purpose: :mod:`cwviz.charts` imports this module and must not import torch or
 transformers (a test says so), so a chart can be built in a notebook from a saved table alone. It imports nothing
-of cwviz but :mod:`cwviz.vocabulary`, the words the core shares (``check_kind``), and not even pandas at run time: the
-command line's parsers (:mod:`cwviz.cli.parsers`) show these defaults in ``--help``, which must start in well under
-a second.
+of cwviz but :mod:`cwviz.vocabulary`, the words the core shares (``check_kind``), and :mod:`cwviz.core.defaults`,
+and not even pandas at run time: the command line's parsers (:mod:`cwviz.cli.parsers`) show these words in
+``--help``, which must start in well under a second.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..core.defaults import RANKED_MEASURES
 from ..vocabulary import check_kind
 
 if TYPE_CHECKING:
@@ -23,70 +24,31 @@ if TYPE_CHECKING:
 #: query (``token``), or every visible (query, key) pair of a layer at once (``layer``).
 RANK_SCOPES = ("query", "token", "layer")
 
-# -- the defaults of the analyses' settings; the analyses import them from here ------------------------------------
-#: Faithfulness (:mod:`cwviz.analyses.faithfulness`): the measures ranked, in the paper's expected order of
-#: faithfulness, then the control.
-RANKED_MEASURES: tuple[str, ...] = (
-    "raw",
-    "value_weighted",
-    "value_weighted_output_normalized",
-    "contribution_inter",
-    "contribution_intra",
-    "random",
-)
-#: Every measure that can be ranked: the defaults and the intra-head output-normalised variant.
+# -- the words of the analyses' settings; their defaults live in cwviz.core.defaults -------------------------------
+#: Every measure that can be ranked by faithfulness (:mod:`cwviz.analyses.faithfulness`): the defaults
+#: (:data:`cwviz.core.defaults.RANKED_MEASURES`) and the intra-head output-normalised variant.
 ALL_MEASURES: tuple[str, ...] = RANKED_MEASURES[:3] + ("value_weighted_output_normalized_intra",) + RANKED_MEASURES[3:]
-DEFAULT_RATES: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)  # percent of each query's keys
-EXAMPLE_MAX_TOKENS = 256
-DEFAULT_BATCH_SIZE = 8
-#: Random rankings per example (the control, docs/METHOD.md section 3): each seeded by (seed, example, draw).
-DEFAULT_DRAWS = 3
 #: ``Protocol.batch_size`` for as many masked runs per forward pass as memory allows (``--batch-size auto``):
-#: every distinct run of an example on a GPU, at most :data:`DEFAULT_BATCH_SIZE` on a CPU (where a larger batch
-#: is no faster), fewer where :func:`cwviz.analyses.faithfulness.masked_run_bytes` says they would not fit.
+#: every distinct run of an example on a GPU, at most :data:`cwviz.core.defaults.DEFAULT_BATCH_SIZE` on a CPU (where
+#: a larger batch is no faster), fewer where :func:`cwviz.analyses.faithfulness.masked_run_bytes` says they would not
+#: fit.
 AUTO_BATCH = 0
-#: Examples a sweep reads by default (the CLI's --n).
-DEFAULT_EXAMPLES = 20
 RANK_BY = ("signed", "absolute")
 #: The multiple-choice tasks (:mod:`cwviz.analyses.tasks`, whose ``TEMPLATES`` give each one's prompt).
 TASKS: tuple[str, ...] = ("mmlu", "boolq", "winogrande")
-#: The claims check (:mod:`cwviz.analyses.claims`): claim 1's removal rates in percent, and the token cap per item.
-CLAIMS_RATES: tuple[float, ...] = (10.0, 30.0)
-CLAIMS_MAX_TOKENS = 48
 #: A claims verdict's states (docs/METHOD.md section 5): the interval on the paper's side of the line, on the other,
 #: straddling it; and a claim-1 row that cannot hold because its rank scope ranks two of its measures alike.
 HOLDS, FAILS, UNRESOLVED, TIES = "holds", "fails", "unresolved", "ties by construction"
 VERDICT_STATES: tuple[str, ...] = (HOLDS, FAILS, UNRESOLVED, TIES)
-#: Sinks (:mod:`cwviz.analyses.sinks`): the word that asks for the detected sink, the sink unless the user picks one
-#: (the first position, docs/METHOD.md section 4), and λ, the factor on the sink's value in interventions unless
-#: given (0 removes its write).
+#: Sinks (:mod:`cwviz.analyses.sinks`): the word that asks for the detected sink.
 AUTO = "auto"
-DEFAULT_SINK = 0
-DEFAULT_FACTOR = 0.0
-#: The atlas (:mod:`cwviz.analyses.atlas`): bootstrap resamples of the prompts, the interval's coverage and the
-#: generator's seed unless given.
-ATLAS_BOOTSTRAP = 1000
-ATLAS_CONFIDENCE = 0.95
-ATLAS_SEED = 0
-#: The flow (``cwviz flow``, the Flow page): the share of the |effect| of the edges between tokens on paths into the
-#: prediction that the drawn route carries (:func:`cwviz.analyses.route.route`; the page's setting's default and the
-#: CLI's ``--share``: one route whoever draws it; issue 55), the tokens and heads listed each way, and the tables
-#: ``--csv DIR`` writes, by file name. (The static plot's per-layer pruning, ``Flow.edges``, keeps its own default,
-#: :data:`cwviz.core.method.flow_tables.EDGE_SHARE`.)
-FLOW_SHARE = 0.2
-FLOW_TOP = 5
+#: The flow (``cwviz flow``, the Flow page): the tables ``--csv DIR`` writes, by file name.
 FLOW_TABLES = ("tokens", "heads", "edges", "nodes", "parts", "vocabulary")
 #: The attribution methods of :data:`cwviz.core.method.attribution.METHODS`, by name, in report order (the parsers
-#: list them without importing torch; a test keeps the two equal), and the one ``cwviz flow`` and the Flow page show
-#: by default (docs/METHOD.md section 7.3 decides it).
+#: list them without importing torch; a test keeps the two equal).
 FLOW_METHODS = ("effect", "effect_origin", "share_flow", "input_x_gradient", "alti", "rollout", "raw", "alti_logit")
-FLOW_METHOD = "effect"
-#: Its causal test (:mod:`cwviz.analyses.flow_faithfulness`): the token cap per item, knockouts per forward pass (on
-#: a CPU, 32 rows a pass ran 64 knockouts five times faster than 8: per-layer overhead), random rankings per item
-#: (their drops and ρ averaged), and the fewest tokens an item needs (ρ needs 3 input tokens besides the target's).
-FLOW_MAX_TOKENS = 32
-FLOW_BATCH_SIZE = 32
-FLOW_DRAWS = 5
+#: The fewest tokens an item of the flow's causal test (:mod:`cwviz.analyses.flow_faithfulness`) needs (ρ needs 3
+#: input tokens besides the target's).
 FLOW_MIN_TOKENS = 4
 
 #: How tables and files (DataFrames, CSV, JSON) name the layer-level rows; in code "all heads" is None.

@@ -38,13 +38,14 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.defaults import DEFAULT_FACTOR, DEFAULT_SINK
 from ..core.loading.inputs import integer_index
 from ..core.method.analysis import Analysis
 from ..core.method.interventions import ScaleValues, ScaleValuesPerItem, also, batch_perplexity, observed_pass
 from ..core.method.measures import head_grams, head_output_norms, semantic_cone
 from ..core.util.errors import InputError, SelectionError
 from ..core.util.progress import Progress, counted, phase
-from .schema import AUTO, DEFAULT_FACTOR, DEFAULT_SINK
+from .schema import AUTO
 
 #: The largest abs(λ): a larger factor overflows the scaled values (float16 tops out at 65,504; beyond 3.4e38
 #: not even float32 holds it), and a value scaled 10,000 times is far past any intervention worth measuring.

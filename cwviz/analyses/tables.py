@@ -13,14 +13,14 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.defaults import DEFAULT_SINK
 from ..core.method.analysis import Analysis
 from ..core.method.measures import LAYER_AGGREGATION, MEASURES, LayerMeasures
 from ..core.util.progress import Progress, counted
-from ..vocabulary import KINDS, check_kind  # noqa: F401
-from .schema import ALL_HEADS, FAMILIES, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name  # noqa: F401
 
 # The picker vocabulary and table types are part of this module's interface too (pages use tables.FAMILIES).
-from .sinks import DEFAULT_SINK  # the head summary and the token page: the first position
+from ..vocabulary import KINDS, check_kind  # noqa: F401
+from .schema import ALL_HEADS, FAMILIES, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name  # noqa: F401
 
 #: Most cells one heatmap may have (Altair refuses more than 5000 rows per dataset).
 MAX_CELLS = 2500

@@ -12,7 +12,7 @@ constant: every pick is an arg-max or arg-min over the analysis's own tables.
 | encoder layer | where the first token ([CLS]) takes the largest share of attention | :func:`cwviz.analyses.sinks.sink_layer_summary` |
 | flow tokens (step 8) | the input tokens with the largest and the most negative signed total toward the model's top next token | :func:`cwviz.flow` |
 
-The sink is the first position (docs/METHOD.md section 4; :data:`cwviz.analyses.sinks.DEFAULT_SINK`), as on the Sinks page's default.
+The sink is the first position (docs/METHOD.md section 4; :data:`cwviz.core.defaults.DEFAULT_SINK`), as on the Sinks page's default.
 
 The numbers of steps 6 and 7 (:class:`Removal`, :class:`Encoder`) are kept here too. What each step says about these
 numbers, its sentences and the named facts they print, is :mod:`cwviz.analyses.tour_story`'s job.
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from ..core.defaults import DEFAULT_SINK
 from ..core.method.analysis import Analysis
 from ..core.method.flow_tables import Flow
-from .sinks import DEFAULT_SINK
 from .tables import decomposition
 
 #: Contribution kind of the head-level steps (3 and 4): shares of the head's own output, which sum to 1 per head.
@@ -253,7 +253,7 @@ def _negative(analysis: Analysis, layer: int, head: int) -> NegativeKey | None:
 
 def plan(analysis: Analysis, summary: pd.DataFrame, layers: pd.DataFrame, heads: pd.DataFrame) -> TourPlan:
     """Every pick of the tour (:class:`TourPlan`) from an analysis and its tables, the sink at position
-    :data:`~cwviz.analyses.sinks.DEFAULT_SINK`: ``summary`` from :func:`cwviz.analyses.tables.head_summary`, ``layers`` and ``heads`` from
+    :data:`~cwviz.core.defaults.DEFAULT_SINK`: ``summary`` from :func:`cwviz.analyses.tables.head_summary`, ``layers`` and ``heads`` from
     :func:`cwviz.analyses.sinks.sink_layer_summary` and :func:`~cwviz.analyses.sinks.sink_head_summary`."""
     layer = overstated_layer(layers)
     if layer is None:  # no query sees a key besides the sink: the layer whose heads attend to it most

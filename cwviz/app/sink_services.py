@@ -15,6 +15,7 @@ import streamlit as st
 
 from ..analyses import sinks, sweep, tour
 from ..analyses.codecs import SINKS
+from ..core import defaults
 from ..core.loading.checkpoints import EMBEDDED_ENCODER
 from ..core.method.analysis import analyze
 from ..core.util.errors import CwvizError
@@ -76,7 +77,7 @@ def pooled_tables(request: services.Request, sink: str, path: str, n: int) -> li
     hosting.policy_from_env().check_server_file(path)
     bundle = services.get_bundle(request.model, request.device, request.dtype)
     texts = services.pooled_prompts(bundle, path, n, MAX_POOLED)
-    plan = sweep.Sweep(SINKS, SINKS.settings(sink, sinks.DEFAULT_FACTOR, False, model_provenance(bundle)), texts)
+    plan = sweep.Sweep(SINKS, SINKS.settings(sink, defaults.DEFAULT_FACTOR, False, model_provenance(bundle)), texts)
     steps = 2 * bundle.info.layers  # the forward pass, then the table
 
     def compute(index: int) -> dict:

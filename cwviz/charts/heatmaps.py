@@ -363,7 +363,7 @@ def heatmap_view(
 
 #: How a generated token's axis label ends.
 GENERATED = " (gen)"
-#: The first position, the sink column of every map (:data:`cwviz.analyses.sinks.DEFAULT_SINK`).
+#: The first position, the sink column of every map (:data:`cwviz.core.defaults.DEFAULT_SINK`).
 SINK_KEY = 0
 
 

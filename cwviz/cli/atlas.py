@@ -10,7 +10,8 @@ import pandas as pd
 
 from ..analyses import atlas, sweep
 from ..analyses.codecs import ATLAS
-from ..analyses.schema import ATLAS_CONFIDENCE, ATLAS_METRICS, DEFAULT_SINK
+from ..analyses.schema import ATLAS_METRICS
+from ..core.defaults import ATLAS_CONFIDENCE, DEFAULT_SINK
 from ..core.util.errors import InputError
 from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar

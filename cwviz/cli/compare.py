@@ -10,13 +10,13 @@ import numpy as np
 
 from ..analyses import compare
 from ..analyses.schema import HEAD_METRICS
+from ..core.defaults import COMPARE_TOP
 from ..core.loading.models import load_model
 from ..core.method.analysis import analyze
 from ..core.util.errors import CwvizError, InputError
 from ..core.util.progress import cli_bar
 from . import outputs
 from .common import prompt_text
-from .parsers import COMPARE_TOP
 
 #: The map cells with the largest change that are listed.
 TOP_CELLS = 5

@@ -12,15 +12,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..analyses.schema import (
-    ALL_MEASURES,
+from ..analyses.schema import ALL_MEASURES, AUTO, AUTO_BATCH, FLOW_METHODS, FLOW_MIN_TOKENS, HEAD_METRICS, RANK_BY, RANK_SCOPES, TASKS
+from ..core.defaults import (
     ATLAS_BOOTSTRAP,
     ATLAS_CONFIDENCE,
     ATLAS_SEED,
-    AUTO,
-    AUTO_BATCH,
+    ATLAS_TOP,
     CLAIMS_MAX_TOKENS,
     CLAIMS_RATES,
+    COMPARE_TOP,
     DEFAULT_BATCH_SIZE,
     DEFAULT_DRAWS,
     DEFAULT_EXAMPLES,
@@ -32,24 +32,13 @@ from ..analyses.schema import (
     FLOW_DRAWS,
     FLOW_MAX_TOKENS,
     FLOW_METHOD,
-    FLOW_METHODS,
-    FLOW_MIN_TOKENS,
-    FLOW_SHARE,
     FLOW_TOP,
-    HEAD_METRICS,
-    RANK_BY,
-    RANK_SCOPES,
+    KEPT,
     RANKED_MEASURES,
-    TASKS,
 )
 from ..core.method import flow_arguments
 from ..core.util.errors import InputError
 from ..vocabulary import KINDS
-
-#: Heads listed per statistic by ``cwviz atlas``.
-ATLAS_TOP = 5
-#: Heads ``cwviz compare`` lists by default, and the log-probability changes it prints.
-COMPARE_TOP = 10
 
 
 # -- the options several commands share -----------------------------------------------------------------------------
@@ -369,9 +358,9 @@ def _add_flow(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--share",
         type=float,
-        default=FLOW_SHARE,
+        default=KEPT,
         help="share of the cross-token |effect| on paths into the prediction that the route's edges carry, as the Flow "
-        f"page's 'Effect drawn' (docs/flow.md, 'The route'; default {FLOW_SHARE:g})",
+        f"page's 'Effect drawn' (docs/flow.md, 'The route'; default {KEPT:g})",
     )
     parser.add_argument("--json", dest="json_path", type=Path, help="write the summary and every table as one JSON file")
     parser.add_argument(

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import cwviz
 from cwviz.analyses import faithfulness, masks
+from cwviz.core import defaults
 from cwviz.core.method.interventions import KeepKeys, logits
 from cwviz.core.util.errors import InputError, UnsupportedModelError
 from tests.helpers import make_tiny
@@ -141,7 +142,7 @@ def test_masking_nothing_reproduces_the_clean_logits(llama):
 def test_rate_zero_gives_zero_delta_ppl_and_full_removal_keeps_one_key_a_query(llama):
     table = faithfulness.run_example(llama, IDS, faithfulness.Protocol(rates=(0, 100), batch_size=5))
     assert set(table.columns) == set(faithfulness.EXAMPLE_COLUMNS)
-    assert len(table) == (len(faithfulness.RANKED_MEASURES) - 1 + faithfulness.Protocol().draws) * 2 * 2
+    assert len(table) == (len(defaults.RANKED_MEASURES) - 1 + faithfulness.Protocol().draws) * 2 * 2
     zero = table[table.rate == 0]
     np.testing.assert_allclose(zero.delta_ppl, 0, atol=1e-4 * zero.ppl_clean.iloc[0])
     np.testing.assert_allclose(zero.log_ppl_ratio, 0, atol=1e-4)
@@ -337,7 +338,7 @@ def test_each_example_reports_its_forward_passes_from_the_clean_one_to_the_last_
 def test_batch_size_auto_fits_memory_and_gives_the_same_numbers(llama, monkeypatch):
     protocol = dict(rates=(10, 50), measures=("raw", "random"))
     auto = faithfulness.Protocol(batch_size=faithfulness.AUTO_BATCH, **protocol)
-    assert faithfulness.batch_size_for(llama, len(IDS), auto, runs=20) == faithfulness.DEFAULT_BATCH_SIZE  # a CPU: at most the default
+    assert faithfulness.batch_size_for(llama, len(IDS), auto, runs=20) == defaults.DEFAULT_BATCH_SIZE  # a CPU: at most the default
     assert faithfulness.batch_size_for(llama, len(IDS), auto, runs=3) == 3
     assert faithfulness.batch_size_for(llama, len(IDS), faithfulness.Protocol(batch_size=2, **protocol), runs=20) == 2
     one_run = faithfulness.masked_run_bytes(llama, len(IDS))

@@ -17,12 +17,13 @@ from cwviz import flow as cwviz_flow
 from cwviz.analyses import sinks, tables, tour, tour_story
 from cwviz.app import links, state
 from cwviz.app.services import Request
+from cwviz.core import defaults
 from cwviz.core.method import blocks
 from tests.helpers import TEXT, make_tiny
 
 
 def _plan(analysis) -> tour.TourPlan:
-    table = sinks.sink_table(analysis, sinks.DEFAULT_SINK)
+    table = sinks.sink_table(analysis, defaults.DEFAULT_SINK)
     return tour.plan(analysis, tables.head_summary(analysis), sinks.sink_layer_summary(table), sinks.sink_head_summary(table))
 
 
@@ -32,7 +33,7 @@ def _most_negative(analysis, layer: int, head: int) -> float:
     contribution = analysis.contributions(layer, tour.KIND)[head]  # (query, key)
     visible = analysis.key_mask(layer).cpu().numpy()
     cells = visible & (visible.sum(-1, keepdims=True) > 1)
-    cells[:, sinks.DEFAULT_SINK] = False
+    cells[:, defaults.DEFAULT_SINK] = False
     return float(np.where(cells, contribution, np.inf).min())
 
 
@@ -44,7 +45,7 @@ def tiny_plan(request):
 
 def test_the_layer_is_where_attention_overstates_the_sink_most(tiny_plan):
     analysis, plan = tiny_plan
-    layers = sinks.sink_layer_summary(sinks.sink_table(analysis, sinks.DEFAULT_SINK))
+    layers = sinks.sink_layer_summary(sinks.sink_table(analysis, defaults.DEFAULT_SINK))
     gap = layers["sink_attention_share"] - layers["sink_contribution_share"]
     assert plan.layer.layer == int(layers.loc[gap.idxmax(), "layer"])
     assert plan.layer.attention_share - plan.layer.contribution_share == pytest.approx(gap.max())
@@ -64,7 +65,7 @@ def test_the_negative_key_is_the_most_negative_cell_and_its_factors_multiply_out
     analysis, plan = tiny_plan
     neg, layer = plan.negative, plan.layer.layer
     contribution = analysis.contributions(layer, tour.KIND)[neg.head]
-    assert neg.key != sinks.DEFAULT_SINK and neg.query >= 1
+    assert neg.key != defaults.DEFAULT_SINK and neg.query >= 1
     assert analysis.key_mask(layer)[neg.query, neg.key]  # a key the query can see
     assert neg.contribution == pytest.approx(float(contribution[neg.query, neg.key]), abs=1e-6)
     assert neg.contribution == pytest.approx(_most_negative(analysis, layer, neg.head), abs=1e-6)
@@ -78,7 +79,7 @@ def test_the_negative_key_is_the_most_negative_cell_and_its_factors_multiply_out
 
 def test_the_anti_aligned_head_is_the_most_negative_cosine_among_heads_that_attend_to_the_sink(tiny_plan):
     analysis, plan = tiny_plan
-    heads = sinks.sink_head_summary(sinks.sink_table(analysis, sinks.DEFAULT_SINK))
+    heads = sinks.sink_head_summary(sinks.sink_table(analysis, defaults.DEFAULT_SINK))
     candidates = heads[heads["sink_ratio"] >= heads["sink_ratio"].median()]
     assert plan.anti.cos == pytest.approx(candidates["cos_sink_rest"].min())
     row = heads[(heads["layer"] == plan.anti.layer) & (heads["head"] == plan.anti.head)].iloc[0]
@@ -207,7 +208,7 @@ def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold
     from cwviz.charts import sinks as sink_charts
 
     analysis = analyze(embedded_model, _embedded_prompts()[prompt])
-    table = sinks.sink_table(analysis, sinks.DEFAULT_SINK)
+    table = sinks.sink_table(analysis, defaults.DEFAULT_SINK)
     layers = sinks.sink_layer_summary(table)
     plan = tour.plan(analysis, tables.head_summary(analysis), layers, sinks.sink_head_summary(table))
     neg, scale = plan.negative, plan.negative.scale
@@ -226,7 +227,7 @@ def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold
     )
     frame = cells.frame.set_index(["query", "key"])
     assert f"{frame.loc[(neg.query, neg.key), 'value']:+.3f}" == f"{neg.contribution:+.3f}"
-    assert f"{frame.loc[(neg.query, sinks.DEFAULT_SINK), 'value']:.0%}" == f"{scale.sink_intra:.0%}"
+    assert f"{frame.loc[(neg.query, defaults.DEFAULT_SINK), 'value']:.0%}" == f"{scale.sink_intra:.0%}"
     assert neg.contribution < 0, "the key printed as writing against the output has a negative contribution"
     view = heatmaps.heatmap_view(cells, "measure", neg.query, key=neg.key).to_dict()
     assert any(layer.get("name") == "marked_cell" for layer in view["layer"]), "the step's key is ringed on the map"
@@ -246,7 +247,7 @@ def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold
 
     # "Both are true": the sink's share of this head's output, of the layer's output, and the two lengths that reconcile them.
     head = tables.decomposition(analysis, plan.layer.layer, neg.query, neg.head, "inter")
-    assert scale.sink_inter == pytest.approx(float(head.loc[head["key"] == sinks.DEFAULT_SINK, "contribution"].iloc[0]))
+    assert scale.sink_inter == pytest.approx(float(head.loc[head["key"] == defaults.DEFAULT_SINK, "contribution"].iloc[0]))
     assert scale.layer_norm > 0 and scale.head_norm > 0
     if scale.sink_dominates:
         assert scale.sink_intra > 0.5 and scale.sink_inter < 0.5 * scale.sink_intra
@@ -286,7 +287,7 @@ def _story(embedded_model, prompt: int) -> tuple[tour.TourPlan, tuple[tour_story
     plan = _plan(analysis)
     removal = tour.Removal.of(analysis.info.id, plan.causal, sinks.intervene_on_sink(analysis, plan.sink, 0.0))
     encoder_analysis = analyze(load_model("embedded-encoder"), text)
-    layers = sinks.sink_layer_summary(sinks.sink_table(encoder_analysis, sinks.DEFAULT_SINK))
+    layers = sinks.sink_layer_summary(sinks.sink_table(encoder_analysis, defaults.DEFAULT_SINK))
     encoder = tour.Encoder(encoder_analysis.info.id, False, encoder_analysis.tokens[0], tour.most_attended_layer(layers))
     flow = tour.flow_story(cwviz_flow(analysis))
     steps = tour_story.story(plan, _label, repr, flow, analysis.num_layers, removal, encoder)

@@ -12,8 +12,8 @@ from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from cwviz.analyses import claims, records
-from cwviz.analyses.schema import CLAIMS_MAX_TOKENS
 from cwviz.charts.palette import VERDICT_COLOURS
+from cwviz.core.defaults import CLAIMS_MAX_TOKENS
 from tests.helpers import ordered, record, sinks
 
 PAGE = str(Path(__file__).resolve().parents[2] / "views" / "claims.py")

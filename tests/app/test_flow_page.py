@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from cwviz.analyses import route
-from cwviz.analyses.schema import FLOW_METHOD, FLOW_SHARE
 from cwviz.app import flow_services, services, state, widgets
 from cwviz.app.services import Request
+from cwviz.core.defaults import FLOW_METHOD, KEPT
 from cwviz.core.loading import architectures
 from cwviz.core.util.errors import ArgumentError
 from tests.helpers.app import assert_clean, charts, run_app, widget
@@ -52,10 +52,10 @@ def test_the_page_draws_the_route_the_scores_and_the_heads_of_the_default_method
     assert page.selectbox(key="method").value == FLOW_METHOD
     result = flow_services.choose(Request(text=TEXT), 29, flow_services.default_target(Request(text=TEXT), 29)).flow
     shown = flow_services.get_attribution(Request(text=TEXT), 29, result.target, result.foil, FLOW_METHOD)
-    drawn_route = route.of(shown, FLOW_SHARE)
+    drawn_route = route.of(shown, KEPT)
     said = _caption(page)
     assert f"Drawn: {len(drawn_route.edges)} edges on paths into the prediction" in said
-    assert f"carrying {drawn_route.carried:.0%} of the" in said and f"asked: {FLOW_SHARE:.0%}" in said
+    assert f"carrying {drawn_route.carried:.0%} of the" in said and f"asked: {KEPT:.0%}" in said
     # the three input tokens with the largest |score| are joined to the prediction by drawn paths
     top3 = [int(k) for k in np.argsort(-np.abs(shown.scores), kind="stable") if k != 29][:3]
     assert list(drawn_route.connected) == top3 and set(top3) <= drawn_route.reached()

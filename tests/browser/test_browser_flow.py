@@ -13,8 +13,8 @@ from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
 
-from cwviz.analyses.schema import FLOW_SHARE
 from cwviz.charts.palette import NEGATIVE, POSITIVE
+from cwviz.core.defaults import KEPT
 from tests.helpers.browser import ARTIFACTS, CHART, PLOTS_JS, _assert_no_error_text, _serve, _settle
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -123,7 +123,7 @@ def test_the_graph_draws_both_colours_and_a_click_on_a_node_moves_the_sidebar(se
         share = page.locator('[data-testid="stMain"] [data-testid="stSlider"] input[type="range"]').first
         share.focus()
         page.keyboard.press("ArrowLeft")
-        page.wait_for_url(lambda url: parse_qs(urlparse(url).query).get("share") == [f"{FLOW_SHARE - 0.05:g}"], timeout=60_000)
+        page.wait_for_url(lambda url: parse_qs(urlparse(url).query).get("share") == [f"{KEPT - 0.05:g}"], timeout=60_000)
         _settle(page, CHARTS)
         _assert_no_error_text(page)
         assert parse_qs(urlparse(page.url).query)["foil_on"] == ["true"]

@@ -24,6 +24,7 @@ from cwviz.cli import common, main
 from cwviz.cli import compare as compare_command
 from cwviz.cli import faithfulness as faithfulness_command
 from cwviz.cli import sinks as sinks_command
+from cwviz.core import defaults
 from cwviz.core.method.export import to_dict, to_json
 from cwviz.core.util.errors import CwvizError, InputError, SelectionError
 from cwviz.core.util.texts import read_standard_input, read_text_file
@@ -331,5 +332,5 @@ def _summary(rates: tuple[float, ...]) -> pd.DataFrame:
 def test_one_rate_prints_no_area_and_two_name_the_span():
     one = faithfulness_command.format_table(_summary((10.0,)))
     assert "area n/a (needs two rates)" in one and one.splitlines()[2].split()[-1] == "n/a"
-    two = faithfulness_command.format_table(_summary(faithfulness.DEFAULT_RATES))
+    two = faithfulness_command.format_table(_summary(defaults.DEFAULT_RATES))
     assert "area over rates 0.01..0.5" in two and two.splitlines()[2].split()[-1] == "0.49"  # constant ΔPPL of 1

@@ -13,6 +13,7 @@ import pytest
 from cwviz import cli
 from cwviz.analyses import faithfulness
 from cwviz.cli import faithfulness as command
+from cwviz.core import defaults
 from tests.helpers import make_tiny, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +138,7 @@ def test_an_interrupted_run_keeps_the_examples_it_finished(tmp_path, capsys, mon
     assert cli.main(["faithfulness", "--jsonl", str(data), "--rates", "50", "--out", str(out)]) == 130
     table = pd.read_csv(out)
     assert set(table.n) == {1}
-    assert len(table) == len(faithfulness.RANKED_MEASURES) * 2
+    assert len(table) == len(defaults.RANKED_MEASURES) * 2
     assert not (tmp_path / "results.csv.tmp").exists()
 
 

@@ -10,8 +10,9 @@ import pytest
 
 import cwviz
 from cwviz.analyses import route
-from cwviz.analyses.schema import FLOW_METHODS, FLOW_SHARE
+from cwviz.analyses.schema import FLOW_METHODS
 from cwviz.cli import main
+from cwviz.core.defaults import KEPT
 from cwviz.core.method import attribution
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Paris is the capital of"
@@ -33,18 +34,18 @@ def test_flow_prints_tokens_and_heads_and_writes_json_and_csv_with_the_pages_rou
     assert "input tokens supporting" in out and "heads supporting (part)" in out
     payload = json.loads(out_json.read_text())
     summary = payload["summary"]
-    assert summary["target_token"] == " France" and summary["foil_token"] == " Germany" and summary["edge_share"] == FLOW_SHARE
+    assert summary["target_token"] == " France" and summary["foil_token"] == " Germany" and summary["edge_share"] == KEPT
     tokens = pd.read_csv(out_csv / "tokens.csv")
     assert list(tokens.columns) == ["position", "token", "score"]
     analysis = cwviz.analyze(embedded, PROMPT)
     shown = attribution.attribute(analysis, "effect", target=" France", foil=" Germany")
-    expected = route.of(shown, FLOW_SHARE)
+    expected = route.of(shown, KEPT)
     edges = pd.read_csv(out_csv / "edges.csv", keep_default_na=False)
     assert list(edges.columns) == list(route.EDGE_COLUMNS) and len(edges) == len(expected.edges) > 0
     assert edges[["layer", "key", "query"]].values.tolist() == expected.edges[["layer", "key", "query"]].values.tolist()
     assert np.allclose(edges["weight"], expected.edges["weight"], rtol=1e-5, atol=1e-7)
     assert [row["key"] for row in payload["edges"]] == edges["key"].tolist()
-    assert summary["route"]["connected"] == list(expected.connected) and summary["route"]["carried"] >= FLOW_SHARE - 1e-9
+    assert summary["route"]["connected"] == list(expected.connected) and summary["route"]["carried"] >= KEPT - 1e-9
     np.testing.assert_allclose(tokens["score"], shown.scores, rtol=1e-5, atol=1e-6)
 
 

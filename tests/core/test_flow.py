@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import cwviz
-from cwviz.analyses.schema import FLOW_SHARE
+from cwviz.core.defaults import KEPT, LAYER_KEPT
 from cwviz.core.loading import architectures
-from cwviz.core.method import attribution, blocks, flow_tables, memory
+from cwviz.core.method import attribution, blocks, memory
 from cwviz.core.method import flow as flow_module
 from cwviz.core.method.flow import flow, token_totals
 from cwviz.core.method.mixing import mixing, mixing_blocks, replayed_stream, rollout
@@ -551,7 +551,7 @@ def test_embedded_models_satisfy_the_identities(name):
 
 def test_the_top_level_flow_is_the_core_s():
     """``cwviz.flow`` is the core's function; the static plot's pruning share is a share."""
-    assert cwviz.flow is flow and 0 < flow_tables.EDGE_SHARE <= 1 and 0 < FLOW_SHARE <= 1
+    assert cwviz.flow is flow and 0 < LAYER_KEPT <= 1 and 0 < KEPT <= 1
 
 
 def test_the_registrys_share_flow_from_a_kept_basis_is_the_share_flow_without_one():

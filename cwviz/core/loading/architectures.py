@@ -297,18 +297,25 @@ def out_proj_weight(proj: nn.Module, arch: Architecture) -> torch.Tensor:
     return weight.t() if arch.conv1d else weight
 
 
+def linear_logit_scale(config, arch: Architecture) -> float:
+    """s, the linear factor the row's family puts on the output layer's logits (docs/METHOD.md section 6.3): Cohere's
+    ``logit_scale`` times 1 / Granite's ``logits_scaling``; 1 elsewhere. The soft-cap, not linear, is apart."""
+    scale = 1.0
+    if arch.logit_scale and getattr(config, arch.logit_scale, None) is not None:
+        scale *= float(getattr(config, arch.logit_scale))
+    if arch.logit_divisor and getattr(config, arch.logit_divisor, None) is not None:
+        scale /= float(getattr(config, arch.logit_divisor))
+    return scale
+
+
 def output_logits(model: nn.Module, arch: Architecture, hidden: torch.Tensor) -> torch.Tensor:
     """The model's own logits [..., vocab] from final hidden states [..., d_model]: the output layer (tied
     embeddings or not), then the row's logit scaling and soft-capping, in the order a causal LM applies them."""
     logits = model.get_output_embeddings()(hidden)
-    config = model.config
-    scale, divisor, softcap = (
-        getattr(config, name, None) if name else None for name in (arch.logit_scale, arch.logit_divisor, arch.logit_softcap)
-    )
-    if scale is not None:
+    scale = linear_logit_scale(model.config, arch)
+    if scale != 1.0:
         logits = logits * scale
-    if divisor is not None:
-        logits = logits / divisor
+    softcap = getattr(model.config, arch.logit_softcap, None) if arch.logit_softcap else None
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     return logits

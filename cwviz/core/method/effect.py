@@ -31,9 +31,6 @@ from .capture import forward_pass
 from .residual import first_of, hidden_of, thread_hooks
 from .state import ModelState
 
-#: Edges kept per layer (the largest |weight| first): as the share flow keeps (``flow.EDGE_LIMIT``).
-EDGE_LIMIT = 20_000
-
 _MEAN_EMBEDDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..defaults import EDGE_LIMIT, FLOW_TOP
+from ..loading import architectures
 from ..util.errors import ArgumentError, InputError
 from . import flow_arguments as arguments
 from .flow_tables import Deferred, Flow
@@ -32,10 +34,6 @@ from .mixing import Block, mixing_blocks, replayed_stream
 from .residual import Stream
 from .state import ModelState
 
-#: Edges kept per layer while the rows stream (the largest |weight| first); ``Flow.edges(share)`` prunes from them.
-EDGE_LIMIT = 20_000
-#: Vocabulary tokens listed per head as most promoted and most suppressed by its write at the position.
-VOCABULARY = 5
 #: The most bytes of layers x T² float32 a :class:`FlowBasis` spends on keeping every layer's M (above it, M is made
 #: again from the records for each target): SmolLM2-135M's 30 layers up to about 730 tokens.
 MIXING_BYTES = 64 * 2**20
@@ -90,11 +88,7 @@ def _logit_direction(analysis, stream: Stream, target: int, foil: int | None) ->
     arch, config = bundle.arch, bundle.model.config
     head = bundle.model.get_output_embeddings()
     weight = head.weight
-    scale = 1.0
-    if arch.logit_scale and getattr(config, arch.logit_scale, None) is not None:
-        scale *= float(getattr(config, arch.logit_scale))
-    if arch.logit_divisor and getattr(config, arch.logit_divisor, None) is not None:
-        scale /= float(getattr(config, arch.logit_divisor))
+    scale = architectures.linear_logit_scale(config, arch)
     device = stream.final.device
     unembed = weight[target].float().to(device) - (0 if foil is None else weight[foil].float().to(device))
     unembed = scale * unembed
@@ -253,7 +247,7 @@ class FlowBasis:
         return self.mixing[layer] if self.mixing is not None else mixing_blocks(analysis, self.stream, layer)
 
 
-def flow_basis(analysis, position: int | None = None, *, vocabulary: int = VOCABULARY, keep_mixing: bool = True) -> FlowBasis:
+def flow_basis(analysis, position: int | None = None, *, vocabulary: int = FLOW_TOP, keep_mixing: bool = True) -> FlowBasis:
     """The target-independent part of the flow into ``position`` (default as :func:`flow`): one forward pass that
     replays the analysis's attention outputs (its residual stream), the logits at p read from it, and each head's
     write at p (its recorded output z_p^h through W_O^h, landed in the residual) for its ``vocabulary`` most promoted
@@ -295,7 +289,7 @@ def flow(
     target: int | str | None = None,
     foil: int | str | None = None,
     *,
-    vocabulary: int = VOCABULARY,
+    vocabulary: int = FLOW_TOP,
     basis: FlowBasis | None = None,
 ) -> Flow:
     """The signed flow of ``analysis``'s prompt into position ``position`` (docs/METHOD.md section 6).

@@ -22,13 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..defaults import LAYER_KEPT
 from . import flow_arguments as arguments
 
 if TYPE_CHECKING:
     import pandas as pd
-
-#: The share of each layer's |mass| the pruned graph keeps by default.
-EDGE_SHARE = 0.8
 
 
 class Deferred:
@@ -176,7 +174,7 @@ class Flow:
         grid = np.indices((layers, positions)).reshape(2, -1)
         return pd.DataFrame({"layer": grid[0], "position": grid[1], "value": self.nodes.reshape(-1), "direct": self.direct.reshape(-1)})
 
-    def edges(self, share: float = EDGE_SHARE) -> pd.DataFrame:
+    def edges(self, share: float = LAYER_KEPT) -> pd.DataFrame:
         """The graph pruned to ``share`` of each layer's |mass| (docs/METHOD.md section 6.4): ``layer, source,
         target, weight``, the edge (layer, source) → (layer + 1, target), largest |weight| first within a layer."""
         import pandas as pd
@@ -188,7 +186,7 @@ class Flow:
             frames.append(pd.DataFrame({"layer": layer, "source": sources[:count], "target": targets[:count], "weight": weights[:count]}))
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["layer", "source", "target", "weight"])
 
-    def edges_complete(self, share: float = EDGE_SHARE) -> bool:
+    def edges_complete(self, share: float = LAYER_KEPT) -> bool:
         """Whether the kept edges reach ``share`` of every layer's |mass| (else :meth:`edges` returns all it kept)."""
         share = arguments.share(share)
         return all(np.abs(weights).sum() >= self.edge_mass[layer] * share * (1 - 1e-6) for layer, weights, _, _ in self.edge_list)
