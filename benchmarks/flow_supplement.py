@@ -18,8 +18,8 @@ import pandas as pd
 
 import cwviz
 from cwviz.analyses import flow_faithfulness as test
-from cwviz.analyses.claims import mean_interval, verdict
-from cwviz.analyses.codecs import FLOW_FAITHFULNESS
+from cwviz.analyses.claims import judge, mean_interval
+from cwviz.analyses.codecs.checks import FLOW_FAITHFULNESS
 from cwviz.analyses.faithfulness import example_ids
 from cwviz.analyses.records import read_records
 from cwviz.core.method import attribution
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
                         "effect_minus_method": d,
                         "diff_low": dl,
                         "diff_high": dh,
-                        "verdict_effect_vs_method": verdict(dl, dh) if dn >= 5 else "unresolved",
+                        "verdict_effect_vs_method": judge(dl, dh) if dn >= 5 else "unresolved",
                     }
                 )
     table = pd.DataFrame(out)

@@ -527,7 +527,7 @@ def bench_cold_start() -> list[str]:
 #: What ``cwviz --help`` did before its parsers were split from the commands: every command's module imported
 #: (torch and transformers with them) before the parser was built.
 OLD_CLI_START = (
-    "import cwviz.cli.analyze, cwviz.cli.app, cwviz.cli.atlas, cwviz.cli.claims, cwviz.cli.compare, "
+    "import cwviz.cli.analyze, cwviz.cli.dashboard, cwviz.cli.atlas, cwviz.cli.claims, cwviz.cli.compare, "
     "cwviz.cli.faithfulness, cwviz.cli.report, cwviz.cli.sinks; from cwviz.cli import main; main(['--help'])"
 )
 

@@ -7,7 +7,7 @@ import streamlit as st
 
 from cwviz import CwvizError
 from cwviz.analyses import claims, faithfulness, records
-from cwviz.analyses.codecs import CLAIMS
+from cwviz.analyses.codecs.checks import CLAIMS
 from cwviz.app import hosting, run_services
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import url_widget
@@ -70,7 +70,7 @@ def run_here() -> list[dict] | None:
             min_value=3,
             max_value=512,
         )
-    protocol = faithfulness.Protocol(rates=CLAIMS_RATES, measures=claims.MEASURES, max_tokens=int(cap))
+    protocol = faithfulness.Protocol(rates=CLAIMS_RATES, measures=claims.RANKINGS, max_tokens=int(cap))
     asked = run_services.Asked((sel.model, sel.device, sel.dtype), tuple(claims.gsm8k_items(int(n))), protocol)
     if st.button("Run", type="primary", key="claims_run"):  # True in the click's rerun, which has the widgets' values
         st.session_state[ASKED] = asked
@@ -116,7 +116,7 @@ table = claims.claims_table(made)
 st.caption(
     f"{len(finished)} item(s); 95 % percentile bootstrap intervals over the items ({claims.RESAMPLES} resamples, paired within an item)."
 )
-rows = claims.verdicts(table)
+rows = claims.verdict_rows(table)
 st.subheader("Every verdict: estimate and 95 % interval against its line")
 st.altair_chart(charts_claims.forest(rows), width="content")
 st.caption(

@@ -14,7 +14,7 @@ import streamlit as st
 
 from cwviz import CwvizError
 from cwviz.analyses import faithfulness
-from cwviz.analyses.codecs import FAITHFULNESS
+from cwviz.analyses.codecs.sweeps import FAITHFULNESS
 from cwviz.analyses.schema import area_span
 from cwviz.app import hosting, run_services, services, widgets
 from cwviz.app.sidebar import sidebar

@@ -43,7 +43,7 @@ from ..core.util.progress import Progress, counted, phase
 from ..core.util.texts import iter_jsonl, write_text_atomic
 from . import sweep
 from .bootstrap import bootstrap_interval
-from .codecs import ATLAS
+from .codecs.sweeps import ATLAS
 from .records import changed_files, file_sums
 from .schema import ATLAS_METRICS
 from .sinks import head_space, sink_norms

@@ -32,10 +32,11 @@ from ..core.method.analysis import analyze
 from ..core.method.interventions import ScaleValues
 from . import claim_items, faithfulness, sinks
 from .bootstrap import bootstrap_interval
-from .codecs import CLAIMS, SINK_STATS
+from .codecs.checks import CLAIMS, SINK_STATS
 from .schema import FAILS, HOLDS, TIES, UNRESOLVED
 
-#: The sub-folder of ``--results DIR`` that holds the records (:data:`cwviz.analyses.codecs.CLAIMS`) and manifest.
+#: The sub-folder of ``--results DIR`` that holds the records (:data:`cwviz.analyses.codecs.checks.CLAIMS`) and
+#: manifest.
 RECORDS_FOLDER = CLAIMS.name
 #: The file ``cwviz claims --results DIR`` writes (atomically): :data:`CSV_COLUMNS`.
 CSV_NAME = "claims.csv"
@@ -52,7 +53,7 @@ STATEMENTS: dict[int, str] = {
 #: Claim 1's measures in the paper's order (least to most faithful); each adjacent pair is tested.
 ORDER: tuple[str, ...] = ("raw", "value_weighted", "value_weighted_output_normalized", "contribution_inter")
 #: What ``cwviz claims`` ranks: :data:`ORDER` and the random control.
-MEASURES: tuple[str, ...] = (*ORDER, "random")
+RANKINGS: tuple[str, ...] = (*ORDER, "random")
 SHORT = {"raw": "raw", "value_weighted": "VW", "value_weighted_output_normalized": "VW/‖o‖", "contribution_inter": "CW", "random": "random"}
 #: What the verdict rows of claims 2–5 are called on the forest plot.
 LABELS = {
@@ -122,7 +123,7 @@ def gsm8k_items(n: int) -> list[str]:
 
 
 # -- verdicts (torch-free) ------------------------------------------------------------------------------
-def verdict(low: float, high: float, positive: bool = True) -> str:
+def judge(low: float, high: float, positive: bool = True) -> str:
     """``holds`` when the interval [low, high] lies wholly above 0 (below 0 with ``positive=False``), ``fails`` when
     wholly on the other side, ``unresolved`` otherwise (it contains 0, or is NaN)."""
     if not (math.isfinite(low) and math.isfinite(high)):
@@ -151,7 +152,7 @@ def _row(claim: int, role: str, statistic: str, estimate, low, high, n: int, evi
     positive = keys.pop("positive", True)
     decided = keys.pop("verdict", None)
     if decided is None:
-        decided = "" if not math.isfinite(line) else verdict(float(low) - line, float(high) - line, positive)
+        decided = "" if not math.isfinite(line) else judge(float(low) - line, float(high) - line, positive)
     row = {"claim": claim, "part": "", "role": role, "scope": "", "curve": "", "rate": math.nan, "verdict": decided}
     row |= {"statistic": statistic, "estimate": float(estimate), "ci_low": float(low), "ci_high": float(high), "line": float(line)}
     return row | {"n": int(n), "evidence": evidence} | keys | {"statement": STATEMENTS[claim]}
@@ -193,7 +194,7 @@ def claim1_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
                         v, text = TIES, f"identical rankings under the {scope} scope"
                         low[i] = high[i] = np.nan  # never the deciding pair: its interval says nothing
                     else:
-                        v = UNRESOLVED if tie else verdict(low[i], high[i])
+                        v = UNRESOLVED if tie else judge(low[i], high[i])
                         text = "tie on every item (same ranking)" if tie else f"log ratio {_interval(mean[i], low[i], high[i])}"
                     verdicts.append(v)
                     pairs.append(f"{SHORT[a]}→{SHORT[b]} {text} {v} (ΔPPL {_interval(pmean[i], plow[i], phigh[i])})")
@@ -358,7 +359,7 @@ def claims_table(records: Sequence[dict], seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=CSV_COLUMNS)
 
 
-def verdicts(table: pd.DataFrame) -> pd.DataFrame:
+def verdict_rows(table: pd.DataFrame) -> pd.DataFrame:
     """The verdict rows of :func:`claims_table` (the forest plot's), each with a ``label`` naming it."""
     rows = table[table["role"] == VERDICT].copy()
     rate = rows["rate"].map(lambda r: "" if pd.isna(r) else f" {r:g} %")

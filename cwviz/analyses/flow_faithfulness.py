@@ -31,12 +31,12 @@ from ..core.method.analysis import analyze
 from ..core.method.knockout import last_logits
 from ..core.util.errors import InputError
 from .claim_items import spearman
-from .claims import MIN_ITEMS, UNRESOLVED, mean_interval, verdict
-from .codecs import FLOW_FAITHFULNESS
+from .claims import MIN_ITEMS, UNRESOLVED, judge, mean_interval
+from .codecs.checks import FLOW_FAITHFULNESS
 from .faithfulness import example_ids
 from .schema import FLOW_MIN_TOKENS
 
-#: The sub-folder of ``--results DIR`` holding the records (of :data:`cwviz.analyses.codecs.FLOW_FAITHFULNESS`).
+#: The sub-folder of ``--results DIR`` holding the records (of :data:`cwviz.analyses.codecs.checks.FLOW_FAITHFULNESS`).
 RECORDS_FOLDER = FLOW_FAITHFULNESS.name
 #: The files ``cwviz flow-faithfulness --results DIR`` writes: the verdicts, each method's means, and each item's
 #: primary ρ per method and intervention (the per-item table docs/flow.md publishes).
@@ -384,7 +384,7 @@ def verdict_table(records: Sequence[dict], seed: int = 0, effect: str = "effects
             elif np.all(diff == 0):
                 result, evidence = UNRESOLVED, "tie on every item"
             else:
-                result = verdict(lo, hi)
+                result = judge(lo, hi)
                 evidence = f"{first} − {second} {_text(m, lo, hi)}" if sign > 0 else f"{second} − {first} {_text(m, lo, hi)}"
             rows.append(
                 {

@@ -42,7 +42,7 @@ from ..core.util.errors import InputError
 from ..core.util.parallel import Processes, shard
 from ..core.util.progress import Progress
 from . import records
-from .codec import Codec
+from .codecs.base import Codec
 
 #: What a run asks before each item: True ends it there, the finished items kept.
 Cancel = Callable[[], bool]

@@ -36,7 +36,7 @@ from ..core.method.logprobs import perplexity_of as sequence_perplexity
 from ..core.util.errors import InputError
 from ..core.util.texts import check_text
 from . import faithfulness
-from .codecs import FAITHFULNESS
+from .codecs.sweeps import FAITHFULNESS
 from .faithfulness import EXAMPLE_COLUMNS, Protocol, check_causal, log_ratio, masked_layers, masked_logprobs
 from .schema import TASKS
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import streamlit as st
 
 from ..analyses import atlas
-from ..analyses.codecs import ATLAS
+from ..analyses.codecs.sweeps import ATLAS
 from ..core.util.errors import InputError
 from ..core.util.texts import gsm8k_path
 from . import hosting, links, run_services, services

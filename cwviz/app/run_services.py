@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import streamlit as st
 
 from ..analyses import claims, faithfulness, records, sweep, tasks
-from ..analyses.codecs import CLAIMS, FAITHFULNESS
+from ..analyses.codecs.checks import CLAIMS
+from ..analyses.codecs.sweeps import FAITHFULNESS
 from ..core.util.parallel import model_provenance
 from . import hosting, services
 

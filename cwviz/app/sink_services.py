@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from ..analyses import sinks, sweep, tour
-from ..analyses.codecs import SINKS
+from ..analyses.codecs.sweeps import SINKS
 from ..core import defaults
 from ..core.loading.checkpoints import EMBEDDED_ENCODER
 from ..core.method.analysis import analyze

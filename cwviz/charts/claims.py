@@ -1,5 +1,5 @@
 """The claims check as a picture: a forest plot, one row per verdict of ``claims.csv`` (docs/METHOD.md section 5).
-Pure: the verdict rows of :func:`cwviz.analyses.claims.verdicts` in, ``alt.Chart`` out.
+Pure: the verdict rows of :func:`cwviz.analyses.claims.verdict_rows` in, ``alt.Chart`` out.
 
 Each row draws its estimate (a mark) and its 95 % bootstrap interval (a bar) against the row's own line (a tick: 0,
 or 0.1 for claim 4's operating distance), coloured by the verdict and shaped by it too
@@ -36,7 +36,7 @@ def forest(rows: pd.DataFrame) -> alt.VConcatChart:
     verdict; claim 1's ties by construction in a panel of their own, after claim 1's."""
     missing = [c for c in COLUMNS if c not in rows.columns]
     if missing:
-        raise ValueError(f"the verdict rows need columns {', '.join(missing)}; give cwviz.analyses.claims.verdicts(table)")
+        raise ValueError(f"the verdict rows need columns {', '.join(missing)}; give cwviz.analyses.claims.verdict_rows(table)")
     data = rows[COLUMNS].copy()
     verdicts = list(VERDICT_COLOURS)
     legend = alt.Legend(orient="top", title="verdict")

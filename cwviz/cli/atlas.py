@@ -9,7 +9,7 @@ import sys
 import pandas as pd
 
 from ..analyses import atlas, sweep
-from ..analyses.codecs import ATLAS
+from ..analyses.codecs.sweeps import ATLAS
 from ..analyses.schema import ATLAS_METRICS
 from ..core.defaults import ATLAS_CONFIDENCE, DEFAULT_SINK
 from ..core.util.errors import InputError

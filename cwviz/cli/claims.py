@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from ..analyses import claims, faithfulness, sweep
-from ..analyses.codecs import CLAIMS
+from ..analyses.codecs.checks import CLAIMS
 from ..core.util.errors import InputError
 from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
@@ -33,7 +33,7 @@ def protocol_of(args: argparse.Namespace) -> faithfulness.Protocol:
         raise InputError(f"--batch-size must be at least 1, not {args.batch_size}")
     return faithfulness.Protocol(
         rates=parse_rates(args.rates),
-        measures=claims.MEASURES,
+        measures=claims.RANKINGS,
         seed=args.seed,
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,

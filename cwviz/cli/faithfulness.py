@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..analyses import faithfulness, records, sweep, tasks
-from ..analyses.codecs import FAITHFULNESS
+from ..analyses.codecs.sweeps import FAITHFULNESS
 from ..analyses.faithfulness import PAPER_ORDER, curve_areas, dataset_texts, order_check
 from ..analyses.faithfulness import read_examples as read_file
 from ..analyses.schema import area_span
@@ -117,14 +117,14 @@ def format_order(summary: pd.DataFrame) -> str:
         return ""
     lines = ["paper's order " + " < ".join(PAPER_ORDER) + " (comprehensiveness; sufficiency reversed):"]
 
-    def verdict(rows: pd.DataFrame) -> str:
+    def order_state(rows: pd.DataFrame) -> str:
         odd = [f"{a}/{b} {r}" for a, b, r in rows[["lower", "higher", "relation"]].itertuples(index=False) if r != "holds"]
         return "holds" if not odd else "; ".join(odd)
 
     for curve, group in by_area.groupby("curve", sort=False):
-        lines.append(f"  {curve}, by area: {verdict(group)}")
+        lines.append(f"  {curve}, by area: {order_state(group)}")
         for rate, rows in by_rate[by_rate.curve == curve].groupby("rate", sort=False):
-            lines.append(f"    at {rate:g}%: {verdict(rows)}")
+            lines.append(f"    at {rate:g}%: {order_state(rows)}")
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from ..analyses import faithfulness, flow_faithfulness, sweep
-from ..analyses.codecs import FLOW_FAITHFULNESS
+from ..analyses.codecs.checks import FLOW_FAITHFULNESS
 from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
 from ..core.util.texts import read_texts
@@ -22,7 +22,7 @@ from .common import early_exit, jsonl_path, load, report_interrupt, run_manifest
 
 
 def settings_of(args: argparse.Namespace, provenance: dict) -> dict:
-    """What decides a record's numbers (:meth:`cwviz.analyses.codecs.FlowFaithfulnessCodec.settings`)."""
+    """What decides a record's numbers (:meth:`cwviz.analyses.codecs.checks.FlowFaithfulnessCodec.settings`)."""
     return FLOW_FAITHFULNESS.settings(
         args.max_tokens,
         args.draws,

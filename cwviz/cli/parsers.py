@@ -508,7 +508,7 @@ def _add_app(sub: argparse._SubParsersAction) -> None:
         "e.g. `cwviz app --server.port 8502 --server.headless true`.",
     )
     parser.add_argument("streamlit_args", nargs=argparse.REMAINDER, help="options for streamlit run")
-    parser.set_defaults(command_module="cwviz.cli.app")
+    parser.set_defaults(command_module="cwviz.cli.dashboard")
 
 
 #: The commands, in the order ``cwviz --help`` lists them.

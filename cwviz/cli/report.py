@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..analyses import claims, faithfulness, flow_faithfulness, records
-from ..analyses.codecs import CLAIMS, FAITHFULNESS, SINKS
+from ..analyses.codecs.checks import CLAIMS
+from ..analyses.codecs.sweeps import FAITHFULNESS, SINKS
 from ..charts import report
 from ..core.util.errors import InputError
 from . import outputs

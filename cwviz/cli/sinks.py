@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..analyses import records, sinks, sweep
-from ..analyses.codecs import SINKS
+from ..analyses.codecs.sweeps import SINKS
 from ..core.method.analysis import analyze
 from ..core.util.errors import CwvizError, InputError
 from ..core.util.parallel import model_provenance

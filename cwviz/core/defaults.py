@@ -29,7 +29,7 @@ DEFAULT_DRAWS = 3
 #: Examples a sweep reads by default (the CLI's ``--n``).
 DEFAULT_EXAMPLES = 20
 
-# -- the claims check (cwviz.analyses.claims, cwviz claims, the Claims page) ------------------------------------------
+# -- the claims check (cwviz.analyses.claims, cwviz claims, the Claims page) ---------------------------------------
 #: Claim 1's removal rates, in percent.
 CLAIMS_RATES: tuple[float, ...] = (10.0, 30.0)
 #: The token cap per item, one value for the CLI and the page: a claims run's numbers depend on the cap, so one cap
@@ -42,24 +42,24 @@ SINK_ACTIVE = 0.3
 #: Claim 3's thresholds, the pre-registered one among them; the others are reported beside it as evidence.
 SINK_ACTIVE_THRESHOLDS: tuple[float, ...] = (0.1, SINK_ACTIVE, 0.5, 0.7)
 
-# -- sinks (cwviz.analyses.sinks) -------------------------------------------------------------------------------------
+# -- sinks (cwviz.analyses.sinks) ----------------------------------------------------------------------------------
 #: The sink unless the user picks one: the first position (docs/METHOD.md section 4).
 DEFAULT_SINK = 0
 #: λ, the factor on the sink's value in interventions unless given (0 removes its write).
 DEFAULT_FACTOR = 0.0
 
-# -- the atlas (cwviz.analyses.atlas, cwviz atlas) -----------------------------------------------------------------------
+# -- the atlas (cwviz.analyses.atlas, cwviz atlas) -----------------------------------------------------------------
 #: Bootstrap resamples of the prompts, the interval's coverage, the generator's seed, heads listed per statistic.
 ATLAS_BOOTSTRAP = 1000
 ATLAS_CONFIDENCE = 0.95
 ATLAS_SEED = 0
 ATLAS_TOP = 5
 
-# -- compare (cwviz compare) ----------------------------------------------------------------------------------------------
+# -- compare (cwviz compare) ---------------------------------------------------------------------------------------
 #: Heads listed, and log-probability changes printed.
 COMPARE_TOP = 10
 
-# -- the flow (cwviz.core.method.flow, cwviz flow, the Flow page) ------------------------------------------------------
+# -- the flow (cwviz.core.method.flow, cwviz flow, the Flow page) --------------------------------------------------
 #: The kept fraction of the route (docs/METHOD.md, "Glossary"): the fraction of the cross-token |weight| on paths into
 #: the prediction that the drawn route keeps (:func:`cwviz.analyses.route.route`; the page's setting and the CLI's
 #: ``--kept``: one route whoever draws it).

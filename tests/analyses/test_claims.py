@@ -117,7 +117,7 @@ def test_token_and_layer_scopes_part_the_two_on_a_model():
 
 
 def test_a_resume_with_another_scope_is_refused(tmp_path):
-    from cwviz.analyses.codecs import FAITHFULNESS
+    from cwviz.analyses.codecs.sweeps import FAITHFULNESS
 
     provenance = {"id": "m", "architecture": "a", "revision": None, "weights_sha256": "x", "dtype": "float32"}
     keys = {s: FAITHFULNESS.settings(faithfulness.Protocol(rank_scope=s), provenance) for s in faithfulness.RANK_SCOPES}

@@ -17,7 +17,7 @@ import cwviz
 from cwviz import cli
 from cwviz.analyses import flow_faithfulness
 from cwviz.analyses.claim_items import spearman
-from cwviz.analyses.codecs import FLOW_FAITHFULNESS
+from cwviz.analyses.codecs.checks import FLOW_FAITHFULNESS
 from cwviz.analyses.faithfulness import example_ids
 from cwviz.analyses.records import RECORD_GLOB, read_records
 from cwviz.cli import flow_faithfulness as command

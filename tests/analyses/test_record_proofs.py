@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from cwviz import cli
 from cwviz.analyses import atlas, faithfulness, records, sinks
-from cwviz.analyses.codecs import ATLAS, FAITHFULNESS, SINKS
+from cwviz.analyses.codecs.sweeps import ATLAS, FAITHFULNESS, SINKS
 from cwviz.cli import atlas as atlas_cli
 from cwviz.cli import faithfulness as faith_cli
 from cwviz.cli import sinks as sinks_cli

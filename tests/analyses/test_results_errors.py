@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import cwviz
 from cwviz import cli
 from cwviz.analyses import atlas, records
-from cwviz.analyses.codecs import FAITHFULNESS
+from cwviz.analyses.codecs.sweeps import FAITHFULNESS
 from cwviz.cli import atlas as atlas_cli
 from cwviz.cli import faithfulness as faith_cli
 from cwviz.cli import sinks as sinks_cli

@@ -15,7 +15,9 @@ import pytest
 
 from cwviz import cli
 from cwviz.analyses import faithfulness, records, sweep
-from cwviz.analyses.codecs import BY_NAME, CLAIMS, FAITHFULNESS
+from cwviz.analyses.codecs import checks, sweeps
+from cwviz.analyses.codecs.checks import CLAIMS
+from cwviz.analyses.codecs.sweeps import FAITHFULNESS
 from cwviz.cli import faithfulness as command
 from cwviz.core.util.errors import InputError
 from cwviz.core.util.parallel import shard
@@ -23,6 +25,8 @@ from tests.helpers import ENV, cwviz_process, launch, make_tiny, run_here, save_
 from tests.helpers import SWEEP_TEXTS as TEXTS
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Every record type by its name (``cwviz.<name>.record``).
+BY_NAME = {codec.name: codec for codec in (sweeps.FAITHFULNESS, sweeps.SINKS, sweeps.ATLAS, checks.CLAIMS, checks.FLOW_FAITHFULNESS)}
 
 
 def run_faithfulness(tmp_path, monkeypatch, results: Path, *extra: str) -> int:

@@ -102,7 +102,7 @@ def test_a_folder_that_is_not_a_claims_run_shows_an_error(app, tmp_path):
 
 def test_a_run_here_on_the_embedded_model_judges_every_claim_from_the_records_the_cli_writes(app, tmp_path):
     from cwviz import cli
-    from cwviz.analyses.codecs import CLAIMS
+    from cwviz.analyses.codecs.checks import CLAIMS
     from cwviz.app import run_services
 
     app.number_input(key="claims_n").set_value(1)

@@ -105,7 +105,7 @@ def test_the_page_runs_through_the_sweep_runner_and_records_what_the_cli_records
     records `cwviz faithfulness --results DIR` writes for the same example and protocol, and so is its summary."""
     from cwviz import cli
     from cwviz.analyses import records
-    from cwviz.analyses.codecs import FAITHFULNESS
+    from cwviz.analyses.codecs.sweeps import FAITHFULNESS
     from cwviz.app import run_services
 
     at = tiny_run(app)

@@ -61,5 +61,5 @@ def test_each_verdict_has_its_own_colour_and_shape_and_its_hue_means_nothing_els
 
 
 def test_rows_without_the_verdict_columns_are_refused_with_the_fix():
-    with pytest.raises(ValueError, match="claims.verdicts"):
+    with pytest.raises(ValueError, match="claims.verdict_rows"):
         charts_claims.forest(ROWS.drop(columns=["line"]))

@@ -20,7 +20,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cwviz.analyses import codecs, records
+from cwviz.analyses import records
+from cwviz.analyses.codecs import checks, sweeps
 from cwviz.cli import build_parser
 from cwviz.cli import common as common_command
 from cwviz.cli import compare as compare_command
@@ -245,7 +246,11 @@ def _named_commands() -> set[str]:
     for path in [*(ROOT / "cwviz").rglob("*.py"), *(ROOT / "views").rglob("*.py")]:
         for match in pattern.finditer(path.read_text(encoding="utf-8")):
             named.add(match.group(1) or match.group(2))
-    record_types = [value for value in vars(codecs).values() if isinstance(getattr(value, "name", None), str) and hasattr(value, "schema")]
+    record_types = [
+        value
+        for value in [*vars(sweeps).values(), *vars(checks).values()]
+        if isinstance(getattr(value, "name", None), str) and hasattr(value, "schema")
+    ]
     assert len(record_types) >= 5
     return named | {records.command(t.name) for t in record_types}
 

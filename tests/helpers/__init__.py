@@ -345,8 +345,8 @@ def sinks(
     near: float = 0.05,
     control: float = 0.0,
 ) -> dict:
-    """A record's sink statistics (every name of ``cwviz.analyses.codecs.SINK_STATS``) near the given values of each
-    verdict (``noise`` apart from item to item): claim 2's d_σ − d_other ≈ ``d`` (d_other ≈ ``d_other``), claim 3's
+    """A record's sink statistics (every name of ``cwviz.analyses.codecs.checks.SINK_STATS``) near the given values
+    of each verdict (``noise`` apart from item to item): claim 2's d_σ − d_other ≈ ``d`` (d_other ≈ ``d_other``), claim 3's
     sink-active cosine ``cos``, claim 4's U-shaped share ``shape`` and operating distance ``near``, claim 5's (a)
     ``spread``, (b) ``toward`` and (c) log-perplexity ratio ``ppl`` with the sink's value removed, and the control's
     log-perplexity ratio ``control`` (its spread and turn half the sink's)."""

@@ -1,14 +1,15 @@
-"""What every record type's codec shares (:mod:`cwviz.analyses.codecs` holds the codecs themselves): the
-:class:`Codec` base, the field types that several codecs' payloads and manifests use, and the range and identity
-checks their ``validate`` calls (:func:`in_range`, :func:`agrees`)."""
+"""What every record type's codec shares (:mod:`~cwviz.analyses.codecs.sweeps` and
+:mod:`~cwviz.analyses.codecs.checks` hold the codecs themselves): the :class:`Codec` base, the field types that
+several codecs' payloads and manifests use, and the range and identity checks their ``validate`` calls
+(:func:`in_range`, :func:`agrees`)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from ..core.util.errors import InputError
-from .records import Field, is_int, is_number, list_of, shown
+from ...core.util.errors import InputError
+from ..records import Field, is_int, is_number, list_of, shown
 
 COUNT: Field = (lambda v: is_int(v) and v >= 1, "a positive integer")
 NUMBERS: Field = (list_of(is_number), "a list of numbers")
