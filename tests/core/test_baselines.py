@@ -9,7 +9,9 @@ import torch
 
 import cwviz
 from cwviz.core.loading import architectures
-from cwviz.core.method import baselines
+from cwviz.core.method import baselines, residual
+from cwviz.core.method.frozen_norm import FrozenNorm
+from cwviz.core.method.mixing import mixing
 from tests.helpers import CharTokenizer, family_model, make_tiny
 
 
@@ -45,7 +47,7 @@ def test_alti_transformed_vectors_of_a_three_token_case_worked_by_hand():
     assert torch.allclose(vectors[0], torch.tensor([[3.0, 1], [0, 0], [0, 0]]))
     # a frozen norm scale of 2 and an output bias [1, 0]: every attention write doubled, the residual not; N(b) = [2, 0]
     vectors, resultant = baselines.transformed_vectors(
-        alpha, projected, residual, rows=slice(2, 3), norm_scale=torch.full((3, 2), 2.0), bias=torch.tensor([1.0, 0])
+        alpha, projected, residual, slice(2, 3), landing=FrozenNorm(torch.full((3,), 2.0)), bias=torch.tensor([1.0, 0])
     )
     assert torch.allclose(vectors[0], torch.tensor([[2.0, 0], [0.0, 1], [-1.0, 1]]))
     assert torch.allclose(resultant[0], torch.tensor([3.0, 2]))
@@ -63,23 +65,32 @@ def test_alti_contributions_of_a_three_token_case_worked_by_hand():
     assert torch.allclose(baselines.alti_contributions(vectors, vectors.sum(1)), expected)
 
 
-def _attention_writes(bundle, ids):
-    """What each layer's attention block adds to the residual stream, from test-only hooks: the output projection's
-    result, through the block's attention-output norm where it has one."""
-    writes, handles = {}, []
-    for layer, block in enumerate(architectures.layer_modules(bundle.model, bundle.arch)):
-        norm = baselines.attention_output_norm(bundle, block)
-        module = norm if norm is not None else bundle.attention_modules[layer]
-        handles.append(
-            module.register_forward_hook(lambda m, i, o, layer=layer: writes.__setitem__(layer, (o[0] if isinstance(o, tuple) else o)[0]))
-        )
+def _model_states(bundle, ids):
+    """Per layer, from test-only hooks: the layer's input x, what its attention adds to the residual stream (the output
+    projection's result, through the attention norm where the layout has one) and the input of the norm before the
+    MLP (h in a pre_norm layout; x in a parallel one)."""
+    arch = bundle.arch
+    layout = architectures.layout_of(bundle.model.config, arch)
+    inputs, writes, mids, handles = {}, {}, {}, []
+
+    def keep(into, layer, take):
+        return lambda module, args, output: into.__setitem__(layer, take(args, output)[0])
+
+    for layer, module in enumerate(architectures.layer_modules(bundle.model, arch)):
+        written = architectures.submodule(module, arch.attention_norm if layout == "sandwich" else arch.out_proj)
+        handles.append(module.register_forward_hook(keep(inputs, layer, lambda a, o: a[0]), prepend=True))
+        main = lambda a, o: o[0] if isinstance(o, tuple) else o  # noqa: E731
+        handles.append(written.register_forward_hook(keep(writes, layer, main)))
+        if arch.mid:
+            mid = architectures.submodule(module, arch.mid)
+            handles.append(mid.register_forward_hook(keep(mids, layer, lambda a, o: a[0])))
     try:
         with torch.inference_mode():
             bundle.model(input_ids=torch.tensor([ids]), use_cache=False)
     finally:
         for handle in handles:
             handle.remove()
-    return writes
+    return inputs, writes, mids
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen2", "olmo2", "granite"])
@@ -87,29 +98,52 @@ def test_alti_resultant_is_the_residual_stream_after_attention(family):
     bundle = make_tiny(family) if family in ("llama", "qwen2") else cwviz.bundle_from_model(family_model(family), CharTokenizer(100))
     ids = list(range(3, 15))
     analysis = cwviz.analyze(bundle, input_ids=ids)
-    writes = _attention_writes(bundle, ids)
-    blocks = architectures.layer_modules(bundle.model, bundle.arch)
-    assert (baselines.attention_output_norm(bundle, blocks[0]) is not None) == (family in ("gemma3_text", "olmo2"))
+    inputs, writes, _ = _model_states(bundle, ids)
+    layout = architectures.layout_of(bundle.model.config, bundle.arch)
+    assert (layout == "sandwich") == (family in ("gemma3_text", "olmo2"))
+    arch = bundle.arch
+    multiplier = getattr(bundle.model.config, arch.residual_multiplier, 1.0) if arch.residual_multiplier else 1.0
     maps = baselines.alti_maps(analysis)
-    for layer, x in enumerate(baselines.residual_streams(analysis)):
+    for layer, part in enumerate(baselines.alti_layers(analysis)):
         alpha, projected = analysis.attention_tensor(layer), baselines.projected_values(analysis, layer)
         bias = getattr(bundle.out_projections[layer], "bias", None)
-        norm = baselines.attention_output_norm(bundle, blocks[layer])
-        scale = None
-        if norm is not None:
-            scale = baselines.rms_scale(norm, torch.einsum("hij,hjd->id", alpha, projected))
-        if baselines.residual_multiplier(bundle) != 1.0:
-            scale = (
-                torch.full_like(x, baselines.residual_multiplier(bundle))
-                if scale is None
-                else scale * baselines.residual_multiplier(bundle)
-            )
         vectors, resultant = baselines.transformed_vectors(
-            alpha, projected, x, norm_scale=scale, bias=None if bias is None else bias.detach()
+            alpha, projected, part.residual, landing=part.landing, bias=None if bias is None else bias.detach()
         )
-        assert torch.allclose(resultant, x + baselines.residual_multiplier(bundle) * writes[layer].float(), atol=1e-4, rtol=1e-4)
+        x = inputs[layer].float()
+        assert torch.allclose(part.residual, x)  # the residual entering the layer, the model's own
+        assert torch.allclose(resultant, x + multiplier * writes[layer].float(), atol=1e-4, rtol=1e-4)
         assert torch.count_nonzero(torch.triu(vectors.abs().sum(-1), diagonal=1)) == 0  # causal: no future source
         assert torch.allclose(maps[layer].sum(-1), torch.ones(len(ids)), atol=1e-5)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_alti_and_the_recorder_read_the_layout_that_layout_of_gives(parallel):
+    """GPT-NeoX with and without ``use_parallel_residual``: one row, two layouts. The recorder reads the one
+    :func:`layout_of` gives (its h makes every row of M sum to 1; a parallel layer read as pre_norm would take the MLP
+    norm's input x for h), and ALTI's resultant is the model's own x + (a + b_O), in a pre_norm layer the MLP norm's
+    input h."""
+    model = family_model("gpt_neox", use_parallel_residual=parallel).eval()
+    bundle = cwviz.bundle_from_model(model, CharTokenizer(100))
+    ids = list(range(3, 12))
+    layout = architectures.layout_of(model.config, bundle.arch)
+    assert layout == ("parallel" if parallel else "pre_norm")
+    analysis = cwviz.analyze(bundle, input_ids=ids, stream=True)
+    assert analysis.stream.layout == layout and residual.layout_for(bundle).name == layout
+    inputs, writes, mids = _model_states(bundle, ids)
+    for layer, part in enumerate(baselines.alti_layers(analysis)):
+        np.testing.assert_allclose(mixing(analysis, layer).sum(1), 1, atol=1e-5)
+        with torch.inference_mode():
+            alpha, projected = analysis.attention_tensor(layer), baselines.projected_values(analysis, layer)
+            bias = bundle.out_projections[layer].bias
+            _, resultant = baselines.transformed_vectors(alpha, projected, part.residual, None, part.landing, bias)
+        assert torch.allclose(resultant, inputs[layer] + writes[layer], atol=1e-5)
+        if parallel:  # the MLP reads x: its norm's input is no post-attention state
+            assert torch.allclose(mids[layer], inputs[layer])
+        else:
+            assert torch.allclose(resultant, mids[layer], atol=1e-5)
+    for row in baselines.alti_maps(analysis):
+        assert torch.allclose(row.sum(-1), torch.ones(len(ids)), atol=1e-5)
 
 
 def test_scores_of_the_three_baselines_on_a_tiny_model():

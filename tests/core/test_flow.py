@@ -42,9 +42,9 @@ def augmented(matrix: np.ndarray) -> np.ndarray:
 
 def test_every_row_of_the_table_has_a_block_layout():
     for arch in architectures.ARCHITECTURES.values():
-        assert arch.block in architectures.BLOCKS
-        assert (arch.mid is not None) == (arch.block == "pre_norm"), arch.family
-        assert (arch.attention_norm is not None) == (arch.block in ("sandwich", "post_norm")), arch.family
+        assert arch.layout in architectures.LAYOUTS
+        assert (arch.mid is not None) == (arch.layout == "pre_norm"), arch.family
+        assert (arch.attention_norm is not None) == (arch.layout in ("sandwich", "post_norm")), arch.family
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -164,7 +164,7 @@ def writes(analysis, layer):
 def definition_mixing(analysis, layer, states):
     """M of ``layer`` from its definition (docs/METHOD.md section 6.1) with plain loops over query, key and head."""
     arch, model = analysis.bundle.arch, analysis.bundle.model
-    block = architectures.block_of(model.config, arch)
+    layout = architectures.layout_of(model.config, arch)
     state = states[layer]
     alpha, w_heads, value, b_o = writes(analysis, layer)
     tokens, heads = analysis.num_tokens, analysis.num_heads
@@ -174,12 +174,12 @@ def definition_mixing(analysis, layer, states):
     for i in range(tokens):
         x = state["x"][i]
         beta = np.zeros_like(x)
-        if block == "pre_norm":
+        if layout == "pre_norm":
             h, land, own = state["mid"][i], (lambda v: multiplier * v), x
-        elif block == "parallel":
+        elif layout == "parallel":
             h, land = state["y"][i], (lambda v: multiplier * v)
             own = h - multiplier * state["out"][i]
-        elif block == "sandwich":
+        elif layout == "sandwich":
             y = state["norm_in"][i]
             land = rms_map(
                 norm.weight, norm.eps if hasattr(norm, "eps") else norm.variance_epsilon, y, plus_one=arch.family.startswith("gemma")
@@ -222,7 +222,7 @@ def test_rollout_is_the_product_of_the_mixings():
 def test_parts_equal_the_definition_with_plain_loops(family):
     analysis = family_analysis(family, ids=IDS[:6])
     model, arch = analysis.bundle.model, analysis.bundle.arch
-    block = architectures.block_of(model.config, arch)
+    layout = architectures.layout_of(model.config, arch)
     states, final = model_states(analysis)
     position, target, foil = 4, 11, 60
     result = flow(analysis, position=position, target=target, foil=foil, vocabulary=3)
@@ -241,7 +241,7 @@ def test_parts_equal_the_definition_with_plain_loops(family):
     for layer in range(analysis.num_layers):
         alpha, w_heads, value, _ = writes(analysis, layer)
         state = states[layer]
-        if block == "sandwich":
+        if layout == "sandwich":
             norm = architectures.submodule(architectures.layer_modules(model, arch)[layer], arch.attention_norm)
             land = rms_map(norm.weight, norm.eps, state["norm_in"][position], plus_one=arch.family.startswith("gemma"))
             h = state["x"][position] + state["norm_out"][position]
@@ -259,7 +259,7 @@ def test_parts_equal_the_definition_with_plain_loops(family):
                 listed = vocabulary.loc[(layer, head, direction)]
                 np.testing.assert_allclose(listed["logit"], logits[order], atol=1e-5)
                 assert list(listed["token_id"]) == list(order)
-        mlp = state["y"][position] - h  # a parallel block's h here is x + a + b_O: the MLP adds the rest
+        mlp = state["y"][position] - h  # a parallel layout's h here is x + a + b_O: the MLP adds the rest
         assert result.other_parts["mlp"][layer] == pytest.approx(freeze(mlp) @ difference, abs=1e-5)
 
 
@@ -267,7 +267,7 @@ def test_parts_equal_the_definition_with_plain_loops(family):
 def test_totals_are_the_parts_routed_through_the_rollout(family):
     analysis = family_analysis(family)
     result = flow(analysis, position=5, target=11)
-    block = architectures.block_of(analysis.bundle.model.config, analysis.bundle.arch)
+    layout = architectures.layout_of(analysis.bundle.model.config, analysis.bundle.arch)
     layers, tokens = analysis.num_layers, analysis.num_tokens
     # d^l from the parts table, as docs/METHOD.md section 6.3 credits them
     direct = np.zeros((layers + 1, tokens))
@@ -278,7 +278,7 @@ def test_totals_are_the_parts_routed_through_the_rollout(family):
         elif row.part == "embedding":
             direct[0, row.source] += row.value
         elif row.part == "mlp":
-            direct[row.layer + (0 if block == "parallel" else 1), row.source] += row.value
+            direct[row.layer + (0 if layout == "parallel" else 1), row.source] += row.value
     np.testing.assert_allclose(result.direct, direct, atol=1e-6)
     below, expected = np.eye(tokens + 1), np.zeros(tokens + 1)
     for layer in range(layers + 1):
@@ -492,12 +492,13 @@ def test_an_analysis_that_keeps_its_stream_gives_the_flow_without_a_pass(family)
     assert plain.stream is None and kept.stream.position == default
     replayed = replayed_stream(plain, default)
     for mine, theirs in zip(kept.stream.layers, replayed.layers, strict=True):
-        for name in ("target", "norm2", "residual", "bias", "mlp"):
+        for name in ("direction", "norm2", "residual", "bias", "mlp"):
             assert torch.equal(getattr(mine, name), getattr(theirs, name)), name
     for name in ("embedding", "final", "final_output"):
         assert torch.equal(getattr(kept.stream, name), getattr(replayed, name)), name
     # What it keeps is within what the memory check adds for it.
-    held = sum(t.numel() * t.element_size() for part in kept.stream.layers for t in (part.target, part.norm2, part.residual, part.bias))
+    kept_tensors = [(part.direction, part.norm2, part.residual, part.bias) for part in kept.stream.layers]
+    held = sum(t.numel() * t.element_size() for tensors in kept_tensors for t in tensors)
     config, info = bundle.model.config, bundle.info
     added = memory.estimate(config, info, len(IDS), stream=True)["recorded"] - memory.estimate(config, info, len(IDS))["recorded"]
     assert 0 < held <= added

@@ -47,13 +47,14 @@ class Architecture:
     Gemma 2/3's ``final_logit_softcapping`` c gives c tanh(logits / c)); None or a missing value: not applied.
     ``derived``: the row was derived from the model and checked by a probe (:mod:`cwviz.core.loading.derive`).
 
-    The residual stream (the signed flow, docs/METHOD.md section 6): ``block`` says where the attention write lands,
-    one of :data:`BLOCKS`; ``parallel_attribute`` a config attribute that, when true, makes the block ``"parallel"``
-    (GPT-NeoX's and StableLM's ``use_parallel_residual``); ``mid`` (``"pre_norm"`` blocks) the module, relative to a
-    layer, whose input is the post-attention state h (the norm before the MLP); ``attention_norm`` (``"sandwich"``
-    and ``"post_norm"``) the norm the attention write goes through, relative to a layer; ``residual_multiplier`` a
-    config attribute that scales each write before the residual add (Granite); ``final_norm`` the norm before the
-    output layer, relative to the base model (None: none).
+    The residual stream (the signed flow and ALTI, docs/METHOD.md section 6): ``layout``, the block layout, says where
+    the attention write lands, one of :data:`LAYOUTS`, and is read through :func:`layout_of` only;
+    ``parallel_attribute`` a config attribute that, when true, makes the layout ``"parallel"`` (GPT-NeoX's and
+    StableLM's ``use_parallel_residual``); ``mid`` (``"pre_norm"``) the module, relative to a layer, whose input is
+    the post-attention state h (the norm before the MLP); ``attention_norm`` (``"sandwich"`` and ``"post_norm"``) the
+    norm the attention write goes through, relative to a layer; ``residual_multiplier`` a config attribute that
+    scales each write before the residual add (Granite); ``final_norm`` the norm before the output layer, relative to
+    the base model (None: none).
     """
 
     family: str
@@ -67,7 +68,7 @@ class Architecture:
     logit_divisor: str | None = None
     logit_softcap: str | None = None
     derived: bool = False
-    block: str = "pre_norm"
+    layout: str = "pre_norm"
     parallel_attribute: str | None = None
     mid: str | None = "post_attention_layernorm"
     attention_norm: str | None = None
@@ -75,20 +76,21 @@ class Architecture:
     final_norm: str | None = "norm"
 
 
-#: Where a block's attention write lands (docs/METHOD.md section 6.1): h = x + m(a + b) and the MLP reads h
-#: (``pre_norm``); h = x + N(a + b) (``sandwich``, a norm after attention); the block's output x + a + b + MLP(x)
-#: (``parallel``: the MLP reads x); h = N(x + a + b) (``post_norm``, BERT).
-BLOCKS = ("pre_norm", "sandwich", "parallel", "post_norm")
+#: The block layouts: where a layer's attention write lands (docs/METHOD.md section 6.1): h = x + m(a + b) and the MLP
+#: reads h (``pre_norm``); h = x + N(a + b) (``sandwich``, a norm after attention); the layer's output
+#: x + a + b + MLP(x) (``parallel``: the MLP reads x); h = N(x + a + b) (``post_norm``, BERT). Each is one class of
+#: :mod:`cwviz.core.method.residual`.
+LAYOUTS = ("pre_norm", "sandwich", "parallel", "post_norm")
 
 _LLAMA_LIKE = dict(layers="layers", attention="self_attn", out_proj="self_attn.o_proj")
-_SANDWICH = dict(block="sandwich", mid=None, attention_norm="post_attention_layernorm")
+_SANDWICH = dict(layout="sandwich", mid=None, attention_norm="post_attention_layernorm")
 _BERT_LIKE = dict(
     layers="encoder.layer",
     attention="attention.self",
     out_proj="attention.output.dense",
     auto_class="AutoModelForMaskedLM",
     causal=False,
-    block="post_norm",
+    layout="post_norm",
     mid=None,
     attention_norm="attention.output.LayerNorm",
     final_norm=None,
@@ -120,8 +122,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "stablelm": Architecture("stablelm", **_LLAMA_LIKE, parallel_attribute="use_parallel_residual"),
     # StarCoder2: biases everywhere, sliding window.
     "starcoder2": Architecture("starcoder2", **_LLAMA_LIKE),
-    # Cohere (Command-R): parallel block, optional q/k norms, logits multiplied by logit_scale.
-    "cohere": Architecture("cohere", **_LLAMA_LIKE, logit_scale="logit_scale", block="parallel", mid=None),
+    # Cohere (Command-R): parallel layout, optional q/k norms, logits multiplied by logit_scale.
+    "cohere": Architecture("cohere", **_LLAMA_LIKE, logit_scale="logit_scale", layout="parallel", mid=None),
     # gpt-oss: learned attention sinks (s_aux), alternating sliding/global layers, biases, mixture of experts.
     "gpt_oss": Architecture("gpt_oss", **_LLAMA_LIKE),
     # GPT-2: fused c_attn, Conv1D layout, biases on values and on the output projection.
@@ -147,7 +149,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         out_proj="attention.out_lin",
         auto_class="AutoModelForMaskedLM",
         causal=False,
-        block="post_norm",
+        layout="post_norm",
         mid=None,
         attention_norm="sa_layer_norm",
         final_norm=None,
@@ -267,7 +269,7 @@ def base_model(model: nn.Module) -> nn.Module:
 
 
 def layer_modules(model: nn.Module, arch: Architecture) -> list[nn.Module]:
-    """The model's transformer blocks, in order."""
+    """The model's layers (each one attention and its MLP), in order."""
     return list(submodule(base_model(model), arch.layers))
 
 
@@ -321,12 +323,12 @@ def output_logits(model: nn.Module, arch: Architecture, hidden: torch.Tensor) ->
     return logits
 
 
-def block_of(config, arch: Architecture) -> str:
-    """The row's :data:`BLOCKS` entry for this config: ``"parallel"`` where the row's ``parallel_attribute`` is set
-    and true in the config, else the row's ``block``."""
+def layout_of(config, arch: Architecture) -> str:
+    """The block layout (one of :data:`LAYOUTS`) of a model with this config and row: ``"parallel"`` where the row's
+    ``parallel_attribute`` is set and true in the config, else the row's ``layout``. The one reader of the layout."""
     if arch.parallel_attribute is not None and getattr(config, arch.parallel_attribute, False):
         return "parallel"
-    return arch.block
+    return arch.layout
 
 
 #: Config attributes that, when set, change a causal LM's logits after its output layer (the row fields they fill).

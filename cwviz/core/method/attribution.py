@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..loading import architectures
 from ..util.errors import InputError
 from . import alti_logit, baselines, effect
 from .flow import EDGE_LIMIT, LargestEdges, flow, resolve, token_totals
@@ -177,7 +178,7 @@ def _baseline(name: str) -> Callable[[Request], Attribution]:
 
 
 def _decoders_only(bundle) -> str | None:
-    if not bundle.arch.causal or bundle.arch.block == "post_norm":
+    if not bundle.arch.causal or architectures.layout_of(bundle.model.config, bundle.arch) == "post_norm":
         return "it is implemented for decoders (causal, pre-norm or sandwich blocks); this model is an encoder"
     return None
 

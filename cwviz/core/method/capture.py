@@ -4,13 +4,15 @@ cwviz registers an attention function named ``"cwviz"`` in transformers' ``Atten
 the matching mask function in ``AttentionMaskInterface``) and loads models with it. Outside a
 :func:`forward_pass` it simply delegates to PyTorch's SDPA, so the model behaves exactly as with
 ``attn_implementation="sdpa"``. Inside a pass, the per-thread :class:`_Pass` stored in a
-``ContextVar`` tells it to record each layer's queries, keys and values, and optionally to intervene.
+``ContextVar`` (:func:`cwviz.core.method.hooks.scoped`, the one per-context mechanism of cwviz's passes) tells it to
+record each layer's queries, keys and values, and optionally to intervene.
 
 Why this seam rather than hooks: the function receives the post-RoPE queries and keys, the values with
 their bias, the mask and the scaling the model really uses, for every supported architecture alike.
 And because the active pass lives in a ``ContextVar``, several threads can run the one shared model at
-once, each with its own records; nothing is registered on the model, so nothing can be left behind
-when an analysis raises.
+once, each with its own records; the seam registers nothing on the model's modules, so nothing can be left
+behind when an analysis raises. (Where attention's write lands, which the seam cannot see, is read by forward hooks
+of the same per-context kind: :mod:`cwviz.core.method.residual`.)
 
 What is kept per layer grows linearly with the number of tokens T: queries [heads, T, d_head],
 keys and values [kv_heads, T, d_head]. Attention maps are recomputed from them on demand.
@@ -36,6 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from ..util.errors import UnsupportedModelError
 from ..util.progress import Progress
 from .attention import attention_probabilities, weighted_values
+from .hooks import scoped
 from .spill import SpilledRecords
 
 ATTN_IMPLEMENTATION = "cwviz"
@@ -329,11 +332,8 @@ def forward_pass(
     )
     if spill is not None:
         active.records = spill
-    token = _ACTIVE.set(active)
-    try:
+    with scoped(_ACTIVE, active):
         yield active.records
-    finally:
-        _ACTIVE.reset(token)
 
 
 @contextlib.contextmanager
@@ -342,8 +342,5 @@ def attention_callers() -> Iterator[list[torch.nn.Module]]:
     yielded list, in call order; nothing is recorded or changed (how :mod:`cwviz.core.loading.derive` finds a model's
     attention modules: those that really call the interface)."""
     active = _Pass({}, record=False, intervention=None, seen=[])
-    token = _ACTIVE.set(active)
-    try:
+    with scoped(_ACTIVE, active):
         yield active.seen
-    finally:
-        _ACTIVE.reset(token)

@@ -3,8 +3,8 @@ prediction where they land.
 
 A leaf m = 1 [T] scales every layer's values inside cwviz's attention function (:class:`ScaleValueColumns`: the
 model's weights and forward are untouched), and the input embeddings are a leaf too. One forward pass without grad
-keeps each block's input; the backward then runs block by block, each block recomputed with grad from its input
-(one block's activations held at a time, :func:`gradients`), and gives
+keeps each layer's input; the backward then runs layer by layer, each layer recomputed with grad from its input
+(one layer's activations held at a time, :func:`gradients`), and gives
 
 | quantity                 | shape               | meaning                                                        |
 |--------------------------|---------------------|----------------------------------------------------------------|
@@ -28,7 +28,7 @@ import torch
 from ..loading import architectures
 from ..util.errors import InputError
 from .capture import forward_pass
-from .residual import first_of, hidden_of, thread_hooks
+from .hooks import Hook, context_hooks, first_of, hidden_of
 from .state import ModelState
 
 _MEAN_EMBEDDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -97,88 +97,106 @@ def quantity(bundle, hidden: torch.Tensor, position: int, target: int | None, fo
 
 
 class _Reached(Exception):
-    """Raised by a hook on the first block to end a pass there (the embedding stage's backward needs no more)."""
+    """Raised by a hook on the first layer to end a pass there (the embedding stage's backward needs no more)."""
 
 
 def _with_hidden(args: tuple, kwargs: dict, hidden: torch.Tensor) -> tuple[tuple, dict]:
-    """A block's call ``(args, kwargs)`` with its hidden states replaced by ``hidden``."""
+    """A layer's call ``(args, kwargs)`` with its hidden states replaced by ``hidden``."""
     if args:
         return (hidden, *args[1:]), kwargs
     return args, {**kwargs, "hidden_states": hidden}
+
+
+def _layer_calls(bundle, embeddings: torch.Tensor) -> tuple[list[tuple[tuple, dict]], torch.Tensor]:
+    """One pass without grad from ``embeddings`` [1, T, d_model]: each layer's call ``(args, kwargs)`` as the model made
+    it (masks, position embeddings), its hidden states detached, and the last layer's output [1, T, d_model]."""
+    layers = architectures.layer_modules(bundle.model, bundle.arch)
+    calls: list[tuple[tuple, dict]] = []
+    last: list[torch.Tensor] = []
+
+    def keep(args: tuple, kwargs: dict) -> None:
+        calls.append(_with_hidden(args, kwargs, hidden_of(args, kwargs).detach().clone()))
+
+    hooks = [Hook(layer, "call", keep) for layer in layers]
+    hooks.append(Hook(layers[-1], "output", lambda output: last.append(output.detach().clone())))
+    with torch.no_grad(), context_hooks(hooks), forward_pass(bundle.attention_modules, record=False):
+        architectures.base_model(bundle.model)(inputs_embeds=embeddings, use_cache=False)
+    return calls, last[-1]
+
+
+def _backward_through_layers(bundle, calls, grad: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """From ∂LD/∂(the last layer's output) ``grad`` [1, T, d_model] down to the first layer's input, each layer
+    recomputed with grad from its kept call under the value scales m: (∂LD/∂(the first layer's input) [1, T, d_model],
+    ∂LD/∂m [T], each layer's ∂LD/∂z [head, query, d_head])."""
+    layers = architectures.layer_modules(bundle.model, bundle.arch)
+    scale = torch.ones(tokens, device=bundle.input_device, requires_grad=True)  # m
+    d_scale = torch.zeros(tokens, device=bundle.input_device)
+    head_grads: list[torch.Tensor] = [torch.empty(0)] * len(layers)
+    for index in reversed(range(len(layers))):
+        hidden = hidden_of(*calls[index]).requires_grad_(True)
+        args, kwargs = _with_hidden(*calls[index], hidden)
+        outputs: list[torch.Tensor] = []  # z (1, query, head, d_head) of this layer, in the graph
+        with forward_pass(
+            bundle.attention_modules,
+            record=False,
+            intervention=ScaleValueColumns(scale),
+            observe=lambda _layer, z, kept=outputs: kept.append(z),
+        ):
+            out = first_of(layers[index](*args, **kwargs))
+        (z,) = outputs
+        grad, d_layer, d_z = torch.autograd.grad(out, [hidden, scale, z], grad_outputs=grad, allow_unused=True)
+        d_scale += 0 if d_layer is None else d_layer
+        d_z = torch.zeros_like(z) if d_z is None else d_z  # (1, T, H, dh)
+        head_grads[index] = d_z[0].transpose(0, 1).float().detach()  # (H, T, dh)
+    return grad, d_scale, head_grads
+
+
+def _embedding_gradient(bundle, embeddings: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """∂LD/∂e [1, T, d_model] from ∂LD/∂(the first layer's input) ``grad``: the embedding stage (position embeddings,
+    an embedding norm) run again with grad from the embeddings, up to the first layer."""
+    first = architectures.layer_modules(bundle.model, bundle.arch)[0]
+    leaf = embeddings.detach().requires_grad_(True)
+    reached: list[torch.Tensor] = []
+
+    def stop(hidden: torch.Tensor) -> None:
+        reached.append(hidden)
+        raise _Reached
+
+    try:
+        with context_hooks([Hook(first, "input", stop)]), forward_pass(bundle.attention_modules, record=False):
+            architectures.base_model(bundle.model)(inputs_embeds=leaf, use_cache=False)
+    except _Reached:
+        pass
+    (d_embed,) = torch.autograd.grad(reached[0], leaf, grad_outputs=grad)
+    return d_embed
 
 
 def gradients(analysis, position: int, target: int | None, foil: int | None) -> Gradients:
     """One forward pass and one backward (module docstring), for the prompt of ``analysis`` (its model, as it was:
     ModelChangedError otherwise). ``target``/``foil``: checked token ids (None for an encoder).
 
-    The backward runs block by block, recomputing each block from its input (kept by the forward pass, without
-    grad): what autograd keeps at once is one block's activations, not every block's (at 2,048 tokens on SmolLM2 the
-    whole graph held 3.5 GB above the model). Each block is called as the model called it (its own arguments, read
-    by a pre-hook: masks, position embeddings), under the value scales m; the embedding stage (position embeddings,
-    an embedding norm) is run again up to the first block for ∂LD/∂e. Hooks are this thread's, always removed."""
+    The backward runs layer by layer, recomputing each layer from its input (kept by the forward pass, without
+    grad): what autograd keeps at once is one layer's activations, not every layer's (at 2,048 tokens on SmolLM2 the
+    whole graph held 3.5 GB above the model). Each layer is called as the model called it (its own arguments, read
+    by a hook: masks, position embeddings), under the value scales m; the embedding stage (position embeddings,
+    an embedding norm) is run again up to the first layer for ∂LD/∂e. Hooks are this thread's, always removed."""
     analysis.check_model()
     bundle = analysis.bundle
     state = ModelState(bundle)
-    arch, model = bundle.arch, bundle.model
-    blocks = architectures.layer_modules(model, arch)
-    base = architectures.base_model(model)
+    arch = bundle.arch
+    base = architectures.base_model(bundle.model)
     final_norm = architectures.submodule(base, arch.final_norm) if arch.final_norm else None
     ids = torch.tensor([analysis.input_ids], device=bundle.input_device)  # (1, T)
-    tokens = ids.shape[1]
-    embed = model.get_input_embeddings()
-    calls: list[tuple[tuple, dict]] = []  # each block's (args, kwargs), its hidden states detached
-    top: dict[str, torch.Tensor] = {}
-
-    def on_input(module, args, kwargs) -> None:
-        hidden = hidden_of(args, kwargs).detach().clone()  # (1, T, d_model)
-        calls.append(_with_hidden(args, kwargs, hidden))
-
-    def on_last(module, args, output) -> None:
-        top["output"] = first_of(output).detach().clone()  # (1, T, d_model): the last block's output
-
-    entries = [(block, "pre", on_input) for block in blocks] + [(blocks[-1], "post", on_last)]
     with torch.no_grad():
-        embeddings = embed(ids)  # (1, T, d_model)
-        with thread_hooks(entries), forward_pass(bundle.attention_modules, record=False):
-            base(inputs_embeds=embeddings, use_cache=False)
+        embeddings = bundle.model.get_input_embeddings()(ids)  # (1, T, d_model)
+    calls, last = _layer_calls(bundle, embeddings)
     with torch.enable_grad():
-        # the quantity from the last block's output: the final norm (as the base model applies it), then LD
-        output = top["output"].requires_grad_(True)
-        final = output if final_norm is None else final_norm(output)
-        value = quantity(bundle, final, position, target, foil)[0]
-        (grad,) = torch.autograd.grad(value, output)  # (1, T, d_model): ∂LD/∂(the last block's output)
-        scale = torch.ones(tokens, device=bundle.input_device, requires_grad=True)  # m
-        d_scale = torch.zeros(tokens, device=bundle.input_device)
-        head_grads: list[torch.Tensor] = [torch.empty(0)] * len(blocks)
-        for index in reversed(range(len(blocks))):
-            hidden = hidden_of(*calls[index]).requires_grad_(True)
-            args, kwargs = _with_hidden(*calls[index], hidden)
-            outputs: list[torch.Tensor] = []  # z (1, query, head, d_head) of this block, in the graph
-            with forward_pass(
-                bundle.attention_modules,
-                record=False,
-                intervention=ScaleValueColumns(scale),
-                observe=lambda _layer, z, kept=outputs: kept.append(z),
-            ):
-                out = first_of(blocks[index](*args, **kwargs))
-            (z,) = outputs
-            grad, d_layer, d_z = torch.autograd.grad(out, [hidden, scale, z], grad_outputs=grad, allow_unused=True)
-            d_scale += 0 if d_layer is None else d_layer
-            head_grads[index] = (torch.zeros_like(z) if d_z is None else d_z)[0].transpose(0, 1).float().detach()  # (H, T, dh)
-        # the embedding stage, run again up to the first block: ∂LD/∂e from ∂LD/∂(the first block's input)
-        leaf = embeddings.detach().requires_grad_(True)
-        reached: dict[str, torch.Tensor] = {}
-
-        def stop(module, args, kwargs) -> None:
-            reached["hidden"] = hidden_of(args, kwargs)
-            raise _Reached
-
-        try:
-            with thread_hooks([(blocks[0], "pre", stop)]), forward_pass(bundle.attention_modules, record=False):
-                base(inputs_embeds=leaf, use_cache=False)
-        except _Reached:
-            pass
-        (d_embed,) = torch.autograd.grad(reached["hidden"], leaf, grad_outputs=grad)
+        # the quantity from the last layer's output: the final norm (as the base model applies it), then LD
+        output = last.requires_grad_(True)
+        value = quantity(bundle, output if final_norm is None else final_norm(output), position, target, foil)[0]
+        (grad,) = torch.autograd.grad(value, output)  # (1, T, d_model): ∂LD/∂(the last layer's output)
+        grad, d_scale, head_grads = _backward_through_layers(bundle, calls, grad, ids.shape[1])
+        d_embed = _embedding_gradient(bundle, embeddings, grad)
     state.check()
     mean = mean_embedding(bundle).to(d_embed.device)
     e, d_embed = embeddings[0].float(), d_embed[0].float()  # (T, d_model)

@@ -345,7 +345,7 @@ def _flow(analysis, basis: FlowBasis, target: int | None, foil: int | None, edge
         attn_bias, mlp = _layer_parts(analysis, stream, w)
         embedding = float(stream.embedding.to(w.device) @ w)
         direct[0, position] += embedding
-        mlp_layer = np.arange(layers) + (0 if stream.block == "parallel" else 1)  # the MLP reads h (x in a parallel block)
+        mlp_layer = np.arange(layers) + (0 if stream.layout == "parallel" else 1)  # the MLP reads h (parallel: x)
         np.add.at(direct[:, position], mlp_layer, mlp)
         start[0] = direct[layers]
         parts = dict(embedding=embedding, attention_bias=attn_bias, mlp=mlp, final_bias=final_bias)

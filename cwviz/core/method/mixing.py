@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from . import baselines
 from .measures import grouped_matmul
 from .reading import attention_rows, for_blocks, record_blocks
 from .residual import Stream, record_stream
@@ -54,8 +55,9 @@ def mixing_blocks(analysis, stream: Stream, layer: int, whole: bool = False) -> 
         tokens = rec.query.shape[-2]
         for first, stop, keys in [(0, tokens, tokens)] if whole else record_blocks(rec):
             alpha = attention_rows(rec, first, stop, keys)  # (H, rows, keys)
-            target = part.target[first:stop].to(device)  # (rows, D): L_iᵀ h_i
-            pulled = (target @ w_o).view(stop - first, heads, -1).transpose(0, 1).contiguous()  # (H, rows, dh): (W_O^h)ᵀ L_iᵀ h_i
+            direction = part.direction[first:stop].to(device)  # (rows, D): L_iᵀ h_i
+            # (H, rows, dh): (W_O^h)ᵀ L_iᵀ h_i
+            pulled = (direction @ w_o).view(stop - first, heads, -1).transpose(0, 1).contiguous()
             norm2 = part.norm2[first:stop].to(device)
             dots = grouped_matmul(pulled, values[..., :keys], rec.copies).mul_(alpha)  # (H, rows, keys): α ⟨L ṽ_j, h_i⟩
             mix = dots.sum(0).div_(norm2[:, None])
@@ -103,17 +105,18 @@ def mixing(analysis, layer: int, stream: Stream | None = None) -> np.ndarray:
 
 def rollout(analysis, stream: Stream | None = None) -> np.ndarray:
     """R = M^{L-1} ⋯ M^0 (docs/METHOD.md section 6.2), float32 [query, key + 1], the bias last: row i is position
-    i's signed composition from the input tokens; every row sums to 1. T³ a layer: asked for, never implied."""
+    i's signed composition from the input tokens; every row sums to 1. T³ a layer: asked for, never implied. The
+    product is :func:`cwviz.core.method.baselines.rollout`'s, of each layer's M augmented with a bias row that keeps
+    the bias, one layer at a time."""
     stream = stream or analysis.stream or replayed_stream(analysis, analysis.num_tokens - 1)
     tokens = analysis.num_tokens
     with torch.inference_mode():
         device = analysis.layer_device(0)
-        below = torch.eye(tokens, tokens + 1, device=device)
-        for layer in range(analysis.num_layers):
-            above = torch.zeros_like(below)
-            for block in mixing_blocks(analysis, stream, layer):
-                mix, first, stop = block.mix.to(device), block.first, block.stop
-                above[first:stop] = mix @ below[: mix.shape[1]]
-                above[first:stop, tokens] += block.bias.to(device)
-            below = above
-    return below.cpu().numpy()
+
+        def augmented(layer: int) -> torch.Tensor:  # (T + 1, T + 1): M, and the bias row [0 .. 0, 1]
+            square = torch.zeros(tokens + 1, tokens + 1, device=device)
+            square[:tokens] = torch.from_numpy(mixing(analysis, layer, stream)).to(device)
+            square[tokens, tokens] = 1
+            return square
+
+        return baselines.rollout(augmented(layer) for layer in range(analysis.num_layers))[:tokens].cpu().numpy()
