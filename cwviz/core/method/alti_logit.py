@@ -18,7 +18,7 @@ citing the paper's Eq. 7; their evaluation script leaves it out).
 | C^l, one layer's ALTI map | [query, key] (T x T) |
 | scores | [T] |
 
-The MLPs and the biases are given to no token (the paper routes the attention blocks alone): they are
+The MLPs and the biases are given to no token (the paper routes the attention writes alone): they are
 :attr:`AltiLogit.rest`, so Σ_k score_k + rest is the frozen-norm logit difference wherever every row of every ALTI
 map sums to 1.
 """

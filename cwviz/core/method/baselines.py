@@ -40,7 +40,7 @@ from .analysis import Analysis
 from .frozen_norm import FrozenNorm
 from .residual import record
 
-#: The query rows of ALTI's transformed vectors built at once: [rows, T, d_model] floats per block.
+#: The query rows of ALTI's transformed vectors built at once: [rows, T, d_model] floats per row block.
 ALTI_ROWS = 32
 
 

@@ -156,7 +156,7 @@ class _Pass:
 
         Why copy: a record outlives the forward pass, and the tensors it would otherwise keep sit in the heap
         between that pass's freed activations, which then cannot be returned to the system nor reused as one
-        block (glibc): at 4,096 tokens on the embedded model the pass peaked 1.6 GB above the model instead of
+        region (glibc): at 4,096 tokens on the embedded model the pass peaked 1.6 GB above the model instead of
         1.0 GB. With the records in their own buffer every activation is freed and reused layer after layer.
         The copies cost one pass over what is recorded (about 6 KB a token a layer for the embedded model). A
         layer whose parts differ in size or dtype from the first layer's keeps its own tensors. A pass whose
@@ -315,7 +315,7 @@ def forward_pass(
     attend: Attend | None = None,
     observe: Observe | None = None,
 ) -> Iterator[dict[int, LayerRecord] | SpilledRecords]:
-    """Within this block, forward passes of the model record and/or intervene.
+    """Within this ``with``, forward passes of the model record and/or intervene.
 
     ``attention_modules[l]`` is layer l's attention module. Yields the dict that fills with one
     :class:`LayerRecord` per layer, or ``spill`` (:func:`cwviz.core.method.spill.spill_for`), which writes each layer
@@ -338,7 +338,7 @@ def forward_pass(
 
 @contextlib.contextmanager
 def attention_callers() -> Iterator[list[torch.nn.Module]]:
-    """Within this block, forward passes append every module that calls cwviz's attention function to the
+    """Within this ``with``, forward passes append every module that calls cwviz's attention function to the
     yielded list, in call order; nothing is recorded or changed (how :mod:`cwviz.core.loading.derive` finds a model's
     attention modules: those that really call the interface)."""
     active = _Pass({}, record=False, intervention=None, seen=[])

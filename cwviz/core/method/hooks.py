@@ -1,13 +1,13 @@
-"""The one per-context mechanism of cwviz's passes: a ``ContextVar`` set for the length of a ``with`` block.
+"""The one per-context mechanism of cwviz's passes: a ``ContextVar`` set for the length of a ``with`` statement.
 
 A model is shared: the dashboard runs one model from several threads at once. Whatever cwviz adds to a pass must
-therefore reach only the pass of the caller that asked for it, and never outlive its block. Two things need that:
+therefore reach only the pass of the caller that asked for it, and never outlive its ``with``. Two things need that:
 
 * the attention seam (:mod:`cwviz.core.method.capture`): the active pass is a ``ContextVar`` read by cwviz's
   attention function, set by :func:`scoped`;
-* forward hooks (:func:`context_hooks`: the residual recorder, :mod:`cwviz.core.method.recorder`, and the effect
-  flow's block inputs): registered on the shared modules, so every thread's pass calls them; each returns at once
-  unless its owner is in this ``ContextVar`` of the running context. The hooks are removed on leaving the block,
+* forward hooks (:func:`context_hooks`: the residual recorder, :mod:`cwviz.core.method.residual`, and the effect
+  flow's layer inputs): registered on the shared modules, so every thread's pass calls them; each returns at once
+  unless its owner is in this ``ContextVar`` of the running context. The hooks are removed on leaving the ``with``,
   whatever happened.
 
 A ``ContextVar`` is per thread (a new thread starts with a context of its own) and per asyncio task, so both are
@@ -27,13 +27,13 @@ from torch import nn
 
 V = TypeVar("V")
 
-#: The owners (one object per :func:`context_hooks` block) whose hooks run in the current context.
+#: The owners (one object per :func:`context_hooks` call) whose hooks run in the current context.
 _OWNERS: contextvars.ContextVar[frozenset[object]] = contextvars.ContextVar("cwviz_hook_owners", default=frozenset())
 
 
 @contextlib.contextmanager
 def scoped(var: contextvars.ContextVar[V], value: V) -> Iterator[V]:
-    """``var`` set to ``value`` in the calling context for the length of the block, then reset, whatever happened."""
+    """``var`` set to ``value`` in the calling context for the length of the ``with``, then reset, whatever happened."""
     token = var.set(value)
     try:
         yield value
@@ -64,7 +64,7 @@ def first_of(output) -> torch.Tensor:
 
 @contextlib.contextmanager
 def context_hooks(hooks: Iterable[Hook]) -> Iterator[None]:
-    """Register ``hooks`` for the passes the calling context runs inside the block (another thread's pass of the same
+    """Register ``hooks`` for the passes the calling context runs inside the ``with`` (another thread's pass of the same
     model does not call them); always removed on leaving."""
     owner = object()
 

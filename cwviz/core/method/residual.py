@@ -324,7 +324,7 @@ class Recorder(Generic[R]):
 
 @contextlib.contextmanager
 def recording(layout: Layout, reduce: Reduce[R], position: int | None = None) -> Iterator[Recorder[R]]:
-    """A :class:`Recorder` whose hooks read the passes the calling thread runs inside the block, whoever runs them;
+    """A :class:`Recorder` whose hooks read the passes the calling thread runs inside the ``with``, whoever runs them;
     removed on leaving, whatever happened."""
     recorder = Recorder(layout, reduce, position)
     with context_hooks(recorder.hooks()):
@@ -384,7 +384,7 @@ def record_stream(
 @contextlib.contextmanager
 def stream_hooks(bundle: Bundle, position: int) -> Iterator[Callable[[torch.Tensor], Stream]]:
     """The recorder's hooks, reducing for the signed flow into p = ``position``, around the passes the calling thread
-    runs inside the block, whoever runs them (:func:`~cwviz.core.method.analysis.analyze`'s recorded pass). Yields
+    runs inside the ``with``, whoever runs them (:func:`~cwviz.core.method.analysis.analyze`'s recorded pass). Yields
     ``finish(hidden)``: after the pass, the :class:`Stream`, from the pass's final hidden states ``hidden``
     [T, d_model]. The hooks are removed on leaving, whatever happened."""
     with recording(layout_for(bundle), functools.partial(Layout.stream, position=position), position) as recorder:
