@@ -126,6 +126,7 @@ class Layout(ABC):
         self.arch, self.layers, self.multiplier, self.final_norm = arch, list(layers), multiplier, final_norm
 
     def module(self, layer: int, path: str) -> nn.Module:
+        """The module at ``path`` (a path of the row, relative to a layer) of layer ``layer``."""
         return architectures.submodule(self.layers[layer], path)
 
     def taps(self, layer: int) -> tuple[Tap, ...]:
@@ -339,7 +340,8 @@ def record(
     outputs: Callable[[int], torch.Tensor] | None = None,
 ) -> tuple[Recorder[R], torch.Tensor]:
     """Run the model once on ``input_ids`` under a :class:`Recorder` of the model's layout that keeps ``reduce``'s
-    reduction of each layer; returns it with the pass's final hidden states [T, d_model].
+    reduction of each layer (and, at ``position``, the embedding and the final norm); returns it with the pass's final
+    hidden states [T, d_model].
 
     ``outputs(layer)``: the attention output z [head, query, d_head] a recorded pass of this prompt gave layer
     ``layer`` (:attr:`~cwviz.core.method.capture.LayerRecord.output`). Given it, the pass replays those outputs
