@@ -120,14 +120,14 @@ def read_every_block(analysis) -> None:
 
 
 def one_pass_analysis(bundle, ids):
-    """:func:`full_analysis` in one pass: ``analyze(each_block=...)`` hands each layer's row blocks over while the
+    """:func:`full_analysis` in one pass: ``analyze(each_row_block=...)`` hands each layer's row blocks over while the
     layer runs, so each block's scores and softmax serve both the model's attention output and the measures."""
     from cwviz import analyze
 
     def read(layer, first, stop, m):
         m.attention, m.contribution("inter"), m.contribution("intra")
 
-    return analyze(bundle, input_ids=ids, each_block=read)
+    return analyze(bundle, input_ids=ids, each_row_block=read)
 
 
 def whole_layer_analysis(bundle, ids):

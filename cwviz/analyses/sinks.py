@@ -508,7 +508,7 @@ def intervene_on_sink(
     for a plain analysis the change is the λ's against the clean model; for one made under an intervention (e.g. the
     sink already removed) it is the λ's on top of that one, and λ = 1 gives a change of 0 and the analysis's
     perplexity either way (the after pass is then the analysis's own pass, run the same way, with nothing changed; an
-    analysis made with ``each_block`` computed its z in row blocks, so there it is 0 to float32 rounding).
+    analysis made with ``each_row_block`` computed its z in row blocks, so there it is 0 to float32 rounding).
 
     ``clean``: :func:`head_output_stats` of ``analysis`` and this sink, when the caller has it (it does not change
     with λ); it is reduced from the records here otherwise. ``progress(done, L)`` (:mod:`cwviz.core.util.progress`) a

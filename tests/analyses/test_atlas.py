@@ -35,9 +35,9 @@ def test_prompt_statistics_follow_their_definitions(arch, monkeypatch):
     """Each column equals its definition: the head summary's, the sinks table's cos_sink_rest (made in d_model
     space; the atlas computes it in each head's value space), negative_share by hand. GQA, GPT-2's biases,
     Mistral's sliding window (8 keys, so later queries do not see the sink), an encoder; small row blocks."""
-    from cwviz.core.method import blocks
+    from cwviz.core.method import row_block_sizes
 
-    monkeypatch.setattr(blocks, "ROW_BLOCK_CELLS", 7 * 40)
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", 7 * 40)
     analysis = cwviz.analyze(make_tiny(arch), (TEXTS[0] + " " + TEXTS[4]) * 2)
     stats = atlas.prompt_stats(analysis)
     summary = tables.head_summary(analysis)

@@ -17,7 +17,7 @@ import cwviz
 from cwviz import analyze
 from cwviz.analyses import sinks
 from cwviz.charts import sinks as charts
-from cwviz.core.method import blocks
+from cwviz.core.method import row_block_sizes
 from cwviz.core.method.interventions import KeepKeys, ScaleValues, batch_perplexity, logits
 from cwviz.core.method.measures import expand_kv
 from cwviz.core.util.errors import InputError, SelectionError
@@ -512,7 +512,7 @@ def test_the_table_read_in_row_blocks_equals_the_whole_layer_table(arch, monkeyp
 
     analysis = analyze(make_tiny(arch), LONG_TEXT[:60])
     whole = sinks.sink_table(analysis, 0)
-    monkeypatch.setattr(blocks, "ROW_BLOCK_CELLS", 5 * analysis.num_tokens)
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", 5 * analysis.num_tokens)
     blocked = sinks.sink_table(analysis, 0)
     pd.testing.assert_frame_equal(blocked, whole, check_exact=False, atol=1e-5, rtol=1e-4)
 

@@ -9,8 +9,7 @@ import torch
 
 import cwviz
 from cwviz.analyses import tables
-from cwviz.core.method import blocks as block_policy
-from cwviz.core.method import reading, stream
+from cwviz.core.method import row_block_sizes, row_blocks
 from tests.helpers import LONG_TEXT, TEXT, CharTokenizer, make_tiny, tiny_long_bundle
 
 
@@ -163,11 +162,11 @@ def test_row_blocks_equal_the_whole_layer_across_block_edges(arch):
     """Analysis.rows (what windowed heatmaps and the token page compute) equals the whole layer's rows, for
     every measure, the norms and both aggregations; mistral's sliding window and bert's bidirectional mask
     included. Blocks start and end on either side of the whole layer's own row blocks."""
-    from cwviz.core.method.blocks import triangle_blocks
+    from cwviz.core.method.row_block_sizes import triangle_row_blocks
 
     analysis = cwviz.analyze(make_tiny(arch), LONG_TEXT[:90])
     t = analysis.num_tokens
-    edges = sorted({e for _, e in triangle_blocks(t)} | {1, t // 3, t - 1})
+    edges = sorted({e for _, e in triangle_row_blocks(t)} | {1, t // 3, t - 1})
     spans = [(0, t), (0, 1), (t - 1, t)] + [(max(0, e - 3), min(t, e + 4)) for e in edges]
     for layer in range(analysis.num_layers):
         whole = analysis.layer(layer)
@@ -189,7 +188,7 @@ def test_row_blocks_cover_every_row_and_every_visible_key(arch, cells, monkeypat
     from ``start`` with no gap or overlap; a causal block holds keys 0..stop-1 (every key its rows can see:
     the whole layer's later keys are exactly 0), an encoder's all T; on those keys every measure equals the
     whole layer's. attention_blocks gives the same attention, head_outputs the whole layer's z."""
-    monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", cells)
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", cells)
     analysis = cwviz.analyze(make_tiny(arch), LONG_TEXT[:90])
     t, causal = analysis.num_tokens, analysis.bundle.arch.causal
     for layer in range(analysis.num_layers):
@@ -242,7 +241,7 @@ def test_a_windowed_heatmap_equals_the_whole_map_cut_to_the_window(long_analysis
 @pytest.mark.parametrize("block_cells", [512 * 7, 512 * 64, 1 << 18])
 def test_the_streamed_head_summary_equals_the_whole_map_definition(long_analysis, monkeypatch, block_cells):
     """Row blocks of 7, 64 and all 511 queries give the same summary as the whole layers' maps."""
-    monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", block_cells)
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", block_cells)
     summary = tables.head_summary(long_analysis).set_index(["layer", "head"])
     for layer in range(long_analysis.num_layers):
         attention = long_analysis.attention(layer)[:, 1:]
@@ -260,7 +259,7 @@ def test_the_streamed_head_summary_equals_the_whole_map_definition(long_analysis
 def test_the_streamed_binned_view_equals_binning_the_whole_map(long_analysis, monkeypatch, block_cells, head):
     """Bins read a few query bins at a time equal the whole layer's maps binned: mean over a bin's queries
     of the sum over a bin's keys."""
-    monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", block_cells)
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", block_cells)
     cells = tables.heatmap_cells(long_analysis, 1, head, "contribution_intra", "intra", 300, "binned")
     t = long_analysis.num_tokens
     width = int(cells.labels[0].split("–")[1]) + 1
@@ -283,13 +282,13 @@ def test_the_streamed_binned_view_equals_binning_the_whole_map(long_analysis, mo
 
 @pytest.mark.parametrize(("tokens", "cells"), [(60, 7 * 60), (512, 1 << 18), (2048, 1 << 18), (100, 50), (33, 10_000)])
 def test_the_one_pass_groups_its_row_blocks_in_order_within_a_dense_blocks_cells(tokens, cells):
-    """block_groups, which the one pass keeps a group's α for: every block once and in order, a group's blocks
+    """row_block_groups, which the one pass keeps a group's α for: every block once and in order, a group's blocks
     together within the cells (one block alone may exceed them), and no group that the next block would still fit."""
     from cwviz.core.method.capture import LayerRecord
 
     empty = torch.empty(1, tokens, 1)
-    blocks = list(reading.record_blocks(LayerRecord(empty, empty, empty, None, 1.0, True, output=None)))
-    groups = list(block_policy.block_groups(iter(blocks), cells))
+    blocks = list(row_blocks.record_row_blocks(LayerRecord(empty, empty, empty, None, 1.0, True, output=None)))
+    groups = list(row_block_sizes.row_block_groups(iter(blocks), cells))
     assert [block for group in groups for block in group] == blocks
 
     def held(group):
@@ -298,7 +297,7 @@ def test_the_one_pass_groups_its_row_blocks_in_order_within_a_dense_blocks_cells
     assert all(held(group) <= cells or len(group) == 1 for group in groups)
     assert all(held(group) + held(following[:1]) > cells for group, following in zip(groups, groups[1:]))
     if tokens == 512:  # the embedded model's 512-token layer: one product for the query side, not eight
-        assert len(blocks) == block_policy.READ_MIN_BLOCKS and len(groups) == 1
+        assert len(blocks) == row_block_sizes.READ_MIN_ROW_BLOCKS and len(groups) == 1
 
 
 #: Three heads a kv head, each held twice in the row blocks (cwviz.core.method.measures.kv_copies): 7-row blocks cut into
@@ -309,18 +308,18 @@ HELD_TWICE = "llama, 3 heads a kv head held twice"
 @pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "mistral", "gemma2", "gpt_oss", HELD_TWICE])
 @pytest.mark.parametrize("kinds", [("intra", "inter"), ("intra",)])
 def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch):
-    """analyze(each_block=...) hands every layer's row blocks to the reader during the pass: the same blocks
+    """analyze(each_row_block=...) hands every layer's row blocks to the reader during the pass: the same blocks
     and, to float32 rounding, the same measures as reading the returned Analysis afterwards (in the same blocks,
     and by rows, which hold each kv head once); the model's output (which then continues with cwviz's own α v
     instead of SDPA's) and the records match a plain analysis. GQA, GPT-2's biases, an encoder, sliding windows,
     soft-capping, learned sinks and kv heads held twice; small blocks (7 rows or so) so that every layer has
-    several, the first few of a causal layer in one group (block_groups)."""
+    several, the first few of a causal layer in one group (row_block_groups)."""
     from tests.helpers import family_model
 
-    monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", 7 * 60)
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", 7 * 60)
     if family == HELD_TWICE:
         model = family_model("llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=2)
-        monkeypatch.setattr(reading, "kv_copies", lambda kv_heads, heads, device: 2)
+        monkeypatch.setattr(row_blocks, "kv_copies", lambda kv_heads, heads, device: 2)
     else:
         model = family_model(family)
     bundle = cwviz.bundle_from_model(model, CharTokenizer(100), model_id=f"tiny-{family}")
@@ -333,15 +332,15 @@ def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch)
             (layer, first, stop, m.attention.clone(), {kind: m.contribution(kind).clone() for kind in kinds}, m.head_output_norm.clone())
         )
 
-    grouping, group_sizes = stream.block_groups, []
+    grouping, group_sizes = row_blocks.row_block_groups, []
 
     def counted(blocks, cells):
         for group in grouping(blocks, cells):
             group_sizes.append(len(group))
             yield group
 
-    monkeypatch.setattr(stream, "block_groups", counted)
-    streamed = cwviz.analyze(bundle, text, each_block=keep, kinds=kinds)
+    monkeypatch.setattr(row_blocks, "row_block_groups", counted)
+    streamed = cwviz.analyze(bundle, text, each_row_block=keep, kinds=kinds)
     assert max(group_sizes) > 1 or not bundle.arch.causal  # blocks whose α is kept while their group's query side is made
     expected = [(layer, *block) for layer in range(plain.num_layers) for block in plain.row_blocks(layer, kinds=kinds)]
     assert [s[:3] for s in seen] == [e[:3] for e in expected] and len({s[0] for s in seen}) == plain.num_layers
@@ -363,4 +362,4 @@ def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch)
     if plain.bundle.arch.causal:
         np.testing.assert_allclose(streamed.next_token_logprobs, plain.next_token_logprobs, atol=1e-4)
     with pytest.raises(ValueError, match="kind must be 'inter' or 'intra'"):
-        cwviz.analyze(bundle, text, each_block=keep, kinds=("both",))
+        cwviz.analyze(bundle, text, each_row_block=keep, kinds=("both",))

@@ -18,7 +18,7 @@ from cwviz.analyses import sinks, tables, tour, tour_story
 from cwviz.app import links, state
 from cwviz.app.services import Request
 from cwviz.core import defaults
-from cwviz.core.method import blocks
+from cwviz.core.method import row_block_sizes
 from tests.helpers import TEXT, make_tiny
 
 
@@ -90,7 +90,7 @@ def test_the_anti_aligned_head_is_the_most_negative_cosine_among_heads_that_atte
 def test_the_negative_key_read_in_row_blocks_equals_the_whole_map(arch, monkeypatch):
     """Blocks of two rows (and a sliding window, mistral): the pick crosses block edges and still finds the map's
     minimum."""
-    monkeypatch.setattr(blocks, "ROW_BLOCK_CELLS", 2 * len(TEXT))
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", 2 * len(TEXT))
     analysis = analyze(make_tiny(arch), TEXT)
     for layer in range(analysis.num_layers):
         least = [_most_negative(analysis, layer, head) for head in range(analysis.num_heads)]

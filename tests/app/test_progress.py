@@ -137,10 +137,10 @@ def test_the_dashboard_bar_shows_layers_done_and_is_removed(monkeypatch):
 def test_the_binned_heatmap_reports_its_row_blocks_and_keeps_its_cells(case, monkeypatch):
     """The binned view reads the whole layer (2-3 s at 8k tokens on a CPU), so it reports the blocks it has
     reduced; the cells are the same with and without a callback."""
-    from cwviz.core.method import blocks
+    from cwviz.core.method import row_block_sizes
 
     _, analysis = case
-    monkeypatch.setattr(blocks, "ROW_BLOCK_CELLS", 2)  # one query row a block
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", 2)  # one query row a block
     calls = Calls()
     cells = tables.heatmap_cells(analysis, 0, None, "contribution_inter", "inter", 2, "binned", max_cells=6, progress=calls)
     assert cells.binned

@@ -321,14 +321,14 @@ def test_scaled_attention_is_the_models_own_scaling():
 
 @pytest.mark.parametrize("model_type", ["gpt_oss", "gemma2", "llama"])
 def test_weighted_values_in_row_blocks_are_the_whole_computation(model_type, monkeypatch):
-    from cwviz.core.method import blocks
+    from cwviz.core.method import row_block_sizes
 
     bundle = cwviz.bundle_from_model(family_model(model_type), CharTokenizer(100))
     ids = torch.tensor([bundle.tokenizer(TEXT[:20])["input_ids"]])
     t = ids.shape[1]
     keep = KeepKeys({0: (torch.rand(t, t, generator=torch.Generator().manual_seed(0)) > 0.3).float()})
     whole = logits(bundle, ids), logits(bundle, ids, keep)
-    monkeypatch.setattr(blocks, "WEIGHTED_BLOCK_CELLS", 1)  # one query row a block
+    monkeypatch.setattr(row_block_sizes, "WEIGHTED_ROW_BLOCK_CELLS", 1)  # one query row a block
     blocked = logits(bundle, ids), logits(bundle, ids, keep)
     for a, b in zip(whole, blocked):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -166,7 +166,7 @@ def test_out_of_memory_during_analysis_becomes_a_clear_error(llama, monkeypatch)
 
     analysis = cwviz.analyze(llama, "hello world")
     fresh = cwviz.analyze(llama, "hello world").layer(0)
-    monkeypatch.setattr("cwviz.core.method.analysis.layer_measures", boom)
+    monkeypatch.setattr("cwviz.core.method.records_reader.layer_measures", boom)
     with pytest.raises(ResourceError, match="ran out of memory"):
         analysis.layer(0)
     monkeypatch.undo()

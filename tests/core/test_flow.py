@@ -14,7 +14,7 @@ import torch
 import cwviz
 from cwviz.core.defaults import KEPT, LAYER_KEPT
 from cwviz.core.loading import architectures
-from cwviz.core.method import attribution, blocks, memory
+from cwviz.core.method import attribution, memory, row_block_sizes
 from cwviz.core.method import flow as flow_module
 from cwviz.core.method.flow import flow, token_totals
 from cwviz.core.method.mixing import mixing, mixing_blocks, replayed_stream, rollout
@@ -319,8 +319,8 @@ def test_pruning_keeps_the_largest_edges_up_to_the_share():
 def test_row_blocks_change_nothing(monkeypatch):
     analysis = family_analysis("mistral", ids=list(range(3, 23)))
     whole = flow(analysis, target=11)
-    monkeypatch.setattr(blocks, "ROW_BLOCK_CELLS", 16)
-    monkeypatch.setattr(blocks, "READ_MIN_ROWS", 1)
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", 16)
+    monkeypatch.setattr(row_block_sizes, "READ_MIN_ROWS", 1)
     cut = flow(analysis, target=11)
     np.testing.assert_allclose(cut.totals, whole.totals, atol=1e-6)
     np.testing.assert_allclose(cut.nodes, whole.nodes, atol=1e-6)
@@ -335,8 +335,8 @@ def test_the_kept_edges_are_each_layers_largest_however_the_rows_stream(monkeypa
     kept edges are exactly the layer's largest |weight| edges of all, largest first: what the graph and its share read."""
     analysis = family_analysis("mistral", ids=list(range(3, 23)))
     every = flow(analysis, target=11)  # 20 tokens: every edge of every layer kept
-    monkeypatch.setattr(blocks, "ROW_BLOCK_CELLS", 16)
-    monkeypatch.setattr(blocks, "READ_MIN_ROWS", 1)
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", 16)
+    monkeypatch.setattr(row_block_sizes, "READ_MIN_ROWS", 1)
     monkeypatch.setattr(flow_module, "EDGE_LIMIT", 7)
     few = flow(analysis, target=11)
     for (layer, weights, targets, sources), (_, all_weights, all_targets, all_sources) in zip(few.edge_list, every.edge_list, strict=True):
@@ -352,8 +352,8 @@ def test_a_layer_read_whole_is_its_row_blocks(monkeypatch):
     analysis = family_analysis("mistral", ids=list(range(3, 23)))
     tokens = analysis.num_tokens
     stream = replayed_stream(analysis, 13)
-    monkeypatch.setattr(blocks, "ROW_BLOCK_CELLS", 16)
-    monkeypatch.setattr(blocks, "READ_MIN_ROWS", 1)
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", 16)
+    monkeypatch.setattr(row_block_sizes, "READ_MIN_ROWS", 1)
     for layer in range(analysis.num_layers):
         (whole,) = mixing_blocks(analysis, stream, layer, whole=True)
         cut = list(mixing_blocks(analysis, stream, layer))

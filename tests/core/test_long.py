@@ -18,8 +18,7 @@ import cwviz
 from cwviz.analyses import bertviz as bertviz_html
 from cwviz.analyses import sinks, tables
 from cwviz.core.loading import inputs
-from cwviz.core.method import blocks as block_policy
-from cwviz.core.method import memory
+from cwviz.core.method import memory, row_block_sizes
 from cwviz.core.method.export import to_dict
 from cwviz.core.util.errors import ResourceError
 from tests.helpers import CharTokenizer, make_tiny
@@ -31,7 +30,7 @@ TEXT = "Long prompts: the sink soaks up attention, and contributions say how muc
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Row blocks of a few rows, so a short prompt crosses many block edges."""
-    monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", 7 * 40)
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", 7 * 40)
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "bert"])
@@ -81,7 +80,7 @@ def test_whole_layer_maps_that_would_not_fit_are_refused_and_streaming_reads_sti
     """The analysis itself fits (its working set is a row block); asking the API for a whole layer's T x T maps
     that would not fit raises ResourceError naming the row-block methods, and those still give every row. The
     dashboard's streamed reductions (the head overview, the sinks page's table) never ask for a whole layer."""
-    monkeypatch.setattr(block_policy, "ROW_BLOCK_CELLS", 1000)
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", 1000)
     bundle = make_tiny("llama")
     tokens = 200
     need = memory.estimate(bundle.model.config, bundle.info, tokens)["total"]
@@ -135,7 +134,7 @@ def test_the_estimate_counts_a_row_block_not_the_layers_maps():
     bundle = make_tiny("llama")
     config, info = bundle.model.config, bundle.info
     small, large = memory.estimate(config, info, 4096), memory.estimate(config, info, 8192)
-    assert large["maps"] <= small["maps"] <= memory.BLOCK_MAPS * info.heads * block_policy.ROW_BLOCK_CELLS * 4
+    assert large["maps"] <= small["maps"] <= memory.BLOCK_MAPS * info.heads * row_block_sizes.ROW_BLOCK_CELLS * 4
     assert large["recorded"] == 2 * small["recorded"]
 
 

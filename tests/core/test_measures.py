@@ -194,24 +194,24 @@ def test_causal_blocks_equal_the_dense_computation(tokens):
 
 
 @pytest.mark.parametrize("tokens", [1, 64, 65, 1024, 1025, 4096])
-def test_triangle_blocks_tile_every_row_once(tokens):
-    from cwviz.core.method.blocks import TRIANGLE_MAX_BLOCKS, triangle_blocks
+def test_triangle_row_blocks_tile_every_row_once(tokens):
+    from cwviz.core.method.row_block_sizes import TRIANGLE_MAX_ROW_BLOCKS, triangle_row_blocks
 
-    blocks = triangle_blocks(tokens)
+    blocks = triangle_row_blocks(tokens)
     assert blocks[0][0] == 0 and blocks[-1][1] == tokens
     assert all(end == next_start for (_, end), (next_start, _) in zip(blocks, blocks[1:]))
     assert all(end > start for start, end in blocks)
-    assert len(blocks) <= TRIANGLE_MAX_BLOCKS
+    assert len(blocks) <= TRIANGLE_MAX_ROW_BLOCKS
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (9, 3), (4, 1)])
 @pytest.mark.parametrize("rows", [7, 8])
 def test_kv_heads_held_several_times_give_the_same_products_and_measures(heads, kv_heads, rows, monkeypatch):
-    """A layer read in row blocks may hold each kv head several times (cwviz.core.method.reading.for_blocks), its heads'
-    rows then cut into runs, one a copy: α, α v and every measure equal the per-head computation for every number
+    """A layer read in row blocks may hold each kv head several times (cwviz.core.method.row_blocks.for_row_blocks),
+    its heads' rows then cut into runs, one a copy: α, α v and every measure equal the per-head computation for every number
     of copies, whether the rows divide into the runs (even rows) or not (odd rows with 2 copies of a 3-head group,
     which fall back to one copy of each kv head)."""
-    from cwviz.core.method import reading
+    from cwviz.core.method import row_blocks
     from cwviz.core.method.attention import causal_rows
     from cwviz.core.method.capture import LayerRecord
     from cwviz.core.method.measures import full_gram, grouped_matmul
@@ -226,8 +226,8 @@ def test_kv_heads_held_several_times_give_the_same_products_and_measures(heads, 
     expected_alpha = attention_probabilities(q[:, start:keys], expand_kv(k[:, :keys], heads), 0.5, visible, False)
     expected = layer_measures(expected_alpha, expand_kv(v[:, :keys], heads), head_weights(w_o, heads))
     for copies in range(1, heads // kv_heads + 1):
-        monkeypatch.setattr(reading, "kv_copies", lambda *_, copies=copies: copies)
-        held = reading.for_blocks(LayerRecord(q, k[:, :keys], v[:, :keys], None, 0.5, True, output=None))
+        monkeypatch.setattr(row_blocks, "kv_copies", lambda *_, copies=copies: copies)
+        held = row_blocks.for_row_blocks(LayerRecord(q, k[:, :keys], v[:, :keys], None, 0.5, True, output=None))
         key, value = held.key, held.value
         assert held.copies == copies and key.shape[0] == kv_heads * copies and key.is_contiguous() and value.is_contiguous()
         alpha = causal_rows(q[:, start:keys], key, 0.5, start, copies)
@@ -241,7 +241,7 @@ def test_kv_heads_held_several_times_give_the_same_products_and_measures(heads, 
 
 
 def test_kv_copies_spread_a_blocks_batch_entries_evenly_over_the_cpu_threads():
-    """The copies for_blocks makes: the fewest that spread the batch entries (kv heads x copies) most evenly over
+    """The copies for_row_blocks makes: the fewest that spread the batch entries (kv heads x copies) most evenly over
     the threads, never more than a kv group's heads, and none off the CPU."""
     from cwviz.core.method.measures import kv_copies
 

@@ -5,15 +5,15 @@ soft-capping or learned sinks, as the model's own eager attention does; the caus
 rows' visible keys (:func:`causal_rows`, a block of rows; the whole triangle of one sequence); and the weighted values
 z = Σ_j α_ij keep_ij v_j that the seam (:mod:`cwviz.core.method.capture`) returns in place of SDPA's output for an
 intervention or a capped or sunk layer (:func:`weighted_values`). Pure tensor functions of their arguments: nothing
-here knows transformers; the seam and the readers of a record (:mod:`cwviz.core.method.reading`) call them.
+here knows transformers; the seam and the readers of a record (:mod:`cwviz.core.method.row_blocks`) call them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .blocks import triangle_blocks, weighted_block_rows
 from .measures import expand_kv, kv_entries
+from .row_block_sizes import triangle_row_blocks, weighted_row_block_height
 
 
 def attention_probabilities(
@@ -115,15 +115,16 @@ def weighted_values(
 ) -> torch.Tensor:
     """z_i^h = Σ_j α_ij^h keep_ij v_j^h in float32, returned in the query's dtype as (B, Q, H, d), as every
     attention function returns: the path for interventions (α from the unchanged scores, not renormalised)
-    and for soft-capped or learned-sink layers. Computed a block of query rows at a time
-    (:func:`cwviz.core.method.blocks.weighted_block_rows`), so no [B, H, T, T] map is made for a long prompt.
+    and for soft-capped or learned-sink layers. Computed a row block at a time
+    (:func:`cwviz.core.method.row_block_sizes.weighted_row_block_height`), so no [B, H, T, T] map is made for a long
+    prompt.
 
     query (B, H, Q, d); key, value (B, H_kv, K, d); mask None or (B, 1, Q, K); keep broadcastable to (B, H, Q, K).
     """
     batch, heads, num_queries, _ = query.shape
     num_keys = key.shape[-2]
     key, value = key.float(), expand_kv(value.float(), heads)
-    rows = weighted_block_rows(batch, heads, num_keys)
+    rows = weighted_row_block_height(batch, heads, num_keys)
     out = torch.empty(batch, heads, num_queries, value.shape[-1], dtype=torch.float32, device=query.device)
     for start in range(0, num_queries, rows):
         stop = min(num_queries, start + rows)
@@ -183,7 +184,7 @@ def _causal_probabilities(query: torch.Tensor, key: torch.Tensor, scaling: float
     """
     heads, num_tokens, _ = query.shape
     keys_t = expand_kv(key, heads).transpose(1, 2)  # (H, d, T); copying the keys per head is O(T d)
-    blocks = triangle_blocks(num_tokens)
+    blocks = triangle_row_blocks(num_tokens)
     rows = blocks[0][1] if blocks else 0
     future = torch.ones(rows, rows, dtype=torch.bool, device=query.device).triu_(1)  # the diagonal block's mask
     out = torch.empty(heads, num_tokens, num_tokens, dtype=query.dtype, device=query.device)

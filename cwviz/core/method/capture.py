@@ -64,7 +64,8 @@ class LayerRecord:
     than 1 (the learned sink writes nothing). Tensors stay on the layer's device in the model's dtype;
     measures upcast them to float32. ``copies``: the key and value hold each kv head this many times in a row
     ([kv_head * copies, key, d_head]); a pass records them once, and a layer prepared for reading in row blocks
-    (:func:`cwviz.core.method.reading.for_blocks`) may hold more (:func:`~cwviz.core.method.measures.kv_copies`).
+    (:func:`cwviz.core.method.row_blocks.for_row_blocks`) may hold more
+    (:func:`~cwviz.core.method.measures.kv_copies`).
     """
 
     query: torch.Tensor

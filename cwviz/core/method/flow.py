@@ -2,7 +2,7 @@
 direct parts of one logit difference and their routing back to the input tokens.
 
 The residual stream comes from one extra forward pass (:mod:`cwviz.core.method.residual`); attention and values are the
-analysis's records, read in row blocks (:mod:`cwviz.core.method.reading`). No [T, T, d_model] tensor exists: a write's
+analysis's records, in row blocks (:mod:`cwviz.core.method.row_blocks`). No [T, T, d_model] tensor exists: a write's
 dot product with h_i is taken in the head's d_head space, ⟨L_i(ṽ_j^h), h_i⟩ = ((W_O^h)ᵀ L_iᵀ h_i) · v_j^h, and the
 routing is a vector times each layer's M, block by block (T² a layer), never the rollout R itself.
 

@@ -23,7 +23,7 @@ import torch
 
 from ...vocabulary import KINDS, check_kind
 from ..util.errors import InputError
-from .blocks import triangle_blocks
+from .row_block_sizes import triangle_row_blocks
 
 #: Names accepted by :meth:`LayerMeasures.per_head` and :meth:`LayerMeasures.layer_level`.
 MEASURES: tuple[str, ...] = (
@@ -78,7 +78,7 @@ def causal_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, out: 
     straight into ``out``; keys after the block get exactly 0.
     """
     kinds, heads, num_tokens, _ = out.shape
-    for start, end in triangle_blocks(num_tokens):
+    for start, end in triangle_row_blocks(num_tokens):
         block = torch.bmm(x[:, start:end], y[:, :, :end]).view(kinds, heads, end - start, end)
         torch.mul(block, weight[:, start:end, :end], out=out[:, :, start:end, :end])
         out[:, :, start:end, end:].zero_()
@@ -93,7 +93,8 @@ def kv_copies(kv_heads: int, heads: int, device: torch.device | str, threads: in
     PyTorch's bmm on a CPU hands whole batch entries to its threads: the embedded model's 3 kv heads (9 heads)
     are 3 entries, which leave one of two threads idle for a third of each product, and 9 entries per head
     leave it idle for a ninth. Held twice, they are 6 entries of 1.5 heads' rows each. This picks the fewest
-    copies whose entries spread most evenly over the threads (:func:`cwviz.core.method.reading.for_blocks` holds them).
+    copies whose entries spread most evenly over the threads (:func:`cwviz.core.method.row_blocks.for_row_blocks`
+    holds them).
     On other devices (one kernel for a whole batch) 1: nothing is copied.
     """
     if torch.device(device).type != "cpu":
@@ -299,7 +300,7 @@ def layer_measures(
     | value_norm  | optional [head, key]: ‖ṽ_j^h‖ (:func:`value_norms`) when the caller keeps it per layer |
     | side        | optional :class:`QuerySide` of these query rows (then ``head_output`` is not used) |
     | kinds       | the contribution kinds to compute (:data:`KINDS`, or one of them: a third less work) |
-    | copies      | ``value`` holds each kv head this many times in a row (:func:`cwviz.core.method.reading.for_blocks`) |
+    | copies      | ``value`` holds each kv head this many times in a row (:func:`.row_blocks.for_row_blocks`) |
 
     All inputs are upcast to float32. With the Gram matrix G = W_Oᵀ W_O nothing of width d_model is
     formed: ‖o_i‖² = z_iᵀ G z_i, (W_O^h)ᵀ o_i = (G z_i)_h, and G^h is G's diagonal block. Both

@@ -13,11 +13,12 @@ working set of the dashboard and the CLI, which read every T x T quantity in blo
 * recorded per layer: queries and head outputs [heads, T, d_head], keys and values [kv_heads, T, d_head],
   and the value norms [heads, T] (float32); when the records go to disk (:mod:`cwviz.core.method.spill`, long prompts
   on the CPU), only the layers read back and the one being written, beside every layer's value norms; and the
-  layer being read in row blocks as :func:`cwviz.core.method.reading.for_blocks` prepares it (:data:`PREPARED_MAPS`);
+  layer being read in row blocks as :func:`cwviz.core.method.row_blocks.for_row_blocks` prepares it
+  (:data:`PREPARED_MAPS`);
 * forward pass: the widest activation, [T, intermediate] x 3, and one chunk of logits when the
   log-probabilities are computed ([LOGIT_CHUNK, vocab], in the model's dtype and in float32);
 * maps: :data:`BLOCK_MAPS` float32 maps of one row block, [heads, cells] with cells = the block's rows x T
-  (:func:`cwviz.core.method.blocks.block_cells`; the whole T x T for prompts shorter than a block);
+  (:func:`cwviz.core.method.row_block_sizes.row_block_cells`; the whole T x T for prompts shorter than a block);
 * slack: :data:`SLACK` of the three above, for what no formula counts (the allocator's fragmentation, the
   tokenizer's encodings, pandas frames of the charts): the three terms are a central estimate of the measured
   peaks, which grow with contention for the CPU, and the slack makes the total a bound;
@@ -46,8 +47,8 @@ import torch
 
 from ..util.errors import ResourceError
 from ..util.settings import memory_override
-from .blocks import block_cells
 from .logprobs import LOGIT_CHUNK
+from .row_block_sizes import row_block_cells
 from .spill import LOADED
 
 #: Share of the available memory an analysis may plan to use (the rest is for everything else).
@@ -55,8 +56,8 @@ HEADROOM = 0.8
 #: Float32 maps of one row block alive at once: attention and its scores, both contribution kinds, a measure's
 #: products (cosine, norm ratio) and the copies the charts and reductions make of them.
 BLOCK_MAPS = 11
-#: Float32 [heads, T, d_head] tensors of the layer being read in row blocks (:func:`cwviz.core.method.reading.for_blocks`):
-#: its queries, and its keys and values held at most once a head.
+#: Float32 [heads, T, d_head] tensors of the layer being read in row blocks
+#: (:func:`cwviz.core.method.row_blocks.for_row_blocks`): its queries, and its keys and values held at most once a head.
 PREPARED_MAPS = 3
 #: Float32 [heads, T, T] maps one whole layer makes (attention, both contributions, a measure's products),
 #: for the API's whole-layer methods.
@@ -91,14 +92,14 @@ def estimate(config, info, tokens: int, device: torch.device | str = "cpu", spil
     whole = records_bytes(info, tokens)
     kept = whole * min(info.layers, LOADED + 1) // info.layers if spilled else whole
     recorded = kept + info.layers * tokens * 4 * info.heads  # + the value norms, float32 [head, T] a layer
-    recorded += PREPARED_MAPS * info.heads * tokens * info.d_head * 4  # + the layer read in row blocks (for_blocks)
+    recorded += PREPARED_MAPS * info.heads * tokens * info.d_head * 4  # + the layer read in row blocks (for_row_blocks)
     recorded += stream_bytes(info, tokens) if stream else 0
     vocab = getattr(config, "vocab_size", 0) or 0
     intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * info.d_model
     if isinstance(intermediate, (list, tuple)):  # one width per layer (Gemma 3n): the widest is the peak
         intermediate = max(intermediate)
     forward = min(tokens, LOGIT_CHUNK) * vocab * (item + 4) + 3 * tokens * intermediate * 4
-    maps = BLOCK_MAPS * info.heads * block_cells(tokens, device) * 4
+    maps = BLOCK_MAPS * info.heads * row_block_cells(tokens, device) * 4
     slack = int(SLACK * (recorded + forward + maps))
     heap = HEAP_ALLOWANCE if spilled else 0  # see the module docstring: the heap the row blocks leave
     total = recorded + forward + maps + slack + heap

@@ -1,6 +1,7 @@
 """Each layer's signed token mixing M and the signed rollout (docs/METHOD.md sections 6.1-6.2), read from an analysis's
-records in row blocks (:mod:`cwviz.core.method.reading`) against its residual stream (:mod:`cwviz.core.method.residual`);
-the flow (:mod:`cwviz.core.method.flow`) routes the logit difference down through them.
+records in row blocks (:mod:`cwviz.core.method.row_blocks`) against its residual stream
+(:mod:`cwviz.core.method.residual`); the flow (:mod:`cwviz.core.method.flow`) routes the logit difference down
+through them.
 
 | function                          | returns                                                     |
 |-----------------------------------|-------------------------------------------------------------|
@@ -19,8 +20,8 @@ import torch
 
 from . import baselines
 from .measures import grouped_matmul
-from .reading import attention_rows, for_blocks, record_blocks
 from .residual import Stream, record_stream
+from .row_blocks import attention_rows, for_row_blocks, record_row_blocks
 
 
 class Block(NamedTuple):
@@ -45,7 +46,7 @@ def mixing_blocks(analysis, stream: Stream, layer: int, whole: bool = False) -> 
     caller that keeps M of a short prompt."""
     with torch.inference_mode():
         recorded = analysis.layer_record(layer)
-        rec = for_blocks(recorded)
+        rec = for_row_blocks(recorded)
         part = stream.layers[layer]
         w_o = analysis.w_heads(layer).permute(1, 0, 2).flatten(1)  # (D, H * dh): W_O, head after head
         heads = analysis.num_heads
@@ -53,7 +54,7 @@ def mixing_blocks(analysis, stream: Stream, layer: int, whole: bool = False) -> 
         values = rec.value.transpose(-1, -2)  # (kv * copies, dh, T)
         p = stream.position
         tokens = rec.query.shape[-2]
-        for first, stop, keys in [(0, tokens, tokens)] if whole else record_blocks(rec):
+        for first, stop, keys in [(0, tokens, tokens)] if whole else record_row_blocks(rec):
             alpha = attention_rows(rec, first, stop, keys)  # (H, rows, keys)
             direction = part.direction[first:stop].to(device)  # (rows, D): L_iᵀ h_i
             # (H, rows, dh): (W_O^h)ᵀ L_iᵀ h_i

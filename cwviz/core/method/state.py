@@ -1,10 +1,13 @@
-"""The model an :class:`~cwviz.core.method.analysis.Analysis` was made from, as it was then: an analysis that outlives a
-change of its model (freed, moved to another device or dtype, weights edited in place) refuses to go on rather than mix
-its recorded pass with other weights (a wrong perplexity, a Gram matrix on another device, an overflow)."""
+"""The model a recorded pass (:class:`~cwviz.core.method.records_reader.RecordsReader`, :class:`cwviz.Analysis`) was
+made from, as it was then: an analysis that outlives a change of its model (freed, moved to another device or dtype,
+weights edited in place) refuses to go on rather than mix its recorded pass with other weights (a wrong perplexity, a
+Gram matrix on another device, an overflow)."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 import torch
 
@@ -25,12 +28,13 @@ class ModelState:
 
     def __init__(self, bundle: Bundle) -> None:
         model = bundle.model
-        modules = (model.get_input_embeddings(), model.get_output_embeddings(), *architectures.out_projections(model, bundle.arch))
+        projections = architectures.out_projections(model, bundle.arch)
+        modules = (model.get_input_embeddings(), model.get_output_embeddings(), *projections)
         self._modules = tuple(m for m in modules if m is not None)
         self._model_id = bundle.info.id
         self._state = self._now()
 
-    def _now(self) -> tuple:
+    def _now(self) -> tuple[tuple, ...]:
         weights = (getattr(m, "weight", None) for m in self._modules)
         return tuple(weight_state(w) for w in weights if isinstance(w, torch.Tensor))
 
@@ -38,16 +42,28 @@ class ModelState:
         """ModelChangedError unless the model is as it was when this state was taken."""
         if self._now() != self._state:
             raise ModelChangedError(
-                f"the model {self._model_id!r} was freed, moved to another device or dtype, or had its weights changed after "
-                "this analysis was made; run analyze again on the model as it is now (or load it again)"
+                f"the model {self._model_id!r} was freed, moved to another device or dtype, or had its weights changed "
+                "after this analysis was made; run analyze again on the model as it is now (or load it again)"
             )
 
 
-def checked(method):
-    """``method`` of an Analysis after its ``check_model()``, at the call (for a generator too, before any block)."""
+class Checked(Protocol):
+    """What :func:`checked` needs of the object whose method it wraps."""
+
+    def check_model(self) -> None: ...
+
+
+Reader = TypeVar("Reader", bound=Checked)
+Args = ParamSpec("Args")
+Result = TypeVar("Result")
+
+
+def checked(method: Callable[Concatenate[Reader, Args], Result]) -> Callable[Concatenate[Reader, Args], Result]:
+    """``method`` of a records reader after its ``check_model()``, at the call (for a generator too, before any row
+    block)."""
 
     @functools.wraps(method)
-    def run(self, *args, **kwargs):
+    def run(self: Reader, *args: Args.args, **kwargs: Args.kwargs) -> Result:
         self.check_model()
         return method(self, *args, **kwargs)
 
