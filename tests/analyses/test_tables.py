@@ -161,7 +161,8 @@ def test_one_query_rows_equal_the_full_layer_row(arch):
 def test_row_blocks_equal_the_whole_layer_across_block_edges(arch):
     """Analysis.rows (what windowed heatmaps and the token page compute) equals the whole layer's rows, for
     every measure, the norms and both aggregations; mistral's sliding window and bert's bidirectional mask
-    included. Blocks start and end on either side of the whole layer's own row blocks."""
+    included; so does attention_tensor's range of rows (the one attention reader). Blocks start and end on either side
+    of the whole layer's own row blocks."""
     from cwviz.core.method.row_block_sizes import triangle_row_blocks
 
     analysis = cwviz.analyze(make_tiny(arch), LONG_TEXT[:90])
@@ -178,6 +179,8 @@ def test_row_blocks_equal_the_whole_layer_across_block_edges(arch):
                     rows.layer_level(name).numpy(), whole.layer_level(name)[start:stop].numpy(), atol=1e-5, rtol=1e-4
                 )
             np.testing.assert_allclose(rows.output_norm.numpy(), whole.output_norm[start:stop].numpy(), rtol=1e-5)
+            alpha = analysis.attention_tensor(layer, start, stop)  # (H, rows, T)
+            np.testing.assert_allclose(alpha.numpy(), whole.attention[:, start:stop].numpy(), atol=1e-6)
             np.testing.assert_allclose(rows.cosine("intra").numpy(), whole.cosine("intra")[:, start:stop].numpy(), atol=1e-5)
 
 

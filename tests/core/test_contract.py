@@ -66,6 +66,18 @@ def test_out_of_range_says_out_of_range(analysis):
         analysis.attention(2)
     with pytest.raises(SelectionError, match="head 9 is out of range"):
         decomposition(analysis, 0, 1, 9)
+    last = analysis.num_tokens - 1
+    for first, stop in ((3, last + 2), (3, 3), (-1, 2)):
+        with pytest.raises(SelectionError, match=rf"rows {first}\.\.{stop - 1} are out of range; .* tokens 0\.\.{last}"):
+            analysis.attention_tensor(0, first, stop)
+
+
+def test_what_the_pass_kept_is_fixed_at_construction(analysis):
+    """An analysis is shared between threads (the dashboard's cache): the residual stream and the intervention its
+    pass ran under are read-only, so no reader can swap them under another."""
+    for name in ("stream", "intervention"):
+        with pytest.raises(AttributeError):
+            setattr(analysis, name, None)
 
 
 @pytest.mark.parametrize("sink", [1.5, True, "x", None, "1.0"], ids=repr)
