@@ -74,14 +74,7 @@ def analyze(
     """
     if each_row_block is not None and intervention is not None:
         raise InputError("each_row_block reads the model's own pass; run an intervention without it")
-    if input_ids is None:
-        ids = tokenize(bundle, text if text is not None else "")
-    else:
-        ids = check_length(bundle, input_ids)
-        if text is None:
-            text = bundle.tokenizer.decode(ids)
-        else:
-            text = check_agree(bundle, text, ids)  # .text and .tokens say one prompt, or InputError
+    text, ids = _prompt(bundle, text, input_ids)
     device = bundle.input_device
     spill = spill_for(memory.records_bytes(bundle.info, len(ids)), device)
     memory.check(bundle.model.config, bundle.info, len(ids), device, spilled=spill is not None, stream=stream)
@@ -103,7 +96,19 @@ def analyze(
     final = final_states(bundle, hidden, intervention)  # the log-probabilities' input, checked; an encoder has none
     layer_records = by_layer(records, layers)
     kept = None if finish is None else finish(hidden)
-    return Analysis(bundle, text or "", ids, layer_records, final_hidden=final, intervention=intervention, stream=kept)
+    return Analysis(bundle, text, ids, layer_records, final_hidden=final, intervention=intervention, stream=kept)
+
+
+def _prompt(bundle: Bundle, text: str | None, input_ids: list[int] | None) -> tuple[str, list[int]]:
+    """The prompt's text and token ids: ``text`` tokenized, or ``input_ids`` checked and decoded (given ``text`` too,
+    the two must say one prompt, or InputError)."""
+    if input_ids is None:
+        text = text if text is not None else ""
+        return text, tokenize(bundle, text)
+    ids = check_length(bundle, input_ids)
+    if text is None:
+        return bundle.tokenizer.decode(ids), ids
+    return check_agree(bundle, text, ids), ids  # .text and .tokens say one prompt, or InputError
 
 
 class Analysis(RecordsReader):
