@@ -191,7 +191,7 @@ def attention_mass(analysis: Analysis) -> np.ndarray:
     out = np.zeros((analysis.num_layers, analysis.num_tokens))
     with torch.inference_mode():
         for layer in range(analysis.num_layers):
-            for _, _, alpha in analysis.attention_blocks(layer):  # alpha (H, rows, K)
+            for _, _, alpha in analysis.attention_row_blocks(layer):  # alpha (H, rows, K)
                 out[layer, : alpha.shape[-1]] += alpha.double().sum((0, 1)).cpu().numpy()
     return out
 

@@ -79,7 +79,7 @@ def detect_sink(analysis: Analysis) -> int:
     seen_by = torch.zeros(analysis.num_tokens, dtype=torch.float64)
     with torch.inference_mode():
         for layer in range(analysis.num_layers):
-            for start, stop, alpha in analysis.attention_blocks(layer):  # (H, rows, keys), never T x T
+            for start, stop, alpha in analysis.attention_row_blocks(layer):  # (H, rows, keys), never T x T
                 keys = alpha.shape[-1]
                 visible = analysis.key_mask(layer, start, stop)[:, :keys].cpu()
                 received[:keys] += alpha.sum(dim=(0, 1)).double().cpu()

@@ -190,7 +190,7 @@ def test_row_blocks_cover_every_row_and_every_visible_key(arch, cells, monkeypat
     """Analysis.row_blocks (what the head summary, the sink table and detect_sink stream) tiles the rows
     from ``start`` with no gap or overlap; a causal block holds keys 0..stop-1 (every key its rows can see:
     the whole layer's later keys are exactly 0), an encoder's all T; on those keys every measure equals the
-    whole layer's. attention_blocks gives the same attention, head_outputs the whole layer's z."""
+    whole layer's. attention_row_blocks gives the same attention, head_outputs the whole layer's z."""
     monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", cells)
     analysis = cwviz.analyze(make_tiny(arch), LONG_TEXT[:90])
     t, causal = analysis.num_tokens, analysis.bundle.arch.causal
@@ -200,7 +200,8 @@ def test_row_blocks_cover_every_row_and_every_visible_key(arch, cells, monkeypat
             blocks = list(analysis.row_blocks(layer, start))
             assert [b[0] for b in blocks] == [start] + [b[1] for b in blocks[:-1]] and blocks[-1][1] == t
             assert len(blocks) >= (2 if causal and start == 0 else 1)
-            for (first, stop, m), (a_first, a_stop, alpha) in zip(blocks, analysis.attention_blocks(layer, start), strict=True):
+            alphas = analysis.attention_row_blocks(layer, start)
+            for (first, stop, m), (a_first, a_stop, alpha) in zip(blocks, alphas, strict=True):
                 keys = m.attention.shape[-1]
                 assert keys == (stop if causal else t) and (a_first, a_stop, alpha.shape[-1]) == (first, stop, keys)
                 np.testing.assert_array_equal(whole.attention[:, first:stop, keys:].numpy(), 0)

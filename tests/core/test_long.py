@@ -134,7 +134,7 @@ def test_the_estimate_counts_a_row_block_not_the_layers_maps():
     bundle = make_tiny("llama")
     config, info = bundle.model.config, bundle.info
     small, large = memory.estimate(config, info, 4096), memory.estimate(config, info, 8192)
-    assert large["maps"] <= small["maps"] <= memory.BLOCK_MAPS * info.heads * row_block_sizes.ROW_BLOCK_CELLS * 4
+    assert large["maps"] <= small["maps"] <= memory.ROW_BLOCK_MAPS * info.heads * row_block_sizes.ROW_BLOCK_CELLS * 4
     assert large["recorded"] == 2 * small["recorded"]
 
 

@@ -81,7 +81,7 @@ READERS = {
     "output_norms": lambda a: a.output_norms(0),
     "rows": lambda a: a.rows(0, 0, 2),
     "row_blocks": lambda a: a.row_blocks(0),  # refused at the call, before any block is read
-    "attention_blocks": lambda a: a.attention_blocks(0),
+    "attention_row_blocks": lambda a: a.attention_row_blocks(0),
     "attention_tensor": lambda a: a.attention_tensor(0, 1, 3),
     "values": lambda a: a.values(0),
     "head_outputs": lambda a: a.head_outputs(0),

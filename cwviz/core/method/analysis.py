@@ -237,7 +237,8 @@ class Analysis(RecordsReader):
         if self.learned_sink_logits(layer) is None:
             return np.zeros((self.num_heads, self.num_tokens), dtype=np.float32)
         with torch.inference_mode():
-            share = torch.cat([1 - alpha.sum(-1) for *_, alpha in self.attention_blocks(layer)], dim=1).clamp_(min=0)
+            rows = [1 - alpha.sum(-1) for *_, alpha in self.attention_row_blocks(layer)]  # (H, rows) each
+            share = torch.cat(rows, dim=1).clamp_(min=0)
         return _np(share)
 
 

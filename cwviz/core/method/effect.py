@@ -218,7 +218,7 @@ def edges_of_layer(analysis, grads: Gradients, layer: int):
     values = analysis.values(layer)  # (H, T, dh)
     grad = grads.head_gradients[layer].to(values.device)  # (H, T, dh)
     with torch.inference_mode():
-        for first, stop, alpha in analysis.attention_blocks(layer):  # alpha (H, rows, keys)
+        for first, stop, alpha in analysis.attention_row_blocks(layer):  # alpha (H, rows, keys)
             keys = alpha.shape[-1]
             dots = grad[:, first:stop] @ values[:, :keys].transpose(-1, -2)  # (H, rows, keys)
             yield first, stop, (alpha * dots).sum(0)

@@ -17,7 +17,7 @@ working set of the dashboard and the CLI, which read every T x T quantity in blo
   (:data:`PREPARED_MAPS`);
 * forward pass: the widest activation, [T, intermediate] x 3, and one chunk of logits when the
   log-probabilities are computed ([LOGIT_CHUNK, vocab], in the model's dtype and in float32);
-* maps: :data:`BLOCK_MAPS` float32 maps of one row block, [heads, cells] with cells = the block's rows x T
+* maps: :data:`ROW_BLOCK_MAPS` float32 maps of one row block, [heads, cells] with cells = the block's rows x T
   (:func:`cwviz.core.method.row_block_sizes.row_block_cells`; the whole T x T for prompts shorter than a block);
 * slack: :data:`SLACK` of the three above, for what no formula counts (the allocator's fragmentation, the
   tokenizer's encodings, pandas frames of the charts): the three terms are a central estimate of the measured
@@ -55,7 +55,7 @@ from .spill import LOADED
 HEADROOM = 0.8
 #: Float32 maps of one row block alive at once: attention and its scores, both contribution kinds, a measure's
 #: products (cosine, norm ratio) and the copies the charts and reductions make of them.
-BLOCK_MAPS = 11
+ROW_BLOCK_MAPS = 11
 #: Float32 [heads, T, d_head] tensors of the layer being read in row blocks
 #: (:func:`cwviz.core.method.row_blocks.for_row_blocks`): its queries, and its keys and values held at most once a head.
 PREPARED_MAPS = 3
@@ -99,7 +99,7 @@ def estimate(config, info, tokens: int, device: torch.device | str = "cpu", spil
     if isinstance(intermediate, (list, tuple)):  # one width per layer (Gemma 3n): the widest is the peak
         intermediate = max(intermediate)
     forward = min(tokens, LOGIT_CHUNK) * vocab * (item + 4) + 3 * tokens * intermediate * 4
-    maps = BLOCK_MAPS * info.heads * row_block_cells(tokens, device) * 4
+    maps = ROW_BLOCK_MAPS * info.heads * row_block_cells(tokens, device) * 4
     slack = int(SLACK * (recorded + forward + maps))
     heap = HEAP_ALLOWANCE if spilled else 0  # see the module docstring: the heap the row blocks leave
     total = recorded + forward + maps + slack + heap

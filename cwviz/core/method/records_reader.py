@@ -7,7 +7,7 @@
 A layer's T x T maps are computed when asked for, one layer at a time (the two most recent layers are kept), or read
 in row blocks (:mod:`cwviz.core.method.row_blocks`, their height set by :mod:`cwviz.core.method.row_block_sizes`).
 Attention is read one way, :meth:`RecordsReader.attention_tensor` (any range of query rows, every key);
-:meth:`~RecordsReader.attention_blocks` gives the same rows a row block at a time, against the keys each row block
+:meth:`~RecordsReader.attention_row_blocks` gives the same rows a row block at a time, against the keys each row block
 can see; the measures (:meth:`~RecordsReader.layer`, :meth:`~RecordsReader.rows`, :meth:`~RecordsReader.row_blocks`)
 hold that α beside what is computed from it.
 """
@@ -46,19 +46,19 @@ class RecordsReader:
     tensors is asked for, bit for bit as recorded; ``spilled`` says whether they are. Read-only after construction and
     safe to share between threads.
 
-    | method                                   | returns                                          |
-    |------------------------------------------|--------------------------------------------------|
-    | ``attention_tensor(layer, first, stop)`` | α [head, rows, key]: the one attention reader    |
-    | ``attention_blocks(layer, start)``       | ``(first, stop, α [head, rows, keys])`` a block  |
-    | ``layer(layer)``                         | :class:`LayerMeasures` of every query row (kept) |
-    | ``rows(layer, start, stop)``             | :class:`LayerMeasures` of rows start..stop-1     |
-    | ``row_blocks(layer, start, kinds)``      | ``(first, stop, LayerMeasures)`` a row block     |
-    | ``values(layer)``                        | v [head, key, d_head]                            |
-    | ``w_heads(layer)``                       | W_O per head [head, d_model, d_head]             |
-    | ``recorded_outputs(layer)``              | z as recorded [head, query, d_head], model dtype |
-    | ``head_outputs(layer)``                  | z recomputed from α and v [head, query, d_head]  |
-    | ``key_mask(layer, start, stop)``         | bool [query, key], True where a key is visible   |
-    | ``layer_record(layer)``                  | the :class:`LayerRecord` itself                  |
+    | method                                   | returns                                             |
+    |------------------------------------------|-----------------------------------------------------|
+    | ``attention_tensor(layer, first, stop)`` | α [head, rows, key]: the one attention reader       |
+    | ``attention_row_blocks(layer, start)``   | ``(first, stop, α [head, rows, keys])`` a row block |
+    | ``layer(layer)``                         | :class:`LayerMeasures` of every query row (kept)    |
+    | ``rows(layer, start, stop)``             | :class:`LayerMeasures` of rows start..stop-1        |
+    | ``row_blocks(layer, start, kinds)``      | ``(first, stop, LayerMeasures)`` a row block        |
+    | ``values(layer)``                        | v [head, key, d_head]                               |
+    | ``w_heads(layer)``                       | W_O per head [head, d_model, d_head]                |
+    | ``recorded_outputs(layer)``              | z as recorded [head, query, d_head], model dtype    |
+    | ``head_outputs(layer)``                  | z recomputed from α and v [head, query, d_head]     |
+    | ``key_mask(layer, start, stop)``         | bool [query, key], True where a key is visible      |
+    | ``layer_record(layer)``                  | the :class:`LayerRecord` itself                     |
     """
 
     _KEEP_LAYERS = 2
@@ -119,7 +119,7 @@ class RecordsReader:
         return attention_rows(rec, first, stop, self.num_tokens)
 
     @checked
-    def attention_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, torch.Tensor]]:
+    def attention_row_blocks(self, layer: int, start: int = 0) -> Iterator[tuple[int, int, torch.Tensor]]:
         """``(first, stop, α)`` for the row blocks of :meth:`row_blocks`: :meth:`attention_tensor` of the rows
         ``first..stop-1`` cut to the keys they can see in a causal layer (float32 [head, rows, keys])."""
         with torch.inference_mode():
@@ -260,7 +260,8 @@ class RecordsReader:
         value = self._layer_records[self.check_layer(layer)].value
         with torch.inference_mode():
             value = value.float()  # (kv_head, T, d_head)
-            parts = [grouped_matmul(alpha, value[:, : alpha.shape[-1]]) for *_, alpha in self.attention_blocks(layer)]
+            blocks = self.attention_row_blocks(layer)
+            parts = [grouped_matmul(alpha, value[:, : alpha.shape[-1]]) for *_, alpha in blocks]  # (H, rows, d_head)
             return torch.cat(parts, dim=1)  # (H, T, d_head)
 
     # -- a layer's record: its metadata without reading it, or the whole record -----------------------
