@@ -242,10 +242,10 @@ def test_a_windowed_heatmap_equals_the_whole_map_cut_to_the_window(long_analysis
         np.testing.assert_allclose(frame[name].to_numpy(), matrix[q, k], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("block_cells", [512 * 7, 512 * 64, 1 << 18])
-def test_the_streamed_head_summary_equals_the_whole_map_definition(long_analysis, monkeypatch, block_cells):
+@pytest.mark.parametrize("cells", [512 * 7, 512 * 64, 1 << 18])
+def test_the_streamed_head_summary_equals_the_whole_map_definition(long_analysis, monkeypatch, cells):
     """Row blocks of 7, 64 and all 511 queries give the same summary as the whole layers' maps."""
-    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", block_cells)
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", cells)
     summary = tables.head_summary(long_analysis).set_index(["layer", "head"])
     for layer in range(long_analysis.num_layers):
         attention = long_analysis.attention(layer)[:, 1:]
@@ -258,12 +258,12 @@ def test_the_streamed_head_summary_equals_the_whole_map_definition(long_analysis
             assert row.divergence == pytest.approx(divergence, abs=1e-5)
 
 
-@pytest.mark.parametrize("block_cells", [512 * 8 * 3, 1 << 18])
+@pytest.mark.parametrize("row_cells", [512 * 8 * 3, 1 << 18])
 @pytest.mark.parametrize("head", [None, 2])
-def test_the_streamed_binned_view_equals_binning_the_whole_map(long_analysis, monkeypatch, block_cells, head):
+def test_the_streamed_binned_view_equals_binning_the_whole_map(long_analysis, monkeypatch, row_cells, head):
     """Bins read a few query bins at a time equal the whole layer's maps binned: mean over a bin's queries
     of the sum over a bin's keys."""
-    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", block_cells)
+    monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", row_cells)
     cells = tables.heatmap_cells(long_analysis, 1, head, "contribution_intra", "intra", 300, "binned")
     t = long_analysis.num_tokens
     width = int(cells.labels[0].split("–")[1]) + 1
