@@ -208,9 +208,9 @@ def test_triangle_row_blocks_tile_every_row_once(tokens):
 @pytest.mark.parametrize("rows", [7, 8])
 def test_kv_heads_held_several_times_give_the_same_products_and_measures(heads, kv_heads, rows, monkeypatch):
     """A layer read in row blocks may hold each kv head several times (cwviz.core.method.row_blocks.for_row_blocks),
-    its heads' rows then cut into runs, one a copy: α, α v and every measure equal the per-head computation for every number
-    of copies, whether the rows divide into the runs (even rows) or not (odd rows with 2 copies of a 3-head group,
-    which fall back to one copy of each kv head)."""
+    its heads' rows then cut into runs, one a copy: α, α v and every measure equal the per-head computation for every
+    number of copies, whether the rows divide into the runs (even rows) or not (odd rows with 2 copies of a 3-head
+    group, which fall back to one copy of each kv head)."""
     from cwviz.core.method import row_blocks
     from cwviz.core.method.attention import causal_rows
     from cwviz.core.method.capture import LayerRecord
