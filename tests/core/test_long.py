@@ -22,7 +22,7 @@ from cwviz.core.loading import inputs
 from cwviz.core.method import memory, row_block_sizes
 from cwviz.core.method.export import to_dict
 from cwviz.core.util.errors import ResourceError
-from tests.helpers import CharTokenizer, make_tiny
+from tests.helpers import CharTokenizer, make_tiny, save_first_layers
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = "Long prompts: the sink soaks up attention, and contributions say how much it writes. " * 3
@@ -159,19 +159,6 @@ LAYERS_AT_8K = 16
 #: The spill threshold (MiB) of the test's process: the 16 layers' records (0.8 GB) go to disk as the 30 layers'
 #: (1.5 GB) go under the default's 512.
 SPILL_MB_AT_8K = 256
-
-
-def save_first_layers(folder: Path, layers: int) -> str:
-    """The embedded model's first ``layers`` layers (its own weights, embeddings and head) and its tokenizer, saved
-    to ``folder`` as any model the dashboard loads from a folder."""
-    from cwviz.core.loading import checkpoints
-
-    source = checkpoints.embedded_dir()
-    config = transformers.AutoConfig.from_pretrained(source)
-    config.num_hidden_layers = layers
-    transformers.AutoModelForCausalLM.from_pretrained(source, config=config).save_pretrained(folder)
-    transformers.AutoTokenizer.from_pretrained(source).save_pretrained(folder)
-    return str(folder)
 
 
 def services_at_8k(folder: str) -> dict:
