@@ -70,12 +70,33 @@ def _starts_slow_work(item) -> bool:
 #: (with packaging and Gemma among the last, one worker finished 22 s after the other).
 LONGEST_FIRST = (
     "browser/test_browser.py",
+    "browser/test_browser_flow.py",  # with the one before: one server and one Chromium (tests/browser/conftest.py)
     "core/test_long.py",
     "load/test_load.py",
     "analyses/test_sweep.py",
     "tests/test_packaging.py",
     "core/test_embedded_gemma.py",
 )
+
+
+#: The package whose modules share one server and one Chromium (package-scoped fixtures): one scope of make test's.
+BROWSER_PACKAGE = "tests/browser/"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """make test's ``--dist loadscope`` (a module to a worker, so that a module's fixtures are made once), with
+    tests/browser as one scope: its modules share one server and one Chromium (tests/browser/conftest.py), which two
+    workers would each start (a server's start with its first page: about 10 s of CPU beside the other worker)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class BrowserTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return BROWSER_PACKAGE if nodeid.startswith(BROWSER_PACKAGE) else super()._split_scope(nodeid)
+
+    return BrowserTogether(config, log)
 
 
 def _longest_first(item) -> int:

@@ -77,12 +77,6 @@ CONTRIBUTION_CELLS_JS = """
 
 
 @pytest.fixture(scope="module")
-def server():
-    with _serve() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
 def default_labels() -> list[str]:
     """The default prompt's axis labels, as the library makes them."""
     import cwviz

@@ -15,7 +15,7 @@ import pytest
 
 from cwviz.charts.palette import NEGATIVE, POSITIVE
 from cwviz.core.defaults import KEPT
-from tests.helpers.browser import ARTIFACTS, CHART, PLOTS_JS, _assert_no_error_text, _serve, _settle
+from tests.helpers.browser import ARTIFACTS, CHART, PLOTS_JS, _assert_no_error_text, _settle
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 #: The page draws three charts: the graph, the totals' bars and the head map.
@@ -60,12 +60,6 @@ def _isolated_node(page) -> tuple[str, str, float, float]:
 
     fields, x, y = max(inside, key=room)
     return fields["layer"], fields["position"], x, y
-
-
-@pytest.fixture(scope="module")
-def server():
-    with _serve("flow-server.log") as url:
-        yield url
 
 
 def _open(browser, server: str, viewport: dict, params: dict | None = None):

@@ -219,7 +219,8 @@ class Tabs:
 
 @contextlib.contextmanager
 def open_browser():
-    """Headless Chromium as :class:`Tabs`, closed when the block ends (the ``browser`` fixture of tests/conftest.py)."""
+    """Headless Chromium as :class:`Tabs`, closed when the block ends (the ``browser`` fixtures of tests/conftest.py and
+    tests/browser/conftest.py)."""
     sync_playwright = _require_browser()
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
