@@ -77,13 +77,14 @@ CONTRIBUTION_CELLS_JS = """
 
 
 @pytest.fixture(scope="module")
-def default_labels() -> list[str]:
-    """The default prompt's axis labels, as the library makes them."""
+def default_labels(embedded) -> list[str]:
+    """The default prompt's axis labels, as the library makes them (on the worker's one embedded model, which the
+    modules after this one on the same worker use too)."""
     import cwviz
     from cwviz.analyses import tables
     from cwviz.app import state
 
-    analysis = cwviz.analyze(cwviz.load_model("embedded"), state.examples()[0].text)
+    analysis = cwviz.analyze(embedded, state.examples()[0].text)
     return list(tables.position_labels(analysis.tokens))
 
 
