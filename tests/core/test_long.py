@@ -161,12 +161,12 @@ LAYERS_AT_8K = 16
 SPILL_MB_AT_8K = 256
 
 
-def services_at_8k(folder: str) -> dict:
+def services_at_8k(model: str) -> dict:
     """The heatmaps page (window and binned views) and the token page (one head's factors, every layer's top keys)
     through the dashboard's services on an 8,192-token prompt, on the embedded model's first :data:`LAYERS_AT_8K`
-    layers (saved to ``folder``), with what was drawn checked against the library; returns the peak resident size
-    above the loaded model and the estimate. Run in a fresh process (``python -c``) by the test below, so that the
-    peak is this run's alone, not shaped by the heap and caches other tests left.
+    layers (saved to the folder ``model``), with what was drawn checked against the library; returns the peak
+    resident size above the loaded model and the estimate. Run in a fresh process (``python -c``) by the test below,
+    so that the peak is this run's alone, not shaped by the heap and caches other tests left.
 
     The binned view reads a whole layer in the row blocks every streamed reduction reads (the head overview, the
     sinks page's table); the top keys read back every spilled layer. The head overview itself, the same row blocks
@@ -179,7 +179,6 @@ def services_at_8k(folder: str) -> dict:
     from cwviz.app.launch import start_server
 
     start_server()  # as app.py does in the dashboard's server
-    model = save_first_layers(Path(folder), LAYERS_AT_8K)
     bundle = services.get_bundle(model)
     ids = long_ids(bundle, 2 * services.DEFAULT_APP_MAX_TOKENS)
     text = bundle.tokenizer.decode(ids[: services.DEFAULT_APP_MAX_TOKENS - 40])
@@ -216,7 +215,8 @@ def test_an_8192_token_prompt_through_the_dashboard_services_stays_within_the_es
     """The dashboard's default limit on a CPU, through its services in a fresh process (:func:`services_at_8k`): the
     peak resident size above the loaded model is within :func:`cwviz.core.method.memory.estimate` (the whole-layer maps
     would be 26 GB)."""
-    run = f"services_at_8k({str(tmp_path)!r})"
+    # Saved here, so that the fresh process's heap holds nothing of the saving when its peak is measured.
+    run = f"services_at_8k({save_first_layers(tmp_path / 'model', LAYERS_AT_8K)!r})"
     code = f"import json; from tests.core.test_long import services_at_8k; print('RESULT', json.dumps({run}))"
     env = {**os.environ, "CWVIZ_SPILL_MB": str(SPILL_MB_AT_8K)}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
