@@ -12,6 +12,7 @@ below the rows that can.
 from __future__ import annotations
 
 import altair as alt
+import numpy as np
 import pandas as pd
 
 from ..analyses.schema import TIES
@@ -58,9 +59,14 @@ def forest(rows: pd.DataFrame) -> alt.VConcatChart:
         order = list(group["label"])
         y = alt.Y("label:N", sort=order, title=None, axis=alt.Axis(labelLimit=220))
         base = alt.Chart(group).encode(y=y)
+        # A row with no estimate (no item had the heads it needs: NaN) keeps its label and line but draws no interval
+        # or point; given NaN, Vega would warn of an infinite extent and draw nothing of the panel's scale.
+        estimated = alt.Chart(group[np.isfinite(group[["estimate", "ci_low", "ci_high"]]).all(axis=1)]).encode(y=y)
         x = alt.X("ci_low:Q", title=None, scale=alt.Scale(zero=False, nice=True), axis=alt.Axis(tickCount=6))
-        bars = base.mark_rule(strokeWidth=3).encode(x=x, x2="ci_high:Q", color=colour, tooltip=tooltip)
-        dots = base.mark_point(filled=True, size=80, opacity=1).encode(x="estimate:Q", color=colour, shape=shape, tooltip=tooltip)
+        bars = estimated.mark_rule(strokeWidth=3).encode(x=x, x2="ci_high:Q", color=colour, tooltip=tooltip)
+        dots = estimated.mark_point(filled=True, size=80, opacity=1).encode(
+            x="estimate:Q", color=colour, shape=shape, tooltip=tooltip
+        )
         lines = base.mark_tick(color=NEUTRAL, thickness=2, size=ROW_HEIGHT).encode(x="line:Q")
         panels.append(
             alt.layer(lines, bars, dots).properties(

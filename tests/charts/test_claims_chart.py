@@ -44,7 +44,8 @@ def test_the_ties_by_construction_get_a_panel_of_their_own_after_claim_ones_othe
     titles = [panel["title"]["text"] for panel in spec["vconcat"]]
     assert titles[1] == charts_claims.TIES_TITLE and titles[0] == charts_claims.TITLES[1]
     datasets = spec["datasets"]
-    panel_labels = [{row["label"] for row in datasets[panel["data"]["name"]]} for panel in spec["vconcat"]]
+    # each panel's first layer (its lines) lists every row of the panel
+    panel_labels = [{row["label"] for row in datasets[panel["layer"][0]["data"]["name"]]} for panel in spec["vconcat"]]
     assert panel_labels[:2] == [{"1 token comp. 10 %", "1 token suff. 10 %"}, {"1 query comp. 10 %"}]
 
 
@@ -63,3 +64,17 @@ def test_each_verdict_has_its_own_colour_and_shape_and_its_hue_means_nothing_els
 def test_rows_without_the_verdict_columns_are_refused_with_the_fix():
     with pytest.raises(ValueError, match="claims.verdict_rows"):
         charts_claims.forest(ROWS.drop(columns=["line"]))
+
+
+def test_a_row_without_an_estimate_keeps_its_label_and_line_but_draws_no_interval_or_point():
+    """A model with no sink-active head gives claims 3 and 4 no estimate (NaN): the row is still listed against its
+    line, and no interval or point is drawn from NaN (Vega would warn of an infinite extent)."""
+    rows = ROWS.copy()
+    rows.loc[rows.claim == 4, ["estimate", "ci_low", "ci_high"]] = float("nan")
+    spec = charts_claims.forest(rows).to_dict()
+    panel = next(p for p in spec["vconcat"] if p["title"]["text"] == charts_claims.TITLES[4])
+    lines, bars, dots = (spec["datasets"][layer["data"]["name"]] for layer in panel["layer"])
+    assert [row["label"] for row in lines] == ["4"] and lines[0]["line"] == 0.1
+    assert bars == [] and dots == []
+    drawn = next(p for p in spec["vconcat"] if p["title"]["text"] == charts_claims.TITLES[5])
+    assert all(len(spec["datasets"][layer["data"]["name"]]) == 1 for layer in drawn["layer"])
