@@ -188,7 +188,7 @@ with at_col:
 with share_col:
     share = url_widget(
         st.slider,
-        "share",
+        "kept",
         "Effect drawn",
         KEPT,  # the CLI's default too: one route whoever draws it
         parse=float,
@@ -196,6 +196,7 @@ with share_col:
         min_value=0.05,
         max_value=1.0,
         step=0.05,
+        formerly=("share",),
         help="The drawn edges carry at least this share of the |effect| of the edges between tokens that lie on paths "
         "into the prediction (the largest first); the three tokens with the largest |score| are always joined to it.",
     )

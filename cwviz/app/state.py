@@ -275,10 +275,13 @@ def url_widget(
     *,
     parse: Callable[[str], Any] = str,
     valid: Callable[[Any], bool] | None = None,
+    formerly: tuple[str, ...] = (),
     **kwargs,
 ) -> Any:
     """A page picker kept in the link as ``?param=``: Streamlit's ``bind="query-params"``, with ``param`` as the
-    widget's key (what ``bind`` names the parameter after).
+    widget's key (what ``bind`` names the parameter after). ``formerly``: the names the parameter had before it was
+    renamed (docs/METHOD.md, "Glossary"); a link that uses one opens as if it used ``param``
+    (:func:`renamed_in_link`).
 
     Streamlit seeds the widget from a fresh session's URL, writes every change back (a value equal to
     ``default`` leaves the URL) and keeps the value across page switches. It writes a picker's shown label
@@ -300,22 +303,40 @@ def url_widget(
         kwargs["default"] = list(default)
     else:
         kwargs["index"] = list(options).index(default)
+    moved = renamed_in_link(param, formerly)
     old = st.session_state.setdefault(_FROM_OLD_LINKS, {})
     if param in old:  # the next run: set again (unless changed), which Streamlit now writes to the URL
         value = old.pop(param)
         if st.session_state.get(param) == value:
             st.session_state[param] = value
     elif param not in st.session_state and param in st.query_params:
-        value = _from_link(widget, param, label, options, multi, parse, valid, kwargs.get("format_func", str))
+        value = _from_link(widget, param, label, options, multi, parse, valid, kwargs.get("format_func", str), moved)
         if value is not _STREAMLIT:
             st.session_state[param] = value
             old[param] = value
     return widget(label, key=param, bind="query-params", **kwargs)
 
 
-def _from_link(widget, param, label, options, multi, parse, valid, format_func) -> Any:
+def renamed_in_link(param: str, formerly: tuple[str, ...]) -> bool:
+    """The one way a renamed URL parameter keeps old links working: an old name's values move to ``param`` (unless
+    the link has ``param`` itself), and the old name leaves the URL, so the view's link shows only the new one.
+    Whether a value moved: Streamlit seeds a bound widget from the URL the session opened with, so a moved value is
+    set through session state as an old-form value is (:func:`url_widget`)."""
+    moved = False
+    for old_name in formerly:
+        if old_name not in st.query_params:
+            continue
+        if param not in st.query_params:
+            st.query_params[param] = st.query_params.get_all(old_name)
+            moved = True
+        del st.query_params[old_name]
+    return moved
+
+
+def _from_link(widget, param, label, options, multi, parse, valid, format_func, moved: bool = False) -> Any:
     """The value an old-form link gives ``param``, or :data:`_STREAMLIT` where Streamlit reads the URL itself (a
-    value in its form, or a malformed one, which is dropped after a warning here)."""
+    value in its form, or a malformed one, which is dropped after a warning here). ``moved``: the value came under a
+    renamed parameter's old name, which Streamlit never reads, so it is returned even in Streamlit's form."""
     raw = st.query_params.get_all(param)
     items = [item for item in raw if item != ""]
     try:
@@ -339,7 +360,7 @@ def _from_link(widget, param, label, options, multi, parse, valid, format_func) 
         shown_raw = ",".join(raw)
         st.warning(f"{param}={shown_raw!r} in the link is not a valid choice for “{label}”; showing the default")
         return _STREAMLIT
-    return _STREAMLIT if streamlit else value
+    return _STREAMLIT if streamlit and not moved else value
 
 
 def parse_kind(raw: str) -> str:

@@ -23,7 +23,7 @@ from .common import load, read_text
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """What can be refused before a model loads (``--top`` and ``--share``: by the parser's early check, before torch is
+    """What can be refused before a model loads (``--top`` and ``--kept``: by the parser's early check, before torch is
     imported, :func:`cwviz.cli.parsers.check_flow`)."""
     if args.method not in FLOW_METHODS:
         raise InputError(f"no attribution method {args.method[:80]!r}: choose one of {', '.join(FLOW_METHODS)}")
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         with cli_bar("knockouts", unit="pass", enabled=sys.stderr.isatty()) as progress:
             checked = check(asked, method.name, progress=progress)
-    drawn = route.of(result, args.share)
+    drawn = route.of(result, args.kept)
     made = tables(result, drawn, checked)
     written = []
     if args.json_path:

@@ -10,6 +10,7 @@ are parsed, after the parser's ``early_check`` where it has one (values refused 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..analyses.schema import ALL_MEASURES, AUTO, AUTO_BATCH, FLOW_METHODS, FLOW_MIN_TOKENS, HEAD_METRICS, RANK_BY, RANK_SCOPES, TASKS
@@ -39,6 +40,28 @@ from ..core.defaults import (
 from ..core.method import flow_arguments
 from ..core.util.errors import InputError
 from ..vocabulary import KINDS
+
+
+# -- a renamed option keeps its old name as an alias ---------------------------------------------------------------
+class Renamed(argparse.Action):
+    """An option's old name, kept so that old scripts still run: it stores into the new option's ``dest`` and prints
+    one deprecation line on stderr. Hidden from ``--help`` and the generated reference (docs/cli.md)."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        sys.stderr.write(f"{parser.prog}: warning: {option_string} is deprecated; use {self.new}\n")
+        setattr(namespace, self.dest, values)
+
+
+def add_option(parser: argparse.ArgumentParser, flag: str, *, formerly: tuple[str, ...] = (), **kwargs) -> None:
+    """``parser.add_argument(flag, **kwargs)``, and each old name in ``formerly`` as a :class:`Renamed` alias of it:
+    the one way a flag is renamed (docs/METHOD.md, "Glossary")."""
+    action = parser.add_argument(flag, **kwargs)
+    for old in formerly:
+        parser.add_argument(old, dest=action.dest, type=action.type, action=Renamed, new=flag, help=argparse.SUPPRESS)
 
 
 # -- the options several commands share -----------------------------------------------------------------------------
@@ -138,10 +161,11 @@ def parse_batch_size(value: str) -> int:
 
 def check_flow(args: argparse.Namespace) -> None:
     """``cwviz flow``'s refusals that need no model, run by :func:`cwviz.cli.main.main` before torch is imported:
-    ``--top`` of at least 1, and ``--share`` by the flow API's own rule (:func:`cwviz.core.method.flow_arguments.share`)."""
+    ``--top`` of at least 1, and ``--kept`` by the flow API's own rule
+    (:func:`cwviz.core.method.flow_arguments.share`)."""
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
-    flow_arguments.share(args.share, "--share")
+    flow_arguments.share(args.kept, "--kept")
 
 
 def check_flow_faithfulness(args: argparse.Namespace) -> None:
@@ -355,12 +379,14 @@ def _add_flow(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--foil", help="a foil token: the flow is toward logit(target) - logit(foil)")
     parser.add_argument("--position", type=int, help="the position predicted from (default: the last; an encoder's 0, [CLS])")
     parser.add_argument("--top", type=int, default=FLOW_TOP, help=f"tokens and heads listed each way (default {FLOW_TOP})")
-    parser.add_argument(
-        "--share",
+    add_option(
+        parser,
+        "--kept",
+        formerly=("--share",),
         type=float,
         default=KEPT,
-        help="share of the cross-token |effect| on paths into the prediction that the route's edges carry, as the Flow "
-        f"page's 'Effect drawn' (docs/flow.md, 'The route'; default {KEPT:g})",
+        help="the kept fraction: the fraction of the cross-token |effect| on paths into the prediction that the route's "
+        f"edges carry, as the Flow page's 'Effect drawn' (docs/flow.md, 'The route'; default {KEPT:g})",
     )
     parser.add_argument("--json", dest="json_path", type=Path, help="write the summary and every table as one JSON file")
     parser.add_argument(

@@ -89,7 +89,7 @@ def test_the_graph_draws_exactly_the_route_and_its_csv_is_the_route(monkeypatch,
     monkeypatch.setattr(
         widgets, "node_graph", lambda chart, data, *a, **k: shown.update(chart=chart, data=data) or real(chart, data, *a, **k)
     )
-    at = run_app(page=PAGE, params={"method": method, "share": "0.3"})
+    at = run_app(page=PAGE, params={"method": method, "kept": "0.3"})
     assert_clean(at)
     result = flow_services.choose(Request(text=TEXT), 29, flow_services.default_target(Request(text=TEXT), 29)).flow
     expected = route.of(flow_services.get_attribution(Request(text=TEXT), 29, result.target, result.foil, method), 0.3).edges
@@ -158,18 +158,27 @@ def test_the_pickers_are_bound_to_the_url_and_a_link_restores_them(page):
     """Each picker is bound to its URL parameter (Streamlit writes a change to the address bar: the browser test sees
     it); a link holding them restores the pickers and shows the flow they name."""
     bound = {w.proto.query_param_key for kind in ("selectbox", "text_input", "toggle", "slider") for w in page.main.get(kind)}
-    assert {"flow_at", "method", "target", "foil_on", "foil", "share"} <= bound
-    link = {"target": " He", "foil_on": "true", "foil": " The", "share": "0.5", "flow_at": "20"}
+    assert {"flow_at", "method", "target", "foil_on", "foil", "kept"} <= bound
+    link = {"target": " He", "foil_on": "true", "foil": " The", "kept": "0.5", "flow_at": "20"}
     at = run_app(page=PAGE, params=link)
     assert_clean(at)
     assert not at.warning
     assert at.text_input(key="target").value == " He" and at.toggle(key="foil_on").value is True
-    assert at.text_input(key="foil").value == " The" and at.slider(key="share").value == 0.5
+    assert at.text_input(key="foil").value == " The" and at.slider(key="kept").value == 0.5
     assert at.selectbox(key="flow_at").value == 20
     said = _caption(at)
     assert "toward ' He' over ' The' after 20 " in said and "asked: 50%" in said
     # The position's picker writes its label form ("20: he") on the next run, as every picker bound to the URL does.
     assert {k: v for k, v in link.items() if k != "flow_at"}.items() <= dict(at.query_params).items()
+
+
+def test_a_link_made_before_share_was_renamed_kept_still_opens_its_route():
+    """``?share=`` (the kept fraction's URL key before the glossary, docs/METHOD.md): an old link draws the route it
+    named, and the view's link then says ``kept`` alone."""
+    at = run_app(page=PAGE, params={"share": "0.5", "flow_at": "20"})
+    assert_clean(at)
+    assert not at.warning and at.slider(key="kept").value == 0.5 and "asked: 50%" in _caption(at)
+    assert dict(at.query_params).get("kept") == "0.5" and "share" not in dict(at.query_params)
 
 
 @pytest.mark.parametrize(
@@ -210,8 +219,8 @@ def test_changing_the_share_reads_the_cached_attribution(monkeypatch):
     real, real_run = flow_services.flow, flow_services.attribution.run
     monkeypatch.setattr(flow_services, "flow", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
     monkeypatch.setattr(flow_services.attribution, "run", lambda *args, **kwargs: calls.append(2) or real_run(*args, **kwargs))
-    at.slider(key="share").set_value(0.3).run()
-    at.slider(key="share").set_value(0.9).run()
+    at.slider(key="kept").set_value(0.3).run()
+    at.slider(key="kept").set_value(0.9).run()
     assert_clean(at)
     assert calls == [], "".join(calls[0])
 

@@ -117,7 +117,7 @@ def test_the_graph_draws_both_colours_and_a_click_on_a_node_moves_the_sidebar(se
         share = page.locator('[data-testid="stMain"] [data-testid="stSlider"] input[type="range"]').first
         share.focus()
         page.keyboard.press("ArrowLeft")
-        page.wait_for_url(lambda url: parse_qs(urlparse(url).query).get("share") == [f"{KEPT - 0.05:g}"], timeout=60_000)
+        page.wait_for_url(lambda url: parse_qs(urlparse(url).query).get("kept") == [f"{KEPT - 0.05:g}"], timeout=60_000)
         _settle(page, CHARTS)
         _assert_no_error_text(page)
         assert parse_qs(urlparse(page.url).query)["foil_on"] == ["true"]

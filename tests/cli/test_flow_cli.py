@@ -93,7 +93,7 @@ def test_an_encoder_flows_into_cls(capsys):
         (["--position", "500"], "out of range"),
         (["--target", " France", "--foil", " France"], "foil is the target"),
         (["--model", "embedded-encoder", "--target", "paris"], "position's representation"),
-        (["--share", "0"], "--share"),
+        (["--kept", "0"], "--kept"),
         (["--method", "nope"], "no attribution method 'nope'"),
         (["--method", "effect", "--foil", " France", "--target", " France"], "foil is the target"),
         (["--method", "effect", "--target", " France Germany"], "not one"),

@@ -5,7 +5,7 @@ its first line), has written every file it was asked for. Each file output on ``
 naming it, with no "wrote" line and no traceback; each output in an unwritable folder (``/proc/x``) and each folder
 output on a file is refused before any model loads. The JSON is strict (the encoder's NaN is null), CSV cells that
 start like a formula are neutralised as the dashboard's are, and the smaller refusals of the issue (``--seed -1``,
-``--share 0`` before torch, ``report`` on a flow-faithfulness folder, faithfulness's "wrote" line, ``%%`` in help,
+``--kept 0`` before torch, ``report`` on a flow-faithfulness folder, faithfulness's "wrote" line, ``%%`` in help,
 command names a user can type) each have their test."""
 
 from __future__ import annotations
@@ -187,10 +187,10 @@ def test_flow_csv_cells_that_start_like_a_formula_are_neutralised_as_the_dashboa
 
 # -- refusals before torch, and the smaller cases ------------------------------------------------------------------
 REFUSED_AT_ONCE = [
-    ["flow", "--text", "hi", "--share", "0"],
-    ["flow", "--text", "hi", "--share", "nan"],
-    ["flow", "--text", "hi", "--share", "-1"],
-    ["flow", "--text", "hi", "--share", "2"],
+    ["flow", "--text", "hi", "--kept", "0"],
+    ["flow", "--text", "hi", "--kept", "nan"],
+    ["flow", "--text", "hi", "--kept", "-1"],
+    ["flow", "--text", "hi", "--kept", "2"],
     ["flow", "--text", "hi", "--top", "0"],
     ["flow-faithfulness", "--gsm8k", "--results", "/tmp/cwviz-unused", "--seed", "-1"],
     ["flow-faithfulness", "--gsm8k", "--results", "/tmp/cwviz-unused", "--max-tokens", "2"],
@@ -214,6 +214,21 @@ def test_values_that_need_no_model_are_refused_at_once_without_torch(argv):
     assert float(seconds) < 1.0, seconds
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and argv[-2] in lines[0] and argv[-1] in lines[0], done.stderr
+
+
+def test_a_renamed_flag_still_works_and_names_its_new_name(capsys):
+    """``cwviz flow --share`` (now ``--kept``, docs/METHOD.md "Glossary"): an old script runs with the same value, stderr
+    says the new name once, and ``--help`` shows only the new one."""
+    parser = build_parser()
+    old = parser.parse_args(["flow", "--text", "hi", "--share", "0.3"])
+    warned = capsys.readouterr().err
+    new = parser.parse_args(["flow", "--text", "hi", "--kept", "0.3"])
+    assert vars(old) == vars(new) and new.kept == 0.3 and capsys.readouterr().err == ""
+    assert warned.count("\n") == 1 and "--share is deprecated; use --kept" in warned
+    with pytest.raises(SystemExit):
+        parser.parse_args(["flow", "--help"])
+    flow_help = capsys.readouterr().out
+    assert "--kept" in flow_help and "--share" not in flow_help
 
 
 def test_faithfulness_without_out_or_results_says_it_wrote_nothing(tiny, data, capsys):

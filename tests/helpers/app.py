@@ -91,8 +91,8 @@ PAGES = {
         },
     ),
     "views/flow.py": (
-        {"flow_at": "6", "target": " the", "foil_on": "true", "foil": " a", "share": "0.5"},
-        {"flow_at": 6, "target": " the", "foil_on": True, "foil": " a", "share": 0.5},
+        {"flow_at": "6", "target": " the", "foil_on": "true", "foil": " a", "kept": "0.5"},
+        {"flow_at": 6, "target": " the", "foil_on": True, "foil": " a", "kept": 0.5},
     ),
     "views/token.py": ({"token_kind": "intra", "top_k": "7"}, {"token_kind": "intra", "top_k": 7}),
     "views/bertviz_view.py": (
