@@ -23,6 +23,7 @@ TORCH_FREE = [
     "cwviz.core.defaults",
     "cwviz.vocabulary",
     "cwviz.cli.main",
+    "cwviz.cli.options",
     "cwviz.cli.parsers",
 ]
 

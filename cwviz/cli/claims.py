@@ -25,7 +25,7 @@ from .common import (
     run_manifest,
     sweep_processes,
 )
-from .parsers import parse_rates, parse_scopes
+from .options import parse_rates, parse_scopes
 
 
 def protocol_of(args: argparse.Namespace) -> faithfulness.Protocol:

@@ -30,7 +30,7 @@ from .common import (
     run_manifest,
     sweep_processes,
 )
-from .parsers import parse_layer, parse_measures, parse_rates
+from .options import parse_layer, parse_measures, parse_rates
 
 
 def split_of(args: argparse.Namespace) -> str:

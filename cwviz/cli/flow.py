@@ -24,7 +24,7 @@ from .common import load, read_text
 
 def check_args(args: argparse.Namespace) -> None:
     """What can be refused before a model loads (``--top`` and ``--kept``: by the parser's early check, before torch is
-    imported, :func:`cwviz.cli.parsers.check_flow`)."""
+    imported, :func:`cwviz.cli.options.check_flow`)."""
     if args.method not in FLOW_METHODS:
         raise InputError(f"no attribution method {args.method[:80]!r}: choose one of {', '.join(FLOW_METHODS)}")
     if args.foil is not None and args.foil == args.target:

@@ -85,7 +85,7 @@ def _run(argv: list[str] | None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
         if getattr(args, "early_check", None) is not None:
-            args.early_check(args)  # the values that need no model, refused before torch is imported (cwviz.cli.parsers)
+            args.early_check(args)  # the values that need no model, refused before torch is imported (cwviz.cli.options)
     except CwvizError as err:
         print(_error_line(err), file=sys.stderr)
         return 2

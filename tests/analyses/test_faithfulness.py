@@ -350,7 +350,7 @@ def test_batch_size_auto_fits_memory_and_gives_the_same_numbers(llama, monkeypat
         faithfulness.run_example(llama, IDS, faithfulness.Protocol(batch_size=1, **protocol)).ppl_masked,
         rtol=1e-4,
     )
-    from cwviz.cli.parsers import parse_batch_size
+    from cwviz.cli.options import parse_batch_size
 
     assert parse_batch_size("auto") == faithfulness.AUTO_BATCH and parse_batch_size("4") == 4
     with pytest.raises(Exception, match="positive integer or auto"):

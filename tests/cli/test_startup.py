@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cwviz.cli import build_parser
-from cwviz.cli.parsers import parse_sink
+from cwviz.cli.options import parse_sink
 
 ROOT = Path(__file__).resolve().parents[2]
 #: What a start that reads no model must not import: torch and transformers take seconds, and pandas (most of a
