@@ -32,6 +32,7 @@ import pandas as pd
 import streamlit as st
 
 from ..analyses import tables, tour
+from ..core.defaults import DEVICE, DTYPE, MODEL
 from ..core.loading.generate import greedy_continuation
 from ..core.loading.inputs import max_tokens, tokenize
 from ..core.loading.models import Bundle, load_model
@@ -60,9 +61,9 @@ STREAM_BYTES = 64 * 2**20
 class Request:
     """Everything that determines one forward pass (and so one :class:`~cwviz.Analysis`)."""
 
-    model: str = "embedded"
-    device: str = "auto"
-    dtype: str = "auto"
+    model: str = MODEL
+    device: str = DEVICE
+    dtype: str = DTYPE
     text: str = ""
     generate: int = 0
 

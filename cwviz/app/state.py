@@ -21,6 +21,7 @@ from typing import Any
 
 import streamlit as st
 
+from ..core.defaults import DEVICE, DTYPE, MODEL
 from ..vocabulary import KINDS
 from . import prompt_store
 
@@ -50,14 +51,14 @@ def examples() -> tuple[Example, ...]:
 def defaults() -> dict:
     text = examples()[0].text
     return {
-        "model": "embedded",
-        "device": "auto",
-        "dtype": "auto",
+        "model": MODEL,
+        "device": DEVICE,
+        "dtype": DTYPE,
         "text": text,
         "generate": 0,
-        "draft_model": "embedded",
-        "draft_device": "auto",
-        "draft_dtype": "auto",
+        "draft_model": MODEL,
+        "draft_device": DEVICE,
+        "draft_dtype": DTYPE,
         "draft_text": text,
         "draft_generate": 0,
         "example": examples()[0].name,

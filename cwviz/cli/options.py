@@ -15,6 +15,9 @@ from pathlib import Path
 from ..analyses.schema import ALL_MEASURES, AUTO, AUTO_BATCH, FLOW_MIN_TOKENS, RANK_SCOPES
 from ..core.defaults import (
     DEFAULT_SINK,
+    DEVICE,
+    DTYPE,
+    MODEL,
     RANKED_MEASURES,
 )
 from ..core.method import flow_arguments
@@ -47,11 +50,11 @@ def add_option(parser: argparse.ArgumentParser, flag: str, *, formerly: tuple[st
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
-        default="embedded",
+        default=MODEL,
         help="embedded (default; SmolLM2, a causal LM), embedded-gemma (Gemma 3 270M, a causal LM; Gemma terms of use), embedded-encoder (all-MiniLM-L6-v2, a BERT encoder), a hub id, a local folder or a .gguf file",
     )
-    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
-    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on cuda, float32 elsewhere), float32, bfloat16, float16")
+    parser.add_argument("--device", default=DEVICE, help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
+    parser.add_argument("--dtype", default=DTYPE, help="auto (bfloat16 on cuda, float32 elsewhere), float32, bfloat16, float16")
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a hub model (off by default)")
 
 

@@ -8,6 +8,13 @@ and a chart built in a notebook reads them too. A page's text formats the consta
 
 from __future__ import annotations
 
+# -- the model (cwviz.load_model, every command's --model/--device/--dtype, the sidebar) ----------------------------
+#: The model loaded when none is named: the embedded SmolLM2 (it ships with cwviz, so the default works offline).
+MODEL = "embedded"
+#: ``auto``: cuda, then mps, then cpu; and bfloat16 on cuda, float32 elsewhere (:mod:`cwviz.core.loading.models`).
+DEVICE = "auto"
+DTYPE = "auto"
+
 # -- faithfulness (cwviz.analyses.faithfulness, cwviz faithfulness, the Faithfulness page) -------------------------
 #: The measures ranked, in the paper's expected order of faithfulness, then the control.
 RANKED_MEASURES: tuple[str, ...] = (

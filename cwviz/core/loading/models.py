@@ -28,13 +28,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..defaults import DEVICE, DTYPE, MODEL
 from ..method.capture import ATTN_IMPLEMENTATION
 from ..method.measures import full_gram
 from ..util import settings
 from ..util.errors import ModelLoadError, UnsupportedModelError
 from . import architectures, checkpoints
 from .architectures import Architecture
-from .checkpoints import EMBEDDED, EMBEDDED_IDS
+from .checkpoints import EMBEDDED_IDS
 from .derive import derive_architecture
 from .folders import check_folder, check_tokenizer_files
 
@@ -273,9 +274,9 @@ def _remote_code_error(name: str) -> ModelLoadError:
 
 
 def load_model(
-    name: str = EMBEDDED,
-    device: str = "auto",
-    dtype: str | torch.dtype = "auto",
+    name: str = MODEL,
+    device: str = DEVICE,
+    dtype: str | torch.dtype = DTYPE,
     trust_remote_code: bool = False,
     device_map: str | dict | None = None,
 ) -> Bundle:
