@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from cwviz.core.defaults import RANKED_MEASURES
+
 PAGE = str(Path(__file__).resolve().parents[2] / "views" / "faithfulness.py")
 TIMEOUT = 180
 
@@ -32,14 +34,7 @@ def test_default_load_shows_the_settings_and_no_results(app):
     assert not app.error
     assert app.button(key="faith_run").label == "Run"
     assert "a file on this machine" in app.radio(key="source").options
-    assert app.button_group(key="measures").value == [
-        "raw",
-        "value_weighted",
-        "value_weighted_output_normalized",
-        "contribution_inter",
-        "contribution_intra",
-        "random",
-    ]
+    assert app.button_group(key="measures").value == list(RANKED_MEASURES)  # the CLI's default too
     assert not app.get("vega_lite_chart")
 
 
