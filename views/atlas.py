@@ -9,6 +9,7 @@ from cwviz.app import hosting, widgets
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import url_widget
 from cwviz.charts import atlas as charts
+from cwviz.core.defaults import ATLAS_CONFIDENCE
 
 sel = sidebar("Atlas of heads")
 st.markdown("Every head's sink and suppression statistics over many prompts, to find the heads worth a closer look.")
@@ -77,7 +78,7 @@ except CwvizError as err:
 manifest = result.manifest
 st.caption(
     f"{len(result.prompts)} prompt(s) on {manifest.get('model')}; {manifest.get('bootstrap')} bootstrap resamples "
-    f"({manifest.get('confidence', 0.95):.0%} intervals, seed {manifest.get('seed')})."
+    f"({manifest.get('confidence', ATLAS_CONFIDENCE):.0%} intervals, seed {manifest.get('seed')})."
 )
 metric = url_widget(
     st.radio,

@@ -12,7 +12,7 @@ from cwviz.app import hosting, run_services
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import url_widget
 from cwviz.charts import claims as charts_claims
-from cwviz.core.defaults import CLAIMS_MAX_TOKENS, CLAIMS_RATES, SINK_ACTIVE
+from cwviz.core.defaults import CLAIMS_MAX_TOKENS, CLAIMS_RATES, CONFIDENCE, RESAMPLES, SINK_ACTIVE
 
 #: Items a run on this page may take (the CLI takes any number, resumably).
 MAX_ITEMS = 10
@@ -114,7 +114,8 @@ if not finished:
     st.stop()
 table = claims.claims_table(made)
 st.caption(
-    f"{len(finished)} item(s); 95 % percentile bootstrap intervals over the items ({claims.RESAMPLES} resamples, paired within an item)."
+    f"{len(finished)} item(s); {CONFIDENCE:.0%} percentile bootstrap intervals over the items ({RESAMPLES:,} resamples, "
+    "paired within an item)."
 )
 rows = claims.verdict_rows(table)
 st.subheader("Every verdict: estimate and 95 % interval against its line")

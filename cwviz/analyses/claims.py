@@ -27,7 +27,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from ..core.defaults import SINK_ACTIVE, SINK_ACTIVE_THRESHOLDS
+from ..core.defaults import CONFIDENCE, RESAMPLES, SINK_ACTIVE, SINK_ACTIVE_THRESHOLDS
 from ..core.method.analysis import analyze
 from ..core.method.interventions import ScaleValues
 from . import claim_items, faithfulness, sinks
@@ -87,7 +87,6 @@ CSV_COLUMNS = [
     "evidence",
     "statement",
 ]
-LEVEL, RESAMPLES = 0.95, 2000
 #: Fewer items than this decide nothing: a bootstrap over one or two items has (nearly) no spread, so its interval
 #: would look decisive while it measures nothing. Such a row is unresolved, its evidence saying why.
 MIN_ITEMS = 5
@@ -142,7 +141,7 @@ def mean_interval(values: np.ndarray, seed: int = 0) -> tuple[float, np.ndarray,
     if not len(values):
         nan = np.full(values.shape[1:], np.nan)
         return nan, nan, nan, 0
-    low, high = bootstrap_interval(values, RESAMPLES, LEVEL, seed, omit_nan=True)
+    low, high = bootstrap_interval(values, RESAMPLES, CONFIDENCE, seed, omit_nan=True)
     return np.nanmean(values, axis=0), low, high, len(values)
 
 

@@ -50,7 +50,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.defaults import DEFAULT_BATCH_SIZE, DEFAULT_DRAWS, DEFAULT_RATES, EXAMPLE_MAX_TOKENS, RANKED_MEASURES
+from ..core.defaults import (
+    CONFIDENCE,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_DRAWS,
+    DEFAULT_RATES,
+    EXAMPLE_MAX_TOKENS,
+    RANKED_MEASURES,
+    RESAMPLES,
+    SEED,
+)
 from ..core.loading.inputs import check_layer, check_length
 from ..core.loading.models import Bundle
 from ..core.method.analysis import Analysis, analyze
@@ -87,7 +96,7 @@ class Protocol:
     per_head: bool = False
     rank_by: str = "signed"
     rank_scope: str = "query"
-    seed: int = 0
+    seed: int = SEED
     batch_size: int = DEFAULT_BATCH_SIZE
     max_tokens: int = EXAMPLE_MAX_TOKENS
     draws: int = DEFAULT_DRAWS  # random rankings per example (the control)
@@ -361,7 +370,7 @@ def iter_examples(
 
 
 # -- summaries -----------------------------------------------------------------------------------------
-def bootstrap_ci(values: np.ndarray, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(values: np.ndarray, level: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of ``values`` (seeded; one value gives a zero-width one)."""
     values = np.asarray(values, dtype=np.float64)
     if len(values) == 0:
@@ -390,7 +399,7 @@ def _mean_ci(values: np.ndarray, level: float, resamples: int, seed: int) -> tup
     return (float(values.mean()) if len(values) else math.nan), low, high, len(values)
 
 
-def summarize(per_example: pd.DataFrame, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+def summarize(per_example: pd.DataFrame, level: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = SEED) -> pd.DataFrame:
     """Mean ΔPPL and mean log-perplexity ratio over examples per (measure, curve, rate), each with its bootstrap
     interval: :data:`SUMMARY_COLUMNS` (the random control's draws averaged within an example first).
 
@@ -420,7 +429,7 @@ def summarize(per_example: pd.DataFrame, level: float = 0.95, resamples: int = 2
     return _ordered(summary)
 
 
-def random_gaps(per_example: pd.DataFrame, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+def random_gaps(per_example: pd.DataFrame, level: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = SEED) -> pd.DataFrame:
     """Each measure's gap to the random control (docs/METHOD.md section 3), paired per example: the log-perplexity
     ratio L(measure) − L(random) under comprehensiveness, L(random) − L(measure) under sufficiency, so > 0 is better
     than chance; mean over examples with its bootstrap interval (:data:`GAP_COLUMNS`). Empty without a random run."""

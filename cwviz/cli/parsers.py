@@ -35,6 +35,7 @@ from ..core.defaults import (
     FLOW_TOP,
     KEPT,
     RANKED_MEASURES,
+    SEED,
 )
 from ..vocabulary import KINDS
 from .options import (
@@ -156,7 +157,7 @@ def _add_faithfulness(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--draws", type=int, default=DEFAULT_DRAWS, help=f"random rankings per example, the control (default {DEFAULT_DRAWS})"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random rankings and the bootstrap (default 0)")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the random rankings and the bootstrap (default {SEED})")
     parser.add_argument("--out", type=Path, help="summary CSV, rewritten after every example")
     add_sweep_args(parser, "results folder: per-example records, manifest.json and summary.csv")
     add_model_args(parser)
@@ -195,7 +196,7 @@ def _add_claims(sub: argparse._SubParsersAction) -> None:
         "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help=f"masked runs per forward pass (default {DEFAULT_BATCH_SIZE})"
     )
     parser.add_argument("--draws", type=int, default=DEFAULT_DRAWS, help=f"random rankings per item, the control (default {DEFAULT_DRAWS})")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random rankings and the bootstrap (default 0)")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the random rankings and the bootstrap (default {SEED})")
     add_model_args(parser)
     parser.set_defaults(command_module="cwviz.cli.claims")
 
@@ -267,7 +268,7 @@ def _add_flow_faithfulness(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--draws", type=int, default=FLOW_DRAWS, help=f"random rankings per item (default {FLOW_DRAWS})")
     parser.add_argument("--batch-size", type=int, default=FLOW_BATCH_SIZE, help=f"knockouts per forward pass (default {FLOW_BATCH_SIZE})")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random rankings and the bootstrap (default 0)")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the random rankings and the bootstrap (default {SEED})")
     add_model_args(parser)
     parser.set_defaults(command_module="cwviz.cli.flow_faithfulness", early_check=check_flow_faithfulness)
 

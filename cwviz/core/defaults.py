@@ -15,6 +15,13 @@ MODEL = "embedded"
 DEVICE = "auto"
 DTYPE = "auto"
 
+# -- bootstrap intervals (faithfulness, the claims check, the flow's causal test, the atlas) ------------------------
+#: Percentile bootstrap intervals over items: their coverage and resamples, and the seed of the generator (and of the
+#: random rankings) unless one is given.
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+SEED = 0
+
 # -- faithfulness (cwviz.analyses.faithfulness, cwviz faithfulness, the Faithfulness page) -------------------------
 #: The measures ranked, in the paper's expected order of faithfulness, then the control.
 RANKED_MEASURES: tuple[str, ...] = (
@@ -58,8 +65,8 @@ DEFAULT_FACTOR = 0.0
 # -- the atlas (cwviz.analyses.atlas, cwviz atlas) -----------------------------------------------------------------
 #: Bootstrap resamples of the prompts, the interval's coverage, the generator's seed, heads listed per statistic.
 ATLAS_BOOTSTRAP = 1000
-ATLAS_CONFIDENCE = 0.95
-ATLAS_SEED = 0
+ATLAS_CONFIDENCE = CONFIDENCE
+ATLAS_SEED = SEED
 ATLAS_TOP = 5
 
 # -- compare (cwviz compare) ---------------------------------------------------------------------------------------
