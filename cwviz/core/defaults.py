@@ -81,7 +81,8 @@ KEPT = 0.2
 #: The kept fraction of each layer's |edge mass| in the static plot's pruned graph (``Flow.edges``): another whole
 #: than :data:`KEPT`'s (each layer's edges, not the paths into the prediction), so another value.
 LAYER_KEPT = 0.8
-#: Edges kept per layer while the rows stream (the largest |weight| first), by the share flow and the effect flow.
+#: Edges kept per layer while its row blocks are read (the largest |weight| first), by the share flow and the effect
+#: flow.
 EDGE_LIMIT = 20_000
 #: Listed each way (most supporting and most suppressing): the input tokens and heads of ``cwviz flow``'s report, and
 #: each head's vocabulary tokens (most promoted and most suppressed by its write).
