@@ -5,6 +5,7 @@
 >>> plot.heatmaps(a, layer=12)                      # attention beside contribution weights
 >>> plot.token_factors(a, layer=12, query=5, head=3) # attention x norm ratio x cosine
 >>> plot.sink_ratio(a, layer=15)                     # the sink's convex relation
+>>> plot.flow(a)                                     # the route into the prediction, each token's score
 
 Each function calls the same table function of :mod:`cwviz.analyses` and the same chart builder of
 :mod:`cwviz.charts` as the dashboard page that draws the chart, so a notebook shows exactly what the
@@ -34,6 +35,7 @@ Importing this module does not import Streamlit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from numbers import Integral
 
@@ -41,7 +43,8 @@ import altair as alt
 import pandas as pd
 
 from .analyses import compare as compare_analyses
-from .analyses import faithfulness, sinks, tables
+from .analyses import faithfulness, route, sinks, tables
+from .analyses.flow_text import describe
 from .charts import compare as compare_charts
 from .charts import faithfulness as faithfulness_charts
 from .charts import flow as flow_charts
@@ -50,7 +53,7 @@ from .charts import sinks as sink_charts
 from .charts import token as token_charts
 from .core import defaults
 from .core.method.analysis import Analysis
-from .core.method.flow import flow as signed_flow
+from .core.method.attribution import METHODS, Attribution, attribute, of_flow
 from .core.method.flow_tables import Flow
 from .core.method.measures import MEASURES
 from .core.util.errors import InputError, SelectionError
@@ -181,34 +184,33 @@ def top_keys(analysis: Analysis, query: int, head: int | None = None, kind: str 
     return token_charts.top_keys_chart(frame, note)
 
 
-# -- the signed flow (docs/METHOD.md section 6) -------------------------------------------------------
+# -- the Flow page (docs/METHOD.md sections 6 and 7) ------------------------------------------------------------
 def flow(
-    source,
+    source: Analysis | Attribution | Flow,
     position: int | None = None,
     target: int | str | None = None,
     foil: int | str | None = None,
-    share: float = defaults.LAYER_KEPT,
-) -> alt.VConcatChart:
-    """The signed flow into ``position``: each input token's total (red adds, blue subtracts), the layer x head map
-    of direct parts (an encoder: routed shares) and the graph pruned to ``share`` of each layer's |mass|
-    (:func:`cwviz.charts.flow.flow_chart`). ``source``: an Analysis (``position``, ``target`` and ``foil`` as
-    :func:`cwviz.flow` takes them) or a :class:`~cwviz.core.method.flow_tables.Flow` already made."""
+    kept: float = defaults.KEPT,
+    method: str = defaults.FLOW_METHOD,
+) -> alt.HConcatChart:
+    """The Flow page's first screen: the route into the prediction (:func:`cwviz.analyses.route.of` at the kept
+    fraction ``kept``) beside each input token's score, red adding and blue subtracting, under the sentence saying
+    what is explained (:func:`cwviz.charts.flow.route_chart`). ``source``: an Analysis (``method``, ``position``,
+    ``target`` and ``foil`` as :func:`cwviz.attribute` takes them), an attribution already made, or a
+    :class:`~cwviz.core.method.flow_tables.Flow` (the share flow's)."""
     if isinstance(source, Analysis):
-        result = signed_flow(source, position, target, foil)
+        result = attribute(source, method, position, target, foil)
     elif isinstance(source, Flow):
+        result = of_flow(source)
+    elif isinstance(source, Attribution):
         result = source
     else:
-        raise InputError(f"expected an Analysis or a Flow, not {type(source).__name__}")
-    where = f"position {result.position} {result.token_strings[result.position]!r}"
-    if result.encoder:
-        note = f"The signed flow into {where}'s final representation: each input token's share (with the bias's, they sum to 1)."
-    else:
-        foil_text = "" if result.foil is None else f" over {result.foil_token!r}"
-        note = (
-            f"The signed flow from {where} toward {result.target_token!r}{foil_text}: each input token's total "
-            f"(they and the biases sum to the logit difference {result.frozen_logit_difference:+.3f})."
-        )
-    return flow_charts.flow_chart(result.tokens, result.heads, result.node_table, result.edges(share), note)
+        raise InputError(f"expected an Analysis, an Attribution or a Flow, not {type(source).__name__}")
+    label = METHODS[result.method].label
+    note = f"The {label} {describe(result.asked)}"
+    if math.isfinite(result.quantity):
+        note += f": the quantity explained is {result.quantity:+.3f}"
+    return flow_charts.route_chart(route.of(result, kept), result.tokens_table(), note + ".")
 
 
 # -- the Sinks page ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import streamlit as st
 
 from cwviz import CwvizError
 from cwviz.analyses import route
+from cwviz.analyses.flow_text import describe
 from cwviz.app import flow_services, widgets
 from cwviz.app.links import page_url
 from cwviz.app.sidebar import escape_markdown, sidebar
@@ -22,7 +23,7 @@ MORE = (
     "(layer l, token k) → (layer l + 1, token i) is layer l's attention moving token k's value into position i, "
     "weighted by the method (the effect flow: its first-order effect on the prediction). The grey vertical lines are "
     "the residual stream carrying a position up the layers. Only edges on a path into the prediction are drawn: the "
-    "largest ones until the drawn edges carry the chosen share of the |effect| of all edges between tokens on such "
+    "largest ones until the drawn edges carry the chosen fraction of the |effect| of all edges between tokens on such "
     "paths, and the paths that join the three tokens with the largest |score| to the prediction; at most "
     f"{route.ROUTE_CAP} edges and about {route.ROUTE_POSITIONS} positions (the largest). Red adds to the target (over "
     "the foil), blue subtracts; an edge's width is its |weight|. A token's value staying on its own position (a "
@@ -42,15 +43,6 @@ def _faithfulness(method: flow_services.MethodChoice, sel) -> None:
     st.markdown(flow_services.faithfulness_sentence(flow_services.tested(), models, method, method.intervention))
 
 
-def _what(result) -> str:
-    """What is explained: toward the target (over the foil) after the position, or into an encoder's position."""
-    where = f"{result.position} {result.token_strings[result.position]!r}"
-    if result.encoder:
-        return f"into {where}'s final representation"
-    over = "" if result.foil is None else f" over {result.foil_token!r}"
-    return f"toward {result.target_token!r}{over} after {where}"
-
-
 def _graph_and_totals(shown, drawn: route.Route, method: flow_services.MethodChoice, result, sel) -> None:
     """The route (for a method with edges) beside every token's score, as wide as its labels need."""
     px = widgets.label_px()
@@ -59,7 +51,7 @@ def _graph_and_totals(shown, drawn: route.Route, method: flow_services.MethodCho
     with graph_col:
         if method.has_edges:
             tables = charts.route_tables(drawn, shown.asked.token_strings)
-            title = f"The route {_what(result)} (click a node)"
+            title = f"The route {describe(result)} (click a node)"
             widgets.node_graph(
                 charts.route_graph(
                     tables, sel.analysis.num_layers, title, label_px=px, selected=(sel.layer, sel.query), **charts.page_sizes(px)
@@ -88,14 +80,14 @@ def _graph_and_totals(shown, drawn: route.Route, method: flow_services.MethodCho
 
 
 def _caption(shown, drawn: route.Route, method: flow_services.MethodChoice, result, sel, default_target: str) -> None:
-    """What the graph and the bars hold, in numbers: the quantity, the route's share, the top next tokens."""
-    said = f"The {method.label} {_what(result)}"
+    """What the graph and the bars hold, in numbers: the quantity, the route's kept fraction, the top next tokens."""
+    said = f"The {method.label} {describe(result)}"
     if pd.notna(shown.quantity):
         said += f": the quantity explained is {shown.quantity:+.3f}"
     if method.has_edges:
         said += (
             f". Drawn: {len(drawn.edges)} edges on paths into the prediction, carrying {drawn.carried:.0%} of the |effect| "
-            f"of the edges between tokens on such paths (asked: {drawn.asked:.0%}"
+            f"of the edges between tokens on such paths (asked: {drawn.kept:.0%}"
             + (f"; the largest {route.ROUTE_CAP} edges or {route.ROUTE_POSITIONS} positions" if drawn.capped else "")
             + ")"
         )
@@ -123,7 +115,7 @@ def _check(asked: tuple, method: flow_services.MethodChoice, shown) -> None:
     prompt, position, target, foil and intervention; the method's scores against the measured effects."""
     if asked[2] is None:  # an encoder: no next-token prediction to knock out
         return
-    kept = flow_services.measured(*asked, method.intervention)
+    measured = flow_services.measured(*asked, method.intervention)
     row = st.container(horizontal=True, gap="small", vertical_alignment="center")
     run = row.button(
         "Check against knockouts",
@@ -135,14 +127,14 @@ def _check(asked: tuple, method: flow_services.MethodChoice, shown) -> None:
     if run:
         row.button("Stop", key="flow_check_stop", help="Stop after the current pass: what is measured is kept.")
         bar = st.progress(0.0, text="Knockouts: starting…")
-        kept = flow_services.measure(
+        measured = flow_services.measure(
             *asked, method.intervention, progress=lambda done, total: bar.progress(done / total, text=f"Knockouts: pass {done} of {total}")
         )
         bar.empty()
-    if kept is None:
+    if measured is None:
         row.caption("measures every token's effect on this prompt and compares it with the scores above.")
         return
-    result = flow_services.checked(*asked, method.name, method.intervention, kept.effects)
+    result = flow_services.checked(*asked, method.name, method.intervention, measured.effects)
     st.markdown(f"**Check on this prompt** ({method.label}): {escape_markdown(result.sentence())}.")
     frame = shown.tokens_table().iloc[: len(result.effects)].assign(effect=result.effects).dropna()
     widgets.chart(
@@ -169,7 +161,7 @@ st.markdown(
     "representation is made of ([CLS] unless you choose another); **red adds**, **blue subtracts**."
 )
 
-at_col, method_col, target_col, foil_col, share_col = st.columns([3, 3, 3, 3, 3], vertical_alignment="bottom")
+at_col, method_col, target_col, foil_col, kept_col = st.columns([3, 3, 3, 3, 3], vertical_alignment="bottom")
 default = last if causal else 0  # the prediction after the last token; an encoder's [CLS]
 with at_col:
     # None is "the default position" (not a number), so that a new prompt's flow is again of its last token.
@@ -185,8 +177,8 @@ with at_col:
         ),
     )
     position = default if picked_at is None else picked_at
-with share_col:
-    share = url_widget(
+with kept_col:
+    kept = url_widget(
         st.slider,
         "kept",
         "Effect drawn",
@@ -197,8 +189,9 @@ with share_col:
         max_value=1.0,
         step=0.05,
         formerly=("share",),
-        help="The drawn edges carry at least this share of the |effect| of the edges between tokens that lie on paths "
-        "into the prediction (the largest first); the three tokens with the largest |score| are always joined to it.",
+        help="The drawn edges carry at least this fraction of the |effect| of the edges between tokens that lie on "
+        "paths into the prediction (the largest first); the three tokens with the largest |score| are always joined to "
+        "it.",
     )
 with method_col:
     offered = flow_services.methods(sel.request)
@@ -253,7 +246,7 @@ if picked_method.why_not is not None:
     picked_method = next(m for m in offered if m.why_not is None)
 asked = (sel.request, result.position, result.target, result.foil)
 shown = flow_services.get_attribution(*asked, picked_method.name)
-drawn = flow_services.get_route(*asked, picked_method.name, share)
+drawn = flow_services.get_route(*asked, picked_method.name, kept)
 _faithfulness(picked_method, sel)
 _graph_and_totals(shown, drawn, picked_method, result, sel)
 _caption(shown, drawn, picked_method, result, sel, default_target)

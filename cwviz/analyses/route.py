@@ -15,7 +15,7 @@ l1 < l2 < ... < ln. A self-edge (k = i) stays on its own position's spine: it ro
 1. Top down, l = L − 1 .. 0: R_L = {p}; the layer's drawn edges are those with |weight| ≥ τ whose query i is in
    R_{l+1} (reached at some layer above l); R_l = R_{l+1} ∪ {their keys}. So every drawn edge lies on a path to the
    prediction, and a smaller τ draws a superset.
-2. τ is the largest threshold at which the drawn edges carry at least ``share`` of the cross-token |weight| on paths
+2. τ is the largest threshold at which the drawn edges carry at least ``kept`` of the cross-token |weight| on paths
    to the prediction (what step 1 draws at τ = 0; for the effect flow of a causal model that is every cross-token
    edge the method kept, as an edge on no path has no effect on the prediction), then raised while more than ``cap``
    edges would be drawn or they would touch more than ``positions`` positions (the top tokens' paths of step 3 may
@@ -57,21 +57,38 @@ class LayerEdgesLike(Protocol):
     mass: float
 
 
+class AskedLike(Protocol):
+    """What an attribution answers (:class:`cwviz.core.method.attribution.Asked`): the prompt's tokens, the position."""
+
+    token_strings: tuple[str, ...]
+    position: int
+
+
+class Attributed(Protocol):
+    """An attribution (:class:`cwviz.core.method.attribution.Attribution`): ``scores`` [T], ``edges`` per layer (None:
+    a method without edges) and what it answers."""
+
+    scores: np.ndarray
+    edges: Sequence[LayerEdgesLike] | None
+    asked: AskedLike
+
+
 @dataclass(frozen=True)
 class Route:
     """The drawn route into position ``position``. ``edges``: :data:`EDGE_COLUMNS`, one row a drawn edge (layer, key →
     query), by layer then |weight| (largest first). ``threshold``: τ of the rule (module docstring); ``carried``: the
-    drawn edges' Σ |weight| over ``cross_mass``, the cross-token |weight| on paths to the prediction (step 2); ``asked``: the share the setting asked for; ``capped``: the cap raised τ (``carried``
-    falls short of ``asked``); ``connected``: the input tokens the rule connects through their widest paths (the
-    largest |score| first); ``self_mass``: Σ |weight| of the self-edges (a position's own value, not drawn);
-    ``mass``: Σ |weight| of every edge."""
+    drawn edges' Σ |weight| over ``cross_mass``, the cross-token |weight| on paths to the prediction (step 2); ``kept``:
+    the kept fraction the setting asked for; ``capped``: the cap raised τ (``carried`` falls short of ``kept``);
+    ``connected``: the input tokens the rule connects through their widest paths (the largest |score| first);
+    ``self_mass``: Σ |weight| of the self-edges (a position's own value, not drawn); ``mass``: Σ |weight| of every
+    edge."""
 
     position: int
     layers: int
     edges: pd.DataFrame
     threshold: float
     carried: float
-    asked: float
+    kept: float
     capped: bool
     connected: tuple[int, ...]
     cross_mass: float
@@ -103,21 +120,22 @@ def route(
     position: int,
     scores: np.ndarray,
     tokens: Sequence[str],
-    share: float,
+    kept: float,
     connect: int = 3,
     cap: int | None = None,
     positions: int | None = None,
 ) -> Route:
     """The route of ``edges`` (one entry a layer, layers 0 .. L − 1 in order) into ``position`` p, by the module
-    docstring's rule: ``share`` in (0, 1] of the cross-token |weight|, at most ``cap`` edges touching at most
-    ``positions`` positions by threshold (None: no limit), and the ``connect`` tokens with the largest |``scores``| ([T]) joined by their widest paths. ``tokens``: the
-    prompt's token strings [T]. InputError for a share outside (0, 1]."""
-    share = flow_arguments.share(share)  # the flow API's one rule (a bool, NaN or text refused too)
+    docstring's rule: the kept fraction ``kept`` in (0, 1] of the cross-token |weight|, at most ``cap`` edges touching
+    at most ``positions`` positions by threshold (None: no limit), and the ``connect`` tokens with the largest
+    |``scores``| ([T]) joined by their widest paths. ``tokens``: the prompt's token strings [T]. ArgumentError for a
+    kept fraction outside (0, 1]."""
+    kept = flow_arguments.kept(kept)  # the flow API's one rule (a bool, NaN or text refused too)
     layers = len(edges)
     size = len(tokens)
     cross, self_mass, mass = _cross_edges(edges, position)
     total = _carried(cross, position, size, 0.0)  # the cross-token |weight| on any path to the prediction
-    threshold = _threshold(cross, position, size, share * total)
+    threshold = _threshold(cross, position, size, kept * total)
     capped = False
     cap, positions = len(cross) * size * size if cap is None else cap, size if positions is None else positions
     _, count, touched = _draw(cross, position, size, threshold)
@@ -144,7 +162,7 @@ def route(
     names = np.asarray(tokens, dtype=object)
     table = table.assign(key_token=names[table["key"].to_numpy()], query_token=names[table["query"].to_numpy()]).reset_index(drop=True)
     carried = float(table["weight"].abs().sum() / total) if total > 0 else 0.0
-    return Route(position, layers, table, float(threshold), carried, float(share), capped, tuple(connected), total, self_mass, mass)
+    return Route(position, layers, table, float(threshold), carried, kept, capped, tuple(connected), total, self_mass, mass)
 
 
 def reached(edges: pd.DataFrame, position: int, layers: int) -> set[int]:
@@ -268,9 +286,9 @@ def _path(choice: np.ndarray, cross, position: int, start: int) -> list[tuple[in
     return path if at == position else []
 
 
-def of(result, share: float, cap: int | None = ROUTE_CAP, positions: int | None = ROUTE_POSITIONS) -> Route:
+def of(result: Attributed, kept: float, cap: int | None = ROUTE_CAP, positions: int | None = ROUTE_POSITIONS) -> Route:
     """The route of an :class:`~cwviz.core.method.attribution.Attribution` (its edges, position, scores and tokens) at
-    ``share``, capped at ``cap`` edges and ``positions`` positions: the one builder of the Flow page's graph and of ``cwviz flow``'s ``edges``
-    table. A method without edges gives an empty route."""
+    the kept fraction ``kept``, capped at ``cap`` edges and ``positions`` positions: the one builder of the Flow page's
+    graph and of ``cwviz flow``'s ``edges`` table. A method without edges gives an empty route."""
     asked = result.asked
-    return route(result.edges or (), asked.position, result.scores, asked.token_strings, share, cap=cap, positions=positions)
+    return route(result.edges or (), asked.position, result.scores, asked.token_strings, kept, cap=cap, positions=positions)

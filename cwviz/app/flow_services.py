@@ -5,10 +5,10 @@ What does not depend on the target (:func:`~cwviz.core.method.flow.flow_basis`: 
 at the position, each head's vocabulary) is kept per (request, position), so a new target or foil pays for its routing
 alone, and the model's top next tokens are read from the same logits (no pass of their own).
 
-A Flow holds every layer's largest edges, so pruning it to another share of the |mass| (the page's slider) reads the
-cached Flow again and runs nothing; it is kept with ``st.cache_resource`` (read-only, shared by the sessions, not
-copied on every rerun as ``st.cache_data`` would). The target and foil the user types are resolved here: a string that
-is not one token gives the library's message and the default in its place, never a traceback.
+A Flow holds every layer's largest edges, so pruning it to another kept fraction of the |mass| (the page's slider)
+reads the cached Flow again and runs nothing; it is kept with ``st.cache_resource`` (read-only, shared by the
+sessions, not copied on every rerun as ``st.cache_data`` would). The target and foil the user types are resolved here:
+a string that is not one token gives the library's message and the default in its place, never a traceback.
 """
 
 from __future__ import annotations
@@ -192,11 +192,11 @@ def get_attribution(request: services.Request, position: int, target: int | None
 
 
 @st.cache_resource(show_spinner=False, max_entries=2 * ATTRIBUTION_ENTRIES, ttl=3600)
-def get_route(request: services.Request, position: int, target: int | None, foil: int | None, method: str, share: float) -> route.Route:
-    """The route of :func:`get_attribution` at ``share`` (:func:`cwviz.analyses.route.of`, the builder ``cwviz flow``
-    exports with), kept: a click on a node or a head reruns the page and draws it again without routing (about 0.1 s at
-    280 tokens)."""
-    return route.of(get_attribution(request, position, target, foil, method), share)
+def get_route(request: services.Request, position: int, target: int | None, foil: int | None, method: str, kept: float) -> route.Route:
+    """The route of :func:`get_attribution` at the kept fraction ``kept`` (:func:`cwviz.analyses.route.of`, the
+    builder ``cwviz flow`` exports with), cached: a click on a node or a head reruns the page and draws it again
+    without routing (about 0.1 s at 280 tokens)."""
+    return route.of(get_attribution(request, position, target, foil, method), kept)
 
 
 def default_target(request: services.Request, position: int) -> str:

@@ -1,12 +1,14 @@
-"""Charts of the signed flow (docs/METHOD.md section 6): tables of :class:`cwviz.core.method.flow_tables.Flow` in, Altair out.
-Pure: no torch. Red adds to the target (or to the representation), blue subtracts, as on every other chart.
+"""The flow's one chart set (docs/METHOD.md sections 6 and 7): the route into the prediction beside each input token's
+score, as the Flow page, :func:`cwviz.plot.flow` and a report draw it. Tables in, Altair out; pure, no torch. Red adds
+to the target (or to the representation), blue subtracts, as on every other chart (:func:`sign_colour`).
 
-| builder              | table in (columns)                                  | draws                                           |
-|----------------------|-----------------------------------------------------|-------------------------------------------------|
-| ``token_totals``     | ``position, token, total``                          | one bar per input token, coloured by its sign   |
-| ``head_map``         | ``layer, head, <value>``                            | the layer x head map of one value (direct, routed) |
-| ``flow_graph``       | nodes ``layer, position, value``; edges ``layer, source, target, weight`` | the pruned graph: positions across, layers up |
-| ``flow_chart``       | the three                                           | all three, stacked, under one note              |
+| builder            | draws                                                                               |
+|--------------------|-------------------------------------------------------------------------------------|
+| ``route_graph``    | the route (:class:`cwviz.analyses.route.Route`): positions across, layers up          |
+| ``totals_bars``    | one bar a token (:func:`total_rows`), its score or total                            |
+| ``route_chart``    | the two side by side under one sentence (a notebook's and a report's Flow page)    |
+| ``head_pick_map``  | the layer x head map of one value, a click picking a head                           |
+| ``check_scatter``  | the method's scores against the measured knockout effects                           |
 """
 
 from __future__ import annotations
@@ -18,41 +20,22 @@ import altair as alt
 import pandas as pd
 
 from . import palette
-from .heatmaps import contribution_scale, head_pick, label_expr, outline, wrap
-from .token import NEGATIVE_COLOUR, POSITIVE_COLOUR
+from .heatmaps import contribution_scale, head_pick, outline, wrap
 
-#: Width (px) of the token bars and of the graph; the head map's cells.
-WIDTH, CELL = 640, 16
-#: Height (px) of the token bars and of the graph.
-BAR_HEIGHT, GRAPH_HEIGHT = 160, 320
-#: Most input positions the graph draws (those with the largest |value| in its nodes; the edges among them).
-GRAPH_POSITIONS = 64
+#: The head map's cells (px).
+CELL = 16
 
 
-def _sign_colour() -> alt.Color:
-    """Red where the row's ``sign`` is "adds", blue where it "subtracts" (the ends of the maps' diverging scale)."""
-    return alt.Color(
-        "sign:N",
-        scale=alt.Scale(domain=["adds", "subtracts"], range=[POSITIVE_COLOUR, NEGATIVE_COLOUR]),
-        legend=alt.Legend(title=None, orient="top"),
-    )
+def sign_of(values: pd.Series) -> pd.Series:
+    """Each value's sign as the legend says it: :data:`~cwviz.charts.palette.SIGNS` ("adds" for 0 too)."""
+    adds, subtracts = palette.SIGNS
+    return (values >= 0).map({True: adds, False: subtracts})
 
 
-def token_totals(tokens: pd.DataFrame, value: str = "total", title: str = "each input token's signed total") -> alt.Chart:
-    """One bar per input position (labelled by its token), height ``value``, red adding and blue subtracting."""
-    frame = tokens[["position", "token", value]].assign(sign=lambda f: (f[value] >= 0).map({True: "adds", False: "subtracts"}))
-    labels = [f"{token} ({position})" for position, token in zip(frame["position"], frame["token"], strict=True)]
-    return (
-        alt.Chart(frame, title=title)
-        .mark_bar()
-        .encode(
-            x=alt.X("position:O", title=None, axis=alt.Axis(labelExpr=label_expr(labels), labelAngle=-60, labelLimit=80)),
-            y=alt.Y(f"{value}:Q", title=value),
-            color=_sign_colour(),
-            tooltip=[alt.Tooltip("position:O"), alt.Tooltip("token:N"), alt.Tooltip(f"{value}:Q", format="+.4f")],
-        )
-        .properties(width=WIDTH, height=BAR_HEIGHT)
-    )
+def sign_colour(legend: alt.Legend | None = None) -> alt.Color:
+    """The flow's one sign scale: red where a row's ``sign`` (:func:`sign_of`) adds, blue where it subtracts."""
+    scale = alt.Scale(domain=list(palette.SIGNS), range=list(palette.SIGN_COLOURS))
+    return alt.Color("sign:N", scale=scale, legend=legend)
 
 
 def head_map(heads: pd.DataFrame, value: str = "direct", title: str | None = "each head's direct part") -> alt.Chart:
@@ -72,60 +55,6 @@ def head_map(heads: pd.DataFrame, value: str = "direct", title: str | None = "ea
         )
         .properties(width=CELL * count, height=CELL * layers)
     )
-
-
-def flow_graph(nodes: pd.DataFrame, edges: pd.DataFrame, title: str = "the pruned graph") -> alt.LayerChart:
-    """Positions across, layers up: a node per (layer, position) with a value, sized by |value|; an edge (layer,
-    source) → (layer + 1, target) per row of ``edges``, its width |weight| and its colour the sign. At most
-    :data:`GRAPH_POSITIONS` positions: those whose nodes carry the most |value|."""
-    keep = nodes.assign(size=nodes["value"].abs()).groupby("position")["size"].sum().nlargest(GRAPH_POSITIONS).index
-    nodes = nodes[nodes["position"].isin(keep) & (nodes["value"] != 0)].assign(
-        sign=lambda f: (f["value"] >= 0).map({True: "adds", False: "subtracts"}), size=lambda f: f["value"].abs()
-    )
-    edges = edges[edges["source"].isin(keep) & edges["target"].isin(keep)].assign(
-        top=lambda f: f["layer"] + 1,
-        size=lambda f: f["weight"].abs(),
-        sign=lambda f: (f["weight"] >= 0).map({True: "adds", False: "subtracts"}),
-    )
-    x = alt.X("position:Q", title="position", scale=alt.Scale(zero=False, nice=False))
-    y = alt.Y("layer:Q", title="layer (residual entering it)", scale=alt.Scale(zero=False, nice=False))
-    lines = (
-        alt.Chart(edges)
-        .mark_rule(opacity=0.6)
-        .encode(
-            x=alt.X("source:Q", title="position", scale=alt.Scale(zero=False, nice=False)),
-            x2="target:Q",
-            y=alt.Y("layer:Q", title="layer (residual entering it)", scale=alt.Scale(zero=False, nice=False)),
-            y2="top:Q",
-            color=_sign_colour(),
-            strokeWidth=alt.StrokeWidth("size:Q", scale=alt.Scale(range=[0.3, 5]), legend=None),
-            tooltip=[alt.Tooltip(c) for c in ("layer:O", "source:O", "target:O")] + [alt.Tooltip("weight:Q", format="+.4f")],
-        )
-    )
-    points = (
-        alt.Chart(nodes)
-        .mark_circle()
-        .encode(
-            x=x,
-            y=y,
-            color=_sign_colour(),
-            size=alt.Size("size:Q", scale=alt.Scale(range=[8, 300]), legend=None),
-            tooltip=[alt.Tooltip("layer:O"), alt.Tooltip("position:O"), alt.Tooltip("value:Q", format="+.4f")],
-        )
-    )
-    return alt.layer(lines, points, title=title).properties(width=WIDTH, height=GRAPH_HEIGHT)
-
-
-def flow_chart(
-    tokens: pd.DataFrame, heads: pd.DataFrame, nodes: pd.DataFrame, edges: pd.DataFrame, note: str, value: str = "total"
-) -> alt.VConcatChart:
-    """The token totals, the head map and the graph, stacked under ``note`` (one sentence saying what is shown)."""
-    head_value = "direct" if heads["direct"].abs().sum() > 0 else "routed"
-    return alt.vconcat(
-        token_totals(tokens, value),
-        alt.hconcat(head_map(heads, head_value, f"each head's {head_value} part"), flow_graph(nodes, edges)),
-        title=alt.TitleParams(wrap(note, 110), anchor="start"),
-    ).resolve_scale(color="independent", size="independent", strokeWidth="independent")
 
 
 # -- the Flow page (docs/dashboard.md): the route into the prediction beside the tokens' totals -------------------
@@ -154,10 +83,6 @@ class RouteTables:
     order: list[str]
 
 
-def _sign(values: pd.Series) -> pd.Series:
-    return (values >= 0).map({True: "adds", False: "subtracts"})
-
-
 def route_tables(drawn, tokens: Sequence[str]) -> RouteTables:
     """The tables :func:`route_graph` draws from the route ``drawn`` (:class:`cwviz.analyses.route.Route`; its edge
     rows unchanged, in its order) and the prompt's token strings."""
@@ -166,7 +91,7 @@ def route_tables(drawn, tokens: Sequence[str]) -> RouteTables:
         top=drawn.edges["layer"] + 1,
         key_label=drawn.edges["key"].map(label),
         query_label=drawn.edges["query"].map(label),
-        sign=_sign(drawn.edges["weight"]),
+        sign=sign_of(drawn.edges["weight"]),
         size=drawn.edges["weight"].abs(),
     )
     spines = drawn.spines()
@@ -178,6 +103,65 @@ def route_tables(drawn, tokens: Sequence[str]) -> RouteTables:
     role = ["prediction" if (layer, p) == (drawn.layers, drawn.position) else "input" if layer == 0 else "passes" for layer, p in ends]
     nodes = nodes.assign(label=nodes["position"].map(label), token=[tokens[p] for p in nodes["position"]], role=role)
     return RouteTables(edges.iloc[::-1].reset_index(drop=True), spines, nodes, [label[p] for p in drawn.positions])
+
+
+@dataclass(frozen=True)
+class _Axes:
+    """The graph's shared position axis (x: the route's labels, in the text's order) and layer axis (y: 0 .. layers)."""
+
+    x_scale: alt.Scale
+    x_axis: alt.Axis
+    y_scale: alt.Scale
+    y_axis: alt.Axis
+
+    def x(self, field: str = "label") -> alt.X:
+        return alt.X(f"{field}:N", scale=self.x_scale, axis=self.x_axis, title=None)
+
+    def y(self, field: str = "layer") -> alt.Y:
+        return alt.Y(f"{field}:Q", scale=self.y_scale, axis=self.y_axis, title="layer")
+
+
+def _axes(order: list[str], layers: int, label_px: int) -> _Axes:
+    every = 5 if layers > 12 else 1  # a layer label each, or every fifth on a deep model
+    return _Axes(
+        alt.Scale(type="point", domain=order, padding=0.5),
+        alt.Axis(labelAngle=-60, labelLimit=90, labelFontSize=label_px, labelOverlap=False),
+        alt.Scale(domain=[0, layers], nice=False, zero=False),
+        alt.Axis(values=list(range(0, layers + 1, every)), labelFontSize=label_px),
+    )
+
+
+def _edge_rules(edges: pd.DataFrame, axes: _Axes, label_px: int) -> alt.Chart:
+    """Each edge (layer, key) → (layer + 1, query) a rule, red adding and blue subtracting, as wide as |weight|."""
+    legend = alt.Legend(
+        title=None, orient="top", labelFontSize=label_px, labelExpr="datum.label == 'adds' ? 'adds (red)' : 'subtracts (blue)'"
+    )
+    width = alt.StrokeWidth("size:Q", scale=alt.Scale(range=list(EDGE_WIDTHS), zero=False), legend=None)
+    tooltip = [
+        alt.Tooltip("layer:O", title="layer"),
+        alt.Tooltip("key_label:N", title="from"),
+        alt.Tooltip("query_label:N", title="to"),
+        alt.Tooltip("weight:Q", format="+.4f"),
+    ]
+    return (
+        alt.Chart(edges)
+        .mark_rule(opacity=0.85, strokeCap="round")
+        .encode(x=axes.x("key_label"), x2="query_label:N", y=axes.y(), y2="top:Q", color=sign_colour(legend), strokeWidth=width)
+        .encode(tooltip=tooltip)
+    )
+
+
+def _node_points(nodes: pd.DataFrame, axes: _Axes) -> alt.Chart:
+    """The nodes as dots (the prediction a large one); a click on one is the selection :data:`NODE_PICK`."""
+    pick = alt.selection_point(name=NODE_PICK, fields=["layer", "position"], on="click", clear=False)
+    size = alt.Size("role:N", scale=alt.Scale(domain=["prediction", "input", "passes"], range=[180, 22, 14]), legend=None)
+    tooltip = [alt.Tooltip("layer:O"), alt.Tooltip("position:O"), alt.Tooltip("token:N"), alt.Tooltip("role:N")]
+    return (
+        alt.Chart(nodes)
+        .mark_circle(opacity=1, color=palette.INK)
+        .encode(x=axes.x(), y=axes.y(), size=size, tooltip=tooltip)
+        .add_params(pick)
+    )
 
 
 def route_graph(
@@ -196,67 +180,14 @@ def route_graph(
     drawn on top), the nodes small dots and the prediction a large one. A click on a node is the selection
     :data:`NODE_PICK` (fields ``layer, position``); ``selected`` (layer, position), the sidebar's, is ringed where the
     graph has that node."""
-    x_scale = alt.Scale(type="point", domain=tables.order, padding=0.5)
-    y_scale = alt.Scale(domain=[0, layers], nice=False, zero=False)
-    x_axis = alt.Axis(labelAngle=-60, labelLimit=90, labelFontSize=label_px, labelOverlap=False)
-    y_axis = alt.Axis(values=list(range(0, layers + 1, 5 if layers > 12 else 1)), labelFontSize=label_px)
-    x = alt.X("label:N", scale=x_scale, axis=x_axis, title=None)
-    y = alt.Y("layer:Q", scale=y_scale, axis=y_axis, title="layer")
-    colour = alt.Color(
-        "sign:N",
-        scale=alt.Scale(domain=["adds", "subtracts"], range=[POSITIVE_COLOUR, NEGATIVE_COLOUR]),
-        legend=alt.Legend(
-            title=None, orient="top", labelFontSize=label_px, labelExpr="datum.label == 'adds' ? 'adds (red)' : 'subtracts (blue)'"
-        ),
-    )
-    spines = (
-        alt.Chart(tables.spines)
-        .mark_rule(color=palette.SPINE, strokeWidth=2)
-        .encode(
-            x=alt.X("label:N", scale=x_scale, axis=x_axis, title=None),
-            y=alt.Y("bottom:Q", scale=y_scale, axis=y_axis, title="layer"),
-            y2="top:Q",
-        )
-    )
-    lines = (
-        alt.Chart(tables.edges)
-        .mark_rule(opacity=0.85, strokeCap="round")
-        .encode(
-            x=alt.X("key_label:N", title=None, scale=x_scale, axis=x_axis),
-            x2="query_label:N",
-            y=alt.Y("layer:Q", title="layer", scale=y_scale, axis=y_axis),
-            y2="top:Q",
-            color=colour,
-            strokeWidth=alt.StrokeWidth("size:Q", scale=alt.Scale(range=list(EDGE_WIDTHS), zero=False), legend=None),
-            tooltip=[
-                alt.Tooltip("layer:O", title="layer"),
-                alt.Tooltip("key_label:N", title="from"),
-                alt.Tooltip("query_label:N", title="to"),
-                alt.Tooltip("weight:Q", format="+.4f"),
-            ],
-        )
-    )
-    pick = alt.selection_point(name=NODE_PICK, fields=["layer", "position"], on="click", clear=False)
-    points = (
-        alt.Chart(tables.nodes)
-        .mark_circle(opacity=1, color="#31333f")
-        .encode(
-            x=x,
-            y=y,
-            size=alt.Size("role:N", scale=alt.Scale(domain=["prediction", "input", "passes"], range=[180, 22, 14]), legend=None),
-            tooltip=[alt.Tooltip("layer:O"), alt.Tooltip("position:O"), alt.Tooltip("token:N"), alt.Tooltip("role:N")],
-        )
-        .add_params(pick)
-    )
-    drawn = [spines, lines, points]
+    axes = _axes(tables.order, layers, label_px)
+    spines = alt.Chart(tables.spines).mark_rule(color=palette.SPINE, strokeWidth=2).encode(x=axes.x(), y=axes.y("bottom"), y2="top:Q")
+    drawn = [spines, _edge_rules(tables.edges, axes, label_px), _node_points(tables.nodes, axes)]
     layer, position = selected if selected is not None else (-1, -1)
     ring = tables.nodes[(tables.nodes["layer"] == layer) & (tables.nodes["position"] == position)]
     if len(ring):
-        drawn.append(
-            alt.Chart(ring[["layer", "label"]])
-            .mark_point(shape="circle", size=420, filled=False, stroke="#111111", strokeWidth=2.5)
-            .encode(x=x, y=y)
-        )
+        mark = alt.Chart(ring[["layer", "label"]]).mark_point(shape="circle", size=420, filled=False, stroke=palette.RING, strokeWidth=2.5)
+        drawn.append(mark.encode(x=axes.x(), y=axes.y()))
     return (
         alt.layer(*drawn, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 1))
         .resolve_scale(strokeWidth="independent", size="independent")
@@ -267,8 +198,8 @@ def route_graph(
 def check_scatter(frame: pd.DataFrame, title: str, label_px: int = 12) -> alt.LayerChart:
     """The check against knockouts: one point a token (``position, token, score, effect``), the measured effect across
     and the method's score up, coloured by the score's sign (red adds, blue subtracts), on zero lines."""
-    data = frame.assign(sign=_sign(frame["score"]), label=[f"{p} {t}" for p, t in zip(frame["position"], frame["token"], strict=True)])
-    colour = alt.Color("sign:N", scale=alt.Scale(domain=["adds", "subtracts"], range=[POSITIVE_COLOUR, NEGATIVE_COLOUR]), legend=None)
+    data = frame.assign(sign=sign_of(frame["score"]), label=[f"{p} {t}" for p, t in zip(frame["position"], frame["token"], strict=True)])
+    colour = sign_colour()
     points = (
         alt.Chart(data)
         .mark_circle(size=60, opacity=0.9)
@@ -297,7 +228,7 @@ def total_rows(tokens: pd.DataFrame, value: str = "total", rows: int = TOTAL_ROW
         shown = tokens.loc[sorted(picked)]
     shown = shown.sort_values("position")
     labels = [f"{p} {t}" for p, t in zip(shown["position"], shown["token"], strict=True)]
-    return shown[["position", "token", value]].assign(label=labels, sign=_sign(shown[value])).reset_index(drop=True)
+    return shown[["position", "token", value]].assign(label=labels, sign=sign_of(shown[value])).reset_index(drop=True)
 
 
 def page_sizes(label_px: int) -> dict[str, int]:
@@ -322,7 +253,7 @@ def totals_bars(
 ) -> alt.Chart:
     """Horizontal bars of :func:`total_rows` (one a token, top to bottom in the text's order), red adding and blue
     subtracting, on a zero line; each row as tall as its label (``label_px`` + 3). ``subtitle``: a line, or lines."""
-    colour = alt.Color("sign:N", scale=alt.Scale(domain=["adds", "subtracts"], range=[POSITIVE_COLOUR, NEGATIVE_COLOUR]), legend=None)
+    colour = sign_colour()
     bars = (
         alt.Chart(rows)
         .mark_bar()
@@ -335,10 +266,26 @@ def totals_bars(
             tooltip=[alt.Tooltip("position:O"), alt.Tooltip("token:N"), alt.Tooltip(f"{value}:Q", format="+.4f")],
         )
     )
-    zero = alt.Chart(pd.DataFrame({"zero": [0.0]})).mark_rule(color="#31333f").encode(x="zero:Q")
+    zero = alt.Chart(pd.DataFrame({"zero": [0.0]})).mark_rule(color=palette.INK).encode(x="zero:Q")
     height = max((label_px + 3) * len(rows), 60)
     heading = alt.TitleParams(title, subtitle=subtitle or alt.Undefined, anchor="start", fontSize=label_px + 1, subtitleFontSize=label_px)
     return alt.layer(bars, zero, title=heading).properties(width=width, height=height)
+
+
+def route_chart(drawn, tokens: pd.DataFrame, note: str, value: str = "score", label_px: int = 12) -> alt.HConcatChart:
+    """The Flow page's first screen as one chart (:func:`cwviz.plot.flow`, a report): the route ``drawn``
+    (:class:`cwviz.analyses.route.Route`) beside the bars of ``tokens``' ``value`` (``position, token, <value>``), under
+    ``note`` (one sentence; :func:`cwviz.analyses.flow_text.describe` says what is explained). A route of no layer (a
+    method without edges): the bars alone."""
+    rows = total_rows(tokens, value, total_row_count(label_px), keep=drawn.connected)
+    some = "every token" if len(rows) == len(tokens) else f"the {len(rows)} largest of {len(tokens)},"
+    bars = totals_bars(rows, f"Each token's {value}", [some, "in text order"], value, label_px, totals_width(label_px))
+    heading = alt.TitleParams(wrap(note, 110), anchor="start")
+    if drawn.layers == 0:
+        return alt.hconcat(bars, title=heading)
+    tables = route_tables(drawn, list(tokens.sort_values("position")["token"]))
+    graph = route_graph(tables, drawn.layers, "The route into the prediction", label_px, **page_sizes(label_px))
+    return alt.hconcat(graph, bars, title=heading)
 
 
 def head_pick_map(heads: pd.DataFrame, value: str, layer: int | None, head: int | None, title: str) -> alt.LayerChart:

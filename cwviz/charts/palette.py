@@ -16,6 +16,10 @@ from __future__ import annotations
 DIVERGING = "redblue"
 #: The two ends of :data:`DIVERGING`: a bar or line that adds (red) or subtracts (blue).
 POSITIVE, NEGATIVE = "#b2182b", "#2166ac"
+#: The sign scale of a mark that adds or subtracts (the flow's edges, bars and points): its two values as a legend
+#: says them, and their colours.
+SIGNS = ("adds", "subtracts")
+SIGN_COLOURS = (POSITIVE, NEGATIVE)
 #: Vega scheme of attention (and of the attention-like raw attention map): light to dark green.
 ATTENTION_SCHEME = "greens"
 #: Attention drawn as a line or a bar: the dark end of :data:`ATTENTION_SCHEME`.

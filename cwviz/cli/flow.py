@@ -13,6 +13,7 @@ import sys
 
 from ..analyses import route
 from ..analyses.check import Check, check
+from ..analyses.flow_text import describe
 from ..analyses.schema import FLOW_METHODS
 from ..core.method import attribution
 from ..core.method.analysis import analyze
@@ -35,7 +36,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 def tables(result: attribution.Attribution, drawn: route.Route, checked: Check | None = None) -> dict:
     """The method's tables by name: ``tokens`` (position, token, score; with ``--check`` the measured ``effect``),
-    ``heads``, ``edges`` (the route ``drawn``: the edges the Flow page draws at the same share), then the method's own
+    ``heads``, ``edges`` (the route ``drawn``: the edges the Flow page draws at the same kept fraction), then its own
     (the share flow's ``nodes`` and ``parts``)."""
     tokens = result.tokens_table()
     if checked is not None:
@@ -46,8 +47,8 @@ def tables(result: attribution.Attribution, drawn: route.Route, checked: Check |
 
 
 def summary(result: attribution.Attribution, drawn: route.Route, checked: Check | None) -> dict:
-    """What was asked, the method and its quantity, the route's rule at its share (docs/flow.md, "The route"), and the
-    check's statistics (None without ``--check``)."""
+    """What was asked, the method and its quantity, the route's rule at its kept fraction (docs/flow.md, "The route"),
+    and the check's statistics (None without ``--check``)."""
     asked = result.asked
     method = attribution.METHODS[result.method]
     return {
@@ -60,7 +61,7 @@ def summary(result: attribution.Attribution, drawn: route.Route, checked: Check 
         "foil": asked.foil,
         "foil_token": asked.foil_token,
         "quantity": result.quantity,
-        "edge_share": drawn.asked,
+        "kept": drawn.kept,
         "route": {
             "threshold": drawn.threshold,
             "carried": drawn.carried,
@@ -93,13 +94,8 @@ def _columns(left: list[str], right: list[str]) -> list[str]:
 
 def report(result: attribution.Attribution, checked: Check | None, top: int) -> list[str]:
     """The printed lines: what was asked, the tokens (and heads) each way, the check's sentence."""
-    asked, method = result.asked, attribution.METHODS[result.method]
-    where = f"position {asked.position} {asked.token_strings[asked.position]!r}"
-    if asked.target is None:
-        toward = "its final representation"
-    else:
-        toward = f"logit({asked.target_token!r})" + ("" if asked.foil is None else f" - logit({asked.foil_token!r})")
-    lines = [f"{method.label} ({result.method}): from {where} toward {toward}"]
+    method = attribution.METHODS[result.method]
+    lines = [f"{method.label} ({result.method}): {describe(result.asked)}"]
     if math.isfinite(result.quantity):
         lines.append(f"the quantity explained: {result.quantity:+.4f}")
     tokens = result.tokens_table()

@@ -144,10 +144,10 @@ def parse_batch_size(value: str) -> int:
 def check_flow(args: argparse.Namespace) -> None:
     """``cwviz flow``'s refusals that need no model, run by :func:`cwviz.cli.main.main` before torch is imported:
     ``--top`` of at least 1, and ``--kept`` by the flow API's own rule
-    (:func:`cwviz.core.method.flow_arguments.share`)."""
+    (:func:`cwviz.core.method.flow_arguments.kept`)."""
     if args.top < 1:
         raise InputError(f"--top must be at least 1, not {args.top}")
-    flow_arguments.share(args.kept, "--kept")
+    flow_arguments.kept(args.kept, "--kept")
 
 
 def check_flow_faithfulness(args: argparse.Namespace) -> None:

@@ -214,7 +214,7 @@ def test_rollout_is_the_product_of_the_mixings():
         product = augmented(mixing(analysis, layer)) @ product
     np.testing.assert_allclose(rollout(analysis), product[:-1], atol=1e-5)
     result = flow(analysis, position=3)
-    np.testing.assert_allclose(result.share, product[3, :-1], atol=1e-5)
+    np.testing.assert_allclose(result.rollout_row, product[3, :-1], atol=1e-5)
     assert result.rollout_cancellation == pytest.approx(np.abs(product[3]).sum(), abs=1e-5)
 
 
@@ -237,7 +237,7 @@ def test_parts_equal_the_definition_with_plain_loops(family):
     else:
         eps = getattr(final_norm, "variance_epsilon", getattr(final_norm, "eps", None))
         freeze = rms_map(final_norm.weight, eps, x_last, plus_one=arch.family.startswith("gemma"))
-    assert result.other_parts["embedding"] == pytest.approx(freeze(states[0]["x"][position]) @ difference, abs=1e-5)
+    assert result.other_parts.embedding == pytest.approx(freeze(states[0]["x"][position]) @ difference, abs=1e-5)
     for layer in range(analysis.num_layers):
         alpha, w_heads, value, _ = writes(analysis, layer)
         state = states[layer]
@@ -260,7 +260,7 @@ def test_parts_equal_the_definition_with_plain_loops(family):
                 np.testing.assert_allclose(listed["logit"], logits[order], atol=1e-5)
                 assert list(listed["token_id"]) == list(order)
         mlp = state["y"][position] - h  # a parallel layout's h here is x + a + b_O: the MLP adds the rest
-        assert result.other_parts["mlp"][layer] == pytest.approx(freeze(mlp) @ difference, abs=1e-5)
+        assert result.other_parts.mlp[layer] == pytest.approx(freeze(mlp) @ difference, abs=1e-5)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt_neox", "gemma2"])
@@ -274,11 +274,11 @@ def test_totals_are_the_parts_routed_through_the_rollout(family):
     parts = result.parts
     for row in parts.itertuples():
         if row.part == "attention":
-            direct[row.layer, row.source] += row.value
+            direct[row.layer, row.key] += row.value
         elif row.part == "embedding":
-            direct[0, row.source] += row.value
+            direct[0, row.key] += row.value
         elif row.part == "mlp":
-            direct[row.layer + (0 if layout == "parallel" else 1), row.source] += row.value
+            direct[row.layer + (0 if layout == "parallel" else 1), row.key] += row.value
     np.testing.assert_allclose(result.direct, direct, atol=1e-6)
     below, expected = np.eye(tokens + 1), np.zeros(tokens + 1)
     for layer in range(layers + 1):
@@ -295,7 +295,7 @@ def test_nodes_are_their_edges_plus_their_direct_parts():
     edges = result.edges(1.0)
     assert result.edges_complete(1.0)
     for layer in range(analysis.num_layers):
-        out_of = edges[edges["layer"] == layer].groupby("source")["weight"].sum().reindex(range(analysis.num_tokens), fill_value=0)
+        out_of = edges[edges["layer"] == layer].groupby("start")["weight"].sum().reindex(range(analysis.num_tokens), fill_value=0)
         np.testing.assert_allclose(result.nodes[layer], out_of.to_numpy() + result.direct[layer], atol=1e-5)
     np.testing.assert_allclose(result.nodes[0], result.totals, atol=1e-6)
     table = result.node_table
@@ -339,11 +339,13 @@ def test_the_kept_edges_are_each_layers_largest_however_the_rows_stream(monkeypa
     monkeypatch.setattr(row_block_sizes, "READ_MIN_ROWS", 1)
     monkeypatch.setattr(flow_module, "EDGE_LIMIT", 7)
     few = flow(analysis, target=11)
-    for (layer, weights, targets, sources), (_, all_weights, all_targets, all_sources) in zip(few.edge_list, every.edge_list, strict=True):
-        assert len(weights) == 7 and np.all(np.diff(np.abs(weights)) <= 0), layer
-        np.testing.assert_allclose(np.abs(weights), np.sort(np.abs(all_weights))[::-1][:7], rtol=1e-5, atol=1e-7)
-        whole = {(int(i), int(j)): w for w, i, j in zip(all_weights, all_targets, all_sources, strict=True)}
-        np.testing.assert_allclose(weights, [whole[int(i), int(j)] for i, j in zip(targets, sources, strict=True)], rtol=1e-5, atol=1e-7)
+    for kept, all_kept in zip(few.kept_edges, every.kept_edges, strict=True):
+        weights = kept.weights
+        assert len(weights) == 7 and np.all(np.diff(np.abs(weights)) <= 0), kept.layer
+        np.testing.assert_allclose(np.abs(weights), np.sort(np.abs(all_kept.weights))[::-1][:7], rtol=1e-5, atol=1e-7)
+        whole = {(int(i), int(k)): w for w, i, k in zip(all_kept.weights, all_kept.queries, all_kept.keys, strict=True)}
+        picked = [whole[int(i), int(k)] for i, k in zip(kept.queries, kept.keys, strict=True)]
+        np.testing.assert_allclose(weights, picked, rtol=1e-5, atol=1e-7)
 
 
 def test_a_layer_read_whole_is_its_row_blocks(monkeypatch):
@@ -384,7 +386,7 @@ def test_encoder_totals_are_the_rollout_row(family):
     result = flow(analysis, position=2)
     full = rollout(analysis)
     np.testing.assert_allclose(result.totals, full[2, :-1], atol=1e-5)
-    np.testing.assert_allclose(result.share, full[2, :-1], atol=1e-5)
+    np.testing.assert_allclose(result.rollout_row, full[2, :-1], atol=1e-5)
     assert np.isnan(result.logit_difference) and result.target is None
     assert flow(analysis).position == 0  # [CLS]
     with pytest.raises(InputError, match="encoder"):
@@ -414,15 +416,15 @@ def test_a_derived_row_is_refused_saying_what_to_add():
 def test_tables_are_tidy():
     analysis = family_analysis("llama")
     result = flow(analysis, target=11, vocabulary=3)
-    assert list(result.tokens.columns) == ["position", "token", "total", "rollout_share"]
-    assert (result.tokens["rollout_share"].to_numpy() == result.share).all()  # the rollout's row, not total / Σ total
+    assert list(result.tokens.columns) == ["position", "token", "total", "rollout_row"]
+    assert (result.tokens["rollout_row"].to_numpy() == result.rollout_row).all()  # the rollout's row, not total / Σ total
     heads = result.heads
     assert list(heads.columns) == ["layer", "head", "direct", "routed", "promoted", "suppressed"]
     assert len(heads) == analysis.num_layers * analysis.num_heads and heads["promoted"].str.count(r"\|").eq(2).all()
     np.testing.assert_allclose(heads["direct"].sum(), result.parts.query("part == 'attention'")["value"].sum(), atol=1e-5)
     vocab = result.vocabulary_table
     assert len(vocab) == analysis.num_layers * analysis.num_heads * 3 * 2
-    assert list(result.edges().columns) == ["layer", "source", "target", "weight"]
+    assert list(result.edges().columns) == ["layer", "start", "end", "weight"]
 
 
 def test_the_vocabulary_waits_for_its_first_reader_and_is_pickled_as_its_rows():
@@ -445,7 +447,7 @@ def test_the_vocabulary_waits_for_its_first_reader_and_is_pickled_as_its_rows():
 
 
 def _flows_equal(one, other):
-    for name in ("totals", "share", "nodes", "direct", "head_direct", "head_routed", "attention_parts", "edge_mass"):
+    for name in ("totals", "rollout_row", "nodes", "direct", "head_direct", "head_routed", "attention_parts", "edge_mass"):
         np.testing.assert_array_equal(getattr(one, name), getattr(other, name), err_msg=name)
     for name in ("target", "foil", "bias_total", "logit_difference", "frozen_logit_difference", "norm_error"):
         np.testing.assert_equal(getattr(one, name), getattr(other, name), err_msg=name)  # NaN = NaN (an encoder)

@@ -72,21 +72,21 @@ def test_a_long_target_is_quoted_in_at_most_about_80_characters(analysis):
     assert len(str(raised.value)) < 300
 
 
-BAD_SHARES = [0, -1, 2, math.nan, math.inf, "0.5", None, True]
+BAD_KEPT = [0, -1, 2, math.nan, math.inf, "0.5", None, True]
 
 
-@pytest.mark.parametrize("share", BAD_SHARES, ids=[repr(s) for s in BAD_SHARES])
-def test_edges_edges_complete_and_the_route_refuse_the_same_shares(made, share):
-    """``edges_complete`` answered for shares that ``edges`` refused (0, -1, 2, NaN, inf); ``edges("0.5")`` and
-    ``edges(None)`` raised a raw TypeError. The route the page and ``cwviz flow`` draw takes the same rule."""
+@pytest.mark.parametrize("kept", BAD_KEPT, ids=[repr(s) for s in BAD_KEPT])
+def test_edges_edges_complete_and_the_route_refuse_the_same_kept_fractions(made, kept):
+    """``edges_complete`` answered for kept fractions that ``edges`` refused (0, -1, 2, NaN, inf); ``edges("0.5")``
+    and ``edges(None)`` raised a raw TypeError. The route the page and ``cwviz flow`` draw takes the same rule."""
     drawn = lambda value: route.route((), 0, np.zeros(len(IDS)), ["x"] * len(IDS), value)  # noqa: E731
     for method in (made.edges, made.edges_complete, drawn):
         with pytest.raises(ArgumentError) as raised:
-            method(share)
-        assert raised.value.argument == "share"
+            method(kept)
+        assert raised.value.argument == "kept"
 
 
-def test_a_good_share_is_taken_by_both(made):
+def test_a_good_kept_fraction_is_taken_by_both(made):
     assert len(made.edges(0.5)) > 0 and made.edges_complete(np.float32(0.5)) in (True, False)
 
 

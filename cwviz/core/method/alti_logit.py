@@ -75,6 +75,6 @@ def alti_logit(analysis, position: int, target: int, foil: int | None = None, fl
     with torch.inference_mode():
         scores = route(parts, baselines.alti_maps(analysis))
     other = flow.other_parts
-    scores[flow.position] += other["embedding"]
-    rest = float(other["mlp"].sum()) + float(other["attention_bias"].sum()) + other["final_bias"]
-    return AltiLogit(scores, parts, float(other["embedding"]), rest, float(flow.frozen_logit_difference))
+    scores[flow.position] += other.embedding
+    rest = float(other.mlp.sum()) + float(other.attention_bias.sum()) + other.final_bias
+    return AltiLogit(scores, parts, float(other.embedding), rest, float(flow.frozen_logit_difference))

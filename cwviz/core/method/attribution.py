@@ -26,14 +26,21 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..defaults import EDGE_LIMIT
 from ..loading import architectures
 from ..util.errors import InputError
 from . import alti_logit, baselines, effect
-from .flow import EDGE_LIMIT, LargestEdges, flow, resolve, token_totals
-from .flow_tables import Flow
+from .edges import LargestEdges
+from .flow import flow, resolve, token_totals
+from .flow_tables import Flow, LayerEdges
+
+if TYPE_CHECKING:
+    from .analysis import Analysis
+    from .flow import FlowBasis
 
 #: The interventions of section 7.3, by name.
 RELAY, ORIGIN = "relay", "origin"
@@ -63,18 +70,6 @@ class Request:
         """Section 6's flow of the request (no vocabulary): ``share_flow`` reads its totals, ``alti_logit`` its direct parts."""
         vocabulary = 0 if self.basis is None else self.basis.count  # a kept basis is checked against its own count
         return flow(self.analysis, self.position, self.target, self.foil, vocabulary=vocabulary, basis=self.basis)
-
-
-@dataclass(frozen=True)
-class LayerEdges:
-    """One layer's kept edges, largest |weight| first: ``weights`` [n], ``queries`` i [n], ``keys`` k [n] (edge
-    (layer, k → i)); ``mass``: Σ |weight| over all of the layer's edges, kept or not."""
-
-    layer: int
-    weights: np.ndarray
-    queries: np.ndarray
-    keys: np.ndarray
-    mass: float
 
 
 @dataclass(frozen=True)
@@ -160,14 +155,21 @@ def _input_x_gradient(request: Request) -> Attribution:
     return Attribution("input_x_gradient", request.gradients.input_x_gradient.astype(np.float64), request.gradients.quantity)
 
 
-def _share_flow(request: Request) -> Attribution:
-    result = request.share_flow
+def of_flow(result: Flow) -> Attribution:
+    """The share flow's attribution of a :class:`~cwviz.core.method.flow_tables.Flow` already made: its totals, each
+    layer's kept edges, each head's routed part, and its nodes and parts as further tables."""
     edges = tuple(
-        LayerEdges(layer, w.astype(np.float64), i.astype(np.int64), j.astype(np.int64), float(result.edge_mass[layer]))
-        for layer, w, i, j in result.edge_list
+        LayerEdges(e.layer, e.weights.astype(np.float64), e.queries.astype(np.int64), e.keys.astype(np.int64), float(e.mass))
+        for e in result.kept_edges
     )
     extra = (("nodes", result.node_table), ("parts", result.parts))
-    return Attribution("share_flow", result.totals.astype(np.float64), result.frozen_logit_difference, edges, result.head_routed, extra)
+    about = Asked(result.token_strings, result.position, result.target, result.foil, result.target_token, result.foil_token)
+    scores = result.totals.astype(np.float64)
+    return Attribution("share_flow", scores, result.frozen_logit_difference, edges, result.head_routed, extra, about)
+
+
+def _share_flow(request: Request) -> Attribution:
+    return of_flow(request.share_flow)
 
 
 def _baseline(name: str) -> Callable[[Request], Attribution]:
@@ -185,7 +187,7 @@ def _decoders_only(bundle) -> str | None:
 
 def _kept_edges(layer: int, blocks, limit: int = EDGE_LIMIT) -> LayerEdges:
     """The ``limit`` largest |weight| edges of one layer from its row blocks ``(first, stop, weights [rows, keys])``,
-    kept as the share flow keeps its own (:class:`cwviz.core.method.flow.LargestEdges`)."""
+    kept as the share flow keeps its own (:class:`cwviz.core.method.edges.LargestEdges`)."""
     largest, mass = LargestEdges(limit), 0.0
     for first, _stop, block in blocks:
         mass += largest.add(block.float(), first)
@@ -310,7 +312,13 @@ def check_method(name: str) -> Method:
     return method
 
 
-def request(analysis, position: int | None = None, target=None, foil=None, basis=None) -> Request:
+def request(
+    analysis: Analysis,
+    position: int | None = None,
+    target: int | str | None = None,
+    foil: int | str | None = None,
+    basis: FlowBasis | None = None,
+) -> Request:
     """A checked :class:`Request`: the position (default: the last; an encoder's 0), and the target (default: the
     model's top next token at the position) and foil as token ids, as :func:`cwviz.core.method.flow.flow` checks them.
     ``basis``: a kept :func:`~cwviz.core.method.flow.flow_basis` of this analysis and position (:attr:`Request.basis`)."""
@@ -320,7 +328,13 @@ def request(analysis, position: int | None = None, target=None, foil=None, basis
     return Request(analysis, position, target, foil, basis)
 
 
-def attribute(analysis, method: str = "effect", position: int | None = None, target=None, foil=None) -> Attribution:
+def attribute(
+    analysis: Analysis,
+    method: str = "effect",
+    position: int | None = None,
+    target: int | str | None = None,
+    foil: int | str | None = None,
+) -> Attribution:
     """``method``'s attribution of ``analysis``'s prompt at ``position`` toward ``target`` over ``foil`` (defaults as
     :func:`request`). InputError for an unknown method, one the model does not support, or a bad target/foil."""
     chosen = check_method(method)
@@ -355,6 +369,7 @@ __all__ = [
     "Request",
     "attribute",
     "check_method",
+    "of_flow",
     "register",
     "request",
     "run",

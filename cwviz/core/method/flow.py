@@ -20,6 +20,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,18 +29,25 @@ from ..defaults import EDGE_LIMIT, FLOW_TOP
 from ..loading import architectures
 from ..util.errors import ArgumentError, InputError
 from . import flow_arguments as arguments
-from .flow_tables import Deferred, Flow
+from .edges import LargestEdges
+from .flow_tables import Deferred, DirectParts, Flow, LayerEdges
 from .measures import grouped_matmul
 from .mixing import Block, mixing_blocks, replayed_stream
 from .residual import Stream
 from .state import ModelState
+
+if TYPE_CHECKING:
+    from ..loading.models import Bundle
+    from .analysis import Analysis
 
 #: The most bytes of layers x T² float32 a :class:`FlowBasis` spends on keeping every layer's M (above it, M is made
 #: again from the records for each target): SmolLM2-135M's 30 layers up to about 730 tokens.
 MIXING_BYTES = 64 * 2**20
 
 
-def resolve(analysis, position: int | None, target: int | str | None, foil: int | str | None) -> tuple[int, int | None, int | None]:
+def resolve(
+    analysis: Analysis, position: int | None, target: int | str | None, foil: int | str | None
+) -> tuple[int, int | None, int | None]:
     """The position (default: the last; an encoder's [CLS], 0), and the target and foil token ids, checked."""
     bundle = analysis.bundle
     causal = bundle.has_logits
@@ -59,7 +67,7 @@ def resolve(analysis, position: int | None, target: int | str | None, foil: int 
     return position, target, foil
 
 
-def _token_id(bundle, token: int | str | None, name: str) -> int | None:
+def _token_id(bundle: Bundle, token: int | str | None, name: str) -> int | None:
     """A token id from an id or a string that is exactly one token of the model's vocabulary (ArgumentError otherwise:
     :mod:`~cwviz.core.method.flow_arguments`)."""
     token = arguments.token(token, name)
@@ -75,13 +83,13 @@ def _token_id(bundle, token: int | str | None, name: str) -> int | None:
     return ids[0]
 
 
-def _vocabulary_size(bundle) -> int:
+def _vocabulary_size(bundle: Bundle) -> int:
     """The tokens the model's output layer scores (an encoder without one: its config's vocabulary)."""
     head = bundle.model.get_output_embeddings()
     return head.weight.shape[0] if head is not None else int(bundle.model.config.vocab_size)
 
 
-def _logit_direction(analysis, stream: Stream, target: int, foil: int | None) -> tuple[torch.Tensor, float, float]:
+def _logit_direction(analysis: Analysis, stream: Stream, target: int, foil: int | None) -> tuple[torch.Tensor, float, float]:
     """(w, the final biases' part, the model's own logit difference before the soft-cap) with w = L_p^Fᵀ s (U_t − U_f)
     [d_model] (docs/METHOD.md section 6.3)."""
     bundle = analysis.bundle
@@ -104,7 +112,7 @@ def _logit_direction(analysis, stream: Stream, target: int, foil: int | None) ->
     return w, bias_part, uncapped
 
 
-def _layer_parts(analysis, stream: Stream, w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def _layer_parts(analysis: Analysis, stream: Stream, w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """The direct parts toward w that need no record: attention bias [layer] and mlp [layer]."""
     layers = analysis.num_layers
     bias, mlp = np.zeros(layers, np.float32), np.zeros(layers, np.float32)
@@ -120,105 +128,73 @@ def _layer_parts(analysis, stream: Stream, w: torch.Tensor) -> tuple[np.ndarray,
     return bias, mlp
 
 
-class _Direct:
-    """The direct parts of the attention writes at p toward w (docs/METHOD.md section 6.3), ``attention`` [layer, head,
-    key], taken from the row block that holds p as the routing reads each layer (one read of a layer's record)."""
-
-    def __init__(self, analysis, stream: Stream, w: torch.Tensor | None) -> None:
-        self.analysis, self.stream, self.w = analysis, stream, w
-        self.attention = np.zeros((analysis.num_layers, analysis.num_heads, analysis.num_tokens), np.float32)
-
-    def add(self, layer: int, block: Block) -> None:
-        """Take layer ``layer``'s parts from ``block`` when it holds p (nothing for an encoder's flow, w None)."""
-        if self.w is None or block.alpha_p is None:
-            return
-        alpha = block.alpha_p  # (H, keys)
-        keys = alpha.shape[-1]
-        landing, w_heads = self.stream.layers[layer].landing, self.analysis.w_heads(layer)  # w_heads (H, D, dh)
-        w_layer = landing.pullback(self.w[None].to(alpha.device))[0]  # L_p^lᵀ w
-        pulled = torch.einsum("hdk,d->hk", w_heads, w_layer)  # (H, dh)
-        dots = grouped_matmul(pulled[:, None], block.values.transpose(-1, -2))[:, 0]  # (H, keys)
-        self.attention[layer, :, :keys] = (alpha * dots).cpu().numpy()
+def _attention_parts(analysis: Analysis, stream: Stream, w: torch.Tensor, layer: int, block: Block) -> np.ndarray:
+    """The direct parts of layer ``layer``'s attention writes at p toward w (docs/METHOD.md section 6.3), [head, keys],
+    from ``block``, the row block that holds p (the routing reads each layer's record once, and takes them there)."""
+    alpha = block.alpha_p  # (H, keys)
+    landing, w_heads = stream.layers[layer].landing, analysis.w_heads(layer)  # w_heads (H, D, dh)
+    w_layer = landing.pullback(w[None].to(alpha.device))[0]  # L_p^lᵀ w
+    pulled = torch.einsum("hdk,d->hk", w_heads, w_layer)  # (H, dh)
+    dots = grouped_matmul(pulled[:, None], block.values.transpose(-1, -2))[:, 0]  # (H, keys)
+    return (alpha * dots).cpu().numpy()
 
 
-def _route(analysis, basis: FlowBasis, start: np.ndarray, direct: np.ndarray, parts: _Direct, edge_limit: int = EDGE_LIMIT) -> dict:
+@dataclass(frozen=True)
+class Routing:
+    """What :func:`_route` computes: the routed value's and the rollout row's ends, ``totals`` and ``rollout_row`` [T]
+    (v^0), with their bias parts ``bias`` and ``rollout_bias``; ``nodes`` v^l [layer + 1, T]; ``direct`` d^l [layer + 1,
+    T] with each layer's attention parts at p added; those parts, ``attention`` [layer, head, key]; each head's routed
+    value ``heads`` [layer, head]; each layer's ``edges`` (at most the limit, largest |weight| first, and its mass)."""
+
+    totals: np.ndarray
+    rollout_row: np.ndarray
+    bias: float
+    rollout_bias: float
+    nodes: np.ndarray
+    direct: np.ndarray
+    attention: np.ndarray
+    heads: np.ndarray
+    edges: tuple[LayerEdges, ...]
+
+
+def _route(
+    analysis: Analysis, basis: FlowBasis, start: np.ndarray, direct: np.ndarray, w: torch.Tensor | None, edge_limit: int = EDGE_LIMIT
+) -> Routing:
     """Horner's rule down the layers (docs/METHOD.md section 6.4): v^L = ``start`` [2, T], v^l = v^{l+1} M^l + d^l.
-    Row 0 is the routed value (``direct`` d^l [layer + 1, T] added on the way, each layer's attention parts added to
-    it from ``parts`` as the layer is read), row 1 the share of p's final representation (the rollout row, nothing
-    added). Returns the node values [layer + 1, T], the bias totals [2], each head's routed value [layer, head], and
-    each layer's kept edges (at most ``edge_limit``) and total |mass|."""
+    Row 0 is the routed value (``direct`` d^l [layer + 1, T] added on the way, with each layer's attention parts toward
+    ``w`` at p as the layer is read; none for an encoder, w None), row 1 the rollout row (nothing added). Changes no
+    argument."""
     layers, tokens = analysis.num_layers, analysis.num_tokens
+    direct = direct.copy()  # (layer + 1, T): the attention parts are added to it below
     nodes = np.zeros((layers + 1, tokens), np.float32)
     heads = np.zeros((layers, analysis.num_heads), np.float32)
-    edges, mass = [], np.zeros(layers, np.float64)
-    vector = torch.tensor(start, dtype=torch.float32)
+    attention = np.zeros((layers, analysis.num_heads, tokens), np.float32)
+    edges: list[LayerEdges] = []
+    vector = torch.tensor(start, dtype=torch.float32)  # (2, T)
     nodes[layers] = start[0]
     bias = torch.zeros(2)
     with torch.inference_mode():
         for layer in reversed(range(layers)):
             below = torch.zeros_like(vector)
-            largest = LargestEdges(edge_limit)
+            largest, mass = LargestEdges(edge_limit), 0.0
             for block in basis.blocks(analysis, layer):
-                parts.add(layer, block)
+                if w is not None and block.alpha_p is not None:
+                    part = _attention_parts(analysis, basis.stream, w, layer, block)
+                    attention[layer, :, : part.shape[-1]] = part
                 mix = block.mix
                 rows = vector[:, block.first : block.stop].to(mix.device)
                 below[:, : mix.shape[1]] += (rows @ mix).cpu()
                 bias += (rows @ block.bias).cpu()
                 heads[layer] += (block.heads @ rows[0]).cpu().numpy()
                 if edge_limit:
-                    mass[layer] += largest.add(rows[0][:, None] * mix, block.first)  # edge (layer, j) -> (layer + 1, i)
-            direct[layer] += parts.attention[layer].sum(0)
+                    mass += largest.add(rows[0][:, None] * mix, block.first)  # edge (layer, k) -> (layer + 1, i)
+            direct[layer] += attention[layer].sum(0)
             vector = below + torch.tensor(np.stack([direct[layer], np.zeros(tokens, np.float32)]))
             nodes[layer] = vector[0].numpy()
-            edges.append((layer, *largest.result()))
-    return dict(nodes=nodes, vector=vector.numpy(), bias=bias.numpy(), heads=heads, edges=edges[::-1], mass=mass)
-
-
-class LargestEdges:
-    """The ``limit`` largest |weight| edges of one layer, kept as its row blocks stream: a block's entries above the
-    running threshold (the limit-th largest |weight| so far) join a buffer, cut back to the limit when it doubles."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.threshold, self.size = limit, 0.0, 0
-        self.weights: list[torch.Tensor] = []
-        self.targets: list[torch.Tensor] = []
-        self.sources: list[torch.Tensor] = []
-
-    def add(self, flows: torch.Tensor, first: int) -> float:
-        """Offer a block's edges ``flows`` [rows, keys] (rows from ``first``); returns their total |weight|."""
-        size = flows.abs()
-        picked = size > self.threshold
-        where = picked.nonzero()  # (n, 2): target row, source
-        if len(where):
-            self.weights.append(flows[picked].cpu())
-            self.targets.append(where[:, 0].cpu() + first)
-            self.sources.append(where[:, 1].cpu())
-            self.size += len(where)
-            if self.size > 2 * self.limit:
-                self._cut()
-        return float(size.sum())
-
-    def _cut(self, ordered: bool = False) -> None:
-        """Keep the ``limit`` largest; sorted, largest first, when ``ordered`` (sorting is most of a cut's cost)."""
-        empty = torch.zeros(0, dtype=torch.long)
-        weights = torch.cat(self.weights) if self.weights else torch.zeros(0)
-        targets = torch.cat(self.targets) if self.targets else empty
-        sources = torch.cat(self.sources) if self.sources else empty
-        size = -weights.abs().numpy()  # the buffers are on the CPU; numpy's partition and sort are the fastest there
-        keep = min(self.limit, len(size))
-        order = np.argpartition(size, keep - 1)[:keep] if 0 < keep < len(size) else np.arange(keep)
-        if ordered:
-            order = order[np.argsort(size[order])]
-        order = torch.from_numpy(order)
-        self.weights, self.targets, self.sources = [weights[order]], [targets[order]], [sources[order]]
-        self.size = len(order)
-        if self.limit and self.size == self.limit:
-            self.threshold = float(-size[order].max())
-
-    def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(weights, targets i, sources j), largest |weight| first."""
-        self._cut(ordered=True)
-        return self.weights[0], self.targets[0], self.sources[0]
+            weights, ends, starts = largest.result()
+            edges.append(LayerEdges(layer, weights.numpy(), ends.numpy(), starts.numpy(), mass))
+    totals, rollout_row = vector.numpy()
+    return Routing(totals, rollout_row, float(bias[0]), float(bias[1]), nodes, direct, attention, heads, tuple(edges[::-1]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -242,12 +218,12 @@ class FlowBasis:
     count: int
     mixing: tuple[tuple[Block, ...], ...] | None = None
 
-    def blocks(self, analysis, layer: int) -> Iterator[Block] | tuple[Block, ...]:
+    def blocks(self, analysis: Analysis, layer: int) -> Iterator[Block] | tuple[Block, ...]:
         """Layer ``layer``'s M: kept (``mixing``, one block), or made again from ``analysis``'s records in row blocks."""
         return self.mixing[layer] if self.mixing is not None else mixing_blocks(analysis, self.stream, layer)
 
 
-def flow_basis(analysis, position: int | None = None, *, vocabulary: int = FLOW_TOP, keep_mixing: bool = True) -> FlowBasis:
+def flow_basis(analysis: Analysis, position: int | None = None, *, vocabulary: int = FLOW_TOP, keep_mixing: bool = True) -> FlowBasis:
     """The target-independent part of the flow into ``position`` (default as :func:`flow`): one forward pass that
     replays the analysis's attention outputs (its residual stream), the logits at p read from it, and each head's
     write at p (its recorded output z_p^h through W_O^h, landed in the residual) for its ``vocabulary`` most promoted
@@ -284,7 +260,7 @@ def flow_basis(analysis, position: int | None = None, *, vocabulary: int = FLOW_
 
 
 def flow(
-    analysis,
+    analysis: Analysis,
     position: int | None = None,
     target: int | str | None = None,
     foil: int | str | None = None,
@@ -323,63 +299,78 @@ def flow(
         return _flow(analysis, basis, target, foil, EDGE_LIMIT)
 
 
-def _flow(analysis, basis: FlowBasis, target: int | None, foil: int | None, edge_limit: int) -> Flow:
-    """:func:`flow` after its checks, in inference mode."""
+@dataclass(frozen=True)
+class _Start:
+    """What the routing starts from (:func:`_start`): ``start`` v^L [2, T] (row 0 the routed value, row 1 the rollout
+    row's), the direct parts ``direct`` d^l [layer + 1, T] that need no record, the logit direction ``w`` [d_model],
+    the other parts and the model's own logit difference before the soft-cap (None, None, NaN: an encoder)."""
+
+    start: np.ndarray
+    direct: np.ndarray
+    w: torch.Tensor | None
+    parts: DirectParts | None
+    uncapped: float
+
+
+def _start(analysis: Analysis, basis: FlowBasis, target: int | None, foil: int | None) -> _Start:
+    """The start of the routing toward logit(``target``) − logit(``foil``) (an encoder: into p's representation)."""
     stream, position = basis.stream, basis.position
     tokens, layers = analysis.num_tokens, analysis.num_layers
     start = np.zeros((2, tokens), np.float32)
     start[1, position] = 1.0
     direct = np.zeros((layers + 1, tokens), np.float32)
-    parts, w = None, None
-    if basis.logits is None:  # an encoder: the flow into the position's representation
+    if target is None:  # an encoder: the flow into the position's representation
         start[0, position] = 1.0
-        logit = dict(logit_difference=float("nan"), frozen=float("nan"), norm_error=float("nan"), final_bias=0.0)
-    else:
-        if target is None:
-            target = int(basis.logits.argmax())
-            if target == foil:
-                raise ArgumentError(
-                    "foil", f"the foil (token {foil}) is the model's top next token, the default target: name another target"
-                )
-        w, final_bias, uncapped = _logit_direction(analysis, stream, target, foil)
-        attn_bias, mlp = _layer_parts(analysis, stream, w)
-        embedding = float(stream.embedding.to(w.device) @ w)
-        direct[0, position] += embedding
-        mlp_layer = np.arange(layers) + (0 if stream.layout == "parallel" else 1)  # the MLP reads h (parallel: x)
-        np.add.at(direct[:, position], mlp_layer, mlp)
-        start[0] = direct[layers]
-        parts = dict(embedding=embedding, attention_bias=attn_bias, mlp=mlp, final_bias=final_bias)
-    attention = _Direct(analysis, stream, w)  # filled by the routing, from the blocks it reads
-    routed = _route(analysis, basis, start, direct, attention, edge_limit)
+        return _Start(start, direct, None, None, float("nan"))
+    w, final_bias, uncapped = _logit_direction(analysis, stream, target, foil)
+    attention_bias, mlp = _layer_parts(analysis, stream, w)
+    embedding = float(stream.embedding.to(w.device) @ w)
+    direct[0, position] += embedding
+    mlp_layer = np.arange(layers) + (0 if stream.layout == "parallel" else 1)  # the MLP reads h (parallel: x)
+    np.add.at(direct[:, position], mlp_layer, mlp)
+    start[0] = direct[layers]
+    return _Start(start, direct, w, DirectParts(embedding, attention_bias, mlp, final_bias), uncapped)
+
+
+def _flow(analysis: Analysis, basis: FlowBasis, target: int | None, foil: int | None, edge_limit: int) -> Flow:
+    """:func:`flow` after its checks, in inference mode."""
+    if basis.logits is not None and target is None:
+        target = int(basis.logits.argmax())
+        if target == foil:
+            raise ArgumentError("foil", f"the foil (token {foil}) is the model's top next token, the default target: name another target")
+    begun = _start(analysis, basis, target, foil)
+    routed = _route(analysis, basis, begun.start, begun.direct, begun.w, edge_limit)
+    parts, nan = begun.parts, float("nan")
+    frozen = difference = nan
+    bias_total = routed.bias
     if parts is not None:
-        frozen = parts["embedding"] + float(attention.attention.sum()) + float(attn_bias.sum()) + float(mlp.sum()) + final_bias
+        frozen = parts.embedding + float(routed.attention.sum()) + float(parts.attention_bias.sum()) + float(parts.mlp.sum())
+        frozen += parts.final_bias
         difference = float(basis.logits[target] - (0 if foil is None else basis.logits[foil]))
-        logit = dict(logit_difference=difference, frozen=frozen, norm_error=uncapped - frozen)
-    bias_total = float(routed["bias"][0]) + (0.0 if parts is None else float(parts["attention_bias"].sum()) + parts["final_bias"])
+        bias_total += float(parts.attention_bias.sum()) + parts.final_bias
     decode = analysis.bundle.tokenizer.decode
     return Flow(
         token_strings=tuple(analysis.tokens),
-        position=position,
+        position=basis.position,
         target=target,
         foil=foil,
         target_token=None if target is None else decode([target]),
         foil_token=None if foil is None else decode([foil]),
-        totals=routed["vector"][0].astype(np.float32),
-        share=routed["vector"][1].astype(np.float32),
+        totals=routed.totals.astype(np.float32),
+        rollout_row=routed.rollout_row.astype(np.float32),
         bias_total=bias_total,
-        share_bias=float(routed["bias"][1]),
-        nodes=routed["nodes"],
-        direct=direct,
-        head_direct=attention.attention.sum(-1),
-        head_routed=routed["heads"],
-        attention_parts=attention.attention,
+        rollout_bias=routed.rollout_bias,
+        nodes=routed.nodes,
+        direct=routed.direct,
+        head_direct=routed.attention.sum(-1),
+        head_routed=routed.heads,
+        attention_parts=routed.attention,
         other_parts=parts,
         head_vocabulary=basis.vocabulary,
-        edge_list=tuple((layer, w.numpy(), i.numpy(), j.numpy()) for layer, w, i, j in routed["edges"]),
-        edge_mass=routed["mass"],
-        logit_difference=logit["logit_difference"],
-        frozen_logit_difference=logit["frozen"],
-        norm_error=logit["norm_error"],
+        kept_edges=routed.edges,
+        logit_difference=difference,
+        frozen_logit_difference=frozen,
+        norm_error=begun.uncapped - frozen,
     )
 
 
@@ -393,14 +384,14 @@ def _vocabulary_rows(vocab, decode) -> tuple[tuple, ...]:
     return tuple(rows)
 
 
-def _own_logits(analysis, stream: Stream) -> torch.Tensor:
+def _own_logits(analysis: Analysis, stream: Stream) -> torch.Tensor:
     """The model's own logits at p [vocab], float32: its output layer, scaling and soft-cap on the final output."""
     device = analysis.bundle.model.get_output_embeddings().weight.device
     with torch.inference_mode():
         return analysis.bundle.output_logits(stream.final_output[None].to(device))[0].float()
 
 
-def _head_vocabulary(analysis, stream: Stream, writes: np.ndarray, count: int) -> Deferred:
+def _head_vocabulary(analysis: Analysis, stream: Stream, writes: np.ndarray, count: int) -> Deferred:
     """Each head's write at p read through the frozen final norm and the output layer: the rows (layer, head,
     direction, rank, token id, token, logit) of its ``count`` most promoted and most suppressed tokens, on first use.
 
@@ -426,7 +417,7 @@ def _head_vocabulary(analysis, stream: Stream, writes: np.ndarray, count: int) -
     return Deferred(rows)
 
 
-def token_totals(analysis, position: int, target: int | str, foil: int | str | None = None) -> np.ndarray:
+def token_totals(analysis: Analysis, position: int, target: int | str, foil: int | str | None = None) -> np.ndarray:
     """Each input token's signed total toward logit(target) − logit(foil) at ``position`` (docs/METHOD.md section
     6.4), float32 numpy [T]: Σ_k totals_k plus the bias's total is the frozen-norm logit difference. ``target`` and
     ``foil`` are token ids or one-token strings. The causal evaluation compares these with interventions."""

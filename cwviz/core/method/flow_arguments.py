@@ -4,12 +4,12 @@
 
 * a target or a foil: None, an int (a numpy integer too), a str, or a one-element integer tensor; never a bool (an
   int to Python, but ``target=True`` means no token);
-* a share (of each layer's |mass| the graph keeps, of the effect a route carries): a real number in (0, 1];
+* a kept fraction (of each layer's |mass| the graph keeps, of the effect a route carries): a real number in (0, 1];
 * a vocabulary count: a whole number from 0 to the vocabulary's size.
 
 Anything else is an :class:`~cwviz.core.util.errors.ArgumentError` naming the argument, whose message quotes at most
 :data:`QUOTE` characters of what was given (a 100,000-character target is not echoed whole). No torch import: a tensor
-can only have been made where torch is loaded already, and the CLI's parser checks ``--share`` with these functions
+can only have been made where torch is loaded already, and the CLI's parser checks ``--kept`` with these functions
 before torch is imported.
 """
 
@@ -64,9 +64,10 @@ def token_id(value: int, size: int, name: str) -> int:
     return value
 
 
-def share(value: object, name: str = "share") -> float:
-    """A share (:meth:`Flow.edges <cwviz.core.method.flow_tables.Flow.edges>`, :func:`cwviz.analyses.route.route`): a
-    real number in (0, 1]; ArgumentError otherwise (a str, None, a bool, NaN, 0, a negative or one above 1)."""
+def kept(value: object, name: str = "kept") -> float:
+    """A kept fraction (:meth:`Flow.edges <cwviz.core.method.flow_tables.Flow.edges>`,
+    :func:`cwviz.analyses.route.route`): a real number in (0, 1]; ArgumentError naming ``name`` otherwise (a str, None,
+    a bool, NaN, 0, a negative or one above 1)."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
         raise ArgumentError(name, f"{name} must lie in (0, 1] (a number), not a {type(value).__name__}: {quoted(value)}")
     if not (math.isfinite(value) and 0 < value <= 1):

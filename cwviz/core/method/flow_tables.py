@@ -4,13 +4,15 @@
 | field            | shape                  | meaning                                                               |
 |------------------|------------------------|-----------------------------------------------------------------------|
 | totals           | [key]                  | each input token's signed total toward t over f (an encoder: its share) |
-| share            | [key]                  | row p of the signed rollout: each token's share of p's final representation |
+| rollout_row      | [key]                  | row p of the signed rollout: each token's share of p's representation |
 | nodes            | [layer + 1, position]  | v^l: the value through the residual at (layer, position)              |
 | direct           | [layer + 1, position]  | d^l: the direct parts credited to (layer, position)                   |
 | head_direct      | [layer, head]          | each head's direct part toward t over f                              |
 | head_routed      | [layer, head]          | each head's part of the routed value                                  |
-| attention_parts  | [layer, head, key]     | the direct part of each (layer, head, source) write at p              |
-| edge_mass        | [layer]                | Σ |weight| of all edges (layer, ·) → (layer + 1, ·)                   |
+| attention_parts  | [layer, head, key]     | the direct part of each (layer, head, key position) write at p         |
+| kept_edges       | [layer] of LayerEdges  | each layer's largest edges (layer, k) → (layer + 1, i) and its |mass|  |
+
+An edge k → i runs from its start, key position k, to its end, query position i (docs/METHOD.md, the glossary).
 """
 
 from __future__ import annotations
@@ -27,6 +29,29 @@ from . import flow_arguments as arguments
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+@dataclass(frozen=True)
+class LayerEdges:
+    """One layer's kept edges, largest |weight| first: ``weights`` [n], ``queries`` (each edge's end i) [n], ``keys``
+    (its start k) [n], the edge (layer, k → i); ``mass``: Σ |weight| over all of the layer's edges, kept or not."""
+
+    layer: int
+    weights: np.ndarray
+    queries: np.ndarray
+    keys: np.ndarray
+    mass: float
+
+
+@dataclass(frozen=True)
+class DirectParts:
+    """The direct parts toward t over f that are not an attention write at p (docs/METHOD.md section 6.3): the
+    ``embedding``'s at p, each layer's ``attention_bias`` [layer] and ``mlp`` [layer], and the ``final_bias``."""
+
+    embedding: float
+    attention_bias: np.ndarray
+    mlp: np.ndarray
+    final_bias: float
 
 
 class Deferred:
@@ -55,7 +80,9 @@ class Flow:
     (before the soft-cap), ``norm_error`` the model's own difference before the soft-cap minus the parts' sum (the
     final norm's linearisation error: rounding-sized); NaN for an encoder. ``bias_total``: the biases' part,
     so that Σ totals + bias_total = frozen_logit_difference (an encoder: Σ totals + bias_total = 1).
-    ``head_vocabulary``: the rows of :attr:`vocabulary`, computed when first read (:class:`Deferred`)."""
+    ``rollout_bias``: the bias's entry of the rollout row (Σ rollout_row + rollout_bias = 1); ``other_parts``: the
+    direct parts that are not attention writes (None: an encoder). ``head_vocabulary``: the rows of
+    :attr:`vocabulary`, computed when first read (:class:`Deferred`)."""
 
     token_strings: tuple[str, ...]
     position: int
@@ -64,18 +91,17 @@ class Flow:
     target_token: str | None
     foil_token: str | None
     totals: np.ndarray
-    share: np.ndarray
+    rollout_row: np.ndarray
     bias_total: float
-    share_bias: float
+    rollout_bias: float
     nodes: np.ndarray
     direct: np.ndarray
     head_direct: np.ndarray
     head_routed: np.ndarray
     attention_parts: np.ndarray
-    other_parts: dict | None
+    other_parts: DirectParts | None
     head_vocabulary: Deferred | None
-    edge_list: tuple[tuple[int, np.ndarray, np.ndarray, np.ndarray], ...]
-    edge_mass: np.ndarray
+    kept_edges: tuple[LayerEdges, ...]
     logit_difference: float
     frozen_logit_difference: float
     norm_error: float
@@ -87,6 +113,11 @@ class Flow:
         return None if self.head_vocabulary is None else self.head_vocabulary()
 
     @property
+    def edge_mass(self) -> np.ndarray:
+        """Σ |weight| of all edges (layer, ·) → (layer + 1, ·), kept or not: float64 [layer]."""
+        return np.array([edges.mass for edges in self.kept_edges], np.float64)
+
+    @property
     def encoder(self) -> bool:
         """Whether this is an encoder's flow into a representation (no logit)."""
         return self.target is None
@@ -94,12 +125,12 @@ class Flow:
     @property
     def rollout_cancellation(self) -> float:
         """κ_p = Σ_j |R_pj| over the tokens and the bias: 1 when no share cancels another (section 6.2)."""
-        return float(np.abs(self.share).sum() + abs(self.share_bias))
+        return float(np.abs(self.rollout_row).sum() + abs(self.rollout_bias))
 
     @property
     def tokens(self) -> pd.DataFrame:
-        """One row per input position: ``position, token, total, rollout_share`` (``rollout_share``: row p of the signed
-        rollout, :attr:`share`, each token's share of p's final representation; not total / Σ total)."""
+        """One row per input position: ``position, token, total, rollout_row`` (``rollout_row``: row p of the signed
+        rollout, :attr:`rollout_row`, each token's share of p's final representation; not total / Σ total)."""
         import pandas as pd
 
         return pd.DataFrame(
@@ -107,7 +138,7 @@ class Flow:
                 "position": np.arange(len(self.token_strings)),
                 "token": list(self.token_strings),
                 "total": self.totals,
-                "rollout_share": self.share,
+                "rollout_row": self.rollout_row,
             }
         )
 
@@ -144,24 +175,24 @@ class Flow:
 
     @property
     def parts(self) -> pd.DataFrame:
-        """Every direct part toward t over f: ``part, layer, head, source, value`` (part: embedding, attention,
-        attention bias, mlp, final bias; layer/head/source -1 where they do not apply). Sums to
-        ``frozen_logit_difference``. Empty for an encoder."""
+        """Every direct part toward t over f: ``part, layer, head, key, value`` (part: embedding, attention, attention
+        bias, mlp, final bias; ``key``: the key position the part is read from; layer/head/key -1 where they do not
+        apply). Sums to ``frozen_logit_difference``. Empty for an encoder."""
         import pandas as pd
 
-        columns = ["part", "layer", "head", "source", "value"]
+        columns = ["part", "layer", "head", "key", "value"]
         if self.other_parts is None:
             return pd.DataFrame(columns=columns)
         layers, heads, keys = self.attention_parts.shape
         grid = np.indices((layers, heads, keys)).reshape(3, -1)
         attention = pd.DataFrame(
-            {"part": "attention", "layer": grid[0], "head": grid[1], "source": grid[2], "value": self.attention_parts.reshape(-1)}
+            {"part": "attention", "layer": grid[0], "head": grid[1], "key": grid[2], "value": self.attention_parts.reshape(-1)}
         )
         other = self.other_parts
-        rows = [("embedding", -1, -1, self.position, other["embedding"])]
-        rows += [("attention bias", layer, -1, -1, float(v)) for layer, v in enumerate(other["attention_bias"])]
-        rows += [("mlp", layer, -1, self.position, float(v)) for layer, v in enumerate(other["mlp"])]
-        rows.append(("final bias", -1, -1, -1, float(other["final_bias"])))
+        rows = [("embedding", -1, -1, self.position, other.embedding)]
+        rows += [("attention bias", layer, -1, -1, float(v)) for layer, v in enumerate(other.attention_bias)]
+        rows += [("mlp", layer, -1, self.position, float(v)) for layer, v in enumerate(other.mlp)]
+        rows.append(("final bias", -1, -1, -1, float(other.final_bias)))
         return pd.concat([pd.DataFrame(rows, columns=columns), attention], ignore_index=True)
 
     @property
@@ -174,22 +205,24 @@ class Flow:
         grid = np.indices((layers, positions)).reshape(2, -1)
         return pd.DataFrame({"layer": grid[0], "position": grid[1], "value": self.nodes.reshape(-1), "direct": self.direct.reshape(-1)})
 
-    def edges(self, share: float = LAYER_KEPT) -> pd.DataFrame:
-        """The graph pruned to ``share`` of each layer's |mass| (docs/METHOD.md section 6.4): ``layer, source,
-        target, weight``, the edge (layer, source) → (layer + 1, target), largest |weight| first within a layer."""
+    def edges(self, kept: float = LAYER_KEPT) -> pd.DataFrame:
+        """The graph pruned to the kept fraction ``kept`` of each layer's |mass| (docs/METHOD.md section 6.4): ``layer,
+        start, end, weight``, the edge (layer, start) → (layer + 1, end), largest |weight| first within a layer."""
         import pandas as pd
 
-        share = arguments.share(share)
+        kept = arguments.kept(kept)
         frames = []
-        for layer, weights, targets, sources in self.edge_list:
-            count = kept_count(weights, self.edge_mass[layer] * share)
-            frames.append(pd.DataFrame({"layer": layer, "source": sources[:count], "target": targets[:count], "weight": weights[:count]}))
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["layer", "source", "target", "weight"])
+        for edges in self.kept_edges:
+            count = kept_count(edges.weights, edges.mass * kept)
+            picked = {"start": edges.keys[:count], "end": edges.queries[:count], "weight": edges.weights[:count]}
+            frames.append(pd.DataFrame({"layer": edges.layer, **picked}))
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["layer", "start", "end", "weight"])
 
-    def edges_complete(self, share: float = LAYER_KEPT) -> bool:
-        """Whether the kept edges reach ``share`` of every layer's |mass| (else :meth:`edges` returns all it kept)."""
-        share = arguments.share(share)
-        return all(np.abs(weights).sum() >= self.edge_mass[layer] * share * (1 - 1e-6) for layer, weights, _, _ in self.edge_list)
+    def edges_complete(self, kept: float = LAYER_KEPT) -> bool:
+        """Whether the kept edges reach the fraction ``kept`` of every layer's |mass| (else :meth:`edges` returns all
+        it kept)."""
+        kept = arguments.kept(kept)
+        return all(np.abs(edges.weights).sum() >= edges.mass * kept * (1 - 1e-6) for edges in self.kept_edges)
 
 
 def kept_count(weights: np.ndarray, mass: float) -> int:
