@@ -76,7 +76,7 @@ def test_the_default_target_is_the_most_likely_next_word_not_a_line_break():
     assert any(c.isalpha() for c in word) and word in list(top["token"])
     assert word == next(t for t in top["token"] if any(c.isalnum() for c in t))
     at = run_app(page=PAGE)
-    assert f"toward {word!r} after 29" in _caption(at).replace("\\", "")
+    assert f"from position 29 '.' toward logit({word!r})" in _caption(at).replace("\\", "")
     assert "is the default target" in _caption(at)
 
 
@@ -167,7 +167,7 @@ def test_the_pickers_are_bound_to_the_url_and_a_link_restores_them(page):
     assert at.text_input(key="foil").value == " The" and at.slider(key="kept").value == 0.5
     assert at.selectbox(key="flow_at").value == 20
     said = _caption(at)
-    assert "toward ' He' over ' The' after 20 " in said and "asked: 50%" in said
+    assert "from position 20 ' line' toward logit(' He') - logit(' The')" in said.replace("\\", "") and "asked: 50%" in said
     # The position's picker writes its label form ("20: he") on the next run, as every picker bound to the URL does.
     assert {k: v for k, v in link.items() if k != "flow_at"}.items() <= dict(at.query_params).items()
 
@@ -205,10 +205,10 @@ def test_an_encoder_shows_the_flow_into_cls_and_a_chosen_position():
     assert not [w for w in at.text_input if w.key == "target"], "an encoder has no target to pick"
     drawn = _drawn(at)
     assert set(drawn) == {"graph", "totals", "heads"}
-    assert "into 0 '\\[CLS\\]'" in _caption(at)
+    assert "from position 0 '\\[CLS\\]' toward its final representation" in _caption(at)
     at.selectbox(key="flow_at").set_value(3).run()
     assert_clean(at)
-    assert "into 3 " in _caption(at)
+    assert "from position 3 " in _caption(at)
 
 
 def test_changing_the_share_reads_the_cached_attribution(monkeypatch):
@@ -237,12 +237,12 @@ def test_a_new_target_or_foil_routes_again_from_the_prompts_kept_stream(monkeypa
     at.text_input(key="target").input(" She").run()
     at.toggle(key="foil_on").set_value(True).run()
     assert_clean(at)
-    assert not at.warning and "toward ' She' over " in _caption(at)
+    assert not at.warning and "toward logit(' She') - logit(" in _caption(at).replace("\\", "")
     assert calls == []
     services.get_analysis.clear()
     at.text_input(key="target").input(" They").run()  # asked by no other test: not a cached flow
     assert_clean(at)
-    assert calls == [1] and "toward ' They' over " in _caption(at)
+    assert calls == [1] and "toward logit(' They') - logit(" in _caption(at).replace("\\", "")
 
 
 def test_the_page_opened_after_the_analysis_runs_no_forward_pass():
@@ -262,7 +262,7 @@ def test_the_page_opened_after_the_analysis_runs_no_forward_pass():
     finally:
         handle.remove()
     assert_clean(at)
-    assert passes == [] and "The share flow toward" in _caption(at) and "Drawn: " in _caption(at)
+    assert passes == [] and "The share flow from position" in _caption(at) and "Drawn: " in _caption(at)
 
 
 def test_a_new_prompt_is_explained_after_its_own_last_token():
@@ -273,7 +273,7 @@ def test_a_new_prompt_is_explained_after_its_own_last_token():
     at.sidebar.button(key="_cwviz_analyze").click().run()
     assert_clean(at)
     last = widget(at, "selectbox", "Query token").value
-    assert last > 29 and f"after {last} " in _caption(at)
+    assert last > 29 and f"from position {last} " in _caption(at)
 
 
 def _drawn_foil_named(choice) -> str:

@@ -9,15 +9,17 @@ import subprocess
 import sys
 
 import altair as alt
+import numpy as np
 import pandas as pd
 import pytest
 
 import cwviz
 from cwviz import plot
-from cwviz.analyses import faithfulness, sinks, tables
+from cwviz.analyses import faithfulness, route, sinks, tables
 from cwviz.charts import flow as flow_charts
 from cwviz.charts import heatmaps as heatmap_charts
-from cwviz.charts.token import NEGATIVE_COLOUR, POSITIVE_COLOUR
+from cwviz.charts.palette import NEGATIVE, POSITIVE
+from cwviz.core.method import attribution
 from tests.helpers import TEXT, assert_drawn_from, datasets, make_tiny
 
 
@@ -189,27 +191,40 @@ def test_plot_is_a_top_level_name():
     assert cwviz.plot is plot
 
 
-# -- the signed flow (docs/METHOD.md section 6) ------------------------------------------------------------
-def test_flow_draws_the_token_totals_the_head_map_and_the_graph(analysis):
+# -- the Flow page (docs/METHOD.md sections 6 and 7) ------------------------------------------------------------
+def test_flow_draws_the_pages_route_beside_every_tokens_score_under_the_flows_sentence(analysis):
+    """``plot.flow`` is the Flow page's first screen: the route's edges exactly (route.of at the kept fraction, the
+    builder the page and ``cwviz flow`` use), every token's score with its sign, and the sentence saying what is
+    explained; from a Flow (the share flow) as from an Analysis (the page's default method)."""
     result = cwviz.flow(analysis, target=11, foil=60)
-    chart = plot.flow(result, share=0.5)
-    assert isinstance(chart, alt.VConcatChart)
-    rows = datasets(chart)
-    drawn_totals = [r for rows_ in rows for r in rows_ if "total" in r]
-    assert sorted(r["total"] for r in drawn_totals) == pytest.approx(sorted(result.totals.tolist()), abs=1e-6)
-    assert all(r["sign"] == ("adds" if r["total"] >= 0 else "subtracts") for r in drawn_totals)
-    drawn_heads = [r for rows_ in rows for r in rows_ if "head" in r]
-    assert len(drawn_heads) == analysis.num_layers * analysis.num_heads
-    drawn_edges = [r for rows_ in rows for r in rows_ if "weight" in r]
-    assert len(drawn_edges) == len(result.edges(0.5))
-    assert "toward" in json.dumps(chart.to_dict()["title"])
-    assert isinstance(plot.flow(analysis, position=5), alt.VConcatChart)  # from an Analysis
+    chart = plot.flow(result, kept=0.5)
+    assert isinstance(chart, alt.HConcatChart)
+    rows = [r for rows_ in datasets(chart) for r in rows_]
+    drawn_scores = [r for r in rows if "score" in r]  # the largest |score| (all tokens up to TOTAL_ROWS)
+    largest = set(np.argsort(-np.abs(result.totals))[: flow_charts.TOTAL_ROWS].tolist())
+    drawn = route.of(attribution.of_flow(result), 0.5)
+    assert largest <= {r["position"] for r in drawn_scores} <= largest | set(drawn.connected)
+    assert all(r["score"] == pytest.approx(result.totals[r["position"]], abs=1e-6) for r in drawn_scores)
+    assert all(r["sign"] == ("adds" if r["score"] >= 0 else "subtracts") for r in drawn_scores)
+    expected = drawn.edges
+    drawn_edges = pd.DataFrame([r for r in rows if "weight" in r])
+    assert len(drawn_edges) == len(expected) > 0
+    assert sorted(zip(drawn_edges["layer"], drawn_edges["key"], drawn_edges["query"])) == sorted(
+        zip(expected["layer"], expected["key"], expected["query"])
+    )
+    title = json.dumps(chart.to_dict()["title"])
+    assert "toward logit(" in title and "share flow" in title
+    assert isinstance(plot.flow(analysis, position=5), alt.HConcatChart)  # from an Analysis
     with pytest.raises(cwviz.InputError):
         plot.flow(pd.DataFrame())
 
 
 def test_flow_charts_colour_adds_red_and_subtracts_blue():
-    tokens = pd.DataFrame({"position": [0, 1, 2], "token": ["a", "b", "c"], "total": [0.5, -0.25, 0.0]})
-    spec = flow_charts.token_totals(tokens).to_dict()
-    assert spec["encoding"]["color"]["scale"] == {"domain": ["adds", "subtracts"], "range": [POSITIVE_COLOUR, NEGATIVE_COLOUR]}
-    assert [r["sign"] for r in list(spec["datasets"].values())[0]] == ["adds", "subtracts", "adds"]
+    """The flow's one sign scale: 0 and above adds (red), below subtracts (blue), on every chart of the set."""
+    tokens = pd.DataFrame({"position": [0, 1, 2], "token": ["a", "b", "c"], "score": [0.5, -0.25, 0.0]})
+    rows = flow_charts.total_rows(tokens, "score")
+    assert list(rows["sign"]) == ["adds", "subtracts", "adds"]
+    scatter = tokens.assign(effect=[0.1, 0.2, 0.3])
+    for chart in (flow_charts.totals_bars(rows, "scores", value="score"), flow_charts.check_scatter(scatter, "check")):
+        colours = [v["encoding"]["color"]["scale"] for v in chart.to_dict()["layer"] if "color" in v.get("encoding", {})]
+        assert colours == [{"domain": ["adds", "subtracts"], "range": [POSITIVE, NEGATIVE]}]

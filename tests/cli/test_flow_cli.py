@@ -34,7 +34,7 @@ def test_flow_prints_tokens_and_heads_and_writes_json_and_csv_with_the_pages_rou
     assert "input tokens supporting" in out and "heads supporting (part)" in out
     payload = json.loads(out_json.read_text())
     summary = payload["summary"]
-    assert summary["target_token"] == " France" and summary["foil_token"] == " Germany" and summary["edge_share"] == KEPT
+    assert summary["target_token"] == " France" and summary["foil_token"] == " Germany" and summary["kept"] == KEPT
     tokens = pd.read_csv(out_csv / "tokens.csv")
     assert list(tokens.columns) == ["position", "token", "score"]
     analysis = cwviz.analyze(embedded, PROMPT)
