@@ -8,8 +8,11 @@ Every output is written before anything is printed (a closed pipe cannot lose a 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
+
+import pandas as pd
 
 from ..analyses import route
 from ..analyses.check import Check, check
@@ -17,6 +20,8 @@ from ..analyses.flow_text import describe
 from ..analyses.schema import FLOW_METHODS
 from ..core.method import attribution
 from ..core.method.analysis import analyze
+from ..core.method.flow import flow_basis
+from ..core.method.flow_tables import vocabulary_table
 from ..core.util.errors import InputError
 from ..core.util.progress import cli_bar
 from . import outputs
@@ -34,16 +39,19 @@ def check_args(args: argparse.Namespace) -> None:
     outputs.check_folder(args.csv_dir, "--csv")
 
 
-def tables(result: attribution.Attribution, drawn: route.Route, checked: Check | None = None) -> dict:
+def tables(
+    result: attribution.Attribution, drawn: route.Route, checked: Check | None = None, vocabulary: pd.DataFrame | None = None
+) -> dict:
     """The method's tables by name: ``tokens`` (position, token, score; with ``--check`` the measured ``effect``),
     ``heads``, ``edges`` (the route ``drawn``: the edges the Flow page draws at the same kept fraction), then its own
-    (the share flow's ``nodes`` and ``parts``)."""
+    (the share flow's ``nodes`` and ``parts``), and the heads' ``vocabulary`` where it was made (a causal model's)."""
     tokens = result.tokens_table()
     if checked is not None:
         effect = [math.nan] * len(tokens)
         effect[: len(checked.effects)] = [float(v) for v in checked.effects]
         tokens["effect"] = effect  # the last position (the one predicted from) is never taken away
-    return {"tokens": tokens, "heads": result.heads_table(), "edges": drawn.edges, **dict(result.extra)}
+    made = {"tokens": tokens, "heads": result.heads_table(), "edges": drawn.edges, **dict(result.extra)}
+    return made if vocabulary is None else {**made, "vocabulary": vocabulary}
 
 
 def summary(result: attribution.Attribution, drawn: route.Route, checked: Check | None) -> dict:
@@ -124,13 +132,19 @@ def run(args: argparse.Namespace) -> int:
     with cli_bar("analysing", enabled=sys.stderr.isatty()) as progress:
         analysis = analyze(bundle, text, progress=progress)
     asked = attribution.request(analysis, args.position, args.target, args.foil)
+    vocabulary = None
+    if bundle.has_logits and (args.json_path or args.csv_dir):  # only a written table reads it: a pass of its own
+        # each head's write at the position read through the output layer, --top tokens each way (the share flow's too)
+        basis = flow_basis(analysis, asked.position, vocabulary=args.top, keep_mixing=False)
+        asked = dataclasses.replace(asked, basis=basis)
+        vocabulary = vocabulary_table(basis.vocabulary())
     result = attribution.run(method, asked)
     checked = None
     if args.check:
         with cli_bar("knockouts", unit="pass", enabled=sys.stderr.isatty()) as progress:
             checked = check(asked, method.name, progress=progress)
     drawn = route.of(result, args.kept)
-    made = tables(result, drawn, checked)
+    made = tables(result, drawn, checked, vocabulary)
     written = []
     if args.json_path:
         payload = {

@@ -79,6 +79,21 @@ def test_every_method_answers_and_the_check_measures_every_input_token(capsys, t
     assert torch.is_grad_enabled()
 
 
+def test_top_reaches_the_flow_the_heads_vocabulary_is_written_with_top_tokens_each_way(capsys, tmp_path, embedded):
+    """``--top`` is the flow's vocabulary count: the ``vocabulary`` table holds each head's ``--top`` most promoted and
+    suppressed tokens, those of the library's flow with ``vocabulary=--top``."""
+    out_json = tmp_path / "flow.json"
+    text = "The capital of France is"
+    assert main(["flow", "--text", text, "--method", "share_flow", "--top", "2", "--json", str(out_json)]) == 0
+    written = pd.DataFrame(json.loads(out_json.read_text())["vocabulary"])
+    expected = cwviz.flow(cwviz.analyze(embedded, text), vocabulary=2).vocabulary_table
+    layers, heads = embedded.info.layers, embedded.info.heads
+    assert len(written) == len(expected) == layers * heads * 2 * 2
+    keys = ["layer", "head", "direction", "rank", "token_id"]
+    assert written[keys].values.tolist() == expected[keys].values.tolist()
+    np.testing.assert_allclose(written["logit"], expected["logit"], rtol=1e-5, atol=1e-5)
+
+
 def test_an_encoder_flows_into_cls(capsys):
     for method in ("share_flow", "effect"):
         assert main(["flow", "--model", "embedded-encoder", "--text", PROMPT, "--top", "3", "--method", method]) == 0

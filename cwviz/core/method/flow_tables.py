@@ -167,11 +167,8 @@ class Flow:
     @property
     def vocabulary_table(self) -> pd.DataFrame:
         """``layer, head, direction, rank, token_id, token, logit``: each head's write at p read through the frozen
-        final norm and the output layer, its most promoted and suppressed tokens."""
-        import pandas as pd
-
-        columns = ["layer", "head", "direction", "rank", "token_id", "token", "logit"]
-        return pd.DataFrame(list(self.vocabulary or ()), columns=columns)
+        final norm and the output layer, its most promoted and suppressed tokens (:func:`vocabulary_table`)."""
+        return vocabulary_table(self.vocabulary)
 
     @property
     def parts(self) -> pd.DataFrame:
@@ -223,6 +220,15 @@ class Flow:
         it kept)."""
         kept = arguments.kept(kept)
         return all(np.abs(edges.weights).sum() >= edges.mass * kept * (1 - 1e-6) for edges in self.kept_edges)
+
+
+def vocabulary_table(rows: tuple[tuple, ...] | None) -> pd.DataFrame:
+    """The heads' vocabulary ``rows`` (:attr:`Flow.vocabulary`, or a :class:`~cwviz.core.method.flow.FlowBasis`'s
+    ``vocabulary()``; None: none) as a table: ``layer, head, direction, rank, token_id, token, logit``."""
+    import pandas as pd
+
+    columns = ["layer", "head", "direction", "rank", "token_id", "token", "logit"]
+    return pd.DataFrame(list(rows or ()), columns=columns)
 
 
 def kept_count(weights: np.ndarray, mass: float) -> int:
