@@ -167,7 +167,8 @@ def test_the_pickers_are_bound_to_the_url_and_a_link_restores_them(page):
     assert at.text_input(key="foil").value == " The" and at.slider(key="kept").value == 0.5
     assert at.selectbox(key="flow_at").value == 20
     said = _caption(at)
-    assert "from position 20 ' line' toward logit(' He') - logit(' The')" in said.replace("\\", "") and "asked: 50%" in said
+    assert "from position 20 ' line' toward logit(' He') - logit(' The')" in said.replace("\\", "")
+    assert "asked: 50%" in said
     # The position's picker writes its label form ("20: he") on the next run, as every picker bound to the URL does.
     assert {k: v for k, v in link.items() if k != "flow_at"}.items() <= dict(at.query_params).items()
 

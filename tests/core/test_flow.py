@@ -417,7 +417,8 @@ def test_tables_are_tidy():
     analysis = family_analysis("llama")
     result = flow(analysis, target=11, vocabulary=3)
     assert list(result.tokens.columns) == ["position", "token", "total", "rollout_row"]
-    assert (result.tokens["rollout_row"].to_numpy() == result.rollout_row).all()  # the rollout's row, not total / Σ total
+    # the rollout's row, not total / Σ total
+    assert (result.tokens["rollout_row"].to_numpy() == result.rollout_row).all()
     heads = result.heads
     assert list(heads.columns) == ["layer", "head", "direct", "routed", "promoted", "suppressed"]
     assert len(heads) == analysis.num_layers * analysis.num_heads and heads["promoted"].str.count(r"\|").eq(2).all()
