@@ -250,7 +250,7 @@ def _fetch_config(source: str, name: str, trust_remote_code: bool):
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=True)
     except (OSError, ValueError) as err:
-        if "trust_remote_code" in str(err):
+        if not trust_remote_code and _needs_remote_code(source, local_files_only=True):
             raise _remote_code_error(name) from None
         if Path(source).is_dir():
             raise _hub_error(name, err) from err
@@ -261,9 +261,22 @@ def _fetch_config(source: str, name: str, trust_remote_code: bool):
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        if "trust_remote_code" in str(err):
+        if not trust_remote_code and _needs_remote_code(source, local_files_only=False):
             raise _remote_code_error(name) from None
         raise _hub_error(name, err) from err
+
+
+def _needs_remote_code(source: str, local_files_only: bool) -> bool:
+    """Whether the config at ``source`` names a config class of its own (``auto_map``) for a model type transformers
+    does not know, so that loading it would run the model's own code: read from the config, not from the text of
+    transformers' error (which is no contract)."""
+    from transformers import CONFIG_MAPPING, PretrainedConfig
+
+    try:
+        config, _ = PretrainedConfig.get_config_dict(source, local_files_only=local_files_only)
+    except (OSError, ValueError):
+        return False
+    return "AutoConfig" in (config.get("auto_map") or {}) and config.get("model_type") not in CONFIG_MAPPING
 
 
 def _remote_code_error(name: str) -> ModelLoadError:
