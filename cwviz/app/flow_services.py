@@ -29,6 +29,7 @@ from ..core.method import attribution
 from ..core.method.flow import FlowBasis, flow, flow_basis
 from ..core.method.flow_tables import Flow
 from ..core.util.errors import ArgumentError
+from ..core.util.progress import Progress
 from . import services
 
 #: Flows kept (each holds up to ``flow.EDGE_LIMIT`` edges a layer: a few MB).
@@ -279,7 +280,9 @@ def measured(request: services.Request, position: int, target: int | None, foil:
         return store.get((request, position, target, foil, intervention))
 
 
-def measure(request: services.Request, position: int, target: int | None, foil: int | None, intervention: str, progress=None) -> Measured:
+def measure(
+    request: services.Request, position: int, target: int | None, foil: int | None, intervention: str, progress: Progress | None = None
+) -> Measured:
     """Every input token's knockout effect (:func:`cwviz.analyses.check.effects`), ``progress(done, total)`` after each
     pass; what is finished is kept after every pass, so a run the page interrupts (its Stop) keeps it."""
     store, lock = _measured_store()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import altair as alt
 import pandas as pd
@@ -70,6 +71,21 @@ TOTALS_WIDTH = 250
 NODE_PICK = "node_pick"
 
 
+class Drawn(Protocol):
+    """A drawn route (:class:`cwviz.analyses.route.Route`) as the charts read it: the position p, the layers, the drawn
+    edges (``layer, key, query, weight``), the tokens joined to p, the positions touched and each one's spine."""
+
+    position: int
+    layers: int
+    edges: pd.DataFrame
+    connected: tuple[int, ...]
+
+    @property
+    def positions(self) -> list[int]: ...
+
+    def spines(self) -> pd.DataFrame: ...
+
+
 @dataclass(frozen=True)
 class RouteTables:
     """What the page's graph draws of a :class:`cwviz.analyses.route.Route`: ``edges`` (the route's table with
@@ -83,7 +99,7 @@ class RouteTables:
     order: list[str]
 
 
-def route_tables(drawn, tokens: Sequence[str]) -> RouteTables:
+def route_tables(drawn: Drawn, tokens: Sequence[str]) -> RouteTables:
     """The tables :func:`route_graph` draws from the route ``drawn`` (:class:`cwviz.analyses.route.Route`; its edge
     rows unchanged, in its order) and the prompt's token strings."""
     label = {p: f"{p} {tokens[p]}" for p in drawn.positions}
@@ -272,7 +288,7 @@ def totals_bars(
     return alt.layer(bars, zero, title=heading).properties(width=width, height=height)
 
 
-def route_chart(drawn, tokens: pd.DataFrame, note: str, value: str = "score", label_px: int = 12) -> alt.HConcatChart:
+def route_chart(drawn: Drawn, tokens: pd.DataFrame, note: str, value: str = "score", label_px: int = 12) -> alt.HConcatChart:
     """The Flow page's first screen as one chart (:func:`cwviz.plot.flow`, a report): the route ``drawn``
     (:class:`cwviz.analyses.route.Route`) beside the bars of ``tokens``' ``value`` (``position, token, <value>``), under
     ``note`` (one sentence; :func:`cwviz.analyses.flow_text.describe` says what is explained). A route of no layer (a

@@ -13,7 +13,7 @@ through them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -22,6 +22,9 @@ from . import baselines
 from .measures import grouped_matmul
 from .residual import Stream, record_stream
 from .row_blocks import attention_rows, for_row_blocks, record_row_blocks
+
+if TYPE_CHECKING:
+    from .analysis import Analysis
 
 
 class Block(NamedTuple):
@@ -40,7 +43,7 @@ class Block(NamedTuple):
     values: torch.Tensor | None
 
 
-def mixing_blocks(analysis, stream: Stream, layer: int, whole: bool = False) -> Iterator[Block]:
+def mixing_blocks(analysis: Analysis, stream: Stream, layer: int, whole: bool = False) -> Iterator[Block]:
     """Row blocks of layer ``layer``'s M (:class:`Block`), the layer's record read once; ``whole``: one block of every
     row against every key (0 where a row cannot see a key; [head, T, T] floats at once), fewer, larger products for a
     caller that keeps M of a short prompt."""
@@ -80,7 +83,7 @@ def mixing_blocks(analysis, stream: Stream, layer: int, whole: bool = False) -> 
             )
 
 
-def replayed_stream(analysis, position: int, replay: Callable[[int], torch.Tensor] | None = None) -> Stream:
+def replayed_stream(analysis: Analysis, position: int, replay: Callable[[int], torch.Tensor] | None = None) -> Stream:
     """The prompt's residual stream into ``position`` (:func:`~cwviz.core.method.residual.record_stream`): the one the
     analysis's pass kept (``analyze(stream=True)``, :attr:`Analysis.stream`) when it is into ``position``, else from a
     pass that replays the analysis's own attention outputs (``replay(layer)``, default :meth:`Analysis.recorded_outputs`):
@@ -91,7 +94,7 @@ def replayed_stream(analysis, position: int, replay: Callable[[int], torch.Tenso
     return record_stream(analysis.bundle, analysis.input_ids, position, replay or analysis.recorded_outputs)
 
 
-def mixing(analysis, layer: int, stream: Stream | None = None) -> np.ndarray:
+def mixing(analysis: Analysis, layer: int, stream: Stream | None = None) -> np.ndarray:
     """M of layer ``layer`` (docs/METHOD.md section 6.1), float32 [query, key + 1], the last column the bias; every
     row sums to 1. ``stream``: the prompt's :func:`~cwviz.core.method.residual.record_stream` when the caller has it."""
     layer = analysis.check_layer(layer)
