@@ -17,7 +17,7 @@ from cwviz.core.loading import architectures
 from cwviz.core.method import attribution, memory, row_block_sizes
 from cwviz.core.method import flow as flow_module
 from cwviz.core.method.flow import flow, token_totals
-from cwviz.core.method.mixing import mixing, mixing_blocks, replayed_stream, rollout
+from cwviz.core.method.mixing import mixing, mixing_row_blocks, replayed_stream, rollout
 from cwviz.core.util.errors import InputError, ModelChangedError, SelectionError, UnsupportedModelError
 from tests.helpers import DERIVED_FAMILIES, FAMILY_CONFIGS, CharTokenizer, family_model, no_hooks
 
@@ -349,16 +349,16 @@ def test_the_kept_edges_are_each_layers_largest_however_the_rows_stream(monkeypa
 
 
 def test_a_layer_read_whole_is_its_row_blocks(monkeypatch):
-    """``mixing_blocks(whole=True)`` (a kept basis's M: one block a layer) holds what the row blocks hold, and 0 where a
-    row cannot see a key (a causal or sliding-window mask)."""
+    """``mixing_row_blocks(whole=True)`` (a kept basis's M: one row block a layer) holds what the row blocks hold,
+    and 0 where a row cannot see a key (a causal or sliding-window mask)."""
     analysis = family_analysis("mistral", ids=list(range(3, 23)))
     tokens = analysis.num_tokens
     stream = replayed_stream(analysis, 13)
     monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", 16)
     monkeypatch.setattr(row_block_sizes, "READ_MIN_ROWS", 1)
     for layer in range(analysis.num_layers):
-        (whole,) = mixing_blocks(analysis, stream, layer, whole=True)
-        cut = list(mixing_blocks(analysis, stream, layer))
+        (whole,) = mixing_row_blocks(analysis, stream, layer, whole=True)
+        cut = list(mixing_row_blocks(analysis, stream, layer))
         assert len(cut) > 1 and whole.mix.shape == (tokens, tokens)
         mix = torch.zeros(tokens, tokens)
         for block in cut:

@@ -4,7 +4,7 @@ direct parts of one logit difference and their routing back to the input tokens.
 The residual stream comes from one extra forward pass (:mod:`cwviz.core.method.residual`); attention and values are the
 analysis's records, in row blocks (:mod:`cwviz.core.method.row_blocks`). No [T, T, d_model] tensor exists: a write's
 dot product with h_i is taken in the head's d_head space, ⟨L_i(ṽ_j^h), h_i⟩ = ((W_O^h)ᵀ L_iᵀ h_i) · v_j^h, and the
-routing is a vector times each layer's M, block by block (T² a layer), never the rollout R itself.
+routing is a vector times each layer's M, row block by row block (T² a layer), never the rollout R itself.
 
 | function                          | returns                                                     |
 |-----------------------------------|-------------------------------------------------------------|
@@ -32,7 +32,7 @@ from . import flow_arguments as arguments
 from .edges import LargestEdges
 from .flow_tables import Deferred, DirectParts, Flow, LayerEdges
 from .measures import grouped_matmul
-from .mixing import Block, mixing_blocks, replayed_stream
+from .mixing import MixingRowBlock, mixing_row_blocks, replayed_stream
 from .residual import Stream
 from .state import ModelState
 
@@ -128,14 +128,14 @@ def _layer_parts(analysis: Analysis, stream: Stream, w: torch.Tensor) -> tuple[n
     return bias, mlp
 
 
-def _attention_parts(analysis: Analysis, stream: Stream, w: torch.Tensor, layer: int, block: Block) -> np.ndarray:
+def _attention_parts(analysis: Analysis, stream: Stream, w: torch.Tensor, layer: int, rows: MixingRowBlock) -> np.ndarray:
     """The direct parts of layer ``layer``'s attention writes at p toward w (docs/METHOD.md section 6.3), [head, keys],
-    from ``block``, the row block that holds p (the routing reads each layer's record once, and takes them there)."""
-    alpha = block.alpha_p  # (H, keys)
+    from ``rows``, the row block that holds p (the routing reads each layer's record once, and takes them there)."""
+    alpha = rows.alpha_p  # (H, keys)
     landing, w_heads = stream.layers[layer].landing, analysis.w_heads(layer)  # w_heads (H, D, dh)
     w_layer = landing.pullback(w[None].to(alpha.device))[0]  # L_p^lᵀ w
     pulled = torch.einsum("hdk,d->hk", w_heads, w_layer)  # (H, dh)
-    dots = grouped_matmul(pulled[:, None], block.values.transpose(-1, -2))[:, 0]  # (H, keys)
+    dots = grouped_matmul(pulled[:, None], rows.values.transpose(-1, -2))[:, 0]  # (H, keys)
     return (alpha * dots).cpu().numpy()
 
 
@@ -177,17 +177,17 @@ def _route(
         for layer in reversed(range(layers)):
             below = torch.zeros_like(vector)
             largest, mass = LargestEdges(edge_limit), 0.0
-            for block in basis.blocks(analysis, layer):
-                if w is not None and block.alpha_p is not None:
-                    part = _attention_parts(analysis, basis.stream, w, layer, block)
+            for row_block in basis.row_blocks(analysis, layer):
+                if w is not None and row_block.alpha_p is not None:
+                    part = _attention_parts(analysis, basis.stream, w, layer, row_block)
                     attention[layer, :, : part.shape[-1]] = part
-                mix = block.mix
-                rows = vector[:, block.first : block.stop].to(mix.device)
+                mix = row_block.mix
+                rows = vector[:, row_block.first : row_block.stop].to(mix.device)
                 below[:, : mix.shape[1]] += (rows @ mix).cpu()
-                bias += (rows @ block.bias).cpu()
-                heads[layer] += (block.heads @ rows[0]).cpu().numpy()
+                bias += (rows @ row_block.bias).cpu()
+                heads[layer] += (row_block.heads @ rows[0]).cpu().numpy()
                 if edge_limit:
-                    mass += largest.add(rows[0][:, None] * mix, block.first)  # edge (layer, k) -> (layer + 1, i)
+                    mass += largest.add(rows[0][:, None] * mix, row_block.first)  # edge (layer, k) -> (layer + 1, i)
             direct[layer] += attention[layer].sum(0)
             vector = below + torch.tensor(np.stack([direct[layer], np.zeros(tokens, np.float32)]))
             nodes[layer] = vector[0].numpy()
@@ -207,8 +207,9 @@ class FlowBasis:
     (2,000 tokens of SmolLM2-135M: 138 MB). ``logits`` [vocab] float32 (None: an encoder); ``vocabulary``: each
     head's ``count`` most promoted and suppressed tokens, computed when first read (:class:`Deferred`; None: an
     encoder or ``count`` 0).
-    ``mixing``: every layer's M as one :class:`Block` (``mixing_blocks(whole=True)``), kept where layers x T² floats fit in
-    :data:`MIXING_BYTES` (None: each flow makes it again from the records, as it reads them)."""
+    ``mixing``: every layer's M as one :class:`MixingRowBlock` (``mixing_row_blocks(whole=True)``), kept where
+    layers x T² floats fit in :data:`MIXING_BYTES` (None: each flow makes it again from the records, as it reads
+    them)."""
 
     source: weakref.ref
     position: int
@@ -216,11 +217,11 @@ class FlowBasis:
     logits: torch.Tensor | None
     vocabulary: Deferred | None
     count: int
-    mixing: tuple[tuple[Block, ...], ...] | None = None
+    mixing: tuple[tuple[MixingRowBlock, ...], ...] | None = None
 
-    def blocks(self, analysis: Analysis, layer: int) -> Iterator[Block] | tuple[Block, ...]:
-        """Layer ``layer``'s M: kept (``mixing``, one block), or made again from ``analysis``'s records in row blocks."""
-        return self.mixing[layer] if self.mixing is not None else mixing_blocks(analysis, self.stream, layer)
+    def row_blocks(self, analysis: Analysis, layer: int) -> Iterator[MixingRowBlock] | tuple[MixingRowBlock, ...]:
+        """Layer ``layer``'s M: kept (``mixing``, one row block), or made again from ``analysis``'s records."""
+        return self.mixing[layer] if self.mixing is not None else mixing_row_blocks(analysis, self.stream, layer)
 
 
 def flow_basis(analysis: Analysis, position: int | None = None, *, vocabulary: int = FLOW_TOP, keep_mixing: bool = True) -> FlowBasis:
@@ -255,7 +256,7 @@ def flow_basis(analysis: Analysis, position: int | None = None, *, vocabulary: i
             vocabulary_rows = _head_vocabulary(analysis, stream, writes, vocabulary)
         mixing = None
         if keep_mixing and layers * analysis.num_tokens**2 * 4 <= MIXING_BYTES:  # each layer's M whole: T² floats
-            mixing = tuple(tuple(mixing_blocks(analysis, stream, layer, whole=True)) for layer in range(layers))
+            mixing = tuple(tuple(mixing_row_blocks(analysis, stream, layer, whole=True)) for layer in range(layers))
     return FlowBasis(weakref.ref(analysis), position, stream, logits, vocabulary_rows, vocabulary, mixing)
 
 

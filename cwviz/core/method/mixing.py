@@ -3,11 +3,11 @@ records in row blocks (:mod:`cwviz.core.method.row_blocks`) against its residual
 (:mod:`cwviz.core.method.residual`); the flow (:mod:`cwviz.core.method.flow`) routes the logit difference down
 through them.
 
-| function                          | returns                                                     |
-|-----------------------------------|-------------------------------------------------------------|
-| ``mixing(analysis, layer)``       | numpy [query, key + 1]: M of one layer, the bias last       |
-| ``rollout(analysis)``             | numpy [query, key + 1]: R = M^{L-1} ⋯ M^0, the bias last    |
-| ``mixing_blocks(analysis, ...)``  | :class:`Block` a row block of M, as the flow reads it       |
+| function                             | returns                                                     |
+|--------------------------------------|-------------------------------------------------------------|
+| ``mixing(analysis, layer)``          | numpy [query, key + 1]: M of one layer, the bias last       |
+| ``rollout(analysis)``                | numpy [query, key + 1]: R = M^{L-1} ⋯ M^0, the bias last    |
+| ``mixing_row_blocks(analysis, ...)`` | :class:`MixingRowBlock`: a row block of M, as the flow reads it |
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ if TYPE_CHECKING:
     from .analysis import Analysis
 
 
-class Block(NamedTuple):
-    """One row block of a layer's M (:func:`mixing_blocks`): rows ``first..stop-1`` against the keys ``0..keys-1``
+class MixingRowBlock(NamedTuple):
+    """One row block of a layer's M (:func:`mixing_row_blocks`): rows ``first..stop-1`` against the keys ``0..keys-1``
     they can see. ``mix`` [rows, keys], ``bias`` the bias column [rows], ``heads`` each head's part of the rows
-    [head, rows] (Σ_j of its attention parts). In the block that holds the stream's position p (else None): ``alpha_p``
-    p's attention [head, keys] and the ``values`` it reads [kv_head, keys, d_head], what the direct parts at p need
-    (:class:`_Direct`)."""
+    [head, rows] (Σ_j of its attention parts). In the row block that holds the stream's position p (else None):
+    ``alpha_p`` p's attention [head, keys] and the ``values`` it reads [kv_head, keys, d_head], what the direct parts
+    at p need (:func:`cwviz.core.method.flow._attention_parts`)."""
 
     first: int
     stop: int
@@ -43,10 +43,10 @@ class Block(NamedTuple):
     values: torch.Tensor | None
 
 
-def mixing_blocks(analysis: Analysis, stream: Stream, layer: int, whole: bool = False) -> Iterator[Block]:
-    """Row blocks of layer ``layer``'s M (:class:`Block`), the layer's record read once; ``whole``: one block of every
-    row against every key (0 where a row cannot see a key; [head, T, T] floats at once), fewer, larger products for a
-    caller that keeps M of a short prompt."""
+def mixing_row_blocks(analysis: Analysis, stream: Stream, layer: int, whole: bool = False) -> Iterator[MixingRowBlock]:
+    """Row blocks of layer ``layer``'s M (:class:`MixingRowBlock`), the layer's record read once; ``whole``: one row
+    block of every row against every key (0 where a row cannot see a key; [head, T, T] floats at once), fewer, larger
+    products for a caller that keeps M of a short prompt."""
     with torch.inference_mode():
         recorded = analysis.layer_record(layer)
         rec = for_row_blocks(recorded)
@@ -72,13 +72,13 @@ def mixing_blocks(analysis: Analysis, stream: Stream, layer: int, whole: bool = 
             rows = torch.arange(stop - first, device=device)
             mix[rows, rows + first] += part.residual[first:stop].to(device) / norm2
             holds_p = first <= p < stop
-            yield Block(
+            yield MixingRowBlock(
                 first,
                 stop,
                 mix,
                 part.bias[first:stop].to(device) / norm2,
                 per_head,
-                alpha[:, p - first].clone() if holds_p else None,  # a copy: the block's α [H, rows, keys] is let go
+                alpha[:, p - first].clone() if holds_p else None,  # a copy: the row block's α [H, rows, keys] is let go
                 recorded.value[:, :keys].float() if holds_p else None,  # as recorded: each kv head once
             )
 
@@ -101,9 +101,9 @@ def mixing(analysis: Analysis, layer: int, stream: Stream | None = None) -> np.n
     stream = stream or analysis.stream or replayed_stream(analysis, analysis.num_tokens - 1)  # M is the same for every p
     tokens = analysis.num_tokens
     out = np.zeros((tokens, tokens + 1), dtype=np.float32)
-    for block in mixing_blocks(analysis, stream, layer):
-        out[block.first : block.stop, : block.mix.shape[1]] = block.mix.cpu().numpy()
-        out[block.first : block.stop, tokens] = block.bias.cpu().numpy()
+    for rows in mixing_row_blocks(analysis, stream, layer):
+        out[rows.first : rows.stop, : rows.mix.shape[1]] = rows.mix.cpu().numpy()
+        out[rows.first : rows.stop, tokens] = rows.bias.cpu().numpy()
     return out
 
 
