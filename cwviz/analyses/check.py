@@ -125,8 +125,8 @@ def check(
         signed=chosen.signed,
         scores=scores,
         effects=measured,
-        rho=stats[flow_faithfulness.PRIMARY],
-        rho_signed=stats["rho_signed"],
-        sign_agreement=stats["sign_agreement"],
+        rho=stats.rho,
+        rho_signed=stats.rho_signed,
+        sign_agreement=stats.sign_agreement,
         complete=complete and bool(done.all()),
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from fractions import Fraction
 
 import numpy as np
@@ -227,22 +228,35 @@ def _rows(record: dict) -> dict[tuple[str, str], np.ndarray]:
     return rows
 
 
-def per_item(scores: np.ndarray, effects: np.ndarray, signed: bool) -> dict[str, float]:
+@dataclass(frozen=True)
+class ItemStatistics:
+    """One method's per-item statistics (:func:`per_item`); the field names are the item table's statistic columns
+    (``rho`` is :data:`PRIMARY`). NaN where undefined (an unsigned method's signed readings)."""
+
+    rho: float
+    rho_with_first: float
+    rho_signed: float = math.nan
+    sign_agreement: float = math.nan
+
+    @classmethod
+    def mean(cls, draws: Sequence[ItemStatistics]) -> ItemStatistics:
+        """The field-wise mean over the random control's draws, NaNs left out (all NaN: NaN)."""
+        return cls(*(_nanmean([getattr(d, f.name) for d in draws]) for f in fields(cls)))
+
+
+def per_item(scores: np.ndarray, effects: np.ndarray, signed: bool) -> ItemStatistics:
     """The per-item statistics of one method's (or one random draw's) scores [p] against the effects [p] over the input
     tokens 0 .. p − 1 (a pair with a NaN side is left out): ρ(|score|, |Δ|) over 1 .. p − 1 (:data:`PRIMARY`) and
     over 0 .. p − 1, and for a signed method the signed ρ and the top-3 sign agreement over 1 .. p − 1."""
     scores, effects = np.asarray(scores, np.float64), np.asarray(effects, np.float64)
     ranked = slice(1, None)
-    out = {
-        PRIMARY: spearman(np.abs(scores[ranked]), np.abs(effects[ranked])),
-        "rho_with_first": spearman(np.abs(scores), np.abs(effects)),
-        "rho_signed": math.nan,
-        "sign_agreement": math.nan,
-    }
-    if signed:
-        out["rho_signed"] = spearman(scores[ranked], effects[ranked])
-        out["sign_agreement"] = sign_agreement(scores[ranked], effects[ranked])
-    return out
+    rho = spearman(np.abs(scores[ranked]), np.abs(effects[ranked]))
+    with_first = spearman(np.abs(scores), np.abs(effects))
+    if not signed:
+        return ItemStatistics(rho, with_first)
+    return ItemStatistics(
+        rho, with_first, spearman(scores[ranked], effects[ranked]), sign_agreement(scores[ranked], effects[ranked])
+    )
 
 
 def item_statistics(records: Sequence[dict], effect: str = "effects") -> pd.DataFrame:
@@ -260,10 +274,10 @@ def item_statistics(records: Sequence[dict], effect: str = "effects") -> pd.Data
             for name, scores in _rows(record).items():
                 if name == CONTROL:
                     draws = [per_item(draw - 0.5, effects, True) for draw in scores]
-                    stats = {key: _nanmean([d[key] for d in draws]) for key in draws[0]} if draws else {}
+                    stats = ItemStatistics.mean(draws) if draws else None
                 else:
                     stats = per_item(scores, effects, name in signed)
-                for key, value in stats.items():
+                for key, value in (asdict(stats) if stats else {}).items():
                     row[intervention, name, key] = value
                 curves = record["curves"][intervention][name]
                 for curve in CURVES:

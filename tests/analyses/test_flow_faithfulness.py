@@ -174,7 +174,7 @@ def test_the_first_token_and_the_position_are_left_out_of_the_primary_rho():
     effects = np.array([10.0, 1.0, 2.0, 3.0, 4.0, 5.0])
     scores = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])  # right on every token but the first
     stats = flow_faithfulness.per_item(scores, effects, signed=True)
-    assert stats["rho"] == pytest.approx(1.0) and stats["rho_with_first"] < 0.9
+    assert stats.rho == pytest.approx(1.0) and stats.rho_with_first < 0.9
     assert flow_faithfulness.sign_agreement(np.array([3.0, -2.0, 1.0, 0.1]), np.array([1.0, 1.0, 1.0, -1.0])) == pytest.approx(2 / 3)
 
 
