@@ -57,7 +57,7 @@ from .core.method.attribution import METHODS, Attribution, attribute, of_flow
 from .core.method.flow_tables import Flow
 from .core.method.measures import MEASURES
 from .core.util.errors import InputError, SelectionError
-from .vocabulary import check_kind
+from .core.vocabulary import check_kind
 
 __all__ = [
     "anti_alignment",

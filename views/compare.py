@@ -10,7 +10,7 @@ from cwviz.app.sidebar import sidebar
 from cwviz.app.state import examples, parse_kind, select, url_widget
 from cwviz.charts import compare as charts
 from cwviz.charts.heatmaps import LAYOUT_LABELS, LAYOUTS
-from cwviz.vocabulary import KIND_LABELS, KINDS
+from cwviz.core.vocabulary import KIND_LABELS, KINDS
 
 sel = sidebar("Compare two inputs")
 st.markdown("Input A (the sidebar's) against input B (below): the maps of both, and B − A in red where B is larger, blue where smaller.")

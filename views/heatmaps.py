@@ -7,7 +7,7 @@ from cwviz.app import services, widgets
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import parse_kind, select, url_widget
 from cwviz.charts import heatmaps as charts
-from cwviz.vocabulary import KIND_LABELS, KINDS
+from cwviz.core.vocabulary import KIND_LABELS, KINDS
 
 SENTENCE = (
     "Each row is a query token: the left map shows how strongly it **attends** to each earlier token, the right map "

@@ -6,7 +6,7 @@ from cwviz.app import services, widgets
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import parse_kind, url_widget
 from cwviz.charts import token as charts
-from cwviz.vocabulary import KIND_LABELS, KINDS
+from cwviz.core.vocabulary import KIND_LABELS, KINDS
 
 sel = sidebar("One query token")
 if not sel.ok:

@@ -30,7 +30,7 @@ from ..core.method.analysis import Analysis
 from ..core.method.measures import LAYER_AGGREGATION
 from ..core.util.errors import InputError
 from ..core.util.progress import Progress, phase
-from ..vocabulary import check_kind
+from ..core.vocabulary import check_kind
 from . import tables
 from .schema import ALL_HEADS, HEAD_METRICS, CompareCells
 

@@ -3,7 +3,7 @@ analyses' settings (their defaults: :mod:`cwviz.core.defaults`).
 
 Torch-free on purpose: :mod:`cwviz.charts` imports this module and must not import torch or
 transformers (a test says so), so a chart can be built in a notebook from a saved table alone. It imports nothing
-of cwviz but :mod:`cwviz.vocabulary`, the words the core shares (``check_kind``), and :mod:`cwviz.core.defaults`,
+of cwviz but :mod:`cwviz.core.vocabulary`, the words the core shares (``check_kind``), and :mod:`cwviz.core.defaults`,
 and not even pandas at run time: the command line's parsers (:mod:`cwviz.cli.parsers`) show these words in
 ``--help``, which must start in well under a second.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.defaults import RANKED_MEASURES
-from ..vocabulary import check_kind
+from ..core.vocabulary import check_kind
 
 if TYPE_CHECKING:
     import pandas as pd

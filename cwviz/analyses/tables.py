@@ -19,7 +19,7 @@ from ..core.method.measures import LAYER_AGGREGATION, MEASURES, LayerMeasures
 from ..core.util.progress import Progress, counted
 
 # The picker vocabulary and table types are part of this module's interface too (pages use tables.FAMILIES).
-from ..vocabulary import KINDS, check_kind  # noqa: F401
+from ..core.vocabulary import KINDS, check_kind  # noqa: F401
 from .schema import ALL_HEADS, FAMILIES, VIEWS, HeatmapCells, TokenFactors, is_signed, measure_name  # noqa: F401
 
 #: Most cells one heatmap may have (Altair refuses more than 5000 rows per dataset).

@@ -22,7 +22,7 @@ from typing import Any
 import streamlit as st
 
 from ..core.defaults import DEVICE, DTYPE, MODEL
-from ..vocabulary import KINDS
+from ..core.vocabulary import KINDS
 from . import prompt_store
 
 EXAMPLES = Path(__file__).resolve().parent / "examples.json"
@@ -366,7 +366,7 @@ def _from_link(widget, param, label, options, multi, parse, valid, format_func, 
 
 def parse_kind(raw: str) -> str:
     """A contribution kind from a link: the kind itself (``kind=intra``) or the label of a kind picker, today's
-    (:data:`cwviz.vocabulary.KIND_LABELS`) or one an earlier link holds (``token_kind=head output ‖o_q^h‖ (intra)``):
+    (:data:`cwviz.core.vocabulary.KIND_LABELS`) or one an earlier link holds (``token_kind=head output ‖o_q^h‖ (intra)``):
     each ends with the kind in brackets."""
     text = raw.strip()
     for kind in KINDS:

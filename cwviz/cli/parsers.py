@@ -37,7 +37,7 @@ from ..core.defaults import (
     RANKED_MEASURES,
     SEED,
 )
-from ..vocabulary import KINDS
+from ..core.vocabulary import KINDS
 from .options import (
     add_examples_arg,
     add_jsonl_args,

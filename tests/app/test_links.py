@@ -91,8 +91,9 @@ def test_a_malformed_picker_value_in_a_link_is_explained_and_the_default_shown()
 
 
 def test_a_link_with_a_kind_pickers_earlier_label_still_picks_that_kind():
-    """Every kind picker shows one label (:data:`cwviz.vocabulary.KIND_LABELS`); a link that holds the label the Token
-    or Compare page showed before, in the form Streamlit's binding wrote it, still picks that kind, with no warning."""
+    """Every kind picker shows one label (:data:`cwviz.core.vocabulary.KIND_LABELS`); a link that holds the label the
+    Token or Compare page showed before, in the form Streamlit's binding wrote it, still picks that kind, with no
+    warning."""
     assert state.parse_kind("head output ‖o_i^h‖ (intra)") == "intra" and state.parse_kind(" inter ") == "inter"
     with pytest.raises(ValueError):
         state.parse_kind("sideways")

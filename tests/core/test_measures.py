@@ -262,8 +262,8 @@ def test_kv_copies_spread_a_blocks_batch_entries_evenly_over_the_cpu_threads():
 
 
 def test_a_kind_is_checked_alike_wherever_it_is_given():
-    """One check (:func:`cwviz.vocabulary.check_kind`): the measures, the tables' picker and a set of kinds refuse a
-    kind that is neither 'inter' nor 'intra' with the same InputError."""
+    """One check (:func:`cwviz.core.vocabulary.check_kind`): the measures, the tables' picker and a set of kinds
+    refuse a kind that is neither 'inter' nor 'intra' with the same InputError."""
     from cwviz.analyses.schema import measure_name
     from cwviz.core.method.measures import check_kinds, full_gram
     from cwviz.core.util.errors import InputError

@@ -19,12 +19,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ...vocabulary import KINDS, check_kind
 from ..loading.inputs import check_agree, check_length, integer_index, tokenize
 from ..loading.models import Bundle, ModelInfo
 from ..util.errors import InputError, SelectionError
 from ..util.progress import Progress
 from ..util.tokens import display_tokens
+from ..vocabulary import KINDS, check_kind
 from . import memory
 from .capture import Intervention, LayerRecord, forward_pass
 from .logprobs import final_states, perplexity_of, prompt_logprobs

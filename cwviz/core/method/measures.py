@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...vocabulary import KINDS, check_kind
+from ..vocabulary import KINDS, check_kind
 from ..util.errors import InputError
 from .row_block_sizes import triangle_row_blocks
 

@@ -5,7 +5,7 @@ Imports nothing of cwviz but its errors (no torch), so that :mod:`cwviz.analyses
 
 from __future__ import annotations
 
-from .core.util.errors import InputError
+from .util.errors import InputError
 
 #: The two contribution kinds: inter-head C (a layer's heads share the sum 1) and intra-head c (each head sums to
 #: 1). Their order is the pickers' (the first is the default) and that of the stacked tensors of
