@@ -366,8 +366,8 @@ def _from_link(widget, param, label, options, multi, parse, valid, format_func, 
 
 def parse_kind(raw: str) -> str:
     """A contribution kind from a link: the kind itself (``kind=intra``) or the label of a kind picker, today's
-    (:data:`cwviz.core.vocabulary.KIND_LABELS`) or one an earlier link holds (``token_kind=head output ‖o_q^h‖ (intra)``):
-    each ends with the kind in brackets."""
+    (:data:`cwviz.core.vocabulary.KIND_LABELS`) or one an earlier link holds
+    (``token_kind=head output ‖o_q^h‖ (intra)``): each ends with the kind in brackets."""
     text = raw.strip()
     for kind in KINDS:
         if text == kind or text.endswith(f"({kind})"):
