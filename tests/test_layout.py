@@ -62,7 +62,7 @@ ROOMS: dict[str, set[str]] = {
 SPECIAL = ("analyses.schema", "app.launch", "core.util.errors", "core.vocabulary", "core.defaults")
 #: Imports outside the rules, each with its reason.
 EXCEPTIONS = {
-    ("cwviz.core.util.parallel", "top"): "a results manifest records the package's version (cwviz.__version__)",
+    ("cwviz.core.loading.provenance", "top"): "a results manifest records the package's version (cwviz.__version__)",
 }
 TRACKED = ("torch", "transformers", "streamlit", "altair")
 #: The most lines a module of cwviz may have: one module, one job. The core's modules, each one step of the method or

@@ -36,9 +36,9 @@ import torch
 
 from ..core.defaults import ATLAS_BOOTSTRAP, ATLAS_CONFIDENCE, ATLAS_SEED, DEFAULT_SINK
 from ..core.loading.models import Bundle
+from ..core.loading.provenance import model_provenance
 from ..core.method.analysis import Analysis, analyze
 from ..core.util.errors import CwvizError, InputError
-from ..core.util.parallel import model_provenance
 from ..core.util.progress import Progress, counted, phase
 from ..core.util.texts import iter_jsonl, write_text_atomic
 from . import sweep

@@ -390,7 +390,7 @@ def write_manifest(folder: str | PathLike, manifest: dict) -> None:
 
 def manifest(record_type: RecordType, settings: dict, provenance: dict, **fields) -> dict:
     """A run's ``manifest.json``: the record type's manifest schema, the run's ``settings`` (what decides its numbers:
-    the record type's ``settings``) and their fingerprint, its model (:func:`cwviz.core.util.parallel.model_provenance`),
+    the record type's ``settings``) and their fingerprint, its model (:func:`cwviz.core.loading.provenance.model_provenance`),
     then ``fields`` (the type's own: :data:`RecordType.manifest_fields`, and how the run was made). A refused resume
     names each setting that differs from the manifest's (:func:`setting_changes`)."""
     return {

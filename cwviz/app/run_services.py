@@ -18,7 +18,7 @@ import streamlit as st
 from ..analyses import claims, faithfulness, records, sweep, tasks
 from ..analyses.codecs.checks import CLAIMS
 from ..analyses.codecs.sweeps import FAITHFULNESS
-from ..core.util.parallel import model_provenance
+from ..core.loading.provenance import model_provenance
 from . import hosting, services
 
 

@@ -17,9 +17,9 @@ from ..analyses import sinks, sweep, tour
 from ..analyses.codecs.sweeps import SINKS
 from ..core import defaults
 from ..core.loading.checkpoints import EMBEDDED_ENCODER
+from ..core.loading.provenance import model_provenance
 from ..core.method.analysis import analyze
 from ..core.util.errors import CwvizError
-from ..core.util.parallel import model_provenance
 from ..core.util.progress import phase
 from . import hosting, run_services, services
 

@@ -12,8 +12,8 @@ from ..analyses import atlas, sweep
 from ..analyses.codecs.sweeps import ATLAS
 from ..analyses.schema import ATLAS_METRICS
 from ..core.defaults import ATLAS_CONFIDENCE, DEFAULT_SINK
+from ..core.loading.provenance import model_provenance
 from ..core.util.errors import InputError
-from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
 from ..core.util.texts import read_texts
 from . import outputs

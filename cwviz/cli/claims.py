@@ -12,8 +12,8 @@ import argparse
 
 from ..analyses import claims, faithfulness, sweep
 from ..analyses.codecs.checks import CLAIMS
+from ..core.loading.provenance import model_provenance
 from ..core.util.errors import InputError
-from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
 from ..core.util.texts import read_texts
 from . import outputs

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from ..analyses import records
 from ..core.loading.models import load_model
+from ..core.loading.provenance import versions
 from ..core.util.errors import InputError
-from ..core.util.parallel import processes, versions
+from ..core.util.parallel import processes
 from ..core.util.progress import print_line
 from ..core.util.texts import check_text, gsm8k_path, read_standard_input, read_text_file
 

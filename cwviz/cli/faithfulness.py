@@ -16,8 +16,8 @@ from ..analyses.codecs.sweeps import FAITHFULNESS
 from ..analyses.faithfulness import PAPER_ORDER, curve_areas, dataset_texts, order_check
 from ..analyses.faithfulness import read_examples as read_file
 from ..analyses.schema import area_span
+from ..core.loading.provenance import model_provenance
 from ..core.util.errors import InputError
-from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
 from ..core.util.texts import read_texts
 from . import outputs

@@ -14,7 +14,7 @@ import argparse
 
 from ..analyses import faithfulness, flow_faithfulness, sweep
 from ..analyses.codecs.checks import FLOW_FAITHFULNESS
-from ..core.util.parallel import model_provenance
+from ..core.loading.provenance import model_provenance
 from ..core.util.progress import cli_bar
 from ..core.util.texts import read_texts
 from . import outputs

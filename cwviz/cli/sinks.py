@@ -14,9 +14,9 @@ import pandas as pd
 
 from ..analyses import records, sinks, sweep
 from ..analyses.codecs.sweeps import SINKS
+from ..core.loading.provenance import model_provenance
 from ..core.method.analysis import analyze
 from ..core.util.errors import CwvizError, InputError
-from ..core.util.parallel import model_provenance
 from ..core.util.progress import cli_bar
 from ..core.util.texts import read_texts
 from . import outputs

@@ -10,12 +10,13 @@
 * :mod:`cwviz.core.loading` — a model and what it accepts: the table of architectures and the rows derived for the
   others (``architectures``, ``derive``), the checkpoints converted once into the cache (``checkpoints``),
   :func:`~cwviz.core.loading.models.load_model` and the :class:`~cwviz.core.loading.models.Bundle`, what a prompt
-  and a selection must be for that model (``inputs``) and greedy continuation (``generate``). Why apart: they know
+  and a selection must be for that model (``inputs``), greedy continuation (``generate``) and a run's provenance
+  (``provenance``: the model's weight hash, the versions a manifest records). Why apart: they know
   model families, files and tokenizers, and nothing of the measures.
 * :mod:`cwviz.core.util` — services with no knowledge of models or of the method: the errors every room raises
   (``errors``), progress callbacks, display-ready tokens, prompt files and JSON Lines (``texts``), environment
   settings and the cache folder, file locks, the process's heap (what entry points opt in to: ``heap``), and
-  accelerate's process state with a run's provenance (``parallel``).
+  accelerate's process state (``parallel``).
 
 ``util`` is the bottom: it imports nothing of the core. ``loading`` and ``method`` meet at the seam, one way per
 module: a model is loaded with cwviz's attention function, so ``loading.models`` and ``loading.derive`` import

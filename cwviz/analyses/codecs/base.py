@@ -22,7 +22,7 @@ def data_count(key: str) -> Field:
 
 
 def model_settings(provenance: dict) -> dict:
-    """What of the model's provenance (:func:`cwviz.core.util.parallel.model_provenance`) decides the numbers (not the device)."""
+    """What of the model's provenance (:func:`cwviz.core.loading.provenance.model_provenance`) decides the numbers (not the device)."""
     return {k: provenance[k] for k in ("id", "architecture", "revision", "weights_sha256", "dtype")}
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..vocabulary import KINDS, check_kind
 from ..util.errors import InputError
+from ..vocabulary import KINDS, check_kind
 from .row_block_sizes import triangle_row_blocks
 
 #: Names accepted by :meth:`LayerMeasures.per_head` and :meth:`LayerMeasures.layer_level`.

@@ -1,2 +1,2 @@
 """Services that know neither models nor the method: errors, progress, tokens for display, prompt files, settings,
-file locks, the process's heap, accelerate's process state and provenance. See cwviz/core/__init__.py."""
+file locks, the process's heap, accelerate's process state. See cwviz/core/__init__.py."""

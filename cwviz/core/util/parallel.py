@@ -9,7 +9,6 @@ is made with ``cpu=True``: accelerate only forms a CPU (gloo) group when asked t
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,36 +51,3 @@ def processes(device: str = "auto") -> Processes:
 def shard(items: Sequence, index: int, count: int) -> list:
     """Process ``index``'s share of ``items`` (round robin, so long and short examples spread evenly)."""
     return list(items[index::count])
-
-
-def model_provenance(bundle) -> dict:
-    """What identifies the model's numbers: id, hub revision (when known), a hash of its weights, dtype, device.
-
-    The weight hash covers every parameter's name, shape, dtype and first 4096 values (fast on a 7B model;
-    two checkpoints of one architecture differ there).
-    """
-    digest = hashlib.sha256()
-    with torch.no_grad():
-        for name, param in bundle.model.named_parameters():
-            digest.update(f"{name}{tuple(param.shape)}{param.dtype}".encode())
-            digest.update(param.detach().flatten()[:4096].float().cpu().numpy().tobytes())
-    info = bundle.info
-    return {
-        "id": info.id,
-        "architecture": info.architecture,
-        "revision": getattr(bundle.model.config, "_commit_hash", None),
-        "weights_sha256": digest.hexdigest(),
-        "dtype": info.dtype,
-        "device": info.device,
-    }
-
-
-def versions() -> dict[str, str]:
-    """The versions a run's manifest records: cwviz, torch, transformers, Python."""
-    import platform
-
-    import transformers
-
-    from ... import __version__
-
-    return {"cwviz": __version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
