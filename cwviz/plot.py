@@ -26,7 +26,7 @@ Choices made here, where a page would have a widget:
   :func:`~cwviz.analyses.sinks.pool_tables` (prompts pooled, as the Sinks page pools them), so several
   charts can share one table.
 * :func:`sink_ratio` with ``head=None`` draws the layer's most anti-aligned head, as the Sinks page does.
-* :func:`faithfulness_curves` takes a summary (:func:`~cwviz.analyses.faithfulness.summarize`, or the
+* :func:`faithfulness_curves` takes a summary (:func:`~cwviz.analyses.faithfulness_summary.summarize`, or the
   CLI's ``--out`` CSV read back with pandas) or the per-example table it is made from, and stacks both
   curves as the Faithfulness page does unless ``curve`` names one.
 
@@ -43,7 +43,7 @@ import altair as alt
 import pandas as pd
 
 from .analyses import compare as compare_analyses
-from .analyses import faithfulness, route, sinks, tables
+from .analyses import faithfulness, faithfulness_summary, route, sinks, tables
 from .analyses.flow_text import describe
 from .charts import compare as compare_charts
 from .charts import faithfulness as faithfulness_charts
@@ -317,7 +317,7 @@ def faithfulness_curves(
     """Mean ΔPPL against removal rate, a line per measure with its 95 % band
     (:func:`cwviz.charts.faithfulness.curve_chart`): both curves stacked, or only ``curve``.
 
-    ``frame``: a summary (columns :data:`cwviz.analyses.faithfulness.SUMMARY_COLUMNS`) or per-example
+    ``frame``: a summary (columns :data:`cwviz.analyses.faithfulness_summary.SUMMARY_COLUMNS`) or per-example
     results (:data:`~cwviz.analyses.faithfulness.EXAMPLE_COLUMNS`, e.g. the tables of
     :func:`~cwviz.analyses.faithfulness.iter_examples` concatenated), summarised here with ``seed``.
     ``scale``: ``"linear"`` or ``"symlog"`` (keeps zero and negative ΔPPL).
@@ -328,14 +328,15 @@ def faithfulness_curves(
         raise InputError(f"curve must be one of {', '.join(faithfulness.CURVES)} (or None for both), not {curve!r}")
     if not isinstance(frame, pd.DataFrame):
         raise InputError(f"expected a pandas DataFrame of faithfulness results, not {type(frame).__name__}")
-    if set(faithfulness.SUMMARY_COLUMNS) <= set(frame.columns):
+    if set(faithfulness_summary.SUMMARY_COLUMNS) <= set(frame.columns):
         summary = frame
     elif {"measure", "curve", "rate", "delta_ppl"} <= set(frame.columns):
-        summary = faithfulness.summarize(frame, seed=seed)
+        summary = faithfulness_summary.summarize(frame, seed=seed)
     else:
         raise InputError(
-            "this table holds no faithfulness results: expected the columns of faithfulness.summarize "
-            f"({', '.join(faithfulness.SUMMARY_COLUMNS)}) or of its per-example tables ({', '.join(faithfulness.EXAMPLE_COLUMNS)})"
+            "this table holds no faithfulness results: expected the columns of faithfulness_summary.summarize "
+            f"({', '.join(faithfulness_summary.SUMMARY_COLUMNS)}) or of its per-example tables "
+            f"({', '.join(faithfulness.EXAMPLE_COLUMNS)})"
         )
     if summary.empty:
         raise InputError("no faithfulness results to draw: the table has no rows")

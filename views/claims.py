@@ -6,13 +6,13 @@ from pathlib import Path
 import streamlit as st
 
 from cwviz import CwvizError
-from cwviz.analyses import claims, faithfulness, records
+from cwviz.analyses import claims, records
 from cwviz.analyses.codecs.checks import CLAIMS
 from cwviz.app import hosting, run_services
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import url_widget
 from cwviz.charts import claims as charts_claims
-from cwviz.core.defaults import CLAIMS_MAX_TOKENS, CLAIMS_RATES, CONFIDENCE, RESAMPLES, SINK_ACTIVE
+from cwviz.core.defaults import CLAIMS_MAX_TOKENS, CONFIDENCE, RESAMPLES, SINK_ACTIVE
 
 #: Items a run on this page may take (the CLI takes any number, resumably).
 MAX_ITEMS = 10
@@ -70,7 +70,7 @@ def run_here() -> list[dict] | None:
             min_value=3,
             max_value=512,
         )
-    protocol = faithfulness.Protocol(rates=CLAIMS_RATES, measures=claims.RANKINGS, max_tokens=int(cap))
+    protocol = claims.protocol(max_tokens=int(cap))
     asked = run_services.Asked((sel.model, sel.device, sel.dtype), tuple(claims.gsm8k_items(int(n))), protocol)
     if st.button("Run", type="primary", key="claims_run"):  # True in the click's rerun, which has the widgets' values
         st.session_state[ASKED] = asked

@@ -7,10 +7,9 @@ from cwviz.analyses import compare, schema
 from cwviz.app import compare_services as services
 from cwviz.app import widgets
 from cwviz.app.sidebar import sidebar
-from cwviz.app.state import examples, parse_kind, select, url_widget
+from cwviz.app.state import examples, select, url_widget
 from cwviz.charts import compare as charts
 from cwviz.charts.heatmaps import LAYOUT_LABELS, LAYOUTS
-from cwviz.core.vocabulary import KIND_LABELS, KINDS
 
 sel = sidebar("Compare two inputs")
 st.markdown("Input A (the sidebar's) against input B (below): the maps of both, and B − A in red where B is larger, blue where smaller.")
@@ -79,16 +78,7 @@ with col_map:
         horizontal=True,
     )
 with col_kind:
-    kind = url_widget(
-        st.radio,
-        "cmp_kind",
-        "Normalise contributions by",
-        KINDS[0],
-        options=list(KINDS),
-        horizontal=True,
-        format_func=KIND_LABELS.get,
-        parse=parse_kind,
-    )
+    kind = widgets.kind_picker("cmp_kind", "Normalise contributions by")
 with col_layout:
     layout = url_widget(
         st.radio,

@@ -13,7 +13,7 @@ from pathlib import Path
 import streamlit as st
 
 from cwviz import CwvizError
-from cwviz.analyses import faithfulness
+from cwviz.analyses import faithfulness, faithfulness_summary
 from cwviz.analyses.codecs.sweeps import FAITHFULNESS
 from cwviz.analyses.schema import area_span
 from cwviz.app import hosting, run_services, services, widgets
@@ -258,7 +258,7 @@ if finished:
             f"**Mean ΔPPL per rate**, and the area under each curve (trapezoids over the rate as a fraction, from "
             f"{span[0]:g} to {span[1]:g})"
         )
-        areas = faithfulness.curve_areas(summary).pivot(index="measure", columns="curve", values="area")
+        areas = faithfulness_summary.curve_areas(summary).pivot(index="measure", columns="curve", values="area")
         table = areas.add_prefix("area ").join(table)  # the areas first: the table's right part scrolls out of view
     else:  # one rate spans nothing: an area of 0 would read as a result
         st.markdown("**Mean ΔPPL per rate** (no area under the curves: that needs two rates or more)")

@@ -5,9 +5,8 @@ import streamlit as st
 from cwviz.analyses import tables
 from cwviz.app import services, widgets
 from cwviz.app.sidebar import sidebar
-from cwviz.app.state import parse_kind, select, url_widget
+from cwviz.app.state import select, url_widget
 from cwviz.charts import heatmaps as charts
-from cwviz.core.vocabulary import KIND_LABELS, KINDS
 
 SENTENCE = (
     "Each row is a query token: the left map shows how strongly it **attends** to each earlier token, the right map "
@@ -53,17 +52,7 @@ with measure_col:
 # Raw and value-weighted attention do not divide by an output norm: the choice is shown but cannot be made.
 normalised = tables.FAMILIES[family][1] != tables.FAMILIES[family][2]
 with kind_col:
-    kind = url_widget(
-        st.selectbox,
-        "kind",
-        "Normalise by",
-        KINDS[0],
-        options=list(KINDS),
-        format_func=KIND_LABELS.get,
-        parse=parse_kind,
-        label_visibility="collapsed",
-        disabled=not normalised,
-    )
+    kind = widgets.kind_picker("kind", compact=True, disabled=not normalised)
 with range_col:
     colour_range = url_widget(
         st.selectbox,

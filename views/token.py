@@ -4,9 +4,8 @@ import streamlit as st
 
 from cwviz.app import services, widgets
 from cwviz.app.sidebar import sidebar
-from cwviz.app.state import parse_kind, url_widget
+from cwviz.app.state import url_widget
 from cwviz.charts import token as charts
-from cwviz.core.vocabulary import KIND_LABELS, KINDS
 
 sel = sidebar("One query token")
 if not sel.ok:
@@ -17,16 +16,7 @@ st.markdown(
     "attention × norm ratio ‖ṽ_k‖/‖o_q‖ × cosine(o_q, ṽ_k): a key can be strongly attended and still contribute "
     "little (short or orthogonal value), or contribute negatively (value pointing against the output)."
 )
-kind = url_widget(
-    st.radio,
-    "token_kind",
-    "Normalise by",
-    KINDS[0],
-    options=list(KINDS),
-    horizontal=True,
-    format_func=KIND_LABELS.get,
-    parse=parse_kind,
-)
+kind = widgets.kind_picker("token_kind")
 if sel.head is None:
     st.info(
         "The factorisation is per head: pick a head in the sidebar to see norm ratio and cosine. "

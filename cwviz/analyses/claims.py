@@ -27,7 +27,17 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from ..core.defaults import CONFIDENCE, RESAMPLES, SINK_ACTIVE, SINK_ACTIVE_THRESHOLDS
+from ..core.defaults import (
+    CLAIMS_MAX_TOKENS,
+    CLAIMS_RATES,
+    CONFIDENCE,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_DRAWS,
+    RESAMPLES,
+    SEED,
+    SINK_ACTIVE,
+    SINK_ACTIVE_THRESHOLDS,
+)
 from ..core.method.analysis import analyze
 from ..core.method.interventions import ScaleValues
 from . import claim_items, faithfulness, sinks
@@ -90,6 +100,27 @@ CSV_COLUMNS = [
 #: Fewer items than this decide nothing: a bootstrap over one or two items has (nearly) no spread, so its interval
 #: would look decisive while it measures nothing. Such a row is unresolved, its evidence saying why.
 MIN_ITEMS = 5
+
+
+def protocol(
+    rates: Sequence[float] = CLAIMS_RATES,
+    max_tokens: int = CLAIMS_MAX_TOKENS,
+    *,
+    seed: int = SEED,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    draws: int = DEFAULT_DRAWS,
+) -> faithfulness.Protocol:
+    """The faithfulness protocol claim 1 is checked under, for ``cwviz claims`` and the Claims page alike: the claims'
+    rankings (:data:`RANKINGS`, the random control among them) at ``rates`` (%), each item cut to ``max_tokens``;
+    every other choice is faithfulness's default (each rank scope is set per run by :func:`item_payload`)."""
+    return faithfulness.Protocol(
+        rates=rates,
+        measures=RANKINGS,
+        seed=seed,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        draws=draws,
+    )
 
 
 # -- one item ---------------------------------------------------------------------------------------------

@@ -157,8 +157,8 @@ ATLAS_METRICS: dict[str, str] = {
 
 
 def area_span(summary: pd.DataFrame) -> tuple[float, float] | None:
-    """The first and last rate :func:`cwviz.analyses.faithfulness.curve_areas` integrates over, as fractions (``(0.01, 0.5)``), or None when
-    ``summary`` has fewer than two rates: a curve of one point has no area, and the 0 it is given would read as a
-    result."""
+    """The first and last rate :func:`cwviz.analyses.faithfulness_summary.curve_areas` integrates over, as fractions
+    (``(0.01, 0.5)``), or None when ``summary`` has fewer than two rates: a curve of one point has no area, and the 0
+    it is given would read as a result."""
     rates = sorted(summary["rate"].unique()) if len(summary) else []
     return (rates[0] / 100, rates[-1] / 100) if len(rates) >= 2 else None

@@ -32,12 +32,11 @@ import pandas as pd
 from ..core.loading.inputs import check_length
 from ..core.loading.models import Bundle
 from ..core.method.analysis import analyze
-from ..core.method.logprobs import perplexity_of as sequence_perplexity
 from ..core.util.errors import InputError
 from ..core.util.texts import check_text
 from . import faithfulness
 from .codecs.sweeps import FAITHFULNESS
-from .faithfulness import EXAMPLE_COLUMNS, Protocol, check_causal, log_ratio, masked_layers, masked_logprobs
+from .faithfulness import EXAMPLE_COLUMNS, Protocol, check_causal, masked_layers, masked_logprobs, runs_table
 from .schema import TASKS
 
 log = logging.getLogger(__name__)
@@ -205,27 +204,10 @@ def run_item(bundle: Bundle, item: Item, protocol: Protocol = Protocol(), exampl
         clean = analysis.next_token_logprobs
         # logprobs[t] is log p(token t+1 | ..t): the continuation's tokens start..T-1 are entries start-1..T-2
         scores[choice] = [clean[start - 1 :].sum(dtype=np.float64)] + [logprobs[run][start - 1 :].sum(dtype=np.float64) for run in runs]
-        if choice == item.answer:
-            tokens, ppl_clean = analysis.num_tokens, analysis.perplexity
-            ppl_masked = np.array([sequence_perplexity(logprobs[run]) for run in runs])
-    correct = (scores.argmax(axis=0) == item.answer).astype(int)  # first best on ties
-    return pd.DataFrame(
-        {
-            "example": example,
-            "measure": [m for m, _, _, _ in runs],
-            "curve": [c for _, c, _, _ in runs],
-            "rate": [r for _, _, r, _ in runs],
-            "draw": [d for _, _, _, d in runs],
-            "tokens": tokens,
-            "ppl_clean": ppl_clean,
-            "ppl_masked": ppl_masked,
-            "delta_ppl": ppl_masked - ppl_clean,
-            "log_ppl_ratio": log_ratio(ppl_masked, ppl_clean),
-            "correct_clean": correct[0],
-            "correct_masked": correct[1:],
-        },
-        columns=TASK_COLUMNS,
-    )
+        if choice == item.answer:  # the perplexities are those of the correct choice's sequence
+            table = runs_table(protocol, example, analysis, logprobs)
+    correct = (scores.argmax(axis=0) == item.answer).astype(int)  # (clean + runs,); first best on ties
+    return table.assign(correct_clean=correct[0], correct_masked=correct[1:])[TASK_COLUMNS]
 
 
 def iter_items(

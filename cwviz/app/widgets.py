@@ -14,9 +14,20 @@ from ..charts import heatmaps
 from ..charts.flow import NODE_PICK
 from ..charts.heatmaps import PICK, QUERY_PICK
 from ..charts.palette import INK
+from ..core.vocabulary import KIND_LABELS, KINDS
 from . import services
 from .sidebar import Selection
-from .state import presenter, select, toast_next_run
+from .state import parse_kind, presenter, select, toast_next_run, url_widget
+
+
+def kind_picker(param: str, label: str = "Normalise by", *, compact: bool = False, disabled: bool = False) -> str:
+    """The contribution kind (one of :data:`~cwviz.core.vocabulary.KINDS`, shown by its ``KIND_LABELS`` label), kept
+    in the link as ``?param=`` (the forms older links hold are read by :func:`~cwviz.app.state.parse_kind`): a
+    horizontal radio, or with ``compact`` a selectbox without its label, for a narrow column."""
+    options = {"options": list(KINDS), "format_func": KIND_LABELS.get, "parse": parse_kind, "disabled": disabled}
+    if compact:
+        return url_widget(st.selectbox, param, label, KINDS[0], label_visibility="collapsed", **options)
+    return url_widget(st.radio, param, label, KINDS[0], horizontal=True, **options)
 
 
 def label_px() -> int:

@@ -1,4 +1,5 @@
-"""Faithfulness curves: the summary of :func:`cwviz.analyses.faithfulness.summarize` in, ``alt.Chart`` out. Pure.
+"""Faithfulness curves: the summary of :func:`cwviz.analyses.faithfulness_summary.summarize` in, ``alt.Chart`` out.
+Pure.
 
 One chart per curve: mean ΔPPL against the removal rate, a line per measure, the 95 % bootstrap
 interval as a band of the same colour. ΔPPL often spans orders of magnitude between low and high rates
@@ -48,7 +49,7 @@ def measure_colours(order: list[str]) -> alt.Scale:
 
 
 def curve_chart(summary: pd.DataFrame, curve: str, scale: str = "linear") -> alt.LayerChart:
-    """ΔPPL against removal rate for one curve (columns of ``cwviz.analyses.faithfulness.SUMMARY_COLUMNS``).
+    """ΔPPL against removal rate for one curve (columns of ``cwviz.analyses.faithfulness_summary.SUMMARY_COLUMNS``).
 
     Measures keep the order of the rows (the summary lists them raw first, random last).
     """

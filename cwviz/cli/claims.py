@@ -31,12 +31,11 @@ from .options import parse_rates, parse_scopes
 def protocol_of(args: argparse.Namespace) -> faithfulness.Protocol:
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, not {args.batch_size}")
-    return faithfulness.Protocol(
-        rates=parse_rates(args.rates),
-        measures=claims.RANKINGS,
+    return claims.protocol(
+        parse_rates(args.rates),
+        args.max_tokens,
         seed=args.seed,
         batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
         draws=args.draws,
     )
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analyses import faithfulness, records, sweep, tasks
+from ..analyses import faithfulness, faithfulness_summary, records, sweep, tasks
 from ..analyses.codecs.sweeps import FAITHFULNESS
-from ..analyses.faithfulness import PAPER_ORDER, curve_areas, dataset_texts, order_check
+from ..analyses.faithfulness import dataset_texts
 from ..analyses.faithfulness import read_examples as read_file
+from ..analyses.faithfulness_summary import PAPER_ORDER, curve_areas, order_check
 from ..analyses.schema import area_span
 from ..core.loading.provenance import model_provenance
 from ..core.util.errors import InputError
@@ -208,7 +209,9 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
     summary = FAITHFULNESS.summary(made_records, seed=args.seed)
     # Each measure's gap to the random control, paired per example, in its own CSV beside the summary (written once
     # every example is in: its bootstrap is over the examples); none without a random run.
-    gaps = faithfulness.random_gaps(FAITHFULNESS.decode(made_records), seed=args.seed) if finished else pd.DataFrame()
+    gaps = pd.DataFrame()
+    if finished:
+        gaps = faithfulness_summary.random_gaps(FAITHFULNESS.decode(made_records), seed=args.seed)
     written = ([folder / records.GAPS] if folder is not None else []) + ([gaps_path(args.out)] if args.out is not None else [])
     written = written if len(gaps) else []
     for path in written:

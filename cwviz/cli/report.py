@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analyses import claims, faithfulness, flow_faithfulness, records
+from ..analyses import claims, faithfulness_summary, flow_faithfulness, records
 from ..analyses.codecs.checks import CLAIMS
 from ..analyses.codecs.sweeps import FAITHFULNESS, SINKS
 from ..charts import report
@@ -37,12 +37,12 @@ def faithfulness_sections(folder: Path) -> list:
         print(f"note: {folder} holds {len(made)} of the run's {total} examples; add --resume to the run's command to finish it")
     if not len(table):
         raise InputError(f"the records in {folder} hold no finished example; run the sweep (with --resume) first")
-    summary = faithfulness.summarize(table, seed=manifest.get("seed", 0))
-    areas = faithfulness.curve_areas(summary)
+    summary = faithfulness_summary.summarize(table, seed=manifest.get("seed", 0))
+    areas = faithfulness_summary.curve_areas(summary)
     sections = [report.manifest_section(manifest, recorded=recorded)] if manifest else []
-    sections.append(
-        report.faithfulness_section(summary, areas, faithfulness.order_check(areas), faithfulness.order_check(summary, value="delta_ppl"))
-    )
+    by_area = faithfulness_summary.order_check(areas)
+    by_rate = faithfulness_summary.order_check(summary, value="delta_ppl")
+    sections.append(report.faithfulness_section(summary, areas, by_area, by_rate))
     if "delta_accuracy" in summary:
         sections.append(report.accuracy_section(summary))
     return sections

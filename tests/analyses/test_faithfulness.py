@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cwviz
-from cwviz.analyses import faithfulness, masks
+from cwviz.analyses import faithfulness, faithfulness_summary, masks
 from cwviz.core import defaults
 from cwviz.core.method.interventions import KeepKeys, logits
 from cwviz.core.util.errors import InputError, UnsupportedModelError
@@ -223,21 +223,21 @@ def test_summary_means_intervals_and_areas():
             ("raw", "comprehensiveness", 100.0): [2.0, 2.0],
         }
     )
-    summary = faithfulness.summarize(table)
-    assert list(summary.columns) == faithfulness.SUMMARY_COLUMNS
+    summary = faithfulness_summary.summarize(table)
+    assert list(summary.columns) == faithfulness_summary.SUMMARY_COLUMNS
     assert summary.measure.tolist() == ["raw", "raw", "raw", "random"]  # measures in the paper's order
     row = summary[(summary.measure == "raw") & (summary.rate == 50)].iloc[0]
     assert row.delta_ppl == 2.0 and row.n == 2
     assert 1.0 <= row.ci_low <= 2.0 <= row.ci_high <= 3.0
-    assert faithfulness.summarize(table).equals(summary)  # seeded
-    areas = faithfulness.curve_areas(summary).set_index("measure")["area"]
+    assert faithfulness_summary.summarize(table).equals(summary)  # seeded
+    areas = faithfulness_summary.curve_areas(summary).set_index("measure")["area"]
     assert areas["raw"] == pytest.approx(0.5 * 1.0 + 0.5 * 2.0)  # trapezoids over 0..0.5..1
     assert areas["random"] == 0.0  # one rate: no area
 
 
 def test_bootstrap_interval_of_one_value_has_zero_width():
-    assert faithfulness.bootstrap_ci(np.array([3.5])) == (3.5, 3.5)
-    low, high = faithfulness.bootstrap_ci(np.random.default_rng(0).normal(10, 1, 200))
+    assert faithfulness_summary.bootstrap_ci(np.array([3.5])) == (3.5, 3.5)
+    low, high = faithfulness_summary.bootstrap_ci(np.random.default_rng(0).normal(10, 1, 200))
     assert low < 10 < high and high - low < 0.5
 
 
@@ -249,9 +249,9 @@ def test_order_check_reads_sufficiency_in_reverse_and_names_ties():
             "area": [1.0, 2.0, 2.0, 1.0, 2.0, 0.5],
         }
     )
-    checks = faithfulness.order_check(areas)
+    checks = faithfulness_summary.order_check(areas)
     assert checks.relation.tolist() == ["holds", "equal", "fails", "holds"]
-    per_rate = faithfulness.order_check(areas.assign(rate=10.0), value="area")
+    per_rate = faithfulness_summary.order_check(areas.assign(rate=10.0), value="area")
     assert per_rate.rate.tolist() == [10.0] * 4
 
 
@@ -281,7 +281,7 @@ def test_curve_chart_draws_a_line_and_a_band_per_measure_in_summary_order():
     from cwviz.charts.faithfulness import curve_chart
 
     table = _table({(m, c, r): [1.0, 2.0] for m in ("raw", "random") for c in faithfulness.CURVES for r in (10.0, 50.0)})
-    summary = faithfulness.summarize(table)
+    summary = faithfulness_summary.summarize(table)
     spec = curve_chart(summary, "sufficiency", scale="symlog").to_dict()
     band, line = spec["layer"]
     assert band["mark"]["type"] == "area" and band["encoding"]["y2"]["field"] == "ci_high"
@@ -299,9 +299,9 @@ def test_a_symlog_axis_labels_its_decades_on_each_side_the_values_reach():
     assert symlog_ticks([-5.0, 250.0, float("nan")]) == [-1.0, 0.0, 1.0, 10.0, 100.0]
     assert symlog_ticks([0.2]) == [0.0, 1.0]  # never 0 alone
     table = _table({(m, c, r): [-20.0, 3_000.0] for m in ("raw", "random") for c in faithfulness.CURVES for r in (10.0, 50.0)})
-    band = curve_chart(faithfulness.summarize(table), "comprehensiveness", scale="symlog").to_dict()["layer"][0]
+    band = curve_chart(faithfulness_summary.summarize(table), "comprehensiveness", scale="symlog").to_dict()["layer"][0]
     assert band["encoding"]["y"]["axis"]["values"] == [-10.0, -1.0, 0.0, 1.0, 10.0, 100.0, 1_000.0]
-    linear = curve_chart(faithfulness.summarize(table), "comprehensiveness").to_dict()["layer"][0]
+    linear = curve_chart(faithfulness_summary.summarize(table), "comprehensiveness").to_dict()["layer"][0]
     assert "values" not in linear["encoding"]["y"].get("axis", {})
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import cwviz
-from cwviz.analyses import faithfulness, masks
+from cwviz.analyses import faithfulness, faithfulness_summary, masks
 from cwviz.core.method.interventions import KeepKeys, batch_perplexity
 from tests.helpers import make_tiny
 
@@ -39,12 +39,12 @@ def test_random_control_mean_matches_its_expectation_on_a_constructed_model():
     protocol = faithfulness.Protocol(rates=(30.0,), measures=("random",), layer=0, draws=draws, batch_size=64)
     table = faithfulness.run_example(bundle, IDS, protocol)
     assert sorted(table.draw.unique()) == list(range(draws))
-    means = faithfulness.per_example_means(table)
+    means = faithfulness_summary.per_example_means(table)
     assert len(means) == 2  # one row a curve: the draws averaged within the example
     for curve in faithfulness.CURVES:  # at 30 % of these queries both curves mask a uniformly random set
         got = float(means.loc[means.curve == curve, "delta_ppl"].iloc[0])
         assert abs(got - expected) < 4 * spread / np.sqrt(draws), curve
-    summary = faithfulness.summarize(table)
+    summary = faithfulness_summary.summarize(table)
     assert (summary.n == 1).all()  # n counts examples, not draws
 
 
@@ -115,7 +115,7 @@ def test_the_log_ratio_and_the_gap_to_random_are_scale_free():
                 )
     small = pd.DataFrame(rows).assign(delta_ppl=lambda t: t.ppl_masked - t.ppl_clean)
     large = small.assign(ppl_clean=small.ppl_clean * 10, ppl_masked=small.ppl_masked * 10, delta_ppl=small.delta_ppl * 10)
-    gaps = [faithfulness.random_gaps(t).set_index(["measure", "curve"]).gap for t in (small, large)]
+    gaps = [faithfulness_summary.random_gaps(t).set_index(["measure", "curve"]).gap for t in (small, large)]
     pd.testing.assert_series_equal(gaps[0], gaps[1])
     assert gaps[0]["contribution_inter", "comprehensiveness"] == pytest.approx(np.log(4.0 / 1.5))
     assert gaps[0]["raw", "sufficiency"] == pytest.approx(np.log(1 + 1 / 1.5) - np.log(1.5))

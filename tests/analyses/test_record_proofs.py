@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cwviz import cli
-from cwviz.analyses import atlas, faithfulness, records, sinks
+from cwviz.analyses import atlas, faithfulness_summary, records, sinks
 from cwviz.analyses.codecs.sweeps import ATLAS, FAITHFULNESS, SINKS
 from cwviz.cli import atlas as atlas_cli
 from cwviz.cli import faithfulness as faith_cli
@@ -146,7 +146,7 @@ def test_a_summary_n_counts_the_values_in_its_mean():
     table = pd.DataFrame(
         {"measure": "raw", "curve": "comprehensiveness", "rate": 10.0, "delta_ppl": [1.0, 2.0, math.nan, 3.0], "example": range(4)}
     )
-    (row,) = faithfulness.summarize(table, resamples=50).itertuples()
+    (row,) = faithfulness_summary.summarize(table, resamples=50).itertuples()
     assert row.n == 3 and row.delta_ppl == pytest.approx(2.0)
     assert math.isfinite(row.ci_low) and math.isfinite(row.ci_high)
 

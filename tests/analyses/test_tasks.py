@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from cwviz import cli
-from cwviz.analyses import faithfulness, records, tasks
+from cwviz.analyses import faithfulness, faithfulness_summary, records, tasks
 from cwviz.cli import faithfulness as command
 from cwviz.core.util.errors import InputError
 from tests.helpers import BOOLQ, make_tiny, write_jsonl
@@ -109,8 +109,8 @@ def test_accuracy_with_nothing_masked_equals_the_clean_accuracy(llama, tmp_path,
     zero = table[table.rate == 0]
     assert (zero.correct_masked == zero.correct_clean).all()
     assert (zero.delta_ppl == 0).all()  # the clean pass itself, not a pass that masks nothing
-    summary = faithfulness.summarize(table)
-    assert set(faithfulness.ACCURACY_COLUMNS) <= set(summary.columns)
+    summary = faithfulness_summary.summarize(table)
+    assert set(faithfulness_summary.ACCURACY_COLUMNS) <= set(summary.columns)
     at_zero = summary[summary.rate == 0]
     assert (at_zero.accuracy_masked == at_zero.accuracy_clean).all() and (at_zero.delta_accuracy == 0).all()
     assert (at_zero.accuracy_ci_low == 0).all() and (at_zero.accuracy_ci_high == 0).all()
@@ -139,11 +139,12 @@ def test_paired_bootstrap_of_the_accuracy_change():
         | {"correct_clean": 1, "correct_masked": int(i % 2 == 0)}
         for i in range(10)
     ]
-    summary = faithfulness.summarize(pd.DataFrame(rows), seed=1)
+    summary = faithfulness_summary.summarize(pd.DataFrame(rows), seed=1)
     row = summary.iloc[0]
     assert row.accuracy_clean == 1.0 and row.accuracy_masked == 0.5 and row.delta_accuracy == -0.5
     assert row.accuracy_ci_low < -0.5 < row.accuracy_ci_high <= 0
-    np.testing.assert_allclose((row.accuracy_ci_low, row.accuracy_ci_high), faithfulness.bootstrap_ci(np.array([0, -1] * 5), seed=1))
+    interval = faithfulness_summary.bootstrap_ci(np.array([0, -1] * 5), seed=1)
+    np.testing.assert_allclose((row.accuracy_ci_low, row.accuracy_ci_high), interval)
 
 
 def run_cli(tmp_path, monkeypatch, task: str, *extra: str) -> int:
@@ -158,7 +159,7 @@ def test_cli_task_prints_accuracy_and_writes_resumable_records(tmp_path, monkeyp
     out = capsys.readouterr().out
     assert "accuracy: clean" in out and "comprehensiveness:" in out
     single = pd.read_csv(tmp_path / "single.csv")
-    assert set(faithfulness.ACCURACY_COLUMNS) <= set(single.columns)
+    assert set(faithfulness_summary.ACCURACY_COLUMNS) <= set(single.columns)
 
     whole = tmp_path / "whole"
     assert run_cli(tmp_path, monkeypatch, "mmlu", "--results", str(whole)) == 0
@@ -193,5 +194,5 @@ def test_embedded_model_answers_mmlu_items_clean_and_masked(embedded, tmp_path):
     zero, full = table[table.rate == 0], table[table.rate == 100]
     assert (zero.correct_masked == zero.correct_clean).all() and (zero.delta_ppl == 0).all()
     assert (full.delta_ppl > 0).all()  # every key of every query removed: the model is lost
-    summary = faithfulness.summarize(table)
+    summary = faithfulness_summary.summarize(table)
     assert summary.accuracy_clean.between(0, 1).all() and summary.n.eq(len(MMLU)).all()

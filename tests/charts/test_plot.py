@@ -15,7 +15,7 @@ import pytest
 
 import cwviz
 from cwviz import plot
-from cwviz.analyses import faithfulness, route, sinks, tables
+from cwviz.analyses import faithfulness, faithfulness_summary, route, sinks, tables
 from cwviz.charts import flow as flow_charts
 from cwviz.charts import heatmaps as heatmap_charts
 from cwviz.charts.palette import NEGATIVE, POSITIVE
@@ -122,7 +122,7 @@ def per_example(analysis):
 
 
 def test_faithfulness_curves_from_per_example_results_and_from_a_summary(per_example):
-    summary = faithfulness.summarize(per_example)
+    summary = faithfulness_summary.summarize(per_example)
     both = plot.faithfulness_curves(per_example)
     assert isinstance(both, alt.VConcatChart)
     for curve in faithfulness.CURVES:

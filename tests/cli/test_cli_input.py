@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 import cwviz
-from cwviz.analyses import atlas, faithfulness, sinks
+from cwviz.analyses import atlas, faithfulness, faithfulness_summary, sinks
 from cwviz.analyses.tables import decomposition
 from cwviz.cli import analyze as analyze_command
 from cwviz.cli import common, main
@@ -318,15 +318,15 @@ def test_protocol_refuses_values_of_the_wrong_type(kwargs, message):
 
 def test_summarize_of_a_table_without_the_columns_names_them():
     with pytest.raises(InputError, match="measure, curve, rate, delta_ppl"):
-        faithfulness.summarize(pd.DataFrame())
+        faithfulness_summary.summarize(pd.DataFrame())
     with pytest.raises(CwvizError, match="delta_ppl"):
-        faithfulness.summarize(pd.DataFrame({"measure": ["raw"], "curve": ["sufficiency"], "rate": [10.0]}))
+        faithfulness_summary.summarize(pd.DataFrame({"measure": ["raw"], "curve": ["sufficiency"], "rate": [10.0]}))
 
 
 # -- 14. areas ---------------------------------------------------------------------------------------------------------------
 def _summary(rates: tuple[float, ...]) -> pd.DataFrame:
     rows = [{"example": 0, "measure": "raw", "curve": c, "rate": r, "delta_ppl": 1.0} for c in faithfulness.CURVES for r in rates]
-    return faithfulness.summarize(pd.DataFrame(rows))
+    return faithfulness_summary.summarize(pd.DataFrame(rows))
 
 
 def test_one_rate_prints_no_area_and_two_name_the_span():

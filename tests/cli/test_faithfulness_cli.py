@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from cwviz import cli
-from cwviz.analyses import faithfulness
+from cwviz.analyses import faithfulness, faithfulness_summary
 from cwviz.cli import faithfulness as command
 from cwviz.core import defaults
 from tests.helpers import make_tiny, write_jsonl
@@ -71,7 +71,7 @@ def test_two_items_of_a_small_jsonl_with_the_embedded_model(tmp_path):
     # The control beside the comparison in the files too: each measure's gap to random, per curve and rate, is the
     # paired difference of the summary's mean log-perplexity ratios (every example has both), > 0 better than chance.
     gaps = pd.read_csv(tmp_path / "results-gaps.csv")
-    assert list(gaps.columns) == faithfulness.GAP_COLUMNS and len(gaps) == 2 * 2 * 2 and set(gaps.n) == {2}
+    assert list(gaps.columns) == faithfulness_summary.GAP_COLUMNS and len(gaps) == 2 * 2 * 2 and set(gaps.n) == {2}
     assert f"wrote the gaps to random: {tmp_path / 'results-gaps.csv'}" in done.stdout
     means = table.set_index(["curve", "rate", "measure"])["log_ppl_ratio"]
     for row in gaps.itertuples(index=False):

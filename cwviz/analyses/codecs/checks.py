@@ -18,7 +18,7 @@ import pandas as pd
 
 from ...core.defaults import SINK_ACTIVE_THRESHOLDS
 from ...core.util.errors import InputError
-from .. import faithfulness
+from .. import faithfulness_summary
 from ..records import (
     FLAG,
     INT,
@@ -128,7 +128,7 @@ class ClaimsCodec(Codec):
                 run["rate"],
                 run["measure"],
                 run["delta_ppl"],
-                float(faithfulness.log_ratio(run["ppl_masked"], payload["ppl_clean"])),
+                float(faithfulness_summary.log_ratio(run["ppl_masked"], payload["ppl_clean"])),
             )
             for record in records
             if not record.get("skipped")

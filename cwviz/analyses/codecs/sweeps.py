@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ...core.util.errors import InputError
-from .. import faithfulness
+from .. import faithfulness, faithfulness_summary
 from ..records import (
     FLAG,
     INT,
@@ -189,7 +189,7 @@ class FaithfulnessCodec(Codec):
                     "ppl_clean": record["ppl_clean"],
                     "ppl_masked": run["ppl_masked"],
                     "delta_ppl": run["delta_ppl"],
-                    "log_ppl_ratio": float(faithfulness.log_ratio(run["ppl_masked"], record["ppl_clean"])),
+                    "log_ppl_ratio": float(faithfulness_summary.log_ratio(run["ppl_masked"], record["ppl_clean"])),
                 }
                 if record.get("correct_clean") is not None:
                     row["correct_clean"], row["correct_masked"] = record["correct_clean"], run["correct_masked"]
@@ -198,9 +198,12 @@ class FaithfulnessCodec(Codec):
         return frame if len(frame) else pd.DataFrame(columns=faithfulness.EXAMPLE_COLUMNS)
 
     def summary(self, records: Sequence[dict], seed: int = 0) -> pd.DataFrame:
-        """The summary (:func:`cwviz.analyses.faithfulness.summarize`) of the records' finished examples (none: empty)."""
+        """The summary (:func:`cwviz.analyses.faithfulness_summary.summarize`) of the records' finished examples (none:
+        empty)."""
         table = self.decode(records)
-        return faithfulness.summarize(table, seed=seed) if len(table) else pd.DataFrame(columns=faithfulness.SUMMARY_COLUMNS)
+        if not len(table):
+            return pd.DataFrame(columns=faithfulness_summary.SUMMARY_COLUMNS)
+        return faithfulness_summary.summarize(table, seed=seed)
 
 
 # -- sinks -----------------------------------------------------------------------------------------------
