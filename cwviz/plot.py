@@ -43,7 +43,7 @@ import altair as alt
 import pandas as pd
 
 from .analyses import compare as compare_analyses
-from .analyses import faithfulness, faithfulness_summary, route, sinks, tables
+from .analyses import faithfulness, faithfulness_summary, route, sink_interventions, sinks, tables
 from .analyses.flow_text import describe
 from .charts import compare as compare_charts
 from .charts import faithfulness as faithfulness_charts
@@ -303,10 +303,10 @@ def sink_intervention(
     layers: Iterable[int] | None = None,
 ) -> alt.VConcatChart:
     """The effect of scaling the sink's value by ``factor`` in ``layers`` (None: every layer): head-output
-    norms and the semantic cone per layer (:func:`cwviz.analyses.sinks.intervene_on_sink`, drawn by
+    norms and the semantic cone per layer (:func:`cwviz.analyses.sink_interventions.intervene_on_sink`, drawn by
     :func:`cwviz.charts.sinks.intervention_chart`). One forward pass; the model is not modified."""
     position = sinks.resolve_sink(analysis, sink)
-    result = sinks.intervene_on_sink(analysis, position, factor, None if layers is None else tuple(layers))
+    result = sink_interventions.intervene_on_sink(analysis, position, factor, None if layers is None else tuple(layers))
     return sink_charts.intervention_chart(result.table)
 
 

@@ -1,7 +1,8 @@
 """Reference code for the sink tests: the split o = s ṽ_σ + (1 − s) m made in d_model space, the plain way, against
 which :func:`cwviz.analyses.sinks.sink_norms` (the same numbers through each head's Gram matrix) is checked; and the
 sinks intervention the recorded way (a whole analysis of the intervened pass, head outputs recomputed from its
-records), against which :func:`cwviz.analyses.sinks.intervene_on_sink` (one pass that records nothing) is checked."""
+records), against which :func:`cwviz.analyses.sink_interventions.intervene_on_sink` (one pass that records nothing) is
+checked."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ import torch
 from ..core.defaults import SINK_ACTIVE, SINK_ACTIVE_THRESHOLDS
 from ..core.method.analysis import Analysis
 from ..core.method.interventions import Both, ScaleValues
-from . import sinks
+from . import sink_interventions, sinks
 
 #: Claim 4: a head's quadratic fit needs this many queries and this range of sink ratios among them.
 FIT_MIN_QUERIES, FIT_MIN_RANGE = 8, 0.05
@@ -286,7 +286,8 @@ def sink_statistics(
     fits = head_fits(table)
     stats |= fit_statistics(fits) | operating_point(fits)
     # Each pass's own records (head_output_stats reads them, no forward pass): ``after`` is the sink-removed pass.
-    cones = sinks.head_output_stats(after, sink)["cone"].to_numpy() - sinks.head_output_stats(analysis, sink)["cone"].to_numpy()
+    cone_after = sink_interventions.head_output_stats(after, sink)["cone"].to_numpy()  # (layer,)
+    cones = cone_after - sink_interventions.head_output_stats(analysis, sink)["cone"].to_numpy()
     stats["cone_change"] = float(np.nanmean(cones)) if np.isfinite(cones).any() else math.nan
     stats |= removal_shift(analysis, after, sink)
     stats["delta_ppl"] = float(after.perplexity - analysis.perplexity)

@@ -300,8 +300,8 @@ def flow_story(flow: Flow) -> FlowStory:
 
 @dataclass(frozen=True)
 class Removal:
-    """Step 6's numbers: λ = 0 in every layer (:func:`cwviz.analyses.sinks.intervene_on_sink`); perplexities NaN for
-    an encoder (``model`` names it)."""
+    """Step 6's numbers: λ = 0 in every layer (:func:`cwviz.analyses.sink_interventions.intervene_on_sink`);
+    perplexities NaN for an encoder (``model`` names it)."""
 
     model: str
     causal: bool
@@ -312,7 +312,7 @@ class Removal:
 
     @classmethod
     def of(cls, model: str, causal: bool, result) -> Removal:
-        """From a :class:`~cwviz.analyses.sinks.SinkIntervention` of λ = 0 in every layer."""
+        """From a :class:`~cwviz.analyses.sink_interventions.SinkIntervention` of λ = 0 in every layer."""
         table = result.table
         return cls(
             model,

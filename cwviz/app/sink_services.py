@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 import streamlit as st
 
-from ..analyses import sinks, sweep, tour
+from ..analyses import sink_interventions, sinks, sweep, tour
 from ..analyses.codecs.sweeps import SINKS
 from ..core import defaults
 from ..core.loading.checkpoints import EMBEDDED_ENCODER
@@ -106,21 +106,26 @@ def head_view(request: services.Request, sink: str, pool_path: str, pool_n: int,
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def clean_outputs(request: services.Request, sink: int) -> pd.DataFrame:
-    """:func:`cwviz.analyses.sinks.head_output_stats` of the sidebar prompt: the intervention's clean side (the
-    analysis's recorded head outputs reduced, no forward pass), made once for every λ."""
+    """:func:`cwviz.analyses.sink_interventions.head_output_stats` of the sidebar prompt: the intervention's clean side
+    (the analysis's recorded head outputs reduced, no forward pass), made once for every λ."""
     analysis = services.get_analysis(request).analysis
     with services.progress_bar(f"Head outputs of {analysis.info.id}'s pass, as recorded") as progress:
-        return sinks.head_output_stats(analysis, sink, progress=progress)
+        return sink_interventions.head_output_stats(analysis, sink, progress=progress)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def intervention(request: services.Request, sink: int, factor: float, layers: tuple[int, ...] | None) -> sinks.SinkIntervention:
-    """:func:`cwviz.analyses.sinks.intervene_on_sink` on the sidebar prompt (its clean side from :func:`clean_outputs`):
-    one forward pass a λ, recording nothing."""
+def intervention(
+    request: services.Request,
+    sink: int,
+    factor: float,
+    layers: tuple[int, ...] | None,
+) -> sink_interventions.SinkIntervention:
+    """:func:`cwviz.analyses.sink_interventions.intervene_on_sink` on the sidebar prompt (its clean side from
+    :func:`clean_outputs`): one forward pass a λ, recording nothing."""
     analysis = services.get_analysis(request).analysis
     clean = clean_outputs(request, sink)
     with services.progress_bar(f"λ = {factor:g}: a forward pass of {analysis.info.id} with the sink's value scaled") as progress:
-        return sinks.intervene_on_sink(analysis, sink, factor, layers, progress=progress, clean=clean)
+        return sink_interventions.intervene_on_sink(analysis, sink, factor, layers, progress=progress, clean=clean)
 
 
 #: Layers a batched pass of the layer-by-layer ΔPPL holds: a pass ends within seconds on a CPU, so Stop (which
@@ -137,21 +142,21 @@ def layerwise_done(request: services.Request, sink: int, factor: float) -> dict[
 
 
 def layerwise(request: services.Request, sink: int, factor: float) -> pd.DataFrame:
-    """:func:`cwviz.analyses.sinks.layerwise_removal` on the sidebar prompt, :data:`LAYERWISE_CHUNK` layers a pass, each
-    pass's perplexities kept as it ends (:func:`layerwise_done`), with a bar saying which layer runs and how long is
+    """:func:`cwviz.analyses.sink_interventions.layerwise_removal` on the sidebar prompt, :data:`LAYERWISE_CHUNK` layers
+    a pass, each pass's perplexities kept as it ends (:func:`layerwise_done`), with a bar saying which layer runs and how long is
     left. Stopped (any click interrupts the page between passes), it keeps the finished layers and resumes from them."""
     analysis = services.get_analysis(request).analysis
     done = layerwise_done(request, sink, factor)
     todo = [layer for layer in range(analysis.num_layers) if layer not in done]
     if not todo:
-        return sinks.layerwise_table(analysis, [done[layer] for layer in range(analysis.num_layers)])
+        return sink_interventions.layerwise_table(analysis, [done[layer] for layer in range(analysis.num_layers)])
     with services.item_bar("ΔPPL with the sink's value scaled, one layer at a time", analysis.num_layers, len(done), "layer") as progress:
         for start in range(0, len(todo), LAYERWISE_CHUNK):
             chunk = todo[start : start + LAYERWISE_CHUNK]
-            perplexities = sinks.removal_perplexity(analysis, [[layer] for layer in chunk], sink, factor)
+            perplexities = sink_interventions.removal_perplexity(analysis, [[layer] for layer in chunk], sink, factor)
             done.update(zip(chunk, perplexities.tolist()))
             progress(start + len(chunk), len(todo))
-    return sinks.layerwise_table(analysis, [done[layer] for layer in range(analysis.num_layers)])
+    return sink_interventions.layerwise_table(analysis, [done[layer] for layer in range(analysis.num_layers)])
 
 
 #: The sink the tour shows: the first token, as the Sinks page's default "first" (the same cache entries).

@@ -180,7 +180,7 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
     """The effect of scaling the sink's value, per layer: change in mean head-output norm, and the
     semantic cone (mean pairwise cosine of head outputs) before and after.
 
-    ``table``: :attr:`cwviz.analyses.sinks.SinkIntervention.table`.
+    ``table``: :attr:`cwviz.analyses.sink_interventions.SinkIntervention.table`.
     """
     # Ordinal layers: the axis holds exactly the model's layers 0..L-1 (a quantitative one padded it to -4).
     x = alt.X("layer:O", title="layer", axis=alt.Axis(labelAngle=0))

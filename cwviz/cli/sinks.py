@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..analyses import records, sinks, sweep
+from ..analyses import records, sink_interventions, sinks, sweep
 from ..analyses.codecs.sweeps import SINKS
 from ..core.loading.provenance import model_provenance
 from ..core.method.analysis import analyze
@@ -47,7 +47,7 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        sinks.check_factor(args.factor)
+        sink_interventions.check_factor(args.factor)
     except InputError as err:
         raise InputError(f"--factor: {err}") from None
     check_resume(args)
@@ -93,7 +93,7 @@ def measure(args: argparse.Namespace, bundle, text: str, index: int, total: int)
         return Prompt(table, sink, tuple(analysis.tokens))
     layer_sets = [[layer] for layer in range(analysis.num_layers)] + [None]
     with cli_bar("sink removal", unit="pass", enabled=sys.stderr.isatty()) as progress:
-        ppl = sinks.removal_perplexity(analysis, layer_sets, sink, args.factor, progress=progress)
+        ppl = sink_interventions.removal_perplexity(analysis, layer_sets, sink, args.factor, progress=progress)
     return Prompt(table, sink, tuple(analysis.tokens), ppl, analysis.perplexity)
 
 
@@ -161,11 +161,11 @@ def finish(args: argparse.Namespace, bundle, prompts: list[Prompt], total: int, 
     print(_format(summary))
     if ppl is not None:
         removed_all = ppl[:, -1]
-        raised = sinks.raised_ppl(removed_all, clean)
+        raised = sink_interventions.raised_ppl(removed_all, clean)
         print(
             f"all layers, sink value x{args.factor:g}: PPL {clean.mean():.3f} -> {removed_all.mean():.3f} "
             f"(dPPL {np.mean(removed_all - clean):+.3f}, mean over prompts); raised PPL by more than "
-            f"{sinks.PPL_TOLERANCE:.1%} of the clean PPL on {raised} of {len(clean)} prompt(s)"
+            f"{sink_interventions.PPL_TOLERANCE:.1%} of the clean PPL on {raised} of {len(clean)} prompt(s)"
         )
     elif not bundle.arch.causal:
         print("no dPPL: perplexity is defined for causal language models only")

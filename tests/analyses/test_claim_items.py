@@ -136,7 +136,7 @@ def test_the_first_protocols_cone_change_is_the_removed_sinks_own_pass_against_t
     """The evidence row ``cone_change`` compares the pass with the sink's value removed against the clean pass: it
     equals the intervention's table on a tiny model and is not the zero a clean pass against itself would give."""
     import cwviz
-    from cwviz.analyses import sinks
+    from cwviz.analyses import sink_interventions, sinks
     from cwviz.core.method.interventions import ScaleValues
     from tests.helpers import make_tiny
 
@@ -146,6 +146,6 @@ def test_the_first_protocols_cone_change_is_the_removed_sinks_own_pass_against_t
     draw = claim_items.control_keys(claim_items.attention_mass(analysis), 0, seed=0, example=0)
     control = cwviz.analyze(bundle, input_ids=analysis.input_ids, intervention=claim_items.remove_values(draw.keys))
     stats = claim_items.sink_statistics(analysis, after, sinks.sink_table(analysis, 0), 0, control, draw)
-    expected = float(np.nanmean(sinks.intervene_on_sink(analysis, 0, factor=0.0).table["cone_change"]))
+    expected = float(np.nanmean(sink_interventions.intervene_on_sink(analysis, 0, factor=0.0).table["cone_change"]))
     assert stats["cone_change"] == pytest.approx(expected, abs=1e-6)
     assert abs(stats["cone_change"]) > 1e-4

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cwviz import cli
-from cwviz.analyses import atlas, faithfulness_summary, records, sinks
+from cwviz.analyses import atlas, faithfulness_summary, records, sink_interventions
 from cwviz.analyses.codecs.sweeps import ATLAS, FAITHFULNESS, SINKS
 from cwviz.cli import atlas as atlas_cli
 from cwviz.cli import faithfulness as faith_cli
@@ -154,14 +154,14 @@ def test_a_summary_n_counts_the_values_in_its_mean():
 # -- "raised PPL" ------------------------------------------------------------------------------------------
 def test_raised_ppl_counts_only_changes_above_the_tolerance():
     clean = np.array([513.5, 20.0])
-    assert sinks.raised_ppl(clean + 6.7e-5, clean) == 0  # λ = 1: float noise
-    assert sinks.raised_ppl(clean * (1 + 2 * sinks.PPL_TOLERANCE), clean) == 2
+    assert sink_interventions.raised_ppl(clean + 6.7e-5, clean) == 0  # λ = 1: float noise
+    assert sink_interventions.raised_ppl(clean * (1 + 2 * sink_interventions.PPL_TOLERANCE), clean) == 2
 
 
 def test_sinks_factor_one_raises_no_prompt_and_states_the_tolerance(made, tmp_path, capsys, tiny_loads):
     code, out, _ = call(["sinks", "--jsonl", made / "data.jsonl", "--factor", "1"], capsys)
     assert code == 0
-    assert f"raised PPL by more than {sinks.PPL_TOLERANCE:.1%} of the clean PPL on 0 of 2 prompt(s)" in out
+    assert f"raised PPL by more than {sink_interventions.PPL_TOLERANCE:.1%} of the clean PPL on 0 of 2 prompt(s)" in out
 
 
 # -- the seed ----------------------------------------------------------------------------------------------

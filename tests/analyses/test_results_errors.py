@@ -414,7 +414,7 @@ def test_the_api_refuses_what_the_cli_refuses():
         atlas.run(bundle, TEXTS, bootstrap=0)
     with pytest.raises(InputError, match="bootstrap"):
         atlas.run(bundle, TEXTS, bootstrap=atlas.MAX_BOOTSTRAP + 1)
-    from cwviz.analyses.sinks import check_factor
+    from cwviz.analyses.sink_interventions import check_factor
 
     with pytest.raises(InputError, match="λ"):
         check_factor(1e308)

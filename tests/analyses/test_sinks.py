@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import cwviz
 from cwviz import analyze
-from cwviz.analyses import sinks
+from cwviz.analyses import sink_interventions, sinks
 from cwviz.charts import sinks as charts
 from cwviz.core.method import row_block_sizes
 from cwviz.core.method.interventions import KeepKeys, ScaleValues, batch_perplexity, logits
@@ -254,11 +254,11 @@ def _clean_logits(bundle, analysis):
 def test_factor_one_changes_nothing_and_the_model_stays_clean(llama):
     """λ = 1: a change of exactly 0 and the analysis's perplexity. Exact, not to a tolerance: the before side reduces the
     z the analysis's pass recorded and the after side the z of a pass run the same way with nothing changed (ScaleValues
-    at λ = 1 returns the values as they are), through one reduction (sinks._layer_stats) on the same layout, so the
-    arithmetic is the same to the bit; a difference would mean the record is not what the model continued with."""
+    at λ = 1 returns the values as they are), through one reduction (sink_interventions._layer_stats) on the same
+    layout, so the arithmetic is the same to the bit; a difference would mean the record is not what the model continued with."""
     bundle, analysis = llama
     before = _clean_logits(bundle, analysis)
-    result = sinks.intervene_on_sink(analysis, factor=1.0)
+    result = sink_interventions.intervene_on_sink(analysis, factor=1.0)
     assert result.delta_ppl == 0.0
     assert (result.table["output_norm_change"] == 0).all()
     assert (result.table["cone_change"] == 0).all()
@@ -284,10 +284,10 @@ def test_head_output_stats_runs_no_forward_pass_and_a_factor_runs_one(llama):
     """The clean side is the analysis's records reduced: no pass of the model; a λ without it given costs one pass."""
     bundle, analysis = llama
     with _Passes(bundle) as passes:
-        stats = sinks.head_output_stats(analysis, 0)
+        stats = sink_interventions.head_output_stats(analysis, 0)
     assert passes.count == 0 and len(stats) == analysis.num_layers
     with _Passes(bundle) as passes:
-        sinks.intervene_on_sink(analysis, 0, 0.0)
+        sink_interventions.intervene_on_sink(analysis, 0, 0.0)
     assert passes.count == 1
 
 
@@ -310,10 +310,10 @@ def test_head_output_stats_of_an_intervened_analysis_are_its_own_pass(llama):
     intervened pass as intervene_on_sink reduces it, to the bit (one reduction, the same z)."""
     bundle, analysis = llama
     removed = analyze(bundle, input_ids=analysis.input_ids, intervention=ScaleValues(positions=(0,), factor=0.0))
-    own, clean = sinks.head_output_stats(removed, 0), sinks.head_output_stats(analysis, 0)
+    own, clean = sink_interventions.head_output_stats(removed, 0), sink_interventions.head_output_stats(analysis, 0)
     assert (own["cone"] - clean["cone"]).abs().max() > 1e-3
     assert (own["output_norm"] - clean["output_norm"]).abs().max() > 1e-3
-    after = sinks.intervene_on_sink(analysis, 0, 0.0).table
+    after = sink_interventions.intervene_on_sink(analysis, 0, 0.0).table
     np.testing.assert_array_equal(own["output_norm"], after["output_norm_after"])
     np.testing.assert_array_equal(own["cone"], after["cone_after"])
 
@@ -325,15 +325,15 @@ def test_intervening_on_an_intervened_analysis_changes_it_on_top_of_its_own(llam
     as for a plain analysis), and the sink removed in layer 1 on top of layer 0 is the analysis of both layers removed."""
     bundle, analysis = llama
     under = analyze(bundle, input_ids=analysis.input_ids, intervention=UNDER[name](analysis.num_tokens))
-    one = sinks.intervene_on_sink(under, 0, 1.0)
+    one = sink_interventions.intervene_on_sink(under, 0, 1.0)
     assert one.perplexity_clean == under.perplexity != analysis.perplexity
     assert one.perplexity == under.perplexity
     assert (one.table["output_norm_change"] == 0).all() and (one.table["cone_change"] == 0).all()
-    np.testing.assert_array_equal(one.table["cone_before"], sinks.head_output_stats(under, 0)["cone"])
+    np.testing.assert_array_equal(one.table["cone_before"], sink_interventions.head_output_stats(under, 0)["cone"])
     if name == "sink removed":
-        on_top = sinks.intervene_on_sink(under, 0, 0.0, layers=[1])
+        on_top = sink_interventions.intervene_on_sink(under, 0, 0.0, layers=[1])
         both = analyze(bundle, input_ids=analysis.input_ids, intervention=ScaleValues((0,), 0.0, frozenset({0, 1})))
-        expected = sinks.head_output_stats(both, 0)
+        expected = sink_interventions.head_output_stats(both, 0)
         np.testing.assert_array_equal(on_top.table["output_norm_after"], expected["output_norm"])
         np.testing.assert_array_equal(on_top.table["cone_after"], expected["cone"])
         assert on_top.perplexity == both.perplexity
@@ -345,7 +345,7 @@ def test_factor_zero_equals_explicit_removal_of_the_sinks_write(llama):
     bundle, analysis = llama
     before = _clean_logits(bundle, analysis)
     sink = 2
-    result = sinks.intervene_on_sink(analysis, sink=sink, factor=0.0, layers=[0])
+    result = sink_interventions.intervene_on_sink(analysis, sink=sink, factor=0.0, layers=[0])
     assert torch.equal(_clean_logits(bundle, analysis), before)
 
     T = analysis.num_tokens
@@ -378,10 +378,11 @@ def test_factor_zero_equals_explicit_removal_of_the_sinks_write(llama):
 def test_batched_removal_matches_single_interventions(llama):
     bundle, analysis = llama
     before = _clean_logits(bundle, analysis)
-    batched = sinks.removal_perplexity(analysis, [[0], [1], None], sink=0, factor=0.25, max_batch_tokens=2 * analysis.num_tokens)
-    single = [sinks.intervene_on_sink(analysis, 0, 0.25, layers).perplexity for layers in ([0], [1], None)]
+    tokens = 2 * analysis.num_tokens
+    batched = sink_interventions.removal_perplexity(analysis, [[0], [1], None], sink=0, factor=0.25, max_batch_tokens=tokens)
+    single = [sink_interventions.intervene_on_sink(analysis, 0, 0.25, layers).perplexity for layers in ([0], [1], None)]
     np.testing.assert_allclose(batched, single, rtol=1e-5)
-    layerwise = sinks.layerwise_removal(analysis)
+    layerwise = sink_interventions.layerwise_removal(analysis)
     assert list(layerwise["layer"]) == list(range(analysis.num_layers))
     np.testing.assert_allclose(layerwise["delta_ppl"], layerwise["perplexity"] - analysis.perplexity)
     assert torch.equal(_clean_logits(bundle, analysis), before)
@@ -389,7 +390,7 @@ def test_batched_removal_matches_single_interventions(llama):
 
 def _assert_same_intervention(analysis, sink, factor, layers, rtol=1e-5, atol=1e-6):
     """intervene_on_sink (one pass that records nothing) against the recorded way (tests/sink_reference.py)."""
-    result = sinks.intervene_on_sink(analysis, sink, factor, layers)
+    result = sink_interventions.intervene_on_sink(analysis, sink, factor, layers)
     before, after, perplexity = recorded_intervention(analysis, sink, factor, layers)
     table = result.table
     for column, expected in (("before", before), ("after", after)):
@@ -419,20 +420,20 @@ def test_the_one_pass_intervention_equals_the_recorded_one_on_the_embedded_model
 def test_intervention_input_errors(llama):
     _, analysis = llama
     with pytest.raises(InputError, match="finite"):
-        sinks.intervene_on_sink(analysis, factor=math.nan)
+        sink_interventions.intervene_on_sink(analysis, factor=math.nan)
     with pytest.raises(SelectionError, match="at least one layer"):
-        sinks.intervene_on_sink(analysis, layers=[])
+        sink_interventions.intervene_on_sink(analysis, layers=[])
     with pytest.raises(SelectionError):
-        sinks.intervene_on_sink(analysis, layers=[99])
+        sink_interventions.intervene_on_sink(analysis, layers=[99])
 
 
 def test_encoder_interventions_report_no_perplexity():
     bundle = make_tiny("bert")
     analysis = analyze(bundle, TEXT)
-    result = sinks.intervene_on_sink(analysis, factor=0.0)
+    result = sink_interventions.intervene_on_sink(analysis, factor=0.0)
     assert math.isnan(result.delta_ppl)
     assert np.isfinite(result.table[["output_norm_change", "cone_after"]].to_numpy()).all()
-    assert np.isnan(sinks.removal_perplexity(analysis, [None])).all()
+    assert np.isnan(sink_interventions.removal_perplexity(analysis, [None])).all()
 
 
 # -- charts (pure) -------------------------------------------------------------------------------------
@@ -444,7 +445,7 @@ def test_each_sinks_chart_is_a_valid_spec_drawn_from_its_table(llama):
     curve = sinks.head_curve(table, 1, 0)
     points = table[(table["layer"] == 1) & (table["head"] == 0)]
     heads, layers = sinks.sink_head_summary(table), sinks.sink_layer_summary(table)
-    intervention = sinks.intervene_on_sink(analysis).table
+    intervention = sink_interventions.intervene_on_sink(analysis).table
     built = [
         (charts.ratio_norm_chart(points, curve.table(), curve.minimiser, "layer 1, head 0"), points),
         (charts.anti_alignment_map(heads, layer=1, head=0), heads),
@@ -490,7 +491,7 @@ def test_embedded_gsm8k_item_table_charts_and_intervention(embedded):
         charts.share_chart(layers, 15),
     ):
         chart.to_dict()
-    result = sinks.intervene_on_sink(analysis, sink="auto", factor=0.0, layers=[3, 4])
+    result = sink_interventions.intervene_on_sink(analysis, sink="auto", factor=0.0, layers=[3, 4])
     assert math.isfinite(result.delta_ppl)
     assert np.isfinite(result.table.drop(columns=["layer", "intervened"]).to_numpy()).all()
     spec = charts.intervention_chart(result.table).to_dict()

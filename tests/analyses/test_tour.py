@@ -14,7 +14,7 @@ import pytest
 
 from cwviz import analyze
 from cwviz import flow as cwviz_flow
-from cwviz.analyses import sinks, tables, tour, tour_story
+from cwviz.analyses import sink_interventions, sinks, tables, tour, tour_story
 from cwviz.app import links, state
 from cwviz.app.services import Request
 from cwviz.core import defaults
@@ -285,7 +285,8 @@ def _story(embedded_model, prompt: int) -> tuple[tour.TourPlan, tuple[tour_story
     text = _embedded_prompts()[prompt]
     analysis = analyze(embedded_model, text)
     plan = _plan(analysis)
-    removal = tour.Removal.of(analysis.info.id, plan.causal, sinks.intervene_on_sink(analysis, plan.sink, 0.0))
+    removed = sink_interventions.intervene_on_sink(analysis, plan.sink, 0.0)
+    removal = tour.Removal.of(analysis.info.id, plan.causal, removed)
     encoder_analysis = analyze(load_model("embedded-encoder"), text)
     layers = sinks.sink_layer_summary(sinks.sink_table(encoder_analysis, defaults.DEFAULT_SINK))
     encoder = tour.Encoder(encoder_analysis.info.id, False, encoder_analysis.tokens[0], tour.most_attended_layer(layers))

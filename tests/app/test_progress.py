@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import cwviz
-from cwviz.analyses import sinks, tables
+from cwviz.analyses import sink_interventions, sinks, tables
 from cwviz.app import services
 from cwviz.core.loading.generate import greedy_continuation
 from cwviz.core.util.progress import cli_bar, counted, items_left_text
@@ -53,8 +53,8 @@ def test_analyze_reports_every_layer_and_gives_the_same_analysis(case):
         (lambda a, p: tables.head_summary(a, progress=p), "layers"),
         (lambda a, p: tables.top_keys_across_layers(a, 3, None, "inter", 2, progress=p), "layers"),
         (lambda a, p: sinks.sink_table(a, 0, progress=p), "layers"),
-        (lambda a, p: sinks.layerwise_removal(a, 0, 0.0, progress=p), "layers"),
-        (lambda a, p: sinks.intervene_on_sink(a, 0, 0.0, progress=p).table, "2 layers"),
+        (lambda a, p: sink_interventions.layerwise_removal(a, 0, 0.0, progress=p), "layers"),
+        (lambda a, p: sink_interventions.intervene_on_sink(a, 0, 0.0, progress=p).table, "2 layers"),
     ],
     ids=["head_summary", "top_keys", "sink_table", "layerwise", "intervene"],
 )

@@ -96,19 +96,19 @@ def test_the_layer_by_layer_delta_ppl_runs_a_few_layers_a_pass_and_resumes_after
     """Issue 56: the layer-by-layer ΔPPL ran 123 s in one pass with no Stop. It runs a few layers a pass, keeps each
     pass's layers as it ends, and a run stopped part-way (here: the first layers already kept) computes only the rest;
     its table is the library's, every layer in order. The page draws a Stop while it runs, and the table after."""
-    from cwviz.analyses import sinks
+    from cwviz.analyses import sink_interventions
     from cwviz.app import services, sink_services
 
     request = services.Request(text="The quick brown fox jumps over the lazy dog.")
     analysis = services.get_analysis(request).analysis
     passes: list[list[int]] = []
-    real = sinks.removal_perplexity
+    real = sink_interventions.removal_perplexity
 
     def counted(analysis, layer_sets, sink, factor, **kwargs):
         passes.append([next(iter(s)) for s in layer_sets])
         return real(analysis, layer_sets, sink, factor, **kwargs)
 
-    monkeypatch.setattr(sinks, "removal_perplexity", counted)
+    monkeypatch.setattr(sink_interventions, "removal_perplexity", counted)
     kept = sink_services.layerwise_done(request, 0, 0.5)
     kept.clear()
     first = list(range(sink_services.LAYERWISE_CHUNK))
@@ -116,7 +116,7 @@ def test_the_layer_by_layer_delta_ppl_runs_a_few_layers_a_pass_and_resumes_after
     table = sink_services.layerwise(request, 0, 0.5)
     assert all(len(chunk) <= sink_services.LAYERWISE_CHUNK for chunk in passes)
     assert sorted(layer for chunk in passes for layer in chunk) == list(range(len(first), analysis.num_layers)), "only the rest"
-    whole = sinks.layerwise_removal(analysis, 0, 0.5)
+    whole = sink_interventions.layerwise_removal(analysis, 0, 0.5)
     assert table["layer"].tolist() == whole["layer"].tolist()
     assert table["perplexity"].to_numpy() == pytest.approx(whole["perplexity"].to_numpy(), rel=1e-4)
 

@@ -15,7 +15,7 @@ import pytest
 
 import cwviz
 from cwviz import plot
-from cwviz.analyses import faithfulness, faithfulness_summary, route, sinks, tables
+from cwviz.analyses import faithfulness, faithfulness_summary, route, sink_interventions, sinks, tables
 from cwviz.charts import flow as flow_charts
 from cwviz.charts import heatmaps as heatmap_charts
 from cwviz.charts.palette import NEGATIVE, POSITIVE
@@ -111,7 +111,7 @@ def test_anti_alignment_and_shares_draw_the_sink_summaries(analysis):
 
 def test_sink_intervention_draws_the_intervention_table(analysis):
     chart = plot.sink_intervention(analysis, sink=0, factor=0.0, layers=[1])
-    assert_drawn_from(chart, sinks.intervene_on_sink(analysis, 0, 0.0, (1,)).table)
+    assert_drawn_from(chart, sink_interventions.intervene_on_sink(analysis, 0, 0.0, (1,)).table)
 
 
 # -- Faithfulness page ---------------------------------------------------------------------------------

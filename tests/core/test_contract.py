@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cwviz
-from cwviz.analyses import faithfulness, sinks
+from cwviz.analyses import faithfulness, sink_interventions, sinks
 from cwviz.analyses.tables import decomposition
 from cwviz.core.loading.inputs import integer_index, token_ids
 from cwviz.core.method.export import to_json
@@ -158,9 +158,9 @@ def test_head_curve_out_of_range_says_so(analysis):
 @pytest.mark.parametrize("factor", ["x", None, True, float("inf"), [0.5]], ids=repr)
 def test_the_sink_factor_must_be_a_finite_number(analysis, factor):
     with pytest.raises(InputError, match="λ must be"):
-        sinks.intervene_on_sink(analysis, 0, factor)
+        sink_interventions.intervene_on_sink(analysis, 0, factor)
     with pytest.raises(InputError, match="λ must be"):
-        sinks.removal_perplexity(analysis, [None], 0, factor)
+        sink_interventions.removal_perplexity(analysis, [None], 0, factor)
 
 
 def test_a_json_export_to_a_missing_folder_names_the_fix(analysis, tmp_path):

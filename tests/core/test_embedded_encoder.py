@@ -124,13 +124,13 @@ def test_real_text_satisfies_the_identities(embedded_encoder):
 
 
 def test_cls_is_the_detected_sink(embedded_encoder):
-    from cwviz.analyses import sinks
+    from cwviz.analyses import sink_interventions, sinks
 
     analysis = cwviz.analyze(embedded_encoder, PROMPT)
     assert sinks.detect_sink(analysis) == 0  # [CLS]
     table = sinks.sink_table(analysis, -1)  # [SEP], the last token: every query sees it
     assert set(table["query"]) == set(range(analysis.num_tokens)) and (table["sink"] == analysis.num_tokens - 1).all()
-    result = sinks.intervene_on_sink(analysis, 0, 0.0, layers=[1])
+    result = sink_interventions.intervene_on_sink(analysis, 0, 0.0, layers=[1])
     assert np.isnan(result.perplexity) and np.isfinite(result.table["cone_change"]).all()
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import cwviz
-from cwviz.analyses import sinks, tables
+from cwviz.analyses import sink_interventions, tables
 from cwviz.core.method import memory, spill
 from tests.helpers import TEXT, CharTokenizer, family_model, make_tiny
 
@@ -102,10 +102,10 @@ def test_a_bfloat16_model_spills_its_own_dtype(always, monkeypatch):
 def test_the_sinks_intervention_spills_its_pass_and_gives_the_same_table(always, monkeypatch):
     bundle = make_tiny("llama")
     spilled, whole = _both(bundle, TEXT * 2, monkeypatch)
-    a = sinks.intervene_on_sink(spilled, factor=0.0)
+    a = sink_interventions.intervene_on_sink(spilled, factor=0.0)
     with monkeypatch.context() as m:
         m.setattr(spill, "spill_bytes", lambda: 1 << 60)
-        b = sinks.intervene_on_sink(whole, factor=0.0)
+        b = sink_interventions.intervene_on_sink(whole, factor=0.0)
     assert a.table.equals(b.table) and a.perplexity == b.perplexity
 
 

@@ -55,8 +55,8 @@ def analyze(
     ``intervention`` (:mod:`cwviz.core.method.interventions`, e.g. ``ScaleValues``) changes the pass from inside the
     attention function, for this call only: the records, measures and log-probabilities are those of the changed
     pass (what the sink intervention compares with the clean one), and :attr:`Analysis.intervention` keeps it, so
-    a later pass of the same analysis (:func:`cwviz.analyses.sinks.intervene_on_sink`) runs it too. None: the model
-    as it is.
+    a later pass of the same analysis (:func:`cwviz.analyses.sink_interventions.intervene_on_sink`) runs it too. None:
+    the model as it is.
 
     ``stream``: also keep the pass's residual stream into the flow's default position (the last token, an encoder's
     first) as :attr:`Analysis.stream` (layers x T x d_model floats, in the memory check): the flow there runs no pass.
