@@ -43,6 +43,7 @@ from ..core.util.parallel import Processes, shard
 from ..core.util.progress import Progress
 from . import records
 from .codecs.base import Codec
+from .resume import check_resumable, setting_changes
 
 #: What a run asks before each item: True ends it there, the finished items kept.
 Cancel = Callable[[], bool]
@@ -114,15 +115,15 @@ def run(
     hashes = [records.text_hash(t) for t in sweep.texts]
     if folder is None:
         store = {} if store is None else store
-        done = records.check_resumable(store.values(), key, hashes, "the records kept in memory")
+        done = check_resumable(store.values(), key, hashes, "the records kept in memory")
     else:
         procs.barrier()
         existing = records.read_records(folder, sweep.record_type)
         if existing and not resume:
             raise InputError(f"{folder} already holds {len(existing)} record(s); add --resume to continue that run, or give a fresh folder")
         made = records.read_manifest(folder, sweep.record_type) or {}
-        changes = records.setting_changes(made["settings"], sweep.settings) if "settings" in made else ()
-        done = records.check_resumable(existing, key, hashes, folder, changes)
+        changes = setting_changes(made["settings"], sweep.settings) if "settings" in made else ()
+        done = check_resumable(existing, key, hashes, folder, changes)
         procs.barrier()  # every process has read the records before any appends
     mine = shard([i for i in range(len(sweep.texts)) if i not in done], procs.index, procs.count)
     if folder is not None and procs.is_main:
