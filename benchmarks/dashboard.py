@@ -93,7 +93,7 @@ def dashboard_steps(bundle, ids, layer: int = 0, mark=None):
     ("recording pass", "window heatmap", "head overview")."""
     from cwviz import analyze
     from cwviz.analyses import tables
-    from cwviz.charts import heatmaps
+    from cwviz.charts import head_grid, heatmaps
 
     mark = mark or (lambda step: None)
     start = time.perf_counter()
@@ -105,7 +105,7 @@ def dashboard_steps(bundle, ids, layer: int = 0, mark=None):
     first = time.perf_counter() - start
     mark("window heatmap")
     summary = tables.head_summary(analysis)
-    heatmaps.head_overview(summary, next(iter(heatmaps.OVERVIEW_METRICS)), layer, None).to_dict()
+    head_grid.head_overview(summary, next(iter(head_grid.OVERVIEW_METRICS)), layer, None).to_dict()
     mark("head overview")
     return first, time.perf_counter() - start
 

@@ -48,6 +48,7 @@ from .analyses.flow_text import describe
 from .charts import compare as compare_charts
 from .charts import faithfulness as faithfulness_charts
 from .charts import flow as flow_charts
+from .charts import head_grid
 from .charts import heatmaps as heatmap_charts
 from .charts import sinks as sink_charts
 from .charts import token as token_charts
@@ -119,14 +120,14 @@ def heatmaps(
 
 
 def head_overview(analysis: Analysis, metric: str = "divergence", layer: int | None = None, head: int | None = None) -> alt.LayerChart:
-    """Every layer x head coloured by ``metric`` (:data:`cwviz.charts.heatmaps.OVERVIEW_METRICS`), from
+    """Every layer x head coloured by ``metric`` (:data:`cwviz.charts.head_grid.OVERVIEW_METRICS`), from
     :func:`cwviz.analyses.tables.head_summary`; the (``layer``, ``head``) cell outlined when both are given."""
-    if metric not in heatmap_charts.OVERVIEW_METRICS:
-        raise InputError(f"metric must be one of {', '.join(heatmap_charts.OVERVIEW_METRICS)}, not {metric!r}")
+    if metric not in head_grid.OVERVIEW_METRICS:
+        raise InputError(f"metric must be one of {', '.join(head_grid.OVERVIEW_METRICS)}, not {metric!r}")
     if layer is not None:
         layer = analysis.check_layer(layer)
     head = _head(analysis, head)
-    return heatmap_charts.head_overview(tables.head_summary(analysis), metric, layer=layer, head=head)
+    return head_grid.head_overview(tables.head_summary(analysis), metric, layer=layer, head=head)
 
 
 # -- the Compare page ----------------------------------------------------------------------------------

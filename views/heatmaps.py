@@ -6,6 +6,7 @@ from cwviz.analyses import tables
 from cwviz.app import services, widgets
 from cwviz.app.sidebar import sidebar
 from cwviz.app.state import select, url_widget
+from cwviz.charts import head_grid
 from cwviz.charts import heatmaps as charts
 
 SENTENCE = (
@@ -130,13 +131,13 @@ metric = url_widget(
     st.radio,
     "colour",
     "Colour by",
-    next(iter(charts.OVERVIEW_METRICS)),
-    options=list(charts.OVERVIEW_METRICS),
-    format_func=lambda m: charts.OVERVIEW_METRICS[m],
+    next(iter(head_grid.OVERVIEW_METRICS)),
+    options=list(head_grid.OVERVIEW_METRICS),
+    format_func=lambda m: head_grid.OVERVIEW_METRICS[m],
     horizontal=True,
 )
 summary = services.head_summary(sel.request)
-widgets.head_grid(charts.head_overview(summary, metric, sel.layer, sel.head), summary, "cwviz-heads", key="overview")
+widgets.head_grid(head_grid.head_overview(summary, metric, sel.layer, sel.head), summary, "cwviz-heads", key="overview")
 
 st.markdown("**Heads ranked by divergence** between attention and intra-head contribution rows (select a row to show it)")
 ranking = tables.head_ranking(summary, top=15)

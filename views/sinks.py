@@ -139,15 +139,8 @@ with right:
     widgets.chart(share, tables.layers, "cwviz-sink-shares", key="sinks_shares")
 
 
-# A fragment: moving λ (or the scope, or the per-layer toggle) reruns this section only, not the sidebar and the
-# three charts above, whose data do not depend on it; a change in the sidebar still reruns the whole page.
-@st.fragment
-def intervention_section() -> None:
-    st.subheader("Intervention: scale the sink's value")
-    st.caption(
-        "v_sink ← λ·v_sink (so ṽ_sink in every head), attention kept; λ = 0 removes the sink's write. Only this "
-        "forward pass is changed: the shared model is untouched."
-    )
+def intervention_choice() -> tuple[float, tuple[int, ...] | None]:
+    """λ (applied with its form's button) and the layers it scales the sink's value in (None: every layer)."""
     left, right = st.columns(2)
     # In a form: λ applies once, with Apply (or Enter), whatever the slider passed through on the way (each
     # value is a forward pass; ten arrow presses were ten of them).
@@ -175,26 +168,24 @@ def intervention_section() -> None:
             horizontal=True,
             format_func={"all": "every layer", "selected": f"layer {sel.layer} (sidebar)", "chosen": "chosen layers"}.get,
         )
-    layers = None
     if scope == "selected":
-        layers = (sel.layer,)
-    elif scope == "chosen":
+        return float(factor), (sel.layer,)
+    if scope == "chosen":
         with right:
-            layers = tuple(
-                url_widget(
-                    st.multiselect,
-                    "layers",
-                    "Layers",
-                    [sel.layer],
-                    parse=int,
-                    options=list(range(sel.analysis.num_layers)),
-                )
+            chosen = url_widget(
+                st.multiselect,
+                "layers",
+                "Layers",
+                [sel.layer],
+                parse=int,
+                options=list(range(sel.analysis.num_layers)),
             )
-    try:
-        result = services.intervention(sel.request, tables.sink, float(factor), layers)
-    except CwvizError as err:
-        st.error(str(err))
-        return
+        return float(factor), tuple(chosen)
+    return float(factor), None
+
+
+def intervention_result(result, factor: float) -> None:
+    """The perplexities before and after, the semantic cone's mean change, and the per-layer chart of ``result``."""
     a, b, c = st.columns(3)
     if causal:
         a.metric("PPL clean", f"{result.perplexity_clean:.3f}")
@@ -208,14 +199,15 @@ def intervention_section() -> None:
         f"{result.table['cone_change'].mean():+.4f}",
         help="Mean pairwise cosine of each head's outputs across positions, after minus before, averaged over layers and heads.",
     )
-    if float(factor) == 1.0:
+    if factor == 1.0:
         st.info("λ = 1 keeps the sink's value as it is: the intervention changes nothing. Pick another λ to see its effect.")
     else:
         widgets.chart(charts.intervention_chart(result.table), result.table, "cwviz-sink-intervention", key="sinks_intervention")
 
-    if not causal:
-        return
-    done = services.layerwise_done(sel.request, tables.sink, float(factor))
+
+def layerwise_section(factor: float) -> None:
+    """ΔPPL with λ in one layer at a time, behind a toggle (a pass a few layers), with Stop; a stopped run resumes."""
+    done = services.layerwise_done(sel.request, tables.sink, factor)
     if not url_widget(
         st.toggle,
         "layerwise",
@@ -234,7 +226,7 @@ def intervention_section() -> None:
         on_click=lambda: st.session_state.update(layerwise=False),
         help="Stops the passes; the finished layers are kept, and turning the toggle on again resumes.",
     )
-    per_layer = services.layerwise(sel.request, tables.sink, float(factor))
+    per_layer = services.layerwise(sel.request, tables.sink, factor)
     stop.empty()
     st.dataframe(
         per_layer,
@@ -244,6 +236,26 @@ def intervention_section() -> None:
             "delta_ppl": st.column_config.NumberColumn("ΔPPL", format="%+.3f"),
         },
     )
+
+
+# A fragment: moving λ (or the scope, or the per-layer toggle) reruns this section only, not the sidebar and the
+# three charts above, whose data do not depend on it; a change in the sidebar still reruns the whole page.
+@st.fragment
+def intervention_section() -> None:
+    st.subheader("Intervention: scale the sink's value")
+    st.caption(
+        "v_sink ← λ·v_sink (so ṽ_sink in every head), attention kept; λ = 0 removes the sink's write. Only this "
+        "forward pass is changed: the shared model is untouched."
+    )
+    factor, layers = intervention_choice()
+    try:
+        result = services.intervention(sel.request, tables.sink, factor, layers)
+    except CwvizError as err:
+        st.error(str(err))
+        return
+    intervention_result(result, factor)
+    if causal:
+        layerwise_section(factor)
 
 
 intervention_section()

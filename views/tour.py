@@ -14,7 +14,7 @@ from cwviz.app.links import page_url
 from cwviz.app.sidebar import escape_markdown, sidebar
 from cwviz.app.state import presenter, select
 from cwviz.charts import flow as flow_charts
-from cwviz.charts import heatmaps as heatmap_charts
+from cwviz.charts import head_grid
 from cwviz.charts import sinks as sink_charts
 from cwviz.charts import token as token_charts
 
@@ -151,7 +151,7 @@ if step == 1:
         tour_story.step1(plan).text,
         page_url("heatmaps", sel.request, layer, head, query, colour="sink_attention"),
         "Heatmaps",
-        heatmap_charts.head_overview(summary, "sink_attention", layer, head),
+        head_grid.head_overview(summary, "sink_attention", layer, head),
         summary,
         widgets.head_grid,
     )

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 from ..core.loading.checkpoints import EMBEDDED, EMBEDDED_ENCODER, EMBEDDED_GEMMA, EMBEDDED_GEMMA_LICENCE, EMBEDDED_IDS
 from ..core.method.analysis import Analysis
@@ -129,6 +130,25 @@ def sidebar(title: str | None = None) -> Selection:
 
     ``title``, the page's, is drawn first in the main area, so that what the sidebar reports there (the analysis's
     progress, a note, an error such as an empty prompt) comes under it, not above it."""
+    _page_frame(title)
+    cur = current()
+    with st.sidebar:
+        picks = _input_widgets(cur)
+    analyzed, error = _analysis_of_inputs(cur)
+    if analyzed is not None:
+        clamp(cur, analyzed.analysis)
+        with picks:
+            _selection_widgets(analyzed)
+    for note in cur["notes"]:
+        st.warning(note)
+    if error:
+        st.error(error)
+    write_url(cur)
+    return _selection_of(cur, analyzed, error)
+
+
+def _page_frame(title: str | None) -> None:
+    """The page's style, the sidebar's first state, a toast from the last run, and ``title``."""
     # The first screen is the product: Streamlit's 6 rem above the page and its 2.75 rem title would push the
     # Heatmaps page's maps below a 1280 x 720 window. Streamlit has no setting for either, so a style (sent
     # to the page's head, taking no room) trims them.
@@ -139,69 +159,82 @@ def sidebar(title: str | None = None) -> Selection:
     show_toast()
     if title is not None:
         st.title(title)
-    cur = current()
-    names = [e.name for e in examples()]
-    with st.sidebar:
-        # The prompt comes first, with Analyze: a newcomer finds it on the first screen of a 1,280 x 720 window, below
-        # the page list. The selection follows (layer, head, query), then the rest of the inputs.
-        st.header("Input")
-        bound(st.text_area, "draft_text", "Prompt", height=110)
-        st.button("Analyze", type="primary", on_click=analyze_clicked, key="_cwviz_analyze", width="stretch")
-        picks = st.container()
-        st.header("Model and examples")
-        if cur["example"] not in names:
-            cur["example"] = None
-        bound(
-            st.selectbox,
-            "example",
-            "Example prompt",
-            options=names,
-            index=None,
-            placeholder="your own text",
-            after=pick_example,
-            help="Picking an example analyses it at once.",
-        )
-        policy = hosting.policy_from_env()
-        if policy.hosted:
-            allowed = list(policy.allowed_models)
-            if cur["draft_model"] not in allowed:
-                cur["draft_model"] = allowed[0]
-            bound(st.selectbox, "draft_model", "Model", options=allowed, help="the models this server offers")
-        else:
-            # A picker of the embedded models that also takes a typed name (accept_new_options): a teacher finds
-            # both offline models without knowing their names, a researcher types a hub id or a path.
-            offered = list(EMBEDDED_IDS)
-            if cur["draft_model"] and cur["draft_model"] not in offered:
-                offered.append(cur["draft_model"])
-            bound(
-                st.selectbox,
-                "draft_model",
-                "Model",
-                options=offered,
-                accept_new_options=True,
-                format_func=model_label,
-                help=(
-                    "Three models ship with cwviz and work offline: embedded (SmolLM2-135M-Instruct, a causal language "
-                    "model), embedded-gemma (Gemma 3 270M, a causal language model with sliding-window layers; "
-                    f"{EMBEDDED_GEMMA_LICENCE}) and embedded-encoder (all-MiniLM-L6-v2, a BERT encoder). Or type a "
-                    "Hugging Face hub id, a local folder or a .gguf file, press Enter, then Analyze."
-                ),
-            )
-        left, right = st.columns(2)
-        with left:
-            bound(st.selectbox, "draft_device", "Device", options=DEVICE_CHOICES)
-        with right:
-            bound(st.selectbox, "draft_dtype", "Dtype", options=DTYPE_CHOICES)
-        bound(
-            st.number_input,
-            "draft_generate",
-            "Tokens to generate",
-            min_value=0,
-            max_value=MAX_GENERATE,
-            step=1,
-            help="Greedily generate this many tokens after the prompt and analyse prompt plus continuation (causal language models only).",
-        )
 
+
+def _input_widgets(cur: dict) -> DeltaGenerator:
+    """The sidebar's inputs (prompt, Analyze, example, model, device, dtype, tokens to generate); returns the empty
+    container below Analyze where the selection goes once there is an analysis."""
+    # The prompt comes first, with Analyze: a newcomer finds it on the first screen of a 1,280 x 720 window, below
+    # the page list. The selection follows (layer, head, query), then the rest of the inputs.
+    st.header("Input")
+    bound(st.text_area, "draft_text", "Prompt", height=110)
+    st.button("Analyze", type="primary", on_click=analyze_clicked, key="_cwviz_analyze", width="stretch")
+    picks = st.container()
+    st.header("Model and examples")
+    names = [e.name for e in examples()]
+    if cur["example"] not in names:
+        cur["example"] = None
+    bound(
+        st.selectbox,
+        "example",
+        "Example prompt",
+        options=names,
+        index=None,
+        placeholder="your own text",
+        after=pick_example,
+        help="Picking an example analyses it at once.",
+    )
+    _model_picker(cur)
+    left, right = st.columns(2)
+    with left:
+        bound(st.selectbox, "draft_device", "Device", options=DEVICE_CHOICES)
+    with right:
+        bound(st.selectbox, "draft_dtype", "Dtype", options=DTYPE_CHOICES)
+    bound(
+        st.number_input,
+        "draft_generate",
+        "Tokens to generate",
+        min_value=0,
+        max_value=MAX_GENERATE,
+        step=1,
+        help="Greedily generate this many tokens after the prompt and analyse prompt plus continuation (causal language models only).",
+    )
+    return picks
+
+
+def _model_picker(cur: dict) -> None:
+    """The model: the server's models when hosted, else the embedded ones and any name the user types."""
+    policy = hosting.policy_from_env()
+    if policy.hosted:
+        allowed = list(policy.allowed_models)
+        if cur["draft_model"] not in allowed:
+            cur["draft_model"] = allowed[0]
+        bound(st.selectbox, "draft_model", "Model", options=allowed, help="the models this server offers")
+        return
+    # A picker of the embedded models that also takes a typed name (accept_new_options): a teacher finds
+    # both offline models without knowing their names, a researcher types a hub id or a path.
+    offered = list(EMBEDDED_IDS)
+    if cur["draft_model"] and cur["draft_model"] not in offered:
+        offered.append(cur["draft_model"])
+    bound(
+        st.selectbox,
+        "draft_model",
+        "Model",
+        options=offered,
+        accept_new_options=True,
+        format_func=model_label,
+        help=(
+            "Three models ship with cwviz and work offline: embedded (SmolLM2-135M-Instruct, a causal language "
+            "model), embedded-gemma (Gemma 3 270M, a causal language model with sliding-window layers; "
+            f"{EMBEDDED_GEMMA_LICENCE}) and embedded-encoder (all-MiniLM-L6-v2, a BERT encoder). Or type a "
+            "Hugging Face hub id, a local folder or a .gguf file, press Enter, then Analyze."
+        ),
+    )
+
+
+def _analysis_of_inputs(cur: dict) -> tuple[services.Analyzed | None, str | None]:
+    """The analysis of the last analysed inputs (:func:`analyse`), saying meanwhile that a model is loading and, when
+    the inputs were edited since, that Analyze shows them."""
     edited = any(cur[f"draft_{name}"] != cur[name] for name in ("model", "device", "dtype", "text", "generate"))
     if edited:
         st.info("The inputs were edited: press **Analyze** to show them; the maps below are of the last analysed input.")
@@ -213,44 +246,46 @@ def sidebar(title: str | None = None) -> Selection:
         )
     analyzed, error = analyse(cur)
     waiting.empty()
-    analysis = analyzed.analysis if analyzed is not None else None
-    if analysis is not None:
-        clamp(cur, analysis)
-        with picks:
-            st.header("Selection")
-            bound(st.slider, "layer", "Layer", min_value=0, max_value=analysis.num_layers - 1, after=clear_notes)
-            bound(
-                st.selectbox,
-                "head",
-                "Head",
-                options=["all", *range(analysis.num_heads)],
-                format_func=lambda h: "all heads" if h == "all" else f"head {h}",
-                after=clear_notes,
-                to_widget=lambda h: "all" if h is None else h,
-                from_widget=lambda h: None if h == "all" else int(h),
-            )
-            tokens, prompt_tokens = analysis.tokens, analyzed.prompt_tokens
-            bound(
-                st.selectbox,
-                "query",
-                "Query token",
-                options=list(range(analysis.num_tokens)),
-                format_func=lambda i: f"{i}: {tokens[i]}" + (" (generated)" if i >= prompt_tokens else ""),
-                after=clear_notes,
-                help="The token whose attention row is examined. Type its position or part of its text to find it.",
-            )
-            presenter_toggle()
-            info = analysis.info
-            generated = analysis.num_tokens - analyzed.prompt_tokens
-            st.caption(
-                f"{info.id} · {info.layers} layers × {info.heads} heads ({info.kv_heads} kv) · {info.device} {info.dtype} · "
-                f"{analysis.num_tokens} tokens" + (f" ({generated} generated)" if generated else "")
-            )
-    for note in cur["notes"]:
-        st.warning(note)
-    if error:
-        st.error(error)
-    write_url(cur)
+    return analyzed, error
+
+
+def _selection_widgets(analyzed: services.Analyzed) -> None:
+    """The selection in an analysis: layer, head (or all heads), query token; presenter mode; what was analysed."""
+    analysis = analyzed.analysis
+    st.header("Selection")
+    bound(st.slider, "layer", "Layer", min_value=0, max_value=analysis.num_layers - 1, after=clear_notes)
+    bound(
+        st.selectbox,
+        "head",
+        "Head",
+        options=["all", *range(analysis.num_heads)],
+        format_func=lambda h: "all heads" if h == "all" else f"head {h}",
+        after=clear_notes,
+        to_widget=lambda h: "all" if h is None else h,
+        from_widget=lambda h: None if h == "all" else int(h),
+    )
+    tokens, prompt_tokens = analysis.tokens, analyzed.prompt_tokens
+    bound(
+        st.selectbox,
+        "query",
+        "Query token",
+        options=list(range(analysis.num_tokens)),
+        format_func=lambda i: f"{i}: {tokens[i]}" + (" (generated)" if i >= prompt_tokens else ""),
+        after=clear_notes,
+        help="The token whose attention row is examined. Type its position or part of its text to find it.",
+    )
+    presenter_toggle()
+    info = analysis.info
+    generated = analysis.num_tokens - prompt_tokens
+    st.caption(
+        f"{info.id} · {info.layers} layers × {info.heads} heads ({info.kv_heads} kv) · {info.device} {info.dtype} · "
+        f"{analysis.num_tokens} tokens" + (f" ({generated} generated)" if generated else "")
+    )
+
+
+def _selection_of(cur: dict, analyzed: services.Analyzed | None, error: str | None) -> Selection:
+    """The :class:`Selection` the page gets: the inputs analysed, the selection in them, and the analysis or why there
+    is none."""
     layer = cur["layer"] if cur["layer"] is not None else 0
     query = cur["query"] if cur["query"] is not None else 0
     return Selection(
@@ -262,7 +297,7 @@ def sidebar(title: str | None = None) -> Selection:
         layer=int(layer),
         head=cur["head"],
         query=int(query),
-        analysis=analysis,
+        analysis=analyzed.analysis if analyzed is not None else None,
         error=error,
         prompt_tokens=analyzed.prompt_tokens if analyzed is not None else 0,
         notes=tuple(cur["notes"]),

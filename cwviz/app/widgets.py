@@ -12,7 +12,8 @@ import streamlit as st
 from ..analyses.schema import HeatmapCells
 from ..charts import heatmaps
 from ..charts.flow import NODE_PICK
-from ..charts.heatmaps import PICK, QUERY_PICK
+from ..charts.head_grid import PICK
+from ..charts.heatmaps import QUERY_PICK
 from ..charts.palette import INK
 from ..core.vocabulary import KIND_LABELS, KINDS
 from . import services

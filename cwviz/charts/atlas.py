@@ -6,7 +6,8 @@ import altair as alt
 import pandas as pd
 
 from ..analyses.schema import ATLAS_METRICS
-from .heatmaps import head_pick, outlined_grid, summary_scale
+from .head_grid import head_pick, outlined_grid
+from .heatmaps import summary_scale
 
 #: Statistics that can be negative, drawn on the diverging scale centred at zero.
 SIGNED = ("cos_sink_rest", "sink_contribution")
@@ -14,7 +15,7 @@ SIGNED = ("cos_sink_rest", "sink_contribution")
 
 def atlas_map(pooled: pd.DataFrame, metric: str = "sink_attention", layer: int | None = None, head: int | None = None) -> alt.LayerChart:
     """Every layer × head coloured by the pooled mean of ``metric``; the tooltip gives its bootstrap interval.
-    Click a cell to pick the head (:data:`~cwviz.charts.heatmaps.PICK`); the selected head is outlined."""
+    Click a cell to pick the head (:data:`~cwviz.charts.head_grid.PICK`); the selected head is outlined."""
     if metric not in ATLAS_METRICS:
         raise ValueError(f"metric must be one of {', '.join(ATLAS_METRICS)}, not {metric!r}")
     layers = int(pooled["layer"].max()) + 1 if len(pooled) else 1

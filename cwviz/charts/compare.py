@@ -172,7 +172,7 @@ def head_change_grid(
     changes: pd.DataFrame, metric: str = "divergence", layer: int | None = None, head: int | None = None
 ) -> alt.LayerChart:
     """Every layer × head coloured by the change B − A of one per-head summary (diverging at zero); click a
-    cell to pick that head (:data:`~cwviz.charts.heatmaps.PICK`); the selected head is outlined."""
+    cell to pick that head (:data:`~cwviz.charts.head_grid.PICK`); the selected head is outlined."""
     if metric not in HEAD_METRICS:
         raise ValueError(f"metric must be one of {', '.join(HEAD_METRICS)}, not {metric!r}")
     column = f"{metric}_change"

@@ -21,7 +21,8 @@ import altair as alt
 import pandas as pd
 
 from . import palette
-from .heatmaps import contribution_scale, head_pick, outline, wrap
+from .head_grid import head_pick, outline
+from .heatmaps import contribution_scale, wrap
 
 #: The head map's cells (px).
 CELL = 16

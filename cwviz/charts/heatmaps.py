@@ -70,12 +70,6 @@ ROBUST_QUANTILE = 0.99
 SYMLOG_CONSTANT = 0.01
 #: Colour ranges of a signed map: a robust end (the default) or the largest |value|.
 RANGES = ("robust", "full")
-#: The click selection of every layer x head grid; pages pass it to Streamlit as ``selection_mode``.
-PICK = "pick"
-#: The least height of the layer x head overview, title and head axis included: the dashboard draws it at the
-#: column's width with Vega's "fit" autosize, where that height holds everything, so a model with few layers
-#: (a 6-layer encoder: 6 x 22 px) would leave its grid a few pixels tall.
-OVERVIEW_MIN_HEIGHT = 300
 #: The click selection of the heatmap pair: a cell's ``query_position``.
 QUERY_PICK = "query_pick"
 
@@ -295,9 +289,46 @@ def heatmap_view(
         raise ValueError(f"which must be 'attention' or 'measure', not {which!r}")
     frame = cells.frame
     row = cells.query if query is None or cells.binned else query
+    presenting = label_px >= PRESENTER_LABEL_PX
+    x_axis, y_axis = _axes(cells, row, width, height, label_px, generated_from, row_labels)
+    colour, title = _colour(cells, which, height, label_px, colour_range)
+    if presenting and row_labels:  # the rows' axis has no title here: the map's title names them
+        title += " (rows: queries)"
+    what = "bin" if cells.binned else "position token"
+    rects = (
+        alt.Chart(frame)
+        .mark_rect()
+        .encode(
+            x=alt.X("key:O", title=f"key ({'position' if presenting and not cells.binned else what})", axis=x_axis),
+            y=alt.Y("query:O", title=None if presenting or not row_labels else f"query ({what})", axis=y_axis),
+            color=colour,
+            tooltip=_tooltips(frame, measure_label(cells.measure), cells.measure != f"contribution_{cells.kind}"),
+        )
+        .properties(name=f"heatmap_{which}")
+    )
+    rects = rects.add_params(query_pick()) if pick else rects
+    layers = [rects] + ([query_outline(row)] if row is not None else [])
+    if row is not None and key is not None and not cells.binned:
+        layers.append(cell_ring(row, key))
+    return alt.layer(*layers, data=frame).properties(
+        width=width, height=height, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 2)
+    )
+
+
+def _axes(
+    cells: HeatmapCells,
+    row: int | None,
+    width: int | str,
+    height: int,
+    label_px: int,
+    generated_from: int | None,
+    row_labels: bool,
+) -> tuple[alt.Axis, alt.Axis]:
+    """The key (x) and query (y) axes of :func:`heatmap_view`: labels thinned to what the drawn size holds, always
+    with the first position and the selected row ``row``; generated positions marked; keys by position alone in
+    presenter mode."""
+    frame = cells.frame
     keys, queries = sorted(frame["key"].unique().tolist()), sorted(frame["query"].unique().tolist())
-    value_title = measure_label(cells.measure)
-    tooltips = _tooltips(frame, value_title, cells.measure != f"contribution_{cells.kind}")
     # A rotated key label takes its whole glyph box across the axis: a little more than a row label's line box.
     x_box = label_px * ROTATED_BOX
     if width == "container":
@@ -305,7 +336,6 @@ def heatmap_view(
     else:
         x_stride = max(1, math.ceil(x_box * len(keys) / max(width, 1)))
     y_stride = label_stride(len(queries), height, label_px)
-    what = "bin" if cells.binned else "position token"
     presenting = label_px >= PRESENTER_LABEL_PX
     limit = PRESENTER_LABEL_LIMIT if presenting else LABEL_LIMIT
     axis = dict(labelLimit=limit, labelOverlap=False, labelFontSize=label_px, titleFontSize=label_px, labelColor=INK)
@@ -318,47 +348,36 @@ def heatmap_view(
         y_axis = alt.Axis(labelExpr=thinned_label_expr(labels, queries, row, y_stride), **axis)
     else:
         y_axis = alt.Axis(labels=False, ticks=False, title=None, **axis)
+    return x_axis, y_axis
+
+
+def _colour(cells: HeatmapCells, which: str, height: int, label_px: int, colour_range: str) -> tuple[alt.Color, str]:
+    """The colour encoding of :func:`heatmap_view` (its scale and legend) and the map's title."""
+    frame = cells.frame
+    presenting = label_px >= PRESENTER_LABEL_PX
     # The legend stands right of the map, as tall as it: below it, it would push the pair past a 720 px screen.
-    legend = dict(orient="right", direction="vertical", gradientLength=height, labelFontSize=label_px, titleFontSize=label_px)
+    legend = dict(orient="right", direction="vertical", gradientLength=height)
+    legend |= dict(labelFontSize=label_px, titleFontSize=label_px)
     if presenting:  # presenter mode: the legend's title one line, the legend above the map (the cells get the column's
         # width), or inside its top right corner where a causal model's future leaves that triangle empty (no cell with
         # key > query), so that a map of 30 rows stands whole on a 720 px screen
         causal = not bool((frame["key"] > frame["query"]).any())
-        legend = dict(legend, orient="top-right" if causal else "top", direction="horizontal", titleOrient="top", titleLimit=400)
-        legend["gradientLength"] = min(height // 2, 200)
+        legend |= dict(orient="top-right" if causal else "top", direction="horizontal", titleOrient="top")
+        legend |= dict(titleLimit=400, gradientLength=min(height // 2, 200))
     if which == "attention":
         title_lines = " ".join(ATTENTION_LEGEND) if presenting else ATTENTION_LEGEND
-        colour = alt.Color("attention:Q", scale=sequential_scale(frame["attention"]), legend=alt.Legend(title=title_lines, **legend))
-        title = "Attention weights"
-    elif is_signed(cells.measure):
+        scale = sequential_scale(frame["attention"])
+        return alt.Color("attention:Q", scale=scale, legend=alt.Legend(title=title_lines, **legend)), "Attention weights"
+    value_title = measure_label(cells.measure)
+    title = value_title[:1].upper() + value_title[1:]
+    if is_signed(cells.measure):
         scale, rule = contribution_scale(frame["value"], frame["key"] == SINK_KEY, colour_range)
         rule = f"{' '.join(rule[:3])}: {rule[3]}, {rule[4]}" if presenting else rule
-        colour = alt.Color("value:Q", scale=scale, legend=alt.Legend(title=rule, **legend))
-        title = value_title[:1].upper() + value_title[1:]
-    else:  # raw attention in attention's green; value-weighted attention (a magnitude, not attention) in the other hue
-        scheme = ATTENTION_SCHEME if cells.measure == "raw" else OTHER_SCHEME
-        colour = alt.Color("value:Q", scale=sequential_scale(frame["value"], scheme), legend=alt.Legend(title=None, **legend))
-        title = value_title[:1].upper() + value_title[1:]
-    if presenting and row_labels:  # the rows' axis has no title here: the map's title names them
-        title += " (rows: queries)"
-    rects = (
-        alt.Chart(frame)
-        .mark_rect()
-        .encode(
-            x=alt.X("key:O", title=f"key ({'position' if presenting and not cells.binned else what})", axis=x_axis),
-            y=alt.Y("query:O", title=None if presenting or not row_labels else f"query ({what})", axis=y_axis),
-            color=colour,
-            tooltip=tooltips,
-        )
-        .properties(name=f"heatmap_{which}")
-    )
-    rects = rects.add_params(query_pick()) if pick else rects
-    layers = [rects] + ([query_outline(row)] if row is not None else [])
-    if row is not None and key is not None and not cells.binned:
-        layers.append(cell_ring(row, key))
-    return alt.layer(*layers, data=frame).properties(
-        width=width, height=height, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 2)
-    )
+        return alt.Color("value:Q", scale=scale, legend=alt.Legend(title=rule, **legend)), title
+    # raw attention in attention's green; value-weighted attention (a magnitude, not attention) in the other hue
+    scheme = ATTENTION_SCHEME if cells.measure == "raw" else OTHER_SCHEME
+    scale = sequential_scale(frame["value"], scheme)
+    return alt.Color("value:Q", scale=scale, legend=alt.Legend(title=None, **legend)), title
 
 
 #: How a generated token's axis label ends.
@@ -405,86 +424,3 @@ def wrap(note: str, width: int) -> list[str]:
         else:
             lines.append(part)
     return lines
-
-
-#: The per-head summaries the overview can colour by.
-OVERVIEW_METRICS: dict[str, str] = {
-    "divergence": "divergence of attention and contribution rows (½ Σ|α − c|)",
-    "sink_attention": "sink share under attention",
-    "sink_contribution": "sink share under contribution (intra-head)",
-}
-
-
-def head_pick() -> alt.Parameter:
-    """Clicking a cell of a layer x head grid selects its layer and head (the parameter :data:`PICK`)."""
-    return alt.selection_point(name=PICK, fields=["layer", "head"], on="click", clear=False)
-
-
-def outline(cells: pd.DataFrame) -> alt.Chart:
-    """A black outline on the (layer, head) cells of ``cells``, to layer over a layer x head grid."""
-    return alt.Chart(cells).mark_rect(fill=None, stroke=OUTLINE, strokeWidth=2).encode(x="head:O", y="layer:O")
-
-
-def outlined_grid(grid: alt.Chart, layer: int | None, head: int | None, layers: int, heads: int, cell: int, title: str) -> alt.LayerChart:
-    """A layer x head grid (``cell`` pixels a cell) with the selected head outlined, sized like the overview."""
-    drawn = [grid]
-    if layer is not None and head is not None:
-        drawn.append(outline(pd.DataFrame({"layer": [layer], "head": [head]})))
-    return alt.layer(*drawn).properties(
-        width=max(160, cell * heads),
-        height=max(cell * layers, OVERVIEW_MIN_HEIGHT),
-        title=alt.TitleParams(title, anchor="start", fontSize=13),
-    )
-
-
-def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int | None = None, head: int | None = None) -> alt.LayerChart:
-    """Every layer × head, coloured by one per-head summary; click a cell to pick that head.
-
-    The click selection is the parameter ``pick`` (fields layer and head). The selected head, if any,
-    is outlined.
-    """
-    if metric not in OVERVIEW_METRICS:
-        raise ValueError(f"metric must be one of {', '.join(OVERVIEW_METRICS)}, not {metric!r}")
-    pick = head_pick()
-    # A contribution share is signed (red adds, blue subtracts) even where no head's is negative; attention shares in
-    # attention's green; the divergence (neither) in the other sequential hue.
-    signed = metric == "sink_contribution"
-    scale = signed_scale(summary[metric]) if signed else alt.Scale(scheme=ATTENTION_SCHEME if metric == "sink_attention" else OTHER_SCHEME)
-    layers = int(summary["layer"].max()) + 1 if len(summary) else 1
-    heads = int(summary["head"].max()) + 1 if len(summary) else 1
-    cell = max(10, min(22, 520 // max(layers, 1)))
-    grid = (
-        alt.Chart(summary)
-        .mark_rect()
-        .encode(
-            x=alt.X("head:O", title="head"),
-            y=alt.Y("layer:O", title="layer"),
-            color=alt.Color(f"{metric}:Q", title=metric.replace("_", " "), scale=scale),
-            opacity=alt.condition(pick, alt.value(1.0), alt.value(0.85)),
-            tooltip=[
-                alt.Tooltip("layer:O"),
-                alt.Tooltip("head:O"),
-                alt.Tooltip("sink_attention:Q", title="sink share, attention", format=".3f"),
-                alt.Tooltip("sink_contribution:Q", title="sink share, contribution", format="+.3f"),
-                alt.Tooltip("divergence:Q", title="divergence", format=".3f"),
-                alt.Tooltip("rank:Q", title="rank by divergence"),
-            ],
-        )
-        .add_params(pick)
-    )
-    layers_out = [grid]
-    if layer is not None and head is not None:
-        layers_out.append(outline(pd.DataFrame({"layer": [layer], "head": [head]})))
-    elif layer is not None:  # all heads: the whole layer row, aggregated from the grid's own data (no new dataset)
-        layers_out.append(
-            alt.Chart(summary)
-            .transform_filter(alt.datum.layer == layer)
-            .transform_aggregate(heads="count()", groupby=["layer"])
-            .mark_rect(fill=None, stroke=OUTLINE, strokeWidth=2)
-            .encode(y="layer:O")
-        )
-    return alt.layer(*layers_out).properties(
-        width=max(160, cell * heads),
-        height=max(cell * layers, OVERVIEW_MIN_HEIGHT),
-        title=alt.TitleParams(f"All heads: {OVERVIEW_METRICS[metric]} (click a cell to pick the head)", anchor="start", fontSize=13),
-    )

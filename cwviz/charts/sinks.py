@@ -12,7 +12,8 @@ import math
 import altair as alt
 import pandas as pd
 
-from .heatmaps import head_pick, outline, signed_scale
+from .head_grid import head_pick, outline
+from .heatmaps import signed_scale
 from .palette import ACCENT, ATTENTION, KEY, MUTED, NEGATIVE, NEUTRAL, OUTLINE, POSITIVE, RULE
 
 #: Plot width (px) of a chart that shares the page's width with another: it, its axis labels and title fit half the
@@ -102,7 +103,7 @@ def anti_alignment_map(
     """(b) Layers x heads map of the mean cos(ṽ_sink, m), diverging at zero (blue: anti-aligned).
 
     ``heads``: :func:`cwviz.analyses.sinks.sink_head_summary`. The selected layer (and head) is outlined. A click on a
-    cell sets the selection parameter ``pick`` (:func:`cwviz.charts.heatmaps.head_pick`).
+    cell sets the selection parameter ``pick`` (:func:`cwviz.charts.head_grid.head_pick`).
     """
     pick = head_pick()
     color = alt.Color(

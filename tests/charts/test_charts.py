@@ -13,7 +13,7 @@ import pytest
 import cwviz
 from cwviz.analyses import bertviz as bertviz_html
 from cwviz.analyses import tables
-from cwviz.charts import export, heatmaps, palette, token
+from cwviz.charts import export, head_grid, heatmaps, palette, token
 from tests.helpers import LONG_TEXT, TEXT, CharTokenizer, make_tiny, tiny_long_bundle
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -154,16 +154,16 @@ def test_chart_text_stays_text(xss_analysis):
 
 def test_head_overview_has_a_pick_selection_and_one_cell_per_head(analysis):
     summary = tables.head_summary(analysis)
-    spec = heatmaps.head_overview(summary, "divergence", layer=1, head=2).to_dict()
+    spec = head_grid.head_overview(summary, "divergence", layer=1, head=2).to_dict()
     grid = spec["layer"][0]
     params = grid.get("params") or spec.get("params")
     pick = next(p for p in params if p["name"] == "pick")
     assert pick["select"]["fields"] == ["layer", "head"]
     assert len(spec["layer"]) == 2  # the selected head is outlined
     assert _rows(spec) == len(summary) + 1
-    assert spec["height"] >= heatmaps.OVERVIEW_MIN_HEIGHT  # two layers still get a readable grid
+    assert spec["height"] >= head_grid.OVERVIEW_MIN_HEIGHT  # two layers still get a readable grid
     with pytest.raises(ValueError, match="metric"):
-        heatmaps.head_overview(summary, "nonsense")
+        head_grid.head_overview(summary, "nonsense")
 
 
 def test_factor_bars_sort_keys_by_contribution_and_mark_the_sink(analysis):
