@@ -304,7 +304,7 @@ RUNNER = "cwviz/analyses/sweep.py"
 ONE_ITEM = {
     ("cwviz/analyses/tasks.py", "run_item"): "a multiple-choice item's choices, one pass each",
     ("cwviz/analyses/claims.py", "item_payload"): "one item's rank scopes, from its one clean pass",
-    ("cwviz/cli/compare.py", "run"): "the two inputs A and B of one comparison",
+    ("cwviz/cli/compare.py", "analyse_inputs"): "the two inputs A and B of one comparison",
     ("cwviz/analyses/faithfulness.py", "iter_examples"): "the per-item generator's own loop",
     ("cwviz/analyses/tasks.py", "iter_items"): "the per-item generator's own loop",
     ("cwviz/analyses/atlas.py", "iter_prompt_stats"): "the per-item generator's own loop",

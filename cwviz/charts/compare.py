@@ -12,6 +12,7 @@ import altair as alt
 import pandas as pd
 
 from ..analyses.schema import COMPARE_MAPS, HEAD_METRICS, CompareCells
+from .head_grid import head_pick, outlined_grid
 from .heatmaps import (
     CELL,
     LABEL_PX,
@@ -22,10 +23,8 @@ from .heatmaps import (
     PRESENTER_ROW,
     check_layout,
     contribution_scale,
-    head_pick,
     label_expr,
     label_stride,
-    outlined_grid,
     query_outline,
     query_pick,
     sequential_scale,
@@ -98,41 +97,8 @@ def compare_maps(
         raise ValueError(f"what must be one of {', '.join(COMPARE_MAPS)}, not {what!r}")
     frame = cells.frame
     row = cells.query if query is None else query
-    keys, queries = frame["key"].nunique(), frame["query"].nunique()
-    presenter = label_px >= PRESENTER_LABEL_PX
-    rows = per_row(keys, layout) if not presenter or check_layout(layout) == "stacked" else min(per_row(keys, layout), 2)
-    limit = PRESENTER_LABEL_LIMIT if presenter else LABEL_LIMIT
-    if presenter:
-        room = min(limit, round(0.6 * label_px * max((len(str(label)) for label in cells.labels), default=4))) + 30
-        width, _ = map_size(keys, queries, rows, PRESENTER_FITS, least_cell=PRESENTER_LABEL_PX, label_room=room)
-        height = max(PRESENTER_ROW * queries, SIDE)  # a row as tall as its 16 px label needs: every row labelled
-    else:
-        width, height = map_size(keys, queries, rows, SIDE_FITS if layout == "side" else PAIR_FITS)
-    key_labels = [str(i) for i in range(len(cells.labels))] if presenter else cells.labels
-
-    def axis(field: str, extent: int, labels=cells.labels, **more) -> alt.Axis:
-        positions = sorted(frame[field].unique())
-        stride = label_stride(len(positions), extent, label_px)
-        text = thinned_label_expr(labels, positions, row, stride) if stride > 1 else label_expr(labels)
-        return alt.Axis(labelExpr=text, labelLimit=limit, labelOverlap=False, labelFontSize=label_px, **more)
-
-    tooltips = [
-        alt.Tooltip("query_token:N", title="query (A / B)"),
-        alt.Tooltip("key_token:N", title="key (A / B)"),
-        alt.Tooltip(f"{what}_a:Q", title=f"{what}, A", format="+.4f"),
-        alt.Tooltip(f"{what}_b:Q", title=f"{what}, B", format="+.4f"),
-        alt.Tooltip(f"{what}_diff:Q", title=f"{what}, B − A", format="+.4f"),
-    ]
-    base = (
-        alt.Chart(frame)
-        .mark_rect()
-        .encode(
-            x=alt.X("key:O", title="key (aligned position)", axis=axis("key", width, key_labels, labelAngle=-90)),
-            y=alt.Y("query:O", title="query (aligned position)", axis=axis("query", height)),
-            tooltip=tooltips,
-        )
-        .properties(width=width, height=height)
-    )
+    rows, width, height = _arrangement(cells, layout, label_px)
+    base = _base_map(cells, what, row, width, height, label_px)
     both = pd.concat([frame[f"{what}_a"], frame[f"{what}_b"]])
     # Contributions as on the Heatmaps page: the end off the sink column, symmetric-log, clamped (the legend says so).
     sink = pd.concat([frame["key_a"] == 0, frame["key_b"] == 0]) if {"key_a", "key_b"} <= set(frame) else None
@@ -153,6 +119,61 @@ def compare_maps(
             chart = chart.encode(y=alt.Y("query:O", title=None, axis=alt.Axis(labels=False, ticks=False)))
         layers = [chart] + ([query_outline(row)] if row is not None else [])
         views.append(alt.layer(*layers).properties(title=title))
+    lines = wrap(cells.note + "; click a cell to select its query", TITLE_CHARS)
+    return _grid(views, rows, frame).properties(title=alt.TitleParams(lines, anchor="start", fontSize=13))
+
+
+def _arrangement(cells: CompareCells, layout: str, label_px: int) -> tuple[int, int, int]:
+    """``(maps per row, width, height)`` of each compared map (px): :func:`per_row` and :func:`map_size`, with
+    presenter mode's cells of at least 16 px, every row labelled, and at most two maps a row unless stacked."""
+    keys, queries = cells.frame["key"].nunique(), cells.frame["query"].nunique()
+    if label_px < PRESENTER_LABEL_PX:
+        rows = per_row(keys, layout)
+        return (rows, *map_size(keys, queries, rows, SIDE_FITS if layout == "side" else PAIR_FITS))
+    rows = per_row(keys, layout) if check_layout(layout) == "stacked" else min(per_row(keys, layout), 2)
+    longest = max((len(str(label)) for label in cells.labels), default=4)
+    room = min(PRESENTER_LABEL_LIMIT, round(0.6 * label_px * longest)) + 30
+    width, _ = map_size(keys, queries, rows, PRESENTER_FITS, least_cell=PRESENTER_LABEL_PX, label_room=room)
+    return rows, width, max(PRESENTER_ROW * queries, SIDE)  # a row as tall as its 16 px label needs: every row labelled
+
+
+def _base_map(cells: CompareCells, what: str, row: int | None, width: int, height: int, label_px: int) -> alt.Chart:
+    """The cells of one compared map, not yet coloured: axes labelled by aligned position (every n-th where the map is
+    too small for all, always with the selected ``row``; keys by position alone in presenter mode) and tooltips
+    holding A, B and B − A."""
+    frame = cells.frame
+    presenter = label_px >= PRESENTER_LABEL_PX
+    limit = PRESENTER_LABEL_LIMIT if presenter else LABEL_LIMIT
+    key_labels = [str(i) for i in range(len(cells.labels))] if presenter else cells.labels
+
+    def axis(field: str, extent: int, labels=cells.labels, **more) -> alt.Axis:
+        positions = sorted(frame[field].unique())
+        stride = label_stride(len(positions), extent, label_px)
+        text = thinned_label_expr(labels, positions, row, stride) if stride > 1 else label_expr(labels)
+        return alt.Axis(labelExpr=text, labelLimit=limit, labelOverlap=False, labelFontSize=label_px, **more)
+
+    tooltips = [
+        alt.Tooltip("query_token:N", title="query (A / B)"),
+        alt.Tooltip("key_token:N", title="key (A / B)"),
+        alt.Tooltip(f"{what}_a:Q", title=f"{what}, A", format="+.4f"),
+        alt.Tooltip(f"{what}_b:Q", title=f"{what}, B", format="+.4f"),
+        alt.Tooltip(f"{what}_diff:Q", title=f"{what}, B − A", format="+.4f"),
+    ]
+    return (
+        alt.Chart(frame)
+        .mark_rect()
+        .encode(
+            x=alt.X("key:O", title="key (aligned position)", axis=axis("key", width, key_labels, labelAngle=-90)),
+            y=alt.Y("query:O", title="query (aligned position)", axis=axis("query", height)),
+            tooltip=tooltips,
+        )
+        .properties(width=width, height=height)
+    )
+
+
+def _grid(views: list[alt.LayerChart], rows: int, frame: pd.DataFrame) -> alt.ConcatChart:
+    """A, B and B − A, ``rows`` maps a row (3: side by side; 2: A and B, B − A under them; 1: stacked), each with
+    its own colour scale, one click parameter for all."""
     if rows == 3:
         grid = alt.hconcat(*views, data=frame)
     elif rows == 2:
@@ -163,9 +184,7 @@ def compare_maps(
     with warnings.catch_warnings():
         # One click parameter for every view: Altair gives it to each unit chart and says so.
         warnings.filterwarnings("ignore", message="Automatically deduplicated selection parameter", category=UserWarning)
-        grid = grid.add_params(query_pick())
-    lines = wrap(cells.note + "; click a cell to select its query", TITLE_CHARS)
-    return grid.properties(title=alt.TitleParams(lines, anchor="start", fontSize=13))
+        return grid.add_params(query_pick())
 
 
 def head_change_grid(

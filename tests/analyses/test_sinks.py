@@ -19,7 +19,7 @@ from cwviz.analyses import sink_interventions, sinks
 from cwviz.charts import sinks as charts
 from cwviz.core.method import row_block_sizes
 from cwviz.core.method.interventions import KeepKeys, ScaleValues, batch_perplexity, logits
-from cwviz.core.method.measures import expand_kv
+from cwviz.core.method.measures import expand_kv, head_output_norms, semantic_cone
 from cwviz.core.util.errors import InputError, SelectionError
 from cwviz.core.util.texts import read_texts
 from tests.helpers import FAMILY_CONFIGS, TEXT, CharTokenizer, family_model, make_tiny
@@ -237,14 +237,14 @@ def test_semantic_cone_is_the_mean_pairwise_cosine():
     out = torch.einsum("hqd,hmd->hqm", z, w)
     grams = w.transpose(1, 2) @ w  # (H, d_head, d_head)
     positions = torch.tensor([False, True, True, True, True, True, True])
-    cone = sinks.semantic_cone(z, grams, positions)
-    np.testing.assert_allclose(sinks.head_output_norms(z, grams), out.norm(dim=-1), rtol=1e-5, atol=1e-6)
+    cone = semantic_cone(z, grams, positions)
+    np.testing.assert_allclose(head_output_norms(z, grams), out.norm(dim=-1), rtol=1e-5, atol=1e-6)
     for h in range(3):
         vecs = [out[h, i] for i in range(7) if positions[i] and out[h, i].norm() > 0]
         pairs = [torch.cosine_similarity(u, v, dim=0) for i, u in enumerate(vecs) for j, v in enumerate(vecs) if i != j]
         assert float(cone[h]) == pytest.approx(float(torch.stack(pairs).mean()), abs=1e-6)
     same = torch.ones(1, 4, 3)
-    assert float(sinks.semantic_cone(same, torch.eye(3)[None], torch.ones(4, dtype=torch.bool))[0]) == pytest.approx(1.0)
+    assert float(semantic_cone(same, torch.eye(3)[None], torch.ones(4, dtype=torch.bool))[0]) == pytest.approx(1.0)
 
 
 def _clean_logits(bundle, analysis):

@@ -177,9 +177,27 @@ def derive_architecture(model: nn.Module) -> Architecture:
     read what each output projection receives, two compare cwviz's attention with the model's eager attention
     (:func:`_check_eager`), and, for a causal LM, one more gives the logits to compare.
     """
-    config = model.config
-    model_type = getattr(config, "model_type", "?")
     ids = _probe_ids(model)
+    layers_path, attention_path = _layout(model, _attention_callers(model, ids))
+    arch = _row(model, ids, layers_path, attention_path)
+    _check_projections(model, arch, ids)
+    hidden = _check_eager(model, ids)
+    arch = _check_logits(model, arch, ids, hidden)
+    log.info(
+        "derived the layout of %r (%s.N.%s, W_O %s) and checked it on %d tokens",
+        arch.family,
+        arch.layers,
+        arch.attention,
+        arch.out_proj,
+        PROBE_TOKENS,
+    )
+    return arch
+
+
+def _attention_callers(model: nn.Module, ids: torch.Tensor) -> list:
+    """The modules that call the attention function in one pass of ``ids`` (:func:`attention_callers`); the model is
+    refused, saying why, when the pass fails."""
+    model_type = getattr(model.config, "model_type", "?")
     try:
         with torch.inference_mode(), attention_callers() as callers:
             _run(model, ids)
@@ -191,26 +209,36 @@ def derive_architecture(model: nn.Module) -> Architecture:
             raise _refuse(
                 model_type,
                 f"no module of the base model calls transformers' AttentionInterface (transformers does not mark "
-                f"{type(model).__name__} as supporting attention functions, and the probe failed before any attention call: {why})",
+                f"{type(model).__name__} as supporting attention functions, and the probe failed before any attention "
+                f"call: {why})",
             ) from err
         raise _refuse(model_type, f"a probe forward pass failed ({why})") from err
-    layers_path, attention_path = _layout(model, callers)
-    layers = list(submodule(base_model(model), layers_path))
-    attention = [submodule(layer, attention_path) for layer in layers]
+    return callers
 
-    seen: dict[int, torch.Tensor] = {}
+
+def _layer_modules(model: nn.Module, layers_path: str, attention_path: str) -> tuple[list[nn.Module], list[nn.Module]]:
+    """The model's layers (``<layers_path>.<i>``) and the attention module of each (``.<attention_path>``)."""
+    layers = list(submodule(base_model(model), layers_path))
+    return layers, [submodule(layer, attention_path) for layer in layers]
+
+
+def _row(model: nn.Module, ids: torch.Tensor, layers_path: str, attention_path: str) -> Architecture:
+    """The derived row, before its checks: one recorded pass of ``ids`` gives the heads' width and whether the model
+    is causal, and the width names the output projection (:func:`_projection`)."""
+    model_type = getattr(model.config, "model_type", "?")
+    layers, attention = _layer_modules(model, layers_path, attention_path)
     with torch.inference_mode(), forward_pass(attention) as records:
         _run(model, ids)
-    if len(records) != len(layers):
-        raise _refuse(model_type, f"{len(records)} of {len(layers)} layers called the attention function in one pass")
+    if len(records) != len(attention):
+        raise _refuse(model_type, f"{len(records)} of {len(attention)} layers called the attention function in one pass")
     first = records[0]
     heads, d_head = first.query.shape[0], first.value.shape[-1]  # the values' width (latent attention: not the queries')
     # Causal: in no layer does a query see a later key (the layer's own mask, or its causality when it has none).
-    causal = not any(records[layer].key_mask().triu(1).any() for layer in range(len(layers)))
+    causal = not any(records[layer].key_mask().triu(1).any() for layer in range(len(attention)))
     out_path, conv1d = _projection(layers[0], attention_path, heads * d_head)
     if not out_path:
         raise _refuse(model_type, f"no output projection named {'/'.join(PROJECTION_NAMES)} takes its {heads} x {d_head} head outputs")
-    arch = Architecture(
+    return Architecture(
         family=model_type,
         layers=layers_path,
         attention=attention_path,
@@ -220,7 +248,16 @@ def derive_architecture(model: nn.Module) -> Architecture:
         causal=causal,
         derived=True,
     )
+
+
+def _check_projections(model: nn.Module, arch: Architecture, ids: torch.Tensor) -> None:
+    """Refuse the model unless, in every layer, Σ_j α_ij^h v_j^h from the records (the α cwviz computes, the values the
+    model gave) is the input the model gives its output projection, to the probe's tolerance: one recorded pass of
+    ``ids`` with a pre-hook on each projection (removed before returning)."""
+    model_type, out_path = arch.family, arch.out_proj
+    layers, attention = _layer_modules(model, arch.layers, arch.attention)
     projections = [submodule(layer, out_path) for layer in layers]
+    seen: dict[int, torch.Tensor] = {}  # layer -> what its projection received, (T, H * d)
     handles = [
         proj.register_forward_pre_hook(lambda module, args, layer=layer: seen.__setitem__(layer, args[0][0].detach().float()))
         for layer, proj in enumerate(projections)
@@ -235,6 +272,7 @@ def derive_architecture(model: nn.Module) -> Architecture:
         rec = records.get(layer)
         if rec is None or layer not in seen:
             raise _refuse(model_type, f"layer {layer}'s output projection {out_path} did not run in the probe")
+        heads, d_head = records[0].query.shape[0], records[0].value.shape[-1]  # the widths the row was derived for
         if out_proj_weight(proj, arch).shape[1] != heads * d_head:
             raise _refuse(model_type, f"layer {layer}'s {out_path} does not take {heads} x {d_head} head outputs")
         alpha = rec.probabilities(rec.query.float(), rec.key.float(), rec.mask, rec.causal)  # (H, T, T)
@@ -245,16 +283,6 @@ def derive_architecture(model: nn.Module) -> Architecture:
             raise _refuse(
                 model_type,
                 f"the probe failed: in layer {layer}, Σ_j α_ij v_j from the recorded attention differs from the input of "
-                f"{out_path} by {error:.3g} (tolerance {tolerance:.3g}), so its layer output is not the heads' weighted values",
+                f"{out_path} by {error:.3g} (tolerance {tolerance:.3g}), so its layer output is not the heads' weighted "
+                "values",
             )
-    hidden = _check_eager(model, ids)
-    arch = _check_logits(model, arch, ids, hidden)
-    log.info(
-        "derived the layout of %r (%s.N.%s, W_O %s) and checked it on %d tokens",
-        model_type,
-        layers_path,
-        attention_path,
-        out_path,
-        PROBE_TOKENS,
-    )
-    return arch
