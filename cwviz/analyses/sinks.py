@@ -40,7 +40,7 @@ import torch
 from ..core.defaults import DEFAULT_SINK
 from ..core.loading.inputs import integer_index
 from ..core.method.analysis import Analysis
-from ..core.method.measures import head_grams
+from ..core.method.measures import LayerMeasures, head_grams
 from ..core.util.errors import InputError, SelectionError
 from ..core.util.progress import Progress, counted
 from .schema import AUTO
@@ -206,43 +206,56 @@ def sink_table(
                 continue  # a causal block before the sink: none of its rows sees it (the last block always does)
             with torch.inference_mode():
                 split = sink_norms(measures.attention, value, grams, sink, analysis.key_mask(layer, start, stop))
-                if not learned_sinks:
-                    learned = torch.zeros_like(split.sink_ratio)
-                else:  # the learned sink's column of the softmax, dropped by the model: what the real keys' α leave
-                    learned = (1 - measures.attention.sum(-1)).clamp_(min=0)
-                columns = {
-                    "sink_ratio": split.sink_ratio,
-                    "output_norm": measures.head_output_norm,
-                    "sink_value_norm": split.sink_value_norm[:, None].expand_as(split.sink_ratio),
-                    "rest_norm": split.rest_norm,
-                    "cos_sink_rest": split.cos_sink_rest,
-                    "sink_attention_share": split.sink_ratio,
-                    "sink_contribution_share": measures.contribution("intra")[:, :, sink],
-                    "sink_contribution_inter": measures.contribution("inter")[:, :, sink],
-                    "learned_sink_share": learned,
-                }
-                rows = torch.nonzero(split.sees_sink).flatten().numpy()  # within the block
-                columns = {name: values.float().cpu().numpy()[:, rows] for name, values in columns.items()}
-            heads, row_grid = np.meshgrid(np.arange(analysis.num_heads), rows, indexing="ij")  # (H, rows')
-            query_grid = row_grid + start
-            parts.append(
-                pd.DataFrame(
-                    {
-                        "layer": layer,
-                        "head": heads.ravel(),
-                        "query": query_grid.ravel(),
-                        "token": np.asarray(analysis.tokens, dtype=object)[query_grid.ravel()],
-                        "sink": sink,
-                        **{name: values.ravel() for name, values in columns.items()},
-                        "other_keys": split.other_keys.numpy()[row_grid.ravel()],
-                    }
-                )
-            )
+            parts.append(_block_rows(analysis, layer, sink, start, measures, split, learned_sinks))
         # Rows ordered head by head, then query, as one whole-layer block gives them; blocks whose queries
         # do not see the sink (outside a sliding window) add nothing.
         parts = [part for part in parts if len(part)] or parts[-1:]
         frames.append(pd.concat(parts, ignore_index=True).sort_values(["head", "query"], kind="stable"))
     return pd.concat(frames, ignore_index=True)[list(TABLE_COLUMNS)]
+
+
+def _block_rows(
+    analysis: Analysis,
+    layer: int,
+    sink: int,
+    start: int,
+    measures: LayerMeasures,
+    split: SinkNorms,
+    learned_sinks: bool,
+) -> pd.DataFrame:
+    """The rows of :func:`sink_table` of one row block (queries ``start`` on) of ``layer``: one per head and query that
+    sees the sink, head by head."""
+    with torch.inference_mode():
+        if not learned_sinks:
+            learned = torch.zeros_like(split.sink_ratio)
+        else:  # the learned sink's column of the softmax, dropped by the model: what the real keys' α leave
+            learned = (1 - measures.attention.sum(-1)).clamp_(min=0)
+        columns = {
+            "sink_ratio": split.sink_ratio,
+            "output_norm": measures.head_output_norm,
+            "sink_value_norm": split.sink_value_norm[:, None].expand_as(split.sink_ratio),
+            "rest_norm": split.rest_norm,
+            "cos_sink_rest": split.cos_sink_rest,
+            "sink_attention_share": split.sink_ratio,
+            "sink_contribution_share": measures.contribution("intra")[:, :, sink],
+            "sink_contribution_inter": measures.contribution("inter")[:, :, sink],
+            "learned_sink_share": learned,
+        }
+        rows = torch.nonzero(split.sees_sink).flatten().numpy()  # within the block
+        columns = {name: values.float().cpu().numpy()[:, rows] for name, values in columns.items()}  # (H, rows')
+    heads, row_grid = np.meshgrid(np.arange(analysis.num_heads), rows, indexing="ij")  # (H, rows')
+    query_grid = row_grid + start
+    return pd.DataFrame(
+        {
+            "layer": layer,
+            "head": heads.ravel(),
+            "query": query_grid.ravel(),
+            "token": np.asarray(analysis.tokens, dtype=object)[query_grid.ravel()],
+            "sink": sink,
+            **{name: values.ravel() for name, values in columns.items()},
+            "other_keys": split.other_keys.numpy()[row_grid.ravel()],
+        }
+    )
 
 
 def pool_tables(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
