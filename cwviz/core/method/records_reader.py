@@ -20,11 +20,11 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from ...vocabulary import KINDS
 from ..loading import architectures
 from ..loading.inputs import check_layer, integer_index
 from ..loading.models import Bundle
 from ..util.errors import SelectionError
+from ..vocabulary import KINDS
 from . import memory
 from .capture import LayerRecord
 from .measures import LayerMeasures, QuerySide, expand_kv, grouped_matmul, head_weights, layer_measures, query_side
