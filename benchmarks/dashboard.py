@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.workloads import ROOT, dashboard_steps, long_ids, memory_probe, sdpa_forward
+
 LONG_EXAMPLE = "Long report (about 500 tokens)"
 
 
@@ -85,39 +85,12 @@ if __name__ == "__main__":
     print(json.dumps(bench(), indent=1))
 
 
-def dashboard_steps(bundle, ids, layer: int = 0, mark=None):
-    """What the heatmaps page computes for a new prompt, in its order, with its default picks (layer 0, all
-    heads, the first measure family, inter, the last token as query, the window view): the recorded forward
-    pass, the heatmap pair and its chart, then the head overview and its chart. Returns the seconds at which
-    the first heatmap and the head overview were ready. ``mark(step)``, when given, is called after each step
-    ("recording pass", "window heatmap", "head overview")."""
-    from cwviz import analyze
-    from cwviz.analyses import tables
-    from cwviz.charts import head_grid, heatmaps
-
-    mark = mark or (lambda step: None)
-    start = time.perf_counter()
-    analysis = analyze(bundle, input_ids=ids)
-    mark("recording pass")
-    measure = tables.measure_name(next(iter(tables.FAMILIES)), "inter")
-    cells = tables.heatmap_cells(analysis, layer, None, measure, "inter", analysis.num_tokens - 1, "window")
-    heatmaps.heatmap_pair(cells, query=analysis.num_tokens - 1).to_dict()
-    first = time.perf_counter() - start
-    mark("window heatmap")
-    summary = tables.head_summary(analysis)
-    head_grid.head_overview(summary, next(iter(head_grid.OVERVIEW_METRICS)), layer, None).to_dict()
-    mark("head overview")
-    return first, time.perf_counter() - start
-
-
 def bench_long(bundle, tokens: int = 8192, repeats: int = 3) -> list[str]:
     """The heatmaps page on a ``tokens``-token prompt (GSM8K text) on the embedded model: when the first heatmap
     and the head overview are ready (library steps as the page runs them), a layer, head or query change (the
     real page through AppTest, caches warm), and the peak resident size above the loaded model (fresh child
     processes), each against a plain SDPA forward pass of the same prompt."""
     from streamlit.testing.v1 import AppTest
-
-    from benchmarks.run import long_ids, memory_probe, sdpa_forward
 
     ids = long_ids(bundle, tokens)
     base = _timed(lambda: sdpa_forward(bundle, ids))

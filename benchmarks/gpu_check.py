@@ -27,6 +27,14 @@ import torch
 import transformers
 
 import cwviz
+from benchmarks.workloads import (
+    EAGER_MAX_TOKENS,
+    full_analysis,
+    interleaved,
+    one_pass_analysis,
+    plain_forward,
+    sdpa_forward,
+)
 from cwviz.core.loading.models import resolve_device
 
 # Llama-3.1-8B's shape: 32 layers, 32 heads, 8 kv heads, d_model 4096, d_head 128.
@@ -121,7 +129,6 @@ def check_streamed(bundle: cwviz.Bundle, ids: list[int], layers: list[int]) -> d
 def overhead(bundle: cwviz.Bundle, ids: list[int], device: torch.device, repeats: int = 3) -> dict:
     """The benchmark's full analysis (recorded then read, and in one pass) against the SDPA forward pass (and, up to
     ``EAGER_MAX_TOKENS``, the eager output_attentions one), synchronised, interleaved."""
-    from benchmarks.run import EAGER_MAX_TOKENS, full_analysis, interleaved, one_pass_analysis, plain_forward, sdpa_forward
 
     def synced(fn, **kwargs):
         def run():
@@ -150,8 +157,6 @@ def overhead(bundle: cwviz.Bundle, ids: list[int], device: torch.device, repeats
 
 def peak_memory(bundle: cwviz.Bundle, ids: list[int], device: torch.device) -> dict:
     """Peak CUDA memory above the loaded model: the SDPA forward, then the full analysis (empty elsewhere)."""
-    from benchmarks.run import full_analysis, sdpa_forward
-
     if device.type != "cuda":
         return {}
     peaks = {}

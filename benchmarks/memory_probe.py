@@ -24,8 +24,16 @@ def main() -> int:
     import transformers
 
     import cwviz
-    from benchmarks.dashboard import dashboard_steps
-    from benchmarks.run import effect_of_prompt, flow_of_prompt, full_analysis, long_ids, naive_contributions, plain_forward, sdpa_forward
+    from benchmarks.workloads import (
+        dashboard_steps,
+        effect_of_prompt,
+        flow_of_prompt,
+        full_analysis,
+        long_ids,
+        naive_contributions,
+        plain_forward,
+        sdpa_forward,
+    )
     from cwviz.core.util.heap import tune_heap
 
     transformers.utils.logging.disable_progress_bar()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib.util
-import json
 import os
 import platform
 import statistics
@@ -22,214 +21,35 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
+import transformers
 
+import cwviz
+from benchmarks import browser, dashboard, lambda_pass
+from benchmarks.workloads import (
+    EAGER_MAX_TOKENS,
+    ROOT,
+    base_forward,
+    full_analysis,
+    interleaved,
+    long_ids,
+    masked_batch,
+    median_time,
+    memory_gb,
+    memory_probe,
+    naive_contributions,
+    one_layer_analysis,
+    one_pass_analysis,
+    plain_forward,
+    sdpa_forward,
+    value_zeroing,
+    whole_layer_analysis,
+)
 from cwviz.core.util.heap import tune_heap
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def long_ids(bundle, tokens: int) -> list[int]:
-    """``tokens`` token ids of real text: GSM8K questions and answers, concatenated (``$CWVIZ_GSM8K``, e.g. the
-    full test split, or the 40-item sample that ships with cwviz, repeated as needed)."""
-    from cwviz.core.util.texts import gsm8k_path, read_texts
-
-    texts = read_texts(gsm8k_path(), n=400)
-    ids = bundle.tokenizer("\n\n".join(texts))["input_ids"]
-    if len(ids) < tokens:
-        ids = ids * (tokens // len(ids) + 1)
-    return ids[:tokens]
-
-
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def interleaved(candidate, baseline, repeats: int, *others) -> tuple[float, ...]:
-    """Median seconds of each (candidate, baseline, then ``others``), run alternately so that machine
-    load affects all alike."""
-    fns = (candidate, baseline, *others)
-    for fn in fns:
-        fn()  # warm-up
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, out in zip(fns, times):
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-    return tuple(statistics.median(t) for t in times)
-
-
-# -- what is measured --------------------------------------------------------------------------------
-
-
-def sdpa_forward(bundle, ids):
-    """The baseline: the base model's forward pass with PyTorch SDPA attention, nothing recorded and no
-    attention maps (the cheapest way to run the part of the model that cwviz analyses)."""
-    bundle.model.set_attn_implementation("sdpa")
-    try:
-        with torch.inference_mode():
-            return bundle.final_hidden(torch.tensor([ids], device=bundle.input_device))
-    finally:
-        bundle.model.set_attn_implementation("cwviz")
-
-
-def plain_forward(bundle, ids):
-    """The second baseline: one forward pass with eager attention and output_attentions=True (every layer's
-    attention maps, as bertviz and most tools get them)."""
-    bundle.model.set_attn_implementation("eager")
-    try:
-        with torch.inference_mode():
-            device = bundle.input_device
-            return bundle.model(input_ids=torch.tensor([ids], device=device), output_attentions=True, use_cache=False).attentions
-    finally:
-        bundle.model.set_attn_implementation("cwviz")
-
-
-#: Longest prompt the eager output_attentions baseline runs at: it holds every layer's [heads, T, T] maps
-#: (4.4 GB for the embedded model at 2048 tokens, 18 GB at 4096).
-EAGER_MAX_TOKENS = 2048
-
-
-def full_analysis(bundle, ids, logprobs: bool = False):
-    """Capture plus every layer's attention and inter- and intra-head contributions, read in row blocks
-    (``Analysis.row_blocks``, as the head overview and the sinks table read them), and with ``logprobs`` the
-    next-token log-probabilities, which run the output layer."""
-    from cwviz import analyze
-
-    analysis = analyze(bundle, input_ids=ids)
-    read_every_block(analysis)
-    if logprobs:
-        _ = analysis.next_token_logprobs  # computed on first access
-    return analysis
-
-
-def read_every_block(analysis) -> None:
-    """Every layer's attention and both contribution kinds, in the row blocks of ``Analysis.row_blocks``."""
-    for layer in range(analysis.num_layers):
-        for _, _, m in analysis.row_blocks(layer):
-            m.attention, m.contribution("inter"), m.contribution("intra")
-
-
-def one_pass_analysis(bundle, ids):
-    """:func:`full_analysis` in one pass: ``analyze(each_row_block=...)`` hands each layer's row blocks over while the
-    layer runs, so each block's scores and softmax serve both the model's attention output and the measures."""
-    from cwviz import analyze
-
-    def read(layer, first, stop, m):
-        m.attention, m.contribution("inter"), m.contribution("intra")
-
-    return analyze(bundle, input_ids=ids, each_row_block=read)
-
-
-def whole_layer_analysis(bundle, ids):
-    """:func:`full_analysis` through the API's whole-layer maps (``Analysis.layer``: [heads, T, T] a layer)."""
-    from cwviz import analyze
-
-    analysis = analyze(bundle, input_ids=ids)
-    for layer in range(analysis.num_layers):
-        m = analysis.layer(layer)
-        m.attention, m.contribution("inter"), m.contribution("intra")
-    return analysis
-
-
-def naive_contributions(bundle, ids):
-    """What the LLM Transparency Tool does: materialise every per-pair vector α_ij^h ṽ_j^h, per layer."""
-    from cwviz import analyze
-
-    analysis = analyze(bundle, input_ids=ids)
-    for layer in range(analysis.num_layers):
-        alpha = analysis.attention_tensor(layer)  # (H, Q, K)
-        v = analysis.values(layer)
-        v_tilde = torch.einsum("hmd,hkd->hkm", analysis.w_heads(layer), v)  # (H, K, D)
-        per_pair = alpha[..., None] * v_tilde[:, None]  # (H, Q, K, D)
-        head_out = per_pair.sum(2)  # (H, Q, D)
-        out = head_out.sum(0)  # (Q, D)
-        (per_pair * out[None, :, None]).sum(-1) / (out.norm(dim=-1) ** 2)[None, :, None]
-        (per_pair * head_out[:, :, None]).sum(-1) / (head_out.norm(dim=-1) ** 2)[..., None]
-        del per_pair
-    return analysis
-
-
-def value_zeroing(bundle, ids, layer: int):
-    """Value zeroing (Mohebbi et al. 2023) for one layer: one forward pass per token j with v_j = 0,
-    score = cosine distance between the clean and the zeroed layer output of each query."""
-    from cwviz import analyze
-    from cwviz.core.method.capture import forward_pass
-    from cwviz.core.method.interventions import ScaleValues
-
-    clean = analyze(bundle, input_ids=ids).layer_record(layer).output  # (H, Q, d)
-    w = torch.tensor(0.0)
-    for j in range(len(ids)):
-        with (
-            torch.inference_mode(),
-            forward_pass(bundle.attention_modules, intervention=ScaleValues((j,), 0.0, frozenset({layer}))) as records,
-        ):
-            bundle.final_hidden(torch.tensor([ids]))  # no output layer, as in analyze
-        zeroed = records[layer].output
-        w = w + torch.nn.functional.cosine_similarity(clean.flatten(0), zeroed.flatten(0), dim=0)
-    return w
-
-
-def flow_of_prompt(bundle, ids):
-    """The signed flow of the whole model into the last position (docs/METHOD.md section 6), its analysis included
-    (the memory probe's ``flow``)."""
-    from cwviz import analyze
-    from cwviz.core.method.flow import flow
-
-    return flow(analyze(bundle, input_ids=ids))
-
-
-def effect_of_prompt(bundle, ids):
-    """The effect flow of the whole prompt into its last position (docs/METHOD.md section 7.1: one backward pass, every
-    layer's edges and each head's part), its analysis included (the memory probe's ``effect``)."""
-    from cwviz import analyze
-    from cwviz.core.method.attribution import attribute
-
-    return attribute(analyze(bundle, input_ids=ids), "effect")
-
-
-def one_layer_analysis(bundle, ids, layer: int):
-    from cwviz import analyze
-
-    return analyze(bundle, input_ids=ids).contributions(layer, "inter")
-
-
-def masked_batch(bundle, tokens: int, batch: int):
-    """The ids [batch, T] and the keep masks of ``batch`` distinct masked runs of one GSM8K example, as a
-    faithfulness sweep makes them (the default measures, both curves, rates 10 and 50 %)."""
-    from cwviz import analyze
-    from cwviz.analyses import faithfulness
-
-    ids = long_ids(bundle, tokens)
-    protocol = faithfulness.Protocol(rates=(10.0, 50.0))
-    analysis = analyze(bundle, input_ids=ids)
-    ranked = faithfulness.rankings(analysis, protocol)
-    runs = [run for run in protocol.runs() if run[0] != "value_weighted_output_normalized"][:batch]
-    masks = {}
-    for layer, visible in ranked.num_visible.items():
-        parts = [
-            faithfulness.keep_mask(ranked.ranks[m, d][layer], faithfulness.masked_counts(visible, r), visible, c, ranked.visible[layer])
-            for m, c, r, d in runs
-        ]
-        masks[layer] = torch.stack(parts)  # (B, 1, Q, K)
-    return torch.tensor([ids] * len(runs)), masks
-
-
-def base_forward(bundle, ids, intervention=None):
-    """The base model's forward pass of a batch (no output layer), under ``intervention``."""
-    from cwviz.core.method.capture import forward_pass
-
-    with torch.inference_mode(), forward_pass(bundle.attention_modules, record=False, intervention=intervention):
-        return bundle.final_hidden(ids)
 
 
 def bench_masked(bundle, lengths, batch: int, repeats: int) -> list[str]:
@@ -408,11 +228,6 @@ def _kept_stream_rows(bundle, lengths, repeats) -> list[str]:
     return rows
 
 
-def memory_gb(bundle, tokens: int) -> float:
-    """GB of every layer's [heads, T, T] float32 attention maps (what output_attentions returns)."""
-    return bundle.info.layers * bundle.info.heads * tokens * tokens * 4 / 1e9
-
-
 def bench_window(bundle, lengths, repeats) -> list[str]:
     """A windowed heatmap (all heads, the dashboard's default view of a long prompt) and the token page's
     decomposition, computing only their rows, against computing the whole layer's maps as before."""
@@ -470,18 +285,6 @@ def bench_value_zeroing(bundle, tokens, layer) -> list[str]:
     ]
     print("\n".join(rows), flush=True)
     return rows
-
-
-def memory_probe(what: str, tokens: int) -> float:
-    """Peak resident-size increase (MiB) of ``what`` in a fresh child process."""
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.memory_probe", what, str(tokens)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])["peak_increase_mib"]
 
 
 def bench_memory(bundle, lengths) -> list[str]:
@@ -605,113 +408,109 @@ def machine() -> str:
     )
 
 
-SECTIONS = [
-    "overhead",
-    "memory",
-    "flow",
-    "effect",
-    "naive",
-    "zeroing",
-    "cold",
-    "cli",
-    "conversion",
-    "dashboard",
-    "dashboard-long",
-    "browser",
-    "browser-flow",
-    "lambda",
-    "window",
-    "masked",
-]
+#: A section's rows, given the loaded model, the run's token lengths and its options.
+Section = Callable[[Any, list[int], argparse.Namespace], list[tuple[str, list[str]]]]
+
+
+def _lengths_in(lengths: list[int], wanted: tuple[int, ...], fallback: int) -> list[int]:
+    """The run's lengths that a section measures at (``wanted``), or ``[fallback]`` when it has none of them."""
+    return [t for t in lengths if t in wanted] or [fallback]
+
+
+def _flow(bundle, lengths: list[int], args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    memory_tokens = 8192 if 8192 in lengths else 0  # the issue's long prompt, when the run's lengths include it
+    rows = bench_flow(bundle, _lengths_in(lengths, (300, 512, 2048), 512), args.repeats, memory_tokens)
+    return [("Signed flow across layers against the one-pass analysis", rows)]
+
+
+def _effect(bundle, lengths: list[int], args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    memory_tokens = 2048 if 2048 in lengths else 0
+    rows = bench_effect(bundle, _lengths_in(lengths, (300, 512), 512), args.repeats, memory_tokens)
+    return [("The effect flow against the one-pass analysis", rows)]
+
+
+def _browser_flow(bundle, lengths: list[int], args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    return [
+        ("The Flow page in the browser (Chromium)", browser.bench_flow(repeats=args.repeats)),
+        ("The Flow page's clicks at 30 tokens (Chromium)", browser.bench_flow_clicks(repeats=args.repeats)),
+    ]
+
+
+def _masked(bundle, lengths: list[int], args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    rows = bench_masked(bundle, [t for t in lengths if t <= 1024] or [256], args.batch, args.repeats)
+    return [("Masked passes (faithfulness) against plain passes of the same batch", rows)]
+
+
+#: Every section, in the order a run measures them (``--only`` picks some; ``browser`` brings ``browser-flow``).
+SECTIONS: dict[str, Section] = {
+    "overhead": lambda bundle, lengths, args: [
+        ("Full analysis against a plain forward pass (time)", bench_overhead(bundle, lengths, args.repeats)),
+    ],
+    "memory": lambda bundle, lengths, args: [
+        ("Full analysis against a plain forward pass (peak memory)", bench_memory(bundle, lengths)),
+    ],
+    "flow": _flow,
+    "effect": _effect,
+    "window": lambda bundle, lengths, args: [
+        (
+            "Only the rows shown: windowed heatmaps and the token page",
+            bench_window(bundle, [t for t in lengths if t >= 512], args.repeats),
+        )
+    ],
+    "naive": lambda bundle, lengths, args: [
+        (
+            "Against materialising every per-pair vector (LLM Transparency Tool style)",
+            bench_naive(bundle, 256, args.repeats),
+        )
+    ],
+    "zeroing": lambda bundle, lengths, args: [
+        ("Against value zeroing (one forward pass per token)", bench_value_zeroing(bundle, 128, 15)),
+    ],
+    "cold": lambda bundle, lengths, args: [("Cold start", bench_cold_start())],
+    "cli": lambda bundle, lengths, args: [("Command line start", bench_cli(max(args.repeats, 5)))],
+    "conversion": lambda bundle, lengths, args: [("A GGUF's first conversion", bench_conversion(args.repeats))],
+    "dashboard": lambda bundle, lengths, args: [
+        ("Dashboard interaction (T = 512)", dashboard.bench(repeats=args.repeats)),
+    ],
+    "dashboard-long": lambda bundle, lengths, args: [
+        (
+            f"Dashboard on a long prompt (T = {max(lengths)})",
+            dashboard.bench_long(bundle, max(lengths), repeats=args.repeats),
+        )
+    ],
+    "browser": lambda bundle, lengths, args: [("Waits in the browser (Chromium)", browser.bench(repeats=args.repeats))],
+    "browser-flow": _browser_flow,
+    "lambda": lambda bundle, lengths, args: [
+        ("One λ of the sinks intervention, before and after the one-pass λ", lambda_pass.bench(bundle, args.repeats)),
+    ],
+    "masked": _masked,
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=list(SECTIONS), action="append")
+    parser.add_argument("--lengths", default="128,512,1024,2048,4096,8192")
+    parser.add_argument("--repeats", type=int, default=3)
+    history = str(ROOT / "benchmarks" / "history.md")
+    parser.add_argument("--out", default=history, help="append the report here ('-' for none)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
+    batch = "masked runs per forward pass in the masked section (default 8)"
+    parser.add_argument("--batch", type=int, default=8, help=batch)
+    return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=SECTIONS, action="append")
-    parser.add_argument("--lengths", default="128,512,1024,2048,4096,8192")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "history.md"), help="append the report here ('-' for none)")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
-    parser.add_argument("--batch", type=int, default=8, help="masked runs per forward pass in the masked section (default 8)")
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     tune_heap()  # measured as the dashboard's server and the cwviz command run: with their heap settings
     if args.threads:
         torch.set_num_threads(args.threads)
     lengths = [int(t) for t in args.lengths.split(",")]
-    only = set(args.only or SECTIONS)
-
-    import transformers
-
-    import cwviz
+    only = set(args.only or SECTIONS) | ({"browser-flow"} if "browser" in (args.only or ()) else set())
 
     transformers.utils.logging.disable_progress_bar()
     bundle = cwviz.load_model("embedded", device="cpu")
-    sections = []
-    if "overhead" in only:
-        sections.append(("Full analysis against a plain forward pass (time)", bench_overhead(bundle, lengths, args.repeats)))
-    if "memory" in only:
-        sections.append(("Full analysis against a plain forward pass (peak memory)", bench_memory(bundle, lengths)))
-    if "flow" in only:
-        flow_lengths = [t for t in lengths if t in (300, 512, 2048)] or [512]
-        memory_tokens = 8192 if 8192 in lengths else 0  # the issue's long prompt, when the run's lengths include it
-        sections.append(
-            ("Signed flow across layers against the one-pass analysis", bench_flow(bundle, flow_lengths, args.repeats, memory_tokens))
-        )
-    if "effect" in only:
-        effect_lengths = [t for t in lengths if t in (300, 512)] or [512]
-        memory_tokens = 2048 if 2048 in lengths else 0
-        sections.append(
-            ("The effect flow against the one-pass analysis", bench_effect(bundle, effect_lengths, args.repeats, memory_tokens))
-        )
-    if "window" in only:
-        sections.append(
-            (
-                "Only the rows shown: windowed heatmaps and the token page",
-                bench_window(bundle, [t for t in lengths if t >= 512], args.repeats),
-            )
-        )
-    if "naive" in only:
-        sections.append(
-            ("Against materialising every per-pair vector (LLM Transparency Tool style)", bench_naive(bundle, 256, args.repeats))
-        )
-    if "zeroing" in only:
-        sections.append(("Against value zeroing (one forward pass per token)", bench_value_zeroing(bundle, 128, 15)))
-    if "cold" in only:
-        sections.append(("Cold start", bench_cold_start()))
-    if "cli" in only:
-        sections.append(("Command line start", bench_cli(max(args.repeats, 5))))
-    if "conversion" in only:
-        sections.append(("A GGUF's first conversion", bench_conversion(args.repeats)))
-    if "dashboard" in only:
-        from benchmarks import dashboard
-
-        sections.append(("Dashboard interaction (T = 512)", dashboard.bench(repeats=args.repeats)))
-    if "dashboard-long" in only:
-        from benchmarks import dashboard
-
-        tokens = max(lengths)
-        sections.append((f"Dashboard on a long prompt (T = {tokens})", dashboard.bench_long(bundle, tokens, repeats=args.repeats)))
-    if "browser" in only:
-        from benchmarks import browser
-
-        sections.append(("Waits in the browser (Chromium)", browser.bench(repeats=args.repeats)))
-    if "browser" in only or "browser-flow" in only:
-        from benchmarks import browser
-
-        sections.append(("The Flow page in the browser (Chromium)", browser.bench_flow(repeats=args.repeats)))
-        sections.append(("The Flow page's clicks at 30 tokens (Chromium)", browser.bench_flow_clicks(repeats=args.repeats)))
-    if "lambda" in only:
-        from benchmarks import lambda_pass
-
-        sections.append(("One λ of the sinks intervention, before and after the one-pass λ", lambda_pass.bench(bundle, args.repeats)))
-    if "masked" in only:
-        masked_lengths = [t for t in lengths if t <= 1024] or [256]
-        sections.append(
-            (
-                "Masked passes (faithfulness) against plain passes of the same batch",
-                bench_masked(bundle, masked_lengths, args.batch, args.repeats),
-            )
-        )
+    sections = [section for name, run in SECTIONS.items() if name in only for section in run(bundle, lengths, args)]
     if args.out != "-":
         command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
         write_report(Path(args.out), sections, command.strip())

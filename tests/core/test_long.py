@@ -174,7 +174,7 @@ def services_at_8k(model: str) -> dict:
     whose whole-layer maps are refused
     (:func:`test_whole_layer_maps_that_would_not_fit_are_refused_and_streaming_reads_still_work`), and its time and
     memory at 8,192 tokens on the whole model are ``make bench``'s (dashboard-long)."""
-    from benchmarks.run import long_ids
+    from benchmarks.workloads import long_ids
     from cwviz.app import services
     from cwviz.app.launch import start_server
 
@@ -235,10 +235,10 @@ def test_an_8192_token_prompt_through_the_dashboard_services_stays_within_the_es
 
 @pytest.mark.parametrize("arch", ["llama", "bert"])
 def test_the_long_dashboard_benchmark_runs_the_pages_steps(arch):
-    """``make bench``'s dashboard-long section times benchmarks.dashboard.dashboard_steps: the page's defaults
+    """``make bench``'s dashboard-long section times benchmarks.workloads.dashboard_steps: the page's defaults
     (the first measure family, the window view, the head overview) must be ones the page accepts, on a causal
     model and an encoder, and the overview comes after the first heatmap."""
-    from benchmarks.dashboard import dashboard_steps
+    from benchmarks.workloads import dashboard_steps
 
     bundle = make_tiny(arch)
     ids = bundle.tokenizer(TEXT)["input_ids"][:80]
