@@ -1,6 +1,7 @@
-"""The layout is the architecture (docs/ARCHITECTURE.md): each room imports only what its rules allow, the import
-graph has no cycle, the charts room and the table types stay free of torch and transformers, the top-level names keep
-working, and no tracked file points outside the repository."""
+"""The layout is the architecture (docs/ARCHITECTURE.md): each room imports only what its rules allow (the document's
+table is :data:`ROOMS`), the import graph of the whole tree has no cycle and follows the order the document writes
+(the test prints it), the charts room and the table types stay free of torch and transformers, no module or function
+is over its size, the top-level names keep working, and no tracked file points outside the repository."""
 
 from __future__ import annotations
 
@@ -65,10 +66,10 @@ EXCEPTIONS = {
     ("cwviz.core.loading.provenance", "top"): "a results manifest records the package's version (cwviz.__version__)",
 }
 TRACKED = ("torch", "transformers", "streamlit", "altair")
-#: The most lines a module of cwviz may have: one module, one job. The core's modules, each one step of the method or
-#: of loading a model, have less room.
-MAX_MODULE_LINES = 600
-MAX_CORE_MODULE_LINES = 450
+#: The most lines a module of cwviz may have: one module, one job.
+MAX_MODULE_LINES = 450
+#: The most lines a function or method of cwviz, app.py, the pages and the benchmarks may have: one idea.
+MAX_FUNCTION_LINES = 80
 
 
 def _module_name(path: Path) -> str:
@@ -155,7 +156,7 @@ def _core_imports(module: str) -> set[str]:
 
 
 def test_the_wings_of_core_import_down_only():
-    """The wings of docs/ARCHITECTURE.md ("The wings of core"): ``core.util`` imports nothing of ``core.method`` or
+    """The wings of the core (docs/ARCHITECTURE.md, "The rooms"): ``core.util`` imports nothing of ``core.method`` or
     ``core.loading``; where ``core.loading`` meets the method (the seam's name it registers, the Gram matrix), the
     modules of ``core.method`` it reaches, and everything they import in turn, import nothing of ``core.loading``:
     the one way between the two wings."""
@@ -179,44 +180,225 @@ def test_the_wings_of_core_import_down_only():
     assert not wrong, "imports against the wings of core:\n" + "\n".join(wrong)
 
 
-def test_the_import_graph_of_cwviz_has_no_cycle():
-    """Every import of every module, those inside functions included: a module that needs a function-level import
-    to dodge a cycle is telling us where the helper really lives (docs/ARCHITECTURE.md, "The order of core")."""
-    graph = {
-        module: sorted({m for m in map(_cwviz_module, _imports(path, module)) if m and m != module})
-        for module, path in CWVIZ_MODULES.items()
-    }
+def _tree_modules() -> dict[str, Path]:
+    """Every Python module of the repository by its dotted name: cwviz, ``app`` (app.py), ``views.flow``, the
+    benchmarks, the tests and their helpers, the site's hooks (``docs.hooks.cwviz_docs``)."""
+    paths = [ROOT / "app.py"]
+    for folder in ("cwviz", "views", "benchmarks", "tests", "docs"):
+        paths += [p for p in sorted((ROOT / folder).rglob("*.py")) if "artifacts" not in p.relative_to(ROOT).parts]
+    return {_module_name(path): path for path in paths}
+
+
+TREE_MODULES = _tree_modules()
+
+
+def _import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Each module -> the modules of ``modules`` it imports anywhere in its body (inside functions and under
+    ``if TYPE_CHECKING:`` too). An imported name counts as the module it lies in (``cwviz.core.method.measures.KINDS``
+    -> ``cwviz.core.method.measures``); a package's ``__init__`` does not count as imported along with its modules."""
+    graph = {}
+    for module, path in modules.items():
+        found = set()
+        for name in _imports(path, module):
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+        graph[module] = found
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle through each import cycle of ``graph``, as ``a -> b -> a``."""
     done: set[str] = set()
-    cycles = []
+    cycles = set()
 
     def visit(module: str, path: list[str]) -> None:
         if module in path:
-            cycles.append(" -> ".join(path[path.index(module) :] + [module]))
+            cycles.add(" -> ".join(path[path.index(module) :] + [module]))
             return
         if module in done:
             return
-        for target in graph[module]:
+        for target in sorted(graph[module]):
             visit(target, path + [module])
         done.add(module)
 
-    for module in graph:
+    for module in sorted(graph):
         visit(module, [])
-    assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))
+    return sorted(cycles)
 
 
-def test_only_the_services_cache_and_no_module_is_over_the_limit():
-    """The app's services are the only Streamlit caching; one module, one job: none over MAX_MODULE_LINES lines, and
-    none of the core over MAX_CORE_MODULE_LINES (``cwviz.core.method.analysis`` included)."""
-    caching = [m for m, path in CWVIZ_MODULES.items() if "st.cache_" in path.read_text(encoding="utf-8") and not m.endswith("services")]
-    caching += [str(p.relative_to(ROOT)) for p in SCRIPTS if "st.cache_" in p.read_text(encoding="utf-8")]
+def test_the_import_graph_of_the_tree_has_no_cycle():
+    """Every import of every module of the repository (cwviz, app.py, the pages, the benchmarks, the tests and their
+    helpers), those inside functions included: a module that needs a function-level import to dodge a cycle is telling
+    us where the helper really lives (docs/ARCHITECTURE.md, "The order")."""
+    cycles = _cycles(_import_graph(TREE_MODULES))
+    assert not cycles, "import cycles (move the piece both sides need into a module of its own):\n" + "\n".join(cycles)
+
+
+def _levels(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The order of a graph without cycles, in levels: level 0 imports nothing of the graph, level n imports something
+    of level n - 1 and nothing of a later level."""
+    level: dict[str, int] = {}
+
+    def of(node: str) -> int:
+        if node not in level:
+            level[node] = 1 + max((of(target) for target in graph[node]), default=-1)
+        return level[node]
+
+    for node in graph:
+        of(node)
+    return [sorted(n for n in graph if level[n] == i) for i in range(max(level.values(), default=-1) + 1)]
+
+
+def _order_room(module: str) -> str | None:
+    """The room a module of the tree stands in for the order of the rooms: ``cwviz.charts.token`` -> ``charts``, a
+    room's own modules (``analyses.schema``, ``app.launch``) with it, app.py and the pages -> ``views``; None for the
+    top level (lazy names of every room), ``cwviz.__main__`` and the tests. ``cwviz.vocabulary`` stands with the core,
+    whose words it is."""
+    parts = module.split(".")
+    if module == "app" or parts[0] == "views":
+        return "views"
+    if parts[0] == "benchmarks":
+        return "benchmarks"
+    if parts[0] != "cwviz" or len(parts) < 2 or parts[1] == "__main__":
+        return None
+    return "core" if parts[1] == "vocabulary" else parts[1]
+
+
+def _room_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, targets in _import_graph(TREE_MODULES).items():
+        if (room := _order_room(module)) is not None:
+            rooms = {_order_room(target) for target in targets} - {None, room}
+            graph.setdefault(room, set()).update(rooms)
+    return graph
+
+
+def _core_graph() -> dict[str, set[str]]:
+    """The modules of cwviz.core (named from it: ``method.capture``; ``vocabulary`` for cwviz.vocabulary) and what each
+    imports of them; the packages' ``__init__`` (docstrings only) left out."""
+
+    def short(module: str) -> str:
+        return module.removeprefix("cwviz.").removeprefix("core.")
+
+    core = {
+        module: path
+        for module, path in CWVIZ_MODULES.items()
+        if (module.startswith("cwviz.core.") or module == "cwviz.vocabulary") and path.name != "__init__.py"
+    }
+    return {short(module): {short(target) for target in targets} for module, targets in _import_graph(core).items()}
+
+
+def _written_order(heading: str) -> list[list[str]]:
+    """The levels docs/ARCHITECTURE.md writes under ``heading``: the first ``text`` block after it, a level a line,
+    names separated by ``·``."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    assert heading in text, f"docs/ARCHITECTURE.md has no heading {heading!r}"
+    block = text.split(heading, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    return [[name.strip() for name in line.split("·")] for line in block.splitlines() if line.strip()]
+
+
+def _disagreements(written: list[list[str]], graph: dict[str, set[str]]) -> list[str]:
+    """Where a written order is not an order of ``graph``: a name missing or written twice, a name unknown, an import
+    of a name on the same line or a later one."""
+    line_of = {}
+    wrong = []
+    for number, names in enumerate(written):
+        for name in names:
+            if name in line_of:
+                wrong.append(f"{name} is written twice")
+            line_of[name] = number
+    wrong += [f"{name} is not written" for name in sorted(set(graph) - set(line_of))]
+    wrong += [f"{name} is written but is no module" for name in sorted(set(line_of) - set(graph))]
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if name in line_of and target in line_of and line_of[target] >= line_of[name]:
+                wrong.append(f"{name} imports {target}, which is not written above it")
+    return wrong
+
+
+def _show(levels: list[list[str]]) -> str:
+    return "\n".join(" · ".join(names) for names in levels)
+
+
+def test_the_order_docs_architecture_writes_is_the_import_order():
+    """docs/ARCHITECTURE.md, "The order": the rooms, and the modules of the core, a level a line, each importing only
+    what is written above it. Prints the order the import graph gives (``pytest -s`` or ``-rA``), levels as the
+    document writes them, so that a new module or import is written in by copying it."""
+    rooms, core = _room_graph(), _core_graph()
+    print("The order of the rooms:", _show(_levels(rooms)), "", "The order of core:", _show(_levels(core)), sep="\n")
+    wrong = [f"rooms: {w}" for w in _disagreements(_written_order("### The rooms, in order"), rooms)]
+    wrong += [f"core: {w}" for w in _disagreements(_written_order("### The modules of core, in order"), core)]
+    assert not wrong, (
+        "docs/ARCHITECTURE.md's order disagrees with the imports:\n"
+        + "\n".join(wrong)
+        + f"\n\nthe rooms, in order:\n{_show(_levels(rooms))}\n\nthe modules of core, in order:\n{_show(_levels(core))}"
+    )
+
+
+def test_the_rooms_docs_architecture_writes_are_the_rooms_the_test_checks():
+    """docs/ARCHITECTURE.md's table "What may import what" is :data:`ROOMS`, and its list of torch-free modules is
+    :data:`TORCH_FREE`: what the document says is what the tests hold the code to."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = text.split("## What may import what", 1)[1].split("\n## ", 1)[0]
+    written: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) >= 2 and cells[0].startswith("`"):
+            room = "views" if cells[0].startswith("`app.py`") else cells[0].strip("`")
+            written[room] = {"top" if n == "cwviz" else n for n in (n.strip().strip("`") for n in cells[1].split(","))}
+    assert written == ROOMS, f"the document's table: {written}\nROOMS: {ROOMS}"
+    free = section.split("Torch-free:", 1)[1].split("\n\n", 1)[0]
+    named = set(free.split("`")[1::2])
+    assert named == {m for m in TORCH_FREE if not m.startswith("cwviz.charts.")}, (named, TORCH_FREE)
+
+
+def _function_lengths(path: Path) -> list[tuple[str, int]]:
+    """Each function and method of a module with its length in lines, from ``def`` to its last line (its docstring
+    included, its decorators not); a nested function counts in its own right and in its parent's."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+
+
+def test_only_the_services_cache():
+    """The app's services are the only Streamlit caching."""
+    caching = [
+        str(path.relative_to(ROOT))
+        for path in [*CWVIZ_MODULES.values(), *SCRIPTS]
+        if "st.cache_" in path.read_text(encoding="utf-8") and not path.stem.endswith("services")
+    ]
     assert not caching, f"Streamlit caching outside cwviz.app's services: {caching}"
+
+
+def test_no_module_of_cwviz_is_over_the_limit():
+    """One module, one job: none of cwviz over :data:`MAX_MODULE_LINES` lines (``cwviz.core.method.analysis``, the
+    largest of the core, included)."""
     assert "cwviz.core.method.analysis" in CWVIZ_MODULES
     long = {}
     for module, path in CWVIZ_MODULES.items():
-        limit = MAX_CORE_MODULE_LINES if module.startswith("cwviz.core.") else MAX_MODULE_LINES
-        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > limit:
-            long[module] = f"{lines} lines (limit {limit})"
-    assert not long, f"modules over their limit (split them by job): {long}"
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES:
+            long[module] = lines
+    listed = "\n".join(f"{module}: {lines} lines" for module, lines in sorted(long.items(), key=lambda kv: -kv[1]))
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job):\n{listed}"
+
+
+def test_no_function_is_over_the_limit():
+    """One function, one idea: no function or method of cwviz, app.py, the pages or the benchmarks over
+    :data:`MAX_FUNCTION_LINES` lines."""
+    paths = [*CWVIZ_MODULES.values(), *SCRIPTS, *sorted((ROOT / "benchmarks").glob("*.py"))]
+    long = [
+        (lines, f"{path.relative_to(ROOT)}: {name}")
+        for path in paths
+        for name, lines in _function_lengths(path)
+        if lines > MAX_FUNCTION_LINES
+    ]
+    listed = "\n".join(f"{where}: {lines} lines" for lines, where in sorted(long, reverse=True))
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (one idea a function):\n{listed}"
 
 
 #: Assignments to another package's module attributes that cwviz makes, each with the test that pins it.
