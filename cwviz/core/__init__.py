@@ -22,6 +22,6 @@
 module: a model is loaded with cwviz's attention function, so ``loading.models`` and ``loading.derive`` import
 ``method.capture`` and ``method.measures`` (the per-model Gram matrix), which import nothing of ``loading``; the
 method's result and its passes (``analysis``, ``stream``, ``interventions``) take a loaded ``Bundle``. The import graph
-of every module is a DAG (``tests/test_layout.py``; docs/ARCHITECTURE.md, "The order of core"). The sub-packages
+of every module is a DAG (``tests/test_layout.py``; docs/ARCHITECTURE.md, "The order"). The sub-packages
 import nothing in their ``__init__``: every import names the module it needs.
 """
