@@ -291,12 +291,18 @@ def _core_graph() -> dict[str, set[str]]:
 
 
 def _written_order(heading: str) -> list[list[str]]:
-    """The levels docs/ARCHITECTURE.md writes under ``heading``: the first ``text`` block after it, a level a line,
-    names separated by ``·``."""
+    """The levels docs/ARCHITECTURE.md writes under ``heading``: the first ``text`` block after it, a level a line
+    (an indented line goes on with the level above), names separated by ``·``."""
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
     assert heading in text, f"docs/ARCHITECTURE.md has no heading {heading!r}"
     block = text.split(heading, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
-    return [[name.strip() for name in line.split("·")] for line in block.splitlines() if line.strip()]
+    levels: list[str] = []
+    for line in block.splitlines():
+        if line.startswith((" ", "·")) and levels:
+            levels[-1] += " · " + line.strip().removeprefix("·")
+        elif line.strip():
+            levels.append(line)
+    return [[name.strip() for name in level.split("·") if name.strip()] for level in levels]
 
 
 def _disagreements(written: list[list[str]], graph: dict[str, set[str]]) -> list[str]:
@@ -318,8 +324,17 @@ def _disagreements(written: list[list[str]], graph: dict[str, set[str]]) -> list
     return wrong
 
 
-def _show(levels: list[list[str]]) -> str:
-    return "\n".join(" · ".join(names) for names in levels)
+def _show(levels: list[list[str]], width: int = 116) -> str:
+    """Levels as docs/ARCHITECTURE.md writes them: a level a line, a long one wrapped onto indented lines."""
+    lines = []
+    for names in levels:
+        lines.append(names[0])
+        for name in names[1:]:
+            if len(lines[-1]) + len(name) + 3 > width:
+                lines.append("    · " + name)
+            else:
+                lines[-1] += " · " + name
+    return "\n".join(lines)
 
 
 def test_the_order_docs_architecture_writes_is_the_import_order():
