@@ -3,9 +3,11 @@
 * :mod:`cwviz.core.method` — the method, and everything of one recorded forward pass: the seam
   (:mod:`~cwviz.core.method.capture`, transformers' ``AttentionInterface``), the attention maths it and the readers
   call (:mod:`~cwviz.core.method.attention`), the measures (:mod:`~cwviz.core.method.measures`), the result
-  (:mod:`~cwviz.core.method.analysis`, :class:`~cwviz.core.method.analysis.Analysis`), how a layer is read in row
-  blocks (``blocks``, ``reading``, ``stream``), kept on disk (``spill``) and sized (``memory``), changed
-  (``interventions``), scored (``logprobs``) and exported (``export``). Why together: they share one vocabulary (a
+  (:mod:`~cwviz.core.method.analysis`, :class:`~cwviz.core.method.analysis.Analysis`, over the records reader of its
+  pass, ``records_reader``), how a layer is read in row blocks (``row_blocks``, ``row_block_sizes``), kept on disk
+  (``spill``) and sized (``memory``), changed (``interventions``), scored (``logprobs``) and exported (``export``); the
+  residual recorder (``residual``) and the one per-context mechanism of the seam and the hooks (``hooks``); the flows
+  and the attribution methods (``flow``, ``effect``, ``attribution``). Why together: they share one vocabulary (a
   layer's record, its row blocks, its measures) and change together when the method does (docs/METHOD.md).
 * :mod:`cwviz.core.loading` — a model and what it accepts: the table of architectures and the rows derived for the
   others (``architectures``, ``derive``), the checkpoints converted once into the cache (``checkpoints``),
@@ -21,7 +23,7 @@
 ``util`` is the bottom: it imports nothing of the core. ``loading`` and ``method`` meet at the seam, one way per
 module: a model is loaded with cwviz's attention function, so ``loading.models`` and ``loading.derive`` import
 ``method.capture`` and ``method.measures`` (the per-model Gram matrix), which import nothing of ``loading``; the
-method's result and its passes (``analysis``, ``stream``, ``interventions``) take a loaded ``Bundle``. The import graph
-of every module is a DAG (``tests/test_layout.py``; docs/ARCHITECTURE.md, "The order"). The sub-packages
+method's result and its passes (``analysis``, ``row_blocks``, ``interventions``) take a loaded ``Bundle``. The import
+graph of every module is a DAG (``tests/test_layout.py``; docs/ARCHITECTURE.md, "The order"). The sub-packages
 import nothing in their ``__init__``: every import names the module it needs.
 """
