@@ -254,8 +254,7 @@ def _levels(graph: dict[str, set[str]]) -> list[list[str]]:
 def _order_room(module: str) -> str | None:
     """The room a module of the tree stands in for the order of the rooms: ``cwviz.charts.token`` -> ``charts``, a
     room's own modules (``analyses.schema``, ``app.launch``) with it, app.py and the pages -> ``views``; None for the
-    top level (lazy names of every room), ``cwviz.__main__`` and the tests. ``cwviz.vocabulary`` stands with the core,
-    whose words it is."""
+    top level (lazy names of every room), ``cwviz.__main__`` and the tests."""
     parts = module.split(".")
     if module == "app" or parts[0] == "views":
         return "views"
@@ -263,7 +262,7 @@ def _order_room(module: str) -> str | None:
         return "benchmarks"
     if parts[0] != "cwviz" or len(parts) < 2 or parts[1] == "__main__":
         return None
-    return "core" if parts[1] == "vocabulary" else parts[1]
+    return parts[1]
 
 
 def _room_graph() -> dict[str, set[str]]:
@@ -276,17 +275,13 @@ def _room_graph() -> dict[str, set[str]]:
 
 
 def _core_graph() -> dict[str, set[str]]:
-    """The modules of cwviz.core (named from it: ``method.capture``; ``vocabulary`` for cwviz.vocabulary) and what each
-    imports of them; the packages' ``__init__`` (docstrings only) left out."""
+    """The modules of cwviz.core (named from it: ``method.capture``) and what each imports of them; the packages'
+    ``__init__`` (docstrings only) left out."""
 
     def short(module: str) -> str:
         return module.removeprefix("cwviz.").removeprefix("core.")
 
-    core = {
-        module: path
-        for module, path in CWVIZ_MODULES.items()
-        if (module.startswith("cwviz.core.") or module == "cwviz.vocabulary") and path.name != "__init__.py"
-    }
+    core = {m: path for m, path in CWVIZ_MODULES.items() if m.startswith("cwviz.core.") and path.name != "__init__.py"}
     return {short(module): {short(target) for target in targets} for module, targets in _import_graph(core).items()}
 
 

@@ -20,6 +20,10 @@
   settings and the cache folder, file locks, the process's heap (what entry points opt in to: ``heap``), and
   accelerate's process state (``parallel``).
 
+Beside the wings, two torch-free modules that every room of cwviz may import: :mod:`cwviz.core.vocabulary` (the words
+every room shares: the contribution kinds and their labels) and :mod:`cwviz.core.defaults` (every default value,
+once; it imports nothing).
+
 ``util`` is the bottom: it imports nothing of the core. ``loading`` and ``method`` meet at the seam, one way per
 module: a model is loaded with cwviz's attention function, so ``loading.models`` and ``loading.derive`` import
 ``method.capture`` and ``method.measures`` (the per-model Gram matrix), which import nothing of ``loading``; the
