@@ -1,4 +1,5 @@
-"""cwviz dashboard: ``make run`` (= ``cwviz app`` = ``streamlit run app.py``). Pages share the sidebar in cwviz.app.sidebar."""
+"""cwviz dashboard: ``make run`` (= ``cwviz app`` = ``streamlit run app.py``). Pages share the sidebar in
+cwviz.app.sidebar."""
 
 import sys
 
@@ -28,7 +29,8 @@ if "cwviz.app.services" in sys.modules:
 else:
     starting = st.empty()
     starting.info(
-        "Starting cwviz: loading PyTorch and the model. Only the server's first page waits for this.", icon=":material/hourglass_top:"
+        "Starting cwviz: loading PyTorch and the model. Only the server's first page waits for this.",
+        icon=":material/hourglass_top:",
     )
     try:
         page.run()

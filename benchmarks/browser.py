@@ -4,11 +4,12 @@ on the Sinks page at about 30 and 300 tokens (the λ slider moved one step, then
 :func:`bench_flow`): opened on about 300 tokens that Heatmaps has analysed, a target, foil or pruning share changed, and
 opened on about 2,000 tokens, with the longest stall of the browser's main thread.
 
-A wait is measured from the input (a key press on the layer slider, the Enter that takes a choice typed into the head
-or query picker, an arrow key on the λ slider) to the moment the page has stopped running and the charts the change
-redraws have been drawn anew: before the input each drawn chart's SVG is remembered, and the wait ends when that many
-charts draw something else (Streamlit may redraw a chart in place) and Streamlit's status widget is gone. The baseline is the first draw of the same page in the same browser
-(model already converted, analysis included), so each change's ratio to it says how much of a fresh page it costs.
+A wait is measured from the input (a key press on the layer slider, the Enter that takes a choice typed into the head or
+query picker, an arrow key on the λ slider) to the moment the page has stopped running and the charts the change redraws
+have been drawn anew: before the input each drawn chart's SVG is remembered, and the wait ends when that many charts
+draw something else (Streamlit may redraw a chart in place) and Streamlit's status widget is gone. The baseline is the
+first draw of the same page in the same browser (model already converted, analysis included), so each change's ratio to
+it says how much of a fresh page it costs.
 
 Needs the ``playwright`` package and ``/usr/bin/chromium`` (``apt-get install chromium``); it starts its own
 server (``streamlit run app.py``) on a free port.
@@ -38,7 +39,16 @@ VIEWPORT = {"width": 1600, "height": 1000}
 MAPS = 2
 #: The issues' targets (seconds): a selection change at about 30 and 300 tokens, a λ change at 30 and at 300 tokens
 #: (issue 44: on a quiet machine), and a cold open's first visible words.
-TARGETS = {30: 0.5, 300: 1.0, "lambda": 1.5, "lambda300": 2.0, "cold": 1.0, "flow_open": 2.0, "flow_change": 1.0, "stall": 2.0}
+TARGETS = {
+    30: 0.5,
+    300: 1.0,
+    "lambda": 1.5,
+    "lambda300": 2.0,
+    "cold": 1.0,
+    "flow_open": 2.0,
+    "flow_change": 1.0,
+    "stall": 2.0,
+}
 #: Charts the Flow page draws (the graph, the totals, the head map).
 FLOW_CHARTS = 3
 #: Records the browser's long tasks (main-thread stalls over 50 ms), from the page's first script on.
@@ -51,7 +61,17 @@ def _server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        "app.py",
+        "--server.headless",
+        "true",
+        "--server.port",
+        str(port),
+    ]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -69,7 +89,8 @@ def _server():
 
 @contextlib.contextmanager
 def _chromium():
-    """The dashboard's server (:func:`_server`) and headless Chromium, both closed when the block ends: (url, browser)."""
+    """The dashboard's server (:func:`_server`) and headless Chromium, both closed when the block ends: (url,
+    browser)."""
     from playwright.sync_api import sync_playwright
 
     with _server() as url, sync_playwright() as p:
@@ -82,7 +103,9 @@ def _chromium():
 
 def _tag(page) -> int:
     """Remember each drawn chart's SVG (Streamlit may redraw a chart in place, into the same element); their count."""
-    return page.evaluate(f"() => (window.__cwvizOld = [...document.querySelectorAll('{DRAWN}')].map(e => e.innerHTML)).length")
+    return page.evaluate(
+        f"() => (window.__cwvizOld = [...document.querySelectorAll('{DRAWN}')].map(e => e.innerHTML)).length"
+    )
 
 
 def _wait_redrawn(page, charts: int, timeout_s: float = 120) -> None:
@@ -112,7 +135,9 @@ def _timed_text(page, act, text: str) -> float:
     start = time.perf_counter()
     act()
     page.get_by_text(text).first.wait_for(timeout=120_000)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000, polling=50)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000, polling=50
+    )
     return time.perf_counter() - start
 
 
@@ -141,7 +166,9 @@ def _heatmaps(page, url: str, prompt: str, repeats: int) -> tuple[float, dict[st
     waits: dict[str, list[float]] = {"layer": [], "head": [], "query": []}
     for i in range(repeats):
         thumb.focus()
-        waits["layer"].append(_timed_change(page, lambda: page.keyboard.press("ArrowRight" if i % 2 == 0 else "ArrowLeft"), MAPS))
+        waits["layer"].append(
+            _timed_change(page, lambda: page.keyboard.press("ArrowRight" if i % 2 == 0 else "ArrowLeft"), MAPS)
+        )
         _settle(page)
         # A picker's wait starts at the Enter that takes the match: the typing before it is the person's, not a wait.
         _typed(page, "Head", str(2 + i))
@@ -175,7 +202,9 @@ def _cold_open(page, url: str) -> float:
     page.goto(url, wait_until="domcontentloaded")
     start = time.perf_counter()
     page.wait_for_function(
-        "() => (document.querySelector('[data-testid=\"stMain\"]')?.innerText || '').trim().length > 0", timeout=600_000, polling=50
+        "() => (document.querySelector('[data-testid=\"stMain\"]')?.innerText || '').trim().length > 0",
+        timeout=600_000,
+        polling=50,
     )
     return time.perf_counter() - start
 
@@ -193,21 +222,31 @@ def _flow_page(page, url: str, prompt: str, repeats: int) -> dict[str, float]:
     page.get_by_text("Where the prediction came from").wait_for(timeout=900_000)
     # The first screen (the graph and the totals, the page's first two charts) is drawn before the heads' map below it.
     page.wait_for_function(
-        "(sel) => [...document.querySelectorAll(sel)].filter(e => /The route|Each token's/.test(e.textContent)).length >= 2",
+        "(sel) => [...document.querySelectorAll(sel)].filter(e => /The route|Each token's/.test(e.textContent)).length "
+        ">= 2",
         arg=DRAWN,
         timeout=900_000,
         polling=50,
     )
     first_screen = time.perf_counter() - start
     page.wait_for_function(
-        "([sel, n]) => document.querySelectorAll(sel).length >= n && !document.querySelector('[data-testid=\"stStatusWidget\"]')",
+        "([sel, n]) => document.querySelectorAll(sel).length >= n && "
+        "!document.querySelector('[data-testid=\"stStatusWidget\"]')",
         arg=[DRAWN, FLOW_CHARTS],
         timeout=900_000,
         polling=50,
     )
-    waits: dict[str, list[float]] = {"open": [time.perf_counter() - start], "first": [first_screen], "target": [], "foil": [], "share": []}
+    waits: dict[str, list[float]] = {
+        "open": [time.perf_counter() - start],
+        "first": [first_screen],
+        "target": [],
+        "foil": [],
+        "share": [],
+    }
     _settle(page)
-    target = page.locator('[data-testid="stMain"] [data-testid="stTextInput"]', has_text="Target token").locator("input")
+    target = page.locator('[data-testid="stMain"] [data-testid="stTextInput"]', has_text="Target token").locator(
+        "input"
+    )
     foil = page.locator('[data-testid="stMain"] [data-testid="stCheckbox"]', has_text="Against a foil")
     share = page.locator('[data-testid="stMain"] [data-testid="stSlider"] input[type="range"]').first
     for i, token in zip(range(repeats), (" the", " a", " it", " one", " and")):
@@ -219,7 +258,9 @@ def _flow_page(page, url: str, prompt: str, repeats: int) -> dict[str, float]:
         share.focus()
         # A share past the cap draws the same 300 edges: the wait ends when the caption states the new share.
         kept = f"asked: {KEPT - 0.05:.0%}" if i % 2 == 0 else f"asked: {KEPT:.0%}"
-        waits["share"].append(_timed_text(page, lambda: page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight"), kept))
+        waits["share"].append(
+            _timed_text(page, lambda: page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight"), kept)
+        )
         _settle(page)
     result = {name: statistics.median(times) for name, times in waits.items()}
     result["stall"] = max(page.evaluate("() => window.__cwvizLong"), default=0.0) / 1000
@@ -231,7 +272,9 @@ def _flow_clicks(page, url: str, repeats: int) -> dict[str, float]:
     moved (to the caption's new share), a click on a node of the route (to the sidebar's token in the address bar and
     the script done) and a click on a head of the map (to the head's line below it). Medians (s)."""
     page.goto(f"{url}/flow")
-    page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[DRAWN, FLOW_CHARTS], timeout=900_000)
+    page.wait_for_function(
+        "([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[DRAWN, FLOW_CHARTS], timeout=900_000
+    )
     _settle(page)
     idle = "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
     waits: dict[str, list[float]] = {"share": [], "node": [], "head": []}
@@ -239,7 +282,9 @@ def _flow_clicks(page, url: str, repeats: int) -> dict[str, float]:
     for i in range(repeats):
         share.focus()
         shown = f"asked: {KEPT - 0.05:.0%}" if i % 2 == 0 else f"asked: {KEPT:.0%}"
-        waits["share"].append(_timed_text(page, lambda: page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight"), shown))
+        waits["share"].append(
+            _timed_text(page, lambda: page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight"), shown)
+        )
         _settle(page)
         node = page.locator(CHART).first.locator('g.mark-symbol.role-mark > path[aria-label*="role: passes"]').nth(i)
         position = dict(part.split(": ", 1) for part in node.get_attribute("aria-label").split("; "))["position"]
@@ -265,7 +310,8 @@ def bench_flow_clicks(repeats: int = 3) -> list[str]:
     rows = [
         "| prompt | effect drawn / node click / head click, median (s) | targets |",
         "|---|---|---|",
-        f"| Flow, 30 tokens (the default prompt) | {got['share']:.2f} / {got['node']:.2f} / {got['head']:.2f} | each ≤ 0.5 s |",
+        f"| Flow, 30 tokens (the default prompt) | {got['share']:.2f} / {got['node']:.2f} / {got['head']:.2f} | each ≤ "
+        "0.5 s |",
     ]
     print("\n".join(rows), flush=True)
     return rows
@@ -293,8 +339,10 @@ def bench_flow(repeats: int = 3) -> list[str]:
             got = _flow_page(page, url, prompt, repeats if name == "300" else 1)
             page.close()
             rows.append(
-                f"| Flow, {len(tokenize(bundle, prompt))} tokens | {got['first']:.2f} / {got['open']:.2f} | {got['target']:.2f} / {got['foil']:.2f} / "
-                f"{got['share']:.2f} | {got['stall']:.2f} | open ≤ {TARGETS['flow_open']} s, change ≤ {TARGETS['flow_change']} s, "
+                f"| Flow, {len(tokenize(bundle, prompt))} tokens | {got['first']:.2f} / {got['open']:.2f} | "
+                f"{got['target']:.2f} / {got['foil']:.2f} / "
+                f"{got['share']:.2f} | {got['stall']:.2f} | open ≤ {TARGETS['flow_open']} s, change ≤ "
+                f"{TARGETS['flow_change']} s, "
                 f"stall ≤ {TARGETS['stall']} s |"
             )
     print("\n".join(rows), flush=True)

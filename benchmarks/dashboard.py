@@ -108,7 +108,8 @@ def bench_long(bundle, tokens: int = 8192, repeats: int = 3) -> list[str]:
         "|---|---|---|---|",
         f"| plain SDPA forward pass of the prompt (baseline) | {base:.1f} | 1 | |",
         f"| first heatmap ready (recorded forward, window cells, chart) | {first:.1f} | **{first / base:.2f}** | ≤ 2 |",
-        f"| head overview ready (then every head's summary, streamed) | {overview:.1f} | **{overview / base:.2f}** | ≤ 3 |",
+        f"| head overview ready (then every head's summary, streamed) | {overview:.1f} | **{overview / base:.2f}** | ≤ "
+        "3 |",
         f"| the whole page through AppTest, first run | {load:.1f} | {load / base:.2f} | |",
         f"| layer change (median of {repeats}) | {layer_s:.3f} | | ≤ 0.5 s |",
         f"| head change | {head_s:.3f} | | ≤ 0.5 s |",

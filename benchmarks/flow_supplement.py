@@ -59,7 +59,9 @@ def main(argv=None) -> int:
     for intervention in test.INTERVENTIONS:
         for m in methods:
             for statistic in STATISTICS:
-                wide = items[items.intervention == intervention].pivot(index="example", columns="method", values=statistic)
+                wide = items[items.intervention == intervention].pivot(
+                    index="example", columns="method", values=statistic
+                )
                 own = wide[m.name].dropna()
                 diff = (wide["effect"] - wide[m.name]).dropna()
                 if not len(own) or not len(diff):

@@ -84,13 +84,18 @@ def random_llama(shape: dict, dtype: torch.dtype, device: torch.device) -> cwviz
     config = transformers.LlamaConfig(**shape)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return cwviz.bundle_from_model(model, IdTokenizer(), model_id="random Llama-8B shape" if shape is LLAMA_8B else "random tiny Llama")
+    return cwviz.bundle_from_model(
+        model, IdTokenizer(), model_id="random Llama-8B shape" if shape is LLAMA_8B else "random tiny Llama"
+    )
 
 
 def analyze_seen(bundle: cwviz.Bundle, ids: list[int], layers: list[int]) -> tuple[cwviz.Analysis, dict]:
     """The analysis, and what the model's own output projections received in ``layers`` (float32 [T, H d])."""
     seen = {}
-    handles = [bundle.out_projections[l].register_forward_pre_hook(lambda m, a, l=l: seen.__setitem__(l, a[0][0].float())) for l in layers]
+    handles = [
+        bundle.out_projections[l].register_forward_pre_hook(lambda m, a, l=l: seen.__setitem__(l, a[0][0].float()))
+        for l in layers
+    ]
     try:
         return cwviz.analyze(bundle, input_ids=ids), seen
     finally:
@@ -140,7 +145,9 @@ def overhead(bundle: cwviz.Bundle, ids: list[int], device: torch.device, repeats
     others = [synced(full_analysis, logprobs=True), synced(one_pass_analysis)]
     if len(ids) <= EAGER_MAX_TOKENS:
         others.append(synced(plain_forward))
-    full_s, sdpa_s, logprobs_s, one_pass_s, *eager = interleaved(synced(full_analysis), synced(sdpa_forward), repeats, *others)
+    full_s, sdpa_s, logprobs_s, one_pass_s, *eager = interleaved(
+        synced(full_analysis), synced(sdpa_forward), repeats, *others
+    )
     result = {
         "sdpa_s": sdpa_s,
         "full_s": full_s,
@@ -167,7 +174,11 @@ def peak_memory(bundle: cwviz.Bundle, ids: list[int], device: torch.device) -> d
         fn(bundle, ids)
         sync(device)
         peaks[name] = (torch.cuda.max_memory_allocated(device) - base) / 2**30
-    return {"sdpa_peak_gib": peaks["sdpa"], "full_peak_gib": peaks["full"], "memory_ratio": peaks["full"] / peaks["sdpa"]}
+    return {
+        "sdpa_peak_gib": peaks["sdpa"],
+        "full_peak_gib": peaks["full"],
+        "memory_ratio": peaks["full"] / peaks["sdpa"],
+    }
 
 
 def release(device: torch.device) -> None:
@@ -185,7 +196,9 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny model and T = 150, on whatever device there is")
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument(
-        "--long", default=",".join(map(str, LONG_LENGTHS)), help="comma-separated long-context lengths for the Llama-8B shape; 0 for none"
+        "--long",
+        default=",".join(map(str, LONG_LENGTHS)),
+        help="comma-separated long-context lengths for the Llama-8B shape; 0 for none",
     )
     args = parser.parse_args(argv)
     long_lengths = SMOKE_LONG_LENGTHS if args.smoke else tuple(int(n) for n in args.long.split(",") if int(n) > 0)
@@ -193,7 +206,9 @@ def main(argv=None) -> int:
     device = resolve_device("auto")
     tokens = 150 if args.smoke else args.tokens  # 150: more than one causal row block
     failed = False
-    targets = [("random tiny Llama", SMOKE)] if args.smoke else [("embedded", None), ("random Llama-8B shape", LLAMA_8B)]
+    targets = (
+        [("random tiny Llama", SMOKE)] if args.smoke else [("embedded", None), ("random Llama-8B shape", LLAMA_8B)]
+    )
     for name, shape in targets:
         for dtype in (torch.bfloat16, torch.float32):
             start = time.perf_counter()
@@ -207,7 +222,14 @@ def main(argv=None) -> int:
             worst = check_identities(bundle, ids, layers)
             ok = all(v <= TOLERANCE[dtype] for v in worst.values())
             failed |= not ok
-            result = {"model": name, "dtype": str(dtype), "device": str(device), "tokens": tokens, "identities_ok": ok, **worst}
+            result = {
+                "model": name,
+                "dtype": str(dtype),
+                "device": str(device),
+                "tokens": tokens,
+                "identities_ok": ok,
+                **worst,
+            }
             result.update(overhead(bundle, ids, device, repeats=1 if args.smoke else 3))
             if device.type == "cuda":
                 result["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -225,7 +247,12 @@ def main(argv=None) -> int:
             worst = check_streamed(bundle, ids, layers)
             ok = all(v <= TOLERANCE[torch.bfloat16] for v in worst.values())
             failed |= not ok
-            result = {"model": f"{bundle.info.id}, long", "dtype": "torch.bfloat16", "device": str(device), "tokens": tokens}
+            result = {
+                "model": f"{bundle.info.id}, long",
+                "dtype": "torch.bfloat16",
+                "device": str(device),
+                "tokens": tokens,
+            }
             result.update(identities_ok=ok, **worst)
             release(device)
             result.update(overhead(bundle, ids, device, repeats=1))

@@ -31,7 +31,9 @@ def bench(bundle, repeats: int = 3) -> list[str]:
     for i in range(repeats):
         factor = 0.05 * (i + 1)
         start = time.perf_counter()
-        after = analyze(bundle, analysis.text, input_ids=analysis.input_ids, intervention=ScaleValues((0,), factor, every))
+        after = analyze(
+            bundle, analysis.text, input_ids=analysis.input_ids, intervention=ScaleValues((0,), factor, every)
+        )
         recorded_output_stats(after, 0)
         _ = after.perplexity
         times["before"].append(time.perf_counter() - start)
@@ -47,9 +49,11 @@ def bench(bundle, repeats: int = 3) -> list[str]:
         times["clean"].append(time.perf_counter() - start)
     before, after, plain, clean = (statistics.median(times[k]) for k in ("before", "after", "plain", "clean"))
     rows = [
-        f"| λ at {analysis.num_tokens} tokens, every layer (median of {repeats}) | before (s) | after (s) | plain pass (s) | after / before | after / plain | clean side (s) | clean side / plain |",
+        f"| λ at {analysis.num_tokens} tokens, every layer (median of {repeats}) | before (s) | after (s) | plain pass "
+        "(s) | after / before | after / plain | clean side (s) | clean side / plain |",
         "|---|---|---|---|---|---|---|---|",
-        f"| one λ | {before:.2f} | {after:.2f} | {plain:.2f} | {after / before:.2f} | {after / plain:.2f} | {clean:.2f} | {clean / plain:.2f} |",
+        f"| one λ | {before:.2f} | {after:.2f} | {plain:.2f} | {after / before:.2f} | {after / plain:.2f} | "
+        f"{clean:.2f} | {clean / plain:.2f} |",
     ]
     print("\n".join(rows), flush=True)
     return rows

@@ -1,7 +1,8 @@
 """Child process for one peak-memory figure: ``python -m benchmarks.memory_probe WHAT TOKENS``.
 
-Loads the embedded model, runs WHAT on 8 tokens (weights are memory-mapped: this pages them in), resets the kernel's peak-RSS mark (``/proc/self/clear_refs``, Linux), runs
-WHAT once (sdpa | plain | full | naive | dashboard | flow | effect) and prints JSON with the peak increase in MiB.
+Loads the embedded model, runs WHAT on 8 tokens (weights are memory-mapped: this pages them in), resets the kernel's
+peak-RSS mark (``/proc/self/clear_refs``, Linux), runs WHAT once (sdpa | plain | full | naive | dashboard | flow |
+effect) and prints JSON with the peak increase in MiB.
 """
 
 from __future__ import annotations

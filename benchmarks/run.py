@@ -59,7 +59,8 @@ def bench_masked(bundle, lengths, batch: int, repeats: int) -> list[str]:
     from cwviz.core.method.interventions import KeepKeys, batch_logprobs
 
     rows = [
-        "| T | batch | plain pass + log-probs (s, baseline) | masked (s) | ratio | target | plain base model (s) | masked | ratio |",
+        "| T | batch | plain pass + log-probs (s, baseline) | masked (s) | ratio | target | plain base model (s) | "
+        "masked | ratio |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for tokens in lengths:
@@ -85,8 +86,10 @@ def bench_masked(bundle, lengths, batch: int, repeats: int) -> list[str]:
 
 def bench_overhead(bundle, lengths, repeats) -> list[str]:
     rows = [
-        "| T | plain SDPA forward (s, baseline) | full analysis in one pass (s) | ratio | target | recorded, then read in row blocks (s) "
-        "| ratio | recorded + next-token log-probs: ratio | eager output_attentions (s) | one pass / eager | whole-layer maps (s) | ratio |",
+        "| T | plain SDPA forward (s, baseline) | full analysis in one pass (s) | ratio | target | recorded, then read "
+        "in row blocks (s) "
+        "| ratio | recorded + next-token log-probs: ratio | eager output_attentions (s) | one pass / eager | "
+        "whole-layer maps (s) | ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     targets = {512: "≤ 1.3", 2048: "≤ 1.6"}
@@ -105,7 +108,8 @@ def bench_overhead(bundle, lengths, repeats) -> list[str]:
             else f"| not run (needs {memory_gb(bundle, tokens):.0f} GB) | | not run | |"
         )
         rows.append(
-            f"| {tokens} | {base:.3f} | {cand:.3f} | **{cand / base:.2f}** | {targets.get(tokens, '')} | {recorded:.3f} | {recorded / base:.2f} "
+            f"| {tokens} | {base:.3f} | {cand:.3f} | **{cand / base:.2f}** | {targets.get(tokens, '')} | "
+            f"{recorded:.3f} | {recorded / base:.2f} "
             f"| {with_logprobs / base:.2f} {eager}"
         )
         print(rows[-1], flush=True)
@@ -122,7 +126,8 @@ def bench_flow(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
     from cwviz.core.method.flow import flow
 
     rows = [
-        "| T | one-pass analysis (s, baseline) | flow of an analysis (s) | ratio | target | analyze() alone (s) | flow / analyze() "
+        "| T | one-pass analysis (s, baseline) | flow of an analysis (s) | ratio | target | analyze() alone (s) | flow "
+        "/ analyze() "
         "| flow with its heads table (s) | ratio |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -137,7 +142,8 @@ def bench_flow(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
             lambda: flow(analysis).heads,
         )
         rows.append(
-            f"| {tokens} | {base:.2f} | {cand:.2f} | **{cand / base:.2f}** | ≤ 1.3 | {recorded:.2f} | {cand / recorded:.2f} "
+            f"| {tokens} | {base:.2f} | {cand:.2f} | **{cand / base:.2f}** | ≤ 1.3 | {recorded:.2f} | "
+            f"{cand / recorded:.2f} "
             f"| {heads:.2f} | {heads / base:.2f} |"
         )
         print(rows[-1], flush=True)
@@ -179,7 +185,9 @@ def bench_effect(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
     for tokens in lengths:
         ids = long_ids(bundle, tokens)
         analysis = analyze(bundle, input_ids=ids)
-        cand, base = interleaved(lambda: attribute(analysis, "effect"), lambda: one_pass_analysis(bundle, ids), max(1, repeats))
+        cand, base = interleaved(
+            lambda: attribute(analysis, "effect"), lambda: one_pass_analysis(bundle, ids), max(1, repeats)
+        )
         rows.append(f"| {tokens} | {base:.2f} | {cand:.2f} | **{cand / base:.2f}** | ≤ 2.5 |")
         print(rows[-1], flush=True)
     ids = long_ids(bundle, 30)
@@ -200,7 +208,8 @@ def bench_effect(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
 
 def _kept_stream_rows(bundle, lengths, repeats) -> list[str]:
     """What an analysis that keeps its residual stream (``analyze(stream=True)``: the dashboard's, up to 64 MiB of
-    stream, about 970 tokens) costs the analysis, and what it saves the flow into its last token (no pass of its own)."""
+    stream, about 970 tokens) costs the analysis, and what it saves the flow into its last token (no pass of its
+    own)."""
     from cwviz import analyze
     from cwviz.core.method.flow import flow
 
@@ -221,7 +230,8 @@ def _kept_stream_rows(bundle, lengths, repeats) -> list[str]:
             lambda: flow(kept),
         )
         rows.append(
-            f"| {tokens} | {analysing:.2f} | {keeping:.2f} | **{keeping / analysing:.2f}** | {plain_flow:.2f} | {kept_flow:.2f} "
+            f"| {tokens} | {analysing:.2f} | {keeping:.2f} | **{keeping / analysing:.2f}** | {plain_flow:.2f} | "
+            f"{kept_flow:.2f} "
             f"| **{kept_flow / plain_flow:.2f}** |"
         )
         print(rows[-1], flush=True)
@@ -235,7 +245,8 @@ def bench_window(bundle, lengths, repeats) -> list[str]:
     from cwviz.analyses import tables
 
     rows = [
-        "| T | whole layer's maps (s, baseline) | windowed heatmap (s) | ratio | one query's decomposition (s) | ratio |",
+        "| T | whole layer's maps (s, baseline) | windowed heatmap (s) | ratio | one query's decomposition (s) | ratio "
+        "|",
         "|---|---|---|---|---|---|",
     ]
     layer = 14
@@ -250,12 +261,19 @@ def bench_window(bundle, lengths, repeats) -> list[str]:
             return run
 
         window, whole, one_query = interleaved(
-            fresh(lambda: tables.heatmap_cells(analysis, layer, None, "contribution_inter", "inter", tokens // 2, "window")),
+            fresh(
+                lambda: tables.heatmap_cells(
+                    analysis, layer, None, "contribution_inter", "inter", tokens // 2, "window"
+                )
+            ),
             fresh(lambda: analysis.layer(layer).layer_level("contribution_inter")),
             max(1, repeats if tokens <= 1024 else repeats // 2),
             fresh(lambda: tables.decomposition(analysis, layer, tokens // 2, 3)),
         )
-        rows.append(f"| {tokens} | {whole:.3f} | {window:.3f} | **{window / whole:.3f}** | {one_query:.4f} | {one_query / whole:.4f} |")
+        rows.append(
+            f"| {tokens} | {whole:.3f} | {window:.3f} | **{window / whole:.3f}** | {one_query:.4f} | "
+            f"{one_query / whole:.4f} |"
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -268,7 +286,8 @@ def bench_naive(bundle, tokens, repeats) -> list[str]:
         f"| T = {tokens} | naive per-pair (baseline) | cwviz | ratio cwviz / naive |",
         "|---|---|---|---|",
         f"| time (s) | {base:.3f} | {cand:.3f} | **{cand / base:.3f}** |",
-        f"| peak memory above the loaded model (MiB) | {mem['naive']:.0f} | {mem['full']:.0f} | **{mem['full'] / mem['naive']:.3f}** |",
+        f"| peak memory above the loaded model (MiB) | {mem['naive']:.0f} | {mem['full']:.0f} | "
+        f"**{mem['full'] / mem['naive']:.3f}** |",
     ]
     print("\n".join(rows), flush=True)
     return rows
@@ -279,7 +298,8 @@ def bench_value_zeroing(bundle, tokens, layer) -> list[str]:
     base = median_time(lambda: value_zeroing(bundle, ids, layer), 1)
     cand = median_time(lambda: one_layer_analysis(bundle, ids, layer), 3)
     rows = [
-        f"| T = {tokens}, layer {layer} | value zeroing (baseline, {tokens} forward passes) | cwviz (one pass) | ratio |",
+        f"| T = {tokens}, layer {layer} | value zeroing (baseline, {tokens} forward passes) | cwviz (one pass) | ratio "
+        "|",
         "|---|---|---|---|",
         f"| time (s) | {base:.2f} | {cand:.3f} | **{cand / base:.4f}** |",
     ]
@@ -289,7 +309,8 @@ def bench_value_zeroing(bundle, tokens, layer) -> list[str]:
 
 def bench_memory(bundle, lengths) -> list[str]:
     rows = [
-        "| T | plain SDPA forward (MiB, baseline) | full analysis (MiB) | ratio | eager output_attentions (MiB) | ratio |",
+        "| T | plain SDPA forward (MiB, baseline) | full analysis (MiB) | ratio | eager output_attentions (MiB) | "
+        "ratio |",
         "|---|---|---|---|---|---|",
     ]
     for tokens in lengths:
@@ -350,10 +371,14 @@ def bench_cli(repeats: int) -> list[str]:
     cases = [
         ("`cwviz --help`", timed("-m", "cwviz", "--help")),
         ("`cwviz faithfulness --help`", timed("-m", "cwviz", "faithfulness", "--help")),
-        ("`cwviz sinks --sink first` (an argument error)", timed("-m", "cwviz", "sinks", "--text", "a", "--sink", "first")),
+        (
+            "`cwviz sinks --sink first` (an argument error)",
+            timed("-m", "cwviz", "sinks", "--text", "a", "--sink", "first"),
+        ),
     ]
     rows = [
-        f"| command line start (median of {repeats}) | seconds | × bare Python | × the old start (every command imported first) |",
+        f"| command line start (median of {repeats}) | seconds | × bare Python | × the old start (every command "
+        "imported first) |",
         "|---|---|---|---|",
     ]
     fns = [fn for _, fn in cases]
@@ -361,15 +386,18 @@ def bench_cli(repeats: int) -> list[str]:
     *new, python_only, before = times
     for (name, _), seconds in zip(cases, new):
         rows.append(f"| {name} | {seconds:.2f} | {seconds / python_only:.1f} | **{seconds / before:.3f}** |")
-    rows.append(f"| the old start: `cwviz --help` with every command's module imported | {before:.2f} | {before / python_only:.1f} | 1 |")
+    rows.append(
+        f"| the old start: `cwviz --help` with every command's module imported | {before:.2f} | "
+        f"{before / python_only:.1f} | 1 |"
+    )
     rows.append(f"| bare Python start (`python -c pass`), for scale | {python_only:.2f} | 1 | |")
     print("\n".join(rows), flush=True)
     return rows
 
 
 def bench_conversion(repeats: int) -> list[str]:
-    """A GGUF's first conversion with its header parsed once (:func:`cwviz.core.loading.checkpoints.parsed_once`) against
-    transformers' own three parses, alternated in this process; SmolLM2, and Gemma 3 270M where its packages are
+    """A GGUF's first conversion with its header parsed once (:func:`cwviz.core.loading.checkpoints.parsed_once`)
+    against transformers' own three parses, alternated in this process; SmolLM2, and Gemma 3 270M where its packages are
     installed (one run each: about 80 s a pair)."""
     import contextlib
 

@@ -77,7 +77,9 @@ def plain_forward(bundle, ids):
     try:
         with torch.inference_mode():
             device = bundle.input_device
-            return bundle.model(input_ids=torch.tensor([ids], device=device), output_attentions=True, use_cache=False).attentions
+            return bundle.model(
+                input_ids=torch.tensor([ids], device=device), output_attentions=True, use_cache=False
+            ).attentions
     finally:
         bundle.model.set_attn_implementation("cwviz")
 
@@ -205,7 +207,9 @@ def masked_batch(bundle, tokens: int, batch: int):
     masks = {}
     for layer, visible in ranked.num_visible.items():
         parts = [
-            faithfulness.keep_mask(ranked.ranks[m, d][layer], faithfulness.masked_counts(visible, r), visible, c, ranked.visible[layer])
+            faithfulness.keep_mask(
+                ranked.ranks[m, d][layer], faithfulness.masked_counts(visible, r), visible, c, ranked.visible[layer]
+            )
             for m, c, r, d in runs
         ]
         masks[layer] = torch.stack(parts)  # (B, 1, Q, K)

@@ -87,7 +87,9 @@ def _measure(measure: str, kind: str) -> str:
         return tables.measure_name(measure, kind)
     if measure in MEASURES:
         return measure
-    raise InputError(f"unknown measure {measure!r}; choose a family ({', '.join(tables.FAMILIES)}) or one of: {', '.join(MEASURES)}")
+    raise InputError(
+        f"unknown measure {measure!r}; choose a family ({', '.join(tables.FAMILIES)}) or one of: {', '.join(MEASURES)}"
+    )
 
 
 # -- the Heatmaps page ---------------------------------------------------------------------------------
@@ -119,7 +121,9 @@ def heatmaps(
     return heatmap_charts.heatmap_pair(cells, query=query, layout=layout)
 
 
-def head_overview(analysis: Analysis, metric: str = "divergence", layer: int | None = None, head: int | None = None) -> alt.LayerChart:
+def head_overview(
+    analysis: Analysis, metric: str = "divergence", layer: int | None = None, head: int | None = None
+) -> alt.LayerChart:
     """Every layer x head coloured by ``metric`` (:data:`cwviz.charts.head_grid.OVERVIEW_METRICS`), from
     :func:`cwviz.analyses.tables.head_summary`; the (``layer``, ``head``) cell outlined when both are given."""
     if metric not in head_grid.OVERVIEW_METRICS:
@@ -132,7 +136,13 @@ def head_overview(analysis: Analysis, metric: str = "divergence", layer: int | N
 
 # -- the Compare page ----------------------------------------------------------------------------------
 def compare_maps(
-    a: Analysis, b: Analysis, layer: int, head: int | None = None, what: str = "contribution", kind: str = "inter", query: int | None = None
+    a: Analysis,
+    b: Analysis,
+    layer: int,
+    head: int | None = None,
+    what: str = "contribution",
+    kind: str = "inter",
+    query: int | None = None,
 ) -> alt.ConcatChart:
     """A, B and B − A of one map (``what``: ``"contribution"`` or ``"attention"``) on the aligned tokens:
     :func:`cwviz.analyses.compare.map_cells` drawn by :func:`cwviz.charts.compare.compare_maps`."""
@@ -150,7 +160,9 @@ def compare_heads(
     if metric not in compare_charts.HEAD_METRICS:
         raise InputError(f"metric must be one of {', '.join(compare_charts.HEAD_METRICS)}, not {metric!r}")
     changes = compare_analyses.head_changes(compare_analyses.compare(a, b))
-    return compare_charts.head_change_grid(changes, metric, None if layer is None else a.check_layer(layer), _head(a, head))
+    return compare_charts.head_change_grid(
+        changes, metric, None if layer is None else a.check_layer(layer), _head(a, head)
+    )
 
 
 def compare_logprobs(a: Analysis, b: Analysis) -> alt.LayerChart:
@@ -160,7 +172,9 @@ def compare_logprobs(a: Analysis, b: Analysis) -> alt.LayerChart:
 
 
 # -- the Token page ------------------------------------------------------------------------------------
-def token_factors(analysis: Analysis, layer: int, query: int, head: int | None = None, kind: str = "inter") -> alt.HConcatChart:
+def token_factors(
+    analysis: Analysis, layer: int, query: int, head: int | None = None, kind: str = "inter"
+) -> alt.HConcatChart:
     """contribution = attention x norm ratio x cosine for each key of ``query``:
     :func:`cwviz.analyses.tables.token_factors` drawn by :func:`cwviz.charts.token.factor_bars`.
 
@@ -171,7 +185,9 @@ def token_factors(analysis: Analysis, layer: int, query: int, head: int | None =
     return token_charts.factor_bars(factors)
 
 
-def top_keys(analysis: Analysis, query: int, head: int | None = None, kind: str = "inter", k: int = 5) -> alt.LayerChart:
+def top_keys(
+    analysis: Analysis, query: int, head: int | None = None, kind: str = "inter", k: int = 5
+) -> alt.LayerChart:
     """The ``k`` keys with the largest contribution to ``query`` in every layer:
     :func:`cwviz.analyses.tables.top_keys_across_layers` drawn by :func:`cwviz.charts.token.top_keys_chart`."""
     if not isinstance(k, int) or k < 1:
@@ -180,7 +196,8 @@ def top_keys(analysis: Analysis, query: int, head: int | None = None, kind: str 
     frame = tables.top_keys_across_layers(analysis, query, _head(analysis, head), check_kind(kind), k)
     who = "all heads" if head is None else f"head {head}"
     note = (
-        f"Query {query} {analysis.tokens[query]!r}: its top {k} keys by {kind}-head contribution in every layer ({who}); numbers are ranks"
+        f"Query {query} {analysis.tokens[query]!r}: its top {k} keys by {kind}-head contribution in every layer "
+        f"({who}); numbers are ranks"
     )
     return token_charts.top_keys_chart(frame, note)
 
@@ -236,11 +253,15 @@ def _check_in(table: pd.DataFrame, column: str, value: int | None) -> int | None
         return None
     present = table[column]
     if not isinstance(value, Integral) or isinstance(value, bool) or not (present == value).any():
-        raise SelectionError(f"{column} {value} is out of range; this table has {column}s {int(present.min())}..{int(present.max())}")
+        raise SelectionError(
+            f"{column} {value} is out of range; this table has {column}s {int(present.min())}..{int(present.max())}"
+        )
     return int(value)
 
 
-def _selection(source: Analysis | pd.DataFrame, table: pd.DataFrame, layer: int | None, head: int | None) -> tuple[int | None, int | None]:
+def _selection(
+    source: Analysis | pd.DataFrame, table: pd.DataFrame, layer: int | None, head: int | None
+) -> tuple[int | None, int | None]:
     """``layer`` and ``head`` checked against the Analysis (or, for a table, against its rows)."""
     if isinstance(source, Analysis):
         return (None if layer is None else source.check_layer(layer)), _head(source, head)
@@ -279,7 +300,10 @@ def sink_ratio(
 
 
 def anti_alignment(
-    source: Analysis | pd.DataFrame, sink: int | str = defaults.DEFAULT_SINK, layer: int | None = None, head: int | None = None
+    source: Analysis | pd.DataFrame,
+    sink: int | str = defaults.DEFAULT_SINK,
+    layer: int | None = None,
+    head: int | None = None,
 ) -> alt.LayerChart:
     """Layers x heads map of the mean cos(ṽ_sink, m) (blue: anti-aligned), from
     :func:`cwviz.analyses.sinks.sink_head_summary`, drawn by :func:`cwviz.charts.sinks.anti_alignment_map`;
@@ -289,7 +313,9 @@ def anti_alignment(
     return sink_charts.anti_alignment_map(sinks.sink_head_summary(table), layer=layer, head=head)
 
 
-def sink_shares(source: Analysis | pd.DataFrame, sink: int | str = defaults.DEFAULT_SINK, layer: int | None = None) -> alt.LayerChart:
+def sink_shares(
+    source: Analysis | pd.DataFrame, sink: int | str = defaults.DEFAULT_SINK, layer: int | None = None
+) -> alt.LayerChart:
     """Per layer, the sink's share under attention against its share under contribution weights
     (:func:`cwviz.analyses.sinks.sink_layer_summary`, drawn by :func:`cwviz.charts.sinks.share_chart`)."""
     table = _sink_table(source, sink)

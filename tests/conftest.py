@@ -112,7 +112,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         module = getattr(item, "module", None)
         name = module.__name__.rsplit(".", 1)[-1] if module is not None else ""
-        if any(f.startswith("embedded") for f in getattr(item, "fixturenames", ())) or name in SLOW_MODULES or hasattr(module, "AppTest"):
+        if (
+            any(f.startswith("embedded") for f in getattr(item, "fixturenames", ()))
+            or name in SLOW_MODULES
+            or hasattr(module, "AppTest")
+        ):
             item.add_marker(pytest.mark.slow)
         elif _starts_slow_work(item):
             item.add_marker(pytest.mark.slow)

@@ -130,5 +130,7 @@ def recorded_intervention(
     :func:`recorded_output_stats`, and the intervened pass's perplexity (a whole :func:`cwviz.analyze` under
     :class:`~cwviz.core.method.interventions.ScaleValues`)."""
     chosen = frozenset(range(analysis.num_layers) if layers is None else layers)
-    after = analyze(analysis.bundle, analysis.text, input_ids=analysis.input_ids, intervention=ScaleValues((sink,), factor, chosen))
+    after = analyze(
+        analysis.bundle, analysis.text, input_ids=analysis.input_ids, intervention=ScaleValues((sink,), factor, chosen)
+    )
     return recorded_output_stats(analysis, sink), recorded_output_stats(after, sink), after.perplexity

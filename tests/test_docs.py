@@ -36,7 +36,9 @@ def test_readme_is_short_and_starts_with_the_two_commands():
     assert first[0].startswith("# ") and first[1].startswith("```")
     commands = [line.split("#")[0].split() for line in first[2:4]]
     assert commands == [["make", "run"], ["make", "test"]], first[:5]
-    assert {"run", "test", "docs"} <= _make_targets(), "the README's commands (and `make docs`) must be Makefile targets"
+    assert {"run", "test", "docs"} <= _make_targets(), (
+        "the README's commands (and `make docs`) must be Makefile targets"
+    )
 
 
 def test_readme_links_lead_to_files_of_the_repository():
@@ -77,7 +79,8 @@ def test_cli_page_holds_the_generated_reference():
 
 
 def test_a_list_right_after_a_paragraph_line_is_a_list_on_the_site():
-    """The pages are written for GitHub, where ``Choices:`` then ``- a`` is a list; Python-Markdown needs a blank line."""
+    """The pages are written for GitHub, where ``Choices:`` then ``- a`` is a list; Python-Markdown needs a blank
+    line."""
     import markdown
 
     page = "Choices:\n- a\n  still a\n- b\n\n```text\nkept:\n- as it is\n```"
@@ -86,10 +89,19 @@ def test_a_list_right_after_a_paragraph_line_is_a_list_on_the_site():
     assert "kept:\n- as it is" in html
 
 
-@pytest.mark.parametrize("title", re.findall(r'st\.Page\("[^"]+", title="([^"]+)"', (ROOT / "app.py").read_text(encoding="utf-8")))
+@pytest.mark.parametrize(
+    "title",
+    re.findall(
+        r'st\.Page\("[^"]+", '
+        r'title="([^"]+)"',
+        (ROOT / "app.py").read_text(encoding="utf-8"),
+    ),
+)
 def test_dashboard_guide_shows_every_page_with_its_screenshot(title):
     guide = (ROOT / "docs" / "dashboard.md").read_text(encoding="utf-8")
     section = guide.split(f"\n## {title}\n", 1)
     assert len(section) == 2, f"docs/dashboard.md has no section for the {title} page"
     images = re.findall(r"!\[[^\]]*\]\((assets/[^)]+\.png)\)", section[1].split("\n## ", 1)[0])
-    assert images and all((ROOT / image).is_file() for image in images), f"{title}: no screenshot from assets/ ({images})"
+    assert images and all((ROOT / image).is_file() for image in images), (
+        f"{title}: no screenshot from assets/ ({images})"
+    )

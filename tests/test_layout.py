@@ -73,7 +73,8 @@ MAX_FUNCTION_LINES = 80
 
 
 def _module_name(path: Path) -> str:
-    """``cwviz/core/method/analysis.py`` -> ``cwviz.core.method.analysis``; ``cwviz/core/__init__.py`` -> ``cwviz.core``."""
+    """``cwviz/core/method/analysis.py`` -> ``cwviz.core.method.analysis``; ``cwviz/core/__init__.py`` ->
+    ``cwviz.core``."""
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
@@ -101,7 +102,8 @@ def _imports(path: Path, module: str) -> set[str]:
 
 
 def _cwviz_module(name: str) -> str | None:
-    """The module of cwviz an imported name lies in (``cwviz.core.method.measures.KINDS`` -> ``cwviz.core.method.measures``)."""
+    """The module of cwviz an imported name lies in (``cwviz.core.method.measures.KINDS`` ->
+    ``cwviz.core.method.measures``)."""
     while name and name not in CWVIZ_MODULES:
         name = name.rpartition(".")[0]
     return name or None
@@ -163,7 +165,9 @@ def test_the_wings_of_core_import_down_only():
     wrong = []
     for module in CWVIZ_MODULES:
         if module.startswith("cwviz.core.util."):
-            wrong += [f"{module} imports {m}" for m in sorted(_core_imports(module)) if not m.startswith("cwviz.core.util")]
+            wrong += [
+                f"{module} imports {m}" for m in sorted(_core_imports(module)) if not m.startswith("cwviz.core.util")
+            ]
     reached = {m for module in CWVIZ_MODULES if module.startswith("cwviz.core.loading.") for m in _core_imports(module)}
     todo = sorted(m for m in reached if m.startswith("cwviz.core.method."))
     seen: set[str] = set()
@@ -367,7 +371,9 @@ def test_the_rooms_docs_architecture_writes_are_the_rooms_the_test_checks():
     assert not differ, "docs/ARCHITECTURE.md's table of rooms is not ROOMS:\n" + "\n".join(differ)
     free = section.split("Torch-free:", 1)[1].split("\n\n", 1)[0]
     named, checked = set(free.split("`")[1::2]), {m for m in TORCH_FREE if not m.startswith("cwviz.charts.")}
-    assert named == checked, f"torch-free in the document only: {named - checked}; in TORCH_FREE only: {checked - named}"
+    assert named == checked, (
+        f"torch-free in the document only: {named - checked}; in TORCH_FREE only: {checked - named}"
+    )
 
 
 def _function_lengths(path: Path) -> list[tuple[str, int]]:
@@ -432,8 +438,12 @@ def _imported_names(tree: ast.AST) -> dict[str, str]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] != "cwviz":
-                    names[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module and node.module.split(".")[0] != "cwviz":
+                    names[alias.asname or alias.name.split(".")[0]] = (
+                        alias.name if alias.asname else alias.name.split(".")[0]
+                    )
+        elif (
+            isinstance(node, ast.ImportFrom) and not node.level and node.module and node.module.split(".")[0] != "cwviz"
+        ):
             names.update({alias.asname or alias.name: f"{node.module}.{alias.name}" for alias in node.names})
     return names
 
@@ -458,7 +468,12 @@ def test_no_module_assigns_to_another_packages_attributes():
         for node in ast.walk(tree):
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
                 targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") and node.args:
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("setattr", "delattr")
+                and node.args
+            ):
                 targets = [ast.Attribute(value=node.args[0], attr="*")]
             else:
                 continue
@@ -471,23 +486,30 @@ def test_no_module_assigns_to_another_packages_attributes():
                     else:
                         wrong.append(f"{module}:{node.lineno} assigns {name}")
     assert not wrong, "assignments to another package's attributes (pass your own object instead):\n" + "\n".join(wrong)
-    assert seen == set(SWAPS), f"SWAPS lists swaps that are gone (remove them, and their pinning test): {set(SWAPS) - seen}"
+    assert seen == set(SWAPS), (
+        f"SWAPS lists swaps that are gone (remove them, and their pinning test): {set(SWAPS) - seen}"
+    )
 
 
 def test_only_the_core_reads_an_analysis_layer_records():
     """Outside the core, an analysis is read through its public methods (``key_mask``, ``values``, ``row_blocks``,
-    ``layer_record`` ...), never through its private ``_layer_records``: on a prompt whose records are on disk, ``_layer_records[layer]``
-    reads back a whole layer to learn what the methods give without it. ("records" alone are a sweep's results.)"""
+    ``layer_record`` ...), never through its private ``_layer_records``: on a prompt whose records are on disk,
+    ``_layer_records[layer]`` reads back a whole layer to learn what the methods give without it. ("records" alone are a
+    sweep's results.)"""
     core = (ROOT / "cwviz" / "core", ROOT / "tests" / "core")
     wrong = []
     for path in sorted(ROOT.glob("**/*.py")):
         rel = path.relative_to(ROOT)
-        if rel.parts[0] not in ("cwviz", "views", "benchmarks", "tests", "app.py") or any(path.is_relative_to(c) for c in core):
+        if rel.parts[0] not in ("cwviz", "views", "benchmarks", "tests", "app.py") or any(
+            path.is_relative_to(c) for c in core
+        ):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute) and node.attr == "_layer_records":
                 wrong.append(f"{rel}:{node.lineno}: ._layer_records")
-    assert not wrong, "an analysis's layer records read outside cwviz.core (use the Analysis methods):\n" + "\n".join(wrong)
+    assert not wrong, "an analysis's layer records read outside cwviz.core (use the Analysis methods):\n" + "\n".join(
+        wrong
+    )
 
 
 #: What computes one item of a run: called in a loop, they make the loop a run of its own.
@@ -552,7 +574,9 @@ def test_only_the_runner_loops_over_a_run_s_items():
             if (where, function) in ONE_ITEM:
                 continue
             called = {_called(node) for part in turn for node in ast.walk(part)} & (PER_ITEM | ITEM_STEPS)
-            wrong += [f"{where}:{loop.lineno}: a loop calls {name} (in {function or 'the module'})" for name in sorted(called)]
+            wrong += [
+                f"{where}:{loop.lineno}: a loop calls {name} (in {function or 'the module'})" for name in sorted(called)
+            ]
         for node in ast.walk(tree):
             if _called(node) in ITEM_STEPS:
                 items = node.args[1] if len(node.args) > 1 else None
@@ -561,7 +585,9 @@ def test_only_the_runner_loops_over_a_run_s_items():
             if isinstance(node, ast.Try) and any(_catches_ctrl_c(h) for h in node.handlers):
                 if any(isinstance(n, (ast.For, ast.AsyncFor)) for part in node.body for n in ast.walk(part)):
                     wrong.append(f"{where}:{node.lineno}: a loop keeps its finished items on Ctrl-C itself")
-    assert not wrong, "loops over a run's items outside the runner (give the runner a compute(index)):\n" + "\n".join(wrong)
+    assert not wrong, "loops over a run's items outside the runner (give the runner a compute(index)):\n" + "\n".join(
+        wrong
+    )
 
 
 def test_top_level_names():
@@ -573,7 +599,12 @@ def test_top_level_names():
     from cwviz.core.method import export
     from cwviz.core.method.analysis import analyze as core_analyze
 
-    assert (analyze, load_model, sinks, faithfulness) == (core_analyze, core_load_model, sinks_module, faithfulness_module)
+    assert (analyze, load_model, sinks, faithfulness) == (
+        core_analyze,
+        core_load_model,
+        sinks_module,
+        faithfulness_module,
+    )
     assert (decomposition, to_dict, to_json) == (tables.decomposition, export.to_dict, export.to_json)
 
 
@@ -585,7 +616,11 @@ MACHINE = ("/wo", "rk/")
 def _tracked_text_files() -> list[Path]:
     """Files git tracks (every file under the root, minus build outputs, where this is not a git checkout)."""
     try:
-        listed = subprocess.run(["git", "ls-files", "-z"], capture_output=True, cwd=ROOT, check=True).stdout.decode().split("\0")
+        listed = (
+            subprocess.run(["git", "ls-files", "-z"], capture_output=True, cwd=ROOT, check=True)
+            .stdout.decode()
+            .split("\0")
+        )
         paths = [ROOT / name for name in listed if name]
     except (OSError, subprocess.CalledProcessError):
         skip = {".git", ".venv", "__pycache__", "dist", "build", "artifacts"}
@@ -608,7 +643,10 @@ def test_no_tracked_file_refers_to_a_path_outside_the_repository():
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             if any(p in line for p in patterns):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:120]}")
-    assert not found, "paths outside the repository (use a path inside it, an option or an environment variable):\n" + "\n".join(found)
+    assert not found, (
+        "paths outside the repository (use a path inside it, an option or an environment variable):\n"
+        + "\n".join(found)
+    )
 
 
 def _test_module_in(name: str) -> str | None:

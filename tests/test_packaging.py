@@ -33,7 +33,10 @@ def _run(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.Completed
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    done = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)], cwd=out)
+    done = _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        cwd=out,
+    )
     assert done.returncode == 0, done.stderr
     (built,) = out.glob("cwviz-*.whl")
     return built
@@ -45,7 +48,9 @@ def venv(wheel, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("venv")
     assert _run([sys.executable, "-m", "venv", str(folder)], cwd=folder).returncode == 0
     python = folder / "bin" / "python"
-    purelib = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=folder).stdout.strip()
+    purelib = _run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=folder
+    ).stdout.strip()
     deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (Path(purelib) / "_cwviz_test_deps.pth").write_text("\n".join(sorted(deps)) + "\n", encoding="utf-8")
     done = _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], cwd=folder)
@@ -84,16 +89,25 @@ def test_the_wheel_metadata_names_the_version_the_command_the_dependencies_and_e
 
 def test_installed_cwviz_analyses_from_another_folder(venv, tmp_path):
     where = _run(
-        [str(venv / "bin" / "python"), "-c", "import cwviz, json; print(json.dumps([cwviz.__file__, cwviz.__version__]))"], cwd=tmp_path
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import cwviz, json; print(json.dumps([cwviz.__file__, cwviz.__version__]))",
+        ],
+        cwd=tmp_path,
     )
     path, version = json.loads(where.stdout)
     assert Path(path).is_relative_to(venv) and version == cwviz.__version__
     out = tmp_path / "analysis.json"
-    done = _run([str(venv / "bin" / "cwviz"), "analyze", "--text", "The capital of France is", "--json", str(out)], cwd=tmp_path)
+    done = _run(
+        [str(venv / "bin" / "cwviz"), "analyze", "--text", "The capital of France is", "--json", str(out)], cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text(encoding="utf-8"))
     assert data["tokens"][-1].strip() == "is" and len(data["layers"]) == 30
-    bad = _run([str(venv / "bin" / "cwviz"), "analyze", "--model", str(tmp_path / "nowhere"), "--text", "x"], cwd=tmp_path)
+    bad = _run(
+        [str(venv / "bin" / "cwviz"), "analyze", "--model", str(tmp_path / "nowhere"), "--text", "x"], cwd=tmp_path
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
 
 
@@ -131,7 +145,9 @@ def test_cwviz_app_without_streamlit_says_which_extra_to_install(monkeypatch, ca
     from cwviz.cli import main
 
     real = launch.importlib.util.find_spec
-    monkeypatch.setattr(launch.importlib.util, "find_spec", lambda name, *a: None if name == "streamlit" else real(name, *a))
+    monkeypatch.setattr(
+        launch.importlib.util, "find_spec", lambda name, *a: None if name == "streamlit" else real(name, *a)
+    )
     assert main(["app"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "cwviz[app]" in err[0]

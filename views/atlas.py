@@ -29,7 +29,9 @@ files = hosting.policy_from_env().server_files  # off in hosting mode
 sources = services.SOURCES if files else {"gsm8k": services.SOURCES["gsm8k"]}
 left, middle, right = st.columns([2, 3, 1])
 with left:
-    source = url_widget(st.radio, "atlas_source", "Prompts from", "gsm8k", options=list(sources), format_func=sources.get)
+    source = url_widget(
+        st.radio, "atlas_source", "Prompts from", "gsm8k", options=list(sources), format_func=sources.get
+    )
 path = out = folder = ""
 with middle:
     if source == "path":
@@ -67,7 +69,8 @@ try:
                 "statistics; Stop keeps the prompts finished, and Run resumes."
             )
             st.stop()
-        stop = st.empty()  # while the run goes: a click reruns the page, which interrupts the run (finished prompts kept)
+        # while the run goes: a click reruns the page, which interrupts the run (finished prompts kept)
+        stop = st.empty()
         stop.button("Stop", key="atlas_stop", on_click=lambda: st.session_state.pop("_atlas_ran", None))
         result = services.run_atlas(*asked)
         stop.empty()
@@ -89,7 +92,9 @@ metric = url_widget(
     format_func=schema.ATLAS_METRICS.get,
     horizontal=True,
 )
-widgets.head_grid(charts.atlas_map(result.pooled, metric, sel.layer, sel.head), result.pooled, "cwviz-atlas", key="atlas_map")
+widgets.head_grid(
+    charts.atlas_map(result.pooled, metric, sel.layer, sel.head), result.pooled, "cwviz-atlas", key="atlas_map"
+)
 st.download_button(
     "Per-prompt statistics (CSV)",
     data=lambda: result.per_prompt.to_csv(index=False),
@@ -99,7 +104,9 @@ st.download_button(
 )
 
 if sel.head is None:
-    st.info("Pick a head (click the map, or the sidebar) to list the prompts where it shows this statistic most strongly.")
+    st.info(
+        "Pick a head (click the map, or the sidebar) to list the prompts where it shows this statistic most strongly."
+    )
 else:
     end = "lowest" if metric == "cos_sink_rest" else "highest"
     st.subheader(f"Layer {sel.layer}, head {sel.head}: the prompts with the {end} {schema.ATLAS_METRICS[metric]}")

@@ -37,11 +37,18 @@ with st.expander("How the claims are tested"):
         "rises more than when one other key of about the sink's attention mass loses its value (the control). A "
         "verdict is **holds** when the 95 % bootstrap interval over the items lies wholly on the paper's side of its "
         "line, **fails** when it lies wholly on the other, **unresolved** when it does not decide (protocol: "
-        "docs/METHOD.md section 5). For many items run `cwviz claims --results DIR` (it resumes) and open its folder here."
+        "docs/METHOD.md section 5). For many items run `cwviz claims --results DIR` (it resumes) and open its folder "
+        "here."
     )
 files = hosting.policy_from_env().server_files  # off in hosting mode: the server's files are not the users'
-sources = {"run": "run here (GSM8K sample)", "saved": "a results folder of cwviz claims"} if files else {"run": "run here (GSM8K sample)"}
-source = url_widget(st.radio, "claims_source", "Claims from", "run", options=list(sources), format_func=sources.get, horizontal=True)
+sources = (
+    {"run": "run here (GSM8K sample)", "saved": "a results folder of cwviz claims"}
+    if files
+    else {"run": "run here (GSM8K sample)"}
+)
+source = url_widget(
+    st.radio, "claims_source", "Claims from", "run", options=list(sources), format_func=sources.get, horizontal=True
+)
 
 
 def run_here() -> list[dict] | None:
@@ -81,7 +88,8 @@ def run_here() -> list[dict] | None:
     if st.session_state.get(ASKED) != asked:
         st.caption(
             f"Run checks the claims on the first {int(n)} GSM8K items on {sel.model}: several forward passes an item, "
-            "minutes each on a CPU. Its bar says which item runs and, from the items timed, how long is left; Stop keeps "
+            "minutes each on a CPU. Its bar says which item runs and, from the items timed, how long is left; Stop "
+            "keeps "
             "the finished items, and Run resumes."
         )
         return None
@@ -92,7 +100,13 @@ def run_here() -> list[dict] | None:
 
 
 def saved() -> list[dict] | None:
-    folder = url_widget(st.text_input, "claims_dir", "Results folder (the --results DIR of cwviz claims)", "", placeholder="/path/to/DIR")
+    folder = url_widget(
+        st.text_input,
+        "claims_dir",
+        "Results folder (the --results DIR of cwviz claims)",
+        "",
+        placeholder="/path/to/DIR",
+    )
     if not folder.strip():
         st.info("Give the folder that `cwviz claims --results DIR` wrote.")
         return None
@@ -114,7 +128,8 @@ if not finished:
     st.stop()
 table = claims.claims_table(made)
 st.caption(
-    f"{len(finished)} item(s); {CONFIDENCE:.0%} percentile bootstrap intervals over the items ({RESAMPLES:,} resamples, "
+    f"{len(finished)} item(s); {CONFIDENCE:.0%} percentile bootstrap intervals over the items ({RESAMPLES:,} "
+    "resamples, "
     "paired within an item)."
 )
 rows = claims.verdict_rows(table)
@@ -130,7 +145,10 @@ st.caption(
     f"with fewer than {claims.MIN_ITEMS} items every verdict is unresolved by rule."
 )
 st.dataframe(
-    rows[["label", "verdict", "statistic", "estimate", "ci_low", "ci_high", "line", "n", "evidence"]].set_index("label"), width="stretch"
+    rows[["label", "verdict", "statistic", "estimate", "ci_low", "ci_high", "line", "n", "evidence"]].set_index(
+        "label"
+    ),
+    width="stretch",
 )
 st.subheader("One row per claim")
 st.dataframe(claims.overview(table).set_index("claim"), width="stretch")
@@ -149,6 +167,15 @@ st.dataframe(
 st.subheader("Evidence, and claim 5's control beside (a) and (b)")
 evidence = table[(table.role == claims.EVIDENCE) | ((table.role == claims.CONTROL) & (table.claim == 5))]
 st.dataframe(
-    evidence[["claim", "role", "statistic", "estimate", "ci_low", "ci_high", "line", "verdict", "n"]].set_index("claim"), width="stretch"
+    evidence[["claim", "role", "statistic", "estimate", "ci_low", "ci_high", "line", "verdict", "n"]].set_index(
+        "claim"
+    ),
+    width="stretch",
 )
-st.download_button("claims.csv", table.to_csv(index=False, float_format="%.6g"), file_name="claims.csv", mime="text/csv", key="claims_csv")
+st.download_button(
+    "claims.csv",
+    table.to_csv(index=False, float_format="%.6g"),
+    file_name="claims.csv",
+    mime="text/csv",
+    key="claims_csv",
+)

@@ -12,7 +12,10 @@ from cwviz.charts import compare as charts
 from cwviz.charts.heatmaps import LAYOUT_LABELS, LAYOUTS
 
 sel = sidebar("Compare two inputs")
-st.markdown("Input A (the sidebar's) against input B (below): the maps of both, and B − A in red where B is larger, blue where smaller.")
+st.markdown(
+    "Input A (the sidebar's) against input B (below): the maps of both, and B − A in red where B is larger, "
+    "blue where smaller."
+)
 with st.expander("How to read this page"):
     st.markdown(
         "Input **A** is the sidebar's prompt and model; input **B** is the prompt below, on the same model or on a "
@@ -49,7 +52,8 @@ except CwvizError as err:
     st.stop()
 
 st.subheader("Alignment")
-model_b_id = sel.analysis.info.id if request_b.model == sel.request.model else request_b.model  # B on A's model: one name
+# B on A's model: one name
+model_b_id = sel.analysis.info.id if request_b.model == sel.request.model else request_b.model
 st.caption(f"A: {sel.analysis.info.id}; B: {model_b_id}. Tokens {described}.")
 with st.expander(
     "Alignment table (one row a step: equal, replace, delete = only in A, insert = only in B)",
@@ -58,7 +62,8 @@ with st.expander(
 ):
     st.caption(
         "An empty position or token: that step's token is in one input only. Map labels: `12 fox` (the same token at "
-        "the same position in both), `12/13 fox` (the same token, at 12 in A and 13 in B), `12 fox / 12 cat` (A's / B's)."
+        "the same position in both), `12/13 fox` (the same token, at 12 in A and 13 in B), `12 fox / 12 cat` (A's / "
+        "B's)."
     )
     shown = alignment[alignment["op"] != "equal"] if len(alignment) > 80 else alignment
     # Positions as text, so that a step in one input only shows an empty cell rather than "None".
@@ -110,7 +115,9 @@ metric = url_widget(
     horizontal=True,
 )
 changes = services.head_changes(sel.request, request_b)
-widgets.head_grid(charts.head_change_grid(changes, metric, sel.layer, sel.head), changes, "cwviz-compare-heads", key="compare_heads")
+widgets.head_grid(
+    charts.head_change_grid(changes, metric, sel.layer, sel.head), changes, "cwviz-compare-heads", key="compare_heads"
+)
 st.markdown(f"**Heads ranked by |change| in {schema.HEAD_METRICS[metric]}** (select a row to show it)")
 ranked = compare.rank_changes(changes, metric, top=15)
 rows = st.dataframe(
@@ -133,9 +140,15 @@ if chosen and chosen != st.session_state.get("_compare_last_row"):
 
 st.subheader("Next-token log-probabilities")
 if not sel.analysis.info.causal:
-    st.info(f"{sel.analysis.info.id} is an encoder: it predicts no next token, so there are no log-probabilities to compare.")
+    st.info(
+        f"{sel.analysis.info.id} is an encoder: it predicts no next token, so there are no log-probabilities to "
+        "compare."
+    )
 else:
     logprobs = services.logprob_changes(sel.request, request_b)
     widgets.chart(
-        charts.logprob_change_chart(logprobs, cells.query, widgets.label_px()), logprobs, "cwviz-compare-logprobs", key="compare_logprobs"
+        charts.logprob_change_chart(logprobs, cells.query, widgets.label_px()),
+        logprobs,
+        "cwviz-compare-logprobs",
+        key="compare_logprobs",
     )

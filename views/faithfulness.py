@@ -39,7 +39,10 @@ if not policy.server_files:  # hosting mode: the server's files are not the user
 MAX_CAP = services.app_max_tokens()
 
 sel = sidebar("Faithfulness by causal intervention")
-st.markdown("Remove the keys a measure ranks first (or last) and see how much worse the model predicts: the faithful measure hurts most.")
+st.markdown(
+    "Remove the keys a measure ranks first (or last) and see how much worse the model predicts: the faithful "
+    "measure hurts most."
+)
 with st.expander("How to read this page"):
     st.markdown(
         "Each measure ranks the keys of every query. **Comprehensiveness** removes the top share of each "
@@ -83,7 +86,8 @@ def read_texts(source: str, n: int, field: str | None, upload, path: str, datase
 
 
 def asked() -> run_services.Asked:
-    """What Run runs: the examples and the protocol the widgets name (CwvizError with the fix when they cannot be read)."""
+    """What Run runs: the examples and the protocol the widgets name (CwvizError with the fix when they cannot be
+    read)."""
     value = st.session_state.get
     layer = value("mask_layer", "all")
     texts = read_texts(
@@ -116,7 +120,9 @@ def _mask_layer(raw: str):
 with st.expander("Data and protocol", expanded=True):
     left, right = st.columns(2)
     with left:
-        source = url_widget(st.radio, "source", "Examples from", "prompt", options=list(SOURCES), format_func=SOURCES.get)
+        source = url_widget(
+            st.radio, "source", "Examples from", "prompt", options=list(SOURCES), format_func=SOURCES.get
+        )
         if source == "upload":
             st.file_uploader("File", type=["txt", "jsonl", "json"], key="faith_upload")
         elif source == "path":
@@ -192,11 +198,21 @@ with st.expander("Data and protocol", expanded=True):
             faithfulness.RANK_SCOPES[0],
             options=list(faithfulness.RANK_SCOPES),
             horizontal=True,
-            help="query: each query's keys ranked and masked per query; token: keys ranked by their mean score over the "
-            "queries that see them, each masked for every query; layer: all (query, key) pairs of a layer ranked together. "
+            help="query: each query's keys ranked and masked per query; token: keys ranked by their mean score over "
+            "the "
+            "queries that see them, each masked for every query; layer: all (query, key) pairs of a layer ranked "
+            "together. "
             "Under the query scope value-weighted and its output-normalised form rank alike (docs/METHOD.md section 3)",
         )
-        url_widget(st.number_input, "seed", "Seed (random control, bootstrap)", 0, parse=int, valid=lambda v: v >= 0, min_value=0)
+        url_widget(
+            st.number_input,
+            "seed",
+            "Seed (random control, bootstrap)",
+            0,
+            parse=int,
+            valid=lambda v: v >= 0,
+            min_value=0,
+        )
     # The whole width: in a column, a multiselect (and pills) cut the long measure names off at the edge.
     url_widget(
         st.pills,
@@ -233,7 +249,9 @@ if finished:
         + ("" if len(records) >= total else " (stopped early: Run resumes)")
         + "; bands: 95 % bootstrap intervals of the mean ΔPPL."
     )
-    if {"value_weighted", "value_weighted_output_normalized"} <= set(protocol.measures) and protocol.rank_scope == "query":
+    if {"value_weighted", "value_weighted_output_normalized"} <= set(
+        protocol.measures
+    ) and protocol.rank_scope == "query":
         st.caption(
             "Value-weighted attention and its inter-head output-normalised form rank every query's keys alike (the "
             "same ‖o_i‖ divides each key's score), so their curves coincide: one line hides the other. The intra-head "
@@ -249,7 +267,12 @@ if finished:
         format_func=lambda s: "linear" if s == "linear" else "symmetric log (keeps 0 and negatives)",
     )
     for curve in faithfulness.CURVES:
-        widgets.chart(charts.curve_chart(summary, curve, scale), summary[summary.curve == curve], f"cwviz-{curve}", key=f"faith_{curve}")
+        widgets.chart(
+            charts.curve_chart(summary, curve, scale),
+            summary[summary.curve == curve],
+            f"cwviz-{curve}",
+            key=f"faith_{curve}",
+        )
     span = area_span(summary)
     table = summary.pivot(index="measure", columns=["curve", "rate"], values="delta_ppl")
     table.columns = [f"{curve[:4]}. {rate:g}%" for curve, rate in table.columns]

@@ -28,7 +28,8 @@ MORE = (
     f"{route.ROUTE_CAP} edges and about {route.ROUTE_POSITIONS} positions (the largest). Red adds to the target (over "
     "the foil), blue subtracts; an edge's width is its |weight|. A token's value staying on its own position (a "
     "self-edge) is not drawn: it routes nothing. `cwviz flow --csv` writes the same edges.\n\n"
-    "**The scores.** Each input token's score under the chosen method: for the effect flow, the first-order estimate of "
+    "**The scores.** Each input token's score under the chosen method: for the effect flow, the first-order estimate "
+    "of "
     "how much the prediction's logit (difference) drops when the token's value is taken away in every layer. "
     "**Check against knockouts** measures that drop for every token (one forward pass a batch) and prints how well the "
     "scores follow it. **The heads** (below): each head's direct part is what its write at the prediction's position "
@@ -54,7 +55,12 @@ def _graph_and_totals(shown, drawn: route.Route, method: flow_services.MethodCho
             title = f"The route {describe(result)} (click a node)"
             widgets.node_graph(
                 charts.route_graph(
-                    tables, sel.analysis.num_layers, title, label_px=px, selected=(sel.layer, sel.query), **charts.page_sizes(px)
+                    tables,
+                    sel.analysis.num_layers,
+                    title,
+                    label_px=px,
+                    selected=(sel.layer, sel.query),
+                    **charts.page_sizes(px),
                 ),
                 drawn.edges,
                 f"cwviz-flow-route-{result.position}",
@@ -63,7 +69,8 @@ def _graph_and_totals(shown, drawn: route.Route, method: flow_services.MethodCho
             )
         else:
             st.info(
-                f"The {method.label} gives each token a score but has no edges, so there is no route to draw: the effect "
+                f"The {method.label} gives each token a score but has no edges, so there is no route to draw: the "
+                "effect "
                 "flow and the share flow have one."
             )
     with totals_col:
@@ -71,7 +78,12 @@ def _graph_and_totals(shown, drawn: route.Route, method: flow_services.MethodCho
         some = "every token" if len(rows) == len(tokens) else f"the {len(rows)} largest of {len(tokens)},"
         widgets.chart(  # the subtitle on two lines: one would be cut at the bars' width in presenter mode
             charts.totals_bars(
-                rows, "Each token's score", [some, f"{method.label}, in text order"], "score", label_px=px, width=charts.totals_width(px)
+                rows,
+                "Each token's score",
+                [some, f"{method.label}, in text order"],
+                "score",
+                label_px=px,
+                width=charts.totals_width(px),
             ),
             tokens,
             f"cwviz-flow-scores-{result.position}",
@@ -86,7 +98,8 @@ def _caption(shown, drawn: route.Route, method: flow_services.MethodChoice, resu
         said += f": the quantity explained is {shown.quantity:+.3f}"
     if method.has_edges:
         said += (
-            f". Drawn: {len(drawn.edges)} edges on paths into the prediction, carrying {drawn.carried:.0%} of the |effect| "
+            f". Drawn: {len(drawn.edges)} edges on paths into the prediction, carrying {drawn.carried:.0%} of the "
+            "|effect| "
             f"of the edges between tokens on such paths (asked: {drawn.kept:.0%}"
             + (f"; the largest {route.ROUTE_CAP} edges or {route.ROUTE_POSITIONS} positions" if drawn.capped else "")
             + ")"
@@ -128,7 +141,9 @@ def _check(asked: tuple, method: flow_services.MethodChoice, shown) -> None:
         row.button("Stop", key="flow_check_stop", help="Stop after the current pass: what is measured is kept.")
         bar = st.progress(0.0, text="Knockouts: starting…")
         measured = flow_services.measure(
-            *asked, method.intervention, progress=lambda done, total: bar.progress(done / total, text=f"Knockouts: pass {done} of {total}")
+            *asked,
+            method.intervention,
+            progress=lambda done, total: bar.progress(done / total, text=f"Knockouts: pass {done} of {total}"),
         )
         bar.empty()
     if measured is None:
@@ -138,7 +153,9 @@ def _check(asked: tuple, method: flow_services.MethodChoice, shown) -> None:
     st.markdown(f"**Check on this prompt** ({method.label}): {escape_markdown(result.sentence())}.")
     frame = shown.tokens_table().iloc[: len(result.effects)].assign(effect=result.effects).dropna()
     widgets.chart(
-        charts.check_scatter(frame, "Each token: the method's score against the measured effect", label_px=widgets.label_px()),
+        charts.check_scatter(
+            frame, "Each token: the method's score against the measured effect", label_px=widgets.label_px()
+        ),
         frame,
         f"cwviz-flow-check-{asked[1]}",
         key="flow_check_chart",
@@ -173,7 +190,9 @@ with at_col:
         parse=int,
         options=[None, *range(analysis.num_tokens)],
         format_func=lambda i: (
-            f"{'the last' if causal else 'the first'}: {default}: {tokens[default]}" if i is None else f"{i}: {tokens[i]}"
+            f"{'the last' if causal else 'the first'}: {default}: {tokens[default]}"
+            if i is None
+            else f"{i}: {tokens[i]}"
         ),
     )
     position = default if picked_at is None else picked_at
@@ -214,7 +233,8 @@ if causal:
             "Target token",
             "",
             placeholder="empty: the most likely next word",
-            help="One token of the model's vocabulary, with its leading space if it has one; empty: the model's most likely "
+            help="One token of the model's vocabulary, with its leading space if it has one; empty: the model's most "
+            "likely "
             "next token that is a word (not a line break or punctuation).",
         )
     with foil_col:
@@ -227,7 +247,8 @@ if causal:
             placeholder="empty: the next most likely",
             label_visibility="collapsed",
             disabled=not foil_on,
-            help="The flow of logit(target) − logit(foil): what favours the target over this token. Empty: the next most likely token.",
+            help="The flow of logit(target) − logit(foil): what favours the target over this token. Empty: the next "
+            "most likely token.",
         )
         foil = foil_text if foil_on else None
 
@@ -242,7 +263,10 @@ for problem in choice.problems:
 result = choice.flow
 picked_method = next(m for m in offered if m.name == method)
 if picked_method.why_not is not None:
-    st.warning(f"The {picked_method.label} does not run on this model: {picked_method.why_not}. Showing the {offered[0].label}.")
+    st.warning(
+        f"The {picked_method.label} does not run on this model: {picked_method.why_not}. Showing the "
+        f"{offered[0].label}."
+    )
     picked_method = next(m for m in offered if m.why_not is None)
 asked = (sel.request, result.position, result.target, result.foil)
 shown = flow_services.get_attribution(*asked, picked_method.name)
@@ -259,7 +283,9 @@ links.link_button(
     page_url("heatmaps", sel.request, sel.layer, sel.head, sel.query),
     help="The sidebar's layer and query token (a click on a node sets them), in a new tab.",
 )
-links.link_button(f"Token at layer {sel.layer}, query {query_label} ↗", page_url("token", sel.request, sel.layer, sel.head, sel.query))
+links.link_button(
+    f"Token at layer {sel.layer}, query {query_label} ↗", page_url("token", sel.request, sel.layer, sel.head, sel.query)
+)
 
 
 with st.expander("How to read the graph"):
@@ -292,9 +318,13 @@ with vocab_col:
         vocab = vocab[(vocab["layer"] == sel.layer) & (vocab["head"] == picked)]
         st.caption("What its write at the prediction's position pushes up and down (logits through the output layer).")
         table = {
-            direction: vocab[vocab["direction"] == direction].sort_values("rank")[["token", "logit"]].reset_index(drop=True)
+            direction: vocab[vocab["direction"] == direction]
+            .sort_values("rank")[["token", "logit"]]
+            .reset_index(drop=True)
             for direction in ("promoted", "suppressed")
         }
         up, down = st.columns(2)
         up.dataframe(table["promoted"].rename(columns={"token": "promoted"}), hide_index=True, key="flow_promoted")
-        down.dataframe(table["suppressed"].rename(columns={"token": "suppressed"}), hide_index=True, key="flow_suppressed")
+        down.dataframe(
+            table["suppressed"].rename(columns={"token": "suppressed"}), hide_index=True, key="flow_suppressed"
+        )

@@ -19,7 +19,8 @@ MORE = (
     "o_q: contribution = attention × (‖ṽ_k‖ / ‖o_q‖) × cos(o_q, ṽ_k). Each row of contributions sums to 1, but single "
     "contributions can be **negative**, when a value points against the output (destructive interference). The first "
     "token (the *sink*) usually takes most of the attention, yet its contribution shows what it really writes.\n\n"
-    "**Colours.** Attention uses a green sequential scale (darker = more), never a sign. Contributions use a diverging scale centred at "
+    "**Colours.** Attention uses a green sequential scale (darker = more), never a sign. Contributions use a diverging "
+    "scale centred at "
     "zero: red positive, blue negative, white zero. Its end is the 99th percentile of |contribution| outside the sink "
     "column, so that the sink's +1 does not wash out the small negative values; larger values are drawn at the end "
     "colour (the legend says *clamped*), and the scale is symmetric-log, so that −0.03 is clearly blue. Choose "
@@ -96,7 +97,8 @@ st.caption(
     + "; click a cell to select its query"
     + ("; the right map repeats the left one (raw attention is the measure)" if family == "raw" else "")
     + (
-        f"; with all heads summed no key clearly subtracts (no blue): in head {subtracts.head}, key {subtracts.key} does "
+        f"; with all heads summed no key clearly subtracts (no blue): in head {subtracts.head}, key {subtracts.key} "
+        "does "
         f"({subtracts.contribution:+.3f} for query {subtracts.query})"
         if subtracts is not None
         else ""
@@ -139,7 +141,9 @@ metric = url_widget(
 summary = services.head_summary(sel.request)
 widgets.head_grid(head_grid.head_overview(summary, metric, sel.layer, sel.head), summary, "cwviz-heads", key="overview")
 
-st.markdown("**Heads ranked by divergence** between attention and intra-head contribution rows (select a row to show it)")
+st.markdown(
+    "**Heads ranked by divergence** between attention and intra-head contribution rows (select a row to show it)"
+)
 ranking = tables.head_ranking(summary, top=15)
 rows = st.dataframe(
     ranking,
@@ -148,7 +152,8 @@ rows = st.dataframe(
     selection_mode="single-row",
     key="heatmaps_ranking",
     column_config={
-        name: st.column_config.NumberColumn(format="%.3f") for name in ("sink_attention", "sink_contribution", "divergence", "output_norm")
+        name: st.column_config.NumberColumn(format="%.3f")
+        for name in ("sink_attention", "sink_contribution", "divergence", "output_norm")
     },
 )
 chosen = rows.selection.rows if rows is not None else []

@@ -15,7 +15,8 @@ SINK_CHOICES = {"first": "first token", "auto": "detected (most attention receiv
 
 sel = sidebar("Attention sinks as active suppressors")
 st.markdown(
-    "A sink (by default the first token) soaks up attention; this page shows whether what it writes cancels what the other tokens write."
+    "A sink (by default the first token) soaks up attention; this page shows whether what it writes cancels what the "
+    "other tokens write."
 )
 with st.expander("How to read this page"):
     st.markdown(
@@ -23,7 +24,8 @@ with st.expander("How to read this page"):
         "attention on the sink, ṽ_sink its projected value and m the attention-weighted mean of the other keys' "
         "projected values; when ṽ_sink points against m (cosine below zero, blue in the map) the sink does not just "
         "store spare attention but cancels part of what the other tokens write, so the output norm is smallest at a "
-        "sink ratio inside (0, 1) rather than at either end: where exactly depends on the head (the dashed line in (a)); "
+        "sink ratio inside (0, 1) rather than at either end: where exactly depends on the head (the dashed line in "
+        "(a)); "
         "the paper reports moderate ratios in real heads."
     )
 st.caption(
@@ -51,7 +53,9 @@ if st.session_state.get("sink", "first") not in choices:  # "last" left by an en
 
 left, middle, right = st.columns([3, 2, 3])
 with left:
-    choice = url_widget(st.radio, "sink", "Sink", "first", options=list(choices), format_func=choices.get, horizontal=True)
+    choice = url_widget(
+        st.radio, "sink", "Sink", "first", options=list(choices), format_func=choices.get, horizontal=True
+    )
 with middle:
     position = url_widget(
         st.number_input,
@@ -74,11 +78,14 @@ if hosting.policy_from_env().server_files:  # off in hosting mode: the server's 
             key="sinks_pool_path",
             help="One prompt a line: a 'text' field, or GSM8K's 'question' and 'answer'.",
         )
-        pool_n = st.number_input("First N prompts", min_value=0, max_value=services.MAX_POOLED, value=0, key="sinks_pool_n")
+        pool_n = st.number_input(
+            "First N prompts", min_value=0, max_value=services.MAX_POOLED, value=0, key="sinks_pool_n"
+        )
 sink = {"first": "0", "last": str(last), "auto": "auto", "position": str(position)}[choice]
 
 stop = st.empty()
-if pool_n:  # a few forward passes a prompt: a Stop (its click reruns the page, interrupting the run) keeps the finished ones
+# a few forward passes a prompt: a Stop (its click reruns the page, interrupting the run) keeps the finished ones
+if pool_n:
     stop.button(
         "Stop pooling",
         key="sinks_pool_stop",
@@ -92,8 +99,15 @@ except CwvizError as err:
     st.error(str(err))
     st.stop()
 stop.empty()
-pooled = f" pooled over {tables.prompts} prompts (the sidebar prompt and {tables.prompts - 1} from the file)" if tables.prompts > 1 else ""
-st.caption(f"Sink: position {tables.sink} {tables.sink_token!r}{pooled}. Means over heads and the queries that see a key besides the sink.")
+pooled = (
+    f" pooled over {tables.prompts} prompts (the sidebar prompt and {tables.prompts - 1} from the file)"
+    if tables.prompts > 1
+    else ""
+)
+st.caption(
+    f"Sink: position {tables.sink} {tables.sink_token!r}{pooled}. Means over heads and the queries that see a "
+    "key besides the sink."
+)
 learned = tables.layers["learned_sink_share"] if "learned_sink_share" in tables.layers else None
 if learned is not None and (learned > 0).any():
     here = tables.layers.loc[tables.layers["layer"] == sel.layer, "learned_sink_share"]
@@ -166,7 +180,11 @@ def intervention_choice() -> tuple[float, tuple[int, ...] | None]:
             "all",
             options=["all", "selected", "chosen"],
             horizontal=True,
-            format_func={"all": "every layer", "selected": f"layer {sel.layer} (sidebar)", "chosen": "chosen layers"}.get,
+            format_func={
+                "all": "every layer",
+                "selected": f"layer {sel.layer} (sidebar)",
+                "chosen": "chosen layers",
+            }.get,
         )
     if scope == "selected":
         return float(factor), (sel.layer,)
@@ -189,20 +207,29 @@ def intervention_result(result, factor: float) -> None:
     a, b, c = st.columns(3)
     if causal:
         a.metric("PPL clean", f"{result.perplexity_clean:.3f}")
-        # The change in grey: Streamlit's red and green arrows would give red a meaning besides a sign and green one besides
-        # attention (cwviz.charts.palette); the number says which way it went.
+        # The change in grey: Streamlit's red and green arrows would give red a meaning besides a sign and green one
+        # besides attention (cwviz.charts.palette); the number says which way it went.
         b.metric("PPL intervened", f"{result.perplexity:.3f}", delta=f"{result.delta_ppl:+.3f}", delta_color="off")
     else:
-        a.metric("PPL", "n/a", help="Perplexity measures next-token prediction: it needs a causal language model, not an encoder.")
+        a.metric(
+            "PPL",
+            "n/a",
+            help="Perplexity measures next-token prediction: it needs a causal language model, not an encoder.",
+        )
     c.metric(
         "Semantic cone, mean change",
         f"{result.table['cone_change'].mean():+.4f}",
-        help="Mean pairwise cosine of each head's outputs across positions, after minus before, averaged over layers and heads.",
+        help="Mean pairwise cosine of each head's outputs across positions, after minus before, averaged over layers "
+        "and heads.",
     )
     if factor == 1.0:
-        st.info("λ = 1 keeps the sink's value as it is: the intervention changes nothing. Pick another λ to see its effect.")
+        st.info(
+            "λ = 1 keeps the sink's value as it is: the intervention changes nothing. Pick another λ to see its effect."
+        )
     else:
-        widgets.chart(charts.intervention_chart(result.table), result.table, "cwviz-sink-intervention", key="sinks_intervention")
+        widgets.chart(
+            charts.intervention_chart(result.table), result.table, "cwviz-sink-intervention", key="sinks_intervention"
+        )
 
 
 def layerwise_section(factor: float) -> None:
@@ -214,12 +241,14 @@ def layerwise_section(factor: float) -> None:
         "ΔPPL with the sink's value scaled by λ in one layer at a time",
         False,
         parse=parse_bool,
-        help="One forward pass per layer (batched, a few layers a pass): slow on a CPU; Stop keeps the finished layers.",
+        help="One forward pass per layer (batched, a few layers a pass): slow on a CPU; Stop keeps the finished "
+        "layers.",
     ):
         if 0 < len(done) < sel.analysis.num_layers:
             st.caption(f"Stopped after {len(done)} of {sel.analysis.num_layers} layers: turn the toggle on to resume.")
         return
-    stop = st.empty()  # a click reruns the fragment, which interrupts the passes between two: the finished layers are kept
+    # a click reruns the fragment, which interrupts the passes between two: the finished layers are kept
+    stop = st.empty()
     stop.button(
         "Stop",
         key="sinks_layerwise_stop",

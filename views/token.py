@@ -26,8 +26,13 @@ factors = services.token_factors(sel.request, sel.layer, sel.query, sel.head, ki
 widgets.chart(charts.factor_bars(factors), factors.wide, f"cwviz-token{sel.query}-layer{sel.layer}", key="factors")
 
 st.subheader("Across layers")
-k = url_widget(st.slider, "top_k", "Top keys per layer", 5, parse=int, min_value=1, max_value=10, valid=lambda v: 1 <= v <= 10)
+k = url_widget(
+    st.slider, "top_k", "Top keys per layer", 5, parse=int, min_value=1, max_value=10, valid=lambda v: 1 <= v <= 10
+)
 top = services.top_keys(sel.request, sel.query, sel.head, kind, k)
 who = "all heads" if sel.head is None else f"head {sel.head}"
-note = f"Query {sel.token_label(sel.query, markdown=False)}: its top {k} keys by {kind}-head contribution in every layer ({who}); numbers are ranks"
+note = (
+    f"Query {sel.token_label(sel.query, markdown=False)}: its top {k} keys by {kind}-head contribution in every layer "
+    f"({who}); numbers are ranks"
+)
 widgets.chart(charts.top_keys_chart(top, note), top, f"cwviz-token{sel.query}-layers", key="top_keys")

@@ -60,7 +60,8 @@ if not sel.ok:
 picker, back, forward, about = st.columns([7, 2, 2, 5], vertical_alignment="center")
 with about.expander("What the tour shows · glossary"):
     st.markdown(
-        "Eight steps through what attention weights hide, on the sidebar's model and prompt: change them, press Analyze, and every step follows."
+        "Eight steps through what attention weights hide, on the sidebar's model and prompt: change them, press "
+        "Analyze, and every step follows."
     )
     st.markdown(GLOSSARY)
 
@@ -83,11 +84,14 @@ with picker:
 step = int(step or 1)
 # Back and Next stay in one place on every step (a presenter clicks without looking for them).
 back.button("← Back", on_click=move, args=(-1,), disabled=step == 1, key="tour_back", width="stretch")
-forward.button("Next →", on_click=move, args=(1,), disabled=step == COUNT, key="tour_next", type="primary", width="stretch")
+forward.button(
+    "Next →", on_click=move, args=(1,), disabled=step == COUNT, key="tour_next", type="primary", width="stretch"
+)
 plan = sink_services.tour_plan(sel.request)
 layer, head, neg, anti = plan.layer.layer, plan.head, plan.negative, plan.anti
 query = neg.query if neg is not None else None
-neg_head = neg.head if neg is not None else head  # the head of steps 3 and 4: the sink head, unless nothing there is negative
+# the head of steps 3 and 4: the sink head, unless nothing there is negative
+neg_head = neg.head if neg is not None else head
 
 
 def quote(token: str) -> str:
@@ -178,7 +182,9 @@ elif step == 3:
         cells.frame,
         # The contribution map alone, beside the sentence (step 1 showed attention): its colour range is the largest
         # value's, so the first token's +1 is drawn darker than a +0.01 cell; a click selects the query as there.
-        lambda cells, _data, name, key: widgets.query_map(cells, "measure", neg.query, name, key, colour_range="full", key_mark=neg.key),
+        lambda cells, _data, name, key: widgets.query_map(
+            cells, "measure", neg.query, name, key, colour_range="full", key_mark=neg.key
+        ),
         aside=scale_aside(neg),
     )
 elif step == 4:
@@ -188,7 +194,13 @@ elif step == 4:
         show(f"With one key, its contribution is the whole output: {SHORT}", link, "Token")
         st.stop()
     factors = services.token_factors(sel.request, layer, neg.query, neg_head, tour.KIND, also=neg.key)
-    show(tour_story.step4(plan, sel.token_label).text, link, "Token", token_charts.factor_bars(factors, mark=neg.key), factors.wide)
+    show(
+        tour_story.step4(plan, sel.token_label).text,
+        link,
+        "Token",
+        token_charts.factor_bars(factors, mark=neg.key),
+        factors.wide,
+    )
 elif step == 5:
     target = (anti.layer, anti.head) if anti is not None else (layer, head)
     sync(*target, None)
@@ -197,7 +209,9 @@ elif step == 5:
         show(f"No query sees a key besides the sink, so its value has nothing to point against: {SHORT}", link, "Sinks")
         st.stop()
     tables = sink_services.sink_tables(sel.request, sink_services.TOUR_SINK)
-    show(tour_story.step5(plan).text, link, "Sinks", sink_charts.anti_alignment_map(tables.heads, *target), tables.heads)
+    show(
+        tour_story.step5(plan).text, link, "Sinks", sink_charts.anti_alignment_map(tables.heads, *target), tables.heads
+    )
 elif step == 6:
     target = (anti.layer, anti.head) if anti is not None else (layer, head)
     sync(*target, None)
@@ -246,6 +260,8 @@ else:
         tour_story.step8(plan, story, sel.analysis.num_layers, sel.token_label, quote).text,
         link,
         "Flow",
-        flow_charts.totals_bars(rows, f"Each input token's {value}", "red adds, blue subtracts", value, label_px=widgets.label_px()),
+        flow_charts.totals_bars(
+            rows, f"Each input token's {value}", "red adds, blue subtracts", value, label_px=widgets.label_px()
+        ),
         tokens,
     )

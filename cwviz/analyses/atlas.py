@@ -16,10 +16,10 @@ sees only itself), the sink being the first token (docs/METHOD.md section 4):
 sink_attention, sink_contribution, divergence and output_norm are those of
 :func:`cwviz.analyses.tables.head_summary`; cos_sink_rest that of :func:`cwviz.analyses.sinks.sink_table`.
 
-Pooled (:func:`pool`): each prompt counts once (the mean of its per-prompt values, not of all queries
-together, so a long prompt does not outweigh short ones), with a percentile bootstrap interval over prompts
-(:data:`~cwviz.core.defaults.ATLAS_BOOTSTRAP` resamples, seeded). Results are a folder (:func:`save`, :func:`load`): the per-prompt table,
-the pooled table, the prompts and a manifest, so the maps are reloaded without a forward pass.
+Pooled (:func:`pool`): each prompt counts once (the mean of its per-prompt values, not of all queries together, so a
+long prompt does not outweigh short ones), with a percentile bootstrap interval over prompts
+(:data:`~cwviz.core.defaults.ATLAS_BOOTSTRAP` resamples, seeded). Results are a folder (:func:`save`, :func:`load`): the
+per-prompt table, the pooled table, the prompts and a manifest, so the maps are reloaded without a forward pass.
 """
 
 from __future__ import annotations
@@ -82,7 +82,11 @@ def prompt_stats(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
                 sums["output_norm"] += m.head_output_norm.sum(-1).double().cpu()
                 split = sink_norms(alpha, value, grams, DEFAULT_SINK, analysis.key_mask(layer, start, stop))
                 # Only the queries that see the sink, as in the sinks table (a sliding window moves past it).
-                cos = torch.where(split.sees_sink.to(alpha.device)[None, :], split.cos_sink_rest, torch.nan).double().cpu()
+                cos = (
+                    torch.where(split.sees_sink.to(alpha.device)[None, :], split.cos_sink_rest, torch.nan)
+                    .double()
+                    .cpu()
+                )
                 sums["cos_sink_rest"] += torch.nan_to_num(cos, nan=0.0).sum(-1)
                 cos_count += (~cos.isnan()).sum(-1)
         out["layer"] += [layer] * heads
@@ -96,7 +100,9 @@ def prompt_stats(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
     return pd.DataFrame(out)
 
 
-def iter_prompt_stats(bundle: Bundle, texts: Sequence[str], progress: Progress | None = None, start: int = 0) -> Iterator[pd.DataFrame]:
+def iter_prompt_stats(
+    bundle: Bundle, texts: Sequence[str], progress: Progress | None = None, start: int = 0
+) -> Iterator[pd.DataFrame]:
     """:func:`prompt_stats` of each text in turn (one forward pass each), with a ``prompt`` column (its index,
     counted from ``start``: a sweep runs one prompt of its data at a time) and ``tokens``; ``progress(done, total)``
     counts layer steps over all prompts (a pass and a reduction a layer). A prompt that cannot be analysed raises
@@ -119,13 +125,18 @@ def check_bootstrap(bootstrap, prompts: int = 1, heads: int = 1, name: str = "bo
     """``bootstrap`` (resamples) as an int when it is one from 1 to :data:`MAX_BOOTSTRAP` and the resampled means of
     ``prompts`` prompts x ``heads`` (layer, head) columns fit in :data:`BOOTSTRAP_BYTES`; InputError otherwise.
     Checked before any forward pass (the CLI; :func:`run`) and when pooling."""
-    if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or not 1 <= bootstrap <= MAX_BOOTSTRAP:
+    if (
+        isinstance(bootstrap, bool)
+        or not isinstance(bootstrap, (int, np.integer))
+        or not 1 <= bootstrap <= MAX_BOOTSTRAP
+    ):
         raise InputError(f"{name} must be a whole number of resamples from 1 to {MAX_BOOTSTRAP:,}, not {bootstrap!r}")
     need = int(bootstrap) * max(prompts, 1) * max(heads, 1) * 8
     if need > BOOTSTRAP_BYTES:
         most = max(1, BOOTSTRAP_BYTES // (max(prompts, 1) * max(heads, 1) * 8))
         raise InputError(
-            f"{bootstrap:,} bootstrap resamples of {prompts:,} prompts x {heads:,} heads would take {need / 1024**3:,.1f} GiB; "
+            f"{bootstrap:,} bootstrap resamples of {prompts:,} prompts x {heads:,} heads would take "
+            f"{need / 1024**3:,.1f} GiB; "
             f"give at most {most:,}"
         )
     return int(bootstrap)
@@ -147,7 +158,10 @@ def check_seed(seed, name: str = "the seed") -> int:
 
 
 def pool(
-    per_prompt: pd.DataFrame, bootstrap: int = ATLAS_BOOTSTRAP, confidence: float = ATLAS_CONFIDENCE, seed: int = ATLAS_SEED
+    per_prompt: pd.DataFrame,
+    bootstrap: int = ATLAS_BOOTSTRAP,
+    confidence: float = ATLAS_CONFIDENCE,
+    seed: int = ATLAS_SEED,
 ) -> pd.DataFrame:
     """One row per (layer, head): for each metric its mean over prompts (``<metric>``) and a percentile
     bootstrap interval (``<metric>_low``, ``<metric>_high``): prompts resampled with replacement ``bootstrap``
@@ -194,7 +208,9 @@ class Atlas:
         """The ``k`` prompts where (layer, head) shows ``metric`` most strongly (:func:`strongest`), with their
         text: columns rank, prompt, tokens, value, text."""
         end = strongest(metric)
-        rows = self.per_prompt[(self.per_prompt["layer"] == layer) & (self.per_prompt["head"] == head)].dropna(subset=[metric])
+        rows = self.per_prompt[(self.per_prompt["layer"] == layer) & (self.per_prompt["head"] == head)].dropna(
+            subset=[metric]
+        )
         if rows.empty:
             raise InputError(f"layer {layer}, head {head} is not in these results")
         rows = rows.sort_values(metric, ascending=end == "low", kind="stable").head(k)
@@ -259,10 +275,14 @@ def run(
     steps = 2 * bundle.info.layers
 
     def compute(index: int) -> dict:
-        (frame,) = iter_prompt_stats(bundle, [texts[index]], phase(progress, steps * index, steps * len(texts)), start=index)
+        (frame,) = iter_prompt_stats(
+            bundle, [texts[index]], phase(progress, steps * index, steps * len(texts)), start=index
+        )
         return ATLAS.encode(frame)
 
-    outcome = sweep.run(sweep.Sweep(ATLAS, ATLAS.settings(DEFAULT_SINK, model_provenance(bundle)), texts), compute, store=store)
+    outcome = sweep.run(
+        sweep.Sweep(ATLAS, ATLAS.settings(DEFAULT_SINK, model_provenance(bundle)), texts), compute, store=store
+    )
     if outcome.interrupted:
         raise KeyboardInterrupt  # a caller's Ctrl-C: a part of the prompts is no atlas of them
     return build(ATLAS.decode(outcome.records), texts, bundle.info.id, bootstrap, confidence, seed)
@@ -286,7 +306,9 @@ def save(atlas: Atlas, folder: str | Path) -> Path:
         for name, text in files.items():
             write_text_atomic(folder / FILES[name], text)
     except OSError as err:
-        raise InputError(f"cannot write the atlas into {str(folder)!r}: {err.strerror or err}; choose a folder you can write to") from None
+        raise InputError(
+            f"cannot write the atlas into {str(folder)!r}: {err.strerror or err}; choose a folder you can write to"
+        ) from None
     return folder
 
 
@@ -297,7 +319,10 @@ def load(folder: str | Path) -> Atlas:
     folder = Path(folder)
     missing = [name for name in FILES.values() if not (folder / name).is_file()]
     if missing:
-        raise InputError(f"{str(folder)!r} holds no atlas results (missing {', '.join(missing)}); run `cwviz atlas --out {folder}` first")
+        raise InputError(
+            f"{str(folder)!r} holds no atlas results (missing {', '.join(missing)}); run `cwviz atlas "
+            f"--out {folder}` first"
+        )
     again = "write them again with `cwviz atlas --out` (or `--results DIR --resume`)"
     try:
         for name in ("per_prompt", "pooled", "prompts"):  # to_csv and save end every file with a newline
@@ -309,9 +334,22 @@ def load(folder: str | Path) -> Atlas:
         prompts = tuple(_prompt(record) for _, record in iter_jsonl(folder / FILES["prompts"]))
         check_saved(manifest, per_prompt, pooled, prompts)  # what is wrong, named; then any other change
         check_sums(folder, manifest)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, InputError) as err:
+    except (
+        ValueError,
+        KeyError,
+        TypeError,
+        UnicodeDecodeError,
+        pd.errors.ParserError,
+        pd.errors.EmptyDataError,
+        InputError,
+    ) as err:
         raise InputError(f"{str(folder)!r} holds malformed atlas results ({err}); {again}") from None
-    return Atlas(per_prompt=per_prompt, pooled=pooled, prompts=prompts, manifest={k: v for k, v in manifest.items() if k != "files"})
+    return Atlas(
+        per_prompt=per_prompt,
+        pooled=pooled,
+        prompts=prompts,
+        manifest={k: v for k, v in manifest.items() if k != "files"},
+    )
 
 
 def check_sums(folder: Path, manifest: object) -> None:
@@ -320,7 +358,10 @@ def check_sums(folder: Path, manifest: object) -> None:
     if isinstance(manifest, dict) and "files" in manifest:
         changed = changed_files(folder, manifest["files"])
         if changed:
-            raise ValueError(f"{', '.join(changed)} is not what cwviz wrote with {FILES['manifest']} (edited, cut, or from another run)")
+            raise ValueError(
+                f"{', '.join(changed)} is not what cwviz wrote with {FILES['manifest']} (edited, cut, or "
+                "from another run)"
+            )
 
 
 def _prompt(record: object) -> str:
@@ -345,7 +386,11 @@ def check_saved(manifest: object, per_prompt: pd.DataFrame, pooled: pd.DataFrame
     count = manifest.get("prompts")
     if isinstance(count, bool) or not isinstance(count, int) or count != len(prompts) or count < 1:
         raise ValueError(f"{FILES['manifest']} counts {count!r} prompts; {FILES['prompts']} holds {len(prompts)}")
-    if not isinstance(manifest.get("seed"), int) or isinstance(manifest.get("seed"), bool) or not isinstance(manifest.get("model"), str):
+    if (
+        not isinstance(manifest.get("seed"), int)
+        or isinstance(manifest.get("seed"), bool)
+        or not isinstance(manifest.get("model"), str)
+    ):
         raise ValueError(f"{FILES['manifest']}: 'seed' must be an integer and 'model' text")
     intervals = [f"{m}_{end}" for m in ATLAS_METRICS for end in ("low", "high")]
     for name, table, columns in (
@@ -365,10 +410,16 @@ def check_saved(manifest: object, per_prompt: pd.DataFrame, pooled: pd.DataFrame
     per = per_prompt.sort_values(["prompt", "layer", "head"], kind="stable")
     cells = len(grid)
     if set(per["prompt"]) != set(range(count)) or len(per) != count * cells or grid.duplicated().any() or cells == 0:
-        raise ValueError(f"{FILES['per_prompt']} and {FILES['pooled']} do not hold every (layer, head) of all {count} prompts")
+        raise ValueError(
+            f"{FILES['per_prompt']} and {FILES['pooled']} do not hold every (layer, head) of all {count} prompts"
+        )
     keys = grid.sort_values(["layer", "head"]).to_numpy()
-    if not (per[["layer", "head"]].to_numpy().reshape(count, cells, 2) == keys[None]).all() or set(pooled["prompts"]) != {count}:
-        raise ValueError(f"{FILES['per_prompt']} and {FILES['pooled']} hold other heads or prompt counts (files of other runs)")
+    if not (per[["layer", "head"]].to_numpy().reshape(count, cells, 2) == keys[None]).all() or set(
+        pooled["prompts"]
+    ) != {count}:
+        raise ValueError(
+            f"{FILES['per_prompt']} and {FILES['pooled']} hold other heads or prompt counts (files of other runs)"
+        )
     order = pooled.sort_values(["layer", "head"], kind="stable")
     for metric in ATLAS_METRICS:
         values = per[metric].to_numpy(np.float64).reshape(count, cells)
@@ -376,4 +427,6 @@ def check_saved(manifest: object, per_prompt: pd.DataFrame, pooled: pd.DataFrame
             warnings.simplefilter("ignore", category=RuntimeWarning)
             means = np.nanmean(values, axis=0)
         if not np.allclose(means, order[metric].to_numpy(np.float64), rtol=1e-9, atol=0, equal_nan=True):
-            raise ValueError(f"{FILES['pooled']}'s {metric} is not the mean of {FILES['per_prompt']}'s (edited, or of another run)")
+            raise ValueError(
+                f"{FILES['pooled']}'s {metric} is not the mean of {FILES['per_prompt']}'s (edited, or of another run)"
+            )

@@ -61,7 +61,11 @@ def scope(analysis: Analysis, view: str, layer: int) -> BertvizScope:
         layers, cap = tuple(range(lo, min(lo + MODEL_VIEW_LAYERS, analysis.num_layers))), MODEL_VIEW_TOKENS
     n = min(t, cap)
     where = f"layer {layer}" if view == "head" else f"layers {layers[0]}–{layers[-1]}"
-    note = f"{where}, all {t} tokens" if n == t else f"{where}, the first {n} of {t} tokens (bertviz slows down beyond {cap})"
+    note = (
+        f"{where}, all {t} tokens"
+        if n == t
+        else f"{where}, the first {n} of {t} tokens (bertviz slows down beyond {cap})"
+    )
     if n < t and not analysis.info.causal:  # an encoder's rows also weigh the later keys, which are not drawn
         note += f"; these rows also weigh the {t - n} later tokens, which are not drawn"
     return BertvizScope(layers, n, note)
@@ -97,10 +101,17 @@ def render(analysis: Analysis, view: str = "head", weights: str = "attention", l
     placeholders = [_placeholder(i) for i in range(n)]
     if view == "head":
         html = head_view(
-            per_layer, placeholders, prettify_tokens=False, layer=where.layers[0], include_layers=list(where.layers), html_action="return"
+            per_layer,
+            placeholders,
+            prettify_tokens=False,
+            layer=where.layers[0],
+            include_layers=list(where.layers),
+            html_action="return",
         ).data
     else:
-        html = model_view(per_layer, placeholders, prettify_tokens=False, include_layers=list(where.layers), html_action="return").data
+        html = model_view(
+            per_layer, placeholders, prettify_tokens=False, include_layers=list(where.layers), html_action="return"
+        ).data
     for i in reversed(range(n)):  # reversed: token_1 must not match inside token_10
         html = html.replace(json.dumps(placeholders[i]), _safe_json_string(analysis.tokens[i]))
     return _page(html)
@@ -127,7 +138,8 @@ def _page(body: str) -> str:
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"></head>
 <body style="margin:0; background:#fff; color:#222; font-family: sans-serif;">
-<div id="{FALLBACK_ID}" style="display:none; padding:12px; border:1px solid #e0a800; background:#fff8e1; border-radius:6px;"></div>
+<div id="{FALLBACK_ID}"
+     style="display:none; padding:12px; border:1px solid #e0a800; background:#fff8e1; border-radius:6px;"></div>
 <script>
   function cwvizOffline() {{
     var box = document.getElementById("{FALLBACK_ID}");

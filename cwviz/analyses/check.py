@@ -49,7 +49,9 @@ class Check:
         size = f"ρ(|score|, |effect|) = {_number(self.rho)}"
         if not self.signed:
             return f"{head}: {size} (an unsigned method: no sign to check)"
-        return f"{head}: {size}; signed ρ = {_number(self.rho_signed)}; top-3 sign agreement {_share(self.sign_agreement)}"
+        return (
+            f"{head}: {size}; signed ρ = {_number(self.rho_signed)}; top-3 sign agreement {_share(self.sign_agreement)}"
+        )
 
 
 def _number(value: float) -> str:
@@ -68,13 +70,16 @@ def effects(
     stop: Callable[[], bool] | None = None,
     keep: Callable[[np.ndarray], None] | None = None,
 ) -> tuple[np.ndarray, bool]:
-    """Δ_k for the input tokens k = 0 .. p − 1 of ``request`` ([p] float64) and whether all were measured: ``batch_size``
-    knockouts a forward pass (the prompt cut after p: later tokens cannot change a causal prediction at p),
-    ``progress(done, total)`` after each pass, ``stop()`` asked before each (true: the rest stay NaN). ``keep``: given a
-    copy of the effects so far after each pass, before ``progress`` (a page whose run is interrupted keeps them)."""
+    """Δ_k for the input tokens k = 0 .. p − 1 of ``request`` ([p] float64) and whether all were measured:
+    ``batch_size`` knockouts a forward pass (the prompt cut after p: later tokens cannot change a causal prediction at
+    p), ``progress(done, total)`` after each pass, ``stop()`` asked before each (true: the rest stay NaN). ``keep``:
+    given a copy of the effects so far after each pass, before ``progress`` (a page whose run is interrupted keeps
+    them)."""
     analysis, p = request.analysis, request.position
     if not analysis.bundle.has_logits:
-        raise InputError("the check measures knockouts of a next-token prediction; an encoder has none: choose a causal model")
+        raise InputError(
+            "the check measures knockouts of a next-token prediction; an encoder has none: choose a causal model"
+        )
     if p < 1:
         raise InputError("the check needs at least one input token before the position: choose a later position")
     ids = analysis.input_ids[: p + 1]
@@ -112,7 +117,9 @@ def check(
     chosen = attribution.check_method(method)
     intervention = chosen.intervention if intervention is None else intervention
     if intervention not in attribution.INTERVENTIONS:
-        raise InputError(f"no intervention {str(intervention)[:80]!r}: choose one of {', '.join(attribution.INTERVENTIONS)}")
+        raise InputError(
+            f"no intervention {str(intervention)[:80]!r}: choose one of {', '.join(attribution.INTERVENTIONS)}"
+        )
     complete = True
     if measured is None:
         measured, complete = effects(request, intervention, batch_size, progress, stop)

@@ -67,7 +67,9 @@ def active_cosines(table: pd.DataFrame, thresholds=SINK_ACTIVE_THRESHOLDS) -> di
         out[f"cos_active_{tau:g}"] = float(cos.mean()) if cos.notna().any() else math.nan
     cos, weight = rows["cos_sink_rest"].to_numpy(np.float64), rows["sink_ratio"].to_numpy(np.float64)
     finite = np.isfinite(cos) & (weight > 0)
-    out["cos_weighted"] = float((cos[finite] * weight[finite]).sum() / weight[finite].sum()) if finite.any() else math.nan
+    out["cos_weighted"] = (
+        float((cos[finite] * weight[finite]).sum() / weight[finite].sum()) if finite.any() else math.nan
+    )
     return out
 
 
@@ -89,13 +91,15 @@ def head_fits(table: pd.DataFrame) -> pd.DataFrame:
     sums = group.sum(numeric_only=True)
     counts = group.size().to_numpy()
     span = (group["s"].max() - group["s"].min()).to_numpy()
-    power = np.stack([counts.astype(np.float64)] + [sums[f"s{k}"].to_numpy() for k in range(1, 5)], axis=-1)  # (head, 5)
+    # (head, 5)
+    power = np.stack([counts.astype(np.float64)] + [sums[f"s{k}"].to_numpy() for k in range(1, 5)], axis=-1)
     normal = np.stack([power[:, i : i + 3] for i in range(3)], axis=1)  # (head, 3, 3): Σ s^(i+j)
     right = np.stack([sums[f"ys{k}"].to_numpy() for k in range(3)], axis=-1)  # (head, 3)
     fitted = (counts >= FIT_MIN_QUERIES) & (span >= FIT_MIN_RANGE)
     beta = np.full((len(counts), 3), np.nan)
     if fitted.any():
-        beta[fitted] = (np.linalg.pinv(normal[fitted]) @ right[fitted][..., None])[..., 0]  # the normal equations, solved
+        # the normal equations, solved
+        beta[fitted] = (np.linalg.pinv(normal[fitted]) @ right[fitted][..., None])[..., 0]
     with np.errstate(divide="ignore", invalid="ignore"):
         minimiser = np.where(beta[:, 2] > 0, -beta[:, 1] / (2 * beta[:, 2]), np.nan)
     out = sums.index.to_frame(index=False)
@@ -139,7 +143,8 @@ def operating_point(fits: pd.DataFrame, threshold: float = SINK_ACTIVE) -> dict[
 
 
 def _mean_pairwise_cosine(unit: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-    """Per head, the mean cosine between the chosen unit vectors (i ≠ j): unit [head, query, d], chosen bool [head, query]."""
+    """Per head, the mean cosine between the chosen unit vectors (i ≠ j): unit [head, query, d], chosen bool [head,
+    query]."""
     u = unit * chosen[..., None]
     n = chosen.sum(-1).double()  # (H,)
     total = u.double().sum(1).pow(2).sum(-1)  # ‖Σ u‖²
@@ -147,7 +152,11 @@ def _mean_pairwise_cosine(unit: torch.Tensor, chosen: torch.Tensor) -> torch.Ten
 
 
 def low_norm_shift(
-    before: torch.Tensor, after: torch.Tensor, centroid_before: torch.Tensor, centroid_after: torch.Tensor, positions: torch.Tensor
+    before: torch.Tensor,
+    after: torch.Tensor,
+    centroid_before: torch.Tensor,
+    centroid_after: torch.Tensor,
+    positions: torch.Tensor,
 ) -> tuple[float, float]:
     """Claim 5 (a) and (b) in one layer: the low-norm outputs (per head, the ``positions`` whose clean ‖o_i^h‖ is at or
     below the head's :data:`LOW_NORM_QUANTILE`), their mean pairwise cosine after − before, and their mean cosine with
@@ -226,7 +235,9 @@ def control_keys(mass: np.ndarray, sink: int, seed: int, example: int) -> Contro
 
 def remove_values(keys: Sequence[int]) -> Both | ScaleValues:
     """The intervention v_k ← 0 for ``keys[layer]`` in each layer (attention kept): claim 5's control pass."""
-    return reduce(Both, [ScaleValues(positions=(k,), factor=0.0, layers=frozenset({layer})) for layer, k in enumerate(keys)])
+    return reduce(
+        Both, [ScaleValues(positions=(k,), factor=0.0, layers=frozenset({layer})) for layer, k in enumerate(keys)]
+    )
 
 
 def other_keys(analysis: Analysis, sink: int) -> tuple[np.ndarray, np.ndarray]:
@@ -255,8 +266,13 @@ def removal_shift(analysis: Analysis, after: Analysis, sink: int) -> dict[str, f
         for layer in range(analysis.num_layers):
             visible = analysis.key_mask(layer)
             positions = visible[:, sink] & (visible.sum(-1) > 1)  # (Q,)
-            (clean, centre), (removed, moved) = _outputs_and_centroid(analysis, layer, sink), _outputs_and_centroid(after, layer, sink)
-            a, b = low_norm_shift(clean, removed.to(clean.device), centre, moved.to(clean.device), positions.to(clean.device))
+            (clean, centre), (removed, moved) = (
+                _outputs_and_centroid(analysis, layer, sink),
+                _outputs_and_centroid(after, layer, sink),
+            )
+            a, b = low_norm_shift(
+                clean, removed.to(clean.device), centre, moved.to(clean.device), positions.to(clean.device)
+            )
             spread.append(a)
             toward.append(b)
     return {

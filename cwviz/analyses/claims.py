@@ -55,7 +55,8 @@ VERDICT, CONTROL, EVIDENCE = "verdict", "control", "evidence"
 STATEMENTS: dict[int, str] = {
     1: "Faithfulness rises raw attention < value-weighted < value-weighted output-normalised < contribution weights, "
     "for comprehensiveness and sufficiency alike",
-    2: "The first token's (the sink's) contributions are driven by value geometry (norm ratio and cosine), not by attention",
+    2: "The first token's (the sink's) contributions are driven by value geometry (norm ratio and cosine), not by "
+    "attention",
     3: "Sink values are anti-aligned with the semantic tokens' (negative cosine)",
     4: "The output norm against the sink ratio is convex, its minimum at a sink ratio below 1",
     5: "Removing the sink's value collapses the low-norm head outputs into the semantic cone and raises perplexity",
@@ -64,7 +65,13 @@ STATEMENTS: dict[int, str] = {
 ORDER: tuple[str, ...] = ("raw", "value_weighted", "value_weighted_output_normalized", "contribution_inter")
 #: What ``cwviz claims`` ranks: :data:`ORDER` and the random control.
 RANKINGS: tuple[str, ...] = (*ORDER, "random")
-SHORT = {"raw": "raw", "value_weighted": "VW", "value_weighted_output_normalized": "VW/‖o‖", "contribution_inter": "CW", "random": "random"}
+SHORT = {
+    "raw": "raw",
+    "value_weighted": "VW",
+    "value_weighted_output_normalized": "VW/‖o‖",
+    "contribution_inter": "CW",
+    "random": "random",
+}
 #: What the verdict rows of claims 2–5 are called on the forest plot.
 LABELS = {
     "2": "sink vs other keys",
@@ -76,7 +83,9 @@ LABELS = {
 }
 #: Claim 1: the adjacent pair each rank scope ranks identically whatever the data. VW/‖o‖ divides a query's VW row by
 #: one positive number ‖o_i‖, so under the query scope (each query's keys ranked on their own) the two orders agree.
-IDENTICAL_BY_CONSTRUCTION: dict[str, tuple[str, str]] = {"query": ("value_weighted", "value_weighted_output_normalized")}
+IDENTICAL_BY_CONSTRUCTION: dict[str, tuple[str, str]] = {
+    "query": ("value_weighted", "value_weighted_output_normalized")
+}
 #: Claim 4: the share of heads must be above this.
 MAJORITY = 0.5
 #: Columns of ``claims.csv`` (and of :func:`claims_table`).
@@ -134,7 +143,9 @@ def item_payload(bundle, text: str, protocol, scopes: Sequence[str], sink=0, exa
         return CLAIMS.encode(0 if ids is None else len(ids))
     analysis = analyze(bundle, input_ids=ids)
     tables = {
-        scope: faithfulness.run_example(bundle, ids, replace(protocol, rank_scope=scope), example=example, analysis=analysis)
+        scope: faithfulness.run_example(
+            bundle, ids, replace(protocol, rank_scope=scope), example=example, analysis=analysis
+        )
         for scope in scopes
     }
     sink = sinks.resolve_sink(analysis, sink)
@@ -176,7 +187,9 @@ def mean_interval(values: np.ndarray, seed: int = 0) -> tuple[float, np.ndarray,
     return np.nanmean(values, axis=0), low, high, len(values)
 
 
-def _row(claim: int, role: str, statistic: str, estimate, low, high, n: int, evidence: str, line: float = 0.0, **keys) -> dict:
+def _row(
+    claim: int, role: str, statistic: str, estimate, low, high, n: int, evidence: str, line: float = 0.0, **keys
+) -> dict:
     """One row of :data:`CSV_COLUMNS`; its verdict is the side of ``line`` its interval lies on (``positive``: the
     paper's side is above; NaN line: a descriptive row, no verdict)."""
     positive = keys.pop("positive", True)
@@ -184,7 +197,13 @@ def _row(claim: int, role: str, statistic: str, estimate, low, high, n: int, evi
     if decided is None:
         decided = "" if not math.isfinite(line) else judge(float(low) - line, float(high) - line, positive)
     row = {"claim": claim, "part": "", "role": role, "scope": "", "curve": "", "rate": math.nan, "verdict": decided}
-    row |= {"statistic": statistic, "estimate": float(estimate), "ci_low": float(low), "ci_high": float(high), "line": float(line)}
+    row |= {
+        "statistic": statistic,
+        "estimate": float(estimate),
+        "ci_low": float(low),
+        "ci_high": float(high),
+        "line": float(line),
+    }
     return row | {"n": int(n), "evidence": evidence} | keys | {"statement": STATEMENTS[claim]}
 
 
@@ -225,26 +244,63 @@ def claim1_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
                         low[i] = high[i] = np.nan  # never the deciding pair: its interval says nothing
                     else:
                         v = UNRESOLVED if tie else judge(low[i], high[i])
-                        text = "tie on every item (same ranking)" if tie else f"log ratio {_interval(mean[i], low[i], high[i])}"
+                        text = (
+                            "tie on every item (same ranking)"
+                            if tie
+                            else f"log ratio {_interval(mean[i], low[i], high[i])}"
+                        )
                     verdicts.append(v)
                     pairs.append(f"{SHORT[a]}→{SHORT[b]} {text} {v} (ΔPPL {_interval(pmean[i], plow[i], phigh[i])})")
                 overall = (
-                    TIES if TIES in verdicts else FAILS if FAILS in verdicts else HOLDS if all(v == HOLDS for v in verdicts) else UNRESOLVED
+                    TIES
+                    if TIES in verdicts
+                    else FAILS
+                    if FAILS in verdicts
+                    else HOLDS
+                    if all(v == HOLDS for v in verdicts)
+                    else UNRESOLVED
                 )
                 # the deciding pair: the failing one furthest below 0, else the one closest to (or below) 0
-                pick = int(np.nanargmin(high)) if FAILS in verdicts else int(np.nanargmin(low)) if np.isfinite(low).any() else 0
-                statistic = f"paired log-perplexity ratio difference, {SHORT[have[pick]]}→{SHORT[have[pick + 1]]} (the deciding pair; > 0: paper's order)"
-                out.append(_row(1, VERDICT, statistic, mean[pick], low[pick], high[pick], n, "; ".join(pairs), verdict=overall, **where))
+                pick = (
+                    int(np.nanargmin(high))
+                    if FAILS in verdicts
+                    else int(np.nanargmin(low))
+                    if np.isfinite(low).any()
+                    else 0
+                )
+                statistic = (
+                    f"paired log-perplexity ratio difference, {SHORT[have[pick]]}→{SHORT[have[pick + 1]]} (the "
+                    "deciding pair; > 0: paper's order)"
+                )
+                out.append(
+                    _row(
+                        1,
+                        VERDICT,
+                        statistic,
+                        mean[pick],
+                        low[pick],
+                        high[pick],
+                        n,
+                        "; ".join(pairs),
+                        verdict=overall,
+                        **where,
+                    )
+                )
             if (curve, rate, "random") in frame.columns:
                 out += _control_rows(frame, ppl, curve, rate, where, seed)
     return out
 
 
-def _control_rows(frame: pd.DataFrame, ppl: pd.DataFrame, curve: str, rate: float, where: dict, seed: int) -> list[dict]:
+def _control_rows(
+    frame: pd.DataFrame, ppl: pd.DataFrame, curve: str, rate: float, where: dict, seed: int
+) -> list[dict]:
     """Each measure's gap to the random control at one scope, curve and rate (> 0: better than chance)."""
     measures = [m for m in ORDER if (curve, rate, m) in frame.columns]
     sign = 1.0 if curve == "comprehensiveness" else -1.0
-    gaps = sign * (frame[[(curve, rate, m) for m in measures]].to_numpy(np.float64) - frame[[(curve, rate, "random")]].to_numpy(np.float64))
+    gaps = sign * (
+        frame[[(curve, rate, m) for m in measures]].to_numpy(np.float64)
+        - frame[[(curve, rate, "random")]].to_numpy(np.float64)
+    )
     mean, low, high, n = mean_interval(gaps, seed)
     rand, rlow, rhigh, _ = mean_interval(ppl[[(curve, rate, "random")]].to_numpy(np.float64), seed)
     rows = []
@@ -277,7 +333,12 @@ def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
     d_sink = stats["rho_geometry"] - stats["rho_attention"]
     d_other = stats["rho_geometry_other"] - stats["rho_attention_other"]
     out = [
-        one(2, VERDICT, "d_σ − d_other: [ρ(c, geometry) − ρ(c, attention)] of the sink minus that of the other keys", d_sink - d_other),
+        one(
+            2,
+            VERDICT,
+            "d_σ − d_other: [ρ(c, geometry) − ρ(c, attention)] of the sink minus that of the other keys",
+            d_sink - d_other,
+        ),
         one(2, EVIDENCE, "d_σ = ρ(c, geometry) − ρ(c, attention), the sink's rows (the first protocol)", d_sink),
         one(2, EVIDENCE, "d_other, every other visible key", d_other),
         one(
@@ -290,11 +351,25 @@ def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
         one(3, EVIDENCE, "mean cos(ṽ_σ, m), every head (the first protocol)", stats["cos_sink_rest"], positive=False),
     ]
     out += [
-        one(3, EVIDENCE, f"mean cos(ṽ_σ, m), heads with mean sink ratio ≥ {t:g}", stats[f"cos_active_{t:g}"], positive=False)
+        one(
+            3,
+            EVIDENCE,
+            f"mean cos(ṽ_σ, m), heads with mean sink ratio ≥ {t:g}",
+            stats[f"cos_active_{t:g}"],
+            positive=False,
+        )
         for t in SINK_ACTIVE_THRESHOLDS
         if t != active
     ]
-    out.append(one(3, EVIDENCE, "mean cos(ṽ_σ, m) weighted by the sink ratio, every head", stats["cos_weighted"], positive=False))
+    out.append(
+        one(
+            3,
+            EVIDENCE,
+            "mean cos(ṽ_σ, m) weighted by the sink ratio, every head",
+            stats["cos_weighted"],
+            positive=False,
+        )
+    )
     out += [
         one(
             4,
@@ -308,7 +383,8 @@ def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
         one(
             4,
             EVIDENCE,
-            "share of fitted heads whose ‖o‖² against s is U-shaped (β2 > 0, minimiser inside (0, 1); issue 45's verdict, "
+            "share of fitted heads whose ‖o‖² against s is U-shaped (β2 > 0, minimiser inside (0, 1); issue 45's "
+            "verdict, "
             "close to an algebraic consequence: METHOD.md section 5)",
             stats["u_shaped_share"],
             line=MAJORITY,
@@ -330,7 +406,13 @@ def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
         ),
         one(4, EVIDENCE, "U-shaped heads: median minimiser s*", stats["fit_minimiser"], line=math.nan),
         one(4, EVIDENCE, "U-shaped heads: median operating sink ratio", stats["operating_ratio"], line=math.nan),
-        one(4, EVIDENCE, "U-shaped heads: share operating above their minimiser", stats["above_minimum_share"], line=math.nan),
+        one(
+            4,
+            EVIDENCE,
+            "U-shaped heads: share operating above their minimiser",
+            stats["above_minimum_share"],
+            line=math.nan,
+        ),
         one(4, EVIDENCE, "heads fitted per item", stats["fitted_heads"], line=math.nan),
     ]
     out += removal_rows(stats, seed)
@@ -341,7 +423,11 @@ def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
 #: + that name).
 REMOVAL_PARTS: tuple[tuple[str, str, str], ...] = (
     ("a", "spread narrows: mean pairwise cosine of the low-norm outputs, after − before", "low_cone_change"),
-    ("b", "toward the semantic centroid: mean cos(o, c) of the low-norm outputs, after − before", "low_centroid_change"),
+    (
+        "b",
+        "toward the semantic centroid: mean cos(o, c) of the low-norm outputs, after − before",
+        "low_centroid_change",
+    ),
     ("c", "perplexity rises: log(PPL(removed) / PPL(clean))", "log_ppl_ratio"),
 )
 
@@ -360,7 +446,15 @@ def removal_rows(stats: pd.DataFrame, seed: int = 0) -> list[dict]:
             out.append(one(5, EVIDENCE, f"({part}) {what}, the sink's removal alone (issue 45's verdict)", sink))
         else:
             out.append(one(5, VERDICT, f"({part}) {what}", sink, part=part))
-            out.append(one(5, CONTROL, f"({part}) sink − control (paired; > 0: the sink's removal moves more)", sink - control, part=part))
+            out.append(
+                one(
+                    5,
+                    CONTROL,
+                    f"({part}) sink − control (paired; > 0: the sink's removal moves more)",
+                    sink - control,
+                    part=part,
+                )
+            )
         out.append(one(5, EVIDENCE, f"({part}) {what}, the control's removal", control))
     mass, band = stats["control_mass_ratio"], stats["control_in_band_share"]
     out += [
@@ -372,7 +466,12 @@ def removal_rows(stats: pd.DataFrame, seed: int = 0) -> list[dict]:
             band,
             line=math.nan,
         ),
-        one(5, EVIDENCE, "mean pairwise cosine of every output, after − before (the first protocol)", stats["cone_change"]),
+        one(
+            5,
+            EVIDENCE,
+            "mean pairwise cosine of every output, after − before (the first protocol)",
+            stats["cone_change"],
+        ),
         one(5, EVIDENCE, "ΔPPL with the sink's value removed", stats["delta_ppl"]),
         one(5, EVIDENCE, "ΔPPL with the control's value removed", stats["control_delta_ppl"]),
     ]

@@ -3,10 +3,11 @@
 Pure functions of two :class:`~cwviz.Analysis` objects (one forward pass each), used by the Compare page,
 ``cwviz compare`` and :mod:`cwviz.plot` alike.
 
-* Alignment (:func:`align_tokens`): by position when both inputs have as many tokens, otherwise by a
-  sequence alignment of the token ids (``difflib.SequenceMatcher``, no junk heuristic). The first tokens (the
-  sink of both) are always paired; after them, equal runs are paired, a replaced run of equal length is paired
-  position by position, and other tokens are in one input only and have no cell in the maps. The alignment is a table (one row a step) that the page shows.
+* Alignment (:func:`align_tokens`): by position when both inputs have as many tokens, otherwise by a sequence alignment
+  of the token ids (``difflib.SequenceMatcher``, no junk heuristic). The first tokens (the sink of both) are always
+  paired; after them, equal runs are paired, a replaced run of equal length is paired position by position, and other
+  tokens are in one input only and have no cell in the maps. The alignment is a table (one row a step) that the page
+  shows.
 * Maps (:func:`map_cells`): attention and contribution weights of A and B for the selected layer and head
   (or all heads, docs/METHOD.md layer-level scores) on the aligned grid, and B − A; a long pair is windowed
   around the selected query, as the Heatmaps page does.
@@ -64,7 +65,10 @@ class Alignment:
         if self.method == BY_POSITION:
             how = f"aligned by position (both have {tokens_a} tokens)"
         else:
-            how = f"aligned by a sequence alignment of the tokens ({tokens_a} and {tokens_b} tokens, {len(self.pairs)} paired)"
+            how = (
+                f"aligned by a sequence alignment of the tokens ({tokens_a} and {tokens_b} tokens, {len(self.pairs)} "
+                "paired)"
+            )
         return f"{how}; {self.changed} step(s) differ"
 
 
@@ -87,7 +91,9 @@ def _sink_paired(steps: list[tuple[str, int, int]], same: bool) -> list[tuple[st
     return [("equal" if same else "replace", 0, 0), *kept]
 
 
-def align_tokens(ids_a: list[int], ids_b: list[int], tokens_a: list[str] | None = None, tokens_b: list[str] | None = None) -> Alignment:
+def align_tokens(
+    ids_a: list[int], ids_b: list[int], tokens_a: list[str] | None = None, tokens_b: list[str] | None = None
+) -> Alignment:
     """Pair the tokens of A and B: by position when the counts match, else by sequence alignment of the ids.
 
     ``tokens_a``/``tokens_b`` (display strings) fill the table; the ids are what is matched.
@@ -169,7 +175,9 @@ def same_tokenizer(tokenizer_a, tokenizer_b) -> bool:
     vocab_a, vocab_b = getattr(tokenizer_a, "get_vocab", None), getattr(tokenizer_b, "get_vocab", None)
     if callable(vocab_a) and callable(vocab_b):
         return vocab_a() == vocab_b()
-    return type(tokenizer_a) is type(tokenizer_b) and getattr(tokenizer_a, "vocab_size", None) == getattr(tokenizer_b, "vocab_size", None)
+    return type(tokenizer_a) is type(tokenizer_b) and getattr(tokenizer_a, "vocab_size", None) == getattr(
+        tokenizer_b, "vocab_size", None
+    )
 
 
 def check_comparable(a: Analysis, b: Analysis) -> None:
@@ -178,11 +186,13 @@ def check_comparable(a: Analysis, b: Analysis) -> None:
     if (a.num_layers, a.num_heads) != (b.num_layers, b.num_heads):
         raise InputError(
             f"model B ({b.info.id}: {b.num_layers} layers x {b.num_heads} heads) is not shaped like model A "
-            f"({a.info.id}: {a.num_layers} x {a.num_heads}); a comparison pairs heads, so pick two models with the same layers and heads"
+            f"({a.info.id}: {a.num_layers} x {a.num_heads}); a comparison pairs heads, so pick two models with the "
+            "same layers and heads"
         )
     if a.info.causal != b.info.causal:
         raise InputError(
-            f"one model is causal and the other an encoder ({a.info.id}, {b.info.id}); compare two causal models or two encoders"
+            f"one model is causal and the other an encoder ({a.info.id}, {b.info.id}); compare two causal models or "
+            "two encoders"
         )
     if a.bundle is not b.bundle and not same_tokenizer(a.bundle.tokenizer, b.bundle.tokenizer):
         raise InputError(
@@ -227,7 +237,9 @@ def map_cells(
     causal = a.bundle.arch.causal
     count = len(pairs)
     if count == 0:
-        raise InputError("no token of A is aligned with a token of B; the inputs have nothing to compare position by position")
+        raise InputError(
+            "no token of A is aligned with a token of B; the inputs have nothing to compare position by position"
+        )
     if _causal_cells(count, causal) <= max_cells:
         lo, hi = 0, count - 1
         where = f"all {count} aligned positions"
@@ -236,7 +248,10 @@ def map_cells(
         while _causal_cells(size + 1, causal) + size + 1 <= max_cells:
             size += 1
         lo, hi = tables.window_bounds(count, selected, size)
-        where = f"window: aligned positions {lo}–{hi} of {count}{' plus the first' if lo > 0 else ''}, around query {labels[selected]!r}"
+        where = (
+            f"window: aligned positions {lo}–{hi} of {count}{' plus the first' if lo > 0 else ''}, around query "
+            f"{labels[selected]!r}"
+        )
     rows = np.arange(lo, hi + 1)
     keys = np.concatenate([[0], rows]) if lo > 0 else rows
     pa = np.array([i for i, _ in pairs])
@@ -269,7 +284,10 @@ def map_cells(
         data[f"{name}_a"], data[f"{name}_b"], data[f"{name}_diff"] = value_a, value_b, value_b - value_a
     frame = pd.DataFrame(data)
     frame["query_position"] = frame["query_a"]
-    note = f"layer {layer}, {_heads_note(head, kind)}; {where}; {comparison.alignment.describe(a.num_tokens, b.num_tokens)}"
+    note = (
+        f"layer {layer}, {_heads_note(head, kind)}; {where}; "
+        f"{comparison.alignment.describe(a.num_tokens, b.num_tokens)}"
+    )
     return CompareCells(frame=frame, labels=labels, kind=kind, note=note, query=selected)
 
 
@@ -287,7 +305,9 @@ def summary_changes(summary_a: pd.DataFrame, summary_b: pd.DataFrame) -> pd.Data
     one row per (layer, head)."""
     keys = ["layer", "head"]
     metrics = list(HEAD_METRICS)
-    merged = summary_a[keys + metrics].merge(summary_b[keys + metrics], on=keys, suffixes=("_a", "_b"), validate="one_to_one")
+    merged = summary_a[keys + metrics].merge(
+        summary_b[keys + metrics], on=keys, suffixes=("_a", "_b"), validate="one_to_one"
+    )
     for metric in metrics:
         merged[f"{metric}_change"] = merged[f"{metric}_b"] - merged[f"{metric}_a"]
     order = keys + [f"{m}{s}" for m in metrics for s in ("_a", "_b", "_change")]
@@ -323,7 +343,9 @@ def logprob_changes(comparison: Comparison) -> pd.DataFrame:
     """
     a, b = comparison.a, comparison.b
     if not a.info.causal:
-        raise InputError(f"{a.info.id} is an encoder: it predicts no next token, so there are no log-probabilities to compare")
+        raise InputError(
+            f"{a.info.id} is an encoder: it predicts no next token, so there are no log-probabilities to compare"
+        )
     logp_a, logp_b = a.next_token_logprobs, b.next_token_logprobs  # [T - 1]: entry t predicts token t + 1
     labels = comparison.pair_labels()
     rows = []

@@ -11,11 +11,11 @@ Protocol (our defaults; the paper's exact protocol is not public):
 * **Scores**: layer-level (all heads, aggregated as :data:`cwviz.core.method.measures.LAYER_AGGREGATION` says:
   raw attention averaged, value-weighted and inter-head measures summed, intra-head contributions
   averaged), or per head with ``per_head=True`` (each head masks its own top keys).
-* **Ranking**: by the signed score (``rank_by="signed"``: a negative contribution ranks below every
-  positive one) or by its magnitude (``rank_by="absolute"``). Scores within :data:`cwviz.analyses.masks.TIE_TOLERANCE` of the pool's
-  largest |score| tie, and ties keep key order (:func:`cwviz.analyses.masks.rank_keys`).
-  ``random`` is the control: ``draws`` rankings of uniform scores, draw d seeded by ``(seed, example index, d)``,
-  averaged within each example (:func:`~cwviz.analyses.faithfulness_summary.per_example_means`).
+* **Ranking**: by the signed score (``rank_by="signed"``: a negative contribution ranks below every positive one) or by
+  its magnitude (``rank_by="absolute"``). Scores within :data:`cwviz.analyses.masks.TIE_TOLERANCE` of the pool's largest
+  |score| tie, and ties keep key order (:func:`cwviz.analyses.masks.rank_keys`). ``random`` is the control: ``draws``
+  rankings of uniform scores, draw d seeded by ``(seed, example index, d)``, averaged within each example
+  (:func:`~cwviz.analyses.faithfulness_summary.per_example_means`).
 * **Share**: for query i with n_i visible keys (keys 0..i in a causal model; fewer under a sliding
   window) a removal rate r% masks k_i = min(ceil(r/100 · n_i), n_i − 1) keys; a query that sees a single key
   (query 0) is never masked (:func:`cwviz.analyses.masks.maskable`); rate 0 masks nothing.
@@ -73,7 +73,18 @@ from .schema import ALL_MEASURES, AUTO_BATCH, RANK_BY, RANK_SCOPES
 log = logging.getLogger(__name__)
 
 #: Columns of the per-example table :func:`run_example` returns.
-EXAMPLE_COLUMNS = ["example", "measure", "curve", "rate", "draw", "tokens", "ppl_clean", "ppl_masked", "delta_ppl", "log_ppl_ratio"]
+EXAMPLE_COLUMNS = [
+    "example",
+    "measure",
+    "curve",
+    "rate",
+    "draw",
+    "tokens",
+    "ppl_clean",
+    "ppl_masked",
+    "delta_ppl",
+    "log_ppl_ratio",
+]
 
 
 @dataclass(frozen=True)
@@ -98,7 +109,9 @@ class Protocol:
             raise InputError("give at least one removal rate, e.g. --rates 10,50")
         for rate in self.rates:
             if isinstance(rate, (bool, np.bool_)) or not isinstance(rate, (int, float, np.integer, np.floating)):
-                raise InputError(f"removal rates are percentages in 0..100 (numbers), not {rate!r} ({type(rate).__name__})")
+                raise InputError(
+                    f"removal rates are percentages in 0..100 (numbers), not {rate!r} ({type(rate).__name__})"
+                )
             if not 0 <= rate <= 100:
                 raise InputError(f"removal rates are percentages in 0..100, not {rate:g}")
         for name in ("seed", "batch_size", "max_tokens", "draws"):
@@ -112,7 +125,9 @@ class Protocol:
         object.__setattr__(self, "rates", tuple(sorted({float(r) for r in self.rates})))
         unknown = [m for m in self.measures if m not in ALL_MEASURES]
         if unknown or not self.measures:
-            raise InputError(f"unknown measure(s) {', '.join(unknown) or '(none given)'}; choose from: {', '.join(ALL_MEASURES)}")
+            raise InputError(
+                f"unknown measure(s) {', '.join(unknown) or '(none given)'}; choose from: {', '.join(ALL_MEASURES)}"
+            )
         object.__setattr__(self, "measures", tuple(dict.fromkeys(self.measures)))
         if self.rank_by not in RANK_BY:
             raise InputError(f"rank_by must be one of {', '.join(RANK_BY)}, not {self.rank_by!r}")
@@ -207,12 +222,13 @@ def masked_logprobs(
     """Next-token log-probabilities [T - 1] of every masked run of one example (the keys of
     :meth:`Protocol.runs`), the rankings taken from the clean pass ``analysis``.
 
-    Each distinct masked run is one forward pass, ``batch_size`` runs at a time. Runs whose masks are
-    identical are run once: measures that rank every query's keys alike (at the layer level under the query scope,
-    output normalisation by ‖o_i‖ divides a whole row by one number, so ``value_weighted_output_normalized`` ranks
-    exactly as ``value_weighted``; the token and layer scopes compare rows, so there they differ), and rates that give the same k_i everywhere (short texts). Rate 0
-    masks nothing, so its runs are the clean pass itself (not a masked pass that masks nothing, which would
-    differ from it by float rounding): with nothing masked, every score equals the clean one exactly.
+    Each distinct masked run is one forward pass, ``batch_size`` runs at a time. Runs whose masks are identical are run
+    once: measures that rank every query's keys alike (at the layer level under the query scope, output normalisation by
+    ‖o_i‖ divides a whole row by one number, so ``value_weighted_output_normalized`` ranks exactly as
+    ``value_weighted``; the token and layer scopes compare rows, so there they differ), and rates that give the same k_i
+    everywhere (short texts). Rate 0 masks nothing, so its runs are the clean pass itself (not a masked pass that masks
+    nothing, which would differ from it by float rounding): with nothing masked, every score equals the clean one
+    exactly.
 
     ``progress(done, total)`` (:mod:`cwviz.core.util.progress`) counts the example's forward passes: the clean one
     (done when this is called, so reported first) and each batch of masked runs.
@@ -220,7 +236,9 @@ def masked_logprobs(
     ranked = rankings(analysis, protocol, example)
     layers = list(ranked.num_visible)
     counts = {rate: {l: masked_counts(ranked.num_visible[l], rate) for l in layers} for rate in protocol.rates}
-    same_measure = _first_equal(protocol.ranked(), lambda a, b: all(torch.equal(ranked.ranks[a][l], ranked.ranks[b][l]) for l in layers))
+    same_measure = _first_equal(
+        protocol.ranked(), lambda a, b: all(torch.equal(ranked.ranks[a][l], ranked.ranks[b][l]) for l in layers)
+    )
     same_rate = _first_equal(protocol.rates, lambda a, b: all(torch.equal(counts[a][l], counts[b][l]) for l in layers))
     runs = protocol.runs()
     distinct = list(dict.fromkeys((same_measure[m, d], c, same_rate[r]) for m, c, r, d in runs if r > 0))
@@ -233,7 +251,12 @@ def masked_logprobs(
     for done, start in enumerate(range(0, len(distinct), size), start=2):
         chunk = distinct[start : start + size]
         masks = {
-            l: torch.stack([keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c, ranked.visible[l]) for m, c, r in chunk])
+            l: torch.stack(
+                [
+                    keep_mask(ranked.ranks[m][l], counts[r][l], ranked.num_visible[l], c, ranked.visible[l])
+                    for m, c, r in chunk
+                ]
+            )
             for l in layers
         }  # layer -> (B, 1 or head, Q, K)
         batch = ids.expand(len(chunk), -1)
@@ -350,7 +373,9 @@ def iter_examples(
     in progress (:func:`masked_logprobs`), afresh for each example.
     """
     if isinstance(texts, str):
-        raise InputError("give a list of prompts, not one string (iter_examples(bundle, [text], ...) for a single example)")
+        raise InputError(
+            "give a list of prompts, not one string (iter_examples(bundle, [text], ...) for a single example)"
+        )
     check_causal(bundle)
     masked_layers(bundle.info.layers, protocol.layer)
     for index, text in enumerate(texts, start=start):
@@ -409,7 +434,9 @@ def dataset_rows(name: str, split: str = "test", n: int | None = None) -> Iterat
     except InputError:
         raise
     except Exception as err:  # the hub is unreachable, the name or split is unknown, ...
-        raise InputError(f"could not read the Hugging Face dataset {name!r} (split {split!r}): {err}; offline, pass --jsonl PATH") from None
+        raise InputError(
+            f"could not read the Hugging Face dataset {name!r} (split {split!r}): {err}; offline, pass --jsonl PATH"
+        ) from None
 
 
 def dataset_texts(name: str, split: str = "test", n: int | None = None, field: str | None = None) -> list[str]:

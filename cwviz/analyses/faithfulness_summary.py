@@ -27,7 +27,18 @@ from .masks import CURVES
 from .schema import ALL_MEASURES
 
 #: Columns of :func:`summarize` (and of the CLI's CSV).
-SUMMARY_COLUMNS = ["measure", "curve", "rate", "delta_ppl", "ci_low", "ci_high", "n", "log_ppl_ratio", "log_ci_low", "log_ci_high"]
+SUMMARY_COLUMNS = [
+    "measure",
+    "curve",
+    "rate",
+    "delta_ppl",
+    "ci_low",
+    "ci_high",
+    "n",
+    "log_ppl_ratio",
+    "log_ci_low",
+    "log_ci_high",
+]
 #: Columns of :func:`random_gaps`: each measure's gap to the random control (> 0: better than chance).
 GAP_COLUMNS = ["measure", "curve", "rate", "gap", "ci_low", "ci_high", "n"]
 #: Columns :func:`summarize` adds for a multiple-choice task (accuracies as fractions of the examples).
@@ -43,7 +54,9 @@ def log_ratio(masked, clean):
         return np.log(np.asarray(masked, dtype=np.float64)) - np.log(np.asarray(clean, dtype=np.float64))
 
 
-def bootstrap_ci(values: np.ndarray, level: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, float]:
+def bootstrap_ci(
+    values: np.ndarray, level: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = SEED
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of ``values`` (seeded; one value gives a zero-width one)."""
     values = np.asarray(values, dtype=np.float64)
     if len(values) == 0:
@@ -72,7 +85,9 @@ def _mean_ci(values: np.ndarray, level: float, resamples: int, seed: int) -> tup
     return (float(values.mean()) if len(values) else math.nan), low, high, len(values)
 
 
-def summarize(per_example: pd.DataFrame, level: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = SEED) -> pd.DataFrame:
+def summarize(
+    per_example: pd.DataFrame, level: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = SEED
+) -> pd.DataFrame:
     """Mean ΔPPL and mean log-perplexity ratio over examples per (measure, curve, rate), each with its bootstrap
     interval: :data:`SUMMARY_COLUMNS` (the random control's draws averaged within an example first).
 
@@ -85,7 +100,10 @@ def summarize(per_example: pd.DataFrame, level: float = CONFIDENCE, resamples: i
     """
     missing = [c for c in ("measure", "curve", "rate", "delta_ppl") if c not in per_example]
     if missing:
-        raise InputError(f"the per-example table has no column(s) {', '.join(missing)}; give the rows of run_example or iter_examples")
+        raise InputError(
+            f"the per-example table has no column(s) {', '.join(missing)}; give the rows of run_example "
+            "or iter_examples"
+        )
     per_example = per_example_means(per_example)
     accuracy = "correct_masked" in per_example and per_example["correct_masked"].notna().all()
     rows = []
@@ -96,20 +114,29 @@ def summarize(per_example: pd.DataFrame, level: float = CONFIDENCE, resamples: i
         row += (mean, low, high)
         if accuracy:
             clean, masked = group["correct_clean"].to_numpy(float), group["correct_masked"].to_numpy(float)
-            row += (clean.mean(), masked.mean(), (masked - clean).mean(), *bootstrap_ci(masked - clean, level, resamples, seed))
+            row += (
+                clean.mean(),
+                masked.mean(),
+                (masked - clean).mean(),
+                *bootstrap_ci(masked - clean, level, resamples, seed),
+            )
         rows.append(row)
     summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS + (ACCURACY_COLUMNS if accuracy else []))
     return _ordered(summary)
 
 
-def random_gaps(per_example: pd.DataFrame, level: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = SEED) -> pd.DataFrame:
+def random_gaps(
+    per_example: pd.DataFrame, level: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = SEED
+) -> pd.DataFrame:
     """Each measure's gap to the random control (docs/METHOD.md section 3), paired per example: the log-perplexity
     ratio L(measure) − L(random) under comprehensiveness, L(random) − L(measure) under sufficiency, so > 0 is better
     than chance; mean over examples with its bootstrap interval (:data:`GAP_COLUMNS`). Empty without a random run."""
     frame = per_example_means(per_example)
     if "random" not in set(frame.get("measure", ())) or "log_ppl_ratio" not in frame:
         return pd.DataFrame(columns=GAP_COLUMNS)
-    wide = frame.pivot_table(index="example", columns=["curve", "rate", "measure"], values="log_ppl_ratio", aggfunc="first")
+    wide = frame.pivot_table(
+        index="example", columns=["curve", "rate", "measure"], values="log_ppl_ratio", aggfunc="first"
+    )
     rows = []
     for curve, rate, measure in wide.columns:
         if measure == "random":

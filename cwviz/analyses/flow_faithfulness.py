@@ -51,7 +51,12 @@ CURVES = ("comprehensiveness", "sufficiency")
 RATES: tuple[float, ...] = (10.0, 30.0)
 #: The token cap, knockouts per forward pass, random rankings per item and the fewest tokens an item needs (fewer:
 #: skipped): :mod:`cwviz.analyses.schema`, where the command line's parser reads them.
-DEFAULT_MAX_TOKENS, DEFAULT_BATCH_SIZE, DRAWS, MIN_TOKENS = FLOW_MAX_TOKENS, FLOW_BATCH_SIZE, FLOW_DRAWS, FLOW_MIN_TOKENS
+DEFAULT_MAX_TOKENS, DEFAULT_BATCH_SIZE, DRAWS, MIN_TOKENS = (
+    FLOW_MAX_TOKENS,
+    FLOW_BATCH_SIZE,
+    FLOW_DRAWS,
+    FLOW_MIN_TOKENS,
+)
 #: Scores closer than this share of an item's largest |score| tie; ties keep position order (earlier first).
 TIE_TOLERANCE = 1e-6
 #: Bumped when what an item's record means changes, so a resume refuses records of another version (2: section 7.3).
@@ -73,11 +78,30 @@ STATISTICS = (
 SIGNED_STATISTICS = frozenset({"rho_signed", "sign_agreement"})
 #: Statistics where larger is more faithful (the others: sufficiency, smaller is).
 LARGER_IS_BETTER = frozenset(
-    {PRIMARY, "rho_with_first", "rho_signed", "sign_agreement", "aopc_comprehensiveness", *(f"comprehensiveness@{r:g}" for r in RATES)}
+    {
+        PRIMARY,
+        "rho_with_first",
+        "rho_signed",
+        "sign_agreement",
+        "aopc_comprehensiveness",
+        *(f"comprehensiveness@{r:g}" for r in RATES),
+    }
 )
 #: The statistics each comparison is judged on (the per-rate rows are in the methods table).
 JUDGED = (PRIMARY, "rho_with_first", "aopc_comprehensiveness", "aopc_sufficiency", "rho_signed", "sign_agreement")
-CSV_COLUMNS = ["intervention", "statistic", "first", "second", "primary", "verdict", "estimate", "ci_low", "ci_high", "n", "evidence"]
+CSV_COLUMNS = [
+    "intervention",
+    "statistic",
+    "first",
+    "second",
+    "primary",
+    "verdict",
+    "estimate",
+    "ci_low",
+    "ci_high",
+    "n",
+    "evidence",
+]
 METHOD_COLUMNS = ["intervention", "method", "statistic", "mean", "ci_low", "ci_high", "n", "signed", "answers"]
 
 
@@ -110,7 +134,8 @@ def removal_sets(scores: np.ndarray, rates: Sequence[float] = RATES) -> dict[tup
 
 
 def random_scores(seed: int, example: int, draws: int, n: int) -> list[np.ndarray]:
-    """The control's ``draws`` uniform score vectors [n], each seeded by (seed, example, draw): the same on every rerun."""
+    """The control's ``draws`` uniform score vectors [n], each seeded by (seed, example, draw): the same on every
+    rerun."""
     return [np.random.default_rng([seed, example, draw]).random(n) for draw in range(draws)]
 
 
@@ -156,7 +181,10 @@ def item_payload(
     if clean[target] == clean[foil]:
         return skipped(len(ids), "target and foil tie")
     asked = attribution.Request(analysis, p, target, foil)
-    scores = {name: np.asarray(attribution.run(method, asked).scores, dtype=np.float64)[:n] for name, method in methods.items()}
+    scores = {
+        name: np.asarray(attribution.run(method, asked).scores, dtype=np.float64)[:n]
+        for name, method in methods.items()
+    }
     random = random_scores(seed, example, draws, n)
     ranked = slice(1, n)  # the ranked tokens: the first and the predicted position left out (section 7.3)
     plans = {name: _shifted(removal_sets(np.abs(s[ranked]))) for name, s in scores.items()}
@@ -177,7 +205,8 @@ def item_payload(
         full_drops[intervention] = drop[full]
         made = {name: _curve(plan, drop) for name, plan in plans.items()}
         made[CONTROL] = {
-            curve: {f"{rate:g}": float(np.mean([drop[plan[curve, rate]] for plan in random_plans])) for rate in RATES} for curve in CURVES
+            curve: {f"{rate:g}": float(np.mean([drop[plan[curve, rate]] for plan in random_plans])) for rate in RATES}
+            for curve in CURVES
         }
         curves[intervention] = made
     return FLOW_FAITHFULNESS.encode(
@@ -287,7 +316,9 @@ def item_statistics(records: Sequence[dict], effect: str = "effects") -> pd.Data
                     row[intervention, name, f"aopc_{curve}"] = float(np.mean(values))
         methods.extend(m for m in _rows(record) if m not in methods)
         rows[record["example"]] = row
-    columns = pd.MultiIndex.from_product([INTERVENTIONS, methods, STATISTICS], names=["intervention", "method", "statistic"])
+    columns = pd.MultiIndex.from_product(
+        [INTERVENTIONS, methods, STATISTICS], names=["intervention", "method", "statistic"]
+    )
     return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=columns).sort_index()
 
 
@@ -399,7 +430,9 @@ def verdict_table(records: Sequence[dict], seed: int = 0, effect: str = "effects
                 result, evidence = UNRESOLVED, "tie on every item"
             else:
                 result = judge(lo, hi)
-                evidence = f"{first} − {second} {_text(m, lo, hi)}" if sign > 0 else f"{second} − {first} {_text(m, lo, hi)}"
+                evidence = (
+                    f"{first} − {second} {_text(m, lo, hi)}" if sign > 0 else f"{second} − {first} {_text(m, lo, hi)}"
+                )
             rows.append(
                 {
                     "intervention": intervention,
@@ -431,7 +464,10 @@ def item_table(records: Sequence[dict]) -> pd.DataFrame:
                         "example": int(example),
                         "intervention": intervention,
                         "method": method,
-                        **{key: float(row[intervention, method, key]) for key in (PRIMARY, "rho_signed", "sign_agreement")},
+                        **{
+                            key: float(row[intervention, method, key])
+                            for key in (PRIMARY, "rho_signed", "sign_agreement")
+                        },
                     }
                 )
     return pd.DataFrame(rows, columns=["example", "intervention", "method", PRIMARY, "rho_signed", "sign_agreement"])
@@ -450,7 +486,8 @@ def format_verdicts(table: pd.DataFrame, primary_only: bool = True) -> str:
     """The verdicts, one line per row (the primary rows only by default)."""
     shown = table[table["primary"]] if primary_only else table
     return "\n".join(
-        f"{row.intervention}: {row.statistic}: {row.first} vs {row.second}: {row.verdict.upper()}: {row.evidence} (n={row.n})"
+        f"{row.intervention}: {row.statistic}: {row.first} vs {row.second}: {row.verdict.upper()}: {row.evidence} "
+        f"(n={row.n})"
         for row in shown.itertuples(index=False)
     )
 

@@ -74,7 +74,11 @@ def rank_keys(scores: torch.Tensor, visible: torch.Tensor, tolerance: float = TI
 
 
 def keep_mask(
-    ranks: torch.Tensor, counts: torch.Tensor, num_visible: torch.Tensor, curve: str, visible: torch.Tensor | None = None
+    ranks: torch.Tensor,
+    counts: torch.Tensor,
+    num_visible: torch.Tensor,
+    curve: str,
+    visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Keep weights (True = keep) for one curve, bool [..., query, key].
 
@@ -100,10 +104,10 @@ def keep_mask(
 def scope_ranks(scores: torch.Tensor, visible: torch.Tensor, scope: str = "query") -> tuple[torch.Tensor, torch.Tensor]:
     """The ranks of one layer's ``scores`` [..., query, key] under a ranking scope, and the size of each ranked pool.
 
-    | scope | ranks [..., query, key]                                           | pool             |
-    |-------|-------------------------------------------------------------------|------------------|
-    | query | each key among its query's visible keys (:func:`rank_keys`)       | [query]: n_i     |
-    | token | each key among all keys by its score averaged over the queries that see it, the same rank in every row | [1, 1]: keys seen by some query |
+    | scope | ranks [..., query, key] | pool |
+    | --- | --- | --- |
+    | query | each key among its query's visible keys (:func:`rank_keys`) | [query]: n_i |
+    | token | each key among all keys by its mean score over the queries that see it (one rank a row) | [1, 1]: seen |
     | layer | each visible (query, key) pair among all the layer's visible pairs | [1, 1]: visible pairs |
 
     ``visible`` bool [query, key] (what may be masked: :func:`maskable`). A scope's masks then take the top (bottom)

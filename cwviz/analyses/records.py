@@ -24,9 +24,10 @@ is an error naming the file and line. :func:`read_records` is the one place reco
 checked); summaries are always recomputed from the records.
 
 Checked on read (:func:`read_records`, :func:`read_manifest`): every record's checksum, and its type's keys with the
-types cwviz writes, their ranges and the identities between them (the codec's ``payload`` and ``validate``), an example index in the run's range (0 .. the manifest's
-item count - 1), and every record and the manifest share one fingerprint and, per example, one text: a folder holding
-two runs' records (other settings, other data) is refused by every command that reads it, naming what differs.
+types cwviz writes, their ranges and the identities between them (the codec's ``payload`` and ``validate``), an example
+index in the run's range (0 .. the manifest's item count - 1), and every record and the manifest share one fingerprint
+and, per example, one text: a folder holding two runs' records (other settings, other data) is refused by every command
+that reads it, naming what differs.
 
 One owner at a time (:func:`folder_lock`): the run that writes a folder holds an exclusive ``flock`` on its
 ``.lock`` file for as long as it runs; a second run on the folder is refused as busy. The OS drops the lock when
@@ -248,7 +249,9 @@ def check_record(record: object, record_type: RecordType, where: str, examples: 
     example = record.get("example")
     if not is_int(example) or example < 0 or (examples is not None and example >= examples):
         span = f"0..{examples - 1}" if examples is not None else "0 or more"
-        raise InputError(f"{where}: 'example' must be an example index ({span}) of the run, not {shown(example)}; {fix}")
+        raise InputError(
+            f"{where}: 'example' must be an example index ({span}) of the run, not {shown(example)}; {fix}"
+        )
     check_fields(record, ENVELOPE | record_type.payload, where, fix)
     record_type.validate(record, where, fix)
     if not intact:  # every field is well formed, yet not what was written: a consistent edit by hand
@@ -309,8 +312,13 @@ def check_one_run(records: list[dict], manifest: dict | None, folder: Path, reco
     for record in records:
         groups.setdefault(record["fingerprint"], []).append(record)
     if len(groups) > 1:
-        parts = [f"examples {_examples(group)} (settings {key[:12]}{record_type.describe(group)})" for key, group in groups.items()]
-        raise InputError(f"{folder} holds records of {len(groups)} runs with different settings: {'; '.join(parts)}; {fix}")
+        parts = [
+            f"examples {_examples(group)} (settings {key[:12]}{record_type.describe(group)})"
+            for key, group in groups.items()
+        ]
+        raise InputError(
+            f"{folder} holds records of {len(groups)} runs with different settings: {'; '.join(parts)}; {fix}"
+        )
     stated = (manifest or {}).get("fingerprint")
     if groups and stated is not None and stated not in groups:
         (key,) = groups
@@ -322,7 +330,10 @@ def check_one_run(records: list[dict], manifest: dict | None, folder: Path, reco
     texts: dict[int, str] = {}
     for record in records:
         if texts.setdefault(record["example"], record["text_sha256"]) != record["text_sha256"]:
-            raise InputError(f"{folder} holds two records of example {record['example']} made from different texts (other data); {fix}")
+            raise InputError(
+                f"{folder} holds two records of example {record['example']} made from different texts "
+                f"(other data); {fix}"
+            )
 
 
 def write_manifest(folder: str | PathLike, manifest: dict) -> None:
@@ -333,7 +344,8 @@ def manifest(record_type: RecordType, settings: dict, provenance: dict, **fields
     """A run's ``manifest.json``: the record type's manifest schema, the run's ``settings`` (what decides its numbers:
     the record type's ``settings``) and their fingerprint, its model
     (:func:`cwviz.core.loading.provenance.model_provenance`), then ``fields`` (the type's own:
-    :data:`RecordType.manifest_fields`, and how the run was made). A refused resume names each setting that differs from the manifest's (:func:`cwviz.analyses.resume.setting_changes`)."""
+    :data:`RecordType.manifest_fields`, and how the run was made). A refused resume names each setting that differs from
+    the manifest's (:func:`cwviz.analyses.resume.setting_changes`)."""
     return {
         "schema": f"cwviz.{record_type.name}.manifest",
         "fingerprint": fingerprint(settings),
@@ -357,11 +369,16 @@ def read_manifest(folder: str | PathLike, record_type: RecordType) -> dict | Non
     other = _other_command(manifest, record_type)
     if other is not None:  # a valid manifest of another command: named as such, and kept
         raise InputError(
-            f"{Path(folder)} holds the results of `cwviz {command(other)}`, not of `cwviz {command(record_type.name)}`; it is left "
+            f"{Path(folder)} holds the results of `cwviz {command(other)}`, not of `cwviz "
+            f"{command(record_type.name)}`; it is left "
             f"as it is: give the folder a `cwviz {command(record_type.name)} --results` run wrote, or a fresh folder"
         )
     if not isinstance(manifest, dict) or manifest.get("schema") != f"cwviz.{record_type.name}.manifest":
-        what = f"a JSON {type(manifest).__name__}" if not isinstance(manifest, dict) else f"schema {shown(manifest.get('schema'))}"
+        what = (
+            f"a JSON {type(manifest).__name__}"
+            if not isinstance(manifest, dict)
+            else f"schema {shown(manifest.get('schema'))}"
+        )
         raise InputError(f"{path} is not a cwviz {command(record_type.name)} manifest ({what}); {fix}")
     check_fields(manifest, record_type.manifest_fields, str(path), fix)
     if any(isinstance(v, float) and not math.isfinite(v) for v in manifest.values()):

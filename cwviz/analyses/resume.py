@@ -55,7 +55,8 @@ def check_resumable(
             which = (
                 f": {'; '.join(changes)}"
                 if changes
-                else " (protocol, model, task or sink; its manifest.json, written before manifests named the settings, cannot say which)"
+                else " (protocol, model, task or sink; its manifest.json, written before manifests named the settings, "
+                "cannot say which)"
             )
             raise InputError(
                 f"the records in {folder} were made with other settings than this run{which}; "

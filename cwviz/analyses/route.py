@@ -20,9 +20,9 @@ l1 < l2 < ... < ln. A self-edge (k = i) stays on its own position's spine: it ro
    edge the method kept, as an edge on no path has no effect on the prediction), then raised while more than ``cap``
    edges would be drawn or they would touch more than ``positions`` positions (the top tokens' paths of step 3 may
    add a few beyond).
-3. The ``connect`` input tokens with the largest |score| (a score of 0 excepted, and p itself: it is the prediction's own spine) are
-   connected whatever τ is: for each, its widest path (the path to the prediction whose smallest |weight| is largest)
-   is drawn too. Each such path ends at p, so the rule's property holds for the union.
+3. The ``connect`` input tokens with the largest |score| (a score of 0 excepted, and p itself: it is the prediction's
+   own spine) are connected whatever τ is: for each, its widest path (the path to the prediction whose smallest |weight|
+   is largest) is drawn too. Each such path ends at p, so the rule's property holds for the union.
 
 Shapes: T positions, L layers, E edges a layer (up to the method's kept limit, largest |weight| first).
 """
@@ -156,13 +156,21 @@ def route(
         for layer, ((weights, queries, keys), keep) in enumerate(zip(cross, drawn, strict=True))
         if keep.any()
     ]
-    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["layer", "key", "query", "weight"])
+    table = (
+        pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["layer", "key", "query", "weight"])
+    )
     table = table.astype({"layer": np.int64, "key": np.int64, "query": np.int64, "weight": np.float64})
-    table = table.assign(order=-table["weight"].abs()).sort_values(["layer", "order"], kind="stable").drop(columns="order")
+    table = (
+        table.assign(order=-table["weight"].abs()).sort_values(["layer", "order"], kind="stable").drop(columns="order")
+    )
     names = np.asarray(tokens, dtype=object)
-    table = table.assign(key_token=names[table["key"].to_numpy()], query_token=names[table["query"].to_numpy()]).reset_index(drop=True)
+    table = table.assign(
+        key_token=names[table["key"].to_numpy()], query_token=names[table["query"].to_numpy()]
+    ).reset_index(drop=True)
     carried = float(table["weight"].abs().sum() / total) if total > 0 else 0.0
-    return Route(position, layers, table, float(threshold), carried, kept, capped, tuple(connected), total, self_mass, mass)
+    return Route(
+        position, layers, table, float(threshold), carried, kept, capped, tuple(connected), total, self_mass, mass
+    )
 
 
 def reached(edges: pd.DataFrame, position: int, layers: int) -> set[int]:
@@ -181,8 +189,14 @@ def _cross_edges(edges: Sequence[LayerEdgesLike], position: int) -> tuple[list[t
     cross, self_mass = [], 0.0
     for layer, e in enumerate(edges):
         if e.layer != layer:
-            raise ValueError(f"the edges of layer {e.layer} are given in place {layer}: give one entry a layer, in order")
-        weights, queries, keys = np.asarray(e.weights, np.float64), np.asarray(e.queries, np.int64), np.asarray(e.keys, np.int64)
+            raise ValueError(
+                f"the edges of layer {e.layer} are given in place {layer}: give one entry a layer, in order"
+            )
+        weights, queries, keys = (
+            np.asarray(e.weights, np.float64),
+            np.asarray(e.queries, np.int64),
+            np.asarray(e.keys, np.int64),
+        )
         own = queries == keys
         self_mass += float(np.abs(weights[own]).sum())
         keep = ~own & (weights != 0)
@@ -250,10 +264,10 @@ def _cap_threshold(cross, position: int, size: int, cap: int, positions: int) ->
 
 
 def _widest(cross, position: int, size: int) -> np.ndarray:
-    """For every node (l, i), the edge its widest path to the prediction takes out of it (the path whose smallest |weight|
-    is largest), as an index into layer l's cross edges, or −1: ride the spine up to (l + 1, i). [L, T]. best[i]: the
-    widest bottleneck from (l, i), computed top down (the spine carries a position upward, so best at layer l is at least
-    best at l + 1; −inf: no path)."""
+    """For every node (l, i), the edge its widest path to the prediction takes out of it (the path whose smallest
+    |weight| is largest), as an index into layer l's cross edges, or −1: ride the spine up to (l + 1, i). [L, T].
+    best[i]: the widest bottleneck from (l, i), computed top down (the spine carries a position upward, so best at layer
+    l is at least best at l + 1; −inf: no path)."""
     layers = len(cross)
     best = np.full(size, -np.inf)
     best[position] = np.inf
@@ -291,4 +305,6 @@ def of(result: Attributed, kept: float, cap: int | None = ROUTE_CAP, positions: 
     the kept fraction ``kept``, capped at ``cap`` edges and ``positions`` positions: the one builder of the Flow page's
     graph and of ``cwviz flow``'s ``edges`` table. A method without edges gives an empty route."""
     asked = result.asked
-    return route(result.edges or (), asked.position, result.scores, asked.token_strings, kept, cap=cap, positions=positions)
+    return route(
+        result.edges or (), asked.position, result.scores, asked.token_strings, kept, cap=cap, positions=positions
+    )

@@ -84,11 +84,11 @@ def is_signed(measure: str) -> bool:
 class HeatmapCells:
     """One layer's heatmap: ``frame`` has one row per visible (query, key) cell.
 
-    Columns: layer, head (:data:`ALL_HEADS` for the layer-level score), query, key (positions, or bin numbers when binned),
-    query_token, key_token, attention, value (the picked measure), contribution (of ``kind``),
-    norm_ratio and cosine (one head, unbinned only; else NaN), query_position (the token
-    position a click on the cell selects: the query, or a bin's last position). ``labels[i]`` is the axis label of
-    position (or bin) i; ``note`` says what is shown (window, bins, aggregation over heads).
+    Columns: layer, head (:data:`ALL_HEADS` for the layer-level score), query, key (positions, or bin numbers when
+    binned), query_token, key_token, attention, value (the picked measure), contribution (of ``kind``), norm_ratio and
+    cosine (one head, unbinned only; else NaN), query_position (the token position a click on the cell selects: the
+    query, or a bin's last position). ``labels[i]`` is the axis label of position (or bin) i; ``note`` says what is
+    shown (window, bins, aggregation over heads).
     """
 
     frame: pd.DataFrame

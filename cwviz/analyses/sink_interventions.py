@@ -46,14 +46,16 @@ def raised_ppl(ppl: np.ndarray, clean: np.ndarray, tolerance: float = PPL_TOLERA
 
 
 def check_factor(factor) -> float:
-    """λ as a float: a finite real number (not a bool, not text) of at most :data:`MAX_FACTOR` in size, else InputError."""
+    """λ as a float: a finite real number (not a bool, not text) of at most :data:`MAX_FACTOR` in size, else
+    InputError."""
     if isinstance(factor, (bool, np.bool_)) or not isinstance(factor, (int, float, np.integer, np.floating)):
         raise InputError(f"the sink value factor λ must be a number, not {factor!r} ({type(factor).__name__})")
     if not math.isfinite(factor):
         raise InputError(f"the sink value factor λ must be a finite number, not {factor}")
     if abs(factor) > MAX_FACTOR:
         raise InputError(
-            f"the sink value factor λ must lie between -{MAX_FACTOR:g} and {MAX_FACTOR:g} (larger overflows the model's numbers), not {factor:g}"
+            f"the sink value factor λ must lie between -{MAX_FACTOR:g} and {MAX_FACTOR:g} (larger overflows the "
+            f"model's numbers), not {factor:g}"
         )
     return float(factor)
 
@@ -115,7 +117,9 @@ def _layer_stats(analysis: Analysis, layer: int, sink: int, z: torch.Tensor) -> 
     return {"layer": layer, "output_norm": float(norms[:, positions].mean()), "cone": float(cone.nanmean())}
 
 
-def _observed_stats(analysis: Analysis, sink: int, intervention: ScaleValues, progress: Progress | None) -> tuple[pd.DataFrame, float]:
+def _observed_stats(
+    analysis: Analysis, sink: int, intervention: ScaleValues, progress: Progress | None
+) -> tuple[pd.DataFrame, float]:
     """:func:`head_output_stats` columns, and the perplexity, of one pass of the prompt under ``intervention`` on top of
     the analysis's own (:attr:`Analysis.intervention`) that records nothing: each layer's outputs are reduced as the
     layer runs (:func:`cwviz.core.method.interventions.observed_pass`)."""
@@ -124,11 +128,15 @@ def _observed_stats(analysis: Analysis, sink: int, intervention: ScaleValues, pr
     def reduce(layer: int, z: torch.Tensor) -> None:
         rows[layer] = _layer_stats(analysis, layer, sink, z[0].transpose(0, 1))  # (1, Q, H, d) -> (H, Q, d)
 
-    perplexity = observed_pass(analysis.bundle, analysis.input_ids, reduce, also(analysis.intervention, intervention), progress)
+    perplexity = observed_pass(
+        analysis.bundle, analysis.input_ids, reduce, also(analysis.intervention, intervention), progress
+    )
     return pd.DataFrame([rows[layer] for layer in range(analysis.num_layers)]), perplexity
 
 
-def head_output_stats(analysis: Analysis, sink: int | str = DEFAULT_SINK, progress: Progress | None = None) -> pd.DataFrame:
+def head_output_stats(
+    analysis: Analysis, sink: int | str = DEFAULT_SINK, progress: Progress | None = None
+) -> pd.DataFrame:
     """Per layer, the mean head-output norm ‖o_i^h‖ and the semantic cone over the queries that see the sink and another
     key: columns ``layer, output_norm, cone``; ``progress(done, L)`` a layer at a time.
 
@@ -173,7 +181,9 @@ def intervene_on_sink(
     intervention = ScaleValues(positions=(sink,), factor=float(factor), layers=frozenset(chosen))
     steps = analysis.num_layers * (1 if clean is not None else 2)
     before = clean if clean is not None else head_output_stats(analysis, sink, phase(progress, 0, steps))
-    changed, perplexity = _observed_stats(analysis, sink, intervention, phase(progress, steps - analysis.num_layers, steps))
+    changed, perplexity = _observed_stats(
+        analysis, sink, intervention, phase(progress, steps - analysis.num_layers, steps)
+    )
     table = pd.DataFrame(
         {
             "layer": changed["layer"],

@@ -94,7 +94,9 @@ def resolve_sink(analysis: Analysis, sink: int | str = DEFAULT_SINK) -> int:
     sink = integer_index(sink, "the sink (a token position or 'auto')")
     tokens = analysis.num_tokens
     if not -tokens <= sink < tokens:  # the value given is named, not what a negative one counts back to
-        raise SelectionError(f"token {sink} is out of range; the prompt has tokens 0..{tokens - 1} (or -{tokens}..-1 from the end)")
+        raise SelectionError(
+            f"token {sink} is out of range; the prompt has tokens 0..{tokens - 1} (or -{tokens}..-1 from the end)"
+        )
     return sink % tokens  # -1 is the last token, as in Python
 
 
@@ -130,13 +132,15 @@ def head_space(analysis: Analysis, layer: int) -> tuple[torch.Tensor, torch.Tens
         return value, head_grams(analysis.bundle.gram(layer).to(value.device), analysis.num_heads)
 
 
-def sink_norms(alpha: torch.Tensor, value: torch.Tensor, grams: torch.Tensor, sink: int, visible: torch.Tensor) -> SinkNorms:
+def sink_norms(
+    alpha: torch.Tensor, value: torch.Tensor, grams: torch.Tensor, sink: int, visible: torch.Tensor
+) -> SinkNorms:
     """:class:`SinkNorms` of a row block, through G^h = (W_O^h)ᵀ W_O^h instead of W_O^h itself.
 
-    With r_i^h = Σ_{j≠σ} α_ij^h v_j^h (one [rows, keys] x [keys, d_head] product a head), W_O^h r_i^h = (1 − s) m_i^h, so
-    ‖m_i‖ = sqrt(r_iᵀ G^h r_i) / (1 − s), ‖ṽ_σ‖ = sqrt(v_σᵀ G^h v_σ) and cos(ṽ_σ, m_i) = v_σᵀ G^h r_i / (‖ṽ_σ‖ ‖W_O^h r_i‖):
-    products d_head wide, never a d_model vector (tests/sink_reference.py projects to d_model: the same numbers to
-    float32 rounding). 1 − s is summed from the other keys' α directly, so it stays accurate when s is close to 1.
+    With r_i^h = Σ_{j≠σ} α_ij^h v_j^h (one [rows, keys] x [keys, d_head] product a head), W_O^h r_i^h = (1 − s) m_i^h,
+    so ‖m_i‖ = sqrt(r_iᵀ G^h r_i) / (1 − s), ‖ṽ_σ‖ = sqrt(v_σᵀ G^h v_σ) and cos(ṽ_σ, m_i) = v_σᵀ G^h r_i / (‖ṽ_σ‖ ‖W_O^h
+    r_i‖): products d_head wide, never a d_model vector (tests/sink_reference.py projects to d_model: the same numbers
+    to float32 rounding). 1 − s is summed from the other keys' α directly, so it stays accurate when s is close to 1.
 
     | arg     | shape                                                        |
     |---------|--------------------------------------------------------------|
@@ -173,22 +177,25 @@ def sink_norms(alpha: torch.Tensor, value: torch.Tensor, grams: torch.Tensor, si
 
 
 def sink_table(
-    analysis: Analysis, sink: int | str = DEFAULT_SINK, layers: Iterable[int] | None = None, progress: Progress | None = None
+    analysis: Analysis,
+    sink: int | str = DEFAULT_SINK,
+    layers: Iterable[int] | None = None,
+    progress: Progress | None = None,
 ) -> pd.DataFrame:
     """One row per layer, head and query that sees the sink (columns :data:`TABLE_COLUMNS`).
 
-    | column                  | meaning                                                              |
-    |-------------------------|----------------------------------------------------------------------|
-    | sink_ratio              | s = α_iσ^h                                                           |
-    | output_norm             | ‖o_i^h‖ (the head's output)                                          |
-    | sink_value_norm         | ‖ṽ_σ^h‖                                                              |
-    | rest_norm               | ‖m_i^h‖ (NaN where the query sees no other key)                      |
-    | cos_sink_rest           | cos(ṽ_σ^h, m_i^h); < 0: the sink subtracts the semantic direction    |
-    | sink_attention_share    | α_iσ^h, the sink's share under attention (= sink_ratio, named for the comparison) |
+    | column | meaning |
+    | --- | --- |
+    | sink_ratio | s = α_iσ^h |
+    | output_norm | ‖o_i^h‖ (the head's output) |
+    | sink_value_norm | ‖ṽ_σ^h‖ |
+    | rest_norm | ‖m_i^h‖ (NaN where the query sees no other key) |
+    | cos_sink_rest | cos(ṽ_σ^h, m_i^h); < 0: the sink subtracts the semantic direction |
+    | sink_attention_share | α_iσ^h, the sink's share under attention (= sink_ratio, named for the comparison) |
     | sink_contribution_share | c_iσ^h, its intra-head contribution weight (sums to 1 with the other keys) |
     | sink_contribution_inter | C_iσ^h, its inter-head contribution (summed over heads: the layer-level share) |
-    | learned_sink_share      | the model's learned sink (gpt-oss): 1 − Σ_j α_ij^h, attention that writes nothing; 0 elsewhere |
-    | other_keys              | keys besides the sink that the query can see                         |
+    | learned_sink_share | the learned sink (gpt-oss): 1 − Σ_j α_ij^h, attention that writes nothing; 0 elsewhere |
+    | other_keys | keys besides the sink that the query can see |
 
     ``progress(done, len(layers))`` (:mod:`cwviz.core.util.progress`) is called after each layer. Each layer is
     read in blocks of query rows (:meth:`cwviz.Analysis.row_blocks`), and each block's norms and cosine are made
@@ -317,7 +324,9 @@ def sink_head_summary(table: pd.DataFrame) -> pd.DataFrame:
     rows = _defined(table)
     summary = rows.groupby(["layer", "head"])[[*_MEANS, "sink_contribution_share", *_learned(rows)]].mean()
     medians = rows.groupby(["layer", "head"])[["sink_value_norm", "rest_norm", "cos_sink_rest"]].median()
-    summary["minimising_ratio"] = [SinkCurve(a, b, c).minimiser for a, b, c in medians.itertuples(index=False, name=None)]
+    summary["minimising_ratio"] = [
+        SinkCurve(a, b, c).minimiser for a, b, c in medians.itertuples(index=False, name=None)
+    ]
     return summary.reset_index()
 
 
@@ -382,6 +391,11 @@ def head_curve(table: pd.DataFrame, layer: int, head: int) -> SinkCurve:
     rows = rows[(rows["layer"] == layer) & (rows["head"] == head)].dropna(subset=["rest_norm", "cos_sink_rest"])
     if rows.empty:
         raise SelectionError(
-            f"layer {layer}, head {head} has no query that sees a key besides the sink; pick another head or a longer prompt"
+            f"layer {layer}, head {head} has no query that sees a key besides the sink; pick another head or a longer "
+            "prompt"
         )
-    return SinkCurve(float(rows["sink_value_norm"].median()), float(rows["rest_norm"].median()), float(rows["cos_sink_rest"].median()))
+    return SinkCurve(
+        float(rows["sink_value_norm"].median()),
+        float(rows["rest_norm"].median()),
+        float(rows["cos_sink_rest"].median()),
+    )

@@ -76,7 +76,8 @@ class Outcome:
 
 
 def check_folder(folder: Path, flag: str = "--results") -> None:
-    """Before any model loads: InputError unless ``folder`` can be a results folder (its parent exists, it is no file)."""
+    """Before any model loads: InputError unless ``folder`` can be a results folder (its parent exists, it is no
+    file)."""
     if not folder.parent.is_dir():
         raise InputError(f"no folder {folder.parent} for {flag}; create it first")
     if folder.exists() and not folder.is_dir():
@@ -120,7 +121,10 @@ def run(
         procs.barrier()
         existing = records.read_records(folder, sweep.record_type)
         if existing and not resume:
-            raise InputError(f"{folder} already holds {len(existing)} record(s); add --resume to continue that run, or give a fresh folder")
+            raise InputError(
+                f"{folder} already holds {len(existing)} record(s); add --resume to continue that run, or "
+                "give a fresh folder"
+            )
         made = records.read_manifest(folder, sweep.record_type) or {}
         changes = setting_changes(made["settings"], sweep.settings) if "settings" in made else ()
         done = check_resumable(existing, key, hashes, folder, changes)
@@ -130,7 +134,11 @@ def run(
         records.write_manifest(folder, sweep.manifest)
     interrupted = False
     try:
-        with records.RecordWriter(records.records_path(folder, procs.index)) if folder is not None else nullcontext() as writer:
+        with (
+            records.RecordWriter(records.records_path(folder, procs.index))
+            if folder is not None
+            else nullcontext() as writer
+        ):
             for count, index in enumerate(mine, start=1):
                 if cancel is not None and cancel():
                     interrupted = True

@@ -161,7 +161,9 @@ def heatmap_cells(
     frame.insert(0, "head", ALL_HEADS if head is None else head)
     frame.insert(0, "layer", layer)
     selected = int(np.searchsorted(edges, query, side="right") - 1) if binned else query
-    return HeatmapCells(frame=frame, labels=labels, measure=measure, kind=kind, note=note, binned=binned, query=selected)
+    return HeatmapCells(
+        frame=frame, labels=labels, measure=measure, kind=kind, note=note, binned=binned, query=selected
+    )
 
 
 def position_labels(tokens) -> tuple[str, ...]:
@@ -170,7 +172,13 @@ def position_labels(tokens) -> tuple[str, ...]:
 
 
 def _binned_matrices(
-    analysis: Analysis, layer: int, head: int | None, measure: str, kind: str, edges: np.ndarray, progress: Progress | None = None
+    analysis: Analysis,
+    layer: int,
+    head: int | None,
+    measure: str,
+    kind: str,
+    edges: np.ndarray,
+    progress: Progress | None = None,
 ) -> dict[str, np.ndarray]:
     """[query_bin, key_bin] attention, measure and contribution: the mean over a bin's queries of the sum over
     a bin's keys (attention rows still sum to 1), read in the layer's row blocks (:meth:`cwviz.Analysis.row_blocks`;
@@ -180,7 +188,8 @@ def _binned_matrices(
     out = {name: np.zeros((count, count)) for name in ("attention", "value", "contribution")}
     bin_of_row = np.searchsorted(edges, np.arange(t), side="right") - 1
     for start, stop, m in analysis.row_blocks(layer):
-        mats = _layer_matrices(m, head, measure, kind)  # (rows, keys): a causal block holds the keys 0..stop-1 it can see
+        # (rows, keys): a causal block holds the keys 0..stop-1 it can see
+        mats = _layer_matrices(m, head, measure, kind)
         bins = int(np.searchsorted(edges, mats["attention"].shape[1]))  # the key bins that start among those keys
         for name in out:
             key_sums = np.add.reduceat(mats[name].astype(np.float64), edges[:bins], axis=1)  # (rows, key bins)
@@ -231,14 +240,22 @@ def head_summary(analysis: Analysis, progress: Progress | None = None) -> pd.Dat
       to 1, so it is at least the share that moves);
     * ``output_norm``: mean head output norm ‖o_i^h‖ (the head's write, before the output-projection bias).
 
-    Intra-head contributions are used because, like attention, they sum to 1 in every head.
-    ``progress(done, layers)`` (:mod:`cwviz.core.util.progress`) is called after each layer. Each layer is read
-    in blocks of query rows (:meth:`cwviz.Analysis.row_blocks`) that are reduced as they go, so the working memory is O(block x T), not the layer's T x T maps.
+    Intra-head contributions are used because, like attention, they sum to 1 in every head. ``progress(done, layers)``
+    (:mod:`cwviz.core.util.progress`) is called after each layer. Each layer is read in blocks of query rows
+    (:meth:`cwviz.Analysis.row_blocks`) that are reduced as they go, so the working memory is O(block x T), not the
+    layer's T x T maps.
     """
     heads = analysis.num_heads
     first = _queries_after_first(analysis).start
     count = analysis.num_tokens - first
-    columns: dict[str, list] = {"layer": [], "head": [], "sink_attention": [], "sink_contribution": [], "divergence": [], "output_norm": []}
+    columns: dict[str, list] = {
+        "layer": [],
+        "head": [],
+        "sink_attention": [],
+        "sink_contribution": [],
+        "divergence": [],
+        "output_norm": [],
+    }
     with torch.inference_mode():
         for layer in counted(range(analysis.num_layers), analysis.num_layers, progress):
             # Row blocks, reduced as they go: [head, block, T] at a time, never the whole [head, T, T].
@@ -277,7 +294,9 @@ def keys_seen_by(analysis: Analysis, query: int, layer: int | None = None) -> np
     return np.arange(query + 1 if analysis.bundle.arch.causal else analysis.num_tokens)
 
 
-def decomposition(analysis: Analysis, layer: int, query: int, head: int | None = None, kind: str = "inter") -> pd.DataFrame:
+def decomposition(
+    analysis: Analysis, layer: int, query: int, head: int | None = None, kind: str = "inter"
+) -> pd.DataFrame:
     """The factors of each key's contribution to ``query``: one row per head and key.
 
     contribution = attention x norm_ratio x cosine, where norm_ratio = value_norm / output_norm and
@@ -291,7 +310,11 @@ def decomposition(analysis: Analysis, layer: int, query: int, head: int | None =
     heads = range(analysis.num_heads) if head is None else [analysis.check_head(head)]
     keys = keys_seen_by(analysis, query, layer)
     ratio, cosine = _numpy(m.norm_ratio(kind)[:, 0]), _numpy(m.cosine(kind)[:, 0])
-    contribution, attention, value_norm = _numpy(m.contribution(kind)[:, 0]), _numpy(m.attention[:, 0]), _numpy(m.value_norm)
+    contribution, attention, value_norm = (
+        _numpy(m.contribution(kind)[:, 0]),
+        _numpy(m.attention[:, 0]),
+        _numpy(m.value_norm),
+    )
     if kind == "inter":
         output_norm = np.full(analysis.num_heads, float(m.output_norm[0]))
     else:
@@ -318,7 +341,13 @@ def decomposition(analysis: Analysis, layer: int, query: int, head: int | None =
 
 
 def token_factors(
-    analysis: Analysis, layer: int, query: int, head: int | None, kind: str = "inter", top: int = TOP_KEYS, also: int | None = None
+    analysis: Analysis,
+    layer: int,
+    query: int,
+    head: int | None,
+    kind: str = "inter",
+    top: int = TOP_KEYS,
+    also: int | None = None,
 ) -> TokenFactors:
     """contribution = attention × norm_ratio × cosine for each key of ``query`` (one head).
 
@@ -357,7 +386,9 @@ def token_factors(
         var_name="factor",
         value_name="value",
     )
-    shown = f"all {n} keys" if n <= top else f"the {top} of {n} keys with the largest |contribution| plus the first token"
+    shown = (
+        f"all {n} keys" if n <= top else f"the {top} of {n} keys with the largest |contribution| plus the first token"
+    )
     shown += ", sorted by contribution (largest on top)"
     note = f"layer {layer}, {who}, query {query} {analysis.tokens[query]!r}, {kind}-head; {shown}"
     return TokenFactors(frame=frame, wide=wide, factors=factors, note=note)

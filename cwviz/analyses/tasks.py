@@ -65,9 +65,14 @@ class Item:
     def __post_init__(self) -> None:
         if len(self.contexts) != len(self.continuations) or len(self.contexts) < 2:
             raise InputError(
-                f"an item needs two or more choices, a context and a continuation each; got {len(self.contexts)} and {len(self.continuations)}"
+                f"an item needs two or more choices, a context and a continuation each; got {len(self.contexts)} and "
+                f"{len(self.continuations)}"
             )
-        if isinstance(self.answer, bool) or not isinstance(self.answer, int) or not 0 <= self.answer < len(self.contexts):
+        if (
+            isinstance(self.answer, bool)
+            or not isinstance(self.answer, int)
+            or not 0 <= self.answer < len(self.contexts)
+        ):
             raise InputError(f"an item's answer is a choice's index 0..{len(self.contexts) - 1}, not {self.answer!r}")
 
     @property
@@ -102,7 +107,11 @@ def mmlu_item(row: dict, where: str) -> Item:
     if not 0 <= answer < len(choices):
         raise InputError(f"{where}: 'answer' {answer} is not a choice's index (0..{len(choices) - 1})")
     subject = _field(row, "subject", str, where) if row.get("subject") is not None else None
-    head = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n" if subject else ""
+    head = (
+        f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
+        if subject
+        else ""
+    )
     options = "".join(f"{LETTERS[k]}. {choice}\n" for k, choice in enumerate(choices))
     context = f"{head}{question.strip()}\n{options}Answer:"
     return Item((context,) * len(choices), tuple(f" {LETTERS[k]}" for k in range(len(choices))), answer)
@@ -134,7 +143,11 @@ def winogrande_item(row: dict, where: str) -> Item:
     return Item(tuple(sentence[:blank] + option for option in options), (rest, rest), int(str(answer).strip()) - 1)
 
 
-READERS: dict[str, Callable[[dict, str], Item]] = {"mmlu": mmlu_item, "boolq": boolq_item, "winogrande": winogrande_item}
+READERS: dict[str, Callable[[dict, str], Item]] = {
+    "mmlu": mmlu_item,
+    "boolq": boolq_item,
+    "winogrande": winogrande_item,
+}
 
 
 def item_of(task: str, row: object, where: str) -> Item:
@@ -177,7 +190,9 @@ def choice_ids(bundle: Bundle, context: str, continuation: str, max_tokens: int)
     whole = list(bundle.tokenizer(context + continuation, add_special_tokens=True)["input_ids"])
     start = len(bundle.tokenizer(context, add_special_tokens=True)["input_ids"])
     if start >= len(whole) or start < 1:
-        raise InputError(f"the continuation {continuation!r} gives no tokens of its own after its context; check the item")
+        raise InputError(
+            f"the continuation {continuation!r} gives no tokens of its own after its context; check the item"
+        )
     cut = max(0, len(whole) - max_tokens)
     if start - cut < 1:
         return None
@@ -203,7 +218,9 @@ def run_item(bundle: Bundle, item: Item, protocol: Protocol = Protocol(), exampl
         logprobs = masked_logprobs(bundle, analysis, protocol, example)
         clean = analysis.next_token_logprobs
         # logprobs[t] is log p(token t+1 | ..t): the continuation's tokens start..T-1 are entries start-1..T-2
-        scores[choice] = [clean[start - 1 :].sum(dtype=np.float64)] + [logprobs[run][start - 1 :].sum(dtype=np.float64) for run in runs]
+        scores[choice] = [clean[start - 1 :].sum(dtype=np.float64)] + [
+            logprobs[run][start - 1 :].sum(dtype=np.float64) for run in runs
+        ]
         if choice == item.answer:  # the perplexities are those of the correct choice's sequence
             table = runs_table(protocol, example, analysis, logprobs)
     correct = (scores.argmax(axis=0) == item.answer).astype(int)  # (clean + runs,); first best on ties
@@ -235,7 +252,9 @@ def item_text(example: str | Item) -> str:
     return example if isinstance(example, str) else example.text
 
 
-def example_compute(bundle: Bundle, examples: Sequence, protocol: Protocol, task: str = "text", **options) -> Callable[[int], dict]:
+def example_compute(
+    bundle: Bundle, examples: Sequence, protocol: Protocol, task: str = "text", **options
+) -> Callable[[int], dict]:
     """``compute(index)`` for :func:`cwviz.analyses.sweep.run`: example ``index`` of ``examples`` (texts, or a task's
     items) through the one example loop (:func:`cwviz.analyses.faithfulness.iter_examples`, :func:`iter_items`;
     ``options``: their ``guard`` and ``progress``), as a faithfulness record's payload."""

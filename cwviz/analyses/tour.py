@@ -3,16 +3,24 @@
 The tour tells docs/METHOD.md's story on whatever model and prompt the user analysed, so nothing here is a
 constant: every pick is an arg-max or arg-min over the analysis's own tables.
 
-| pick | rule | read from |
-|---|---|---|
-| layer | where attention overstates the sink most: the largest layer-level sink share under attention minus under contribution | :func:`cwviz.analyses.sinks.sink_layer_summary` |
-| head | in that layer, the head with the largest sink attention (mean over queries 1..T-1) | :func:`cwviz.analyses.tables.head_summary` |
-| negative key | in that head, the (query, key) cell with the most negative intra-head contribution, the sink column and queries that see one key only left out; if none is negative there, the most negative cell of any head of the layer | the layer, read in row blocks |
-| anti-aligned head | the most negative mean cos(ṽ_sink, m) among heads whose mean sink ratio is at least the median over heads | :func:`cwviz.analyses.sinks.sink_head_summary` |
-| encoder layer | where the first token ([CLS]) takes the largest share of attention | :func:`cwviz.analyses.sinks.sink_layer_summary` |
-| flow tokens (step 8) | the input tokens with the largest and the most negative signed total toward the model's top next token | :func:`cwviz.flow` |
+The picks, each with the table it is read from:
 
-The sink is the first position (docs/METHOD.md section 4; :data:`cwviz.core.defaults.DEFAULT_SINK`), as on the Sinks page's default.
+- **layer**: where attention overstates the sink most: the largest layer-level sink share under attention minus under
+  contribution (read from :func:`cwviz.analyses.sinks.sink_layer_summary`)
+- **head**: in that layer, the head with the largest sink attention (mean over queries 1..T-1) (read from
+  :func:`cwviz.analyses.tables.head_summary`)
+- **negative key**: in that head, the (query, key) cell with the most negative intra-head contribution, the sink column
+  and queries that see one key only left out; if none is negative there, the most negative cell of any head of the layer
+  (read from the layer, read in row blocks)
+- **anti-aligned head**: the most negative mean cos(ṽ_sink, m) among heads whose mean sink ratio is at least the median
+  over heads (read from :func:`cwviz.analyses.sinks.sink_head_summary`)
+- **encoder layer**: where the first token ([CLS]) takes the largest share of attention (read from
+  :func:`cwviz.analyses.sinks.sink_layer_summary`)
+- **flow tokens (step 8)**: the input tokens with the largest and the most negative signed total toward the model's top
+  next token (read from :func:`cwviz.flow`)
+
+The sink is the first position (docs/METHOD.md section 4; :data:`cwviz.core.defaults.DEFAULT_SINK`), as on the Sinks
+page's default.
 
 The numbers of steps 6 and 7 (:class:`Removal`, :class:`Encoder`) are kept here too. What each step says about these
 numbers, its sentences and the named facts they print, is :mod:`cwviz.analyses.tour_story`'s job.
@@ -176,7 +184,9 @@ def sink_head(summary: pd.DataFrame, layer: int) -> tuple[int, float]:
     return int(row["head"]), float(row["sink_attention"])
 
 
-def negative_key(analysis: Analysis, layer: int, head: int | None, kind: str = KIND, sink: int = DEFAULT_SINK) -> NegativeKey | None:
+def negative_key(
+    analysis: Analysis, layer: int, head: int | None, kind: str = KIND, sink: int = DEFAULT_SINK
+) -> NegativeKey | None:
     """The (query, key) of ``head`` in ``layer`` (None: of any head of the layer) with the most negative ``kind``
     contribution.
 
@@ -243,7 +253,8 @@ def anti_aligned_head(heads: pd.DataFrame) -> AntiAligned | None:
 
 
 def _negative(analysis: Analysis, layer: int, head: int) -> NegativeKey | None:
-    """The most negative key of ``head``; where that head has none, of the layer's head that has the most negative one."""
+    """The most negative key of ``head``; where that head has none, of the layer's head that has the most negative
+    one."""
     pick = negative_key(analysis, layer, head)
     if pick is not None and pick.contribution >= 0:
         other = negative_key(analysis, layer, None)
@@ -253,8 +264,9 @@ def _negative(analysis: Analysis, layer: int, head: int) -> NegativeKey | None:
 
 def plan(analysis: Analysis, summary: pd.DataFrame, layers: pd.DataFrame, heads: pd.DataFrame) -> TourPlan:
     """Every pick of the tour (:class:`TourPlan`) from an analysis and its tables, the sink at position
-    :data:`~cwviz.core.defaults.DEFAULT_SINK`: ``summary`` from :func:`cwviz.analyses.tables.head_summary`, ``layers`` and ``heads`` from
-    :func:`cwviz.analyses.sinks.sink_layer_summary` and :func:`~cwviz.analyses.sinks.sink_head_summary`."""
+    :data:`~cwviz.core.defaults.DEFAULT_SINK`: ``summary`` from :func:`cwviz.analyses.tables.head_summary`, ``layers``
+    and ``heads`` from :func:`cwviz.analyses.sinks.sink_layer_summary` and
+    :func:`~cwviz.analyses.sinks.sink_head_summary`."""
     layer = overstated_layer(layers)
     if layer is None:  # no query sees a key besides the sink: the layer whose heads attend to it most
         means = summary.groupby("layer")["sink_attention"].mean()
@@ -295,7 +307,9 @@ def flow_story(flow: Flow) -> FlowStory:
     best, worst = int(totals.argmax()), int(totals.argmin())
     support = (best, flow.token_strings[best], float(totals[best]))
     against = (worst, flow.token_strings[worst], float(totals[worst])) if totals[worst] < 0 else None
-    return FlowStory(flow.target_token, flow.frozen_logit_difference, support, against, float(totals[DEFAULT_SINK]), flow.encoder)
+    return FlowStory(
+        flow.target_token, flow.frozen_logit_difference, support, against, float(totals[DEFAULT_SINK]), flow.encoder
+    )
 
 
 @dataclass(frozen=True)

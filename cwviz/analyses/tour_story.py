@@ -2,8 +2,8 @@
 
 The steps (:func:`step1` ... :func:`step8`, :func:`story`) read the picks of :mod:`cwviz.analyses.tour`
 (:class:`~cwviz.analyses.tour.TourPlan`, :class:`~cwviz.analyses.tour.FlowStory`, :class:`~cwviz.analyses.tour.Removal`,
-:class:`~cwviz.analyses.tour.Encoder`) and print each number as a named fact (:data:`FACTS`, :class:`Fact`): one format a
-fact, so that two steps that state the same fact print it alike (and so do the bars beside step 3,
+:class:`~cwviz.analyses.tour.Encoder`) and print each number as a named fact (:data:`FACTS`, :class:`Fact`): one format
+a fact, so that two steps that state the same fact print it alike (and so do the bars beside step 3,
 :func:`scale_table`), and a sentence that refers to another step for a number names the fact it cites (:class:`Cite`),
 which tests/analyses/test_tour.py checks against what that step shows.
 """
@@ -23,10 +23,16 @@ from .tour import Encoder, FlowStory, HeadScale, NegativeKey, Removal, TourPlan
 #: print it alike. A fact's subject says what it is of (model, layer, head, query, key), see :class:`Fact`.
 FACTS: dict[str, tuple[str, str]] = {
     "layer_attention": ("the first token's share of a layer's attention, averaged over heads and queries", ".0%"),
-    "layer_share": ("the first token's share of a layer's output, all heads, averaged over queries (inter-head)", ".0%"),
+    "layer_share": (
+        "the first token's share of a layer's output, all heads, averaged over queries (inter-head)",
+        ".0%",
+    ),
     "head_attention": ("the first token's share of one head's attention, averaged over queries", ".0%"),
     "head_share": ("the first token's share of one head's output for one query (intra-head contribution)", ".0%"),
-    "head_layer_share": ("the first token's share of the layer's output through one head, for one query (inter-head)", ".0%"),
+    "head_layer_share": (
+        "the first token's share of the layer's output through one head, for one query (inter-head)",
+        ".0%",
+    ),
     "head_norm": ("the length ‖o^h‖ of one head's output for one query", ".1f"),
     "layer_norm": ("the length ‖o‖ of the layer's output for one query", ".1f"),
     "key_attention": ("one key's attention weight in one head for one query", ".3f"),
@@ -37,7 +43,10 @@ FACTS: dict[str, tuple[str, str]] = {
     "minimising_ratio": ("the sink ratio at which a head's output is shortest", ".0%"),
     "perplexity": ("the perplexity of the prompt (clean, or with the sink's value removed)", ".1f"),
     "norm_change": ("the mean change of the head outputs' length when the sink's value is removed", "+.2f"),
-    "cone_change": ("the mean change of the head outputs' mean pairwise cosine when the sink's value is removed", "+.3f"),
+    "cone_change": (
+        "the mean change of the head outputs' mean pairwise cosine when the sink's value is removed",
+        "+.3f",
+    ),
     "logit": ("the logit of the model's most likely next word, as the flow splits it", "+.2f"),
     "flow_total": ("one input token's signed flow total toward the prediction, over every layer and head", "+.2f"),
 }
@@ -87,10 +96,10 @@ def scale_table(scale: HeadScale, layer: int, head: int) -> pd.DataFrame:
     """The absolute scale of ``scale`` (:class:`~cwviz.analyses.tour.HeadScale`, of ``head`` in ``layer``) as four bars,
     in the model's stream (lengths of d_model vectors), top to bottom: the head's output ‖o^h‖, the sink's part of it
     (c_intra ‖o^h‖, the length of α ṽ_sink along o^h), the layer's output ‖o‖ and the sink's part of it through this
-    head (c_inter ‖o‖). Its labels print the shares as the steps' sentences do (:data:`FACTS`). Columns: ``row`` (0..3), ``part``
-    ("output" or "first token"), ``length``, ``share`` (a sink part's share of the output above it; 1 for an
-    output), ``text`` (the bar's length, and for a part its share as the tour's sentence prints it: a label on an
-    axis of lengths states a length) and ``label`` (the bar's name and that text: what the chart writes beside it)."""
+    head (c_inter ‖o‖). Its labels print the shares as the steps' sentences do (:data:`FACTS`). Columns: ``row`` (0..3),
+    ``part`` ("output" or "first token"), ``length``, ``share`` (a sink part's share of the output above it; 1 for an
+    output), ``text`` (the bar's length, and for a part its share as the tour's sentence prints it: a label on an axis
+    of lengths states a length) and ``label`` (the bar's name and that text: what the chart writes beside it)."""
     head_part, layer_part = scale.sink_intra * scale.head_norm, scale.sink_inter * scale.layer_norm
     rows = [
         (f"head {head}", "output", scale.head_norm, 1.0, f"‖o‖ = {scale.head_norm:.1f}"),
@@ -175,11 +184,15 @@ def step3(plan: TourPlan, label: Label) -> Step:
     scale = neg.scale
     if scale is not None:
         what = _what(neg, plan.model, layer)
-        head_share, layer_share = Fact("head_share", what, scale.sink_intra), Fact("head_layer_share", what, scale.sink_inter)
+        head_share, layer_share = (
+            Fact("head_share", what, scale.sink_intra),
+            Fact("head_layer_share", what, scale.sink_inter),
+        )
         states += [head_share, layer_share]
         if not scale.sink_dominates:
             text += (
-                f" Here the first token makes {head_share.text} of this head's output for the query, and {layer_share.text} "
+                f" Here the first token makes {head_share.text} of this head's output for the query, and "
+                f"{layer_share.text} "
                 "of the layer's output through this head."
             )
         else:
@@ -197,9 +210,12 @@ def step3(plan: TourPlan, label: Label) -> Step:
             overall = Fact("layer_share", (plan.model, layer), plan.layer.contribution_share)
             cites.append(Cite(overall, 2))
             text += (
-                f" Both pictures are true: the first token makes {head_share.text} of this head's output, {part} (its red "
-                f"column), but {why}, so through this head it adds only {layer_share.text} of the layer's output for this "
-                f"query. Step 2's {overall.text} is its share of layer {layer}'s output over all heads and queries; the "
+                f" Both pictures are true: the first token makes {head_share.text} of this head's output, {part} (its "
+                "red "
+                f"column), but {why}, so through this head it adds only {layer_share.text} of the layer's output for "
+                "this "
+                f"query. Step 2's {overall.text} is its share of layer {layer}'s output over all heads and queries; "
+                "the "
                 "bars below show the lengths."
             )
     return Step(3, text, tuple(states), tuple(cites))
@@ -217,7 +233,8 @@ def step4(plan: TourPlan, label: Label) -> Step:
     )
     attention, ratio, cosine, contribution = facts
     text = (
-        f"Every contribution is the product of three numbers, drawn here for query {label(neg.query)} in head {neg.head} "
+        f"Every contribution is the product of three numbers, drawn here for query {label(neg.query)} in head "
+        f"{neg.head} "
         f"of layer {layer}: the attention, the norm ratio (how long the key's projected value is compared with the "
         f"head's output) and the cosine (its direction). For key {label(neg.key)}: {attention.text} × {ratio.text} × "
         f"{cosine.text} = {contribution.text} (▶, outlined). Only the cosine can be negative, so it alone decides the "
@@ -227,7 +244,9 @@ def step4(plan: TourPlan, label: Label) -> Step:
     if neg.scale is not None:
         share = Fact("head_share", _what(neg, plan.model, layer), neg.scale.sink_intra)
         cites = (Cite(share, 3),)
-        text += f" The first token's bars are purple; its contribution is {share.text} of this head's output, as in step 3."
+        text += (
+            f" The first token's bars are purple; its contribution is {share.text} of this head's output, as in step 3."
+        )
     return Step(4, text, facts, cites)
 
 
@@ -261,7 +280,10 @@ def step6(removal: Removal) -> Step:
             " (the model predicts the text worse). " if worse else ". "
         )
     else:
-        effect = f"Perplexity needs a causal language model, and {removal.model} is an encoder: only its head outputs are compared. "
+        effect = (
+            f"Perplexity needs a causal language model, and {removal.model} is an encoder: only its head outputs are "
+            "compared. "
+        )
     text = (
         f"Here the first token's value is set to zero in every layer (λ = 0), its attention left as it was. {effect}"
         f"Head outputs change length by {norm.text} on average, and their mean pairwise cosine by {cone.text}: "
@@ -296,8 +318,10 @@ def step8(plan: TourPlan, story: FlowStory, layers: int, label: Label, quote: Qu
     states, cites = [support], []
     if story.encoder:
         text = (
-            f"An encoder predicts no next token, so here the final representation of {label(0)} is followed back through "
-            f"all {layers} layers and split into a signed share from every input token (with the biases they add up to 1)."
+            f"An encoder predicts no next token, so here the final representation of {label(0)} is followed back "
+            "through "
+            f"all {layers} layers and split into a signed share from every input token (with the biases they add up to "
+            "1)."
         )
     else:
         logit = Fact("logit", target, story.logit)

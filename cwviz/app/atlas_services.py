@@ -1,5 +1,6 @@
-"""Streamlit caching for the Atlas page: an atlas run (:func:`cwviz.analyses.atlas.run` of the prompts of a file,
-one forward pass each through the one runner, a bar with the prompt in progress and an estimate) and a saved one reloaded."""
+"""Streamlit caching for the Atlas page: an atlas run (:func:`cwviz.analyses.atlas.run` of the prompts of a file, one
+forward pass each through the one runner, a bar with the prompt in progress and an estimate) and a saved one
+reloaded."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from . import hosting, links, run_services, services
 
 #: Most prompts the page pools (each costs a forward pass); the CLI has no limit.
 MAX_PROMPTS = 64
-SOURCES = {"gsm8k": "GSM8K sample (ships with cwviz)", "path": "a JSONL file on the server", "saved": "saved results (a folder)"}
+SOURCES = {
+    "gsm8k": "GSM8K sample (ships with cwviz)",
+    "path": "a JSONL file on the server",
+    "saved": "saved results (a folder)",
+}
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
@@ -27,7 +32,9 @@ def run_atlas(model: str, device: str, dtype: str, source: str, path: str, n: in
         file = gsm8k_path()
     elif source == "path":
         if not path.strip():
-            raise InputError("give the path of a JSONL file (one prompt a line: 'text', or GSM8K's 'question' and 'answer')")
+            raise InputError(
+                "give the path of a JSONL file (one prompt a line: 'text', or GSM8K's 'question' and 'answer')"
+            )
         hosting.policy_from_env().check_server_file(path)
         file = Path(path.strip())
     else:
@@ -47,13 +54,15 @@ def run_atlas(model: str, device: str, dtype: str, source: str, path: str, n: in
 
 @st.cache_data(max_entries=4, show_spinner="Loading the saved atlas…")
 def load_atlas(folder: str, stamp: float) -> atlas.Atlas:
-    """The atlas saved in ``folder`` (``stamp``: its manifest's modification time, so a rewritten folder is read again)."""
+    """The atlas saved in ``folder`` (``stamp``: its manifest's modification time, so a rewritten folder is read
+    again)."""
     hosting.policy_from_env().check_server_file(folder)
     return atlas.load(folder)
 
 
 def stamp(folder: str) -> float:
-    """The modification time of ``folder``'s manifest, 0 when there is none (:func:`load_atlas` then says what is missing)."""
+    """The modification time of ``folder``'s manifest, 0 when there is none (:func:`load_atlas` then says what is
+    missing)."""
     manifest = Path(folder.strip()) / atlas.FILES["manifest"]
     return manifest.stat().st_mtime if manifest.is_file() else 0.0
 

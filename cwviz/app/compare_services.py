@@ -30,7 +30,9 @@ def default_prompt_b(text_a: str) -> str:
 
 def request_b(request_a: services.Request, text: str, model: str = "") -> services.Request:
     """Input B: ``text`` on ``model`` (empty: A's model), with A's device, dtype and tokens to generate."""
-    return services.Request(model.strip() or request_a.model, request_a.device, request_a.dtype, text, request_a.generate)
+    return services.Request(
+        model.strip() or request_a.model, request_a.device, request_a.dtype, text, request_a.generate
+    )
 
 
 @st.cache_resource(show_spinner=False, max_entries=6, ttl=3600)
@@ -69,5 +71,6 @@ def head_changes(request_a: services.Request, request_b: services.Request) -> pd
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def logprob_changes(request_a: services.Request, request_b: services.Request) -> pd.DataFrame:
-    """Next-token log-probabilities of A and B at each aligned position (:func:`cwviz.analyses.compare.logprob_changes`)."""
+    """Next-token log-probabilities of A and B at each aligned position
+    (:func:`cwviz.analyses.compare.logprob_changes`)."""
     return compare.logprob_changes(comparison(request_a, request_b))

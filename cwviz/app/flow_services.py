@@ -111,7 +111,9 @@ def choose(request: services.Request, position: int, target: str = "", foil: str
                     foil_refused = str(err)
                 wanted_foil = following  # the next top token; one equal to the target is refused in turn
             elif err.argument == "target" and isinstance(wanted_target, str):
-                problems.append(f"{err}; showing the model's top next token {_token(request, position, None)!r} instead")
+                problems.append(
+                    f"{err}; showing the model's top next token {_token(request, position, None)!r} instead"
+                )
                 wanted_target = None
             else:
                 raise
@@ -172,7 +174,9 @@ def methods(request: services.Request) -> tuple[MethodChoice, ...]:
         if why is None and method.needs_logits and not bundle.has_logits:
             why = "it needs next-token logits; this model is an encoder"
         intervention = method.intervention
-        out.append(MethodChoice(name, method.label, method.description, method.signed, method.has_edges, why, intervention))
+        out.append(
+            MethodChoice(name, method.label, method.description, method.signed, method.has_edges, why, intervention)
+        )
     return tuple(out)
 
 
@@ -186,14 +190,18 @@ def get_request(request: services.Request, position: int, target: int | None, fo
 
 
 @st.cache_resource(show_spinner="Attributing the prediction…", max_entries=ATTRIBUTION_ENTRIES, ttl=3600)
-def get_attribution(request: services.Request, position: int, target: int | None, foil: int | None, method: str) -> attribution.Attribution:
+def get_attribution(
+    request: services.Request, position: int, target: int | None, foil: int | None, method: str
+) -> attribution.Attribution:
     """``method``'s attribution of the flow on screen (:func:`cwviz.core.method.attribution.run`). InputError where the
     method does not run on the model."""
     return attribution.run(attribution.check_method(method), get_request(request, position, target, foil))
 
 
 @st.cache_resource(show_spinner=False, max_entries=2 * ATTRIBUTION_ENTRIES, ttl=3600)
-def get_route(request: services.Request, position: int, target: int | None, foil: int | None, method: str, kept: float) -> route.Route:
+def get_route(
+    request: services.Request, position: int, target: int | None, foil: int | None, method: str, kept: float
+) -> route.Route:
     """The route of :func:`get_attribution` at the kept fraction ``kept`` (:func:`cwviz.analyses.route.of`, the
     builder ``cwviz flow`` exports with), cached: a click on a node or a head reruns the page and draws it again
     without routing (about 0.1 s at 280 tokens)."""
@@ -234,13 +242,21 @@ def faithfulness_sentence(table: pd.DataFrame, models: tuple[str, ...], method: 
     row may give it, the dashboard's and the model's id), on ``intervention``: its primary ρ (|score| against |effect|,
     1 a perfect ranking, 0 none) with the interval, and for a signed method the share of its top-3 tokens whose sign
     was the knockout's. A model or method without a row: a plain sentence saying it was not tested."""
-    rows = table[table["model"].isin(models) & (table["method"] == method.name) & (table["intervention"] == intervention)]
+    rows = table[
+        table["model"].isin(models) & (table["method"] == method.name) & (table["intervention"] == intervention)
+    ]
     stat = {row.statistic: row for row in rows.itertuples(index=False)}
     if "rho" not in stat:
-        return f"This method ({method.label}) was not tested on this model (docs/flow.md: the test ran on SmolLM2 and Gemma 3)."
+        return (
+            f"This method ({method.label}) was not tested on this model (docs/flow.md: the test ran on SmolLM2 and "
+            "Gemma 3)."
+        )
     rho = stat["rho"]
     # one line at 1280 px (the first screen holds it, the graph and the totals): the words are few on purpose
-    said = f"Tested on {int(rho.n)} GSM8K items: ρ {rho.mean:.2f} [{rho.ci_low:.2f}, {rho.ci_high:.2f}] against the {intervention} knockouts' size"
+    said = (
+        f"Tested on {int(rho.n)} GSM8K items: ρ {rho.mean:.2f} [{rho.ci_low:.2f}, {rho.ci_high:.2f}] against the "
+        f"{intervention} knockouts' size"
+    )
     if method.signed and "sign_agreement" in stat:
         said += f"; top-3 signs right {stat['sign_agreement'].mean:.0%}"
     return said + "."
@@ -273,7 +289,9 @@ def _measured_store() -> tuple[dict, threading.Lock]:
     return {}, threading.Lock()
 
 
-def measured(request: services.Request, position: int, target: int | None, foil: int | None, intervention: str) -> Measured | None:
+def measured(
+    request: services.Request, position: int, target: int | None, foil: int | None, intervention: str
+) -> Measured | None:
     """The effects already measured for this flow and intervention (a partial set after a Stop), or None."""
     store, lock = _measured_store()
     with lock:
@@ -281,7 +299,12 @@ def measured(request: services.Request, position: int, target: int | None, foil:
 
 
 def measure(
-    request: services.Request, position: int, target: int | None, foil: int | None, intervention: str, progress: Progress | None = None
+    request: services.Request,
+    position: int,
+    target: int | None,
+    foil: int | None,
+    intervention: str,
+    progress: Progress | None = None,
 ) -> Measured:
     """Every input token's knockout effect (:func:`cwviz.analyses.check.effects`), ``progress(done, total)`` after each
     pass; what is finished is kept after every pass, so a run the page interrupts (its Stop) keeps it."""
@@ -295,14 +318,22 @@ def measure(
             while len(store) > CHECK_ENTRIES:
                 store.pop(next(iter(store)))
 
-    effects, complete = check.effects(get_request(request, position, target, foil), intervention, progress=progress, keep=keep)
+    effects, complete = check.effects(
+        get_request(request, position, target, foil), intervention, progress=progress, keep=keep
+    )
     keep(effects, complete)
     return Measured(effects, complete)
 
 
 @st.cache_data(show_spinner=False, max_entries=CHECK_ENTRIES, ttl=3600)
 def checked(
-    request: services.Request, position: int, target: int | None, foil: int | None, method: str, intervention: str, effects: np.ndarray
+    request: services.Request,
+    position: int,
+    target: int | None,
+    foil: int | None,
+    method: str,
+    intervention: str,
+    effects: np.ndarray,
 ) -> check.Check:
     """``method``'s scores against ``effects`` (the test's statistics: :func:`cwviz.analyses.check.check`)."""
     return check.check(get_request(request, position, target, foil), method, intervention, measured=effects)

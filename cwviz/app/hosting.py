@@ -49,7 +49,9 @@ class Policy:
         if not self.hosted:
             return
         if self.allowed_models is not None and name not in self.allowed_models:
-            raise ModelLoadError(f"model {name!r} is not available on this server; choose one of: {', '.join(self.allowed_models)}")
+            raise ModelLoadError(
+                f"model {name!r} is not available on this server; choose one of: {', '.join(self.allowed_models)}"
+            )
 
     @property
     def server_files(self) -> bool:
@@ -98,7 +100,10 @@ def analysis_slot(policy: Policy) -> Iterator[None]:
         return
     slots = _semaphore(policy.max_concurrent)
     if not slots.acquire(timeout=policy.queue_seconds):
-        raise InputError(f"the server is busy: {policy.max_concurrent} analyses are running (CWVIZ_MAX_CONCURRENT); try again in a moment")
+        raise InputError(
+            f"the server is busy: {policy.max_concurrent} analyses are running (CWVIZ_MAX_CONCURRENT); "
+            "try again in a moment"
+        )
     try:
         yield
     finally:

@@ -27,7 +27,9 @@ def dashboard_dir() -> Path:
     for folder in (PACKAGE / "_dashboard", PACKAGE.parent):
         if (folder / "app.py").is_file() and (folder / "views").is_dir():
             return folder
-    raise CwvizError(f"the dashboard files (app.py, views/) are not beside {PACKAGE}: reinstall cwviz ('pip install \"cwviz[app]\"')")
+    raise CwvizError(
+        f"the dashboard files (app.py, views/) are not beside {PACKAGE}: reinstall cwviz ('pip install \"cwviz[app]\"')"
+    )
 
 
 def config_flags(config: Path) -> list[str]:

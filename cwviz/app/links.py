@@ -1,9 +1,9 @@
 """Links to a dashboard page on a given selection: the URL parameters each page reads, as a relative URL.
 
-A link opened in a new tab starts a fresh session, which reads the sidebar's parameters (:data:`cwviz.app.state.URL_KEYS`)
-and each page picker's own (``measure``, ``kind`` on Heatmaps; ``flow_at``, ``target``, ``foil_on``, ``foil``, ``kept`` on
-Flow; ``token_kind`` on Token; ``sink``, ``lambda``, ``scope`` on Sinks): so a link restores the whole view. The URL is relative to the page showing it, so it works under any
-server base path.
+A link opened in a new tab starts a fresh session, which reads the sidebar's parameters
+(:data:`cwviz.app.state.URL_KEYS`) and each page picker's own (``measure``, ``kind`` on Heatmaps; ``flow_at``,
+``target``, ``foil_on``, ``foil``, ``kept`` on Flow; ``token_kind`` on Token; ``sink``, ``lambda``, ``scope`` on Sinks):
+so a link restores the whole view. The URL is relative to the page showing it, so it works under any server base path.
 """
 
 from __future__ import annotations

@@ -60,5 +60,6 @@ def find(sha: str) -> str | None:
 
 
 def link_params(text: str) -> dict[str, str]:
-    """The URL parameter that names ``text``: ``prompt`` itself when short, else ``prompt_sha`` (kept by :func:`keep`)."""
+    """The URL parameter that names ``text``: ``prompt`` itself when short, else ``prompt_sha`` (kept by
+    :func:`keep`)."""
     return {"prompt": text} if fits_inline(text) else {"prompt_sha": keep(text)}

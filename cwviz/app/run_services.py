@@ -1,10 +1,10 @@
 """The dashboard's runs over many items (the Faithfulness and Claims pages), through the one runner
 (:func:`cwviz.analyses.sweep.run`) in memory, with a progress bar, the shared server's slot and the records kept.
 
-A run's finished records are kept per run (record type, fingerprint, texts) in this server process
-(:func:`store`, ``st.cache_resource``; the Atlas page's too): a page stopped mid-run (its Stop button, or any widget, interrupts the script
-between two Streamlit calls) keeps what is finished, and Run with the same settings resumes from it. The records are
-the CLI's (the same settings, fingerprint, envelope and payload), so they are shared between sessions as any cached
+A run's finished records are kept per run (record type, fingerprint, texts) in this server process (:func:`store`,
+``st.cache_resource``; the Atlas page's too): a page stopped mid-run (its Stop button, or any widget, interrupts the
+script between two Streamlit calls) keeps what is finished, and Run with the same settings resumes from it. The records
+are the CLI's (the same settings, fingerprint, envelope and payload), so they are shared between sessions as any cached
 result is. A page keeps only what it last asked for; the records, the progress and the order are the runner's.
 """
 

@@ -52,8 +52,8 @@ DEFAULT_APP_MAX_TOKENS = 8192
 DEFAULT_APP_MAX_TOKENS_GPU = 32_768
 #: Largest JSON export offered for the whole analysis; beyond it the export covers the selected layer.
 JSON_EXPORT_LIMIT = 40_000_000
-#: The most bytes of residual stream (:func:`~cwviz.core.method.memory.stream_bytes`) an analysis keeps for the Flow page
-#: (``analyze(stream=True)``; SmolLM2-135M up to about 970 tokens): the flow into the last token then runs no pass.
+#: The most bytes of residual stream (:func:`~cwviz.core.method.memory.stream_bytes`) an analysis keeps for the Flow
+#: page (``analyze(stream=True)``; SmolLM2-135M up to about 970 tokens): the flow into the last token then runs no pass.
 STREAM_BYTES = 64 * 2**20
 
 
@@ -77,8 +77,8 @@ class Analyzed:
 
 
 def app_max_tokens(bundle: Bundle | None = None) -> int:
-    """``$CWVIZ_APP_MAX_TOKENS`` (default :data:`DEFAULT_APP_MAX_TOKENS`, or :data:`DEFAULT_APP_MAX_TOKENS_GPU` for
-    a model on a GPU; hosting mode's own default when hosted), never more than the core limit :func:`cwviz.max_tokens`."""
+    """``$CWVIZ_APP_MAX_TOKENS`` (default :data:`DEFAULT_APP_MAX_TOKENS`, or :data:`DEFAULT_APP_MAX_TOKENS_GPU` for a
+    model on a GPU; hosting mode's own default when hosted), never more than the core limit :func:`cwviz.max_tokens`."""
     policy = hosting.policy_from_env()
     on_gpu = bundle is not None and bundle.input_device.type != "cpu"
     default = policy.max_tokens if policy.hosted else DEFAULT_APP_MAX_TOKENS_GPU if on_gpu else DEFAULT_APP_MAX_TOKENS
@@ -227,7 +227,8 @@ def _analyse(request: Request) -> Analyzed:
         text = bundle.tokenizer.decode(ids, skip_special_tokens=True)
     with progress_bar("Analysing the prompt") as progress:
         analysis = analyze(bundle, text, input_ids=ids, progress=progress, stream=keeps_stream(bundle, len(ids)))
-    trim_heap()  # the server lives on between prompts: what the pass freed goes back to the system (cwviz.core.util.heap)
+    # the server lives on between prompts: what the pass freed goes back to the system (cwviz.core.util.heap)
+    trim_heap()
     return Analyzed(analysis, len(prompt_ids))
 
 
@@ -242,12 +243,16 @@ def keeps_stream(bundle: Bundle, tokens: int) -> bool:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def heatmap_cells(request: Request, layer: int, head: int | None, measure: str, kind: str, query: int, view: str) -> tables.HeatmapCells:
+def heatmap_cells(
+    request: Request, layer: int, head: int | None, measure: str, kind: str, query: int, view: str
+) -> tables.HeatmapCells:
     """Tidy heatmap cells of one layer (see :func:`cwviz.analyses.tables.heatmap_cells`)."""
     analysis = get_analysis(request).analysis
     with progress_bar(f"Binning layer {layer}", "query rows") as progress:
         cells = tables.screen_cells(analysis.info.causal)
-        return tables.heatmap_cells(analysis, layer, head, measure, kind, query, view, max_cells=cells, progress=progress)
+        return tables.heatmap_cells(
+            analysis, layer, head, measure, kind, query, view, max_cells=cells, progress=progress
+        )
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -259,7 +264,9 @@ def head_summary(request: Request) -> pd.DataFrame:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def token_factors(request: Request, layer: int, query: int, head: int | None, kind: str, also: int | None = None) -> tables.TokenFactors:
+def token_factors(
+    request: Request, layer: int, query: int, head: int | None, kind: str, also: int | None = None
+) -> tables.TokenFactors:
     """The factors of each key's contribution to one query, the key ``also`` among them (see
     :func:`cwviz.analyses.tables.token_factors`)."""
     return tables.token_factors(get_analysis(request).analysis, layer, query, head, kind, also=also)

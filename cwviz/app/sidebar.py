@@ -106,7 +106,8 @@ COMPACT_CSS = (
 #: (Streamlit's 5 rem took 160 of a projector's 1,280 px; the heatmap pair side by side needs them,
 #: :data:`cwviz.charts.heatmaps.PRESENTER_CONTENT_WIDTH`); and the header band made transparent.
 PRESENTER_CSS = (
-    '[data-testid="stMain"] [data-testid="stWidgetLabel"] p, [data-testid="stMain"] [data-testid="stCaptionContainer"], '
+    '[data-testid="stMain"] [data-testid="stWidgetLabel"] p, [data-testid="stMain"] '
+    '[data-testid="stCaptionContainer"], '
     '[data-testid="stMain"] [data-testid="stCaptionContainer"] p {font-size: 1rem;} '
     '[data-testid="stMainBlockContainer"] {padding-left: 1.5rem; padding-right: 1.5rem; padding-top: 3.25rem;} '
     # Streamlit's header is a white band of 3.75 rem over the top of the page: scrolled to a map, it hid the map's
@@ -197,7 +198,8 @@ def _input_widgets(cur: dict) -> DeltaGenerator:
         min_value=0,
         max_value=MAX_GENERATE,
         step=1,
-        help="Greedily generate this many tokens after the prompt and analyse prompt plus continuation (causal language models only).",
+        help="Greedily generate this many tokens after the prompt and analyse prompt plus continuation (causal "
+        "language models only).",
     )
     return picks
 
@@ -237,11 +239,14 @@ def _analysis_of_inputs(cur: dict) -> tuple[services.Analyzed | None, str | None
     the inputs were edited since, that Analyze shows them."""
     edited = any(cur[f"draft_{name}"] != cur[name] for name in ("model", "device", "dtype", "text", "generate"))
     if edited:
-        st.info("The inputs were edited: press **Analyze** to show them; the maps below are of the last analysed input.")
+        st.info(
+            "The inputs were edited: press **Analyze** to show them; the maps below are of the last analysed input."
+        )
     waiting = st.empty()
     if not services.bundle_loaded(cur["model"], cur["device"], cur["dtype"]):
         waiting.info(
-            f"Loading {model_label(cur['model'])}… A model is loaded once per server; the embedded models are converted "
+            f"Loading {model_label(cur['model'])}… A model is loaded once per server; the embedded models are "
+            "converted "
             "once on a machine's first use (15 to 30 s), later starts take seconds."
         )
     analyzed, error = analyse(cur)

@@ -84,16 +84,22 @@ def pooled_tables(request: services.Request, sink: str, path: str, n: int) -> li
         with services.progress_bar(f"Pooled prompt {index + 1} of {len(texts)}", "layer steps") as progress:
             pooled = analyze(bundle, texts[index], progress=phase(progress, 0, steps))
             position = sinks.resolve_sink(pooled, sink)
-            return SINKS.encode(sinks.sink_table(pooled, position, progress=phase(progress, steps // 2, steps)), position, pooled.tokens)
+            return SINKS.encode(
+                sinks.sink_table(pooled, position, progress=phase(progress, steps // 2, steps)), position, pooled.tokens
+            )
 
     # The records kept in this server process (run_services.kept): a run stopped part-way (the page's Stop) resumes.
-    with services.item_bar(f"Pooling {len(texts)} prompts", len(texts), len(run_services.kept(plan)), "prompt") as progress:
+    with services.item_bar(
+        f"Pooling {len(texts)} prompts", len(texts), len(run_services.kept(plan)), "prompt"
+    ) as progress:
         outcome = sweep.run(plan, compute, progress=progress, store=run_services.kept(plan))
     return [SINKS.decode(record) for record in outcome.records]
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def head_view(request: services.Request, sink: str, pool_path: str, pool_n: int, layer: int, head: int | None) -> HeadView:
+def head_view(
+    request: services.Request, sink: str, pool_path: str, pool_n: int, layer: int, head: int | None
+) -> HeadView:
     """Chart (a)'s data for ``head`` of ``layer`` (arguments as :func:`sink_tables`); for all heads
     (None), the layer's most anti-aligned head."""
     tables = sink_tables(request, sink, pool_path, pool_n)
@@ -124,7 +130,9 @@ def intervention(
     :func:`clean_outputs`): one forward pass a λ, recording nothing."""
     analysis = services.get_analysis(request).analysis
     clean = clean_outputs(request, sink)
-    with services.progress_bar(f"λ = {factor:g}: a forward pass of {analysis.info.id} with the sink's value scaled") as progress:
+    with services.progress_bar(
+        f"λ = {factor:g}: a forward pass of {analysis.info.id} with the sink's value scaled"
+    ) as progress:
         return sink_interventions.intervene_on_sink(analysis, sink, factor, layers, progress=progress, clean=clean)
 
 
@@ -143,14 +151,17 @@ def layerwise_done(request: services.Request, sink: int, factor: float) -> dict[
 
 def layerwise(request: services.Request, sink: int, factor: float) -> pd.DataFrame:
     """:func:`cwviz.analyses.sink_interventions.layerwise_removal` on the sidebar prompt, :data:`LAYERWISE_CHUNK` layers
-    a pass, each pass's perplexities kept as it ends (:func:`layerwise_done`), with a bar saying which layer runs and how long is
-    left. Stopped (any click interrupts the page between passes), it keeps the finished layers and resumes from them."""
+    a pass, each pass's perplexities kept as it ends (:func:`layerwise_done`), with a bar saying which layer runs and
+    how long is left. Stopped (any click interrupts the page between passes), it keeps the finished layers and resumes
+    from them."""
     analysis = services.get_analysis(request).analysis
     done = layerwise_done(request, sink, factor)
     todo = [layer for layer in range(analysis.num_layers) if layer not in done]
     if not todo:
         return sink_interventions.layerwise_table(analysis, [done[layer] for layer in range(analysis.num_layers)])
-    with services.item_bar("ΔPPL with the sink's value scaled, one layer at a time", analysis.num_layers, len(done), "layer") as progress:
+    with services.item_bar(
+        "ΔPPL with the sink's value scaled, one layer at a time", analysis.num_layers, len(done), "layer"
+    ) as progress:
         for start in range(0, len(todo), LAYERWISE_CHUNK):
             chunk = todo[start : start + LAYERWISE_CHUNK]
             perplexities = sink_interventions.removal_perplexity(analysis, [[layer] for layer in chunk], sink, factor)

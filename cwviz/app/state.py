@@ -31,7 +31,8 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 MAX_GENERATE = 64
 _STATE = "_cwviz_state"
 URL_KEYS = ("model", "device", "dtype", "gen", "layer", "head", "token", "prompt")
-#: The parameter that names a long prompt kept on the server instead of the prompt itself (:mod:`cwviz.app.prompt_store`).
+#: The parameter that names a long prompt kept on the server instead of the prompt itself
+#: (:mod:`cwviz.app.prompt_store`).
 PROMPT_SHA = "prompt_sha"
 
 
@@ -88,8 +89,10 @@ def parse_url(params: dict[str, str], cur: dict) -> None:
         kept = prompt_store.find(params[PROMPT_SHA])
         if kept is None:
             notes.append(
-                f"{PROMPT_SHA}={params[PROMPT_SHA][:12]}… in the link names a long prompt this server does not have (it keeps the "
-                "long prompts of its links for a while, on the server that made them); showing the example prompt instead: "
+                f"{PROMPT_SHA}={params[PROMPT_SHA][:12]}… in the link names a long prompt this server does not have "
+                "(it keeps the "
+                "long prompts of its links for a while, on the server that made them); showing the example prompt "
+                "instead: "
                 "paste the prompt into the sidebar"
             )
         else:
@@ -97,7 +100,9 @@ def parse_url(params: dict[str, str], cur: dict) -> None:
     if "gen" in params:
         value = parse_int(params["gen"])
         if value is None or not 0 <= value <= MAX_GENERATE:
-            notes.append(f"gen={params['gen']!r} in the link is not a number of tokens in 0..{MAX_GENERATE}; generating none")
+            notes.append(
+                f"gen={params['gen']!r} in the link is not a number of tokens in 0..{MAX_GENERATE}; generating none"
+            )
         else:
             cur["generate"] = value
     for name in ("layer", "token"):
@@ -222,19 +227,24 @@ def clamp(cur: dict, analysis) -> None:
         clamped = min(max(cur["layer"], 0), last_layer)
         if "layer" in from_url:
             notes.append(
-                f"layer={from_url.pop('layer')} in the link is out of range (this model has layers 0..{last_layer}); showing layer {clamped}"
+                f"layer={from_url.pop('layer')} in the link is out of range (this model has layers 0..{last_layer}); "
+                f"showing layer {clamped}"
             )
         cur["layer"] = clamped
     if cur["head"] is not None and not 0 <= cur["head"] <= last_head:
         if "head" in from_url:
-            notes.append(f"head={from_url.pop('head')} in the link is not a head of this model (0..{last_head}); showing all heads")
+            notes.append(
+                f"head={from_url.pop('head')} in the link is not a head of this model (0..{last_head}); "
+                "showing all heads"
+            )
         cur["head"] = None
     if cur["query"] is None:
         cur["query"] = last_token
     elif not 0 <= cur["query"] <= last_token:
         if "token" in from_url:
             notes.append(
-                f"token={from_url.pop('token')} in the link is out of range (the input has tokens 0..{last_token}); showing the last token"
+                f"token={from_url.pop('token')} in the link is out of range (the input has tokens 0..{last_token}); "
+                "showing the last token"
             )
         cur["query"] = last_token
 
@@ -347,7 +357,11 @@ def _from_link(widget, param, label, options, multi, parse, valid, format_func, 
                 new = [shown[item] for item in items]
                 value, streamlit = (new if multi else new[-1]), True
             else:
-                old = [parse(part) for item in items for part in item.split(",") if part != ""] if multi else parse(raw[-1])
+                old = (
+                    [parse(part) for item in items for part in item.split(",") if part != ""]
+                    if multi
+                    else parse(raw[-1])
+                )
                 if not all(item in options for item in (old if multi else [old])):
                     raise ValueError(raw)
                 value, streamlit = old, False

@@ -36,7 +36,9 @@ def label_px() -> int:
     return heatmaps.PRESENTER_LABEL_PX if presenter() else heatmaps.LABEL_PX
 
 
-def chart(chart_obj, data, name: str, key: str, on_select: str | None = None, selection_mode=None, width: str = "content"):
+def chart(
+    chart_obj, data, name: str, key: str, on_select: str | None = None, selection_mode=None, width: str = "content"
+):
     """Show an Altair chart with PNG, SVG and CSV downloads (rendered only when clicked).
 
     Every chart is shown at its own size (``width="content"``): cwviz's chart builders size their plot
@@ -169,11 +171,25 @@ def downloads(spec: Callable[[], dict], data, name: str, key: str) -> None:
     # A row of buttons each as wide as its label (columns of a share of the width squeezed them to "P." in a half column
     # at 1,280 px); they wrap rather than overflow.
     row = st.container(horizontal=True, gap="small")
-    row.download_button("PNG", data=lambda: rendered("png"), file_name=f"{name}.png", mime="image/png", key=f"{key}_png", on_click="ignore")
     row.download_button(
-        "SVG", data=lambda: rendered("svg"), file_name=f"{name}.svg", mime="image/svg+xml", key=f"{key}_svg", on_click="ignore"
+        "PNG",
+        data=lambda: rendered("png"),
+        file_name=f"{name}.png",
+        mime="image/png",
+        key=f"{key}_png",
+        on_click="ignore",
     )
-    row.download_button("CSV", data=lambda: to_csv(data), file_name=f"{name}.csv", mime="text/csv", key=f"{key}_csv", on_click="ignore")
+    row.download_button(
+        "SVG",
+        data=lambda: rendered("svg"),
+        file_name=f"{name}.svg",
+        mime="image/svg+xml",
+        key=f"{key}_svg",
+        on_click="ignore",
+    )
+    row.download_button(
+        "CSV", data=lambda: to_csv(data), file_name=f"{name}.csv", mime="text/csv", key=f"{key}_csv", on_click="ignore"
+    )
 
 
 def _picked(chart_obj, data, name: str, key: str, param: str) -> dict | None:
@@ -182,7 +198,15 @@ def _picked(chart_obj, data, name: str, key: str, param: str) -> dict | None:
     when it differs from the one remembered under this chart's key."""
     # "stretch": Streamlit sizes the small layer x head grid to the column; at its content size its
     # cells were drawn a fraction of a pixel wide in Chromium and could not be clicked.
-    event = chart(chart_obj, data, name, key, on_select="rerun", selection_mode=param, width="stretch" if param == PICK else "content")
+    event = chart(
+        chart_obj,
+        data,
+        name,
+        key,
+        on_select="rerun",
+        selection_mode=param,
+        width="stretch" if param == PICK else "content",
+    )
     picked = (event.selection.get(param) or [None])[0] if event is not None else None
     if picked and picked != st.session_state.get(f"_{key}_last_pick"):
         st.session_state[f"_{key}_last_pick"] = picked
@@ -212,7 +236,9 @@ def node_graph(chart_obj, data, name: str, key: str, layers: int) -> None:
     picked = _picked(chart_obj, data, name, key, NODE_PICK)
     if picked and "layer" in picked and "position" in picked:
         layer = min(int(picked["layer"]), layers - 1)
-        toast_next_run(f"Selected layer {layer} and query token {int(picked['position'])}: Heatmaps and Token open there.")
+        toast_next_run(
+            f"Selected layer {layer} and query token {int(picked['position'])}: Heatmaps and Token open there."
+        )
         select(layer=layer, query=int(picked["position"]))
 
 
@@ -249,7 +275,9 @@ def query_map(
         row_labels=row_labels,
     )
     spec = _spec(view)
-    event = st.vega_lite_chart(spec=spec, key=f"{key}_map_{which}", width="stretch", on_select="rerun", selection_mode=QUERY_PICK)
+    event = st.vega_lite_chart(
+        spec=spec, key=f"{key}_map_{which}", width="stretch", on_select="rerun", selection_mode=QUERY_PICK
+    )
     picked = (event.selection.get(QUERY_PICK) or [None])[0] if event is not None else None
     if picked and picked != st.session_state.get(f"_{key}_map_{which}_last_pick") and "query_position" in picked:
         st.session_state[f"_{key}_map_{which}_last_pick"] = picked

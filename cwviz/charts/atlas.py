@@ -13,7 +13,9 @@ from .heatmaps import summary_scale
 SIGNED = ("cos_sink_rest", "sink_contribution")
 
 
-def atlas_map(pooled: pd.DataFrame, metric: str = "sink_attention", layer: int | None = None, head: int | None = None) -> alt.LayerChart:
+def atlas_map(
+    pooled: pd.DataFrame, metric: str = "sink_attention", layer: int | None = None, head: int | None = None
+) -> alt.LayerChart:
     """Every layer × head coloured by the pooled mean of ``metric``; the tooltip gives its bootstrap interval.
     Click a cell to pick the head (:data:`~cwviz.charts.head_grid.PICK`); the selected head is outlined."""
     if metric not in ATLAS_METRICS:

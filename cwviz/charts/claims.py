@@ -37,12 +37,18 @@ def forest(rows: pd.DataFrame) -> alt.VConcatChart:
     verdict; claim 1's ties by construction in a panel of their own, after claim 1's."""
     missing = [c for c in COLUMNS if c not in rows.columns]
     if missing:
-        raise ValueError(f"the verdict rows need columns {', '.join(missing)}; give cwviz.analyses.claims.verdict_rows(table)")
+        raise ValueError(
+            f"the verdict rows need columns {', '.join(missing)}; give cwviz.analyses.claims.verdict_rows(table)"
+        )
     data = rows[COLUMNS].copy()
     verdicts = list(VERDICT_COLOURS)
     legend = alt.Legend(orient="top", title="verdict")
-    colour = alt.Color("verdict:N", scale=alt.Scale(domain=verdicts, range=[VERDICT_COLOURS[v] for v in verdicts]), legend=legend)
-    shape = alt.Shape("verdict:N", scale=alt.Scale(domain=verdicts, range=[VERDICT_SHAPES[v] for v in verdicts]), legend=legend)
+    colour = alt.Color(
+        "verdict:N", scale=alt.Scale(domain=verdicts, range=[VERDICT_COLOURS[v] for v in verdicts]), legend=legend
+    )
+    shape = alt.Shape(
+        "verdict:N", scale=alt.Scale(domain=verdicts, range=[VERDICT_SHAPES[v] for v in verdicts]), legend=legend
+    )
     tooltip = [
         alt.Tooltip("label:N", title="row"),
         alt.Tooltip("statistic:N"),
@@ -72,7 +78,9 @@ def forest(rows: pd.DataFrame) -> alt.VConcatChart:
             alt.layer(lines, bars, dots).properties(
                 width=WIDTH,
                 height=ROW_HEIGHT * max(1, len(group)),
-                title=alt.TitleParams(TIES_TITLE if tied else TITLES.get(int(claim), f"claim {claim}"), anchor="start", fontSize=12),
+                title=alt.TitleParams(
+                    TIES_TITLE if tied else TITLES.get(int(claim), f"claim {claim}"), anchor="start", fontSize=12
+                ),
             )
         )
     return alt.vconcat(*panels, spacing=8).resolve_scale(x="independent", color="shared", shape="shared")

@@ -34,8 +34,8 @@ from .heatmaps import (
 )
 from .palette import NEGATIVE, OUTLINE, POSITIVE, RULE
 
-#: Most aligned keys for which A, B and B − A stand in one row (``layout="auto"`` or ``"side"``); up to
-#: :data:`TWO_UP` keys A and B stand side by side above the difference; beyond, the three are stacked (docs/dashboard.md).
+#: Most aligned keys for which A, B and B − A stand in one row (``layout="auto"`` or ``"side"``); up to :data:`TWO_UP`
+#: keys A and B stand side by side above the difference; beyond, the three are stacked (docs/dashboard.md).
 THREE_UP = 16
 TWO_UP = 32
 #: Pixels the first map of a row adds to its plot area: its row labels ("12 lighthouse / 12 keeper", cut at
@@ -61,15 +61,18 @@ def _extent(count: int) -> int:
 
 
 def per_row(keys: int, layout: str = "auto") -> int:
-    """How many of A, B and B − A share a row for ``keys`` aligned keys under ``layout`` (:data:`~cwviz.charts.heatmaps.LAYOUTS`): 3 (one
-    row) up to :data:`THREE_UP` keys, 2 (A and B above the difference) up to :data:`TWO_UP`, else 1 (stacked); always
-    1 under ``"stacked"``. The maps are drawn as small as the row needs to fit the page (:func:`map_size`)."""
+    """How many of A, B and B − A share a row for ``keys`` aligned keys under ``layout``
+    (:data:`~cwviz.charts.heatmaps.LAYOUTS`): 3 (one row) up to :data:`THREE_UP` keys, 2 (A and B above the difference)
+    up to :data:`TWO_UP`, else 1 (stacked); always 1 under ``"stacked"``. The maps are drawn as small as the row needs
+    to fit the page (:func:`map_size`)."""
     if check_layout(layout) == "stacked":
         return 1
     return 3 if keys <= THREE_UP else 2 if keys <= TWO_UP else 1
 
 
-def map_size(keys: int, queries: int, rows: int, fits: int, least_cell: int = 0, label_room: int = VIEW_EXTRA) -> tuple[int, int]:
+def map_size(
+    keys: int, queries: int, rows: int, fits: int, least_cell: int = 0, label_room: int = VIEW_EXTRA
+) -> tuple[int, int]:
     """Plot width and height (px) of each compared map, ``rows`` of them in a row of at most ``fits`` px: the first
     with ``label_room`` px of row labels, the others :data:`GAP` px apart. At most :data:`CELL` px a key (at least
     :data:`SIDE` a map), at least ``least_cell`` px a key (presenter mode's 16); a square grid stays square."""
@@ -80,7 +83,11 @@ def map_size(keys: int, queries: int, rows: int, fits: int, least_cell: int = 0,
 
 
 def compare_maps(
-    cells: CompareCells, what: str = "contribution", query: int | None = None, layout: str = "auto", label_px: int = LABEL_PX
+    cells: CompareCells,
+    what: str = "contribution",
+    query: int | None = None,
+    layout: str = "auto",
+    label_px: int = LABEL_PX,
 ) -> alt.ConcatChart:
     """A, B and B − A of one map (``what``: ``"contribution"`` or ``"attention"``) on the aligned grid.
 
@@ -106,7 +113,8 @@ def compare_maps(
     diff_scale, diff_rule = contribution_scale(frame[f"{what}_diff"])
     label = COMPARE_MAPS[what]
     views = []
-    # The legend titles are the scale rule's short lines, each cut at the map's width, so a legend never widens its view.
+    # The legend titles are the scale rule's short lines, each cut at the map's width, so a legend never widens its
+    # view.
     below = dict(orient="bottom", direction="horizontal", gradientLength=min(width, 200), titleLimit=width)
     # A and B share a scale: one legend, under B, unless each stands alone.
     for field, title, scale, legend in (
@@ -114,8 +122,11 @@ def compare_maps(
         (f"{what}_b", f"B: {label}", shared, alt.Legend(title=rule, **below)),
         (f"{what}_diff", f"B − A: {label} (red: larger in B)", diff_scale, alt.Legend(title=diff_rule, **below)),
     ):
-        chart = base.encode(color=alt.Color(f"{field}:Q", scale=scale, legend=legend)).properties(name=f"compare_{field}")
-        if (field == f"{what}_b" and rows > 1) or (field == f"{what}_diff" and rows == 3):  # beside A: its rows, unlabelled
+        chart = base.encode(color=alt.Color(f"{field}:Q", scale=scale, legend=legend)).properties(
+            name=f"compare_{field}"
+        )
+        # beside A: its rows, unlabelled
+        if (field == f"{what}_b" and rows > 1) or (field == f"{what}_diff" and rows == 3):
             chart = chart.encode(y=alt.Y("query:O", title=None, axis=alt.Axis(labels=False, ticks=False)))
         layers = [chart] + ([query_outline(row)] if row is not None else [])
         views.append(alt.layer(*layers).properties(title=title))
@@ -183,7 +194,9 @@ def _grid(views: list[alt.LayerChart], rows: int, frame: pd.DataFrame) -> alt.Co
     grid = grid.resolve_scale(color="independent")
     with warnings.catch_warnings():
         # One click parameter for every view: Altair gives it to each unit chart and says so.
-        warnings.filterwarnings("ignore", message="Automatically deduplicated selection parameter", category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message="Automatically deduplicated selection parameter", category=UserWarning
+        )
         return grid.add_params(query_pick())
 
 
@@ -215,7 +228,15 @@ def head_change_grid(
         )
         .add_params(head_pick())
     )
-    return outlined_grid(grid, layer, head, layers, heads, cell, f"Change B − A in {HEAD_METRICS[metric]} (click a cell to pick the head)")
+    return outlined_grid(
+        grid,
+        layer,
+        head,
+        layers,
+        heads,
+        cell,
+        f"Change B − A in {HEAD_METRICS[metric]} (click a cell to pick the head)",
+    )
 
 
 def logprob_change_chart(changes: pd.DataFrame, query: int | None = None, label_px: int = LABEL_PX) -> alt.LayerChart:

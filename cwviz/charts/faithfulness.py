@@ -42,8 +42,8 @@ def symlog_ticks(values) -> list[float]:
 
 def measure_colours(order: list[str]) -> alt.Scale:
     """The measures' line colours (:data:`~cwviz.charts.palette.CATEGORIES`), one a measure whichever are drawn: hues
-    that mean nothing else (not a sign's red or blue, attention's green, the sink's purple). A measure that is not one of
-    :data:`~cwviz.analyses.schema.ALL_MEASURES` is drawn in the random keys' grey."""
+    that mean nothing else (not a sign's red or blue, attention's green, the sink's purple). A measure that is not one
+    of :data:`~cwviz.analyses.schema.ALL_MEASURES` is drawn in the random keys' grey."""
     colours = [CATEGORIES[ALL_MEASURES.index(m)] if m in ALL_MEASURES else CATEGORIES[-1] for m in order]
     return alt.Scale(domain=order, range=colours)
 
@@ -66,7 +66,10 @@ def curve_chart(summary: pd.DataFrame, curve: str, scale: str = "linear") -> alt
     # Vega's default ticks on a symlog axis are a linear few (0, 20,000, 40,000): label its decades instead.
     axis = (
         # Each tick formatted on its own: with format="~s" Vega shares one SI prefix over the axis ("1k, 0k, 0k").
-        alt.Axis(values=symlog_ticks(data[["ci_low", "ci_high", "delta_ppl"]].to_numpy()), labelExpr="format(datum.value, '~s')")
+        alt.Axis(
+            values=symlog_ticks(data[["ci_low", "ci_high", "delta_ppl"]].to_numpy()),
+            labelExpr="format(datum.value, '~s')",
+        )
         if scale == "symlog"
         else alt.Axis()
     )
@@ -122,5 +125,12 @@ def accuracy_chart(summary: pd.DataFrame, curve: str) -> alt.LayerChart:
         color=alt.Color("measure:N", sort=order, title="measure", legend=legend, scale=measure_colours(order)),
         tooltip=tooltip,
     )
-    title = {"comprehensiveness": "Accuracy, most important keys removed", "sufficiency": "Accuracy, least important keys removed"}
-    return alt.layer(band, line).resolve_legend(color="independent").properties(title=title.get(curve, curve), width=WIDTH, height=HEIGHT)
+    title = {
+        "comprehensiveness": "Accuracy, most important keys removed",
+        "sufficiency": "Accuracy, least important keys removed",
+    }
+    return (
+        alt.layer(band, line)
+        .resolve_legend(color="independent")
+        .properties(title=title.get(curve, curve), width=WIDTH, height=HEIGHT)
+    )

@@ -113,11 +113,16 @@ def route_tables(drawn: Drawn, tokens: Sequence[str]) -> RouteTables:
     )
     spines = drawn.spines()
     spines = spines.assign(label=spines["position"].map(label))
-    ends = [(int(r.layer), int(r.key)) for r in edges.itertuples()] + [(int(r.top), int(r.query)) for r in edges.itertuples()]
+    ends = [(int(r.layer), int(r.key)) for r in edges.itertuples()] + [
+        (int(r.top), int(r.query)) for r in edges.itertuples()
+    ]
     ends += [(0, p) for p in drawn.positions]
     ends = sorted(set(ends) - {(drawn.layers, drawn.position)}) + [(drawn.layers, drawn.position)]
     nodes = pd.DataFrame(ends, columns=["layer", "position"])
-    role = ["prediction" if (layer, p) == (drawn.layers, drawn.position) else "input" if layer == 0 else "passes" for layer, p in ends]
+    role = [
+        "prediction" if (layer, p) == (drawn.layers, drawn.position) else "input" if layer == 0 else "passes"
+        for layer, p in ends
+    ]
     nodes = nodes.assign(label=nodes["position"].map(label), token=[tokens[p] for p in nodes["position"]], role=role)
     return RouteTables(edges.iloc[::-1].reset_index(drop=True), spines, nodes, [label[p] for p in drawn.positions])
 
@@ -151,7 +156,10 @@ def _axes(order: list[str], layers: int, label_px: int) -> _Axes:
 def _edge_rules(edges: pd.DataFrame, axes: _Axes, label_px: int) -> alt.Chart:
     """Each edge (layer, key) → (layer + 1, query) a rule, red adding and blue subtracting, as wide as |weight|."""
     legend = alt.Legend(
-        title=None, orient="top", labelFontSize=label_px, labelExpr="datum.label == 'adds' ? 'adds (red)' : 'subtracts (blue)'"
+        title=None,
+        orient="top",
+        labelFontSize=label_px,
+        labelExpr="datum.label == 'adds' ? 'adds (red)' : 'subtracts (blue)'",
     )
     width = alt.StrokeWidth("size:Q", scale=alt.Scale(range=list(EDGE_WIDTHS), zero=False), legend=None)
     tooltip = [
@@ -163,7 +171,14 @@ def _edge_rules(edges: pd.DataFrame, axes: _Axes, label_px: int) -> alt.Chart:
     return (
         alt.Chart(edges)
         .mark_rule(opacity=0.85, strokeCap="round")
-        .encode(x=axes.x("key_label"), x2="query_label:N", y=axes.y(), y2="top:Q", color=sign_colour(legend), strokeWidth=width)
+        .encode(
+            x=axes.x("key_label"),
+            x2="query_label:N",
+            y=axes.y(),
+            y2="top:Q",
+            color=sign_colour(legend),
+            strokeWidth=width,
+        )
         .encode(tooltip=tooltip)
     )
 
@@ -171,7 +186,9 @@ def _edge_rules(edges: pd.DataFrame, axes: _Axes, label_px: int) -> alt.Chart:
 def _node_points(nodes: pd.DataFrame, axes: _Axes) -> alt.Chart:
     """The nodes as dots (the prediction a large one); a click on one is the selection :data:`NODE_PICK`."""
     pick = alt.selection_point(name=NODE_PICK, fields=["layer", "position"], on="click", clear=False)
-    size = alt.Size("role:N", scale=alt.Scale(domain=["prediction", "input", "passes"], range=[180, 22, 14]), legend=None)
+    size = alt.Size(
+        "role:N", scale=alt.Scale(domain=["prediction", "input", "passes"], range=[180, 22, 14]), legend=None
+    )
     tooltip = [alt.Tooltip("layer:O"), alt.Tooltip("position:O"), alt.Tooltip("token:N"), alt.Tooltip("role:N")]
     return (
         alt.Chart(nodes)
@@ -198,12 +215,18 @@ def route_graph(
     :data:`NODE_PICK` (fields ``layer, position``); ``selected`` (layer, position), the sidebar's, is ringed where the
     graph has that node."""
     axes = _axes(tables.order, layers, label_px)
-    spines = alt.Chart(tables.spines).mark_rule(color=palette.SPINE, strokeWidth=2).encode(x=axes.x(), y=axes.y("bottom"), y2="top:Q")
+    spines = (
+        alt.Chart(tables.spines)
+        .mark_rule(color=palette.SPINE, strokeWidth=2)
+        .encode(x=axes.x(), y=axes.y("bottom"), y2="top:Q")
+    )
     drawn = [spines, _edge_rules(tables.edges, axes, label_px), _node_points(tables.nodes, axes)]
     layer, position = selected if selected is not None else (-1, -1)
     ring = tables.nodes[(tables.nodes["layer"] == layer) & (tables.nodes["position"] == position)]
     if len(ring):
-        mark = alt.Chart(ring[["layer", "label"]]).mark_point(shape="circle", size=420, filled=False, stroke=palette.RING, strokeWidth=2.5)
+        mark = alt.Chart(ring[["layer", "label"]]).mark_point(
+            shape="circle", size=420, filled=False, stroke=palette.RING, strokeWidth=2.5
+        )
         drawn.append(mark.encode(x=axes.x(), y=axes.y()))
     return (
         alt.layer(*drawn, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 1))
@@ -215,16 +238,24 @@ def route_graph(
 def check_scatter(frame: pd.DataFrame, title: str, label_px: int = 12) -> alt.LayerChart:
     """The check against knockouts: one point a token (``position, token, score, effect``), the measured effect across
     and the method's score up, coloured by the score's sign (red adds, blue subtracts), on zero lines."""
-    data = frame.assign(sign=sign_of(frame["score"]), label=[f"{p} {t}" for p, t in zip(frame["position"], frame["token"], strict=True)])
+    data = frame.assign(
+        sign=sign_of(frame["score"]), label=[f"{p} {t}" for p, t in zip(frame["position"], frame["token"], strict=True)]
+    )
     colour = sign_colour()
     points = (
         alt.Chart(data)
         .mark_circle(size=60, opacity=0.9)
         .encode(
-            x=alt.X("effect:Q", title="measured effect of taking the token away (Δ)", axis=alt.Axis(labelFontSize=label_px)),
+            x=alt.X(
+                "effect:Q", title="measured effect of taking the token away (Δ)", axis=alt.Axis(labelFontSize=label_px)
+            ),
             y=alt.Y("score:Q", title="the method's score", axis=alt.Axis(labelFontSize=label_px)),
             color=colour,
-            tooltip=[alt.Tooltip("label:N", title="token"), alt.Tooltip("score:Q", format="+.4f"), alt.Tooltip("effect:Q", format="+.4f")],
+            tooltip=[
+                alt.Tooltip("label:N", title="token"),
+                alt.Tooltip("score:Q", format="+.4f"),
+                alt.Tooltip("effect:Q", format="+.4f"),
+            ],
         )
     )
     zero = pd.DataFrame({"zero": [0.0]})
@@ -232,10 +263,14 @@ def check_scatter(frame: pd.DataFrame, title: str, label_px: int = 12) -> alt.La
         alt.Chart(zero).mark_rule(color=palette.RULE).encode(x="zero:Q"),
         alt.Chart(zero).mark_rule(color=palette.RULE).encode(y="zero:Q"),
     ]
-    return alt.layer(points, *rules, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 1)).properties(width=360, height=220)
+    return alt.layer(points, *rules, title=alt.TitleParams(title, anchor="start", fontSize=label_px + 1)).properties(
+        width=360, height=220
+    )
 
 
-def total_rows(tokens: pd.DataFrame, value: str = "total", rows: int = TOTAL_ROWS, keep: Sequence[int] = ()) -> pd.DataFrame:
+def total_rows(
+    tokens: pd.DataFrame, value: str = "total", rows: int = TOTAL_ROWS, keep: Sequence[int] = ()
+) -> pd.DataFrame:
     """The rows the totals' bars draw: every input token up to ``rows``, else the ``rows`` largest |``value``| and the
     positions ``keep`` (those a sentence names); in the text's order, with ``label`` (``"12 token"``) and ``sign``."""
     if len(tokens) <= rows:
@@ -251,7 +286,11 @@ def total_rows(tokens: pd.DataFrame, value: str = "total", rows: int = TOTAL_ROW
 def page_sizes(label_px: int) -> dict[str, int]:
     """The graph's plot size on the page: at 12 px labels, or smaller with presenter mode's 16 px labels, so that the
     graph and the totals stand whole on a 1280 x 720 screen beside the sidebar."""
-    return {"width": PAGE_WIDTH, "height": PAGE_HEIGHT} if label_px <= 12 else {"width": PAGE_WIDTH - 40, "height": PAGE_HEIGHT - 50}
+    return (
+        {"width": PAGE_WIDTH, "height": PAGE_HEIGHT}
+        if label_px <= 12
+        else {"width": PAGE_WIDTH - 40, "height": PAGE_HEIGHT - 50}
+    )
 
 
 def totals_width(label_px: int) -> int:
@@ -266,7 +305,12 @@ def total_row_count(label_px: int) -> int:
 
 
 def totals_bars(
-    rows: pd.DataFrame, title: str, subtitle: str | list[str] = "", value: str = "total", label_px: int = 12, width: int = TOTALS_WIDTH
+    rows: pd.DataFrame,
+    title: str,
+    subtitle: str | list[str] = "",
+    value: str = "total",
+    label_px: int = 12,
+    width: int = TOTALS_WIDTH,
 ) -> alt.Chart:
     """Horizontal bars of :func:`total_rows` (one a token, top to bottom in the text's order), red adding and blue
     subtracting, on a zero line; each row as tall as its label (``label_px`` + 3). ``subtitle``: a line, or lines."""
@@ -276,7 +320,10 @@ def totals_bars(
         .mark_bar()
         .encode(
             y=alt.Y(
-                "label:N", sort=list(rows["label"]), title=None, axis=alt.Axis(labelLimit=120, labelFontSize=label_px, labelOverlap=False)
+                "label:N",
+                sort=list(rows["label"]),
+                title=None,
+                axis=alt.Axis(labelLimit=120, labelFontSize=label_px, labelOverlap=False),
             ),
             x=alt.X(f"{value}:Q", title=value, axis=alt.Axis(labelFontSize=label_px, tickCount=3)),
             color=colour,
@@ -285,11 +332,15 @@ def totals_bars(
     )
     zero = alt.Chart(pd.DataFrame({"zero": [0.0]})).mark_rule(color=palette.INK).encode(x="zero:Q")
     height = max((label_px + 3) * len(rows), 60)
-    heading = alt.TitleParams(title, subtitle=subtitle or alt.Undefined, anchor="start", fontSize=label_px + 1, subtitleFontSize=label_px)
+    heading = alt.TitleParams(
+        title, subtitle=subtitle or alt.Undefined, anchor="start", fontSize=label_px + 1, subtitleFontSize=label_px
+    )
     return alt.layer(bars, zero, title=heading).properties(width=width, height=height)
 
 
-def route_chart(drawn: Drawn, tokens: pd.DataFrame, note: str, value: str = "score", label_px: int = 12) -> alt.HConcatChart:
+def route_chart(
+    drawn: Drawn, tokens: pd.DataFrame, note: str, value: str = "score", label_px: int = 12
+) -> alt.HConcatChart:
     """The Flow page's first screen as one chart (:func:`cwviz.plot.flow`, a report): the route ``drawn``
     (:class:`cwviz.analyses.route.Route`) beside the bars of ``tokens``' ``value`` (``position, token, <value>``), under
     ``note`` (one sentence; :func:`cwviz.analyses.flow_text.describe` says what is explained). A route of no layer (a

@@ -37,7 +37,9 @@ def outline(cells: pd.DataFrame) -> alt.Chart:
     return alt.Chart(cells).mark_rect(fill=None, stroke=OUTLINE, strokeWidth=2).encode(x="head:O", y="layer:O")
 
 
-def outlined_grid(grid: alt.Chart, layer: int | None, head: int | None, layers: int, heads: int, cell: int, title: str) -> alt.LayerChart:
+def outlined_grid(
+    grid: alt.Chart, layer: int | None, head: int | None, layers: int, heads: int, cell: int, title: str
+) -> alt.LayerChart:
     """A layer x head grid (``cell`` pixels a cell) with the selected head outlined, sized like the overview."""
     drawn = [grid]
     if layer is not None and head is not None:
@@ -49,7 +51,9 @@ def outlined_grid(grid: alt.Chart, layer: int | None, head: int | None, layers: 
     )
 
 
-def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int | None = None, head: int | None = None) -> alt.LayerChart:
+def head_overview(
+    summary: pd.DataFrame, metric: str = "divergence", layer: int | None = None, head: int | None = None
+) -> alt.LayerChart:
     """Every layer × head, coloured by one per-head summary; click a cell to pick that head.
 
     The click selection is the parameter ``pick`` (fields layer and head). The selected head, if any,
@@ -61,7 +65,11 @@ def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int 
     # A contribution share is signed (red adds, blue subtracts) even where no head's is negative; attention shares in
     # attention's green; the divergence (neither) in the other sequential hue.
     signed = metric == "sink_contribution"
-    scale = signed_scale(summary[metric]) if signed else alt.Scale(scheme=ATTENTION_SCHEME if metric == "sink_attention" else OTHER_SCHEME)
+    scale = (
+        signed_scale(summary[metric])
+        if signed
+        else alt.Scale(scheme=ATTENTION_SCHEME if metric == "sink_attention" else OTHER_SCHEME)
+    )
     layers = int(summary["layer"].max()) + 1 if len(summary) else 1
     heads = int(summary["head"].max()) + 1 if len(summary) else 1
     cell = max(10, min(22, 520 // max(layers, 1)))
@@ -98,5 +106,7 @@ def head_overview(summary: pd.DataFrame, metric: str = "divergence", layer: int 
     return alt.layer(*layers_out).properties(
         width=max(160, cell * heads),
         height=max(cell * layers, OVERVIEW_MIN_HEIGHT),
-        title=alt.TitleParams(f"All heads: {OVERVIEW_METRICS[metric]} (click a cell to pick the head)", anchor="start", fontSize=13),
+        title=alt.TitleParams(
+            f"All heads: {OVERVIEW_METRICS[metric]} (click a cell to pick the head)", anchor="start", fontSize=13
+        ),
     )

@@ -129,7 +129,9 @@ def contribution_bound(values: pd.Series, sink: pd.Series | None = None, colour_
     return bound if bound > 0 else 1.0
 
 
-def contribution_scale(values: pd.Series, sink: pd.Series | None = None, colour_range: str = "robust") -> tuple[alt.Scale, list[str]]:
+def contribution_scale(
+    values: pd.Series, sink: pd.Series | None = None, colour_range: str = "robust"
+) -> tuple[alt.Scale, list[str]]:
     """The colour scale of a signed map and the legend title (three short lines) that states its rule.
 
     Red is positive, blue negative, white exactly 0. The domain is ±:func:`contribution_bound`; values beyond it
@@ -139,10 +141,17 @@ def contribution_scale(values: pd.Series, sink: pd.Series | None = None, colour_
     bound = contribution_bound(values, sink, colour_range)
     finite = values[values.map(math.isfinite)] if len(values) else values
     clamped = bool(len(finite)) and float(finite.abs().max()) > bound * (1 + 1e-9)
-    # The last lines say what the colours mean, on every signed legend (the rule's lines first, as tests and pages read).
+    # The last lines say what the colours mean, on every signed legend (the rule's lines first, as tests and pages
+    # read).
     title = ["clamped" if clamped else "range", f"±{bound:.2g}", "symlog", "red: adds", "blue: subtracts"]
     scale = alt.Scale(
-        type="symlog", constant=SYMLOG_CONSTANT, scheme=DIVERGING, reverse=True, domain=[-bound, bound], domainMid=0, clamp=True
+        type="symlog",
+        constant=SYMLOG_CONSTANT,
+        scheme=DIVERGING,
+        reverse=True,
+        domain=[-bound, bound],
+        domainMid=0,
+        clamp=True,
     )
     return scale, title
 
@@ -171,7 +180,8 @@ def presenter_height(rows: int) -> int:
 
 
 def label_stride(count: int, extent: float, label_px: int = LABEL_PX) -> int:
-    """Label every n-th of ``count`` positions spread over ``extent`` px, so that labels of ``label_px`` never overlap."""
+    """Label every n-th of ``count`` positions spread over ``extent`` px, so that labels of ``label_px`` never
+    overlap."""
     return max(1, math.ceil(label_px * LINE_BOX * count / max(extent, 1.0)))
 
 
@@ -367,7 +377,9 @@ def _colour(cells: HeatmapCells, which: str, height: int, label_px: int, colour_
     if which == "attention":
         title_lines = " ".join(ATTENTION_LEGEND) if presenting else ATTENTION_LEGEND
         scale = sequential_scale(frame["attention"])
-        return alt.Color("attention:Q", scale=scale, legend=alt.Legend(title=title_lines, **legend)), "Attention weights"
+        return alt.Color(
+            "attention:Q", scale=scale, legend=alt.Legend(title=title_lines, **legend)
+        ), "Attention weights"
     value_title = measure_label(cells.measure)
     title = value_title[:1].upper() + value_title[1:]
     if is_signed(cells.measure):
@@ -387,7 +399,11 @@ SINK_KEY = 0
 
 
 def heatmap_pair(
-    cells: HeatmapCells, query: int | None = None, layout: str = "auto", label_px: int = LABEL_PX, colour_range: str = "robust"
+    cells: HeatmapCells,
+    query: int | None = None,
+    layout: str = "auto",
+    label_px: int = LABEL_PX,
+    colour_range: str = "robust",
 ) -> alt.HConcatChart | alt.VConcatChart:
     """Attention beside the picked measure, at a fixed size: notebooks (:mod:`cwviz.plot`) and the dashboard's
     PNG and SVG downloads. The dashboard draws each map on its own, as wide as its column (:func:`heatmap_view`).
@@ -403,8 +419,14 @@ def heatmap_pair(
     side = side_by_side(keys, layout)
     with warnings.catch_warnings():
         # One parameter for both views is what we want: Altair gives it to each unit chart and says so.
-        warnings.filterwarnings("ignore", message="Automatically deduplicated selection parameter", category=UserWarning)
-        pair = (alt.hconcat if side else alt.vconcat)(*views, data=cells.frame).resolve_scale(color="independent").add_params(query_pick())
+        warnings.filterwarnings(
+            "ignore", message="Automatically deduplicated selection parameter", category=UserWarning
+        )
+        pair = (
+            (alt.hconcat if side else alt.vconcat)(*views, data=cells.frame)
+            .resolve_scale(color="independent")
+            .add_params(query_pick())
+        )
     lines = wrap(cells.note, ((2 if side else 1) * (_extent(keys) + VIEW_EXTRA)) // TITLE_PX_PER_CHAR)
     return pair.properties(title=alt.TitleParams(lines, anchor="start", fontSize=13))
 

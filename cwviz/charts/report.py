@@ -25,15 +25,18 @@ from .faithfulness import accuracy_chart, curve_chart
 from .palette import FAINT, REPORT_CAPTION, REPORT_SHADE, REPORT_TEXT, VERDICT_COLOURS
 
 STYLE = f"""
-body {{ font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px; color: {REPORT_TEXT}; }}
+body {{ font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
+       color: {REPORT_TEXT}; }}
 h1 {{ font-size: 1.6em; }} h2 {{ border-bottom: 1px solid {FAINT}; padding-bottom: .2em; margin-top: 2em; }}
 table {{ border-collapse: collapse; margin: .8em 0; font-variant-numeric: tabular-nums; }}
 th, td {{ border: 1px solid {FAINT}; padding: .25em .6em; text-align: right; }} th {{ background: {REPORT_SHADE}; }}
 td:first-child, th:first-child {{ text-align: left; }}
 figure {{ margin: 1em 0; overflow-x: auto; }} figcaption {{ color: {REPORT_CAPTION}; font-size: .9em; }}
 pre {{ background: {REPORT_SHADE}; padding: .8em; overflow-x: auto; white-space: pre-wrap; word-break: break-all; }}
-dl {{ display: grid; grid-template-columns: max-content 1fr; gap: .2em 1em; }} dt {{ font-weight: 600; }} dd {{ margin: 0; }}
-.holds {{ color: {VERDICT_COLOURS["holds"]}; }} .fails {{ color: {VERDICT_COLOURS["fails"]}; }} .equal {{ color: {VERDICT_COLOURS["unresolved"]}; }}
+dl {{ display: grid; grid-template-columns: max-content 1fr; gap: .2em 1em; }}
+dt {{ font-weight: 600; }} dd {{ margin: 0; }}
+.holds {{ color: {VERDICT_COLOURS["holds"]}; }} .fails {{ color: {VERDICT_COLOURS["fails"]}; }}
+.equal {{ color: {VERDICT_COLOURS["unresolved"]}; }}
 """
 
 
@@ -75,7 +78,8 @@ def table_html(frame: pd.DataFrame, formats: dict[str, str] | None = None, name:
 
     head = "".join(f"<th>{esc(c)}</th>" for c in frame.columns)
     rows = "".join(
-        "<tr>" + "".join(f"<td>{cell(c, v)}</td>" for c, v in zip(frame.columns, row)) + "</tr>" for row in frame.itertuples(index=False)
+        "<tr>" + "".join(f"<td>{cell(c, v)}</td>" for c, v in zip(frame.columns, row)) + "</tr>"
+        for row in frame.itertuples(index=False)
     )
     return f'<table data-table="{esc(name)}"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
 
@@ -131,26 +135,41 @@ def manifest_section(manifest: dict, title: str = "Run", anchor: str = "run", re
     command = manifest.get("command", "")
     rerun = (
         f"<p>To rerun it: install the same versions, then run the same command (a fresh <code>--results</code> folder "
-        f"starts over; the same folder with <code>--resume</code> continues it, and is refused if any setting, the model's "
+        "starts over; the same folder with <code>--resume</code> continues it, and is refused if any setting, the "
+        "model's "
         f"weights or the data differ):</p><pre>pip install {esc(pins)}\n{esc(command)}</pre>"
     )
     return Section(title, f'<dl data-manifest="{esc(anchor)}">{items}</dl>{rerun}', anchor)
 
 
-def faithfulness_section(summary: pd.DataFrame, areas: pd.DataFrame, by_area: pd.DataFrame, by_rate: pd.DataFrame) -> Section:
-    """Each curve's chart and its table of mean ΔPPL [95 % interval] per measure and rate, the areas, the order check."""
+def faithfulness_section(
+    summary: pd.DataFrame, areas: pd.DataFrame, by_area: pd.DataFrame, by_rate: pd.DataFrame
+) -> Section:
+    """Each curve's chart and its table of mean ΔPPL [95 % interval] per measure and rate, the areas, the order
+    check."""
     parts = []
     n = int(summary["n"].max()) if len(summary) else 0
     for curve in dict.fromkeys(summary["curve"]):
         rows = summary[summary["curve"] == curve]
-        parts.append(svg_figure(curve_chart(rows, curve), f"{curve}: mean ΔPPL over {n} example(s), 95% bootstrap band", f"curve-{curve}"))
+        parts.append(
+            svg_figure(
+                curve_chart(rows, curve),
+                f"{curve}: mean ΔPPL over {n} example(s), 95% bootstrap band",
+                f"curve-{curve}",
+            )
+        )
         parts.append(f"<h3>{esc(curve)}: mean ΔPPL [95% bootstrap interval]</h3>")
         parts.append(table_html(wide(rows, "delta_ppl"), name=f"delta-ppl-{curve}"))
     span = area_span(summary)
     if span:
-        pivot = areas.pivot(index="measure", columns="curve", values="area").reindex(list(dict.fromkeys(areas["measure"]))).reset_index()
+        pivot = (
+            areas.pivot(index="measure", columns="curve", values="area")
+            .reindex(list(dict.fromkeys(areas["measure"])))
+            .reset_index()
+        )
         parts.append(
-            f"<h3>Area under each curve (mean ΔPPL over the rate as a fraction, rates {span[0]:g}..{span[1]:g}, trapezoid rule)</h3>"
+            f"<h3>Area under each curve (mean ΔPPL over the rate as a fraction, rates {span[0]:g}..{span[1]:g}, "
+            "trapezoid rule)</h3>"
         )
         parts.append(table_html(pivot, name="areas"))
         parts.append(order_html(by_area, by_rate))
@@ -174,7 +193,9 @@ def order_html(by_area: pd.DataFrame, by_rate: pd.DataFrame, with_area: bool = T
         rated = by_rate[by_rate["curve"] == curve]
         for rate, group in rated.groupby("rate", sort=True):
             relation = group.set_index(["lower", "higher"])["relation"]
-            rows.append({"curve": curve, "by": f"{rate:g}%", **{f"{a} < {b}": relation.get((a, b), "") for a, b in pairs}})
+            rows.append(
+                {"curve": curve, "by": f"{rate:g}%", **{f"{a} < {b}": relation.get((a, b), "") for a, b in pairs}}
+            )
     frame = pd.DataFrame(rows)
     body = table_html(frame, name="order")
     body = re.sub(r"<td>(holds|fails|equal)</td>", r'<td class="\1">\1</td>', body)
@@ -189,11 +210,18 @@ def accuracy_section(summary: pd.DataFrame) -> Section:
     """Accuracy under masking: the chart of the change and its table, in points [paired bootstrap interval]."""
     clean = float(summary["accuracy_clean"].iloc[0])
     n = int(summary["n"].max())
-    parts = [f"<p>Clean accuracy {clean:.1%} over {n} item(s). Change in points, masked − clean, with a paired bootstrap 95% interval.</p>"]
+    parts = [
+        f"<p>Clean accuracy {clean:.1%} over {n} item(s). Change in points, masked − clean, with a paired "
+        "bootstrap 95% interval.</p>"
+    ]
     for curve in dict.fromkeys(summary["curve"]):
         rows = summary[summary["curve"] == curve]
         parts.append(
-            svg_figure(accuracy_chart(rows, curve), f"{curve}: accuracy change (points) against the removal rate", f"accuracy-{curve}")
+            svg_figure(
+                accuracy_chart(rows, curve),
+                f"{curve}: accuracy change (points) against the removal rate",
+                f"accuracy-{curve}",
+            )
         )
         parts.append(f"<h3>{esc(curve)}: Δaccuracy in points [95% paired bootstrap interval]</h3>")
         parts.append(table_html(wide(rows, "delta_accuracy", scale=100, digits="{:+.1f}"), name=f"accuracy-{curve}"))
@@ -209,7 +237,11 @@ def sinks_section(manifest: dict, layers: pd.DataFrame, heads: pd.DataFrame | No
         f"ΔPPL with the sink's value ×{esc(manifest.get('factor', ''))} in that layer only.</p>"
     ]
     parts.append(
-        svg_figure(share_chart(layers), "the sink's share of the layer output under attention and contribution weights", "sinks-share")
+        svg_figure(
+            share_chart(layers),
+            "the sink's share of the layer output under attention and contribution weights",
+            "sinks-share",
+        )
     )
     if heads is not None and len(heads):
         chart = anti_alignment_map(heads).properties(  # no click on paper
@@ -226,11 +258,17 @@ def claims_section(manifest: dict, overview: pd.DataFrame, table: pd.DataFrame) 
     :func:`cwviz.analyses.claims.overview`), then every row of ``claims.csv`` ``table`` (claim 1 per rank scope, curve
     and rate) with its estimate and 95 % bootstrap interval over the items."""
     parts = [
-        "<p>Verdicts (docs/METHOD.md section 5): <b>holds</b>: the 95 % bootstrap interval over the items lies wholly on "
-        "the paper's side; <b>fails</b>: wholly on the other side; <b>unresolved</b>: the interval does not decide.</p>",
+        "<p>Verdicts (docs/METHOD.md section 5): <b>holds</b>: the 95 % bootstrap interval over the items lies wholly "
+        "on "
+        "the paper's side; <b>fails</b>: wholly on the other side; <b>unresolved</b>: the interval does not "
+        "decide.</p>",
         table_html(overview, name="claims-overview"),
         "<h3>Every row</h3>",
-        table_html(table.drop(columns=["statement"]), formats={"claim": "{:.0f}", "rate": "{:g}", "n": "{:.0f}"}, name="claims-rows"),
+        table_html(
+            table.drop(columns=["statement"]),
+            formats={"claim": "{:.0f}", "rate": "{:g}", "n": "{:.0f}"},
+            name="claims-rows",
+        ),
         "<h3>How it was run</h3>" + manifest_section(manifest, anchor="claims-run").body,
     ]
     return Section("Claims of the paper", "".join(parts), "claims")
@@ -240,10 +278,15 @@ def page(sections: Sequence[Section], title: str = "cwviz report", generated: st
     """The whole report: one HTML document, no external resource."""
     toc = "".join(f'<li><a href="#{esc(s.anchor)}">{esc(s.title)}</a></li>' for s in sections)
     body = "".join(f'<section id="{esc(s.anchor)}"><h2>{esc(s.title)}</h2>{s.body}</section>' for s in sections)
-    note = f"<p>Generated {esc(generated)} by cwviz. Self-contained: it loads nothing from the network.</p>" if generated else ""
+    note = (
+        f"<p>Generated {esc(generated)} by cwviz. Self-contained: it loads nothing from the network.</p>"
+        if generated
+        else ""
+    )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\">"
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; img-src "
+        'data:">'
         f"<title>{esc(title)}</title><style>{STYLE}</style></head>"
         f"<body><h1>{esc(title)}</h1>{note}<ul>{toc}</ul>{body}</body></html>\n"
     )

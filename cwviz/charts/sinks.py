@@ -1,4 +1,5 @@
-"""Charts of docs/METHOD.md section 4 (attention sinks): tidy tables from :mod:`cwviz.analyses.sinks` in, ``alt.Chart`` out.
+"""Charts of docs/METHOD.md section 4 (attention sinks): tidy tables from :mod:`cwviz.analyses.sinks` in, ``alt.Chart``
+out.
 
 Colour convention of the dashboard (:mod:`cwviz.charts.palette`): diverging scales are centred at zero, red positive,
 blue negative; attention is green; other lines are neutral grey and gold.
@@ -81,8 +82,14 @@ def ratio_norm_chart(
     layers = [dots, line]
     if math.isfinite(minimiser):
         marker = pd.DataFrame({"sink_ratio": [minimiser], "label": [f"min at s* = {minimiser:.2f}"]})
-        rule = alt.Chart(marker).mark_rule(color=ACCENT, strokeDash=[4, 3]).encode(x="sink_ratio:Q", tooltip=["label:N"])
-        text = alt.Chart(marker).mark_text(align="left", dx=4, dy=-6, color=ACCENT).encode(x="sink_ratio:Q", y=alt.value(8), text="label:N")
+        rule = (
+            alt.Chart(marker).mark_rule(color=ACCENT, strokeDash=[4, 3]).encode(x="sink_ratio:Q", tooltip=["label:N"])
+        )
+        text = (
+            alt.Chart(marker)
+            .mark_text(align="left", dx=4, dy=-6, color=ACCENT)
+            .encode(x="sink_ratio:Q", y=alt.value(8), text="label:N")
+        )
         layers += [rule, text]
     if query is not None:
         ringed = data[data["query"] == query]
@@ -149,13 +156,21 @@ def share_chart(layers: pd.DataFrame, layer: int | None = None, width: int = 460
         var_name="measure",
         value_name="share",
     )
-    span = [int(layers["layer"].min()), int(layers["layer"].max())] if len(layers) else [0, 1]  # exactly the model's layers
-    long["measure"] = long["measure"].map({"sink_attention_share": "attention", "sink_contribution_share": "contribution weight"})
+    # exactly the model's layers
+    span = [int(layers["layer"].min()), int(layers["layer"].max())] if len(layers) else [0, 1]
+    long["measure"] = long["measure"].map(
+        {"sink_attention_share": "attention", "sink_contribution_share": "contribution weight"}
+    )
     lines = (
         alt.Chart(long)
         .mark_line(point=True)
         .encode(
-            x=alt.X("layer:Q", title="layer", axis=alt.Axis(tickMinStep=1), scale=alt.Scale(domain=span, nice=False, zero=False)),
+            x=alt.X(
+                "layer:Q",
+                title="layer",
+                axis=alt.Axis(tickMinStep=1),
+                scale=alt.Scale(domain=span, nice=False, zero=False),
+            ),
             y=alt.Y("share:Q", title="the sink's share of the layer output"),
             # Legend below the plot: the chart shares the page's width with chart (b).
             color=alt.Color(
@@ -169,7 +184,9 @@ def share_chart(layers: pd.DataFrame, layer: int | None = None, width: int = 460
     )
     charts = [lines]
     if layer is not None:
-        charts.append(alt.Chart(pd.DataFrame({"layer": [layer]})).mark_rule(color=RULE, strokeDash=[4, 3]).encode(x="layer:Q"))
+        charts.append(
+            alt.Chart(pd.DataFrame({"layer": [layer]})).mark_rule(color=RULE, strokeDash=[4, 3]).encode(x="layer:Q")
+        )
     return alt.layer(*charts).properties(title="How far attention overstates the sink", width=width, height=height)
 
 
@@ -194,7 +211,9 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
         .encode(
             x=x,
             y=alt.Y("output_norm_change:Q", title="Δ mean ‖o^h‖"),
-            color=alt.Color("sink_value:N", title="sink's value", scale=alt.Scale(domain=[SCALED, UNCHANGED], range=[ACCENT, MUTED])),
+            color=alt.Color(
+                "sink_value:N", title="sink's value", scale=alt.Scale(domain=[SCALED, UNCHANGED], range=[ACCENT, MUTED])
+            ),
             tooltip=[
                 alt.Tooltip("layer:O"),
                 alt.Tooltip("sink_value:N", title="sink's value"),
@@ -214,7 +233,9 @@ def intervention_chart(table: pd.DataFrame, width: int = 460, height: int = 200)
             x=x,
             # Not from zero: a cosine has no zero baseline, and the lines (the difference is what counts) fill the plot.
             y=alt.Y("cone:Q", title="mean pairwise cos of head outputs", scale=alt.Scale(zero=False)),
-            color=alt.Color("pass:N", title="pass", scale=alt.Scale(domain=["clean", "intervened"], range=[MUTED, ACCENT])),
+            color=alt.Color(
+                "pass:N", title="pass", scale=alt.Scale(domain=["clean", "intervened"], range=[MUTED, ACCENT])
+            ),
             tooltip=[alt.Tooltip("layer:O"), alt.Tooltip("pass:N"), alt.Tooltip("cone:Q", format=".3f")],
         )
         .properties(title="Semantic cone (higher: outputs collapse into a narrower cone)", width=width, height=height)
@@ -238,8 +259,11 @@ def scale_bars(table: pd.DataFrame, title: str, width: int = 180) -> alt.Chart:
     length, against a layer bar many times longer.
     """
     labels = table.sort_values("row")["label"].tolist()
-    y = alt.Y("row:O", title=None, axis=alt.Axis(labelExpr=f"{json.dumps(labels)}[datum.value]", labelLimit=260, ticks=False))
-    # An output's bar grey; the sink's part red where it adds, blue where it subtracts (scale None: the colours as given).
+    y = alt.Y(
+        "row:O", title=None, axis=alt.Axis(labelExpr=f"{json.dumps(labels)}[datum.value]", labelLimit=260, ticks=False)
+    )
+    # An output's bar grey; the sink's part red where it adds, blue where it subtracts (scale None: the colours as
+    # given).
     fill = f"datum.part == 'output' ? '{MUTED}' : datum.length < 0 ? '{NEGATIVE}' : '{POSITIVE}'"
     tooltip = [
         alt.Tooltip("label:N", title="bar"),
@@ -250,6 +274,15 @@ def scale_bars(table: pd.DataFrame, title: str, width: int = 180) -> alt.Chart:
         alt.Chart(table)
         .transform_calculate(fill=fill)
         .mark_bar()
-        .encode(y=y, x=alt.X("length:Q", title="length in the stream"), color=alt.Color("fill:N", scale=None), tooltip=tooltip)
-        .properties(title=alt.TitleParams(title, anchor="start", fontSize=13), width=width, height=SCALE_ROW_PX * max(len(table), 1))
+        .encode(
+            y=y,
+            x=alt.X("length:Q", title="length in the stream"),
+            color=alt.Color("fill:N", scale=None),
+            tooltip=tooltip,
+        )
+        .properties(
+            title=alt.TitleParams(title, anchor="start", fontSize=13),
+            width=width,
+            height=SCALE_ROW_PX * max(len(table), 1),
+        )
     )

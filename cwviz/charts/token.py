@@ -50,7 +50,10 @@ def factor_bars(factors: TokenFactors, mark: int | None = None) -> alt.HConcatCh
     labels = _labels(factors.wide["key"], factors.wide["token"])
     if mark is not None and 0 <= mark < len(labels) and labels[mark]:
         labels[mark] = MARKED + labels[mark]
-    outlined = {"stroke": alt.condition(alt.datum.key == mark, alt.value(OUTLINE), alt.value(None)), "strokeWidth": alt.value(2)}
+    outlined = {
+        "stroke": alt.condition(alt.datum.key == mark, alt.value(OUTLINE), alt.value(None)),
+        "strokeWidth": alt.value(2),
+    }
     height = max(120, 18 * len(order))
     colour = alt.condition("datum.is_sink", alt.value(SINK_COLOUR), alt.value(KEY_COLOUR))
     tooltip = [
@@ -70,10 +73,15 @@ def factor_bars(factors: TokenFactors, mark: int | None = None) -> alt.HConcatCh
     for i, name in enumerate(factors.factors):
         axis = alt.Axis(labelExpr=label_expr(labels), labelLimit=140, labelOverlap=False) if i == 0 else None
         values = factors.wide[name] if name in factors.wide else pd.Series(dtype=float)
-        low, high = min(0.0, float(values.min()) if len(values) else 0.0), max(0.0, float(values.max()) if len(values) else 1.0)
+        low, high = (
+            min(0.0, float(values.min()) if len(values) else 0.0),
+            max(0.0, float(values.max()) if len(values) else 1.0),
+        )
         # Room beyond the longest bars for their numbers (about a fifth of the panel each side where bars point there).
         pad = 0.35 * max(high - low, 1e-9)
-        scale = alt.Scale(domain=[low - (pad if low < 0 else 0.0), high + (pad if high > 0 else 0.0)], nice=False, zero=True)
+        scale = alt.Scale(
+            domain=[low - (pad if low < 0 else 0.0), high + (pad if high > 0 else 0.0)], nice=False, zero=True
+        )
         x = alt.X("value:Q", title=titles.get(name, name), scale=scale, axis=alt.Axis(tickCount=3))
         fill = colour
         if name == "contribution":
@@ -86,17 +94,24 @@ def factor_bars(factors: TokenFactors, mark: int | None = None) -> alt.HConcatCh
         bars = base.mark_bar().encode(x=x, color=fill, tooltip=tooltip, **(outlined if mark is not None else {}))
         numbers = (
             base.transform_calculate(text=f"format(datum.value, '{VALUE_FORMATS.get(name, '+.3f')}')")
-            .mark_text(align={"expr": "datum.value < 0 ? 'right' : 'left'"}, dx={"expr": "datum.value < 0 ? -3 : 3"}, color=INK)
+            .mark_text(
+                align={"expr": "datum.value < 0 ? 'right' : 'left'"}, dx={"expr": "datum.value < 0 ? -3 : 3"}, color=INK
+            )
             .encode(x=alt.X("value:Q", scale=scale), text="text:N")
         )
-        panels.append(alt.layer(bars, numbers).properties(width=PANEL_WIDTH, height=height, title=titles.get(name, name)))
+        panels.append(
+            alt.layer(bars, numbers).properties(width=PANEL_WIDTH, height=height, title=titles.get(name, name))
+        )
     width = len(panels) * (PANEL_WIDTH + 8) + KEY_LABELS
     lines = wrap(
         factors.note
-        + "; the sink (first token) in purple; contributions red (adds) or blue (subtracts); linear axes, each bar's value beside it",
+        + "; the sink (first token) in purple; contributions red (adds) or blue (subtracts); linear axes, each bar's "
+        "value beside it",
         width // TITLE_PX_PER_CHAR,
     )
-    return alt.hconcat(*panels, data=frame, spacing=8).properties(title=alt.TitleParams(lines, anchor="start", fontSize=13))
+    return alt.hconcat(*panels, data=frame, spacing=8).properties(
+        title=alt.TitleParams(lines, anchor="start", fontSize=13)
+    )
 
 
 #: How each factor's number is written beside its bar (the tour's sentences print them alike:
@@ -108,7 +123,12 @@ def top_keys_chart(frame: pd.DataFrame, note: str) -> alt.LayerChart:
     """Layers (x) against the keys that rank in the query's top k anywhere (y), each cell marked with its rank in that
     layer and shaded by it (greys, darker: higher; the contribution itself in the tooltip)."""
     labels = _labels(frame["key"], frame["token"])
-    y = alt.Y("key:O", title="key", sort="ascending", axis=alt.Axis(labelExpr=label_expr(labels), labelLimit=140, labelOverlap=False))
+    y = alt.Y(
+        "key:O",
+        title="key",
+        sort="ascending",
+        axis=alt.Axis(labelExpr=label_expr(labels), labelLimit=140, labelOverlap=False),
+    )
     base = alt.Chart(frame).encode(
         x=alt.X("layer:O", title="layer"),
         y=y,
@@ -124,7 +144,9 @@ def top_keys_chart(frame: pd.DataFrame, note: str) -> alt.LayerChart:
     # The cells are coloured by rank (greys: darker, higher), not by the contribution's red: a rank is no sign, and a
     # reader took the red shades for the rank. The contribution is in the tooltip and on the factor bars above.
     ranks = int(frame["rank"].max()) if len(frame) else 1
-    legend = alt.Legend(orient="bottom", direction="horizontal", title="rank in the layer (1: the largest contribution)", titleLimit=400)
+    legend = alt.Legend(
+        orient="bottom", direction="horizontal", title="rank in the layer (1: the largest contribution)", titleLimit=400
+    )
     scale = alt.Scale(scheme=OTHER_SCHEME, reverse=True, domain=[1, max(ranks, 2)])
     rects = base.mark_rect().encode(color=alt.Color("rank:Q", scale=scale, legend=legend))
     text = base.mark_text(fontSize=11).encode(

@@ -38,7 +38,11 @@ def last_token_scores(analysis, layer: int | None, head: int | None) -> tuple[np
             attention.append(row.attention[head, 0].cpu().numpy())
             contribution.append(row.contribution("intra")[head, 0].cpu().numpy())
     where = "all layers (mean)" if layer is None else f"layer {layer}"
-    who = "all heads (attention: mean; contribution: inter-head sum)" if head is None else f"head {head} (contribution: intra-head)"
+    who = (
+        "all heads (attention: mean; contribution: inter-head sum)"
+        if head is None
+        else f"head {head} (contribution: intra-head)"
+    )
     return np.mean(attention, axis=0), np.mean(contribution, axis=0), f"{where}, {who}"
 
 
@@ -70,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
         layers = None if args.layer is None else [args.layer]
         heads = None if args.head is None else [args.head]
         written = to_json(analysis, json_path, layers=layers, heads=heads)
-    print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
+    print(
+        f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})"
+    )
     print(f"tokens: {analysis.num_tokens}; perplexity: {ppl}")
     print(f"last token #{analysis.num_tokens - 1} {tokens[-1]!r}; {scope}")
     print(f"  {'top keys by attention':42} top keys by contribution")

@@ -1,5 +1,6 @@
-"""``cwviz atlas``: every head's statistics pooled over N prompts with bootstrap intervals (:mod:`cwviz.analyses.atlas`),
-saved in a folder that ``--load`` (and the Atlas page) reads back without a forward pass."""
+"""``cwviz atlas``: every head's statistics pooled over N prompts with bootstrap intervals
+(:mod:`cwviz.analyses.atlas`), saved in a folder that ``--load`` (and the Atlas page) reads back without a forward
+pass."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--load reads a finished atlas; --results and --resume run one (give --jsonl or --gsm8k)")
         result = atlas.load(args.load)  # checked whole: a cut or edited folder is refused, never printed in part
         if args.out is not None:
-            atlas.save(result, args.out)  # --out with --load: a copy of the checked results, written before anything prints
+            # --out with --load: a copy of the checked results, written before anything prints
+            atlas.save(result, args.out)
         print(f"loaded {args.load}: {result.manifest.get('model')}, {len(result.prompts)} prompt(s)")
         _print(result, args.top)
         if args.out is not None:
@@ -62,7 +64,8 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     it finishes (with ``--results DIR``, into DIR); the main process pools every record, prints the top heads and
     saves the atlas into ``--out`` and DIR (which ``--load`` and the Atlas page read)."""
     bundle = load(args)
-    atlas.check_bootstrap(args.bootstrap, len(texts), bundle.info.layers * bundle.info.heads, "--bootstrap")  # before any forward pass
+    # before any forward pass
+    atlas.check_bootstrap(args.bootstrap, len(texts), bundle.info.layers * bundle.info.heads, "--bootstrap")
     provenance = model_provenance(bundle)
     settings = ATLAS.settings(DEFAULT_SINK, provenance)
     plan = sweep.Sweep(
@@ -74,7 +77,9 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     )
 
     def compute(index: int) -> dict:
-        with cli_bar(f"prompt {index + 1} of {len(texts)}", unit="layer step", enabled=procs.is_main and sys.stderr.isatty()) as progress:
+        with cli_bar(
+            f"prompt {index + 1} of {len(texts)}", unit="layer step", enabled=procs.is_main and sys.stderr.isatty()
+        ) as progress:
             (frame,) = atlas.iter_prompt_stats(bundle, [texts[index]], progress=progress, start=index)
         return ATLAS.encode(frame)
 
@@ -100,7 +105,13 @@ def manifest(args: argparse.Namespace, provenance: dict, settings: dict, prompts
     """How the atlas was made (``DIR/manifest.json``)."""
     data = {"jsonl": str(jsonl_path(args)), "n": args.n, "field": args.field}
     data = {k: v for k, v in data.items() if v is not None} | {"prompts": prompts}
-    fields = {"sink": DEFAULT_SINK, "bootstrap": args.bootstrap, "confidence": args.confidence, "seed": args.seed, "data": data}
+    fields = {
+        "sink": DEFAULT_SINK,
+        "bootstrap": args.bootstrap,
+        "confidence": args.confidence,
+        "seed": args.seed,
+        "data": data,
+    }
     return run_manifest(args, ATLAS, settings, provenance, count, **fields)
 
 
@@ -110,7 +121,10 @@ def _report(result, per_prompt: pd.DataFrame, args: argparse.Namespace) -> None:
     if args.out is not None:
         atlas.save(result, args.out)
     tokens = int(per_prompt.groupby("prompt")["tokens"].first().sum())
-    print(f"model: {result.manifest['model']}; prompts: {len(result.prompts)} ({tokens:,} tokens) from {args.jsonl or 'the GSM8K sample'}")
+    print(
+        f"model: {result.manifest['model']}; prompts: {len(result.prompts)} ({tokens:,} tokens) from "
+        f"{args.jsonl or 'the GSM8K sample'}"
+    )
     _print(result, args.top)
     if args.out is not None:
         print(f"wrote {args.out}")
@@ -119,7 +133,10 @@ def _report(result, per_prompt: pd.DataFrame, args: argparse.Namespace) -> None:
 def _print(result, top: int) -> None:
     pooled = result.pooled
     level = result.manifest.get("confidence", ATLAS_CONFIDENCE)
-    print(f"means over prompts with {level:.0%} bootstrap intervals ({result.manifest.get('bootstrap')} resamples); sink: the first token")
+    print(
+        f"means over prompts with {level:.0%} bootstrap intervals ({result.manifest.get('bootstrap')} resamples); "
+        "sink: the first token"
+    )
     for metric, label in ATLAS_METRICS.items():
         end = atlas.strongest(metric)
         rows = pooled.dropna(subset=[metric]).sort_values(metric, ascending=end == "low", kind="stable").head(top)

@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     sweep.check_folder(args.results)
     outputs.check_folder(args.results, "--results")
     procs = sweep_processes(args)
-    with sweep.owned(args.results / claims.RECORDS_FOLDER, procs):  # before the model loads: a busy folder is refused at once
+    # before the model loads: a busy folder is refused at once
+    with sweep.owned(args.results / claims.RECORDS_FOLDER, procs):
         return run_sweep(args, protocol, scopes, sink, texts, procs)
 
 
@@ -63,7 +64,12 @@ def run_sweep(args: argparse.Namespace, protocol, scopes: tuple[str, ...], sink,
     faithfulness.check_causal(bundle)
     provenance = model_provenance(bundle)
     settings = CLAIMS.settings(protocol, scopes, sink, provenance)
-    fields = {"seed": protocol.seed, "rates": list(protocol.rates), "measures": list(protocol.measures), "scopes": list(scopes)}
+    fields = {
+        "seed": protocol.seed,
+        "rates": list(protocol.rates),
+        "measures": list(protocol.measures),
+        "scopes": list(scopes),
+    }
     fields |= {"draws": protocol.draws}
     fields |= {"sink": str(sink), "protocol": {"max_tokens": protocol.max_tokens, "rank_scopes": ", ".join(scopes)}}
     fields |= {"data": {"jsonl": str(jsonl_path(args)), "examples": len(texts)}}
@@ -83,7 +89,10 @@ def run_sweep(args: argparse.Namespace, protocol, scopes: tuple[str, ...], sink,
     table = claims.claims_table(made_records, seed=protocol.seed)
     path = args.results / claims.CSV_NAME
     outputs.write(path, outputs.csv_text(table))
-    print(f"model: {bundle.info.id}; {finished} item(s), at most {protocol.max_tokens} tokens each; rank scopes: {', '.join(scopes)}")
+    print(
+        f"model: {bundle.info.id}; {finished} item(s), at most {protocol.max_tokens} tokens each; rank scopes: "
+        f"{', '.join(scopes)}"
+    )
     print(format_table(table))
     print(f"wrote {path} ({len(made_records)} record(s); add it to a report: cwviz report --results {args.results})")
     if outcome.interrupted:
@@ -98,11 +107,13 @@ def format_table(table) -> str:
         where = f" [{row.scope}, {row.curve}, {row.rate:g}%]" if row.claim == 1 else ""
         if row.role == claims.VERDICT:
             lines.append(
-                f"claim {row.claim}{row.part}{where}: {row.verdict.upper()}: {row.statistic} {row.estimate:+.3g} [{row.ci_low:+.3g}, {row.ci_high:+.3g}]; {row.evidence}"
+                f"claim {row.claim}{row.part}{where}: {row.verdict.upper()}: {row.statistic} {row.estimate:+.3g} "
+                f"[{row.ci_low:+.3g}, {row.ci_high:+.3g}]; {row.evidence}"
             )
         else:
             judged = f" ({row.verdict})" if row.verdict else ""
             lines.append(
-                f"  {row.role} {row.claim}{where}: {row.statistic} {row.estimate:+.3g} [{row.ci_low:+.3g}, {row.ci_high:+.3g}]{judged}"
+                f"  {row.role} {row.claim}{where}: {row.statistic} {row.estimate:+.3g} [{row.ci_low:+.3g}, "
+                f"{row.ci_high:+.3g}]{judged}"
             )
     return "\n".join(lines)

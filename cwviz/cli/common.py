@@ -86,12 +86,14 @@ def check_resume(args: argparse.Namespace) -> None:
 
 
 def sweep_processes(args: argparse.Namespace):
-    """This run's processes (:func:`cwviz.core.util.parallel.processes`); under a launcher each process takes its own device
-    (``args.device``), and InputError unless ``--results`` names the folder their records go to."""
+    """This run's processes (:func:`cwviz.core.util.parallel.processes`); under a launcher each process takes its own
+    device (``args.device``), and InputError unless ``--results`` names the folder their records go to."""
 
     procs = processes(args.device)
     if procs.count > 1 and args.results is None:
-        raise InputError(f"this run has {procs.count} processes: each writes its records to --results DIR; give the folder")
+        raise InputError(
+            f"this run has {procs.count} processes: each writes its records to --results DIR; give the folder"
+        )
     if procs.device is not None:
         args.device = procs.device  # one model copy per process, each on its own device
     return procs
@@ -104,10 +106,14 @@ def launched_command(made: dict, count: int) -> dict:
     return made
 
 
-def run_manifest(args: argparse.Namespace, record_type: records.RecordType, settings: dict, provenance: dict, count: int, **fields) -> dict:
+def run_manifest(
+    args: argparse.Namespace, record_type: records.RecordType, settings: dict, provenance: dict, count: int, **fields
+) -> dict:
     """A results folder's ``manifest.json`` (:func:`cwviz.analyses.records.manifest`): the record type's ``fields``,
     the processes that ran and how the run was made (:func:`how_run`, with the launcher when ``count`` > 1)."""
-    return records.manifest(record_type, settings, provenance, **fields, processes=count, **launched_command(how_run(args), count))
+    return records.manifest(
+        record_type, settings, provenance, **fields, processes=count, **launched_command(how_run(args), count)
+    )
 
 
 def how_run(args: argparse.Namespace) -> dict:

@@ -29,7 +29,8 @@ def read_inputs(args: argparse.Namespace) -> list[str]:
     given = args.inputs or []
     if not (len(given) == 2 or (len(given) == 1 and args.model_b)):
         raise InputError(
-            f"compare needs two prompts (--text A --text B, or --file) or one prompt and --model-b; got {len(given)} prompt(s)"
+            f"compare needs two prompts (--text A --text B, or --file) or one prompt and --model-b; got {len(given)} "
+            "prompt(s)"
         )
     if sum(1 for how, value in given if how == "text" and value == "-") > 1:
         raise InputError("standard input can hold one prompt only; give the other with --text or --file")

@@ -99,7 +99,10 @@ def format_accuracy(summary: pd.DataFrame) -> str:
     clean = summary["accuracy_clean"].iloc[0]
     n = int(summary["n"].max())
     rates = sorted(summary["rate"].unique())
-    lines = [f"accuracy: clean {clean:.1%} over {n} item(s); Δaccuracy (masked − clean) in points, paired bootstrap 95% CI in the CSV"]
+    lines = [
+        f"accuracy: clean {clean:.1%} over {n} item(s); Δaccuracy (masked − clean) in points, paired bootstrap "
+        "95% CI in the CSV"
+    ]
     for curve, group in summary.groupby("curve", sort=False):
         lines.append(f"{curve}:")
         lines.append(f"  {'measure':34}" + "".join(f"{f'{r:g}%':>10}" for r in rates))
@@ -119,7 +122,9 @@ def format_order(summary: pd.DataFrame) -> str:
     lines = ["paper's order " + " < ".join(PAPER_ORDER) + " (comprehensiveness; sufficiency reversed):"]
 
     def order_state(rows: pd.DataFrame) -> str:
-        odd = [f"{a}/{b} {r}" for a, b, r in rows[["lower", "higher", "relation"]].itertuples(index=False) if r != "holds"]
+        odd = [
+            f"{a}/{b} {r}" for a, b, r in rows[["lower", "higher", "relation"]].itertuples(index=False) if r != "holds"
+        ]
         return "holds" if not odd else "; ".join(odd)
 
     for curve, group in by_area.groupby("curve", sort=False):
@@ -135,7 +140,9 @@ def format_gaps(gaps: pd.DataFrame, draws: int) -> str:
         return "gap to random: no random run (add random to --measures)"
     lines = [f"gap to random ({draws} draw(s) an example; log-perplexity ratio, > 0: better than chance; 95 % CI):"]
     for row in gaps.itertuples(index=False):
-        lines.append(f"  {row.curve} {row.rate:g}% {row.measure}: {row.gap:+.4g} [{row.ci_low:+.4g}, {row.ci_high:+.4g}]")
+        lines.append(
+            f"  {row.curve} {row.rate:g}% {row.measure}: {row.gap:+.4g} [{row.ci_low:+.4g}, {row.ci_high:+.4g}]"
+        )
     return "\n".join(lines)
 
 
@@ -199,9 +206,12 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
             if bar is not None:
                 bar(done, total)
             if folder is None and args.out is not None and any(not r["skipped"] for r in store.values()):
-                write_csv(FAITHFULNESS.summary(list(store.values()), seed=args.seed), args.out)  # an interrupted run keeps them all
+                # an interrupted run keeps them all
+                write_csv(FAITHFULNESS.summary(list(store.values()), seed=args.seed), args.out)
 
-        outcome = sweep.run(plan, tasks.example_compute(bundle, texts, protocol, args.task), procs, args.resume, progress, store=store)
+        outcome = sweep.run(
+            plan, tasks.example_compute(bundle, texts, protocol, args.task), procs, args.resume, progress, store=store
+        )
     if not outcome.is_main:
         return 130 if outcome.interrupted else 0
     made_records = outcome.records
@@ -212,7 +222,9 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
     gaps = pd.DataFrame()
     if finished:
         gaps = faithfulness_summary.random_gaps(FAITHFULNESS.decode(made_records), seed=args.seed)
-    written = ([folder / records.GAPS] if folder is not None else []) + ([gaps_path(args.out)] if args.out is not None else [])
+    written = ([folder / records.GAPS] if folder is not None else []) + (
+        [gaps_path(args.out)] if args.out is not None else []
+    )
     written = written if len(gaps) else []
     for path in written:
         write_csv(gaps, path)
@@ -230,7 +242,8 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
     print(format_gaps(gaps, protocol.draws))
     if folder is not None:
         print(
-            f"wrote {folder / records.SUMMARY} ({len(made_records)} record(s) from {len(list(folder.glob(records.RECORD_GLOB)))} file(s))"
+            f"wrote {folder / records.SUMMARY} ({len(made_records)} record(s) from "
+            f"{len(list(folder.glob(records.RECORD_GLOB)))} file(s))"
         )
     elif args.out is not None:
         print(f"wrote {args.out}")
@@ -242,12 +255,24 @@ def run_sweep(args: argparse.Namespace, protocol: faithfulness.Protocol, texts: 
 
 
 def manifest(
-    args: argparse.Namespace, protocol: faithfulness.Protocol, provenance: dict, examples: int, count: int, settings: dict
+    args: argparse.Namespace,
+    protocol: faithfulness.Protocol,
+    provenance: dict,
+    examples: int,
+    count: int,
+    settings: dict,
 ) -> dict:
     """How this run was made and how to rerun it (``manifest.json``; the report shows it)."""
     split = split_of(args) if args.dataset else None
-    data = {"jsonl": str(jsonl_path(args)) if jsonl_path(args) else None, "file": args.file, "dataset": args.dataset, "split": split}
-    protocol_fields = {k: getattr(protocol, k) for k in ("layer", "per_head", "rank_by", "rank_scope", "max_tokens", "draws")}
+    data = {
+        "jsonl": str(jsonl_path(args)) if jsonl_path(args) else None,
+        "file": args.file,
+        "dataset": args.dataset,
+        "split": split,
+    }
+    protocol_fields = {
+        k: getattr(protocol, k) for k in ("layer", "per_head", "rank_by", "rank_scope", "max_tokens", "draws")
+    }
     return run_manifest(
         args,
         FAITHFULNESS,

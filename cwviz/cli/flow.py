@@ -34,13 +34,18 @@ def check_args(args: argparse.Namespace) -> None:
     if args.method not in FLOW_METHODS:
         raise InputError(f"no attribution method {args.method[:80]!r}: choose one of {', '.join(FLOW_METHODS)}")
     if args.foil is not None and args.foil == args.target:
-        raise InputError(f"the foil is the target ({args.target[:80]!r}): choose another foil, or none for the target's logit alone")
+        raise InputError(
+            f"the foil is the target ({args.target[:80]!r}): choose another foil, or none for the target's logit alone"
+        )
     outputs.check_file(args.json_path, "--json", "flow.json")
     outputs.check_folder(args.csv_dir, "--csv")
 
 
 def tables(
-    result: attribution.Attribution, drawn: route.Route, checked: Check | None = None, vocabulary: pd.DataFrame | None = None
+    result: attribution.Attribution,
+    drawn: route.Route,
+    checked: Check | None = None,
+    vocabulary: pd.DataFrame | None = None,
 ) -> dict:
     """The method's tables by name: ``tokens`` (position, token, score; with ``--check`` the measured ``effect``),
     ``heads``, ``edges`` (the route ``drawn``: the edges the Flow page draws at the same kept fraction), then its own
@@ -158,7 +163,9 @@ def run(args: argparse.Namespace) -> int:
             outputs.write(args.csv_dir / f"{name}.csv", outputs.csv_text(table, float_format=None))
         written.append(f"{len(made)} tables into {args.csv_dir}")
     info = bundle.info
-    lines = [f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})"]
+    lines = [
+        f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})"
+    ]
     lines += report(result, checked, args.top)
     lines += [f"wrote {what}" for what in written]
     print("\n".join(lines))

@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     sweep.check_folder(args.results)
     outputs.check_folder(args.results, "--results")
     procs = sweep_processes(args)
-    with sweep.owned(args.results / flow_faithfulness.RECORDS_FOLDER, procs):  # before the model loads: a busy folder is refused at once
+    # before the model loads: a busy folder is refused at once
+    with sweep.owned(args.results / flow_faithfulness.RECORDS_FOLDER, procs):
         return run_sweep(args, texts, procs)
 
 
@@ -54,12 +55,16 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     plan = sweep.Sweep(FLOW_FAITHFULNESS, settings, texts, args.results / flow_faithfulness.RECORDS_FOLDER, made)
 
     def compute(index: int) -> dict:
-        return flow_faithfulness.item_payload(bundle, texts[index], index, args.max_tokens, args.seed, args.draws, args.batch_size)
+        return flow_faithfulness.item_payload(
+            bundle, texts[index], index, args.max_tokens, args.seed, args.draws, args.batch_size
+        )
 
     with cli_bar(f"flow-faithfulness [{procs.index}]", unit="item", enabled=procs.is_main) as progress:
         outcome = sweep.run(plan, compute, procs, resume=args.resume, progress=progress)
     stop = early_exit(
-        outcome, len(texts), f"no item had {flow_faithfulness.MIN_TOKENS} or more tokens and a clear top token; nothing to judge"
+        outcome,
+        len(texts),
+        f"no item had {flow_faithfulness.MIN_TOKENS} or more tokens and a clear top token; nothing to judge",
     )
     if stop is not None:
         return stop
@@ -68,12 +73,17 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     verdicts = flow_faithfulness.verdict_table(made_records, seed=args.seed)
     methods = flow_faithfulness.method_table(made_records, seed=args.seed)
     items = flow_faithfulness.item_table(made_records)
-    verdicts_path, methods_path = args.results / flow_faithfulness.CSV_NAME, args.results / flow_faithfulness.METHODS_CSV_NAME
+    verdicts_path, methods_path = (
+        args.results / flow_faithfulness.CSV_NAME,
+        args.results / flow_faithfulness.METHODS_CSV_NAME,
+    )
     items_path = args.results / flow_faithfulness.ITEMS_CSV_NAME
     outputs.write(verdicts_path, outputs.csv_text(verdicts))
     outputs.write(methods_path, outputs.csv_text(methods))
     outputs.write(items_path, outputs.csv_text(items))
-    skips = ", ".join(f"{count} {why}" for why, count in flow_faithfulness.skipped_counts(made_records).items()) or "none"
+    skips = (
+        ", ".join(f"{count} {why}" for why, count in flow_faithfulness.skipped_counts(made_records).items()) or "none"
+    )
     print(f"model: {bundle.info.id}; {finished} item(s), at most {args.max_tokens} tokens each; skipped: {skips}")
     print(flow_faithfulness.format_verdicts(verdicts))
     print(f"wrote {verdicts_path}, {methods_path} and {items_path} ({len(made_records)} record(s))")

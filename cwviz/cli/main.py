@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit status (0, 2 for an error the user can fix, 130 when interrupted)."""
     try:
         return _run(argv)
-    except KeyboardInterrupt:  # during start-up: the parsing, the command's imports (a command's own run handles its own)
+    # during start-up: the parsing, the command's imports (a command's own run handles its own)
+    except KeyboardInterrupt:
         print_line("interrupted")
         return 130
 
@@ -52,7 +53,10 @@ def _exit_at_once_on_ctrl_c():
     ("terminate called after throwing an instance of 'pybind11::error_already_set'", status -6) instead of
     unwinding; nothing has been read or written yet, so the handler ends the process itself. Left alone off the
     main thread, and where SIGINT is ignored (a job started in the background)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
 
@@ -85,7 +89,8 @@ def _run(argv: list[str] | None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
         if getattr(args, "early_check", None) is not None:
-            args.early_check(args)  # the values that need no model, refused before torch is imported (cwviz.cli.options)
+            # the values that need no model, refused before torch is imported (cwviz.cli.options)
+            args.early_check(args)
     except CwvizError as err:
         print(_error_line(err), file=sys.stderr)
         return 2
@@ -145,8 +150,8 @@ def _silence_stdout() -> None:
 
 
 class _Interrupt:
-    """The handler of SIGINT and SIGTERM while a command runs: the first raises KeyboardInterrupt (the command keeps what
-    is finished and says so); a second, while it does that, ends the process at once with one line and status 130,
+    """The handler of SIGINT and SIGTERM while a command runs: the first raises KeyboardInterrupt (the command keeps
+    what is finished and says so); a second, while it does that, ends the process at once with one line and status 130,
     never a traceback from wherever it landed (a closing progress bar, the error handler)."""
 
     def __init__(self) -> None:

@@ -51,11 +51,16 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=MODEL,
-        help="embedded (default; SmolLM2, a causal LM), embedded-gemma (Gemma 3 270M, a causal LM; Gemma terms of use), embedded-encoder (all-MiniLM-L6-v2, a BERT encoder), a hub id, a local folder or a .gguf file",
+        help="embedded (default; SmolLM2, a causal LM), embedded-gemma (Gemma 3 270M, a causal LM; Gemma terms of "
+        "use), embedded-encoder (all-MiniLM-L6-v2, a BERT encoder), a hub id, a local folder or a .gguf file",
     )
     parser.add_argument("--device", default=DEVICE, help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
-    parser.add_argument("--dtype", default=DTYPE, help="auto (bfloat16 on cuda, float32 elsewhere), float32, bfloat16, float16")
-    parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with a hub model (off by default)")
+    parser.add_argument(
+        "--dtype", default=DTYPE, help="auto (bfloat16 on cuda, float32 elsewhere), float32, bfloat16, float16"
+    )
+    parser.add_argument(
+        "--trust-remote-code", action="store_true", help="run code shipped with a hub model (off by default)"
+    )
 
 
 def add_text_args(parser: argparse.ArgumentParser, required: bool = True) -> argparse._MutuallyExclusiveGroup:
@@ -71,7 +76,8 @@ def add_jsonl_args(group: argparse._MutuallyExclusiveGroup, help: str) -> None:
     group.add_argument(
         "--gsm8k",
         action="store_true",
-        help="the GSM8K sample that ships with cwviz (40 test items), or the file $CWVIZ_GSM8K names (e.g. the full test split)",
+        help="the GSM8K sample that ships with cwviz (40 test items), or the file $CWVIZ_GSM8K names (e.g. the full "
+        "test split)",
     )
 
 
@@ -83,7 +89,8 @@ def add_sweep_args(parser: argparse.ArgumentParser, results: str, required: bool
         "--results",
         type=Path,
         required=required,
-        help=f"{results}; each item's record is appended (JSON Lines, one file per process) and fsynced as it finishes; "
+        help=f"{results}; each item's record is appended (JSON Lines, one file per process) and fsynced as it "
+        "finishes; "
         "needed for data-parallel runs (accelerate launch / torchrun)",
     )
     parser.add_argument("--resume", action="store_true", help="with --results: skip the items already recorded there")
@@ -108,7 +115,8 @@ def add_sink_arg(parser: argparse.ArgumentParser) -> None:
         type=parse_sink,
         default=DEFAULT_SINK,
         help=(
-            f"the sink: a token position (default {DEFAULT_SINK}, the first token; negative counts from the end, so -1 is "
+            f"the sink: a token position (default {DEFAULT_SINK}, the first token; negative counts from the end, so -1 "
+            "is "
             f"the last, BERT's [SEP]) or '{AUTO}' (the key with the largest mean attention)"
         ),
     )
@@ -125,7 +133,9 @@ def parse_sink(value: str) -> int | str:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--sink takes a token position (0, 1, ...; -1 is the last) or '{AUTO}', not {value!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--sink takes a token position (0, 1, ...; -1 is the last) or '{AUTO}', not {value!r}"
+        ) from None
 
 
 def parse_batch_size(value: str) -> int:
@@ -162,7 +172,10 @@ def check_flow_faithfulness(args: argparse.Namespace) -> None:
         if value < least:
             raise InputError(f"{flag} must be at least {least}, not {value}")
     if args.max_tokens < FLOW_MIN_TOKENS:
-        raise InputError(f"--max-tokens must be at least {FLOW_MIN_TOKENS} (the target and three input tokens), not {args.max_tokens}")
+        raise InputError(
+            f"--max-tokens must be at least {FLOW_MIN_TOKENS} (the target and three input tokens), not "
+            f"{args.max_tokens}"
+        )
 
 
 def parse_rates(value: str) -> tuple[float, ...]:

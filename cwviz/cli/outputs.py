@@ -68,7 +68,9 @@ def check_folder(path: Path | None, flag: str) -> None:
 def _check_writable(folder: Path, flag: str, path: Path) -> None:
     """InputError unless ``folder`` (where ``path`` of ``flag`` goes) can be written to."""
     if not can_write_in(folder):
-        raise InputError(f"cannot write {flag} {path}: you have no permission to write in {folder}; choose a folder you can write to")
+        raise InputError(
+            f"cannot write {flag} {path}: you have no permission to write in {folder}; choose a folder you can write to"
+        )
 
 
 def make_folder(path: Path) -> Path:

@@ -85,11 +85,16 @@ def _add_sinks(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_FACTOR,
         help=f"λ for the ΔPPL runs: the sink's value is multiplied by it (default {DEFAULT_FACTOR:g}: removed)",
     )
-    parser.add_argument("--no-ppl", action="store_true", help="skip the ΔPPL runs (one forward pass per layer and prompt, batched)")
-    parser.add_argument("--csv", type=Path, help="write the full table (one row per prompt, layer, head and query) here")
+    parser.add_argument(
+        "--no-ppl", action="store_true", help="skip the ΔPPL runs (one forward pass per layer and prompt, batched)"
+    )
+    parser.add_argument(
+        "--csv", type=Path, help="write the full table (one row per prompt, layer, head and query) here"
+    )
     add_sweep_args(
         parser,
-        "a results folder (e.g. a faithfulness sweep's): writes the per-prompt records, sinks/layers.csv, sinks/heads.csv "
+        "a results folder (e.g. a faithfulness sweep's): writes the per-prompt records, sinks/layers.csv, "
+        "sinks/heads.csv "
         "and sinks/manifest.json into DIR/sinks, which `cwviz report --results DIR` adds to the report",
     )
     add_model_args(parser)
@@ -109,7 +114,8 @@ def _add_faithfulness(sub: argparse._SubParsersAction) -> None:
     data.add_argument(
         "--file",
         type=Path,
-        help="a UTF-8 text file, each paragraph (blank-line separated) one example; .jsonl/.json files are read as JSONL",
+        help="a UTF-8 text file, each paragraph (blank-line separated) one example; .jsonl/.json files are read as "
+        "JSONL",
     )
     data.add_argument("--text", help="one example given on the command line ('-' reads standard input)")
     data.add_argument("--dataset", help="a Hugging Face dataset NAME or NAME:CONFIG (needs `datasets` and network)")
@@ -117,7 +123,8 @@ def _add_faithfulness(sub: argparse._SubParsersAction) -> None:
         "--task",
         choices=("text", *TASKS),
         default="text",
-        help="text (default: ΔPPL of each example's own tokens) or a multiple-choice task read from --jsonl or --dataset "
+        help="text (default: ΔPPL of each example's own tokens) or a multiple-choice task read from --jsonl or "
+        "--dataset "
         "in its standard fields (mmlu: question, choices, answer index; boolq: passage, question, answer true/false; "
         "winogrande: sentence with _, option1, option2, answer 1/2): accuracy under masking beside ΔPPL",
     )
@@ -133,13 +140,17 @@ def _add_faithfulness(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--layers", default="all", help="all (default: mask in every layer at once) or one layer index")
     parser.add_argument("--per-head", action="store_true", help="rank keys per head (default: layer-level scores)")
-    parser.add_argument("--rank-by", choices=RANK_BY, default=RANK_BY[0], help="rank by the signed score (default) or its magnitude")
+    parser.add_argument(
+        "--rank-by", choices=RANK_BY, default=RANK_BY[0], help="rank by the signed score (default) or its magnitude"
+    )
     parser.add_argument(
         "--rank-scope",
         choices=RANK_SCOPES,
         default=RANK_SCOPES[0],
-        help="what is ranked together: each query's keys (query, default), the keys by their mean score over the queries "
-        "that see them, masked for every query (token), or all visible (query, key) pairs of a layer (layer); docs/METHOD.md section 3",
+        help="what is ranked together: each query's keys (query, default), the keys by their mean score over the "
+        "queries "
+        "that see them, masked for every query (token), or all visible (query, key) pairs of a layer (layer); "
+        "docs/METHOD.md section 3",
     )
     parser.add_argument(
         "--max-tokens",
@@ -155,9 +166,14 @@ def _add_faithfulness(sub: argparse._SubParsersAction) -> None:
         f"(every distinct run of an example on a GPU, at most {DEFAULT_BATCH_SIZE} on a CPU)",
     )
     parser.add_argument(
-        "--draws", type=int, default=DEFAULT_DRAWS, help=f"random rankings per example, the control (default {DEFAULT_DRAWS})"
+        "--draws",
+        type=int,
+        default=DEFAULT_DRAWS,
+        help=f"random rankings per example, the control (default {DEFAULT_DRAWS})",
     )
-    parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the random rankings and the bootstrap (default {SEED})")
+    parser.add_argument(
+        "--seed", type=int, default=SEED, help=f"seed of the random rankings and the bootstrap (default {SEED})"
+    )
     parser.add_argument("--out", type=Path, help="summary CSV, rewritten after every example")
     add_sweep_args(parser, "results folder: per-example records, manifest.json and summary.csv")
     add_model_args(parser)
@@ -177,7 +193,9 @@ def _add_claims(sub: argparse._SubParsersAction) -> None:
     add_jsonl_args(data, "JSON Lines: a 'text' field per line, or GSM8K's question and answer")
     parser.add_argument("--field", help="the JSONL field holding the text (default: text, or question+answer)")
     add_examples_arg(parser, f"number of items (default {DEFAULT_EXAMPLES})", DEFAULT_EXAMPLES)
-    parser.add_argument("--results", type=Path, required=True, help="results folder: DIR/claims/ (records, manifest) and DIR/claims.csv")
+    parser.add_argument(
+        "--results", type=Path, required=True, help="results folder: DIR/claims/ (records, manifest) and DIR/claims.csv"
+    )
     parser.add_argument("--resume", action="store_true", help="skip the items already recorded in DIR/claims/")
     parser.add_argument("--rates", default=rates, help=f"removal rates in %% for claim 1 (default {rates})")
     parser.add_argument(
@@ -193,10 +211,20 @@ def _add_claims(sub: argparse._SubParsersAction) -> None:
     )
     add_sink_arg(parser)
     parser.add_argument(
-        "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help=f"masked runs per forward pass (default {DEFAULT_BATCH_SIZE})"
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"masked runs per forward pass (default {DEFAULT_BATCH_SIZE})",
     )
-    parser.add_argument("--draws", type=int, default=DEFAULT_DRAWS, help=f"random rankings per item, the control (default {DEFAULT_DRAWS})")
-    parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the random rankings and the bootstrap (default {SEED})")
+    parser.add_argument(
+        "--draws",
+        type=int,
+        default=DEFAULT_DRAWS,
+        help=f"random rankings per item, the control (default {DEFAULT_DRAWS})",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=SEED, help=f"seed of the random rankings and the bootstrap (default {SEED})"
+    )
     add_model_args(parser)
     parser.set_defaults(command_module="cwviz.cli.claims")
 
@@ -204,30 +232,45 @@ def _add_claims(sub: argparse._SubParsersAction) -> None:
 def _add_flow(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "flow",
-        help="where one prediction came from: which input tokens and heads push it up or down, by one attribution method",
+        help="where one prediction came from: which input tokens and heads push it up or down, by one attribution "
+        "method",
         description="One attribution method of docs/METHOD.md section 7.2 on one prompt. A causal LM: toward "
-        "logit(target) - logit(foil) at a position (default: the last position and the model's top next token there, no "
+        "logit(target) - logit(foil) at a position (default: the last position and the model's top next token there, "
+        "no "
         "foil). An encoder: into a position's final representation (default 0, [CLS]); a target cannot be asked of it. "
-        "--check takes every input token away in turn and prints how well the method's scores follow the measured effects.",
+        "--check takes every input token away in turn and prints how well the method's scores follow the measured "
+        "effects.",
     )
     add_text_args(parser)
     add_model_args(parser)
-    parser.add_argument("--target", help="the target token, exactly one token of the model's vocabulary (mind a leading space)")
+    parser.add_argument(
+        "--target", help="the target token, exactly one token of the model's vocabulary (mind a leading space)"
+    )
     parser.add_argument("--foil", help="a foil token: the flow is toward logit(target) - logit(foil)")
-    parser.add_argument("--position", type=int, help="the position predicted from (default: the last; an encoder's 0, [CLS])")
-    parser.add_argument("--top", type=int, default=FLOW_TOP, help=f"tokens and heads listed each way (default {FLOW_TOP})")
+    parser.add_argument(
+        "--position", type=int, help="the position predicted from (default: the last; an encoder's 0, [CLS])"
+    )
+    parser.add_argument(
+        "--top", type=int, default=FLOW_TOP, help=f"tokens and heads listed each way (default {FLOW_TOP})"
+    )
     add_option(
         parser,
         "--kept",
         formerly=("--share",),
         type=float,
         default=KEPT,
-        help="the kept fraction: the fraction of the cross-token |effect| on paths into the prediction that the route's "
+        help="the kept fraction: the fraction of the cross-token |effect| on paths into the prediction that the "
+        "route's "
         f"edges carry, as the Flow page's 'Effect drawn' (docs/flow.md, 'The route'; default {KEPT:g})",
     )
-    parser.add_argument("--json", dest="json_path", type=Path, help="write the summary and every table as one JSON file")
     parser.add_argument(
-        "--csv", dest="csv_dir", type=Path, help="write tokens.csv, heads.csv, edges.csv (and the method's own tables) into this folder"
+        "--json", dest="json_path", type=Path, help="write the summary and every table as one JSON file"
+    )
+    parser.add_argument(
+        "--csv",
+        dest="csv_dir",
+        type=Path,
+        help="write tokens.csv, heads.csv, edges.csv (and the method's own tables) into this folder",
     )
     parser.add_argument(
         "--method",
@@ -250,25 +293,40 @@ def _add_flow_faithfulness(sub: argparse._SubParsersAction) -> None:
         description="On each item: take each input token away (relay: its value in every layer; origin: its input "
         "embedding replaced by the mean one) and correlate the size of the effects on the logit difference (top token "
         "minus second) with the size of every attribution method's scores (the effect flow, the share flow, input x "
-        "gradient, ALTI, attention rollout, raw attention, and a random control); the signed methods' signs against the "
-        "effects' signs; deletion curves at 10 and 30 percent of the input tokens; judge the pre-registered comparisons "
+        "gradient, ALTI, attention rollout, raw attention, and a random control); the signed methods' signs against "
+        "the "
+        "effects' signs; deletion curves at 10 and 30 percent of the input tokens; judge the pre-registered "
+        "comparisons "
         "holds / fails / unresolved from 95 percent paired bootstrap intervals over the items (docs/METHOD.md section "
-        "7.3). Writes DIR/flow_faithfulness.csv, DIR/flow_faithfulness_methods.csv and DIR/flow_faithfulness_items.csv.",
+        "7.3). Writes DIR/flow_faithfulness.csv, DIR/flow_faithfulness_methods.csv and "
+        "DIR/flow_faithfulness_items.csv.",
     )
     data = parser.add_mutually_exclusive_group(required=True)
     add_jsonl_args(data, "JSON Lines: a 'text' field per line, or GSM8K's question and answer")
     parser.add_argument("--field", help="the JSONL field holding the text (default: text, or question+answer)")
     add_examples_arg(parser, f"number of items (default {DEFAULT_EXAMPLES})", DEFAULT_EXAMPLES)
-    add_sweep_args(parser, "results folder: DIR/flow_faithfulness/ (records, manifest) and the CSV files", required=True)
+    add_sweep_args(
+        parser, "results folder: DIR/flow_faithfulness/ (records, manifest) and the CSV files", required=True
+    )
     parser.add_argument(
         "--max-tokens",
         type=int,
         default=FLOW_MAX_TOKENS,
-        help=f"token cap per item: longer ones are cut, the target is the next token after the cut (default {FLOW_MAX_TOKENS})",
+        help="token cap per item: longer ones are cut, the target is the next token after the cut (default "
+        f"{FLOW_MAX_TOKENS})",
     )
-    parser.add_argument("--draws", type=int, default=FLOW_DRAWS, help=f"random rankings per item (default {FLOW_DRAWS})")
-    parser.add_argument("--batch-size", type=int, default=FLOW_BATCH_SIZE, help=f"knockouts per forward pass (default {FLOW_BATCH_SIZE})")
-    parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the random rankings and the bootstrap (default {SEED})")
+    parser.add_argument(
+        "--draws", type=int, default=FLOW_DRAWS, help=f"random rankings per item (default {FLOW_DRAWS})"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=FLOW_BATCH_SIZE,
+        help=f"knockouts per forward pass (default {FLOW_BATCH_SIZE})",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=SEED, help=f"seed of the random rankings and the bootstrap (default {SEED})"
+    )
     add_model_args(parser)
     parser.set_defaults(command_module="cwviz.cli.flow_faithfulness", early_check=check_flow_faithfulness)
 
@@ -289,9 +347,11 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "compare",
-        help="compare two prompts (or one prompt on two models): alignment, maps' differences, per-head changes, log-probabilities",
+        help="compare two prompts (or one prompt on two models): alignment, maps' differences, per-head changes, "
+        "log-probabilities",
         description=(
-            "Input A is the first prompt on --model; input B the second prompt (or the same one) on --model-b (default: "
+            "Input A is the first prompt on --model; input B the second prompt (or the same one) on --model-b "
+            "(default: "
             "--model). Tokens are paired by position when both inputs have as many, else by a sequence alignment "
             "of the token ids. Prints the alignment, the heads ranked by the change B - A of a per-head summary, "
             "the largest changes in the selected layer's maps and the change in each aligned token's log-probability."
@@ -328,35 +388,52 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
         help="the per-head summary whose change ranks the heads (default divergence)",
     )
     parser.add_argument("--top", type=int, default=COMPARE_TOP, help=f"heads listed (default {COMPARE_TOP})")
-    parser.add_argument("--out", type=Path, help="a folder: write alignment.csv, heads.csv, logprobs.csv and maps.csv there")
+    parser.add_argument(
+        "--out", type=Path, help="a folder: write alignment.csv, heads.csv, logprobs.csv and maps.csv there"
+    )
     parser.set_defaults(command_module="cwviz.cli.compare")
 
 
 def _add_atlas(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "atlas",
-        help="every head's sink shares, cos(v_sink, m), divergence, negative share and output norm pooled over N prompts",
+        help="every head's sink shares, cos(v_sink, m), divergence, negative share and output norm pooled over N "
+        "prompts",
         description=(
             "For every (layer, head), statistics of each prompt (one forward pass each; means over its queries 1..T-1) "
             "pooled over the prompts with percentile bootstrap intervals: the sink's share under attention and under "
-            "intra-head contribution, mean cos(v_sink, m), the divergence of attention and contribution rows, the share "
+            "intra-head contribution, mean cos(v_sink, m), the divergence of attention and contribution rows, the "
+            "share "
             "of negative contribution mass and the head output norm. The sink is the first token."
         ),
     )
     group = parser.add_mutually_exclusive_group(required=True)
     add_jsonl_args(group, "a JSON Lines file: one prompt a line ('text', or GSM8K's 'question' + 'answer')")
-    group.add_argument("--load", type=Path, help="a results folder written by --out: print it again, no model is loaded")
+    group.add_argument(
+        "--load", type=Path, help="a results folder written by --out: print it again, no model is loaded"
+    )
     add_examples_arg(parser, "only the first N prompts")
     parser.add_argument("--field", help="read the prompt from this field")
-    parser.add_argument("--out", type=Path, help="write the results folder here (per_prompt.csv, pooled.csv, prompts.jsonl, atlas.json)")
+    parser.add_argument(
+        "--out", type=Path, help="write the results folder here (per_prompt.csv, pooled.csv, prompts.jsonl, atlas.json)"
+    )
     add_sweep_args(
         parser,
-        "results folder: per-prompt records, manifest.json and the atlas files of --out (the Atlas page and --load read it)",
+        "results folder: per-prompt records, manifest.json and the atlas files of --out (the Atlas page and --load "
+        "read it)",
     )
     parser.add_argument(
-        "--bootstrap", type=int, default=ATLAS_BOOTSTRAP, help=f"bootstrap resamples of the prompts (default {ATLAS_BOOTSTRAP})"
+        "--bootstrap",
+        type=int,
+        default=ATLAS_BOOTSTRAP,
+        help=f"bootstrap resamples of the prompts (default {ATLAS_BOOTSTRAP})",
     )
-    parser.add_argument("--confidence", type=float, default=ATLAS_CONFIDENCE, help=f"the intervals' coverage (default {ATLAS_CONFIDENCE})")
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=ATLAS_CONFIDENCE,
+        help=f"the intervals' coverage (default {ATLAS_CONFIDENCE})",
+    )
     parser.add_argument("--seed", type=int, default=ATLAS_SEED, help=f"the bootstrap's seed (default {ATLAS_SEED})")
     parser.add_argument("--top", type=int, default=ATLAS_TOP, help=f"heads listed per statistic (default {ATLAS_TOP})")
     add_model_args(parser)

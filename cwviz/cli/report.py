@@ -32,9 +32,15 @@ def faithfulness_sections(folder: Path) -> list:
     manifest = records.read_manifest(folder, FAITHFULNESS) or {}
     total = records.manifest_items(manifest)
     measured = sum(1 for record in made if not record["skipped"])
-    recorded = f"{len(made)} example(s): {measured} measured (the tables' n), {len(made) - measured} skipped (fewer than two tokens)"
+    recorded = (
+        f"{len(made)} example(s): {measured} measured (the tables' n), {len(made) - measured} skipped (fewer than two "
+        "tokens)"
+    )
     if total is not None and len(made) < total:  # an unfinished run: the report says so (and how to finish it)
-        print(f"note: {folder} holds {len(made)} of the run's {total} examples; add --resume to the run's command to finish it")
+        print(
+            f"note: {folder} holds {len(made)} of the run's {total} examples; add --resume to the run's command to "
+            "finish it"
+        )
     if not len(table):
         raise InputError(f"the records in {folder} hold no finished example; run the sweep (with --resume) first")
     summary = faithfulness_summary.summarize(table, seed=manifest.get("seed", 0))
@@ -70,9 +76,15 @@ def sinks_section(folder: Path):
         layers_ok = table is None or sorted(set(table["layer"])) == made_layers
         per_layer = [] if table is None or "head" not in table else table.groupby("layer").size().tolist()
         heads_ok = not per_layer or len(set(per_layer)) == 1 and (count is None or per_layer[0] == count)
-        if not layers_ok or not heads_ok or len(layers) != len(made_layers) or made_layers != list(range(len(made_layers))):
+        if (
+            not layers_ok
+            or not heads_ok
+            or len(layers) != len(made_layers)
+            or made_layers != list(range(len(made_layers)))
+        ):
             raise InputError(
-                f"{path} does not hold the {len(made_layers)} layers of the records beside it (or not every head of each: cut, or from another run); rerun cwviz sinks --results {folder} --resume"
+                f"{path} does not hold the {len(made_layers)} layers of the records beside it (or not every head of "
+                f"each: cut, or from another run); rerun cwviz sinks --results {folder} --resume"
             )
     return report.sinks_section(manifest, layers, heads)
 
@@ -107,7 +119,9 @@ def sinks_table(path: Path, columns: tuple[str, ...], folder: Path) -> pd.DataFr
         or (table[keys] % 1 != 0).any().any()
         or table.duplicated(keys).any()
     ):
-        raise InputError(f"{path} is not a cwviz sinks table (its {' and '.join(keys)} column(s) are not distinct indices); {rerun}")
+        raise InputError(
+            f"{path} is not a cwviz sinks table (its {' and '.join(keys)} column(s) are not distinct indices); {rerun}"
+        )
     return table
 
 
@@ -145,9 +159,13 @@ def run(args: argparse.Namespace) -> int:
     flow_results = (folder / flow_faithfulness.RECORDS_FOLDER).is_dir()
     if not sections:
         if flow_results:
-            raise InputError(f"{folder} holds the results of `cwviz flow-faithfulness`, which the report does not cover: {FLOW_RESULTS}")
+            raise InputError(
+                f"{folder} holds the results of `cwviz flow-faithfulness`, which the report does not "
+                f"cover: {FLOW_RESULTS}"
+            )
         raise InputError(
-            f"{folder} holds no results: run `cwviz faithfulness --results {folder}` or `cwviz sinks --results {folder}` first"
+            f"{folder} holds no results: run `cwviz faithfulness --results {folder}` or `cwviz sinks --results "
+            f"{folder}` first"
         )
     if flow_results:
         print(f"note: the report leaves out the `cwviz flow-faithfulness` results in {folder}: {FLOW_RESULTS}")

@@ -82,7 +82,9 @@ def measure(args: argparse.Namespace, bundle, text: str, index: int, total: int)
             analysis = analyze(bundle, text, progress=progress)
         sink = sinks.resolve_sink(analysis, args.sink)
         if not args.no_ppl and bundle.arch.causal and analysis.num_tokens < 2:
-            raise InputError("perplexity needs at least two tokens; give a longer prompt, or add --no-ppl to skip the ΔPPL runs")
+            raise InputError(
+                "perplexity needs at least two tokens; give a longer prompt, or add --no-ppl to skip the ΔPPL runs"
+            )
     except CwvizError as err:
         where = f"prompt {index + 1} of {args.jsonl}: " if args.jsonl is not None else ""
         raise type(err)(f"{where}{err}") from None
@@ -117,13 +119,26 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     if not outcome.records:
         return report_interrupt(0, len(texts), "prompt")
     prompts = [
-        Prompt(SINKS.decode(r), r["sink"], tuple(r["tokens"]), None if r["ppl"] is None else np.array(r["ppl"]), r["ppl_clean"])
+        Prompt(
+            SINKS.decode(r),
+            r["sink"],
+            tuple(r["tokens"]),
+            None if r["ppl"] is None else np.array(r["ppl"]),
+            r["ppl_clean"],
+        )
         for r in outcome.records
     ]
     return finish(args, bundle, prompts, len(texts), interrupted=outcome.interrupted, made=made)
 
 
-def finish(args: argparse.Namespace, bundle, prompts: list[Prompt], total: int, interrupted: bool = False, made: dict | None = None) -> int:
+def finish(
+    args: argparse.Namespace,
+    bundle,
+    prompts: list[Prompt],
+    total: int,
+    interrupted: bool = False,
+    made: dict | None = None,
+) -> int:
     """Pool the prompts' tables, write the files asked for, print the per-layer table; the exit status."""
     info = bundle.info
     finished = len(prompts)
@@ -145,8 +160,13 @@ def finish(args: argparse.Namespace, bundle, prompts: list[Prompt], total: int, 
         folder = write_results(args, table, summary, _describe_sinks(positions, args.sink), finished, made)
         written.append(f"wrote {folder} (add it to a report: cwviz report --results {args.results})")
 
-    print(f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})")
-    print(f"prompts: {finished} ({sum(len(p.tokens) for p in prompts):,} tokens); sink: {_describe_sinks(positions, args.sink)}")
+    print(
+        f"model: {info.id} ({info.architecture}, {info.layers} layers x {info.heads} heads, {info.device} {info.dtype})"
+    )
+    print(
+        f"prompts: {finished} ({sum(len(p.tokens) for p in prompts):,} tokens); sink: "
+        f"{_describe_sinks(positions, args.sink)}"
+    )
     print(
         "means over heads and the queries that see another key; attention share: mean over heads, "
         "contribution share: inter-head, summed over heads"
@@ -172,7 +192,9 @@ def finish(args: argparse.Namespace, bundle, prompts: list[Prompt], total: int, 
     for line in written:
         print(line)
     if interrupted:
-        return report_interrupt(finished, total, "prompt", args.results / RESULTS_FOLDER if args.results is not None else args.csv)
+        return report_interrupt(
+            finished, total, "prompt", args.results / RESULTS_FOLDER if args.results is not None else args.csv
+        )
     return 0
 
 
@@ -183,12 +205,19 @@ RESULTS_FOLDER = "sinks"
 def manifest(args: argparse.Namespace, provenance: dict, settings: dict, prompts: int, count: int) -> dict:
     """How the sinks were made (``DIR/sinks/manifest.json``; the report shows it); :func:`write_results` adds the
     sinks found and the prompts counted."""
-    data = {"jsonl": str(args.jsonl) if args.jsonl else None, "file": str(args.file) if args.file else None, "n": args.n}
-    data = {k: v for k, v in data.items() if v is not None} | {"prompts": prompts}  # the records' example indices lie below it
+    data = {
+        "jsonl": str(args.jsonl) if args.jsonl else None,
+        "file": str(args.file) if args.file else None,
+        "n": args.n,
+    }
+    # the records' example indices lie below it
+    data = {k: v for k, v in data.items() if v is not None} | {"prompts": prompts}
     return run_manifest(args, SINKS, settings, provenance, count, sink=str(args.sink), factor=args.factor, data=data)
 
 
-def write_results(args: argparse.Namespace, table: pd.DataFrame, layers: pd.DataFrame, sink: str, prompts: int, made: dict) -> Path:
+def write_results(
+    args: argparse.Namespace, table: pd.DataFrame, layers: pd.DataFrame, sink: str, prompts: int, made: dict
+) -> Path:
     """The per-layer and per-head tables in ``DIR/sinks``, and its manifest completed with the sinks found and the
     prompts counted (each file replaced whole)."""
 
@@ -214,7 +243,9 @@ def _describe_sinks(positions: list[tuple[int, str]], asked: str) -> str:
     else:
         counts = pd.Series([p for p, _ in positions]).value_counts()
         where = "positions " + ", ".join(f"{p} ({n} prompts)" for p, n in counts.items())
-    return f"{where} ({'detected: largest mean attention received' if str(asked).strip().lower() == 'auto' else 'chosen'})"
+    return (
+        f"{where} ({'detected: largest mean attention received' if str(asked).strip().lower() == 'auto' else 'chosen'})"
+    )
 
 
 def _format(summary: pd.DataFrame) -> str:

@@ -12,7 +12,10 @@ from .util.errors import InputError
 #: :mod:`cwviz.core.method.measures`, which look a kind up by name (``KINDS.index(kind)``), never by position.
 KINDS: tuple[str, ...] = ("inter", "intra")
 #: How every picker of a contribution kind shows it (a page's link holds this label: keep it as it is).
-KIND_LABELS: dict[str, str] = {"inter": "Share of the layer output (inter)", "intra": "Share of each head's output (intra)"}
+KIND_LABELS: dict[str, str] = {
+    "inter": "Share of the layer output (inter)",
+    "intra": "Share of each head's output (intra)",
+}
 
 
 def check_kind(kind: object) -> str:

@@ -43,7 +43,9 @@ def _invocation(action: argparse.Action) -> str:
         return action.metavar or action.dest
     if action.nargs == 0:
         return ", ".join(action.option_strings)
-    metavar = action.metavar or (action.dest.upper() if action.choices is None else "{" + ",".join(map(str, action.choices)) + "}")
+    metavar = action.metavar or (
+        action.dest.upper() if action.choices is None else "{" + ",".join(map(str, action.choices)) + "}"
+    )
     if isinstance(metavar, tuple):
         metavar = " ".join(metavar)
     return ", ".join(f"{flag} {metavar}" for flag in action.option_strings)
@@ -65,10 +67,19 @@ def _parser_section(name: str, parser: argparse.ArgumentParser, summary: str, le
     formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
     lines += ["```text", formatter.format_help().strip(), "```", ""]
     for group in parser._action_groups:
-        actions = [a for a in group._group_actions if a.help is not argparse.SUPPRESS and not isinstance(a, argparse._SubParsersAction)]
+        actions = [
+            a
+            for a in group._group_actions
+            if a.help is not argparse.SUPPRESS and not isinstance(a, argparse._SubParsersAction)
+        ]
         if not actions:
             continue
-        lines += [f"**{group.title[0].upper() + group.title[1:]}**", "", "| option | default | meaning |", "|---|---|---|"]
+        lines += [
+            f"**{group.title[0].upper() + group.title[1:]}**",
+            "",
+            "| option | default | meaning |",
+            "|---|---|---|",
+        ]
         for action in actions:
             meaning = formatter._expand_help(action) if action.help else ""
             lines.append(f"| `{_cell(_invocation(action))}` | {_cell(_default(action))} | {_cell(meaning)} |")
@@ -119,7 +130,11 @@ def on_config(config, **kwargs):
     claims = Path(config["docs_dir"]) / "claims.md"
     if claims.exists():
         for section in config["nav"] or []:
-            if isinstance(section, dict) and "Analyses" in section and {"Claims": "claims.md"} not in section["Analyses"]:
+            if (
+                isinstance(section, dict)
+                and "Analyses" in section
+                and {"Claims": "claims.md"} not in section["Analyses"]
+            ):
                 section["Analyses"].append({"Claims": "claims.md"})
     return config
 

@@ -71,7 +71,9 @@ def test_pooled_statistics_equal_those_pooled_by_hand(llama, result):
             low, high = np.nanpercentile(means, [2.5, 97.5], axis=0)
         np.testing.assert_allclose(pooled[f"{name}_low"], low, atol=1e-6)
         np.testing.assert_allclose(pooled[f"{name}_high"], high, atol=1e-6)
-        assert (pooled[f"{name}_low"] <= pooled[name] + 1e-9).all() and (pooled[name] <= pooled[f"{name}_high"] + 1e-9).all()
+        assert (pooled[f"{name}_low"] <= pooled[name] + 1e-9).all() and (
+            pooled[name] <= pooled[f"{name}_high"] + 1e-9
+        ).all()
     # The one-token prompt has no query after the first: its cos is NaN and is left out of the pooled mean.
     assert result.per_prompt.loc[result.per_prompt["prompt"] == 3, "cos_sink_rest"].isna().all()
 
@@ -83,7 +85,10 @@ def test_saved_results_reload_to_the_same_maps(result, tmp_path):
     pd.testing.assert_frame_equal(again.per_prompt, result.per_prompt)
     assert again.prompts == result.prompts and again.manifest == result.manifest
     for metric in ATLAS_METRICS:
-        assert charts.atlas_map(again.pooled, metric, 1, 2).to_dict() == charts.atlas_map(result.pooled, metric, 1, 2).to_dict()
+        assert (
+            charts.atlas_map(again.pooled, metric, 1, 2).to_dict()
+            == charts.atlas_map(result.pooled, metric, 1, 2).to_dict()
+        )
     (folder / atlas.FILES["pooled"]).unlink()
     with pytest.raises(cwviz.InputError, match="holds no atlas results"):
         atlas.load(folder)
@@ -115,13 +120,18 @@ def test_the_cli_refuses_bad_arguments_with_one_line(tmp_path, capsys):
 
 def test_the_cli_pools_prompts_saves_and_reloads(embedded, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"text": t}) for t in ["The cat sat.", "Two plus two is four.", "Hi"]), encoding="utf-8")
+    prompts.write_text(
+        "\n".join(json.dumps({"text": t}) for t in ["The cat sat.", "Two plus two is four.", "Hi"]), encoding="utf-8"
+    )
     out = tmp_path / "atlas"
-    assert main(["atlas", "--jsonl", str(prompts), "--n", "2", "--out", str(out), "--bootstrap", "50", "--top", "2"]) == 0
+    assert (
+        main(["atlas", "--jsonl", str(prompts), "--n", "2", "--out", str(out), "--bootstrap", "50", "--top", "2"]) == 0
+    )
     printed = capsys.readouterr().out
     assert "prompts: 2" in printed and "cos(ṽ_sink, m)" in printed and f"wrote {out}" in printed
     saved = atlas.load(out)
     assert len(saved.prompts) == 2 and len(saved.pooled) == embedded.info.layers * embedded.info.heads
     assert main(["atlas", "--load", str(out), "--top", "2"]) == 0
     reloaded = capsys.readouterr().out
-    assert printed.split("sink: the first token")[1].split("wrote")[0] == reloaded.split("sink: the first token")[1]  # the same tables
+    # the same tables
+    assert printed.split("sink: the first token")[1].split("wrote")[0] == reloaded.split("sink: the first token")[1]

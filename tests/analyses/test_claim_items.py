@@ -34,7 +34,14 @@ def test_claim_three_averages_the_sink_active_heads_only():
     mean over every head is about 0, over the sink-active heads (≥ 0.3) it is head 0's, and weighting by the sink
     ratio leans toward head 0. A threshold no head reaches gives NaN."""
     table = pd.DataFrame(sink_rows(0, 0.6, -0.2) + sink_rows(1, 0.05, 0.2))
-    table.loc[len(table)] = {"layer": 0, "head": 0, "query": 0, "other_keys": 0, "sink_ratio": 1.0, "cos_sink_rest": np.nan}
+    table.loc[len(table)] = {
+        "layer": 0,
+        "head": 0,
+        "query": 0,
+        "other_keys": 0,
+        "sink_ratio": 1.0,
+        "cos_sink_rest": np.nan,
+    }
     out = claim_items.active_cosines(table, thresholds=(0.0, 0.3, 0.9))
     assert out["cos_active_0"] == pytest.approx(0.0)
     assert out["cos_active_0.3"] == pytest.approx(-0.2)
@@ -118,7 +125,8 @@ def test_the_control_removes_each_layers_own_key_and_nothing_else():
 def test_claim_five_reads_only_the_low_norm_outputs():
     """Eight outputs of one head, the two shortest (the bottom quarter) at right angles to each other; the sink's
     removal turns those two onto the centroid's direction (spread narrows: their cosine 0 -> 1; toward the centroid:
-    their mean cosine with it 0.5 -> 1) and leaves the long ones as they were. The long ones alone would show no change."""
+    their mean cosine with it 0.5 -> 1) and leaves the long ones as they were. The long ones alone would show no
+    change."""
     centroid = torch.tensor([[1.0, 1.0, 0.0]])  # (H, D)
     before = torch.tensor([[[1.0, 0, 0], [0, 1.0, 0]] + [[0, 0, 5.0 + q] for q in range(6)]])  # (1, 8, 3)
     after = before.clone()

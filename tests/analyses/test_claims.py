@@ -97,7 +97,8 @@ def test_query_scope_ranks_value_weighted_and_its_normalised_form_alike_and_the_
     visible = torch.tril(torch.ones(3, 3, dtype=torch.bool))
     same = {
         scope: torch.equal(
-            faithfulness.scope_ranks(vw[None], visible, scope)[0], faithfulness.scope_ranks(normalised[None], visible, scope)[0]
+            faithfulness.scope_ranks(vw[None], visible, scope)[0],
+            faithfulness.scope_ranks(normalised[None], visible, scope)[0],
         )
         for scope in faithfulness.RANK_SCOPES
     }
@@ -110,8 +111,12 @@ def test_token_and_layer_scopes_part_the_two_on_a_model():
     ids = list(range(3, 23))
     analysis = faithfulness.analyze(bundle, input_ids=ids)
     for scope, equal in (("query", True), ("token", False), ("layer", False)):
-        protocol = faithfulness.Protocol(rates=(30.0,), measures=("value_weighted", "value_weighted_output_normalized"), rank_scope=scope)
-        table = faithfulness.run_example(bundle, ids, protocol, analysis=analysis).set_index(["measure", "curve"])["delta_ppl"]
+        protocol = faithfulness.Protocol(
+            rates=(30.0,), measures=("value_weighted", "value_weighted_output_normalized"), rank_scope=scope
+        )
+        table = faithfulness.run_example(bundle, ids, protocol, analysis=analysis).set_index(["measure", "curve"])[
+            "delta_ppl"
+        ]
         same = np.allclose(table["value_weighted"], table["value_weighted_output_normalized"], rtol=0, atol=0)
         assert same == equal, scope
 
@@ -204,7 +209,9 @@ def test_too_few_items_decide_nothing_however_clear_they_look():
     table = claims.claims_table(few)
     judged = table[table.verdict != ""]
     assert set(table.claim) == {1, 2, 3, 4, 5} and set(judged.verdict) == {"unresolved"}
-    assert judged.evidence.str.startswith(f"too few items to decide ({claims.MIN_ITEMS - 1} < {claims.MIN_ITEMS})").all()
+    assert judged.evidence.str.startswith(
+        f"too few items to decide ({claims.MIN_ITEMS - 1} < {claims.MIN_ITEMS})"
+    ).all()
     last = claims.MIN_ITEMS - 1
     enough = few + [record(last, ordered(last, 1.0, noise=0.1), sinks(last))]
     assert set(verdicts(enough).values()) == {"holds"}
@@ -270,7 +277,10 @@ def test_cwviz_claims_end_to_end_on_a_tiny_model_resumes_and_refuses_other_setti
     bundle = make_tiny("llama")
     monkeypatch.setattr(command, "load", lambda _args: bundle)
     data = tmp_path / "items.jsonl"
-    rows = [{"text": "Tom has three apples and buys four more of them."}, {"text": "The river flows past the old mill."}]
+    rows = [
+        {"text": "Tom has three apples and buys four more of them."},
+        {"text": "The river flows past the old mill."},
+    ]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
     folder = tmp_path / "run"
     args = ["claims", "--jsonl", str(data), "--n", "2", "--results", str(folder), "--max-tokens", "16", "--rates", "30"]
@@ -282,7 +292,8 @@ def test_cwviz_claims_end_to_end_on_a_tiny_model_resumes_and_refuses_other_setti
     assert set(table.role) == {"verdict", "control", "evidence"}
     assert set(table[table.role == "verdict"].verdict) <= set(VERDICT_STATES)
     assert set(table[(table.role == "verdict") & (table.scope == "query")].verdict) == {claims.TIES}
-    assert table.n.max() == 2  # two items (a row with fewer: a statistic some item had none of, e.g. no sink-active head)
+    # two items (a row with fewer: a statistic some item had none of, e.g. no sink-active head)
+    assert table.n.max() == 2
     out = capsys.readouterr().out
     assert "claim 5a:" in out and "claim 5c:" in out
     # a second run without --resume is refused; with it nothing reruns; another scope list is refused

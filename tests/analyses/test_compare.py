@@ -138,7 +138,9 @@ def test_a_hand_made_pairs_logprob_changes_pair_the_aligned_positions(hand_made)
     assert len(logprobs) == len(EXPECTED)
     assert logprobs["change"].iloc[1:3].abs().max() < 1e-6  # the shared prefix predicts alike
     row = logprobs.iloc[4]  # "c": A's position 4, B's position 8
-    assert row.logprob_a == pytest.approx(a.next_token_logprobs[3]) and row.logprob_b == pytest.approx(b.next_token_logprobs[7])
+    assert row.logprob_a == pytest.approx(a.next_token_logprobs[3]) and row.logprob_b == pytest.approx(
+        b.next_token_logprobs[7]
+    )
     assert row.change == pytest.approx(b.next_token_logprobs[7] - a.next_token_logprobs[3])
 
 
@@ -157,9 +159,16 @@ def test_models_that_do_not_share_a_tokenizer_or_a_shape_are_refused(llama):
     with pytest.raises(InputError, match="tokenizers of .* differ"):
         compare.compare(cwviz.analyze(llama, A_TEXT), cwviz.analyze(other, A_TEXT))
     config = transformers.LlamaConfig(
-        vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
     )
-    deeper = cwviz.bundle_from_model(transformers.AutoModelForCausalLM.from_config(config), CharTokenizer(100), model_id="tiny-3")
+    deeper = cwviz.bundle_from_model(
+        transformers.AutoModelForCausalLM.from_config(config), CharTokenizer(100), model_id="tiny-3"
+    )
     with pytest.raises(InputError, match="not shaped like"):
         compare.compare(cwviz.analyze(llama, A_TEXT), cwviz.analyze(deeper, A_TEXT))
     same = cwviz.bundle_from_model(llama.model, CharTokenizer(100), model_id="tiny-llama-again")
@@ -234,7 +243,21 @@ def test_the_cli_compares_two_prompts_and_writes_its_tables(embedded, tmp_path, 
     prompt = tmp_path / "b.txt"
     prompt.write_text("The big dog sat on the mat.", encoding="utf-8")
     out = tmp_path / "out"
-    status = main(["compare", "--text", "The cat sat on the mat.", "--file", str(prompt), "--layer", "3", "--head", "1", "--out", str(out)])
+    status = main(
+        [
+            "compare",
+            "--text",
+            "The cat sat on the mat.",
+            "--file",
+            str(prompt),
+            "--layer",
+            "3",
+            "--head",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert status == 0
     printed = capsys.readouterr().out
     assert "aligned by a sequence alignment" in printed and "insert" in printed and "layer 3, head 1" in printed

@@ -131,7 +131,10 @@ def test_masking_nothing_reproduces_the_clean_logits(llama):
     masks = {}
     for layer, n in ranked.num_visible.items():
         masks[layer] = torch.stack(
-            [faithfulness.keep_mask(ranked.ranks["contribution_inter", 0][layer], torch.zeros_like(n), n, c) for c in faithfulness.CURVES]
+            [
+                faithfulness.keep_mask(ranked.ranks["contribution_inter", 0][layer], torch.zeros_like(n), n, c)
+                for c in faithfulness.CURVES
+            ]
         )  # (2, H, Q, K)
     ids = torch.tensor([IDS, IDS])
     clean = logits(llama, ids)
@@ -187,9 +190,13 @@ def test_rankings_per_head_and_random_control(llama):
 def test_output_normalisation_by_the_layer_norm_ranks_as_value_weighted(llama):
     # ‖o_i‖ divides a whole query row by one number, so the rankings (and the masked runs) coincide
     analysis = cwviz.analyze(llama, input_ids=IDS)
-    ranked = faithfulness.rankings(analysis, faithfulness.Protocol(measures=("value_weighted", "value_weighted_output_normalized")))
+    ranked = faithfulness.rankings(
+        analysis, faithfulness.Protocol(measures=("value_weighted", "value_weighted_output_normalized"))
+    )
     for layer in range(llama.info.layers):
-        assert torch.equal(ranked.ranks["value_weighted", 0][layer], ranked.ranks["value_weighted_output_normalized", 0][layer])
+        assert torch.equal(
+            ranked.ranks["value_weighted", 0][layer], ranked.ranks["value_weighted_output_normalized", 0][layer]
+        )
 
 
 def test_token_cap_and_encoders(llama):
@@ -200,7 +207,11 @@ def test_token_cap_and_encoders(llama):
 
 
 def test_iter_examples_yields_one_pair_per_text_and_skips_too_short_ones(llama):
-    out = list(faithfulness.iter_examples(llama, ["abcdef", "a", "ghijkl"], faithfulness.Protocol(rates=(50,), measures=("raw",))))
+    out = list(
+        faithfulness.iter_examples(
+            llama, ["abcdef", "a", "ghijkl"], faithfulness.Protocol(rates=(50,), measures=("raw",))
+        )
+    )
     assert [i for i, _ in out] == [0, 1, 2]
     assert out[1][1] is None
     assert set(out[2][1]["example"]) == {2}
@@ -209,7 +220,9 @@ def test_iter_examples_yields_one_pair_per_text_and_skips_too_short_ones(llama):
 # -- summaries on hand-made tables ---------------------------------------------------------------------------
 def _table(values: dict[tuple[str, str, float], list[float]]) -> pd.DataFrame:
     rows = [
-        {"example": i, "measure": m, "curve": c, "rate": r, "delta_ppl": v} for (m, c, r), vs in values.items() for i, v in enumerate(vs)
+        {"example": i, "measure": m, "curve": c, "rate": r, "delta_ppl": v}
+        for (m, c, r), vs in values.items()
+        for i, v in enumerate(vs)
     ]
     return pd.DataFrame(rows)
 
@@ -271,8 +284,12 @@ def test_a_dataset_name_without_datasets_names_the_fix():
 
 # -- the embedded model ----------------------------------------------------------------------------------------
 def test_removing_the_top_half_of_keys_hurts_the_embedded_model(embedded):
-    ids = faithfulness.example_ids(embedded, "Natalia sold clips to 48 of her friends in April, and then half as many in May.", 32)
-    table = faithfulness.run_example(embedded, ids, faithfulness.Protocol(rates=(50,), measures=("contribution_inter", "random")))
+    ids = faithfulness.example_ids(
+        embedded, "Natalia sold clips to 48 of her friends in April, and then half as many in May.", 32
+    )
+    table = faithfulness.run_example(
+        embedded, ids, faithfulness.Protocol(rates=(50,), measures=("contribution_inter", "random"))
+    )
     comp = table[table.curve == "comprehensiveness"].set_index("measure")["delta_ppl"]
     assert (comp > 0).all()
 
@@ -280,7 +297,9 @@ def test_removing_the_top_half_of_keys_hurts_the_embedded_model(embedded):
 def test_curve_chart_draws_a_line_and_a_band_per_measure_in_summary_order():
     from cwviz.charts.faithfulness import curve_chart
 
-    table = _table({(m, c, r): [1.0, 2.0] for m in ("raw", "random") for c in faithfulness.CURVES for r in (10.0, 50.0)})
+    table = _table(
+        {(m, c, r): [1.0, 2.0] for m in ("raw", "random") for c in faithfulness.CURVES for r in (10.0, 50.0)}
+    )
     summary = faithfulness_summary.summarize(table)
     spec = curve_chart(summary, "sufficiency", scale="symlog").to_dict()
     band, line = spec["layer"]
@@ -298,7 +317,9 @@ def test_a_symlog_axis_labels_its_decades_on_each_side_the_values_reach():
     assert symlog_ticks([0.0, 3.0, 40_000.0]) == [0.0, 1.0, 10.0, 100.0, 1_000.0, 10_000.0]
     assert symlog_ticks([-5.0, 250.0, float("nan")]) == [-1.0, 0.0, 1.0, 10.0, 100.0]
     assert symlog_ticks([0.2]) == [0.0, 1.0]  # never 0 alone
-    table = _table({(m, c, r): [-20.0, 3_000.0] for m in ("raw", "random") for c in faithfulness.CURVES for r in (10.0, 50.0)})
+    table = _table(
+        {(m, c, r): [-20.0, 3_000.0] for m in ("raw", "random") for c in faithfulness.CURVES for r in (10.0, 50.0)}
+    )
     band = curve_chart(faithfulness_summary.summarize(table), "comprehensiveness", scale="symlog").to_dict()["layer"][0]
     assert band["encoding"]["y"]["axis"]["values"] == [-10.0, -1.0, 0.0, 1.0, 10.0, 100.0, 1_000.0]
     linear = curve_chart(faithfulness_summary.summarize(table), "comprehensiveness").to_dict()["layer"][0]
@@ -329,7 +350,9 @@ def test_each_example_reports_its_forward_passes_from_the_clean_one_to_the_last_
     calls = []
     protocol = faithfulness.Protocol(rates=(10, 50), measures=("raw", "random"), batch_size=3, draws=1)
     out = list(
-        faithfulness.iter_examples(llama, ["abcdefghij", "klmnopqrst"], protocol, progress=lambda done, total: calls.append((done, total)))
+        faithfulness.iter_examples(
+            llama, ["abcdefghij", "klmnopqrst"], protocol, progress=lambda done, total: calls.append((done, total))
+        )
     )
     assert len(out) == 2
     assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)] * 2
@@ -338,7 +361,8 @@ def test_each_example_reports_its_forward_passes_from_the_clean_one_to_the_last_
 def test_batch_size_auto_fits_memory_and_gives_the_same_numbers(llama, monkeypatch):
     protocol = dict(rates=(10, 50), measures=("raw", "random"))
     auto = faithfulness.Protocol(batch_size=faithfulness.AUTO_BATCH, **protocol)
-    assert faithfulness.batch_size_for(llama, len(IDS), auto, runs=20) == defaults.DEFAULT_BATCH_SIZE  # a CPU: at most the default
+    # a CPU: at most the default
+    assert faithfulness.batch_size_for(llama, len(IDS), auto, runs=20) == defaults.DEFAULT_BATCH_SIZE
     assert faithfulness.batch_size_for(llama, len(IDS), auto, runs=3) == 3
     assert faithfulness.batch_size_for(llama, len(IDS), faithfulness.Protocol(batch_size=2, **protocol), runs=20) == 2
     one_run = faithfulness.masked_run_bytes(llama, len(IDS))

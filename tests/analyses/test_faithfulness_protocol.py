@@ -1,5 +1,6 @@
 """Issue 45's faithfulness protocol (docs/METHOD.md section 3): the random control against its exact expectation on a
-tiny model, ties within the tolerance ranking alike in float32 and float64, and the sufficiency rule on a 1-key query."""
+tiny model, ties within the tolerance ranking alike in float32 and float64, and the sufficiency rule on a 1-key
+query."""
 
 from __future__ import annotations
 
@@ -53,9 +54,14 @@ def test_a_tie_within_the_tolerance_ranks_alike_in_float32_and_float64():
     keeps key order; within it both keep key order (the fixed rule). A gap above the tolerance still orders."""
     visible = torch.ones(1, 4, dtype=torch.bool)
     scores = torch.tensor([[0.3 + 1e-8, 0.3 + 2e-8, 0.1, 0.2]], dtype=torch.float64)
-    exact64, exact32 = masks.rank_keys(scores, visible, tolerance=0.0), masks.rank_keys(scores.float(), visible, tolerance=0.0)
+    exact64, exact32 = (
+        masks.rank_keys(scores, visible, tolerance=0.0),
+        masks.rank_keys(scores.float(), visible, tolerance=0.0),
+    )
     assert not torch.equal(exact64, exact32)
-    assert masks.rank_keys(scores, visible).tolist() == masks.rank_keys(scores.float(), visible).tolist() == [[0, 1, 3, 2]]
+    assert (
+        masks.rank_keys(scores, visible).tolist() == masks.rank_keys(scores.float(), visible).tolist() == [[0, 1, 3, 2]]
+    )
     apart = torch.tensor([[0.3, 0.3 + 1e-3, 0.1, 0.2]])
     assert masks.rank_keys(apart, visible).tolist() == [[1, 0, 3, 2]]
 
@@ -114,7 +120,9 @@ def test_the_log_ratio_and_the_gap_to_random_are_scale_free():
                     }
                 )
     small = pd.DataFrame(rows).assign(delta_ppl=lambda t: t.ppl_masked - t.ppl_clean)
-    large = small.assign(ppl_clean=small.ppl_clean * 10, ppl_masked=small.ppl_masked * 10, delta_ppl=small.delta_ppl * 10)
+    large = small.assign(
+        ppl_clean=small.ppl_clean * 10, ppl_masked=small.ppl_masked * 10, delta_ppl=small.delta_ppl * 10
+    )
     gaps = [faithfulness_summary.random_gaps(t).set_index(["measure", "curve"]).gap for t in (small, large)]
     pd.testing.assert_series_equal(gaps[0], gaps[1])
     assert gaps[0]["contribution_inter", "comprehensiveness"] == pytest.approx(np.log(4.0 / 1.5))

@@ -1,5 +1,5 @@
-"""The fair test of every attribution method (docs/METHOD.md section 7.3): knockouts against a masked forward built by hand,
-the random control's expectation, rankings and their ties, verdicts on constructed records, and the command end to
+"""The fair test of every attribution method (docs/METHOD.md section 7.3): knockouts against a masked forward built by
+hand, the random control's expectation, rankings and their ties, verdicts on constructed records, and the command end to
 end on a tiny model (resume, errors)."""
 
 from __future__ import annotations
@@ -103,7 +103,10 @@ def _record(example, scores, effects, drops=None, skipped=False, signed=("effect
     drops = drops or {}
     methods = (*scores, "random")
     curves = {
-        m: {c: {f"{r:g}": float(drops.get(m, {}).get(c, 0.0)) for r in flow_faithfulness.RATES} for c in flow_faithfulness.CURVES}
+        m: {
+            c: {f"{r:g}": float(drops.get(m, {}).get(c, 0.0)) for r in flow_faithfulness.RATES}
+            for c in flow_faithfulness.CURVES
+        }
         for m in methods
     }
     both = dict.fromkeys(flow_faithfulness.INTERVENTIONS)
@@ -134,7 +137,10 @@ def test_verdicts_hold_fail_and_stay_unresolved_where_constructed():
         noise = rng.normal(size=9)
         # the effect flow is the effects themselves; ALTI ranks the sizes backwards; the share flow has their sizes
         # with every sign flipped (so it ties with the effect flow on the size and loses on the sign)
-        drops = {"effect": {"comprehensiveness": 2.0, "sufficiency": 0.1}, "alti": {"comprehensiveness": 1.0, "sufficiency": 0.5}}
+        drops = {
+            "effect": {"comprehensiveness": 2.0, "sufficiency": 0.1},
+            "alti": {"comprehensiveness": 1.0, "sufficiency": 0.5},
+        }
         drops["share_flow"] = {"comprehensiveness": 2.0 + (0.5 if item % 2 else -0.5), "sufficiency": 0.1}
         scores = {"effect": effects, "alti": 1 / (np.abs(effects) + 0.1) + 1e-3 * noise, "share_flow": -effects}
         records.append(_record(item, scores, effects, drops))
@@ -170,12 +176,15 @@ def test_verdicts_hold_fail_and_stay_unresolved_where_constructed():
 
 
 def test_the_first_token_and_the_position_are_left_out_of_the_primary_rho():
-    """The primary ρ reads tokens 1 .. p − 1; the sensitivity row includes the first token, here the only disagreement."""
+    """The primary ρ reads tokens 1 .. p − 1; the sensitivity row includes the first token, here the only
+    disagreement."""
     effects = np.array([10.0, 1.0, 2.0, 3.0, 4.0, 5.0])
     scores = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])  # right on every token but the first
     stats = flow_faithfulness.per_item(scores, effects, signed=True)
     assert stats.rho == pytest.approx(1.0) and stats.rho_with_first < 0.9
-    assert flow_faithfulness.sign_agreement(np.array([3.0, -2.0, 1.0, 0.1]), np.array([1.0, 1.0, 1.0, -1.0])) == pytest.approx(2 / 3)
+    assert flow_faithfulness.sign_agreement(
+        np.array([3.0, -2.0, 1.0, 0.1]), np.array([1.0, 1.0, 1.0, -1.0])
+    ) == pytest.approx(2 / 3)
 
 
 def _oracle(bundle) -> attribution.Method:
@@ -214,12 +223,31 @@ def test_command_end_to_end_resumes_and_refuses_other_settings(tmp_path, monkeyp
     bundle = make_tiny("llama")
     monkeypatch.setattr(command, "load", lambda _args: bundle)
     methods = {"effect": _oracle(bundle), "alti": attribution.METHODS["alti"]}
-    monkeypatch.setattr(flow_faithfulness, "item_payload", functools.partial(flow_faithfulness.item_payload, methods=methods))
+    monkeypatch.setattr(
+        flow_faithfulness, "item_payload", functools.partial(flow_faithfulness.item_payload, methods=methods)
+    )
     data = tmp_path / "items.jsonl"
-    texts = ["Tom has three apples and buys four more.", "The river flows past the old mill.", "ab", "A cat sat on a warm mat."]
+    texts = [
+        "Tom has three apples and buys four more.",
+        "The river flows past the old mill.",
+        "ab",
+        "A cat sat on a warm mat.",
+    ]
     data.write_text("\n".join(json.dumps({"text": t}) for t in texts) + "\n", encoding="utf-8")
     folder = tmp_path / "run"
-    args = ["flow-faithfulness", "--jsonl", str(data), "--n", "4", "--results", str(folder), "--max-tokens", "10", "--draws", "2"]
+    args = [
+        "flow-faithfulness",
+        "--jsonl",
+        str(data),
+        "--n",
+        "4",
+        "--results",
+        str(folder),
+        "--max-tokens",
+        "10",
+        "--draws",
+        "2",
+    ]
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     assert "skipped: 1 fewer than 4 tokens" in out and "relay: rho: effect vs random:" in out
@@ -228,19 +256,29 @@ def test_command_end_to_end_resumes_and_refuses_other_settings(tmp_path, monkeyp
     assert set(table.verdict) == {"unresolved"}  # 3 items < MIN_ITEMS
     means = pd.read_csv(folder / flow_faithfulness.METHODS_CSV_NAME)
     assert set(means.method) == {"effect", "alti", "random"}
-    assert means[(means.method == "effect") & (means.statistic == "rho") & (means.intervention == "relay")]["mean"].iloc[
-        0
-    ] == pytest.approx(1.0)
+    assert means[(means.method == "effect") & (means.statistic == "rho") & (means.intervention == "relay")][
+        "mean"
+    ].iloc[0] == pytest.approx(1.0)
     items = pd.read_csv(folder / flow_faithfulness.ITEMS_CSV_NAME)
-    assert len(items) == 3 * 2 * 3 and set(items.columns) == {"example", "intervention", "method", "rho", "rho_signed", "sign_agreement"}
+    assert len(items) == 3 * 2 * 3 and set(items.columns) == {
+        "example",
+        "intervention",
+        "method",
+        "rho",
+        "rho_signed",
+        "sign_agreement",
+    }
     assert cli.main(args) == 2  # a folder with records needs --resume
     assert "--resume" in capsys.readouterr().err
     assert cli.main([*args, "--resume"]) == 0
     assert cli.main([*args, "--resume", "--draws", "3"]) == 2  # other settings are refused
     assert "other settings" in capsys.readouterr().err
-    lines = sum(len(p.read_text().splitlines()) for p in (folder / flow_faithfulness.RECORDS_FOLDER).glob("records-*.jsonl"))
+    lines = sum(
+        len(p.read_text().splitlines()) for p in (folder / flow_faithfulness.RECORDS_FOLDER).glob("records-*.jsonl")
+    )
     assert lines == 4
-    made = read_records(folder / flow_faithfulness.RECORDS_FOLDER, FLOW_FAITHFULNESS)  # the codec reads them back, checked
+    # the codec reads them back, checked
+    made = read_records(folder / flow_faithfulness.RECORDS_FOLDER, FLOW_FAITHFULNESS)
     assert [r["skipped"] for r in made] == [False, False, True, False]
     knockouts = FLOW_FAITHFULNESS.decode(made)
     assert len(knockouts) == sum(r["tokens"] - 1 for r in made if not r["skipped"])
@@ -280,7 +318,10 @@ def test_bad_arguments_are_one_error_line_before_any_model_loads(tmp_path, monke
         assert cli.main([*base, *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error:") and words in err[0], err
-    assert cli.main(["flow-faithfulness", "--jsonl", str(tmp_path / "missing.jsonl"), "--results", str(tmp_path / "r")]) == 2
+    assert (
+        cli.main(["flow-faithfulness", "--jsonl", str(tmp_path / "missing.jsonl"), "--results", str(tmp_path / "r")])
+        == 2
+    )
     assert capsys.readouterr().err.startswith("error:")
     assert cli.main([*base[:3], "--results", str(tmp_path / "no" / "run")]) == 2
     assert "create it first" in capsys.readouterr().err

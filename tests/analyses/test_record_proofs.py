@@ -89,7 +89,10 @@ def test_a_consistent_edit_is_refused_by_the_checksum_on_resume_and_in_the_repor
 def test_records_written_before_checksums_are_still_read(made, tmp_path):
     folder = copy(made, "run", tmp_path)
     path = records_file(folder)
-    old = [{k: v for k, v in json.loads(line).items() if k != records.CHECKSUM} | {"version": 1} for line in path.read_text().splitlines()]
+    old = [
+        {k: v for k, v in json.loads(line).items() if k != records.CHECKSUM} | {"version": 1}
+        for line in path.read_text().splitlines()
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in old))
     assert [r["example"] for r in records.read_records(folder, FAITHFULNESS)] == [0, 1]
     edit_record(folder, 0, lambda r: r.pop("ppl_clean"))  # a field check still applies to them
@@ -98,7 +101,9 @@ def test_records_written_before_checksums_are_still_read(made, tmp_path):
 
 
 # -- field checks and identities (a forged checksum: the checks beneath it) --------------------------------
-def test_a_delta_ppl_that_contradicts_the_perplexities_is_refused_naming_file_and_line(made, tmp_path, capsys, tiny_loads):
+def test_a_delta_ppl_that_contradicts_the_perplexities_is_refused_naming_file_and_line(
+    made, tmp_path, capsys, tiny_loads
+):
     folder = copy(made, "run", tmp_path)
     edit_record(folder, 1, lambda r: r["runs"][0].update(delta_ppl=r["runs"][0]["delta_ppl"] * 10 + 1), checksum=True)
     code, err = resume(folder, made / "data.jsonl", capsys)
@@ -112,7 +117,9 @@ def test_an_atlas_share_above_one_is_refused_not_pooled(made, tmp_path, capsys, 
     edit_record(folder, 0, lambda r: r["sink_attention"].__setitem__(0, 5.12), checksum=True)
     with pytest.raises(CwvizError, match=r"line 1 of .*'sink_attention' must be a share from 0 to 1.*5\.12"):
         records.read_records(folder, ATLAS)
-    code, _, err = call(["atlas", "--jsonl", made / "data.jsonl", "--bootstrap", "20", "--results", folder, "--resume"], capsys)
+    code, _, err = call(
+        ["atlas", "--jsonl", made / "data.jsonl", "--bootstrap", "20", "--results", folder, "--resume"], capsys
+    )
     assert refused(code, err) and "sink_attention" in err
 
 
@@ -144,7 +151,13 @@ def test_a_sinks_record_out_of_range_is_refused(made, tmp_path):
 def test_a_summary_n_counts_the_values_in_its_mean():
     """One example's ΔPPL is NaN (its masked run overflowed): the mean is of three, and n says three."""
     table = pd.DataFrame(
-        {"measure": "raw", "curve": "comprehensiveness", "rate": 10.0, "delta_ppl": [1.0, 2.0, math.nan, 3.0], "example": range(4)}
+        {
+            "measure": "raw",
+            "curve": "comprehensiveness",
+            "rate": 10.0,
+            "delta_ppl": [1.0, 2.0, math.nan, 3.0],
+            "example": range(4),
+        }
     )
     (row,) = faithfulness_summary.summarize(table, resamples=50).itertuples()
     assert row.n == 3 and row.delta_ppl == pytest.approx(2.0)
@@ -176,7 +189,9 @@ def test_a_negative_atlas_seed_is_refused_before_the_model_loads(made, capsys, m
 # -- refusals that name what is wrong ----------------------------------------------------------------------
 def test_a_refused_resume_names_each_setting_that_differs_old_and_new(made, tmp_path, capsys, tiny_loads):
     folder = copy(made, "run", tmp_path)
-    code, err = resume(folder, made / "data.jsonl", capsys, "--rates", "10", "--measures", "raw,random", "--max-tokens", "64")
+    code, err = resume(
+        folder, made / "data.jsonl", capsys, "--rates", "10", "--measures", "raw,random", "--max-tokens", "64"
+    )
     assert refused(code, err)
     assert "protocol.rates: [10.0, 50.0] -> [10.0]" in err and "protocol.max_tokens: 256 -> 64" in err, err
     assert "protocol.measures" not in err  # only what differs

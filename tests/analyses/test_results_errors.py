@@ -47,7 +47,19 @@ def made(tmp_path_factory):
         data, other = write_jsonl(root / "data.jsonl", TEXTS), write_jsonl(root / "other.jsonl", OTHER)
         for folder, jsonl, rates in ((root / "run", data, "10,50"), (root / "other", other, "10")):
             assert (
-                cli.main(["faithfulness", "--jsonl", str(jsonl), "--rates", rates, "--measures", "raw,random", "--results", str(folder)])
+                cli.main(
+                    [
+                        "faithfulness",
+                        "--jsonl",
+                        str(jsonl),
+                        "--rates",
+                        rates,
+                        "--measures",
+                        "raw,random",
+                        "--results",
+                        str(folder),
+                    ]
+                )
                 == 0
             )
             assert cli.main(["sinks", "--jsonl", str(jsonl), "--results", str(folder)]) == 0
@@ -83,7 +95,9 @@ def test_a_folder_in_use_is_refused_as_busy_before_the_model_loads(made, tmp_pat
     folder = copy(made, "run", tmp_path)
     monkeypatch.setattr(faith_cli, "load", lambda _args: pytest.fail("the model loaded for a busy folder"))
     with records.folder_lock(folder):  # another run holds it
-        code, _, err = call(["faithfulness", "--jsonl", made / "data.jsonl", *FAITH, "--results", folder, "--resume"], capsys)
+        code, _, err = call(
+            ["faithfulness", "--jsonl", made / "data.jsonl", *FAITH, "--results", folder, "--resume"], capsys
+        )
     assert refused(code, err) and "busy" in err and "--resume" in err
     with records.folder_lock(folder):  # released when that run ends: the folder is free again
         pass
@@ -91,7 +105,10 @@ def test_a_folder_in_use_is_refused_as_busy_before_the_model_loads(made, tmp_pat
 
 def test_a_killed_run_leaves_no_stuck_lock(tmp_path):
     """The OS drops the flock with the process: a run SIGKILLed while it holds the folder leaves it free."""
-    holder = f"import sys, time; from cwviz.analyses import records\nwith records.folder_lock({str(tmp_path)!r}):\n print('held', flush=True); time.sleep(60)"
+    holder = (
+        f"import sys, time; from cwviz.analyses import records\nwith records.folder_lock({str(tmp_path)!r}):\n "
+        "print('held', flush=True); time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True, env=ENV)
     try:
         assert proc.stdout.readline().strip() == "held"
@@ -111,15 +128,30 @@ def test_two_runs_started_at_once_on_one_folder_write_each_example_once(tmp_path
     that already holds a run; no example is recorded twice."""
     model = save_tiny_model(tmp_path / "model")
     data = write_jsonl(tmp_path / "items.jsonl", TEXTS * 3)
-    argv = [sys.executable, "-m", "cwviz", "faithfulness", "--jsonl", str(data), "--model", str(model), "--device", "cpu"]
+    argv = [
+        sys.executable,
+        "-m",
+        "cwviz",
+        "faithfulness",
+        "--jsonl",
+        str(data),
+        "--model",
+        str(model),
+        "--device",
+        "cpu",
+    ]
     argv += [*FAITH, "--results", str(tmp_path / "run")]
-    procs = [subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
     codes = sorted(code for code, _ in results)
     assert codes == [0, 2], results
     (err,) = [err for code, err in results if code == 2]
     assert refused(2, err) and ("busy" in err or "already holds" in err), err
-    examples = [json.loads(line)["example"] for line in records.records_path(tmp_path / "run", 0).read_text().splitlines()]
+    examples = [
+        json.loads(line)["example"] for line in records.records_path(tmp_path / "run", 0).read_text().splitlines()
+    ]
     assert sorted(examples) == list(range(len(TEXTS) * 3))
 
 
@@ -167,7 +199,9 @@ def test_a_hand_added_record_of_example_minus_one_is_refused_not_counted(made, t
         (lambda r: r.update(tokens=True), "'tokens'"),
     ],
 )
-def test_a_record_missing_a_key_or_of_the_wrong_type_is_refused_by_resume_and_report(made, tmp_path, capsys, tiny_loads, change, named):
+def test_a_record_missing_a_key_or_of_the_wrong_type_is_refused_by_resume_and_report(
+    made, tmp_path, capsys, tiny_loads, change, named
+):
     folder = copy(made, "run", tmp_path)
     edit_record(folder, 1, change)
     code, err = resume(folder, made / "data.jsonl", capsys)
@@ -180,7 +214,9 @@ def test_records_of_two_runs_with_other_settings_are_refused_by_every_reader(mad
     """Records of a run with rates 10 beside those of a run with rates 10, 50: report and --resume both refuse,
     naming the settings that differ and what to do."""
     folder = copy(made, "run", tmp_path)
-    mixed = records_file(folder).read_text().splitlines()[:1] + records_file(made / "other").read_text().splitlines()[1:]
+    mixed = (
+        records_file(folder).read_text().splitlines()[:1] + records_file(made / "other").read_text().splitlines()[1:]
+    )
     records_file(folder).write_text("\n".join(mixed) + "\n")
     for code, err in (resume(folder, made / "data.jsonl", capsys), report(folder, tmp_path / "r.html", capsys)[::2]):
         assert refused(code, err) and "2 runs with different settings" in err
@@ -292,7 +328,11 @@ FEW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChec
 
 
 @FEW
-@given(hit=damages(["records-00000.jsonl", "sinks/records-00000.jsonl", "sinks/layers.csv", "sinks/heads.csv", "summary.csv"]))
+@given(
+    hit=damages(
+        ["records-00000.jsonl", "sinks/records-00000.jsonl", "sinks/layers.csv", "sinks/heads.csv", "summary.csv"]
+    )
+)
 def test_report_of_a_damaged_folder_is_a_clear_refusal_or_the_undamaged_report(made, tmp_path_factory, capsys, hit):
     base = tmp_path_factory.mktemp("report")
     whole = undamaged_report(made, base, capsys)
@@ -307,7 +347,11 @@ def test_report_of_a_damaged_folder_is_a_clear_refusal_or_the_undamaged_report(m
 
 
 @FEW
-@given(key=st.sampled_from(REPORT_MANIFEST_KEYS), how=st.sampled_from(["drop_key", "retype", "cut", "other_run"]), at=st.integers(0, 10**6))
+@given(
+    key=st.sampled_from(REPORT_MANIFEST_KEYS),
+    how=st.sampled_from(["drop_key", "retype", "cut", "other_run"]),
+    at=st.integers(0, 10**6),
+)
 def test_report_of_a_folder_with_a_damaged_manifest_is_a_clear_refusal_or_the_undamaged_report(
     made, tmp_path_factory, capsys, key, how, at
 ):
@@ -360,7 +404,11 @@ def test_atlas_load_of_a_damaged_folder_is_a_clear_refusal_or_the_undamaged_answ
     ("name", "edit", "named"),
     [
         ("pooled.csv", lambda t: t[: len(t) // 2], "pooled.csv"),
-        ("pooled.csv", lambda t: "\n".join(",".join(c for c in line.split(",")[:8]) for line in t.splitlines()) + "\n", "_low"),
+        (
+            "pooled.csv",
+            lambda t: "\n".join(",".join(c for c in line.split(",")[:8]) for line in t.splitlines()) + "\n",
+            "_low",
+        ),
         ("atlas.json", lambda t: json.dumps([json.loads(t)]), "JSON list"),
         ("atlas.json", lambda t: json.dumps(json.loads(t) | {"confidence": "high"}), "confidence"),
     ],
@@ -460,15 +508,19 @@ def test_analyze_json_onto_a_full_disk_leaves_no_partial_file(tmp_path, capsys, 
 
 def test_atlas_records_of_another_grid_are_refused_on_resume(made, tmp_path, capsys, tiny_loads):
     folder = copy(made, "atlas", tmp_path)
-    edit_record(folder, 1, lambda r: r.update({k: r[k][:-1] for k in ("layer", "head", *atlas.ATLAS_METRICS)}), checksum=True)
-    code, _, err = call(["atlas", "--jsonl", made / "data.jsonl", "--bootstrap", "20", "--results", folder, "--resume"], capsys)
+    edit_record(
+        folder, 1, lambda r: r.update({k: r[k][:-1] for k in ("layer", "head", *atlas.ATLAS_METRICS)}), checksum=True
+    )
+    code, _, err = call(
+        ["atlas", "--jsonl", made / "data.jsonl", "--bootstrap", "20", "--results", folder, "--resume"], capsys
+    )
     assert refused(code, err) and "grids" in err
 
 
 def test_records_of_two_rank_scopes_are_refused_and_a_missing_scope_reads_as_query(made, tmp_path):
     """The query scope is left out of the fingerprint (older folders resume), so a record whose ``rank_scope`` was lost
-    among token-scope records must be refused by the scope itself; alone, a missing scope is the query scope. The records
-    are made as cwviz made them before scopes (and before checksums: version 1)."""
+    among token-scope records must be refused by the scope itself; alone, a missing scope is the query scope. The
+    records are made as cwviz made them before scopes (and before checksums: version 1)."""
     folder = copy(made, "run", tmp_path)
     path = folder / "records-00000.jsonl"
     written = [json.loads(line) for line in path.read_text().splitlines()]
@@ -481,7 +533,9 @@ def test_records_of_two_rank_scopes_are_refused_and_a_missing_scope_reads_as_que
     def content(made: list[dict]) -> list[dict]:
         return [{k: v for k, v in r.items() if k not in (records.CHECKSUM, "version")} for r in made]
 
-    assert content(records.read_records(folder, FAITHFULNESS)) == content(records.read_records(made / "run", FAITHFULNESS))
+    assert content(records.read_records(folder, FAITHFULNESS)) == content(
+        records.read_records(made / "run", FAITHFULNESS)
+    )
     written[0]["rank_scope"] = "token"
     path.write_text("".join(json.dumps(r) + "\n" for r in written))
     with pytest.raises(InputError, match="different rank scopes"):

@@ -79,7 +79,9 @@ def test_both_signs_are_kept_by_size():
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("share", [0.1, 0.4, 1.0])
-def test_on_random_edge_sets_every_drawn_edge_is_on_a_path_the_share_is_carried_and_the_top_tokens_are_connected(seed, share):
+def test_on_random_edge_sets_every_drawn_edge_is_on_a_path_the_share_is_carried_and_the_top_tokens_are_connected(
+    seed, share
+):
     rng = np.random.default_rng(seed)
     size, layers, position = 12, 6, 10  # position 11 comes after p: a causal model writes nothing into it from p's side
     rows = []
@@ -137,7 +139,8 @@ def test_the_table_names_its_tokens_and_a_bad_share_is_refused():
 
 
 def test_the_positions_limit_raises_the_threshold_until_the_route_touches_few_enough_positions():
-    # p = 9; ten tokens each send an edge into p, the larger the closer to p: a limit of 4 positions keeps the 3 largest.
+    # p = 9; ten tokens each send an edge into p, the larger the closer to p: a limit of 4 positions keeps the 3
+    # largest.
     rows = [(0, k, 9, float(k + 1)) for k in range(9)]
     drawn = route(_layers(rows, 1), 9, np.zeros(10), tuple("abcdefghij"), kept=1.0, connect=0, positions=4)
     assert drawn.capped and drawn.positions == [6, 7, 8, 9] and len(drawn.edges) == 3

@@ -73,8 +73,9 @@ def test_head_outputs_split_into_sink_and_rest(tiny, sink):
 
 @pytest.mark.parametrize("sink", [0, 3])
 def test_norms_in_head_space_equal_the_split_in_model_space(tiny, sink):
-    """sink_norms (what the sinks table and the atlas read: d_head-wide products through G^h) gives the norms and
-    the cosine of the reference split's d_model vectors (tests/sink_reference.py), NaN in the same places, on every architecture."""
+    """sink_norms (what the sinks table and the atlas read: d_head-wide products through G^h) gives the norms and the
+    cosine of the reference split's d_model vectors (tests/sink_reference.py), NaN in the same places, on every
+    architecture."""
     from cwviz.core.method.measures import expand_kv, head_grams
 
     analysis = analyze(tiny, TEXT)
@@ -83,7 +84,11 @@ def test_norms_in_head_space_equal_the_split_in_model_space(tiny, sink):
         record = analysis.layer_record(layer)
         value = expand_kv(record.value.float(), analysis.num_heads)
         norms = sinks.sink_norms(
-            analysis.attention_tensor(layer), value, head_grams(tiny.gram(layer), analysis.num_heads), sink, record.key_mask()
+            analysis.attention_tensor(layer),
+            value,
+            head_grams(tiny.gram(layer), analysis.num_heads),
+            sink,
+            record.key_mask(),
         )
         expected = {
             "rest_norm": split.rest_mean.norm(dim=-1),
@@ -127,7 +132,9 @@ def test_table_norms_follow_the_convex_identity(llama):
     """‖o‖² = s²‖ṽ‖² + 2s(1 − s)‖ṽ‖‖m‖cos + (1 − s)²‖m‖² row by row."""
     _, analysis = llama
     table = sinks.sink_table(analysis).dropna()
-    curve = sinks.SinkCurve(table.sink_value_norm.to_numpy(), table.rest_norm.to_numpy(), table.cos_sink_rest.to_numpy())
+    curve = sinks.SinkCurve(
+        table.sink_value_norm.to_numpy(), table.rest_norm.to_numpy(), table.cos_sink_rest.to_numpy()
+    )
     np.testing.assert_allclose(curve.norm(table.sink_ratio.to_numpy()), table.output_norm, rtol=1e-4, atol=1e-5)
 
 
@@ -252,10 +259,11 @@ def _clean_logits(bundle, analysis):
 
 
 def test_factor_one_changes_nothing_and_the_model_stays_clean(llama):
-    """λ = 1: a change of exactly 0 and the analysis's perplexity. Exact, not to a tolerance: the before side reduces the
-    z the analysis's pass recorded and the after side the z of a pass run the same way with nothing changed (ScaleValues
-    at λ = 1 returns the values as they are), through one reduction (sink_interventions._layer_stats) on the same
-    layout, so the arithmetic is the same to the bit; a difference would mean the record is not what the model continued with."""
+    """λ = 1: a change of exactly 0 and the analysis's perplexity. Exact, not to a tolerance: the before side reduces
+    the z the analysis's pass recorded and the after side the z of a pass run the same way with nothing changed
+    (ScaleValues at λ = 1 returns the values as they are), through one reduction (sink_interventions._layer_stats) on
+    the same layout, so the arithmetic is the same to the bit; a difference would mean the record is not what the model
+    continued with."""
     bundle, analysis = llama
     before = _clean_logits(bundle, analysis)
     result = sink_interventions.intervene_on_sink(analysis, factor=1.0)
@@ -322,7 +330,8 @@ def test_head_output_stats_of_an_intervened_analysis_are_its_own_pass(llama):
 def test_intervening_on_an_intervened_analysis_changes_it_on_top_of_its_own(llama, name):
     """intervene_on_sink of an analysis made under an intervention compares against that analysis (its records and its
     perplexity), and its after side repeats the analysis's intervention with λ on top: λ = 1 changes nothing (exactly,
-    as for a plain analysis), and the sink removed in layer 1 on top of layer 0 is the analysis of both layers removed."""
+    as for a plain analysis), and the sink removed in layer 1 on top of layer 0 is the analysis of both layers
+    removed."""
     bundle, analysis = llama
     under = analyze(bundle, input_ids=analysis.input_ids, intervention=UNDER[name](analysis.num_tokens))
     one = sink_interventions.intervene_on_sink(under, 0, 1.0)
@@ -379,7 +388,9 @@ def test_batched_removal_matches_single_interventions(llama):
     bundle, analysis = llama
     before = _clean_logits(bundle, analysis)
     tokens = 2 * analysis.num_tokens
-    batched = sink_interventions.removal_perplexity(analysis, [[0], [1], None], sink=0, factor=0.25, max_batch_tokens=tokens)
+    batched = sink_interventions.removal_perplexity(
+        analysis, [[0], [1], None], sink=0, factor=0.25, max_batch_tokens=tokens
+    )
     single = [sink_interventions.intervene_on_sink(analysis, 0, 0.25, layers).perplexity for layers in ([0], [1], None)]
     np.testing.assert_allclose(batched, single, rtol=1e-5)
     layerwise = sink_interventions.layerwise_removal(analysis)
@@ -412,7 +423,9 @@ def test_the_one_pass_intervention_equals_the_recorded_one_in_every_family(famil
 
 
 def test_the_one_pass_intervention_equals_the_recorded_one_on_the_embedded_model(embedded):
-    analysis = analyze(embedded, "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.")
+    analysis = analyze(
+        embedded, "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
+    )
     _assert_same_intervention(analysis, 0, 0.0, None, rtol=1e-4, atol=1e-5)
     _assert_same_intervention(analysis, 0, 1.5, (3, 4), rtol=1e-4, atol=1e-5)
 
@@ -458,7 +471,9 @@ def test_each_sinks_chart_is_a_valid_spec_drawn_from_its_table(llama):
     share.to_dict()
     rows = datasets(share)[0]  # the summary in long form: one bar per layer and measure
     drawn = {(r["layer"], r["measure"]): r["share"] for r in rows}
-    assert {k: v for (k, m), v in drawn.items() if m == "attention"} == pytest.approx(dict(zip(layers["layer"], layers["sink_ratio"])))
+    assert {k: v for (k, m), v in drawn.items() if m == "attention"} == pytest.approx(
+        dict(zip(layers["layer"], layers["sink_ratio"]))
+    )
     assert {m for _, m in drawn} == {"attention", "contribution weight"} and len(rows) == 2 * len(layers)
 
 

@@ -26,18 +26,35 @@ from tests.helpers import SWEEP_TEXTS as TEXTS
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Every record type by its name (``cwviz.<name>.record``).
-BY_NAME = {codec.name: codec for codec in (sweeps.FAITHFULNESS, sweeps.SINKS, sweeps.ATLAS, checks.CLAIMS, checks.FLOW_FAITHFULNESS)}
+BY_NAME = {
+    codec.name: codec
+    for codec in (sweeps.FAITHFULNESS, sweeps.SINKS, sweeps.ATLAS, checks.CLAIMS, checks.FLOW_FAITHFULNESS)
+}
 
 
 def run_faithfulness(tmp_path, monkeypatch, results: Path, *extra: str) -> int:
     monkeypatch.setattr(command, "load", lambda _args: make_tiny("llama"))
     data = write_jsonl(tmp_path / "items.jsonl", TEXTS)
-    args = ["faithfulness", "--jsonl", str(data), "--n", "10", "--rates", "10,50", "--measures", "raw,random", "--results", str(results)]
+    args = [
+        "faithfulness",
+        "--jsonl",
+        str(data),
+        "--n",
+        "10",
+        "--rates",
+        "10,50",
+        "--measures",
+        "raw,random",
+        "--results",
+        str(results),
+    ]
     return cli.main([*args, *extra])
 
 
 def lines(folder: Path) -> list[dict]:
-    return [json.loads(line) for path in sorted(folder.glob(records.RECORD_GLOB)) for line in path.read_text().splitlines()]
+    return [
+        json.loads(line) for path in sorted(folder.glob(records.RECORD_GLOB)) for line in path.read_text().splitlines()
+    ]
 
 
 def test_a_sweep_writes_one_record_per_example_and_the_summary_from_them(tmp_path, monkeypatch, capsys):
@@ -47,7 +64,8 @@ def test_a_sweep_writes_one_record_per_example_and_the_summary_from_them(tmp_pat
     assert [r["example"] for r in written] == list(range(len(TEXTS)))
     assert written[-1]["skipped"] and not written[0]["skipped"]  # "a" has one token: recorded as skipped
     assert {r["text_sha256"] for r in written} == {records.text_hash(t) for t in TEXTS}
-    assert len(written[0]["runs"]) == (1 + faithfulness.Protocol().draws) * 2 * 2  # raw and each random draw, 2 curves, 2 rates
+    # raw and each random draw, 2 curves, 2 rates
+    assert len(written[0]["runs"]) == (1 + faithfulness.Protocol().draws) * 2 * 2
     summary = pd.read_csv(results / records.SUMMARY)
     assert set(summary.n) == {len(TEXTS) - 1}
     gaps = pd.read_csv(results / records.GAPS)  # the random control beside the summary: raw's gap, each curve and rate
@@ -108,9 +126,12 @@ def test_sinks_and_atlas_resume_a_partial_run_to_the_uninterrupted_records_and_t
     folder = records_folder(whole, name)
     kept = (folder / "records-00000.jsonl").read_text().splitlines(keepends=True)
     records_folder(part, name).mkdir(parents=True)
-    (records_folder(part, name) / "records-00000.jsonl").write_text(kept[0] + kept[1][: len(kept[1]) // 2])  # cut mid-write
+    # cut mid-write
+    (records_folder(part, name) / "records-00000.jsonl").write_text(kept[0] + kept[1][: len(kept[1]) // 2])
     assert run(part, "--resume") == 0
-    assert records.read_records(records_folder(part, name), BY_NAME[name]) == records.read_records(folder, BY_NAME[name])
+    assert records.read_records(records_folder(part, name), BY_NAME[name]) == records.read_records(
+        folder, BY_NAME[name]
+    )
     assert summaries(part, name) == summaries(whole, name)
 
 
@@ -125,10 +146,15 @@ def test_with_or_without_a_results_folder_a_command_writes_the_same_tables(tmp_p
     data = write_jsonl(tmp_path / "items.jsonl", TEXTS[:3])
     out = {"sinks": ["--csv"], "atlas": ["--bootstrap", "50", "--out"]}[name]
     assert cli.main([name, "--jsonl", str(data), *out, str(tmp_path / "memory")]) == 0
-    assert cli.main([name, "--jsonl", str(data), *out, str(tmp_path / "folder"), "--results", str(tmp_path / "results")]) == 0
+    assert (
+        cli.main([name, "--jsonl", str(data), *out, str(tmp_path / "folder"), "--results", str(tmp_path / "results")])
+        == 0
+    )
     paths = [tmp_path / "memory"] if name == "sinks" else sorted((tmp_path / "memory").iterdir())
     for path in paths:
-        assert path.read_bytes() == (tmp_path / "folder" / path.relative_to(tmp_path / "memory")).read_bytes(), path.name
+        assert path.read_bytes() == (tmp_path / "folder" / path.relative_to(tmp_path / "memory")).read_bytes(), (
+            path.name
+        )
 
 
 def test_malformed_records_are_named_by_file_and_line(tmp_path, monkeypatch, capsys):
@@ -159,7 +185,9 @@ def test_two_shards_written_apart_merge_into_the_single_process_records(tmp_path
     split.mkdir()
     written = lines(single)
     for index in range(2):  # what two processes would write, each its own file
-        (split / f"records-{index:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shard(written, index, 2)))
+        (split / f"records-{index:05d}.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in shard(written, index, 2))
+        )
     assert records.read_records(split, FAITHFULNESS) == records.read_records(single, FAITHFULNESS)
 
 
@@ -183,12 +211,18 @@ def test_a_cancelled_run_keeps_its_finished_items_and_a_rerun_resumes_from_them(
     calls: list[int] = []
     store: dict[int, dict] = {}
     steps: list[tuple[int, int]] = []
-    cancelled = sweep.run(plan, counting(calls), progress=lambda *step: steps.append(step), cancel=lambda: len(calls) == 2, store=store)
+    cancelled = sweep.run(
+        plan, counting(calls), progress=lambda *step: steps.append(step), cancel=lambda: len(calls) == 2, store=store
+    )
     assert cancelled.interrupted and [r["example"] for r in cancelled.records] == [0, 1] and sorted(store) == [0, 1]
     assert steps == [(1, 4), (2, 4)]
     record = cancelled.records[1]
     assert record["fingerprint"] == plan.key == records.fingerprint({"seed": 1})  # the run's real fingerprint
-    assert record["text_sha256"] == records.text_hash("second") and record["schema"] == CLAIMS.schema and record["value"] == 10
+    assert (
+        record["text_sha256"] == records.text_hash("second")
+        and record["schema"] == CLAIMS.schema
+        and record["value"] == 10
+    )
     resumed = sweep.run(plan, counting(calls), progress=lambda *step: steps.append(step), store=store)
     assert not resumed.interrupted and calls == [0, 1, 2, 3]  # nothing twice
     assert [r["example"] for r in resumed.records] == [0, 1, 2, 3] and resumed.records[:2] == cancelled.records
@@ -219,7 +253,18 @@ COMMANDS = {
 
 
 def cwviz_command(model: Path, data: Path, results: Path, command: str = "faithfulness") -> list[str]:
-    common = ["--jsonl", str(data), "--examples", "200", "--model", str(model), "--device", "cpu", "--results", str(results)]
+    common = [
+        "--jsonl",
+        str(data),
+        "--examples",
+        "200",
+        "--model",
+        str(model),
+        "--device",
+        "cpu",
+        "--results",
+        str(results),
+    ]
     extra = {"faithfulness": ["--rates", "10,50"], "sinks": [], "atlas": ["--bootstrap", "50"]}[command]
     return [command, *common, *extra]
 
@@ -245,7 +290,9 @@ def test_two_processes_under_torchrun_give_exactly_the_single_process_records(tm
     folder = records_folder(double, command)
     assert sorted(p.name for p in folder.glob(records.RECORD_GLOB)) == ["records-00000.jsonl", "records-00001.jsonl"]
     assert all(p.stat().st_size > 0 for p in folder.glob(records.RECORD_GLOB))  # both processes did work
-    assert records.read_records(folder, BY_NAME[command]) == records.read_records(records_folder(single, command), BY_NAME[command])
+    assert records.read_records(folder, BY_NAME[command]) == records.read_records(
+        records_folder(single, command), BY_NAME[command]
+    )
     assert summaries(double, command) == summaries(single, command)
     assert json.loads((folder / records.MANIFEST).read_text())["processes"] == 2
 
@@ -256,7 +303,8 @@ def test_sigkill_then_resume_loses_nothing_and_duplicates_nothing(tmp_path, comm
     rest), once: it is one implementation for every command (cwviz.analyses.sweep.run), and each command's own
     resume is tested in process (test_sinks_and_atlas_resume_a_partial_run_to_the_uninterrupted_records_and_tables)."""
     model = save_tiny_model(tmp_path / "model")
-    texts = [f"Item {i}: " + "the river flows past the old mill " * (1 + i % 3) for i in range(60)]  # long enough to kill mid-run
+    # long enough to kill mid-run
+    texts = [f"Item {i}: " + "the river flows past the old mill " * (1 + i % 3) for i in range(60)]
     data = write_jsonl(tmp_path / "items.jsonl", texts)
     killed, whole = tmp_path / "killed", tmp_path / "whole"
     run = cwviz_process(cwviz_command(model, data, killed, command))

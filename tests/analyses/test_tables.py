@@ -154,7 +154,9 @@ def test_one_query_rows_equal_the_full_layer_row(arch):
         for query in (0, 7, analysis.num_tokens - 1):
             row = analysis.rows(layer, query, query + 1)
             for name in cwviz.MEASURES:
-                np.testing.assert_allclose(row.per_head(name)[:, 0].numpy(), analysis.measure(layer, name)[:, query], atol=1e-5, rtol=1e-4)
+                np.testing.assert_allclose(
+                    row.per_head(name)[:, 0].numpy(), analysis.measure(layer, name)[:, query], atol=1e-5, rtol=1e-4
+                )
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "bert", "mistral"])
@@ -174,14 +176,18 @@ def test_row_blocks_equal_the_whole_layer_across_block_edges(arch):
         for start, stop in spans:
             rows = analysis.rows(layer, start, stop)
             for name in cwviz.MEASURES:
-                np.testing.assert_allclose(rows.per_head(name).numpy(), whole.per_head(name)[:, start:stop].numpy(), atol=1e-5, rtol=1e-4)
+                np.testing.assert_allclose(
+                    rows.per_head(name).numpy(), whole.per_head(name)[:, start:stop].numpy(), atol=1e-5, rtol=1e-4
+                )
                 np.testing.assert_allclose(
                     rows.layer_level(name).numpy(), whole.layer_level(name)[start:stop].numpy(), atol=1e-5, rtol=1e-4
                 )
             np.testing.assert_allclose(rows.output_norm.numpy(), whole.output_norm[start:stop].numpy(), rtol=1e-5)
             alpha = analysis.attention_tensor(layer, start, stop)  # (H, rows, T)
             np.testing.assert_allclose(alpha.numpy(), whole.attention[:, start:stop].numpy(), atol=1e-6)
-            np.testing.assert_allclose(rows.cosine("intra").numpy(), whole.cosine("intra")[:, start:stop].numpy(), atol=1e-5)
+            np.testing.assert_allclose(
+                rows.cosine("intra").numpy(), whole.cosine("intra")[:, start:stop].numpy(), atol=1e-5
+            )
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "bert", "mistral"])
@@ -212,9 +218,13 @@ def test_row_blocks_cover_every_row_and_every_visible_key(arch, cells, monkeypat
                     np.testing.assert_allclose(m.per_head(name).numpy(), expected, atol=1e-5, rtol=1e-4)
                 np.testing.assert_allclose(m.value_norm.numpy(), whole.value_norm[:, :keys].numpy(), rtol=1e-5)
             for kind in ("intra", "inter"):  # one kind's blocks (the head overview reads intra only)
-                for (first, stop, m), (*edges, one) in zip(blocks, analysis.row_blocks(layer, start, kinds=(kind,)), strict=True):
+                for (first, stop, m), (*edges, one) in zip(
+                    blocks, analysis.row_blocks(layer, start, kinds=(kind,)), strict=True
+                ):
                     assert edges == [first, stop]
-                    np.testing.assert_allclose(one.contribution(kind).numpy(), m.contribution(kind).numpy(), atol=1e-7, rtol=1e-6)
+                    np.testing.assert_allclose(
+                        one.contribution(kind).numpy(), m.contribution(kind).numpy(), atol=1e-7, rtol=1e-6
+                    )
         np.testing.assert_allclose(analysis.head_outputs(layer).numpy(), whole.head_output.numpy(), atol=1e-5)
 
 
@@ -222,7 +232,9 @@ def test_row_blocks_cover_every_row_and_every_visible_key(arch, cells, monkeypat
 def test_a_windowed_heatmap_equals_the_whole_map_cut_to_the_window(long_analysis, head):
     """The window view computes only its rows; its cells equal the whole layer's at the same positions."""
     query = 300
-    cells = tables.heatmap_cells(long_analysis, 1, head, "value_weighted_output_normalized_intra", "intra", query, "window")
+    cells = tables.heatmap_cells(
+        long_analysis, 1, head, "value_weighted_output_normalized_intra", "intra", query, "window"
+    )
     frame = cells.frame
     q, k = frame["query"].to_numpy(), frame["key"].to_numpy()
     if head is None:
@@ -304,8 +316,8 @@ def test_the_one_pass_groups_its_row_blocks_in_order_within_a_dense_blocks_cells
         assert len(blocks) == row_block_sizes.READ_MIN_ROW_BLOCKS and len(groups) == 1
 
 
-#: Three heads a kv head, each held twice in the row blocks (cwviz.core.method.measures.kv_copies): 7-row blocks cut into
-#: runs of 10.5 rows fall back to one copy a kv head, the last block's 4 rows do not.
+#: Three heads a kv head, each held twice in the row blocks (cwviz.core.method.measures.kv_copies): 7-row blocks cut
+#: into runs of 10.5 rows fall back to one copy a kv head, the last block's 4 rows do not.
 HELD_TWICE = "llama, 3 heads a kv head held twice"
 
 
@@ -333,7 +345,14 @@ def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch)
 
     def keep(layer, first, stop, m):
         seen.append(
-            (layer, first, stop, m.attention.clone(), {kind: m.contribution(kind).clone() for kind in kinds}, m.head_output_norm.clone())
+            (
+                layer,
+                first,
+                stop,
+                m.attention.clone(),
+                {kind: m.contribution(kind).clone() for kind in kinds},
+                m.head_output_norm.clone(),
+            )
         )
 
     grouping, group_sizes = row_blocks.row_block_groups, []
@@ -345,7 +364,8 @@ def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch)
 
     monkeypatch.setattr(row_blocks, "row_block_groups", counted)
     streamed = cwviz.analyze(bundle, text, each_row_block=keep, kinds=kinds)
-    assert max(group_sizes) > 1 or not bundle.arch.causal  # blocks whose α is kept while their group's query side is made
+    # blocks whose α is kept while their group's query side is made
+    assert max(group_sizes) > 1 or not bundle.arch.causal
     expected = [(layer, *block) for layer in range(plain.num_layers) for block in plain.row_blocks(layer, kinds=kinds)]
     assert [s[:3] for s in seen] == [e[:3] for e in expected] and len({s[0] for s in seen}) == plain.num_layers
     assert max(stop - first for _, first, stop, *_ in seen) < plain.num_tokens  # several blocks a layer
@@ -357,12 +377,15 @@ def test_one_pass_blocks_equal_the_recorded_analysis(family, kinds, monkeypatch)
         np.testing.assert_allclose(norm.numpy(), m.head_output_norm.numpy(), rtol=1e-4, atol=1e-6)
         for kind in kinds:
             np.testing.assert_allclose(contributions[kind].numpy(), m.contribution(kind).numpy(), atol=1e-5, rtol=1e-4)
-            np.testing.assert_allclose(contributions[kind].numpy(), by_rows.contribution(kind)[..., :keys].numpy(), atol=1e-5, rtol=1e-4)
+            np.testing.assert_allclose(
+                contributions[kind].numpy(), by_rows.contribution(kind)[..., :keys].numpy(), atol=1e-5, rtol=1e-4
+            )
     for layer in range(plain.num_layers):
         np.testing.assert_allclose(
             streamed.layer_record(layer).output.numpy(), plain.layer_record(layer).output.numpy(), atol=1e-5, rtol=1e-4
         )
-    np.testing.assert_array_equal(streamed.layer_record(0).query.numpy(), plain.layer_record(0).query.numpy())  # the same input
+    # the same input
+    np.testing.assert_array_equal(streamed.layer_record(0).query.numpy(), plain.layer_record(0).query.numpy())
     if plain.bundle.arch.causal:
         np.testing.assert_allclose(streamed.next_token_logprobs, plain.next_token_logprobs, atol=1e-4)
     with pytest.raises(ValueError, match="kind must be 'inter' or 'intra'"):

@@ -22,9 +22,24 @@ MMLU = [
     {"question": "Sky?", "choices": ["green", "blue"], "answer": 1},
 ]
 WINOGRANDE = [
-    {"sentence": "The trophy does not fit in the case because _ is too big.", "option1": "trophy", "option2": "case", "answer": "1"},
-    {"sentence": "Anna lent Mary a book because _ had finished it.", "option1": "Anna", "option2": "Mary", "answer": "1"},
-    {"sentence": "The cup fell off the table because _ was tilted.", "option1": "cup", "option2": "table", "answer": "2"},
+    {
+        "sentence": "The trophy does not fit in the case because _ is too big.",
+        "option1": "trophy",
+        "option2": "case",
+        "answer": "1",
+    },
+    {
+        "sentence": "Anna lent Mary a book because _ had finished it.",
+        "option1": "Anna",
+        "option2": "Mary",
+        "answer": "1",
+    },
+    {
+        "sentence": "The cup fell off the table because _ was tilted.",
+        "option1": "cup",
+        "option2": "table",
+        "answer": "2",
+    },
 ]
 ROWS = {"mmlu": MMLU, "boolq": BOOLQ, "winogrande": WINOGRANDE}
 
@@ -49,7 +64,10 @@ def test_mmlu_reader_follows_the_harness_template(tmp_path):
 
 def test_boolq_reader(tmp_path):
     items = tasks.read_items(write_jsonl(tmp_path / "boolq.jsonl", BOOLQ), "boolq")
-    assert items[0].contexts == ("The sun is a star at the centre of the solar system.\nQuestion: is the sun a star?\nAnswer:",) * 2
+    assert (
+        items[0].contexts
+        == ("The sun is a star at the centre of the solar system.\nQuestion: is the sun a star?\nAnswer:",) * 2
+    )
     assert items[0].continuations == (" no", " yes")
     assert [i.answer for i in items] == [1, 0]
 
@@ -57,7 +75,10 @@ def test_boolq_reader(tmp_path):
 def test_winogrande_reader_uses_partial_evaluation(tmp_path):
     items = tasks.read_items(write_jsonl(tmp_path / "wino.jsonl", WINOGRANDE), "winogrande")
     first = items[0]
-    assert first.contexts == ("The trophy does not fit in the case because trophy", "The trophy does not fit in the case because case")
+    assert first.contexts == (
+        "The trophy does not fit in the case because trophy",
+        "The trophy does not fit in the case because case",
+    )
     assert first.continuations == (" is too big.", " is too big.")
     assert [i.answer for i in items] == [0, 0, 1]
 

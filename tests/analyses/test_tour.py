@@ -24,7 +24,9 @@ from tests.helpers import TEXT, make_tiny
 
 def _plan(analysis) -> tour.TourPlan:
     table = sinks.sink_table(analysis, defaults.DEFAULT_SINK)
-    return tour.plan(analysis, tables.head_summary(analysis), sinks.sink_layer_summary(table), sinks.sink_head_summary(table))
+    return tour.plan(
+        analysis, tables.head_summary(analysis), sinks.sink_layer_summary(table), sinks.sink_head_summary(table)
+    )
 
 
 def _most_negative(analysis, layer: int, head: int) -> float:
@@ -117,7 +119,11 @@ def test_a_two_token_prompt_falls_back_to_the_sink_column():
 
 def test_picks_from_hand_made_tables():
     layers = pd.DataFrame(
-        {"layer": [0, 1, 2, 3], "sink_attention_share": [0.9, 0.8, 0.5, np.nan], "sink_contribution_share": [0.9, 0.2, 0.1, 0.0]}
+        {
+            "layer": [0, 1, 2, 3],
+            "sink_attention_share": [0.9, 0.8, 0.5, np.nan],
+            "sink_contribution_share": [0.9, 0.2, 0.1, 0.0],
+        }
     )
     assert tour.overstated_layer(layers) == tour.SinkLayer(1, 0.8, 0.2)  # gap 0.6, not the most attended layer 0
     assert tour.most_attended_layer(layers).layer == 0
@@ -219,11 +225,20 @@ def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold
     assert f"{at['attention']:.0%}" == f"{plan.layer.attention_share:.0%}"
     assert f"{at['contribution weight']:.0%}" == f"{plan.layer.contribution_share:.0%}"
     assert plan.layer.writes_little == (plan.layer.contribution_share < 0.5 * plan.layer.attention_share)
-    assert plan.layer.contribution_share < plan.layer.attention_share, "attention overstates the sink in the tour's layer"
+    assert plan.layer.contribution_share < plan.layer.attention_share, (
+        "attention overstates the sink in the tour's layer"
+    )
 
     # Step 3: the map the step draws holds the printed cell, and rings it; the sink cell is the printed share.
     cells = tables.heatmap_cells(
-        analysis, plan.layer.layer, neg.head, "contribution_intra", tour.KIND, neg.query, "window", max_cells=tables.screen_cells(True)
+        analysis,
+        plan.layer.layer,
+        neg.head,
+        "contribution_intra",
+        tour.KIND,
+        neg.query,
+        "window",
+        max_cells=tables.screen_cells(True),
     )
     frame = cells.frame.set_index(["query", "key"])
     assert f"{frame.loc[(neg.query, neg.key), 'value']:+.3f}" == f"{neg.contribution:+.3f}"
@@ -236,8 +251,12 @@ def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold
     factors = tables.token_factors(analysis, plan.layer.layer, neg.query, neg.head, tour.KIND, also=neg.key)
     row = factors.wide[factors.wide["key"] == neg.key].iloc[0]
     printed = f"{neg.attention:.3f} × {neg.norm_ratio:.2f} × {neg.cosine:+.2f} = {neg.contribution:+.3f}"
-    assert printed == f"{row['attention']:.3f} × {row['norm_ratio']:.2f} × {row['cosine']:+.2f} = {row['contribution']:+.3f}"
-    assert row["attention"] * row["norm_ratio"] * row["cosine"] == pytest.approx(row["contribution"], rel=1e-3, abs=1e-6)
+    assert printed == (
+        f"{row['attention']:.3f} × {row['norm_ratio']:.2f} × {row['cosine']:+.2f} = {row['contribution']:+.3f}"
+    )
+    assert row["attention"] * row["norm_ratio"] * row["cosine"] == pytest.approx(
+        row["contribution"], rel=1e-3, abs=1e-6
+    )
     sink_row = factors.wide[factors.wide["is_sink"]].iloc[0]
     assert f"{sink_row['contribution']:.0%}" == f"{scale.sink_intra:.0%}"
     bars = token.factor_bars(factors, mark=neg.key).to_dict()
@@ -245,9 +264,12 @@ def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold
     label = first_bars["encoding"]["y"]["axis"]["labelExpr"]  # the labels as a JSON list, in ASCII
     assert json.dumps(token.MARKED)[1:-1] in label and first_bars["encoding"]["stroke"]
 
-    # "Both are true": the sink's share of this head's output, of the layer's output, and the two lengths that reconcile them.
+    # "Both are true": the sink's share of this head's output, of the layer's output, and the two lengths that reconcile
+    # them.
     head = tables.decomposition(analysis, plan.layer.layer, neg.query, neg.head, "inter")
-    assert scale.sink_inter == pytest.approx(float(head.loc[head["key"] == defaults.DEFAULT_SINK, "contribution"].iloc[0]))
+    assert scale.sink_inter == pytest.approx(
+        float(head.loc[head["key"] == defaults.DEFAULT_SINK, "contribution"].iloc[0])
+    )
     assert scale.layer_norm > 0 and scale.head_norm > 0
     if scale.sink_dominates:
         assert scale.sink_intra > 0.5 and scale.sink_inter < 0.5 * scale.sink_intra
@@ -267,7 +289,10 @@ def test_each_steps_printed_numbers_are_what_its_chart_draws_and_its_claims_hold
         assert drawn["length"].tolist() == pytest.approx([scale.head_norm, head_part, scale.layer_norm, layer_part])
         assert json.dumps(drawn["label"].tolist()) in bars.to_dict()["encoding"]["y"]["axis"]["labelExpr"]
         # What the bars show: the first token's part is most of the head's bar and a small part of the layer's.
-        assert drawn.loc[1, "length"] > 0.5 * drawn.loc[0, "length"] and drawn.loc[3, "length"] < 0.5 * drawn.loc[2, "length"]
+        assert (
+            drawn.loc[1, "length"] > 0.5 * drawn.loc[0, "length"]
+            and drawn.loc[3, "length"] < 0.5 * drawn.loc[2, "length"]
+        )
         fill = bars.to_dict()["transform"][0]["calculate"]  # outputs grey, the sink's part by its sign
         assert all(colour in fill for colour in (palette.MUTED, palette.POSITIVE, palette.NEGATIVE))
 
@@ -279,7 +304,8 @@ def _label(position: int) -> str:
 
 def _story(embedded_model, prompt: int) -> tuple[tour.TourPlan, tuple[tour_story.Step, ...]]:
     """Every step of the tour on the embedded model and one of three prompts, as the Tour page writes it: the plan, the
-    flow into the last position, λ = 0 in every layer and the embedded encoder's layer where [CLS] takes most attention."""
+    flow into the last position, λ = 0 in every layer and the embedded encoder's layer where [CLS] takes most
+    attention."""
     from cwviz import load_model
 
     text = _embedded_prompts()[prompt]
@@ -289,7 +315,9 @@ def _story(embedded_model, prompt: int) -> tuple[tour.TourPlan, tuple[tour_story
     removal = tour.Removal.of(analysis.info.id, plan.causal, removed)
     encoder_analysis = analyze(load_model("embedded-encoder"), text)
     layers = sinks.sink_layer_summary(sinks.sink_table(encoder_analysis, defaults.DEFAULT_SINK))
-    encoder = tour.Encoder(encoder_analysis.info.id, False, encoder_analysis.tokens[0], tour.most_attended_layer(layers))
+    encoder = tour.Encoder(
+        encoder_analysis.info.id, False, encoder_analysis.tokens[0], tour.most_attended_layer(layers)
+    )
     flow = tour.flow_story(cwviz_flow(analysis))
     steps = tour_story.story(plan, _label, repr, flow, analysis.num_layers, removal, encoder)
     return plan, steps
@@ -319,9 +347,13 @@ def check_facts(steps: tuple[tour_story.Step, ...]) -> list[str]:
                 problems.append(f"step {step.number} cites {fact.name} {fact.text} but does not print it")
             there = shown.get((fact.name, fact.subject), {}).get(cite.step)
             if there is None:
-                problems.append(f"step {step.number} cites step {cite.step} for {fact.name}, which that step does not show")
+                problems.append(
+                    f"step {step.number} cites step {cite.step} for {fact.name}, which that step does not show"
+                )
             elif there != fact.text:
-                problems.append(f"step {step.number} cites step {cite.step}'s {fact.name} as {fact.text}; that step prints {there}")
+                problems.append(
+                    f"step {step.number} cites step {cite.step}'s {fact.name} as {fact.text}; that step prints {there}"
+                )
     return problems
 
 
@@ -352,7 +384,10 @@ def test_the_fact_check_fails_on_the_contradictions_of_issue_56():
     layer = ("m", 20)
     two = tour_story.Step(2, "makes 27% of the layer", (tour_story.Fact("layer_share", layer, 0.27),))
     three = tour_story.Step(
-        3, "adds only 5% of the layer's output, as step 2 says", (), (tour_story.Cite(tour_story.Fact("layer_share", layer, 0.05), 2),)
+        3,
+        "adds only 5% of the layer's output, as step 2 says",
+        (),
+        (tour_story.Cite(tour_story.Fact("layer_share", layer, 0.05), 2),),
     )
     assert any("that step prints 27%" in p for p in check_facts((two, three)))
     four = tour_story.Step(4, "its 27%", (), (tour_story.Cite(tour_story.Fact("layer_share", layer, 0.27), 1),))
@@ -374,10 +409,16 @@ def test_the_flow_steps_numbers_are_what_its_bars_draw(embedded_model, prompt):
     story = tour.flow_story(result)
     assert story.target == result.target_token and story.logit == result.frozen_logit_difference
     assert story.support[2] == pytest.approx(float(result.totals.max())) and story.support[2] > 0
-    assert story.against is not None and story.against[2] == pytest.approx(float(result.totals.min())) and story.against[2] < 0
+    assert (
+        story.against is not None
+        and story.against[2] == pytest.approx(float(result.totals.min()))
+        and story.against[2] < 0
+    )
     rows = flow_charts.total_rows(result.tokens, "total", keep=[story.support[0], story.against[0]])
     bars = flow_charts.totals_bars(rows, "totals").to_dict()
-    drawn = pd.DataFrame(next(data for data in bars["datasets"].values() if len(data) == len(rows))).set_index("position")
+    drawn = pd.DataFrame(next(data for data in bars["datasets"].values() if len(data) == len(rows))).set_index(
+        "position"
+    )
     for position, _, total in (story.support, story.against):
         assert f"{drawn.loc[position, 'total']:+.2f}" == f"{total:+.2f}"
     assert drawn.loc[story.support[0], "sign"] == "adds" and drawn.loc[story.against[0], "sign"] == "subtracts"

@@ -130,7 +130,11 @@ def test_byte_and_control_labels_are_explained_only_when_the_prompt_has_them():
 def test_the_model_picker_offers_the_embedded_models_and_keeps_a_typed_name(tmp_path):
     at = run_app()
     picker = widget(at, "selectbox", "Model")
-    assert picker.options[:3] == ["embedded · SmolLM2", "embedded-gemma · Gemma 3 (Gemma terms)", "embedded-encoder · MiniLM"]
+    assert picker.options[:3] == [
+        "embedded · SmolLM2",
+        "embedded-gemma · Gemma 3 (Gemma terms)",
+        "embedded-encoder · MiniLM",
+    ]
     assert picker.value == "embedded"
     typed = str(tmp_path / "my-model")  # a name typed into the picker (or given in a link) is one of its options
     at = run_app(params={"model": typed})
@@ -303,7 +307,9 @@ def test_long_steps_show_their_progress_and_leave_no_bar_behind(tiny_long_model,
 
     texts: list[str] = []
     real = DeltaGenerator.progress
-    monkeypatch.setattr(DeltaGenerator, "progress", lambda self, value, text=None: (texts.append(text), real(self, value, text))[1])
+    monkeypatch.setattr(
+        DeltaGenerator, "progress", lambda self, value, text=None: (texts.append(text), real(self, value, text))[1]
+    )
     monkeypatch.setattr(services, "PROGRESS_AFTER_S", 0.0)
     monkeypatch.setattr(services, "PROGRESS_EVERY_S", 0.0)
     at = run_app(params={"model": "tiny-long", "prompt": LONG_TEXT + " progress", "token": "40"})
@@ -354,7 +360,11 @@ def _font_sizes(node) -> list[float]:
             size
             for key, value in node.items()
             if key != "datasets"
-            for size in ([value] if key.endswith(("fontSize", "FontSize")) and isinstance(value, int | float) else _font_sizes(value))
+            for size in (
+                [value]
+                if key.endswith(("fontSize", "FontSize")) and isinstance(value, int | float)
+                else _font_sizes(value)
+            )
         ]
     return [size for item in node for size in _font_sizes(item)] if isinstance(node, list) else []
 

@@ -46,18 +46,34 @@ def test_run_draws_the_map_lists_the_strongest_prompts_and_saves_what_reloads(ti
     source = tmp_path / "prompts.jsonl"
     source.write_text("\n".join(json.dumps({"text": t}) for t in PROMPTS), encoding="utf-8")
     out = tmp_path / "atlas"
-    at = open_page({"atlas_source": "path", "atlas_path": str(source), "atlas_n": "3", "atlas_out": str(out), "layer": "1", "head": "2"})
+    at = open_page(
+        {
+            "atlas_source": "path",
+            "atlas_path": str(source),
+            "atlas_n": "3",
+            "atlas_out": str(out),
+            "layer": "1",
+            "head": "2",
+        }
+    )
     assert_clean(at)
-    assert not charts(at) and any("Run pools the first 3 prompts" in c.value for c in at.caption)  # nothing runs before Run
+    # nothing runs before Run
+    assert not charts(at) and any("Run pools the first 3 prompts" in c.value for c in at.caption)
     at.button(key="atlas_run").click().run()
     assert_clean(at)
     (grid,) = charts(at)
     assert "Mean over 3 prompt(s)" in title(grid) and grid["_rows"] == 2 * 4 + 1  # every head, and the outline
     assert any("3 prompt(s) on tiny-long" in c.value for c in at.caption)
     top = at.dataframe[0].value
-    assert len(top) == 3 and set(top["text"]) == set(PROMPTS[:3]) and top["value"].is_monotonic_increasing  # cos: lowest first
+    # cos: lowest first
+    assert len(top) == 3 and set(top["text"]) == set(PROMPTS[:3]) and top["value"].is_monotonic_increasing
     link = parse_qs(urlparse(top["heatmaps"].iloc[0]).query)
-    assert link["prompt"] == [top["text"].iloc[0]] and link["layer"] == ["1"] and link["head"] == ["2"] and link["model"] == ["tiny-long"]
+    assert (
+        link["prompt"] == [top["text"].iloc[0]]
+        and link["layer"] == ["1"]
+        and link["head"] == ["2"]
+        and link["model"] == ["tiny-long"]
+    )
     assert (out / "pooled.csv").is_file()
 
     at.radio(key="atlas_metric").set_value("negative_share").run()
@@ -93,7 +109,9 @@ def test_a_run_shows_its_progress_and_leaves_no_bar_behind(tiny_model, tmp_path,
 
     texts: list[str] = []
     real = DeltaGenerator.progress
-    monkeypatch.setattr(DeltaGenerator, "progress", lambda self, value, text=None: (texts.append(text), real(self, value, text))[1])
+    monkeypatch.setattr(
+        DeltaGenerator, "progress", lambda self, value, text=None: (texts.append(text), real(self, value, text))[1]
+    )
     monkeypatch.setattr(services, "PROGRESS_AFTER_S", 0.0)
     monkeypatch.setattr(services, "PROGRESS_EVERY_S", 0.0)
     source = tmp_path / "prompts.jsonl"

@@ -39,7 +39,11 @@ def saved_folder(tmp_path: Path, scope: str = "token") -> Path:
         ppl["comprehensiveness", "random"], ppl["sufficiency", "random"] = 1.5, 9.5
         payload = record(i, ppl, sinks(i), scope=scope)
         lines.append(
-            json.dumps(records.make_record(claims.CLAIMS, i, f"item {i}", "key", {k: v for k, v in payload.items() if k != "example"}))
+            json.dumps(
+                records.make_record(
+                    claims.CLAIMS, i, f"item {i}", "key", {k: v for k, v in payload.items() if k != "example"}
+                )
+            )
         )
     (where / "records-00000.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return tmp_path / "run"
@@ -63,7 +67,11 @@ def test_a_saved_folder_draws_every_verdict_and_gives_one_row_per_claim_and_the_
     drawn = pd.concat([convert_arrow_bytes_to_pandas_df(d.data.data) for d in chart.proto.datasets])
     assert sorted(set(drawn["label"])) == sorted(at.dataframe[0].value.index)
     assert len(at.dataframe[0].value) == 8 and set(at.dataframe[0].value.verdict) == {"holds"}
-    assert VERDICT_COLOURS["holds"] in chart.proto.spec and "#b2182b" not in chart.proto.spec and "#2166ac" not in chart.proto.spec
+    assert (
+        VERDICT_COLOURS["holds"] in chart.proto.spec
+        and "#b2182b" not in chart.proto.spec
+        and "#2166ac" not in chart.proto.spec
+    )
     overview = at.dataframe[1].value
     assert list(overview.index) == [1, 2, 3, 4, 5]
     assert list(overview.loc[[2, 3, 4], "verdict"]) == ["holds"] * 3
@@ -74,7 +82,11 @@ def test_a_saved_folder_draws_every_verdict_and_gives_one_row_per_claim_and_the_
     assert overview.loc[3, "statement"] == claims.STATEMENTS[3]
     assert any("12 item(s)" in c.value for c in at.caption)
     judged = [c.value for c in at.caption if c.value.startswith("Judged on 12 item(s)")]
-    assert len(judged) == 1 and "50-item runs in docs/claims.md" in judged[0] and f"fewer than {claims.MIN_ITEMS} items" in judged[0]
+    assert (
+        len(judged) == 1
+        and "50-item runs in docs/claims.md" in judged[0]
+        and f"fewer than {claims.MIN_ITEMS} items" in judged[0]
+    )
 
 
 def test_query_scope_rows_are_drawn_as_ties_by_construction_and_counted_apart(app, tmp_path):
@@ -88,7 +100,9 @@ def test_query_scope_rows_are_drawn_as_ties_by_construction_and_counted_apart(ap
     assert set(drawn.loc[drawn["claim"] == 1, "verdict"]) == {claims.TIES}
     assert VERDICT_COLOURS[claims.TIES] in chart.proto.spec and "cannot hold" in chart.proto.spec
     overview = at.dataframe[1].value
-    assert overview.loc[1, "verdict"] == "0 holds, 0 fails, 0 unresolved of 0 that can hold; 2 ties by construction (cannot hold)"
+    assert overview.loc[1, "verdict"] == (
+        "0 holds, 0 fails, 0 unresolved of 0 that can hold; 2 ties by construction (cannot hold)"
+    )
 
 
 def test_a_folder_that_is_not_a_claims_run_shows_an_error(app, tmp_path):
@@ -154,4 +168,6 @@ def test_stop_keeps_the_finished_items_and_run_resumes_from_them(app, monkeypatc
     at.run()
     assert not at.exception and not at.error
     assert ran == [0, 1, 1, 2]  # the finished item is not run again
-    assert list(at.dataframe[1].value.index) == [1, 2, 3, 4, 5] and any(c.value.startswith("3 item(s);") for c in at.caption)
+    assert list(at.dataframe[1].value.index) == [1, 2, 3, 4, 5] and any(
+        c.value.startswith("3 item(s);") for c in at.caption
+    )

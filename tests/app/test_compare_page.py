@@ -107,7 +107,9 @@ def test_a_prompt_b_that_cannot_be_compared_gets_a_clear_message(tiny_models, mo
 
 
 def test_an_encoder_is_compared_without_log_probabilities():
-    at = open_page({"model": "embedded-encoder", "prompt": "the cat sat on the mat", "prompt_b": "the big dog sat on a mat"})
+    at = open_page(
+        {"model": "embedded-encoder", "prompt": "the cat sat on the mat", "prompt_b": "the big dog sat on a mat"}
+    )
     assert_clean(at)
     assert any("predicts no next token" in i.value for i in at.info)
     maps, grid = charts(at)

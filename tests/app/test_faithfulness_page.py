@@ -112,7 +112,10 @@ def test_the_page_runs_through_the_sweep_runner_and_records_what_the_cli_records
     assert run_services.finished(run_services.faithfulness_plan(asked)) == records.read_records(results, FAITHFULNESS)
     shown = at.dataframe[0].value
     summary = FAITHFULNESS.summary(records.read_records(results, FAITHFULNESS))
-    assert shown.loc["raw", "comp. 50%"] == summary.query("measure == 'raw' and curve == 'comprehensiveness'")["delta_ppl"].item()
+    assert (
+        shown.loc["raw", "comp. 50%"]
+        == summary.query("measure == 'raw' and curve == 'comprehensiveness'")["delta_ppl"].item()
+    )
 
 
 def test_a_stopped_run_keeps_its_finished_examples_and_run_resumes_it(app, tmp_path, monkeypatch):

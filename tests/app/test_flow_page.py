@@ -28,7 +28,15 @@ def _drawn(at) -> dict[str, dict]:
     titles = [str(spec.get("title")) for spec in specs]
     found = {}
     for spec, title in zip(specs, titles, strict=True):
-        name = "graph" if "click a node" in title else "totals" if "Each token's" in title else "heads" if "head" in title else title
+        name = (
+            "graph"
+            if "click a node" in title
+            else "totals"
+            if "Each token's" in title
+            else "heads"
+            if "head" in title
+            else title
+        )
         found[name] = spec
     return found
 
@@ -61,17 +69,24 @@ def test_the_page_draws_the_route_the_scores_and_the_heads_of_the_default_method
     assert list(drawn_route.connected) == top3 and set(top3) <= drawn_route.reached()
     assert all(repr(shown.asked.token_strings[k]) in said.replace("\\", "") for k in top3)
     assert "Layer 14, head" in " ".join(m.value for m in page.markdown), "the vocabulary of the layer's largest head"
-    promoted, suppressed = (frame.value for frame in page.dataframe)  # the head's vocabulary: what its write pushes up and down
+    # the head's vocabulary: what its write pushes up and down
+    promoted, suppressed = (frame.value for frame in page.dataframe)
     assert len(promoted) == len(suppressed) == 5 and (promoted["logit"] > suppressed["logit"].max()).all()
     links = [button.proto.url for button in page.get("link_button")]
-    assert links[0].startswith("./?") and links[1].startswith("token?") and all("layer=14" in url and "token=29" in url for url in links)
+    assert (
+        links[0].startswith("./?")
+        and links[1].startswith("token?")
+        and all("layer=14" in url and "token=29" in url for url in links)
+    )
 
 
 def test_the_default_target_is_the_most_likely_next_word_not_a_line_break():
     """The default prompt's top next token after its final '.' is a line break: the demo starts on the most likely
     next token that is a word, and the caption says so."""
     top = flow_services.predictions(Request(text=TEXT), 29)
-    assert not any(c.isalnum() for c in top["token"].iloc[0]), "the prompt this test is about: its top next token is no word"
+    assert not any(c.isalnum() for c in top["token"].iloc[0]), (
+        "the prompt this test is about: its top next token is no word"
+    )
     word = flow_services.default_target(Request(text=TEXT), 29)
     assert any(c.isalpha() for c in word) and word in list(top["token"])
     assert word == next(t for t in top["token"] if any(c.isalnum() for c in t))
@@ -87,12 +102,16 @@ def test_the_graph_draws_exactly_the_route_and_its_csv_is_the_route(monkeypatch,
     shown = {}
     real = widgets.node_graph
     monkeypatch.setattr(
-        widgets, "node_graph", lambda chart, data, *a, **k: shown.update(chart=chart, data=data) or real(chart, data, *a, **k)
+        widgets,
+        "node_graph",
+        lambda chart, data, *a, **k: shown.update(chart=chart, data=data) or real(chart, data, *a, **k),
     )
     at = run_app(page=PAGE, params={"method": method, "kept": "0.3"})
     assert_clean(at)
     result = flow_services.choose(Request(text=TEXT), 29, flow_services.default_target(Request(text=TEXT), 29)).flow
-    expected = route.of(flow_services.get_attribution(Request(text=TEXT), 29, result.target, result.foil, method), 0.3).edges
+    expected = route.of(
+        flow_services.get_attribution(Request(text=TEXT), 29, result.target, result.foil, method), 0.3
+    ).edges
     pd.testing.assert_frame_equal(shown["data"], expected)
     spec = shown["chart"].to_dict()
     (rules,) = [view for view in spec["layer"] if view["encoding"].get("x2", {}).get("field") == "query_label"]
@@ -145,19 +164,25 @@ def test_the_check_measures_every_knockout_once_and_keeps_it_across_a_change_of_
     at.selectbox(key="method").set_value("share_flow").run()
     said = " ".join(m.value for m in at.markdown).replace("\\", "")
     assert "4 of 4 knockouts (relay)" in said and "share flow" in said and calls == [1]
-    kept = flow_services.measured(Request(text="The capital of France is"), 4, *_ids("The capital of France is", 4), "relay")
+    kept = flow_services.measured(
+        Request(text="The capital of France is"), 4, *_ids("The capital of France is", 4), "relay"
+    )
     assert kept.complete and np.isfinite(kept.effects).all() and len(kept.effects) == 4
 
 
 def _ids(text: str, position: int) -> tuple[int, int | None]:
-    result = flow_services.choose(Request(text=text), position, flow_services.default_target(Request(text=text), position)).flow
+    result = flow_services.choose(
+        Request(text=text), position, flow_services.default_target(Request(text=text), position)
+    ).flow
     return result.target, result.foil
 
 
 def test_the_pickers_are_bound_to_the_url_and_a_link_restores_them(page):
     """Each picker is bound to its URL parameter (Streamlit writes a change to the address bar: the browser test sees
     it); a link holding them restores the pickers and shows the flow they name."""
-    bound = {w.proto.query_param_key for kind in ("selectbox", "text_input", "toggle", "slider") for w in page.main.get(kind)}
+    bound = {
+        w.proto.query_param_key for kind in ("selectbox", "text_input", "toggle", "slider") for w in page.main.get(kind)
+    }
     assert {"flow_at", "method", "target", "foil_on", "foil", "kept"} <= bound
     link = {"target": " He", "foil_on": "true", "foil": " The", "kept": "0.5", "flow_at": "20"}
     at = run_app(page=PAGE, params=link)
@@ -219,7 +244,9 @@ def test_changing_the_share_reads_the_cached_attribution(monkeypatch):
     calls = []
     real, real_run = flow_services.flow, flow_services.attribution.run
     monkeypatch.setattr(flow_services, "flow", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
-    monkeypatch.setattr(flow_services.attribution, "run", lambda *args, **kwargs: calls.append(2) or real_run(*args, **kwargs))
+    monkeypatch.setattr(
+        flow_services.attribution, "run", lambda *args, **kwargs: calls.append(2) or real_run(*args, **kwargs)
+    )
     at.slider(key="kept").set_value(0.3).run()
     at.slider(key="kept").set_value(0.9).run()
     assert_clean(at)
@@ -254,10 +281,13 @@ def test_the_page_opened_after_the_analysis_runs_no_forward_pass():
     flow_services.get_flow.clear()
     flow_services.get_request.clear()
     flow_services.get_attribution.clear()
-    at.session_state["method"] = "share_flow"  # the method read from the kept stream (the effect flow needs a backward pass)
+    # the method read from the kept stream (the effect flow needs a backward pass)
+    at.session_state["method"] = "share_flow"
     bundle = services.get_analysis(Request(text=TEXT)).analysis.bundle
     passes = []  # the first layer's calls: any pass, the base model's (the stream's) or the whole model's
-    handle = architectures.layer_modules(bundle.model, bundle.arch)[0].register_forward_pre_hook(lambda *_: passes.append(1))
+    handle = architectures.layer_modules(bundle.model, bundle.arch)[0].register_forward_pre_hook(
+        lambda *_: passes.append(1)
+    )
     try:
         at.switch_page(PAGE).run()
     finally:
@@ -270,7 +300,9 @@ def test_a_new_prompt_is_explained_after_its_own_last_token():
     """The position picker's default is "the last token", not a number: after Analyze on a longer prompt the flow is
     of the new last token, not of the old one's position."""
     at = run_app(page=PAGE)
-    widget(at, "text_area", "Prompt").input("The lamp was lit, and the keeper wrote one line in the logbook again. " * 3)
+    widget(at, "text_area", "Prompt").input(
+        "The lamp was lit, and the keeper wrote one line in the logbook again. " * 3
+    )
     at.sidebar.button(key="_cwviz_analyze").click().run()
     assert_clean(at)
     last = widget(at, "selectbox", "Query token").value
@@ -287,7 +319,11 @@ def _drawn_foil_named(choice) -> str:
 def _typeable_top(request: Request) -> tuple[int, list[str]]:
     """A position whose top next token can be typed (after the last it is a newline, which reads as an empty foil: the
     default), and its top tokens."""
-    return next((p, top) for p in range(28, 0, -1) if (top := flow_services.predictions(request, p)["token"].tolist())[0].strip())
+    return next(
+        (p, top)
+        for p in range(28, 0, -1)
+        if (top := flow_services.predictions(request, p)["token"].tolist())[0].strip()
+    )
 
 
 def test_a_foil_equal_to_the_target_names_the_foil_drawn_instead():

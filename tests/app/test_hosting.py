@@ -98,7 +98,9 @@ def test_eight_sessions_through_the_services_get_the_sequential_numbers(embedded
     for i in range(8):
         assert results[i].text == prompts[i]
         for layer in (5, 25):
-            np.testing.assert_allclose(results[i].contributions(layer), expected[i].contributions(layer), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                results[i].contributions(layer), expected[i].contributions(layer), rtol=1e-5, atol=1e-6
+            )
     model = services.get_bundle("embedded", "cpu", "auto").model
     assert no_hooks(model)
 

@@ -77,9 +77,15 @@ def test_a_malformed_picker_value_in_a_link_is_explained_and_the_default_shown()
     at.switch_page("views/heatmaps.py").run()
     assert_clean(at)
     assert _value(at, "kind") == "inter"
-    assert [w.value for w in at.warning] == ["kind='sideways' in the link is not a valid choice for “Normalise by”; showing the default"]
+    assert [w.value for w in at.warning] == [
+        "kind='sideways' in the link is not a valid choice for “Normalise by”; showing the default"
+    ]
     assert "kind" not in at.query_params
-    for page, key, default in (("token", "top_k", 5), ("sinks", "layerwise", False), ("faithfulness", "measures", None)):
+    for page, key, default in (
+        ("token", "top_k", 5),
+        ("sinks", "layerwise", False),
+        ("faithfulness", "measures", None),
+    ):
         at = AppTest.from_file(APP, default_timeout=TIMEOUT)
         at.query_params[key] = bad[key]
         at.switch_page(f"views/{page}.py").run()

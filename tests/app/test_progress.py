@@ -142,16 +142,20 @@ def test_the_binned_heatmap_reports_its_row_blocks_and_keeps_its_cells(case, mon
     _, analysis = case
     monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", 2)  # one query row a block
     calls = Calls()
-    cells = tables.heatmap_cells(analysis, 0, None, "contribution_inter", "inter", 2, "binned", max_cells=6, progress=calls)
+    cells = tables.heatmap_cells(
+        analysis, 0, None, "contribution_inter", "inter", 2, "binned", max_cells=6, progress=calls
+    )
     assert cells.binned
     _assert_counts(calls, analysis.num_tokens)
     pd.testing.assert_frame_equal(
-        cells.frame, tables.heatmap_cells(analysis, 0, None, "contribution_inter", "inter", 2, "binned", max_cells=6).frame
+        cells.frame,
+        tables.heatmap_cells(analysis, 0, None, "contribution_inter", "inter", 2, "binned", max_cells=6).frame,
     )
 
 
 def test_the_estimate_of_a_run_over_items_comes_from_the_items_timed_after_the_first():
-    assert items_left_text(0, 5, []) == "item 1 of 5 (an estimate follows the first item)"  # no guess before one is timed
+    # no guess before one is timed
+    assert items_left_text(0, 5, []) == "item 1 of 5 (an estimate follows the first item)"
     assert items_left_text(1, 5, [200.0]) == "item 2 of 5, about 13 min left"  # one timed: 4 x 200 s
     # The first item's warm-up (200 s) leaves the estimate once another is timed: 3 left x 60 s.
     assert items_left_text(2, 5, [200.0, 60.0]) == "item 3 of 5, about 3 min left"
@@ -164,9 +168,15 @@ def test_the_bar_of_a_run_over_items_shows_at_once_and_counts_resumed_items(monk
     fake = FakeSt()
     monkeypatch.setattr(services, "st", fake)
     with services.item_bar("Claims on embedded", 4, done=1) as progress:  # one item kept from a stopped run
-        assert fake.log[-1] == ("progress", 0.25, "Claims on embedded: item 2 of 4 (an estimate follows the first item)")
+        assert fake.log[-1] == (
+            "progress",
+            0.25,
+            "Claims on embedded: item 2 of 4 (an estimate follows the first item)",
+        )
         progress(1, 3)  # the runner counts this run's items
-        assert fake.log[-1][:2] == ("progress", 0.5) and fake.log[-1][2].startswith("Claims on embedded: item 3 of 4, about ")
+        assert fake.log[-1][:2] == ("progress", 0.5) and fake.log[-1][2].startswith(
+            "Claims on embedded: item 3 of 4, about "
+        )
     assert fake.log[-1] == ("empty",)
 
     fake.log.clear()
@@ -174,4 +184,7 @@ def test_the_bar_of_a_run_over_items_shows_at_once_and_counts_resumed_items(monk
         progress(10, 20)
         progress(20, 20)
     texts = [entry[2] for entry in fake.log if entry[0] == "progress"]
-    assert texts[1].startswith("Atlas on embedded: prompt 2 of 2, about") and texts[-1] == "Atlas on embedded: 2 of 2 prompts done"
+    assert (
+        texts[1].startswith("Atlas on embedded: prompt 2 of 2, about")
+        and texts[-1] == "Atlas on embedded: 2 of 2 prompts done"
+    )

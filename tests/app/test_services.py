@@ -67,7 +67,11 @@ def test_a_model_that_fails_to_load_raises_a_message_and_is_not_cached(tmp_path)
 
 def test_prompts_over_the_dashboard_limit_get_a_message_naming_the_fix(tiny_models, monkeypatch):
     monkeypatch.setenv("CWVIZ_APP_MAX_TOKENS", "20")
-    with pytest.raises(cwviz.InputError, match=r"prompt has 30 tokens; the dashboard's limit is 20.*CWVIZ_APP_MAX_TOKENS"):
+    with pytest.raises(
+        cwviz.InputError,
+        match=r"prompt has 30 tokens; the dashboard's limit is "
+        r"20.*CWVIZ_APP_MAX_TOKENS",
+    ):
         services.get_analysis(services.Request(model="tiny-llama", text=TEXT[:30]))
     with pytest.raises(cwviz.InputError, match="plus 5 to generate"):
         services.get_analysis(services.Request(model="tiny-llama", text=TEXT[:18], generate=5))
@@ -106,7 +110,10 @@ def test_json_export_is_the_cli_schema(tiny_models):
 def test_concurrent_sessions_get_their_own_numbers(embedded):
     """Two sessions analysing different prompts at the same moment on the one shared model."""
     services.get_analysis.clear()
-    texts = ["The cat sat on the warm mat by the door.", "Seven ships sailed north across the grey and stormy sea today."]
+    texts = [
+        "The cat sat on the warm mat by the door.",
+        "Seven ships sailed north across the grey and stormy sea today.",
+    ]
     expected = {t: cwviz.analyze(embedded, t).contributions(20, "inter") for t in texts}
     services._bundle.clear()
     bundle = services.get_bundle("embedded", "cpu", "auto")
@@ -114,7 +121,9 @@ def test_concurrent_sessions_get_their_own_numbers(embedded):
     def session(job: tuple[int, str]):
         i, text = job
         analysis = (
-            cwviz.analyze(bundle, text) if i % 2 else services.get_analysis(services.Request("embedded", "cpu", "auto", text)).analysis
+            cwviz.analyze(bundle, text)
+            if i % 2
+            else services.get_analysis(services.Request("embedded", "cpu", "auto", text)).analysis
         )
         return analysis.contributions(20, "inter")
 
@@ -134,7 +143,9 @@ def test_the_dashboard_keeps_a_short_prompts_residual_stream_for_the_flow(tiny_m
     assert kept.stream is not None and kept.stream.position == kept.num_tokens - 1
     info = kept.bundle.info
     monkeypatch.setattr(services, "STREAM_BYTES", memory.stream_bytes(info, kept.num_tokens - 1))
-    assert not services.keeps_stream(kept.bundle, kept.num_tokens) and services.keeps_stream(kept.bundle, kept.num_tokens - 1)
+    assert not services.keeps_stream(kept.bundle, kept.num_tokens) and services.keeps_stream(
+        kept.bundle, kept.num_tokens - 1
+    )
     services.get_analysis.clear()
     assert services.get_analysis(request).analysis.stream is None
     model = family_model("phi").eval()

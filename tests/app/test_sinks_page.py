@@ -38,7 +38,11 @@ def test_default_load_draws_the_ratio_map_share_and_intervention_charts(app):
     assert titles[3] == "Change in head-output norm"
     assert '"mark": {"type": "line"' in _charts(app)[0].proto.spec  # the analytic curve over the points
     titles = [s.value for s in app.subheader]
-    assert titles[:3] == ["(a) Sink ratio against head output norm", "(b) Anti-alignment", "(c) Attention vs contribution share"]
+    assert titles[:3] == [
+        "(a) Sink ratio against head output norm",
+        "(b) Anti-alignment",
+        "(c) Attention vs contribution share",
+    ]
     assert any("Sink: position 0" in c.value for c in app.caption)
     delta = [m for m in app.metric if m.label == "PPL intervened"][0]
     assert float(delta.delta) > 0  # removing the sink's value in every layer raises perplexity
@@ -81,7 +85,9 @@ def test_a_model_with_learned_sinks_reports_their_share(monkeypatch):
 
     bundle = cwviz.bundle_from_model(family_model("gpt_oss"), CharTokenizer(100), model_id="tiny-gpt-oss")
     real = services.load_model
-    monkeypatch.setattr(services, "load_model", lambda name, **kw: bundle if name == "tiny-gpt-oss" else real(name, **kw))
+    monkeypatch.setattr(
+        services, "load_model", lambda name, **kw: bundle if name == "tiny-gpt-oss" else real(name, **kw)
+    )
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
     at.query_params["model"] = "tiny-gpt-oss"
     at.query_params["prompt"] = "The quick brown fox jumps."
@@ -112,10 +118,13 @@ def test_the_layer_by_layer_delta_ppl_runs_a_few_layers_a_pass_and_resumes_after
     kept = sink_services.layerwise_done(request, 0, 0.5)
     kept.clear()
     first = list(range(sink_services.LAYERWISE_CHUNK))
-    kept.update(zip(first, real(analysis, [[layer] for layer in first], 0, 0.5).tolist()))  # a run stopped after one pass
+    # a run stopped after one pass
+    kept.update(zip(first, real(analysis, [[layer] for layer in first], 0, 0.5).tolist()))
     table = sink_services.layerwise(request, 0, 0.5)
     assert all(len(chunk) <= sink_services.LAYERWISE_CHUNK for chunk in passes)
-    assert sorted(layer for chunk in passes for layer in chunk) == list(range(len(first), analysis.num_layers)), "only the rest"
+    assert sorted(layer for chunk in passes for layer in chunk) == list(range(len(first), analysis.num_layers)), (
+        "only the rest"
+    )
     whole = sink_interventions.layerwise_removal(analysis, 0, 0.5)
     assert table["layer"].tolist() == whole["layer"].tolist()
     assert table["perplexity"].to_numpy() == pytest.approx(whole["perplexity"].to_numpy(), rel=1e-4)

@@ -38,11 +38,21 @@ def expected_links(plan) -> dict[int, tuple[str, dict[str, str]]]:
         2: ("sinks", {"layer": layer, "head": head, "sink": "first"}),
         3: (
             "./",
-            {"layer": layer, "head": str(neg.head), "token": str(neg.query), "measure": "contribution", "kind": "intra", "range": "full"},
+            {
+                "layer": layer,
+                "head": str(neg.head),
+                "token": str(neg.query),
+                "measure": "contribution",
+                "kind": "intra",
+                "range": "full",
+            },
         ),
         4: ("token", {"layer": layer, "head": str(neg.head), "token": str(neg.query), "token_kind": "intra"}),
         5: ("sinks", {"layer": str(anti.layer), "head": str(anti.head), "sink": "first"}),
-        6: ("sinks", {"layer": str(anti.layer), "head": str(anti.head), "sink": "first", "lambda": "0", "scope": "all"}),
+        6: (
+            "sinks",
+            {"layer": str(anti.layer), "head": str(anti.head), "sink": "first", "lambda": "0", "scope": "all"},
+        ),
         7: ("sinks", {"model": "embedded-encoder", "head": "all", "sink": "first"}),
         8: ("flow", {"model": "embedded", "token": "29"}),
     }
@@ -53,8 +63,8 @@ CHARTS: dict[int, int] = {}
 
 
 def expected_charts(step: int, plan) -> int:
-    """Charts ``step`` draws: :data:`CHARTS`, and under step 3's sentence the absolute scale where the head's picture and
-    step 2's seem to disagree (the default prompt's case). Step 4 does not repeat it."""
+    """Charts ``step`` draws: :data:`CHARTS`, and under step 3's sentence the absolute scale where the head's picture
+    and step 2's seem to disagree (the default prompt's case). Step 4 does not repeat it."""
     scale = plan.negative.scale if plan.negative is not None else None
     return CHARTS.get(step, 1) + (step == 3 and scale is not None and scale.sink_dominates)
 
@@ -70,7 +80,8 @@ def walk() -> dict[int, tuple[str, dict[str, str]]]:
     def label(position: int) -> str:  # as the sidebar's Selection.token_label writes a position
         return escape_markdown(f"{position} {tokens[position]!r}")
 
-    # The sentences of the steps drawn from the plan alone: the page prints them as cwviz.analyses.tour_story writes them.
+    # The sentences of the steps drawn from the plan alone: the page prints them as cwviz.analyses.tour_story writes
+    # them.
     printed = {
         1: tour_story.step1(plan),
         2: tour_story.step2(plan),
@@ -85,10 +96,16 @@ def walk() -> dict[int, tuple[str, dict[str, str]]]:
         if step in printed:
             assert printed[step].text in [m.value for m in at.markdown], f"step {step} prints the plan's sentences"
         if step == 3:  # the map's colour domain covers what it shows: the first token's +1.03 is not painted as +0.01
-            (colour,) = [spec["layer"][0]["encoding"]["color"] for spec in charts(at) if "layer" in spec and "heatmap" in json.dumps(spec)]
+            (colour,) = [
+                spec["layer"][0]["encoding"]["color"]
+                for spec in charts(at)
+                if "layer" in spec and "heatmap" in json.dumps(spec)
+            ]
             assert colour["scale"]["domain"][1] >= abs(plan.negative.scale.sink_intra) - 1e-6, colour["scale"]["domain"]
         specs = charts(at)
-        assert len(specs) == expected_charts(step, plan) and all(spec["_rows"] > 0 for spec in specs), f"step {step} draws its chart"
+        assert len(specs) == expected_charts(step, plan) and all(spec["_rows"] > 0 for spec in specs), (
+            f"step {step} draws its chart"
+        )
         path, params = drawn[step] = link(at)
         assert params["prompt"] == TEXT and params["model"] in ("embedded", "embedded-encoder")
         assert path == wanted[step][0] and params.items() >= wanted[step][1].items(), (step, params)
@@ -165,13 +182,17 @@ def test_a_one_token_prompt_says_what_each_step_needs():
     for step in range(1, STEPS + 1):
         assert_clean(at)
         drawn, said = len(charts(at)), " ".join(i.value for i in at.info)
-        assert (drawn == CHARTS.get(step, 1) and not said) or (drawn == 0 and "two tokens or more" in said), (step, said)
+        assert (drawn == CHARTS.get(step, 1) and not said) or (drawn == 0 and "two tokens or more" in said), (
+            step,
+            said,
+        )
         if step < STEPS:
             at.button(key="tour_next").click().run()
 
 
 def test_an_encoder_that_cannot_be_loaded_is_explained_at_the_last_step(monkeypatch, tmp_path):
-    """A server that cannot load the encoder (not offered in hosting mode, say): the step says why instead of failing."""
+    """A server that cannot load the encoder (not offered in hosting mode, say): the step says why instead of
+    failing."""
     missing = str(tmp_path / "no-such-encoder")
     monkeypatch.setattr(sink_services, "EMBEDDED_ENCODER", missing)
     at = run_app(page=PAGE, params={"step": "7"})

@@ -70,7 +70,8 @@ PAGE_PATHS = {
 # The cells of the contribution map (the page's second chart): each cell's value (from its aria label, which holds
 # the tooltip's fields) and its fill colour.
 CONTRIBUTION_CELLS_JS = """
-() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')[1].querySelectorAll('g.role-mark path[aria-label]')]
+() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')[1]
+  .querySelectorAll('g.role-mark path[aria-label]')]
   .map(p => ({label: p.getAttribute('aria-label'), fill: p.getAttribute('fill')}))
   .filter(c => c.fill && c.fill !== 'none' && c.label.includes('contribution: '))
 """
@@ -96,18 +97,26 @@ class Watch:
         self.page_errors: list[str] = []
         self.failed: list[str] = []
         self.outside: list[str] = []
-        page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+        page.on(
+            "console", lambda m: self.console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None
+        )
         page.on("pageerror", lambda err: self.page_errors.append(str(err)))
         page.on("response", lambda r: self.failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
         page.on("requestfailed", lambda r: self.failed.append(f"failed {r.url}"))
-        page.on("request", lambda r: self.outside.append(r.url) if urlparse(r.url).hostname not in LOCAL_HOSTS else None)
+        page.on(
+            "request", lambda r: self.outside.append(r.url) if urlparse(r.url).hostname not in LOCAL_HOSTS else None
+        )
 
     @staticmethod
     def _allowed_failure(entry: str) -> bool:
         url = entry.split(" ", 1)[1]
         parsed = urlparse(url)
         # Streamlit opened at /<page> first probes /<page>/_stcore/..., then the root: not an error of ours.
-        probe = parsed.hostname in LOCAL_HOSTS and parsed.path.rstrip("/").split("/")[-2:-1] == ["_stcore"] and parsed.path.count("/") >= 3
+        probe = (
+            parsed.hostname in LOCAL_HOSTS
+            and parsed.path.rstrip("/").split("/")[-2:-1] == ["_stcore"]
+            and parsed.path.count("/") >= 3
+        )
         return parsed.hostname == BERTVIZ_CDN or probe
 
     def check(self) -> None:
@@ -116,7 +125,11 @@ class Watch:
         vega = [m for m in self.console if "WARN" in m or "vega" in m.lower()]
         assert not vega, vega
         # The only console errors allowed are the browser's own lines about the allowed failed requests.
-        unexplained = [m for m in self.console if m.startswith("error") and "Failed to load resource" not in m and BERTVIZ_CDN not in m]
+        unexplained = [
+            m
+            for m in self.console
+            if m.startswith("error") and "Failed to load resource" not in m and BERTVIZ_CDN not in m
+        ]
         unexplained = [m for m in unexplained if "require" not in m]  # bertviz's require.js, offline
         assert not unexplained, unexplained
         assert all(urlparse(u).hostname == BERTVIZ_CDN for u in self.outside), self.outside
@@ -131,7 +144,9 @@ def _drawn_rows(image, box) -> tuple[float, float]:
     the share of its height between the first and last row holding such pixels (every second column read)."""
     import numpy as np
 
-    crop = image.crop((round(box["x"]), round(box["y"]), round(box["x"] + box["w"]), round(box["y"] + box["h"]))).convert("RGB")
+    crop = image.crop(
+        (round(box["x"]), round(box["y"]), round(box["x"] + box["w"]), round(box["y"] + box["h"]))
+    ).convert("RGB")
     pixels = np.asarray(crop, dtype=np.int16)[:, ::2]  # [height, columns read, rgb]
     top, bottom = pixels.max(-1), pixels.min(-1)
     marked = ((top - bottom) > 40) | (top < 140)
@@ -187,17 +202,23 @@ def _check_charts(page, where: str, save_as: str | None = None) -> int:
     for chart in charts:
         label = f"{where}, chart {chart['index']}"
         assert chart["plots"], f"{label}: no plot area with marks"
-        assert chart["box"]["x"] + chart["box"]["w"] <= chart["mainRight"] + 1, f"{label}: drawn past the right edge: {chart['box']}"
+        assert chart["box"]["x"] + chart["box"]["w"] <= chart["mainRight"] + 1, (
+            f"{label}: drawn past the right edge: {chart['box']}"
+        )
         for plot in chart["plots"]:
             box, marks = plot["box"], plot["marks"]
             assert box["h"] >= MIN_PLOT_PX, f"{label} ({plot['name']}): plot area {box['h']:.0f} px tall"
-            assert marks["h"] >= MIN_SPAN_HEIGHT * box["h"], f"{label} ({plot['name']}): marks span {marks['h']:.0f} of {box['h']:.0f} px"
+            assert marks["h"] >= MIN_SPAN_HEIGHT * box["h"], (
+                f"{label} ({plot['name']}): marks span {marks['h']:.0f} of {box['h']:.0f} px"
+            )
             assert marks["w"] >= MIN_SPAN_WIDTH * box["w"], (
                 f"{label} ({plot['name']}): marks span {marks['w']:.0f} of {box['w']:.0f} px wide"
             )
             share, span = _drawn_rows(image, box)
             assert share > 0.002, f"{label} ({plot['name']}): nothing visible drawn in the plot area ({share:.4f})"
-            assert span >= MIN_SPAN_HEIGHT, f"{label} ({plot['name']}): visible marks span {span:.0%} of the plot height"
+            assert span >= MIN_SPAN_HEIGHT, (
+                f"{label} ({plot['name']}): visible marks span {span:.0%} of the plot height"
+            )
     return len(charts)
 
 
@@ -292,7 +313,11 @@ def test_heatmaps_label_the_tokens_outline_the_query_and_pick_it_on_click(server
             assert abs((frame["y"] + frame["height"] / 2) - (row["y"] + row["height"] / 2)) < 4
 
         # A click on a cell of the query's row 20 selects query 20: the link and the outline follow.
-        cell = page.locator(CHART).nth(1).locator(f'path[aria-label^="key (position token): 3; query (position token): {clicked};"]')
+        cell = (
+            page.locator(CHART)
+            .nth(1)
+            .locator(f'path[aria-label^="key (position token): 3; query (position token): {clicked};"]')
+        )
         assert cell.count() == 1, "one cell in the contribution map"
         cell.click()
         page.wait_for_url(lambda url: parse_qs(urlparse(url).query).get("token") == [str(clicked)], timeout=60_000)
@@ -334,7 +359,8 @@ def test_the_first_screen_shows_both_maps_side_by_side(server, browser, screen, 
             page.wait_for_timeout(300)
         else:
             assert page.locator('[data-testid="stSidebar"]').first.is_visible()
-            # A newcomer finds the prompt box and Analyze on the first screen, below the page list (issue 56: 1,227 px down).
+            # A newcomer finds the prompt box and Analyze on the first screen, below the page list (issue 56: 1,227 px
+            # down).
             prompt = page.get_by_role("textbox", name="Prompt", exact=True).bounding_box()
             for box in (prompt, page.get_by_role("button", name="Analyze").bounding_box()):
                 assert box is not None and box["y"] + box["height"] <= screen["height"], box
@@ -345,18 +371,24 @@ def test_the_first_screen_shows_both_maps_side_by_side(server, browser, screen, 
             left, right = boxes
             assert left["x"] + left["w"] < right["x"] and abs(left["y"] - right["y"]) < 2, "the maps stand side by side"
             for chart in maps:  # each chart whole (title, legend, labels) in the one screen
-                assert chart["box"]["y"] >= -1 and chart["box"]["y"] + chart["box"]["h"] <= screen["height"] + 1, chart["box"]
+                assert chart["box"]["y"] >= -1 and chart["box"]["y"] + chart["box"]["h"] <= screen["height"] + 1, chart[
+                    "box"
+                ]
             cells = page.evaluate(CELL_SIZES_JS)
             assert cells and min(min(w, h) for w, h in cells) >= 16, "cells of 16 px or more"
             _assert_projector_text(page, "heatmaps")
         else:
             for box in boxes:
-                assert box["y"] >= 0 and box["y"] + box["h"] <= screen["height"], f"a map's plot box {box} is not on the first screen"
+                assert box["y"] >= 0 and box["y"] + box["h"] <= screen["height"], (
+                    f"a map's plot box {box} is not on the first screen"
+                )
                 assert box["x"] + box["w"] <= screen["width"] and box["h"] >= MIN_PLOT_PX
             left, right = boxes
             assert left["x"] + left["w"] < right["x"] and abs(left["y"] - right["y"]) < 2, "the maps stand side by side"
             for chart in maps:  # the legends too
-                assert chart["box"]["y"] + chart["box"]["h"] <= screen["height"], "a map's legend or labels are below the fold"
+                assert chart["box"]["y"] + chart["box"]["h"] <= screen["height"], (
+                    "a map's legend or labels are below the fold"
+                )
         views = page.evaluate(HEATMAP_LABELS_JS)
         if presenter:  # the right map's rows are the left map's: it labels its keys only; the left one every row
             rows = next(a for a in views[0]["axes"] if a["along"] == "y")["labels"]
@@ -390,7 +422,8 @@ def test_negative_contributions_are_drawn_clearly_blue(server, browser):
         assert len(cells) >= 400, len(cells)
         values = []
         for cell in cells:
-            value = float(cell["label"].split("contribution: ")[1].split(";")[0].replace("\u2212", "-"))  # Vega's minus sign
+            # Vega's minus sign
+            value = float(cell["label"].split("contribution: ")[1].split(";")[0].replace("\u2212", "-"))
             r, _, b = _rgb(cell["fill"])
             values.append((value, b - r))
         strong = [blue for value, blue in values if value <= -0.03]
@@ -425,12 +458,20 @@ def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser,
         warnings = page.locator('[data-testid="stAlertContentWarning"]')
         assert warnings.count() == 0, warnings.all_inner_texts()
         assert (
-            page.locator('[data-testid="stSidebar"] [data-testid="stSlider"] input[type="range"]').first.input_value() == SIDEBAR["layer"]
+            page.locator('[data-testid="stSidebar"] [data-testid="stSlider"] input[type="range"]').first.input_value()
+            == SIDEBAR["layer"]
         )
-        if name == "heatmaps":  # the pickers above the maps show the link's choices (the popover's radios are not drawn)
+        # the pickers above the maps show the link's choices (the popover's radios are not drawn)
+        if name == "heatmaps":
             boxes = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"]')
-            shown_text = " ".join(boxes.all_inner_texts() + boxes.locator("input").evaluate_all("inputs => inputs.map(i => i.value)"))
-            for choice in ("Right map: value-weighted attention", "Share of each head's output (intra)", "Colours: full range"):
+            shown_text = " ".join(
+                boxes.all_inner_texts() + boxes.locator("input").evaluate_all("inputs => inputs.map(i => i.value)")
+            )
+            for choice in (
+                "Right map: value-weighted attention",
+                "Share of each head's output (intra)",
+                "Colours: full range",
+            ):
                 assert choice in shown_text, choice
             checked = page.locator('[data-testid="stMain"] [role="radiogroup"] input:checked').evaluate_all(
                 "inputs => inputs.map(i => i.closest('label').innerText.trim())"
@@ -444,7 +485,9 @@ def test_a_link_opened_in_a_fresh_context_restores_every_picker(server, browser,
     context, page, watch = opened(_url(server, name, link))
     try:
         _open_sidebar(page)  # presenter mode collapsed it
-        page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"]').filter(has_text="Presenter mode").locator("label").click()
+        page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"]').filter(has_text="Presenter mode").locator(
+            "label"
+        ).click()
         page.wait_for_function("() => !new URLSearchParams(location.search).has('presenter')", timeout=60_000)
         _settle(page, 3 if name == "heatmaps" else 2)
         written = address(page)
@@ -475,7 +518,12 @@ def test_the_embedded_encoder_draws_square_heatmaps_and_its_sinks(server, browse
         _labels_check(views, 12)
         for view in views:  # square maps: the same labels on both axes, [CLS] first, [SEP] (the query) last
             x, y = ([t["text"] for t in axis["labels"]] for axis in sorted(view["axes"], key=lambda a: a["along"]))
-            assert "0 [CLS]" in x and "0 [CLS]" in y and any(t.endswith(" [SEP]") for t in x) and any(t.endswith(" [SEP]") for t in y)
+            assert (
+                "0 [CLS]" in x
+                and "0 [CLS]" in y
+                and any(t.endswith(" [SEP]") for t in x)
+                and any(t.endswith(" [SEP]") for t in y)
+            )
         page.get_by_role("link", name="Sinks").click()  # not _walk_to: its screenshot would be the README's
         page.get_by_text("Attention sinks as active suppressors").wait_for(timeout=60_000)
         _settle(page, 4)
@@ -568,7 +616,11 @@ def test_compare_draws_a_b_and_their_difference_and_picks_a_head(server, browser
         assert len(maps["plots"]) == 3, maps["plots"]  # A, B and B − A, each with its cells
         # docs/dashboard.md: A and B side by side above the difference up to 32 aligned positions (here 30), at 1600 px.
         a, b, difference = (plot["box"] for plot in maps["plots"])
-        assert a["x"] + a["w"] < b["x"] and abs(a["y"] - b["y"]) < 2 and difference["y"] > a["y"] + a["h"], (a, b, difference)
+        assert a["x"] + a["w"] < b["x"] and abs(a["y"] - b["y"]) < 2 and difference["y"] > a["y"] + a["h"], (
+            a,
+            b,
+            difference,
+        )
         assert b["x"] + b["w"] <= maps["mainRight"], "A and B inside the page"
 
         layer, head = 20, 4
@@ -637,13 +689,13 @@ def first_layers(tmp_path_factory) -> str:
 
 
 def test_claims_runs_and_shows_a_verdict_for_each_claim(server, browser, first_layers):
-    """The Claims page on five GSM8K items (the fewest that decide) of 12 tokens: Run shows its progress, then the forest
-    plot of every verdict, its table, one row per claim, the random control, the evidence and the CSV download; no bar is
-    left behind (at 8 tokens, the whole embedded model's claim 4, its fit of each head's norms against its sink ratios,
-    was made on no item and its row was NaN). What is drawn is this test's property, not the verdicts (that the page's
-    records are those ``cwviz claims`` writes is tests/app/test_claims_page.py's): the run is on the embedded model's
-    first :data:`CLAIMS_LAYERS` layers, whose heads have sinks (a tiny random model's have none: claims 3 and 4 would be
-    NaN, and Vega warns that it cannot place them), and which take half the time (``cwviz claims --gsm8k --n 5
+    """The Claims page on five GSM8K items (the fewest that decide) of 12 tokens: Run shows its progress, then the
+    forest plot of every verdict, its table, one row per claim, the random control, the evidence and the CSV download;
+    no bar is left behind (at 8 tokens, the whole embedded model's claim 4, its fit of each head's norms against its
+    sink ratios, was made on no item and its row was NaN). What is drawn is this test's property, not the verdicts (that
+    the page's records are those ``cwviz claims`` writes is tests/app/test_claims_page.py's): the run is on the embedded
+    model's first :data:`CLAIMS_LAYERS` layers, whose heads have sinks (a tiny random model's have none: claims 3 and 4
+    would be NaN, and Vega warns that it cannot place them), and which take half the time (``cwviz claims --gsm8k --n 5
     --max-tokens 12``: 32 s against 61 s; the output layer over the 49,152-token vocabulary is most of what is left)."""
     page = browser.new_page(viewport=VIEWPORT)
     watch = Watch(page)
@@ -663,7 +715,9 @@ def test_claims_runs_and_shows_a_verdict_for_each_claim(server, browser, first_l
         assert page.get_by_text("The random control: each measure's gap to random").count() == 1
         # A table mounts after its text (its grid is a component of its own, loaded on first use): wait for the four,
         # then count them (a clean CI run at 3b2cc3a counted 0 while they were loading).
-        page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stDataFrame\"]').length >= 4", timeout=60_000)
+        page.wait_for_function(
+            "() => document.querySelectorAll('[data-testid=\"stDataFrame\"]').length >= 4", timeout=60_000
+        )
         assert page.locator('[data-testid="stDataFrame"]').count() == 4
         assert page.get_by_role("button", name="claims.csv").count() == 1
         _screenshot(page, "claims")
@@ -766,7 +820,8 @@ def test_every_tour_step_draws_its_chart_and_its_link_opens_its_view(server, bro
             assert _check_charts(page, f"tour step {step}") == 1 + scale
             page.screenshot(path=str(ARTIFACTS / f"tour-step{step}.png"))
             if step == TOUR_README_STEP and os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1":
-                page.screenshot(path=str(ASSETS / "tour.png"))  # the README's, as tests/browser/test_browser.py refreshes the others
+                # the README's, as tests/browser/test_browser.py refreshes the others
+                page.screenshot(path=str(ASSETS / "tour.png"))
             opens = page.locator('a[data-testid^="stBaseLinkButton"]:visible', has_text="Open in")
             assert opens.count() == 1
             if step in TOUR_FOLLOWED:
@@ -797,8 +852,10 @@ PROJECTOR = {"width": 1280, "height": 720}
 #: Every chart's SVG and every button, with their right edges and whether a button's label is cut ("P." for "PNG").
 EDGES_JS = """
 () => ({
-  charts: [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')].map(s => s.getBoundingClientRect().right),
-  buttons: [...document.querySelectorAll('[data-testid="stMain"] button, [data-testid="stMain"] a[data-testid^="stBaseLinkButton"]')]
+  charts: [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')]
+    .map(s => s.getBoundingClientRect().right),
+  buttons: [...document
+    .querySelectorAll('[data-testid="stMain"] button, [data-testid="stMain"] a[data-testid^="stBaseLinkButton"]')]
     .filter(b => b.offsetParent !== null)
     .map(b => ({text: b.innerText, right: b.getBoundingClientRect().right,
                 cut: [...b.querySelectorAll('p, div')].some(e => e.scrollWidth > e.clientWidth + 1)})),
@@ -825,20 +882,25 @@ PROJECTOR_TEXT_JS = """
 () => {
   const block = document.querySelector('[data-testid="stMainBlockContainer"]');
   const r = block.getBoundingClientRect(), column = r.right - parseFloat(getComputedStyle(block).paddingRight);
-  const texts = [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg text')].filter(t => t.textContent !== '')
+  const texts = [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg text')]
+    .filter(t => t.textContent !== '')
     .map(t => ({text: t.textContent, px: parseFloat(getComputedStyle(t).fontSize)}));
   // A data grid clips what it scrolls: its frame is checked, not the rows and scrollers inside it.
   const clipped = e => e.parentElement && e.parentElement.closest('[data-testid="stDataFrameResizable"]');
-  const past = [...block.querySelectorAll('*')].filter(e => e.offsetParent !== null && e.getBoundingClientRect().width > 0 && !clipped(e))
-    .filter(e => e.getBoundingClientRect().right > column + 1).map(e => e.tagName + '.' + (e.getAttribute('data-testid') || e.getAttribute('class') || '').slice(0, 40) + ' '
-      + Math.round(e.getBoundingClientRect().right) + ' in ' + ((e.parentElement.closest('[data-testid]') || {}).dataset || {}).testid);
+  const past = [...block.querySelectorAll('*')].filter(e => e.offsetParent !== null
+    && e.getBoundingClientRect().width > 0 && !clipped(e))
+    .filter(e => e.getBoundingClientRect().right > column + 1).map(e => e.tagName + '.'
+      + (e.getAttribute('data-testid') || e.getAttribute('class') || '').slice(0, 40) + ' '
+      + Math.round(e.getBoundingClientRect().right) + ' in ' + ((e.parentElement.closest('[data-testid]')
+        || {}).dataset || {}).testid);
   return {texts, past: past.slice(0, 5), column};
 }
 """
 #: The drawn width and height of the cells of every heatmap on the page (each cell's rect path, up to 200 a map).
 CELL_SIZES_JS = """
 () => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks g.role-mark path[aria-label*="query"]')]
-  .slice(0, 400).map(p => { const b = p.getBoundingClientRect(); return [b.width, b.height]; }).filter(([w, h]) => w > 0 && h > 0)
+  .slice(0, 400).map(p => { const b = p.getBoundingClientRect(); return [b.width, b.height]; })
+    .filter(([w, h]) => w > 0 && h > 0)
 """
 
 
@@ -856,8 +918,12 @@ def _assert_projector_text(page, where) -> None:
 def _open_sidebar(page) -> None:
     """Open the sidebar where presenter mode has collapsed it (its arrow, top left)."""
     if _sidebar_collapsed(page):
-        page.locator('[data-testid="stExpandSidebarButton"], [data-testid="stSidebarCollapsedControl"] button').first.click()
-        page.wait_for_function("() => document.querySelector('[data-testid=\"stSidebar\"]').getBoundingClientRect().right > 1")
+        page.locator(
+            '[data-testid="stExpandSidebarButton"], [data-testid="stSidebarCollapsedControl"] button'
+        ).first.click()
+        page.wait_for_function(
+            "() => document.querySelector('[data-testid=\"stSidebar\"]').getBoundingClientRect().right > 1"
+        )
 
 
 def _sidebar_collapsed(page) -> bool:
@@ -868,7 +934,16 @@ def _sidebar_collapsed(page) -> bool:
 
 @pytest.mark.parametrize(
     "name, charts",
-    [("heatmaps", 3), ("token", 2), ("sinks", 4), ("compare", 3), ("faithfulness", 0), ("atlas", 0), ("claims", 0), ("bertviz", 0)],
+    [
+        ("heatmaps", 3),
+        ("token", 2),
+        ("sinks", 4),
+        ("compare", 3),
+        ("faithfulness", 0),
+        ("atlas", 0),
+        ("claims", 0),
+        ("bertviz", 0),
+    ],
 )
 def test_at_a_projectors_width_every_chart_and_button_lies_inside_the_window(server, browser, name, charts):
     """At 1,280 x 720 in presenter mode, on every page (the Tour's steps in their own test; the Flow page's in
@@ -883,8 +958,12 @@ def test_at_a_projectors_width_every_chart_and_button_lies_inside_the_window(ser
             page.evaluate(f"() => document.querySelectorAll('{CHART}')[0].scrollIntoView({{block: 'start'}})")
             page.wait_for_timeout(300)
             a, b = page.evaluate(PLOTS_JS)[0]["plots"][:2]
-            assert a["box"]["x"] + a["box"]["w"] < b["box"]["x"] and abs(a["box"]["y"] - b["box"]["y"]) < 2, "A and B side by side"
-            assert all(-1 <= p["box"]["y"] and p["box"]["y"] + p["box"]["h"] <= PROJECTOR["height"] + 1 for p in (a, b)), (
+            assert a["box"]["x"] + a["box"]["w"] < b["box"]["x"] and abs(a["box"]["y"] - b["box"]["y"]) < 2, (
+                "A and B side by side"
+            )
+            assert all(
+                -1 <= p["box"]["y"] and p["box"]["y"] + p["box"]["h"] <= PROJECTOR["height"] + 1 for p in (a, b)
+            ), (
                 a["box"],
                 b["box"],
             )
@@ -914,7 +993,8 @@ TOUR_MAPS_JS = """
   .filter(svg => svg.querySelector('g.role-mark path[aria-label*="contribution: "][aria-label*="query"]')).map(svg => ({
   box: svg.getBoundingClientRect().toJSON(),
   ring: [...svg.querySelectorAll('g.role-mark path[stroke="#111111"]')].map(p => p.getBoundingClientRect().toJSON()),
-  cells: [...svg.querySelectorAll('g.role-mark path[aria-label*="contribution: "]')].slice(0, 3).map(p => p.getBoundingClientRect().toJSON()),
+  cells: [...svg.querySelectorAll('g.role-mark path[aria-label*="contribution: "]')].slice(0, 3)
+    .map(p => p.getBoundingClientRect().toJSON()),
   labels: [...svg.querySelectorAll('g.role-axis-label text')].filter(t => t.textContent !== '')
     .map(t => ({text: t.textContent, px: parseFloat(getComputedStyle(t).fontSize)})),
 }))
@@ -922,16 +1002,17 @@ TOUR_MAPS_JS = """
 
 
 #: The top of the step's sentences (its first paragraph under the step's title).
-SENTENCE_TOP_JS = """() => document.querySelector('[data-testid="stMain"] h3').parentElement.closest('[data-testid="stVerticalBlock"]')
+SENTENCE_TOP_JS = """() => document.querySelector('[data-testid="stMain"] h3').parentElement
+  .closest('[data-testid="stVerticalBlock"]')
   .querySelector('[data-testid="stMarkdownContainer"] p').getBoundingClientRect().top"""
 
 
 def _check_tour_step_marks(page, step: int, screen: dict, presenter_short: bool, presenter: bool = False) -> None:
-    """A settled tour step, as the back row reads it: its charts lie inside the window; step 3 rings the key its sentence
-    names on its contribution map and step 4 marks its bars (▶); where step 3 says why two pictures seem to disagree,
-    the absolute scale that reconciles them is drawn (step 4 does not repeat it). ``presenter``: every chart's text
-    16 px or more and uncut, nothing past the content column, the sidebar collapsed, and step 3's ringed cell on the
-    first screen with its sentence. ``presenter_short``: presenter mode on the short prompt, every token labelled in
+    """A settled tour step, as the back row reads it: its charts lie inside the window; step 3 rings the key its
+    sentence names on its contribution map and step 4 marks its bars (▶); where step 3 says why two pictures seem to
+    disagree, the absolute scale that reconciles them is drawn (step 4 does not repeat it). ``presenter``: every chart's
+    text 16 px or more and uncut, nothing past the content column, the sidebar collapsed, and step 3's ringed cell on
+    the first screen with its sentence. ``presenter_short``: presenter mode on the short prompt, every token labelled in
     16 px labels, cells 16 px or more."""
     edges = page.evaluate(EDGES_JS)
     assert all(right <= screen["width"] for right in edges["charts"]), (step, edges["charts"])
@@ -946,7 +1027,9 @@ def _check_tour_step_marks(page, step: int, screen: dict, presenter_short: bool,
         assert "(ringed)" in text
         if presenter:  # the first screen, unscrolled: the ringed cell and the sentence that names it
             ring = maps[0]["ring"][0]
-            assert 0 <= ring["y"] and ring["y"] + ring["height"] <= screen["height"], f"the ring is below the first screen: {ring}"
+            assert 0 <= ring["y"] and ring["y"] + ring["height"] <= screen["height"], (
+                f"the ring is below the first screen: {ring}"
+            )
             assert page.evaluate(SENTENCE_TOP_JS) < screen["height"] - 100, "the sentence starts on the first screen"
         if presenter_short:
             (m,) = maps
@@ -970,16 +1053,18 @@ def _check_tour_step_marks(page, step: int, screen: dict, presenter_short: bool,
     [(PROJECTOR, True, "short"), (PROJECTOR, False, "long"), (VIEWPORT, True, "long")],
     ids=["1280-presenter-short", "1280-long", "1600-presenter-long"],
 )
-def test_every_tour_step_marks_what_its_sentences_name_and_reads_from_the_back_row(server, browser, screen, presenter, prompt):
+def test_every_tour_step_marks_what_its_sentences_name_and_reads_from_the_back_row(
+    server, browser, screen, presenter, prompt
+):
     """Each tour step on a short (30 tokens) and a long (~300 tokens) prompt: its chart lies inside the window; step 3
     rings the key its sentence names on its contribution map and step 4 marks its bars (▶); step 3 says why the head's
-    red sink column and step 2's "writes little" are both true where they seem to disagree, and draws the absolute
-    scale that reconciles them (the head's and the layer's output lengths, and the sink's part of each); in presenter
-    mode (the sidebar collapsed) step 3's ringed cell is on the first screen with its sentence, every chart's text is
-    16 px or more and uncut, nothing reaches past the content column, and on the short prompt every row is labelled
-    with its token in 16 px labels, cells 16 px or more.
-    The fourth case, 1,600 x 1,000 on the short prompt without presenter mode, is the walk of
-    :func:`test_every_tour_step_draws_its_chart_and_its_link_opens_its_view`, which makes the same checks at each step."""
+    red sink column and step 2's "writes little" are both true where they seem to disagree, and draws the absolute scale
+    that reconciles them (the head's and the layer's output lengths, and the sink's part of each); in presenter mode
+    (the sidebar collapsed) step 3's ringed cell is on the first screen with its sentence, every chart's text is 16 px
+    or more and uncut, nothing reaches past the content column, and on the short prompt every row is labelled with its
+    token in 16 px labels, cells 16 px or more. The fourth case, 1,600 x 1,000 on the short prompt without presenter
+    mode, is the walk of :func:`test_every_tour_step_draws_its_chart_and_its_link_opens_its_view`, which makes the same
+    checks at each step."""
     params = {"presenter": "true"} if presenter else {}
     if prompt == "long":
         params["prompt"] = _researcher_prompt()

@@ -26,8 +26,10 @@ GRAPH_JS = """
   const svg = document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')[0];
   const edges = [...svg.querySelectorAll('g.mark-rule.role-mark > *')].map(e => ({
     stroke: e.getAttribute('stroke'), width: parseFloat(e.getAttribute('stroke-width') || '1'),
-    opacity: parseFloat(e.getAttribute('stroke-opacity') || e.getAttribute('opacity') || '1'), label: e.getAttribute('aria-label') || ''}));
-  const nodes = [...svg.querySelectorAll('g.mark-symbol.role-mark > path')].map(e => e.getAttribute('aria-label') || '');
+    opacity: parseFloat(e.getAttribute('stroke-opacity') || e.getAttribute('opacity')
+      || '1'), label: e.getAttribute('aria-label') || ''}));
+  const nodes = [...svg.querySelectorAll('g.mark-symbol.role-mark > path')].map(e => e.getAttribute('aria-label')
+    || '');
   const labels = [...svg.querySelectorAll('g.role-axis-label text')].filter(t => t.textContent !== '')
     .map(t => parseFloat(getComputedStyle(t).fontSize));
   return {edges, nodes, labels};
@@ -109,7 +111,9 @@ def test_the_graph_draws_both_colours_and_a_click_on_a_node_moves_the_sidebar(se
         assert query["layer"] == [layer] and query["token"] == [position]
         slider = page.locator('[data-testid="stSidebar"] [data-testid="stSliderThumbValue"]').first
         assert slider.text_content() == layer
-        links = page.locator('a[data-testid^="stBaseLinkButton"]:visible', has_text=f"at layer {layer}, query {position} ")
+        links = page.locator(
+            'a[data-testid^="stBaseLinkButton"]:visible', has_text=f"at layer {layer}, query {position} "
+        )
         hrefs = [urlparse(links.nth(i).get_attribute("href")) for i in range(links.count())]
         assert sorted(h.path for h in hrefs) == ["./", "token"], hrefs  # Heatmaps (the app's root) and Token
         assert all(parse_qs(h.query)["layer"] == [layer] and parse_qs(h.query)["token"] == [position] for h in hrefs)
@@ -160,13 +164,18 @@ def test_the_graph_the_totals_and_the_tests_sentence_stand_whole_on_the_first_sc
             page.locator('[data-testid="stMarkdownContainer"] p', has_text="Tested on")
         )
         box = sentence.first.bounding_box()
-        assert box is not None and box["y"] + box["height"] <= screen["height"], f"the test's sentence is below the first screen: {box}"
+        assert box is not None and box["y"] + box["height"] <= screen["height"], (
+            f"the test's sentence is below the first screen: {box}"
+        )
         for chart in (graph, totals):
             box = chart["box"]
-            assert box["y"] >= 0 and box["y"] + box["h"] <= screen["height"], f"a chart ends below the first screen: {box}"
+            assert box["y"] >= 0 and box["y"] + box["h"] <= screen["height"], (
+                f"a chart ends below the first screen: {box}"
+            )
             assert box["x"] + box["w"] <= screen["width"], f"a chart ends past the window: {box}"
         assert all(plot["box"]["h"] >= 150 for plot in graph["plots"]), graph["plots"]
-        assert all(plot["box"]["h"] >= 5 * 15 for plot in totals["plots"]), totals["plots"]  # a row a token; 5 tokens at least
+        # a row a token; 5 tokens at least
+        assert all(plot["box"]["h"] >= 5 * 15 for plot in totals["plots"]), totals["plots"]
         assert graph["box"]["x"] + graph["box"]["w"] <= totals["box"]["x"], "the totals stand beside the graph"
         least = 16 if presenter else 12
         sizes = page.evaluate(
@@ -180,9 +189,11 @@ def test_the_graph_the_totals_and_the_tests_sentence_stand_whole_on_the_first_sc
                 .flatMap(svg => [...svg.querySelectorAll('g.role-title text')]).map(t => t.textContent)"""
         )
         assert titles and not [t for t in titles if t.endswith("…")], f"a title cut short: {titles}"
-        words = page.evaluate(  # the text beside the charts: the pickers' labels and the caption with the flow's numbers
+        # the text beside the charts: the pickers' labels and the caption with the flow's numbers
+        words = page.evaluate(
             """() => [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stWidgetLabel"] p,'
-                + ' [data-testid="stMain"] [data-testid="stCaptionContainer"] p')].map(e => parseFloat(getComputedStyle(e).fontSize))"""
+                + ' [data-testid="stMain"] [data-testid="stCaptionContainer"] p')]
+                .map(e => parseFloat(getComputedStyle(e).fontSize))"""
         )
         assert words and min(words) >= (16 if presenter else 14), sorted(set(words))
         name = (
@@ -192,7 +203,8 @@ def test_the_graph_the_totals_and_the_tests_sentence_stand_whole_on_the_first_sc
         )
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
         if screen["width"] == 1600 and not params and os.environ.get("CWVIZ_UPDATE_SCREENSHOT") == "1":
-            page.screenshot(path=str(ASSETS / "flow.png"))  # docs/dashboard.md's, as test_browser.py refreshes the others
+            # docs/dashboard.md's, as test_browser.py refreshes the others
+            page.screenshot(path=str(ASSETS / "flow.png"))
     finally:
         page.close()
     assert not errors, errors
@@ -207,7 +219,9 @@ def test_the_route_into_paris_draws_paths_from_the_input_with_both_colours(serve
         strokes = {edge["stroke"] for edge in graph["edges"]}
         assert {POSITIVE, NEGATIVE} <= strokes, strokes
         fields = [dict(part.split(": ", 1) for part in label.split("; ")) for label in graph["nodes"]]
-        assert {"0", "1", "2", "3"} <= {f["position"] for f in fields if f.get("layer") == "0"}, "the input tokens' nodes"
+        assert {"0", "1", "2", "3"} <= {f["position"] for f in fields if f.get("layer") == "0"}, (
+            "the input tokens' nodes"
+        )
         assert any(f.get("role") == "prediction" and f["position"] == "4" for f in fields)
         page.screenshot(path=str(ARTIFACTS / "flow-france-effect.png"))
     finally:

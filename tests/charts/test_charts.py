@@ -80,8 +80,13 @@ def test_heatmap_pair_encodes_positions_with_token_labels_and_both_scales(analys
     # The selected query (the last token by default) is outlined on both heatmaps; a click selects a query.
     for view in spec["hconcat"]:
         frame = view["layer"][1]
-        assert frame["mark"]["stroke"] == "black" and {"filter": f"(datum.query === {analysis.num_tokens - 1})"} in frame["transform"]
-    assert spec["params"][0]["name"] == heatmaps.QUERY_PICK and spec["params"][0]["select"]["fields"] == ["query_position"]
+        assert (
+            frame["mark"]["stroke"] == "black"
+            and {"filter": f"(datum.query === {analysis.num_tokens - 1})"} in frame["transform"]
+        )
+    assert spec["params"][0]["name"] == heatmaps.QUERY_PICK and spec["params"][0]["select"]["fields"] == [
+        "query_position"
+    ]
     assert len(spec["params"][0]["views"]) == 2
 
 
@@ -131,7 +136,9 @@ def test_unsigned_measures_get_a_sequential_scale(analysis):
     right = heatmaps.heatmap_pair(cells).to_dict()["hconcat"][1]["layer"][0]
     assert right["encoding"]["color"]["scale"]["scheme"] == palette.OTHER_SCHEME != palette.ATTENTION_SCHEME
     assert "value" in {t["field"] for t in right["encoding"]["tooltip"]}
-    raw = heatmaps.heatmap_pair(tables.heatmap_cells(analysis, 0, None, "raw", "inter")).to_dict()["hconcat"][1]["layer"][0]
+    raw = heatmaps.heatmap_pair(tables.heatmap_cells(analysis, 0, None, "raw", "inter")).to_dict()["hconcat"][1][
+        "layer"
+    ][0]
     assert raw["encoding"]["color"]["scale"]["scheme"] == palette.ATTENTION_SCHEME
 
 
@@ -255,7 +262,10 @@ def test_csv_cells_that_look_like_formulas_are_neutralised_and_numbers_stay_numb
     from cwviz.charts.export import to_csv
 
     frame = pd.DataFrame(
-        {"token": ["=1+1", "+x", "-x", "@x", "\tx", "\rx", "plain", "a=b"], "value": [-0.5, 1.0, -2.0, 0.0, 3.5, -1e-9, 2.0, 4.0]}
+        {
+            "token": ["=1+1", "+x", "-x", "@x", "\tx", "\rx", "plain", "a=b"],
+            "value": [-0.5, 1.0, -2.0, 0.0, 3.5, -1e-9, 2.0, 4.0],
+        }
     )
     frame["head"] = "all heads"
     header, *rows = csv.reader(io.StringIO(to_csv(frame).decode("utf-8"), newline=""))

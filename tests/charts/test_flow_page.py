@@ -24,7 +24,11 @@ def shown():
 
 def _layer_rows(spec: dict, mark: str, field: str | None = None) -> list[dict]:
     """The rows of the graph's layer drawn with ``mark`` (and, for rules, its x2 ``field``: the edges' query_label)."""
-    views = [view for view in spec["layer"] if (view["mark"]["type"] if isinstance(view["mark"], dict) else view["mark"]) == mark]
+    views = [
+        view
+        for view in spec["layer"]
+        if (view["mark"]["type"] if isinstance(view["mark"], dict) else view["mark"]) == mark
+    ]
     if field is not None:
         views = [view for view in views if view["encoding"].get("x2", {}).get("field") == field]
     (view,) = views
@@ -65,7 +69,9 @@ def test_the_graph_colours_adds_red_and_subtracts_blue_and_a_click_picks_a_node(
     spec = charts.route_graph(tables, len(shown.edges), "graph").to_dict()
     edges = next(view for view in spec["layer"] if view["encoding"].get("x2", {}).get("field") == "query_label")
     assert edges["encoding"]["color"]["scale"] == {"domain": ["adds", "subtracts"], "range": [POSITIVE, NEGATIVE]}
-    assert edges["encoding"]["strokeWidth"]["scale"]["range"][0] >= 1.5, "the thinnest edge is still wide enough to show its colour"
+    assert edges["encoding"]["strokeWidth"]["scale"]["range"][0] >= 1.5, (
+        "the thinnest edge is still wide enough to show its colour"
+    )
     params = spec.get("params", []) + [p for view in spec["layer"] for p in view.get("params", [])]
     assert any(p.get("name") == charts.NODE_PICK and p["select"]["fields"] == ["layer", "position"] for p in params)
 
@@ -74,7 +80,9 @@ def test_the_totals_bars_are_the_tokens_scores_largest_first_when_there_are_many
     tokens = shown.tokens_table()
     rows = charts.total_rows(tokens, "score", rows=8)
     largest = tokens.loc[tokens["score"].abs().nlargest(8).index]
-    assert sorted(rows["position"]) == sorted(largest["position"]) and list(rows["position"]) == sorted(rows["position"])
+    assert sorted(rows["position"]) == sorted(largest["position"]) and list(rows["position"]) == sorted(
+        rows["position"]
+    )
     spec = charts.totals_bars(rows, "scores", "the 8 largest", "score").to_dict()
     drawn = pd.DataFrame(next(data for data in spec["datasets"].values() if len(data) == 8))
     assert np.allclose(drawn["score"], rows["score"])
@@ -87,6 +95,8 @@ def test_the_sidebars_node_is_ringed_where_the_graph_has_it(shown):
     layer, position = int(drawn.edges["layer"].iloc[0]), int(drawn.edges["key"].iloc[0])
     spec = charts.route_graph(tables, len(shown.edges), "graph", selected=(layer, position)).to_dict()
     (ring,) = [view for view in spec["layer"] if view["mark"]["type"] == "point"]
-    assert spec["datasets"][ring["data"]["name"]] == [{"layer": layer, "label": f"{position} {shown.asked.token_strings[position]}"}]
+    assert spec["datasets"][ring["data"]["name"]] == [
+        {"layer": layer, "label": f"{position} {shown.asked.token_strings[position]}"}
+    ]
     unringed = charts.route_graph(tables, len(shown.edges), "graph", selected=(99, 99)).to_dict()
     assert len(unringed["layer"]) == 3

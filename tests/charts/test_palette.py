@@ -72,15 +72,20 @@ def test_every_palette_colour_is_listed_once_with_one_meaning():
     # words of the sign scale (its domain), not colours.
     words = ("MEANINGS", "SIGNED_MEANING", "SIGNS")
     constants = {
-        name: value for name, value in vars(palette).items() if name.isupper() and not name.startswith("VERDICT") and name not in words
+        name: value
+        for name, value in vars(palette).items()
+        if name.isupper() and not name.startswith("VERDICT") and name not in words
     }
     for name, value in constants.items():
         for colour in value if isinstance(value, tuple) else (value,):
-            assert isinstance(colour, str) and colour.lower() in values, f"palette.{name} = {colour!r} has no meaning listed"
+            assert isinstance(colour, str) and colour.lower() in values, (
+                f"palette.{name} = {colour!r} has no meaning listed"
+            )
 
 
 def _hue(colour: str) -> str | None:
-    """The hue family of a ``#rrggbb`` colour that carries one (red, blue, green, purple), None for the others and greys."""
+    """The hue family of a ``#rrggbb`` colour that carries one (red, blue, green, purple), None for the others and
+    greys."""
     r, g, b = (int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5))
     hue, lightness, saturation = colorsys.rgb_to_hls(r, g, b)
     if saturation < 0.25 or lightness < 0.08 or lightness > 0.95:
@@ -137,5 +142,7 @@ def test_no_chart_page_or_app_module_writes_a_colour_outside_the_palette():
 def test_the_literal_check_finds_a_colour(tmp_path):
     """The check above can fail: a hex colour in a string, and a colour's name as a string, are both found."""
     source = tmp_path / "chart.py"
-    source.write_text('a = "#ff0000"\nb = alt.value("black")\nc = f"fill: {x} #abc"\n# "#123456" in a comment\n', encoding="utf-8")
+    source.write_text(
+        'a = "#ff0000"\nb = alt.value("black")\nc = f"fill: {x} #abc"\n# "#123456" in a comment\n', encoding="utf-8"
+    )
     assert [colour for _, colour in colour_literals(source)] == ["#ff0000", "black", "#abc"]

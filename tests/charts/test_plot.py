@@ -76,7 +76,9 @@ def test_sink_ratio_draws_the_heads_rows_and_its_typical_curve(analysis):
     assert_drawn_from(chart, table[(table["layer"] == 1) & (table["head"] == 2)])
     curve = sinks.head_curve(table, 1, 2).table()
     drawn = [pd.DataFrame(rows) for rows in datasets(chart)]
-    assert any(len(d) == len(curve) and d[["sink_ratio", "output_norm"]].equals(curve) for d in drawn if "output_norm" in d)
+    assert any(
+        len(d) == len(curve) and d[["sink_ratio", "output_norm"]].equals(curve) for d in drawn if "output_norm" in d
+    )
 
 
 def test_sink_ratio_for_all_heads_draws_the_most_anti_aligned_head(analysis):
@@ -182,7 +184,10 @@ def test_unknown_names_raise_input_errors(analysis, call, match):
 
 
 def test_importing_plot_does_not_import_streamlit():
-    code = "import sys, cwviz.plot; assert 'streamlit' not in sys.modules, sorted(m for m in sys.modules if 'streamlit' in m)"
+    code = (
+        "import sys, cwviz.plot; assert 'streamlit' not in sys.modules, sorted(m for m in sys.modules if 'streamlit' "
+        "in m)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
@@ -226,5 +231,7 @@ def test_flow_charts_colour_adds_red_and_subtracts_blue():
     assert list(rows["sign"]) == ["adds", "subtracts", "adds"]
     scatter = tokens.assign(effect=[0.1, 0.2, 0.3])
     for chart in (flow_charts.totals_bars(rows, "scores", value="score"), flow_charts.check_scatter(scatter, "check")):
-        colours = [v["encoding"]["color"]["scale"] for v in chart.to_dict()["layer"] if "color" in v.get("encoding", {})]
+        colours = [
+            v["encoding"]["color"]["scale"] for v in chart.to_dict()["layer"] if "color" in v.get("encoding", {})
+        ]
         assert colours == [{"domain": ["adds", "subtracts"], "range": [POSITIVE, NEGATIVE]}]

@@ -27,7 +27,19 @@ def make_results(tmp_path: Path, monkeypatch, task: str = "text", sinks: bool = 
     rows = [{"text": t} for t in TEXTS] if task == "text" else BOOLQ
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    argv = ["faithfulness", "--task", task, "--jsonl", str(data), "--rates", "10,50", "--measures", "default", "--results", str(results)]
+    argv = [
+        "faithfulness",
+        "--task",
+        task,
+        "--jsonl",
+        str(data),
+        "--rates",
+        "10,50",
+        "--measures",
+        "default",
+        "--results",
+        str(results),
+    ]
     assert cli.main(argv) == 0
     if sinks:
         prompts = tmp_path / "prompts.jsonl"
@@ -52,11 +64,19 @@ def test_report_holds_curves_tables_order_check_sinks_and_how_to_rerun(tmp_path,
     assert 'data-table="order"' in page and ">holds<" in page or ">fails<" in page
     assert 'data-table="delta-ppl-comprehensiveness"' in page and 'data-table="areas"' in page
     manifest = json.loads((results / "manifest.json").read_text())
-    for value in (manifest["model"]["weights_sha256"], manifest["versions"]["torch"], manifest["versions"]["cwviz"], "tiny-llama"):
+    for value in (
+        manifest["model"]["weights_sha256"],
+        manifest["versions"]["torch"],
+        manifest["versions"]["cwviz"],
+        "tiny-llama",
+    ):
         assert value in page
     assert "pip install cwviz==" in page and "cwviz faithfulness --task text --jsonl" in page
     # self-contained: no URL but the SVG namespaces, no script
-    assert set(re.findall(r"https?://[^\s\"'<>]+", page)) <= {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}
+    assert set(re.findall(r"https?://[^\s\"'<>]+", page)) <= {
+        "http://www.w3.org/2000/svg",
+        "http://www.w3.org/1999/xlink",
+    }
     assert "<script" not in page
 
 
@@ -150,6 +170,7 @@ def test_the_reports_header_counts_the_examples_its_tables_measure(tmp_path, mon
     assert cli.main(argv) == 0
     page = write_report(results, tmp_path / "report.html")
     assert (
-        "3 example(s): 2 measured (the tables&#x27; n), 1 skipped" in page or "3 example(s): 2 measured (the tables' n), 1 skipped" in page
+        "3 example(s): 2 measured (the tables&#x27; n), 1 skipped" in page
+        or "3 example(s): 2 measured (the tables' n), 1 skipped" in page
     )
     assert "mean ΔPPL over 2 example(s)" in page

@@ -63,7 +63,11 @@ def test_a_lone_surrogate_at_the_api_is_an_input_error_naming_its_position(llama
     with pytest.raises(InputError, match="position 0"):
         faithfulness.example_ids(llama, "\udcffabc", 16)
     with pytest.raises(InputError, match="position 2"):
-        list(faithfulness.iter_examples(llama, ["ok text", "ab\ud800"], faithfulness.Protocol(rates=(50.0,), measures=("raw",))))
+        list(
+            faithfulness.iter_examples(
+                llama, ["ok text", "ab\ud800"], faithfulness.Protocol(rates=(50.0,), measures=("raw",))
+            )
+        )
 
 
 @pytest.mark.parametrize(
@@ -85,7 +89,11 @@ def test_cli_text_that_was_not_utf8_is_one_error_line_before_the_model_loads(arg
 
 def test_cli_bytes_that_are_not_utf8_from_a_real_command_line():
     done = subprocess.run(
-        [sys.executable, "-m", "cwviz", "analyze", "--text", b"abc\xff"], capture_output=True, text=True, cwd=ROOT, timeout=120
+        [sys.executable, "-m", "cwviz", "analyze", "--text", b"abc\xff"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("error: --text holds a character that is not valid text")
@@ -98,7 +106,11 @@ LAYERS_CSV = "layer,sink_attention_share,sink_contribution_share\n0,0.5,0.4\n1,0
 @pytest.mark.parametrize(
     "layers, heads, message",
     [
-        ("a,b\n", None, "layers.csv is not a cwviz sinks table (missing layer, sink_attention_share, sink_contribution_share)"),
+        (
+            "a,b\n",
+            None,
+            "layers.csv is not a cwviz sinks table (missing layer, sink_attention_share, sink_contribution_share)",
+        ),
         ("", None, "layers.csv is not a cwviz sinks table (it is empty)"),
         ('a,"b\n1,2\n', None, "layers.csv is not a cwviz sinks table (it is not CSV)"),
         ("layer,sink_attention_share,sink_contribution_share\nx,y,z\n", None, "hold(s) text, not numbers"),
@@ -179,7 +191,9 @@ def test_a_prompt_of_which_the_tokenizer_keeps_only_its_special_tokens_is_refuse
 # -- 6. a negative sink out of range ------------------------------------------------------------------------------
 @pytest.mark.parametrize("sink", [-12, "-12", 11])
 def test_a_sink_out_of_range_names_the_value_given(analysis, sink):
-    with pytest.raises(SelectionError, match=f"token {int(sink)} is out of range; the prompt has tokens 0..10 \\(or -11..-1"):
+    with pytest.raises(
+        SelectionError, match=f"token {int(sink)} is out of range; the prompt has tokens 0..10 \\(or -11..-1"
+    ):
         sinks.resolve_sink(analysis, sink)
     assert sinks.resolve_sink(analysis, -11) == 0 and sinks.resolve_sink(analysis, -1) == 10
 
@@ -267,7 +281,8 @@ def test_file_that_is_a_fifo_or_dev_null_is_read_as_a_stream(tmp_path, capsys):
 
 # -- 11. standard input less one final newline -----------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "data, text", [(b"hi there\n", "hi there"), (b"hi there\r\n", "hi there"), (b"hi\n\n", "hi\n"), (b"hi", "hi"), (b"\n", "")]
+    "data, text",
+    [(b"hi there\n", "hi there"), (b"hi there\r\n", "hi there"), (b"hi\n\n", "hi\n"), (b"hi", "hi"), (b"\n", "")],
 )
 def test_standard_input_drops_one_final_newline(monkeypatch, data, text):
     assert read_standard_input(io.BytesIO(data)) == text
@@ -279,7 +294,8 @@ def test_standard_input_drops_one_final_newline(monkeypatch, data, text):
         assert compare_command.read_inputs(Namespace(inputs=[("text", "-"), ("text", "b")], model_b=None))[0] == text
 
 
-# -- 12. one-token prompts ----------------------------------------------------------------------------------------------
+# -- 12. one-token prompts
+# ----------------------------------------------------------------------------------------------
 def test_one_token_prompts_say_what_perplexity_needs(capsys, monkeypatch, llama):
     monkeypatch.setattr(sinks_command, "load", lambda _args: llama)
     monkeypatch.setattr(analyze_command, "load", lambda _args: llama)
@@ -290,11 +306,14 @@ def test_one_token_prompts_say_what_perplexity_needs(capsys, monkeypatch, llama)
     assert "perplexity: n/a (needs at least two tokens)" in capsys.readouterr().out
 
 
-# -- 13. API odds ----------------------------------------------------------------------------------------------------------
+# -- 13. API odds
+# ----------------------------------------------------------------------------------------------------------
 def test_export_takes_one_layer_as_an_int_and_each_layer_once(analysis, tmp_path):
     path = to_json(analysis, tmp_path / "one.json", layers=1, heads=2)
     data = json.loads(path.read_text(encoding="utf-8"))
-    assert [layer["layer"] for layer in data["layers"]] == [1] and [h["head"] for h in data["layers"][0]["heads"]] == [2]
+    assert [layer["layer"] for layer in data["layers"]] == [1] and [h["head"] for h in data["layers"][0]["heads"]] == [
+        2
+    ]
     assert [layer["layer"] for layer in to_dict(analysis, layers=[1, 1, 0])["layers"]] == [1, 0]
     with pytest.raises(SelectionError, match="'1'"):
         to_dict(analysis, layers="1")
@@ -323,9 +342,14 @@ def test_summarize_of_a_table_without_the_columns_names_them():
         faithfulness_summary.summarize(pd.DataFrame({"measure": ["raw"], "curve": ["sufficiency"], "rate": [10.0]}))
 
 
-# -- 14. areas ---------------------------------------------------------------------------------------------------------------
+# -- 14. areas
+# ---------------------------------------------------------------------------------------------------------------
 def _summary(rates: tuple[float, ...]) -> pd.DataFrame:
-    rows = [{"example": 0, "measure": "raw", "curve": c, "rate": r, "delta_ppl": 1.0} for c in faithfulness.CURVES for r in rates]
+    rows = [
+        {"example": 0, "measure": "raw", "curve": c, "rate": r, "delta_ppl": 1.0}
+        for c in faithfulness.CURVES
+        for r in rates
+    ]
     return faithfulness_summary.summarize(pd.DataFrame(rows))
 
 

@@ -23,7 +23,10 @@ def test_two_items_of_a_small_jsonl_with_the_embedded_model(tmp_path):
     data = write_jsonl(
         tmp_path / "items.jsonl",
         [
-            {"question": "Tom has 3 apples and buys 4 more. How many apples does he have?", "answer": "3 + 4 = 7\n#### 7"},
+            {
+                "question": "Tom has 3 apples and buys 4 more. How many apples does he have?",
+                "answer": "3 + 4 = 7\n#### 7",
+            },
             {"text": "The river flows past the old mill and on towards the sea."},
             {"text": "This third item is beyond --n and must not be read."},
         ],
@@ -45,7 +48,9 @@ def test_two_items_of_a_small_jsonl_with_the_embedded_model(tmp_path):
         "--device",
         "cpu",
     ]
-    done = subprocess.run([sys.executable, "-m", "cwviz", "faithfulness", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "cwviz", "faithfulness", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(out)
     assert list(table.columns) == [
@@ -133,7 +138,9 @@ def test_an_interrupted_run_keeps_the_examples_it_finished(tmp_path, capsys, mon
         return real(*args, **kwargs)
 
     monkeypatch.setattr(faithfulness, "run_example", interrupted_on_the_second)
-    data = write_jsonl(tmp_path / "items.jsonl", [{"text": "abcdefghij"}, {"text": "klmnopqrst"}, {"text": "uvwxyzabcd"}])
+    data = write_jsonl(
+        tmp_path / "items.jsonl", [{"text": "abcdefghij"}, {"text": "klmnopqrst"}, {"text": "uvwxyzabcd"}]
+    )
     out = tmp_path / "results.csv"
     assert cli.main(["faithfulness", "--jsonl", str(data), "--rates", "50", "--out", str(out)]) == 130
     table = pd.read_csv(out)
@@ -147,5 +154,10 @@ def test_a_text_file_gives_one_example_per_paragraph(tmp_path, capsys, monkeypat
     text = tmp_path / "notes.txt"
     text.write_text("first paragraph here\n\nsecond one here\n\nthird one here\n", encoding="utf-8")
     out = tmp_path / "results.csv"
-    assert cli.main(["faithfulness", "--file", str(text), "--n", "2", "--rates", "50", "--measures", "raw", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            ["faithfulness", "--file", str(text), "--n", "2", "--rates", "50", "--measures", "raw", "--out", str(out)]
+        )
+        == 0
+    )
     assert set(pd.read_csv(out).n) == {2}

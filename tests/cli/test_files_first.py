@@ -1,9 +1,9 @@
 """Files first, then print; bad outputs refused before the model loads; messages that name the cause (issue 48).
 
 Every command that writes files writes them before it prints, so a reader that leaves after one line (``| head -1``)
-loses none (each command's run is in tests/cli/test_outputs.py). An output path that cannot be written, ``CWVIZ_CACHE`` under a file or in /proc and a small
-``CWVIZ_MEMORY_BYTES`` get one ``error:`` line (status 2) naming the path or the variable; a second Ctrl-C ends the
-run at once without a traceback; an ``interrupted`` line is on a line of its own."""
+loses none (each command's run is in tests/cli/test_outputs.py). An output path that cannot be written, ``CWVIZ_CACHE``
+under a file or in /proc and a small ``CWVIZ_MEMORY_BYTES`` get one ``error:`` line (status 2) naming the path or the
+variable; a second Ctrl-C ends the run at once without a traceback; an ``interrupted`` line is on a line of its own."""
 
 from __future__ import annotations
 
@@ -56,8 +56,12 @@ def a_file(tmp_path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("where, message", [("under a file", "no folder"), ("in /proc", "no permission"), ("a folder", "is a folder")])
-def test_analyze_json_that_cannot_be_written_is_refused_before_the_model_loads(monkeypatch, capsys, a_file, tmp_path, where, message):
+@pytest.mark.parametrize(
+    "where, message", [("under a file", "no folder"), ("in /proc", "no permission"), ("a folder", "is a folder")]
+)
+def test_analyze_json_that_cannot_be_written_is_refused_before_the_model_loads(
+    monkeypatch, capsys, a_file, tmp_path, where, message
+):
     monkeypatch.setattr(analyze_command, "load", no_model)
     path = {"under a file": a_file / "a.json", "in /proc": Path("/proc/cwviz-test.json"), "a folder": tmp_path}[where]
     line = one_error(main(["analyze", "--text", "hello", "--json", str(path)]), capsys)
@@ -65,7 +69,9 @@ def test_analyze_json_that_cannot_be_written_is_refused_before_the_model_loads(m
 
 
 @pytest.mark.parametrize("command", ["compare", "atlas"])
-@pytest.mark.parametrize("where, message", [("a file", "is a file"), ("under a file", "which is a file"), ("in /proc", "no permission")])
+@pytest.mark.parametrize(
+    "where, message", [("a file", "is a file"), ("under a file", "which is a file"), ("in /proc", "no permission")]
+)
 def test_out_folders_that_cannot_be_written_are_refused_before_the_model_loads(
     monkeypatch, capsys, a_file, tmp_path, command, where, message
 ):
@@ -127,7 +133,9 @@ def test_an_os_error_in_a_command_is_one_line_naming_the_file(monkeypatch, capsy
         raise OSError(errno.ENOSPC, "No space left on device", str(out) + ".tmp")
 
     monkeypatch.setattr(analyze_command, "to_json", full_disk)
-    line = one_error(main(["analyze", "--model", str(tiny), "--device", "cpu", "--text", "hello there", "--json", str(out)]), capsys)
+    line = one_error(
+        main(["analyze", "--model", str(tiny), "--device", "cpu", "--text", "hello there", "--json", str(out)]), capsys
+    )
     assert f"no space left on the disk that holds {out};" in line
 
 
@@ -146,7 +154,9 @@ def test_the_interrupted_line_is_a_line_of_its_own_after_a_progress_bar(monkeypa
 
 def test_a_second_ctrl_c_ends_the_run_at_once_without_a_traceback(tiny, tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", PROMPTS * 30)
-    process = start_command(["-v", "sinks", "--model", str(tiny), "--device", "cpu", "--jsonl", str(data), "--no-ppl"], ENV)
+    process = start_command(
+        ["-v", "sinks", "--model", str(tiny), "--device", "cpu", "--jsonl", str(data), "--no-ppl"], ENV
+    )
     lines = []
     deadline = time.monotonic() + 240
     while not any(line.startswith("prompt 3/") for line in lines):

@@ -62,7 +62,10 @@ def test_every_method_answers_and_the_check_measures_every_input_token(capsys, t
         assert main(["flow", "--text", "The capital of France is", "--method", method, "--top", "2"]) == 0, method
         assert f"({method})" in capsys.readouterr().out
     out_json = tmp_path / "check.json"
-    assert main(["flow", "--text", "The capital of France is", "--method", "effect", "--check", "--json", str(out_json)]) == 0
+    assert (
+        main(["flow", "--text", "The capital of France is", "--method", "effect", "--check", "--json", str(out_json)])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "check against knockouts: 4 of 4 knockouts (relay)" in out and "top-3 sign agreement" in out
     payload = json.loads(out_json.read_text())

@@ -41,7 +41,9 @@ def hostile(tmp_path: Path, kind: str, suffix: str) -> tuple[Path, str]:
         return path, "empty" if suffix == ".txt" else "no prompts"
     if kind == "huge":  # 50 MB of text, many lines
         with path.open("wb") as out:
-            line = (json.dumps({"text": "word " * 100}) + "\n").encode() if suffix == ".jsonl" else b"word " * 100 + b"\n"
+            line = (
+                (json.dumps({"text": "word " * 100}) + "\n").encode() if suffix == ".jsonl" else b"word " * 100 + b"\n"
+            )
             out.write(line * (BIG // len(line) + 1))
         return path, "MB" if suffix == ".txt" else ""  # a streamed JSONL file of short lines is fine
     if kind == "one_line":  # one enormous line

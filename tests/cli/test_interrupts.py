@@ -39,7 +39,20 @@ def test_faithfulness_keeps_the_finished_examples_on_sigint(tmp_path, signum=sig
     out = tmp_path / "summary.csv"
     n = 40
     process = _start(
-        ["faithfulness", "--gsm8k", "--n", str(n), "--max-tokens", "24", "--rates", "50", "--measures", "raw,random", "--out", str(out)]
+        [
+            "faithfulness",
+            "--gsm8k",
+            "--n",
+            str(n),
+            "--max-tokens",
+            "24",
+            "--rates",
+            "50",
+            "--measures",
+            "raw,random",
+            "--out",
+            str(out),
+        ]
     )
     _wait_for(out.is_file, process)  # the first example is done and written
     process.send_signal(signum)

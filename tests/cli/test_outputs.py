@@ -46,7 +46,21 @@ def data(tmp_path_factory) -> Path:
 def made_results(tiny, data, tmp_path_factory) -> Path:
     """A faithfulness results folder (what ``report`` reads)."""
     folder = tmp_path_factory.mktemp("made") / "results"
-    argv = ["faithfulness", "--model", tiny, "--device", "cpu", "--jsonl", data, "--n", "2", "--rates", "50", "--draws", "1"]
+    argv = [
+        "faithfulness",
+        "--model",
+        tiny,
+        "--device",
+        "cpu",
+        "--jsonl",
+        data,
+        "--n",
+        "2",
+        "--rates",
+        "50",
+        "--draws",
+        "1",
+    ]
     from cwviz import cli
 
     assert cli.main([str(a) for a in [*argv, "--results", folder]]) == 0
@@ -62,16 +76,28 @@ def model(tiny: Path) -> list[str]:
 RUNS = {
     "analyze": (["--text", "hello there"], {"--json": ("file", None)}),
     "flow": (["--text", "hello there"], {"--json": ("file", None), "--csv": ("folder", "tokens.csv")}),
-    "sinks": (["--jsonl", "{data}", "--no-ppl"], {"--csv": ("file", None), "--results": ("folder", "sinks/layers.csv")}),
+    "sinks": (
+        ["--jsonl", "{data}", "--no-ppl"],
+        {"--csv": ("file", None), "--results": ("folder", "sinks/layers.csv")},
+    ),
     "faithfulness": (
         ["--jsonl", "{data}", "--n", "2", "--rates", "50", "--draws", "1"],
         {"--out": ("file", None), "--results": ("folder", "summary.csv")},
     ),
-    "claims": (["--jsonl", "{data}", "--n", "3", "--rates", "50", "--draws", "1"], {"--results": ("folder", "claims.csv")}),
-    "flow-faithfulness": (["--jsonl", "{data}", "--n", "3", "--draws", "2"], {"--results": ("folder", "flow_faithfulness.csv")}),
+    "claims": (
+        ["--jsonl", "{data}", "--n", "3", "--rates", "50", "--draws", "1"],
+        {"--results": ("folder", "claims.csv")},
+    ),
+    "flow-faithfulness": (
+        ["--jsonl", "{data}", "--n", "3", "--draws", "2"],
+        {"--results": ("folder", "flow_faithfulness.csv")},
+    ),
     "report": (["--results", "{made}"], {"--out": ("file", None)}),
     "compare": (["--text", "hello there", "--text", "hello world"], {"--out": ("folder", "heads.csv")}),
-    "atlas": (["--jsonl", "{data}", "--bootstrap", "50"], {"--out": ("folder", "pooled.csv"), "--results": ("folder", "pooled.csv")}),
+    "atlas": (
+        ["--jsonl", "{data}", "--bootstrap", "50"],
+        {"--out": ("folder", "pooled.csv"), "--results": ("folder", "pooled.csv")},
+    ),
 }
 
 
@@ -122,7 +148,9 @@ def test_a_file_output_on_a_full_disk_is_one_line_naming_it(command, flag, tiny,
 
 
 @pytest.mark.parametrize("command, flag", FOLDER_OUTPUTS, ids=lambda v: str(v))
-def test_a_folder_output_on_a_device_is_refused_before_the_model_loads(command, flag, tiny, data, made_results, capsys, monkeypatch):
+def test_a_folder_output_on_a_device_is_refused_before_the_model_loads(
+    command, flag, tiny, data, made_results, capsys, monkeypatch
+):
     monkeypatch.setattr(common_command, "load_model", no_model)
     monkeypatch.setattr(compare_command, "load_model", no_model)
     code, _, err = call(argv_of(command, tiny, data, made_results, {flag: Path("/dev/full")}), capsys)
@@ -134,7 +162,9 @@ def no_model(*_args, **_kwargs):
 
 
 @pytest.mark.parametrize("command, flag", FILE_OUTPUTS + FOLDER_OUTPUTS, ids=lambda v: str(v))
-def test_an_output_in_an_unwritable_folder_is_refused_before_the_model_loads(command, flag, tiny, data, made_results, capsys, monkeypatch):
+def test_an_output_in_an_unwritable_folder_is_refused_before_the_model_loads(
+    command, flag, tiny, data, made_results, capsys, monkeypatch
+):
     """``/proc/x`` (root's permissions say yes there, the kernel no): refused up front, the flag and path named; the
     issue's ``--csv /proc/x`` ran the whole flow, then said the folder did not exist."""
     monkeypatch.setattr(common_command, "load_model", no_model)
@@ -166,7 +196,11 @@ def test_json_text_writes_every_number_that_is_not_finite_as_null():
 
     from cwviz.cli.outputs import json_text
 
-    value = {"nan": math.nan, "inf": [math.inf, -math.inf, np.float32("nan")], "kept": (np.int64(3), np.float64(0.5), True, "=x")}
+    value = {
+        "nan": math.nan,
+        "inf": [math.inf, -math.inf, np.float32("nan")],
+        "kept": (np.int64(3), np.float64(0.5), True, "=x"),
+    }
     assert json.loads(json_text(value)) == {"nan": None, "inf": [None, None, None], "kept": [3, 0.5, True, "=x"]}
 
 
@@ -213,12 +247,14 @@ def test_values_that_need_no_model_are_refused_at_once_without_torch(argv):
     assert status == "2" and torch_loaded == "False", done.stderr
     assert float(seconds) < 1.0, seconds
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and argv[-2] in lines[0] and argv[-1] in lines[0], done.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and argv[-2] in lines[0] and argv[-1] in lines[0], (
+        done.stderr
+    )
 
 
 def test_a_renamed_flag_still_works_and_names_its_new_name(capsys):
-    """``cwviz flow --share`` (now ``--kept``, docs/METHOD.md "Glossary"): an old script runs with the same value, stderr
-    says the new name once, and ``--help`` shows only the new one."""
+    """``cwviz flow --share`` (now ``--kept``, docs/METHOD.md "Glossary"): an old script runs with the same value,
+    stderr says the new name once, and ``--help`` shows only the new one."""
     parser = build_parser()
     old = parser.parse_args(["flow", "--text", "hi", "--share", "0.3"])
     warned = capsys.readouterr().err
@@ -232,7 +268,9 @@ def test_a_renamed_flag_still_works_and_names_its_new_name(capsys):
 
 
 def test_faithfulness_without_out_or_results_says_it_wrote_nothing(tiny, data, capsys):
-    code, out, err = call(["faithfulness", *model(tiny), "--jsonl", data, "--n", "2", "--rates", "50", "--draws", "1"], capsys)
+    code, out, err = call(
+        ["faithfulness", *model(tiny), "--jsonl", data, "--n", "2", "--rates", "50", "--draws", "1"], capsys
+    )
     assert code == 0, err
     assert "gap to random" in out and "wrote" not in out
 
@@ -271,7 +309,8 @@ def _named_commands() -> set[str]:
 
 
 def test_every_command_a_message_names_is_one_a_user_can_type(capsys):
-    """The issue's ``cwviz flow_faithfulness`` (a record type's name, not a command): each named command's ``--help``."""
+    """The issue's ``cwviz flow_faithfulness`` (a record type's name, not a command): each named command's
+    ``--help``."""
     named = _named_commands()
     assert "flow-faithfulness" in named and "flow_faithfulness" not in named
     for command in sorted(named):
@@ -286,5 +325,7 @@ def test_a_folder_of_another_command_names_it_as_typed(tiny, tmp_path, capsys, d
     folder = tmp_path / "results" / "claims"
     folder.mkdir(parents=True)
     (folder / records.MANIFEST).write_text(json.dumps({"schema": "cwviz.flow_faithfulness.manifest"}))
-    code, _, err = call(["claims", *model(tiny), "--jsonl", data, "--results", tmp_path / "results", "--resume"], capsys)
+    code, _, err = call(
+        ["claims", *model(tiny), "--jsonl", data, "--results", tmp_path / "results", "--resume"], capsys
+    )
     assert code == 2 and "`cwviz flow-faithfulness`" in err and "flow_faithfulness`" not in err, err

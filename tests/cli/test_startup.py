@@ -43,7 +43,9 @@ def _start(argv: list[str], before: str = "") -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("argv", [["--help"], *([name, "--help"] for name in COMMANDS)], ids=lambda argv: " ".join(argv))
+@pytest.mark.parametrize(
+    "argv", [["--help"], *([name, "--help"] for name in COMMANDS)], ids=lambda argv: " ".join(argv)
+)
 def test_help_imports_neither_torch_nor_transformers(argv):
     started = _start(argv)
     assert started["status"] == 0 and "usage: cwviz" in started["out"]
@@ -69,7 +71,9 @@ def test_an_argument_error_imports_neither_torch_nor_transformers(argv, message)
 
 def test_cwviz_app_starts_without_torch():
     """The dashboard's launcher runs in the command's process; the server (a child process) imports what it needs."""
-    started = _start(["app", "--server.headless", "true"], "import cwviz.app.launch as launch; launch.run = lambda extra=None: 0")
+    started = _start(
+        ["app", "--server.headless", "true"], "import cwviz.app.launch as launch; launch.run = lambda extra=None: 0"
+    )
     assert started["status"] == 0
     assert started["heavy"] == [], f"cwviz app imported {started['heavy']}"
 
@@ -79,9 +83,13 @@ def test_every_command_names_a_module_that_runs_it():
     for name, child in sub.choices.items():
         module = child.get_default("command_module")
         path = ROOT / (module.replace(".", "/") + ".py")
-        assert module.startswith("cwviz.cli.") and path.is_file(), f"`cwviz {name}` names {module}, which does not exist"
+        assert module.startswith("cwviz.cli.") and path.is_file(), (
+            f"`cwviz {name}` names {module}, which does not exist"
+        )
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        assert any(isinstance(node, ast.FunctionDef) and node.name == "run" for node in tree.body), f"{module} has no run(args)"
+        assert any(isinstance(node, ast.FunctionDef) and node.name == "run" for node in tree.body), (
+            f"{module} has no run(args)"
+        )
 
 
 def test_the_command_modules_import_at_their_top():
@@ -90,7 +98,11 @@ def test_the_command_modules_import_at_their_top():
     for path in sorted((ROOT / "cwviz" / "cli").glob("*.py")):
         for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                inside += [f"{path.name}:{node.lineno}" for node in ast.walk(function) if isinstance(node, (ast.Import, ast.ImportFrom))]
+                inside += [
+                    f"{path.name}:{node.lineno}"
+                    for node in ast.walk(function)
+                    if isinstance(node, (ast.Import, ast.ImportFrom))
+                ]
     assert not inside, f"imports inside functions: {inside}"
 
 

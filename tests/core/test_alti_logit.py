@@ -23,7 +23,8 @@ def test_routing_of_a_three_token_case_worked_by_hand():
     c0 = torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0], [0.2, 0.3, 0.5]])
     c1 = torch.tensor([[1.0, 0, 0], [0.0, 1, 0], [0.0, 0.5, 0.5]])
     parts = np.array([[1.0, 2, 3], [0, 1, -2], [1, 0, 4]])  # d^0, d^1, d^2 by source
-    # d^0 as it is; d^1 C^0 = [0.1, -0.1, -1]; C^1 C^0 rows [1,0,0], [.5,.5,0], [.35,.4,.25], so d^2 C^1 C^0 = [2.4, 1.6, 1]
+    # d^0 as it is; d^1 C^0 = [0.1, -0.1, -1]; C^1 C^0 rows [1,0,0], [.5,.5,0], [.35,.4,.25], so d^2 C^1 C^0 = [2.4,
+    # 1.6, 1]
     np.testing.assert_allclose(route(parts, [c0, c1, torch.eye(3)]), [3.5, 3.5, 3.0])
     # the top layer's map is never read: it mixes after the last parts are written
     np.testing.assert_allclose(route(parts, [c0, c1, torch.full((3, 3), float("nan"))]), [3.5, 3.5, 3.0])
@@ -45,7 +46,9 @@ def _own_difference(bundle, ids, position, target, foil):
 def test_scores_and_the_unrouted_rest_add_up_to_the_models_logit_difference(family):
     # llama: pre-norm; Gemma 3: a sandwich norm on the attention output and a final soft-cap; Granite: a residual
     # multiplier and a logit divisor. ALTI's rows sum to 1, so routing keeps each layer's total.
-    bundle = make_tiny(family) if family == "llama" else cwviz.bundle_from_model(family_model(family), CharTokenizer(100))
+    bundle = (
+        make_tiny(family) if family == "llama" else cwviz.bundle_from_model(family_model(family), CharTokenizer(100))
+    )
     analysis = cwviz.analyze(bundle, input_ids=IDS)
     result = alti_logit(analysis, 8, 11, 60)
     assert result.scores.shape == (len(IDS),) and np.isfinite(result.scores).all()
@@ -81,7 +84,11 @@ def _parts_from_modules(bundle, analysis, position, target, foil) -> tuple[np.nd
     r = torch.rsqrt(final[0][position].double().pow(2).mean() + norm.variance_epsilon)
     w = norm.weight.double() * r * (unembed[target] - unembed[foil])  # (d_model,)
     config = model.config
-    heads, kv, dh = config.num_attention_heads, config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+    heads, kv, dh = (
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.hidden_size // config.num_attention_heads,
+    )
     parts = np.zeros((len(layers), len(ids)))
     for layer, block in enumerate(layers):
         values = block.self_attn.v_proj(block.input_layernorm(inputs[layer])).double()  # (T, kv * dh)
@@ -111,7 +118,9 @@ def test_the_registry_member_is_signed_answers_both_interventions_and_refuses_an
     asked = attribution.request(analysis, 8, 11, 60)
     answer = attribution.run(member, asked)
     np.testing.assert_allclose(answer.scores, alti_logit(analysis, 8, 11, 60).scores)
-    assert answer.scores.dtype == np.float64 and answer.quantity == pytest.approx(asked.share_flow.frozen_logit_difference)
+    assert answer.scores.dtype == np.float64 and answer.quantity == pytest.approx(
+        asked.share_flow.frozen_logit_difference
+    )
     # share_flow reads the same flow of the request (computed once), and its totals are section 6's
     kept = asked.share_flow
     shared = attribution.run(attribution.METHODS["share_flow"], asked)
@@ -131,9 +140,12 @@ def test_runs_on_the_embedded_decoders(model_id, monkeypatch):
     ids = bundle.tokenizer("Natalia sold clips to 48 of her friends in April, and then she sold")["input_ids"]
     analysis = cwviz.analyze(bundle, input_ids=ids)
     with torch.inference_mode():
-        target, foil = bundle.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].topk(2).indices.tolist()
+        target, foil = (
+            bundle.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].topk(2).indices.tolist()
+        )
     result = attribution.attribute(analysis, "alti_logit", target=target, foil=foil)
     assert result.scores.shape == (len(ids),) and np.isfinite(result.scores).all() and result.quantity > 0
     parts = alti_logit(analysis, len(ids) - 1, target, foil)
     own = _own_difference(bundle, ids, len(ids) - 1, target, foil)
-    assert abs(parts.scores.sum() + parts.rest - own) < 1e-4 * max(1.0, abs(own))  # seen: 3e-8 (SmolLM2), 7e-6 (Gemma 3)
+    # seen: 3e-8 (SmolLM2), 7e-6 (Gemma 3)
+    assert abs(parts.scores.sum() + parts.rest - own) < 1e-4 * max(1.0, abs(own))

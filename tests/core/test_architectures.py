@@ -92,7 +92,9 @@ def test_attention_equals_transformers_eager_attention(run):
     analysis = run.analysis
     assert len(run.eager_attention) == analysis.num_layers
     for layer in range(analysis.num_layers):
-        np.testing.assert_allclose(analysis.attention(layer), run.eager_attention[layer][0].numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            analysis.attention(layer), run.eager_attention[layer][0].numpy(), rtol=1e-5, atol=1e-6
+        )
         if run.bundle.arch.causal:
             assert np.all(np.triu(analysis.attention(layer), 1) == 0)
 
@@ -164,7 +166,11 @@ def test_rows_are_derived_only_for_model_types_not_in_the_table(run):
     assert run.bundle.arch.derived == (model_type in DERIVED_FAMILIES)
     assert (model_type in architectures.ARCHITECTURES) != (model_type in DERIVED_FAMILIES)
     record, info = run.analysis.layer_record(0), run.bundle.info
-    assert (info.heads, info.kv_heads, info.d_head) == (record.query.shape[0], record.key.shape[0], record.value.shape[-1])
+    assert (info.heads, info.kv_heads, info.d_head) == (
+        record.query.shape[0],
+        record.key.shape[0],
+        record.value.shape[-1],
+    )
 
 
 def test_model_info_reports_geometry(tiny):
@@ -231,7 +237,11 @@ def by_hand(record, visible: np.ndarray, softcap: float | None = None, learned_s
     if softcap is not None:
         scores = softcap * np.tanh(scores / softcap)
     scores = np.where(visible, scores, -np.inf)
-    sink = np.full(scores.shape[:2], -np.inf) if learned_sinks is None else np.broadcast_to(learned_sinks[:, None], scores.shape[:2])
+    sink = (
+        np.full(scores.shape[:2], -np.inf)
+        if learned_sinks is None
+        else np.broadcast_to(learned_sinks[:, None], scores.shape[:2])
+    )
     peak = np.maximum(scores.max(-1), sink)
     weights, sink_weight = np.exp(scores - peak[..., None]), np.exp(sink - peak)
     total = weights.sum(-1) + sink_weight
@@ -244,7 +254,9 @@ def test_soft_capping_is_the_softmax_of_the_capped_scores():
     config, t = bundle.model.config, analysis.num_tokens
     for layer, size in ((0, config.sliding_window), (1, None)):  # Gemma 2 alternates sliding and global layers
         record = analysis.layer_record(layer)
-        assert record.softcap == config.attn_logit_softcapping and record.scaling == pytest.approx(config.query_pre_attn_scalar**-0.5)
+        assert record.softcap == config.attn_logit_softcapping and record.scaling == pytest.approx(
+            config.query_pre_attn_scalar**-0.5
+        )
         expected, _ = by_hand(record, window(t, size), softcap=record.softcap)
         np.testing.assert_allclose(analysis.attention(layer), expected, atol=1e-6)
         uncapped, _ = by_hand(record, window(t, size))
@@ -290,7 +302,8 @@ def test_learned_sinks_take_their_share_and_write_nothing():
         ("gemma3_text", (4, None), {}),  # layer_types: sliding, full
         ("gpt_oss", (4, None), {}),
         ("mistral", (8, 8), {}),
-        ("qwen2", (None, 5), dict(use_sliding_window=True, sliding_window=5, max_window_layers=1)),  # windows from layer 1 on
+        # windows from layer 1 on
+        ("qwen2", (None, 5), dict(use_sliding_window=True, sliding_window=5, max_window_layers=1)),
         ("modernbert", (None, 4), {}),  # global every 2 layers from layer 0; local: 2 keys each side
     ],
 )
@@ -303,7 +316,9 @@ def test_each_layer_attends_within_its_own_window(model_type, windows, overrides
         visible = window(t, size, causal)
         np.testing.assert_array_equal(record.key_mask().numpy(), visible)
         expected, _ = by_hand(
-            record, visible, learned_sinks=None if record.learned_sinks is None else record.learned_sinks.double().numpy()
+            record,
+            visible,
+            learned_sinks=None if record.learned_sinks is None else record.learned_sinks.double().numpy(),
         )
         np.testing.assert_allclose(analysis.attention(layer), expected, atol=1e-6)
         assert np.all(analysis.attention(layer)[:, ~visible] == 0)
@@ -355,7 +370,9 @@ def test_a_model_type_whose_attention_bypasses_the_interface_is_refused():
     import transformers
 
     config = transformers.AutoConfig.for_model("bloom", vocab_size=100, hidden_size=32, n_head=4, n_layer=2)
-    with pytest.raises(UnsupportedModelError, match="'bloom'.*no module of the base model calls transformers' AttentionInterface"):
+    with pytest.raises(
+        UnsupportedModelError, match="'bloom'.*no module of the base model calls transformers' AttentionInterface"
+    ):
         cwviz.bundle_from_model(transformers.AutoModelForCausalLM.from_config(config), CharTokenizer(100))
 
 

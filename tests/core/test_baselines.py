@@ -95,7 +95,11 @@ def _model_states(bundle, ids):
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen2", "olmo2", "granite"])
 def test_alti_resultant_is_the_residual_stream_after_attention(family):
-    bundle = make_tiny(family) if family in ("llama", "qwen2") else cwviz.bundle_from_model(family_model(family), CharTokenizer(100))
+    bundle = (
+        make_tiny(family)
+        if family in ("llama", "qwen2")
+        else cwviz.bundle_from_model(family_model(family), CharTokenizer(100))
+    )
     ids = list(range(3, 15))
     analysis = cwviz.analyze(bundle, input_ids=ids)
     inputs, writes, _ = _model_states(bundle, ids)

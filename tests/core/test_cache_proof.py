@@ -56,7 +56,9 @@ def flip(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage, words", [(cut, "bytes,"), (flip, "SHA-256 differs")], ids=["truncated", "flipped-bytes"])
+@pytest.mark.parametrize(
+    "damage, words", [(cut, "bytes,"), (flip, "SHA-256 differs")], ids=["truncated", "flipped-bytes"]
+)
 def test_a_changed_cache_is_said_in_one_line_and_converted_again(gguf, caplog, damage, words):
     """The issue's truncated cache gave a SafetensorError traceback and was never repaired; flipped bytes gave an
     OverflowError in the perplexity and head contributions of ±100 with no warning."""
@@ -75,7 +77,9 @@ def test_a_changed_cache_is_said_in_one_line_and_converted_again(gguf, caplog, d
 
 def test_an_untouched_cache_reads_no_weights_to_prove_itself(gguf, monkeypatch):
     folder = checkpoints.gguf_dir(gguf)
-    monkeypatch.setattr(cache_records, "_sha256", lambda path: pytest.fail(f"{path} was hashed on a load of an untouched cache"))
+    monkeypatch.setattr(
+        cache_records, "_sha256", lambda path: pytest.fail(f"{path} was hashed on a load of an untouched cache")
+    )
     assert cache_records.changed(folder) is None
 
 
@@ -103,7 +107,11 @@ def _cache_left(gguf: Path) -> list[str]:
 def test_a_disk_without_room_is_one_line_naming_cwviz_cache_and_the_space_needed(gguf, monkeypatch, capsys):
     """The issue's full disk under CWVIZ_CACHE gave a 15-frame SafetensorError traceback."""
     monkeypatch.setattr(cache_records, "free_bytes", lambda folder: 1000)
-    with pytest.raises(ModelLoadError, match=r"needs about [\d,]+ MB in .*\(CWVIZ_CACHE=.*\), and its disk has 0 MB free"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"needs about [\d,]+ MB in .*\(CWVIZ_CACHE=.*\), and its disk has 0 MB "
+        r"free",
+    ):
         checkpoints.gguf_dir(gguf)
     assert _cache_left(gguf) == []
     code, _, err = call(["analyze", "--model", gguf, "--device", "cpu", "--text", "hello"], capsys)

@@ -33,14 +33,32 @@ def analysis(llama):
     return cwviz.analyze(llama, TEXT)
 
 
-NOT_INTEGERS = ["1", 1.0, 1.5, True, False, np.True_, None, [1], torch.tensor([1, 2]), torch.tensor(True), torch.tensor(1.0), 1j]
+NOT_INTEGERS = [
+    "1",
+    1.0,
+    1.5,
+    True,
+    False,
+    np.True_,
+    None,
+    [1],
+    torch.tensor([1, 2]),
+    torch.tensor(True),
+    torch.tensor(1.0),
+    1j,
+]
 INTEGERS = [1, np.int64(1), np.int32(1), np.uint8(1), torch.tensor(1)]
 
 
 @pytest.mark.parametrize(
     "method, value",
     # head=None means all heads, so it is no bad head
-    [(m, v) for m in ("attention", "contributions", "head", "token") for v in NOT_INTEGERS if not (m == "head" and v is None)],
+    [
+        (m, v)
+        for m in ("attention", "contributions", "head", "token")
+        for v in NOT_INTEGERS
+        if not (m == "head" and v is None)
+    ],
     ids=repr,
 )
 def test_an_index_that_is_not_an_integer_is_refused_saying_so(analysis, method, value):
@@ -93,7 +111,18 @@ def test_sink_positions_accepted(analysis):
 
 @pytest.mark.parametrize(
     "ids",
-    ["123", "abc", 5, [1.7, 2.2], [True, False], [[1, 2]], [1, None], np.array([[1, 2]]), torch.tensor([[1, 2]]), np.array([1.0, 2.0])],
+    [
+        "123",
+        "abc",
+        5,
+        [1.7, 2.2],
+        [True, False],
+        [[1, 2]],
+        [1, None],
+        np.array([[1, 2]]),
+        torch.tensor([[1, 2]]),
+        np.array([1.0, 2.0]),
+    ],
     ids=repr,
 )
 def test_token_ids_must_be_a_1d_sequence_of_integers(llama, ids):
@@ -101,7 +130,9 @@ def test_token_ids_must_be_a_1d_sequence_of_integers(llama, ids):
         cwviz.analyze(llama, input_ids=ids)
 
 
-@pytest.mark.parametrize("ids", [[1, 2, 3], (1, 2, 3), np.array([1, 2, 3]), torch.tensor([1, 2, 3]), [np.int64(1), 2, 3]], ids=repr)
+@pytest.mark.parametrize(
+    "ids", [[1, 2, 3], (1, 2, 3), np.array([1, 2, 3]), torch.tensor([1, 2, 3]), [np.int64(1), 2, 3]], ids=repr
+)
 def test_token_ids_of_every_accepted_kind_give_the_same_analysis(llama, ids):
     assert cwviz.analyze(llama, input_ids=ids).input_ids == [1, 2, 3]
 

@@ -30,8 +30,8 @@ def family_analysis(family: str, ids=IDS, dtype=torch.float32):
 
 def independent_totals(analysis, position: int, target: int | None, foil: int | None, eps: float = 1e-2) -> np.ndarray:
     """∂LD/∂m_k by another path than the effect flow's: central differences (a float64 model; the attention code keeps
-    some float32 steps, about 1e-7 of LD, hence a step of 1e-2, whose O(ε²) error is smaller), with m as keep weights on the
-    attention probabilities of key column k (α_ik m_k v_k = α_ik (m_k v_k)) through the knockouts' weighted-values
+    some float32 steps, about 1e-7 of LD, hence a step of 1e-2, whose O(ε²) error is smaller), with m as keep weights on
+    the attention probabilities of key column k (α_ik m_k v_k = α_ik (m_k v_k)) through the knockouts' weighted-values
     code, and LD from the model's own forward (its logits; an encoder's last hidden state read along its own clean
     direction)."""
     bundle = analysis.bundle
@@ -76,7 +76,9 @@ def test_totals_are_the_derivative_of_the_quantity_in_each_tokens_value_scale_on
         for _first, _stop, weights in effect.edges_of_layer(analysis, grads, layer):
             from_edges[: weights.shape[1]] += weights.sum(0).numpy()
     np.testing.assert_allclose(from_edges, grads.totals, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(expected).max()))
-    assert abs(effect.head_parts(analysis, grads).sum() - grads.totals.sum()) < 1e-4 * max(1.0, np.abs(grads.totals).sum())
+    assert abs(effect.head_parts(analysis, grads).sum() - grads.totals.sum()) < 1e-4 * max(
+        1.0, np.abs(grads.totals).sum()
+    )
     if causal:  # nothing after the position reaches the prediction
         np.testing.assert_array_equal(grads.totals[position + 1 :], 0)
     assert no_hooks(analysis.bundle.model)
@@ -125,7 +127,10 @@ def test_a_finite_difference_in_one_tokens_value_scale_agrees_on_the_embedded_mo
     grads = effect.gradients(analysis, position, embedded.tokenizer(" Paris")["input_ids"][0], None)
 
     def quantity(scale: torch.Tensor) -> float:
-        with torch.inference_mode(), forward_pass(embedded.attention_modules, record=False, intervention=effect.ScaleValueColumns(scale)):
+        with (
+            torch.inference_mode(),
+            forward_pass(embedded.attention_modules, record=False, intervention=effect.ScaleValueColumns(scale)),
+        ):
             hidden = embedded.final_hidden(torch.tensor([analysis.input_ids]))
             return float(effect.quantity(embedded, hidden, position, grads.target, None)[0])
 
@@ -143,7 +148,9 @@ def test_the_registry_lists_every_method_the_parsers_offer_and_each_answers_one_
     asked = attribution.request(analysis, 5, 11, 60)
     for name, method in attribution.METHODS.items():
         result = attribution.run(method, asked)
-        assert result.method == name and result.scores.shape == (analysis.num_tokens,) and np.isfinite(result.scores).all(), name
+        assert (
+            result.method == name and result.scores.shape == (analysis.num_tokens,) and np.isfinite(result.scores).all()
+        ), name
         assert (result.edges is not None) == method.has_edges, name
         assert result.asked.target == 11 and result.asked.foil == 60 and result.asked.position == 5
         assert len(result.tokens_table()) == analysis.num_tokens

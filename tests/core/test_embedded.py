@@ -76,7 +76,9 @@ def test_decomposition_multiplies_out(embedded):
         "contribution",
     ]
     assert len(table) == analysis.num_heads * 11  # keys 0..10 for every head
-    np.testing.assert_allclose(table.attention * table.norm_ratio * table.cosine, table.contribution, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(
+        table.attention * table.norm_ratio * table.cosine, table.contribution, rtol=1e-4, atol=1e-7
+    )
     np.testing.assert_allclose(table.contribution.sum(), 1, atol=1e-4)  # inter: over heads and keys
     intra = decomposition(analysis, 12, query=10, head=3, kind="intra")
     np.testing.assert_allclose(intra.contribution.sum(), 1, atol=1e-4)
@@ -120,7 +122,9 @@ def test_long_prompt_matches_eager_attention_and_the_model_write(embedded):
     )
     torch.testing.assert_close(analysis.attention_tensor(layer), eager[0], rtol=1e-5, atol=1e-6)
     seen = {}
-    handle = embedded.out_projections[layer].register_forward_pre_hook(lambda m, args: seen.setdefault("z", args[0][0].clone()))
+    handle = embedded.out_projections[layer].register_forward_pre_hook(
+        lambda m, args: seen.setdefault("z", args[0][0].clone())
+    )
     try:
         with torch.inference_mode():
             embedded.model(input_ids=torch.tensor([ids]), use_cache=False)

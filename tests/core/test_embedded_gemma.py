@@ -63,7 +63,9 @@ def test_attention_is_transformers_eager_attention_and_contributions_sum_to_one(
     no 262k-wide logits)."""
     from transformers import AutoModelForCausalLM
 
-    eager = AutoModelForCausalLM.from_pretrained(checkpoints.embedded_gemma_dir(), attn_implementation="eager", dtype=torch.float32)
+    eager = AutoModelForCausalLM.from_pretrained(
+        checkpoints.embedded_gemma_dir(), attn_implementation="eager", dtype=torch.float32
+    )
     ids = torch.tensor([long_analysis.input_ids])
     with torch.inference_mode():
         attentions = eager.model(input_ids=ids, output_attentions=True, use_cache=False).attentions

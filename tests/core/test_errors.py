@@ -140,7 +140,11 @@ def test_prompt_that_would_not_fit_is_refused_with_the_estimate(llama, monkeypat
 
     monkeypatch.setenv("CWVIZ_MEMORY_BYTES", "200000")  # 0.2 MB "available"
     # the variable named, and a size that does not read "0.0 GB"
-    with pytest.raises(ResourceError, match=r"needs about .* only 0\.2 MB is available on cpu, as CWVIZ_MEMORY_BYTES=200000 says") as err:
+    with pytest.raises(
+        ResourceError,
+        match=r"needs about .* only 0\.2 MB is available on cpu, as "
+        r"CWVIZ_MEMORY_BYTES=200000 says",
+    ) as err:
         cwviz.analyze(llama, "a" * 200)
     assert "raise or unset CWVIZ_MEMORY_BYTES" in str(err.value) and "0.0 GB" not in str(err.value)
     monkeypatch.setenv("CWVIZ_MEMORY_BYTES", "1000")

@@ -62,7 +62,9 @@ def check_identities(bundle):
         np.testing.assert_allclose(analysis.contributions(layer, "inter").sum((0, 2)), 1, atol=1e-5)
     with torch.inference_mode():
         out = bundle.model(input_ids=ids)
-    torch.testing.assert_close(out.logits if hasattr(out, "logits") else out.last_hidden_state, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        out.logits if hasattr(out, "logits") else out.last_hidden_state, expected, rtol=1e-5, atol=1e-5
+    )
     if bundle.arch.causal:
         logprobs = torch.log_softmax(expected[0, :-1], -1).gather(1, ids[0, 1:, None])[:, 0]
         np.testing.assert_allclose(analysis.next_token_logprobs, logprobs.numpy(), rtol=1e-5, atol=1e-5)
@@ -107,12 +109,16 @@ def test_a_recording_pass_refuses_a_second_call_of_one_attention_module():
         ("my-remote-model", None, True),  # nothing to go by: transformers' own default
     ],
 )
-def test_the_causality_of_an_attention_module_that_does_not_say_comes_from_its_config(model_type, architectures, causal):
+def test_the_causality_of_an_attention_module_that_does_not_say_comes_from_its_config(
+    model_type, architectures, causal
+):
     from types import SimpleNamespace
 
     from cwviz.core.method.capture import _config_causal
 
-    assert _config_causal(SimpleNamespace(model_type=model_type, architectures=architectures, is_decoder=False)) is causal
+    assert (
+        _config_causal(SimpleNamespace(model_type=model_type, architectures=architectures, is_decoder=False)) is causal
+    )
     assert _config_causal(SimpleNamespace(model_type="splinter", architectures=None, is_decoder=True)) is True
 
 
@@ -124,7 +130,8 @@ def test_an_encoder_whose_attention_sets_no_is_causal_stays_bidirectional(model_
     bundle = cwviz.bundle_from_model(model, CharTokenizer(100))
     assert bundle.arch.derived and not bundle.arch.causal and not bundle.info.causal and not bundle.has_logits
     analysis = check_identities(bundle)
-    assert all(np.triu(analysis.attention(layer), 1).sum() > 1 for layer in range(analysis.num_layers))  # sees later keys
+    # sees later keys
+    assert all(np.triu(analysis.attention(layer), 1).sum() > 1 for layer in range(analysis.num_layers))
 
 
 def test_a_derived_row_whose_attention_differs_from_eager_attention_is_refused():
@@ -207,7 +214,12 @@ def test_gemma3n_text_with_a_width_per_layer_is_analysed():
     )
     bundle = cwviz.bundle_from_model(model, CharTokenizer(100))
     flat = memory.estimate(model.config, bundle.info, 100)["forward"]
-    assert flat == memory.estimate(transformers.PretrainedConfig(vocab_size=100, intermediate_size=96), bundle.info, 100)["forward"]
+    assert (
+        flat
+        == memory.estimate(transformers.PretrainedConfig(vocab_size=100, intermediate_size=96), bundle.info, 100)[
+            "forward"
+        ]
+    )
     check_identities(bundle)
 
 
@@ -223,7 +235,8 @@ def test_llama4_text_is_analysed_through_its_decoder():
         attention_chunk_size=4,
         no_rope_layers=[1, 0],
     )
-    assert model.base_model is model and architectures.base_model(model) is model.model  # base_model_prefix "language_model"
+    # base_model_prefix "language_model"
+    assert model.base_model is model and architectures.base_model(model) is model.model
     bundle = cwviz.bundle_from_model(model, CharTokenizer(100))
     assert bundle.arch.derived and bundle.arch.causal and bundle.info.layers == 2
     check_identities(bundle)

@@ -110,9 +110,15 @@ def model_states(analysis):
 
     for index, layer in enumerate(layers):
         handles.append(
-            layer.register_forward_pre_hook(keep(index, "x", lambda a, k, o: a[0] if a else k["hidden_states"]), with_kwargs=True)
+            layer.register_forward_pre_hook(
+                keep(index, "x", lambda a, k, o: a[0] if a else k["hidden_states"]), with_kwargs=True
+            )
         )
-        handles.append(layer.register_forward_hook(keep(index, "y", lambda a, k, o: o[0] if isinstance(o, tuple) else o), with_kwargs=True))
+        handles.append(
+            layer.register_forward_hook(
+                keep(index, "y", lambda a, k, o: o[0] if isinstance(o, tuple) else o), with_kwargs=True
+            )
+        )
         proj = architectures.submodule(layer, arch.out_proj)
         handles.append(proj.register_forward_hook(keep(index, "out", lambda a, k, o: o), with_kwargs=True))
         if arch.attention_norm:
@@ -169,7 +175,11 @@ def definition_mixing(analysis, layer, states):
     alpha, w_heads, value, b_o = writes(analysis, layer)
     tokens, heads = analysis.num_tokens, analysis.num_heads
     multiplier = getattr(model.config, arch.residual_multiplier, 1.0) if arch.residual_multiplier else 1.0
-    norm = architectures.submodule(architectures.layer_modules(model, arch)[layer], arch.attention_norm) if arch.attention_norm else None
+    norm = (
+        architectures.submodule(architectures.layer_modules(model, arch)[layer], arch.attention_norm)
+        if arch.attention_norm
+        else None
+    )
     out = np.zeros((tokens, tokens + 1))
     for i in range(tokens):
         x = state["x"][i]
@@ -182,7 +192,10 @@ def definition_mixing(analysis, layer, states):
         elif layout == "sandwich":
             y = state["norm_in"][i]
             land = rms_map(
-                norm.weight, norm.eps if hasattr(norm, "eps") else norm.variance_epsilon, y, plus_one=arch.family.startswith("gemma")
+                norm.weight,
+                norm.eps if hasattr(norm, "eps") else norm.variance_epsilon,
+                y,
+                plus_one=arch.family.startswith("gemma"),
             )
             h, own = x + state["norm_out"][i], x
         else:  # post_norm: BERT's LayerNorm(x + a + b_O)
@@ -250,10 +263,15 @@ def test_parts_equal_the_definition_with_plain_loops(family):
             h = state["x"][position] + state["out"][position]
         for head in range(analysis.num_heads):
             for source in range(analysis.num_tokens):
-                expected = freeze(land(alpha[head, position, source] * (w_heads[head] @ value[head, source]))) @ difference
+                expected = (
+                    freeze(land(alpha[head, position, source] * (w_heads[head] @ value[head, source]))) @ difference
+                )
                 assert result.attention_parts[layer, head, source] == pytest.approx(expected, abs=1e-5)
             # its vocabulary: the head's whole write at p through the frozen final norm and the output layer
-            write = sum(alpha[head, position, source] * (w_heads[head] @ value[head, source]) for source in range(analysis.num_tokens))
+            write = sum(
+                alpha[head, position, source] * (w_heads[head] @ value[head, source])
+                for source in range(analysis.num_tokens)
+            )
             logits = unembed @ freeze(land(write))
             for direction, order in (("promoted", np.argsort(-logits)[:3]), ("suppressed", np.argsort(logits)[:3])):
                 listed = vocabulary.loc[(layer, head, direction)]
@@ -295,11 +313,19 @@ def test_nodes_are_their_edges_plus_their_direct_parts():
     edges = result.edges(1.0)
     assert result.edges_complete(1.0)
     for layer in range(analysis.num_layers):
-        out_of = edges[edges["layer"] == layer].groupby("start")["weight"].sum().reindex(range(analysis.num_tokens), fill_value=0)
+        out_of = (
+            edges[edges["layer"] == layer]
+            .groupby("start")["weight"]
+            .sum()
+            .reindex(range(analysis.num_tokens), fill_value=0)
+        )
         np.testing.assert_allclose(result.nodes[layer], out_of.to_numpy() + result.direct[layer], atol=1e-5)
     np.testing.assert_allclose(result.nodes[0], result.totals, atol=1e-6)
     table = result.node_table
-    assert list(table.columns) == ["layer", "position", "value", "direct"] and len(table) == (analysis.num_layers + 1) * analysis.num_tokens
+    assert (
+        list(table.columns) == ["layer", "position", "value", "direct"]
+        and len(table) == (analysis.num_layers + 1) * analysis.num_tokens
+    )
 
 
 def test_pruning_keeps_the_largest_edges_up_to_the_share():
@@ -332,7 +358,8 @@ def test_row_blocks_change_nothing(monkeypatch):
 
 def test_the_kept_edges_are_each_layers_largest_however_the_rows_stream(monkeypatch):
     """With a limit far under a layer's edges, kept as its row blocks stream (a cut each time the buffer doubles), the
-    kept edges are exactly the layer's largest |weight| edges of all, largest first: what the graph and its share read."""
+    kept edges are exactly the layer's largest |weight| edges of all, largest first: what the graph and its share
+    read."""
     analysis = family_analysis("mistral", ids=list(range(3, 23)))
     every = flow(analysis, target=11)  # 20 tokens: every edge of every layer kept
     monkeypatch.setattr(row_block_sizes, "ROW_BLOCK_CELLS", 16)
@@ -422,7 +449,9 @@ def test_tables_are_tidy():
     heads = result.heads
     assert list(heads.columns) == ["layer", "head", "direct", "routed", "promoted", "suppressed"]
     assert len(heads) == analysis.num_layers * analysis.num_heads and heads["promoted"].str.count(r"\|").eq(2).all()
-    np.testing.assert_allclose(heads["direct"].sum(), result.parts.query("part == 'attention'")["value"].sum(), atol=1e-5)
+    np.testing.assert_allclose(
+        heads["direct"].sum(), result.parts.query("part == 'attention'")["value"].sum(), atol=1e-5
+    )
     vocab = result.vocabulary_table
     assert len(vocab) == analysis.num_layers * analysis.num_heads * 3 * 2
     assert list(result.edges().columns) == ["layer", "start", "end", "weight"]
@@ -448,7 +477,16 @@ def test_the_vocabulary_waits_for_its_first_reader_and_is_pickled_as_its_rows():
 
 
 def _flows_equal(one, other):
-    for name in ("totals", "rollout_row", "nodes", "direct", "head_direct", "head_routed", "attention_parts", "edge_mass"):
+    for name in (
+        "totals",
+        "rollout_row",
+        "nodes",
+        "direct",
+        "head_direct",
+        "head_routed",
+        "attention_parts",
+        "edge_mass",
+    ):
         np.testing.assert_array_equal(getattr(one, name), getattr(other, name), err_msg=name)
     for name in ("target", "foil", "bias_total", "logit_difference", "frozen_logit_difference", "norm_error"):
         np.testing.assert_equal(getattr(one, name), getattr(other, name), err_msg=name)  # NaN = NaN (an encoder)
@@ -503,10 +541,15 @@ def test_an_analysis_that_keeps_its_stream_gives_the_flow_without_a_pass(family)
     kept_tensors = [(part.direction, part.norm2, part.residual, part.bias) for part in kept.stream.layers]
     held = sum(t.numel() * t.element_size() for tensors in kept_tensors for t in tensors)
     config, info = bundle.model.config, bundle.info
-    added = memory.estimate(config, info, len(IDS), stream=True)["recorded"] - memory.estimate(config, info, len(IDS))["recorded"]
+    added = (
+        memory.estimate(config, info, len(IDS), stream=True)["recorded"]
+        - memory.estimate(config, info, len(IDS))["recorded"]
+    )
     assert 0 < held <= added
     passes = []  # the first layer's calls: a pass through the base model (the stream's) or the whole model
-    handle = architectures.layer_modules(bundle.model, bundle.arch)[0].register_forward_pre_hook(lambda *_: passes.append(1))
+    handle = architectures.layer_modules(bundle.model, bundle.arch)[0].register_forward_pre_hook(
+        lambda *_: passes.append(1)
+    )
     try:
         basis = flow_module.flow_basis(kept, default)
         assert passes == [] and basis.stream is kept.stream

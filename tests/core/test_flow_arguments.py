@@ -49,14 +49,17 @@ def made(analysis):
     ids=["True", "False", "np.bool_", "float", "list", "bytes", "float-tensor", "two-element-tensor", "bool-tensor"],
 )
 def test_a_target_or_foil_of_another_type_is_an_argument_error_naming_it(analysis, name, value, words):
-    """The issue's ``cwviz.flow(a, target=True)`` used token id 1; a float, tensor, list or bytes got transformers' error."""
+    """The issue's ``cwviz.flow(a, target=True)`` used token id 1; a float, tensor, list or bytes got transformers'
+    error."""
     other = {"target": 11} if name == "foil" else {}
     with pytest.raises(ArgumentError, match=words) as raised:
         flow(analysis, **other, **{name: value}, vocabulary=0)
     assert raised.value.argument == name and f"the {name}" in str(raised.value)
 
 
-@pytest.mark.parametrize("value", [torch.tensor(11), torch.tensor([11]), np.int64(11)], ids=["0-d", "1-element", "numpy"])
+@pytest.mark.parametrize(
+    "value", [torch.tensor(11), torch.tensor([11]), np.int64(11)], ids=["0-d", "1-element", "numpy"]
+)
 def test_a_one_element_integer_tensor_is_its_token_id(analysis, made, value):
     assert np.array_equal(flow(analysis, target=value).totals, made.totals)
 

@@ -1,10 +1,10 @@
 """What a GGUF's conversion relies on in gguf and transformers (:mod:`cwviz.core.loading.checkpoints`), pinned so that
 an upgrade that changes it fails here, saying what to change, instead of silently slowing or breaking the conversion.
 
-* :func:`~cwviz.core.loading.checkpoints.parsed_once` swaps the ``gguf.GGUFReader`` module attribute during a conversion,
-  the one swap of another package's attribute cwviz makes: it is worth making only while transformers parses a llama or
-  gemma3 GGUF's header through that attribute, looked up at each call, several times a conversion (config, weights,
-  tokenizer's class);
+* :func:`~cwviz.core.loading.checkpoints.parsed_once` swaps the ``gguf.GGUFReader`` module attribute during a
+  conversion, the one swap of another package's attribute cwviz makes: it is worth making only while transformers parses
+  a llama or gemma3 GGUF's header through that attribute, looked up at each call, several times a conversion (config,
+  weights, tokenizer's class);
 * :func:`~cwviz.core.loading.checkpoints.plain_reader` relies on gguf's reader keeping its ``numpy.memmap`` in ``data``.
 """
 
@@ -90,5 +90,7 @@ def test_the_plain_reader_parses_as_gguf_does(tiny_gguf):
         other = own.fields[name]
         assert (field.types, field.data) == (other.types, other.data), name
         assert all(np.array_equal(a, b) for a, b in zip(field.parts, other.parts, strict=True)), name
-    assert [(t.name, t.tensor_type, t.data_offset) for t in plain.tensors] == [(t.name, t.tensor_type, t.data_offset) for t in own.tensors]
+    assert [(t.name, t.tensor_type, t.data_offset) for t in plain.tensors] == [
+        (t.name, t.tensor_type, t.data_offset) for t in own.tensors
+    ]
     assert all(np.array_equal(a.data, b.data) for a, b in zip(plain.tensors, own.tensors, strict=True))

@@ -168,7 +168,9 @@ def test_memory_bytes_that_are_not_a_number_are_named(good, monkeypatch, capsys)
     assert "CWVIZ_MEMORY_BYTES" in cli_error(analyze_args(good), capsys)
 
 
-@pytest.mark.parametrize(("value", "message"), [("abc", "WORLD_SIZE must be a whole number"), ("2", "WORLD_SIZE is 2 but .*torchrun")])
+@pytest.mark.parametrize(
+    ("value", "message"), [("abc", "WORLD_SIZE must be a whole number"), ("2", "WORLD_SIZE is 2 but .*torchrun")]
+)
 def test_a_world_size_no_launcher_set_is_refused(value, message, good, monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", value)
     for name in LAUNCHER_VARIABLES:

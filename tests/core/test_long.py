@@ -59,7 +59,9 @@ def test_json_export_read_in_row_blocks_equals_the_whole_maps(arch, small_blocks
 def test_bertviz_weights_are_the_first_rows_cut_to_the_first_keys(arch):
     analysis = cwviz.analyze(make_tiny(arch), TEXT[:60])
     n = 25
-    np.testing.assert_allclose(bertviz_html.weights(analysis, 1, "attention", n), analysis.attention(1)[:, :n, :n], atol=1e-7)
+    np.testing.assert_allclose(
+        bertviz_html.weights(analysis, 1, "attention", n), analysis.attention(1)[:, :n, :n], atol=1e-7
+    )
     expected = np.clip(analysis.contributions(1, "intra"), 0, None)[:, :n, :n]
     np.testing.assert_allclose(bertviz_html.weights(analysis, 1, "contribution", n), expected, atol=1e-6)
 
@@ -69,7 +71,9 @@ def test_cli_last_token_scores_read_the_last_row_only(small_blocks):
 
     analysis = cwviz.analyze(make_tiny("llama"), TEXT[:80])
     attention, contribution, _ = last_token_scores(analysis, None, None)
-    np.testing.assert_allclose(attention, np.mean([analysis.layer_scores(l, "raw")[-1] for l in range(2)], axis=0), atol=1e-6)
+    np.testing.assert_allclose(
+        attention, np.mean([analysis.layer_scores(l, "raw")[-1] for l in range(2)], axis=0), atol=1e-6
+    )
     expected = np.mean([analysis.layer_scores(l, "contribution_inter")[-1] for l in range(2)], axis=0)
     np.testing.assert_allclose(contribution, expected, atol=1e-6)
     attention, contribution, _ = last_token_scores(analysis, 1, 2)
@@ -102,15 +106,26 @@ def test_whole_layer_maps_that_would_not_fit_are_refused_and_streaming_reads_sti
 def test_an_export_that_would_not_fit_is_refused_before_it_is_built(monkeypatch):
     analysis = cwviz.analyze(make_tiny("llama"), TEXT[:100])
     monkeypatch.setenv("CWVIZ_MEMORY_BYTES", "100000")
-    with pytest.raises(ResourceError, match=r"JSON of 2 layer\(s\) x 4 head\(s\) at 100 tokens .*choose one layer and one head"):
+    with pytest.raises(
+        ResourceError,
+        match=r"JSON of 2 layer\(s\) x 4 head\(s\) at 100 tokens .*choose one layer and "
+        r"one head",
+    ):
         to_dict(analysis)
 
 
 def _tiny_with_positions(positions: int) -> cwviz.Bundle:
     config = transformers.LlamaConfig(
-        vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=positions
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=positions,
     )
-    return cwviz.bundle_from_model(transformers.AutoModelForCausalLM.from_config(config), CharTokenizer(), model_id="tiny-long")
+    return cwviz.bundle_from_model(
+        transformers.AutoModelForCausalLM.from_config(config), CharTokenizer(), model_id="tiny-long"
+    )
 
 
 def test_the_limit_is_the_models_positions_and_the_dashboard_default_is_8192_on_a_cpu(monkeypatch):
@@ -201,7 +216,9 @@ def services_at_8k(model: str) -> dict:
     # query sees.
     row = analysis.rows(layer, query, query + 1)
     cell = window.frame[(window.frame["query"] == query) & (window.frame["key"] == 0)]
-    assert float(cell["contribution"].iloc[0]) == pytest.approx(float(row.layer_level("contribution_inter")[0, 0]), abs=1e-6)
+    assert float(cell["contribution"].iloc[0]) == pytest.approx(
+        float(row.layer_level("contribution_inter")[0, 0]), abs=1e-6
+    )
     assert float(row.contribution("inter")[:, 0].sum()) == pytest.approx(1, abs=1e-4)  # Σ_h Σ_j C = 1 at 8k
     assert sorted(set(top["layer"])) == list(range(analysis.num_layers)) and top["key"].le(query).all()
     assert factors.frame["query"].eq(query).all() and "bins" in binned.note
@@ -224,12 +241,14 @@ def test_an_8192_token_prompt_through_the_dashboard_services_stays_within_the_es
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[len("RESULT ") :])
     peak, need = result["peak"], result["need"]
     print(
-        f"{result['tokens']} tokens: peak resident size above the loaded model {peak / 1e9:.2f} GB; estimate {need['total'] / 1e9:.2f} GB"
+        f"{result['tokens']} tokens: peak resident size above the loaded model {peak / 1e9:.2f} GB; estimate "
+        f"{need['total'] / 1e9:.2f} GB"
     )
     assert result["spilled"]  # 0.8 GB of records: over CWVIZ_SPILL_MB, so they are on disk (room permitting)
     assert peak <= need["total"], (peak, need)
     # An upper bound, not a wild one (prompts it refuses would not fit): peaks of 0.44, 0.45 and 0.48 GB were measured
-    # against 0.96 GB, 0.44 GB against 1.04 GB; the heap the row blocks leave varies from run to run (cwviz.core.method.memory).
+    # against 0.96 GB, 0.44 GB against 1.04 GB; the heap the row blocks leave varies from run to run
+    # (cwviz.core.method.memory).
     assert peak >= 0.3 * need["total"], (peak, need)
 
 

@@ -29,7 +29,9 @@ def brute_force(alpha, v, w):
     out = head_out.sum(0)  # (Q, D)
     intra = (per_pair * head_out[:, :, None]).sum(-1) / (head_out.norm(dim=-1) ** 2)[..., None]
     inter = (per_pair * out[None, :, None]).sum(-1) / (out.norm(dim=-1) ** 2)[None, :, None]
-    cos_inter = torch.einsum("hkm,qm->hqk", v_tilde, out) / (v_tilde.norm(dim=-1)[:, None] * out.norm(dim=-1)[None, :, None])
+    cos_inter = torch.einsum("hkm,qm->hqk", v_tilde, out) / (
+        v_tilde.norm(dim=-1)[:, None] * out.norm(dim=-1)[None, :, None]
+    )
     return dict(
         v_norm=v_tilde.norm(dim=-1),
         head_norm=head_out.norm(dim=-1),
@@ -229,10 +231,17 @@ def test_kv_heads_held_several_times_give_the_same_products_and_measures(heads, 
         monkeypatch.setattr(row_blocks, "kv_copies", lambda *_, copies=copies: copies)
         held = row_blocks.for_row_blocks(LayerRecord(q, k[:, :keys], v[:, :keys], None, 0.5, True, output=None))
         key, value = held.key, held.value
-        assert held.copies == copies and key.shape[0] == kv_heads * copies and key.is_contiguous() and value.is_contiguous()
+        assert (
+            held.copies == copies
+            and key.shape[0] == kv_heads * copies
+            and key.is_contiguous()
+            and value.is_contiguous()
+        )
         alpha = causal_rows(q[:, start:keys], key, 0.5, start, copies)
         torch.testing.assert_close(alpha, expected_alpha, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(grouped_matmul(alpha, value, copies), alpha @ expand_kv(v[:, :keys], heads), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            grouped_matmul(alpha, value, copies), alpha @ expand_kv(v[:, :keys], heads), rtol=1e-5, atol=1e-6
+        )
         got = layer_measures(alpha, value, gram=full_gram(w_o), copies=copies)
         assert got.value.shape[0] == kv_heads  # one copy of each kv head, as the measures' other readers expect
         for name in MEASURES:
@@ -270,7 +279,9 @@ def test_a_kind_is_checked_alike_wherever_it_is_given():
 
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 5, 3, generator=g) for _ in range(3))
-    m = layer_measures(attention_probabilities(q, k, 0.5, None, True), v, gram=full_gram(torch.randn(4, 6, generator=g)))
+    m = layer_measures(
+        attention_probabilities(q, k, 0.5, None, True), v, gram=full_gram(torch.randn(4, 6, generator=g))
+    )
     for refuse in (m.contribution, m.dot, m.cosine, m.norm_ratio, lambda kind: measure_name("contribution", kind)):
         with pytest.raises(InputError, match="kind must be 'inter' or 'intra', not 'both'"):
             refuse("both")

@@ -44,7 +44,9 @@ def one_error(code: int, capsys) -> str:
 def test_a_folder_without_its_tokenizer_files_is_refused_with_the_fix(good, tmp_path, capsys, missing):
     folder = tmp_path / "model"
     shutil.copytree(good, folder)
-    for name in ("tokenizer.json",) if missing == "tokenizer.json only" else ("tokenizer.json", "tokenizer_config.json"):
+    for name in (
+        ("tokenizer.json",) if missing == "tokenizer.json only" else ("tokenizer.json", "tokenizer_config.json")
+    ):
         (folder / name).unlink()
     with pytest.raises(ModelLoadError, match="has no tokenizer files.*tokenizer.save_pretrained"):
         cwviz.load_model(str(folder), device="cpu")  # what the dashboard's loader calls, too
@@ -106,7 +108,9 @@ def _edited(bundle):
         bundle.out_projections[1].weight.mul_(2.0)  # a fine-tune's weights copied in, an edit
 
 
-@pytest.mark.parametrize("change", [_moved, _half, _edited], ids=["freed (meta)", "another dtype", "weights edited in place"])
+@pytest.mark.parametrize(
+    "change", [_moved, _half, _edited], ids=["freed (meta)", "another dtype", "weights edited in place"]
+)
 @pytest.mark.parametrize("reader", READERS)
 def test_an_analysis_of_a_model_changed_since_raises_model_changed_error(change, reader):
     bundle = make_tiny("llama")
@@ -126,7 +130,9 @@ def test_a_model_edited_in_place_gets_new_measures_on_a_new_analysis():
             model.model.layers[1].self_attn.o_proj.weight.mul_(3.0)
     again = cwviz.analyze(bundle, "hello there")
     expected = cwviz.analyze(fresh, "hello there")
-    assert torch.allclose(torch.from_numpy(again.contributions(1)), torch.from_numpy(expected.contributions(1)), atol=1e-6)
+    assert torch.allclose(
+        torch.from_numpy(again.contributions(1)), torch.from_numpy(expected.contributions(1)), atol=1e-6
+    )
     assert again.perplexity == pytest.approx(expected.perplexity, rel=1e-5)
 
 
@@ -139,9 +145,16 @@ def chat_bundle():
     vocab = {"[UNK]": 0} | {chr(i): i - 31 for i in range(32, 127)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", additional_special_tokens=[SPECIAL])
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", additional_special_tokens=[SPECIAL]
+    )
     config = transformers.LlamaConfig(
-        vocab_size=len(fast), hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2
+        vocab_size=len(fast),
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
     )
     torch.manual_seed(0)
     return cwviz.bundle_from_model(transformers.AutoModelForCausalLM.from_config(config), fast, model_id="tiny-chat")
@@ -158,7 +171,12 @@ def test_ids_with_a_special_token_the_text_writes_out_are_accepted(chat_bundle):
     ids = chat_bundle.tokenizer(text)["input_ids"]
     analysis = cwviz.analyze(chat_bundle, text, input_ids=ids)
     assert analysis.text == text and analysis.tokens[0] == SPECIAL
-    assert cwviz.analyze(chat_bundle, "hello world", input_ids=chat_bundle.tokenizer("hello world")["input_ids"]).num_tokens == 11
+    assert (
+        cwviz.analyze(
+            chat_bundle, "hello world", input_ids=chat_bundle.tokenizer("hello world")["input_ids"]
+        ).num_tokens
+        == 11
+    )
 
 
 def test_text_and_ids_of_another_text_are_refused(chat_bundle):

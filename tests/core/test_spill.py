@@ -150,11 +150,16 @@ def test_spilling_lets_a_prompt_through_that_memory_alone_would_refuse(always, m
     """The memory check counts what a spilled analysis keeps in memory (the layers read back and the one being
     written, of 8 here): a prompt refused with its records in memory is analysed with them on disk."""
     bundle = cwviz.bundle_from_model(family_model("llama", num_hidden_layers=8), CharTokenizer(100))
-    monkeypatch.setattr(memory, "HEAP_ALLOWANCE", 0)  # an allowance for long prompts' heap: larger than a tiny model's records
+    # an allowance for long prompts' heap: larger than a tiny model's records
+    monkeypatch.setattr(memory, "HEAP_ALLOWANCE", 0)
     config, info, tokens = bundle.model.config, bundle.info, 50
     whole = memory.estimate(config, info, tokens)
     spilled = memory.estimate(config, info, tokens, spilled=True)
-    assert spilled["total"] < whole["total"] and spilled["disk"] == memory.records_bytes(info, tokens) and whole["disk"] == 0
+    assert (
+        spilled["total"] < whole["total"]
+        and spilled["disk"] == memory.records_bytes(info, tokens)
+        and whole["disk"] == 0
+    )
     have = int((spilled["total"] + whole["total"]) / 2 / memory.HEADROOM)
     monkeypatch.setenv("CWVIZ_MEMORY_BYTES", str(have))
     text = "x" * (tokens - 1)

@@ -46,20 +46,31 @@ def tiny_config(arch: str):
     """Small configs with the features that matter: grouped-query attention, biases, partial rotary."""
     common = dict(vocab_size=100, num_hidden_layers=2, max_position_embeddings=256)
     if arch == "llama":
-        return transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, **common)
+        return transformers.LlamaConfig(
+            hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, **common
+        )
     if arch == "mistral":
         return transformers.MistralConfig(
-            hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=1, sliding_window=8, **common
+            hidden_size=64,
+            intermediate_size=96,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            sliding_window=8,
+            **common,
         )
     if arch == "qwen2":
         # Qwen2 has biases on q, k and v.
-        return transformers.Qwen2Config(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, **common)
+        return transformers.Qwen2Config(
+            hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, **common
+        )
     if arch == "qwen3":
         return transformers.Qwen3Config(
             hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=24, **common
         )
     if arch == "gpt2":
-        return transformers.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2Config(
+            vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=0, eos_token_id=0
+        )
     if arch == "gpt_neox":
         return transformers.GPTNeoXConfig(
             hidden_size=64, intermediate_size=96, num_attention_heads=4, rotary_pct=0.25, attention_bias=True, **common
@@ -74,7 +85,14 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox", "bert"]
 #: Every row of cwviz's architecture table, and a few model types that run through a derived row, as tiny
 #: configs with the feature that matters for each (AutoConfig.for_model keyword arguments; 2 layers, width 64).
 DECODER = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
-ENCODER = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_hidden_layers=2, vocab_size=100, max_position_embeddings=64)
+ENCODER = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_hidden_layers=2,
+    vocab_size=100,
+    max_position_embeddings=64,
+)
 _MOE = dict(num_experts_per_tok=2)
 FAMILY_CONFIGS: dict[str, dict] = {
     "llama": DECODER,
@@ -97,11 +115,20 @@ FAMILY_CONFIGS: dict[str, dict] = {
         initializer_range=0.3,
     ),
     "gemma3_text": dict(
-        DECODER, head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"], final_logit_softcapping=3.0
+        DECODER,
+        head_dim=16,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        final_logit_softcapping=3.0,
     ),
-    "phi3": dict(DECODER, partial_rotary_factor=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2),  # fused qkv_proj, partial rotary
-    "granite": dict(DECODER, attention_multiplier=0.3, logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5),
-    "stablelm": dict(DECODER, partial_rotary_factor=0.25, use_qkv_bias=True, qk_layernorm=True, use_parallel_residual=True),
+    # fused qkv_proj, partial rotary
+    "phi3": dict(DECODER, partial_rotary_factor=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "granite": dict(
+        DECODER, attention_multiplier=0.3, logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5
+    ),
+    "stablelm": dict(
+        DECODER, partial_rotary_factor=0.25, use_qkv_bias=True, qk_layernorm=True, use_parallel_residual=True
+    ),
     "starcoder2": dict(DECODER, sliding_window=6, use_bias=True),
     "cohere": dict(DECODER, logit_scale=0.5, use_qk_norm=True),
     "gpt_oss": dict(DECODER, head_dim=16, num_local_experts=4, sliding_window=4, **_MOE),  # learned sinks
@@ -126,7 +153,9 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "phi": dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, partial_rotary_factor=0.5),
     "opt": dict(hidden_size=64, ffn_dim=96, num_attention_heads=4, word_embed_proj_dim=64, max_position_embeddings=64),
     "gpt_bigcode": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, multi_query=True),
-    "persimmon": dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, partial_rotary_factor=0.5, qk_layernorm=True),
+    "persimmon": dict(
+        hidden_size=64, intermediate_size=96, num_attention_heads=4, partial_rotary_factor=0.5, qk_layernorm=True
+    ),
     "camembert": dict(ENCODER, pad_token_id=1),  # an encoder (RoBERTa layout) through a derived row
 }
 #: Model types above that have no row of their own.
@@ -193,7 +222,8 @@ def run_together(work, jobs) -> tuple[dict, list]:
 
 def default_signals() -> None:
     """``preexec_fn`` of a child a test interrupts: SIGINT and SIGTERM as a fresh shell gives them. A pytest started
-    with SIGINT ignored (``nohup``, a background job) passes SIG_IGN on, and Python then never raises KeyboardInterrupt."""
+    with SIGINT ignored (``nohup``, a background job) passes SIG_IGN on, and Python then never raises
+    KeyboardInterrupt."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -267,7 +297,9 @@ def save_first_layers(folder: Path, layers: int) -> str:
 
 def write_jsonl(path: Path, rows: list) -> Path:
     """One JSON object a line: a row as given, or ``{"text": row}`` for a string."""
-    path.write_text("".join(json.dumps({"text": r} if isinstance(r, str) else r) + "\n" for r in rows), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({"text": r} if isinstance(r, str) else r) + "\n" for r in rows), encoding="utf-8"
+    )
     return path
 
 
@@ -292,7 +324,11 @@ PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x01\x00" + bytes(range(256))
 
 #: Two BoolQ items (passage, question, answer).
 BOOLQ = [
-    {"passage": "The sun is a star at the centre of the solar system.", "question": "is the sun a star", "answer": True},
+    {
+        "passage": "The sun is a star at the centre of the solar system.",
+        "question": "is the sun a star",
+        "answer": True,
+    },
     {"passage": "Whales are mammals that live in the sea.", "question": "are whales fish", "answer": False},
 ]
 
@@ -327,7 +363,14 @@ def record(example: int, ppl: dict, sinks: dict | None = None, scope: str = "tok
     under ``scope``: clean perplexity 50, each masked one 50 + ΔPPL."""
     clean = 50.0
     runs = [
-        {"measure": m, "curve": c, "rate": 10.0, "ppl_masked": clean + v, "delta_ppl": (clean + v) - clean, "correct_masked": None}
+        {
+            "measure": m,
+            "curve": c,
+            "rate": 10.0,
+            "ppl_masked": clean + v,
+            "delta_ppl": (clean + v) - clean,
+            "correct_masked": None,
+        }
         for (c, m), v in ppl.items()
     ]
     payload = {"task": "text", "skipped": False, "tokens": 12, "ppl_clean": clean, "correct_clean": None, "runs": runs}
@@ -359,8 +402,8 @@ def sinks(
     near: float = 0.05,
     control: float = 0.0,
 ) -> dict:
-    """A record's sink statistics (every name of ``cwviz.analyses.codecs.checks.SINK_STATS``) near the given values
-    of each verdict (``noise`` apart from item to item): claim 2's d_σ − d_other ≈ ``d`` (d_other ≈ ``d_other``), claim 3's
+    """A record's sink statistics (every name of ``cwviz.analyses.codecs.checks.SINK_STATS``) near the given values of
+    each verdict (``noise`` apart from item to item): claim 2's d_σ − d_other ≈ ``d`` (d_other ≈ ``d_other``), claim 3's
     sink-active cosine ``cos``, claim 4's U-shaped share ``shape`` and operating distance ``near``, claim 5's (a)
     ``spread``, (b) ``toward`` and (c) log-perplexity ratio ``ppl`` with the sink's value removed, and the control's
     log-perplexity ratio ``control`` (its spread and turn half the sink's)."""
@@ -418,7 +461,10 @@ def table_rows(frame) -> list[dict]:
     """A table's rows as JSON-like dicts (NaN as None, as a chart spec holds them)."""
     import math
 
-    return [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in frame.to_dict(orient="records")]
+    return [
+        {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+        for row in frame.to_dict(orient="records")
+    ]
 
 
 def assert_drawn_from(chart, table) -> None:
@@ -506,7 +552,8 @@ def copy(made: Path, name: str, to: Path) -> Path:
 
 def edit_record(folder: Path, line: int, change, checksum: bool = False) -> None:
     """``change`` (record -> anything) the record on line ``line`` (0 the first) of process 0's records file in
-    ``folder``; with ``checksum`` its checksum is made again (a forged record: the checks beneath the checksum alone)."""
+    ``folder``; with ``checksum`` its checksum is made again (a forged record: the checks beneath the checksum
+    alone)."""
     from cwviz.analyses import records
 
     path = records.records_path(folder, 0)

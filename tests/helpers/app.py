@@ -129,8 +129,18 @@ PAGES = {
         },
     ),
     "views/atlas.py": (
-        {"atlas_source": "path", "atlas_path": "/data/prompts.jsonl", "atlas_n": "3", "atlas_out": "/tmp/cwviz-atlas-link"},
-        {"atlas_source": "path", "atlas_path": "/data/prompts.jsonl", "atlas_n": 3, "atlas_out": "/tmp/cwviz-atlas-link"},
+        {
+            "atlas_source": "path",
+            "atlas_path": "/data/prompts.jsonl",
+            "atlas_n": "3",
+            "atlas_out": "/tmp/cwviz-atlas-link",
+        },
+        {
+            "atlas_source": "path",
+            "atlas_path": "/data/prompts.jsonl",
+            "atlas_n": 3,
+            "atlas_out": "/tmp/cwviz-atlas-link",
+        },
     ),
     "views/claims.py": (
         {"claims_source": "run", "claims_n": "3", "claims_cap": "32"},

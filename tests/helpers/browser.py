@@ -54,7 +54,8 @@ HEATMAP_LABELS_JS = """
     labels: [...a.querySelectorAll('g.role-axis-label text')].filter(t => t.textContent !== '').map(t => ({
       text: t.textContent, box: t.getBoundingClientRect().toJSON(), px: parseFloat(getComputedStyle(t).fontSize)})),
   }));
-  const outline = [...svg.querySelectorAll('g.role-mark path[stroke="black"]')].map(p => p.getBoundingClientRect().toJSON());
+  const outline = [...svg.querySelectorAll('g.role-mark path[stroke="black"]')]
+    .map(p => p.getBoundingClientRect().toJSON());
   return {axes, outline};
 })
 """
@@ -107,7 +108,8 @@ PLOTS_JS = """
 #: run starts or ends, where the status widget it shows is drawn late and is missing from short runs.
 SETTLED_JS = """([sel, n, quiet]) => {
   const app = document.querySelector('[data-testid="stApp"]');
-  const idle = app !== null && app.dataset.testConnectionState === "CONNECTED" && app.dataset.testScriptState === "notRunning"
+  const idle = app !== null && app.dataset.testConnectionState === "CONNECTED"
+    && app.dataset.testScriptState === "notRunning"
     && document.querySelector('[data-testid="stSpinner"]') === null && document.querySelectorAll(sel).length >= n;
   if (!idle) { window.cwvizIdleSince = undefined; return false; }
   window.cwvizIdleSince ??= performance.now();
@@ -172,7 +174,9 @@ def _serve(log_name: str = "server.log", env: dict | None = None, via_cli: bool 
     else:  # the rest from .streamlit/config.toml
         command = [sys.executable, "-m", "streamlit", "run", "app.py", *server_flags, "--server.fileWatcherType=none"]
     with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
     if processes is not None:
         processes.append(process)
     url = f"http://127.0.0.1:{port}"
@@ -252,4 +256,8 @@ def _overlapping(labels: list[dict], along: str) -> list[tuple[str, str]]:
     than 2 px (a text box holds the font's whole line height, about 3 px more than the glyphs of a 10 px font)."""
     size = "width" if along == "x" else "height"
     ordered = sorted(labels, key=lambda t: t["box"][along])
-    return [(a["text"], b["text"]) for a, b in zip(ordered, ordered[1:]) if a["box"][along] + a["box"][size] > b["box"][along] + 2]
+    return [
+        (a["text"], b["text"])
+        for a, b in zip(ordered, ordered[1:])
+        if a["box"][along] + a["box"][size] > b["box"][along] + 2
+    ]

@@ -169,7 +169,9 @@ def test_sixteen_sessions_at_once_each_see_their_own_prompt(browser, expected):
         # Warm: the embedded model is loaded once per server, before the class arrives.
         warm = browser.new_page(viewport=VIEWPORT)
         warm.goto(url)
-        warm.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[RENDERED, 2], timeout=240_000)
+        warm.wait_for_function(
+            "([sel, n]) => document.querySelectorAll(sel).length >= n", arg=[RENDERED, 2], timeout=240_000
+        )
         warm.close()
         start = time.monotonic()
         pages = _open_all(browser, url, prompts)
@@ -187,13 +189,24 @@ def test_sixteen_sessions_at_once_each_see_their_own_prompt(browser, expected):
             for view in views:
                 for axis in view["axes"]:
                     for shown in (t["text"] for t in axis["labels"]):
-                        assert any(label == shown or label.startswith(shown.removesuffix("…")) for label in labels), (text, shown)
-            cell = page.locator(CHART).nth(1).locator('path[aria-label^="key (position token): 0; query (position token): 5;"]').first
+                        assert any(label == shown or label.startswith(shown.removesuffix("…")) for label in labels), (
+                            text,
+                            shown,
+                        )
+            cell = (
+                page.locator(CHART)
+                .nth(1)
+                .locator('path[aria-label^="key (position token): 0; query (position token): 5;"]')
+                .first
+            )
             shown = float(re.search(r"contribution: ([+-]\d+\.\d{4})", cell.get_attribute("aria-label")).group(1))
             assert shown == pytest.approx(contribution, abs=6e-5), text
             page.context.close()
     assert health.checks > 0 and not health.failures, health.failures
-    report = f"{SESSIONS} sessions at once, own prompt each: all drawn in {elapsed:.1f} s; server peak RSS {peak / 1e9:.2f} GB"
+    report = (
+        f"{SESSIONS} sessions at once, own prompt each: all drawn in {elapsed:.1f} s; server peak RSS {peak / 1e9:.2f} "
+        "GB"
+    )
     print(report)
     (ARTIFACTS / "load.txt").write_text(report + "\n")
 
@@ -224,11 +237,14 @@ def test_a_hundred_and_thirty_prompts_one_after_another_stay_under_the_cache_bou
             baseline = process.memory_info().rss
         rss.append(process.memory_info().rss)
     bundle = services.get_bundle("embedded")
-    per_analysis = memory.estimate(bundle.model.config, bundle.info, longest, stream=services.keeps_stream(bundle, longest))["total"]
+    per_analysis = memory.estimate(
+        bundle.model.config, bundle.info, longest, stream=services.keeps_stream(bundle, longest)
+    )["total"]
     bound = baseline + 6 * per_analysis + 5 * CACHE_ENTRIES * 500_000 + 150_000_000
     peak = max(rss)
     report = (
-        f"{PROMPTS} prompts (up to {longest} tokens) through the services: RSS after the first {baseline / 1e6:.0f} MB, "
+        f"{PROMPTS} prompts (up to {longest} tokens) through the services: RSS after the first {baseline / 1e6:.0f} "
+        "MB, "
         f"peak {peak / 1e6:.0f} MB, last {rss[-1] / 1e6:.0f} MB; bound {bound / 1e6:.0f} MB"
     )
     print(report)

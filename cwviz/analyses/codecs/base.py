@@ -22,7 +22,8 @@ def data_count(key: str) -> Field:
 
 
 def model_settings(provenance: dict) -> dict:
-    """What of the model's provenance (:func:`cwviz.core.loading.provenance.model_provenance`) decides the numbers (not the device)."""
+    """What of the model's provenance (:func:`cwviz.core.loading.provenance.model_provenance`) decides the numbers (not
+    the device)."""
     return {k: provenance[k] for k in ("id", "architecture", "revision", "weights_sha256", "dtype")}
 
 
@@ -35,7 +36,9 @@ def same_length(columns: dict, where: str, fix: str) -> None:
 SLACK = 1e-5
 
 
-def in_range(values, low: float, high: float, where: str, name: str, fix: str, nan: bool = False, what: str = "") -> None:
+def in_range(
+    values, low: float, high: float, where: str, name: str, fix: str, nan: bool = False, what: str = ""
+) -> None:
     """InputError naming ``where`` and ``name`` unless every value (one, or a list) lies in [low, high] (within
     :data:`SLACK`) and is finite; with ``nan``, NaN is allowed too (a statistic with no row to average), and so is an
     infinite bound reached (a perplexity that overflowed)."""
@@ -46,7 +49,10 @@ def in_range(values, low: float, high: float, where: str, name: str, fix: str, n
         elif low - SLACK <= value <= high + SLACK:
             continue
         span = f"from {low:g} to {high:g}" if high != math.inf else f"{low:g} or more"
-        raise InputError(f"{where}: {name!r} must be {what or 'a number'} {span}{' or NaN' if nan else ''}, not {shown(value)}; {fix}")
+        raise InputError(
+            f"{where}: {name!r} must be {what or 'a number'} {span}{' or NaN' if nan else ''}, not "
+            f"{shown(value)}; {fix}"
+        )
 
 
 def agrees(stated: float, computed: float) -> bool:

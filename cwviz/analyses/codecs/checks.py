@@ -74,7 +74,8 @@ CLAIMS_VERSION = 3
 
 
 class ClaimsCodec(Codec):
-    """``cwviz claims`` and the Claims page: one item's faithfulness runs under every rank scope and its sink statistics."""
+    """``cwviz claims`` and the Claims page: one item's faithfulness runs under every rank scope and its sink
+    statistics."""
 
     name = "claims"
     payload = {
@@ -83,10 +84,17 @@ class ClaimsCodec(Codec):
         "faithfulness": ((lambda v: isinstance(v, dict)), "an object of rank scopes"),
         "sinks": ((lambda v: isinstance(v, dict)), "an object of statistics"),
     }
-    manifest_fields = {"fingerprint": TEXT, "seed": INT, "rates": NUMBERS, "scopes": NAMES, "data": data_count("examples")}
+    manifest_fields = {
+        "fingerprint": TEXT,
+        "seed": INT,
+        "rates": NUMBERS,
+        "scopes": NAMES,
+        "data": data_count("examples"),
+    }
 
     def settings(self, protocol, scopes: Sequence[str], sink, provenance: dict) -> dict:
-        """What decides a record's numbers: the protocol (not its batch size or scope), the scopes, the sink, the model."""
+        """What decides a record's numbers: the protocol (not its batch size or scope), the scopes, the sink, the
+        model."""
         kept = {k: v for k, v in asdict(protocol).items() if k not in ("batch_size", "rank_scope")}
         made = {"protocol": kept, "scopes": list(scopes), "sink": str(sink), "version": CLAIMS_VERSION}
         return made | {"model": model_settings(provenance)}
@@ -101,7 +109,8 @@ class ClaimsCodec(Codec):
 
     def validate(self, record: dict, where: str, fix: str) -> None:
         """A skipped item holds nothing; a finished one a faithfulness payload per known rank scope (each checked as a
-        faithfulness record is: :meth:`~cwviz.analyses.codecs.sweeps.FaithfulnessCodec.validate`) and its sink statistics, numbers in their ranges."""
+        faithfulness record is: :meth:`~cwviz.analyses.codecs.sweeps.FaithfulnessCodec.validate`) and its sink
+        statistics, numbers in their ranges."""
         in_range(record["tokens"], 0, math.inf, where, "tokens", fix, what="a count")
         if record["skipped"]:
             if record["faithfulness"] or record["sinks"]:
@@ -110,7 +119,10 @@ class ClaimsCodec(Codec):
         for scope, payload in record["faithfulness"].items():
             at = f"{where}, scope {scope}"
             if scope not in RANK_SCOPES or not isinstance(payload, dict):
-                raise InputError(f"{at}: a rank scope ({', '.join(RANK_SCOPES)}) with a faithfulness payload, not {shown(scope)}; {fix}")
+                raise InputError(
+                    f"{at}: a rank scope ({', '.join(RANK_SCOPES)}) with a faithfulness payload, not "
+                    f"{shown(scope)}; {fix}"
+                )
             check_fields(payload, FAITHFULNESS.payload, at, fix)
             FAITHFULNESS.validate({**payload, "rank_scope": scope}, at, fix)
         stats = record["sinks"]
@@ -140,7 +152,10 @@ class ClaimsCodec(Codec):
 
 
 # -- flow faithfulness ----------------------------------------------------------------------------------
-_SCORES: Field = (lambda v: isinstance(v, dict) and all(list_of(is_number)(s) for s in v.values()), "an object of score lists")
+_SCORES: Field = (
+    lambda v: isinstance(v, dict) and all(list_of(is_number)(s) for s in v.values()),
+    "an object of score lists",
+)
 
 
 def _RATES_OF(r) -> bool:  # noqa: N802 - read as the field checks beside it
@@ -151,14 +166,21 @@ _CURVES: Field = (
     lambda v: (
         isinstance(v, dict)
         and all(
-            isinstance(m, dict) and all(isinstance(c, dict) and all(_RATES_OF(r) for r in c.values()) for c in m.values())
+            isinstance(m, dict)
+            and all(isinstance(c, dict) and all(_RATES_OF(r) for r in c.values()) for c in m.values())
             for m in v.values()
         )
     ),
     "an object: intervention -> method -> curve -> rate -> drop",
 )
-_PER_INTERVENTION: Field = (lambda v: isinstance(v, dict) and all(list_of(is_number)(s) for s in v.values()), "an object of number lists")
-_NUMBER_PER_INTERVENTION: Field = (lambda v: isinstance(v, dict) and all(is_number(x) for x in v.values()), "an object of numbers")
+_PER_INTERVENTION: Field = (
+    lambda v: isinstance(v, dict) and all(list_of(is_number)(s) for s in v.values()),
+    "an object of number lists",
+)
+_NUMBER_PER_INTERVENTION: Field = (
+    lambda v: isinstance(v, dict) and all(is_number(x) for x in v.values()),
+    "an object of numbers",
+)
 #: The keys and types of a finished flow-faithfulness item (a skipped one holds ``why`` and ``tokens`` alone).
 FLOW_ITEM: dict[str, Field] = {
     "target": INT,
@@ -183,7 +205,9 @@ class FlowFaithfulnessCodec(Codec):
     payload = {"skipped": FLAG, "tokens": INT}
     manifest_fields = {"fingerprint": TEXT, "seed": INT, "data": data_count("examples")}
 
-    def settings(self, max_tokens: int, draws: int, seed: int, rates, tie_tolerance: float, version: int, provenance: dict) -> dict:
+    def settings(
+        self, max_tokens: int, draws: int, seed: int, rates, tie_tolerance: float, version: int, provenance: dict
+    ) -> dict:
         """What decides a record's numbers: the cap, the random draws and seed, the rates, the tie rule, the record's
         version and the model (not the batch size or the device)."""
         made = {"max_tokens": max_tokens, "draws": draws, "seed": seed, "rates": list(rates)}
@@ -205,9 +229,14 @@ class FlowFaithfulnessCodec(Codec):
         check_fields(record, FLOW_ITEM, where, fix)
         inputs = record["tokens"] - 1  # the input tokens 0 .. t - 1 before the target position t
         if record["tokens"] < FLOW_MIN_TOKENS:
-            raise InputError(f"{where}: a finished item has {FLOW_MIN_TOKENS} or more tokens, not {record['tokens']}; {fix}")
+            raise InputError(
+                f"{where}: a finished item has {FLOW_MIN_TOKENS} or more tokens, not {record['tokens']}; {fix}"
+            )
         if record["target"] < 0 or record["foil"] < 0 or record["target"] == record["foil"]:
-            raise InputError(f"{where}: 'target' and 'foil' must be two token ids, not {record['target']} and {record['foil']}; {fix}")
+            raise InputError(
+                f"{where}: 'target' and 'foil' must be two token ids, not {record['target']} and "
+                f"{record['foil']}; {fix}"
+            )
         lists = {
             **{("effects", k): v for k, v in record["effects"].items()},
             **{("logp_effects", k): v for k, v in record["logp_effects"].items()},
@@ -216,7 +245,8 @@ class FlowFaithfulnessCodec(Codec):
         }
         if any(len(v) != inputs for v in lists.values()) or "effect" not in record["scores"]:
             raise InputError(
-                f"{where}: its effects and scores must hold one number per input token ({inputs}), the effect flow's among them; {fix}"
+                f"{where}: its effects and scores must hold one number per input token ({inputs}), the effect flow's "
+                f"among them; {fix}"
             )
 
     def validate_run(self, records: list[dict], manifest: dict | None, folder: Path, fix: str) -> None:
@@ -239,8 +269,8 @@ class FlowFaithfulnessCodec(Codec):
             raise InputError(f"{folder} holds flow-faithfulness records of different methods, curves or rates; {fix}")
 
     def decode(self, records: Sequence[dict]) -> pd.DataFrame:
-        """The effects of the finished items: one row per item and input token (example, position, each
-        intervention's effect ``effect_<intervention>`` and ``logp_effect_<intervention>``, then each method's score)."""
+        """The effects of the finished items: one row per item and input token (example, position, each intervention's
+        effect ``effect_<intervention>`` and ``logp_effect_<intervention>``, then each method's score)."""
         frames = [
             pd.DataFrame(
                 {

@@ -67,7 +67,13 @@ class FaithfulnessCodec(Codec):
         "correct_clean": (optional(is_int), "an integer or null"),
         "runs": (list_of(lambda v: isinstance(v, dict)), "a list of runs"),
     }
-    manifest_fields = {"fingerprint": TEXT, "seed": INT, "rates": NUMBERS, "measures": NAMES, "data": data_count("examples")}
+    manifest_fields = {
+        "fingerprint": TEXT,
+        "seed": INT,
+        "rates": NUMBERS,
+        "measures": NAMES,
+        "data": data_count("examples"),
+    }
 
     def settings(self, protocol, provenance: dict, task: str = "text") -> dict:
         """What decides a record's numbers: the protocol (not its batch size), the model, the task. The query rank
@@ -100,7 +106,14 @@ class FaithfulnessCodec(Codec):
             for row in table.itertuples(index=False)
         ]
         clean = int(first.correct_clean) if correct else None
-        return {**record, "tokens": int(first.tokens), "ppl_clean": float(first.ppl_clean), "correct_clean": clean, "runs": runs, **scope}
+        return {
+            **record,
+            "tokens": int(first.tokens),
+            "ppl_clean": float(first.ppl_clean),
+            "correct_clean": clean,
+            "runs": runs,
+            **scope,
+        }
 
     def validate(self, record: dict, where: str, fix: str) -> None:
         """Types, ranges and identities: a skipped example holds no runs and no perplexity; a finished one a finite
@@ -113,21 +126,27 @@ class FaithfulnessCodec(Codec):
         in_range(record["tokens"], 0, math.inf, where, "tokens", fix, what="a count")
         scope = record.setdefault("rank_scope", RANK_SCOPES[0])  # absent in records made before scopes: query
         if scope not in RANK_SCOPES:
-            raise InputError(f"{where}: 'rank_scope' must be one of {', '.join(RANK_SCOPES)}, not {shown(scope)}; {fix}")
+            raise InputError(
+                f"{where}: 'rank_scope' must be one of {', '.join(RANK_SCOPES)}, not {shown(scope)}; {fix}"
+            )
         if record["skipped"]:
             if record["runs"] or record["ppl_clean"] is not None or record["correct_clean"] is not None:
                 raise InputError(f"{where}: a skipped example holds no runs, perplexity or answer; {fix}")
             return
         clean = record["ppl_clean"]
         if not is_number(clean) or not math.isfinite(clean) or clean <= 0:
-            raise InputError(f"{where}: a finished example's 'ppl_clean' must be a finite positive number, not {shown(clean)}; {fix}")
+            raise InputError(
+                f"{where}: a finished example's 'ppl_clean' must be a finite positive number, not {shown(clean)}; {fix}"
+            )
         answers = record["correct_clean"] is not None
         if answers and record["correct_clean"] not in (0, 1):
             raise InputError(f"{where}: 'correct_clean' must be 0 or 1, not {shown(record['correct_clean'])}; {fix}")
         for number, run in enumerate(record["runs"], start=1):
             at = f"{where}, run {number}"
             if run["measure"] not in faithfulness.ALL_MEASURES or run["curve"] not in faithfulness.CURVES:
-                raise InputError(f"{at}: unknown measure or curve ({shown(run['measure'])}, {shown(run['curve'])}); {fix}")
+                raise InputError(
+                    f"{at}: unknown measure or curve ({shown(run['measure'])}, {shown(run['curve'])}); {fix}"
+                )
             in_range(run["rate"], 0, 100, at, "rate", fix, what="a percentage")
             in_range(run["ppl_masked"], 0, math.inf, at, "ppl_masked", fix, nan=True)
             if not agrees(run["delta_ppl"], run["ppl_masked"] - clean):
@@ -136,7 +155,9 @@ class FaithfulnessCodec(Codec):
                     f"({run['ppl_masked']:g} - {clean:g} = {run['ppl_masked'] - clean:g}); {fix}"
                 )
             if (run["correct_masked"] is not None) != answers or run["correct_masked"] not in (None, 0, 1):
-                raise InputError(f"{at}: 'correct_masked' must be 0 or 1 where 'correct_clean' is set, null where not; {fix}")
+                raise InputError(
+                    f"{at}: 'correct_masked' must be 0 or 1 where 'correct_clean' is set, null where not; {fix}"
+                )
 
     def validate_run(self, records: list[dict], manifest: dict | None, folder: Path, fix: str) -> None:
         """One rank scope, and every finished record holds the same masked runs (measure, curve, rate), once each:
@@ -150,19 +171,25 @@ class FaithfulnessCodec(Codec):
                 continue
             runs = [(run["measure"], run["curve"], run["rate"], run["draw"]) for run in record["runs"]]
             if len(set(runs)) != len(runs) or not runs:
-                raise InputError(f"{folder}: the record of example {record['example']} holds a masked run twice, or none; {fix}")
+                raise InputError(
+                    f"{folder}: the record of example {record['example']} holds a masked run twice, or none; {fix}"
+                )
             grids.setdefault(frozenset(runs), record["example"])
         if len(grids) > 1:
             first, second = list(grids.values())[:2]
-            raise InputError(f"{folder}: examples {first} and {second} hold different masked runs (measures, curves or rates); {fix}")
+            raise InputError(
+                f"{folder}: examples {first} and {second} hold different masked runs (measures, curves or rates); {fix}"
+            )
         if grids and manifest is not None:
             (grid,) = grids
             measures, rates = {m for m, _, _, _ in grid}, {float(r) for _, _, r, _ in grid}
             if measures != set(manifest["measures"]) or rates != {float(r) for r in manifest["rates"]}:
                 raise InputError(
                     f"{folder / MANIFEST} names measures {', '.join(manifest['measures'])} at rates "
-                    f"{', '.join(f'{r:g}' for r in manifest['rates'])}, but the records hold measures {', '.join(sorted(measures))} "
-                    f"at rates {', '.join(f'{r:g}' for r in sorted(rates))}; restore the manifest of the run that wrote the records, or {fix}"
+                    f"{', '.join(f'{r:g}' for r in manifest['rates'])}, but the records hold measures "
+                    f"{', '.join(sorted(measures))} "
+                    f"at rates {', '.join(f'{r:g}' for r in sorted(rates))}; restore the manifest of the run that "
+                    f"wrote the records, or {fix}"
                 )
 
     def describe(self, records: list[dict]) -> str:
@@ -238,14 +265,25 @@ class SinksCodec(Codec):
 
     def settings(self, sink: str, factor: float, ppl: bool, provenance: dict) -> dict:
         """What decides a record's numbers: the sink asked for, λ and whether ΔPPL runs, and the model."""
-        return {"sink": str(sink).strip().lower(), "factor": float(factor), "ppl": bool(ppl), "model": model_settings(provenance)}
+        return {
+            "sink": str(sink).strip().lower(),
+            "factor": float(factor),
+            "ppl": bool(ppl),
+            "model": model_settings(provenance),
+        }
 
     def encode(
-        self, table: pd.DataFrame, sink: int, tokens: Sequence[str], ppl: np.ndarray | None = None, clean: float | None = None
+        self,
+        table: pd.DataFrame,
+        sink: int,
+        tokens: Sequence[str],
+        ppl: np.ndarray | None = None,
+        clean: float | None = None,
     ) -> dict:
-        """One prompt's payload: its whole :func:`~cwviz.analyses.sinks.sink_table` (one row per layer, head and
-        query that sees the sink; about 12 numbers a row, kept as numpy columns until written), its tokens, and with ΔPPL the perplexities with the sink's
-        value scaled in each layer, then in all (``ppl``, [layers + 1]), and the clean one."""
+        """One prompt's payload: its whole :func:`~cwviz.analyses.sinks.sink_table` (one row per layer, head and query
+        that sees the sink; about 12 numbers a row, kept as numpy columns until written), its tokens, and with ΔPPL the
+        perplexities with the sink's value scaled in each layer, then in all (``ppl``, [layers + 1]), and the clean
+        one."""
         columns = {name: table[name].to_numpy(np.int64, copy=True) for name in SINK_INTS}
         columns |= {name: table[name].to_numpy(np.float32, copy=True) for name in SINK_FLOATS}
         return {
@@ -260,7 +298,10 @@ class SinksCodec(Codec):
         columns = record["table"]
         for name in (*SINK_INTS, *SINK_FLOATS):
             check_fields(
-                columns, {name: (list_of(is_int if name in SINK_INTS else is_number), "a list of numbers")}, f"{where}, table", fix
+                columns,
+                {name: (list_of(is_int if name in SINK_INTS else is_number), "a list of numbers")},
+                f"{where}, table",
+                fix,
             )
         tokens = len(record["tokens"])
         if not 0 <= record["sink"] < tokens or any(not 0 <= q < tokens for q in columns["query"]):
@@ -271,7 +312,8 @@ class SinksCodec(Codec):
         for name in ("sink_ratio", "learned_sink_share"):  # shares of a head's attention
             in_range(columns[name], 0, 1, f"{where}, table", name, fix, what="a share")
         for name in ("output_norm", "sink_value_norm", "rest_norm"):
-            in_range(columns[name], 0, math.inf, f"{where}, table", name, fix, nan=True, what="a norm")  # NaN: no other key
+            # NaN: no other key
+            in_range(columns[name], 0, math.inf, f"{where}, table", name, fix, nan=True, what="a norm")
         in_range(columns["cos_sink_rest"], -1, 1, f"{where}, table", "cos_sink_rest", fix, nan=True, what="a cosine")
         for name in ("sink_contribution_share", "sink_contribution_inter"):  # signed weights, of any size
             in_range(columns[name], -math.inf, math.inf, f"{where}, table", name, fix, nan=True)
@@ -316,7 +358,8 @@ class AtlasCodec(Codec):
     }
 
     def settings(self, sink: int, provenance: dict) -> dict:
-        """What decides a record's numbers: the sink and the model (the bootstrap pools the records; it decides none)."""
+        """What decides a record's numbers: the sink and the model (the bootstrap pools the records; it decides
+        none)."""
         return {"sink": sink, "model": model_settings(provenance)}
 
     def encode(self, frame: pd.DataFrame) -> dict:
@@ -344,7 +387,9 @@ class AtlasCodec(Codec):
 
     def validate_run(self, records: list[dict], manifest: dict | None, folder: Path, fix: str) -> None:
         if len({(tuple(r["layer"]), tuple(r["head"])) for r in records}) > 1:
-            raise InputError(f"{folder} holds atlas records of different (layer, head) grids (another model's, or edited); {fix}")
+            raise InputError(
+                f"{folder} holds atlas records of different (layer, head) grids (another model's, or edited); {fix}"
+            )
 
     def decode(self, records: Sequence[dict]) -> pd.DataFrame:
         """The per-prompt table (:func:`~cwviz.analyses.atlas.iter_prompt_stats`, concatenated) of the records, each

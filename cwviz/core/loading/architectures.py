@@ -117,7 +117,9 @@ ARCHITECTURES: dict[str, Architecture] = {
     # Phi-3: fused qkv_proj, partial rotary.
     "phi3": Architecture("phi3", **_LLAMA_LIKE),
     # Granite: the attention multiplier is the scaling; the logits are divided by logits_scaling.
-    "granite": Architecture("granite", **_LLAMA_LIKE, logit_divisor="logits_scaling", residual_multiplier="residual_multiplier"),
+    "granite": Architecture(
+        "granite", **_LLAMA_LIKE, logit_divisor="logits_scaling", residual_multiplier="residual_multiplier"
+    ),
     # StableLM: partial rotary, optional qkv biases and per-head q/k norms, parallel residual.
     "stablelm": Architecture("stablelm", **_LLAMA_LIKE, parallel_attribute="use_parallel_residual"),
     # StarCoder2: biases everywhere, sliding window.
@@ -127,7 +129,9 @@ ARCHITECTURES: dict[str, Architecture] = {
     # gpt-oss: learned attention sinks (s_aux), alternating sliding/global layers, biases, mixture of experts.
     "gpt_oss": Architecture("gpt_oss", **_LLAMA_LIKE),
     # GPT-2: fused c_attn, Conv1D layout, biases on values and on the output projection.
-    "gpt2": Architecture("gpt2", layers="h", attention="attn", out_proj="attn.c_proj", conv1d=True, mid="ln_2", final_norm="ln_f"),
+    "gpt2": Architecture(
+        "gpt2", layers="h", attention="attn", out_proj="attn.c_proj", conv1d=True, mid="ln_2", final_norm="ln_f"
+    ),
     # GPT-NeoX / Pythia: fused per-head query_key_value, partial rotary.
     "gpt_neox": Architecture(
         "gpt_neox",
@@ -172,9 +176,13 @@ _CROSS = (
     "an encoder-decoder model: its decoder's cross-attention reads the encoder's states, not the tokens' own values, "
     "so contributions over one sequence's tokens are not defined for it"
 )
-_HYBRID = "a hybrid of attention and state-space, linear-attention or recurrent layers: the non-attention layers mix tokens with no per-head value path"
+_HYBRID = (
+    "a hybrid of attention and state-space, linear-attention or recurrent layers: the non-attention layers mix tokens "
+    "with no per-head value path"
+)
 _SHARED = (
-    "a model that runs one shared layer num_hidden_layers times: cwviz records each attention module once a forward pass, "
+    "a model that runs one shared layer num_hidden_layers times: cwviz records each attention module once a forward "
+    "pass, "
     "so it would report one layer, the last pass"
 )
 _MIXED_VALUES = (
@@ -214,7 +222,22 @@ REFUSED: dict[str, str] = {
     },
     "albert": _SHARED,  # derive.py refuses any other model whose attention module runs twice a pass
     "zaya": _MIXED_VALUES,
-    **{t: _CROSS for t in ("t5", "mt5", "umt5", "bart", "mbart", "marian", "pegasus", "whisper", "led", "blenderbot", "encoder-decoder")},
+    **{
+        t: _CROSS
+        for t in (
+            "t5",
+            "mt5",
+            "umt5",
+            "bart",
+            "mbart",
+            "marian",
+            "pegasus",
+            "whisper",
+            "led",
+            "blenderbot",
+            "encoder-decoder",
+        )
+    },
 }
 
 SUPPORTED = ", ".join(sorted(ARCHITECTURES))
@@ -332,4 +355,8 @@ def layout_of(config, arch: Architecture) -> str:
 
 
 #: Config attributes that, when set, change a causal LM's logits after its output layer (the row fields they fill).
-LOGIT_ATTRIBUTES = {"logit_scale": "logit_scale", "logit_divisor": "logits_scaling", "logit_softcap": "final_logit_softcapping"}
+LOGIT_ATTRIBUTES = {
+    "logit_scale": "logit_scale",
+    "logit_divisor": "logits_scaling",
+    "logit_softcap": "final_logit_softcapping",
+}

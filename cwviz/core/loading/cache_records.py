@@ -3,8 +3,8 @@ checks a load makes of it (docs/reliability.md).
 
 * :func:`record_files`: each file's size, modification time and SHA-256 in :data:`FILES_RECORD`, written with the
   conversion (:func:`cwviz.core.loading.checkpoints.written_once`).
-* :func:`changed`: what of the folder is not as recorded (a file cut, changed or missing), in one phrase; the checksum is
-  read again only for a file whose modification time changed.
+* :func:`changed`: what of the folder is not as recorded (a file cut, changed or missing), in one phrase; the checksum
+  is read again only for a file whose modification time changed.
 * :func:`discard`: the folder removed so that it is converted again; :func:`check_space`: a disk too small for a
   conversion refused before anything is written, naming CWVIZ_CACHE and the space needed.
 """
@@ -135,7 +135,11 @@ def free_bytes(folder: Path) -> int:
 def _cache_named(folder: Path) -> str:
     """``folder`` with the variable that chose it: CWVIZ_CACHE, set or not."""
     chosen = os.environ.get("CWVIZ_CACHE", "").strip()
-    return f"{folder} (CWVIZ_CACHE={chosen})" if chosen else f"{folder} (the default cache folder; CWVIZ_CACHE chooses another)"
+    return (
+        f"{folder} (CWVIZ_CACHE={chosen})"
+        if chosen
+        else f"{folder} (the default cache folder; CWVIZ_CACHE chooses another)"
+    )
 
 
 def write_error(err: BaseException) -> str:
@@ -143,4 +147,7 @@ def write_error(err: BaseException) -> str:
     holds the OS error's text: it is shown, never read)."""
     if isinstance(err, OSError):
         return os_error_message(err)
-    return f"{type(err).__name__}: {' '.join(str(err).split())[:200]}; free some space, or point CWVIZ_CACHE at a disk with room"
+    return (
+        f"{type(err).__name__}: {' '.join(str(err).split())[:200]}; free some space, or point CWVIZ_CACHE at a disk "
+        "with room"
+    )

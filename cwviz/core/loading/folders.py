@@ -11,7 +11,15 @@ from ..util.errors import ModelLoadError
 
 #: The files that hold a tokenizer's vocabulary (fast tokenizers, SentencePiece, WordPiece, BPE, tiktoken), as
 #: save_pretrained writes them: a model folder needs one of them.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.txt", "vocab.json", "tekken.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.txt",
+    "vocab.json",
+    "tekken.json",
+)
 
 
 def check_tokenizer_files(path: Path) -> None:
@@ -30,7 +38,8 @@ def check_tokenizer_files(path: Path) -> None:
         pass
     raise ModelLoadError(
         f"{path} has no tokenizer files (tokenizer.json, tokenizer.model or vocab.txt); save the model's tokenizer "
-        "into the folder too (tokenizer.save_pretrained(folder)) or copy its tokenizer files there from the model's source"
+        "into the folder too (tokenizer.save_pretrained(folder)) or copy its tokenizer files there from the model's "
+        "source"
     )
 
 
@@ -72,7 +81,9 @@ def check_folder(path: Path) -> None:
             value = section.get(key)
             counts = value if isinstance(value, list) else [value]
             if value is not None and not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts):
-                raise ModelLoadError(f"{config_file} has {key}: {json.dumps(value)}; it must be a whole number of at least 1")
+                raise ModelLoadError(
+                    f"{config_file} has {key}: {json.dumps(value)}; it must be a whole number of at least 1"
+                )
     for weights in sorted(path.glob("*.safetensors")):
         try:
             with safe_open(weights, framework="pt"):

@@ -13,7 +13,9 @@ from .models import Bundle
 MAX_NEW_TOKENS = 256
 
 
-def greedy_continuation(bundle: Bundle, prompt_ids: list[int], new_tokens: int, progress: Progress | None = None) -> list[int]:
+def greedy_continuation(
+    bundle: Bundle, prompt_ids: list[int], new_tokens: int, progress: Progress | None = None
+) -> list[int]:
     """``prompt_ids`` followed by up to ``new_tokens`` greedily chosen tokens (stops early at EOS).
     ``progress(done, new_tokens)`` (:mod:`cwviz.core.util.progress`) is called after each token.
 
@@ -31,7 +33,11 @@ def greedy_continuation(bundle: Bundle, prompt_ids: list[int], new_tokens: int, 
         )
     device = bundle.input_device
     ids = torch.tensor([list(prompt_ids)], device=device)
-    eos = getattr(bundle.model.generation_config, "eos_token_id", None) if hasattr(bundle.model, "generation_config") else None
+    eos = (
+        getattr(bundle.model.generation_config, "eos_token_id", None)
+        if hasattr(bundle.model, "generation_config")
+        else None
+    )
     eos_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
     out = list(prompt_ids)
     # transformers 5.24 renamed past_key_values to cache (the old name warns until 5.40); use the

@@ -67,16 +67,19 @@ def check_agree(bundle: Bundle, text: object, ids: list[int]) -> str:
     # Its own tokens, or its ids' own text (what analyze records for ids alone; the dashboard's prompt + continuation)
     if own == ids or text in (decode(ids), decode(ids, skip_special_tokens=True)):
         return text
-    plain = list(bundle.tokenizer(text, add_special_tokens=False)["input_ids"])  # the ids may leave out a BOS the tokenizer adds
+    # the ids may leave out a BOS the tokenizer adds
+    plain = list(bundle.tokenizer(text, add_special_tokens=False)["input_ids"])
     if decode(ids) in (decode(own), decode(plain)):
         return text
     if decode(ids, skip_special_tokens=True) == decode(own, skip_special_tokens=True):
         raise InputError(
-            f"the text and input_ids differ in their special tokens: the text's tokens are {_shown(decode(own))}, the ids "
+            f"the text and input_ids differ in their special tokens: the text's tokens are {_shown(decode(own))}, the "
+            "ids "
             f"{_shown(decode(ids))}; give the text or its ids, or both of one prompt"
         )
     raise InputError(
-        f"input_ids are the tokens of {_shown(decode(ids, skip_special_tokens=True))}, not of the text given; give the text or its ids, "
+        f"input_ids are the tokens of {_shown(decode(ids, skip_special_tokens=True))}, not of the text given; give the "
+        "text or its ids, "
         "or both of one prompt"
     )
 
@@ -100,7 +103,9 @@ def token_ids(value) -> list[int]:
             raise InputError(f"input_ids must be a 1-D integer array, not {value.ndim}-D {value.dtype}")
         return [int(i) for i in value.tolist()]
     if not isinstance(value, (list, tuple)):
-        raise InputError(f"input_ids must be a 1-D sequence of token ids (a list, tuple, numpy or torch 1-D array), not {type_name}")
+        raise InputError(
+            f"input_ids must be a 1-D sequence of token ids (a list, tuple, numpy or torch 1-D array), not {type_name}"
+        )
     for k, item in enumerate(value):
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
             raise InputError(f"input_ids[{k}] is {item!r} ({type(item).__name__}); token ids must be integers")
@@ -140,5 +145,7 @@ def check_layer(layer: int, num_layers: int, hint: str = "") -> int:
     (analyses, sinks, faithfulness, CLI). ``hint`` is added to the message (e.g. "or use all")."""
     layer = integer_index(layer, "a layer")
     if not 0 <= layer < num_layers:
-        raise SelectionError(f"layer {layer} is out of range; this model has layers 0..{num_layers - 1}" + (f" ({hint})" if hint else ""))
+        raise SelectionError(
+            f"layer {layer} is out of range; this model has layers 0..{num_layers - 1}" + (f" ({hint})" if hint else "")
+        )
     return layer

@@ -154,9 +154,14 @@ def resolve_device(device: str = "auto") -> torch.device:
         if not torch.cuda.is_available():
             raise ModelLoadError("device 'cuda' was asked for but no CUDA GPU is available; choose device cpu or auto")
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise ModelLoadError(f"device {device!r} was asked for but this machine has {torch.cuda.device_count()} CUDA GPU(s); {choose}")
+            raise ModelLoadError(
+                f"device {device!r} was asked for but this machine has {torch.cuda.device_count()} "
+                f"CUDA GPU(s); {choose}"
+            )
     elif resolved.type == "mps" and not _mps_available():
-        raise ModelLoadError("device 'mps' was asked for but this machine has no Apple MPS GPU; choose device cpu or auto")
+        raise ModelLoadError(
+            "device 'mps' was asked for but this machine has no Apple MPS GPU; choose device cpu or auto"
+        )
     elif resolved.type == "meta":
         raise ModelLoadError(f"device 'meta' holds no weights, so nothing can be analysed on it; {choose}")
     elif resolved.type not in ("cpu", "cuda", "mps"):
@@ -181,9 +186,9 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 
 def _source(name: str) -> str:
-    """Where from_pretrained should read ``name``: the cache folder of an embedded name or a ``.gguf`` file
-    (converted there on first use, :mod:`cwviz.core.loading.checkpoints`), a local folder (checked: :func:`~cwviz.core.loading.folders.check_folder`), or
-    a hub id as it is."""
+    """Where from_pretrained should read ``name``: the cache folder of an embedded name or a ``.gguf`` file (converted
+    there on first use, :mod:`cwviz.core.loading.checkpoints`), a local folder (checked:
+    :func:`~cwviz.core.loading.folders.check_folder`), or a hub id as it is."""
     folder = checkpoints.converted_source(name)
     if folder is not None:
         return str(folder)
@@ -198,13 +203,15 @@ def _source(name: str) -> str:
         )
     if path.exists() and not path.is_dir():
         raise ModelLoadError(
-            f"{path} is a file, not a model: give a folder written by save_pretrained (config.json, weights and tokenizer) or a .gguf file"
+            f"{path} is a file, not a model: give a folder written by save_pretrained (config.json, weights and "
+            "tokenizer) or a .gguf file"
         )
     if not path.is_dir():
         raise ModelLoadError(f"no model at {path}: the path does not exist")
     if not (path / "config.json").is_file():
         raise ModelLoadError(
-            f"no model at {path}: expected a config.json with weights beside it (a folder written by save_pretrained), or pass a .gguf file"
+            f"no model at {path}: expected a config.json with weights beside it (a folder written by save_pretrained), "
+            "or pass a .gguf file"
         )
     check_folder(path)
     return str(path)
@@ -214,7 +221,8 @@ def _hub_error(name: str, err: Exception) -> ModelLoadError:
     text = f"{type(err).__name__}: {err}"
     # Read in the dashboard (the Model field) and the CLI (--model) alike: name models, not flags.
     offline = (
-        "offline, use the model 'embedded', 'embedded-gemma' or 'embedded-encoder' (they ship with cwviz), a local folder written by save_pretrained, "
+        "offline, use the model 'embedded', 'embedded-gemma' or 'embedded-encoder' (they ship with cwviz), a local "
+        "folder written by save_pretrained, "
         "a .gguf file, or a model already in the local Hugging Face cache"
     )
     if "RepositoryNotFound" in text or "is not a local folder and is not a valid model identifier" in text:
@@ -255,7 +263,9 @@ def _fetch_config(source: str, name: str, trust_remote_code: bool):
         if Path(source).is_dir():
             raise _hub_error(name, err) from err
     except (ZeroDivisionError, TypeError, AttributeError, KeyError) as err:  # a config whose values cannot build one
-        raise ModelLoadError(f"the config of {name!r} is not valid ({type(err).__name__}: {err}); fix its config.json") from None
+        raise ModelLoadError(
+            f"the config of {name!r} is not valid ({type(err).__name__}: {err}); fix its config.json"
+        ) from None
     if not _hub_reachable():
         raise _hub_error(name, ConnectionError("offline"))
     try:
@@ -281,7 +291,8 @@ def _needs_remote_code(source: str, local_files_only: bool) -> bool:
 
 def _remote_code_error(name: str) -> ModelLoadError:
     return ModelLoadError(
-        f"{name!r} needs Python code shipped with the model (its config names it in auto_map), which cwviz does not run "
+        f"{name!r} needs Python code shipped with the model (its config names it in auto_map), which cwviz does not "
+        "run "
         "unless asked: if you trust that code, pass --trust-remote-code (Python: trust_remote_code=True)"
     )
 
@@ -310,7 +321,9 @@ def load_model(
         )
     name = os.fspath(name)
     if not name.strip():
-        raise ModelLoadError("model name is empty; use 'embedded', 'embedded-gemma', 'embedded-encoder', a hub id or a local path")
+        raise ModelLoadError(
+            "model name is empty; use 'embedded', 'embedded-gemma', 'embedded-encoder', a hub id or a local path"
+        )
     name = name.strip()
     settings.check_environment()
     torch_device = resolve_device(device) if device_map is None else None
@@ -418,7 +431,8 @@ def bundle_from_model(model: nn.Module, tokenizer, model_id: str | None = None) 
         architecture=config.model_type,
         layers=len(attention),
         heads=heads,
-        kv_heads=getattr(config, "num_key_value_heads", None) or (1 if getattr(config, "multi_query", False) else heads),
+        kv_heads=getattr(config, "num_key_value_heads", None)
+        or (1 if getattr(config, "multi_query", False) else heads),
         d_head=width // heads,
         d_model=d_model,
         device=str(param.device),

@@ -70,7 +70,9 @@ def alti_logit(analysis, position: int, target: int, foil: int | None = None, fl
     if flow is None:
         flow = share_flow(analysis, position, target, foil, vocabulary=0)
     elif (flow.position, flow.target, flow.foil) != (position, target, foil):
-        raise ValueError(f"this flow is of position {flow.position}, target {flow.target}, foil {flow.foil}, not of this request")
+        raise ValueError(
+            f"this flow is of position {flow.position}, target {flow.target}, foil {flow.foil}, not of this request"
+        )
     parts = flow.attention_parts.sum(1).astype(np.float64)  # (layer, key): heads summed
     with torch.inference_mode():
         scores = route(parts, baselines.alti_maps(analysis))

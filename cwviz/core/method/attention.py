@@ -98,7 +98,8 @@ def _capped_or_sunk(
             scores = scores + mask.to(scores.dtype)
     if learned_sinks is None:
         return torch.softmax(scores, dim=-1)
-    sink = learned_sinks.to(scores.device, scores.dtype).view(heads, 1, 1).expand(*scores.shape[:-1], 1)  # (..., H, Q, 1)
+    # (..., H, Q, 1)
+    sink = learned_sinks.to(scores.device, scores.dtype).view(heads, 1, 1).expand(*scores.shape[:-1], 1)
     return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
 
@@ -131,11 +132,20 @@ def weighted_values(
         if mask is not None:
             block_mask = mask[..., start:stop, :]
         elif causal:  # SDPA's is_causal aligns the mask top-left: query i sees keys 0..i
-            block_mask = torch.arange(num_keys, device=query.device)[None, :] <= torch.arange(start, stop, device=query.device)[:, None]
+            block_mask = (
+                torch.arange(num_keys, device=query.device)[None, :]
+                <= torch.arange(start, stop, device=query.device)[:, None]
+            )
         else:
             block_mask = None
         alpha = attention_probabilities(
-            query[..., start:stop, :].float(), key, scaling, block_mask, False, softcap=softcap, learned_sinks=learned_sinks
+            query[..., start:stop, :].float(),
+            key,
+            scaling,
+            block_mask,
+            False,
+            softcap=softcap,
+            learned_sinks=learned_sinks,
         )
         if keep is not None:
             block_keep = keep[..., start:stop, :] if keep.dim() >= 2 and keep.shape[-2] == num_queries else keep
@@ -168,7 +178,8 @@ def causal_rows(query: torch.Tensor, key: torch.Tensor, scaling: float, start: i
     scores = scores.view(heads, rows, keys)
     if start + 1 < keys:
         later = (
-            torch.arange(start + 1, keys, device=query.device)[None, :] > torch.arange(start, start + rows, device=query.device)[:, None]
+            torch.arange(start + 1, keys, device=query.device)[None, :]
+            > torch.arange(start, start + rows, device=query.device)[:, None]
         )
         scores[:, :, start + 1 :].masked_fill_(later, float("-inf"))  # (R, K - start - 1), broadcast over heads
     return torch.softmax(scores, dim=-1)

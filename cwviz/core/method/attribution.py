@@ -67,7 +67,8 @@ class Request:
 
     @functools.cached_property
     def share_flow(self) -> Flow:
-        """Section 6's flow of the request (no vocabulary): ``share_flow`` reads its totals, ``alti_logit`` its direct parts."""
+        """Section 6's flow of the request (no vocabulary): ``share_flow`` reads its totals, ``alti_logit`` its direct
+        parts."""
         vocabulary = 0 if self.basis is None else self.basis.count  # a kept basis is checked against its own count
         return flow(self.analysis, self.position, self.target, self.foil, vocabulary=vocabulary, basis=self.basis)
 
@@ -91,7 +92,9 @@ class Attribution:
         """One row per input position: ``position, token, score``."""
         import pandas as pd
 
-        return pd.DataFrame({"position": np.arange(len(self.scores)), "token": list(self.asked.token_strings), "score": self.scores})
+        return pd.DataFrame(
+            {"position": np.arange(len(self.scores)), "token": list(self.asked.token_strings), "score": self.scores}
+        )
 
     def heads_table(self):
         """One row per (layer, head): ``layer, head, part`` (empty for a method without heads)."""
@@ -101,7 +104,11 @@ class Attribution:
             return pd.DataFrame(columns=["layer", "head", "part"])
         layers, heads = self.heads.shape
         return pd.DataFrame(
-            {"layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers), "part": self.heads.reshape(-1)}
+            {
+                "layer": np.repeat(np.arange(layers), heads),
+                "head": np.tile(np.arange(heads), layers),
+                "part": self.heads.reshape(-1),
+            }
         )
 
 
@@ -143,8 +150,12 @@ class Method:
 def _effect(request: Request) -> Attribution:
     grads = request.gradients
     analysis = request.analysis
-    edges = tuple(_kept_edges(layer, effect.edges_of_layer(analysis, grads, layer)) for layer in range(analysis.num_layers))
-    return Attribution("effect", grads.totals.astype(np.float64), grads.quantity, edges, effect.head_parts(analysis, grads))
+    edges = tuple(
+        _kept_edges(layer, effect.edges_of_layer(analysis, grads, layer)) for layer in range(analysis.num_layers)
+    )
+    return Attribution(
+        "effect", grads.totals.astype(np.float64), grads.quantity, edges, effect.head_parts(analysis, grads)
+    )
 
 
 def _effect_origin(request: Request) -> Attribution:
@@ -152,18 +163,24 @@ def _effect_origin(request: Request) -> Attribution:
 
 
 def _input_x_gradient(request: Request) -> Attribution:
-    return Attribution("input_x_gradient", request.gradients.input_x_gradient.astype(np.float64), request.gradients.quantity)
+    return Attribution(
+        "input_x_gradient", request.gradients.input_x_gradient.astype(np.float64), request.gradients.quantity
+    )
 
 
 def of_flow(result: Flow) -> Attribution:
     """The share flow's attribution of a :class:`~cwviz.core.method.flow_tables.Flow` already made: its totals, each
     layer's kept edges, each head's routed part, and its nodes and parts as further tables."""
     edges = tuple(
-        LayerEdges(e.layer, e.weights.astype(np.float64), e.queries.astype(np.int64), e.keys.astype(np.int64), float(e.mass))
+        LayerEdges(
+            e.layer, e.weights.astype(np.float64), e.queries.astype(np.int64), e.keys.astype(np.int64), float(e.mass)
+        )
         for e in result.kept_edges
     )
     extra = (("nodes", result.node_table), ("parts", result.parts))
-    about = Asked(result.token_strings, result.position, result.target, result.foil, result.target_token, result.foil_token)
+    about = Asked(
+        result.token_strings, result.position, result.target, result.foil, result.target_token, result.foil_token
+    )
     scores = result.totals.astype(np.float64)
     return Attribution("share_flow", scores, result.frozen_logit_difference, edges, result.head_routed, extra, about)
 
@@ -281,7 +298,8 @@ register(
         compute=_baseline("raw"),
     )
 )
-# -- alti_logit (cwviz.core.method.alti_logit); AttnLRP waits for an lxt that imports under transformers 5 (METHOD.md 7.2) --
+# -- alti_logit (cwviz.core.method.alti_logit); AttnLRP waits for an lxt that imports under transformers 5 (METHOD.md
+# 7.2) --
 
 
 def _alti_logit(request: Request) -> Attribution:
@@ -321,7 +339,8 @@ def request(
 ) -> Request:
     """A checked :class:`Request`: the position (default: the last; an encoder's 0), and the target (default: the
     model's top next token at the position) and foil as token ids, as :func:`cwviz.core.method.flow.flow` checks them.
-    ``basis``: a kept :func:`~cwviz.core.method.flow.flow_basis` of this analysis and position (:attr:`Request.basis`)."""
+    ``basis``: a kept :func:`~cwviz.core.method.flow.flow_basis` of this analysis and position
+    (:attr:`Request.basis`)."""
     position, target, foil = resolve(analysis, position, target, foil)
     if analysis.bundle.has_logits and target is None:
         target = effect.top_token(analysis, position, foil)

@@ -4,10 +4,10 @@ Each scores the input tokens j for the prediction made at one position t, from a
 (:class:`cwviz.core.method.analysis.Analysis`); none is signed:
 
 | function | score of token j | source |
-|---|---|---|
+| --- | --- | --- |
 | :func:`raw_attention` | mean_h α_tj^{L,h}: the last layer's attention, averaged over heads | – |
 | :func:`attention_rollout` | R_tj, R = Â^L ⋯ Â^1, Â^l = ½ mean_h α^{l,h} + ½ I, rows normalised | Abnar, Zuidema 2020 |
-| :func:`alti` | R_tj, R = C^L ⋯ C^1 with C^l the layer's ALTI contributions (:func:`alti_contributions`) | Ferrando et al. (EMNLP 2022) |
+| :func:`alti` | R_tj, R = C^L ⋯ C^1, C^l the layer's ALTI map (:func:`alti_contributions`) | Ferrando et al. 2022 |
 
 The math is in pure functions of small tensors (:func:`residual_attention`, :func:`rollout`,
 :func:`transformed_vectors`, :func:`alti_contributions`), tested on 3-token cases worked by hand.
@@ -140,7 +140,9 @@ def check_decoder(analysis: Analysis) -> None:
     """InputError for an encoder (ALTI is implemented for decoders: their layouts leave the residual unnormed)."""
     bundle = analysis.bundle
     if not bundle.arch.causal or architectures.layout_of(bundle.model.config, bundle.arch) == "post_norm":
-        raise InputError("ALTI is implemented for pre-norm decoders; this model is an encoder (post-norm): choose a causal model")
+        raise InputError(
+            "ALTI is implemented for pre-norm decoders; this model is an encoder (post-norm): choose a causal model"
+        )
 
 
 def alti_maps(analysis: Analysis) -> list[torch.Tensor]:

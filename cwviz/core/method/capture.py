@@ -84,9 +84,13 @@ class LayerRecord:
         """Whether α is the plain softmax of the scaled scores (no soft-capping, no learned sinks)."""
         return self.softcap is None and self.learned_sinks is None
 
-    def probabilities(self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    def probabilities(
+        self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, causal: bool
+    ) -> torch.Tensor:
         """:func:`attention_probabilities` with this layer's scaling, soft-capping and learned sinks."""
-        return attention_probabilities(query, key, self.scaling, mask, causal, softcap=self.softcap, learned_sinks=self.learned_sinks)
+        return attention_probabilities(
+            query, key, self.scaling, mask, causal, softcap=self.softcap, learned_sinks=self.learned_sinks
+        )
 
     def key_mask(self, start: int = 0, stop: int | None = None, device: torch.device | None = None) -> torch.Tensor:
         """Which keys each query may attend to, bool [query, key] on ``device`` (default: the record's): the model's
@@ -164,7 +168,11 @@ class _Pass:
         records go to disk (:mod:`cwviz.core.method.spill`) keeps no buffer: each layer is written as it runs.
         """
         first = parts[0]
-        if isinstance(self.records, SpilledRecords) or first.device.type != "cpu" or any(p.dtype != first.dtype for p in parts):
+        if (
+            isinstance(self.records, SpilledRecords)
+            or first.device.type != "cpu"
+            or any(p.dtype != first.dtype for p in parts)
+        ):
             return parts
         sizes = [p.numel() for p in parts]
         if self.arena is None:
@@ -226,7 +234,8 @@ def _decoder_only(model_type: str | None) -> bool | None:
     if model_type not in configuration_auto.CONFIG_MAPPING_NAMES:
         return None
     return (
-        model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
     )
 
 
@@ -254,14 +263,18 @@ def _cwviz_attention(
     # SDPA is told cwviz's causality (:func:`_is_causal`), not left to its own default, in a pass or not.
     causal = kwargs["is_causal"] = _is_causal(module, kwargs, query.shape[-2])
     if layer is None and plain:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     scaling = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
     if layer is not None and active.record:
         if layer in active.called:
             # ALBERT runs one shared layer num_hidden_layers times: a second call would overwrite the first's record.
             raise UnsupportedModelError(
-                f"the attention module of layer {layer} ran more than once in one forward pass (a layer whose weights are "
-                "shared across depth, as ALBERT's): cwviz records each attention module once a pass, so it cannot analyse this model"
+                f"the attention module of layer {layer} ran more than once in one forward pass (a layer whose weights "
+                "are "
+                "shared across depth, as ALBERT's): cwviz records each attention module once a pass, so it cannot "
+                "analyse this model"
             )
         active.called.add(layer)
     keep = None
@@ -273,10 +286,14 @@ def _cwviz_attention(
     mask = attention_mask[0, 0] if attention_mask is not None else None
     softcap = None if softcap is None else float(softcap)
     if layer is not None and active.attend is not None and active.intervention is None:
-        record = LayerRecord(query[0], key[0], value[0], mask, scaling, causal, output=None, softcap=softcap, learned_sinks=learned_sinks)
+        record = LayerRecord(
+            query[0], key[0], value[0], mask, scaling, causal, output=None, softcap=softcap, learned_sinks=learned_sinks
+        )
         out = active.attend(layer, record).to(query.dtype).transpose(0, 1)[None].contiguous()  # (1, Q, H, d)
     elif keep is None and plain:
-        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        out, _ = sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     else:
         out = weighted_values(query, key, value, attention_mask, causal, scaling, softcap, learned_sinks, keep)
     if layer is None:
@@ -329,7 +346,12 @@ def forward_pass(
     head outputs (:func:`cwviz.core.method.interventions.observed_pass`) records nothing.
     """
     active = _Pass(
-        {id(m): i for i, m in enumerate(attention_modules)}, record, intervention, progress=progress, attend=attend, observe=observe
+        {id(m): i for i, m in enumerate(attention_modules)},
+        record,
+        intervention,
+        progress=progress,
+        attend=attend,
+        observe=observe,
     )
     if spill is not None:
         active.records = spill

@@ -82,7 +82,9 @@ def mean_embedding(bundle) -> torch.Tensor:
     return mean
 
 
-def quantity(bundle, hidden: torch.Tensor, position: int, target: int | None, foil: int | None, direction=None) -> torch.Tensor:
+def quantity(
+    bundle, hidden: torch.Tensor, position: int, target: int | None, foil: int | None, direction=None
+) -> torch.Tensor:
     """LD of section 7.1 for each batch row of ``hidden`` (the base model's final states [batch, T, d_model]): a causal
     LM's logit(target) − logit(foil) at ``position`` (the target's logit alone without a foil); an encoder's ⟨y_p, u⟩
     with ``direction`` u [d_model] (None: the clean y_p's own, returned detached)."""
@@ -243,5 +245,7 @@ def top_token(analysis, position: int, foil: int | None = None) -> int:
         hidden = bundle.final_hidden(torch.tensor([analysis.input_ids]))  # (1, T, d_model)
         target = int(bundle.output_logits(hidden[0, position]).float().argmax())
     if target == foil:
-        raise InputError(f"the foil (token {foil}) is the model's top next token, the default target: name another target")
+        raise InputError(
+            f"the foil (token {foil}) is the model's top next token, the default target: name another target"
+        )
     return target

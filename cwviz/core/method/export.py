@@ -24,15 +24,17 @@ JSON_SCHEMA_VERSION = 1
 JSON_BYTES_PER_VALUE = 48
 
 
-def to_dict(analysis: Analysis, layers: list[int] | int | None = None, heads: list[int] | int | None = None, digits: int = 6) -> dict:
+def to_dict(
+    analysis: Analysis, layers: list[int] | int | None = None, heads: list[int] | int | None = None, digits: int = 6
+) -> dict:
     """The JSON export (schema in docs/cli.md): tokens, and per layer and head the attention and inter-head contribution
     rows and the output norms. Causal rows keep only keys 0..i.
 
     ``layers``, ``heads``: None (all), one index, or a list of them (each written once, in the order given).
 
     Layers are read in row blocks (:meth:`cwviz.Analysis.row_blocks`); what the dict itself holds grows with the square
-    of the prompt (about :data:`JSON_BYTES_PER_VALUE` bytes a value as Python floats and then as JSON text), so an export
-    that would not fit raises ResourceError naming the choice to narrow."""
+    of the prompt (about :data:`JSON_BYTES_PER_VALUE` bytes a value as Python floats and then as JSON text), so an
+    export that would not fit raises ResourceError naming the choice to narrow."""
     layers = selection(layers, analysis.num_layers, analysis.check_layer)
     heads = selection(heads, analysis.num_heads, analysis.check_head)
     causal = analysis.bundle.arch.causal
@@ -42,7 +44,8 @@ def to_dict(analysis: Analysis, layers: list[int] | int | None = None, heads: li
         values * JSON_BYTES_PER_VALUE,
         torch.device("cpu"),
         f"the JSON of {len(layers)} layer(s) x {len(heads)} head(s) at {t:,} tokens ({values:,} values)",
-        "choose one layer and one head (--layer, --head; to_dict(analysis, layers=[...], heads=[...])) or a shorter prompt",
+        "choose one layer and one head (--layer, --head; to_dict(analysis, layers=[...], heads=[...])) or a shorter "
+        "prompt",
     )
     out_layers = []
     for layer in layers:
@@ -63,7 +66,9 @@ def to_dict(analysis: Analysis, layers: list[int] | int | None = None, heads: li
     }
 
 
-def to_json(analysis: Analysis, path: str | Path, layers: list[int] | int | None = None, heads: list[int] | int | None = None) -> Path:
+def to_json(
+    analysis: Analysis, path: str | Path, layers: list[int] | int | None = None, heads: list[int] | int | None = None
+) -> Path:
     """Write :func:`to_dict` as UTF-8 JSON; returns the path. InputError when the file cannot be written."""
     return write_json(path, to_dict(analysis, layers, heads))
 
@@ -134,13 +139,17 @@ def write_json(path: str | Path, document: dict) -> Path:
         write_text_atomic(path, text)  # whole or not at all: a full disk leaves no partial file
     except OSError as err:
         reason = err.strerror or type(err).__name__
-        raise InputError(f"cannot write {str(path)!r}: {reason}; choose a file in a folder that exists and that you can write to") from None
+        raise InputError(
+            f"cannot write {str(path)!r}: {reason}; choose a file in a folder that exists and that you can write to"
+        ) from None
     return path
 
 
 def rounded(values: np.ndarray, digits: int) -> list[float | None]:
     """Round to ``digits`` significant digits; non-finite values become None (JSON null)."""
-    return [float(f"{v:.{digits}g}") if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64).ravel()]
+    return [
+        float(f"{v:.{digits}g}") if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64).ravel()
+    ]
 
 
 def _np(tensor: torch.Tensor) -> np.ndarray:

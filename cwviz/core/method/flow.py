@@ -63,7 +63,10 @@ def resolve(
         return position, None, None
     target, foil = (_token_id(bundle, token, name) for token, name in ((target, "target"), (foil, "foil")))
     if foil is not None and foil == target:
-        raise ArgumentError("foil", f"the foil is the target (token {target}): choose another foil, or none for the target's logit alone")
+        raise ArgumentError(
+            "foil",
+            f"the foil is the target (token {target}): choose another foil, or none for the target's logit alone",
+        )
     return position, target, foil
 
 
@@ -78,7 +81,8 @@ def _token_id(bundle: Bundle, token: int | str | None, name: str) -> int | None:
         shown = arguments.quoted([bundle.tokenizer.decode([i]) for i in ids[:20]])  # a long text: its first tokens
         raise ArgumentError(
             name,
-            f"the {name} {arguments.quoted(token)} is {len(ids)} tokens {shown}, not one: give one token (with its leading space if it has one)",
+            f"the {name} {arguments.quoted(token)} is {len(ids)} tokens {shown}, not one: give one token (with its "
+            "leading space if it has one)",
         )
     return ids[0]
 
@@ -89,7 +93,9 @@ def _vocabulary_size(bundle: Bundle) -> int:
     return head.weight.shape[0] if head is not None else int(bundle.model.config.vocab_size)
 
 
-def _logit_direction(analysis: Analysis, stream: Stream, target: int, foil: int | None) -> tuple[torch.Tensor, float, float]:
+def _logit_direction(
+    analysis: Analysis, stream: Stream, target: int, foil: int | None
+) -> tuple[torch.Tensor, float, float]:
     """(w, the final biases' part, the model's own logit difference before the soft-cap) with w = L_p^Fᵀ s (U_t − U_f)
     [d_model] (docs/METHOD.md section 6.3)."""
     bundle = analysis.bundle
@@ -128,7 +134,9 @@ def _layer_parts(analysis: Analysis, stream: Stream, w: torch.Tensor) -> tuple[n
     return bias, mlp
 
 
-def _attention_parts(analysis: Analysis, stream: Stream, w: torch.Tensor, layer: int, rows: MixingRowBlock) -> np.ndarray:
+def _attention_parts(
+    analysis: Analysis, stream: Stream, w: torch.Tensor, layer: int, rows: MixingRowBlock
+) -> np.ndarray:
     """The direct parts of layer ``layer``'s attention writes at p toward w (docs/METHOD.md section 6.3), [head, keys],
     from ``rows``, the row block that holds p (the routing reads each layer's record once, and takes them there)."""
     alpha = rows.alpha_p  # (H, keys)
@@ -158,7 +166,12 @@ class Routing:
 
 
 def _route(
-    analysis: Analysis, basis: FlowBasis, start: np.ndarray, direct: np.ndarray, w: torch.Tensor | None, edge_limit: int = EDGE_LIMIT
+    analysis: Analysis,
+    basis: FlowBasis,
+    start: np.ndarray,
+    direct: np.ndarray,
+    w: torch.Tensor | None,
+    edge_limit: int = EDGE_LIMIT,
 ) -> Routing:
     """Horner's rule down the layers (docs/METHOD.md section 6.4): v^L = ``start`` [2, T], v^l = v^{l+1} M^l + d^l.
     Row 0 is the routed value (``direct`` d^l [layer + 1, T] added on the way, with each layer's attention parts toward
@@ -194,7 +207,9 @@ def _route(
             weights, ends, starts = largest.result()
             edges.append(LayerEdges(layer, weights.numpy(), ends.numpy(), starts.numpy(), mass))
     totals, rollout_row = vector.numpy()
-    return Routing(totals, rollout_row, float(bias[0]), float(bias[1]), nodes, direct, attention, heads, tuple(edges[::-1]))
+    return Routing(
+        totals, rollout_row, float(bias[0]), float(bias[1]), nodes, direct, attention, heads, tuple(edges[::-1])
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -224,7 +239,9 @@ class FlowBasis:
         return self.mixing[layer] if self.mixing is not None else mixing_row_blocks(analysis, self.stream, layer)
 
 
-def flow_basis(analysis: Analysis, position: int | None = None, *, vocabulary: int = FLOW_TOP, keep_mixing: bool = True) -> FlowBasis:
+def flow_basis(
+    analysis: Analysis, position: int | None = None, *, vocabulary: int = FLOW_TOP, keep_mixing: bool = True
+) -> FlowBasis:
     """The target-independent part of the flow into ``position`` (default as :func:`flow`): one forward pass that
     replays the analysis's attention outputs (its residual stream), the logits at p read from it, and each head's
     write at p (its recorded output z_p^h through W_O^h, landed in the residual) for its ``vocabulary`` most promoted
@@ -291,7 +308,11 @@ def flow(
     vocabulary = arguments.vocabulary(vocabulary, _vocabulary_size(analysis.bundle))
     if basis is None:  # made for this flow alone: M is read once, layer by layer, not kept
         basis = flow_basis(analysis, position, vocabulary=vocabulary, keep_mixing=False)
-    elif basis.source() is not analysis or basis.position != position or (basis.count != vocabulary and basis.logits is not None):
+    elif (
+        basis.source() is not analysis
+        or basis.position != position
+        or (basis.count != vocabulary and basis.logits is not None)
+    ):
         raise InputError(
             f"this flow basis was made for another analysis, position or vocabulary (position {basis.position}, "
             f"{basis.count} vocabulary tokens): make it with flow_basis(analysis, {position}, vocabulary={vocabulary})"
@@ -338,14 +359,19 @@ def _flow(analysis: Analysis, basis: FlowBasis, target: int | None, foil: int | 
     if basis.logits is not None and target is None:
         target = int(basis.logits.argmax())
         if target == foil:
-            raise ArgumentError("foil", f"the foil (token {foil}) is the model's top next token, the default target: name another target")
+            raise ArgumentError(
+                "foil",
+                f"the foil (token {foil}) is the model's top next token, the default target: name another target",
+            )
     begun = _start(analysis, basis, target, foil)
     routed = _route(analysis, basis, begun.start, begun.direct, begun.w, edge_limit)
     parts, nan = begun.parts, float("nan")
     frozen = difference = nan
     bias_total = routed.bias
     if parts is not None:
-        frozen = parts.embedding + float(routed.attention.sum()) + float(parts.attention_bias.sum()) + float(parts.mlp.sum())
+        frozen = (
+            parts.embedding + float(routed.attention.sum()) + float(parts.attention_bias.sum()) + float(parts.mlp.sum())
+        )
         frozen += parts.final_bias
         difference = float(basis.logits[target] - (0 if foil is None else basis.logits[foil]))
         bias_total += float(parts.attention_bias.sum()) + parts.final_bias
@@ -381,7 +407,9 @@ def _vocabulary_rows(vocab, decode) -> tuple[tuple, ...]:
     rows = []
     for direction, ids, logits in (("promoted", top_ids, top_logits), ("suppressed", bottom_ids, bottom_logits)):
         for (layer, head, rank), token in np.ndenumerate(ids):
-            rows.append((layer, head, direction, rank, int(token), decode([int(token)]), float(logits[layer, head, rank])))
+            rows.append(
+                (layer, head, direction, rank, int(token), decode([int(token)]), float(logits[layer, head, rank]))
+            )
     return tuple(rows)
 
 
@@ -404,7 +432,11 @@ def _head_vocabulary(analysis: Analysis, stream: Stream, writes: np.ndarray, cou
     if stream.final_norm is not None:
         norm = stream.final_norm
         flat = type(norm)(norm.scale.cpu().expand(flat.shape[0]), norm.gain.cpu(), None, norm.centred).apply(flat)
-    head, decode, state = analysis.bundle.model.get_output_embeddings(), analysis.bundle.tokenizer.decode, ModelState(analysis.bundle)
+    head, decode, state = (
+        analysis.bundle.model.get_output_embeddings(),
+        analysis.bundle.tokenizer.decode,
+        ModelState(analysis.bundle),
+    )
     shape = (*writes.shape[:2], count)
 
     def rows() -> tuple[tuple, ...]:
@@ -425,7 +457,8 @@ def token_totals(analysis: Analysis, position: int, target: int | str, foil: int
     position, target, foil = resolve(analysis, position, target, foil)
     if target is None:
         raise InputError(
-            "token_totals needs a target token (an encoder has none: its flow into a representation is flow(analysis, position).totals)"
+            "token_totals needs a target token (an encoder has none: its flow into a representation is flow(analysis, "
+            "position).totals)"
         )
     with torch.inference_mode():
         return _flow(

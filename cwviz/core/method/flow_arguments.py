@@ -42,13 +42,17 @@ def token(value: object, name: str) -> int | str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, bool | np.bool_):
-        raise ArgumentError(name, f"the {name} {value!r} is a bool; give a token id (an int) or the token's text (a str)")
+        raise ArgumentError(
+            name, f"the {name} {value!r} is a bool; give a token id (an int) or the token's text (a str)"
+        )
     if isinstance(value, int | np.integer):
         return int(value)
     torch = sys.modules.get("torch")  # a tensor exists only where torch is imported
     if torch is not None and isinstance(value, torch.Tensor) and value.numel() == 1:
         if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-            raise ArgumentError(name, f"the {name} is a tensor of {value.dtype}; give a token id (an integer tensor, an int) or a str")
+            raise ArgumentError(
+                name, f"the {name} is a tensor of {value.dtype}; give a token id (an integer tensor, an int) or a str"
+            )
         return int(value.item())
     raise ArgumentError(
         name,
@@ -69,7 +73,9 @@ def kept(value: object, name: str = "kept") -> float:
     :func:`cwviz.analyses.route.route`): a real number in (0, 1]; ArgumentError naming ``name`` otherwise (a str, None,
     a bool, NaN, 0, a negative or one above 1)."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
-        raise ArgumentError(name, f"{name} must lie in (0, 1] (a number), not a {type(value).__name__}: {quoted(value)}")
+        raise ArgumentError(
+            name, f"{name} must lie in (0, 1] (a number), not a {type(value).__name__}: {quoted(value)}"
+        )
     if not (math.isfinite(value) and 0 < value <= 1):
         raise ArgumentError(name, f"{name} must lie in (0, 1], not {value}")
     return float(value)
@@ -79,7 +85,9 @@ def vocabulary(value: object, size: int) -> int:
     """How many vocabulary tokens are listed per head: a whole number from 0 to the vocabulary's ``size``;
     ArgumentError otherwise (a bool, a float, a negative count, more than the vocabulary holds)."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
-        raise ArgumentError("vocabulary", f"vocabulary must be a whole number of tokens, not a {type(value).__name__}: {quoted(value)}")
+        raise ArgumentError(
+            "vocabulary", f"vocabulary must be a whole number of tokens, not a {type(value).__name__}: {quoted(value)}"
+        )
     if not 0 <= value <= size:
         raise ArgumentError("vocabulary", f"vocabulary must lie in 0..{size} (the model's vocabulary), not {value}")
     return int(value)

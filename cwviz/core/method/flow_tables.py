@@ -161,7 +161,9 @@ class Flow:
         for direction in ("promoted", "suppressed"):
             picked = vocab[vocab["direction"] == direction].sort_values(["layer", "head", "rank"])
             joined = picked.groupby(["layer", "head"])["token"].agg(lambda tokens: " | ".join(map(str, tokens)))
-            table[direction] = [joined.get((layer, head), "") for layer, head in zip(table["layer"], table["head"], strict=True)]
+            table[direction] = [
+                joined.get((layer, head), "") for layer, head in zip(table["layer"], table["head"], strict=True)
+            ]
         return table
 
     @property
@@ -183,7 +185,13 @@ class Flow:
         layers, heads, keys = self.attention_parts.shape
         grid = np.indices((layers, heads, keys)).reshape(3, -1)
         attention = pd.DataFrame(
-            {"part": "attention", "layer": grid[0], "head": grid[1], "key": grid[2], "value": self.attention_parts.reshape(-1)}
+            {
+                "part": "attention",
+                "layer": grid[0],
+                "head": grid[1],
+                "key": grid[2],
+                "value": self.attention_parts.reshape(-1),
+            }
         )
         other = self.other_parts
         rows = [("embedding", -1, -1, self.position, other.embedding)]
@@ -200,7 +208,9 @@ class Flow:
 
         layers, positions = self.nodes.shape
         grid = np.indices((layers, positions)).reshape(2, -1)
-        return pd.DataFrame({"layer": grid[0], "position": grid[1], "value": self.nodes.reshape(-1), "direct": self.direct.reshape(-1)})
+        return pd.DataFrame(
+            {"layer": grid[0], "position": grid[1], "value": self.nodes.reshape(-1), "direct": self.direct.reshape(-1)}
+        )
 
     def edges(self, kept: float = LAYER_KEPT) -> pd.DataFrame:
         """The graph pruned to the kept fraction ``kept`` of each layer's |mass| (docs/METHOD.md section 6.4): ``layer,
@@ -213,7 +223,11 @@ class Flow:
             count = kept_count(edges.weights, edges.mass * kept)
             picked = {"start": edges.keys[:count], "end": edges.queries[:count], "weight": edges.weights[:count]}
             frames.append(pd.DataFrame({"layer": edges.layer, **picked}))
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["layer", "start", "end", "weight"])
+        return (
+            pd.concat(frames, ignore_index=True)
+            if frames
+            else pd.DataFrame(columns=["layer", "start", "end", "weight"])
+        )
 
     def edges_complete(self, kept: float = LAYER_KEPT) -> bool:
         """Whether the kept edges reach the fraction ``kept`` of every layer's |mass| (else :meth:`edges` returns all

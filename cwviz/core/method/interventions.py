@@ -117,7 +117,9 @@ def logits(bundle: Bundle, input_ids: torch.Tensor, intervention=None) -> torch.
         return bundle.model(input_ids=input_ids.to(device), use_cache=False).logits
 
 
-def observed_pass(bundle: Bundle, input_ids: list[int], observe: Observe, intervention=None, progress: Progress | None = None) -> float:
+def observed_pass(
+    bundle: Bundle, input_ids: list[int], observe: Observe, intervention=None, progress: Progress | None = None
+) -> float:
     """One forward pass of ``input_ids`` (one sequence) under ``intervention`` (None = clean) that records nothing:
     ``observe(layer, z)`` sees each attention layer's output z [1, query, head, d_head] (the output projection's input,
     model dtype) as the layer runs, and ``progress(done, L)`` is told after each layer. Returns the prompt's
@@ -129,7 +131,9 @@ def observed_pass(bundle: Bundle, input_ids: list[int], observe: Observe, interv
     ids = torch.tensor([list(input_ids)])
     with (
         torch.inference_mode(),
-        forward_pass(bundle.attention_modules, record=False, intervention=intervention, progress=progress, observe=observe),
+        forward_pass(
+            bundle.attention_modules, record=False, intervention=intervention, progress=progress, observe=observe
+        ),
     ):
         hidden = bundle.final_hidden(ids)[0]  # (T, d_model)
     return perplexity_of(prompt_logprobs(bundle, hidden, input_ids))  # as the analysis's: NaN without logits
@@ -147,7 +151,9 @@ def batch_logprobs(bundle: Bundle, input_ids, intervention=None) -> torch.Tensor
     if ids.dim() == 1:
         ids = ids[None]
     if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise InputError(f"input_ids must be a list of ids or a [batch, pos] integer tensor, not {ids.dim()}-D {ids.dtype}")
+        raise InputError(
+            f"input_ids must be a list of ids or a [batch, pos] integer tensor, not {ids.dim()}-D {ids.dtype}"
+        )
     if ids.shape[1] < 2:
         raise InputError("perplexity needs at least two tokens; give a longer text")
     vocab = getattr(bundle.model.config, "vocab_size", None)

@@ -2,8 +2,8 @@
 (docs/METHOD.md section 6.6).
 
 Removing token k zeroes its value, hence its projected value ṽ_k^h in every head, for every query in every layer
-(:class:`cwviz.core.method.interventions.KeepKeys` with keep weight 0 in key column k, the attention knockout of section 3
-applied to a whole column). Attention probabilities are not renormalised; the residual stream at position k itself
+(:class:`cwviz.core.method.interventions.KeepKeys` with keep weight 0 in key column k, the attention knockout of section
+3 applied to a whole column). Attention probabilities are not renormalised; the residual stream at position k itself
 stays. Each batch row removes its own set of tokens, so one forward pass runs many knockouts.
 
 The *origin* intervention (docs/METHOD.md section 7.3) replaces token k's input embedding by the mean one, ē
@@ -40,7 +40,11 @@ def removal_masks(removed: Sequence[Sequence[int]], num_tokens: int) -> torch.Te
 
 
 def last_logits(
-    bundle: Bundle, input_ids: Sequence[int], removed: Sequence[Sequence[int]], batch_size: int = 8, intervention: str = RELAY
+    bundle: Bundle,
+    input_ids: Sequence[int],
+    removed: Sequence[Sequence[int]],
+    batch_size: int = 8,
+    intervention: str = RELAY,
 ) -> torch.Tensor:
     """The logits at the last position, float32 [len(removed), vocab] on the CPU, of ``input_ids`` with the tokens of
     each ``removed[b]`` taken away (an empty set: the clean pass), ``batch_size`` rows a pass: knocked out in every

@@ -15,7 +15,10 @@ LOGIT_CHUNK = 256
 
 
 def logprobs_from_hidden(
-    hidden: torch.Tensor, output_logits: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor, chunk: int = LOGIT_CHUNK
+    hidden: torch.Tensor,
+    output_logits: Callable[[torch.Tensor], torch.Tensor],
+    ids: torch.Tensor,
+    chunk: int = LOGIT_CHUNK,
 ) -> torch.Tensor:
     """log p(token_{t+1} | tokens ..t) for t = 0..T-2, float32 [T - 1] on the CPU.
 
@@ -71,7 +74,9 @@ def final_states(bundle, hidden: torch.Tensor, intervention: object | None) -> t
 def damaged(bundle, what: str) -> ModelLoadError:
     """The error that refuses a pass whose outputs no working model gives (``what``), naming the model."""
     return ModelLoadError(
-        f"{bundle.info.id} gave {what} on this prompt, which no working model gives: its weights look damaged or overflow "
-        f"in {bundle.info.dtype}; load it again (a cached conversion is checked and converted again), download it again, "
+        f"{bundle.info.id} gave {what} on this prompt, which no working model gives: its weights look damaged or "
+        "overflow "
+        f"in {bundle.info.dtype}; load it again (a cached conversion is checked and converted again), download it "
+        "again, "
         "or try --dtype float32"
     )

@@ -109,9 +109,10 @@ def kv_copies(kv_heads: int, heads: int, device: torch.device | str, threads: in
 
 
 def kv_entries(y: torch.Tensor, rows: int, copies: int = 1) -> torch.Tensor:
-    """What of ``y`` (kv heads held ``copies`` times in a row, :func:`expand_kv` to kv_heads x copies) serves ``rows`` stacked query-side rows (all
-    heads' rows, head after head) cut into ``len(y)`` equal runs, one an entry: ``y`` when the rows divide into
-    such runs, which then each lie within one kv group, else one copy of each kv head (a strided view)."""
+    """What of ``y`` (kv heads held ``copies`` times in a row, :func:`expand_kv` to kv_heads x copies) serves ``rows``
+    stacked query-side rows (all heads' rows, head after head) cut into ``len(y)`` equal runs, one an entry: ``y`` when
+    the rows divide into such runs, which then each lie within one kv group, else one copy of each kv head (a strided
+    view)."""
     return y if rows % y.shape[0] == 0 else y[::copies]
 
 
@@ -132,17 +133,17 @@ def grouped_matmul(x: torch.Tensor, y: torch.Tensor, copies: int = 1) -> torch.T
 class LayerMeasures:
     """Every quantity of one layer, float32.
 
-    | field            | shape                    | meaning                                   |
-    |------------------|--------------------------|-------------------------------------------|
-    | attention        | [head, query, key]       | α_ij^h                                    |
-    | value            | [kv_head, key, d_head]   | v_j (shared by the heads of a group; or per head, [head, key, d_head]) |
-    | value_norm       | [head, key]              | ‖ṽ_j^h‖                                   |
-    | head_output      | [head, query, d_head]    | z_i^h = Σ_j α_ij^h v_j^h (o_proj input)   |
-    | head_output_norm | [head, query]            | ‖o_i^h‖                                   |
-    | output_norm      | [query]                  | ‖o_i‖                                     |
-    | contributions    | [kind, head, query, key] | c_ij^h (intra) and C_ij^h (inter), the ``kinds`` computed |
-    | pulled           | [head, kind, query, d_head] | by :data:`KINDS`: (W_O^h)ᵀ o_i (inter), G^h z_i^h (intra); ⟨·, v_j^h⟩ gives the dot products |
-    | kinds            |                          | the contribution kinds held, a subset of :data:`KINDS` |
+    | field | shape | meaning |
+    | --- | --- | --- |
+    | attention | [head, query, key] | α_ij^h |
+    | value | [kv_head, key, d_head] | v_j (shared by the heads of a group; or per head, [head, key, d_head]) |
+    | value_norm | [head, key] | ‖ṽ_j^h‖ |
+    | head_output | [head, query, d_head] | z_i^h = Σ_j α_ij^h v_j^h (o_proj input) |
+    | head_output_norm | [head, query] | ‖o_i^h‖ |
+    | output_norm | [query] | ‖o_i‖ |
+    | contributions | [kind, head, query, key] | c_ij^h (intra) and C_ij^h (inter), the ``kinds`` computed |
+    | pulled | [head, kind, query, d_head] | by :data:`KINDS`: (W_O^h)ᵀ o_i (inter), G^h z_i^h (intra), for ⟨·, v_j^h⟩ |
+    | kinds |  | the contribution kinds held, a subset of :data:`KINDS` |
 
     Dot products and cosines are computed when asked for (one more product per kind), for either kind.
     """
@@ -214,7 +215,8 @@ def head_grams(gram: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def value_norms(value: torch.Tensor, gram: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """‖ṽ_j^h‖ = sqrt(v_jᵀ G^h v_j), float32 [head, key], from values [kv_head, key, d_head] and G (:func:`full_gram`)."""
+    """‖ṽ_j^h‖ = sqrt(v_jᵀ G^h v_j), float32 [head, key], from values [kv_head, key, d_head] and G
+    (:func:`full_gram`)."""
     v = value.float()
     kv_heads, keys, d_head = v.shape
     blocks = head_grams(gram, num_heads).reshape(kv_heads, num_heads // kv_heads, d_head, d_head)
@@ -335,7 +337,8 @@ def layer_measures(
         contributions = torch.empty(n, heads, queries, keys, dtype=alpha.dtype, device=alpha.device)
         causal_product(scaled, values_t, alpha, contributions)
     else:
-        contributions = grouped_matmul(scaled.reshape(heads, n * queries, d_head), held.transpose(1, 2), copies)  # (H, nQ, K)
+        # (H, nQ, K)
+        contributions = grouped_matmul(scaled.reshape(heads, n * queries, d_head), held.transpose(1, 2), copies)
         contributions = contributions.view(heads, n, queries, keys).mul_(alpha[:, None]).transpose(0, 1)
     return LayerMeasures(
         attention=alpha,
@@ -357,7 +360,9 @@ def head_output_norms(z: torch.Tensor, grams: torch.Tensor) -> torch.Tensor:
     return ((z @ grams) * z).sum(-1).clamp_min(0).sqrt()
 
 
-def semantic_cone(z: torch.Tensor, grams: torch.Tensor, positions: torch.Tensor, norms: torch.Tensor | None = None) -> torch.Tensor:
+def semantic_cone(
+    z: torch.Tensor, grams: torch.Tensor, positions: torch.Tensor, norms: torch.Tensor | None = None
+) -> torch.Tensor:
     """Mean pairwise cosine between one head's outputs o_i^h = W_O^h z_i^h at ``positions`` (i ≠ j), per head: [head].
 
     z [head, query, d_head]; grams G^h [head, d_head, d_head]; positions bool [query]; ``norms``: ‖o_i^h‖ [head,

@@ -83,7 +83,9 @@ def stream_bytes(info, tokens: int) -> int:
     return info.layers * tokens * (info.d_model + 4) * 4
 
 
-def estimate(config, info, tokens: int, device: torch.device | str = "cpu", spilled: bool = False, stream: bool = False) -> dict[str, int]:
+def estimate(
+    config, info, tokens: int, device: torch.device | str = "cpu", spilled: bool = False, stream: bool = False
+) -> dict[str, int]:
     """Bytes needed to analyse ``tokens`` tokens with a model of this config and ModelInfo on ``device``, read
     in row blocks. ``spilled``: the records go to disk (:mod:`cwviz.core.method.spill`), so memory holds the layers read
     back and the one being written, and ``disk`` counts the file. ``stream``: the analysis keeps its residual stream
@@ -146,7 +148,8 @@ def _short_of(have: int, device: torch.device, advice: str) -> str:
     """ "only N is available on DEVICE; ``advice``", naming ``CWVIZ_MEMORY_BYTES`` when that set N."""
     if memory_override() is not None:
         return (
-            f"only {_gb(have)} is available on {device.type}, as CWVIZ_MEMORY_BYTES={os.environ['CWVIZ_MEMORY_BYTES'].strip()} says; "
+            f"only {_gb(have)} is available on {device.type}, as "
+            f"CWVIZ_MEMORY_BYTES={os.environ['CWVIZ_MEMORY_BYTES'].strip()} says; "
             f"raise or unset CWVIZ_MEMORY_BYTES, or {advice}"
         )
     return f"only {_gb(have)} is available on {device.type}; {advice}"
@@ -181,7 +184,8 @@ def check_layer_maps(info, tokens: int, device: torch.device) -> None:
         LAYER_MAPS * info.heads * tokens * tokens * 4,
         device,
         f"a whole layer's maps of a {tokens:,}-token prompt",
-        "read the layer in blocks of query rows instead (Analysis.rows(layer, start, stop) or Analysis.row_blocks(layer))",
+        "read the layer in blocks of query rows instead (Analysis.rows(layer, start, stop) or "
+        "Analysis.row_blocks(layer))",
     )
 
 
@@ -193,4 +197,6 @@ def guard(device: torch.device) -> Iterator[None]:
     except torch.OutOfMemoryError as err:
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        raise ResourceError(f"the {device.type} device ran out of memory ({str(err).splitlines()[0]}); use a shorter prompt") from None
+        raise ResourceError(
+            f"the {device.type} device ran out of memory ({str(err).splitlines()[0]}); use a shorter prompt"
+        ) from None

@@ -65,7 +65,8 @@ def mixing_row_blocks(analysis: Analysis, stream: Stream, layer: int, whole: boo
             norm2 = part.norm2[first:stop].to(device)
             dots = grouped_matmul(pulled, values[..., :keys], rec.copies).mul_(alpha)  # (H, rows, keys): α ⟨L ṽ_j, h_i⟩
             mix = dots.sum(0).div_(norm2[:, None])
-            if rec.output.dtype == torch.float32:  # Σ_j α_ij (u_i · v_j) = u_i · z_i: the model's own z, no pass over keys
+            # Σ_j α_ij (u_i · v_j) = u_i · z_i: the model's own z, no pass over keys
+            if rec.output.dtype == torch.float32:
                 per_head = (pulled * rec.output[:, first:stop]).sum(-1) / norm2
             else:
                 per_head = dots.sum(-1) / norm2
@@ -86,8 +87,8 @@ def mixing_row_blocks(analysis: Analysis, stream: Stream, layer: int, whole: boo
 def replayed_stream(analysis: Analysis, position: int, replay: Callable[[int], torch.Tensor] | None = None) -> Stream:
     """The prompt's residual stream into ``position`` (:func:`~cwviz.core.method.residual.record_stream`): the one the
     analysis's pass kept (``analyze(stream=True)``, :attr:`Analysis.stream`) when it is into ``position``, else from a
-    pass that replays the analysis's own attention outputs (``replay(layer)``, default :meth:`Analysis.recorded_outputs`):
-    its pass exactly, without computing attention a second time."""
+    pass that replays the analysis's own attention outputs (``replay(layer)``, default
+    :meth:`Analysis.recorded_outputs`): its pass exactly, without computing attention a second time."""
     kept = analysis.stream
     if kept is not None and kept.position == position:
         return kept
@@ -98,7 +99,8 @@ def mixing(analysis: Analysis, layer: int, stream: Stream | None = None) -> np.n
     """M of layer ``layer`` (docs/METHOD.md section 6.1), float32 [query, key + 1], the last column the bias; every
     row sums to 1. ``stream``: the prompt's :func:`~cwviz.core.method.residual.record_stream` when the caller has it."""
     layer = analysis.check_layer(layer)
-    stream = stream or analysis.stream or replayed_stream(analysis, analysis.num_tokens - 1)  # M is the same for every p
+    # M is the same for every p
+    stream = stream or analysis.stream or replayed_stream(analysis, analysis.num_tokens - 1)
     tokens = analysis.num_tokens
     out = np.zeros((tokens, tokens + 1), dtype=np.float32)
     for rows in mixing_row_blocks(analysis, stream, layer):

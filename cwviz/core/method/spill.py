@@ -9,9 +9,9 @@ bytes, so a layer read back is bit for bit the layer recorded: every measure is 
 
 Choices:
 
-* The file is in ``CWVIZ_SPILL_DIR`` (default ``spill/`` in cwviz's cache folder, :func:`cwviz.core.util.settings.cache_dir`),
-  not in ``/tmp``, which is often a RAM disk. It is unlinked at creation: nothing is left behind when the
-  analysis is dropped or the process dies.
+* The file is in ``CWVIZ_SPILL_DIR`` (default ``spill/`` in cwviz's cache folder,
+  :func:`cwviz.core.util.settings.cache_dir`), not in ``/tmp``, which is often a RAM disk. It is unlinked at creation:
+  nothing is left behind when the analysis is dropped or the process dies.
 * Reads and writes are ``pread``/``pwrite`` into buffers of the process, not a memory map, so the operating
   system's file cache holds the layers (and may drop them under pressure, to read them from disk again) and the
   process keeps only the layers it reads. A layer read back at 8,192 tokens is 50 MB and takes tens of
@@ -123,7 +123,8 @@ class SpilledRecords(Sequence):
             offset += tensor.numel() * tensor.element_size()
         self._end = offset
         self._places[layer] = _Place(tuple(parts))
-        # The record without its tensors: the shell's meta tensors are made in shell(), after the pass (module docstring).
+        # The record without its tensors: the shell's meta tensors are made in shell(), after the pass (module
+        # docstring).
         self._shells[layer] = replace(record, **dict.fromkeys(_FIELDS))
 
     def __len__(self) -> int:
@@ -176,7 +177,9 @@ class SpilledRecords(Sequence):
             shell = self._shells[layer]
             if shell.query is None:
                 parts = self._places[layer].parts
-                shell = replace(shell, **{n: torch.empty(s, dtype=d, device="meta") for n, (_, s, d) in zip(_FIELDS, parts)})
+                shell = replace(
+                    shell, **{n: torch.empty(s, dtype=d, device="meta") for n, (_, s, d) in zip(_FIELDS, parts)}
+                )
                 self._shells[layer] = shell
             return shell
 
@@ -203,8 +206,8 @@ def _read(fd: int, buffer: torch.Tensor, offset: int) -> None:
 
 
 def by_layer(records: dict | SpilledRecords, layers: int) -> Sequence:
-    """A recording pass's records (:func:`cwviz.core.method.capture.forward_pass`: ``LayerRecord`` by layer, a dict or on
-    disk) as a sequence by layer: on disk as they are, else a tuple."""
+    """A recording pass's records (:func:`cwviz.core.method.capture.forward_pass`: ``LayerRecord`` by layer, a dict or
+    on disk) as a sequence by layer: on disk as they are, else a tuple."""
     return records if isinstance(records, SpilledRecords) else tuple(records[layer] for layer in range(layers))
 
 

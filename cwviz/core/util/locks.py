@@ -2,7 +2,8 @@
 
 The lock belongs to the open file, so the OS drops it when the process ends in any way (SIGKILL included): a crashed
 process never leaves it held. It is advisory: cwviz's own writers take it (a results folder's one owner,
-:func:`cwviz.analyses.records.folder_lock`; a model's first conversion into the cache, :mod:`cwviz.core.loading.checkpoints`).
+:func:`cwviz.analyses.records.folder_lock`; a model's first conversion into the cache,
+:mod:`cwviz.core.loading.checkpoints`).
 """
 
 from __future__ import annotations

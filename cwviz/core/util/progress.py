@@ -44,7 +44,8 @@ def cli_bar(description: str, unit: str = "layer", enabled: bool = True) -> Iter
         return
     from tqdm import tqdm
 
-    # A terminal's bar is cleared when done; elsewhere (a log) it cannot be, so its last state stays on a line of its own.
+    # A terminal's bar is cleared when done; elsewhere (a log) it cannot be, so its last state stays on a line of its
+    # own.
     with tqdm(desc=description, unit=unit, file=sys.stderr, delay=0.5, leave=not sys.stderr.isatty()) as bar:
 
         def update(done: int, total: int) -> None:

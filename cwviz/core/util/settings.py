@@ -33,15 +33,20 @@ def cache_dir() -> Path:
     if env:
         path = Path(env).expanduser()
         if path.exists() and not path.is_dir():
-            raise InputError(f"CWVIZ_CACHE is {path}, which is not a folder; point CWVIZ_CACHE at a folder (made if missing) or unset it")
+            raise InputError(
+                f"CWVIZ_CACHE is {path}, which is not a folder; point CWVIZ_CACHE at a folder (made if "
+                "missing) or unset it"
+            )
         made = next(p for p in (path, *path.parents) if p.exists())  # the part of the path that exists
         if not made.is_dir():
             raise InputError(
-                f"CWVIZ_CACHE is {path}, under {made}, which is a file; point CWVIZ_CACHE at a folder (made if missing) or unset it"
+                f"CWVIZ_CACHE is {path}, under {made}, which is a file; point CWVIZ_CACHE at a folder (made if "
+                "missing) or unset it"
             )
         if made != path and not can_write_in(made):  # a cache folder that exists may be read-only (filled once, shared)
             raise InputError(
-                f"CWVIZ_CACHE is {path}, in {made}, which you cannot write to; point CWVIZ_CACHE at a folder you can write to or unset it"
+                f"CWVIZ_CACHE is {path}, in {made}, which you cannot write to; point CWVIZ_CACHE at a folder you can "
+                "write to or unset it"
             )
         return path
     import platformdirs  # third-party, needed only when no folder is set
@@ -57,7 +62,9 @@ def can_write_in(folder: Path) -> bool:
     """Whether files can be made in the existing ``folder``: its permissions allow it and it is not in /proc or /sys
     (:data:`UNWRITABLE`; there root's permissions say yes and the kernel says no)."""
     real = Path(folder).resolve()
-    return os.access(folder, os.W_OK | os.X_OK) and not any(real == Path(u) or Path(u) in real.parents for u in UNWRITABLE)
+    return os.access(folder, os.W_OK | os.X_OK) and not any(
+        real == Path(u) or Path(u) in real.parents for u in UNWRITABLE
+    )
 
 
 def os_error_message(err: OSError) -> str:
@@ -117,7 +124,9 @@ def world_size() -> int:
     except ValueError:
         count = 0
     if count < 1:
-        raise InputError(f"WORLD_SIZE must be a whole number of at least 1, not {raw!r}; unset it, or let torchrun set it")
+        raise InputError(
+            f"WORLD_SIZE must be a whole number of at least 1, not {raw!r}; unset it, or let torchrun set it"
+        )
     missing = [name for name in LAUNCHER_VARIABLES if not os.environ.get(name, "").strip()]
     if count > 1 and missing:
         raise InputError(

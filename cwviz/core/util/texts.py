@@ -45,27 +45,39 @@ GSM8K_SAMPLES = (_PACKAGE / "_data" / "gsm8k" / "sample.jsonl", _PACKAGE.parent 
 
 
 def gsm8k_path() -> Path:
-    """The GSM8K file ``--gsm8k`` reads: ``$CWVIZ_GSM8K`` (e.g. the full test split) when set, else the shipped sample."""
+    """The GSM8K file ``--gsm8k`` reads: ``$CWVIZ_GSM8K`` (e.g. the full test split) when set, else the shipped
+    sample."""
     chosen = os.environ.get("CWVIZ_GSM8K", "").strip()
     if chosen:
         path = Path(chosen).expanduser()
         if not path.is_file():
-            raise InputError(f"CWVIZ_GSM8K={chosen!r} is not a file; point it at a GSM8K test.jsonl or unset it to use the shipped sample")
+            raise InputError(
+                f"CWVIZ_GSM8K={chosen!r} is not a file; point it at a GSM8K test.jsonl or unset it to use "
+                "the shipped sample"
+            )
         return path
     for path in GSM8K_SAMPLES:
         if path.is_file():
             return path
-    raise InputError("the GSM8K sample that ships with cwviz is missing; reinstall cwviz, or set CWVIZ_GSM8K to a GSM8K test.jsonl")
+    raise InputError(
+        "the GSM8K sample that ships with cwviz is missing; reinstall cwviz, or set CWVIZ_GSM8K to a GSM8K test.jsonl"
+    )
 
 
 def text_of(record: object, line: int, path: str | PathLike, field: str | None = None) -> str:
     """The prompt held by one decoded JSONL record (see the module docstring for the fields read)."""
     where = f"line {line} of {path}"
     if not isinstance(record, dict):
-        raise InputError(f'{where} is a JSON {type(record).__name__}, not an object; each line must be an object such as {{"text": "..."}}')
+        raise InputError(
+            f"{where} is a JSON {type(record).__name__}, not an object; each line must be an object such "
+            f'as {{"text": "..."}}'
+        )
     if field is not None:
         if field not in record:
-            raise InputError(f"{where} has no field {field!r} (fields: {', '.join(map(repr, record)) or 'none'}); choose another field")
+            raise InputError(
+                f"{where} has no field {field!r} (fields: {', '.join(map(repr, record)) or 'none'}); "
+                "choose another field"
+            )
         text = record[field]
         if not isinstance(text, str):
             raise InputError(f"{where}: field {field!r} is a {type(text).__name__}, not a string")
@@ -130,12 +142,16 @@ def decode_text(data: bytes, where: str | PathLike) -> str:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         if b"\x00" in data:
-            raise InputError(f"{where} looks binary (it is not UTF-8 and holds NUL bytes); give a UTF-8 text file") from None
+            raise InputError(
+                f"{where} looks binary (it is not UTF-8 and holds NUL bytes); give a UTF-8 text file"
+            ) from None
         raise InputError(f"{where} is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8") from None
     sample = text[:65536]
     controls = sum(1 for c in sample if ord(c) < 32 and c not in "\t\n\r\f\v")
     if controls > BINARY_CONTROL_SHARE * len(sample):
-        raise InputError(f"{where} looks binary ({controls / len(sample):.0%} control characters); give a UTF-8 text file")
+        raise InputError(
+            f"{where} looks binary ({controls / len(sample):.0%} control characters); give a UTF-8 text file"
+        )
     return text
 
 
@@ -219,7 +235,8 @@ def iter_jsonl(path: str | PathLike, n: int | None = None, own: bool = False) ->
     with path.open("rb") as handle:
         line_number = 0
         while n is None or yielded < n:
-            raw = handle.readline() if own else handle.readline(limit + 1)  # bounded: one enormous line is never read whole
+            # bounded: one enormous line is never read whole
+            raw = handle.readline() if own else handle.readline(limit + 1)
             if not raw or (own and not raw.endswith(b"\n")):
                 break
             line_number += 1
@@ -231,7 +248,9 @@ def iter_jsonl(path: str | PathLike, n: int | None = None, own: bool = False) ->
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise InputError(f"line {line_number} of {path} is not valid JSON ({err.msg} at column {err.colno})") from None
+                raise InputError(
+                    f"line {line_number} of {path} is not valid JSON ({err.msg} at column {err.colno})"
+                ) from None
             yielded += 1
             yield line_number, record
 
