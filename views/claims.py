@@ -128,9 +128,8 @@ if not finished:
     st.stop()
 table = claims.claims_table(made)
 st.caption(
-    f"{len(finished)} item(s); {CONFIDENCE:.0%} percentile bootstrap intervals over the items ({RESAMPLES:,} "
-    "resamples, "
-    "paired within an item)."
+    f"{len(finished)} item(s); {CONFIDENCE * 100:.0f} % percentile bootstrap intervals over the items "
+    f"({RESAMPLES:,} resamples, paired within an item)."
 )
 rows = claims.verdict_rows(table)
 st.subheader("Every verdict: estimate and 95 % interval against its line")

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..method.capture import ATTN_IMPLEMENTATION, attention_callers, forward_pass
+from ..method.hooks import Hook, context_hooks
 from ..method.measures import expand_kv
 from ..util.errors import UnsupportedModelError
 from .architectures import (
@@ -274,23 +275,18 @@ def _row(model: nn.Module, ids: torch.Tensor, layers_path: str, attention_path: 
 def _check_projections(model: nn.Module, arch: Architecture, ids: torch.Tensor) -> None:
     """Refuse the model unless, in every layer, Σ_j α_ij^h v_j^h from the records (the α cwviz computes, the values the
     model gave) is the input the model gives its output projection, to the probe's tolerance: one recorded pass of
-    ``ids`` with a pre-hook on each projection (removed before returning)."""
+    ``ids`` with a hook on each projection's input (removed before returning)."""
     model_type, out_path = arch.family, arch.out_proj
     layers, attention = _layer_modules(model, arch.layers, arch.attention)
     projections = [submodule(layer, out_path) for layer in layers]
     seen: dict[int, torch.Tensor] = {}  # layer -> what its projection received, (T, H * d)
-    handles = [
-        proj.register_forward_pre_hook(
-            lambda module, args, layer=layer: seen.__setitem__(layer, args[0][0].detach().float())
-        )
+    # the one hook mechanism (cwviz.core.method.hooks): another thread's pass of a shared model calls none of these
+    hooks = [
+        Hook(proj, "input", lambda x, layer=layer: seen.__setitem__(layer, x[0].detach().float()))
         for layer, proj in enumerate(projections)
     ]
-    try:
-        with torch.inference_mode(), forward_pass(attention) as records:
-            _run(model, ids)
-    finally:
-        for handle in handles:
-            handle.remove()
+    with torch.inference_mode(), context_hooks(hooks), forward_pass(attention) as records:
+        _run(model, ids)
     for layer, proj in enumerate(projections):
         rec = records.get(layer)
         if rec is None or layer not in seen:
