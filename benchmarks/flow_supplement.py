@@ -18,6 +18,7 @@ import pandas as pd
 
 import cwviz
 from cwviz.analyses import flow_faithfulness as test
+from cwviz.analyses import flow_verdicts
 from cwviz.analyses.claims import judge, mean_interval
 from cwviz.analyses.codecs.checks import FLOW_FAITHFULNESS
 from cwviz.analyses.faithfulness import example_ids
@@ -25,7 +26,7 @@ from cwviz.analyses.records import read_records
 from cwviz.core.method import attribution
 from cwviz.core.util.texts import read_texts
 
-STATISTICS = (test.PRIMARY, "rho_signed", "sign_agreement")
+STATISTICS = (flow_verdicts.PRIMARY, "rho_signed", "sign_agreement")
 
 
 def main(argv=None) -> int:
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
             effects = np.asarray(record["effects"][intervention])
             for name, values in scores.items():
                 signed = name == "effect" or attribution.METHODS[name].signed
-                stats = test.per_item(values, effects, signed)
+                stats = flow_verdicts.per_item(values, effects, signed)
                 rows.append({"example": record["example"], "intervention": intervention, "method": name, **stats})
     items = pd.DataFrame(rows)
     out = []

@@ -26,6 +26,7 @@ TORCH_FREE = [
     "cwviz.cli.main",
     "cwviz.cli.options",
     "cwviz.cli.parsers",
+    "cwviz.cli.sweep_parsers",
 ]
 
 

@@ -3,7 +3,7 @@ in turn, the measured effects beside a method's scores, and the test's statistic
 
 The effects are those ``cwviz flow-faithfulness`` measures (:func:`cwviz.core.method.knockout.last_logits`: Δ_k =
 LD(clean) − LD(token k taken away), LD = logit(target) − logit(foil) at the position, the target's logit alone without
-a foil), for the input tokens 0 .. p − 1; the statistics are the test's own (:func:`cwviz.analyses.flow_faithfulness.
+a foil), for the input tokens 0 .. p − 1; the statistics are the test's own (:func:`cwviz.analyses.flow_verdicts.
 per_item`): ρ of |score| with |Δ| over tokens 1 .. p − 1, and for a signed method the signed ρ and the top-3 sign
 agreement. ``cwviz flow --check`` and the Flow page's "Check against knockouts" call :func:`check`.
 """
@@ -21,7 +21,7 @@ from ..core.method import attribution
 from ..core.method.knockout import last_logits
 from ..core.util.errors import InputError
 from ..core.util.progress import Progress
-from . import flow_faithfulness
+from . import flow_verdicts
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def check(
         measured, complete = effects(request, intervention, batch_size, progress, stop)
     scores = np.asarray(attribution.run(chosen, request).scores, np.float64)[: request.position]
     done = np.isfinite(measured)
-    stats = flow_faithfulness.per_item(np.where(done, scores, np.nan), measured, chosen.signed)
+    stats = flow_verdicts.per_item(np.where(done, scores, np.nan), measured, chosen.signed)
     return Check(
         method=chosen.name,
         intervention=intervention,

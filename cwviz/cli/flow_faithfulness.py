@@ -3,7 +3,7 @@ pre-registered; protocol version 2)
 
 Each item runs through the one sweep runner (:mod:`cwviz.analyses.sweep`) into ``DIR/flow_faithfulness/`` (records,
 manifest), so a run resumes (``--resume``) and shards under ``torchrun`` / ``accelerate launch``; the main process then
-recomputes every statistic from the records (:mod:`cwviz.analyses.flow_faithfulness`), writes
+recomputes every statistic from the records (:mod:`cwviz.analyses.flow_verdicts`), writes
 ``DIR/flow_faithfulness.csv`` (the verdicts), ``DIR/flow_faithfulness_methods.csv`` (each method's means) and
 ``DIR/flow_faithfulness_items.csv`` (each item's ρ per method) atomically, and prints the primary verdicts.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..analyses import faithfulness, flow_faithfulness, sweep
+from ..analyses import faithfulness, flow_faithfulness, flow_verdicts, sweep
 from ..analyses.codecs.checks import FLOW_FAITHFULNESS
 from ..core.loading.provenance import model_provenance
 from ..core.util.progress import cli_bar
@@ -70,9 +70,9 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
         return stop
     made_records = outcome.records
     finished = sum(1 for r in made_records if not r["skipped"])
-    verdicts = flow_faithfulness.verdict_table(made_records, seed=args.seed)
-    methods = flow_faithfulness.method_table(made_records, seed=args.seed)
-    items = flow_faithfulness.item_table(made_records)
+    verdicts = flow_verdicts.verdict_table(made_records, seed=args.seed)
+    methods = flow_verdicts.method_table(made_records, seed=args.seed)
+    items = flow_verdicts.item_table(made_records)
     verdicts_path, methods_path = (
         args.results / flow_faithfulness.CSV_NAME,
         args.results / flow_faithfulness.METHODS_CSV_NAME,
@@ -81,11 +81,9 @@ def run_sweep(args: argparse.Namespace, texts: list[str], procs) -> int:
     outputs.write(verdicts_path, outputs.csv_text(verdicts))
     outputs.write(methods_path, outputs.csv_text(methods))
     outputs.write(items_path, outputs.csv_text(items))
-    skips = (
-        ", ".join(f"{count} {why}" for why, count in flow_faithfulness.skipped_counts(made_records).items()) or "none"
-    )
+    skips = ", ".join(f"{count} {why}" for why, count in flow_verdicts.skipped_counts(made_records).items()) or "none"
     print(f"model: {bundle.info.id}; {finished} item(s), at most {args.max_tokens} tokens each; skipped: {skips}")
-    print(flow_faithfulness.format_verdicts(verdicts))
+    print(flow_verdicts.format_verdicts(verdicts))
     print(f"wrote {verdicts_path}, {methods_path} and {items_path} ({len(made_records)} record(s))")
     if outcome.interrupted:
         return report_interrupt(len(made_records), len(texts), "item", args.results)

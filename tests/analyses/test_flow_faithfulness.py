@@ -15,7 +15,7 @@ import torch
 
 import cwviz
 from cwviz import cli
-from cwviz.analyses import flow_faithfulness
+from cwviz.analyses import flow_faithfulness, flow_verdicts
 from cwviz.analyses.claim_items import spearman
 from cwviz.analyses.codecs.checks import FLOW_FAITHFULNESS
 from cwviz.analyses.faithfulness import example_ids
@@ -145,8 +145,8 @@ def test_verdicts_hold_fail_and_stay_unresolved_where_constructed():
         scores = {"effect": effects, "alti": 1 / (np.abs(effects) + 0.1) + 1e-3 * noise, "share_flow": -effects}
         records.append(_record(item, scores, effects, drops))
     records.append(_record(12, {}, [], skipped=True))
-    table = flow_faithfulness.verdict_table(records)
-    assert list(table.columns) == flow_faithfulness.CSV_COLUMNS
+    table = flow_verdicts.verdict_table(records)
+    assert list(table.columns) == flow_verdicts.CSV_COLUMNS
     assert _row(table, "effect", "alti", "rho").verdict == "holds"
     assert _row(table, "effect", "alti", "rho", "origin").verdict == "holds"
     assert _row(table, "effect", "alti", "aopc_comprehensiveness").verdict == "holds"
@@ -162,16 +162,16 @@ def test_verdicts_hold_fail_and_stay_unresolved_where_constructed():
     assert not ((table["second"] == "alti") & table["statistic"].isin(["rho_signed", "sign_agreement"])).any()
     assert _row(table, "effect", "share_flow", "aopc_comprehensiveness").verdict == "unresolved"  # ±0.5 around 0
     assert set(table.n) == {12}
-    assert flow_faithfulness.skipped_counts(records) == {"fewer than 4 tokens": 1}
+    assert flow_verdicts.skipped_counts(records) == {"fewer than 4 tokens": 1}
     assert set(table[table.primary].statistic) == {"rho"}
-    methods = flow_faithfulness.method_table(records)
+    methods = flow_verdicts.method_table(records)
     effect = methods[(methods.method == "effect") & (methods.statistic == "aopc_comprehensiveness")].iloc[0]
     assert effect["mean"] == pytest.approx(2.0)
     sign = methods[(methods.method == "effect") & (methods.statistic == "sign_agreement")].iloc[0]
     assert sign["mean"] == pytest.approx(1.0)
     assert methods[(methods.method == "alti") & (methods.statistic == "sign_agreement")]["mean"].isna().all()
     # four items decide nothing, however clear
-    few = flow_faithfulness.verdict_table(records[:4])
+    few = flow_verdicts.verdict_table(records[:4])
     assert set(few.verdict) == {"unresolved"} and few.evidence.str.startswith("too few items").all()
 
 
@@ -180,9 +180,9 @@ def test_the_first_token_and_the_position_are_left_out_of_the_primary_rho():
     disagreement."""
     effects = np.array([10.0, 1.0, 2.0, 3.0, 4.0, 5.0])
     scores = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])  # right on every token but the first
-    stats = flow_faithfulness.per_item(scores, effects, signed=True)
+    stats = flow_verdicts.per_item(scores, effects, signed=True)
     assert stats.rho == pytest.approx(1.0) and stats.rho_with_first < 0.9
-    assert flow_faithfulness.sign_agreement(
+    assert flow_verdicts.sign_agreement(
         np.array([3.0, -2.0, 1.0, 0.1]), np.array([1.0, 1.0, 1.0, -1.0])
     ) == pytest.approx(2 / 3)
 
@@ -206,7 +206,7 @@ def test_an_item_with_an_oracle_method_correlates_perfectly_and_skips_short_item
     payload = flow_faithfulness.item_payload(bundle, text, example=0, max_tokens=12, methods=methods, batch_size=5)
     assert not payload["skipped"] and payload["tokens"] == 12 and len(payload["effects"]["relay"]) == 11
     assert np.allclose(payload["scores"]["effect"], payload["effects"]["relay"], atol=1e-6)
-    stats = flow_faithfulness.item_statistics([payload | {"example": 0}])
+    stats = flow_verdicts.item_statistics([payload | {"example": 0}])
     assert stats["relay", "effect", "rho"].iloc[0] == pytest.approx(1.0)
     assert stats["relay", "effect", "sign_agreement"].iloc[0] == pytest.approx(1.0)
     # comprehensiveness at 10 % of the 10 ranked tokens (1 .. 10) removes the oracle's largest |effect| among them
@@ -252,7 +252,7 @@ def test_command_end_to_end_resumes_and_refuses_other_settings(tmp_path, monkeyp
     out = capsys.readouterr().out
     assert "skipped: 1 fewer than 4 tokens" in out and "relay: rho: effect vs random:" in out
     table = pd.read_csv(folder / flow_faithfulness.CSV_NAME)
-    assert list(table.columns) == flow_faithfulness.CSV_COLUMNS and set(table.n) == {3}
+    assert list(table.columns) == flow_verdicts.CSV_COLUMNS and set(table.n) == {3}
     assert set(table.verdict) == {"unresolved"}  # 3 items < MIN_ITEMS
     means = pd.read_csv(folder / flow_faithfulness.METHODS_CSV_NAME)
     assert set(means.method) == {"effect", "alti", "random"}
@@ -329,8 +329,8 @@ def test_bad_arguments_are_one_error_line_before_any_model_loads(tmp_path, monke
 
 def test_embedded_analysis_is_not_needed_for_the_tables():
     """The tables and verdicts are torch-free: they read records alone (an empty list gives empty tables)."""
-    assert flow_faithfulness.verdict_table([]).verdict.eq("unresolved").all()
-    assert flow_faithfulness.item_statistics([]).empty
+    assert flow_verdicts.verdict_table([]).verdict.eq("unresolved").all()
+    assert flow_verdicts.item_statistics([]).empty
     assert cwviz  # the package imports without the flow
 
 

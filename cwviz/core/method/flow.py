@@ -12,7 +12,8 @@ routing is a vector times each layer's M, row block by row block (T² a layer), 
 | ``token_totals(analysis, ...)``   | numpy [T]: each input token's signed total toward t over f  |
 | ``flow_basis(analysis, ...)``     | :class:`FlowBasis`: what every target of one position shares |
 
-Each layer's M and the rollout are :mod:`cwviz.core.method.mixing`'s.
+Each layer's M and the rollout are :mod:`cwviz.core.method.mixing`'s; the logits at p and each head's vocabulary there
+(read through the output layer) are :mod:`cwviz.core.method.flow_vocabulary`'s.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from ..util.errors import ArgumentError, InputError
 from . import flow_arguments as arguments
 from .edges import LargestEdges
 from .flow_tables import Deferred, DirectParts, Flow, LayerEdges
+from .flow_vocabulary import head_vocabulary, head_writes, own_logits, vocabulary_size
 from .measures import grouped_matmul
 from .mixing import MixingRowBlock, mixing_row_blocks, replayed_stream
 from .residual import Stream
-from .state import ModelState
 
 if TYPE_CHECKING:
     from ..loading.models import Bundle
@@ -75,7 +76,7 @@ def _token_id(bundle: Bundle, token: int | str | None, name: str) -> int | None:
     :mod:`~cwviz.core.method.flow_arguments`)."""
     token = arguments.token(token, name)
     if token is None or isinstance(token, int):
-        return None if token is None else arguments.token_id(token, _vocabulary_size(bundle), name)
+        return None if token is None else arguments.token_id(token, vocabulary_size(bundle), name)
     ids = list(bundle.tokenizer(token, add_special_tokens=False)["input_ids"])
     if len(ids) != 1:
         shown = arguments.quoted([bundle.tokenizer.decode([i]) for i in ids[:20]])  # a long text: its first tokens
@@ -85,12 +86,6 @@ def _token_id(bundle: Bundle, token: int | str | None, name: str) -> int | None:
             "leading space if it has one)",
         )
     return ids[0]
-
-
-def _vocabulary_size(bundle: Bundle) -> int:
-    """The tokens the model's output layer scores (an encoder without one: its config's vocabulary)."""
-    head = bundle.model.get_output_embeddings()
-    return head.weight.shape[0] if head is not None else int(bundle.model.config.vocab_size)
 
 
 def _logit_direction(
@@ -248,8 +243,8 @@ def flow_basis(
     and suppressed tokens; with ``keep_mixing``, every layer's M where it fits :data:`MIXING_BYTES` (a causal model's).
     Pass it to :func:`flow` for each target and foil of the same analysis and position."""
     position, _, _ = resolve(analysis, position, None, None)
-    vocabulary = arguments.vocabulary(vocabulary, _vocabulary_size(analysis.bundle))
-    layers, heads = analysis.num_layers, analysis.num_heads
+    vocabulary = arguments.vocabulary(vocabulary, vocabulary_size(analysis.bundle))
+    layers = analysis.num_layers
     at_p: dict[int, torch.Tensor] = {}
 
     def replay(layer: int) -> torch.Tensor:  # the recorded z [head, query, d_head] (of a spilled layer, only its bytes)
@@ -261,16 +256,11 @@ def flow_basis(
         stream = replayed_stream(analysis, position, replay)  # no pass (nor replay, nor at_p) when the analysis kept it
         if not analysis.bundle.has_logits:
             return FlowBasis(weakref.ref(analysis), position, stream, None, None, 0)
-        logits = _own_logits(analysis, stream)
+        logits = own_logits(analysis, stream)
         vocabulary_rows = None
         if vocabulary:
-            writes = np.zeros((layers, heads, analysis.info.d_model), np.float32)
-            for layer in range(layers):
-                z = at_p[layer] if at_p else analysis.recorded_outputs(layer)[:, position].float()  # (H, dh)
-                w_heads = analysis.w_heads(layer)  # (H, D, dh)
-                landed = stream.layers[layer].landing.apply(torch.einsum("hdk,hk->hd", w_heads, z.to(w_heads.device)))
-                writes[layer] = landed.cpu().numpy()
-            vocabulary_rows = _head_vocabulary(analysis, stream, writes, vocabulary)
+            writes = head_writes(analysis, stream, position, at_p)
+            vocabulary_rows = head_vocabulary(analysis, stream, writes, vocabulary)
         mixing = None
         if keep_mixing and layers * analysis.num_tokens**2 * 4 <= MIXING_BYTES:  # each layer's M whole: T² floats
             mixing = tuple(tuple(mixing_row_blocks(analysis, stream, layer, whole=True)) for layer in range(layers))
@@ -305,7 +295,7 @@ def flow(
     :class:`~cwviz.core.util.errors.UnsupportedModelError` (a derived row, whose block layout is not known).
     """
     position, target, foil = resolve(analysis, position, target, foil)
-    vocabulary = arguments.vocabulary(vocabulary, _vocabulary_size(analysis.bundle))
+    vocabulary = arguments.vocabulary(vocabulary, vocabulary_size(analysis.bundle))
     if basis is None:  # made for this flow alone: M is read once, layer by layer, not kept
         basis = flow_basis(analysis, position, vocabulary=vocabulary, keep_mixing=False)
     elif (
@@ -399,55 +389,6 @@ def _flow(analysis: Analysis, basis: FlowBasis, target: int | None, foil: int | 
         frozen_logit_difference=frozen,
         norm_error=begun.uncapped - frozen,
     )
-
-
-def _vocabulary_rows(vocab, decode) -> tuple[tuple, ...]:
-    """(layer, head, direction, rank, token id, token, logit) for each head's promoted and suppressed tokens."""
-    top_ids, top_logits, bottom_ids, bottom_logits = vocab
-    rows = []
-    for direction, ids, logits in (("promoted", top_ids, top_logits), ("suppressed", bottom_ids, bottom_logits)):
-        for (layer, head, rank), token in np.ndenumerate(ids):
-            rows.append(
-                (layer, head, direction, rank, int(token), decode([int(token)]), float(logits[layer, head, rank]))
-            )
-    return tuple(rows)
-
-
-def _own_logits(analysis: Analysis, stream: Stream) -> torch.Tensor:
-    """The model's own logits at p [vocab], float32: its output layer, scaling and soft-cap on the final output."""
-    device = analysis.bundle.model.get_output_embeddings().weight.device
-    with torch.inference_mode():
-        return analysis.bundle.output_logits(stream.final_output[None].to(device))[0].float()
-
-
-def _head_vocabulary(analysis: Analysis, stream: Stream, writes: np.ndarray, count: int) -> Deferred:
-    """Each head's write at p read through the frozen final norm and the output layer: the rows (layer, head,
-    direction, rank, token id, token, logit) of its ``count`` most promoted and most suppressed tokens, on first use.
-
-    The final norm is applied now ([layer x head, d_model], small); the product with the output layer ([layer x head,
-    vocab]: for a small model with a large vocabulary the largest product of the flow, 0.1-0.2 s on two cores for the
-    embedded model) and the top-k wait until the vocabulary is first read (``Flow.vocabulary``, ``heads``,
-    ``vocabulary_table``), after a check that the model is as it was (ModelChangedError otherwise)."""
-    flat = torch.from_numpy(writes.reshape(-1, writes.shape[-1]))
-    if stream.final_norm is not None:
-        norm = stream.final_norm
-        flat = type(norm)(norm.scale.cpu().expand(flat.shape[0]), norm.gain.cpu(), None, norm.centred).apply(flat)
-    head, decode, state = (
-        analysis.bundle.model.get_output_embeddings(),
-        analysis.bundle.tokenizer.decode,
-        ModelState(analysis.bundle),
-    )
-    shape = (*writes.shape[:2], count)
-
-    def rows() -> tuple[tuple, ...]:
-        state.check()
-        with torch.inference_mode():
-            logits = flat.to(head.weight.device) @ head.weight.float().T  # (layer * head, vocab)
-            top, bottom = logits.topk(count, -1), logits.topk(count, -1, largest=False)
-        vocab = tuple(x.reshape(shape).cpu().numpy() for x in (top.indices, top.values, bottom.indices, bottom.values))
-        return _vocabulary_rows(vocab, decode)
-
-    return Deferred(rows)
 
 
 def token_totals(analysis: Analysis, position: int, target: int | str, foil: int | str | None = None) -> np.ndarray:
