@@ -524,7 +524,7 @@ RUNNER = "cwviz/analyses/sweep.py"
 #: own loops.
 ONE_ITEM = {
     ("cwviz/analyses/tasks.py", "run_item"): "a multiple-choice item's choices, one pass each",
-    ("cwviz/analyses/claims.py", "item_payload"): "one item's rank scopes, from its one clean pass",
+    ("cwviz/analyses/claim_runs.py", "item_payload"): "one item's rank scopes, from its one clean pass",
     ("cwviz/cli/compare.py", "analyse_inputs"): "the two inputs A and B of one comparison",
     ("cwviz/analyses/faithfulness.py", "iter_examples"): "the per-item generator's own loop",
     ("cwviz/analyses/tasks.py", "iter_items"): "the per-item generator's own loop",

@@ -6,7 +6,7 @@ from pathlib import Path
 import streamlit as st
 
 from cwviz import CwvizError
-from cwviz.analyses import claims, records
+from cwviz.analyses import claim_runs, claims, records
 from cwviz.analyses.codecs.checks import CLAIMS
 from cwviz.app import hosting, run_services
 from cwviz.app.sidebar import sidebar
@@ -77,8 +77,8 @@ def run_here() -> list[dict] | None:
             min_value=3,
             max_value=512,
         )
-    protocol = claims.protocol(max_tokens=int(cap))
-    asked = run_services.Asked((sel.model, sel.device, sel.dtype), tuple(claims.gsm8k_items(int(n))), protocol)
+    protocol = claim_runs.protocol(max_tokens=int(cap))
+    asked = run_services.Asked((sel.model, sel.device, sel.dtype), tuple(claim_runs.gsm8k_items(int(n))), protocol)
     if st.button("Run", type="primary", key="claims_run"):  # True in the click's rerun, which has the widgets' values
         st.session_state[ASKED] = asked
         stop = st.empty()  # a click reruns the page, which interrupts the run: the finished items are kept

@@ -13,7 +13,7 @@ from pathlib import Path
 import streamlit as st
 
 from cwviz import CwvizError
-from cwviz.analyses import faithfulness, faithfulness_summary
+from cwviz.analyses import examples, faithfulness, faithfulness_summary
 from cwviz.analyses.codecs.sweeps import FAITHFULNESS
 from cwviz.analyses.schema import area_span
 from cwviz.app import hosting, run_services, services, widgets
@@ -76,13 +76,13 @@ def read_texts(source: str, n: int, field: str | None, upload, path: str, datase
         with tempfile.TemporaryDirectory() as folder:
             local = Path(folder) / Path(upload.name).name
             local.write_bytes(upload.getvalue())
-            return faithfulness.read_examples(local, n=n, field=field)
+            return examples.read_examples(local, n=n, field=field)
     if source == "path":
         if not path.strip():
             raise CwvizError("type the path of a .txt or .jsonl file on this machine")
         policy.check_server_file(path)
-        return faithfulness.read_examples(path.strip(), n=n, field=field)
-    return faithfulness.dataset_texts(dataset.strip(), split=split, n=n, field=field)
+        return examples.read_examples(path.strip(), n=n, field=field)
+    return examples.dataset_texts(dataset.strip(), split=split, n=n, field=field)
 
 
 def asked() -> run_services.Asked:

@@ -2,14 +2,13 @@
 sweep's items with a bootstrap interval over the items and a verdict (docs/METHOD.md section 5, where the protocol is
 written down: issue 45's, pre-registered).
 
-Each item (one text) gives one record (:func:`item_payload`, run through the sweep runner
-:mod:`cwviz.analyses.sweep` by ``cwviz claims``): its faithfulness runs under each rank scope (the per-example table
-of :func:`cwviz.analyses.faithfulness.run_example`, the random control among the measures, as a faithfulness record's
-payload) and the numbers claims 2–5 are judged by (:func:`cwviz.analyses.claim_items.sink_statistics`).
-:func:`claims_table` turns the records into one row per statistic, each with its ``role``: ``verdict`` (the
-pre-registered test of a claim; claim 1 per scope, curve and rate; claim 5 as three verdicts a, b, c), ``control``
-(claim 1: each measure's gap to random) or ``evidence`` (the first protocol's statistics, other thresholds, ΔPPL);
-it and everything below it compute no model, so they are tested on constructed records.
+Each item (one text) gives one record (:func:`cwviz.analyses.claim_runs.item_payload`, which runs the model): its
+faithfulness runs under each rank scope (the per-example table of :func:`cwviz.analyses.faithfulness.run_example`, the
+random control among the measures, as a faithfulness record's payload) and the numbers claims 2–5 are judged by
+(:func:`cwviz.analyses.claim_items.sink_statistics`). :func:`claims_table` turns the records into one row per
+statistic, each with its ``role``: ``verdict`` (the pre-registered test of a claim; claim 1 per scope, curve and rate;
+claim 5 as three verdicts a, b, c), ``control`` (claim 1: each measure's gap to random) or ``evidence`` (the first
+protocol's statistics, other thresholds, ΔPPL); this module computes no model, so it is tested on constructed records.
 
 Verdicts: ``holds`` when the 95 % interval lies wholly on the paper's side of the row's ``line``, ``fails`` when it
 lies wholly on the other, ``unresolved`` when it straddles the line (or every item ties exactly, or too few items);
@@ -21,26 +20,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 from functools import partial
 
 import numpy as np
 import pandas as pd
 
-from ..core.defaults import (
-    CLAIMS_MAX_TOKENS,
-    CLAIMS_RATES,
-    CONFIDENCE,
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_DRAWS,
-    RESAMPLES,
-    SEED,
-    SINK_ACTIVE,
-    SINK_ACTIVE_THRESHOLDS,
-)
-from ..core.method.analysis import analyze
-from ..core.method.interventions import ScaleValues
-from . import claim_items, faithfulness, sinks
+from ..core.defaults import CONFIDENCE, RESAMPLES, SINK_ACTIVE, SINK_ACTIVE_THRESHOLDS
+from . import claim_items
 from .bootstrap import bootstrap_interval
 from .codecs.checks import CLAIMS, SINK_STATS
 from .schema import FAILS, HOLDS, TIES, UNRESOLVED
@@ -109,58 +95,6 @@ CSV_COLUMNS = [
 #: Fewer items than this decide nothing: a bootstrap over one or two items has (nearly) no spread, so its interval
 #: would look decisive while it measures nothing. Such a row is unresolved, its evidence saying why.
 MIN_ITEMS = 5
-
-
-def protocol(
-    rates: Sequence[float] = CLAIMS_RATES,
-    max_tokens: int = CLAIMS_MAX_TOKENS,
-    *,
-    seed: int = SEED,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    draws: int = DEFAULT_DRAWS,
-) -> faithfulness.Protocol:
-    """The faithfulness protocol claim 1 is checked under, for ``cwviz claims`` and the Claims page alike: the claims'
-    rankings (:data:`RANKINGS`, the random control among them) at ``rates`` (%), each item cut to ``max_tokens``;
-    every other choice is faithfulness's default (each rank scope is set per run by :func:`item_payload`)."""
-    return faithfulness.Protocol(
-        rates=rates,
-        measures=RANKINGS,
-        seed=seed,
-        batch_size=batch_size,
-        max_tokens=max_tokens,
-        draws=draws,
-    )
-
-
-# -- one item ---------------------------------------------------------------------------------------------
-def item_payload(bundle, text: str, protocol, scopes: Sequence[str], sink=0, example: int = 0) -> dict:
-    """One item's claims record payload: ``{"skipped", "tokens", "faithfulness": {scope: faithfulness payload},
-    "sinks": {name: float for SINK_STATS}}``. One clean pass is shared by every scope's masked runs and the sink table;
-    one more pass removes the sink's value in every layer (attention kept) for claim 5, and one its control: in each
-    layer the value of one non-sink key of about the sink's attention mass (:func:`claim_items.control_keys`)."""
-    ids = faithfulness.example_ids(bundle, text, protocol.max_tokens)
-    if ids is None or len(ids) < 3:  # the sink statistics need a query that sees the sink and another key
-        return CLAIMS.encode(0 if ids is None else len(ids))
-    analysis = analyze(bundle, input_ids=ids)
-    tables = {
-        scope: faithfulness.run_example(
-            bundle, ids, replace(protocol, rank_scope=scope), example=example, analysis=analysis
-        )
-        for scope in scopes
-    }
-    sink = sinks.resolve_sink(analysis, sink)
-    after = analyze(bundle, input_ids=ids, intervention=ScaleValues(positions=(sink,), factor=0.0))
-    draw = claim_items.control_keys(claim_items.attention_mass(analysis), sink, protocol.seed, example)
-    control = analyze(bundle, input_ids=ids, intervention=claim_items.remove_values(draw.keys))
-    stats = claim_items.sink_statistics(analysis, after, sinks.sink_table(analysis, sink), sink, control, draw)
-    return CLAIMS.encode(len(ids), tables, stats)
-
-
-def gsm8k_items(n: int) -> list[str]:
-    """The first ``n`` GSM8K items ``--gsm8k`` reads (the shipped sample, or ``$CWVIZ_GSM8K``): the page's run."""
-    from ..core.util.texts import gsm8k_path, read_texts
-
-    return read_texts(gsm8k_path(), n=n)
 
 
 # -- verdicts (torch-free) ------------------------------------------------------------------------------
@@ -272,18 +206,10 @@ def claim1_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
                     f"paired log-perplexity ratio difference, {SHORT[have[pick]]}→{SHORT[have[pick + 1]]} (the "
                     "deciding pair; > 0: paper's order)"
                 )
+                evidence = "; ".join(pairs)
                 out.append(
                     _row(
-                        1,
-                        VERDICT,
-                        statistic,
-                        mean[pick],
-                        low[pick],
-                        high[pick],
-                        n,
-                        "; ".join(pairs),
-                        verdict=overall,
-                        **where,
+                        1, VERDICT, statistic, mean[pick], low[pick], high[pick], n, evidence, verdict=overall, **where
                     )
                 )
             if (curve, rate, "random") in frame.columns:
@@ -323,100 +249,87 @@ def _stats(records: Sequence[dict]) -> pd.DataFrame:
 
 
 def sink_rows(records: Sequence[dict], seed: int = 0) -> list[dict]:
-    """Claims 2–5 from the items' sink statistics (criteria in docs/METHOD.md section 5): verdict rows and evidence."""
+    """Claims 2–5 from the items' sink statistics (criteria in docs/METHOD.md section 5): verdict rows and evidence,
+    claim by claim (:func:`claim_two_rows`, :func:`claim_three_rows`, :func:`claim_four_rows`, :func:`removal_rows`)."""
     stats = _stats(records)
     if not len(stats):
         return []
+    steps = (claim_two_rows, claim_three_rows, claim_four_rows, removal_rows)
+    return [row for step in steps for row in step(stats, seed)]
 
-    one = partial(_judged, seed=seed)
-    active = SINK_ACTIVE
+
+def claim_two_rows(stats: pd.DataFrame, seed: int = 0) -> list[dict]:
+    """Claim 2: how much more the sink's contributions follow value geometry than attention (d_σ), judged against the
+    same difference over every other key (d_other); both as evidence. ``stats``: one row per item (``SINK_STATS``)."""
     d_sink = stats["rho_geometry"] - stats["rho_attention"]
     d_other = stats["rho_geometry_other"] - stats["rho_attention_other"]
-    out = [
-        one(
-            2,
-            VERDICT,
-            "d_σ − d_other: [ρ(c, geometry) − ρ(c, attention)] of the sink minus that of the other keys",
-            d_sink - d_other,
-        ),
-        one(2, EVIDENCE, "d_σ = ρ(c, geometry) − ρ(c, attention), the sink's rows (the first protocol)", d_sink),
-        one(2, EVIDENCE, "d_other, every other visible key", d_other),
-        one(
-            3,
-            VERDICT,
-            f"mean cos(ṽ_σ, m), sink-active heads (mean sink ratio ≥ {active:g})",
-            stats[f"cos_active_{active:g}"],
-            positive=False,
-        ),
-        one(3, EVIDENCE, "mean cos(ṽ_σ, m), every head (the first protocol)", stats["cos_sink_rest"], positive=False),
+    lead = "d_σ − d_other: [ρ(c, geometry) − ρ(c, attention)] of the sink minus that of the other keys"
+    rows = [
+        (VERDICT, lead, d_sink - d_other),
+        (EVIDENCE, "d_σ = ρ(c, geometry) − ρ(c, attention), the sink's rows (the first protocol)", d_sink),
+        (EVIDENCE, "d_other, every other visible key", d_other),
     ]
-    out += [
-        one(
-            3,
-            EVIDENCE,
-            f"mean cos(ṽ_σ, m), heads with mean sink ratio ≥ {t:g}",
-            stats[f"cos_active_{t:g}"],
-            positive=False,
-        )
+    return [_judged(2, role, name, values, seed) for role, name, values in rows]
+
+
+def claim_three_rows(stats: pd.DataFrame, seed: int = 0) -> list[dict]:
+    """Claim 3: the sink's value against the semantic tokens' mean (cos(ṽ_σ, m) < 0: anti-aligned), judged on the
+    sink-active heads (:data:`~cwviz.core.defaults.SINK_ACTIVE`); every head, the other thresholds and the mean
+    weighted by the sink ratio as evidence."""
+    others = [
+        (EVIDENCE, f"mean cos(ṽ_σ, m), heads with mean sink ratio ≥ {t:g}", f"cos_active_{t:g}")
         for t in SINK_ACTIVE_THRESHOLDS
-        if t != active
+        if t != SINK_ACTIVE
     ]
-    out.append(
-        one(
-            3,
-            EVIDENCE,
-            "mean cos(ṽ_σ, m) weighted by the sink ratio, every head",
-            stats["cos_weighted"],
-            positive=False,
-        )
+    active = f"mean cos(ṽ_σ, m), sink-active heads (mean sink ratio ≥ {SINK_ACTIVE:g})"
+    rows = [
+        (VERDICT, active, f"cos_active_{SINK_ACTIVE:g}"),
+        (EVIDENCE, "mean cos(ṽ_σ, m), every head (the first protocol)", "cos_sink_rest"),
+        *others,
+        (EVIDENCE, "mean cos(ṽ_σ, m) weighted by the sink ratio, every head", "cos_weighted"),
+    ]
+    return [_judged(3, role, name, stats[column], seed, positive=False) for role, name, column in rows]
+
+
+#: Claim 4's evidence rows: (statistic, the per-item name, line: :data:`MAJORITY` to judge, NaN to describe).
+CLAIM_FOUR_EVIDENCE: tuple[tuple[str, str, float], ...] = (
+    (
+        "share of fitted heads whose ‖o‖² against s is U-shaped (β2 > 0, minimiser inside (0, 1); issue 45's verdict, "
+        "close to an algebraic consequence: METHOD.md section 5)",
+        "u_shaped_share",
+        MAJORITY,
+    ),
+    (
+        "sink-active U-shaped heads: median operating ratio − s* (< 0: short of the minimum)",
+        "operating_offset",
+        math.nan,
+    ),
+    ("sink-active U-shaped heads per item", "operating_heads", math.nan),
+    (
+        "share of heads whose medians' curve has its minimiser inside (0, 1) (the first protocol)",
+        "interior_minimum_share",
+        MAJORITY,
+    ),
+    ("U-shaped heads: median minimiser s*", "fit_minimiser", math.nan),
+    ("U-shaped heads: median operating sink ratio", "operating_ratio", math.nan),
+    ("U-shaped heads: share operating above their minimiser", "above_minimum_share", math.nan),
+    ("heads fitted per item", "fitted_heads", math.nan),
+)
+
+
+def claim_four_rows(stats: pd.DataFrame, seed: int = 0) -> list[dict]:
+    """Claim 4 judged on its empirical part, the operating point: the sink-active U-shaped heads' median distance to
+    their fitted minimiser s* below :data:`~cwviz.analyses.claim_items.NEAR_MINIMISER`; the fits' shares and medians
+    as evidence (:data:`CLAIM_FOUR_EVIDENCE`)."""
+    near = claim_items.NEAR_MINIMISER
+    statistic = (
+        "operating point (the empirical part): median |operating sink ratio − fitted minimiser s*| over the "
+        f"sink-active U-shaped heads (< {near:g}: near their minimum)"
     )
-    out += [
-        one(
-            4,
-            VERDICT,
-            "operating point (the empirical part): median |operating sink ratio − fitted minimiser s*| over the "
-            f"sink-active U-shaped heads (< {claim_items.NEAR_MINIMISER:g}: near their minimum)",
-            stats["operating_distance"],
-            line=claim_items.NEAR_MINIMISER,
-            positive=False,
-        ),
-        one(
-            4,
-            EVIDENCE,
-            "share of fitted heads whose ‖o‖² against s is U-shaped (β2 > 0, minimiser inside (0, 1); issue 45's "
-            "verdict, "
-            "close to an algebraic consequence: METHOD.md section 5)",
-            stats["u_shaped_share"],
-            line=MAJORITY,
-        ),
-        one(
-            4,
-            EVIDENCE,
-            "sink-active U-shaped heads: median operating ratio − s* (< 0: short of the minimum)",
-            stats["operating_offset"],
-            line=math.nan,
-        ),
-        one(4, EVIDENCE, "sink-active U-shaped heads per item", stats["operating_heads"], line=math.nan),
-        one(
-            4,
-            EVIDENCE,
-            "share of heads whose medians' curve has its minimiser inside (0, 1) (the first protocol)",
-            stats["interior_minimum_share"],
-            line=MAJORITY,
-        ),
-        one(4, EVIDENCE, "U-shaped heads: median minimiser s*", stats["fit_minimiser"], line=math.nan),
-        one(4, EVIDENCE, "U-shaped heads: median operating sink ratio", stats["operating_ratio"], line=math.nan),
-        one(
-            4,
-            EVIDENCE,
-            "U-shaped heads: share operating above their minimiser",
-            stats["above_minimum_share"],
-            line=math.nan,
-        ),
-        one(4, EVIDENCE, "heads fitted per item", stats["fitted_heads"], line=math.nan),
+    verdict = _judged(4, VERDICT, statistic, stats["operating_distance"], seed, line=near, positive=False)
+    return [verdict] + [
+        _judged(4, EVIDENCE, name, stats[column], seed, line=line) for name, column, line in CLAIM_FOUR_EVIDENCE
     ]
-    out += removal_rows(stats, seed)
-    return out
 
 
 #: Claim 5's three statistics: (part, what it measures, the sink pass's per-item name; the control's is ``control_``

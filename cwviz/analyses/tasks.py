@@ -171,7 +171,7 @@ def read_items(path: str | PathLike, task: str, n: int | None = None) -> list[It
 
 def dataset_items(task: str, name: str, split: str = "validation", n: int | None = None) -> list[Item]:
     """Items of ``task`` from a Hugging Face dataset ``NAME`` or ``NAME:CONFIG`` (needs ``datasets`` and network)."""
-    from .faithfulness import dataset_rows
+    from .examples import dataset_rows
 
     items = [item_of(task, row, f"row {index} of {name}[{split}]") for index, row in dataset_rows(name, split, n)]
     if not items:

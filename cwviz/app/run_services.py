@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from ..analyses import claims, faithfulness, records, sweep, tasks
+from ..analyses import claim_runs, faithfulness, records, sweep, tasks
 from ..analyses.codecs.checks import CLAIMS
 from ..analyses.codecs.sweeps import FAITHFULNESS
 from ..core.loading.provenance import model_provenance
@@ -95,6 +95,6 @@ def run_claims(asked: Asked) -> sweep.Outcome:
     faithfulness.check_causal(bundle)
 
     def compute(index: int) -> dict:
-        return claims.item_payload(bundle, asked.texts[index], asked.protocol, faithfulness.RANK_SCOPES, 0, index)
+        return claim_runs.item_payload(bundle, asked.texts[index], asked.protocol, faithfulness.RANK_SCOPES, 0, index)
 
     return run(claims_plan(asked), compute, f"Claims on {asked.model[0]}", "item")

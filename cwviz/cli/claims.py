@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..analyses import claims, faithfulness, sweep
+from ..analyses import claim_runs, claims, faithfulness, sweep
 from ..analyses.codecs.checks import CLAIMS
 from ..core.loading.provenance import model_provenance
 from ..core.util.errors import InputError
@@ -31,7 +31,7 @@ from .options import parse_rates, parse_scopes
 def protocol_of(args: argparse.Namespace) -> faithfulness.Protocol:
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, not {args.batch_size}")
-    return claims.protocol(
+    return claim_runs.protocol(
         parse_rates(args.rates),
         args.max_tokens,
         seed=args.seed,
@@ -77,7 +77,7 @@ def run_sweep(args: argparse.Namespace, protocol, scopes: tuple[str, ...], sink,
     plan = sweep.Sweep(CLAIMS, settings, texts, args.results / claims.RECORDS_FOLDER, made)
 
     def compute(index: int) -> dict:
-        return claims.item_payload(bundle, texts[index], protocol, scopes, sink, example=index)
+        return claim_runs.item_payload(bundle, texts[index], protocol, scopes, sink, example=index)
 
     with cli_bar(f"claims [{procs.index}]", unit="item", enabled=procs.is_main) as progress:
         outcome = sweep.run(plan, compute, procs, resume=args.resume, progress=progress)

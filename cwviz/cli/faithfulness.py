@@ -13,8 +13,8 @@ import pandas as pd
 
 from ..analyses import faithfulness, faithfulness_summary, records, sweep, tasks
 from ..analyses.codecs.sweeps import FAITHFULNESS
-from ..analyses.faithfulness import dataset_texts
-from ..analyses.faithfulness import read_examples as read_file
+from ..analyses.examples import dataset_texts
+from ..analyses.examples import read_examples as read_file
 from ..analyses.faithfulness_summary import PAPER_ORDER, curve_areas, order_check
 from ..analyses.schema import area_span
 from ..core.loading.provenance import model_provenance

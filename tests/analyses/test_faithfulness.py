@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cwviz
-from cwviz.analyses import faithfulness, faithfulness_summary, masks
+from cwviz.analyses import examples, faithfulness, faithfulness_summary, masks
 from cwviz.core import defaults
 from cwviz.core.method.interventions import KeepKeys, logits
 from cwviz.core.util.errors import InputError, UnsupportedModelError
@@ -269,7 +269,7 @@ def test_order_check_reads_sufficiency_in_reverse_and_names_ties():
 
 
 def test_text_files_split_into_paragraphs():
-    assert faithfulness.split_paragraphs("one\nline two\n\n  \n\nthree\n") == ["one\nline two", "three"]
+    assert examples.split_paragraphs("one\nline two\n\n  \n\nthree\n") == ["one\nline two", "three"]
 
 
 def test_a_dataset_name_without_datasets_names_the_fix():
@@ -277,7 +277,7 @@ def test_a_dataset_name_without_datasets_names_the_fix():
         import datasets  # noqa: F401
     except ImportError:
         with pytest.raises(InputError, match="pip install datasets.*--jsonl"):
-            faithfulness.dataset_texts("openai/gsm8k:main")
+            examples.dataset_texts("openai/gsm8k:main")
     else:
         pytest.skip("`datasets` is installed; this checks the offline message")
 

@@ -11,7 +11,7 @@ import pytest
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
-from cwviz.analyses import claims, records
+from cwviz.analyses import claim_runs, claims, records
 from cwviz.charts.palette import VERDICT_COLOURS
 from cwviz.core.defaults import CLAIMS_MAX_TOKENS
 from tests.helpers import ordered, record, save_tiny_model, sinks
@@ -157,7 +157,7 @@ def test_stop_keeps_the_finished_items_and_run_resumes_from_them(app, monkeypatc
         payload = record(index, ordered(index, 1.0, noise=0.1), sinks(index))
         return {k: v for k, v in payload.items() if k != "example"}
 
-    monkeypatch.setattr(claims, "item_payload", stopped_on_the_second)
+    monkeypatch.setattr(claim_runs, "item_payload", stopped_on_the_second)
     app.number_input(key="claims_n").set_value(3)
     app.button(key="claims_run").click()
     at = app.run()
