@@ -111,10 +111,9 @@ def _tag(page) -> int:
 def _wait_redrawn(page, charts: int, timeout_s: float = 120) -> None:
     """Until ``charts`` charts draw something other than before :func:`_tag` and the script is not running."""
     page.wait_for_function(
-        "([sel, n]) => { const old = window.__cwvizOld || [];"
-        " const now = [...document.querySelectorAll(sel)].map(e => e.innerHTML);"
-        " return now.filter((h, i) => h !== old[i]).length >= n"
-        " && !document.querySelector('[data-testid=\"stStatusWidget\"]'); }",
+        "([sel, n]) => { const old = window.__cwvizOld || []; const now = [...document.querySelectorAll(sel)].map(e "
+        "=> e.innerHTML); return now.filter((h, i) => h !== old[i]).length >= n && "
+        "!document.querySelector('[data-testid=\"stStatusWidget\"]'); }",
         arg=[DRAWN, charts],
         timeout=timeout_s * 1000,
         polling=50,
@@ -340,10 +339,8 @@ def bench_flow(repeats: int = 3) -> list[str]:
             page.close()
             rows.append(
                 f"| Flow, {len(tokenize(bundle, prompt))} tokens | {got['first']:.2f} / {got['open']:.2f} | "
-                f"{got['target']:.2f} / {got['foil']:.2f} / "
-                f"{got['share']:.2f} | {got['stall']:.2f} | open ≤ {TARGETS['flow_open']} s, change ≤ "
-                f"{TARGETS['flow_change']} s, "
-                f"stall ≤ {TARGETS['stall']} s |"
+                f"{got['target']:.2f} / {got['foil']:.2f} / {got['share']:.2f} | {got['stall']:.2f} | open ≤ "
+                f"{TARGETS['flow_open']} s, change ≤ {TARGETS['flow_change']} s, stall ≤ {TARGETS['stall']} s |"
             )
     print("\n".join(rows), flush=True)
     return rows

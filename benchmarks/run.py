@@ -86,10 +86,9 @@ def bench_masked(bundle, lengths, batch: int, repeats: int) -> list[str]:
 
 def bench_overhead(bundle, lengths, repeats) -> list[str]:
     rows = [
-        "| T | plain SDPA forward (s, baseline) | full analysis in one pass (s) | ratio | target | recorded, then read "
-        "in row blocks (s) "
-        "| ratio | recorded + next-token log-probs: ratio | eager output_attentions (s) | one pass / eager | "
-        "whole-layer maps (s) | ratio |",
+        "| T | plain SDPA forward (s, baseline) | full analysis in one pass (s) | ratio | target | recorded, then "
+        "read in row blocks (s) | ratio | recorded + next-token log-probs: ratio | eager output_attentions (s) | one "
+        "pass / eager | whole-layer maps (s) | ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     targets = {512: "≤ 1.3", 2048: "≤ 1.6"}
@@ -109,8 +108,7 @@ def bench_overhead(bundle, lengths, repeats) -> list[str]:
         )
         rows.append(
             f"| {tokens} | {base:.3f} | {cand:.3f} | **{cand / base:.2f}** | {targets.get(tokens, '')} | "
-            f"{recorded:.3f} | {recorded / base:.2f} "
-            f"| {with_logprobs / base:.2f} {eager}"
+            f"{recorded:.3f} | {recorded / base:.2f} | {with_logprobs / base:.2f} {eager}"
         )
         print(rows[-1], flush=True)
     return rows
@@ -126,9 +124,8 @@ def bench_flow(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
     from cwviz.core.method.flow import flow
 
     rows = [
-        "| T | one-pass analysis (s, baseline) | flow of an analysis (s) | ratio | target | analyze() alone (s) | flow "
-        "/ analyze() "
-        "| flow with its heads table (s) | ratio |",
+        "| T | one-pass analysis (s, baseline) | flow of an analysis (s) | ratio | target | analyze() alone (s) | "
+        "flow / analyze() | flow with its heads table (s) | ratio |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for tokens in lengths:
@@ -143,8 +140,7 @@ def bench_flow(bundle, lengths, repeats, memory_tokens: int) -> list[str]:
         )
         rows.append(
             f"| {tokens} | {base:.2f} | {cand:.2f} | **{cand / base:.2f}** | ≤ 1.3 | {recorded:.2f} | "
-            f"{cand / recorded:.2f} "
-            f"| {heads:.2f} | {heads / base:.2f} |"
+            f"{cand / recorded:.2f} | {heads:.2f} | {heads / base:.2f} |"
         )
         print(rows[-1], flush=True)
     from cwviz.app.services import keeps_stream
@@ -231,8 +227,7 @@ def _kept_stream_rows(bundle, lengths, repeats) -> list[str]:
         )
         rows.append(
             f"| {tokens} | {analysing:.2f} | {keeping:.2f} | **{keeping / analysing:.2f}** | {plain_flow:.2f} | "
-            f"{kept_flow:.2f} "
-            f"| **{kept_flow / plain_flow:.2f}** |"
+            f"{kept_flow:.2f} | **{kept_flow / plain_flow:.2f}** |"
         )
         print(rows[-1], flush=True)
     return rows

@@ -34,9 +34,8 @@ TORCH_FREE = [
 def test_module_imports_neither_torch_nor_transformers(module):
     """Each module alone, in a fresh interpreter: a notebook can chart a saved table without torch."""
     code = (
-        f"import sys, {module}; "
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')); "
-        "assert not heavy, heavy[:5]"
+        f"import sys, {module}; heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', "
+        "'transformers')); assert not heavy, heavy[:5]"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, f"importing {module} imports torch or transformers: {done.stderr[-600:]}"

@@ -30,15 +30,14 @@ with st.expander("How the claims are tested"):
         "with random rankings as the control; under the query scope VW and VW/‖o‖ rank every query's keys alike, so "
         "those rows **tie by construction**: they cannot hold and are counted apart. Claim 2 by the sink against the "
         f"other keys; claim 3 on the sink-active heads (mean sink ratio ≥ {SINK_ACTIVE:g}); claim 4 by where the "
-        "sink-active heads "
-        "operate: their median sink ratio against the minimiser of a quadratic fit of their output norms (the U shape "
-        "itself is nearly algebraic, so it is evidence); claim 5 as three verdicts with the sink's value removed: (a) "
-        "the low-norm outputs' spread narrows, (b) they turn toward the semantic tokens' centroid, (c) perplexity "
-        "rises more than when one other key of about the sink's attention mass loses its value (the control). A "
-        "verdict is **holds** when the 95 % bootstrap interval over the items lies wholly on the paper's side of its "
-        "line, **fails** when it lies wholly on the other, **unresolved** when it does not decide (protocol: "
-        "docs/METHOD.md section 5). For many items run `cwviz claims --results DIR` (it resumes) and open its folder "
-        "here."
+        "sink-active heads operate: their median sink ratio against the minimiser of a quadratic fit of their output "
+        "norms (the U shape itself is nearly algebraic, so it is evidence); claim 5 as three verdicts with the sink's "
+        "value removed: (a) the low-norm outputs' spread narrows, (b) they turn toward the semantic tokens' centroid, "
+        "(c) perplexity rises more than when one other key of about the sink's attention mass loses its value (the "
+        "control). A verdict is **holds** when the 95 % bootstrap interval over the items lies wholly on the paper's "
+        "side of its line, **fails** when it lies wholly on the other, **unresolved** when it does not decide "
+        "(protocol: docs/METHOD.md section 5). For many items run `cwviz claims --results DIR` (it resumes) and open "
+        "its folder here."
     )
 files = hosting.policy_from_env().server_files  # off in hosting mode: the server's files are not the users'
 sources = (
@@ -89,8 +88,7 @@ def run_here() -> list[dict] | None:
         st.caption(
             f"Run checks the claims on the first {int(n)} GSM8K items on {sel.model}: several forward passes an item, "
             "minutes each on a CPU. Its bar says which item runs and, from the items timed, how long is left; Stop "
-            "keeps "
-            "the finished items, and Run resumes."
+            "keeps the finished items, and Run resumes."
         )
         return None
     made = run_services.finished(run_services.claims_plan(asked))

@@ -199,10 +199,9 @@ with st.expander("Data and protocol", expanded=True):
             options=list(faithfulness.RANK_SCOPES),
             horizontal=True,
             help="query: each query's keys ranked and masked per query; token: keys ranked by their mean score over "
-            "the "
-            "queries that see them, each masked for every query; layer: all (query, key) pairs of a layer ranked "
-            "together. "
-            "Under the query scope value-weighted and its output-normalised form rank alike (docs/METHOD.md section 3)",
+            "the queries that see them, each masked for every query; layer: all (query, key) pairs of a layer ranked "
+            "together. Under the query scope value-weighted and its output-normalised form rank alike (docs/METHOD.md "
+            "section 3)",
         )
         url_widget(
             st.number_input,

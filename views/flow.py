@@ -27,14 +27,13 @@ MORE = (
     "paths, and the paths that join the three tokens with the largest |score| to the prediction; at most "
     f"{route.ROUTE_CAP} edges and about {route.ROUTE_POSITIONS} positions (the largest). Red adds to the target (over "
     "the foil), blue subtracts; an edge's width is its |weight|. A token's value staying on its own position (a "
-    "self-edge) is not drawn: it routes nothing. `cwviz flow --csv` writes the same edges.\n\n"
-    "**The scores.** Each input token's score under the chosen method: for the effect flow, the first-order estimate "
-    "of "
-    "how much the prediction's logit (difference) drops when the token's value is taken away in every layer. "
-    "**Check against knockouts** measures that drop for every token (one forward pass a batch) and prints how well the "
-    "scores follow it. **The heads** (below): each head's direct part is what its write at the prediction's position "
-    "adds to the logit difference; its vocabulary is that write read through the output layer. The methods: "
-    "docs/METHOD.md sections 6 and 7; the test: docs/flow.md."
+    "self-edge) is not drawn: it routes nothing. `cwviz flow --csv` writes the same edges.\n\n**The scores.** Each "
+    "input token's score under the chosen method: for the effect flow, the first-order estimate of how much the "
+    "prediction's logit (difference) drops when the token's value is taken away in every layer. **Check against "
+    "knockouts** measures that drop for every token (one forward pass a batch) and prints how well the scores follow "
+    "it. **The heads** (below): each head's direct part is what its write at the prediction's position adds to the "
+    "logit difference; its vocabulary is that write read through the output layer. The methods: docs/METHOD.md "
+    "sections 6 and 7; the test: docs/flow.md."
 )
 
 
@@ -70,8 +69,7 @@ def _graph_and_totals(shown, drawn: route.Route, method: flow_services.MethodCho
         else:
             st.info(
                 f"The {method.label} gives each token a score but has no edges, so there is no route to draw: the "
-                "effect "
-                "flow and the share flow have one."
+                "effect flow and the share flow have one."
             )
     with totals_col:
         rows = charts.total_rows(tokens, "score", charts.total_row_count(px), keep=drawn.connected)
@@ -99,8 +97,7 @@ def _caption(shown, drawn: route.Route, method: flow_services.MethodChoice, resu
     if method.has_edges:
         said += (
             f". Drawn: {len(drawn.edges)} edges on paths into the prediction, carrying {drawn.carried:.0%} of the "
-            "|effect| "
-            f"of the edges between tokens on such paths (asked: {drawn.kept:.0%}"
+            f"|effect| of the edges between tokens on such paths (asked: {drawn.kept:.0%}"
             + (f"; the largest {route.ROUTE_CAP} edges or {route.ROUTE_POSITIONS} positions" if drawn.capped else "")
             + ")"
         )
@@ -234,8 +231,7 @@ if causal:
             "",
             placeholder="empty: the most likely next word",
             help="One token of the model's vocabulary, with its leading space if it has one; empty: the model's most "
-            "likely "
-            "next token that is a word (not a line break or punctuation).",
+            "likely next token that is a word (not a line break or punctuation).",
         )
     with foil_col:
         foil_on = url_widget(st.toggle, "foil_on", "Against a foil", False, parse=parse_bool)

@@ -18,14 +18,13 @@ MORE = (
     "the key's projected value vector (what the key writes, ṽ_k) and for its direction relative to the layer's output "
     "o_q: contribution = attention × (‖ṽ_k‖ / ‖o_q‖) × cos(o_q, ṽ_k). Each row of contributions sums to 1, but single "
     "contributions can be **negative**, when a value points against the output (destructive interference). The first "
-    "token (the *sink*) usually takes most of the attention, yet its contribution shows what it really writes.\n\n"
-    "**Colours.** Attention uses a green sequential scale (darker = more), never a sign. Contributions use a diverging "
-    "scale centred at "
-    "zero: red positive, blue negative, white zero. Its end is the 99th percentile of |contribution| outside the sink "
-    "column, so that the sink's +1 does not wash out the small negative values; larger values are drawn at the end "
-    "colour (the legend says *clamped*), and the scale is symmetric-log, so that −0.03 is clearly blue. Choose "
-    "*full range* to end the scale at the largest value instead. The empty upper triangle is the future, which a "
-    "causal model cannot see."
+    "token (the *sink*) usually takes most of the attention, yet its contribution shows what it really "
+    "writes.\n\n**Colours.** Attention uses a green sequential scale (darker = more), never a sign. Contributions use "
+    "a diverging scale centred at zero: red positive, blue negative, white zero. Its end is the 99th percentile of "
+    "|contribution| outside the sink column, so that the sink's +1 does not wash out the small negative values; "
+    "larger values are drawn at the end colour (the legend says *clamped*), and the scale is symmetric-log, so that "
+    "−0.03 is clearly blue. Choose *full range* to end the scale at the largest value instead. The empty upper "
+    "triangle is the future, which a causal model cannot see."
 )
 
 sel = sidebar("Contribution weights vs attention")
@@ -98,8 +97,7 @@ st.caption(
     + ("; the right map repeats the left one (raw attention is the measure)" if family == "raw" else "")
     + (
         f"; with all heads summed no key clearly subtracts (no blue): in head {subtracts.head}, key {subtracts.key} "
-        "does "
-        f"({subtracts.contribution:+.3f} for query {subtracts.query})"
+        f"does ({subtracts.contribution:+.3f} for query {subtracts.query})"
         if subtracts is not None
         else ""
     )

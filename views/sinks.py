@@ -25,8 +25,7 @@ with st.expander("How to read this page"):
         "projected values; when ṽ_sink points against m (cosine below zero, blue in the map) the sink does not just "
         "store spare attention but cancels part of what the other tokens write, so the output norm is smallest at a "
         "sink ratio inside (0, 1) rather than at either end: where exactly depends on the head (the dashed line in "
-        "(a)); "
-        "the paper reports moderate ratios in real heads."
+        "(a)); the paper reports moderate ratios in real heads."
     )
 st.caption(
     "The charts follow the sidebar: (a) shows the selected layer and head (ringed: the selected query), the map "

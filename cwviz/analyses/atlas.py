@@ -136,8 +136,7 @@ def check_bootstrap(bootstrap, prompts: int = 1, heads: int = 1, name: str = "bo
         most = max(1, BOOTSTRAP_BYTES // (max(prompts, 1) * max(heads, 1) * 8))
         raise InputError(
             f"{bootstrap:,} bootstrap resamples of {prompts:,} prompts x {heads:,} heads would take "
-            f"{need / 1024**3:,.1f} GiB; "
-            f"give at most {most:,}"
+            f"{need / 1024**3:,.1f} GiB; give at most {most:,}"
         )
     return int(bootstrap)
 

@@ -192,8 +192,7 @@ def step3(plan: TourPlan, label: Label) -> Step:
         if not scale.sink_dominates:
             text += (
                 f" Here the first token makes {head_share.text} of this head's output for the query, and "
-                f"{layer_share.text} "
-                "of the layer's output through this head."
+                f"{layer_share.text} of the layer's output through this head."
             )
         else:
             if scale.small_head:
@@ -211,12 +210,9 @@ def step3(plan: TourPlan, label: Label) -> Step:
             cites.append(Cite(overall, 2))
             text += (
                 f" Both pictures are true: the first token makes {head_share.text} of this head's output, {part} (its "
-                "red "
-                f"column), but {why}, so through this head it adds only {layer_share.text} of the layer's output for "
-                "this "
-                f"query. Step 2's {overall.text} is its share of layer {layer}'s output over all heads and queries; "
-                "the "
-                "bars below show the lengths."
+                f"red column), but {why}, so through this head it adds only {layer_share.text} of the layer's output "
+                f"for this query. Step 2's {overall.text} is its share of layer {layer}'s output over all heads and "
+                "queries; the bars below show the lengths."
             )
     return Step(3, text, tuple(states), tuple(cites))
 
@@ -319,9 +315,8 @@ def step8(plan: TourPlan, story: FlowStory, layers: int, label: Label, quote: Qu
     if story.encoder:
         text = (
             f"An encoder predicts no next token, so here the final representation of {label(0)} is followed back "
-            "through "
-            f"all {layers} layers and split into a signed share from every input token (with the biases they add up to "
-            "1)."
+            f"through all {layers} layers and split into a signed share from every input token (with the biases they "
+            "add up to 1)."
         )
     else:
         logit = Fact("logit", target, story.logit)

@@ -107,9 +107,8 @@ COMPACT_CSS = (
 #: :data:`cwviz.charts.heatmaps.PRESENTER_CONTENT_WIDTH`); and the header band made transparent.
 PRESENTER_CSS = (
     '[data-testid="stMain"] [data-testid="stWidgetLabel"] p, [data-testid="stMain"] '
-    '[data-testid="stCaptionContainer"], '
-    '[data-testid="stMain"] [data-testid="stCaptionContainer"] p {font-size: 1rem;} '
-    '[data-testid="stMainBlockContainer"] {padding-left: 1.5rem; padding-right: 1.5rem; padding-top: 3.25rem;} '
+    '[data-testid="stCaptionContainer"], [data-testid="stMain"] [data-testid="stCaptionContainer"] p {font-size: '
+    '1rem;} [data-testid="stMainBlockContainer"] {padding-left: 1.5rem; padding-right: 1.5rem; padding-top: 3.25rem;} '
     # Streamlit's header is a white band of 3.75 rem over the top of the page: scrolled to a map, it hid the map's
     # first rows. Transparent (its buttons stay, and take clicks), the window's whole height shows the page.
     '[data-testid="stHeader"] {background: transparent; pointer-events: none;} '
@@ -246,8 +245,7 @@ def _analysis_of_inputs(cur: dict) -> tuple[services.Analyzed | None, str | None
     if not services.bundle_loaded(cur["model"], cur["device"], cur["dtype"]):
         waiting.info(
             f"Loading {model_label(cur['model'])}… A model is loaded once per server; the embedded models are "
-            "converted "
-            "once on a machine's first use (15 to 30 s), later starts take seconds."
+            "converted once on a machine's first use (15 to 30 s), later starts take seconds."
         )
     analyzed, error = analyse(cur)
     waiting.empty()

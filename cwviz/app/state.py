@@ -90,10 +90,8 @@ def parse_url(params: dict[str, str], cur: dict) -> None:
         if kept is None:
             notes.append(
                 f"{PROMPT_SHA}={params[PROMPT_SHA][:12]}… in the link names a long prompt this server does not have "
-                "(it keeps the "
-                "long prompts of its links for a while, on the server that made them); showing the example prompt "
-                "instead: "
-                "paste the prompt into the sidebar"
+                "(it keeps the long prompts of its links for a while, on the server that made them); showing the "
+                "example prompt instead: paste the prompt into the sidebar"
             )
         else:
             cur["text"] = kept

@@ -134,10 +134,9 @@ def manifest_section(manifest: dict, title: str = "Run", anchor: str = "run", re
     )
     command = manifest.get("command", "")
     rerun = (
-        f"<p>To rerun it: install the same versions, then run the same command (a fresh <code>--results</code> folder "
+        "<p>To rerun it: install the same versions, then run the same command (a fresh <code>--results</code> folder "
         "starts over; the same folder with <code>--resume</code> continues it, and is refused if any setting, the "
-        "model's "
-        f"weights or the data differ):</p><pre>pip install {esc(pins)}\n{esc(command)}</pre>"
+        f"model's weights or the data differ):</p><pre>pip install {esc(pins)}\n{esc(command)}</pre>"
     )
     return Section(title, f'<dl data-manifest="{esc(anchor)}">{items}</dl>{rerun}', anchor)
 
@@ -259,8 +258,7 @@ def claims_section(manifest: dict, overview: pd.DataFrame, table: pd.DataFrame) 
     and rate) with its estimate and 95 % bootstrap interval over the items."""
     parts = [
         "<p>Verdicts (docs/METHOD.md section 5): <b>holds</b>: the 95 % bootstrap interval over the items lies wholly "
-        "on "
-        "the paper's side; <b>fails</b>: wholly on the other side; <b>unresolved</b>: the interval does not "
+        "on the paper's side; <b>fails</b>: wholly on the other side; <b>unresolved</b>: the interval does not "
         "decide.</p>",
         table_html(overview, name="claims-overview"),
         "<h3>Every row</h3>",

@@ -90,8 +90,7 @@ def add_sweep_args(parser: argparse.ArgumentParser, results: str, required: bool
         type=Path,
         required=required,
         help=f"{results}; each item's record is appended (JSON Lines, one file per process) and fsynced as it "
-        "finishes; "
-        "needed for data-parallel runs (accelerate launch / torchrun)",
+        "finishes; needed for data-parallel runs (accelerate launch / torchrun)",
     )
     parser.add_argument("--resume", action="store_true", help="with --results: skip the items already recorded there")
 
@@ -116,8 +115,7 @@ def add_sink_arg(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_SINK,
         help=(
             f"the sink: a token position (default {DEFAULT_SINK}, the first token; negative counts from the end, so -1 "
-            "is "
-            f"the last, BERT's [SEP]) or '{AUTO}' (the key with the largest mean attention)"
+            f"is the last, BERT's [SEP]) or '{AUTO}' (the key with the largest mean attention)"
         ),
     )
 

@@ -39,9 +39,8 @@ def _add_flow(sub: argparse._SubParsersAction) -> None:
         "method",
         description="One attribution method of docs/METHOD.md section 7.2 on one prompt. A causal LM: toward "
         "logit(target) - logit(foil) at a position (default: the last position and the model's top next token there, "
-        "no "
-        "foil). An encoder: into a position's final representation (default 0, [CLS]); a target cannot be asked of it. "
-        "--check takes every input token away in turn and prints how well the method's scores follow the measured "
+        "no foil). An encoder: into a position's final representation (default 0, [CLS]); a target cannot be asked of "
+        "it. --check takes every input token away in turn and prints how well the method's scores follow the measured "
         "effects.",
     )
     add_text_args(parser)
@@ -63,8 +62,7 @@ def _add_flow(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=KEPT,
         help="the kept fraction: the fraction of the cross-token |effect| on paths into the prediction that the "
-        "route's "
-        f"edges carry, as the Flow page's 'Effect drawn' (docs/flow.md, 'The route'; default {KEPT:g})",
+        f"route's edges carry, as the Flow page's 'Effect drawn' (docs/flow.md, 'The route'; default {KEPT:g})",
     )
     parser.add_argument(
         "--json", dest="json_path", type=Path, help="write the summary and every table as one JSON file"

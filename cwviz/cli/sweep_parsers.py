@@ -104,9 +104,8 @@ def add_faithfulness(sub: argparse._SubParsersAction) -> None:
         choices=("text", *TASKS),
         default="text",
         help="text (default: ΔPPL of each example's own tokens) or a multiple-choice task read from --jsonl or "
-        "--dataset "
-        "in its standard fields (mmlu: question, choices, answer index; boolq: passage, question, answer true/false; "
-        "winogrande: sentence with _, option1, option2, answer 1/2): accuracy under masking beside ΔPPL",
+        "--dataset in its standard fields (mmlu: question, choices, answer index; boolq: passage, question, answer "
+        "true/false; winogrande: sentence with _, option1, option2, answer 1/2): accuracy under masking beside ΔPPL",
     )
     parser.add_argument("--field", help="the JSONL/dataset field holding the text (default: text, or question+answer)")
     parser.add_argument("--split", help="the dataset split (default: test; validation for boolq and winogrande)")
@@ -128,8 +127,7 @@ def add_faithfulness(sub: argparse._SubParsersAction) -> None:
         choices=RANK_SCOPES,
         default=RANK_SCOPES[0],
         help="what is ranked together: each query's keys (query, default), the keys by their mean score over the "
-        "queries "
-        "that see them, masked for every query (token), or all visible (query, key) pairs of a layer (layer); "
+        "queries that see them, masked for every query (token), or all visible (query, key) pairs of a layer (layer); "
         "docs/METHOD.md section 3",
     )
     parser.add_argument(
@@ -217,11 +215,9 @@ def add_flow_faithfulness(sub: argparse._SubParsersAction) -> None:
         "embedding replaced by the mean one) and correlate the size of the effects on the logit difference (top token "
         "minus second) with the size of every attribution method's scores (the effect flow, the share flow, input x "
         "gradient, ALTI, attention rollout, raw attention, and a random control); the signed methods' signs against "
-        "the "
-        "effects' signs; deletion curves at 10 and 30 percent of the input tokens; judge the pre-registered "
-        "comparisons "
-        "holds / fails / unresolved from 95 percent paired bootstrap intervals over the items (docs/METHOD.md section "
-        "7.3). Writes DIR/flow_faithfulness.csv, DIR/flow_faithfulness_methods.csv and "
+        "the effects' signs; deletion curves at 10 and 30 percent of the input tokens; judge the pre-registered "
+        "comparisons holds / fails / unresolved from 95 percent paired bootstrap intervals over the items "
+        "(docs/METHOD.md section 7.3). Writes DIR/flow_faithfulness.csv, DIR/flow_faithfulness_methods.csv and "
         "DIR/flow_faithfulness_items.csv.",
     )
     data = parser.add_mutually_exclusive_group(required=True)
@@ -260,11 +256,10 @@ def add_atlas(sub: argparse._SubParsersAction) -> None:
         help="every head's sink shares, cos(v_sink, m), divergence, negative share and output norm pooled over N "
         "prompts",
         description=(
-            "For every (layer, head), statistics of each prompt (one forward pass each; means over its queries 1..T-1) "
-            "pooled over the prompts with percentile bootstrap intervals: the sink's share under attention and under "
-            "intra-head contribution, mean cos(v_sink, m), the divergence of attention and contribution rows, the "
-            "share "
-            "of negative contribution mass and the head output norm. The sink is the first token."
+            "For every (layer, head), statistics of each prompt (one forward pass each; means over its queries "
+            "1..T-1) pooled over the prompts with percentile bootstrap intervals: the sink's share under attention "
+            "and under intra-head contribution, mean cos(v_sink, m), the divergence of attention and contribution "
+            "rows, the share of negative contribution mass and the head output norm. The sink is the first token."
         ),
     )
     group = parser.add_mutually_exclusive_group(required=True)

@@ -237,10 +237,8 @@ def test_values_that_need_no_model_are_refused_at_once_without_torch(argv):
     traceback after the model loaded; now each is refused in under a second of the process's own time (CPU time: the
     suite shares its cores with other work), one ``error:`` line naming the option."""
     code = (
-        "import sys, time; start = time.process_time()\n"
-        "from cwviz.cli import main\n"
-        f"status = main({argv!r})\n"
-        "print(status, time.process_time() - start, 'torch' in sys.modules)\n"
+        "import sys, time; start = time.process_time()\nfrom cwviz.cli import main\nstatus = "
+        f"main({argv!r})\nprint(status, time.process_time() - start, 'torch' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=60)
     status, seconds, torch_loaded = done.stdout.split()

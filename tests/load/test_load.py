@@ -244,8 +244,7 @@ def test_a_hundred_and_thirty_prompts_one_after_another_stay_under_the_cache_bou
     peak = max(rss)
     report = (
         f"{PROMPTS} prompts (up to {longest} tokens) through the services: RSS after the first {baseline / 1e6:.0f} "
-        "MB, "
-        f"peak {peak / 1e6:.0f} MB, last {rss[-1] / 1e6:.0f} MB; bound {bound / 1e6:.0f} MB"
+        f"MB, peak {peak / 1e6:.0f} MB, last {rss[-1] / 1e6:.0f} MB; bound {bound / 1e6:.0f} MB"
     )
     print(report)
     with (ARTIFACTS / "load.txt").open("a") as out:

@@ -187,9 +187,8 @@ class FaithfulnessCodec(Codec):
                 raise InputError(
                     f"{folder / MANIFEST} names measures {', '.join(manifest['measures'])} at rates "
                     f"{', '.join(f'{r:g}' for r in manifest['rates'])}, but the records hold measures "
-                    f"{', '.join(sorted(measures))} "
-                    f"at rates {', '.join(f'{r:g}' for r in sorted(rates))}; restore the manifest of the run that "
-                    f"wrote the records, or {fix}"
+                    f"{', '.join(sorted(measures))} at rates {', '.join(f'{r:g}' for r in sorted(rates))}; restore the "
+                    f"manifest of the run that wrote the records, or {fix}"
                 )
 
     def describe(self, records: list[dict]) -> str:

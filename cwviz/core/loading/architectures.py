@@ -182,8 +182,7 @@ _HYBRID = (
 )
 _SHARED = (
     "a model that runs one shared layer num_hidden_layers times: cwviz records each attention module once a forward "
-    "pass, "
-    "so it would report one layer, the last pass"
+    "pass, so it would report one layer, the last pass"
 )
 _MIXED_VALUES = (
     "a model whose value at position j mixes token j's and token j-1's states (ZAYA's CCA projection): cwviz would "

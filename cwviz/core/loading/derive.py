@@ -83,8 +83,7 @@ def _layout(model: nn.Module, callers: list[nn.Module]) -> tuple[str, str]:
         raise _refuse(
             model_type,
             f"its {len(unique)} attention module(s) ran {len(callers)} times in one forward pass (a layer whose "
-            "weights are "
-            "shared across depth, as ALBERT's): cwviz records each attention module once a pass",
+            "weights are shared across depth, as ALBERT's): cwviz records each attention module once a pass",
         )
     paths = [names.get(id(m)) for m in unique]
     if not paths or any(p is None for p in paths):
@@ -302,8 +301,6 @@ def _check_projections(model: nn.Module, arch: Architecture, ids: torch.Tensor) 
             raise _refuse(
                 model_type,
                 f"the probe failed: in layer {layer}, Σ_j α_ij v_j from the recorded attention differs from the input "
-                "of "
-                f"{out_path} by {error:.3g} (tolerance {tolerance:.3g}), so its layer output is not the heads' "
-                "weighted "
-                "values",
+                f"of {out_path} by {error:.3g} (tolerance {tolerance:.3g}), so its layer output is not the heads' "
+                "weighted values",
             )

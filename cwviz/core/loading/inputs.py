@@ -74,13 +74,11 @@ def check_agree(bundle: Bundle, text: object, ids: list[int]) -> str:
     if decode(ids, skip_special_tokens=True) == decode(own, skip_special_tokens=True):
         raise InputError(
             f"the text and input_ids differ in their special tokens: the text's tokens are {_shown(decode(own))}, the "
-            "ids "
-            f"{_shown(decode(ids))}; give the text or its ids, or both of one prompt"
+            f"ids {_shown(decode(ids))}; give the text or its ids, or both of one prompt"
         )
     raise InputError(
         f"input_ids are the tokens of {_shown(decode(ids, skip_special_tokens=True))}, not of the text given; give the "
-        "text or its ids, "
-        "or both of one prompt"
+        "text or its ids, or both of one prompt"
     )
 
 

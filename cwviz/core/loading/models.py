@@ -222,8 +222,7 @@ def _hub_error(name: str, err: Exception) -> ModelLoadError:
     # Read in the dashboard (the Model field) and the CLI (--model) alike: name models, not flags.
     offline = (
         "offline, use the model 'embedded', 'embedded-gemma' or 'embedded-encoder' (they ship with cwviz), a local "
-        "folder written by save_pretrained, "
-        "a .gguf file, or a model already in the local Hugging Face cache"
+        "folder written by save_pretrained, a .gguf file, or a model already in the local Hugging Face cache"
     )
     if "RepositoryNotFound" in text or "is not a local folder and is not a valid model identifier" in text:
         return ModelLoadError(f"no model named {name!r} on the Hugging Face Hub or on disk; {offline}")
@@ -292,8 +291,7 @@ def _needs_remote_code(source: str, local_files_only: bool) -> bool:
 def _remote_code_error(name: str) -> ModelLoadError:
     return ModelLoadError(
         f"{name!r} needs Python code shipped with the model (its config names it in auto_map), which cwviz does not "
-        "run "
-        "unless asked: if you trust that code, pass --trust-remote-code (Python: trust_remote_code=True)"
+        "run unless asked: if you trust that code, pass --trust-remote-code (Python: trust_remote_code=True)"
     )
 
 

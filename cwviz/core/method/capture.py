@@ -272,8 +272,7 @@ def _cwviz_attention(
             # ALBERT runs one shared layer num_hidden_layers times: a second call would overwrite the first's record.
             raise UnsupportedModelError(
                 f"the attention module of layer {layer} ran more than once in one forward pass (a layer whose weights "
-                "are "
-                "shared across depth, as ALBERT's): cwviz records each attention module once a pass, so it cannot "
+                "are shared across depth, as ALBERT's): cwviz records each attention module once a pass, so it cannot "
                 "analyse this model"
             )
         active.called.add(layer)

@@ -75,8 +75,6 @@ def damaged(bundle, what: str) -> ModelLoadError:
     """The error that refuses a pass whose outputs no working model gives (``what``), naming the model."""
     return ModelLoadError(
         f"{bundle.info.id} gave {what} on this prompt, which no working model gives: its weights look damaged or "
-        "overflow "
-        f"in {bundle.info.dtype}; load it again (a cached conversion is checked and converted again), download it "
-        "again, "
-        "or try --dtype float32"
+        f"overflow in {bundle.info.dtype}; load it again (a cached conversion is checked and converted again), "
+        "download it again, or try --dtype float32"
     )
