@@ -7,7 +7,7 @@ from typing import Protocol
 
 
 class Explained(Protocol):
-    """What was asked of a flow (:class:`cwviz.core.method.attribution.Asked`, or a
+    """What was asked of a flow (:class:`cwviz.core.method.flow_tables.Asked`, or a
     :class:`~cwviz.core.method.flow_tables.Flow` itself): the prompt's tokens, the position, the target and foil token
     ids (None: an encoder, or no foil) and their text."""
 

@@ -58,7 +58,7 @@ class LayerEdgesLike(Protocol):
 
 
 class AskedLike(Protocol):
-    """What an attribution answers (:class:`cwviz.core.method.attribution.Asked`): the prompt's tokens, the position."""
+    """What an attribution answers (:class:`cwviz.core.method.flow_tables.Asked`): the prompt's tokens, the position."""
 
     token_strings: tuple[str, ...]
     position: int

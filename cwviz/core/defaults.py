@@ -78,8 +78,8 @@ COMPARE_TOP = 10
 #: the prediction that the drawn route keeps (:func:`cwviz.analyses.route.route`; the page's setting and the CLI's
 #: ``--kept``: one route whoever draws it).
 KEPT = 0.2
-#: The kept fraction of each layer's |edge mass| in the static plot's pruned graph (``Flow.edges``): another whole
-#: than :data:`KEPT`'s (each layer's edges, not the paths into the prediction), so another value.
+#: The layer kept fraction: the fraction of each layer's |edge mass| that ``Flow.edges`` (the library's edge table)
+#: keeps. Another whole than :data:`KEPT`'s (each layer's edges, not the paths into the prediction), so another value.
 LAYER_KEPT = 0.8
 #: Edges kept per layer while its row blocks are read (the largest |weight| first), by the share flow and the effect
 #: flow.

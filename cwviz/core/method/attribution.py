@@ -36,7 +36,7 @@ from ..util.errors import InputError
 from . import alti_logit, baselines, effect
 from .edges import LargestEdges
 from .flow import flow, resolve, token_totals
-from .flow_tables import Flow, LayerEdges
+from .flow_tables import Asked, Flow, LayerEdges
 
 if TYPE_CHECKING:
     from .analysis import Analysis
@@ -113,18 +113,6 @@ class Attribution:
 
 
 @dataclass(frozen=True)
-class Asked:
-    """What an :class:`Attribution` answers: the prompt's tokens, the position, target and foil (ids and strings)."""
-
-    token_strings: tuple[str, ...]
-    position: int
-    target: int | None
-    foil: int | None
-    target_token: str | None
-    foil_token: str | None
-
-
-@dataclass(frozen=True)
 class Method:
     """A registry member: ``compute(request) -> Attribution``; ``signed``: its scores have a sign that means something;
     ``answers``: the interventions (section 7.3) whose effects it claims to estimate; ``needs_logits``: it is defined
@@ -178,9 +166,7 @@ def of_flow(result: Flow) -> Attribution:
         for e in result.kept_edges
     )
     extra = (("nodes", result.node_table), ("parts", result.parts))
-    about = Asked(
-        result.token_strings, result.position, result.target, result.foil, result.target_token, result.foil_token
-    )
+    about = result.asked()
     scores = result.totals.astype(np.float64)
     return Attribution("share_flow", scores, result.frozen_logit_difference, edges, result.head_routed, extra, about)
 

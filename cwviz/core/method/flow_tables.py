@@ -17,6 +17,7 @@ An edge k → i runs from its start, key position k, to its end, query position 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,7 +74,24 @@ class Deferred:
 
 
 @dataclass(frozen=True)
-class Flow:
+class Asked:
+    """What a flow or an attribution answers: the prompt's tokens, the position, the target and foil token ids (None:
+    an encoder / no foil) and their text."""
+
+    token_strings: tuple[str, ...]
+    position: int
+    target: int | None
+    foil: int | None
+    target_token: str | None
+    foil_token: str | None
+
+    def asked(self) -> Asked:
+        """These six fields alone (of a :class:`Flow`, say), without what was computed."""
+        return Asked(*(getattr(self, f.name) for f in dataclasses.fields(Asked)))
+
+
+@dataclass(frozen=True)
+class Flow(Asked):
     """The signed flow into one position (docs/METHOD.md section 6): arrays in the module docstring's table, and
     tables built from them. ``target`` / ``foil`` are token ids (None: an encoder / no foil);
     ``logit_difference`` is the model's own (after any soft-cap), ``frozen_logit_difference`` the sum of the parts
@@ -84,12 +102,6 @@ class Flow:
     direct parts that are not attention writes (None: an encoder). ``head_vocabulary``: the rows of
     :attr:`vocabulary`, computed when first read (:class:`Deferred`)."""
 
-    token_strings: tuple[str, ...]
-    position: int
-    target: int | None
-    foil: int | None
-    target_token: str | None
-    foil_token: str | None
     totals: np.ndarray
     rollout_row: np.ndarray
     bias_total: float
