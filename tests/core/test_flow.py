@@ -440,6 +440,22 @@ def test_a_derived_row_is_refused_saying_what_to_add():
         flow(analysis)
 
 
+def test_on_a_derived_row_every_registry_member_runs_or_says_why_not_before_it_is_asked():
+    """The Flow page offers a member where ``available`` is None: on a derived row (no known block layout or final
+    norm) the members that follow the residual stream say why not, and are refused with that reason before any pass
+    (the effect flow failed inside its backward); every other member runs."""
+    analysis = family_analysis("phi")
+    asked = attribution.request(analysis)
+    for method in attribution.METHODS.values():
+        why = method.available(analysis.bundle)
+        if why is None:
+            assert np.isfinite(attribution.run(method, asked).scores).all(), method.name
+        else:
+            assert "add a row" in why, (method.name, why)
+            with pytest.raises(InputError, match="add a row"):
+                attribution.run(method, asked)
+
+
 def test_tables_are_tidy():
     analysis = family_analysis("llama")
     result = flow(analysis, target=11, vocabulary=3)

@@ -182,7 +182,20 @@ def _baseline(name: str) -> Callable[[Request], Attribution]:
     return compute
 
 
+def _row_known(bundle) -> str | None:
+    """Why a member that follows the residual stream (the recorder, or the backward through the layers and the final
+    norm) cannot run: a derived row knows the attention, not the block layout or the final norm."""
+    if bundle.arch.derived:
+        return (
+            f"it needs the block layout and final norm of the model's family, and {bundle.arch.family!r} has a derived "
+            "row that does not know them (add a row to cwviz.core.loading.architectures.ARCHITECTURES)"
+        )
+    return None
+
+
 def _decoders_only(bundle) -> str | None:
+    if (why := _row_known(bundle)) is not None:
+        return why
     if not bundle.arch.causal or architectures.layout_of(bundle.model.config, bundle.arch) == "post_norm":
         return "it is implemented for decoders (causal, pre-norm or sandwich blocks); this model is an encoder"
     return None
@@ -220,6 +233,7 @@ register(
         answers=frozenset({RELAY}),
         compute=_effect,
         has_edges=True,
+        available=_row_known,
     )
 )
 register(
@@ -230,6 +244,7 @@ register(
         signed=True,
         answers=frozenset({ORIGIN}),
         compute=_effect_origin,
+        available=_row_known,
     )
 )
 register(
@@ -241,6 +256,7 @@ register(
         answers=frozenset({RELAY}),
         compute=_share_flow,
         has_edges=True,
+        available=_row_known,
     )
 )
 register(
@@ -251,6 +267,7 @@ register(
         signed=True,
         answers=frozenset({ORIGIN}),
         compute=_input_x_gradient,
+        available=_row_known,
     )
 )
 register(
