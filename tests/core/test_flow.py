@@ -438,6 +438,8 @@ def test_a_derived_row_is_refused_saying_what_to_add():
     analysis = family_analysis("phi")
     with pytest.raises(UnsupportedModelError, match="add a row"):
         flow(analysis)
+    with pytest.raises(UnsupportedModelError, match="add a row"):  # the effect flow's backward, before any pass
+        attribution.METHODS["effect"].compute(attribution.request(analysis))
 
 
 def test_on_a_derived_row_every_registry_member_runs_or_says_why_not_before_it_is_asked():

@@ -37,6 +37,7 @@ from . import alti_logit, baselines, effect
 from .edges import LargestEdges
 from .flow import flow, resolve, token_totals
 from .flow_tables import Asked, Flow, LayerEdges
+from .residual import unknown_row
 
 if TYPE_CHECKING:
     from .analysis import Analysis
@@ -182,19 +183,8 @@ def _baseline(name: str) -> Callable[[Request], Attribution]:
     return compute
 
 
-def _row_known(bundle) -> str | None:
-    """Why a member that follows the residual stream (the recorder, or the backward through the layers and the final
-    norm) cannot run: a derived row knows the attention, not the block layout or the final norm."""
-    if bundle.arch.derived:
-        return (
-            f"it needs the block layout and final norm of the model's family, and {bundle.arch.family!r} has a derived "
-            "row that does not know them (add a row to cwviz.core.loading.architectures.ARCHITECTURES)"
-        )
-    return None
-
-
 def _decoders_only(bundle) -> str | None:
-    if (why := _row_known(bundle)) is not None:
+    if (why := unknown_row(bundle)) is not None:
         return why
     if not bundle.arch.causal or architectures.layout_of(bundle.model.config, bundle.arch) == "post_norm":
         return "it is implemented for decoders (causal, pre-norm or sandwich blocks); this model is an encoder"
@@ -233,7 +223,7 @@ register(
         answers=frozenset({RELAY}),
         compute=_effect,
         has_edges=True,
-        available=_row_known,
+        available=unknown_row,
     )
 )
 register(
@@ -244,7 +234,7 @@ register(
         signed=True,
         answers=frozenset({ORIGIN}),
         compute=_effect_origin,
-        available=_row_known,
+        available=unknown_row,
     )
 )
 register(
@@ -256,7 +246,7 @@ register(
         answers=frozenset({RELAY}),
         compute=_share_flow,
         has_edges=True,
-        available=_row_known,
+        available=unknown_row,
     )
 )
 register(
@@ -267,7 +257,7 @@ register(
         signed=True,
         answers=frozenset({ORIGIN}),
         compute=_input_x_gradient,
-        available=_row_known,
+        available=unknown_row,
     )
 )
 register(

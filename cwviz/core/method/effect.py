@@ -29,6 +29,7 @@ from ..loading import architectures
 from ..util.errors import InputError
 from .capture import forward_pass
 from .hooks import Hook, context_hooks, first_of, hidden_of
+from .residual import check_flow_supported
 from .state import ModelState
 
 _MEAN_EMBEDDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -184,6 +185,7 @@ def gradients(analysis, position: int, target: int | None, foil: int | None) -> 
     an embedding norm) is run again up to the first layer for ∂LD/∂e. Hooks are this thread's, always removed."""
     analysis.check_model()
     bundle = analysis.bundle
+    check_flow_supported(bundle)  # a derived row knows no final norm to differentiate through
     state = ModelState(bundle)
     arch = bundle.arch
     base = architectures.base_model(bundle.model)

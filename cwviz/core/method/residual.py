@@ -232,16 +232,24 @@ def residual_multiplier(bundle: Bundle) -> float:
     return 1.0 if value is None else float(value)
 
 
-def check_flow_supported(bundle: Bundle) -> str:
-    """The block layout of this model, or UnsupportedModelError for a derived row (it does not know the layout)."""
+def unknown_row(bundle: Bundle) -> str | None:
+    """Why nothing that follows the residual stream (the recorder, the effect flow's backward) runs on this model, or
+    None: a derived row knows the attention, not the block layout or the final norm."""
     arch = bundle.arch
-    if arch.derived:
-        raise UnsupportedModelError(
-            f"the signed flow and ALTI need the block layout of the model's family (where the attention write lands), "
-            f"and {arch.family!r} has a derived row that does not know it: add a row to "
-            f"cwviz.core.loading.architectures.ARCHITECTURES with its layout ({', '.join(architectures.LAYOUTS)})"
-        )
-    return architectures.layout_of(bundle.model.config, arch)
+    if not arch.derived:
+        return None
+    return (
+        f"following the residual stream needs the block layout of the model's family (where the attention write "
+        f"lands) and its final norm, and {arch.family!r} has a derived row that does not know them: add a row to "
+        f"cwviz.core.loading.architectures.ARCHITECTURES with its layout ({', '.join(architectures.LAYOUTS)})"
+    )
+
+
+def check_flow_supported(bundle: Bundle) -> str:
+    """The block layout of this model, or UnsupportedModelError (:func:`unknown_row`) for a derived row."""
+    if (why := unknown_row(bundle)) is not None:
+        raise UnsupportedModelError(why)
+    return architectures.layout_of(bundle.model.config, bundle.arch)
 
 
 def layout_for(bundle: Bundle) -> Layout:
